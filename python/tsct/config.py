@@ -1,0 +1,28 @@
+"""Process-wide settings, read once from the environment and changeable at run time.
+
+``check_values``: whether ``grouped_glu`` validates the VALUES of ``offs``, ``gather_idx`` and
+``scatter_idx`` (non-decreasing offsets, indices in range). On a GPU this reads those tensors on the
+host, i.e. one device synchronization per call. It is skipped automatically while a CUDA graph is
+being captured and while torch.compile traces (values are not known then). Set
+``TSCT_CHECK_VALUES=0`` or ``tsct.config.check_values = False`` for sync-free eager calls once a
+model's routing is trusted (docs/decisions/0004-validation.md). Shapes, dtypes and devices are
+always checked; they cost no sync.
+
+``warn_fallbacks``: warn (once per path and reason) when ``impl="auto"`` could not take the
+preferred path. The counter in ``tsct.dispatch.fallback_counts()`` counts every time regardless.
+"""
+
+from __future__ import annotations
+
+import os
+
+
+def _env_flag(name: str, default: bool) -> bool:
+    v = os.environ.get(name)
+    if v is None or v == "":
+        return default
+    return v.strip().lower() not in ("0", "false", "no", "off")
+
+
+check_values: bool = _env_flag("TSCT_CHECK_VALUES", True)
+warn_fallbacks: bool = _env_flag("TSCT_WARN_FALLBACKS", True)

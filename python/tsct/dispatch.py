@@ -1,0 +1,198 @@
+"""The dispatch table: (compute capability, storage format, built artifacts) -> path. One place.
+
+``impl="auto"`` walks the preference list of the caller's (arch class, storage format) and takes the
+first path whose ``status`` says it can run; every step past the first is a counted fallback with
+its reason (``fallback_counts()``), warned once per (path, reason) per process. ``impl=<path>``
+forces a path and raises ``RuntimeError`` with the reason if it cannot run.
+
+Paths (design.md section 4):
+    reference      pure torch (tsct.reference), CPU and any GPU
+    triton-bf16    Triton grouped GEMM + fused GLU, bf16 factors          (issue 3; not in this build)
+    triton-lowbit  Triton with NVFP4 / sign factors decoded in registers  (issue 4; not in this build)
+    sm120-fp4      NVFP4 block-scaled mma.sync on sm_120 (CuTeDSL/CUTLASS) (issue 5; not in this build)
+
+A path that is not ready stays out of ``auto`` (its status says why) rather than landing broken.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import threading
+import warnings
+from typing import Callable, Optional
+
+import torch
+
+from tsct import config
+
+REFERENCE = "reference"
+TRITON_BF16 = "triton-bf16"
+TRITON_LOWBIT = "triton-lowbit"
+SM120_FP4 = "sm120-fp4"
+PATHS = (REFERENCE, TRITON_BF16, TRITON_LOWBIT, SM120_FP4)
+
+FORMATS = ("bf16", "nvfp4", "sign")  # storage formats with a row in the table; others use reference
+
+# Exact compute capability -> arch class. Anything not listed is "unknown": no artifact was built
+# for it, so only the reference path runs (a (10,3) part cannot load sm_100a cubins, for example).
+ARCH_CLASSES: dict[tuple[int, int], str] = {
+    (8, 0): "sm80", (8, 6): "sm80", (8, 7): "sm80", (8, 9): "sm80",
+    (9, 0): "sm90",
+    (10, 0): "sm100",
+    (12, 0): "sm120",
+    (12, 1): "sm120",  # covered by the sm_120f family target
+}
+
+_LOWBIT_GPU = [TRITON_LOWBIT, REFERENCE]
+# (arch class, storage format) -> paths in order of preference.
+TABLE: dict[tuple[str, str], list[str]] = {
+    ("cpu", "bf16"): [REFERENCE],
+    ("cpu", "nvfp4"): [REFERENCE],
+    ("cpu", "sign"): [REFERENCE],
+    ("sm80", "bf16"): [TRITON_BF16, REFERENCE],
+    ("sm80", "nvfp4"): _LOWBIT_GPU,
+    ("sm80", "sign"): _LOWBIT_GPU,
+    ("sm90", "bf16"): [TRITON_BF16, REFERENCE],
+    ("sm90", "nvfp4"): _LOWBIT_GPU,
+    ("sm90", "sign"): _LOWBIT_GPU,
+    ("sm100", "bf16"): [TRITON_BF16, REFERENCE],
+    ("sm100", "nvfp4"): _LOWBIT_GPU,
+    ("sm100", "sign"): _LOWBIT_GPU,
+    ("sm120", "bf16"): [TRITON_BF16, REFERENCE],
+    ("sm120", "nvfp4"): [SM120_FP4, TRITON_LOWBIT, REFERENCE],
+    ("sm120", "sign"): [SM120_FP4, TRITON_LOWBIT, REFERENCE],
+    ("unknown", "bf16"): [REFERENCE],
+    ("unknown", "nvfp4"): [REFERENCE],
+    ("unknown", "sign"): [REFERENCE],
+}
+
+
+def arch_class(capability: Optional[tuple[int, int]]) -> str:
+    """``None`` (CPU) -> "cpu"; an exact entry of ARCH_CLASSES; else "unknown"."""
+    if capability is None:
+        return "cpu"
+    return ARCH_CLASSES.get(tuple(capability), "unknown")
+
+
+def preferences(capability: Optional[tuple[int, int]], fmt: str) -> list[str]:
+    return list(TABLE.get((arch_class(capability), fmt), [REFERENCE]))
+
+
+# ---- path status ---------------------------------------------------------------------------------
+
+@dataclasses.dataclass(frozen=True)
+class Status:
+    ok: bool
+    reason: str
+
+
+def _reference_status(capability, fmt) -> Status:
+    return Status(True, "pure torch; runs everywhere")
+
+
+def _not_built(issue: int, what: str) -> Callable:
+    def status(capability, fmt) -> Status:
+        return Status(False, f"{what} is not in this build of tsct (tracked in issue {issue})")
+    return status
+
+
+# path -> status(capability, fmt). Later paths replace their entry when their kernels land.
+_STATUS: dict[str, Callable[[Optional[tuple[int, int]], str], Status]] = {
+    REFERENCE: _reference_status,
+    TRITON_BF16: _not_built(3, "the Triton bf16 grouped GLU"),
+    TRITON_LOWBIT: _not_built(4, "the Triton low-bit (W4A16 / sign) grouped GLU"),
+    SM120_FP4: _not_built(5, "the sm_120 NVFP4 tensor-core grouped GLU"),
+}
+
+
+def status(path: str, capability: Optional[tuple[int, int]], fmt: str) -> Status:
+    """Whether ``path`` can run for this capability and storage format, and why (not)."""
+    if path not in _STATUS:
+        raise ValueError(f"unknown path {path!r}; expected one of {list(PATHS)}")
+    if path != REFERENCE and capability is None:
+        return Status(False, "needs a CUDA GPU")
+    return _STATUS[path](capability, fmt)
+
+
+# ---- decisions and fallback counting -------------------------------------------------------------
+
+@dataclasses.dataclass(frozen=True)
+class Decision:
+    path: str
+    reason: str
+    skipped: tuple[tuple[str, str], ...] = ()  # (path, why it could not run), in preference order
+
+
+_lock = threading.Lock()
+_fallbacks: collections.Counter = collections.Counter()
+_warned: set = set()
+
+
+def fallback_counts() -> dict[tuple[str, str, str], int]:
+    """{(wanted path, taken path, reason): count} since the process started (or the last reset)."""
+    with _lock:
+        return dict(_fallbacks)
+
+
+def reset_fallback_counts() -> None:
+    with _lock:
+        _fallbacks.clear()
+        _warned.clear()
+
+
+def decide(capability: Optional[tuple[int, int]], fmt: str) -> Decision:
+    """What ``impl="auto"`` takes for this capability and storage format; no side effects."""
+    skipped = []
+    prefs = preferences(capability, fmt)
+    for path in prefs:
+        st = status(path, capability, fmt)
+        if st.ok:
+            if skipped:
+                reason = f"fallback: {skipped[0][0]} unavailable ({skipped[0][1]})"
+            elif arch_class(capability) == "unknown":
+                reason = f"compute capability {capability[0]}.{capability[1]} has no built artifacts"
+            elif fmt not in FORMATS:
+                reason = f"no fast path for storage format {fmt!r}"
+            else:
+                reason = "first choice"
+            return Decision(path, reason, tuple(skipped))
+        skipped.append((path, st.reason))
+    raise RuntimeError(f"no path can run for capability {capability} and format {fmt!r}: {skipped}")
+
+
+def select(impl: str, capability: Optional[tuple[int, int]], fmt: str) -> str:
+    """Resolve ``impl`` for one call. Counts (and warns once) when auto falls back."""
+    if impl != "auto":
+        st = status(impl, capability, fmt)
+        if not st.ok:
+            where = "CPU" if capability is None else f"compute capability {capability[0]}.{capability[1]}"
+            raise RuntimeError(f"grouped_glu: impl={impl!r} cannot run on {where} with {fmt} factors: {st.reason}")
+        return impl
+    dec = decide(capability, fmt)
+    if dec.skipped:
+        wanted, why = dec.skipped[0]
+        key = (wanted, dec.path, why)
+        with _lock:
+            _fallbacks[key] += 1
+            first = key not in _warned
+            _warned.add(key)
+        if first and config.warn_fallbacks:
+            warnings.warn(f"tsct: {wanted} unavailable ({why}); using {dec.path}. "
+                          "Counted in tsct.dispatch.fallback_counts().", RuntimeWarning, stacklevel=3)
+    return dec.path
+
+
+def device_capability(device: torch.device) -> Optional[tuple[int, int]]:
+    """Compute capability of a CUDA device (cached by torch), None for CPU."""
+    if device.type != "cuda":
+        return None
+    return tuple(torch.cuda.get_device_capability(device))
+
+
+# path -> module with forward(...) / backward(...). Imported lazily so `import tsct` stays light.
+def implementation(path: str):
+    if path == REFERENCE:
+        from tsct import reference
+        return reference
+    raise RuntimeError(f"path {path!r} has no implementation in this build")

@@ -1,0 +1,139 @@
+"""Argument checks for ``grouped_glu``: every error names the argument and what was expected."""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+from torch import Tensor
+
+from tsct import config
+
+_FLOAT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+_INDEX_DTYPES = (torch.int32, torch.int64)
+
+
+def _shape(t) -> tuple:
+    return tuple(t.shape)
+
+
+def check_tensor(name: str, t, *, ndim: int, dtypes=None, device=None) -> None:
+    if not isinstance(t, Tensor):
+        raise TypeError(f"grouped_glu: {name} must be a torch.Tensor, got {type(t).__name__}")
+    if t.dim() != ndim:
+        raise ValueError(f"grouped_glu: {name} must be {ndim}-D, got shape {list(t.shape)}")
+    if dtypes is not None and t.dtype not in dtypes:
+        raise TypeError(f"grouped_glu: {name} must have dtype in {[str(d) for d in dtypes]}, got {t.dtype}")
+    if device is not None and t.device != device:
+        raise ValueError(f"grouped_glu: {name} is on {t.device}, expected {device} (the device of x)")
+
+
+def _factor_shape(name: str, w) -> tuple:
+    """Logical shape of a factor: a tensor's shape or a quantized container's ``shape``."""
+    return tuple(w.shape)
+
+
+def validate(
+    x: Tensor,
+    offs: Tensor,
+    w_gate,
+    w_up,
+    w_down,
+    s_gate: Optional[Tensor],
+    s_up: Optional[Tensor],
+    row_weight: Optional[Tensor],
+    gather_idx: Optional[Tensor],
+    scatter_idx: Optional[Tensor],
+    num_out_rows: Optional[int],
+) -> tuple[int, int, int, int, int]:
+    """Check shapes, dtypes and devices (always) and index values (``tsct.config.check_values``).
+
+    Returns (M, E, d, r, f). Raises TypeError for a wrong type/dtype, ValueError for a wrong shape,
+    device or value; the message starts with ``grouped_glu: <argument>``.
+    """
+    check_tensor("x", x, ndim=2, dtypes=_FLOAT_DTYPES)
+    dev = x.device
+    t_rows, d = _shape(x)
+    check_tensor("offs", offs, ndim=1, dtypes=(torch.int32,), device=dev)
+
+    for name, w in (("w_gate", w_gate), ("w_up", w_up), ("w_down", w_down)):
+        if isinstance(w, Tensor):
+            check_tensor(name, w, ndim=3, dtypes=(x.dtype,), device=dev)
+        elif hasattr(w, "dequantize") and hasattr(w, "shape"):
+            if len(w.shape) != 3:
+                raise ValueError(f"grouped_glu: {name} must have logical shape [E, K, N], got {list(w.shape)}")
+            if w.device != dev:
+                raise ValueError(f"grouped_glu: {name} is on {w.device}, expected {dev} (the device of x)")
+        else:
+            raise TypeError(
+                f"grouped_glu: {name} must be a torch.Tensor or a tsct.quant container, got {type(w).__name__}"
+            )
+    e, dg, r = _factor_shape("w_gate", w_gate)
+    if dg != d:
+        raise ValueError(f"grouped_glu: w_gate must be [E, d, r] with d = x.shape[1] = {d}, got {list(w_gate.shape)}")
+    if _factor_shape("w_up", w_up) != (e, d, r):
+        raise ValueError(f"grouped_glu: w_up must be [E, d, r] = {[e, d, r]} like w_gate, got {list(w_up.shape)}")
+    ed, rd, f = _factor_shape("w_down", w_down)
+    if (ed, rd) != (e, r):
+        raise ValueError(f"grouped_glu: w_down must be [E, r, f] with E = {e}, r = {r}, got {list(w_down.shape)}")
+    if offs.shape[0] != e:
+        raise ValueError(f"grouped_glu: offs must have length E = {e} (cumulative end offsets), got {offs.shape[0]}")
+
+    for name, s in (("s_gate", s_gate), ("s_up", s_up)):
+        if s is not None:
+            check_tensor(name, s, ndim=2, dtypes=(x.dtype, torch.float32), device=dev)
+            if _shape(s) != (e, r):
+                raise ValueError(f"grouped_glu: {name} must be [E, r] = {[e, r]}, got {list(s.shape)}")
+
+    if gather_idx is not None:
+        check_tensor("gather_idx", gather_idx, ndim=1, dtypes=_INDEX_DTYPES, device=dev)
+        m = gather_idx.shape[0]
+    else:
+        m = t_rows
+    if row_weight is not None:
+        check_tensor("row_weight", row_weight, ndim=1, dtypes=(x.dtype, torch.float32), device=dev)
+        if row_weight.shape[0] != m:
+            raise ValueError(f"grouped_glu: row_weight must be [M] with M = {m} routed rows, got {list(row_weight.shape)}")
+    if (scatter_idx is None) != (num_out_rows is None):
+        raise ValueError("grouped_glu: scatter_idx and num_out_rows must be given together")
+    if scatter_idx is not None:
+        check_tensor("scatter_idx", scatter_idx, ndim=1, dtypes=_INDEX_DTYPES, device=dev)
+        if scatter_idx.shape[0] != m:
+            raise ValueError(f"grouped_glu: scatter_idx must be [M] with M = {m} routed rows, got {list(scatter_idx.shape)}")
+        if not isinstance(num_out_rows, int) or isinstance(num_out_rows, bool) or num_out_rows < 0:
+            raise ValueError(f"grouped_glu: num_out_rows must be a non-negative int, got {num_out_rows!r}")
+
+    if config.check_values and _values_readable(offs):
+        _check_values(offs, m, gather_idx, t_rows, scatter_idx, num_out_rows)
+    return m, e, d, r, f
+
+
+def _values_readable(t: Tensor) -> bool:
+    """Values can be read without breaking a graph capture or a compile trace."""
+    if torch.compiler.is_compiling():
+        return False
+    if t.is_cuda and torch.cuda.is_current_stream_capturing():
+        return False
+    return True
+
+
+def _check_values(offs, m, gather_idx, t_rows, scatter_idx, num_out_rows) -> None:
+    # One batched host transfer instead of one per check.
+    o = offs.to("cpu", torch.int64)
+    if o.numel():
+        if int(o[0]) < 0:
+            raise ValueError(f"grouped_glu: offs must be non-negative end offsets, offs[0] = {int(o[0])}")
+        dec = (o[1:] < o[:-1]).nonzero()
+        if dec.numel():
+            i = int(dec[0]) + 1
+            raise ValueError(f"grouped_glu: offs must be non-decreasing, offs[{i}] = {int(o[i])} < offs[{i-1}] = {int(o[i-1])}")
+        if int(o[-1]) > m:
+            raise ValueError(f"grouped_glu: offs[-1] = {int(o[-1])} exceeds M = {m} routed rows")
+    valid = int(o[-1]) if o.numel() else 0
+    for name, idx, bound in (("gather_idx", gather_idx, t_rows), ("scatter_idx", scatter_idx, num_out_rows)):
+        if idx is None or valid == 0:
+            continue
+        v = idx[:valid]
+        lo, hi = (int(a) for a in torch.stack([v.min(), v.max()]).cpu())
+        if lo < 0 or hi >= bound:
+            raise ValueError(f"grouped_glu: {name}[:offs[-1]] must lie in [0, {bound}), found values in [{lo}, {hi}]")

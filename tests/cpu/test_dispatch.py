@@ -1,0 +1,60 @@
+"""The dispatch table: exact capabilities, formats, forced paths and counted fallbacks."""
+
+import warnings
+
+import pytest
+
+from tsct import dispatch
+
+
+@pytest.mark.parametrize("cap,cls", [
+    (None, "cpu"), ((9, 0), "sm90"), ((10, 0), "sm100"), ((12, 0), "sm120"), ((12, 1), "sm120"),
+    ((8, 0), "sm80"), ((8, 9), "sm80"), ((10, 3), "unknown"), ((11, 0), "unknown"), ((13, 0), "unknown"),
+    ((7, 5), "unknown"),
+])
+def test_arch_class_is_exact(cap, cls):
+    assert dispatch.arch_class(cap) == cls
+
+
+def test_every_class_and_format_has_a_row_ending_in_reference():
+    for cls in ("cpu", "sm80", "sm90", "sm100", "sm120", "unknown"):
+        for fmt in dispatch.FORMATS:
+            prefs = dispatch.TABLE[(cls, fmt)]
+            assert prefs[-1] == dispatch.REFERENCE
+            assert set(prefs) <= set(dispatch.PATHS)
+
+
+def test_sm120_prefers_tensor_core_path_for_lowbit():
+    assert dispatch.preferences((12, 0), "nvfp4")[0] == dispatch.SM120_FP4
+    assert dispatch.preferences((12, 1), "sign")[0] == dispatch.SM120_FP4
+    assert dispatch.SM120_FP4 not in dispatch.preferences((9, 0), "nvfp4")
+
+
+def test_cpu_and_unknown_decide_reference_without_fallback():
+    d = dispatch.decide(None, "bf16")
+    assert d.path == "reference" and not d.skipped
+    d = dispatch.decide((13, 0), "nvfp4")
+    assert d.path == "reference" and "13.0 has no built artifacts" in d.reason
+    d = dispatch.decide((9, 0), "fp32")
+    assert d.path == "reference" and "no fast path for storage format 'fp32'" in d.reason
+
+
+def test_fallback_is_counted_and_warned_once(monkeypatch):
+    dispatch.reset_fallback_counts()
+    monkeypatch.setitem(dispatch._STATUS, dispatch.TRITON_BF16,
+                        lambda cap, fmt: dispatch.Status(False, "test: artifact missing"))
+    with warnings.catch_warnings(record=True) as w:
+        warnings.simplefilter("always")
+        for _ in range(3):
+            assert dispatch.select("auto", (9, 0), "bf16") == "reference"
+    assert sum("artifact missing" in str(x.message) for x in w) == 1
+    assert dispatch.fallback_counts() == {("triton-bf16", "reference", "test: artifact missing"): 3}
+    dispatch.reset_fallback_counts()
+
+
+def test_forced_path_fails_loudly():
+    with pytest.raises(RuntimeError, match=r"impl='sm120-fp4' cannot run on compute capability 9.0"):
+        dispatch.select("sm120-fp4", (9, 0), "nvfp4")
+    with pytest.raises(RuntimeError, match="needs a CUDA GPU"):
+        dispatch.select("triton-bf16", None, "bf16")
+    assert dispatch.select("reference", (12, 0), "nvfp4") == "reference"

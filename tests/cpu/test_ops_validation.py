@@ -1,0 +1,83 @@
+"""Bad input gives a clear error naming the argument."""
+
+import pytest
+import torch
+
+import tsct
+from tsct.ops import grouped_glu
+from _glu_oracle import make_problem
+
+
+@pytest.fixture
+def p():
+    return make_problem(tokens=8, topk=2, experts=4, d=16, r=8, f=9)
+
+
+def call(p, **over):
+    a = {k: p[k] for k in ("x", "offs", "w_gate", "w_up", "w_down", "s_gate", "s_up", "row_weight", "gather_idx",
+                           "scatter_idx", "num_out_rows")}
+    a.update(over)
+    return grouped_glu(a.pop("x"), a.pop("offs"), a.pop("w_gate"), a.pop("w_up"), a.pop("w_down"), a.pop("s_gate"),
+                       a.pop("s_up"), **a)
+
+
+@pytest.mark.parametrize("over,exc,match", [
+    (lambda p: dict(x=p["x"].double()), TypeError, r"x must have dtype"),
+    (lambda p: dict(x=p["x"][None]), ValueError, r"x must be 2-D"),
+    (lambda p: dict(offs=p["offs"].long()), TypeError, r"offs must have dtype"),
+    (lambda p: dict(offs=p["offs"][:-1]), ValueError, r"offs must have length E = 4"),
+    (lambda p: dict(w_gate=p["w_gate"].transpose(1, 2)), ValueError, r"w_gate must be \[E, d, r\]"),
+    (lambda p: dict(w_up=p["w_up"][:, :, :4]), ValueError, r"w_up must be \[E, d, r\]"),
+    (lambda p: dict(w_down=p["w_down"].transpose(1, 2)), ValueError, r"w_down must be \[E, r, f\]"),
+    (lambda p: dict(w_down=p["w_down"].bfloat16()), TypeError, r"w_down must have dtype"),
+    (lambda p: dict(w_gate=p["w_gate"].numpy()), TypeError, r"w_gate must be a torch.Tensor or a tsct.quant"),
+    (lambda p: dict(s_gate=p["s_gate"][:, :3]), ValueError, r"s_gate must be \[E, r\]"),
+    (lambda p: dict(row_weight=p["row_weight"][:-1]), ValueError, r"row_weight must be \[M\]"),
+    (lambda p: dict(gather_idx=p["gather_idx"].float()), TypeError, r"gather_idx must have dtype"),
+    (lambda p: dict(num_out_rows=None), ValueError, r"scatter_idx and num_out_rows must be given together"),
+    (lambda p: dict(num_out_rows=-1), ValueError, r"num_out_rows must be a non-negative int"),
+    (lambda p: dict(impl="nope"), ValueError, r"unknown path 'nope'"),
+    (lambda p: dict(impl="triton-bf16"), RuntimeError, r"impl='triton-bf16' cannot run on CPU"),
+])
+def test_bad_argument_named(p, over, exc, match):
+    with pytest.raises(exc, match=match):
+        call(p, **over(p))
+
+
+@pytest.mark.parametrize("mutate,match", [
+    (lambda o: o.__setitem__(1, o[2] + 1), r"offs must be non-decreasing, offs\[2\]"),
+    (lambda o: o.__setitem__(-1, 10 ** 6), r"offs\[-1\] = 1000000 exceeds M = 16"),
+    (lambda o: o.__setitem__(0, -1), r"offs must be non-negative"),
+])
+def test_bad_offs_values(p, mutate, match):
+    offs = p["offs"].clone()
+    mutate(offs)
+    with pytest.raises(ValueError, match=match):
+        call(p, offs=offs)
+
+
+def test_bad_index_values(p):
+    g = p["gather_idx"].clone()
+    g[0] = 8
+    with pytest.raises(ValueError, match=r"gather_idx\[:offs\[-1\]\] must lie in \[0, 8\)"):
+        call(p, gather_idx=g)
+    s = p["scatter_idx"].clone()
+    s[3] = -1
+    with pytest.raises(ValueError, match=r"scatter_idx\[:offs\[-1\]\] must lie in \[0, 8\)"):
+        call(p, scatter_idx=s)
+
+
+def test_value_checks_can_be_turned_off(p, monkeypatch):
+    """With check_values off no value is read for validation (the sync-free setting)."""
+    from tsct.ops import _validate
+
+    def boom(*a, **k):
+        raise AssertionError("value check ran")
+
+    monkeypatch.setattr(_validate, "_check_values", boom)
+    monkeypatch.setattr(tsct.config, "check_values", False)
+    y = call(p)
+    assert y.shape == (8, 9)
+    monkeypatch.setattr(tsct.config, "check_values", True)
+    with pytest.raises(AssertionError, match="value check ran"):
+        call(p)
