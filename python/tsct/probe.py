@@ -1,0 +1,217 @@
+"""tsct-probe: what this install holds, what this machine is, and which path each op takes here.
+
+Usage: ``tsct-probe [--json] [--no-selftest] [--verify-artifacts]`` (also ``python -m tsct.probe``).
+
+Sections: versions; GPUs (name, compute capability, SMs, memory); built artifacts (from the
+manifest written at build time; ``--verify-artifacts`` checks it against the binary with
+cuobjdump); for every op and storage format, the path ``impl="auto"`` takes and why; self-tests of
+each runnable path against a float64 computation. With no GPU it says so and covers the CPU paths.
+The text is meant to be pasted into bug reports.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import importlib.metadata
+import json
+import platform
+import shutil
+import subprocess
+import sys
+from typing import Any, Optional
+
+import torch
+
+import tsct
+from tsct import dispatch, selftest
+
+OPS = ("grouped_glu",)
+
+
+def _pkg_version(name: str) -> Optional[str]:
+    try:
+        return importlib.metadata.version(name)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def _driver() -> dict[str, Any]:
+    """Driver release (nvidia-smi) and the CUDA version the driver supports (cuDriverGetVersion)."""
+    info: dict[str, Any] = {"release": None, "cuda_driver_api": None}
+    try:
+        lib = ctypes.CDLL("libcuda.so.1")
+        v = ctypes.c_int()
+        if lib.cuDriverGetVersion(ctypes.byref(v)) == 0:
+            info["cuda_driver_api"] = f"{v.value // 1000}.{(v.value % 1000) // 10}"
+    except OSError:
+        pass
+    smi = shutil.which("nvidia-smi")
+    if smi:
+        try:
+            out = subprocess.run([smi, "--query-gpu=driver_version", "--format=csv,noheader"], capture_output=True,
+                                 text=True, timeout=20)
+            info["release"] = out.stdout.strip().splitlines()[0] if out.returncode == 0 and out.stdout.strip() else None
+        except (OSError, subprocess.SubprocessError, IndexError):
+            pass
+    return info
+
+
+def collect(selftests: bool = True, verify_artifacts: bool = False) -> dict[str, Any]:
+    from tsct import native
+
+    report: dict[str, Any] = {
+        "versions": {
+            "tsct": tsct.__version__,
+            "python": platform.python_version(),
+            "torch": torch.__version__,
+            "torch_cuda": torch.version.cuda,
+            "triton": _pkg_version("triton"),
+            "nvidia-cutlass-dsl": _pkg_version("nvidia-cutlass-dsl"),
+            "driver": _driver(),
+        },
+        "platform": platform.platform(),
+    }
+    gpus = []
+    if torch.cuda.is_available():
+        for i in range(torch.cuda.device_count()):
+            pr = torch.cuda.get_device_properties(i)
+            gpus.append({"index": i, "name": pr.name, "capability": f"{pr.major}.{pr.minor}",
+                         "arch_class": dispatch.arch_class((pr.major, pr.minor)), "sms": pr.multi_processor_count,
+                         "memory_GiB": round(pr.total_memory / 2 ** 30, 1)})
+    report["gpus"] = gpus
+    report["cuda_available"] = bool(gpus)
+
+    man = native.manifest()
+    art: dict[str, Any] = {"library": native.library_path(), "loadable": native.available(),
+                           "load_error": native.load_error(), "manifest": man}
+    if man and gpus:
+        art["kernels_loadable_on_gpu0"] = {k: native.kernel_available(k) for k in _manifest_kernels(man)}
+    if verify_artifacts:
+        art["verify"] = _verify_artifacts()
+    report["artifacts"] = art
+
+    caps = [None] + sorted({(int(g["capability"].split(".")[0]), int(g["capability"].split(".")[1])) for g in gpus})
+    decisions = []
+    for op in OPS:
+        for cap in caps:
+            for fmt in dispatch.FORMATS:
+                dec = dispatch.decide(cap, fmt)
+                decisions.append({"op": op, "device": "cpu" if cap is None else f"cuda (cc {cap[0]}.{cap[1]})",
+                                  "format": fmt, "path": dec.path, "reason": dec.reason,
+                                  "skipped": [{"path": p, "why": w} for p, w in dec.skipped]})
+    report["dispatch"] = decisions
+
+    tests = []
+    if selftests:
+        devices = [torch.device("cpu")] + ([torch.device("cuda", 0)] if gpus else [])
+        for dev in devices:
+            cap = dispatch.device_capability(dev)
+            dtype = torch.float32 if dev.type == "cpu" else torch.bfloat16
+            for fmt in dispatch.FORMATS:
+                for path in dispatch.preferences(cap, fmt):
+                    if dispatch.status(path, cap, fmt).ok:
+                        r = selftest.grouped_glu(path, dev, dtype, fmt)
+                        tests.append({"device": str(dev), **r.__dict__})
+            if dev.type == "cuda" and native.available():
+                tests += [{"device": str(dev), **r.__dict__} for r in selftest.native_quant(dev)]
+    report["selftests"] = tests
+    report["fallback_counts"] = [{"wanted": w, "taken": t, "reason": r, "count": n}
+                                 for (w, t, r), n in dispatch.fallback_counts().items()]
+    return report
+
+
+def _manifest_kernels(man: dict) -> list[str]:
+    ks = man.get("kernels", [])
+    if isinstance(ks, dict):  # {arch: [names]}
+        names = sorted({k for v in ks.values() for k in v})
+    else:
+        names = list(ks)
+    return names
+
+
+def _verify_artifacts() -> dict[str, Any]:
+    try:
+        from tsct.native import artifacts
+    except ImportError as exc:
+        return {"ok": False, "detail": f"artifact verification unavailable: {exc}"}
+    try:
+        return artifacts.verify()
+    except Exception as exc:
+        return {"ok": False, "detail": f"{type(exc).__name__}: {exc}"}
+
+
+def render(report: dict[str, Any]) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    con = Console(width=None if sys.stdout.isatty() else 160)  # pipes/bug reports: don't truncate at 80
+    v = report["versions"]
+    drv = v["driver"]
+    con.print(f"[bold]tsct {v['tsct']}[/]  python {v['python']}  torch {v['torch']} (CUDA {v['torch_cuda']})  "
+              f"triton {v['triton'] or '-'}  cutlass-dsl {v['nvidia-cutlass-dsl'] or '-'}  "
+              f"driver {drv['release'] or '-'} (CUDA {drv['cuda_driver_api'] or '-'})")
+    if report["gpus"]:
+        t = Table(title="GPUs")
+        for c in ("index", "name", "capability", "arch_class", "sms", "memory_GiB"):
+            t.add_column(c)
+        for g in report["gpus"]:
+            t.add_row(*(str(g[c]) for c in ("index", "name", "capability", "arch_class", "sms", "memory_GiB")))
+        con.print(t)
+    else:
+        con.print("[yellow]No CUDA GPU visible[/]: only the CPU paths can run here.")
+
+    a = report["artifacts"]
+    man = a["manifest"]
+    if man:
+        con.print(f"native library: {a['library']} (loadable: {a['loadable']}"
+                  + (f"; {a['load_error']}" if a["load_error"] else "") + ")")
+        con.print(f"  built {man.get('build_date', '?')} with nvcc {man.get('nvcc_version', '?')}; targets: "
+                  + ", ".join(man.get("gencodes", man.get("archs", []))))
+        con.print("  kernels: " + ", ".join(_manifest_kernels(man)))
+        if "kernels_loadable_on_gpu0" in a:
+            bad = [k for k, ok in a["kernels_loadable_on_gpu0"].items() if not ok]
+            con.print("  on GPU 0: " + ("every kernel has a loadable image" if not bad else f"NO image for {bad}"))
+    else:
+        con.print(f"[yellow]native library not installed[/] ({a['load_error'] or 'no manifest'}): "
+                  "quantize/decode use torch")
+    if "verify" in a:
+        con.print(f"  artifact check: {a['verify']}")
+
+    t = Table(title="dispatch (impl='auto')")
+    for c in ("op", "device", "format", "path", "why"):
+        t.add_column(c)
+    for d in report["dispatch"]:
+        why = d["reason"] + "".join(f"\n  {s['path']}: {s['why']}" for s in d["skipped"])
+        t.add_row(d["op"], d["device"], d["format"], d["path"], why)
+    con.print(t)
+
+    if report["selftests"]:
+        t = Table(title="self-tests against float64 / the torch reference")
+        for c in ("device", "test", "result", "detail", "s"):
+            t.add_column(c)
+        for s in report["selftests"]:
+            t.add_row(s["device"], s["name"], "[green]pass[/]" if s["ok"] else "[red]FAIL[/]", s["detail"],
+                      f"{s['seconds']:.2f}")
+        con.print(t)
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    ap = argparse.ArgumentParser(prog="tsct-probe", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--json", action="store_true", help="print the report as JSON")
+    ap.add_argument("--no-selftest", action="store_true", help="skip the self-tests")
+    ap.add_argument("--verify-artifacts", action="store_true",
+                    help="check the manifest against the binary with cuobjdump (needs cuobjdump)")
+    args = ap.parse_args(argv)
+    report = collect(selftests=not args.no_selftest, verify_artifacts=args.verify_artifacts)
+    if args.json:
+        json.dump(report, sys.stdout, indent=2, default=str)
+        print()
+    else:
+        render(report)
+    failed = [s for s in report["selftests"] if not s["ok"]]
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
