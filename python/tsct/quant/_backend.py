@@ -1,0 +1,116 @@
+"""Choosing between the pure-torch quantizers and the native CUDA kernels (``tsct.native``).
+
+``backend="torch"``: pure torch, any device (the reference). ``backend="native"``: the CUDA kernels of
+``csrc/quant/`` through ``tsct.native`` (bit-exact with torch, decision 0002); RuntimeError with the
+reason if they cannot run. ``backend="auto"``: native when the tensor is on CUDA and
+``tsct.native.available()``, else torch. A CUDA tensor that falls back to torch under ``auto`` is
+counted (``native_fallback_counts()``) and warned once per reason (``tsct.config.warn_fallbacks``).
+
+``tsct.native`` is imported lazily, inside the call: importing ``tsct.quant`` loads no library.
+"""
+
+from __future__ import annotations
+
+import collections
+import threading
+import warnings
+
+import torch
+
+BACKENDS = ("auto", "torch", "native")
+
+_lock = threading.Lock()
+_fallbacks: collections.Counter = collections.Counter()
+_warned: set = set()
+
+
+def check_backend(backend) -> str:
+    if not isinstance(backend, str) or backend not in BACKENDS:
+        raise ValueError(f"backend must be one of {list(BACKENDS)}, got {backend!r}")
+    return backend
+
+
+def _native_status(device: torch.device) -> tuple[bool, str]:
+    if device.type != "cuda":
+        return False, f"the tensor is on {device.type}; the native kernels are CUDA only"
+    try:
+        from tsct import native
+    except ImportError as e:  # not built / not shipped in this install
+        return False, f"tsct.native cannot be imported ({e})"
+    try:
+        ok = bool(native.available())
+    except Exception as e:  # noqa: BLE001  (a broken library must not break the torch path)
+        return False, f"tsct.native.available() raised {type(e).__name__}: {e}"
+    if not ok:
+        return False, "tsct.native.available() is False (library or kernel image missing)"
+    return True, "native kernels available"
+
+
+def resolve(backend: str, device: torch.device, what: str) -> str:
+    """'torch' or 'native' for one call of ``what`` (e.g. "quantize_nvfp4") on ``device``."""
+    check_backend(backend)
+    if backend == "torch":
+        return "torch"
+    ok, why = _native_status(device)
+    if backend == "native":
+        if not ok:
+            raise RuntimeError(f"{what}: backend='native' cannot run: {why}")
+        return "native"
+    if ok:
+        return "native"
+    if device.type == "cuda":  # a real fallback: a GPU tensor served by the slower torch path
+        key = (what, why)
+        with _lock:
+            _fallbacks[key] += 1
+            first = key not in _warned
+            _warned.add(key)
+        from tsct import config
+
+        if first and getattr(config, "warn_fallbacks", True):
+            warnings.warn(f"tsct.quant: {what} uses the torch backend on CUDA: {why}. Counted in "
+                          "tsct.quant.native_fallback_counts().", RuntimeWarning, stacklevel=4)
+    return "torch"
+
+
+def native_fallback_counts() -> dict[tuple[str, str], int]:
+    """{(function, reason): count} of CUDA calls that ``backend="auto"`` served with torch."""
+    with _lock:
+        return dict(_fallbacks)
+
+
+def reset_native_fallback_counts() -> None:
+    with _lock:
+        _fallbacks.clear()
+        _warned.clear()
+
+
+def native():
+    from tsct import native as mod
+
+    return mod
+
+
+FLOAT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+
+
+def check_float_dtype(name: str, dtype) -> None:
+    if dtype not in FLOAT_DTYPES:
+        raise TypeError(f"{name} must be one of {[str(d) for d in FLOAT_DTYPES]}, got {dtype}")
+
+
+def check_factor(name: str, w, multiple: int, fmt: str) -> None:
+    """A factor to quantize: a float tensor ``[E, K, N]`` or ``[K, N]`` with K % multiple == 0."""
+    if not isinstance(w, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(w).__name__}")
+    check_float_dtype(f"{name}.dtype", w.dtype)
+    if w.dim() not in (2, 3):
+        raise ValueError(f"{name} must be [E, K, N] or [K, N] (logical factor, K = contraction dim), "
+                         f"got {w.dim()}-D shape {list(w.shape)}")
+    k = w.shape[-2]
+    if k % multiple:
+        raise ValueError(f"{name}: K = {name}.shape[-2] = {k} must be a multiple of {multiple} for {fmt}")
+
+
+def chunk_rows(batch: int, per_item: int, budget: int = 1 << 25) -> int:
+    """Items per chunk so that one chunk holds about ``budget`` elements (bounds temporaries)."""
+    return max(1, min(batch, budget // max(1, per_item)))

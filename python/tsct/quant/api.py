@@ -1,0 +1,123 @@
+"""The public face of ``tsct.quant``: quantize, dequantize, inspect, and STE fake-quant for training.
+
+Formats: ``"nvfp4"`` (``nvfp4.py``: NVIDIA NVFP4, TransformerEngine reference recipe, E2M1 per the
+OCP MX spec) and ``"sign"`` (``sign.py``: LittleBit-style 1-bit with rank-1 scales); plain tensors
+are the reference storage ("bf16", "fp16", "fp32").
+
+Training keeps fp32/bf16 master factors and quantizes them in the forward pass with
+``fake_quantize``, the straight-through estimator (STE; Bengio, Leonard and Courville 2013,
+"Estimating or Propagating Gradients Through Stochastic Neurons for Conditional Computation",
+arXiv:1308.3432): forward ``dequantize(quantize(w))`` in ``w.dtype``, backward the identity.
+The quantize/decode round trip is one ``torch.library`` custom op (``tsct::quant_fake_quantize``), so
+``torch.compile(fullgraph=True)`` treats it as opaque: no graph break on the native (ctypes) backend,
+and inductor cannot rewrite its divisions (it turns ``x / const`` into ``x * (1/const)`` on GPU and
+Triton's default division is approximate), so compiled and eager training see the same bits.
+"""
+
+from __future__ import annotations
+
+from typing import Union
+
+import torch
+from torch import Tensor
+
+from tsct.quant import _backend
+from tsct.quant.layout import to_layout
+from tsct.quant.nvfp4 import NVFP4Tensor, quantize_nvfp4
+from tsct.quant.sign import SignTensor, quantize_sign
+
+__all__ = ["FORMATS", "QuantizedTensor", "quantize", "dequantize", "to_layout", "is_quantized", "storage_format",
+           "fake_quantize"]
+
+#: Packed formats this package quantizes to.
+FORMATS = ("nvfp4", "sign")
+QuantizedTensor = Union[NVFP4Tensor, SignTensor]
+
+_TENSOR_FORMATS = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32"}
+
+
+def _check_format(fmt) -> str:
+    if not isinstance(fmt, str) or fmt not in FORMATS:
+        raise ValueError(f"fmt must be one of {list(FORMATS)}, got {fmt!r}")
+    return fmt
+
+
+def quantize(w: Tensor, fmt: str, *, backend: str = "auto", **options) -> QuantizedTensor:
+    """``quantize_nvfp4(w, **options)`` for fmt "nvfp4", ``quantize_sign(w, **options)`` for "sign"."""
+    _check_format(fmt)
+    if fmt == "nvfp4":
+        return quantize_nvfp4(w, backend=backend, **options)
+    return quantize_sign(w, backend=backend, **options)
+
+
+def dequantize(container, dtype: torch.dtype = torch.bfloat16, backend: str = "auto") -> Tensor:
+    """Decode a container to a contiguous tensor of its logical shape in ``dtype``.
+
+    A plain tensor (reference storage) is returned as ``t.to(dtype)``, so callers can decode every
+    factor the same way.
+    """
+    if isinstance(container, (NVFP4Tensor, SignTensor)):
+        return container.dequantize(dtype, backend)
+    if isinstance(container, Tensor):
+        _backend.check_float_dtype("dtype", dtype)
+        _backend.check_backend(backend)
+        return container.to(dtype)
+    raise TypeError(f"container must be an NVFP4Tensor, SignTensor or torch.Tensor, got {type(container).__name__}")
+
+
+def is_quantized(obj) -> bool:
+    """True for a packed container (NVFP4Tensor, SignTensor)."""
+    return isinstance(obj, (NVFP4Tensor, SignTensor))
+
+
+def storage_format(obj) -> str:
+    """"nvfp4", "sign", or for a plain float tensor "bf16" / "fp16" / "fp32"."""
+    if isinstance(obj, NVFP4Tensor):
+        return "nvfp4"
+    if isinstance(obj, SignTensor):
+        return "sign"
+    if isinstance(obj, Tensor):
+        if obj.dtype in _TENSOR_FORMATS:
+            return _TENSOR_FORMATS[obj.dtype]
+        raise TypeError(f"obj: a tensor factor must be bfloat16, float16 or float32, got {obj.dtype}")
+    raise TypeError(f"obj must be an NVFP4Tensor, SignTensor or torch.Tensor, got {type(obj).__name__}")
+
+
+# --- STE fake-quant ------------------------------------------------------------------------------
+
+@torch.library.custom_op("tsct::quant_fake_quantize", mutates_args=())
+def _fake_quantize_op(w: Tensor, fmt: str, backend: str) -> Tensor:
+    """dequantize(quantize(w, fmt), w.dtype): a new contiguous tensor of w's shape."""
+    return quantize(w, fmt, backend=backend).dequantize(w.dtype, backend)
+
+
+@_fake_quantize_op.register_fake
+def _(w: Tensor, fmt: str, backend: str) -> Tensor:
+    return w.new_empty(w.shape)  # contiguous, like the real output
+
+
+class _StraightThrough(torch.autograd.Function):
+    """Forward: quantize-dequantize. Backward: the incoming gradient unchanged (STE)."""
+
+    @staticmethod
+    def forward(ctx, w: Tensor, fmt: str, backend: str) -> Tensor:
+        return _fake_quantize_op(w, fmt, backend)
+
+    @staticmethod
+    def backward(ctx, grad: Tensor):
+        return grad, None, None
+
+
+def fake_quantize(w: Tensor, fmt: str, *, backend: str = "auto") -> Tensor:
+    """Straight-through fake quantization of a master factor ``w`` (``[E, K, N]`` or ``[K, N]``).
+
+    Returns ``dequantize(quantize(w, fmt), w.dtype)`` (contiguous, ``w``'s shape and dtype); its
+    gradient with respect to ``w`` is the identity (STE, Bengio et al. 2013). Works under
+    ``torch.compile(fullgraph=True)``. ``fmt``: "nvfp4" (K % 16 == 0) or "sign" (K % 8 == 0, default
+    power-iteration count). ``backend`` as in ``quantize_nvfp4``.
+    """
+    _check_format(fmt)
+    _backend.check_factor("w", w, 16 if fmt == "nvfp4" else 8, fmt)
+    _backend.check_backend(backend)
+    return _StraightThrough.apply(w, fmt, backend)
+
