@@ -141,12 +141,17 @@ def reset_fallback_counts() -> None:
         _warned.clear()
 
 
-def decide(capability: Optional[tuple[int, int]], fmt: str) -> Decision:
-    """What ``impl="auto"`` takes for this capability and storage format; no side effects."""
+def decide(capability: Optional[tuple[int, int]], fmt: str, *, first_use_checks: bool = False) -> Decision:
+    """What ``impl="auto"`` takes for this capability and storage format.
+
+    With ``first_use_checks`` (as ``select`` calls it) a path never executed on this arch class
+    runs its first-use self-test; without, nothing runs and nothing is counted (the probe's view).
+    """
     skipped = []
-    prefs = preferences(capability, fmt)
-    for path in prefs:
+    for path in preferences(capability, fmt):
         st = status(path, capability, fmt)
+        if st.ok and first_use_checks and capability is not None:
+            st = _first_use_check(path, capability, fmt)
         if st.ok:
             if skipped:
                 reason = f"fallback: {skipped[0][0]} unavailable ({skipped[0][1]})"
@@ -161,25 +166,69 @@ def decide(capability: Optional[tuple[int, int]], fmt: str) -> Decision:
     raise RuntimeError(f"no path can run for capability {capability} and format {fmt!r}: {skipped}")
 
 
+# Where each path's tests have run on real hardware (by arch class). Anywhere else, the first use
+# in a process runs a small self-test against float64 and disables the path if it disagrees.
+EXECUTED_ON: dict[str, frozenset] = {
+    REFERENCE: frozenset({"cpu", "sm80", "sm90", "sm100", "sm120", "unknown"}),
+    TRITON_BF16: frozenset(),
+    TRITON_LOWBIT: frozenset(),
+    SM120_FP4: frozenset(),
+}
+_first_use: dict[tuple[str, str, str], Status] = {}  # (path, arch class, fmt) -> self-test verdict
+_in_selftest: set = set()
+
+
+def _first_use_check(path: str, capability, fmt: str) -> Status:
+    cls = arch_class(capability)
+    key = (path, cls, fmt)
+    if cls in EXECUTED_ON.get(path, frozenset()) or key in _in_selftest:
+        return Status(True, "")
+    if key not in _first_use:
+        from tsct import selftest
+        _in_selftest.add(key)
+        try:
+            dev = torch.device("cuda", torch.cuda.current_device())
+            res = selftest.grouped_glu(path, dev, torch.bfloat16, fmt if fmt in FORMATS else "bf16")
+        finally:
+            _in_selftest.discard(key)
+        _first_use[key] = Status(res.ok, f"first-use self-test on {cls} {'passed' if res.ok else 'FAILED'}: {res.detail}")
+    return _first_use[key]
+
+
+def first_use_results() -> dict[tuple[str, str, str], Status]:
+    """Verdicts of the first-use self-tests run in this process."""
+    return dict(_first_use)
+
+
+def _count(wanted: str, taken: str, why: str) -> None:
+    key = (wanted, taken, why)
+    with _lock:
+        _fallbacks[key] += 1
+        first = key not in _warned
+        _warned.add(key)
+    if first and config.warn_fallbacks:
+        warnings.warn(f"tsct: {wanted} unavailable ({why}); using {taken}. "
+                      "Counted in tsct.dispatch.fallback_counts().", RuntimeWarning, stacklevel=4)
+
+
+@torch.compiler.assume_constant_result
 def select(impl: str, capability: Optional[tuple[int, int]], fmt: str) -> str:
-    """Resolve ``impl`` for one call. Counts (and warns once) when auto falls back."""
+    """Resolve ``impl`` for one call. Counts (and warns once) when auto falls back.
+
+    Under torch.compile this runs once at trace time and its answer is baked into the graph
+    (``assume_constant_result``); the counters then count traces, not calls.
+    """
     if impl != "auto":
         st = status(impl, capability, fmt)
+        if st.ok and capability is not None:
+            st = _first_use_check(impl, capability, fmt)
         if not st.ok:
             where = "CPU" if capability is None else f"compute capability {capability[0]}.{capability[1]}"
             raise RuntimeError(f"grouped_glu: impl={impl!r} cannot run on {where} with {fmt} factors: {st.reason}")
         return impl
-    dec = decide(capability, fmt)
+    dec = decide(capability, fmt, first_use_checks=True)
     if dec.skipped:
-        wanted, why = dec.skipped[0]
-        key = (wanted, dec.path, why)
-        with _lock:
-            _fallbacks[key] += 1
-            first = key not in _warned
-            _warned.add(key)
-        if first and config.warn_fallbacks:
-            warnings.warn(f"tsct: {wanted} unavailable ({why}); using {dec.path}. "
-                          "Counted in tsct.dispatch.fallback_counts().", RuntimeWarning, stacklevel=3)
+        _count(dec.skipped[0][0], dec.path, dec.skipped[0][1])
     return dec.path
 
 

@@ -58,3 +58,51 @@ def test_forced_path_fails_loudly():
     with pytest.raises(RuntimeError, match="needs a CUDA GPU"):
         dispatch.select("triton-bf16", None, "bf16")
     assert dispatch.select("reference", (12, 0), "nvfp4") == "reference"
+
+
+def test_first_use_selftest_failure_disables_path(monkeypatch):
+    """A path never executed on this arch runs a self-test once; if it disagrees, auto falls back."""
+    from tsct import selftest
+
+    dispatch.reset_fallback_counts()
+    monkeypatch.setattr(dispatch, "_first_use", {})
+    monkeypatch.setitem(dispatch._STATUS, dispatch.TRITON_BF16, lambda cap, fmt: dispatch.Status(True, "built"))
+    calls = []
+
+    def fake_selftest(path, dev, dtype, fmt):
+        calls.append(path)
+        return selftest.Result(path, False, "rel err 3.1e-01 (tol 2e-02)", 0.0)
+
+    monkeypatch.setattr(selftest, "grouped_glu", fake_selftest)
+    monkeypatch.setattr(dispatch.torch.cuda, "current_device", lambda: 0)
+    with warnings.catch_warnings(record=True) as w:
+        warnings.simplefilter("always")
+        assert dispatch.select("auto", (12, 0), "bf16") == "reference"
+        assert dispatch.select("auto", (12, 0), "bf16") == "reference"
+    assert calls == ["triton-bf16"]  # once per process, not per call
+    (key, n), = dispatch.fallback_counts().items()
+    assert key[:2] == ("triton-bf16", "reference") and "self-test on sm120 FAILED" in key[2] and n == 2
+    assert sum("FAILED" in str(x.message) for x in w) == 1
+    with pytest.raises(RuntimeError, match="first-use self-test on sm120 FAILED"):
+        dispatch.select("triton-bf16", (12, 0), "bf16")
+    dispatch.reset_fallback_counts()
+
+
+def test_fallback_under_fullgraph_compile(monkeypatch):
+    """A fallback decided while torch.compile traces neither breaks the graph nor changes results."""
+    import torch
+    from tsct.ops import grouped_glu
+    from _glu_oracle import make_problem
+
+    torch._dynamo.reset()
+    dispatch.reset_fallback_counts()
+    monkeypatch.setitem(dispatch.TABLE, ("cpu", "fp32"), [dispatch.TRITON_BF16, dispatch.REFERENCE])
+    p = make_problem(tokens=8, topk=2, experts=3, d=16, r=4, f=7, gather=False)
+    fn = torch.compile(lambda x: grouped_glu(x, p["offs"], p["w_gate"], p["w_up"], p["w_down"]), fullgraph=True)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        y = fn(p["x"])
+    ref = grouped_glu(p["x"], p["offs"], p["w_gate"], p["w_up"], p["w_down"], impl="reference")
+    assert torch.equal(y, ref)
+    assert any(k[:2] == ("triton-bf16", "reference") for k in dispatch.fallback_counts())
+    dispatch.reset_fallback_counts()
