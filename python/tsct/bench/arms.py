@@ -1,0 +1,356 @@
+"""The benchmark arms: one pass function per kind, one shared measurement (``measure_arm``).
+
+Every arm times the WHOLE expert pass (design.md section 2): token-major ``x [T, d]``, the router's
+top-k ids and weights in; token-major ``[T, f]`` out. Each pass does its own sort / dispatch, gather,
+the expert math and the combine inside the timed span, sync-free.
+
+    padded-bmm     what the user runs today: capacity C = ceil(capacity_factor*T*k/E); rows are placed in
+                   an [E, C, d] buffer (rows past an expert's capacity are DROPPED), bmm with w_gate and
+                   w_up, GLU with the scales, bmm with w_down -> [E, C, f], then each token sums its kept
+                   rows times their router weight.
+    grouped-mm     torch.nn.functional.grouped_mm (torch._grouped_mm on older torch) over the rows sorted
+                   by expert; refusals (">1024 groups", "strides should be multiple of 16 bytes") are
+                   recorded as the result.
+    tsct-<path>-<fmt>  tsct.ops.grouped_glu(impl=<path>) with the factors stored in <fmt>, gather and
+                   combine fused (gather_idx = scatter_idx = token of each sorted row, row_weight = the
+                   sorted router weights).
+
+Forward timing runs with autograd recording (the forward of a training step); forward+backward adds
+``torch.autograd.grad`` of the output w.r.t. x, the router weights, every dense factor and both scales,
+with a fixed random grad_out. Packed (nvfp4 / sign) factors hold no master weights, so their arms
+differentiate x, router weights and scales only (listed in the arm's ``grads``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import fnmatch
+import gc
+import traceback
+import warnings
+from typing import Callable, Optional
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from tsct import dispatch
+from tsct.bench import counts, measure, routing
+from tsct.bench.config import BenchConfig
+from tsct.bench.inputs import Factors, InputSet
+
+PADDED_BMM = "padded-bmm"
+GROUPED_MM = "grouped-mm"
+TSCT = "tsct"
+
+RAN, REFUSED, UNAVAILABLE, ERROR = "ran", "refused", "unavailable", "error"
+
+
+# ---- arm list -------------------------------------------------------------------------------------
+
+@dataclasses.dataclass(frozen=True)
+class ArmSpec:
+    name: str
+    kind: str                 # PADDED_BMM / GROUPED_MM / TSCT
+    path: Optional[str]       # tsct path for TSCT arms, else the kind
+    fmt: str                  # storage format of the factors: "bf16"/"fp16"/"fp32" (dense), "nvfp4", "sign"
+
+
+def _path_serves_format(path: str, fmt: str) -> bool:
+    """Whether some row of the dispatch table sends ``fmt`` factors to ``path`` (reference serves all)."""
+    table = getattr(dispatch, "TABLE", None)
+    if path == dispatch.REFERENCE or table is None:
+        return True
+    return any(path in prefs for (_, f), prefs in table.items() if f == fmt)
+
+
+def all_arms(cfg: BenchConfig, dense_fmt: str) -> list[ArmSpec]:
+    """Every arm this config can name, in report order.
+
+    tsct arms: every path of ``tsct.dispatch.PATHS`` times every requested format, keeping the pairs the
+    dispatch table can ever route (no "sm120-fp4 with bf16 factors" arm). "bf16" in ``cfg.formats``
+    stands for dense factors in the compute dtype (``dense_fmt``).
+    """
+    specs = [ArmSpec(PADDED_BMM, PADDED_BMM, PADDED_BMM, dense_fmt),
+             ArmSpec(GROUPED_MM, GROUPED_MM, GROUPED_MM, dense_fmt)]
+    fmts = [dense_fmt if f == "bf16" else f for f in cfg.formats]
+    for path in dispatch.PATHS:
+        for fmt in fmts:
+            if _path_serves_format(path, fmt):
+                specs.append(ArmSpec(f"tsct-{path}-{fmt}", TSCT, path, fmt))
+    return specs
+
+
+def select_arms(specs: list[ArmSpec], patterns) -> list[ArmSpec]:
+    """Arms whose name matches one of the fnmatch ``patterns``; a pattern matching nothing is an error."""
+    names = [s.name for s in specs]
+    for p in patterns:
+        if not fnmatch.filter(names, p):
+            raise ValueError(f"--arms pattern {p!r} matches no arm; arms are: {', '.join(names)}")
+    return [s for s in specs if any(fnmatch.fnmatchcase(s.name, p) for p in patterns)]
+
+
+# ---- the passes -----------------------------------------------------------------------------------
+
+def grouped_mm_function() -> tuple[Optional[Callable], str]:
+    """(function, its name) of torch's grouped GEMM, or (None, why not)."""
+    fn = getattr(F, "grouped_mm", None)
+    if fn is not None:
+        return fn, "torch.nn.functional.grouped_mm"
+    fn = getattr(torch, "_grouped_mm", None)
+    if fn is not None:
+        return fn, "torch._grouped_mm"
+    return None, f"torch {torch.__version__} has neither torch.nn.functional.grouped_mm nor torch._grouped_mm"
+
+
+def combine_token_major(y_rows: Tensor, tokens: int, topk: int) -> Tensor:
+    """Rows in token-major routed order (row t*k + j) -> per-token sum over j, [T, f]; deterministic."""
+    return y_rows.view(tokens, topk, y_rows.shape[-1]).sum(1)
+
+
+def padded_bmm_pass(cfg: BenchConfig, inp: InputSet, fac: Factors) -> Tensor:
+    e, c, t, k, d, f = cfg.experts, cfg.capacity, cfg.tokens, cfg.topk, cfg.d, cfg.f
+    cap = routing.capacity_slots(inp.ids, e, c)
+    xbuf = inp.x.index_select(0, cap.src).view(e, c, d)
+    g = torch.bmm(xbuf, fac.w_gate) * fac.s_gate.unsqueeze(1)
+    u = torch.bmm(xbuf, fac.w_up) * fac.s_up.unsqueeze(1)
+    ybuf = torch.bmm(F.silu(g) * u, fac.w_down).view(e * c, f)
+    wk = inp.weights.reshape(-1) * cap.keep.to(inp.weights.dtype)  # dropped rows weigh 0
+    y = ybuf.index_select(0, cap.slot) * wk.unsqueeze(1)
+    return combine_token_major(y, t, k)
+
+
+def grouped_mm_pass(cfg: BenchConfig, inp: InputSet, fac: Factors, gmm: Callable) -> Tensor:
+    s = routing.sort_by_expert(inp.ids, cfg.experts)
+    xs = inp.x.index_select(0, s.token)
+    g = gmm(xs, fac.w_gate, offs=s.offs) * fac.s_gate.index_select(0, s.expert)
+    u = gmm(xs, fac.w_up, offs=s.offs) * fac.s_up.index_select(0, s.expert)
+    y = gmm(F.silu(g) * u, fac.w_down, offs=s.offs)
+    y = y * inp.weights.reshape(-1).index_select(0, s.order).unsqueeze(1)
+    return combine_token_major(y.index_select(0, routing.inverse_permutation(s.order)), cfg.tokens, cfg.topk)
+
+
+def tsct_call(x: Tensor, ids: Tensor, weights: Tensor, fac: Factors, experts: int, impl: str) -> Tensor:
+    """The whole pass through tsct: sort by expert, then one grouped_glu with gather and combine fused."""
+    from tsct.ops import grouped_glu
+
+    s = routing.sort_by_expert(ids, experts)
+    rw = weights.reshape(-1).index_select(0, s.order)
+    return grouped_glu(x, s.offs, fac.w_gate, fac.w_up, fac.w_down, fac.s_gate, fac.s_up, row_weight=rw,
+                       gather_idx=s.token, scatter_idx=s.token, num_out_rows=x.shape[0], impl=impl)
+
+
+# ---- measurement shared by all arms -----------------------------------------------------------------
+
+@dataclasses.dataclass
+class Context:
+    """What every arm reads: the config, machine figures and the (untimed) inputs and references."""
+
+    cfg: BenchConfig
+    device: torch.device
+    capability: Optional[tuple]
+    sets: list[InputSet]
+    dense: Factors
+    formats: dict                 # fmt -> Factors, or fmt -> str (why that format cannot be stored)
+    ref: Tensor                   # fp32 reference output of input set 0 with the dense factors in fp32
+    ref_dequant: dict             # fmt -> fp32 reference with the dequantized factors in fp32
+    copy_GBps: float
+    bytes_floor: int
+
+
+def rel_errors(out: Tensor, ref: Tensor) -> dict:
+    """max|out - ref| / max|ref| and ||out - ref||_2 / ||ref||_2 over all T*f outputs (fp32)."""
+    o = out.detach().float()
+    if not bool(torch.isfinite(o).all()):
+        return {"max_rel_err": None, "rel_l2_err": None, "nonfinite": True}
+    diff = o - ref
+    return {"max_rel_err": float(diff.abs().max() / ref.abs().max().clamp_min(1e-30)),
+            "rel_l2_err": float(diff.norm() / ref.norm().clamp_min(1e-30)), "nonfinite": False}
+
+
+def _message(e: BaseException) -> str:
+    text = str(e).strip().splitlines()
+    return f"{type(e).__name__}: {text[0] if text else ''}".strip()
+
+
+def _is_refusal(e: BaseException) -> bool:
+    """torch refusing a shape (its checks raise RuntimeError / NotImplementedError / ValueError), not an
+    out-of-memory or a bug of ours (TypeError, IndexError, ...)."""
+    if isinstance(e, torch.cuda.OutOfMemoryError):
+        return False
+    return isinstance(e, (RuntimeError, NotImplementedError, ValueError))
+
+
+def _free(device: torch.device) -> None:
+    gc.collect()
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+
+
+def new_result(spec: ArmSpec) -> dict:
+    return {"name": spec.name, "kind": spec.kind, "path": spec.path, "format": spec.fmt, "status": None,
+            "reason": None, "fwd_ms": None, "fwdbwd_ms": None, "bytes": None, "pct_of_floor": None,
+            "pct_of_copy_bw": None, "achieved_GBps": None, "tflops": None, "max_rel_err": None,
+            "rel_l2_err": None, "max_rel_err_dequant": None, "rel_l2_err_dequant": None, "peak_mem_bytes": None,
+            "storage_bytes": None, "dropped_fraction": None, "grads": None, "sync_free": None, "sync_ops": [],
+            "warnings": []}
+
+
+def measure_arm(spec: ArmSpec, ctx: Context, fac: Factors, pass_fn: Callable[[InputSet], Tensor], *,
+                refusal_status: str = ERROR, before_timing: Optional[Callable] = None,
+                after_timing: Optional[Callable] = None, log: Callable[[str], None] = lambda s: None) -> dict:
+    """Run, check and time one arm; every failure is recorded in the result, never raised.
+
+    1. One call on input set 0 (untimed): an exception here is recorded with its message, as ``refused``
+       when ``refusal_status`` is REFUSED and torch rejected the call (``_is_refusal``), else ``error``.
+       Its output is compared with the fp32 reference(s).
+    2. CUDA: one untimed forward+backward under torch's sync debug mode (``measure.sync_check``):
+       ``sync_free`` / ``sync_ops``.
+    3. Forward timed (``measure.time_calls``), then forward+backward (unless --no-backward).
+    4. Peak memory of one more call (forward+backward, or forward), relative to what was allocated.
+    """
+    cfg, dev = ctx.cfg, ctx.device
+    res = new_result(spec)
+    res["storage_bytes"] = fac.storage_bytes()
+    res["bytes"] = counts.bytes_moved(cfg.tokens, cfg.d, cfg.f, res["storage_bytes"],
+                                      torch.empty((), dtype=cfg.torch_dtype).element_size())
+    leaves_of = lambda inp: [inp.x, inp.weights] + fac.leaves()  # noqa: E731
+    res["grads"] = ["x", "router_weights"] + fac.leaf_names()
+
+    def fwd(i: int):
+        return pass_fn(ctx.sets[i])
+
+    def fwdbwd(i: int):
+        inp = ctx.sets[i]
+        out = pass_fn(inp)
+        return torch.autograd.grad(out, leaves_of(inp), inp.grad_out)
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        try:
+            log(f"{spec.name}: first call and check")
+            try:
+                out = fwd(0)
+                if dev.type == "cuda":
+                    torch.cuda.synchronize(dev)
+            except Exception as e:  # noqa: BLE001  (recorded, not raised)
+                refused = refusal_status == REFUSED and _is_refusal(e)
+                res["status"], res["reason"] = (REFUSED if refused else ERROR), _message(e)
+                if not refused:
+                    res["traceback"] = traceback.format_exc(limit=6)
+                return res
+            res.update(rel_errors(out, ctx.ref))
+            if spec.fmt in ctx.ref_dequant:
+                e2 = rel_errors(out, ctx.ref_dequant[spec.fmt])
+                res["max_rel_err_dequant"], res["rel_l2_err_dequant"] = e2["max_rel_err"], e2["rel_l2_err"]
+            del out
+            res["status"] = RAN
+            if before_timing:
+                before_timing()
+            try:
+                try:  # one more untimed call, watched for host syncs (CUDA only)
+                    res["sync_free"], res["sync_ops"] = measure.sync_check(
+                        (lambda: fwdbwd(0)) if cfg.backward else (lambda: fwd(0)), dev)
+                except Exception:  # noqa: BLE001  (a failing backward is reported by its timing below)
+                    res["sync_free"], res["sync_ops"] = measure.sync_check(lambda: fwd(0), dev)
+                kw = dict(warmup=cfg.warmup, iters=cfg.iters, min_iters=cfg.min_iters, max_seconds=cfg.max_seconds,
+                          n_sets=len(ctx.sets))
+                log(f"{spec.name}: timing forward")
+                res["fwd_ms"] = measure.time_calls(fwd, dev, **kw)
+                if cfg.backward:
+                    log(f"{spec.name}: timing forward+backward")
+                    try:
+                        res["fwdbwd_ms"] = measure.time_calls(fwdbwd, dev, **kw)
+                    except Exception as e:  # noqa: BLE001
+                        res["reason"] = f"backward failed: {_message(e)}"
+                        res["traceback"] = traceback.format_exc(limit=6)
+                res["peak_mem_bytes"] = measure.peak_memory(
+                    lambda: fwdbwd(0) if res["fwdbwd_ms"] is not None else fwd(0), dev)
+            finally:
+                if after_timing:
+                    after_timing()
+        except Exception as e:  # noqa: BLE001
+            res["status"], res["reason"] = ERROR, _message(e)
+            res["traceback"] = traceback.format_exc(limit=6)
+        finally:
+            res["warnings"] = sorted({f"{w.category.__name__}: {w.message}" for w in caught})
+            _free(dev)
+    _add_rates(res, ctx)
+    return res
+
+
+def _add_rates(res: dict, ctx: Context) -> None:
+    cfg = ctx.cfg
+    flops = counts.useful_flops(cfg.routed_rows, cfg.d, cfg.r, cfg.f)
+    t_f = res["fwd_ms"]["median"] * 1e-3 if res["fwd_ms"] else None
+    t_fb = res["fwdbwd_ms"]["median"] * 1e-3 if res["fwdbwd_ms"] else None
+    if t_f:
+        floor_s = ctx.bytes_floor / (ctx.copy_GBps * 1e9)
+        res["pct_of_floor"] = 100.0 * floor_s / t_f
+        res["pct_of_copy_bw"] = 100.0 * (res["bytes"] / (ctx.copy_GBps * 1e9)) / t_f
+        res["achieved_GBps"] = res["bytes"] / t_f / 1e9
+    res["tflops"] = {"fwd": flops / t_f / 1e12 if t_f else None,
+                     "fwdbwd": (1 + counts.BACKWARD_FLOPS_FACTOR) * flops / t_fb / 1e12 if t_fb else None}
+
+
+# ---- one function per arm kind ----------------------------------------------------------------------
+
+def padded_bmm_arm(spec: ArmSpec, ctx: Context, log=lambda s: None) -> dict:
+    cfg = ctx.cfg
+    res = measure_arm(spec, ctx, ctx.dense, lambda inp: padded_bmm_pass(cfg, inp, ctx.dense), log=log)
+    with torch.no_grad():
+        keep = routing.capacity_slots(ctx.sets[0].ids, cfg.experts, cfg.capacity).keep
+        res["dropped_fraction"] = float(1.0 - keep.float().mean())
+    res["capacity"] = cfg.capacity
+    return res
+
+
+def grouped_mm_arm(spec: ArmSpec, ctx: Context, log=lambda s: None) -> dict:
+    gmm, what = grouped_mm_function()
+    if gmm is None:
+        res = new_result(spec)
+        res["status"], res["reason"] = UNAVAILABLE, f"not available: {what}"
+        return res
+    res = measure_arm(spec, ctx, ctx.dense, lambda inp: grouped_mm_pass(ctx.cfg, inp, ctx.dense, gmm),
+                      refusal_status=REFUSED, log=log)
+    res["function"] = what
+    res["dropped_fraction"] = 0.0 if res["status"] == RAN else None
+    return res
+
+
+def tsct_arm(spec: ArmSpec, ctx: Context, log=lambda s: None) -> dict:
+    from tsct import config as tsct_config
+
+    st = dispatch.status(spec.path, ctx.capability, spec.fmt)
+    fac = ctx.formats.get(spec.fmt)
+    if not st.ok or not isinstance(fac, Factors):
+        res = new_result(spec)
+        res["status"] = UNAVAILABLE
+        res["reason"] = st.reason if not st.ok else (fac or f"format {spec.fmt!r} was not prepared")
+        if isinstance(fac, Factors):
+            res["storage_bytes"] = fac.storage_bytes()
+        return res
+    saved = tsct_config.check_values
+
+    def no_value_checks():  # the first (checked) call validated offs / indices; timing must be sync-free
+        tsct_config.check_values = False
+
+    def restore():
+        tsct_config.check_values = saved
+
+    def pass_fn(inp: InputSet) -> Tensor:
+        return tsct_call(inp.x, inp.ids, inp.weights, fac, ctx.cfg.experts, spec.path)
+
+    res = measure_arm(spec, ctx, fac, pass_fn,
+                      before_timing=no_value_checks, after_timing=restore, log=log)
+    res["dropped_fraction"] = 0.0 if res["status"] == RAN else None
+    return res
+
+
+RUNNERS = {PADDED_BMM: padded_bmm_arm, GROUPED_MM: grouped_mm_arm, TSCT: tsct_arm}
+
+
+def run_arm(spec: ArmSpec, ctx: Context, log=lambda s: None) -> dict:
+    if spec.kind in (PADDED_BMM, GROUPED_MM) and not isinstance(ctx.dense.w_gate, Tensor):
+        raise AssertionError("baselines need dense factors")
+    return RUNNERS[spec.kind](spec, ctx, log=log)

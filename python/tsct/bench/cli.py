@@ -1,0 +1,132 @@
+"""``tsct-bench`` / ``python -m tsct.bench``: command-line front end of the benchmark (argparse only).
+
+Exit status: 0 when every selected arm ran, was refused or is unavailable (all recorded); 1 when an arm
+failed with an unexpected error (recorded too); 2 for bad arguments or a missing optional dependency.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Optional, Sequence
+
+from rich.console import Console
+
+from tsct.bench import config as cfgmod
+from tsct.bench import report
+
+
+def _csv(s: str) -> tuple:
+    return tuple(p.strip() for p in s.split(",") if p.strip())
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="tsct-bench",
+        description="Time the whole low-rank MoE expert pass (sort, gather, grouped GLU, combine) for the "
+                    "padded-bmm and grouped-mm baselines and every tsct path and factor format.",
+        epilog="Presets: " + "; ".join(f"{k}: " + " ".join(f"{a}={b}" for a, b in v.items())
+                                       for k, v in cfgmod.PRESETS.items()),
+    )
+    p.add_argument("--preset", choices=sorted(cfgmod.PRESETS), default="b1", help="shape preset (default b1)")
+    g = p.add_argument_group("shape (overrides the preset)")
+    g.add_argument("--tokens", type=int, help="T, tokens per step")
+    g.add_argument("--topk", type=int, help="k, experts per token")
+    g.add_argument("--experts", type=int, help="E")
+    g.add_argument("--d", type=int, help="model width d")
+    g.add_argument("--r", type=int, help="latent rank r")
+    g.add_argument("--f", type=int, help="FFN width f")
+    g.add_argument("--dtype", help="activation / dense factor dtype: bf16 (default), fp16, fp32")
+    g = p.add_argument_group("run")
+    g.add_argument("--device", choices=("cuda", "cpu"), help="default: cuda if available, else cpu")
+    g.add_argument("--routing", choices=cfgmod.ROUTINGS, help="softmax (default) or zipf (skewed expert popularity)")
+    g.add_argument("--zipf-exponent", type=float, help="popularity ~ rank^-exponent for --routing zipf (default 1.2)")
+    g.add_argument("--seed", type=int, help="random seed (default 0)")
+    g.add_argument("--warmup", type=int, help="untimed calls before each measurement")
+    g.add_argument("--iters", type=int, help="at most this many timed calls per measurement")
+    g.add_argument("--min-iters", type=int, help="at least this many timed calls per measurement (default 5)")
+    g.add_argument("--max-seconds", type=float,
+                   help="cap on one measurement in seconds: fewer timed calls (not below --min-iters) if they would "
+                        "take longer")
+    g.add_argument("--capacity-factor", type=float, help="padded-bmm capacity C = ceil(cf * T * k / E) (default 2.0)")
+    g.add_argument("--input-sets", type=int, help="input sets rotated between calls (default 2)")
+    g.add_argument("--copy-mb", type=int, help="MiB copied to measure bandwidth (default 1024 on cuda, 64 on cpu)")
+    g.add_argument("--arms", type=_csv, help="comma-separated arm names or fnmatch patterns (default: all); "
+                                             "see --list-arms")
+    g.add_argument("--formats", type=_csv, help="factor storage formats of the tsct arms (default bf16,nvfp4,sign)")
+    g.add_argument("--no-backward", action="store_true", help="time the forward only")
+    g = p.add_argument_group("output")
+    g.add_argument("--json", metavar="FILE", help="write the full results as JSON")
+    g.add_argument("--plot", metavar="FILE.png", help="bar chart of forward and forward+backward times (matplotlib)")
+    g.add_argument("--list-arms", action="store_true", help="print the arms and whether they can run here, then exit")
+    g.add_argument("--quiet", action="store_true", help="no progress display")
+    return p
+
+
+def config_from_args(a: argparse.Namespace) -> cfgmod.BenchConfig:
+    over = dict(tokens=a.tokens, topk=a.topk, experts=a.experts, d=a.d, r=a.r, f=a.f, dtype=a.dtype, device=a.device,
+                routing=a.routing, zipf_exponent=a.zipf_exponent, seed=a.seed, warmup=a.warmup, iters=a.iters,
+                min_iters=a.min_iters, max_seconds=a.max_seconds, capacity_factor=a.capacity_factor,
+                input_sets=a.input_sets, copy_mb=a.copy_mb, arms=a.arms, formats=a.formats)
+    if a.no_backward:
+        over["backward"] = False
+    return cfgmod.from_preset(a.preset, **over).resolved()
+
+
+def _list_arms(cfg: cfgmod.BenchConfig, console: Console) -> None:
+    from tsct import dispatch
+    from tsct.bench import arms, runner
+
+    cap = dispatch.device_capability(cfg.torch_device)
+    gmm, what = arms.grouped_mm_function()
+    for s in runner.plan(cfg):
+        if s.kind == arms.TSCT:
+            st = dispatch.status(s.path, cap, s.fmt)
+            state = "runs" if st.ok else f"unavailable: {st.reason}"
+        elif s.kind == arms.GROUPED_MM:
+            state = f"runs if torch accepts the shape ({what})" if gmm else f"unavailable: {what}"
+        else:
+            state = "runs"
+        console.print(f"{s.name:28s} {state}", markup=False, highlight=False)
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    a = parser().parse_args(argv)
+    # Not a terminal (a log, the device tool): a fixed width that fits the table, no colour codes.
+    out = Console() if sys.stdout.isatty() else Console(width=200, no_color=True)
+    err = (Console(stderr=True) if sys.stderr.isatty()
+           else Console(stderr=True, width=200, no_color=True, log_path=False))
+    try:
+        cfg = config_from_args(a)
+        if a.plot:
+            report.require_matplotlib()  # fail before spending device time, not after
+    except (ValueError, report.PlotUnavailable) as e:
+        err.print(f"tsct-bench: error: {e}", markup=False, highlight=False)
+        return 2
+    if a.list_arms:
+        try:
+            _list_arms(cfg, out)
+        except ValueError as e:
+            err.print(f"tsct-bench: error: {e}", markup=False, highlight=False)
+            return 2
+        return 0
+    if cfg.device == "cpu" and cfg.preset == "b1" and not a.quiet:
+        err.print("tsct-bench: note: the b1 preset on the CPU takes a long time; try --preset small", markup=False)
+
+    from tsct.bench.runner import NullReporter, run
+
+    try:
+        result = run(cfg, reporter=NullReporter() if a.quiet else report.RichReporter(err))
+    except ValueError as e:  # e.g. an --arms pattern that matches nothing
+        err.print(f"tsct-bench: error: {e}", markup=False, highlight=False)
+        return 2
+    report.print_report(result, out)
+    if a.json:
+        out.print(f"wrote {report.write_json(result, a.json)}", markup=False, highlight=False)
+    if a.plot:
+        out.print(f"wrote {report.plot(result, a.plot)}", markup=False, highlight=False)
+    return 1 if any(r["status"] == "error" for r in result["arms"]) else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,227 @@
+"""Showing a run: rich progress while it runs, a rich table at the end, the JSON file, the bar chart."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Optional
+
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+from rich.markup import escape
+from rich.table import Table
+
+# ---- progress -----------------------------------------------------------------------------------------
+
+
+class RichReporter:
+    """A progress bar over the arms on a terminal; plain time-stamped lines otherwise (logs, CI, pipes)."""
+
+    def __init__(self, console: Console):
+        self.console = console
+        self.progress: Optional[Progress] = None
+        self.task = None
+
+    def start(self, total: int) -> None:
+        if self.console.is_terminal:
+            self.progress = Progress(SpinnerColumn(), TextColumn("{task.description}"), BarColumn(),
+                                     MofNCompleteColumn(), TimeElapsedColumn(), console=self.console, transient=True)
+            self.progress.start()
+            self.task = self.progress.add_task("tsct-bench", total=total)
+
+    def step(self, message: str) -> None:
+        if self.progress is not None:
+            self.progress.update(self.task, description=message)
+        else:
+            self.console.log(message, markup=False, highlight=False)
+
+    def arm_done(self, res: dict) -> None:
+        line = f"{res['name']}: {res['status']}"
+        if res.get("fwd_ms"):
+            line += f"  fwd {_ms(res['fwd_ms'])} ms"
+        if res.get("fwdbwd_ms"):
+            line += f"  fwd+bwd {_ms(res['fwdbwd_ms'])} ms"
+        if res.get("reason"):
+            line += f"  ({res['reason']})"
+        if self.progress is not None:
+            self.progress.console.print(line, markup=False, highlight=False)
+            self.progress.advance(self.task)
+        else:
+            self.console.log(line, markup=False, highlight=False)
+
+    def stop(self) -> None:
+        if self.progress is not None:
+            self.progress.stop()
+            self.progress = None
+
+
+# ---- formatting ---------------------------------------------------------------------------------------
+
+def _ms(st: Optional[dict]) -> str:
+    if not st:
+        return "-"
+    m = st["median"]
+    return f"{m:.3f}" if m < 100 else f"{m:.1f}"
+
+
+def _spread(st: Optional[dict]) -> str:
+    if not st:
+        return ""
+    return f"{st['p10']:.3g}-{st['p90']:.3g}"
+
+
+def _num(v, fmt: str, none: str = "-") -> str:
+    return none if v is None else format(v, fmt)
+
+
+def _bytes(v, none: str = "n/a") -> str:
+    if v is None:
+        return none
+    for unit, div in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+        if abs(v) >= div:
+            return f"{v / div:.3g} {unit}"
+    return f"{v} B"
+
+
+STATUS_STYLE = {"ran": "green", "refused": "yellow", "unavailable": "dim", "error": "bold red"}
+
+
+def _time_cell(st: Optional[dict], spread: bool = True) -> str:
+    if not st:
+        return "-"
+    return f"{_ms(st)} [dim]({st['p10']:.3g}-{st['p90']:.3g})[/]" if spread else _ms(st)
+
+
+#: below this console width the table drops the p10-p90 spreads and the storage / dropped columns
+COMPACT_BELOW = 170
+
+
+def table(result: dict, compact: bool = False) -> Table:
+    """The main columns; ``compact`` for narrow terminals (the JSON always has everything)."""
+    cfg = result["config"]
+    title = (f"tsct-bench {cfg['preset']}: T={cfg['tokens']} k={cfg['topk']} E={cfg['experts']} d={cfg['d']} "
+             f"r={cfg['r']} f={cfg['f']} {cfg['dtype']} {cfg['routing']} routing, {result['device'].get('name')}")
+    caption = (f"copy {result['copy_bandwidth_GBps']:.0f} GB/s (measured now); bf16 bytes floor "
+               f"{_bytes(result['bytes_floor'])} = {result['floor_ms']:.3f} ms at that rate. "
+               f"Times: median {'' if compact else '(p10-p90) '}ms "
+               f"of the whole pass. % floor: floor time / fwd time. err: max|out-ref|/max|ref| against the fp32 "
+               f"reference of the bf16 factors (dq: against the fp32 reference of the dequantized factors).")
+    t = Table(title=escape(title), caption=escape(caption), caption_justify="left")
+    names = ["arm", "status", "fwd ms", "fwd+bwd ms", "% floor", "TFLOP/s f / fb", "max rel err", "peak mem"]
+    names += [] if compact else ["storage", "dropped"]
+    for name in names:
+        t.add_column(name, justify="left" if name in ("arm", "status") else "right", no_wrap=True,
+                     min_width={"arm": 18, "status": 7}.get(name))
+    for a in result["arms"]:
+        tf = a.get("tflops") or {}
+        err = _num(a.get("max_rel_err"), ".2e")
+        if a.get("max_rel_err_dequant") is not None:
+            err += f" ({a['max_rel_err_dequant']:.1e} dq)"
+        if a.get("nonfinite"):
+            err = "[bold red]NaN/inf![/]"
+        ran = a["status"] == "ran"
+        row = [escape(a["name"]), f"[{STATUS_STYLE.get(a['status'], 'default')}]{a['status']}[/]",
+               _time_cell(a.get("fwd_ms"), not compact), _time_cell(a.get("fwdbwd_ms"), not compact),
+               _num(a.get("pct_of_floor"), ".1f"),
+               f"{_num(tf.get('fwd'), '.2f')} / {_num(tf.get('fwdbwd'), '.2f')}" if ran else "-",
+               err, _bytes(a.get("peak_mem_bytes")) if ran else "-"]
+        if not compact:
+            row += [_bytes(a.get("storage_bytes"), "-"), _num(a.get("dropped_fraction"), ".2%") if ran else "-"]
+        t.add_row(*row)
+    return t
+
+
+def print_report(result: dict, console: Console) -> None:
+    console.print(table(result, compact=console.width < COMPACT_BELOW))
+    notes = [a for a in result["arms"] if a.get("reason")]
+    if notes:
+        console.print("[bold]reasons[/]")
+        for a in notes:
+            console.print(f"  {a['name']} ({a['status']}): {a['reason']}", markup=False, highlight=False)
+    syncs = [a for a in result["arms"] if a.get("sync_free") is False]
+    if syncs:
+        console.print("[bold]host syncs inside the pass[/] (torch sync debug mode)")
+        for a in syncs:
+            console.print(f"  {a['name']}: {'; '.join(a['sync_ops'])}", markup=False, highlight=False)
+    if result.get("fallbacks"):
+        console.print(f"fallbacks counted: {result['fallbacks']}", markup=False, highlight=False)
+
+
+# ---- JSON ---------------------------------------------------------------------------------------------
+
+def _clean(v):
+    """JSON-safe copy: non-finite floats -> None, tuples -> lists."""
+    if isinstance(v, float):
+        return v if math.isfinite(v) else None
+    if isinstance(v, dict):
+        return {str(k): _clean(x) for k, x in v.items()}
+    if isinstance(v, (list, tuple)):
+        return [_clean(x) for x in v]
+    return v
+
+
+def write_json(result: dict, path) -> Path:
+    p = Path(path)
+    p.parent.mkdir(parents=True, exist_ok=True)
+    p.write_text(json.dumps(_clean(result), indent=2, allow_nan=False) + "\n")
+    return p
+
+
+# ---- plot ---------------------------------------------------------------------------------------------
+
+class PlotUnavailable(RuntimeError):
+    pass
+
+
+def require_matplotlib():
+    """Import matplotlib with the Agg backend, or raise PlotUnavailable saying how to get it."""
+    try:
+        import matplotlib
+    except ImportError as e:
+        raise PlotUnavailable("--plot needs matplotlib, which is not installed: pip install 'tsct[plot]' "
+                              "(or pip install matplotlib)") from e
+    matplotlib.use("Agg", force=True)
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def plot(result: dict, path) -> Path:
+    """Grouped bar chart, one group per arm that ran: forward and forward+backward median ms, p10-p90 as
+    error bars, the median written on each bar, the bf16 bytes-floor time as a dashed line. Log scale when
+    the medians and the floor span more than 30x."""
+    plt = require_matplotlib()
+    ran = [a for a in result["arms"] if a["status"] == "ran" and a.get("fwd_ms")]
+    fig, ax = plt.subplots(figsize=(max(6.0, 1.2 * len(ran) + 2), 4.5))
+    xs = list(range(len(ran)))
+    w = 0.38
+    series = (("fwd_ms", "forward", -w / 2), ("fwdbwd_ms", "forward+backward", w / 2))
+    allv = []
+    for key, label, dx in series:
+        pts = [(i + dx, a[key]) for i, a in zip(xs, ran) if a.get(key)]
+        if not pts:
+            continue
+        med = [s["median"] for _, s in pts]
+        allv += med
+        err = [[s["median"] - s["p10"] for _, s in pts], [s["p90"] - s["median"] for _, s in pts]]
+        bars = ax.bar([p for p, _ in pts], med, width=w, label=label, yerr=err, capsize=3)
+        ax.bar_label(bars, labels=[f"{m:.3g}" for m in med], fontsize=7, padding=2)
+    ax.axhline(result["floor_ms"], linestyle="--", color="k", linewidth=1,
+               label=f"bf16 bytes floor {result['floor_ms']:.3g} ms")
+    allv.append(result["floor_ms"])
+    if max(allv) / max(min(allv), 1e-9) > 30:
+        ax.set_yscale("log")
+    ax.set_xticks(xs)
+    ax.set_xticklabels([a["name"] for a in ran], rotation=30, ha="right")
+    ax.set_ylabel("ms (median, whole expert pass)")
+    cfg = result["config"]
+    ax.set_title(f"{cfg['preset']}: T={cfg['tokens']} k={cfg['topk']} E={cfg['experts']} d={cfg['d']} r={cfg['r']} "
+                 f"f={cfg['f']} {cfg['dtype']}, {result['device'].get('name')}", fontsize=9)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    p = Path(path)
+    p.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(p, dpi=120)
+    plt.close(fig)
+    return p

@@ -1,0 +1,258 @@
+"""tsct-bench on the CPU: the CLI end to end, routing, the padded-bmm baseline, and the byte/FLOP formulas."""
+
+import json
+import math
+
+import pytest
+import torch
+
+from tsct import dispatch
+from tsct.bench import arms, cli, config, counts, inputs, measure, report, routing
+
+SMALL_FAST = ["--preset", "small", "--device", "cpu", "--warmup", "1", "--iters", "3", "--min-iters", "1",
+              "--copy-mb", "4", "--quiet"]
+
+
+@pytest.fixture(scope="module")
+def small_run(tmp_path_factory):
+    out = tmp_path_factory.mktemp("bench") / "small.json"
+    rc = cli.main(SMALL_FAST + ["--json", str(out)])
+    return rc, json.loads(out.read_text())
+
+
+def test_small_preset_runs_end_to_end_through_the_cli(small_run):
+    rc, res = small_run
+    assert rc == 0
+    assert res["schema_version"] == 1
+    for key in ("tsct_version", "git_commit", "date", "device", "host", "config", "copy_bandwidth_GBps",
+                "bytes_floor", "arms"):
+        assert key in res, key
+    assert res["device"]["type"] == "cpu" and res["device"]["torch"] == torch.__version__
+    assert res["copy_bandwidth_GBps"] > 0
+    cfg = res["config"]
+    assert (cfg["tokens"], cfg["topk"], cfg["experts"], cfg["d"], cfg["r"], cfg["f"]) == (256, 2, 8, 128, 16, 171)
+    assert res["bytes_floor"] == counts.bytes_floor(256, 8, 128, 16, 171)
+
+
+def test_small_run_lists_every_arm_with_plausible_figures(small_run):
+    _, res = small_run
+    by_name = {a["name"]: a for a in res["arms"]}
+    expected = {"padded-bmm", "grouped-mm", "tsct-reference-bf16", "tsct-reference-nvfp4", "tsct-reference-sign"}
+    expected |= {f"tsct-{p}-{f}" for p in dispatch.PATHS for f in ("bf16", "nvfp4", "sign")
+                 if arms._path_serves_format(p, f)}
+    assert set(by_name) == expected
+    for a in res["arms"]:
+        assert a["status"] in ("ran", "refused", "unavailable", "error"), a
+        assert a["status"] != "error", (a["name"], a["reason"], a.get("traceback"))
+        if a["status"] == "ran":
+            for key in ("fwd_ms", "fwdbwd_ms"):
+                st = a[key]
+                assert 0 < st["p10"] <= st["median"] <= st["p90"], (a["name"], key, st)
+            assert a["tflops"]["fwd"] > 0 and a["tflops"]["fwdbwd"] > 0
+            assert a["bytes"] > 0 and a["pct_of_floor"] > 0 and a["storage_bytes"] > 0
+            assert a["peak_mem_bytes"] is None  # CPU: n/a
+            assert a["max_rel_err"] is not None and not a["nonfinite"]
+        else:
+            assert a["reason"], a["name"]
+            assert a["fwd_ms"] is None
+    # bf16 reference vs its fp32 oracle: only the bf16 rounding of inputs/output remains
+    assert by_name["tsct-reference-bf16"]["max_rel_err"] < 1e-2
+    # the bf16 padded bmm keeps bf16 intermediates; capacity 2x the mean at T=256 drops nothing here
+    assert by_name["padded-bmm"]["max_rel_err"] < 5e-2
+    assert 0.0 <= by_name["padded-bmm"]["dropped_fraction"] < 0.05
+    # low-bit: close to the reference of its own dequantized factors; further from bf16 (quantization error)
+    for fmt in ("nvfp4", "sign"):
+        a = by_name[f"tsct-reference-{fmt}"]
+        assert a["max_rel_err_dequant"] < 1e-2
+        assert a["max_rel_err"] > a["max_rel_err_dequant"]
+        assert a["storage_bytes"] < by_name["tsct-reference-bf16"]["storage_bytes"]
+        assert a["grads"] == ["x", "router_weights", "s_gate", "s_up"]
+    assert by_name["tsct-reference-bf16"]["grads"] == ["x", "router_weights", "w_gate", "w_up", "w_down", "s_gate",
+                                                        "s_up"]
+    # f = 171 is not a multiple of 8: torch's grouped_mm refuses, and the refusal is the result
+    gm = by_name["grouped-mm"]
+    assert gm["status"] in ("refused", "unavailable")
+    if gm["status"] == "refused":
+        assert "16 bytes" in gm["reason"]
+    # GPU paths on a CPU: listed with dispatch's reason, not run
+    assert by_name["tsct-triton-bf16-bf16"]["status"] == "unavailable"
+    assert "GPU" in by_name["tsct-triton-bf16-bf16"]["reason"]
+
+
+def test_table_renders_and_json_is_strict(small_run, tmp_path):
+    _, res = small_run
+    from rich.console import Console
+
+    con = Console(width=200, record=True, file=open("/dev/null", "w"))
+    report.print_report(res, con)
+    text = con.export_text()
+    assert "padded-bmm" in text and "grouped-mm" in text and "refused" in text
+    res2 = dict(res, copy_bandwidth_GBps=float("nan"))
+    p = report.write_json(res2, tmp_path / "x.json")
+    assert json.loads(p.read_text())["copy_bandwidth_GBps"] is None  # NaN never reaches the file
+
+
+def test_grouped_mm_runs_where_torch_accepts_the_shape():
+    # f = 176 and r = 16 are multiples of 8 bf16 elements: torch's CPU grouped_mm accepts them
+    gmm, _ = arms.grouped_mm_function()
+    if gmm is None:
+        pytest.skip("this torch has no grouped_mm")
+    cfg = config.from_preset("small", device="cpu", f=176, arms=("grouped-mm",), warmup=1, iters=2, min_iters=1,
+                             copy_mb=1)
+    from tsct.bench.runner import run
+
+    res = run(cfg)
+    (a,) = res["arms"]
+    assert a["status"] == "ran", a["reason"]
+    assert a["max_rel_err"] < 5e-2 and a["fwdbwd_ms"]["median"] > 0
+
+
+def test_arms_selection_and_bad_arguments(capsys):
+    assert cli.main(SMALL_FAST + ["--list-arms"]) == 0
+    listed = capsys.readouterr().out
+    assert "padded-bmm" in listed and "tsct-reference-nvfp4" in listed
+    assert cli.main(SMALL_FAST + ["--arms", "no-such-arm"]) == 2
+    assert "matches no arm" in capsys.readouterr().err
+    assert cli.main(SMALL_FAST + ["--formats", "int3"]) == 2
+
+
+def test_plot_without_matplotlib_is_a_clear_error(monkeypatch, capsys, tmp_path):
+    import builtins
+
+    real_import = builtins.__import__
+
+    def no_mpl(name, *a, **k):
+        if name == "matplotlib" or name.startswith("matplotlib."):
+            raise ImportError("No module named 'matplotlib'")
+        return real_import(name, *a, **k)
+
+    monkeypatch.setattr(builtins, "__import__", no_mpl)
+    assert cli.main(SMALL_FAST + ["--plot", str(tmp_path / "x.png")]) == 2
+    assert "matplotlib" in capsys.readouterr().err
+
+
+def test_plot_writes_a_png(small_run, tmp_path):
+    pytest.importorskip("matplotlib")
+    _, res = small_run
+    p = report.plot(res, tmp_path / "bars.png")
+    assert p.read_bytes()[:4] == b"\x89PNG"
+
+
+# ---- routing ----------------------------------------------------------------------------------------------
+
+def _route(t, e, k, **kw):
+    g = torch.Generator().manual_seed(kw.pop("seed", 0))
+    return routing.route(t, e, k, generator=g, device="cpu", dtype=torch.bfloat16, **kw)
+
+
+@pytest.mark.parametrize("kind", ["softmax", "zipf"])
+def test_offs_match_bincount_and_the_sort_is_stable(kind):
+    t, e, k = 300, 16, 2
+    ids, w = _route(t, e, k, routing=kind)
+    assert ids.shape == (t, k) and w.shape == (t, k)
+    assert bool((ids[:, 0] != ids[:, 1]).all())  # k distinct experts per token
+    assert torch.allclose(w.float().sum(1), torch.ones(t), atol=1e-2)
+    s = routing.sort_by_expert(ids, e)
+    assert s.offs.dtype == torch.int32 and s.offs.shape == (e,)
+    assert torch.equal(s.offs.long(), torch.cumsum(torch.bincount(ids.reshape(-1), minlength=e), 0))
+    assert int(s.offs[-1]) == t * k
+    assert torch.equal(s.expert, ids.reshape(-1)[s.order])
+    assert bool((s.expert[1:] >= s.expert[:-1]).all())
+    assert torch.equal(s.token, s.order // k)
+    for lo, hi in zip([0] + s.offs[:-1].tolist(), s.offs.tolist()):  # stable: token order within an expert
+        assert bool((s.order[lo + 1:hi] > s.order[lo:hi - 1]).all())
+    inv = routing.inverse_permutation(s.order)
+    assert torch.equal(s.order[inv], torch.arange(t * k))
+
+
+def test_zipf_routing_leaves_experts_empty():
+    ids, _ = _route(256, 64, 2, routing="zipf", zipf_exponent=2.0)
+    counts_ = torch.bincount(ids.reshape(-1), minlength=64)
+    assert int((counts_ == 0).sum()) >= 1
+    assert int(counts_.max()) > 4 * 256 * 2 // 64  # skewed: the top expert is far above the mean
+    soft, _ = _route(256, 64, 2, routing="softmax")
+    assert int(torch.bincount(soft.reshape(-1), minlength=64).max()) < int(counts_.max())
+
+
+def test_capacity_slots_drop_rows_past_capacity():
+    ids = torch.tensor([[0, 1], [0, 2], [0, 1], [3, 0]])  # expert 0 gets 4 rows
+    cap = routing.capacity_slots(ids, 4, 2)
+    keep = cap.keep.view(4, 2)
+    assert keep.tolist() == [[True, True], [True, True], [False, True], [True, False]]
+    assert cap.slot[:4].tolist() == [0 * 2 + 0, 1 * 2 + 0, 0 * 2 + 1, 2 * 2 + 0]
+    assert cap.src[[0, 1, 2, 4]].tolist() == [0, 1, 0, 1]
+
+
+# ---- the padded-bmm baseline against the fp32 reference ---------------------------------------------------
+
+def _small_cfg(**kw):
+    return config.from_preset("small", device="cpu", **kw).resolved()
+
+
+def test_padded_bmm_equals_the_reference_when_nothing_is_dropped():
+    cfg = _small_cfg(capacity_factor=8.0, routing="zipf", zipf_exponent=1.5)  # C = 512 = T: no drop possible
+    (inp,) = inputs.make_input_sets(cfg, 1)
+    fac = inputs.make_dense_factors(cfg)
+    assert bool(routing.capacity_slots(inp.ids, cfg.experts, cfg.capacity).keep.all())
+    out = arms.padded_bmm_pass(cfg, inp, fac)
+    assert out.shape == (cfg.tokens, cfg.f) and out.dtype == torch.bfloat16
+    with torch.no_grad():
+        ref = arms.tsct_call(inp.x.detach().float(), inp.ids, inp.weights.detach().float(),
+                             fac.dequantized(torch.float32), cfg.experts, "reference")
+    err = arms.rel_errors(out, ref)
+    assert err["max_rel_err"] < 2e-2 and err["rel_l2_err"] < 1e-2, err
+    # and the gradient flows to every input the benchmark differentiates
+    grads = torch.autograd.grad(out, [inp.x, inp.weights] + fac.leaves(), inp.grad_out)
+    assert all(g is not None and bool(torch.isfinite(g.float()).all()) for g in grads)
+
+
+def test_padded_bmm_drops_when_capacity_is_small():
+    cfg = _small_cfg(capacity_factor=0.5)
+    (inp,) = inputs.make_input_sets(cfg, 1)
+    keep = routing.capacity_slots(inp.ids, cfg.experts, cfg.capacity).keep
+    assert 0.3 < 1 - keep.float().mean() < 0.7  # half the capacity of the mean: about half dropped
+
+
+def test_grouped_mm_pass_matches_the_reference():
+    gmm, _ = arms.grouped_mm_function()
+    if gmm is None:
+        pytest.skip("this torch has no grouped_mm")
+    cfg = _small_cfg(f=176)
+    (inp,) = inputs.make_input_sets(cfg, 1)
+    fac = inputs.make_dense_factors(cfg)
+    out = arms.grouped_mm_pass(cfg, inp, fac, gmm)
+    with torch.no_grad():
+        ref = arms.tsct_call(inp.x.detach().float(), inp.ids, inp.weights.detach().float(),
+                             fac.dequantized(torch.float32), cfg.experts, "reference")
+    assert arms.rel_errors(out, ref)["max_rel_err"] < 2e-2
+
+
+# ---- formulas at b1 (design.md sections 2 and 5) -----------------------------------------------------------
+
+def test_b1_counts_give_the_design_numbers():
+    b1 = config.PRESETS["b1"]
+    t, e, d, r, f = b1["tokens"], b1["experts"], b1["d"], b1["r"], b1["f"]
+    assert counts.params_per_expert(d, r, f) == 611_776
+    assert counts.bank_params(e, d, r, f) == 626_458_624  # the routed bank (design's 1,066,354,113 is the model)
+    fb = counts.dense_factor_bytes(e, d, r, f)
+    assert fb == 1_252_917_248 and round(fb / 1e9, 2) == 1.25
+    floor = counts.bytes_floor(t, e, d, r, f)
+    assert floor == t * d * 2 + fb + t * f * 2 == 1_498_972_160
+    assert round(floor / 1e9, 2) == 1.50
+    assert math.isclose(floor / 4.1e12 * 1e3, 0.365, abs_tol=0.001)  # 0.365 ms at the H200's 4.1 TB/s
+    m = t * b1["topk"]
+    assert counts.useful_flops(m, d, r, f) == 2 * m * d * 2 * r + 2 * m * r * f
+    cfg = config.from_preset("b1", device="cpu").resolved()
+    assert cfg.capacity == 64 and cfg.routed_rows == 32768
+
+
+def test_timing_statistics_and_iteration_budget():
+    calls = []
+    st = measure.time_calls(lambda i: calls.append(i), torch.device("cpu"), warmup=2, iters=7, n_sets=3)
+    assert st["n"] == 7 and calls == [0, 1, 2, 0, 1, 2, 0, 1, 2, 0]  # warm-up and timed calls rotate input sets
+    assert st["p10"] <= st["median"] <= st["p90"]
+    import time
+
+    st = measure.time_calls(lambda i: time.sleep(0.01), torch.device("cpu"), warmup=1, iters=100, min_iters=3,
+                            max_seconds=0.05)
+    assert 3 <= st["n"] <= 6  # max_seconds caps the count, min_iters floors it
