@@ -22,33 +22,46 @@ extern "C" {
 
 #define TSCT_ABI_VERSION 1
 
+/* The library is built with -fvisibility=hidden; only declarations marked TSCT_API are exported
+ * (and csrc/exports.map lists the same names). */
+#if defined(__GNUC__)
+#define TSCT_API __attribute__((visibility("default")))
+#else
+#define TSCT_API
+#endif
+
 enum tsct_dtype { TSCT_F32 = 0, TSCT_BF16 = 1, TSCT_F16 = 2 };
 enum tsct_scale_layout { TSCT_LAYOUT_LINEAR = 0, TSCT_LAYOUT_SWIZZLED_128X4 = 1 };
 enum tsct_error {
-  TSCT_ERR_BAD_ARGUMENT = -1, /* a size, dtype or layout code out of range */
+  TSCT_ERR_BAD_ARGUMENT = -1, /* a size, dtype or layout code out of range, or a null pointer */
   TSCT_ERR_NO_CUDA = -2       /* built without CUDA */
 };
 
-int tsct_abi_version(void);
-const char* tsct_error_string(int code);
+TSCT_API int tsct_abi_version(void);
+TSCT_API const char* tsct_error_string(int code);
+/* Detail of the last non-zero return on the calling thread (e.g. "tsct_nvfp4_quantize: k=30 is not a
+ * multiple of 16"); "" after a success. Thread-local; valid until the thread's next tsct_* call. */
+TSCT_API const char* tsct_last_error_detail(void);
 /* JSON text written at build time: version, nvcc, gencode targets, kernel names. */
-const char* tsct_build_info(void);
-/* *available = 1 if the current device has a loadable image for the named kernel (cudaFuncGetAttributes). */
-int tsct_kernel_available(const char* kernel_name, int* available);
+TSCT_API const char* tsct_build_info(void);
+/* *available = 1 if the current device has a loadable image for the named kernel (cudaFuncGetAttributes).
+ * Kernel names are the extern "C" __global__ names listed in build info (e.g. "tsctk_nvfp4_quantize_bf16");
+ * an unknown name is TSCT_ERR_BAD_ARGUMENT; no device / driver gives the cudaError_t. */
+TSCT_API int tsct_kernel_available(const char* kernel_name, int* available);
 
 /* NVFP4 quantize. x: [batch, n, k] of dtype x_dtype; s_enc: [batch] fp32 encode scales (computed by
  * the caller from the finite amax, see 0002). codes: [batch, n, k/2] bytes; block_scale: linear
  * [batch, n, k/16] or swizzled [batch, ceil(n/128)*128 * ceil(k/64)*4] bytes (padding written 0). k % 16 == 0. */
-int tsct_nvfp4_quantize(const void* x, int x_dtype, int64_t batch, int64_t n, int64_t k, const float* s_enc,
-                        uint8_t* codes, uint8_t* block_scale, int layout, void* stream);
+TSCT_API int tsct_nvfp4_quantize(const void* x, int x_dtype, int64_t batch, int64_t n, int64_t k, const float* s_enc,
+                                 uint8_t* codes, uint8_t* block_scale, int layout, void* stream);
 /* NVFP4 decode to out [batch, n, k] of out_dtype. */
-int tsct_nvfp4_dequantize(const uint8_t* codes, const uint8_t* block_scale, int layout, const float* s_enc,
-                          int64_t batch, int64_t n, int64_t k, void* out, int out_dtype, void* stream);
+TSCT_API int tsct_nvfp4_dequantize(const uint8_t* codes, const uint8_t* block_scale, int layout, const float* s_enc,
+                                   int64_t batch, int64_t n, int64_t k, void* out, int out_dtype, void* stream);
 /* Sign pack: bits [batch, n, k/8], bit j of byte i = signbit(w[..., 8i+j]). k % 8 == 0. */
-int tsct_sign_pack(const void* w, int w_dtype, int64_t batch, int64_t n, int64_t k, uint8_t* bits, void* stream);
+TSCT_API int tsct_sign_pack(const void* w, int w_dtype, int64_t batch, int64_t n, int64_t k, uint8_t* bits, void* stream);
 /* Sign decode: out[b, n, k] = (+-1 * a[b, k]) * scale_n[b, n]; a: [batch, k] fp32, scale_n: [batch, n] fp32. */
-int tsct_sign_dequantize(const uint8_t* bits, const float* a, const float* scale_n, int64_t batch, int64_t n,
-                         int64_t k, void* out, int out_dtype, void* stream);
+TSCT_API int tsct_sign_dequantize(const uint8_t* bits, const float* a, const float* scale_n, int64_t batch, int64_t n,
+                                  int64_t k, void* out, int out_dtype, void* stream);
 
 #ifdef __cplusplus
 }

@@ -1,0 +1,35 @@
+// Host-side helpers shared by the entry points: error detail, argument checks, launch sizing,
+// and the kernel-name registry behind tsct_kernel_available().
+#pragma once
+
+#include <stdint.h>
+
+namespace tsct {
+
+// Records a thread-local message (printf format) for tsct_last_error_detail() and returns `code`.
+int fail(int code, const char* fmt, ...)
+#if defined(__GNUC__)
+    __attribute__((format(printf, 2, 3)))
+#endif
+    ;
+// Clears the thread-local detail at the start of an entry point.
+void clear_error_detail();
+// cudaGetLastError() after a launch: 0, or the error code with the detail naming `fn`.
+int check_launch(const char* fn);
+
+// a * b * c with overflow (or a negative factor) detected; false on failure.
+bool checked_mul3(int64_t a, int64_t b, int64_t c, int64_t* out);
+
+constexpr int kThreads = 256;
+// Blocks for a grid-stride loop over `items` (> 0) with kThreads threads per block.
+unsigned grid_blocks(int64_t items);
+
+struct KernelEntry {
+  const char* name;  // the extern "C" __global__ name, also its ELF symbol (see manifest.json)
+  const void* fn;    // host stub address, for cudaFuncGetAttributes
+};
+// Defined next to the kernels (nvfp4.cu, sign.cu); nullptr-terminated.
+extern const KernelEntry kNvfp4Kernels[];
+extern const KernelEntry kSignKernels[];
+
+}  // namespace tsct

@@ -1,0 +1,161 @@
+"""Finding and loading ``libtsct_kernels.so`` with ctypes, lazily (docs/decisions/0001).
+
+Nothing here runs at import: the library is opened on the first call that needs it, once per
+process, under a lock. Opening it queries no device (the CUDA runtime inside is linked statically
+and initialises itself on the first CUDA call).
+
+Where the library is looked for, in order:
+  1. ``$TSCT_NATIVE_LIB``: a path to the .so, or to a directory holding it;
+  2. ``tsct/_lib/libtsct_kernels.so`` inside the installed package (what the wheel ships).
+``manifest.json`` is read from the same directory as the library.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import os
+import threading
+from ctypes import c_char_p, c_int, c_int64, c_void_p
+from pathlib import Path
+from typing import Any
+
+LIB_NAME = "libtsct_kernels.so"
+MANIFEST_NAME = "manifest.json"
+ABI_VERSION = 1
+ENV_VAR = "TSCT_NATIVE_LIB"
+
+# Name -> (restype, argtypes) of every entry point in csrc/include/tsct/tsct.h.
+_SIGNATURES: dict[str, tuple[Any, list[Any]]] = {
+    "tsct_abi_version": (c_int, []),
+    "tsct_error_string": (c_char_p, [c_int]),
+    "tsct_last_error_detail": (c_char_p, []),
+    "tsct_build_info": (c_char_p, []),
+    "tsct_kernel_available": (c_int, [c_char_p, ctypes.POINTER(c_int)]),
+    # x, x_dtype, batch, n, k, s_enc, codes, block_scale, layout, stream
+    "tsct_nvfp4_quantize": (c_int, [c_void_p, c_int, c_int64, c_int64, c_int64, c_void_p, c_void_p, c_void_p, c_int, c_void_p]),
+    # codes, block_scale, layout, s_enc, batch, n, k, out, out_dtype, stream
+    "tsct_nvfp4_dequantize": (c_int, [c_void_p, c_void_p, c_int, c_void_p, c_int64, c_int64, c_int64, c_void_p, c_int, c_void_p]),
+    # w, w_dtype, batch, n, k, bits, stream
+    "tsct_sign_pack": (c_int, [c_void_p, c_int, c_int64, c_int64, c_int64, c_void_p, c_void_p]),
+    # bits, a, scale_n, batch, n, k, out, out_dtype, stream
+    "tsct_sign_dequantize": (c_int, [c_void_p, c_void_p, c_void_p, c_int64, c_int64, c_int64, c_void_p, c_int, c_void_p]),
+}
+
+
+class NativeUnavailableError(RuntimeError):
+    """The native library is missing or could not be loaded; the message says why."""
+
+
+_lock = threading.Lock()
+_lib: ctypes.CDLL | None = None
+_error: str | None = None
+_tried = False
+_lib_path_loaded: str | None = None
+
+
+def _package_lib_dir() -> Path:
+    return Path(__file__).resolve().parent.parent / "_lib"
+
+
+def _candidate() -> Path:
+    """The library file that would be loaded (it may not exist)."""
+    env = os.environ.get(ENV_VAR)
+    if env:
+        p = Path(env).expanduser()
+        return p / LIB_NAME if p.is_dir() else p
+    return _package_lib_dir() / LIB_NAME
+
+
+def library_path() -> str | None:
+    """Path of the native library that is (or would be) loaded, or None if there is no such file."""
+    p = _lib_path_loaded or _candidate()
+    return str(p) if Path(p).is_file() else None
+
+
+def _open() -> ctypes.CDLL:
+    global _lib_path_loaded
+    path = _candidate()
+    if not path.is_file():
+        where = f"${ENV_VAR}={os.environ[ENV_VAR]!r}" if os.environ.get(ENV_VAR) else "the tsct package"
+        raise NativeUnavailableError(
+            f"{LIB_NAME} not found at {path} (looked in {where}); this tsct install has no native kernels "
+            "(built with TSCT_BUILD_CUDA=OFF, or from a source tree without pip install)")
+    try:
+        lib = ctypes.CDLL(str(path), mode=getattr(os, "RTLD_LOCAL", 0))
+    except OSError as e:
+        raise NativeUnavailableError(f"cannot load {path}: {e}") from None
+    for name, (restype, argtypes) in _SIGNATURES.items():
+        try:
+            fn = getattr(lib, name)
+        except AttributeError:
+            raise NativeUnavailableError(f"{path} does not export {name}: a stale or foreign library") from None
+        fn.restype, fn.argtypes = restype, argtypes
+    abi = lib.tsct_abi_version()
+    if abi != ABI_VERSION:
+        raise NativeUnavailableError(f"{path} has C ABI version {abi}, this tsct expects {ABI_VERSION}")
+    _lib_path_loaded = str(path)
+    return lib
+
+
+def get_lib() -> ctypes.CDLL:
+    """The loaded library (loading it on the first call). Raises NativeUnavailableError."""
+    global _lib, _error, _tried
+    if _lib is not None:
+        return _lib
+    with _lock:
+        if not _tried:
+            _tried = True
+            try:
+                _lib = _open()
+            except NativeUnavailableError as e:
+                _error = str(e)
+        if _lib is None:
+            raise NativeUnavailableError(_error)
+        return _lib
+
+
+def available() -> bool:
+    """True if the native library is present and loads. Never raises; queries no device."""
+    try:
+        get_lib()
+        return True
+    except Exception:  # noqa: BLE001  (documented: never raises)
+        return False
+
+
+def load_error() -> str | None:
+    """Why the library is unavailable (tries to load it first), or None if it loaded."""
+    return None if available() else _error
+
+
+def _reset_for_tests() -> None:
+    """Forget the loaded library so the next call looks again (tests changing $TSCT_NATIVE_LIB)."""
+    global _lib, _error, _tried, _lib_path_loaded
+    with _lock:
+        _lib, _error, _tried, _lib_path_loaded = None, None, False, None
+
+
+def build_info() -> dict:
+    """The JSON the library was built with (``tsct_build_info()``): version, nvcc, targets, kernels.
+
+    Raises NativeUnavailableError if the library cannot be loaded.
+    """
+    return json.loads(get_lib().tsct_build_info().decode())
+
+
+def manifest() -> dict | None:
+    """``manifest.json`` next to the library, read from disk without loading the library; None if absent."""
+    p = Path(library_path() or _candidate()).parent / MANIFEST_NAME
+    try:
+        return json.loads(p.read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def error_message(fn: str, rc: int) -> str:
+    """'fn: <error string>: <detail>' for a non-zero return code of entry point `fn`."""
+    lib = get_lib()
+    what = (lib.tsct_error_string(rc) or b"").decode(errors="replace")
+    detail = (lib.tsct_last_error_detail() or b"").decode(errors="replace")
+    return f"{fn} returned {rc} ({what})" + (f": {detail}" if detail else "")

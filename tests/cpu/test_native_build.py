@@ -1,0 +1,342 @@
+"""The native library as built and installed, checked on a machine without a GPU.
+
+* the install: manifest.json lists sm_90a / sm_100a / sm_120a and the kernels; the .so loads with
+  ctypes, has ABI version 1, exports exactly the C functions of tsct.h; build info == manifest;
+  cuobjdump agrees with the manifest (ci/check_artifacts.py; skipped without cuobjdump);
+* lazy loading: importing tsct / tsct.native loads no library and initialises no CUDA;
+* argument checking without a GPU: the C entry points (TSCT_ERR_BAD_ARGUMENT + detail) and the
+  Python wrappers (TypeError / ValueError naming the argument);
+* the kernels' arithmetic: csrc/quant/quant_impl.cuh (the per-item code the CUDA kernels run) is
+  compiled for the host (csrc/tools/host_reference.cpp) and compared bit for bit with the torch
+  reference tsct.quant on the case matrix of tsct.native._testing. The GPU run of the same
+  comparison is tests/gpu/test_native_quant.py.
+
+A missing library fails these tests (the wheel must ship it); set TSCT_EXPECT_NATIVE=0 for an
+install built with TSCT_BUILD_CUDA=OFF, which skips them instead.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+import tsct
+import tsct.native as native
+from tsct.native import _loader
+from tsct.native import _testing as T
+
+REPO = Path(__file__).resolve().parents[2]
+HEADER = REPO / "csrc" / "include" / "tsct" / "tsct.h"
+REQUIRED_TARGETS = ("sm_90a", "sm_100a", "sm_120a")
+KERNELS = {f"tsctk_{op}_{dt}" for op in ("nvfp4_quantize", "nvfp4_dequantize", "sign_pack", "sign_dequantize")
+           for dt in ("f32", "bf16", "f16")}
+BAD_ARGUMENT = -1
+
+
+@pytest.fixture(scope="module")
+def lib_path() -> str:
+    path = native.library_path()
+    if path is None or not native.available():
+        why = native.load_error()
+        if os.environ.get("TSCT_EXPECT_NATIVE", "1") == "0":
+            pytest.skip(f"native library not available (TSCT_EXPECT_NATIVE=0): {why}")
+        pytest.fail(f"native library not available: {why}. Install with `pip install .` (needs nvcc), "
+                    "or set TSCT_EXPECT_NATIVE=0 for a TSCT_BUILD_CUDA=OFF install.")
+    return path
+
+
+@pytest.fixture(scope="module")
+def lib(lib_path) -> ctypes.CDLL:
+    return _loader.get_lib()
+
+
+# --- the install -------------------------------------------------------------------------------
+def test_manifest_lists_targets_and_kernels(lib_path):
+    m = native.manifest()
+    assert m is not None, f"no manifest.json next to {lib_path}"
+    assert m["version"] == tsct.__version__
+    assert m["abi_version"] == 1
+    for target in REQUIRED_TARGETS:
+        assert target in m["gencodes"], f"{target} missing from manifest gencodes {m['gencodes']}"
+    assert set(m["kernels"]) == set(m["gencodes"])
+    for target, names in m["kernels"].items():
+        assert set(names) == KERNELS, f"{target}: kernels {sorted(names)}"
+    assert re.fullmatch(r"\d+\.\d+(\.\d+)?", m["nvcc_version"]), m["nvcc_version"]
+
+
+def test_ctypes_load_and_abi_version(lib_path):
+    raw = ctypes.CDLL(lib_path)  # independent of tsct.native's loader
+    raw.tsct_abi_version.restype = ctypes.c_int
+    assert raw.tsct_abi_version() == 1
+
+
+def _header_functions() -> set[str]:
+    return set(re.findall(r"^TSCT_API\s+[\w\s\*]+?\b(tsct_\w+)\s*\(", HEADER.read_text(), re.M))
+
+
+@pytest.mark.skipif(not HEADER.is_file(), reason="needs the source tree (csrc/include/tsct/tsct.h)")
+def test_exports_exactly_the_c_abi(lib_path):
+    declared = _header_functions()
+    assert "tsct_nvfp4_quantize" in declared and len(declared) >= 9
+    raw = ctypes.CDLL(lib_path)
+    for name in declared:
+        assert hasattr(raw, name), f"{name} declared in tsct.h but not exported"
+    assert set(_loader._SIGNATURES) == declared, "tsct/native/_loader.py signatures out of sync with tsct.h"
+    nm = shutil.which("nm")
+    if nm is None:
+        pytest.skip("nm not found: exported-symbol set not checked")
+    out = subprocess.run([nm, "-D", "--defined-only", lib_path], capture_output=True, text=True, check=True).stdout
+    exported = {line.split()[-1].split("@")[0] for line in out.splitlines() if line.strip()}
+    assert exported == declared, f"unexpected exports: {sorted(exported - declared)}; missing: {sorted(declared - exported)}"
+
+
+def test_build_info_matches_manifest(lib_path):
+    info = native.build_info()
+    assert info == native.manifest()
+    assert info["library"] == os.path.basename(lib_path)
+
+
+@pytest.mark.skipif(not (REPO / "csrc" / "quant").is_dir(), reason="needs the source tree")
+def test_kernel_registry_matches_manifest(lib_path):
+    names = set()
+    for src in (REPO / "csrc" / "quant").glob("*.cu"):
+        names |= set(re.findall(r'\{"(tsctk_\w+)",', src.read_text()))
+    assert names == KERNELS  # tsct_kernel_available's table names every kernel the library holds
+
+
+def test_check_artifacts_with_cuobjdump(lib_path):
+    sys.path.insert(0, str(REPO / "ci"))
+    try:
+        import check_artifacts
+    finally:
+        sys.path.pop(0)
+    if check_artifacts.find_tool("cuobjdump", "CUOBJDUMP", None) is None:
+        pytest.skip("cuobjdump not found (pip install nvidia-cuda-cuobjdump)")
+    args = [sys.executable, str(REPO / "ci" / "check_artifacts.py"), "--lib", lib_path]
+    if check_artifacts.find_tool("nvdisasm", "NVDISASM", None) is not None:
+        args.append("--sass")
+    proc = subprocess.run(args, capture_output=True, text=True)
+    print(proc.stdout)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+# --- lazy loading --------------------------------------------------------------------------------
+def test_import_loads_nothing():
+    code = (
+        "import sys, torch, tsct, tsct.native, tsct.native._loader as L\n"
+        "maps = open('/proc/self/maps').read()\n"
+        "print(L._lib is None, 'libtsct_kernels' in maps, torch.cuda.is_initialized())\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
+    assert out == ["True", "False", "False"], out
+
+
+def test_missing_library_is_reported(tmp_path):
+    code = (
+        "import tsct.native as n\n"
+        "print(n.available(), n.library_path(), n.manifest())\n"
+        "print(n.load_error())\n"
+        "try:\n    n.build_info()\nexcept n.NativeUnavailableError as e:\n    print('raised', isinstance(e, RuntimeError))\n"
+    )
+    env = dict(os.environ, TSCT_NATIVE_LIB=str(tmp_path / "nope" / "libtsct_kernels.so"))
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, env=env).stdout
+    lines = out.splitlines()
+    assert lines[0] == "False None None"
+    assert "not found" in lines[1] and "TSCT_NATIVE_LIB" in lines[1]
+    assert lines[2] == "raised True"
+
+
+def test_env_override_accepts_a_directory(lib_path):
+    code = "import tsct.native as n; print(n.available(), n.library_path())"
+    env = dict(os.environ, TSCT_NATIVE_LIB=os.path.dirname(lib_path))
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, env=env).stdout
+    assert out.split() == ["True", str(Path(lib_path))]
+
+
+# --- argument checks, no GPU needed ---------------------------------------------------------------
+def _detail(lib) -> str:
+    return lib.tsct_last_error_detail().decode()
+
+
+def test_error_strings(lib):
+    assert lib.tsct_error_string(0) == b"success"
+    assert b"BAD_ARGUMENT" in lib.tsct_error_string(-1)
+    assert b"NO_CUDA" in lib.tsct_error_string(-2)
+    assert lib.tsct_error_string(100)  # a cudaError_t, named by the CUDA runtime without a device
+    assert lib.tsct_error_string(-99) == b"unknown tsct error code"
+
+
+def test_c_entry_points_reject_bad_arguments(lib):
+    P = ctypes.c_void_p(0x1000)  # never dereferenced: checks run before any CUDA call
+    cases = [
+        (lib.tsct_nvfp4_quantize, (P, 0, 1, 4, 30, P, P, P, 0, None), "multiple of 16"),
+        (lib.tsct_nvfp4_quantize, (P, 7, 1, 4, 32, P, P, P, 0, None), "x_dtype=7"),
+        (lib.tsct_nvfp4_quantize, (P, 0, 1, 4, 32, P, P, P, 5, None), "layout=5"),
+        (lib.tsct_nvfp4_quantize, (P, 0, -1, 4, 32, P, P, P, 0, None), "negative size"),
+        (lib.tsct_nvfp4_quantize, (None, 0, 1, 4, 32, P, P, P, 0, None), "null pointer"),
+        (lib.tsct_nvfp4_quantize, (P, 0, 1 << 40, 1 << 40, 32, P, P, P, 0, None), "overflows"),
+        (lib.tsct_nvfp4_dequantize, (P, P, 0, P, 1, 4, 24, P, 1, None), "multiple of 16"),
+        (lib.tsct_nvfp4_dequantize, (P, P, 0, P, 1, 4, 32, P, 3, None), "out_dtype=3"),
+        (lib.tsct_nvfp4_dequantize, (P, None, 1, P, 1, 4, 32, P, 1, None), "null pointer"),
+        (lib.tsct_sign_pack, (P, 0, 1, 4, 12, P, None), "multiple of 8"),
+        (lib.tsct_sign_pack, (P, -1, 1, 4, 16, P, None), "w_dtype=-1"),
+        (lib.tsct_sign_dequantize, (P, P, None, 1, 4, 16, P, 0, None), "null pointer"),
+        (lib.tsct_sign_dequantize, (P, P, P, 1, 4, 16, P, 9, None), "out_dtype=9"),
+    ]
+    for fn, args, needle in cases:
+        rc = fn(*args)
+        assert rc == BAD_ARGUMENT, (fn.__name__, args, rc)
+        assert needle in _detail(lib), (fn.__name__, needle, _detail(lib))
+    # Empty work is a success with no launch (so no CUDA call), null pointers allowed.
+    assert lib.tsct_nvfp4_quantize(None, 1, 0, 4, 32, None, None, None, 1, None) == 0
+    assert lib.tsct_nvfp4_dequantize(None, None, 0, None, 3, 0, 32, None, 1, None) == 0
+    assert lib.tsct_sign_pack(None, 0, 2, 3, 0, None, None) == 0
+    assert lib.tsct_sign_dequantize(None, None, None, 0, 3, 8, None, 2, None) == 0
+    assert _detail(lib) == ""
+
+
+def test_kernel_available_c_level(lib):
+    avail = ctypes.c_int(5)
+    assert lib.tsct_kernel_available(b"no_such_kernel", ctypes.byref(avail)) == BAD_ARGUMENT
+    assert "unknown kernel" in _detail(lib) and avail.value == 0
+    if torch.cuda.is_available():
+        pytest.skip("the no-GPU branch below needs a machine without CUDA")
+    rc = lib.tsct_kernel_available(b"tsctk_nvfp4_quantize_bf16", ctypes.byref(avail))
+    assert rc > 0 and avail.value == 0  # a cudaError_t (no device / no driver), not a crash
+    assert "tsct_kernel_available" in _detail(lib)
+
+
+def test_wrappers_reject_bad_input(lib):
+    x = torch.zeros(2, 4, 32)
+    s = torch.ones(2)
+    with pytest.raises(ValueError, match="x must be a CUDA tensor"):
+        native.nvfp4_quantize(x, s, "linear")
+    with pytest.raises(TypeError, match="x must have dtype"):
+        native.nvfp4_quantize(x.to(torch.int32), s, "linear")
+    with pytest.raises(ValueError, match="multiple of 16"):
+        native.nvfp4_quantize(torch.zeros(2, 4, 24), s, "linear")
+    with pytest.raises(ValueError, match=r"x must be \[B, N, K\]"):
+        native.nvfp4_quantize(torch.zeros(4, 32), s, "linear")
+    with pytest.raises(ValueError, match="layout must be one of"):
+        native.nvfp4_quantize(x, s, "blocked")
+    with pytest.raises(ValueError, match="s_enc must have shape"):
+        native.nvfp4_quantize(x, torch.ones(3), "linear")
+    with pytest.raises(TypeError, match="s_enc must have dtype"):
+        native.nvfp4_quantize(x, torch.ones(2, dtype=torch.float64), "linear")
+    with pytest.raises(TypeError, match="x must be a torch.Tensor"):
+        native.nvfp4_quantize([1.0], s, "linear")
+    codes = torch.zeros(2, 4, 16, dtype=torch.uint8)
+    with pytest.raises(ValueError, match="block_scale must have shape"):
+        native.nvfp4_dequantize(codes, torch.zeros(2, 4, 3, dtype=torch.float8_e4m3fn), "linear", s, 32)
+    with pytest.raises(ValueError, match="block_scale must have shape .*swizzled"):
+        native.nvfp4_dequantize(codes, torch.zeros(2, 4, 2, dtype=torch.float8_e4m3fn), "swizzled_128x4", s, 32)
+    with pytest.raises(ValueError, match="codes has last dimension"):
+        native.nvfp4_dequantize(codes, torch.zeros(2, 4, 4, dtype=torch.float8_e4m3fn), "linear", s, 64)
+    with pytest.raises(TypeError, match="out_dtype"):
+        native.nvfp4_dequantize(codes, torch.zeros(2, 4, 2, dtype=torch.float8_e4m3fn), "linear", s, 32, torch.int8)
+    with pytest.raises(ValueError, match="codes must be a CUDA tensor"):
+        native.nvfp4_dequantize(codes, torch.zeros(2, 4, 2, dtype=torch.float8_e4m3fn), "linear", s, 32)
+    with pytest.raises(ValueError, match="multiple of 8"):
+        native.sign_pack(torch.zeros(1, 2, 12))
+    with pytest.raises(ValueError, match="w must be a CUDA tensor"):
+        native.sign_pack(torch.zeros(1, 2, 16))
+    bits = torch.zeros(1, 2, 2, dtype=torch.uint8)
+    with pytest.raises(ValueError, match="a must have shape"):
+        native.sign_dequantize(bits, torch.ones(1, 8), torch.ones(1, 2))
+    with pytest.raises(ValueError, match="b must have shape"):
+        native.sign_dequantize(bits, torch.ones(1, 16), torch.ones(2, 2))
+    with pytest.raises(ValueError, match="bits must be a CUDA tensor"):
+        native.sign_dequantize(bits, torch.ones(1, 16), torch.ones(1, 2))
+    with pytest.raises(TypeError, match="name must be a str"):
+        native.kernel_available(3)
+
+
+def test_swizzled_scale_numel():
+    assert native.swizzled_scale_numel(5461, 64) == 5504 * 4
+    assert native.swizzled_scale_numel(130, 48) == 256 * 4
+    assert native.swizzled_scale_numel(64, 2048) == 128 * 128
+    assert native.swizzled_scale_numel(0, 32) == 0
+
+
+# --- the kernels' arithmetic, on the host ----------------------------------------------------------
+@pytest.fixture(scope="module")
+def host(tmp_path_factory):
+    if not (REPO / "csrc" / "tools" / "host_reference.cpp").is_file():
+        pytest.skip("needs the source tree (csrc/tools/host_reference.cpp)")
+    try:
+        return T.HostRunner(T.build_host_reference(str(REPO), str(tmp_path_factory.mktemp("host_ref"))))
+    except RuntimeError as e:
+        pytest.skip(f"cannot build the host harness: {e}")
+
+
+CASES = T.quant_cases()
+DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+
+
+def _assert_ok(tag, results, stats):
+    print(T.summary(tag, results, stats))
+    bad = {k: v for k, v in results.items() if v is not None}
+    assert not bad, f"{tag}: {bad}"
+
+
+@pytest.mark.parametrize("layout", ["linear", "swizzled_128x4"])
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: str(d).split(".")[-1])
+@pytest.mark.parametrize("case", CASES, ids=lambda c: c.name)
+def test_host_nvfp4_matches_torch(host, case, dtype, layout):
+    w = T.make_case(case, dtype)
+    _assert_ok(f"host nvfp4 {case.name} {dtype} {layout}", *T.check_nvfp4(host, w, layout))
+
+
+@pytest.mark.parametrize("factor", [64.0, 1e-3, 3.0e30])
+@pytest.mark.parametrize("case", [c for c in CASES if c.name in ("normal_pad", "heavy_tailed", "ties", "saturate")],
+                         ids=lambda c: c.name)
+def test_host_nvfp4_scaled_s_enc(host, case, factor):
+    """s_enc off the recipe: block scales hit the 448 clamp (or underflow) and |y| saturates at 6."""
+    w = T.make_case(case, torch.bfloat16)
+    _assert_ok(f"host nvfp4 {case.name} s_enc*{factor}", *T.check_nvfp4(host, w, "swizzled_128x4", factor))
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: str(d).split(".")[-1])
+@pytest.mark.parametrize("case", CASES, ids=lambda c: c.name)
+def test_host_sign_matches_torch(host, case, dtype):
+    w = T.make_case(case, dtype)
+    _assert_ok(f"host sign {case.name} {dtype}", *T.check_sign(host, w))
+
+
+def _e4m3_check(host, bits: torch.Tensor):
+    f = bits.view(torch.float32)
+    ref = f.to(torch.float8_e4m3fn).view(torch.uint8)
+    got = host.e4m3_from_f32(f)
+    bad = got != ref
+    assert not bool(bad.any()), f"{int(bad.sum())} differ, e.g. {f[bad][:5].tolist()}: {got[bad][:5].tolist()} vs {ref[bad][:5].tolist()}"
+
+
+def test_host_e4m3_encoder_matches_torch(host):
+    """UE4M3 RNE: every fp32 below 2^-5 (subnormal scales and the normal boundary), every rounding
+    midpoint +-1 ulp in the normal range, specials, and 4M random bit patterns."""
+    g = torch.Generator().manual_seed(0)
+    low = torch.arange(0, 0x3D000000 + 1, 997, dtype=torch.int64)  # strided sweep of [0, 2^-5]
+    codes = torch.arange(0, 0x7F, dtype=torch.int32).to(torch.uint8).view(torch.float8_e4m3fn).float()
+    mids = ((codes[:-1] + codes[1:]) / 2).view(torch.int32).to(torch.int64)
+    near = torch.cat([mids + d for d in (-1, 0, 1)] + [codes.view(torch.int32).to(torch.int64) + d for d in (-1, 0, 1)])
+    special = torch.tensor([0x7F800000, 0x7FC00000, 0x43E00000, 0x43E80000, 0x43F00000, 0x7F7FFFFF, 1], dtype=torch.int64)
+    rand = torch.randint(0, 1 << 32, (1 << 22,), generator=g, dtype=torch.int64)
+    u = torch.cat([low, near.clamp_min(0), special, rand]) & 0xFFFFFFFF
+    for sign in (0, 1 << 31):
+        _e4m3_check(host, ((u | sign) - ((u | sign) >= (1 << 31)).to(torch.int64) * (1 << 32)).to(torch.int32))
+
+
+@pytest.mark.slow
+def test_host_e4m3_encoder_exhaustive(host):
+    """All 2^32 fp32 bit patterns (about a minute on 2 cores)."""
+    step = 1 << 26
+    for start in range(-(1 << 31), 1 << 31, step):
+        _e4m3_check(host, torch.arange(start, start + step, dtype=torch.int64).to(torch.int32))
