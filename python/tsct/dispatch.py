@@ -7,7 +7,7 @@ forces a path and raises ``RuntimeError`` with the reason if it cannot run.
 
 Paths (design.md section 4):
     reference      pure torch (tsct.reference), CPU and any GPU
-    triton-bf16    Triton grouped GEMM + fused GLU, bf16 factors          (issue 3; not in this build)
+    triton-bf16    Triton grouped GEMM + fused GLU, bf16/fp16 factors     (issue 3; JIT only so far)
     triton-lowbit  Triton with NVFP4 / sign factors decoded in registers  (issue 4; not in this build)
     sm120-fp4      NVFP4 block-scaled mma.sync on sm_120 (CuTeDSL/CUTLASS) (issue 5; not in this build)
 
@@ -44,24 +44,31 @@ ARCH_CLASSES: dict[tuple[int, int], str] = {
     (12, 1): "sm120",  # covered by the sm_120f family target
 }
 
+_DENSE_GPU = [TRITON_BF16, REFERENCE]
 _LOWBIT_GPU = [TRITON_LOWBIT, REFERENCE]
-# (arch class, storage format) -> paths in order of preference.
+_LOWBIT_SM120 = [SM120_FP4, TRITON_LOWBIT, REFERENCE]
+# (arch class, storage format) -> paths in order of preference. Missing rows (cpu, unknown, fp32
+# factors) mean [REFERENCE].
 TABLE: dict[tuple[str, str], list[str]] = {
     ("cpu", "bf16"): [REFERENCE],
     ("cpu", "nvfp4"): [REFERENCE],
     ("cpu", "sign"): [REFERENCE],
-    ("sm80", "bf16"): [TRITON_BF16, REFERENCE],
+    ("sm80", "bf16"): _DENSE_GPU,
+    ("sm80", "fp16"): _DENSE_GPU,
     ("sm80", "nvfp4"): _LOWBIT_GPU,
     ("sm80", "sign"): _LOWBIT_GPU,
-    ("sm90", "bf16"): [TRITON_BF16, REFERENCE],
+    ("sm90", "bf16"): _DENSE_GPU,
+    ("sm90", "fp16"): _DENSE_GPU,
     ("sm90", "nvfp4"): _LOWBIT_GPU,
     ("sm90", "sign"): _LOWBIT_GPU,
-    ("sm100", "bf16"): [TRITON_BF16, REFERENCE],
+    ("sm100", "bf16"): _DENSE_GPU,
+    ("sm100", "fp16"): _DENSE_GPU,
     ("sm100", "nvfp4"): _LOWBIT_GPU,
     ("sm100", "sign"): _LOWBIT_GPU,
-    ("sm120", "bf16"): [TRITON_BF16, REFERENCE],
-    ("sm120", "nvfp4"): [SM120_FP4, TRITON_LOWBIT, REFERENCE],
-    ("sm120", "sign"): [SM120_FP4, TRITON_LOWBIT, REFERENCE],
+    ("sm120", "bf16"): _DENSE_GPU,
+    ("sm120", "fp16"): _DENSE_GPU,
+    ("sm120", "nvfp4"): _LOWBIT_SM120,
+    ("sm120", "sign"): _LOWBIT_SM120,
     ("unknown", "bf16"): [REFERENCE],
     ("unknown", "nvfp4"): [REFERENCE],
     ("unknown", "sign"): [REFERENCE],
@@ -97,10 +104,15 @@ def _not_built(issue: int, what: str) -> Callable:
     return status
 
 
+def _triton_bf16_status(capability, fmt) -> Status:
+    from tsct.kernels import triton_glu
+    return Status(*triton_glu.status(capability, fmt))
+
+
 # path -> status(capability, fmt). Later paths replace their entry when their kernels land.
 _STATUS: dict[str, Callable[[Optional[tuple[int, int]], str], Status]] = {
     REFERENCE: _reference_status,
-    TRITON_BF16: _not_built(3, "the Triton bf16 grouped GLU"),
+    TRITON_BF16: _triton_bf16_status,
     TRITON_LOWBIT: _not_built(4, "the Triton low-bit (W4A16 / sign) grouped GLU"),
     SM120_FP4: _not_built(5, "the sm_120 NVFP4 tensor-core grouped GLU"),
 }
@@ -170,7 +182,7 @@ def decide(capability: Optional[tuple[int, int]], fmt: str, *, first_use_checks:
 # in a process runs a small self-test against float64 and disables the path if it disagrees.
 EXECUTED_ON: dict[str, frozenset] = {
     REFERENCE: frozenset({"cpu", "sm80", "sm90", "sm100", "sm120", "unknown"}),
-    TRITON_BF16: frozenset(),
+    TRITON_BF16: frozenset({"sm90"}),  # tests/gpu/test_triton_glu.py on an H200 (2026-11-29)
     TRITON_LOWBIT: frozenset(),
     SM120_FP4: frozenset(),
 }
@@ -244,4 +256,7 @@ def implementation(path: str):
     if path == REFERENCE:
         from tsct import reference
         return reference
+    if path == TRITON_BF16:
+        from tsct.kernels import triton_glu
+        return triton_glu
     raise RuntimeError(f"path {path!r} has no implementation in this build")

@@ -35,10 +35,11 @@ def test_fullgraph_compile_matches_eager():
     args[2].grad = None
     compiled = torch.compile(model, fullgraph=True)
     y = compiled(*args)
-    assert torch.equal(y, y_eager)
+    # inductor may fuse/vectorise the tanh around the op differently from eager: fp32 rounding only
+    torch.testing.assert_close(y, y_eager, rtol=1e-5, atol=1e-6)
     y.sum().backward()
     for g, ge in zip([q.grad for q in model.parameters()] + [args[2].grad], eager_grads):
-        torch.testing.assert_close(g, ge, rtol=0, atol=0)
+        torch.testing.assert_close(g, ge, rtol=1e-5, atol=1e-6)
 
 
 def test_opcheck():

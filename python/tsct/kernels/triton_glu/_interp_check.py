@@ -1,0 +1,86 @@
+"""CPU check of the Triton GLU through Triton's interpreter (fp32 only: design.md section 5 found the
+interpreter wrong for bf16 dots). Exercises the same kernels and host code as the GPU path, against
+tsct.reference: gather/scatter on and off, scales and row weight on and off, padding rows with NaN
+weights and garbage indices, empty and one-row experts, multi-tile experts, r > 128 (multi-K up
+projection, several rank blocks), f not a multiple of 8, top-4.
+
+    TRITON_INTERPRET=1 PYTHONPATH=python python -m tsct.kernels.triton_glu._interp_check
+
+Exit status 1 if any relative error exceeds 1e-5 (fp32: seen ~1e-7 on 2026-11-29, Triton 3.9).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+if os.environ.get("TRITON_INTERPRET") != "1":  # must be set before triton is imported
+    sys.exit("set TRITON_INTERPRET=1")
+
+import torch  # noqa: E402
+
+from tsct import reference as R  # noqa: E402
+from tsct.kernels.triton_glu import glu as G  # noqa: E402
+
+
+def make(T, k, E, d, r, f, pad=3, gather=True, scatter=True, scales=True, rw=True, counts=None, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    valid = T * k
+    m = valid + pad
+    if counts is None:
+        counts = torch.bincount(torch.randint(0, E, (valid,), generator=g), minlength=E)
+    counts = torch.as_tensor(counts)
+    assert int(counts.sum()) == valid
+    offs = torch.cumsum(counts, 0).to(torch.int32)
+    x = torch.randn(T if gather else m, d, generator=g)
+    wg = torch.randn(E, d, r, generator=g) / d ** 0.5
+    wu = torch.randn(E, d, r, generator=g) / d ** 0.5
+    wd = torch.randn(E, r, f, generator=g) / r ** 0.5
+    sg = 1 + 0.1 * torch.randn(E, r, generator=g) if scales else None
+    su = 1 + 0.1 * torch.randn(E, r, generator=g) if scales else None
+    rwt = torch.cat([torch.rand(valid, generator=g), torch.full((pad,), float("nan"))]) if rw else None
+    gi = torch.cat([torch.randperm(valid, generator=g) // k, torch.full((pad,), 10 ** 9)]).to(torch.int32) \
+        if gather else None
+    si = torch.cat([torch.randperm(valid, generator=g) // k, torch.full((pad,), -7)]) if scatter else None
+    return x, offs, wg, wu, wd, sg, su, rwt, gi, si, (T if scatter else None)
+
+
+def rel(a, b):
+    a, b = a.double(), b.double()
+    return float((a - b).norm() / b.norm().clamp_min(1e-30))
+
+
+CASES = {
+    "basic": dict(T=24, k=2, E=4, d=32, r=16, f=40),
+    "no_gather_scatter": dict(T=24, k=2, E=4, d=32, r=16, f=40, gather=False, scatter=False),
+    "no_scales_rw": dict(T=24, k=2, E=5, d=48, r=24, f=37, scales=False, rw=False),
+    "multi_tile": dict(T=80, k=2, E=3, d=32, r=16, f=33, counts=[0, 150, 10]),
+    "empty_and_one": dict(T=10, k=2, E=6, d=32, r=16, f=21, counts=[0, 1, 0, 18, 1, 0]),
+    "r80": dict(T=16, k=2, E=2, d=16, r=80, f=24),
+    "r300_d100_f5": dict(T=20, k=2, E=3, d=100, r=300, f=5, pad=4),
+    "top4": dict(T=16, k=4, E=5, d=32, r=16, f=19, pad=2),
+    "f600_slices": dict(T=40, k=2, E=3, d=32, r=16, f=600, counts=[70, 0, 10], pad=2),
+}
+
+
+def main() -> int:
+    worst = 0.0
+    for name, kw in CASES.items():
+        args = make(**kw)
+        ref = R.grouped_glu_forward(*args)
+        errs = [rel(G.grouped_glu_forward(*args), ref)]
+        go = torch.randn_like(ref)
+        for a, b in zip(G.grouped_glu_backward(go, *args, [True] * 7), R.grouped_glu_backward(go, *args, [True] * 7)):
+            if (a is None) != (b is None):
+                print(f"{name}: gradient presence differs")
+                return 1
+            if b is not None:
+                errs.append(rel(a, b))
+        worst = max(worst, max(errs))
+        print(f"{name:20s} max rel err {max(errs):.2e}")
+    print(f"worst {worst:.2e}")
+    return 0 if worst < 1e-5 else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

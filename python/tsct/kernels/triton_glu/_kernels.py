@@ -1,0 +1,391 @@
+"""Triton sources of the grouped GLU (forward and backward). Host side: ``glu.py``.
+
+Notation (design.md section 2): rows are sorted by expert, ``offs`` holds cumulative END offsets,
+expert e owns rows [offs[e-1], offs[e]). For row i of expert e:
+
+    hg = x_i @ Wg[e], hu = x_i @ Wu[e]        (fp32 accumulators, [r])
+    g = hg * sg[e], u = hu * su[e], z = silu(g) * u
+    y_i = (z @ Wd[e]) * rw_i                  ([f])
+
+Schedules (no host reads of offs; every grid is sized by an upper bound):
+  forward kernels   one program per (expert, row tile of BM rows): the tile map is ``cum`` (the
+                    inclusive cumulative count of row tiles per expert); a program finds its expert
+                    by counting ``cum <= pid`` and exits if pid is past the last tile. Grid =
+                    cdiv(M, BM) + E tiles, an upper bound of sum_e cdiv(m_e, BM).
+  backward kernels  one program per expert (times a rank block or a d block), looping over the
+                    expert's row tiles: per-expert reductions (dW, ds) stay in one program, in a
+                    fixed order, so they are deterministic and need no atomics; an empty expert
+                    writes exact zeros.
+Combines (forward [M, f] -> [T, f] and dX [M, d] -> [T, d]) sum each target's rows in increasing
+row order through a CSR built with a stable sort: deterministic for any top-k.
+All row offsets are int64 (M * f may pass 2^31).
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def _expert_of_tile(cum_ptr, pid, E, BLOCK_E: tl.constexpr):
+    """Expert owning row tile ``pid``: the number of experts whose inclusive tile count is <= pid."""
+    cnt = pid * 0
+    for start in range(0, E, BLOCK_E):
+        idx = start + tl.arange(0, BLOCK_E)
+        c = tl.load(cum_ptr + idx, mask=idx < E, other=2147483647)
+        cnt += tl.sum((c <= pid).to(tl.int32), axis=0)
+    return cnt
+
+
+@triton.jit
+def _expert_bounds(offs_ptr, e):
+    lo = tl.load(offs_ptr + e - 1, mask=e > 0, other=0)
+    hi = tl.load(offs_ptr + e)
+    return lo, hi
+
+
+# ---- forward ------------------------------------------------------------------------------------
+
+@triton.jit
+def glu_down_fwd(
+    x_ptr, gidx_ptr, offs_ptr, cum_ptr, wg_ptr, wu_ptr, sg_ptr, su_ptr, z_ptr, hg_ptr, hu_ptr, rw_ptr,
+    E, d, r, stride_x,
+    HAS_GATHER: tl.constexpr, HAS_SG: tl.constexpr, HAS_SU: tl.constexpr, HAS_RW: tl.constexpr,
+    BWD: tl.constexpr,
+    BM: tl.constexpr, BR: tl.constexpr, BK: tl.constexpr, BLOCK_E: tl.constexpr,
+):
+    """z[rows, rank block] = silu(x Wg * sg) * (x Wu * su) for one (row tile, rank block).
+    With BWD (the backward's recompute): also stores hg = x Wg and hu = x Wu (fp32, unscaled) and
+    writes z * rw instead of z."""
+    pid = tl.program_id(0)
+    pr = tl.program_id(1)
+    e = _expert_of_tile(cum_ptr, pid, E, BLOCK_E)
+    if e >= E:
+        return
+    lo, hi = _expert_bounds(offs_ptr, e)
+    tiles_before = tl.load(cum_ptr + e - 1, mask=e > 0, other=0)
+    rows = lo + (pid - tiles_before) * BM + tl.arange(0, BM)
+    rmask = rows < hi
+    if HAS_GATHER:
+        src = tl.load(gidx_ptr + rows, mask=rmask, other=0).to(tl.int64)
+    else:
+        src = rows.to(tl.int64)
+    cols = pr * BR + tl.arange(0, BR)
+    cmask = cols < r
+    ks = tl.arange(0, BK)
+    x_row = src * stride_x                                   # int64 [BM]
+    w_tile = ks[:, None] * r + cols[None, :]                 # int32 [BK, BR], loop-invariant
+    wg_base = wg_ptr + e.to(tl.int64) * d * r
+    wu_base = wu_ptr + e.to(tl.int64) * d * r
+    acc_g = tl.zeros((BM, BR), dtype=tl.float32)
+    acc_u = tl.zeros((BM, BR), dtype=tl.float32)
+    for k in range(0, d, BK):
+        kmask = (k + ks) < d
+        a = tl.load(x_ptr + x_row[:, None] + (k + ks)[None, :], mask=rmask[:, None] & kmask[None, :], other=0.0)
+        wmask = kmask[:, None] & cmask[None, :]
+        wg = tl.load(wg_base + k * r + w_tile, mask=wmask, other=0.0)
+        wu = tl.load(wu_base + k * r + w_tile, mask=wmask, other=0.0)
+        acc_g = tl.dot(a, wg, acc_g)
+        acc_u = tl.dot(a, wu, acc_u)
+    hmask = rmask[:, None] & cmask[None, :]
+    h_off = rows.to(tl.int64)[:, None] * r + cols[None, :]
+    if BWD:
+        tl.store(hg_ptr + h_off, acc_g, mask=hmask)
+        tl.store(hu_ptr + h_off, acc_u, mask=hmask)
+    if HAS_SG:
+        acc_g = acc_g * tl.load(sg_ptr + e * r + cols, mask=cmask, other=0.0).to(tl.float32)[None, :]
+    if HAS_SU:
+        acc_u = acc_u * tl.load(su_ptr + e * r + cols, mask=cmask, other=0.0).to(tl.float32)[None, :]
+    z = acc_g * tl.sigmoid(acc_g) * acc_u
+    if BWD:
+        if HAS_RW:
+            z = z * tl.load(rw_ptr + rows, mask=rmask, other=0.0).to(tl.float32)[:, None]
+    tl.store(z_ptr + h_off, z.to(z_ptr.dtype.element_ty), mask=hmask)
+
+
+@triton.jit
+def glu_up_fwd(
+    z_ptr, offs_ptr, cum_ptr, wd_ptr, rw_ptr, y_ptr,
+    E, r, f, ldy,
+    HAS_RW: tl.constexpr, FSPLIT: tl.constexpr, SINGLE_K: tl.constexpr,
+    BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, BLOCK_E: tl.constexpr,
+):
+    """y[rows, :f] = (z Wd[e]) * rw for one row tile, over column blocks pn, pn + FSPLIT, ...
+    (y has row stride ldy >= f)."""
+    pid = tl.program_id(0)
+    pn = tl.program_id(1)
+    e = _expert_of_tile(cum_ptr, pid, E, BLOCK_E)
+    if e >= E:
+        return
+    lo, hi = _expert_bounds(offs_ptr, e)
+    tiles_before = tl.load(cum_ptr + e - 1, mask=e > 0, other=0)
+    row0 = lo + (pid - tiles_before) * BM
+    bm = tl.arange(0, BM)
+    rmask = (row0 + bm) < hi
+    if HAS_RW:
+        rw = tl.load(rw_ptr + row0 + bm, mask=rmask, other=0.0).to(tl.float32)
+    ks = tl.arange(0, BK)
+    ns = tl.arange(0, BN)
+    z_base = z_ptr + row0.to(tl.int64) * r
+    y_base = y_ptr + row0.to(tl.int64) * ldy
+    wd_base = wd_ptr + e.to(tl.int64) * r * f
+    wd_tile = ks[:, None] * f + ns[None, :]    # int32 [BK, BN], loop-invariant
+    y_tile = bm[:, None] * ldy + ns[None, :]   # int32 [BM, BN]
+    kmask0 = ks < r
+    if SINGLE_K:  # the whole rank fits one K step (BK >= r): load the z tile once
+        zt = tl.load(z_base + bm[:, None] * r + ks[None, :], mask=rmask[:, None] & kmask0[None, :], other=0.0)
+        # software prefetch: the w_down rows are not 16-byte aligned (f odd), so these are plain
+        # loads the compiler does not pipeline; keep the next block's loads in flight by hand
+        n0 = pn * BN
+        b_next = tl.load(wd_base + n0 + wd_tile, mask=kmask0[:, None] & ((n0 + ns) < f)[None, :], other=0.0)
+    for n in range(pn * BN, f, FSPLIT * BN):
+        cmask = (n + ns) < f
+        acc = tl.zeros((BM, BN), dtype=tl.float32)
+        if SINGLE_K:
+            b = b_next
+            n2 = n + FSPLIT * BN
+            b_next = tl.load(wd_base + n2 + wd_tile, mask=kmask0[:, None] & ((n2 + ns) < f)[None, :], other=0.0)
+            acc = tl.dot(zt, b, acc)
+        else:
+            for k in range(0, r, BK):
+                kmask = (k + ks) < r
+                a = tl.load(z_base + bm[:, None] * r + (k + ks)[None, :], mask=rmask[:, None] & kmask[None, :],
+                            other=0.0)
+                b = tl.load(wd_base + k * f + n + wd_tile, mask=kmask[:, None] & cmask[None, :], other=0.0)
+                acc = tl.dot(a, b, acc)
+        if HAS_RW:
+            acc = acc * rw[:, None]
+        tl.store(y_base + n + y_tile, acc.to(y_ptr.dtype.element_ty), mask=rmask[:, None] & cmask[None, :])
+
+
+@triton.jit
+def combine_rows(src_ptr, order_ptr, ptr_ptr, out_ptr, ncols, ld_src, BN: tl.constexpr):
+    """out[t, blk] = sum over j in [ptr[t], ptr[t+1]) of src[order[j], blk], in increasing j (fp32)."""
+    t = tl.program_id(0)
+    pn = tl.program_id(1)
+    lo = tl.load(ptr_ptr + t)
+    hi = tl.load(ptr_ptr + t + 1)
+    cols = pn * BN + tl.arange(0, BN)
+    cmask = cols < ncols
+    acc = tl.zeros((BN,), dtype=tl.float32)
+    for j in range(lo, hi):
+        row = tl.load(order_ptr + j).to(tl.int64)
+        acc += tl.load(src_ptr + row * ld_src + cols, mask=cmask, other=0.0).to(tl.float32)
+    tl.store(out_ptr + t.to(tl.int64) * ncols + cols, acc.to(out_ptr.dtype.element_ty), mask=cmask)
+
+
+@triton.jit
+def zero_tail_rows(out_ptr, offs_ptr, E, M, ncols, BM: tl.constexpr, BN: tl.constexpr):
+    """out[rows >= offs[E-1], :] = 0 (padding rows), for rows < M."""
+    pm = tl.program_id(0)
+    pn = tl.program_id(1)
+    start = tl.load(offs_ptr + E - 1)
+    rows = pm * BM + tl.arange(0, BM)
+    rmask = (rows >= start) & (rows < M)
+    cols = pn * BN + tl.arange(0, BN)
+    cmask = cols < ncols
+    zero = tl.zeros((BM, BN), dtype=out_ptr.dtype.element_ty)
+    tl.store(out_ptr + rows.to(tl.int64)[:, None] * ncols + cols[None, :], zero, mask=rmask[:, None] & cmask[None, :])
+
+
+# ---- backward -----------------------------------------------------------------------------------
+
+@triton.jit
+def glu_bwd_dz(
+    dy_ptr, sidx_ptr, offs_ptr, wd_ptr, zw_ptr, part_ptr, dwd_ptr,
+    M, r, f, f_slice,
+    HAS_SCATTER: tl.constexpr, DO_DWD: tl.constexpr,
+    BM: tl.constexpr, BR: tl.constexpr, BN: tl.constexpr,
+):
+    """One program per (expert, rank block, f slice): part[fs, rows, ranks] = dY[:, slice] Wd[:, slice]^T
+    for each row tile of the expert, and dWd[e][ranks, slice] = (z*rw)^T dY[:, slice] (inside the f
+    loop for a one-tile expert, else in a second pass over the tiles; exact zeros for an empty one)."""
+    e = tl.program_id(0)
+    pr = tl.program_id(1)
+    fs = tl.program_id(2)
+    lo, hi = _expert_bounds(offs_ptr, e)
+    n_tiles = (hi - lo + BM - 1) // BM
+    cols = pr * BR + tl.arange(0, BR)
+    cmask = cols < r
+    ns = tl.arange(0, BN)
+    bm = tl.arange(0, BM)
+    n_lo = fs * f_slice
+    n_hi = tl.minimum(n_lo + f_slice, f)
+    wd_base = wd_ptr + e.to(tl.int64) * r * f
+    dwd_base = dwd_ptr + e.to(tl.int64) * r * f
+    wd_tile = cols[:, None] * f + ns[None, :]             # int32 [BR, BN]
+    h_tile = bm[:, None] * r + cols[None, :]              # int32 [BM, BR]
+    part_base = part_ptr + fs.to(tl.int64) * M * r
+    for t in range(0, n_tiles):
+        row0 = lo + t * BM
+        rows = row0 + bm
+        rmask = rows < hi
+        hmask = rmask[:, None] & cmask[None, :]
+        if HAS_SCATTER:
+            dst = tl.load(sidx_ptr + rows, mask=rmask, other=0).to(tl.int64)
+        else:
+            dst = rows.to(tl.int64)
+        dy_row = dst * f
+        zw = tl.load(zw_ptr + row0.to(tl.int64) * r + h_tile, mask=hmask, other=0.0)
+        dz = tl.zeros((BM, BR), dtype=tl.float32)
+        for n in range(n_lo, n_hi, BN):
+            nmask = (n + ns) < n_hi
+            dy = tl.load(dy_ptr + dy_row[:, None] + (n + ns)[None, :], mask=rmask[:, None] & nmask[None, :], other=0.0)
+            wmask = cmask[:, None] & nmask[None, :]
+            wd = tl.load(wd_base + n + wd_tile, mask=wmask, other=0.0)
+            dz = tl.dot(dy, tl.trans(wd), dz)
+            if DO_DWD:
+                if n_tiles == 1:
+                    dwd = tl.dot(tl.trans(zw), dy)
+                    tl.store(dwd_base + n + wd_tile, dwd.to(dwd_ptr.dtype.element_ty), mask=wmask)
+        tl.store(part_base + row0.to(tl.int64) * r + h_tile, dz, mask=hmask)
+    if DO_DWD:
+        if n_tiles != 1:  # zero or several row tiles: dWd = sum over tiles of (z*rw)^T dY
+            for n in range(n_lo, n_hi, BN):
+                nmask = (n + ns) < n_hi
+                acc = tl.zeros((BR, BN), dtype=tl.float32)
+                for t in range(0, n_tiles):
+                    row0 = lo + t * BM
+                    rows = row0 + bm
+                    rmask = rows < hi
+                    if HAS_SCATTER:
+                        dst = tl.load(sidx_ptr + rows, mask=rmask, other=0).to(tl.int64)
+                    else:
+                        dst = rows.to(tl.int64)
+                    zt = tl.load(zw_ptr + row0.to(tl.int64) * r + h_tile, mask=rmask[:, None] & cmask[None, :],
+                                 other=0.0)
+                    dy = tl.load(dy_ptr + (dst * f)[:, None] + (n + ns)[None, :],
+                                 mask=rmask[:, None] & nmask[None, :], other=0.0)
+                    acc = tl.dot(tl.trans(zt), dy, acc)
+                tl.store(dwd_base + n + wd_tile, acc.to(dwd_ptr.dtype.element_ty), mask=cmask[:, None] & nmask[None, :])
+
+
+@triton.jit
+def glu_bwd_epi(
+    hg_ptr, hu_ptr, part_ptr, offs_ptr, sg_ptr, su_ptr, rw_ptr, dhg_ptr, dhu_ptr, dsg_ptr, dsu_ptr, drw_ptr,
+    M, r, n_fs, part_stride,
+    HAS_SG: tl.constexpr, HAS_SU: tl.constexpr, HAS_RW: tl.constexpr,
+    BM: tl.constexpr, BR: tl.constexpr,
+):
+    """One program per (expert, rank block): dz0 = sum of the f-slice partials (fixed order), then the
+    GLU backward: d rw (this rank block's part), dhg = dg*sg, dhu = du*su, and d sg, d su summed over
+    the expert's rows in a fixed order (exact zeros for an empty expert)."""
+    e = tl.program_id(0)
+    pr = tl.program_id(1)
+    lo, hi = _expert_bounds(offs_ptr, e)
+    n_tiles = (hi - lo + BM - 1) // BM
+    cols = pr * BR + tl.arange(0, BR)
+    cmask = cols < r
+    bm = tl.arange(0, BM)
+    h_tile = bm[:, None] * r + cols[None, :]
+    if HAS_SG:
+        sg = tl.load(sg_ptr + e * r + cols, mask=cmask, other=0.0).to(tl.float32)
+    if HAS_SU:
+        su = tl.load(su_ptr + e * r + cols, mask=cmask, other=0.0).to(tl.float32)
+    dsg = tl.zeros((BR,), dtype=tl.float32)
+    dsu = tl.zeros((BR,), dtype=tl.float32)
+    for t in range(0, n_tiles):
+        row0 = lo + t * BM
+        rows = row0 + bm
+        rmask = rows < hi
+        hmask = rmask[:, None] & cmask[None, :]
+        h_off = row0.to(tl.int64) * r + h_tile
+        hg = tl.load(hg_ptr + h_off, mask=hmask, other=0.0)
+        hu = tl.load(hu_ptr + h_off, mask=hmask, other=0.0)
+        dz0 = tl.zeros((BM, BR), dtype=tl.float32)
+        pp = part_ptr + h_off
+        for i in range(0, n_fs):  # the f-slice partials, always in the same order
+            dz0 += tl.load(pp, mask=hmask, other=0.0)
+            pp += part_stride
+        g = hg
+        u = hu
+        if HAS_SG:
+            g = hg * sg[None, :]
+        if HAS_SU:
+            u = hu * su[None, :]
+        sig = tl.sigmoid(g)
+        silu_g = g * sig
+        tl.store(drw_ptr + pr.to(tl.int64) * M + rows, tl.sum(dz0 * (silu_g * u), axis=1), mask=rmask)
+        if HAS_RW:
+            dz0 = dz0 * tl.load(rw_ptr + rows, mask=rmask, other=0.0).to(tl.float32)[:, None]
+        dg = dz0 * u * sig * (1.0 + g * (1.0 - sig))
+        du = dz0 * silu_g
+        dsg += tl.sum(dg * hg, axis=0)
+        dsu += tl.sum(du * hu, axis=0)
+        if HAS_SG:
+            dg = dg * sg[None, :]
+        if HAS_SU:
+            du = du * su[None, :]
+        tl.store(dhg_ptr + h_off, dg.to(dhg_ptr.dtype.element_ty), mask=hmask)
+        tl.store(dhu_ptr + h_off, du.to(dhu_ptr.dtype.element_ty), mask=hmask)
+    tl.store(dsg_ptr + e * r + cols, dsg, mask=cmask)
+    tl.store(dsu_ptr + e * r + cols, dsu, mask=cmask)
+
+
+@triton.jit
+def glu_bwd_dx_dw(
+    x_ptr, gidx_ptr, offs_ptr, wg_ptr, wu_ptr, dhg_ptr, dhu_ptr, dx_ptr, dwg_ptr, dwu_ptr,
+    d, r, stride_x,
+    HAS_GATHER: tl.constexpr, DO_DX: tl.constexpr, DO_DW: tl.constexpr,
+    BM: tl.constexpr, BD: tl.constexpr, BR: tl.constexpr,
+):
+    """One program per (expert, d block): dWg/dWu[e][dblk, :] = X^T dhg / X^T dhu over the expert's
+    rows (zeros for an empty expert), and dx_routed[rows, dblk] = dhg Wg^T + dhu Wu^T."""
+    e = tl.program_id(0)
+    pd = tl.program_id(1)
+    lo, hi = _expert_bounds(offs_ptr, e)
+    n_tiles = (hi - lo + BM - 1) // BM
+    d0 = pd * BD
+    dl = tl.arange(0, BD)
+    dm = (d0 + dl) < d
+    bm = tl.arange(0, BM)
+    rs = tl.arange(0, BR)
+    w_base = e.to(tl.int64) * d * r + d0 * r
+    h_tile = bm[:, None] * r + rs[None, :]     # int32 [BM, BR]
+    if DO_DW:
+        w_tile = dl[:, None] * r + rs[None, :]     # int32 [BD, BR]
+        for rb in range(0, r, BR):
+            rm = (rb + rs) < r
+            accg = tl.zeros((BD, BR), dtype=tl.float32)
+            accu = tl.zeros((BD, BR), dtype=tl.float32)
+            for t in range(0, n_tiles):
+                row0 = lo + t * BM
+                rows = row0 + bm
+                rmask = rows < hi
+                if HAS_GATHER:
+                    src = tl.load(gidx_ptr + rows, mask=rmask, other=0).to(tl.int64)
+                else:
+                    src = rows.to(tl.int64)
+                xt = tl.load(x_ptr + (src * stride_x + d0)[:, None] + dl[None, :], mask=rmask[:, None] & dm[None, :],
+                             other=0.0)
+                hmask = rmask[:, None] & rm[None, :]
+                h_base = row0.to(tl.int64) * r + rb
+                hg = tl.load(dhg_ptr + h_base + h_tile, mask=hmask, other=0.0)
+                hu = tl.load(dhu_ptr + h_base + h_tile, mask=hmask, other=0.0)
+                xT = tl.trans(xt)
+                accg = tl.dot(xT, hg, accg)
+                accu = tl.dot(xT, hu, accu)
+            wmask = dm[:, None] & rm[None, :]
+            tl.store(dwg_ptr + w_base + rb + w_tile, accg.to(dwg_ptr.dtype.element_ty), mask=wmask)
+            tl.store(dwu_ptr + w_base + rb + w_tile, accu.to(dwu_ptr.dtype.element_ty), mask=wmask)
+    if DO_DX:
+        wt_tile = dl[None, :] * r + rs[:, None]    # int32 [BR, BD]: W^T block
+        dx_tile = bm[:, None] * d + dl[None, :]    # int32 [BM, BD]
+        for t in range(0, n_tiles):
+            row0 = lo + t * BM
+            rmask = (row0 + bm) < hi
+            h_row = row0.to(tl.int64) * r
+            acc = tl.zeros((BM, BD), dtype=tl.float32)
+            for rb in range(0, r, BR):
+                rm = (rb + rs) < r
+                hmask = rmask[:, None] & rm[None, :]
+                hg = tl.load(dhg_ptr + h_row + rb + h_tile, mask=hmask, other=0.0)
+                hu = tl.load(dhu_ptr + h_row + rb + h_tile, mask=hmask, other=0.0)
+                tmask = rm[:, None] & dm[None, :]
+                wgT = tl.load(wg_ptr + w_base + rb + wt_tile, mask=tmask, other=0.0)
+                wuT = tl.load(wu_ptr + w_base + rb + wt_tile, mask=tmask, other=0.0)
+                acc = tl.dot(hg, wgT, acc)
+                acc = tl.dot(hu, wuT, acc)
+            tl.store(dx_ptr + row0.to(tl.int64) * d + d0 + dx_tile, acc.to(dx_ptr.dtype.element_ty),
+                     mask=rmask[:, None] & dm[None, :])
