@@ -25,6 +25,7 @@ import torch
 from torch import Tensor
 
 from tsct.quant import _backend
+from tsct.quant._container import PackedFactor
 from tsct.quant.formats import (
     E2M1_MAGNITUDE_MASK,
     E2M1_MAX,
@@ -45,7 +46,7 @@ __all__ = ["NVFP4Tensor", "quantize_nvfp4", "nvfp4_encode_scale"]
 
 
 @dataclasses.dataclass(frozen=True, eq=False, repr=False)
-class NVFP4Tensor:
+class NVFP4Tensor(PackedFactor):
     """An NVFP4-quantized factor bank (a plain container, not a Tensor subclass).
 
     Attributes:
@@ -58,6 +59,8 @@ class NVFP4Tensor:
         layout: the block-scale layout name.
         shape: the LOGICAL shape, ``(E, K, N)`` or ``(K, N)``.
     """
+
+    _STORAGE = ("codes", "block_scale", "global_scale")
 
     codes: Tensor
     block_scale: Tensor
@@ -94,37 +97,6 @@ class NVFP4Tensor:
             return (self.batch, self.n, kb)
         np_, kbp = swizzled_shape(self.n, kb)
         return (self.batch, np_ * kbp)
-
-    # --- shape and storage ---------------------------------------------------------------------
-    @property
-    def batch(self) -> int:
-        """E (1 for a 2-D factor): the leading dim of every storage tensor."""
-        return self.shape[0] if len(self.shape) == 3 else 1
-
-    @property
-    def k(self) -> int:
-        return self.shape[-2]
-
-    @property
-    def n(self) -> int:
-        return self.shape[-1]
-
-    @property
-    def device(self) -> torch.device:
-        return self.codes.device
-
-    @property
-    def nbytes(self) -> int:
-        """Bytes of storage: codes + block scales (padding included) + global scales."""
-        return sum(t.numel() * t.element_size() for t in (self.codes, self.block_scale, self.global_scale))
-
-    def replace(self, **changes) -> "NVFP4Tensor":
-        return dataclasses.replace(self, **changes)
-
-    def to(self, device, non_blocking: bool = False) -> "NVFP4Tensor":
-        """The same container on ``device`` (tensors moved bit for bit)."""
-        return self.replace(**{f: getattr(self, f).to(device, non_blocking=non_blocking)
-                               for f in ("codes", "block_scale", "global_scale")})
 
     def dequantize(self, dtype: torch.dtype = torch.bfloat16, backend: str = "auto") -> Tensor:
         """Decode to a contiguous tensor of the logical shape, ``(e2m1 * sf) / s_enc`` in fp32, then ``dtype``."""

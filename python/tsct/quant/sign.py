@@ -37,6 +37,7 @@ import torch
 from torch import Tensor
 
 from tsct.quant import _backend
+from tsct.quant._container import PackedFactor
 from tsct.quant.formats import SIGN_PACK, pack_bits, unpack_bits
 
 __all__ = ["SignTensor", "quantize_sign", "rank1_magnitude_fit", "DEFAULT_SIGN_ITERS"]
@@ -45,7 +46,7 @@ DEFAULT_SIGN_ITERS = 16
 
 
 @dataclasses.dataclass(frozen=True, eq=False, repr=False)
-class SignTensor:
+class SignTensor(PackedFactor):
     """A sign-quantized factor bank: ``W[e, k, n] ~ (+-1) * scale_k[e, k] * scale_n[e, n]``.
 
     Attributes:
@@ -54,6 +55,8 @@ class SignTensor:
         scale_n: float32 ``[E, N]`` (``b``, over the output dim).
         shape: the LOGICAL shape, ``(E, K, N)`` or ``(K, N)`` (stored as a batch of one).
     """
+
+    _STORAGE = ("bits", "scale_k", "scale_n")
 
     bits: Tensor
     scale_k: Tensor
@@ -81,34 +84,6 @@ class SignTensor:
                                  f"got {list(t.shape)}")
             if t.device != self.bits.device:
                 raise ValueError(f"{name} is on {t.device}, bits on {self.bits.device}")
-
-    @property
-    def batch(self) -> int:
-        return self.shape[0] if len(self.shape) == 3 else 1
-
-    @property
-    def k(self) -> int:
-        return self.shape[-2]
-
-    @property
-    def n(self) -> int:
-        return self.shape[-1]
-
-    @property
-    def device(self) -> torch.device:
-        return self.bits.device
-
-    @property
-    def nbytes(self) -> int:
-        """Bytes of storage: sign bits + both fp32 scale vectors."""
-        return sum(t.numel() * t.element_size() for t in (self.bits, self.scale_k, self.scale_n))
-
-    def replace(self, **changes) -> "SignTensor":
-        return dataclasses.replace(self, **changes)
-
-    def to(self, device, non_blocking: bool = False) -> "SignTensor":
-        return self.replace(**{f: getattr(self, f).to(device, non_blocking=non_blocking)
-                               for f in ("bits", "scale_k", "scale_n")})
 
     def dequantize(self, dtype: torch.dtype = torch.bfloat16, backend: str = "auto") -> Tensor:
         """Decode to a contiguous tensor of the logical shape: ``((+-1) * a[k]) * b[n]`` in fp32, then ``dtype``."""
