@@ -131,14 +131,17 @@ def _manifest_kernels(man: dict) -> list[str]:
 
 
 def _verify_artifacts() -> dict[str, Any]:
+    """tsct.native.artifacts.verify() on the library this process would load: the manifest against
+    what cuobjdump finds in the binary. Never raises: ok False and a detail saying why instead."""
     try:
+        from tsct import native
         from tsct.native import artifacts
     except ImportError as exc:
-        return {"ok": False, "detail": f"artifact verification unavailable: {exc}"}
+        return {"ok": False, "status": "error", "problems": [], "detail": f"artifact verification unavailable: {exc}"}
     try:
-        return artifacts.verify()
-    except Exception as exc:
-        return {"ok": False, "detail": f"{type(exc).__name__}: {exc}"}
+        return artifacts.verify(lib=native.library_path())
+    except Exception as exc:  # a bug in the checker must not take the probe down
+        return {"ok": False, "status": "error", "problems": [], "detail": f"{type(exc).__name__}: {exc}"}
 
 
 def render(report: dict[str, Any]) -> None:
@@ -176,7 +179,13 @@ def render(report: dict[str, Any]) -> None:
         con.print(f"[yellow]native library not installed[/] ({a['load_error'] or 'no manifest'}): "
                   "quantize/decode use torch")
     if "verify" in a:
-        con.print(f"  artifact check: {a['verify']}")
+        from rich.markup import escape
+
+        vr = a["verify"]
+        st = vr.get("status") or ("match" if vr.get("ok") else "error")
+        head = {"match": "[green]ok[/]", "mismatch": "[red]MISMATCH[/]"}.get(st, "[yellow]not run[/]")
+        con.print(f"  artifact check: {head} ({escape(str(vr.get('detail', '')))})"
+                  + "".join(f"\n    - {escape(str(p))}" for p in vr.get("problems") or []))
 
     t = Table(title="dispatch (impl='auto')")
     for c in ("op", "device", "format", "path", "why"):

@@ -2,7 +2,8 @@
 
 * the install: manifest.json lists sm_90a / sm_100a / sm_120a and the kernels; the .so loads with
   ctypes, has ABI version 1, exports exactly the C functions of tsct.h; build info == manifest;
-  cuobjdump agrees with the manifest (ci/check_artifacts.py; skipped without cuobjdump);
+  cuobjdump agrees with the manifest (tsct.native.artifacts.verify, also ci/check_artifacts.py;
+  skipped without cuobjdump);
 * lazy loading: importing tsct / tsct.native loads no library and initialises no CUDA;
 * argument checking without a GPU: the C entry points (TSCT_ERR_BAD_ARGUMENT + detail) and the
   Python wrappers (TypeError / ValueError naming the argument);
@@ -18,6 +19,7 @@ install built with TSCT_BUILD_CUDA=OFF, which skips them instead.
 from __future__ import annotations
 
 import ctypes
+import json
 import os
 import re
 import shutil
@@ -112,20 +114,86 @@ def test_kernel_registry_matches_manifest(lib_path):
     assert names == KERNELS  # tsct_kernel_available's table names every kernel the library holds
 
 
-def test_check_artifacts_with_cuobjdump(lib_path):
-    sys.path.insert(0, str(REPO / "ci"))
-    try:
-        import check_artifacts
-    finally:
-        sys.path.pop(0)
-    if check_artifacts.find_tool("cuobjdump", "CUOBJDUMP", None) is None:
+# tsct.native.artifacts (also ci/check_artifacts.py, tsct-probe --verify-artifacts): cuobjdump vs manifest
+@pytest.fixture(scope="module")
+def cuobjdump() -> str:
+    from tsct.native import artifacts
+
+    tool = artifacts.find_tool("cuobjdump", "CUOBJDUMP")
+    if tool is None:
         pytest.skip("cuobjdump not found (pip install nvidia-cuda-cuobjdump)")
-    args = [sys.executable, str(REPO / "ci" / "check_artifacts.py"), "--lib", lib_path]
-    if check_artifacts.find_tool("nvdisasm", "NVDISASM", None) is not None:
-        args.append("--sass")
-    proc = subprocess.run(args, capture_output=True, text=True)
-    print(proc.stdout)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
+    return tool
+
+
+def test_check_artifacts_match(lib_path, cuobjdump):
+    from tsct.native import artifacts
+
+    sass = artifacts.find_tool("nvdisasm", "NVDISASM") is not None
+    r = artifacts.verify(lib=lib_path, cuobjdump=cuobjdump, sass=sass)
+    assert r["ok"] and r["status"] == "match" and r["problems"] == [], r
+    assert r["library"] == lib_path and r["cuobjdump"] == cuobjdump
+    m = native.manifest()
+    assert [row["target"] for row in r["targets"]] == m["gencodes"]
+    assert all(row["ok"] and row["kernels_found"] == len(KERNELS) for row in r["targets"]), r["targets"]
+    assert r["detail"].endswith(": match") and f"{len(m['gencodes'])} targets" in r["detail"], r["detail"]
+    json.dumps(r)  # the probe's --json report carries it
+
+
+def test_check_artifacts_tampered_manifest(lib_path, cuobjdump, tmp_path, capsys):
+    from tsct.native import artifacts
+
+    m = native.manifest()
+    m["kernels"]["sm_90a"] = sorted(set(m["kernels"]["sm_90a"]) - {"tsctk_sign_pack_bf16"}) + ["tsctk_not_built"]
+    m["gencodes"].append("sm_89")
+    r = artifacts.verify(lib=lib_path, manifest=m, cuobjdump=cuobjdump)
+    assert not r["ok"] and r["status"] == "mismatch", r
+    assert any(p.startswith("sm_90a: kernels differ") and "tsctk_not_built" in p and "tsctk_sign_pack_bf16" in p
+               for p in r["problems"]), r["problems"]
+    assert any("sm_89" in p for p in r["problems"]), r["problems"]
+    assert {row["target"]: row["ok"] for row in r["targets"]}["sm_90a"] is False
+    assert "problem" in r["detail"]
+    # the CLI: the same findings from a manifest file, exit code 1 and a report
+    path = tmp_path / "manifest.json"
+    path.write_text(json.dumps(m))
+    assert artifacts.main(["--lib", lib_path, "--manifest", str(path), "--cuobjdump", cuobjdump]) == 1
+    out = capsys.readouterr().out
+    assert "MISMATCH" in out and "tsctk_not_built" in out and "KERNELS DIFFER" in out
+
+
+def test_check_artifacts_without_cuobjdump(lib_path, tmp_path, monkeypatch, capsys):
+    from tsct.native import artifacts
+
+    r = artifacts.verify(lib=lib_path, cuobjdump=str(tmp_path / "no-cuobjdump"))
+    assert not r["ok"] and r["status"] == "error" and r["targets"] == [], r
+    assert "cuobjdump" in r["detail"] and "pip install nvidia-cuda-cuobjdump" in r["detail"], r["detail"]
+    # nothing on $CUOBJDUMP / PATH / site-packages either
+    monkeypatch.delenv("CUOBJDUMP", raising=False)
+    monkeypatch.setenv("PATH", str(tmp_path))
+    monkeypatch.setattr(artifacts, "_site_dirs", lambda: [])
+    r = artifacts.verify(lib=lib_path)
+    assert not r["ok"] and "pip install nvidia-cuda-cuobjdump" in r["detail"], r
+    assert artifacts.main(["--lib", lib_path]) == 2
+    assert "pip install nvidia-cuda-cuobjdump" in capsys.readouterr().err
+    r = artifacts.verify(lib=tmp_path / "libtsct_kernels.so")
+    assert not r["ok"] and r["status"] == "error" and "no native library" in r["detail"], r
+
+
+def test_check_artifacts_entry_points(lib_path, cuobjdump):
+    """`python ci/check_artifacts.py` (what .ci/run calls) and `python -m tsct.native.artifacts`; importing
+    the module loads no library and touches no CUDA."""
+    script = REPO / "ci" / "check_artifacts.py"
+    cmds = [["-m", "tsct.native.artifacts"]] + ([[str(script)]] if script.is_file() else [])
+    for cmd in cmds:
+        proc = subprocess.run([sys.executable, *cmd, "--lib", lib_path, "--cuobjdump", cuobjdump],
+                              capture_output=True, text=True, cwd="/")
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+        assert "artifacts match the manifest" in proc.stdout
+    code = (
+        "import sys, torch, tsct.native.artifacts as A, tsct.native._loader as L\n"
+        "print(L._lib is None, 'libtsct_kernels' in open('/proc/self/maps').read(), torch.cuda.is_initialized())\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
+    assert out == ["True", "False", "False"], out
 
 
 # --- lazy loading --------------------------------------------------------------------------------
