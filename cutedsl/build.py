@@ -68,10 +68,23 @@ VARIANTS = {
     "tsct_nvfp4_grouped_glu_sm120": (dict(grouped=True, epilogue="glu", tile_m=32, tile_n=128), "grouped"),
     "tsct_nvfp4_grouped_rowweight_sm120": (dict(grouped=True, epilogue="row_weight", tile_m=32, tile_n=32),
                                            "grouped"),
+    # sign factors (1-bit, expanded to E2M1 +-1 in registers; per-column scale in the epilogue). The
+    # GLU takes two activations (x*a_gate, x*a_up) and plain [E, r] bits: tile_n 64 covers r = 64.
+    "tsct_sign_grouped_alpha_sm120": (dict(grouped=True, sign=True, epilogue="alpha", tile_m=32, tile_n=32),
+                                      "grouped_sign"),
+    "tsct_sign_grouped_glu_sm120": (dict(grouped=True, sign=True, epilogue="glu", tile_m=32, tile_n=64),
+                                    "grouped_sign"),
+    "tsct_sign_grouped_rowweight_sm120": (dict(grouped=True, sign=True, epilogue="row_weight", tile_m=32,
+                                               tile_n=32), "grouped_sign"),
 }
 
 
-def _fake_args(entry: str):
+def _operands(kwargs: dict) -> int:
+    """Activations per CTA (the kernel's ``operands``): 2 for the sign GLU (x*a_gate, x*a_up), else 1."""
+    return 2 if kwargs.get("sign") and kwargs.get("epilogue") == "glu" else 1
+
+
+def _fake_args(entry: str, operands: int = 1):
     """Fake tensors (shapes/strides symbolic where they vary at run time) for cute.compile."""
     import cutlass
     import cutlass.cute as cute
@@ -93,17 +106,31 @@ def _fake_args(entry: str):
         return [a, b, flat(sf), flat(sf), c, alpha, make_fake_stream()]
     e = cute.sym_int32(symbol="E")
     t = cute.sym_int32(symbol="T")
-    a = make_fake_tensor(fp4, (cute.sym_int32(symbol="Malloc"), k), (ld_k, 1), assumed_align=16)
-    b = make_fake_tensor(fp4, (n, k, e), (ld_k, 1, cute.sym_int64(divisibility=64)), assumed_align=16)
+    if entry == "grouped_sign":
+        p = operands  # static: the kernel unrolls over it
+        a = make_fake_tensor(fp4, (cute.sym_int32(symbol="Malloc"), k, p),
+                             (ld_k, 1, cute.sym_int64(divisibility=64)), assumed_align=16)
+        k8 = cute.sym_int32(divisibility=8, symbol="K8")
+        bits = make_fake_tensor(cutlass.Uint8, (n, k8, e, p), (cute.sym_int64(divisibility=8), 1, cute.sym_int64(),
+                                                               cute.sym_int64()), assumed_align=8)
+        sfa = make_fake_tensor(sf, (cute.sym_int64(), p), (1, cute.sym_int64(divisibility=16)), assumed_align=16)
+        col_scale = make_fake_tensor(f32, (e, n, p), (cute.sym_int64(), 1, cute.sym_int64()), assumed_align=4)
+        alpha = make_fake_tensor(f32, (e, p), (cute.sym_int64(), 1), assumed_align=4)
+    else:
+        a = make_fake_tensor(fp4, (cute.sym_int32(symbol="Malloc"), k), (ld_k, 1), assumed_align=16)
+        b = make_fake_tensor(fp4, (n, k, e), (ld_k, 1, cute.sym_int64(divisibility=64)), assumed_align=16)
+        alpha = make_fake_compact_tensor(f32, (e,), assumed_align=4)
     sfa_offsets = make_fake_compact_tensor(i32, (e,), assumed_align=4)
     c = make_fake_tensor(bf16, (m, cute.sym_int32(symbol="Nout")), (cute.sym_int64(), 1), assumed_align=2)
     offs = make_fake_compact_tensor(i32, (e,), assumed_align=4)
     tile_expert = make_fake_compact_tensor(i32, (t,), assumed_align=4)
     tile_row = make_fake_compact_tensor(i32, (t,), assumed_align=4)
-    alpha = make_fake_compact_tensor(f32, (e,), assumed_align=4)
     r = cute.sym_int32(symbol="R")
     ep0 = make_fake_tensor(f32, (e, r), (cute.sym_int64(), 1), assumed_align=4)
     ep1 = make_fake_tensor(f32, (e, r), (cute.sym_int64(), 1), assumed_align=4)
+    if entry == "grouped_sign":
+        return [a, bits, sfa, sfa_offsets, col_scale, c, offs, tile_expert, tile_row, alpha, ep0, ep1,
+                make_fake_stream()]
     return [a, b, flat(sf), sfa_offsets, flat(sf), c, offs, tile_expert, tile_row, alpha, ep0, ep1,
             make_fake_stream()]
 
@@ -111,6 +138,9 @@ def _fake_args(entry: str):
 def _arg_names(entry: str) -> list[str]:
     if entry == "dense":
         return ["a", "b", "sfa", "sfb", "c", "alpha", "stream"]
+    if entry == "grouped_sign":
+        return ["a", "bits", "sfa", "sfa_offsets", "col_scale", "c", "offs", "tile_expert", "tile_row", "alpha",
+                "ep0", "ep1", "stream"]
     return ["a", "b", "sfa", "sfa_offsets", "sfb", "c", "offs", "tile_expert", "tile_row", "alpha", "ep0",
             "ep1", "stream"]
 
@@ -134,7 +164,8 @@ def build(out_dir: Path, arch: str, only: list[str] | None) -> dict:
             continue
         kernel = Nvfp4GemmSm120(**kwargs)
         t0 = time.perf_counter()
-        compiled = cute.compile(getattr(kernel, entry), *_fake_args(entry), options=f"--gpu-arch {arch}")
+        compiled = cute.compile(getattr(kernel, entry), *_fake_args(entry, _operands(kwargs)),
+                                options=f"--gpu-arch {arch}")
         t1 = time.perf_counter()
         compiled.export_to_c(file_path=str(out_dir), file_name=name, function_prefix=name)
         t2 = time.perf_counter()
@@ -142,7 +173,8 @@ def build(out_dir: Path, arch: str, only: list[str] | None) -> dict:
         index["kernels"].append({
             "name": name, "entry": entry, "params": {k: (v if isinstance(v, (int, str, bool)) else str(v))
                                                      for k, v in kwargs.items()},
-            "threads": kernel.threads, "args": _arg_names(entry), "object": obj.name, "header": hdr.name,
+            "threads": kernel.threads, "operands": kernel.operands, "args": _arg_names(entry), "object": obj.name,
+            "header": hdr.name,
             "object_bytes": obj.stat().st_size, "compile_s": round(t1 - t0, 3), "export_s": round(t2 - t1, 3),
         })
         print(f"built {name}: compile {t1 - t0:.2f} s, export {t2 - t1:.2f} s, {obj.stat().st_size} B")

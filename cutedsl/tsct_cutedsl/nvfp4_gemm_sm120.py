@@ -1,6 +1,6 @@
 """NVFP4 block-scaled GEMMs for sm_120 on the warp-level ``mma.sync`` m16n8k64 block-scaled atom.
 
-One source, three kernels (the variants are parameters, not copies; style.md):
+One source, all variants (parameters, not copies; style.md):
 
 * ``dense``   ``C[l] = alpha[l] * (A[l] @ B[l]^T)``, batched over l (``A [M, K, L]``, ``B [N, K, L]``).
 * ``grouped`` rows of A sorted by expert, ``offs`` = cumulative END offsets (torch grouped_mm
@@ -12,6 +12,17 @@ One source, three kernels (the variants are parameters, not copies; style.md):
       (``2r`` rows per expert); a CTA covers the whole ``2r`` so that gate and up of a row meet in
       the same thread: ``g = alpha*acc_g*s_gate[e]``, ``u = alpha*acc_u*s_up[e]``, ``z = silu(g)*u``.
     - ``"row_weight"``: the second half: ``Y = alpha*acc*row_weight[row]``.
+* ``sign=True`` (grouped only; entry ``grouped_sign``): the B operand is a 1-bit sign factor
+  (design.md section 3, ``tsct.quant.SignTensor``): ``x @ W = ((x * a) @ sign(W)) * b``. B is read as
+  packed bits ``[N, K/8]`` (LSB first, 1 = negative) and expanded in registers to E2M1 +-1 codes
+  (0x2 = +1.0, 0xA = -1.0), one byte of bits -> one 32-bit B register (8 nibbles); the B block
+  scales are the constant UE4M3 1.0 (0x38), no scale buffer is read. The per-column scale ``b`` is
+  an fp32 ``col_scale [E, N]`` applied first in the epilogue (``acc * b[e, n] * alpha[e]``, then the
+  GLU / row_weight step). The per-K scale ``a`` is NOT in the kernel: the caller quantizes
+  ``x * a[e]`` (per expert) to NVFP4 and passes that as A. Because w_gate and w_up carry different
+  ``a``, the sign GLU takes TWO activations (``P = 2``: copy 0 = ``x*a_gate``, copy 1 = ``x*a_up``)
+  and runs two MMA chains into two accumulators over plain (not interleaved) ``[E, r]`` bits; the
+  same fragment index of both accumulators is the same (row, j), so the GLU pairs them in-thread.
 
 Operands (design.md section 3, decision 0002):
 
@@ -53,6 +64,18 @@ import cutlass.utils.blockscaled_layout as bs_layout
 SF_VEC = 16  # E2M1 elements per UE4M3 block scale (NVFP4)
 MMA_K = 64  # K of one m16n8k64 block-scaled MMA
 EPILOGUES = ("alpha", "glu", "row_weight")
+E2M1_PLUS_ONE_X8 = 0x22222222  # eight E2M1 +1.0 codes (0x2) in one B register
+UE4M3_ONE_X4 = 0x38383838  # four UE4M3 1.0 block scales in one scale register
+
+
+def _expand_sign_byte(byte):
+    """8 sign bits (LSB first, 1 = negative) -> 8 E2M1 codes in one 32-bit register: bit i goes to
+    bit 3 (the sign) of nibble i, every magnitude is 1.0 (0x2): nibble = 0x2 | bit << 3."""
+    x = cutlass.Uint32(byte)
+    x = (x | (x << 12)) & cutlass.Uint32(0x000F000F)  # bits 0-3 at 0-3, bits 4-7 at 16-19
+    x = (x | (x << 6)) & cutlass.Uint32(0x03030303)  # two bits per byte
+    x = (x | (x << 3)) & cutlass.Uint32(0x11111111)  # bit i at 4i
+    return (x << 3) | cutlass.Uint32(E2M1_PLUS_ONE_X8)
 
 
 def _partition_sf(sf_tile: cute.Tensor, thr_mma, tidx, which: str) -> cute.Tensor:
@@ -82,16 +105,21 @@ class Nvfp4GemmSm120:
     """
 
     def __init__(self, *, grouped: bool, epilogue: str = "alpha", tile_m: int = 32, tile_n: int = 32,
-                 out_dtype=cutlass.BFloat16):
+                 out_dtype=cutlass.BFloat16, sign: bool = False):
         if epilogue not in EPILOGUES:
             raise ValueError(f"epilogue must be one of {EPILOGUES}, got {epilogue!r}")
         if not grouped and epilogue != "alpha":
             raise ValueError("the dense kernel has only the 'alpha' epilogue")
+        if sign and not grouped:
+            raise ValueError("the sign variant is grouped only")
         if tile_m % 16 or tile_m > 128 or 128 % tile_m:
             raise ValueError(f"tile_m must be 16, 32, 64 or 128, got {tile_m}")
         if tile_n % 32:
             raise ValueError(f"tile_n must be a multiple of 32 (SM120 N permutation), got {tile_n}")
         self.is_grouped = grouped
+        self.sign = sign
+        # activations (A operands, accumulators) per CTA: the sign GLU needs x*a_gate and x*a_up
+        self.operands = 2 if (sign and epilogue == "glu") else 1
         self.epilogue = epilogue
         self.tile_m, self.tile_n, self.tile_k = tile_m, tile_n, MMA_K
         self.out_dtype = out_dtype
@@ -145,10 +173,35 @@ class Nvfp4GemmSm120:
         tile_expert / tile_row [T] int32: the device tile map (expert or -1, first row of the tile);
         alpha [E] fp32; ep0/ep1 fp32: "glu": s_gate / s_up [E, N/2]; "row_weight": ep0 = row
         weights [M] (ep1 unused); "alpha": both unused."""
+        if cutlass.const_expr(self.sign):
+            raise TypeError("sign kernels are launched through grouped_sign")
         tiled_mma = self._tiled_mma()
         msfb = cute.make_tensor(sfb.iterator, bs_layout.tile_atom_to_shape_SF(b.shape, SF_VEC))
         grid = (cute.size(tile_expert), cute.ceil_div(b.shape[0], self.tile_n), 1)
         self.grouped_kernel(tiled_mma, a, b, sfa, sfa_offsets, msfb, c, offs, tile_expert, tile_row, alpha,
+                            ep0, ep1).launch(grid=grid, block=[self.threads, 1, 1], stream=stream)
+
+    @cute.jit
+    def grouped_sign(self, a: cute.Tensor, bits: cute.Tensor, sfa: cute.Tensor, sfa_offsets: cute.Tensor,
+                     col_scale: cute.Tensor, c: cute.Tensor, offs: cute.Tensor, tile_expert: cute.Tensor,
+                     tile_row: cute.Tensor, alpha: cute.Tensor, ep0: cute.Tensor, ep1: cute.Tensor,
+                     stream: cuda.CUstream):
+        """The sign variant (``sign=True``); P = ``self.operands`` (2 for "glu": gate, up; else 1).
+
+        a [M_alloc, K, P] e2m1: copy p = NVFP4 of ``x * a_p[e]`` (the factor's per-K scale, per
+        expert), rows sorted by expert, M_alloc as for ``grouped``;
+        bits [N, K/8, E, P] uint8: factor p of expert e, K contiguous, LSB first, 1 = negative
+        (``SignTensor.bits`` [E, N, K/8] stacked over p);
+        sfa [bytes, P] flat UE4M3: copy p's expert e block at ``sfa_offsets[e]`` (same rows -> one offset
+        table for every copy); col_scale [E, N, P] fp32: ``SignTensor.scale_n`` (b) of factor p;
+        c [M, N] out_dtype (GLU: N = r, z[:, j] from gate j and up j); alpha [E, P] fp32 = 1/s_enc of
+        copy p; ep0/ep1 as for ``grouped`` ("glu": s_gate / s_up [E, N] without any encode scale --
+        sign factors have none; "row_weight": ep0 = row weights [M])."""
+        if cutlass.const_expr(not self.sign):
+            raise TypeError("grouped_sign needs a kernel built with sign=True")
+        tiled_mma = self._tiled_mma()
+        grid = (cute.size(tile_expert), cute.ceil_div(bits.shape[0], self.tile_n), 1)
+        self.grouped_kernel(tiled_mma, a, bits, sfa, sfa_offsets, col_scale, c, offs, tile_expert, tile_row, alpha,
                             ep0, ep1).launch(grid=grid, block=[self.threads, 1, 1], stream=stream)
 
     @cute.kernel
@@ -165,27 +218,44 @@ class Nvfp4GemmSm120:
             if e > 0:
                 lo = offs[e - 1]
             hi = offs[e]
-            n, k, _ = mb.shape
-            # this expert's rows, starting at the tile (tile_row is lo + a multiple of tile_m)
-            ma_e = cute.domain_offset((row0, 0), ma)
-            # this expert's activation scales: a swizzled block of its own, rows padded to 128
-            sfa_layout = bs_layout.tile_atom_to_shape_SF((hi - lo + 128, k, 1), SF_VEC)
-            msfa_e = cute.make_tensor(sfa.iterator + sfa_offsets[e], sfa_layout)
             local_tile_idx = (row0 - lo) // self.tile_m
-            acc = self._mainloop_rows(tiled_mma, tidx, ma_e, mb[None, None, e], msfa_e[None, None, 0],
-                                      msfb[None, None, e], local_tile_idx, bn, n)
-            self._epilogue_grouped(tiled_mma, tidx, acc, mc, e, row0, hi, bn, n, alpha[e], ep0, ep1)
+            if cutlass.const_expr(self.sign):
+                # mb = bits [N, K/8, E, P], msfb = col_scale [E, N, P], sfa [bytes, P], alpha [E, P]
+                n = mb.shape[0]
+                k = ma.shape[1]
+                sfa_layout = bs_layout.tile_atom_to_shape_SF((hi - lo + 128, k, 1), SF_VEC)
+                accs = []
+                for p in cutlass.range_constexpr(self.operands):
+                    ma_e = cute.domain_offset((row0, 0), ma[None, None, p])
+                    msfa_e = cute.make_tensor(sfa[None, p].iterator + sfa_offsets[e], sfa_layout)
+                    accs.append(self._mainloop_rows(tiled_mma, tidx, ma_e, mb[None, None, e, p],
+                                                    msfa_e[None, None, 0], None, local_tile_idx, bn, n, k))
+                self._epilogue_sign(tiled_mma, tidx, accs[0], accs[self.operands - 1], mc, e, row0, hi, bn, n, alpha,
+                                    msfb, ep0, ep1)
+            else:
+                n, k, _ = mb.shape
+                # this expert's rows, starting at the tile (tile_row is lo + a multiple of tile_m)
+                ma_e = cute.domain_offset((row0, 0), ma)
+                # this expert's activation scales: a swizzled block of its own, rows padded to 128
+                sfa_layout = bs_layout.tile_atom_to_shape_SF((hi - lo + 128, k, 1), SF_VEC)
+                msfa_e = cute.make_tensor(sfa.iterator + sfa_offsets[e], sfa_layout)
+                acc = self._mainloop_rows(tiled_mma, tidx, ma_e, mb[None, None, e], msfa_e[None, None, 0],
+                                          msfb[None, None, e], local_tile_idx, bn, n, k)
+                self._epilogue_grouped(tiled_mma, tidx, acc, mc, e, row0, hi, bn, n, alpha[e], ep0, ep1)
 
     @cute.jit
-    def _mainloop_rows(self, tiled_mma, tidx, ma_e, mb, msfa_e, msfb, local_tile_idx, tile_col, n_bound):
+    def _mainloop_rows(self, tiled_mma, tidx, ma_e, mb, msfa_e, msfb, local_tile_idx, tile_col, n_bound, k_extent):
         """As _mainloop, with A already offset to the tile's first row (tile index 0 of ma_e) and
-        the A scales indexed by the tile's index inside its expert."""
+        the A scales indexed by the tile's index inside its expert. Sign: mb is the expert's bits
+        ``[N, K/8]`` (read through coordinates in the K loop) and msfb is None."""
         tm, tn, tk = self.tile_m, self.tile_n, self.tile_k
         ga = cute.local_tile(ma_e, (tm, tk), (0, None))
-        gb = cute.local_tile(mb, (tn, tk), (tile_col, None))
         gsfa = cute.local_tile(msfa_e, (tm, tk), (local_tile_idx, None))
+        if cutlass.const_expr(self.sign):
+            return self._mma_k_loop(tiled_mma, tidx, ga, mb, gsfa, None, tile_col, n_bound, k_extent)
+        gb = cute.local_tile(mb, (tn, tk), (tile_col, None))
         gsfb = cute.local_tile(msfb, (tn, tk), (tile_col, None))
-        return self._mma_k_loop(tiled_mma, tidx, ga, gb, gsfa, gsfb, tile_col, n_bound, mb.shape[1])
+        return self._mma_k_loop(tiled_mma, tidx, ga, gb, gsfa, gsfb, tile_col, n_bound, k_extent)
 
     @cute.jit
     def _epilogue_grouped(self, tiled_mma, tidx, acc, mc, e, row0, hi, tile_col, n_bound, alpha_e, ep0, ep1):
@@ -216,6 +286,33 @@ class Nvfp4GemmSm120:
                         y = y * ep0[crd[0]]
                     mc[crd] = y.to(self.out_dtype)
 
+    @cute.jit
+    def _epilogue_sign(self, tiled_mma, tidx, acc0, acc1, mc, e, row0, hi, tile_col, n_bound, alpha, col_scale,
+                       ep0, ep1):
+        """Sign epilogue: ``y_p = acc_p * b_p[e, n] * alpha[e, p]`` (the per-column scale first), then
+        "alpha": y_0; "row_weight": y_0 * ep0[row]; "glu": ``g = y_0 * ep0[e, n]``,
+        ``u = y_1 * ep1[e, n]``, ``z = silu(g) * u``. acc0/acc1 share one C layout, so element i of
+        both is the same (row, n)."""
+        thr_mma = tiled_mma.get_slice(tidx)
+        tm, tn = self.tile_m, self.tile_n
+        cc = cute.local_tile(cute.make_identity_tensor((hi, n_bound)), (tm, tn), (0, tile_col))
+        cc = cute.domain_offset((row0, 0), cc)
+        tccc = thr_mma.partition_C(cc)
+        for i in cutlass.range_constexpr(cute.size(acc0)):
+            crd = tccc[i]
+            if cute.elem_less(crd, (hi, n_bound)):
+                col = crd[1]
+                y = acc0[i] * col_scale[e, col, 0] * alpha[e, 0]
+                if cutlass.const_expr(self.epilogue == "glu"):
+                    g = y * ep0[e, col]
+                    u = acc1[i] * col_scale[e, col, 1] * alpha[e, 1] * ep1[e, col]
+                    z = g / (cutlass.Float32(1.0) + cute.math.exp(-g)) * u
+                    mc[crd] = z.to(self.out_dtype)
+                else:
+                    if cutlass.const_expr(self.epilogue == "row_weight"):
+                        y = y * ep0[crd[0]]
+                    mc[crd] = y.to(self.out_dtype)
+
     # --- shared device code ---------------------------------------------------------------------
     @cute.jit
     def _mainloop(self, tiled_mma, tidx, ma, mb, msfa, msfb, tile_row, tile_col, n_bound):
@@ -234,11 +331,26 @@ class Nvfp4GemmSm120:
         tm, tn, tk = self.tile_m, self.tile_n, self.tile_k
         thr_mma = tiled_mma.get_slice(tidx)
         tcga = thr_mma.partition_A(ga)  # (MMA, MMA_M, MMA_K, k_tiles)
-        tcgb = thr_mma.partition_B(gb)
         tcra = tiled_mma.make_fragment_A(tcga[None, None, None, 0])
-        tcrb = tiled_mma.make_fragment_B(tcgb[None, None, None, 0])
         tcrsfa = cute.make_fragment_like(_partition_sf(gsfa[None, None, 0], thr_mma, tidx, "A"))
-        tcrsfb = cute.make_fragment_like(_partition_sf(gsfb[None, None, 0], thr_mma, tidx, "B"))
+        if cutlass.const_expr(self.sign):
+            # gb is the expert's sign bits [N, K/8]; B registers are built from them in the loop.
+            # Views over the bits pointer that only supply the NVFP4 fragment layouts (never read):
+            # B codes [N, K] and the B scales, which are the constant UE4M3 1.0.
+            b_view = cute.make_tensor(cute.recast_ptr(gb.iterator, dtype=cutlass.Float4E2M1FN),
+                                      cute.make_layout((n_bound, k_extent), stride=(k_extent, 1)))
+            tcrb = tiled_mma.make_fragment_B(
+                thr_mma.partition_B(cute.local_tile(b_view, (tn, tk), (tile_col, 0))))
+            sf_view = cute.make_tensor(cute.recast_ptr(gb.iterator, dtype=cutlass.Float8E4M3FN),
+                                       bs_layout.tile_atom_to_shape_SF((n_bound, k_extent, 1), SF_VEC))
+            gsfb_view = cute.local_tile(sf_view[None, None, 0], (tn, tk), (tile_col, None))
+            tcrsfb = cute.make_fragment_like(_partition_sf(gsfb_view[None, None, 0], thr_mma, tidx, "B"))
+            cute.recast_tensor(cute.filter_zeros(tcrsfb), cutlass.Uint8).fill(UE4M3_ONE_X4 & 0xFF)
+            tcrb32 = cute.recast_tensor(tcrb, cutlass.Uint32)  # one register = 8 E2M1 codes (k, k+1, ..)
+        else:
+            tcgb = thr_mma.partition_B(gb)
+            tcrb = tiled_mma.make_fragment_B(tcgb[None, None, None, 0])
+            tcrsfb = cute.make_fragment_like(_partition_sf(gsfb[None, None, 0], thr_mma, tidx, "B"))
         # B rows past the matrix (N not a multiple of tile_n, e.g. f = 5461) are not read: their
         # fragments are zero (codes 0 = +0.0), so the products are 0 and the store drops them anyway.
         cb = cute.local_tile(cute.make_identity_tensor((n_bound, k_extent)), (tn, tk), (tile_col, 0))
@@ -248,15 +360,27 @@ class Nvfp4GemmSm120:
         k_tiles = cute.size(ga, mode=[2])
         for kt in cutlass.range(k_tiles, unroll=1):
             cute.autovec_copy(tcga[None, None, None, kt], tcra)
-            for j in cutlass.range_constexpr(cute.size(tcrb, mode=[1])):
-                if cute.elem_less(tccb[0, j, 0][0], n_bound):
-                    cute.autovec_copy(tcgb[None, j, None, kt], tcrb[None, j, None])
-                else:
-                    cute.recast_tensor(tcrb[None, j, None], cutlass.Int8).fill(0)
+            if cutlass.const_expr(self.sign):
+                # register (w, j, kb) holds 8 consecutive k of one column n: exactly one byte of bits
+                # (PTX: b0 = column g, k 8q..8q+7; b1 = k + 32; lower k in the lower nibble).
+                for j in cutlass.range_constexpr(cute.size(tcrb32, mode=[1])):
+                    for kb in cutlass.range_constexpr(cute.size(tcrb32, mode=[2])):
+                        for w in cutlass.range_constexpr(cute.size(tcrb32, mode=[0])):
+                            crd = tccb[w * 8, j, kb]  # (n, k inside the k-step) of the register's first code
+                            word = cutlass.Uint32(0)  # columns past N: +0.0 codes, as for NVFP4
+                            if cute.elem_less(crd[0], n_bound):
+                                word = _expand_sign_byte(gb[crd[0], kt * (tk // 8) + crd[1] // 8])
+                            tcrb32[w, j, kb] = word
+            else:
+                for j in cutlass.range_constexpr(cute.size(tcrb, mode=[1])):
+                    if cute.elem_less(tccb[0, j, 0][0], n_bound):
+                        cute.autovec_copy(tcgb[None, j, None, kt], tcrb[None, j, None])
+                    else:
+                        cute.recast_tensor(tcrb[None, j, None], cutlass.Int8).fill(0)
+                gsfb_k = _partition_sf(gsfb[None, None, kt], thr_mma, tidx, "B")
+                cute.autovec_copy(cute.filter_zeros(gsfb_k), cute.filter_zeros(tcrsfb))
             gsfa_k = _partition_sf(gsfa[None, None, kt], thr_mma, tidx, "A")
-            gsfb_k = _partition_sf(gsfb[None, None, kt], thr_mma, tidx, "B")
             cute.autovec_copy(cute.filter_zeros(gsfa_k), cute.filter_zeros(tcrsfa))
-            cute.autovec_copy(cute.filter_zeros(gsfb_k), cute.filter_zeros(tcrsfb))
             for kb in cutlass.range_constexpr(cute.size(tcra, mode=[2])):
                 cute.gemm(tiled_mma, acc, [tcra[None, None, kb], tcrsfa[None, None, kb]],
                           [tcrb[None, None, kb], tcrsfb[None, None, kb]], acc)

@@ -70,7 +70,12 @@ def test_build_exports_objects_headers_index(built):
     assert index["dsl"] == {"dist": "nvidia-cutlass-dsl", "version": "4.8.1"}
     assert index["arch"] == "sm_120a"
     names = {k["name"] for k in index["kernels"]}
-    assert {"tsct_nvfp4_gemm_dense_sm120", "tsct_nvfp4_grouped_glu_sm120"} <= names
+    assert {"tsct_nvfp4_gemm_dense_sm120", "tsct_nvfp4_grouped_glu_sm120", "tsct_sign_grouped_alpha_sm120",
+            "tsct_sign_grouped_glu_sm120", "tsct_sign_grouped_rowweight_sm120"} <= names
+    for k in index["kernels"]:
+        if k["params"].get("sign"):
+            assert k["entry"] == "grouped_sign" and "bits" in k["args"] and "col_scale" in k["args"]
+            assert k["operands"] == (2 if k["params"]["epilogue"] == "glu" else 1)
     for k in index["kernels"]:
         assert (out / k["object"]).stat().st_size > 0
         assert f"{k['name']}_Kernel_Module_Load" in (out / k["header"]).read_text()
@@ -85,3 +90,32 @@ def test_every_exported_cubin_has_block_scaled_omma_for_sm120a(built):
         for cubin in obj["cubins"]:
             assert cubin["arch"] == ["sm_120a"]  # not the DSL's silent sm_100a default
             assert cubin["omma"][check_sass.REQUIRED] > 0
+        # exactly one OMMA per (warp, m16n8 atom, accumulator chain) in the non-unrolled K loop
+        assert sum(c["omma"][check_sass.REQUIRED] for c in obj["cubins"]) == obj["omma_expected"], obj["object"]
+
+
+def test_sign_kernels_expand_bits_in_registers(built):
+    out, proc = built
+    report = json.loads((out / "sass_report.json").read_text())
+    sign = {o["object"]: o for o in report["objects"] if o["sign"]}
+    assert set(sign) == {"tsct_sign_grouped_alpha_sm120.o", "tsct_sign_grouped_glu_sm120.o",
+                         "tsct_sign_grouped_rowweight_sm120.o"}
+    for name, obj in sign.items():
+        (cubin,) = obj["cubins"]
+        assert cubin["immediates"]["0x22222222"] > 0  # +1.0 codes OR-ed with the shifted sign bits
+        assert cubin["immediates"]["0x38383838"] > 0  # unit UE4M3 B scales, no scale buffer
+        assert cubin["ldg_u8"] > 0  # the bits, one byte per B register
+    # two accumulator chains (x*a_gate, x*a_up) in the sign GLU: 2 x (64 / 16) OMMA
+    assert sign["tsct_sign_grouped_glu_sm120.o"]["omma_expected"] == 8
+    # the NVFP4 kernels carry no sign constants
+    for obj in report["objects"]:
+        if not obj["sign"]:
+            assert obj["cubins"][0]["immediates"]["0x38383838"] == 0, obj["object"]
+
+
+def test_expected_omma_counts():
+    k = lambda **p: {"params": p, "operands": 2 if p.get("sign") and p["epilogue"] == "glu" else 1}  # noqa: E731
+    assert check_sass.expected_omma(k(epilogue="alpha", tile_n=32)) == 2
+    assert check_sass.expected_omma(k(epilogue="glu", tile_n=128)) == 8
+    assert check_sass.expected_omma(k(epilogue="glu", tile_n=64, sign=True)) == 8
+    assert check_sass.expected_omma({"params": {}}) is None

@@ -15,6 +15,11 @@ Emulates ``cutedsl/tsct_cutedsl/nvfp4_gemm_sm120.py`` (``mma.sync.aligned.m16n8k
 * epilogues in fp32: ``alpha``, the GLU (``g = alpha*acc_g*ep0``, ``u = alpha*acc_u*ep1``,
   ``z = silu(g)*u`` with ``silu(g) = g / (1 + exp(-g))``), ``row_weight``; then the output dtype.
 
+* the sign variant (``grouped_sign_gemm_emulated``): B codes come from 1-bit sign bits expanded as
+  the kernel expands them in registers (``sign_bits_to_codes``: nibble = 0x2 | bit << 3, so
+  +1.0 / -1.0), B block scales are UE4M3 1.0 (0x38), and the epilogue applies the per-column scale
+  first: ``y_p = acc_p * col_scale[p, e, n] * alpha[p, e]``.
+
 Pure torch, any device, no CuTeDSL. Used as the oracle for the kernel's math on CPU (and, on the
 H200, against the Triton W4A4 path), never as a fast path.
 """
@@ -24,14 +29,18 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from tsct.quant.formats import NVFP4_BLOCK_SIZE, e2m1_decode, unpack_nibbles
+from tsct.quant.formats import NVFP4_BLOCK_SIZE, e2m1_decode, unpack_bits, unpack_nibbles
 from tsct.quant.layout import swizzle_offsets
 
 __all__ = ["MMA_K", "decode_codes", "gather_scales_swizzled", "block_scaled_mma", "silu_f32",
-           "grouped_gemm_emulated", "dense_gemm_emulated"]
+           "grouped_gemm_emulated", "dense_gemm_emulated", "expand_sign_byte", "sign_bits_to_codes",
+           "grouped_sign_gemm_emulated",
+           "E2M1_PLUS_ONE", "E2M1_MINUS_ONE", "UE4M3_ONE"]
 
 MMA_K = 64  # K of one m16n8k64 MMA: the accumulation step
 _BLOCKS_PER_STEP = MMA_K // NVFP4_BLOCK_SIZE  # 4 scales per row per k-step (scale_vec::4X)
+E2M1_PLUS_ONE, E2M1_MINUS_ONE = 0x2, 0xA  # the sign kernel's B codes
+UE4M3_ONE = 0x38  # the sign kernel's B block scale (float8_e4m3fn 1.0)
 
 
 def decode_codes(codes: Tensor) -> Tensor:
@@ -137,6 +146,77 @@ def grouped_gemm_emulated(a_codes: Tensor, sfa_buf: Tensor, sfa_offsets: Tensor,
             y = silu_f32(g) * u
         else:
             y = acc * a_e
+            if epilogue == "row_weight":
+                y = y * ep0[rows].float().unsqueeze(1)
+        out[rows] = y.to(out_dtype)
+    return out
+
+
+def expand_sign_byte(byte: int) -> int:
+    """The kernel's register expansion (``_expand_sign_byte`` in the CuTeDSL source), on a Python int:
+    8 sign bits -> one 32-bit B register of 8 E2M1 codes (nibble i = 0x2 | bit_i << 3)."""
+    x = byte & 0xFF
+    x = (x | (x << 12)) & 0x000F000F
+    x = (x | (x << 6)) & 0x03030303
+    x = (x | (x << 3)) & 0x11111111
+    return ((x << 3) | 0x22222222) & 0xFFFFFFFF
+
+
+def sign_bits_to_codes(bits: Tensor) -> Tensor:
+    """uint8 sign bits ``[..., N, K/8]`` (bit j of byte i = element 8i+j, 1 = negative) -> uint8 E2M1
+    codes ``[..., N, K/2]`` (even k in the low nibble): +1.0 = 0x2, -1.0 = 0xA.
+
+    The kernel's register expansion, byte for byte: one byte of bits becomes one 32-bit B register,
+    ``0x22222222 | spread(bits) << 3`` with bit i at bit 4i (so nibble i = 0x2 | bit_i << 3).
+    """
+    neg = unpack_bits(bits).to(torch.uint8)  # [..., N, K] 0/1
+    nib = E2M1_PLUS_ONE | (neg << 3)
+    return nib[..., 0::2] | (nib[..., 1::2] << 4)
+
+
+def grouped_sign_gemm_emulated(a_codes: Tensor, sfa_buf: Tensor, sfa_offsets: Tensor, bits: Tensor,
+                               col_scale: Tensor, offs: Tensor, tile_expert: Tensor, tile_row: Tensor, tile_m: int,
+                               alpha: Tensor, *, epilogue: str = "alpha", ep0: Tensor | None = None,
+                               ep1: Tensor | None = None, out_dtype: torch.dtype = torch.bfloat16,
+                               m_out: int | None = None) -> Tensor:
+    """The sign kernel (``Nvfp4GemmSm120(sign=True).grouped_sign``), tile by tile.
+
+    P activations/factors (P = 2 for "glu": gate, up; else 1), P outermost in memory:
+    a_codes ``[P, M_alloc, K/2]`` (NVFP4 of ``x * a_p[e]`` per expert); sfa_buf ``[P, bytes]``
+    (copy p's expert e block at ``sfa_offsets[e]``); bits ``[P, E, N, K/8]`` (``SignTensor.bits``);
+    col_scale ``[P, E, N]`` (``SignTensor.scale_n``); alpha ``[P, E]`` (1 / s_enc of copy p).
+    Epilogue, in this order: ``y_p = acc_p * col_scale[p, e, n] * alpha[p, e]``; "alpha": y_0;
+    "row_weight": ``y_0 * ep0[row]``; "glu": ``silu(y_0 * ep0[e, n]) * (y_1 * ep1[e, n])`` ->
+    ``[M, N]`` (no interleave: gate j and up j are column j of their own factor).
+    """
+    p_count, e_count, n, k8 = bits.shape
+    k = 8 * k8
+    want_p = 2 if epilogue == "glu" else 1
+    if p_count != want_p:
+        raise ValueError(f"epilogue {epilogue!r} takes {want_p} sign factor(s), got {p_count}")
+    m = m_out if m_out is not None else a_codes.shape[1]
+    out = torch.zeros(m, n, dtype=out_dtype, device=a_codes.device)
+    bounds = [0] + offs.tolist()  # the emulation may read on the host; the kernel reads the tile map
+    b_vals = decode_codes(sign_bits_to_codes(bits))  # [P, E, N, K] = +-1
+    b_sf = torch.full((n, k // NVFP4_BLOCK_SIZE), UE4M3_ONE, dtype=torch.uint8, device=bits.device)
+    b_sf = b_sf.view(torch.float8_e4m3fn).float()  # 1.0: no scale buffer exists
+    for t, e in enumerate(tile_expert.tolist()):
+        if e < 0:
+            continue
+        row0, lo, hi = int(tile_row[t]), bounds[e], bounds[e + 1]
+        rows = torch.arange(row0, row0 + tile_m)
+        local = rows - lo
+        keep = rows < hi
+        ys = []
+        for p in range(p_count):
+            sfa = gather_scales_swizzled(sfa_buf[p], int(sfa_offsets[e]), local, k)
+            acc = block_scaled_mma(decode_codes(a_codes[p][rows]), sfa, b_vals[p, e], b_sf)[keep]
+            ys.append(acc * col_scale[p, e].float() * alpha[p, e].float())
+        rows = rows[keep]
+        if epilogue == "glu":
+            y = silu_f32(ys[0] * ep0[e].float()) * (ys[1] * ep1[e].float())
+        else:
+            y = ys[0]
             if epilogue == "row_weight":
                 y = y * ep0[rows].float().unsqueeze(1)
         out[rows] = y.to(out_dtype)
