@@ -121,10 +121,11 @@ _STATUS: dict[str, Callable[[Optional[tuple[int, int]], str], Status]] = {
 def status(path: str, capability: Optional[tuple[int, int]], fmt: str) -> Status:
     """Whether ``path`` can run for this capability and storage format, and why (not)."""
     if path not in _STATUS:
-        raise ValueError(f"unknown path {path!r}; expected one of {list(PATHS)}")
-    if path != REFERENCE and capability is None:
+        raise ValueError(f"impl: unknown path {path!r}; expected 'auto' or one of {list(PATHS)}")
+    st = _STATUS[path](capability, fmt)  # "not in this build" outranks "needs a GPU"
+    if st.ok and path != REFERENCE and capability is None:
         return Status(False, "needs a CUDA GPU")
-    return _STATUS[path](capability, fmt)
+    return st
 
 
 # ---- decisions and fallback counting -------------------------------------------------------------

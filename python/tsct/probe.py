@@ -1,6 +1,7 @@
 """tsct-probe: what this install holds, what this machine is, and which path each op takes here.
 
 Usage: ``tsct-probe [--json] [--no-selftest] [--verify-artifacts]`` (also ``python -m tsct.probe``).
+Exit status 1 when a self-test fails, or when ``--verify-artifacts`` finds a mismatch or cannot run.
 
 Sections: versions; GPUs (name, compute capability, SMs, memory); built artifacts (from the
 manifest written at build time; ``--verify-artifacts`` checks it against the binary with
@@ -146,6 +147,7 @@ def _verify_artifacts() -> dict[str, Any]:
 
 def render(report: dict[str, Any]) -> None:
     from rich.console import Console
+    from rich.markup import escape
     from rich.table import Table
 
     con = Console(width=None if sys.stdout.isatty() else 160)  # pipes/bug reports: don't truncate at 80
@@ -169,7 +171,7 @@ def render(report: dict[str, Any]) -> None:
     if man:
         con.print(f"native library: {a['library']} (loadable: {a['loadable']}"
                   + (f"; {a['load_error']}" if a["load_error"] else "") + ")")
-        con.print(f"  built {man.get('build_date', '?')} with nvcc {man.get('nvcc_version', '?')}; targets: "
+        con.print(f"  built {man.get('built_at', '?')} with nvcc {man.get('nvcc_version', '?')}; targets: "
                   + ", ".join(man.get("gencodes", man.get("archs", []))))
         con.print("  kernels: " + ", ".join(_manifest_kernels(man)))
         if "kernels_loadable_on_gpu0" in a:
@@ -200,7 +202,7 @@ def render(report: dict[str, Any]) -> None:
         for c in ("device", "test", "result", "detail", "s"):
             t.add_column(c)
         for s in report["selftests"]:
-            t.add_row(s["device"], s["name"], "[green]pass[/]" if s["ok"] else "[red]FAIL[/]", s["detail"],
+            t.add_row(s["device"], escape(s["name"]), "[green]pass[/]" if s["ok"] else "[red]FAIL[/]", escape(s["detail"]),
                       f"{s['seconds']:.2f}")
         con.print(t)
 
@@ -219,7 +221,9 @@ def main(argv: Optional[list[str]] = None) -> int:
     else:
         render(report)
     failed = [s for s in report["selftests"] if not s["ok"]]
-    return 1 if failed else 0
+    verify = report["artifacts"].get("verify")
+    # exit status: 1 if a self-test or the asked-for artifact check failed or could not run
+    return 1 if failed or (verify is not None and not verify.get("ok")) else 0
 
 
 if __name__ == "__main__":

@@ -48,3 +48,33 @@ def test_opcheck():
     args = (p["x"].requires_grad_(), p["offs"], p["w_gate"].requires_grad_(), p["w_up"], p["w_down"], p["s_gate"],
             p["s_up"], p["row_weight"], p["gather_idx"], p["scatter_idx"], 8, "reference")
     torch.library.opcheck(torch.ops.tsct.grouped_glu.default, args)
+
+
+def test_bad_offs_under_compile_raise_not_silently_wrong():
+    """Values cannot be read while tracing; they are asserted in the graph (and by the reference path)."""
+    import pytest
+
+    torch._dynamo.reset()
+    p = make_problem(tokens=8, topk=2, experts=3, d=16, r=4, f=7, gather=False)
+    fn = torch.compile(lambda x, offs: grouped_glu(x, offs, p["w_gate"], p["w_up"], p["w_down"]), fullgraph=True)
+    assert fn(p["x"], p["offs"]).shape == (16, 7)
+    bad = p["offs"].clone()
+    bad[0], bad[1] = bad[1], bad[0] - 1  # decreasing
+    with pytest.raises(RuntimeError, match="offs must be non-decreasing"):
+        fn(p["x"], bad)
+    over = p["offs"].clone()
+    over[-1] = 99
+    with pytest.raises(RuntimeError, match="offs"):
+        fn(p["x"], over)
+
+
+def test_reference_checks_offs_even_with_value_checks_off(monkeypatch):
+    import pytest
+    import tsct
+
+    monkeypatch.setattr(tsct.config, "check_values", False)
+    p = make_problem(tokens=8, topk=2, experts=3, d=16, r=4, f=7, gather=False)
+    over = p["offs"].clone()
+    over[-1] = 99
+    with pytest.raises(ValueError, match=r"offs\[-1\] = 99 exceeds M = 16"):
+        grouped_glu(p["x"], over, p["w_gate"], p["w_up"], p["w_down"], impl="reference")

@@ -36,7 +36,7 @@ def call(p, **over):
     (lambda p: dict(gather_idx=p["gather_idx"].float()), TypeError, r"gather_idx must have dtype"),
     (lambda p: dict(num_out_rows=None), ValueError, r"scatter_idx and num_out_rows must be given together"),
     (lambda p: dict(num_out_rows=-1), ValueError, r"num_out_rows must be a non-negative int"),
-    (lambda p: dict(impl="nope"), ValueError, r"unknown path 'nope'"),
+    (lambda p: dict(impl="nope"), ValueError, r"impl: unknown path .nope."),
     (lambda p: dict(impl="triton-bf16"), RuntimeError, r"impl='triton-bf16' cannot run on CPU"),
 ])
 def test_bad_argument_named(p, over, exc, match):

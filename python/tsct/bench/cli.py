@@ -28,7 +28,8 @@ def parser() -> argparse.ArgumentParser:
         epilog="Presets: " + "; ".join(f"{k}: " + " ".join(f"{a}={b}" for a, b in v.items())
                                        for k, v in cfgmod.PRESETS.items()),
     )
-    p.add_argument("--preset", choices=sorted(cfgmod.PRESETS), default="b1", help="shape preset (default b1)")
+    p.add_argument("--preset", choices=sorted(cfgmod.PRESETS),
+                   help="shape preset (default: b1 on a GPU, small on the CPU)")
     g = p.add_argument_group("shape (overrides the preset)")
     g.add_argument("--tokens", type=int, help="T, tokens per step")
     g.add_argument("--topk", type=int, help="k, experts per token")
@@ -70,7 +71,12 @@ def config_from_args(a: argparse.Namespace) -> cfgmod.BenchConfig:
                 input_sets=a.input_sets, copy_mb=a.copy_mb, arms=a.arms, formats=a.formats)
     if a.no_backward:
         over["backward"] = False
-    return cfgmod.from_preset(a.preset, **over).resolved()
+    preset = a.preset
+    if preset is None:  # the real shape where it can run in reasonable time, a quick one elsewhere
+        import torch
+        on_gpu = a.device == "cuda" or (a.device is None and torch.cuda.is_available())
+        preset = "b1" if on_gpu else "small"
+    return cfgmod.from_preset(preset, **over).resolved()
 
 
 def _list_arms(cfg: cfgmod.BenchConfig, console: Console) -> None:

@@ -95,26 +95,35 @@ class BenchConfig:
         c = dataclasses.replace(self)
         c.dtype = canonical_dtype(c.dtype)
         if c.device not in ("cpu", "cuda"):
-            raise ValueError(f"device must be 'cpu' or 'cuda', got {c.device!r}")
+            raise ValueError(f"--device must be 'cpu' or 'cuda', got {c.device!r}")
         if c.device == "cuda" and not torch.cuda.is_available():
-            raise ValueError("device 'cuda' requested but torch.cuda.is_available() is False")
+            raise ValueError("--device cuda requested but torch.cuda.is_available() is False")
+        def flag(name: str) -> str:  # errors name the command-line flag the user typed
+            return "--" + name.replace("_", "-")
+
         for name in ("tokens", "topk", "experts", "d", "r", "f", "iters", "min_iters", "input_sets"):
             if getattr(c, name) < 1:
-                raise ValueError(f"{name} must be >= 1, got {getattr(c, name)}")
+                raise ValueError(f"{flag(name)} must be >= 1, got {getattr(c, name)}")
         if c.warmup < 1:
-            raise ValueError(f"warmup must be >= 1 (the first call compiles/allocates), got {c.warmup}")
+            raise ValueError(f"--warmup must be >= 1 (the first call compiles/allocates), got {c.warmup}")
         if c.topk > c.experts:
-            raise ValueError(f"topk ({c.topk}) must not exceed experts ({c.experts})")
+            raise ValueError(f"--topk ({c.topk}) must not exceed --experts ({c.experts})")
         if c.routing not in ROUTINGS:
-            raise ValueError(f"routing must be one of {list(ROUTINGS)}, got {c.routing!r}")
+            raise ValueError(f"--routing must be one of {list(ROUTINGS)}, got {c.routing!r}")
         if c.capacity_factor <= 0:
-            raise ValueError(f"capacity_factor must be > 0, got {c.capacity_factor}")
+            raise ValueError(f"--capacity-factor must be > 0, got {c.capacity_factor}")
         if c.max_seconds <= 0:
-            raise ValueError(f"max_seconds must be > 0, got {c.max_seconds}")
+            raise ValueError(f"--max-seconds must be > 0, got {c.max_seconds}")
+        if c.zipf_exponent <= 0:
+            raise ValueError(f"--zipf-exponent must be > 0, got {c.zipf_exponent}")
+        if c.copy_mb is not None and c.copy_mb < 1:
+            raise ValueError(f"--copy-mb must be >= 1, got {c.copy_mb}")
+        if not c.formats:
+            raise ValueError(f"--formats must name at least one of {list(FORMATS)}")
         c.min_iters = min(c.min_iters, c.iters)
         bad = [f for f in c.formats if f not in FORMATS]
         if bad:
-            raise ValueError(f"unknown format(s) {bad}; expected a subset of {list(FORMATS)}")
+            raise ValueError(f"--formats: unknown format(s) {bad}; expected a subset of {list(FORMATS)}")
         c.formats = tuple(c.formats)
         c.arms = tuple(c.arms)
         if c.copy_mb is None:

@@ -98,8 +98,14 @@ def quantize_factors(dense: Factors, fmt: str) -> Factors:
     fns = {"nvfp4": quant.quantize_nvfp4, "sign": quant.quantize_sign}
     if fmt not in fns:
         raise ValueError(f"no quantizer for format {fmt!r}")
+    ws = []
     with torch.no_grad():
-        ws = [fns[fmt](w.detach(), backend="torch") for w in dense.factors()]
+        for name, w in zip(("w_gate", "w_up", "w_down"), dense.factors()):
+            try:
+                ws.append(fns[fmt](w.detach(), backend="torch"))
+            except ValueError as e:  # e.g. K % 16: say which factor and which flag sets K
+                k_flag = "--d" if name != "w_down" else "--r"
+                raise ValueError(f"{fmt} {name} {list(w.shape)}: {e} (K is set by {k_flag})") from e
     return Factors(fmt, *ws, dense.s_gate, dense.s_up)
 
 

@@ -81,7 +81,7 @@ def validate(
 
     for name, s in (("s_gate", s_gate), ("s_up", s_up)):
         if s is not None:
-            check_tensor(name, s, ndim=2, dtypes=(x.dtype, torch.float32), device=dev)
+            check_tensor(name, s, ndim=2, dtypes=tuple(dict.fromkeys((x.dtype, torch.float32))), device=dev)
             if _shape(s) != (e, r):
                 raise ValueError(f"grouped_glu: {name} must be [E, r] = {[e, r]}, got {list(s.shape)}")
 
@@ -91,7 +91,8 @@ def validate(
     else:
         m = t_rows
     if row_weight is not None:
-        check_tensor("row_weight", row_weight, ndim=1, dtypes=(x.dtype, torch.float32), device=dev)
+        check_tensor("row_weight", row_weight, ndim=1, dtypes=tuple(dict.fromkeys((x.dtype, torch.float32))),
+                     device=dev)
         if row_weight.shape[0] != m:
             raise ValueError(f"grouped_glu: row_weight must be [M] with M = {m} routed rows, got {list(row_weight.shape)}")
     if (scatter_idx is None) != (num_out_rows is None):
@@ -103,8 +104,11 @@ def validate(
         if not isinstance(num_out_rows, int) or isinstance(num_out_rows, bool) or num_out_rows < 0:
             raise ValueError(f"grouped_glu: num_out_rows must be a non-negative int, got {num_out_rows!r}")
 
-    if config.check_values and _values_readable(offs):
-        _check_values(offs, m, gather_idx, t_rows, scatter_idx, num_out_rows)
+    if config.check_values:
+        if _values_readable(offs):
+            _check_values(offs, m, gather_idx, t_rows, scatter_idx, num_out_rows)
+        else:
+            _assert_values_async(offs, m, gather_idx, t_rows, scatter_idx, num_out_rows)
     return m, e, d, r, f
 
 
@@ -115,6 +119,26 @@ def _values_readable(t: Tensor) -> bool:
     if t.is_cuda and torch.cuda.is_current_stream_capturing():
         return False
     return True
+
+
+def _assert_values_async(offs, m, gather_idx, t_rows, scatter_idx, num_out_rows) -> None:
+    """While compiling or capturing, values cannot be read: assert them on the device instead.
+
+    A violation then fails the launch (a device-side assert: the CUDA context is lost, as with an
+    out-of-range index in torch) instead of giving silently wrong rows; on the CPU it raises.
+    """
+    if offs.numel() == 0:
+        return
+    ok = (offs[0] >= 0) & (offs[-1] <= m)
+    if offs.numel() > 1:
+        ok = ok & (offs[1:] >= offs[:-1]).all()
+    rows = torch.arange(m, device=offs.device)
+    valid = rows < offs[-1]
+    for idx, bound in ((gather_idx, t_rows), (scatter_idx, num_out_rows)):
+        if idx is not None:
+            ok = ok & ((~valid) | ((idx >= 0) & (idx < bound))).all()
+    torch._assert_async(ok, "grouped_glu: offs must be non-decreasing with offs[-1] <= M, and "
+                            "gather_idx/scatter_idx in range (value check under torch.compile / CUDA graph)")
 
 
 def _check_values(offs, m, gather_idx, t_rows, scatter_idx, num_out_rows) -> None:

@@ -11,9 +11,10 @@ Rows at or past offs[-1] are padding: zero output, zero gradient. With ``scatter
 is summed into ``out[scatter_idx[i]]`` in a fixed order (see ``_deterministic_combine``).
 
 This path reads ``offs`` on the host once per call (it loops over experts in Python), so it is not
-sync-free and cannot be captured in a CUDA graph; the fast paths are. Its backward recomputes the
-forward under autograd, so its gradients are torch's own, not a hand derivation: that is what
-makes it an oracle for the kernels' hand-written backward.
+sync-free and cannot be captured in a CUDA graph; the fast paths are. Since it has the offsets on
+the host anyway, it always checks them (also under torch.compile and with value checks off). Its
+backward is the chain rule written out per expert; the tests check it against torch autograd on
+an independent float64 per-row implementation (tests/_glu_oracle.py).
 """
 
 from __future__ import annotations
@@ -52,6 +53,18 @@ def _deterministic_combine(y: Tensor, scatter_idx: Tensor, num_out_rows: int) ->
     return out
 
 
+def _host_bounds(offs: Tensor, m: int) -> list[int]:
+    """[0] + offs as Python ints, checked: non-negative, non-decreasing, last <= m (free here)."""
+    bounds = [0] + offs.tolist()
+    for e in range(1, len(bounds)):
+        if bounds[e] < bounds[e - 1]:
+            raise ValueError(f"grouped_glu: offs must be non-negative and non-decreasing, offs[{e - 1}] = "
+                             f"{bounds[e]} < {bounds[e - 1]}")
+    if bounds[-1] > m:
+        raise ValueError(f"grouped_glu: offs[-1] = {bounds[-1]} exceeds M = {m} routed rows")
+    return bounds
+
+
 def grouped_glu_forward(
     x: Tensor,
     offs: Tensor,
@@ -75,7 +88,7 @@ def grouped_glu_forward(
     e_count, _, r = w_gate.shape
     f = w_down.shape[2]
     m = gather_idx.shape[0] if gather_idx is not None else x.shape[0]
-    bounds = [0] + offs.tolist()  # the one host read of this path
+    bounds = _host_bounds(offs, m)  # the one host read of this path
     valid = bounds[-1]
     # Entries of gather_idx / scatter_idx / row_weight past offs[-1] are padding: never read.
     xf = x.float()
@@ -139,7 +152,7 @@ def grouped_glu_backward(
     e_count, d, r = w_gate.shape
     f = w_down.shape[2]
     m = gather_idx.shape[0] if gather_idx is not None else x.shape[0]
-    bounds = [0] + offs.tolist()
+    bounds = _host_bounds(offs, m)
     valid = bounds[-1]
     go = grad_out.float()
     dy = go.index_select(0, scatter_idx[:valid]) if scatter_idx is not None else go[:valid]
