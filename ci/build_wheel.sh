@@ -54,4 +54,11 @@ for g in m["gencodes"]:
     kind = "SASS (cubin)" if g.startswith("sm_") else "PTX (JIT fallback)"
     print(f"  {g:<12} {kind:<19} {len(m['kernels'].get(g, []))} kernels")
 print("kernels: " + ", ".join(sorted(set().union(*map(set, m["kernels"].values())))))
+aot = m.get("triton_aot")
+if aot:
+    n = sum(1 for x in names if x.startswith("tsct/_aot/") and x.endswith(".cubin"))
+    print(f"triton AOT (Triton {aot['triton_version']}): {n} cubins in tsct/_aot/: "
+          + ", ".join(f"{a} {v['variants']}" for a, v in aot["archs"].items()))
+else:
+    print("triton AOT: none (TSCT_TRITON_AOT=OFF): the Triton path needs Triton JIT")
 PY

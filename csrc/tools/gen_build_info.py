@@ -4,12 +4,16 @@
 Run by CMake after the .cu objects are compiled and before the library is linked:
 
     gen_build_info.py --objects a.o b.o --gencodes sm_80,compute_80,... --version 0.1.0 --abi-version 1 \
-        --nvcc-version 13.0.88 --json manifest.json --cpp build_info.cpp [--extra key=value ...]
+        --nvcc-version 13.0.88 --json manifest.json --cpp build_info.cpp [--extra key=value ...] \
+        [--triton-aot triton_aot/index.json]
 
 It reads each object's ``.nv_fatbin`` section (nvcc embeds one fatbinary per object; built with
 ``--no-compress`` so entries are plain ELF cubins and PTX text), lists the ``__global__`` entry
 points per target (ELF symbols with STO_CUDA_ENTRY, PTX ``.entry`` lines), and fails the build if
-the targets found differ from the requested gencode list. The JSON is written to manifest.json and,
+the targets found differ from the requested gencode list. With ``--triton-aot`` it adds a
+"triton_aot" section from the Triton AOT build's index (python/tsct/kernels/triton_glu/aot_build.py):
+the Triton version, and per arch the number of cubins and the kernels with their variant counts;
+the cubins themselves ship in tsct/_aot/<arch>/. The JSON is written to manifest.json and,
 as a C string, into build_info.cpp, so ``tsct_build_info()`` returns the same text.
 
 Only the standard library is used (it runs under whatever Python drives the build).
@@ -130,6 +134,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--extra", action="append", default=[], help="key=value added to the JSON")
     ap.add_argument("--json", required=True)
     ap.add_argument("--cpp", required=True)
+    ap.add_argument("--triton-aot", default=None, help="index.json of the Triton AOT build (adds 'triton_aot')")
     args = ap.parse_args(argv)
 
     gencodes = [g for g in re.split(r"[;,]", args.gencodes) if g]
@@ -159,6 +164,13 @@ def main(argv: list[str] | None = None) -> int:
         "gencodes": gencodes,
         "kernels": {g: sorted(kernels[g]) for g in gencodes},
     }
+    if args.triton_aot:
+        aot = json.load(open(args.triton_aot))
+        info["triton_aot"] = {
+            "dir": "tsct/_aot",
+            "triton_version": aot["triton_version"],
+            "archs": {a: {"variants": v["variants"], "kernels": v["kernels"]} for a, v in sorted(aot["archs"].items())},
+        }
     for kv in args.extra:
         k, _, v = kv.partition("=")
         info[k] = v

@@ -7,7 +7,7 @@ forces a path and raises ``RuntimeError`` with the reason if it cannot run.
 
 Paths (design.md section 4):
     reference      pure torch (tsct.reference), CPU and any GPU
-    triton-bf16    Triton grouped GEMM + fused GLU, bf16/fp16 factors     (issue 3; JIT only so far)
+    triton-bf16    Triton grouped GEMM + fused GLU, bf16/fp16 factors     (issue 3; AOT cubins for sm_90a/sm_100a/sm_120, JIT otherwise)
     triton-lowbit  Triton with NVFP4 / sign factors decoded in registers  (issue 4; not in this build)
     sm120-fp4      NVFP4 block-scaled mma.sync on sm_120 (CuTeDSL/CUTLASS) (issue 5; not in this build)
 

@@ -1,7 +1,7 @@
 """The native library as built and installed, checked on a machine without a GPU.
 
 * the install: manifest.json lists sm_90a / sm_100a / sm_120a and the kernels; the .so loads with
-  ctypes, has ABI version 1, exports exactly the C functions of tsct.h; build info == manifest;
+  ctypes, has ABI version 2, exports exactly the C functions of tsct.h; build info == manifest;
   cuobjdump agrees with the manifest (tsct.native.artifacts.verify, also ci/check_artifacts.py;
   skipped without cuobjdump);
 * lazy loading: importing tsct / tsct.native loads no library and initialises no CUDA;
@@ -65,7 +65,7 @@ def test_manifest_lists_targets_and_kernels(lib_path):
     m = native.manifest()
     assert m is not None, f"no manifest.json next to {lib_path}"
     assert m["version"] == tsct.__version__
-    assert m["abi_version"] == 1
+    assert m["abi_version"] == 2
     for target in REQUIRED_TARGETS:
         assert target in m["gencodes"], f"{target} missing from manifest gencodes {m['gencodes']}"
     assert set(m["kernels"]) == set(m["gencodes"])
@@ -77,7 +77,7 @@ def test_manifest_lists_targets_and_kernels(lib_path):
 def test_ctypes_load_and_abi_version(lib_path):
     raw = ctypes.CDLL(lib_path)  # independent of tsct.native's loader
     raw.tsct_abi_version.restype = ctypes.c_int
-    assert raw.tsct_abi_version() == 1
+    assert raw.tsct_abi_version() == 2
 
 
 def _header_functions() -> set[str]:

@@ -20,7 +20,7 @@
 extern "C" {
 #endif
 
-#define TSCT_ABI_VERSION 1
+#define TSCT_ABI_VERSION 2 /* 2: the Triton AOT launcher (tsct_triton_*) */
 
 /* The library is built with -fvisibility=hidden; only declarations marked TSCT_API are exported
  * (and csrc/exports.map lists the same names). */
@@ -62,6 +62,27 @@ TSCT_API int tsct_sign_pack(const void* w, int w_dtype, int64_t batch, int64_t n
 /* Sign decode: out[b, n, k] = (+-1 * a[b, k]) * scale_n[b, n]; a: [batch, k] fp32, scale_n: [batch, n] fp32. */
 TSCT_API int tsct_sign_dequantize(const uint8_t* bits, const float* a, const float* scale_n, int64_t batch, int64_t n,
                                   int64_t k, void* out, int out_dtype, void* stream);
+
+/* ---- Triton kernels compiled ahead of time (tsct/_aot/<arch>/*.cubin + index.json; decisions/0005) ----
+ * The caller (python/tsct/kernels/aot.py) picks the cubin for the device's arch and passes its metadata
+ * from index.json. No Triton and no compiler are needed at run time; libcuda is reached through the
+ * statically linked CUDA runtime, on the first call. Thread-safe. */
+
+/* Load `function` from a cubin image once per process (cudaLibraryLoadData: context-independent, so it
+ * serves every device); later calls with the same cache_key return the same handle (and must pass the
+ * same metadata). The image is copied. num_params counts every kernel parameter including Triton's
+ * trailing scratch pointers; shared_bytes is the dynamic shared memory of each launch; block_x =
+ * 32 * num_warps. A cubin the device cannot run is reported by the first launch (lazy loading). */
+TSCT_API int tsct_triton_load(const char* cache_key, const void* image, uint64_t image_size, const char* function,
+                              int num_params, unsigned shared_bytes, unsigned block_x, void** handle);
+/* Launch on `stream` (a cudaStream_t) of the current device: args[i] points at parameter i's value
+ * (Triton's ABI: pointers as 8-byte device addresses, i32 as 4 bytes; NULL scratch pointers). A zero
+ * grid dimension launches nothing and returns 0. Returns a cudaError_t from the launch, if any. */
+TSCT_API int tsct_triton_launch(void* handle, unsigned grid_x, unsigned grid_y, unsigned grid_z, void* stream,
+                                void** args, int num_args);
+/* Registers, max threads per block and local (spill) bytes of the kernel on the current device
+ * (cudaFuncGetAttributes; also proves the device can load the cubin). */
+TSCT_API int tsct_triton_kernel_info(void* handle, int* num_regs, int* max_threads_per_block, int* local_bytes);
 
 #ifdef __cplusplus
 }

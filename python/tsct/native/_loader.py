@@ -22,7 +22,7 @@ from typing import Any
 
 LIB_NAME = "libtsct_kernels.so"
 MANIFEST_NAME = "manifest.json"
-ABI_VERSION = 1
+ABI_VERSION = 2  # 2: the Triton AOT launcher (tsct_triton_*)
 ENV_VAR = "TSCT_NATIVE_LIB"
 
 # Name -> (restype, argtypes) of every entry point in csrc/include/tsct/tsct.h.
@@ -40,6 +40,13 @@ _SIGNATURES: dict[str, tuple[Any, list[Any]]] = {
     "tsct_sign_pack": (c_int, [c_void_p, c_int, c_int64, c_int64, c_int64, c_void_p, c_void_p]),
     # bits, a, scale_n, batch, n, k, out, out_dtype, stream
     "tsct_sign_dequantize": (c_int, [c_void_p, c_void_p, c_void_p, c_int64, c_int64, c_int64, c_void_p, c_int, c_void_p]),
+    # Triton AOT (tsct.kernels.aot): cache_key, image, image_size, function, num_params, shared_bytes, block_x, handle*
+    "tsct_triton_load": (c_int, [c_char_p, c_char_p, ctypes.c_uint64, c_char_p, c_int, ctypes.c_uint, ctypes.c_uint,
+                                 ctypes.POINTER(c_void_p)]),
+    # handle, grid_x, grid_y, grid_z, stream, args (void**), num_args
+    "tsct_triton_launch": (c_int, [c_void_p, ctypes.c_uint, ctypes.c_uint, ctypes.c_uint, c_void_p, c_void_p, c_int]),
+    # handle, num_regs*, max_threads_per_block*, local_bytes*
+    "tsct_triton_kernel_info": (c_int, [c_void_p, ctypes.POINTER(c_int), ctypes.POINTER(c_int), ctypes.POINTER(c_int)]),
 }
 
 

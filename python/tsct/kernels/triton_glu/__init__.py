@@ -9,12 +9,17 @@ Public functions (the same signatures and semantics as ``tsct.reference``):
     status(capability, fmt) -> (ok, reason)
 
 Kernels live in ``_kernels.py`` (Triton sources), the host side in ``glu.py`` (allocation, the
-device-side schedule, launches). Importing this package does not import Triton; the first call does.
+device-side schedule, launches), the table of launched specializations and per-arch tiles in
+``specs.py``, the wheel-build AOT compiler in ``aot_build.py``. At run time the kernels come from the
+ahead-of-time cubins shipped for sm_90a / sm_100a / sm_120 (``tsct.kernels.aot``, no Triton needed),
+else from Triton JIT when it is importable (``TSCT_TRITON_BACKEND=aot|jit|auto`` forces one).
+Importing this package imports neither Triton nor torch's CUDA; nothing touches a GPU.
 """
 
 from __future__ import annotations
 
 import importlib.util
+import os
 from typing import Optional
 
 __all__ = ["grouped_glu_forward", "grouped_glu_backward", "status"]
@@ -30,8 +35,18 @@ def status(capability: Optional[tuple[int, int]], fmt: str) -> tuple[bool, str]:
         return False, "needs a CUDA GPU"
     if tuple(capability) < (8, 0):
         return False, f"needs compute capability 8.0 or newer, got {capability[0]}.{capability[1]}"
+    from tsct.kernels import aot
+
+    arch = aot.artifact_arch(capability)
+    mode = os.environ.get("TSCT_TRITON_BACKEND", "auto").strip().lower() or "auto"
+    if mode != "jit" and arch is not None and aot.available(capability):
+        return True, f"AOT cubins for {arch}"
+    if mode == "aot":
+        return False, (f"TSCT_TRITON_BACKEND=aot but this install has no AOT cubins for compute capability "
+                       f"{capability[0]}.{capability[1]}")
     if importlib.util.find_spec("triton") is None:
-        return False, "triton is not importable (JIT path; no ahead-of-time artifacts in this build)"
+        where = f"{arch}" if arch else f"compute capability {capability[0]}.{capability[1]}"
+        return False, f"no AOT cubins for {where} in this install and Triton is not importable (JIT)"
     return True, "Triton JIT"
 
 

@@ -12,67 +12,171 @@ then use TF32 on the GPU).
 
 Determinism: no atomics. Per-expert reductions run inside one program in a fixed order; combines sum
 each target's rows in increasing row order (a stable sort), so every run gives the same bits.
+
+Launches: every kernel goes through ``_launch`` with its runtime parameters in the order of
+``specs.KERNELS`` and its constexprs, so the same grids and arguments feed either the ahead-of-time
+cubins (``tsct.kernels.aot``; no Triton needed) or Triton JIT (``TSCT_TRITON_BACKEND``). The inputs
+are normalised first (exactly: scales and row weights to fp32, int32 indices to int64, a lone scale
+gets a ones partner) so the AOT table stays small (specs.py).
 """
 
 from __future__ import annotations
 
+import collections
+import dataclasses
+import importlib.util
 import os
-from typing import Optional, Sequence
+import threading
+from typing import Any, Optional, Sequence
 
 import torch
-import triton
 from torch import Tensor
 
-from tsct.kernels.triton_glu import _kernels as K
+from tsct.kernels.triton_glu import specs
+from tsct.kernels.triton_glu.specs import Config
 
-__all__ = ["grouped_glu_forward", "grouped_glu_backward", "Config", "CONFIG"]
+__all__ = ["grouped_glu_forward", "grouped_glu_backward", "Config", "CONFIG", "backend_counts"]
 
+# ---- tile configs (specs.py: one table per arch, shared with the AOT build) ----------------------
 
-class Config:
-    """Tile sizes (one place; per-arch tables go here when the AOT build lands). Chosen from the
-    sm_90 resource report of Triton 3.9 (registers, spills, shared memory; bench/notes.md) and the
-    H200 timings. ``TSCT_TRITON_GLU_CFG="bn_bwd=64,warps_up=4"`` overrides fields (experiments)."""
-
-    bm = 64          # rows per tile (forward tile map and backward row loop); ~32 rows/expert at b1
-    br_max = 64      # rank block of the down projection / backward main kernel
-    bk = 64          # K step over d
-    bn_up = 128      # column block of the up projection (f = 5461 rows are not 16-byte aligned:
-                     # scalar loads, so wide tiles cost registers)
-    fsplit_up = 1    # column-block stripes per row tile (grid axis 1 of the up kernel)
-    bn_bwd = 64      # f step of the backward dz kernel
-    fs_bwd = 8       # f slices of the backward dz kernel (grid axis 2; partial sums reduced in order)
-    bd_bwd = 64      # d block of the dX / dW kernel
-    bn_combine = 1024
-    warps_down = 4
-    warps_up = 8
-    warps_bwd_dz = 4
-    warps_bwd_epi = 8
-    warps_bwd_dxdw = 4
-    stages_down = 3
-    stages_up = 3
-    stages_bwd_dz = 1
-    stages_bwd_dxdw = 1
-
-    def update(self, spec: str) -> None:
-        """Apply "name=int,name=int" (no validation beyond the field existing)."""
-        for item in filter(None, (t.strip() for t in spec.split(","))):
-            key, val = item.split("=")
-            if not hasattr(Config, key):
-                raise KeyError(f"unknown Triton GLU config field {key!r}")
-            setattr(self, key, int(val))
+_ENV_CFG = os.environ.get("TSCT_TRITON_GLU_CFG", "")
+_CONFIGS: dict[str, Config] = {a: dataclasses.replace(c).update(_ENV_CFG) for a, c in specs.CONFIGS.items()}
+CONFIG = _CONFIGS[specs.DEFAULT_ARCH_CONFIG]  # sm_90a, and every arch without AOT cubins (JIT)
 
 
-CONFIG = Config()
-if os.environ.get("TSCT_TRITON_GLU_CFG"):
-    CONFIG.update(os.environ["TSCT_TRITON_GLU_CFG"])
+def _config(cap: tuple[int, int]) -> Config:
+    return _CONFIGS.get(specs.ARTIFACT_ARCH.get(cap, ""), CONFIG)
 
+
+# ---- backends: the AOT cubins (tsct.kernels.aot) or Triton JIT -------------------------------------
+# TSCT_TRITON_BACKEND=auto (default): the AOT cubin of the launch's specialization when this install
+# ships one for the device's arch, else Triton JIT when importable. =aot / =jit force one (tests).
+
+BACKEND_ENV = "TSCT_TRITON_BACKEND"
+_counts: collections.Counter = collections.Counter()
+_count_lock = threading.Lock()
+
+
+def backend_counts() -> dict[tuple[str, str], int]:
+    """{(backend, kernel): launches} since the process started ("aot", "jit")."""
+    with _count_lock:
+        return dict(_counts)
+
+
+def _backend_mode() -> str:
+    mode = os.environ.get(BACKEND_ENV, "auto").strip().lower() or "auto"
+    if mode not in ("auto", "aot", "jit"):
+        raise ValueError(f"{BACKEND_ENV}={mode!r}: expected auto, aot or jit")
+    return mode
+
+
+_triton_ok: Optional[bool] = None
+
+
+def _triton_importable() -> bool:
+    global _triton_ok
+    if _triton_ok is None:
+        _triton_ok = importlib.util.find_spec("triton") is not None
+    return _triton_ok
+
+
+def _type_of(v: Any) -> str:
+    if v is None:
+        return specs.UNUSED
+    if isinstance(v, Tensor):
+        return specs.DTYPE_TYPES[str(v.dtype).rsplit(".", 1)[-1]]
+    return "i32"
+
+
+def _stream(device: torch.device) -> int:
+    return torch.cuda.current_stream(device).cuda_stream
+
+
+def _hints_hold(kernel: str, args: dict, consts: dict) -> bool:
+    for p in specs.KERNELS[kernel].hinted:
+        if not specs.is_used(kernel, p, consts):
+            continue
+        v = args[p]
+        if (v.data_ptr() if isinstance(v, Tensor) else int(v)) % 16:
+            return False
+    return True
+
+
+def _launch(kernel: str, grid: tuple, args: Sequence[Any], consts: dict, num_warps: int, num_stages: int,
+            aligned: bool, cap: tuple[int, int], device: torch.device) -> None:
+    """Launch ``kernel`` (its runtime parameters in specs.KERNELS order; None = a pointer the flags
+    leave unread) on the current stream, through the AOT cubin or Triton JIT."""
+    info = specs.KERNELS[kernel]
+    named = dict(zip(info.params, args))
+    mode = _backend_mode()
+    if mode != "jit":
+        from tsct.kernels import aot
+
+        arch = aot.artifact_arch(cap)
+        k = None
+        key = ""
+        if arch is not None:
+            if aligned and not _hints_hold(kernel, named, consts):
+                aligned = False  # the generic variant (no divisibility attributes), if the table has it
+            types = {p: _type_of(named[p]) for p in info.params}
+            key = specs.spec_key(kernel, types, consts, num_warps, num_stages, aligned)
+            k = aot.kernel(arch, key)
+        if k is not None:
+            values = [v.data_ptr() if isinstance(v, Tensor) else v for v in args]
+            k.launch(grid, values, _stream(device))
+            with _count_lock:
+                _counts[("aot", kernel)] += 1
+            return
+        if mode == "aot" or not _triton_importable():
+            why = (f"no AOT cubins for compute capability {cap[0]}.{cap[1]}" if arch is None or aot.index(arch) is None
+                   else f"the {arch} AOT cubins have no variant {key}")
+            raise RuntimeError(f"tsct triton-bf16: {why}" + ("" if mode == "aot" else "; and Triton is not importable"))
+    from tsct.kernels.triton_glu import _kernels as K
+
+    dummy = next(v for v in args if isinstance(v, Tensor))
+    jit_args = [dummy if v is None else v for v in args]
+    getattr(K, kernel)[grid](*jit_args, **consts, num_warps=num_warps, num_stages=num_stages)
+    with _count_lock:
+        _counts[("jit", kernel)] += 1
+
+
+# ---- host-side helpers ----------------------------------------------------------------------------
 
 def _cdiv(a: int, b: int) -> int:
     return -(-a // b)
 
 
-def _rank_block(r: int) -> int:
-    return max(16, min(CONFIG.br_max, triton.next_power_of_2(r)))
+def _capability(device: torch.device) -> tuple[int, int]:
+    """The device's compute capability; (0, 0) for a CPU tensor (Triton's interpreter: JIT only)."""
+    if device.type != "cuda":
+        return (0, 0)
+    return tuple(torch.cuda.get_device_capability(device))
+
+
+def _aligned(d: int, r: int, stride_x: int, *tensors: Optional[Tensor]) -> bool:
+    """d, r and x's row stride multiples of 16 and every given tensor 16-byte aligned: the launches may
+    use the variants compiled with divisibility attributes (and the finer tile choices)."""
+    if d % 16 or r % 16 or stride_x % 16:
+        return False
+    return all(t is None or t.data_ptr() % 16 == 0 for t in tensors)
+
+
+def _scales(s_gate: Optional[Tensor], s_up: Optional[Tensor]) -> tuple[Optional[Tensor], Optional[Tensor]]:
+    """Both scales as fp32 (exact: the kernels compute in fp32), or neither; a lone scale gets ones."""
+    if s_gate is None and s_up is None:
+        return None, None
+    ref = s_gate if s_gate is not None else s_up
+    sg = s_gate.float().contiguous() if s_gate is not None else torch.ones_like(ref, dtype=torch.float32)
+    su = s_up.float().contiguous() if s_up is not None else torch.ones_like(ref, dtype=torch.float32)
+    return sg, su
+
+
+def _f32(t: Optional[Tensor]) -> Optional[Tensor]:
+    return None if t is None else t.float().contiguous()
+
+
+def _i64(t: Optional[Tensor]) -> Optional[Tensor]:
+    return None if t is None else t.to(torch.int64).contiguous()
 
 
 def _tile_cum(offs: Tensor, bm: int) -> Tensor:
@@ -95,7 +199,8 @@ def _csr(idx: Tensor, offs: Tensor, m: int, n_out: int) -> tuple[Tensor, Tensor]
     return order, ptr
 
 
-def _combine(src: Tensor, idx: Tensor, offs: Tensor, n_out: int, ncols: Optional[int] = None) -> Tensor:
+def _combine(src: Tensor, idx: Tensor, offs: Tensor, n_out: int, cfg: Config, cap, ncols: Optional[int] = None
+             ) -> Tensor:
     """out[t] = sum of src[i, :ncols] over the rows i < offs[-1] with idx[i] == t, in increasing i."""
     m, ld = src.shape
     ncols = ld if ncols is None else ncols
@@ -103,17 +208,19 @@ def _combine(src: Tensor, idx: Tensor, offs: Tensor, n_out: int, ncols: Optional
     if n_out == 0 or ncols == 0:
         return out
     order, ptr = _csr(idx, offs, m, n_out)
-    bn = min(CONFIG.bn_combine, triton.next_power_of_2(ncols))
-    K.combine_rows[(n_out, _cdiv(ncols, bn))](src, order, ptr, out, ncols, ld, BN=bn, num_warps=4)
+    bn = specs.combine_bn(ncols)
+    _launch("combine_rows", (n_out, _cdiv(ncols, bn)), [src, order, ptr, out, ncols, ld], dict(BN=bn),
+            cfg.warps_combine, 3, True, cap, src.device)
     return out
 
 
-def _zero_tail(out: Tensor, offs: Tensor, e: int) -> None:
+def _zero_tail(out: Tensor, offs: Tensor, e: int, cfg: Config, cap) -> None:
     m, ncols = out.shape
     if m == 0 or ncols == 0:
         return
-    bm, bn = 32, min(256, triton.next_power_of_2(ncols))
-    K.zero_tail_rows[(_cdiv(m, bm), _cdiv(ncols, bn))](out, offs, e, m, ncols, BM=bm, BN=bn, num_warps=4)
+    bm, bn = specs.ZERO_TAIL_BM, specs.ZERO_TAIL_BN
+    _launch("zero_tail_rows", (_cdiv(m, bm), _cdiv(ncols, bn)), [out, offs, e, m, ncols], dict(BM=bm, BN=bn),
+            cfg.warps_zero, 3, True, cap, out.device)
 
 
 def grouped_glu_forward(
@@ -137,44 +244,44 @@ def grouped_glu_forward(
     dtype = x.dtype
     if e == 0 or m == 0 or f == 0 or n_out == 0 or d == 0 or r == 0:
         return x.new_zeros(n_out, f)
+    dev = x.device
+    cap = _capability(dev)
+    cfg = _config(cap)
     x = x.contiguous()
     w_gate, w_up, w_down = w_gate.contiguous(), w_up.contiguous(), w_down.contiguous()
     offs = offs.contiguous()
-    cfg = CONFIG
-    bm, br, bk = cfg.bm, _rank_block(r), cfg.bk
+    sg, su = _scales(s_gate, s_up)
+    rw = _f32(row_weight)
+    gidx = _i64(gather_idx)
+    al = _aligned(d, r, x.stride(0), x, w_gate, w_up, w_down)
+    bm, br, bk = cfg.bm, specs.rank_block(cfg, r, al), cfg.bk
     cum = _tile_cum(offs, bm)
     max_tiles = _cdiv(m, bm) + e
-    block_e = min(1024, triton.next_power_of_2(e))
-    dummy = offs
+    has_s = sg is not None
 
-    z = torch.empty(m, r, device=x.device, dtype=dtype)
-    K.glu_down_fwd[(max_tiles, _cdiv(r, br))](
-        x, gather_idx if gather_idx is not None else dummy, offs, cum, w_gate, w_up,
-        s_gate if s_gate is not None else x, s_up if s_up is not None else x, z, z, z, x,
-        e, d, r, x.stride(0),
-        HAS_GATHER=gather_idx is not None, HAS_SG=s_gate is not None, HAS_SU=s_up is not None, HAS_RW=False,
-        BWD=False, BM=bm, BR=br, BK=bk, BLOCK_E=block_e, num_warps=cfg.warps_down, num_stages=cfg.stages_down,
-    )
-    single_k = r <= 128
-    bk_up = max(16, triton.next_power_of_2(r)) if single_k else 64
+    z = torch.empty(m, r, device=dev, dtype=dtype)
+    _launch("glu_down_fwd", (max_tiles, _cdiv(r, br)),
+            [x, gidx, offs, cum, w_gate, w_up, sg, su, z, None, None, None, e, d, r, x.stride(0)],
+            dict(HAS_GATHER=gidx is not None, HAS_SG=has_s, HAS_SU=has_s, HAS_RW=False, BWD=False, BM=bm, BR=br,
+                 BK=bk, BLOCK_E=cfg.block_e),
+            cfg.warps_down, cfg.stages_down, al, cap, dev)
+    single_k, bk_up = specs.up_k(cfg, r, al)
     bn = cfg.bn_up
     fsplit = max(1, min(cfg.fsplit_up, _cdiv(f, bn)))
     if scatter_idx is not None:
         # internal buffer: pad the row stride to 16 bytes so its stores and the combine's loads vectorize
         ldy = _cdiv(f, 8) * 8
-        y = torch.empty(m, ldy, device=x.device, dtype=dtype)
+        y = torch.empty(m, ldy, device=dev, dtype=dtype)
     else:
         ldy = f
-        y = torch.empty(m, f, device=x.device, dtype=dtype)
-    K.glu_up_fwd[(max_tiles, fsplit)](
-        z, offs, cum, w_down, row_weight if row_weight is not None else x, y,
-        e, r, f, ldy,
-        HAS_RW=row_weight is not None, FSPLIT=fsplit, SINGLE_K=single_k,
-        BM=bm, BN=bn, BK=bk_up, BLOCK_E=block_e, num_warps=cfg.warps_up, num_stages=cfg.stages_up,
-    )
+        y = torch.empty(m, f, device=dev, dtype=dtype)
+    _launch("glu_up_fwd", (max_tiles, fsplit), [z, offs, cum, w_down, rw, y, e, r, f, ldy],
+            dict(HAS_RW=rw is not None, FSPLIT=fsplit, SINGLE_K=single_k, BM=bm, BN=bn, BK=bk_up,
+                 BLOCK_E=cfg.block_e),
+            cfg.warps_up, cfg.stages_up, al, cap, dev)
     if scatter_idx is not None:
-        return _combine(y, scatter_idx, offs, n_out, ncols=f)
-    _zero_tail(y, offs, e)
+        return _combine(y, scatter_idx, offs, n_out, cfg, cap, ncols=f)
+    _zero_tail(y, offs, e, cfg, cap)
     return y
 
 
@@ -211,58 +318,52 @@ def grouped_glu_backward(
             if want[i]:
                 res[i] = torch.zeros_like(t)
         return res
+    cap = _capability(dev)
+    cfg = _config(cap)
     x = x.contiguous()
     w_gate, w_up, w_down = w_gate.contiguous(), w_up.contiguous(), w_down.contiguous()
     offs = offs.contiguous()
     go = grad_out.to(dtype).contiguous()
-    cfg = CONFIG
-    bm, br, bk = cfg.bm, _rank_block(r), cfg.bk
+    sg, su = _scales(s_gate, s_up)
+    rw = _f32(row_weight)
+    gidx, sidx = _i64(gather_idx), _i64(scatter_idx)
+    has_s = sg is not None
+    al = _aligned(d, r, x.stride(0), x, w_gate, w_up, w_down, go)
+    bm, br, bk = cfg.bm, specs.rank_block(cfg, r, al), cfg.bk
     nrb = _cdiv(r, br)
-    dummy = offs
 
     do_dwd = want[3]
-    has_g, has_s = gather_idx is not None, scatter_idx is not None
     # 1. recompute hg, hu (fp32) and z*rw (x.dtype): the forward's down kernel in backward mode
     cum = _tile_cum(offs, bm)
     max_tiles = _cdiv(m, bm) + e
     hg = torch.empty(m, r, device=dev, dtype=torch.float32)
     hu = torch.empty(m, r, device=dev, dtype=torch.float32)
     zw = torch.empty(m, r, device=dev, dtype=dtype)
-    K.glu_down_fwd[(max_tiles, nrb)](
-        x, gather_idx if has_g else dummy, offs, cum, w_gate, w_up,
-        s_gate if s_gate is not None else x, s_up if s_up is not None else x, zw, hg, hu,
-        row_weight if row_weight is not None else x,
-        e, d, r, x.stride(0),
-        HAS_GATHER=has_g, HAS_SG=s_gate is not None, HAS_SU=s_up is not None, HAS_RW=row_weight is not None,
-        BWD=True, BM=bm, BR=br, BK=bk, BLOCK_E=min(1024, triton.next_power_of_2(e)),
-        num_warps=cfg.warps_down, num_stages=cfg.stages_down,
-    )
+    _launch("glu_down_fwd", (max_tiles, nrb),
+            [x, gidx, offs, cum, w_gate, w_up, sg, su, zw, hg, hu, rw, e, d, r, x.stride(0)],
+            dict(HAS_GATHER=gidx is not None, HAS_SG=has_s, HAS_SU=has_s, HAS_RW=rw is not None, BWD=True, BM=bm,
+                 BR=br, BK=bk, BLOCK_E=cfg.block_e),
+            cfg.warps_down, cfg.stages_down, al, cap, dev)
     # 2. dz0 partials over f slices (and dWd), one program per (expert, rank block, f slice)
     bn = cfg.bn_bwd
     n_fs = max(1, min(cfg.fs_bwd, _cdiv(f, bn)))
     f_slice = _cdiv(_cdiv(f, bn), n_fs) * bn
     n_fs = _cdiv(f, f_slice)
     part = torch.empty(n_fs, m, r, device=dev, dtype=torch.float32)
-    dwd = torch.empty_like(w_down) if do_dwd else zw
-    K.glu_bwd_dz[(e, nrb, n_fs)](
-        go, scatter_idx if has_s else dummy, offs, w_down, zw, part, dwd,
-        m, r, f, f_slice,
-        HAS_SCATTER=has_s, DO_DWD=do_dwd, BM=bm, BR=br, BN=bn,
-        num_warps=cfg.warps_bwd_dz, num_stages=cfg.stages_bwd_dz,
-    )
+    dwd = torch.empty_like(w_down) if do_dwd else None
+    _launch("glu_bwd_dz", (e, nrb, n_fs), [go, sidx, offs, w_down, zw, part, dwd, m, r, f, f_slice],
+            dict(HAS_SCATTER=sidx is not None, DO_DWD=do_dwd, BM=bm, BR=br, BN=bn),
+            cfg.warps_bwd_dz, cfg.stages_bwd_dz, al, cap, dev)
     # 3. the GLU backward per expert: dhg, dhu, d rw, d sg, d su
     dhg = torch.empty(m, r, device=dev, dtype=dtype)
     dhu = torch.empty(m, r, device=dev, dtype=dtype)
     dsg = torch.empty(e, r, device=dev, dtype=torch.float32)
     dsu = torch.empty(e, r, device=dev, dtype=torch.float32)
     drw = torch.zeros(nrb, m, device=dev, dtype=torch.float32)  # padding rows stay 0
-    K.glu_bwd_epi[(e, nrb)](
-        hg, hu, part, offs, s_gate if s_gate is not None else x, s_up if s_up is not None else x,
-        row_weight if row_weight is not None else x, dhg, dhu, dsg, dsu, drw,
-        m, r, n_fs, m * r,
-        HAS_SG=s_gate is not None, HAS_SU=s_up is not None, HAS_RW=row_weight is not None,
-        BM=bm, BR=br, num_warps=cfg.warps_bwd_epi,
-    )
+    _launch("glu_bwd_epi", (e, nrb),
+            [hg, hu, part, offs, sg, su, rw, dhg, dhu, dsg, dsu, drw, m, r, n_fs, m * r],
+            dict(HAS_SG=has_s, HAS_SU=has_s, HAS_RW=rw is not None, BM=bm, BR=br),
+            cfg.warps_bwd_epi, 3, al, cap, dev)
     if do_dwd:
         res[3] = dwd
     if want[4]:
@@ -274,21 +375,19 @@ def grouped_glu_backward(
 
     do_dx, do_dw = want[0], want[1] or want[2]
     if do_dx or do_dw:
-        dwg = torch.empty_like(w_gate) if do_dw else dhg
-        dwu = torch.empty_like(w_up) if do_dw else dhg
-        dx_rows = torch.empty(m, d, device=dev, dtype=dtype) if do_dx else dhg
-        bd = min(cfg.bd_bwd, max(16, triton.next_power_of_2(d)))
-        K.glu_bwd_dx_dw[(e, _cdiv(d, bd))](
-            x, gather_idx if gather_idx is not None else dummy, offs, w_gate, w_up, dhg, dhu, dx_rows, dwg, dwu,
-            d, r, x.stride(0),
-            HAS_GATHER=gather_idx is not None, DO_DX=do_dx, DO_DW=do_dw,
-            BM=bm, BD=bd, BR=br, num_warps=cfg.warps_bwd_dxdw, num_stages=cfg.stages_bwd_dxdw,
-        )
+        dwg = torch.empty_like(w_gate) if do_dw else None
+        dwu = torch.empty_like(w_up) if do_dw else None
+        dx_rows = torch.empty(m, d, device=dev, dtype=dtype) if do_dx else None
+        bd = cfg.bd_bwd
+        _launch("glu_bwd_dx_dw", (e, _cdiv(d, bd)),
+                [x, gidx, offs, w_gate, w_up, dhg, dhu, dx_rows, dwg, dwu, d, r, x.stride(0)],
+                dict(HAS_GATHER=gidx is not None, DO_DX=do_dx, DO_DW=do_dw, BM=bm, BD=bd, BR=br),
+                cfg.warps_bwd_dxdw, cfg.stages_bwd_dxdw, al, cap, dev)
         if do_dx:
             if gather_idx is not None:
-                res[0] = _combine(dx_rows, gather_idx, offs, x.shape[0])
+                res[0] = _combine(dx_rows, gather_idx, offs, x.shape[0], cfg, cap)
             else:
-                _zero_tail(dx_rows, offs, e)
+                _zero_tail(dx_rows, offs, e, cfg, cap)
                 res[0] = dx_rows
         if want[1]:
             res[1] = dwg

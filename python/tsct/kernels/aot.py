@@ -1,0 +1,194 @@
+"""Run-time side of the Triton kernels compiled ahead of time (docs/decisions/0005-triton-aot.md).
+
+The wheel ships ``tsct/_aot/<arch>/*.cubin`` with ``index.json`` per arch (written at build time by
+``tsct/kernels/triton_glu/aot_build.py``). This module picks the arch for a device, looks a
+specialization key up in the index, packs the arguments by the recorded parameter list and launches
+through the native library (``tsct_triton_load`` / ``tsct_triton_launch``). It needs no Triton and no
+compiler; importing it loads nothing and touches no GPU.
+
+    artifact_arch(capability) -> "sm_90a" | "sm_100a" | "sm_120" | None   (exact table)
+    aot_dir() -> Path                        $TSCT_AOT_DIR, else tsct/_aot of the installed package
+    index(arch) -> dict | None               the arch's index.json (cached), None if absent
+    available(capability) -> bool            cubins for this capability are shipped (no GPU touched)
+    kernel(arch, key) -> AotKernel | None    the entry for a specialization key (not loaded yet)
+    pack_args(params, values) -> (array, keepalive)   Triton's ABI: one pointer per parameter
+"""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import os
+import threading
+from pathlib import Path
+from typing import Any, Optional, Sequence
+
+from tsct.kernels.triton_glu.specs import ARTIFACT_ARCH
+
+ENV_DIR = "TSCT_AOT_DIR"
+
+_lock = threading.Lock()
+_indexes: dict[str, Optional[dict]] = {}
+_kernels: dict[tuple[str, str], "AotKernel"] = {}
+
+
+def artifact_arch(capability: Optional[tuple[int, int]]) -> Optional[str]:
+    """Exact: sm_90a only on 9.0, sm_100a only on 10.0, sm_120 on 12.0 and 12.1; else None."""
+    if capability is None:
+        return None
+    return ARTIFACT_ARCH.get(tuple(capability))
+
+
+def aot_dir() -> Path:
+    env = os.environ.get(ENV_DIR)
+    if env:
+        return Path(env).expanduser()
+    return Path(__file__).resolve().parent.parent / "_aot"
+
+
+def index(arch: str) -> Optional[dict]:
+    """The parsed ``<aot_dir>/<arch>/index.json``, or None when this build has no cubins for ``arch``."""
+    with _lock:
+        if arch not in _indexes:
+            p = aot_dir() / arch / "index.json"
+            try:
+                _indexes[arch] = json.loads(p.read_text())
+            except (OSError, ValueError):
+                _indexes[arch] = None
+        return _indexes[arch]
+
+
+def available(capability: Optional[tuple[int, int]]) -> bool:
+    arch = artifact_arch(capability)
+    idx = index(arch) if arch else None
+    return bool(idx and idx.get("kernels"))
+
+
+def _reset_for_tests() -> None:
+    with _lock:
+        _indexes.clear()
+        _kernels.clear()
+
+
+# ---- argument packing (Triton's kernel ABI) -------------------------------------------------------
+
+_SCALAR_CTYPES = {"i1": ctypes.c_int8, "i8": ctypes.c_int8, "i16": ctypes.c_int16, "i32": ctypes.c_int32,
+                  "i64": ctypes.c_int64, "u8": ctypes.c_uint8, "u16": ctypes.c_uint16, "u32": ctypes.c_uint32,
+                  "u64": ctypes.c_uint64, "fp32": ctypes.c_float, "fp64": ctypes.c_double}
+_RANGES = {"i32": (-(1 << 31), (1 << 31) - 1), "i64": (-(1 << 63), (1 << 63) - 1), "u32": (0, (1 << 32) - 1)}
+
+
+def _ctype_of(ty: str):
+    if ty.startswith("*"):
+        return ctypes.c_uint64  # a device address
+    try:
+        return _SCALAR_CTYPES[ty]
+    except KeyError:
+        raise ValueError(f"unsupported Triton parameter type {ty!r}") from None
+
+
+def pack_args(params: Sequence[dict], values: Sequence[Any]):
+    """``(void*[n], keepalive)`` for a kernel whose index entry lists ``params`` (name, type).
+
+    ``values``: one per parameter before the trailing scratch pointers (which get NULL): an int device
+    address (or None = NULL) for pointer types, an int / float for scalars. Range-checks integers.
+    """
+    n_user = len(params) - 2
+    if len(values) != n_user:
+        raise ValueError(f"expected {n_user} arguments, got {len(values)}")
+    cells = []
+    for p, v in zip(params, list(values) + [None, None]):
+        ty = p["type"]
+        ct = _ctype_of(ty)
+        if ty.startswith("*"):
+            cells.append(ct(0 if v is None else int(v)))
+        else:
+            if ty in _RANGES:
+                lo, hi = _RANGES[ty]
+                if not lo <= int(v) <= hi:
+                    raise OverflowError(f"parameter {p['name']} = {v} does not fit {ty}")
+            cells.append(ct(v))
+    arr = (ctypes.c_void_p * len(cells))(*[ctypes.addressof(c) for c in cells])
+    return arr, cells
+
+
+# ---- kernels ----------------------------------------------------------------------------------------
+
+class AotKernel:
+    """One cubin of the index, loaded into the native library on the first launch."""
+
+    def __init__(self, arch: str, entry: dict):
+        self.arch = arch
+        self.entry = entry
+        self.params = entry["params"]
+        self.block_x = 32 * int(entry["num_warps"])
+        self.shared = int(entry["shared"])
+        self._handle: Optional[ctypes.c_void_p] = None
+
+    @property
+    def path(self) -> Path:
+        return aot_dir() / self.arch / self.entry["file"]
+
+    def handle(self) -> ctypes.c_void_p:
+        if self._handle is None:
+            from tsct.native._loader import error_message, get_lib
+
+            lib = get_lib()
+            image = self.path.read_bytes()
+            h = ctypes.c_void_p()
+            key = f"{self.arch}/{self.entry['file']}".encode()
+            rc = lib.tsct_triton_load(key, image, len(image), self.entry["function"].encode(), len(self.params),
+                                      self.shared, self.block_x, ctypes.byref(h))
+            if rc != 0:
+                raise RuntimeError(error_message("tsct_triton_load", rc))
+            self._handle = h
+        return self._handle
+
+    def launch(self, grid: Sequence[int], values: Sequence[Any], stream: int) -> None:
+        from tsct.native._loader import error_message, get_lib
+
+        g = tuple(int(v) for v in grid) + (1,) * (3 - len(grid))
+        if min(g) <= 0:
+            return
+        arr, keep = pack_args(self.params, values)
+        rc = get_lib().tsct_triton_launch(self.handle(), g[0], g[1], g[2], stream, arr, len(self.params))
+        del keep
+        if rc != 0:
+            raise RuntimeError(error_message("tsct_triton_launch", rc))
+
+    def info(self) -> dict:
+        """Registers, max threads per block and local bytes on the current device (loads the cubin)."""
+        from tsct.native._loader import error_message, get_lib
+
+        regs, maxt, local = ctypes.c_int(), ctypes.c_int(), ctypes.c_int()
+        rc = get_lib().tsct_triton_kernel_info(self.handle(), ctypes.byref(regs), ctypes.byref(maxt),
+                                               ctypes.byref(local))
+        if rc != 0:
+            raise RuntimeError(error_message("tsct_triton_kernel_info", rc))
+        return {"num_regs": regs.value, "max_threads_per_block": maxt.value, "local_bytes": local.value}
+
+
+def kernel(arch: str, key: str) -> Optional[AotKernel]:
+    """The kernel of specialization ``key`` for ``arch``, or None if this build has no such cubin."""
+    k = _kernels.get((arch, key))
+    if k is not None:
+        return k
+    idx = index(arch)
+    entry = idx["kernels"].get(key) if idx else None
+    if entry is None:
+        return None
+    with _lock:
+        return _kernels.setdefault((arch, key), AotKernel(arch, entry))
+
+
+def summary() -> dict:
+    """{arch: {kernel name: variants}} of the cubins this install ships (reads the index files only)."""
+    out = {}
+    for arch in sorted(set(ARTIFACT_ARCH.values())):
+        idx = index(arch)
+        if idx:
+            counts: dict[str, int] = {}
+            for e in idx["kernels"].values():
+                counts[e["kernel"]] = counts.get(e["kernel"], 0) + 1
+            out[arch] = dict(sorted(counts.items()))
+    return out

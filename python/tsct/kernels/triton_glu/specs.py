@@ -1,0 +1,311 @@
+"""The one table of the Triton grouped GLU's launches: tile configs per arch, kernel parameters, and
+every specialization the host code (``glu.py``) can launch. Shared by ``glu.py`` (what it launches),
+``aot_build.py`` (what it compiles at wheel-build time) and ``tsct.kernels.aot`` (what it looks up).
+
+Importing this module imports neither Triton nor torch.
+
+A launch is identified by a *specialization key* (``spec_key``): the kernel name, the type of each
+parameter that the kernel reads under its constexpr flags (``*bf16``, ``*i64``, ``i32``...), the
+constexprs, num_warps, num_stages and whether the launch is *aligned*. An aligned launch guarantees
+that the parameters listed in ``KERNELS[name].hinted`` are 16-byte aligned (pointers) or multiples of
+16 (integers); it runs a cubin compiled with Triton's ``tt.divisibility=16`` on them (vector loads).
+Anything else runs the *generic* variant (no divisibility attributes; fewer tile choices).
+
+Pruning (docs/decisions/0005-triton-aot.md): the host code normalises its inputs so that fewer
+variants exist, each normalisation exact: scales and row weights are passed as fp32 (the kernels
+convert to fp32 anyway); a lone scale gets a ones partner (x * 1.0 == x); int32 gather/scatter
+indices are widened to int64 (the kernels widen every index anyway); BLOCK_E is 1024, BD is 64 and
+the combine/zero-tail column blocks come in two/one sizes whatever the shape.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import itertools
+from typing import Iterator, Optional
+
+TRITON_VERSION = "3.9.0"  # the pinned Triton of the AOT build (pyproject.toml [build-system].requires)
+
+# ---- tile configs per arch ------------------------------------------------------------------------
+
+
+@dataclasses.dataclass
+class Config:
+    """Tile sizes. Chosen from the sm_90 resource report of Triton 3.9 (registers, spills, shared
+    memory; bench/notes.md) and the H200 timings. ``TSCT_TRITON_GLU_CFG="bn_bwd=64,warps_up=4"``
+    overrides fields (experiments; an override that leaves the AOT table falls back to JIT)."""
+
+    bm: int = 64          # rows per tile (forward tile map and backward row loop); ~32 rows/expert at b1
+    br_max: int = 64      # rank block of the down projection / backward main kernel
+    bk: int = 64          # K step over d
+    bn_up: int = 128      # column block of the up projection (f = 5461: scalar loads, wide tiles cost registers)
+    fsplit_up: int = 1    # column-block stripes per row tile (grid axis 1 of the up kernel)
+    bn_bwd: int = 64      # f step of the backward dz kernel
+    fs_bwd: int = 8       # f slices of the backward dz kernel (grid axis 2; partial sums reduced in order)
+    bd_bwd: int = 64      # d block of the dX / dW kernel
+    block_e: int = 1024   # experts scanned per step when a program finds its expert
+    warps_down: int = 4
+    warps_up: int = 8
+    warps_bwd_dz: int = 4
+    warps_bwd_epi: int = 8
+    warps_bwd_dxdw: int = 4
+    warps_combine: int = 4
+    warps_zero: int = 4
+    stages_down: int = 3
+    stages_up: int = 3
+    stages_bwd_dz: int = 1
+    stages_bwd_dxdw: int = 1
+
+    def update(self, spec: str) -> "Config":
+        """Apply "name=int,name=int" (no validation beyond the field existing)."""
+        names = {f.name for f in dataclasses.fields(self)}
+        for item in filter(None, (t.strip() for t in spec.split(","))):
+            key, val = item.split("=")
+            if key not in names:
+                raise KeyError(f"unknown Triton GLU config field {key!r}")
+            setattr(self, key, int(val))
+        return self
+
+
+# Exact compute capability -> AOT artifact arch (the directory under tsct/_aot). sm_90a / sm_100a
+# cubins load only on exactly 9.0 / 10.0; the plain sm_120 cubin loads on 12.0 and 12.1.
+ARTIFACT_ARCH: dict[tuple[int, int], str] = {
+    (9, 0): "sm_90a",
+    (10, 0): "sm_100a",
+    (12, 0): "sm_120",
+    (12, 1): "sm_120",
+}
+# artifact arch -> Triton's GPUTarget capability (the sm_120 build patches Triton's "sm_120a" to "sm_120").
+TARGET_CAPABILITY: dict[str, int] = {"sm_90a": 90, "sm_100a": 100, "sm_120": 120}
+# Shared memory a block may use (opt-in maximum), bytes: the build fails a variant that needs more.
+MAX_SHARED: dict[str, int] = {"sm_90a": 232448, "sm_100a": 232448, "sm_120": 101376}
+
+# sm_90a / sm_100a: the H200-tuned tiles. sm_120 (RTX 5060 Ti: 36 SMs, 99 KB shared memory per block,
+# 448 GB/s): the same row tiles (the ~1 tile per expert at b1 gives >= 1000 programs, plenty for 36
+# SMs) with two pipeline stages in the d loop so the down kernel stays well under 99 KB and two CTAs
+# fit per SM. Not measured on an sm_120 card (design.md section 6).
+CONFIGS: dict[str, Config] = {
+    "sm_90a": Config(),
+    "sm_100a": Config(),
+    "sm_120": Config(stages_down=2, stages_up=2),
+}
+DEFAULT_ARCH_CONFIG = "sm_90a"  # JIT on any other arch (sm_80, ...) uses these tiles
+
+
+def config_for(capability: Optional[tuple[int, int]]) -> Config:
+    """A fresh copy of the tile config of an arch (JIT-only arches get the sm_90a tiles)."""
+    arch = ARTIFACT_ARCH.get(tuple(capability)) if capability is not None else None
+    return dataclasses.replace(CONFIGS[arch or DEFAULT_ARCH_CONFIG])
+
+
+# ---- kernels: parameters, which ones each flag enables, which ones an aligned launch hints --------
+
+@dataclasses.dataclass(frozen=True)
+class KernelInfo:
+    params: tuple[str, ...]          # runtime parameters in order (constexprs excluded)
+    constexprs: tuple[str, ...]
+    ints: tuple[str, ...]            # the integer parameters (all i32)
+    used_if: dict                    # pointer param -> constexpr flag (or flags, all True) that makes it read
+    hinted: tuple[str, ...]          # params with tt.divisibility=16 in an aligned launch
+
+
+KERNELS: dict[str, KernelInfo] = {
+    "glu_down_fwd": KernelInfo(
+        params=("x_ptr", "gidx_ptr", "offs_ptr", "cum_ptr", "wg_ptr", "wu_ptr", "sg_ptr", "su_ptr", "z_ptr",
+                "hg_ptr", "hu_ptr", "rw_ptr", "E", "d", "r", "stride_x"),
+        constexprs=("HAS_GATHER", "HAS_SG", "HAS_SU", "HAS_RW", "BWD", "BM", "BR", "BK", "BLOCK_E"),
+        ints=("E", "d", "r", "stride_x"),
+        used_if={"gidx_ptr": "HAS_GATHER", "sg_ptr": "HAS_SG", "su_ptr": "HAS_SU", "hg_ptr": "BWD",
+                 "hu_ptr": "BWD", "rw_ptr": ("BWD", "HAS_RW")},
+        hinted=("x_ptr", "wg_ptr", "wu_ptr", "z_ptr", "hg_ptr", "hu_ptr", "d", "r", "stride_x"),
+    ),
+    "glu_up_fwd": KernelInfo(
+        params=("z_ptr", "offs_ptr", "cum_ptr", "wd_ptr", "rw_ptr", "y_ptr", "E", "r", "f", "ldy"),
+        constexprs=("HAS_RW", "FSPLIT", "SINGLE_K", "BM", "BN", "BK", "BLOCK_E"),
+        ints=("E", "r", "f", "ldy"),
+        used_if={"rw_ptr": "HAS_RW"},
+        hinted=("z_ptr", "wd_ptr", "y_ptr", "r"),
+    ),
+    "combine_rows": KernelInfo(
+        params=("src_ptr", "order_ptr", "ptr_ptr", "out_ptr", "ncols", "ld_src"),
+        constexprs=("BN",),
+        ints=("ncols", "ld_src"),
+        used_if={},
+        hinted=("src_ptr", "out_ptr"),
+    ),
+    "zero_tail_rows": KernelInfo(
+        params=("out_ptr", "offs_ptr", "E", "M", "ncols"),
+        constexprs=("BM", "BN"),
+        ints=("E", "M", "ncols"),
+        used_if={},
+        hinted=("out_ptr",),
+    ),
+    "glu_bwd_dz": KernelInfo(
+        params=("dy_ptr", "sidx_ptr", "offs_ptr", "wd_ptr", "zw_ptr", "part_ptr", "dwd_ptr", "M", "r", "f",
+                "f_slice"),
+        constexprs=("HAS_SCATTER", "DO_DWD", "BM", "BR", "BN"),
+        ints=("M", "r", "f", "f_slice"),
+        used_if={"sidx_ptr": "HAS_SCATTER", "dwd_ptr": "DO_DWD"},
+        hinted=("dy_ptr", "wd_ptr", "zw_ptr", "part_ptr", "dwd_ptr", "r"),
+    ),
+    "glu_bwd_epi": KernelInfo(
+        params=("hg_ptr", "hu_ptr", "part_ptr", "offs_ptr", "sg_ptr", "su_ptr", "rw_ptr", "dhg_ptr", "dhu_ptr",
+                "dsg_ptr", "dsu_ptr", "drw_ptr", "M", "r", "n_fs", "part_stride"),
+        constexprs=("HAS_SG", "HAS_SU", "HAS_RW", "BM", "BR"),
+        ints=("M", "r", "n_fs", "part_stride"),
+        used_if={"sg_ptr": "HAS_SG", "su_ptr": "HAS_SU", "rw_ptr": "HAS_RW"},
+        hinted=("hg_ptr", "hu_ptr", "part_ptr", "dhg_ptr", "dhu_ptr", "r", "part_stride"),
+    ),
+    "glu_bwd_dx_dw": KernelInfo(
+        params=("x_ptr", "gidx_ptr", "offs_ptr", "wg_ptr", "wu_ptr", "dhg_ptr", "dhu_ptr", "dx_ptr", "dwg_ptr",
+                "dwu_ptr", "d", "r", "stride_x"),
+        constexprs=("HAS_GATHER", "DO_DX", "DO_DW", "BM", "BD", "BR"),
+        ints=("d", "r", "stride_x"),
+        used_if={"gidx_ptr": "HAS_GATHER", "dx_ptr": "DO_DX", "dwg_ptr": "DO_DW", "dwu_ptr": "DO_DW"},
+        hinted=("x_ptr", "wg_ptr", "wu_ptr", "dhg_ptr", "dhu_ptr", "dx_ptr", "dwg_ptr", "dwu_ptr", "d", "r",
+                "stride_x"),
+    ),
+}
+
+# Triton 3.x kernels take two trailing pointer parameters after the user's: the global scratch and
+# the profile scratch (both NULL when their metadata sizes are 0, which the build checks).
+SCRATCH_PARAMS = ("global_scratch", "profile_scratch")
+UNUSED = "*i8"  # the type recorded for a pointer parameter the flags leave unread
+
+
+def is_used(kernel: str, param: str, constexprs: dict) -> bool:
+    flag = KERNELS[kernel].used_if.get(param)
+    if flag is None:
+        return True
+    flags = (flag,) if isinstance(flag, str) else flag
+    return all(bool(constexprs[f]) for f in flags)
+
+
+def spec_key(kernel: str, types: dict, constexprs: dict, num_warps: int, num_stages: int, aligned: bool) -> str:
+    """The canonical specialization key. ``types``: param -> Triton type string (``*bf16``, ``i32``);
+    unread pointer params are recorded as ``*i8`` whatever was passed."""
+    info = KERNELS[kernel]
+    t = ",".join(f"{p}:{types[p] if is_used(kernel, p, constexprs) else UNUSED}" for p in info.params)
+    c = ",".join(f"{k}={int(constexprs[k])}" for k in info.constexprs)
+    return f"{kernel}|{t}|{c}|w{num_warps}s{num_stages}|{'a16' if aligned else 'gen'}"
+
+
+def key_file_stem(key: str) -> str:
+    return key.split("|", 1)[0] + "_" + hashlib.sha256(key.encode()).hexdigest()[:16]
+
+
+# ---- the host-side rules glu.py follows (shape -> constexprs) -------------------------------------
+
+def next_pow2(n: int) -> int:
+    return 1 if n <= 1 else 1 << (n - 1).bit_length()
+
+
+def rank_block(cfg: Config, r: int, aligned: bool) -> int:
+    """BR: 16/32/64 by r for aligned launches, 64 for generic ones (fewer variants; r < 64 is masked)."""
+    if not aligned:
+        return cfg.br_max
+    return max(16, min(cfg.br_max, next_pow2(r)))
+
+
+def up_k(cfg: Config, r: int, aligned: bool) -> tuple[bool, int]:
+    """(SINGLE_K, BK) of the up kernel: the whole rank in one K step when r <= 128 (aligned only)."""
+    if aligned and r <= 128:
+        return True, max(16, next_pow2(r))
+    return False, 64
+
+
+def combine_bn(ncols: int) -> int:
+    return 256 if ncols <= 256 else 1024
+
+
+ZERO_TAIL_BM, ZERO_TAIL_BN = 32, 256
+
+# Triton type strings of torch dtypes (by name, so this module needs no torch).
+DTYPE_TYPES = {"bfloat16": "*bf16", "float16": "*fp16", "float32": "*fp32", "int32": "*i32", "int64": "*i64",
+               "uint8": "*u8", "int8": "*i8"}
+
+# ---- every specialization glu.py launches, per arch -----------------------------------------------
+
+@dataclasses.dataclass(frozen=True)
+class Spec:
+    kernel: str
+    types: tuple            # ((param, type), ...) for the runtime params
+    constexprs: tuple       # ((name, value), ...)
+    num_warps: int
+    num_stages: int
+    aligned: bool
+
+    @property
+    def key(self) -> str:
+        return spec_key(self.kernel, dict(self.types), dict(self.constexprs), self.num_warps, self.num_stages,
+                        self.aligned)
+
+
+def _spec(kernel: str, types: dict, consts: dict, warps: int, stages: int, aligned: bool) -> Spec:
+    info = KERNELS[kernel]
+    full = {p: (types.get(p, "i32") if p in info.ints else types[p]) for p in info.params}
+    for p in info.params:  # unread pointers are canonical
+        if p not in info.ints and not is_used(kernel, p, consts):
+            full[p] = UNUSED
+    return Spec(kernel, tuple(full.items()), tuple((k, int(consts[k])) for k in info.constexprs),
+                warps, stages, aligned)
+
+
+DTYPES = ("bf16", "fp16")
+IDX = (None, "i64")             # gather / scatter index: absent or int64 (glu.py widens int32 indices)
+_DXDW = ((True, False), (False, True), (True, True))
+
+
+def enumerate_specs(arch: str) -> Iterator[Spec]:
+    """Every (kernel, specialization) glu.py can launch on ``arch`` with bf16/fp16 inputs."""
+    cfg = CONFIGS[arch]
+    if cfg.fsplit_up != 1:
+        raise ValueError("the AOT table assumes fsplit_up == 1")
+    seen = set()
+    for dt, aligned in itertools.product(DTYPES, (True, False)):
+        D = "*" + dt
+        brs = sorted({rank_block(cfg, r, aligned) for r in (1, 16, 17, 32, 33, 64, 4096)})
+        ups = sorted({up_k(cfg, r, aligned) for r in (1, 16, 17, 32, 33, 64, 65, 128, 129)})
+        out = []
+        # glu_down_fwd: forward (z) and the backward's recompute (hg, hu fp32; z*rw)
+        for g, s, rw, bwd, br in itertools.product(IDX, (False, True), (False, True), (False, True), brs):
+            if rw and not bwd:
+                continue  # the forward never passes row_weight to the down kernel
+            types = dict(x_ptr=D, gidx_ptr=f"*{g}" if g else UNUSED, offs_ptr="*i32", cum_ptr="*i32", wg_ptr=D,
+                         wu_ptr=D, sg_ptr="*fp32", su_ptr="*fp32", z_ptr=D, hg_ptr="*fp32" if bwd else D,
+                         hu_ptr="*fp32" if bwd else D, rw_ptr="*fp32")
+            consts = dict(HAS_GATHER=g is not None, HAS_SG=s, HAS_SU=s, HAS_RW=rw, BWD=bwd, BM=cfg.bm, BR=br,
+                          BK=cfg.bk, BLOCK_E=cfg.block_e)
+            out.append(_spec("glu_down_fwd", types, consts, cfg.warps_down, cfg.stages_down, aligned))
+        for rw, (single, bk) in itertools.product((False, True), ups):
+            types = dict(z_ptr=D, offs_ptr="*i32", cum_ptr="*i32", wd_ptr=D, rw_ptr="*fp32", y_ptr=D)
+            consts = dict(HAS_RW=rw, FSPLIT=1, SINGLE_K=single, BM=cfg.bm, BN=cfg.bn_up, BK=bk, BLOCK_E=cfg.block_e)
+            out.append(_spec("glu_up_fwd", types, consts, cfg.warps_up, cfg.stages_up, aligned))
+        if aligned:  # combine / zero-tail only ever see fresh (aligned) buffers
+            for bn in (256, 1024):
+                types = dict(src_ptr=D, order_ptr="*i64", ptr_ptr="*i64", out_ptr=D)
+                out.append(_spec("combine_rows", types, dict(BN=bn), cfg.warps_combine, 3, True))
+            out.append(_spec("zero_tail_rows", dict(out_ptr=D, offs_ptr="*i32"),
+                             dict(BM=ZERO_TAIL_BM, BN=ZERO_TAIL_BN), cfg.warps_zero, 3, True))
+        for sc, dwd, br in itertools.product(IDX, (False, True), brs):
+            types = dict(dy_ptr=D, sidx_ptr=f"*{sc}" if sc else UNUSED, offs_ptr="*i32", wd_ptr=D, zw_ptr=D,
+                         part_ptr="*fp32", dwd_ptr=D)
+            consts = dict(HAS_SCATTER=sc is not None, DO_DWD=dwd, BM=cfg.bm, BR=br, BN=cfg.bn_bwd)
+            out.append(_spec("glu_bwd_dz", types, consts, cfg.warps_bwd_dz, cfg.stages_bwd_dz, aligned))
+        for s, rw, br in itertools.product((False, True), (False, True), brs):
+            types = dict(hg_ptr="*fp32", hu_ptr="*fp32", part_ptr="*fp32", offs_ptr="*i32", sg_ptr="*fp32",
+                         su_ptr="*fp32", rw_ptr="*fp32", dhg_ptr=D, dhu_ptr=D, dsg_ptr="*fp32", dsu_ptr="*fp32",
+                         drw_ptr="*fp32")
+            consts = dict(HAS_SG=s, HAS_SU=s, HAS_RW=rw, BM=cfg.bm, BR=br)
+            # glu.py launches the epilogue with Triton's default num_stages (3)
+            out.append(_spec("glu_bwd_epi", types, consts, cfg.warps_bwd_epi, 3, aligned))
+        for g, (dx, dw), br in itertools.product(IDX, _DXDW, brs):
+            types = dict(x_ptr=D, gidx_ptr=f"*{g}" if g else UNUSED, offs_ptr="*i32", wg_ptr=D, wu_ptr=D,
+                         dhg_ptr=D, dhu_ptr=D, dx_ptr=D, dwg_ptr=D, dwu_ptr=D)
+            consts = dict(HAS_GATHER=g is not None, DO_DX=dx, DO_DW=dw, BM=cfg.bm, BD=cfg.bd_bwd, BR=br)
+            out.append(_spec("glu_bwd_dx_dw", types, consts, cfg.warps_bwd_dxdw, cfg.stages_bwd_dxdw, aligned))
+        for s in out:
+            if s.key not in seen:
+                seen.add(s.key)
+                yield s

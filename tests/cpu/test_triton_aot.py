@@ -1,0 +1,242 @@
+"""Triton kernels ahead of time (docs/decisions/0005), checked without a GPU.
+
+- the artifact selection table is exact per compute capability;
+- the install holds a cubin for every variant the manifest's "triton_aot" section lists, each with
+  the sha256, parameter list and limits its index records;
+- a sample of cubins per (arch, GEMM kernel) disassembles (cuobjdump from nvidia-cuda-cuobjdump, else
+  skipped) to the arch's matrix instructions: HGMMA on sm_90a, HMMA (mma.sync) on sm_120, tcgen05
+  (UTCHMMA) on sm_100a;
+- the argument packer lays out Triton's ABI for an index entry;
+- a dry run of glu.py's host code (CPU tensors, launches recorded instead of run) finds an AOT
+  variant for every launch of the GPU test shapes on every arch, with the right argument count;
+- the status reasons of path "triton-bf16".
+"""
+
+from __future__ import annotations
+
+import ctypes
+import glob
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from tsct.kernels import aot
+from tsct.kernels.triton_glu import specs
+
+GEMM_KERNELS = ("glu_down_fwd", "glu_up_fwd", "glu_bwd_dz", "glu_bwd_dx_dw")
+MMA = {"sm_90a": r"HGMMA", "sm_120": r"HMMA", "sm_100a": r"UTCHMMA"}
+
+
+def _manifest():
+    from tsct import native
+    return native.manifest()
+
+
+def _aot_section():
+    m = _manifest()
+    if m is None:
+        pytest.skip("no native library manifest in this install (TSCT_BUILD_CUDA=OFF or a source tree)")
+    if "triton_aot" not in m:
+        pytest.skip("this build has no Triton AOT cubins (TSCT_TRITON_AOT=OFF)")
+    return m["triton_aot"]
+
+
+def test_artifact_arch_is_exact():
+    want = {(9, 0): "sm_90a", (10, 0): "sm_100a", (12, 0): "sm_120", (12, 1): "sm_120"}
+    for cap, arch in want.items():
+        assert aot.artifact_arch(cap) == arch
+    for cap in [(8, 0), (8, 6), (8, 9), (9, 1), (10, 1), (10, 3), (11, 0), (12, 2), (13, 0), (7, 5)]:
+        assert aot.artifact_arch(cap) is None, cap
+    assert aot.artifact_arch(None) is None
+
+
+def test_install_holds_every_manifest_cubin():
+    sec = _aot_section()
+    assert sec["triton_version"] == specs.TRITON_VERSION
+    assert set(sec["archs"]) == {"sm_90a", "sm_100a", "sm_120"}
+    for arch, info in sec["archs"].items():
+        idx = aot.index(arch)
+        assert idx is not None, f"{aot.aot_dir() / arch / 'index.json'} missing"
+        entries = idx["kernels"]
+        assert len(entries) == info["variants"]
+        counts: dict = {}
+        for key, e in entries.items():
+            counts[e["kernel"]] = counts.get(e["kernel"], 0) + 1
+            assert e["key"] == key
+            data = (aot.aot_dir() / arch / e["file"]).read_bytes()
+            assert data[:4] == b"\x7fELF", e["file"]
+            assert hashlib.sha256(data).hexdigest() == e["sha256"], e["file"]
+            assert e["num_ctas"] == 1 and 1 <= e["num_warps"] <= 32
+            assert e["shared"] <= specs.MAX_SHARED[arch]
+            names = [p["name"] for p in e["params"]]
+            assert names == list(specs.KERNELS[e["kernel"]].params) + list(specs.SCRATCH_PARAMS), key
+        assert counts == info["kernels"]
+        # the index holds exactly the table's specializations
+        assert set(entries) == {s.key for s in specs.enumerate_specs(arch)}
+
+
+def _cuobjdump():
+    exe = os.environ.get("CUOBJDUMP") or shutil.which("cuobjdump")
+    if not exe:
+        for d in sys.path:
+            hits = glob.glob(os.path.join(d, "nvidia", "*", "bin", "cuobjdump"))
+            if hits:
+                exe = hits[0]
+                break
+    return exe
+
+
+def test_cubins_have_the_arch_matrix_instructions():
+    sec = _aot_section()
+    exe = _cuobjdump()
+    if not exe:
+        pytest.skip("no cuobjdump (pip install nvidia-cuda-cuobjdump)")
+    for arch in sec["archs"]:
+        entries = aot.index(arch)["kernels"]
+        cc = specs.TARGET_CAPABILITY[arch]
+        for kname in GEMM_KERNELS:
+            # one aligned bf16 and one generic fp16 variant per kernel (the full set takes minutes)
+            sample = [e for e in entries.values() if e["kernel"] == kname]
+            picks = [next(e for e in sample if e["aligned"] and "bf16" in e["key"]),
+                     next(e for e in sample if not e["aligned"] and "fp16" in e["key"])]
+            for e in picks:
+                sass = subprocess.run([exe, "-sass", str(aot.aot_dir() / arch / e["file"])], check=True,
+                                      capture_output=True, text=True).stdout
+                assert f"code for sm_{cc}" in sass or f"arch = sm_{cc}" in sass, (arch, e["file"])
+                assert MMA[arch] in sass, f"{arch} {e['key']}: no {MMA[arch]} in the SASS"
+                if arch == "sm_120":
+                    assert "code for sm_120a" not in sass  # plain sm_120: loads on 12.0 and 12.1
+
+
+def test_pack_args_layout():
+    params = [{"name": "a_ptr", "type": "*bf16"}, {"name": "n", "type": "i32"}, {"name": "b_ptr", "type": "*i8"},
+              {"name": "big", "type": "i64"}, {"name": "global_scratch", "type": "*i8"},
+              {"name": "profile_scratch", "type": "*i8"}]
+    arr, keep = aot.pack_args(params, [0x7F0012345600, -7, None, 1 << 40])
+    assert len(arr) == 6
+    assert ctypes.c_uint64.from_address(arr[0]).value == 0x7F0012345600
+    assert ctypes.c_int32.from_address(arr[1]).value == -7
+    assert ctypes.sizeof(keep[1]) == 4 and ctypes.sizeof(keep[0]) == 8
+    assert ctypes.c_uint64.from_address(arr[2]).value == 0
+    assert ctypes.c_int64.from_address(arr[3]).value == 1 << 40
+    assert ctypes.c_uint64.from_address(arr[4]).value == 0 and ctypes.c_uint64.from_address(arr[5]).value == 0
+    with pytest.raises(OverflowError):
+        aot.pack_args(params, [0, 1 << 31, None, 0])
+    with pytest.raises(ValueError):
+        aot.pack_args(params, [0, 1])
+
+
+def test_pack_args_matches_a_real_index_entry():
+    sec = _aot_section()
+    idx = aot.index(next(iter(sec["archs"])))
+    e = next(v for v in idx["kernels"].values() if v["kernel"] == "glu_down_fwd")
+    vals = [0x1000 * (i + 1) if p["type"].startswith("*") else i for i, p in enumerate(e["params"][:-2])]
+    arr, _ = aot.pack_args(e["params"], vals)
+    assert len(arr) == len(specs.KERNELS["glu_down_fwd"].params) + 2
+    for i, p in enumerate(e["params"][:-2]):
+        ct = ctypes.c_uint64 if p["type"].startswith("*") else ctypes.c_int32
+        assert ct.from_address(arr[i]).value == vals[i], p
+
+
+# ---- dry run of glu.py's host code on the CPU -----------------------------------------------------
+
+# the shapes of tests/gpu/test_triton_glu.py (name, T, k, E, d, r, f, gather, scatter, scales, rw, idx, dtype)
+_CASES = [
+    ("b1_small", 256, 2, 64, 2048, 64, 5461, True, True, torch.float32, torch.float32, torch.int64, torch.bfloat16),
+    ("bf16scales_i32", 64, 2, 16, 2048, 64, 5461, True, True, torch.bfloat16, torch.bfloat16, torch.int32,
+     torch.bfloat16),
+    ("f37", 50, 2, 6, 64, 16, 37, True, True, torch.bfloat16, torch.bfloat16, torch.int32, torch.bfloat16),
+    ("d40_r24", 12, 1, 8, 40, 24, 100, True, True, torch.float32, torch.float32, torch.int64, torch.bfloat16),
+    ("nogather", 100, 2, 4, 128, 32, 200, False, False, torch.float32, torch.float32, torch.int64, torch.bfloat16),
+    ("d16_r16_noscales", 64, 2, 8, 16, 16, 72, True, True, None, None, torch.int64, torch.bfloat16),
+    ("r4096", 40, 2, 3, 256, 4096, 96, True, True, torch.float32, torch.float32, torch.int64, torch.bfloat16),
+    ("fp16", 128, 2, 16, 256, 64, 5461, True, True, torch.float16, torch.float16, torch.int64, torch.float16),
+    ("r100_d200", 64, 2, 6, 200, 100, 333, True, True, torch.float32, torch.float32, torch.int64, torch.bfloat16),
+    ("r128", 32, 2, 4, 64, 128, 64, True, True, torch.float32, None, torch.int64, torch.bfloat16),
+    ("r32_gather_only", 96, 2, 5, 96, 48, 257, True, False, torch.float32, torch.float32, torch.int64,
+     torch.bfloat16),
+    ("one_scale", 32, 2, 4, 64, 32, 64, False, True, torch.float32, None, torch.int64, torch.bfloat16),
+]
+
+
+@pytest.mark.parametrize("cap", [(9, 0), (10, 0), (12, 0), (12, 1)], ids=lambda c: f"sm{c[0]}{c[1]}")
+def test_every_glu_launch_has_an_aot_variant(cap, monkeypatch):
+    arch = aot.artifact_arch(cap)
+    if aot.index(arch) is None:
+        pytest.skip(f"no AOT cubins for {arch} in this install")
+    from tsct.kernels.triton_glu import glu
+
+    launched = []
+
+    def record(self, grid, values, stream):
+        assert len(values) == len(self.params) - 2
+        assert all(int(g) >= 0 for g in grid)
+        launched.append(self.entry["key"])
+
+    monkeypatch.setenv("TSCT_TRITON_BACKEND", "aot")
+    monkeypatch.setattr(glu, "_capability", lambda dev: cap)
+    monkeypatch.setattr(glu, "_stream", lambda dev: 0)
+    monkeypatch.setattr(aot.AotKernel, "launch", record)
+    g = torch.Generator().manual_seed(0)
+    for (name, T, k, E, d, r, f, gather, scatter, s_dt, rw_dt, idx_dt, dt) in _CASES:
+        m = T * k
+        counts = torch.full((E,), m // E)
+        counts[-1] += m - int(counts.sum())
+        offs = counts.cumsum(0).to(torch.int32)
+        x = torch.randn(T if gather else m, d, generator=g).to(dt)
+        wg, wu = torch.randn(E, d, r).to(dt), torch.randn(E, d, r).to(dt)
+        wd = torch.randn(E, r, f).to(dt)
+        sg = torch.rand(E, r).to(s_dt) if s_dt else None
+        su = (torch.rand(E, r).to(s_dt) if s_dt else None) if name != "one_scale" else None
+        rw = torch.rand(m).to(rw_dt) if rw_dt else None
+        tok = torch.arange(m) // k
+        gi = tok.to(idx_dt) if gather else None
+        si = tok.to(idx_dt) if scatter else None
+        n_out = T if scatter else None
+        launched.clear()
+        glu.grouped_glu_forward(x, offs, wg, wu, wd, sg, su, rw, gi, si, n_out)
+        go = torch.randn(T if scatter else m, f).to(dt)
+        for need in ([True] * 7, [True] + [False] * 6, [False, True, True, False, False, False, False],
+                     [False, False, False, True, False, False, True]):
+            glu.grouped_glu_backward(go, x, offs, wg, wu, wd, sg, su, rw, gi, si, n_out, need)
+        assert len(launched) >= 4, name
+        assert {kk.split("|")[0] for kk in launched} >= {"glu_down_fwd", "glu_up_fwd", "glu_bwd_dz", "glu_bwd_epi"}
+
+
+def test_status_reasons(monkeypatch, tmp_path):
+    from tsct.kernels import triton_glu as TG
+
+    # a fake install with sm_90a cubins only
+    (tmp_path / "sm_90a").mkdir()
+    (tmp_path / "sm_90a" / "index.json").write_text(json.dumps({"arch": "sm_90a", "kernels": {"k": {}}}))
+    monkeypatch.setenv("TSCT_AOT_DIR", str(tmp_path))
+    monkeypatch.delenv("TSCT_TRITON_BACKEND", raising=False)
+    aot._reset_for_tests()
+    try:
+        assert TG.status((9, 0), "bf16") == (True, "AOT cubins for sm_90a")
+        ok, why = TG.status((12, 0), "bf16")
+        assert ok == (why == "Triton JIT")
+        assert not TG.status((9, 0), "nvfp4")[0]
+        assert not TG.status(None, "bf16")[0]
+        monkeypatch.setenv("TSCT_TRITON_BACKEND", "aot")
+        ok, why = TG.status((12, 0), "bf16")
+        assert not ok and "no AOT cubins" in why
+        assert TG.status((9, 0), "fp16") == (True, "AOT cubins for sm_90a")
+    finally:
+        aot._reset_for_tests()
+
+
+def test_kernel_table_matches_the_triton_sources():
+    pytest.importorskip("triton")
+    from tsct.kernels.triton_glu import _kernels as K
+
+    for name, info in specs.KERNELS.items():
+        fn = getattr(K, name)
+        assert tuple(a for a in fn.arg_names if a not in info.constexprs) == info.params, name
+        assert set(info.constexprs) <= set(fn.arg_names), name
