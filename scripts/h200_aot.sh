@@ -6,7 +6,7 @@
 #
 # 1. installs dist/tsct-*.whl into the image's python (no deps, no index: torch is the image's);
 # 2. checks that the installed tsct (not python/ of the checkout) has cubins for this GPU and loads them;
-# 3. the AOT GPU tests (tests/gpu/test_triton_aot.py), then the whole Triton GLU suite
+# 3. the AOT GPU tests (tests/gpu/test_triton_aot_gpu.py), then the whole Triton GLU suite
 #    (tests/gpu/test_triton_glu.py) with TSCT_TRITON_BACKEND=aot: reference tolerances, determinism,
 #    CUDA graphs, M*f past 2^31, all through the cubins;
 # 4. times b1 (padded bmm vs the tsct Triton arm on the cubins) -> $OUT/b1_aot.json.
@@ -47,7 +47,7 @@ cd - >/dev/null
 
 note "AOT GPU tests"
 TSCT_TRITON_BACKEND=aot timeout "$T_AOT" python3 -m pytest -q -p no:cacheprovider --tb=short -rfE -s \
-  tests/gpu/test_triton_aot.py >"$OUT/tests_aot.log" 2>&1
+  tests/gpu/test_triton_aot_gpu.py >"$OUT/tests_aot.log" 2>&1
 r=$?; [[ $rc == 0 ]] && rc=$r
 grep -E "cubins load|bit-identical|passed|failed|error|^FAILED|^ERROR" "$OUT/tests_aot.log" | tail -n 20
 echo "rc=$r"

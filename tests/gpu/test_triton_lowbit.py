@@ -1,0 +1,174 @@
+"""The Triton low-bit grouped GLU (path "triton-lowbit") against tsct.reference on the DEQUANTIZED factors,
+on a CUDA GPU, bf16 activations. NOT YET RUN on a GPU (written 2026-11-29 without one; CPU interpreter
+checks in tests/cpu/test_triton_lowbit.py pass in fp32).
+
+Same harness as tests/gpu/test_triton_glu.py (its cases, NaN-poisoned allocator, determinism), with
+the factors quantized to NVFP4 / sign / a mix. The reference runs in fp32 on the factors decoded to
+fp32 (same math), so the bf16 tolerance of the dense path applies. Factor-slot gradients are the
+gradients w.r.t. the decoded factors (the STE gradient of the masters).
+
+    PYTHONPATH=python python3 -m pytest -q tests/gpu/test_triton_lowbit.py      (scripts/h200_lowbit.sh)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import zlib
+
+import pytest
+import torch
+
+pytestmark = pytest.mark.gpu
+
+triton = pytest.importorskip("triton")
+if not torch.cuda.is_available():
+    pytest.skip("needs a CUDA GPU", allow_module_level=True)
+
+from tsct import quant  # noqa: E402
+from tsct import reference as R  # noqa: E402
+from tsct.kernels import triton_lowbit as TL  # noqa: E402
+
+import importlib.util  # noqa: E402
+import pathlib  # noqa: E402
+
+_spec = importlib.util.spec_from_file_location("_tg", pathlib.Path(__file__).with_name("test_triton_glu.py"))
+TG = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(TG)  # reuse its Case list, input maker and helpers (not its tests)
+
+DEV = TG.DEV
+TOL = 1e-2
+NAMES = TG.NAMES
+FMTS = {"nvfp4": ("nvfp4",) * 3, "sign": ("sign",) * 3, "mixed": ("nvfp4", "sign", "nvfp4")}
+
+
+def _ok(c, fmt):
+    k_gate, k_down = c.d, c.r
+    need = 16 if "nvfp4" in FMTS[fmt] else 8
+    return c.dtype == torch.bfloat16 and k_gate % need == 0 and k_down % need == 0
+
+
+CASES = [(c, fmt) for c in TG.CASES if c.name not in ("d4096_r4096",) for fmt in FMTS if _ok(c, fmt)]
+
+
+def _quantize(p: dict, fmt: str) -> dict:
+    q = dict(p)
+    for key, f in zip(("w_gate", "w_up", "w_down"), FMTS[fmt]):
+        q[key] = quant.quantize(p[key].float(), f)
+    return q
+
+
+def _deq(q: dict) -> dict:
+    return {k: (quant.dequantize(v, dtype=torch.float32, backend="torch") if quant.is_quantized(v) else v)
+            for k, v in q.items()}
+
+
+_cache: dict = {}
+
+
+def results(c, fmt):
+    key = (c.name, fmt)
+    if key in _cache:
+        return _cache[key]
+    p = TG.make_inputs(c, seed=zlib.crc32(c.name.encode()) % 10000)
+    q = _quantize(p, fmt)
+    ref_args = TG.args_of(_deq(q), fp32=True)
+    ref = R.grouped_glu_forward(*ref_args)
+    go = torch.randn(ref.shape, device=DEV).to(c.dtype)
+    ref_grads = R.grouped_glu_backward(go.float(), *ref_args, [True] * 7)
+    runs = []
+    for _ in range(2):
+        TG.poison()
+        out = TL.grouped_glu_forward(*TG.args_of(q))
+        TG.poison()
+        grads = TL.grouped_glu_backward(go, *TG.args_of(q), [True] * 7)
+        torch.cuda.synchronize()
+        runs.append((out, grads))
+    _cache.clear()
+    _cache[key] = (p, q, ref, ref_grads, runs)
+    return _cache[key]
+
+
+@pytest.mark.parametrize("c,fmt", CASES, ids=lambda v: v if isinstance(v, str) else v.name)
+def test_forward(c, fmt):
+    p, q, ref, _, runs = results(c, fmt)
+    out = runs[0][0]
+    assert out.shape == ref.shape and out.dtype == c.dtype
+    assert not out.isnan().any()
+    err = TG.rel_err(out, ref)
+    assert err < TOL, err
+    if not c.scatter and c.pad:
+        assert (out[-c.pad:] == 0).all()
+
+
+@pytest.mark.parametrize("c,fmt", CASES, ids=lambda v: v if isinstance(v, str) else v.name)
+def test_backward(c, fmt):
+    p, q, _, ref_grads, runs = results(c, fmt)
+    grads = runs[0][1]
+    for i, (name, g, rg) in enumerate(zip(NAMES, grads, ref_grads)):
+        if rg is None:
+            assert g is None, name
+            continue
+        assert g is not None and tuple(g.shape) == tuple(rg.shape), name
+        assert not g.isnan().any(), f"{name}: NaN (unwritten?)"
+        err = TG.rel_err(g, rg)
+        assert err < TOL, f"{name}: rel err {err:.3e}"
+    counts = torch.diff(p["offs"], prepend=p["offs"].new_zeros(1))
+    empty = counts == 0
+    if empty.any():
+        for i in (1, 2, 3, 4, 5):
+            if grads[i] is not None:
+                assert (grads[i][empty] == 0).all(), NAMES[i]
+    if c.pad and grads[6] is not None:
+        assert (grads[6][-c.pad:] == 0).all()
+
+
+@pytest.mark.parametrize("c,fmt", CASES, ids=lambda v: v if isinstance(v, str) else v.name)
+def test_deterministic(c, fmt):
+    _, _, _, _, runs = results(c, fmt)
+    (o1, g1), (o2, g2) = runs
+    assert torch.equal(o1, o2)
+    for name, a, b in zip(NAMES, g1, g2):
+        assert (a is None) == (b is None), name
+        if a is not None:
+            assert torch.equal(a, b), name
+
+
+def test_cuda_graph_capture():
+    c = TG.Case("graph", T=512, k=2, E=64, d=256, r=64, f=5461, pad=3)
+    p = TG.make_inputs(c, seed=1)
+    q = _quantize(p, "nvfp4")
+    go = torch.randn(c.T, c.f, device=DEV).to(c.dtype)
+    args = TG.args_of(q)
+    TL.grouped_glu_forward(*args)
+    TL.grouped_glu_backward(go, *args, [True] * 7)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        g_out = TL.grouped_glu_forward(*args)
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(g_out, TL.grouped_glu_forward(*args))
+
+
+def test_ste_masters():
+    from tsct.kernels.triton_lowbit import autograd as A
+
+    c = TG.CASES[2]
+    p = TG.make_inputs(c, seed=7)
+    q = _quantize(p, "mixed")
+    masters = [p["w_gate"].float().clone().requires_grad_(True), None,
+               p["w_down"].float().clone().requires_grad_(True)]
+    x = p["x"].clone().requires_grad_(True)
+    out = A.grouped_glu(x, p["offs"], q["w_gate"], q["w_up"], q["w_down"], p["s_gate"], p["s_up"],
+                        row_weight=p["row_weight"], gather_idx=p["gather_idx"], scatter_idx=p["scatter_idx"],
+                        num_out_rows=p["num_out_rows"], masters=masters)
+    go = torch.randn_like(out)
+    out.backward(go)
+    ref_grads = R.grouped_glu_backward(go.float(), *TG.args_of(_deq(q), fp32=True), [True] * 7)
+    assert TG.rel_err(x.grad, ref_grads[0]) < TOL
+    assert TG.rel_err(masters[0].grad, ref_grads[1]) < TOL
+    assert TG.rel_err(masters[2].grad, ref_grads[3]) < TOL
+
+
+def test_status():
+    assert TL.status((9, 0), "nvfp4")[0]
+    assert not TL.status((7, 5), "nvfp4")[0]
