@@ -1,0 +1,114 @@
+"""Compile the low-bit kernels' b1 variants for a GPU target on a machine WITHOUT a GPU (Triton 3.9 can),
+to catch lowering errors the interpreter cannot see (join/reshape/trans layouts, bf16 dots) and to
+report shared memory and, when cuobjdump is on PATH, registers / local memory (spills).
+
+    PYTHONPATH=python python -m tsct.kernels.triton_lowbit._compile_check [--arch 90|120] [--fmts nvfp4,sign,dense]
+
+Exit status 1 if any variant fails to compile or needs more shared memory than the arch allows.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+
+import triton
+
+from tsct.kernels.triton_glu import specs
+from tsct.kernels.triton_lowbit.glu import WARPS_DECODE
+
+FMT = {"dense": 0, "nvfp4": 1, "sign": 2}
+
+
+def _ptrs(fmt: str, dt: str) -> list[str]:
+    return {"dense": [dt, "*i8", "*i8"], "nvfp4": ["*u8", "*u8", "*fp32"], "sign": ["*u8", "*fp32", "*fp32"]}[fmt]
+
+
+def variants(fmt: str, arch: str):
+    """(kernel, types by param, constexprs, warps, stages) of the b1 launches (bf16, gather+scatter,
+    scales, row weight, r = 64, aligned tiles), forward and backward."""
+    cfg = specs.CONFIGS[arch]
+    dt = "*bf16"
+    f = FMT[fmt]
+    g = _ptrs(fmt, dt)
+    for bwd in (False, True):
+        types = [dt, "*i64", "*i32", "*i32", *g, *g, "*fp32", "*fp32", dt,
+                 "*fp32" if bwd else "*i8", "*fp32" if bwd else "*i8", "*fp32" if bwd else "*i8",
+                 "i32", "i32", "i32", "i32"]
+        yield ("lowbit_down_fwd", types,
+               dict(FMT_G=f, FMT_U=f, HAS_GATHER=True, HAS_SG=True, HAS_SU=True, HAS_RW=bwd, BWD=bwd, BM=cfg.bm,
+                    BR=64, BK=cfg.bk, BLOCK_E=cfg.block_e), WARPS_DECODE, cfg.stages_down)
+    yield ("lowbit_up_fwd", [dt, "*i32", "*i32", *g, "*fp32", dt, "i32", "i32", "i32", "i32"],
+           dict(FMT_D=f, HAS_RW=True, SINGLE_K=True, BM=cfg.bm, BN=cfg.bn_up, BK=64, BLOCK_E=cfg.block_e),
+           cfg.warps_up, cfg.stages_up)
+    yield ("lowbit_bwd_dz", [dt, "*i64", "*i32", *g, dt, "*fp32", dt, "i32", "i32", "i32", "i32"],
+           dict(FMT_D=f, HAS_SCATTER=True, DO_DWD=False, BM=cfg.bm, BR=64, BN=cfg.bn_bwd),
+           WARPS_DECODE, cfg.stages_bwd_dz)
+    yield ("lowbit_bwd_dx_dw", [dt, "*i64", "*i32", *g, *g, dt, dt, dt, "*i8", "*i8", "i32", "i32", "i32"],
+           dict(FMT_G=f, FMT_U=f, HAS_GATHER=True, DO_DX=True, DO_DW=False, BM=cfg.bm, BD=cfg.bd_bwd, BR=64),
+           WARPS_DECODE, cfg.stages_bwd_dxdw)
+
+
+def _resources(cubin: bytes) -> str:
+    exe = shutil.which("cuobjdump")
+    if exe is None:  # pip's nvidia-cuda-cuobjdump
+        import glob
+        hits = glob.glob(os.path.join(os.path.dirname(os.path.dirname(triton.__file__)), "nvidia", "*", "bin",
+                                      "cuobjdump"))
+        exe = hits[0] if hits else None
+    if exe is None:
+        return "(no cuobjdump: registers unknown)"
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as fh:
+        fh.write(cubin)
+        fh.flush()
+        out = subprocess.run([exe, "--dump-resource-usage", fh.name], capture_output=True, text=True).stdout
+    line = [ln.strip() for ln in out.splitlines() if "REG" in ln]
+    return line[0] if line else out.strip()[-200:]
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--arch", default="90", choices=["90", "100", "120"])
+    ap.add_argument("--fmts", default="nvfp4,sign")
+    a = ap.parse_args(argv)
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    from tsct.kernels.triton_lowbit import _kernels as K
+
+    arch = {"90": "sm_90a", "100": "sm_100a", "120": "sm_120"}[a.arch]
+    bad = 0
+    for fmt in a.fmts.split(","):
+        for name, types, consts, warps, stages in variants(fmt, arch):
+            fn = getattr(K, name)
+            runtime = [p for p in fn.arg_names if p not in consts]
+            assert len(runtime) == len(types), (name, runtime, types)
+            sig = dict(zip(runtime, types))
+            sig.update({c: "constexpr" for c in consts})
+            signature = {p: sig[p] for p in fn.arg_names}
+            src = ASTSource(fn=fn, signature=signature, constexprs=dict(consts))
+            t0 = time.perf_counter()
+            try:
+                k = triton.compile(src, target=GPUTarget("cuda", int(a.arch), 32),
+                                   options=dict(num_warps=warps, num_stages=stages, num_ctas=1))
+            except Exception as e:  # noqa: BLE001
+                bad += 1
+                print(f"FAIL {fmt:6s} {name}: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}")
+                continue
+            md = k.metadata
+            over = md.shared > specs.MAX_SHARED[arch]
+            bad += over
+            print(f"ok   {fmt:6s} {name:18s} bwd={consts.get('BWD', '-')!s:5s} shared={md.shared:6d}"
+                  f"{' OVER' if over else ''} {time.perf_counter() - t0:5.1f}s {_resources(k.asm['cubin'])}",
+                  flush=True)
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

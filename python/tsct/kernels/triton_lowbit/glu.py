@@ -1,0 +1,315 @@
+"""Host side of the low-bit grouped GLU (path "triton-lowbit"): factors read packed, decoded in registers.
+
+Signatures and semantics as ``tsct.reference`` / ``tsct.kernels.triton_glu``, except that each of
+``w_gate``, ``w_up``, ``w_down`` may be an ``NVFP4Tensor``, a ``SignTensor`` or a dense tensor (any mix).
+The result equals the reference run on ``tsct.quant.dequantize``'d factors (same math; the tests
+check it in fp32 with the interpreter and in bf16 on the GPU).
+
+Reused unchanged from the bf16 path (``tsct.kernels.triton_glu``): tile configs per arch, the tile map
+(``_tile_cum``), the deterministic combines (``_combine``), the padding zeroing (``_zero_tail``) and the
+weight-free backward epilogue (``glu_bwd_epi``), all through its ``_launch`` (AOT cubin or JIT). The four
+kernels that touch factors are this package's (``_kernels.py``) and run through Triton JIT only: they
+have no AOT cubins yet (``TSCT_TRITON_BACKEND=aot`` is refused by ``status``; adding them is a
+``specs.py``-style table, see the package docstring).
+
+Layout: NVFP4 block scales must be ``"linear"`` here; a ``"swizzled_128x4"`` container is converted
+with ``tsct.quant.to_layout`` on every call (an explicit, counted conversion: ``layout_conversions()``;
+store linear for this path). 2-D containers are a batch of one (E = 1).
+
+Training (STE, design.md section 3). ``grouped_glu_backward`` returns, in the factor slots, the
+gradient with respect to the DECODED factor, dense ``[E, K, N]`` in x.dtype, for every factor whose
+``needs_grad`` flag is set (a packed container has no ``.grad`` of its own). Under STE that IS the
+gradient of the master factor, so there are two ways to train:
+
+1. Masters in the graph (simplest, bf16 bytes): ``w_hat = tsct.quant.fake_quantize(master, fmt)`` each
+   step, then ``tsct.ops.grouped_glu(x, offs, w_hat, ...)`` on the dense path; autograd carries dW to
+   the master through fake_quantize's identity backward.
+2. Packed forward, STE to the masters (this path's bytes): quantize the masters once per optimizer step
+   (``tsct.quant.quantize``; cache the containers, drop the cache after ``optimizer.step()``), and call
+   ``tsct.kernels.triton_lowbit.grouped_glu(x, offs, packed..., masters=(wg, wu, wd))``. Its backward
+   reads the packed factors for dX and returns dW_hat (this module's backward) as the masters' gradient.
+   Without ``masters`` the packed factors get no gradient and the op still returns dX, d s_gate,
+   d s_up and d row_weight (what a frozen low-bit model fine-tuning the router or scales needs).
+"""
+
+from __future__ import annotations
+
+import collections
+import threading
+from typing import Any, Optional, Sequence
+
+import torch
+from torch import Tensor
+
+from tsct.kernels.triton_glu import glu as G
+from tsct.kernels.triton_glu import specs
+
+__all__ = ["grouped_glu_forward", "grouped_glu_backward", "factor_format", "layout_conversions", "launch_counts"]
+
+DENSE, NVFP4, SIGN = 0, 1, 2
+_FMT_NAMES = {DENSE: "dense", NVFP4: "nvfp4", SIGN: "sign"}
+# Warps of the kernels that decode (the bf16 tiles otherwise): with 4 warps the decode temporaries push
+# the sm_90 down / dz / dx kernels to 255 registers plus stack spills (Triton 3.9 + ptxas, cuobjdump);
+# with 8 they fit (down 170-236 registers, no stack). Not timed yet (bench/notes.md).
+WARPS_DECODE = 8
+
+_lock = threading.Lock()
+_conversions: collections.Counter = collections.Counter()
+_launches: collections.Counter = collections.Counter()
+
+
+def layout_conversions() -> dict[str, int]:
+    """{factor name: swizzled -> linear block-scale conversions done by this path} since process start."""
+    with _lock:
+        return dict(_conversions)
+
+
+def launch_counts() -> dict[str, int]:
+    """{kernel: Triton JIT launches} of this package's kernels since process start."""
+    with _lock:
+        return dict(_launches)
+
+
+def factor_format(w) -> int:
+    from tsct.quant import NVFP4Tensor, SignTensor
+
+    if isinstance(w, NVFP4Tensor):
+        return NVFP4
+    if isinstance(w, SignTensor):
+        return SIGN
+    if isinstance(w, Tensor):
+        return DENSE
+    raise TypeError(f"a factor must be a torch.Tensor, NVFP4Tensor or SignTensor, got {type(w).__name__}")
+
+
+def _factor_shape(w) -> tuple[int, int, int]:
+    if isinstance(w, Tensor):
+        return tuple(w.shape)
+    return (w.batch, w.k, w.n)
+
+
+def _factor_args(name: str, w, dtype: torch.dtype) -> tuple[int, list]:
+    """(FMT, [p0, p1, p2]) of one factor, as ``_kernels.py`` reads it."""
+    fmt = factor_format(w)
+    if fmt == DENSE:
+        return fmt, [w.to(dtype).contiguous(), None, None]
+    if fmt == NVFP4:
+        if w.layout != "linear":
+            from tsct.quant import to_layout
+
+            w = to_layout(w, "linear")
+            with _lock:
+                _conversions[name] += 1
+        b, n, k = w.batch, w.n, w.k
+        return fmt, [w.codes.contiguous(), w.block_scale.view(torch.uint8).reshape(b, n, k // 16).contiguous(),
+                     w.global_scale.contiguous()]
+    return fmt, [w.bits.contiguous(), w.scale_k.contiguous(), w.scale_n.contiguous()]
+
+
+def _launch(kernel: str, grid: tuple, args: Sequence[Any], consts: dict, num_warps: int, num_stages: int) -> None:
+    """Triton JIT launch of one of this package's kernels (None = a pointer the flags leave unread)."""
+    from tsct.kernels.triton_lowbit import _kernels as K
+
+    dummy = next(v for v in args if isinstance(v, Tensor))
+    getattr(K, kernel)[grid](*[dummy if v is None else v for v in args], **consts, num_warps=num_warps,
+                             num_stages=num_stages)
+    with _lock:
+        _launches[kernel] += 1
+
+
+def _dims(x, w_gate, w_down, gather_idx):
+    e, d, r = _factor_shape(w_gate)
+    f = _factor_shape(w_down)[2]
+    m = gather_idx.shape[0] if gather_idx is not None else x.shape[0]
+    return e, d, r, f, m
+
+
+def _up_k(r: int) -> tuple[bool, int]:
+    """(SINGLE_K, BK) of the up kernel: the whole rank in one K step when r <= 128 (BK >= 16: NVFP4 blocks)."""
+    if r <= 128:
+        return True, max(16, specs.next_pow2(r))
+    return False, 64
+
+
+def _rank_block(cfg, r: int) -> int:
+    """BR: 16/32/64 by r (a multiple of 16, so NVFP4 scale blocks never straddle a rank block)."""
+    return max(16, min(cfg.br_max, specs.next_pow2(r)))
+
+
+def grouped_glu_forward(
+    x: Tensor,
+    offs: Tensor,
+    w_gate,
+    w_up,
+    w_down,
+    s_gate: Optional[Tensor] = None,
+    s_up: Optional[Tensor] = None,
+    row_weight: Optional[Tensor] = None,
+    gather_idx: Optional[Tensor] = None,
+    scatter_idx: Optional[Tensor] = None,
+    num_out_rows: Optional[int] = None,
+) -> Tensor:
+    """Forward: ``[num_out_rows, f]`` with ``scatter_idx``, else ``[M, f]``; dtype x.dtype. Factors may
+    be dense tensors, NVFP4Tensor (linear block scales preferred) or SignTensor, in any mix."""
+    e, d, r, f, m = _dims(x, w_gate, w_down, gather_idx)
+    n_out = num_out_rows if scatter_idx is not None else m
+    dtype = x.dtype
+    if e == 0 or m == 0 or f == 0 or n_out == 0 or d == 0 or r == 0:
+        return x.new_zeros(n_out, f)
+    dev = x.device
+    cap = G._capability(dev)
+    cfg = G._config(cap)
+    x = x.contiguous()
+    offs = offs.contiguous()
+    fg, pg = _factor_args("w_gate", w_gate, dtype)
+    fu, pu = _factor_args("w_up", w_up, dtype)
+    fd, pd = _factor_args("w_down", w_down, dtype)
+    sg, su = G._scales(s_gate, s_up)
+    rw = G._f32(row_weight)
+    gidx = G._i64(gather_idx)
+    bm, br, bk = cfg.bm, _rank_block(cfg, r), cfg.bk
+    cum = G._tile_cum(offs, bm)
+    max_tiles = G._cdiv(m, bm) + e
+    has_s = sg is not None
+
+    z = torch.empty(m, r, device=dev, dtype=dtype)
+    _launch("lowbit_down_fwd", (max_tiles, G._cdiv(r, br)),
+            [x, gidx, offs, cum, *pg, *pu, sg, su, z, None, None, None, e, d, r, x.stride(0)],
+            dict(FMT_G=fg, FMT_U=fu, HAS_GATHER=gidx is not None, HAS_SG=has_s, HAS_SU=has_s, HAS_RW=False,
+                 BWD=False, BM=bm, BR=br, BK=bk, BLOCK_E=cfg.block_e),
+            WARPS_DECODE, cfg.stages_down)
+    single_k, bk_up = _up_k(r)
+    if scatter_idx is not None:
+        ldy = G._cdiv(f, 8) * 8  # padded row stride: vector stores and combine loads
+        y = torch.empty(m, ldy, device=dev, dtype=dtype)
+    else:
+        ldy = f
+        y = torch.empty(m, f, device=dev, dtype=dtype)
+    _launch("lowbit_up_fwd", (max_tiles,), [z, offs, cum, *pd, rw, y, e, r, f, ldy],
+            dict(FMT_D=fd, HAS_RW=rw is not None, SINGLE_K=single_k, BM=bm, BN=cfg.bn_up, BK=bk_up,
+                 BLOCK_E=cfg.block_e),
+            cfg.warps_up, cfg.stages_up)
+    if scatter_idx is not None:
+        return G._combine(y, scatter_idx, offs, n_out, cfg, cap, ncols=f)
+    G._zero_tail(y, offs, e, cfg, cap)
+    return y
+
+
+def grouped_glu_backward(
+    grad_out: Tensor,
+    x: Tensor,
+    offs: Tensor,
+    w_gate,
+    w_up,
+    w_down,
+    s_gate: Optional[Tensor],
+    s_up: Optional[Tensor],
+    row_weight: Optional[Tensor],
+    gather_idx: Optional[Tensor],
+    scatter_idx: Optional[Tensor],
+    num_out_rows: Optional[int],
+    needs_grad: Sequence[bool],
+) -> list[Optional[Tensor]]:
+    """Gradients w.r.t. (x, w_gate, w_up, w_down, s_gate, s_up, row_weight).
+
+    dX is computed through the decoded factors (read packed, decoded in registers). A factor slot gets
+    the gradient w.r.t. the DECODED factor, dense ``[E, K, N]`` (a dense factor's dtype, else x.dtype),
+    when its flag is set: the STE gradient of its master (module docstring). Scales and row weights
+    as the bf16 path. None where not needed or the input is None.
+    """
+    inputs = [x, w_gate, w_up, w_down, s_gate, s_up, row_weight]
+    want = [bool(n) and t is not None for n, t in zip(needs_grad, inputs)]
+    res: list[Optional[Tensor]] = [None] * 7
+    if not any(want):
+        return res
+    e, d, r, f, m = _dims(x, w_gate, w_down, gather_idx)
+    dtype = x.dtype
+    dev = x.device
+
+    def wdtype(w):
+        return w.dtype if isinstance(w, Tensor) else dtype
+
+    if e == 0 or m == 0 or f == 0 or d == 0 or r == 0:
+        for i, t in enumerate(inputs):
+            if want[i]:
+                res[i] = (torch.zeros_like(t) if isinstance(t, Tensor)
+                          else torch.zeros(_factor_shape(t), device=dev, dtype=dtype))
+        return res
+    cap = G._capability(dev)
+    cfg = G._config(cap)
+    x = x.contiguous()
+    offs = offs.contiguous()
+    go = grad_out.to(dtype).contiguous()
+    fg, pg = _factor_args("w_gate", w_gate, dtype)
+    fu, pu = _factor_args("w_up", w_up, dtype)
+    fd, pd = _factor_args("w_down", w_down, dtype)
+    sg, su = G._scales(s_gate, s_up)
+    rw = G._f32(row_weight)
+    gidx, sidx = G._i64(gather_idx), G._i64(scatter_idx)
+    has_s = sg is not None
+    bm, br, bk = cfg.bm, _rank_block(cfg, r), cfg.bk
+    nrb = G._cdiv(r, br)
+
+    # 1. recompute hg, hu (fp32, second-level scales applied) and z*rw
+    cum = G._tile_cum(offs, bm)
+    max_tiles = G._cdiv(m, bm) + e
+    hg = torch.empty(m, r, device=dev, dtype=torch.float32)
+    hu = torch.empty(m, r, device=dev, dtype=torch.float32)
+    zw = torch.empty(m, r, device=dev, dtype=dtype)
+    _launch("lowbit_down_fwd", (max_tiles, nrb),
+            [x, gidx, offs, cum, *pg, *pu, sg, su, zw, hg, hu, rw, e, d, r, x.stride(0)],
+            dict(FMT_G=fg, FMT_U=fu, HAS_GATHER=gidx is not None, HAS_SG=has_s, HAS_SU=has_s,
+                 HAS_RW=rw is not None, BWD=True, BM=bm, BR=br, BK=bk, BLOCK_E=cfg.block_e),
+            WARPS_DECODE, cfg.stages_down)
+    # 2. dz0 partials over f slices (and dWd_hat)
+    do_dwd = want[3]
+    bn = cfg.bn_bwd
+    n_fs = max(1, min(cfg.fs_bwd, G._cdiv(f, bn)))
+    f_slice = G._cdiv(G._cdiv(f, bn), n_fs) * bn
+    n_fs = G._cdiv(f, f_slice)
+    part = torch.empty(n_fs, m, r, device=dev, dtype=torch.float32)
+    dwd = torch.empty((e, r, f), device=dev, dtype=wdtype(w_down)) if do_dwd else None
+    _launch("lowbit_bwd_dz", (e, nrb, n_fs), [go, sidx, offs, *pd, zw, part, dwd, m, r, f, f_slice],
+            dict(FMT_D=fd, HAS_SCATTER=sidx is not None, DO_DWD=do_dwd, BM=bm, BR=br, BN=bn),
+            WARPS_DECODE, cfg.stages_bwd_dz)
+    # 3. the GLU backward per expert: the bf16 path's weight-free kernel, unchanged
+    dhg = torch.empty(m, r, device=dev, dtype=dtype)
+    dhu = torch.empty(m, r, device=dev, dtype=dtype)
+    dsg = torch.empty(e, r, device=dev, dtype=torch.float32)
+    dsu = torch.empty(e, r, device=dev, dtype=torch.float32)
+    drw = torch.zeros(nrb, m, device=dev, dtype=torch.float32)
+    G._launch("glu_bwd_epi", (e, nrb),
+              [hg, hu, part, offs, sg, su, rw, dhg, dhu, dsg, dsu, drw, m, r, n_fs, m * r],
+              dict(HAS_SG=has_s, HAS_SU=has_s, HAS_RW=rw is not None, BM=bm, BR=br),
+              cfg.warps_bwd_epi, 3, G._aligned(d, r, x.stride(0), x, go), cap, dev)
+    if do_dwd:
+        res[3] = dwd
+    if want[4]:
+        res[4] = dsg.to(s_gate.dtype)
+    if want[5]:
+        res[5] = dsu.to(s_up.dtype)
+    if want[6]:
+        res[6] = (drw[0] if nrb == 1 else drw.sum(0)).to(row_weight.dtype)
+    # 4. dX through the decoded factors; dWg_hat, dWu_hat
+    do_dx, do_dw = want[0], want[1] or want[2]
+    if do_dx or do_dw:
+        dwg = torch.empty((e, d, r), device=dev, dtype=wdtype(w_gate)) if do_dw else None
+        dwu = torch.empty((e, d, r), device=dev, dtype=wdtype(w_up)) if do_dw else None
+        dx_rows = torch.empty(m, d, device=dev, dtype=dtype) if do_dx else None
+        bd = cfg.bd_bwd
+        _launch("lowbit_bwd_dx_dw", (e, G._cdiv(d, bd)),
+                [x, gidx, offs, *pg, *pu, dhg, dhu, dx_rows, dwg, dwu, d, r, x.stride(0)],
+                dict(FMT_G=fg, FMT_U=fu, HAS_GATHER=gidx is not None, DO_DX=do_dx, DO_DW=do_dw, BM=bm, BD=bd,
+                     BR=br),
+                WARPS_DECODE, cfg.stages_bwd_dxdw)
+        if do_dx:
+            if gather_idx is not None:
+                res[0] = G._combine(dx_rows, gather_idx, offs, x.shape[0], cfg, cap)
+            else:
+                G._zero_tail(dx_rows, offs, e, cfg, cap)
+                res[0] = dx_rows
+        if want[1]:
+            res[1] = dwg
+        if want[2]:
+            res[2] = dwu
+    return res

@@ -1,0 +1,102 @@
+"""CPU checks of the Triton low-bit grouped GLU (path "triton-lowbit", issue 4).
+
+The kernels run under Triton's interpreter in fp32 (the interpreter is trusted for fp32 dots only,
+design.md section 5) in ONE subprocess (TRITON_INTERPRET must be set before Triton is imported, and
+other tests in this process may already have imported it): ``tsct.kernels.triton_lowbit._interp_check``
+writes the relative errors of every case, forward and all seven gradients, against ``tsct.reference``
+on the dequantized factors; the tests below assert on them. Plus pure-Python checks of ``status`` and
+of the autograd wrapper's argument checks. About 40 s.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+pytest.importorskip("triton")
+
+ROOT = Path(__file__).resolve().parents[2]
+CASES = ["nvfp4_basic", "sign_basic", "nvfp4_nogs", "sign_nogs_noscales", "mixed_ns_d", "mixed_dd_n",
+         "empty_one_multitile", "nvfp4_d80_r48", "sign_d72_r24", "nvfp4_r144_multik", "swizzled_nvfp4",
+         "f5461_sign_nvfp4"]
+
+
+@pytest.fixture(scope="module")
+def interp(tmp_path_factory):
+    out = tmp_path_factory.mktemp("lowbit") / "res.json"
+    env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=str(ROOT / "python") + os.pathsep
+               + os.environ.get("PYTHONPATH", ""))
+    p = subprocess.run([sys.executable, "-m", "tsct.kernels.triton_lowbit._interp_check", "--json", str(out)],
+                       env=env, cwd=ROOT, capture_output=True, text=True, timeout=900)
+    if not out.exists():
+        pytest.fail(f"interpreter check crashed (rc {p.returncode}):\n{p.stdout[-3000:]}\n{p.stderr[-5000:]}")
+    return json.loads(out.read_text())
+
+
+def test_case_list_matches(interp):
+    assert set(CASES) <= set(interp["results"])
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_interpreter_case(interp, case):
+    errs = interp["results"][case]
+    tol = interp["tol"]
+    bad = {k: v for k, v in errs.items() if not v < tol}
+    assert not bad, f"{case}: {bad} (tol {tol})"
+    for key in ("fwd", "x", "w_gate", "w_up", "w_down", "dx_only"):
+        assert key in errs, f"{case}: {key} not checked"
+
+
+def test_decoders_exhaustive(interp):
+    assert interp["results"]["decode_exhaustive"]["mismatch"] == 0.0
+
+
+def test_ste_autograd(interp):
+    errs = interp["results"]["ste_autograd"]
+    assert errs and all(v < interp["tol"] for v in errs.values()), errs
+
+
+def test_swizzled_conversion_counted(interp):
+    assert interp["conversions"].get("w_gate", 0) > 0
+
+
+def test_status():
+    from tsct.kernels import triton_lowbit as TL
+
+    assert not TL.status(None, "nvfp4")[0]
+    assert not TL.status((7, 5), "nvfp4")[0]
+    assert not TL.status((9, 0), "fp32")[0]
+    ok, why = TL.status((9, 0), "nvfp4")
+    assert ok and "JIT" in why
+    assert TL.status((12, 0), "sign")[0]
+
+
+def test_status_refuses_aot(monkeypatch):
+    from tsct.kernels import triton_lowbit as TL
+
+    monkeypatch.setenv("TSCT_TRITON_BACKEND", "aot")
+    ok, why = TL.status((9, 0), "nvfp4")
+    assert not ok and "AOT" in why
+
+
+def test_wrapper_argument_checks():
+    from tsct import quant
+    from tsct.kernels.triton_lowbit import autograd as A
+
+    wg = torch.randn(2, 16, 16)
+    q = quant.quantize_nvfp4(wg, backend="torch")
+    x = torch.randn(4, 16)
+    offs = torch.tensor([2, 4], dtype=torch.int32)
+    wd = torch.randn(2, 16, 8)
+    with pytest.raises(ValueError, match="dense"):
+        A.grouped_glu(x, offs, q, q, wd, masters=(None, None, torch.randn(2, 16, 8)))
+    with pytest.raises(ValueError, match="shape"):
+        A.grouped_glu(x, offs, q, q, wd, masters=(torch.randn(2, 16, 8), None, None))
+    with pytest.raises(TypeError):
+        A.grouped_glu(x, offs, "nope", q, wd)
