@@ -19,7 +19,7 @@ if [[ $MODE == tests || $MODE == all ]]; then
   python3 -m tsct.kernels.triton_lowbit._compile_check --arch 90 --fmts nvfp4,sign,dense >"$OUT/compile_check.log" 2>&1
   echo "== compile check (rc=$?) =="; grep -E "^(ok|FAIL)" "$OUT/compile_check.log" | sed 's/Function [^:]*://' | cut -c1-150
   t0=$(date +%s)
-  python3 -m pytest -q -p no:cacheprovider --tb=short -rfE --durations=8 tests/gpu/test_triton_lowbit.py "$@" >"$OUT/tests.log" 2>&1
+  python3 -m pytest -q -p no:cacheprovider --tb=short -rfE --durations=8 tests/gpu/test_triton_lowbit_gpu.py "$@" >"$OUT/tests.log" 2>&1
   rc=$?
   echo "== tests (rc=$rc, $(( $(date +%s) - t0 )) s) =="
   grep -E "^(FAILED|ERROR)|passed|failed|error" "$OUT/tests.log" | tail -n 40

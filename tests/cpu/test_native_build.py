@@ -2,8 +2,8 @@
 
 * the install: manifest.json lists sm_90a / sm_100a / sm_120a and the kernels; the .so loads with
   ctypes, has ABI version 2, exports exactly the C functions of tsct.h; build info == manifest;
-  cuobjdump agrees with the manifest (tsct.native.artifacts.verify, also ci/check_artifacts.py;
-  skipped without cuobjdump);
+  cuobjdump agrees with the manifest, for the library and the Triton AOT cubins (tsct.native.artifacts.verify,
+  also ci/check_artifacts.py; skipped without cuobjdump), and tampered copies of the cubin tree are caught;
 * lazy loading: importing tsct / tsct.native loads no library and initialises no CUDA;
 * argument checking without a GPU: the C entry points (TSCT_ERR_BAD_ARGUMENT + detail) and the
   Python wrappers (TypeError / ValueError naming the argument);
@@ -135,8 +135,139 @@ def test_check_artifacts_match(lib_path, cuobjdump):
     m = native.manifest()
     assert [row["target"] for row in r["targets"]] == m["gencodes"]
     assert all(row["ok"] and row["kernels_found"] == len(KERNELS) for row in r["targets"]), r["targets"]
-    assert r["detail"].endswith(": match") and f"{len(m['gencodes'])} targets" in r["detail"], r["detail"]
+    assert r["detail"].startswith(f"library: {len(m['gencodes'])} targets x {len(KERNELS)} kernels match"), r["detail"]
+    aot = r["triton_aot"]
+    if "triton_aot" not in m:
+        assert aot is None and r["detail"].endswith("triton AOT: none in the manifest"), r["detail"]
+    else:  # the Triton cubins: every one listed, present, hashed and of its arch (docs/decisions/0005)
+        sec = m["triton_aot"]
+        total = sum(a["variants"] for a in sec["archs"].values())
+        assert aot["cubins"] == total and [row["arch"] for row in aot["archs"]] == sorted(sec["archs"])
+        for row in aot["archs"]:
+            n = sec["archs"][row["arch"]]["variants"]
+            assert row["ok"] and row["status"] == "ok", row
+            assert row["cubins_index"] == row["present"] == row["sha256_ok"] == row["elf_ok"] == n, row
+            assert row["kernels"] == sec["archs"][row["arch"]]["kernels"], row
+        if sass:  # one variant per (arch, GEMM kernel): the kernels a SASS rule covers
+            assert aot["sass_checked"] == 4 * len(sec["archs"]), aot
+            assert all(row["sass_checked"] == 4 for row in aot["archs"]), aot["archs"]
+        assert f"; triton AOT: {total} cubins, {len(sec['archs'])} archs match" in r["detail"], r["detail"]
+    assert len(r["detail"]) < 150, r["detail"]
     json.dumps(r)  # the probe's --json report carries it
+
+
+def test_sass_rules_cover_the_triton_gemms():
+    from tsct.native import artifacts as A
+
+    gemms = ("glu_down_fwd", "glu_up_fwd", "glu_bwd_dz", "glu_bwd_dx_dw")
+    want = {"sm_90a": "HGMMA.64x64x16.F32.BF16", "sm_100a": "UTCHMMA gdesc[UR4]", "sm_120": "HMMA.16816.F32.BF16"}
+    for arch, insn in want.items():
+        for k in gemms:
+            assert A.rules_cover(arch, k)
+            assert A.rule_failures(arch, {k: f"  /*0100*/  {insn} R4, R8 ;"}) == []
+            assert A.rule_failures(arch, {k: f"  {insn} R4, R8 ;\n  STL [R1+0x10], R4 ;"}) == []  # spills allowed
+            other = next(v for a, v in want.items() if a != arch)
+            assert [kn for kn, _ in A.rule_failures(arch, {k: other})] == [k]
+        for k in ("glu_bwd_epi", "combine_rows", "zero_tail_rows"):
+            assert not A.rules_cover(arch, k)
+    assert not A.rules_cover("sm_120a", "glu_up_fwd") and not A.rules_cover("sm_90a", "glu_up_fwd_x")
+    # the library's kernels keep their no-spill rule, and no Triton rule applies to them
+    assert A.rules_cover("sm_90a", "tsctk_nvfp4_quantize_bf16")
+    assert A.rule_failures("sm_90a", {"tsctk_nvfp4_quantize_bf16": "HGMMA.64x64x16 LDL.64 R2, [R1]"})
+    assert A.rule_failures("sm_120", {"tsctk_sign_pack_f32": "FFMA R1"}) == []
+
+
+def _aot_section():
+    m = native.manifest()
+    if m is None or "triton_aot" not in m:
+        pytest.skip("this build has no Triton AOT cubins (TSCT_TRITON_AOT=OFF)")
+    return m, m["triton_aot"]
+
+
+def _aot_copy(dst: Path, archs: dict[str, tuple[str, dict]]) -> None:
+    """A cubin tree under dst: {arch: (source arch, index.json as dict)}, cubins symlinked from the install."""
+    from tsct.kernels import aot
+
+    for arch, (src_arch, idx) in archs.items():
+        (dst / arch).mkdir(parents=True)
+        for e in idx["kernels"].values():
+            (dst / arch / e["file"]).symlink_to(aot.aot_dir() / src_arch / e["file"])
+        (dst / arch / "index.json").write_text(json.dumps(idx))
+
+
+def test_check_artifacts_aot_tampered_index(lib_path, cuobjdump, tmp_path, capsys):
+    """A copy of the install's cubin tree whose index.json records a wrong sha256 for one cubin and
+    lists one that is not there: a mismatch naming both; the other archs still match."""
+    from tsct.kernels import aot
+    from tsct.native import artifacts
+
+    m, sec = _aot_section()
+    idxs = {a: json.loads((aot.aot_dir() / a / "index.json").read_text()) for a in sec["archs"]}
+    _aot_copy(tmp_path, {a: (a, idx) for a, idx in idxs.items()})
+    r = artifacts.verify(lib=lib_path, cuobjdump=cuobjdump, aot_dir=tmp_path)
+    assert r["ok"], r["problems"]  # the copy itself is faithful
+
+    idx = idxs["sm_90a"]
+    keys = sorted(k for k, e in idx["kernels"].items() if e["kernel"] == "glu_down_fwd")
+    tampered, gone = idx["kernels"][keys[0]], idx["kernels"][keys[1]]
+    tampered["sha256"] = "0" * 64
+    (tmp_path / "sm_90a" / "index.json").write_text(json.dumps(idx))
+    (tmp_path / "sm_90a" / gone["file"]).unlink()
+    r = artifacts.verify(lib=lib_path, cuobjdump=cuobjdump, aot_dir=tmp_path)
+    assert not r["ok"] and r["status"] == "mismatch", r
+    assert any(f"sm_90a/{tampered['file']}" in p and "sha256" in p for p in r["problems"]), r["problems"]
+    assert any(f"sm_90a/{gone['file']}" in p and "missing" in p for p in r["problems"]), r["problems"]
+    assert len(r["problems"]) == 2, r["problems"]
+    rows = {row["arch"]: row for row in r["triton_aot"]["archs"]}
+    assert rows["sm_90a"]["status"] == "MISSING, SHA256" and not rows["sm_90a"]["ok"]
+    assert rows["sm_90a"]["present"] == rows["sm_90a"]["cubins_index"] - 1
+    assert all(row["ok"] for a, row in rows.items() if a != "sm_90a")
+    assert "library: " in r["detail"] and "kernels match; triton AOT: " in r["detail"] and "2 problems" in r["detail"]
+    assert r["targets"] and all(row["ok"] for row in r["targets"])  # the library part is unaffected
+    # the CLI: exit 1, the cubin named
+    assert artifacts.main(["--lib", lib_path, "--cuobjdump", cuobjdump, "--aot-dir", str(tmp_path)]) == 1
+    out = capsys.readouterr().out
+    assert "MISMATCH" in out and tampered["file"] in out and "MISSING, SHA256" in out
+    # a cubin that no index lists, and a manifest that disagrees with the index
+    (tmp_path / "sm_120" / "stray.cubin").write_bytes(b"\x7fELF")
+    m2 = json.loads(json.dumps(m))
+    m2["triton_aot"]["archs"]["sm_100a"]["variants"] += 1
+    r = artifacts.verify(lib=lib_path, manifest=m2, cuobjdump=cuobjdump, aot_dir=tmp_path)
+    assert any("sm_120" in p and "stray.cubin" in p for p in r["problems"]), r["problems"]
+    assert any(p.startswith("triton AOT sm_100a: index.json lists") for p in r["problems"]), r["problems"]
+    # no cubin directory at all
+    r = artifacts.verify(lib=lib_path, cuobjdump=cuobjdump, aot_dir=tmp_path / "nowhere")
+    assert not r["ok"] and r["status"] == "mismatch" and "no cubin directory" in r["problems"][0], r
+
+
+def test_check_artifacts_aot_wrong_arch(lib_path, cuobjdump, tmp_path):
+    """sm_120 cubins posing as sm_90a: --list-elf names the real arch, and with the SASS check the
+    'code for' line and the sm_90a wgmma rule fail (only the GEMM kernel is disassembled)."""
+    from tsct.kernels import aot
+    from tsct.native import artifacts
+
+    m, sec = _aot_section()
+    src = json.loads((aot.aot_dir() / "sm_120" / "index.json").read_text())
+    up = next(e for e in src["kernels"].values() if e["kernel"] == "glu_up_fwd" and e["aligned"])
+    comb = next(e for e in src["kernels"].values() if e["kernel"] == "combine_rows")
+    idx = {"arch": "sm_90a", "triton_version": src["triton_version"], "kernels": {e["key"]: e for e in (up, comb)}}
+    _aot_copy(tmp_path, {"sm_90a": ("sm_120", idx)})
+    m = json.loads(json.dumps(m))
+    m["triton_aot"] = {"dir": sec["dir"], "triton_version": sec["triton_version"],
+                       "archs": {"sm_90a": {"variants": 2, "kernels": {"combine_rows": 1, "glu_up_fwd": 1}}}}
+    sass = artifacts.find_tool("nvdisasm", "NVDISASM") is not None
+    r = artifacts.verify(lib=lib_path, manifest=m, cuobjdump=cuobjdump, aot_dir=tmp_path, sass=sass)
+    assert not r["ok"], r
+    for e in (up, comb):
+        assert any(f"sm_90a/{e['file']}: --list-elf shows ['sm_120']" in p for p in r["problems"]), r["problems"]
+    row = r["triton_aot"]["archs"][0]
+    assert row["elf_ok"] == 0 and row["sha256_ok"] == 2 and "ELF ARCH" in row["status"], row
+    if sass:
+        assert row["sass_checked"] == 1 and "RULE" in row["status"], row
+        assert any(up["file"] in p and "HGMMA" in p for p in r["problems"]), r["problems"]
+        assert any(up["file"] in p and "'code for' ['sm_120']" in p for p in r["problems"]), r["problems"]
+        assert not any(comb["file"] in p and "SASS" in p for p in r["problems"]), r["problems"]
+    assert r["detail"].startswith("library: ") and "triton AOT: 2 cubins, 1 arch: " in r["detail"], r["detail"]
 
 
 def test_check_artifacts_tampered_manifest(lib_path, cuobjdump, tmp_path, capsys):
@@ -188,6 +319,11 @@ def test_check_artifacts_entry_points(lib_path, cuobjdump):
                               capture_output=True, text=True, cwd="/")
         assert proc.returncode == 0, proc.stdout + proc.stderr
         assert "artifacts match the manifest" in proc.stdout
+        if "triton_aot" in (native.manifest() or {}):
+            assert "triton AOT: " in proc.stdout and "cubins, 3 archs match" in proc.stdout, proc.stdout
+    proc = subprocess.run([sys.executable, "-m", "tsct.native.artifacts", "--all-variants"], capture_output=True,
+                          text=True)
+    assert proc.returncode == 2 and "--all-variants needs --sass" in proc.stderr
     code = (
         "import sys, torch, tsct.native.artifacts as A, tsct.native._loader as L\n"
         "print(L._lib is None, 'libtsct_kernels' in open('/proc/self/maps').read(), torch.cuda.is_initialized())\n"

@@ -1,0 +1,105 @@
+"""tsct-probe (tsct.probe.main) on a machine without a GPU: the JSON report's sections, the rendered
+text (self-test names such as "grouped_glu[reference, bf16, float32]" are not eaten as rich markup),
+the Triton AOT listing per arch and kernel (from the index files; nothing loaded), exit status 0."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import torch
+
+from tsct import probe
+
+NO_GPU = not torch.cuda.is_available()
+
+
+def _json_report(capsys, argv):
+    rc = probe.main(argv)
+    out = capsys.readouterr().out
+    return rc, json.loads(out)
+
+
+def test_json_report_sections(capsys):
+    rc, rep = _json_report(capsys, ["--json", "--no-selftest"])
+    assert rc == 0
+    for key in ("versions", "gpus", "artifacts", "dispatch", "selftests"):
+        assert key in rep, key
+    assert rep["versions"]["tsct"] and rep["versions"]["torch"] == torch.__version__
+    assert rep["selftests"] == []
+    if NO_GPU:
+        assert rep["gpus"] == [] and rep["cuda_available"] is False
+    cpu = [d for d in rep["dispatch"] if d["device"] == "cpu"]
+    assert cpu and all(d["path"] == "reference" for d in cpu), cpu
+    assert {d["format"] for d in cpu} >= {"bf16"}
+
+    art = rep["artifacts"]
+    assert {"library", "loadable", "manifest", "triton_aot"} <= set(art)
+    ta = art["triton_aot"]
+    assert {"dir", "triton_version", "archs", "gpus", "backend"} <= set(ta)
+    if NO_GPU:
+        assert ta["gpus"] == []
+    man = art["manifest"] or {}
+    if "triton_aot" in man:  # the counts per kernel per arch are those the manifest promises
+        sec = man["triton_aot"]
+        assert list(ta["archs"]) == ["sm_90a", "sm_100a", "sm_120"]  # by capability
+        assert ta["triton_version"] == sec["triton_version"]
+        for arch, x in ta["archs"].items():
+            assert x["source"] == "index"
+            assert x["kernels"] == sec["archs"][arch]["kernels"]
+            assert x["variants"] == x["manifest_variants"] == sec["archs"][arch]["variants"]
+        assert ta["archs"]["sm_120"]["capabilities"] == ["12.0", "12.1"]
+
+
+def test_json_report_loads_no_cubin():
+    """Listing the AOT kernels reads index.json only: no cubin is looked up or loaded, CUDA stays
+    uninitialised (a fresh process, so other tests' kernel caches do not count)."""
+    code = ("import io, contextlib, torch\n"
+            "from tsct import probe\n"
+            "from tsct.kernels import aot\n"
+            "with contextlib.redirect_stdout(io.StringIO()):\n"
+            "    rc = probe.main(['--json', '--no-selftest'])\n"
+            "print(rc, len(aot._kernels), torch.cuda.is_initialized() if not torch.cuda.is_available() else False)\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
+    assert out == ["0", "0", "False"], out
+
+
+def test_triton_aot_arch_per_gpu():
+    """Which arch each (pretend) GPU would load: exact capability table, 'shipped' only with an index."""
+    from tsct import native
+
+    gpus = [{"index": 0, "capability": "9.0"}, {"index": 1, "capability": "8.0"},
+            {"index": 2, "capability": "12.1"}, {"index": 3, "capability": "10.3"}]
+    ta = probe._triton_aot(native.manifest(), gpus)
+    by = {g["gpu"]: g for g in ta["gpus"]}
+    assert by[0]["arch"] == "sm_90a" and by[2]["arch"] == "sm_120"
+    assert by[1]["arch"] is None and by[3]["arch"] is None and not by[1]["shipped"] and not by[3]["shipped"]
+    shipped = "sm_90a" in ta["archs"]
+    assert by[0]["shipped"] == shipped and by[0]["variants"] == (ta["archs"]["sm_90a"]["variants"] if shipped else 0)
+
+
+def test_render_without_selftests(capsys):
+    assert probe.main(["--no-selftest"]) == 0
+    out = capsys.readouterr().out
+    assert "dispatch (impl='auto')" in out and "self-tests" not in out
+    if NO_GPU:
+        assert "No CUDA GPU visible" in out
+    ta = probe.collect(selftests=False)["artifacts"]["triton_aot"]
+    if ta["archs"]:
+        assert "Triton AOT cubins" in out and "glu_down_fwd" in out
+        for arch in ta["archs"]:
+            assert arch in out
+        if NO_GPU:
+            assert "no GPU: no cubin is loaded" in out and "cc 9.0 would load sm_90a" in out
+
+
+def test_render_with_selftests(capsys):
+    """The self-tests run (about 1 s on the CPU) and their names print as written: rich must not read
+    "[reference, bf16, float32]" as markup."""
+    assert probe.main([]) == 0
+    out = capsys.readouterr().out
+    assert "self-tests against float64" in out
+    for fmt in ("bf16", "nvfp4", "sign"):
+        assert f"grouped_glu[reference, {fmt}, float32]" in out, out
+    assert "FAIL" not in out
