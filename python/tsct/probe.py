@@ -4,8 +4,9 @@ Usage: ``tsct-probe [--json] [--no-selftest] [--verify-artifacts]`` (also ``pyth
 Exit status 1 when a self-test fails, or when ``--verify-artifacts`` finds a mismatch or cannot run.
 
 Sections: versions; GPUs (name, compute capability, SMs, memory); built artifacts (from the
-manifest written at build time; ``--verify-artifacts`` checks it against the binary with
-cuobjdump); for every op and storage format, the path ``impl="auto"`` takes and why; self-tests of
+manifest written at build time, and the Triton AOT cubins per arch and kernel from their index.json
+files, with the arch each GPU would load; ``--verify-artifacts`` checks both against the binaries
+with cuobjdump); for every op and storage format, the path ``impl="auto"`` takes and why; self-tests of
 each runnable path against a float64 computation. With no GPU it says so and covers the CPU paths.
 The text is meant to be pasted into bug reports.
 """
@@ -16,6 +17,7 @@ import argparse
 import ctypes
 import importlib.metadata
 import json
+import os
 import platform
 import shutil
 import subprocess
@@ -88,6 +90,7 @@ def collect(selftests: bool = True, verify_artifacts: bool = False) -> dict[str,
                            "load_error": native.load_error(), "manifest": man}
     if man and gpus:
         art["kernels_loadable_on_gpu0"] = {k: native.kernel_available(k) for k in _manifest_kernels(man)}
+    art["triton_aot"] = _triton_aot(man, gpus)
     if verify_artifacts:
         art["verify"] = _verify_artifacts()
     report["artifacts"] = art
@@ -131,16 +134,59 @@ def _manifest_kernels(man: dict) -> list[str]:
     return names
 
 
+def _triton_aot(man: Optional[dict], gpus: list[dict]) -> dict[str, Any]:
+    """The Triton AOT cubins this install ships (docs/decisions/0005), from the index.json files (the
+    manifest's triton_aot section where an index is missing), and the arch each GPU would load.
+    Reads JSON files only: nothing is loaded, no GPU is touched."""
+    from tsct.kernels import aot
+    from tsct.kernels.triton_glu import specs
+
+    sec = (man or {}).get("triton_aot") or {}
+    sec_archs = sec.get("archs") if isinstance(sec.get("archs"), dict) else {}
+    caps: dict[str, list[str]] = {}
+    for (major, minor), arch in sorted(specs.ARTIFACT_ARCH.items()):
+        caps.setdefault(arch, []).append(f"{major}.{minor}")
+    order = {a: specs.TARGET_CAPABILITY.get(a, 10 ** 6) for a in set(caps) | set(sec_archs)}
+    archs: dict[str, Any] = {}
+    version = sec.get("triton_version")
+    for arch in sorted(order, key=lambda a: (order[a], a)):
+        idx = aot.index(arch)
+        if idx and isinstance(idx.get("kernels"), dict):
+            counts: dict[str, int] = {}
+            for e in idx["kernels"].values():
+                counts[e.get("kernel", "?")] = counts.get(e.get("kernel", "?"), 0) + 1
+            source = "index"
+            version = version or idx.get("triton_version")
+        elif arch in sec_archs:
+            counts, source = dict(sec_archs[arch].get("kernels") or {}), "manifest (no index.json)"
+        else:
+            continue
+        archs[arch] = {"variants": sum(counts.values()), "kernels": dict(sorted(counts.items())),
+                       "capabilities": caps.get(arch, []), "source": source,
+                       "manifest_variants": (sec_archs.get(arch) or {}).get("variants")}
+    loads = []
+    for g in gpus:
+        cap = tuple(int(v) for v in g["capability"].split("."))
+        arch = aot.artifact_arch(cap)
+        shipped = bool(arch and archs.get(arch, {}).get("source") == "index")
+        loads.append({"gpu": g["index"], "capability": g["capability"], "arch": arch, "shipped": shipped,
+                      "variants": archs[arch]["variants"] if shipped else 0})
+    return {"dir": str(aot.aot_dir()), "triton_version": version, "in_manifest": bool(sec), "archs": archs,
+            "backend": os.environ.get("TSCT_TRITON_BACKEND", "auto").strip().lower() or "auto", "gpus": loads}
+
+
 def _verify_artifacts() -> dict[str, Any]:
-    """tsct.native.artifacts.verify() on the library this process would load: the manifest against
-    what cuobjdump finds in the binary. Never raises: ok False and a detail saying why instead."""
+    """tsct.native.artifacts.verify() on the library and the Triton cubins this process would load: the
+    manifest against what cuobjdump finds in the binaries. Never raises: ok False and a detail saying why instead."""
     try:
         from tsct import native
         from tsct.native import artifacts
     except ImportError as exc:
         return {"ok": False, "status": "error", "problems": [], "detail": f"artifact verification unavailable: {exc}"}
     try:
-        return artifacts.verify(lib=native.library_path())
+        from tsct.kernels import aot
+
+        return artifacts.verify(lib=native.library_path(), aot_dir=aot.aot_dir())
     except Exception as exc:  # a bug in the checker must not take the probe down
         return {"ok": False, "status": "error", "problems": [], "detail": f"{type(exc).__name__}: {exc}"}
 
@@ -180,9 +226,8 @@ def render(report: dict[str, Any]) -> None:
     else:
         con.print(f"[yellow]native library not installed[/] ({a['load_error'] or 'no manifest'}): "
                   "quantize/decode use torch")
+    _render_triton_aot(con, a["triton_aot"])
     if "verify" in a:
-        from rich.markup import escape
-
         vr = a["verify"]
         st = vr.get("status") or ("match" if vr.get("ok") else "error")
         head = {"match": "[green]ok[/]", "mismatch": "[red]MISMATCH[/]"}.get(st, "[yellow]not run[/]")
@@ -200,11 +245,48 @@ def render(report: dict[str, Any]) -> None:
     if report["selftests"]:
         t = Table(title="self-tests against float64 / the torch reference")
         for c in ("device", "test", "result", "detail", "s"):
-            t.add_column(c)
+            t.add_column(c, no_wrap=c == "test")
         for s in report["selftests"]:
             t.add_row(s["device"], escape(s["name"]), "[green]pass[/]" if s["ok"] else "[red]FAIL[/]", escape(s["detail"]),
                       f"{s['seconds']:.2f}")
         con.print(t)
+
+
+def _render_triton_aot(con, ta: dict[str, Any]) -> None:
+    from rich.markup import escape
+    from rich.table import Table
+
+    archs = ta["archs"]
+    if not archs:
+        con.print(f"Triton AOT cubins: [yellow]none shipped[/] ({escape(ta['dir'])}): the Triton path needs "
+                  "Triton JIT")
+        return
+    total = sum(x["variants"] for x in archs.values())
+    con.print(f"Triton AOT cubins (Triton {ta['triton_version'] or '?'}): {total} in {len(archs)} archs, "
+              f"{escape(ta['dir'])}; TSCT_TRITON_BACKEND={escape(ta['backend'])}")
+    t = Table(title="Triton AOT cubins per kernel")
+    t.add_column("kernel")
+    for arch, x in archs.items():
+        note = "" if x["source"] == "index" else f"\n{x['source']}"
+        t.add_column(f"{arch}\n(cc {', '.join(x['capabilities']) or '-'}){note}", justify="right")
+    for k in sorted({k for x in archs.values() for k in x["kernels"]}):
+        t.add_row(k, *(str(x["kernels"].get(k, 0)) for x in archs.values()))
+    t.add_row("total", *(str(x["variants"]) for x in archs.values()))
+    con.print(t)
+    if not ta["gpus"]:
+        con.print("  no GPU: no cubin is loaded (a GPU of "
+                  + "; ".join(f"cc {', '.join(x['capabilities'])} would load {a}" for a, x in archs.items()
+                              if x["capabilities"]) + ")")
+    for g in ta["gpus"]:
+        if g["shipped"]:
+            how = f"would load {g['arch']} ({g['variants']} cubins)"
+            if ta["backend"] == "jit":
+                how += ", but TSCT_TRITON_BACKEND=jit uses Triton JIT instead"
+        elif g["arch"]:
+            how = f"[yellow]would load {g['arch']}, which this install does not ship[/]: Triton JIT if installed"
+        else:
+            how = "[yellow]has no AOT cubins[/] (only 9.0, 10.0, 12.0, 12.1 do): Triton JIT if installed"
+        con.print(f"  GPU {g['gpu']} (cc {g['capability']}) {how}")
 
 
 def main(argv: Optional[list[str]] = None) -> int:

@@ -1,7 +1,9 @@
-"""Check that libtsct_kernels.so holds exactly the device code its manifest.json promises.
+"""Check that the installed device code is exactly what the manifest.json promises: the fatbinary of
+libtsct_kernels.so and the Triton AOT cubins (tsct/_aot/<arch>/, docs/decisions/0005-triton-aot.md).
 
-    verify(lib=None, manifest=None, cuobjdump=None, sass=False) -> dict   # never prints
-    python -m tsct.native.artifacts [--lib PATH] [--manifest PATH] [--cuobjdump PATH] [--sass] [--json]
+    verify(lib=None, manifest=None, cuobjdump=None, sass=False, aot_dir=None, all_variants=False) -> dict
+    python -m tsct.native.artifacts [--lib PATH] [--manifest PATH] [--aot-dir DIR] [--cuobjdump PATH]
+                                    [--sass [--all-variants]] [--json]
     python ci/check_artifacts.py [...]                                    # the same, for CI
     tsct-probe --verify-artifacts                                         # a one-line summary
 
@@ -13,6 +15,17 @@ cuobjdump what is in the library and compares with the manifest:
     PTX target against manifest["kernels"];
   * with ``sass=True`` / ``--sass``: ``--dump-sass`` (needs nvdisasm), every manifest kernel present
     per SASS target, and the SASS_RULES table below (required / forbidden instruction regexes).
+and, when the manifest has a "triton_aot" section, the cubins (no cuobjdump needed for the first two):
+  * the manifest's archs / variants / kernel counts == the per-arch index.json files (and the
+    top-level index.json), same Triton version; no cubin on disk that no index lists;
+  * every cubin an index lists exists with the sha256 it records;
+  * ``--list-elf`` of every cubin names exactly its arch (sm_120 stays plain sm_120: it must load on
+    12.0 and 12.1);
+  * with ``sass=True``: for every (arch, kernel) that a SASS_RULES row covers, one variant (the first
+    aligned bf16 one), or every cubin with ``all_variants=True`` / ``--all-variants`` (minutes), is
+    disassembled: its "code for" arch, its function, and SASS_RULES.
+The cubins are found at ``aot_dir`` / ``--aot-dir``, else $TSCT_AOT_DIR, else next to the library
+(site-packages/<manifest triton_aot.dir> for an install, <build dir>/triton_aot for a build tree).
 ``main`` exits 0 if everything matches, 1 on a mismatch (with a report), 2 if it cannot run (no
 cuobjdump, no library, unreadable manifest). cuobjdump comes from the explicit argument, $CUOBJDUMP,
 PATH, or the PyPI package nvidia-cuda-cuobjdump (nvdisasm: $NVDISASM, PATH, nvidia-cuda-nvdisasm),
@@ -26,6 +39,7 @@ from __future__ import annotations
 
 import argparse
 import glob
+import hashlib
 import importlib.util
 import json
 import os
@@ -33,6 +47,7 @@ import re
 import shutil
 import subprocess
 import sys
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -53,12 +68,19 @@ class SassRule:
     why: str = ""
 
 
-# Per-arch SASS expectations, checked by verify(sass=True). Adding a check is one line, e.g.:
+# Per-arch SASS expectations, checked by verify(sass=True) on the library's SASS targets and on the
+# Triton AOT cubins (target = the cubin's arch: sm_90a, sm_100a, plain sm_120; kernel = its function).
+# Adding a check is one line, e.g.:
 #   SassRule(r"sm_120[af]", r"^tsctk_.*nvfp4_gemm", require=r"OMMA\.SF\.16864\.F32\.E2M1\.E2M1\.UE4M3\.4X", why="..."),
-#   SassRule(r"sm_90a", r"^tsctk_.*_wgmma", require=r"HGMMA\.", why="..."),
+# No no-spill rule for the Triton kernels: some variants spill by design (bench/notes.md).
+_TRITON_GEMM = r"^(glu_down_fwd|glu_up_fwd|glu_bwd_dz|glu_bwd_dx_dw)$"
 SASS_RULES: list[SassRule] = [
     SassRule(r".*", r"^tsctk_(nvfp4|sign)_", forbid=r"\b(STL|LDL)(\.\w+)*\b",
              why="quant kernels keep their 16-element block in registers (no local-memory spills)"),
+    SassRule(r"sm_90a", _TRITON_GEMM, require=r"\bHGMMA\.", why="Triton GEMMs use wgmma on sm_90a"),
+    SassRule(r"sm_100a", _TRITON_GEMM, require=r"\bUTCHMMA\b", why="Triton GEMMs use tcgen05 MMA on sm_100a"),
+    SassRule(r"sm_120", _TRITON_GEMM, require=r"\bHMMA\.16816\.F32",
+             why="Triton GEMMs use mma.sync (fp32 accumulate) on plain sm_120"),
 ]
 
 
@@ -150,14 +172,68 @@ def ptx_kernels(text: str) -> dict[str, set[str]]:
     return got
 
 
+def _split_functions(body: str) -> dict[str, str]:
+    """function -> SASS text of a dump's 'Function : name' blocks."""
+    parts = re.split(r"^\s*Function : (\S+)\s*$", body, flags=re.M)
+    got: dict[str, str] = {}
+    for i in range(1, len(parts) - 1, 2):
+        got[parts[i]] = got.get(parts[i], "") + parts[i + 1]
+    return got
+
+
 def sass_functions(text: str) -> dict[str, dict[str, str]]:
-    """arch -> kernel -> SASS text, from `--dump-sass`."""
+    """arch -> kernel -> SASS text, from `--dump-sass` of a fatbinary."""
     got: dict[str, dict[str, str]] = {}
     for arch, body in split_sections(text, "elf"):
-        funcs = re.split(r"^\s*Function : (\S+)\s*$", body, flags=re.M)
-        for i in range(1, len(funcs) - 1, 2):
-            got.setdefault(arch, {})[funcs[i]] = got.get(arch, {}).get(funcs[i], "") + funcs[i + 1]
+        funcs = got.setdefault(arch, {})
+        for name, sass in _split_functions(body).items():
+            funcs[name] = funcs.get(name, "") + sass
     return got
+
+
+def cubin_sass(text: str) -> tuple[list[str], dict[str, str]]:
+    """`--dump-sass` of a lone cubin: (the archs of its 'code for sm_XX' lines, function -> SASS)."""
+    return re.findall(r"^\s*code for (\S+)\s*$", text, re.M), _split_functions(text)
+
+
+def rule_failures(target: str, funcs: dict[str, str]) -> list[tuple[str, str]]:
+    """(kernel, what is wrong) for every SASS_RULES row that applies to `target` and fails."""
+    out = []
+    for rule in SASS_RULES:
+        if not re.fullmatch(rule.arch, target):
+            continue
+        for kname, text in sorted(funcs.items()):
+            if not re.search(rule.kernel, kname):
+                continue
+            if rule.require and not re.search(rule.require, text):
+                out.append((kname, f"SASS lacks /{rule.require}/ ({rule.why})"))
+            if rule.forbid and (m := re.search(rule.forbid, text)):
+                out.append((kname, f"SASS has forbidden '{m.group(0)}' /{rule.forbid}/ ({rule.why})"))
+    return out
+
+
+def rules_cover(target: str, kernel: str) -> bool:
+    return any(re.fullmatch(r.arch, target) and re.search(r.kernel, kernel) for r in SASS_RULES)
+
+
+def _listed_name(target: str) -> str:
+    """How --list-elf names an SASS target: cuobjdump 13.x drops the f of sm_XXf (not the a of sm_XXa)."""
+    return target[:-1] if target.endswith("f") else target
+
+
+def _run_each(tool: str, args: list[str], paths: list[Path], env: dict[str, str] | None = None
+              ) -> list[tuple[str | None, str | None]]:
+    """run_tool on each path, a few at a time: (stdout, None) or (None, why it failed)."""
+    def one(path: Path) -> tuple[str | None, str | None]:
+        try:
+            return run_tool(tool, args, path, env), None
+        except _CannotRun as e:
+            return None, str(e)
+
+    if len(paths) <= 1:
+        return [one(p) for p in paths]
+    with ThreadPoolExecutor(max_workers=max(1, min(8, os.cpu_count() or 1))) as ex:
+        return list(ex.map(one, paths))
 
 
 # --- the check ---------------------------------------------------------------------------------
@@ -181,47 +257,271 @@ def _want_kernels(manifest: dict, gencodes: list[str]) -> dict[str, set[str]]:
     return {g: set(ks) for g in gencodes}  # a flat list: every target holds them all
 
 
-def _summary(gencodes: list[str], want: dict[str, set[str]], sass: bool, problems: list[str]) -> str:
+def find_aot_dir(explicit: str | os.PathLike | None, lib: Path, section: dict | None = None) -> Path:
+    """`explicit`, else $TSCT_AOT_DIR, else next to the library: site-packages/<section["dir"]> for an
+    install (tsct/_lib/libtsct_kernels.so -> tsct/_aot), <dir of the .so>/triton_aot for a build tree.
+    The directory may not exist."""
+    for cand in (explicit, os.environ.get("TSCT_AOT_DIR")):
+        if cand:
+            return Path(cand).expanduser()
+    rel = str((section or {}).get("dir") or "tsct/_aot")
+    cands = [lib.parent.parent.parent / rel, lib.parent / "triton_aot"]
+    return next((c for c in cands if c.is_dir()), cands[0])
+
+
+def _capped(lines: list[str], limit: int = 12) -> list[str]:
+    return lines if len(lines) <= limit else lines[:limit] + [f"... and {len(lines) - limit} more like these"]
+
+
+def _count(problems: list[str]) -> int:
+    """The problems a (possibly _capped) list stands for."""
+    return sum(int(m.group(1)) if (m := re.fullmatch(r"\.\.\. and (\d+) more like these", p)) else 1
+               for p in problems)
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def _verify_aot(res: dict[str, Any], man: dict, lib: Path, aot_arg, cuobjdump: str, sass: bool,
+                all_variants: bool, env: dict[str, str] | None) -> list[str]:
+    """The Triton AOT cubins against the manifest's "triton_aot" section. Fills res["triton_aot"]
+    (None when the manifest has no such section) and returns the problems."""
+    sec = man.get("triton_aot")
+    if sec is None:
+        res["triton_aot"] = None
+        return []
+    if not isinstance(sec, dict) or not isinstance(sec.get("archs"), dict):
+        res["triton_aot"] = {"dir": None, "triton_version": None, "cubins": 0, "sass_checked": 0, "archs": []}
+        return ["triton AOT: the manifest's triton_aot section has no 'archs' table"]
+    root = find_aot_dir(aot_arg, lib, sec)
+    want_archs: dict[str, dict] = sec["archs"]
+    info: dict[str, Any] = {"dir": str(root), "triton_version": sec.get("triton_version"), "all_variants": all_variants,
+                            "cubins": sum(int(a.get("variants") or 0) for a in want_archs.values()),
+                            "sass_checked": 0, "archs": []}
+    res["triton_aot"] = info
+    problems: list[str] = []
+    if not root.is_dir():
+        return [f"triton AOT: no cubin directory {root} (the manifest lists {info['cubins']} cubins in "
+                f"{len(want_archs)} archs; set --aot-dir or $TSCT_AOT_DIR?)"]
+
+    top = root / "index.json"  # the build's summary of all archs, if there is one
+    if top.is_file():
+        try:
+            t = json.loads(top.read_text())
+            tarchs = t.get("archs") or {}
+            if t.get("triton_version") != sec.get("triton_version"):
+                problems.append(f"triton AOT: {top} is for Triton {t.get('triton_version')}, "
+                                f"the manifest {sec.get('triton_version')}")
+            if sorted(tarchs) != sorted(want_archs):
+                problems.append(f"triton AOT: {top} lists archs {sorted(tarchs)}, the manifest {sorted(want_archs)}")
+            for a in sorted(set(tarchs) & set(want_archs)):
+                if (tarchs[a].get("variants"), tarchs[a].get("kernels")) != (want_archs[a].get("variants"),
+                                                                             want_archs[a].get("kernels")):
+                    problems.append(f"triton AOT {a}: {top} counts differ from the manifest's")
+        except (OSError, ValueError, AttributeError) as e:
+            problems.append(f"triton AOT: cannot read {top}: {e}")
+    extra = sorted(d.name for d in root.iterdir() if d.is_dir() and d.name not in want_archs)
+    if extra:
+        problems.append(f"triton AOT: directories not in the manifest: {extra}")
+
+    elf_jobs: list[tuple[dict, str, Path]] = []    # (row, arch, cubin)
+    sass_jobs: list[tuple[dict, str, dict, Path]] = []  # (row, arch, entry, cubin)
+    per_arch: dict[str, list[str]] = {}
+    for arch in sorted(want_archs):
+        want = want_archs[arch] if isinstance(want_archs[arch], dict) else {}
+        row: dict[str, Any] = {"arch": arch, "cubins_manifest": want.get("variants"), "cubins_index": 0,
+                               "present": 0, "sha256_ok": 0, "elf_ok": 0, "sass_checked": 0, "kernels": {},
+                               "status": set()}
+        info["archs"].append(row)
+        bad = per_arch.setdefault(arch, [])
+        idx_path = root / arch / "index.json"
+        try:
+            idx = json.loads(idx_path.read_text())
+            entries = idx["kernels"]
+            if not isinstance(entries, dict):
+                raise ValueError("'kernels' is not a table")
+        except (OSError, ValueError, KeyError, TypeError) as e:
+            bad.append(f"triton AOT {arch}: cannot read {idx_path}: {e}")
+            row["status"].add("NO INDEX")
+            continue
+        row["cubins_index"] = len(entries)
+        if idx.get("arch", arch) != arch:
+            bad.append(f"triton AOT {arch}: {idx_path} says arch {idx.get('arch')}")
+            row["status"].add("INDEX")
+        if idx.get("triton_version") != sec.get("triton_version"):
+            bad.append(f"triton AOT {arch}: index.json is for Triton {idx.get('triton_version')}, "
+                       f"the manifest {sec.get('triton_version')}")
+            row["status"].add("INDEX")
+        counts: dict[str, int] = {}
+        by_kernel: dict[str, list[dict]] = {}
+        for key in sorted(entries):
+            e = entries[key] if isinstance(entries[key], dict) else {}
+            kname = str(e.get("kernel") or str(key).split("|", 1)[0])
+            counts[kname] = counts.get(kname, 0) + 1
+            by_kernel.setdefault(kname, []).append(e)
+        row["kernels"] = dict(sorted(counts.items()))
+        if len(entries) != want.get("variants"):
+            bad.append(f"triton AOT {arch}: index.json lists {len(entries)} cubins, the manifest "
+                       f"{want.get('variants')}")
+            row["status"].add("COUNTS")
+        if want.get("kernels") is not None and row["kernels"] != dict(sorted(want["kernels"].items())):
+            diff = sorted(k for k in set(counts) | set(want["kernels"]) if counts.get(k) != want["kernels"].get(k))
+            bad.append(f"triton AOT {arch}: cubins per kernel differ from the manifest for {diff}")
+            row["status"].add("COUNTS")
+
+        listed = set()
+        file_bad: list[str] = []
+        for key in sorted(entries):
+            e = entries[key] if isinstance(entries[key], dict) else {}
+            fname = str(e.get("file") or "")
+            if not fname or os.sep in fname or fname.startswith("."):
+                file_bad.append(f"triton AOT {arch}: index entry {key!r} has no usable file name ({fname!r})")
+                row["status"].add("INDEX")
+                continue
+            listed.add(fname)
+            path = root / arch / fname
+            if not path.is_file():
+                file_bad.append(f"triton AOT {arch}/{fname}: missing (index key {key})")
+                row["status"].add("MISSING")
+                continue
+            row["present"] += 1
+            got = _sha256(path)
+            if got != e.get("sha256"):
+                file_bad.append(f"triton AOT {arch}/{fname}: sha256 {got[:16]}... != index.json's "
+                                f"{str(e.get('sha256'))[:16]}...")
+                row["status"].add("SHA256")
+            else:
+                row["sha256_ok"] += 1
+            elf_jobs.append((row, arch, path))
+        bad += _capped(file_bad)
+        stray = sorted(p.name for p in (root / arch).glob("*.cubin") if p.name not in listed)
+        if stray:
+            bad.append(f"triton AOT {arch}: cubins no index.json lists: {_capped(stray, 5)}")
+            row["status"].add("STRAY")
+
+        if sass:
+            for kname, es in sorted(by_kernel.items()):
+                es = [e for e in es if (root / arch / str(e.get("file") or "")).is_file() and e.get("file")]
+                if not es:
+                    continue
+                if all_variants:
+                    picks = es
+                elif rules_cover(arch, str(es[0].get("function") or kname)):
+                    picks = [next((e for e in es if e.get("aligned") and "*bf16" in str(e.get("key", ""))), es[0])]
+                else:
+                    picks = []
+                sass_jobs += [(row, arch, e, root / arch / str(e["file"])) for e in picks]
+
+    # --list-elf of every present cubin: exactly one ELF, of its arch
+    elf_bad: dict[str, list[str]] = {}
+    for (row, arch, path), (out, err) in zip(elf_jobs, _run_each(cuobjdump, ["--list-elf"], [j[2] for j in elf_jobs])):
+        got = parse_list(out) if out is not None else None
+        if got == [_listed_name(arch)]:
+            row["elf_ok"] += 1
+            continue
+        elf_bad.setdefault(arch, []).append(
+            f"triton AOT {arch}/{path.name}: " + (err or f"--list-elf shows {got}, expected ['{_listed_name(arch)}']"))
+        row["status"].add("ELF ARCH")
+    for arch, lines in elf_bad.items():
+        per_arch[arch] += _capped(lines)
+
+    # SASS: the arch of the code, the function, SASS_RULES
+    sass_bad: dict[str, list[str]] = {}
+    outs = _run_each(cuobjdump, ["--dump-sass"], [j[3] for j in sass_jobs], env=env)
+    for (row, arch, e, path), (out, err) in zip(sass_jobs, outs):
+        row["sass_checked"] += 1
+        info["sass_checked"] += 1
+        lines = sass_bad.setdefault(arch, [])
+        where = f"triton AOT {arch}/{path.name}"
+        if out is None:
+            lines.append(f"{where}: {err}")
+            row["status"].add("NO SASS")
+            continue
+        codes, funcs = cubin_sass(out)
+        if not codes or set(codes) != {arch}:
+            lines.append(f"{where}: SASS is 'code for' {sorted(set(codes))}, expected {arch}")
+            row["status"].add("ELF ARCH")
+        fn = str(e.get("function") or e.get("kernel") or "")
+        if fn not in funcs:
+            lines.append(f"{where}: no SASS for function {fn!r} (found {sorted(funcs)})")
+            row["status"].add("NO SASS")
+        for kname, what in rule_failures(arch, funcs):
+            lines.append(f"{where} ({kname}): {what}")
+            row["status"].add("RULE")
+    for arch, lines in sass_bad.items():
+        per_arch[arch] += _capped(lines)
+
+    for row in info["archs"]:
+        st = row.pop("status")
+        row.update(ok=not st, status="ok" if not st else ", ".join(sorted(st)))
+    for arch in sorted(per_arch):
+        problems += per_arch[arch]
+    return problems
+
+
+def _verdict(problems: list[str], sass: bool) -> str:
+    if problems:
+        n = _count(problems)
+        return f": {n} problem{'s' if n != 1 else ''}"
+    return " match, rules ok" if sass else " match"
+
+
+def _summary(gencodes: list[str], want: dict[str, set[str]], sass: bool, lib_problems: list[str],
+             aot: dict | None, aot_problems: list[str]) -> str:
+    """One short line, e.g. 'library: 6 targets x 12 kernels match; triton AOT: 714 cubins, 3 archs match'."""
     counts = sorted({len(want.get(g, ())) for g in gencodes})
-    if len(counts) == 1:
-        kern = f"{counts[0]} kernels each"
-    else:
-        kern = f"{counts[0]}-{counts[-1]} kernels" if counts else "no kernels"
-    s = f"{len(gencodes)} targets, {kern}"
-    if sass:
-        s += f", SASS + {len(SASS_RULES)} rule{'s' if len(SASS_RULES) != 1 else ''}"
-    if not problems:
-        return s + ": match"
-    return s + f": {len(problems)} problem{'s' if len(problems) != 1 else ''}"
+    kern = str(counts[0]) if len(counts) == 1 else (f"{counts[0]}-{counts[-1]}" if counts else "0")
+    s = f"library: {len(gencodes)} targets x {kern} kernels" + _verdict(lib_problems, sass)
+    if aot is None:
+        return s + "; triton AOT: none in the manifest"
+    n = len(aot["archs"])
+    s += f"; triton AOT: {aot['cubins']} cubins, {n} arch{'s' if n != 1 else ''}" + _verdict(aot_problems, sass)
+    if sass and aot.get("sass_checked"):
+        s += f" ({aot['sass_checked']} disassembled)"
+    return s
 
 
 def verify(lib: str | os.PathLike | None = None, manifest: str | os.PathLike | dict | None = None,
-           cuobjdump: str | None = None, sass: bool = False) -> dict[str, Any]:
-    """Compare the library's device code (per cuobjdump) with its manifest. Prints nothing.
+           cuobjdump: str | None = None, sass: bool = False, aot_dir: str | os.PathLike | None = None,
+           all_variants: bool = False) -> dict[str, Any]:
+    """Compare the library's device code and the Triton AOT cubins (per cuobjdump) with the manifest.
+    Prints nothing, never raises.
 
     lib: the .so or its directory (default: $TSCT_NATIVE_LIB, else the installed tsct's).
     manifest: a path, or the manifest as a dict (default: manifest.json next to the library).
     cuobjdump: the tool's path (default: $CUOBJDUMP, PATH, the nvidia-cuda-cuobjdump wheel).
-    sass: also disassemble (needs nvdisasm): every kernel has SASS, and SASS_RULES hold.
+    sass: also disassemble (needs nvdisasm): every library kernel has SASS, one cubin per
+        (arch, kernel) that a rule covers is disassembled, and SASS_RULES hold.
+    aot_dir: the directory holding <arch>/index.json (default: $TSCT_AOT_DIR, else next to the library).
+    all_variants: with sass, disassemble every cubin instead of one per (arch, kernel) (minutes).
 
     Returns {"ok", "status" ("match" | "mismatch" | "error"), "library", "manifest", "cuobjdump",
-    "nvdisasm", "sass", "targets" (one row per manifest gencode), "problems" (str each),
-    "detail" (one line: the summary, or why the check could not run), "build" (version, nvcc,
-    built_at from the manifest)}. A missing tool, library or manifest, or a failing tool, gives
-    ok False, status "error" and a detail saying what is missing and how to get it; never raises
-    for those.
+    "nvdisasm", "sass", "all_variants", "targets" (one row per manifest gencode), "triton_aot" (None
+    without a manifest section, else {"dir", "triton_version", "cubins", "sass_checked", "archs": one
+    row per arch}), "problems" (str each), "detail" (one line: the summary, or why the check could not
+    run), "build" (version, nvcc, built_at from the manifest)}. A missing tool, library or manifest, or
+    a failing tool on the library, gives ok False, status "error" and a detail saying what is missing
+    and how to get it; so does an unexpected failure of the checker itself.
     """
     res: dict[str, Any] = {"ok": False, "status": "error", "library": None, "manifest": None, "cuobjdump": None,
-                           "nvdisasm": None, "sass": bool(sass), "targets": [], "problems": [], "detail": "",
-                           "build": {}}
+                           "nvdisasm": None, "sass": bool(sass), "all_variants": bool(all_variants), "targets": [],
+                           "triton_aot": None, "problems": [], "detail": "", "build": {}}
     try:
-        _verify(res, lib, manifest, cuobjdump, sass)
+        _verify(res, lib, manifest, cuobjdump, sass, aot_dir, all_variants)
     except _CannotRun as e:
         res.update(ok=False, status="error", detail=str(e))
+    except Exception as e:  # a bug in the checker (or a malformed manifest) must not take the caller down
+        res.update(ok=False, status="error", detail=f"the artifact check failed: {type(e).__name__}: {e}")
     return res
 
 
-def _verify(res: dict[str, Any], lib_arg, manifest_arg, cuobjdump_arg, sass: bool) -> None:
+def _verify(res: dict[str, Any], lib_arg, manifest_arg, cuobjdump_arg, sass: bool, aot_arg,
+            all_variants: bool) -> None:
     lib = find_library(lib_arg)
     res["library"] = str(lib) if lib is not None else None
     if lib is None or not lib.is_file():
@@ -259,7 +559,7 @@ def _verify(res: dict[str, Any], lib_arg, manifest_arg, cuobjdump_arg, sass: boo
 
     # --list-elf names an sm_XXf cubin "sm_XX" (cuobjdump 13.x); the dump headers keep the suffix.
     listed = sorted(set(list_elf))
-    expect_listed = sorted({g[:-1] if g.endswith("f") else g for g in want_sass})
+    expect_listed = sorted({_listed_name(g) for g in want_sass})
     if listed != expect_listed:
         problems.append(f"--list-elf targets {listed} != manifest SASS targets {expect_listed} (f suffix dropped)")
     if sorted(set(list_ptx)) != sorted({"sm_" + g.split("_", 1)[1] for g in want_ptx}):
@@ -275,7 +575,7 @@ def _verify(res: dict[str, Any], lib_arg, manifest_arg, cuobjdump_arg, sass: boo
         got = elf_kernels.get(g, set()) if kind == "SASS" else ptx_k.get(g, set())
         want = want_kernels.get(g, set())
         if kind == "SASS":
-            count = list_elf.count(g[:-1] if g.endswith("f") else g)
+            count = list_elf.count(_listed_name(g))
         else:
             count = list_ptx.count("sm_" + g.split("_", 1)[1])
         status: list[str] = []
@@ -289,37 +589,38 @@ def _verify(res: dict[str, Any], lib_arg, manifest_arg, cuobjdump_arg, sass: boo
             if absent:
                 problems.append(f"{g}: kernels with no SASS in --dump-sass: {absent}")
                 status.append("NO SASS")
-            for rule in SASS_RULES:
-                if not re.fullmatch(rule.arch, g):
-                    continue
-                for kname, text in sorted(funcs.items()):
-                    if not re.search(rule.kernel, kname):
-                        continue
-                    if rule.require and not re.search(rule.require, text):
-                        problems.append(f"{g}/{kname}: SASS lacks /{rule.require}/ ({rule.why})")
-                        status.append("RULE")
-                    if rule.forbid and (m := re.search(rule.forbid, text)):
-                        problems.append(f"{g}/{kname}: SASS has forbidden '{m.group(0)}' /{rule.forbid}/ ({rule.why})")
-                        status.append("RULE")
+            for kname, what in rule_failures(g, funcs):
+                problems.append(f"{g}/{kname}: {what}")
+                status.append("RULE")
         rows.append({"target": g, "kind": kind, "cubins": count, "kernels_manifest": len(want),
                      "kernels_found": len(got), "ok": not status,
                      "status": "ok" if not status else ", ".join(sorted(set(status)))})
 
-    res.update(ok=not problems, status="mismatch" if problems else "match", targets=rows, problems=problems,
-               detail=_summary(gencodes, want_kernels, sass, problems))
+    aot_problems = _verify_aot(res, man, lib, aot_arg, cuobjdump, sass, all_variants, env)
+    everything = problems + aot_problems
+    res.update(ok=not everything, status="mismatch" if everything else "match", targets=rows, problems=everything,
+               detail=_summary(gencodes, want_kernels, sass, problems, res["triton_aot"], aot_problems))
 
 
 # --- the report --------------------------------------------------------------------------------
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description="Compare libtsct_kernels.so's device code with its manifest.json.")
+    ap = argparse.ArgumentParser(description="Compare libtsct_kernels.so's device code and the Triton AOT cubins "
+                                             "with manifest.json.")
     ap.add_argument("--lib", help="the .so (or its directory); default: the installed tsct, or $TSCT_NATIVE_LIB")
     ap.add_argument("--manifest", help="default: manifest.json next to the library")
+    ap.add_argument("--aot-dir", help="the Triton cubins (<dir>/<arch>/index.json); default: $TSCT_AOT_DIR, "
+                                      "else next to the library")
     ap.add_argument("--cuobjdump", help="default: $CUOBJDUMP, PATH, or the nvidia-cuda-cuobjdump wheel")
     ap.add_argument("--sass", action="store_true", help="also check kernels and SASS_RULES in --dump-sass (needs nvdisasm)")
+    ap.add_argument("--all-variants", action="store_true",
+                    help="with --sass, disassemble every Triton cubin, not one per (arch, kernel) (minutes)")
     ap.add_argument("--json", action="store_true", help="print the findings as JSON too")
     args = ap.parse_args(argv)
+    if args.all_variants and not args.sass:
+        ap.error("--all-variants needs --sass")
 
-    r = verify(lib=args.lib, manifest=args.manifest, cuobjdump=args.cuobjdump, sass=args.sass)
+    r = verify(lib=args.lib, manifest=args.manifest, cuobjdump=args.cuobjdump, sass=args.sass,
+               aot_dir=args.aot_dir, all_variants=args.all_variants)
     if r["status"] == "error":
         print(f"check_artifacts: {r['detail']}", file=sys.stderr)
         if args.json:
@@ -335,16 +636,32 @@ def main(argv: list[str] | None = None) -> int:
     for row in r["targets"]:
         kern = f"{row['kernels_manifest']} / {row['kernels_found']}"
         print(f"{row['target']:<12} {row['kind']:<5} {row['cubins']:>6} {kern:>32}  {row['status']}")
+    aot = r["triton_aot"]
+    if aot is None:
+        print("\ntriton AOT: the manifest has no triton_aot section (built with TSCT_TRITON_AOT=OFF?)")
+    else:
+        print(f"\ntriton AOT: {aot['dir']} (Triton {aot['triton_version']})")
+        print(f"{'arch':<12} {'cubins (manifest / index)':>26} {'present':>8} {'sha256':>7} {'elf arch':>9} "
+              f"{'SASS':>5}  status")
+        for row in aot["archs"]:
+            n = f"{row['cubins_manifest']} / {row['cubins_index']}"
+            print(f"{row['arch']:<12} {n:>26} {row['present']:>8} {row['sha256_ok']:>7} {row['elf_ok']:>9} "
+                  f"{row['sass_checked']:>5}  {row['status']}")
     if r["sass"]:
-        print(f"\nSASS rules checked: {len(SASS_RULES)} ({', '.join(rule.why for rule in SASS_RULES)})")
+        print(f"\nSASS rules checked ({len(SASS_RULES)}):")
+        for rule in SASS_RULES:
+            what = (f"requires /{rule.require}/" if rule.require else "") + \
+                   (" and " if rule.require and rule.forbid else "") + (f"forbids /{rule.forbid}/" if rule.forbid else "")
+            print(f"  {rule.arch:<10} {rule.kernel:<52} {what}: {rule.why}")
     if args.json:
         print(json.dumps(r, indent=2))
+    print(f"\n{r['detail']}")
     if r["problems"]:
         print("\nMISMATCH:")
         for p in r["problems"]:
             print(f"  - {p}")
         return 1
-    print("\nartifacts match the manifest")
+    print("artifacts match the manifest")
     return 0
 
 
