@@ -28,6 +28,7 @@ import torch
 
 from tsct.kernels import aot
 from tsct.kernels.triton_glu import specs
+from tsct.kernels.triton_w4a4 import specs as w4a4_specs
 
 GEMM_KERNELS = ("glu_down_fwd", "glu_up_fwd", "glu_bwd_dz", "glu_bwd_dx_dw")
 MMA = {"sm_90a": r"HGMMA", "sm_120": r"HMMA", "sm_100a": r"UTCHMMA"}
@@ -66,6 +67,7 @@ def test_install_holds_every_manifest_cubin():
         entries = idx["kernels"]
         assert len(entries) == info["variants"]
         counts: dict = {}
+        w4a4 = arch in w4a4_specs.AOT_ARCHS  # the W4A4 family ships sm_90a and sm_120 only
         for key, e in entries.items():
             counts[e["kernel"]] = counts.get(e["kernel"], 0) + 1
             assert e["key"] == key
@@ -75,10 +77,17 @@ def test_install_holds_every_manifest_cubin():
             assert e["num_ctas"] == 1 and 1 <= e["num_warps"] <= 32
             assert e["shared"] <= specs.MAX_SHARED[arch]
             names = [p["name"] for p in e["params"]]
-            assert names == list(specs.KERNELS[e["kernel"]].params) + list(specs.SCRATCH_PARAMS), key
+            fam = specs if e["kernel"] in specs.KERNELS else w4a4_specs
+            assert names == list(fam.KERNELS[e["kernel"]].params) + list(specs.SCRATCH_PARAMS), key
+            assert e["family"] == ("glu" if fam is specs else "w4a4") and e["ptx_arch"] == fam.PTX_ARCH[arch][1], key
         assert counts == info["kernels"]
-        # the index holds exactly the table's specializations
-        assert set(entries) == {s.key for s in specs.enumerate_specs(arch)}
+        # the index holds exactly the tables' specializations (bf16 family, + W4A4 on its arches)
+        want = {s.key for s in specs.enumerate_specs(arch)}
+        if w4a4:
+            want |= {s.key for s in w4a4_specs.enumerate_specs(arch)}
+        assert set(entries) == want
+        fams = {"glu": 238} | ({"w4a4": 20} if w4a4 else {})
+        assert {f: v["variants"] for f, v in idx["families"].items()} == fams, idx["families"]
 
 
 def _cuobjdump():
@@ -112,6 +121,17 @@ def test_cubins_have_the_arch_matrix_instructions():
                 assert MMA[arch] in sass, f"{arch} {e['key']}: no {MMA[arch]} in the SASS"
                 if arch == "sm_120":
                     assert "code for sm_120a" not in sass  # plain sm_120: loads on 12.0 and 12.1
+    # W4A4 (built as sm_120f on sm_120): the native block-scaled MMA; sm_90a: the bf16 emulation on wgmma
+    need = {"sm_90a": "HGMMA.64x64x16.F32.BF16", "sm_120": "OMMA.SF.16864.F32.E2M1.E2M1.UE4M3.4X"}
+    for arch in set(sec["archs"]) & set(w4a4_specs.AOT_ARCHS):
+        sample = [e for e in aot.index(arch)["kernels"].values() if e["kernel"] == "w4a4_up_fwd"]
+        assert len(sample) == 16
+        for e in (next(e for e in sample if e["aligned"] and "bf16" in e["key"]),
+                  next(e for e in sample if not e["aligned"] and "fp16" in e["key"])):
+            sass = subprocess.run([exe, "-sass", str(aot.aot_dir() / arch / e["file"])], check=True,
+                                  capture_output=True, text=True).stdout
+            assert f"code for {arch}" in sass and need[arch] in sass, (arch, e["file"])
+            assert "HMMA." not in sass, (arch, e["file"])
 
 
 def test_pack_args_layout():

@@ -90,9 +90,15 @@ def test_variant_table():
     for arch in ("sm_90a", "sm_120"):
         specs = list(S.enumerate_specs(arch))
         assert len(specs) == 20 and len({s.key for s in specs}) == 20
-    assert S.PTX_ARCH["sm_120"] == (120, "sm_120f")
+    assert S.PTX_ARCH["sm_120"] == (120, "sm_120f") and S.AOT_ARCHS == ("sm_90a", "sm_120")
     from tsct.kernels.triton_glu import specs as G
-    assert not set(S.KERNELS) & set(G.KERNELS)  # keys cannot collide when the indexes are merged
+    assert not set(S.KERNELS) & set(G.KERNELS)  # keys cannot collide: one index per arch for both families
+    # one key format / Spec / limits for every family (W4A4 keeps only its own tables)
+    assert S.Spec is G.Spec and S.KernelInfo is G.KernelInfo and S.MAX_SHARED is G.MAX_SHARED
+    assert S.TRITON_VERSION == G.TRITON_VERSION and S.DTYPE_TYPES["float8_e4m3fn"] == "*fp8e4nv"
+    s0 = next(S.enumerate_specs("sm_120"))
+    assert s0.key == S.spec_key(s0.kernel, dict(s0.types), dict(s0.constexprs), s0.num_warps, s0.num_stages,
+                                s0.aligned)
 
 
 @pytest.mark.skipif(triton.__version__ != "3.9.0", reason="the AOT build is pinned to Triton 3.9.0")

@@ -1,100 +1,156 @@
 #!/usr/bin/env python3
-"""Compile the Triton grouped-GLU kernels ahead of time: cubins + a JSON index per arch.
+"""Compile the Triton kernel families ahead of time: cubins + one JSON index per arch.
 
-    python aot_build.py --out DIR [--archs sm_90a,sm_100a,sm_120] [--jobs N] [--cache-dir DIR]
+    python aot_build.py --out DIR [--archs sm_90a,sm_100a,sm_120] [--families glu,w4a4] [--jobs N]
+                        [--cache-dir DIR] [--check-sass]
 
 Run by CMake at wheel-build time (option TSCT_TRITON_AOT) with the build environment's Python, which
-has the pinned Triton (pyproject.toml [build-system].requires); needs no GPU. For each arch and each
-specialization in ``specs.enumerate_specs(arch)`` (the table glu.py launches from) it calls
-``triton.compile(ASTSource(fn, signature, constexprs, attrs), target=GPUTarget("cuda", cc, 32))`` with
-an explicit signature and, for aligned specializations, ``tt.divisibility=16`` on the parameters in
-``specs.KERNELS[k].hinted``, and writes
+has the pinned Triton (pyproject.toml [build-system].requires); needs no GPU and no torch.
+
+A *family* is a kernel module, its variant table and its PTX target per arch (``FAMILIES``):
+
+  glu    triton_glu/_kernels.py, triton_glu/specs.py     (bf16 / fp16 grouped GLU, fwd + bwd)
+  w4a4   triton_w4a4/_kernels.py, triton_w4a4/specs.py   (NVFP4 quantizer + up-projection; only its
+                                                          specs.AOT_ARCHS; sm_120 emitted as sm_120f)
+
+For each (family, arch, specialization in ``specs.enumerate_specs(arch)``, the table the host code
+launches from) it calls ``triton.compile(ASTSource(fn, signature, constexprs, attrs),
+target=GPUTarget("cuda", cc, 32))`` with an explicit signature and, for aligned specializations,
+``tt.divisibility=16`` on the parameters in ``specs.KERNELS[k].hinted``, and writes
 
     DIR/<arch>/<kernel>_<hash16>.cubin
-    DIR/<arch>/index.json     {"arch", "triton_version", "kernels": {spec key: entry}}
-    DIR/index.json            {"triton_version", "archs": {arch: {"variants": n, "kernels": {name: n}}}}
+    DIR/<arch>/index.json     {"arch", "target", "triton_version", "families", "kernels": {spec key: entry}}
+    DIR/index.json            {"triton_version", "archs": {arch: {"variants": n, "kernels": {name: n}, "bytes"}}}
 
-An entry holds the kernel name, file, num_warps, num_ctas, num_stages, shared bytes, the parameter
-list in launch order (including Triton's trailing global/profile scratch pointers), the constexprs,
-the alignment flag and the cubin's sha256. The build fails if a variant needs scratch memory, more
-than one CTA, or more shared memory than its arch allows.
+Every family goes into the same per-arch index (kernel names never collide; the build checks).
+An entry holds the kernel name, family, ptx_arch, file, num_warps, num_ctas, num_stages, shared bytes,
+the parameter list in launch order (including Triton's trailing global/profile scratch pointers), the
+constexprs, the alignment flag and the cubin's sha256. The build fails if a variant needs scratch
+memory, more than one CTA, or more shared memory than its arch allows, or if its PTX target is not the
+family's.
 
-sm_120: Triton names every capability >= 90 "sm_XXa"; an sm_120a cubin would not load on 12.1
-parts, so this build makes Triton emit plain sm_120 (bf16 mma.sync needs no arch-specific feature).
+PTX targets: Triton names every capability >= 90 "sm_XXa"; the build patches that name per compile
+job to the family's ``specs.PTX_ARCH[arch]``: plain sm_120 for the bf16 kernels (an sm_120a cubin
+would not load on 12.1 parts; bf16 mma.sync needs no arch-specific feature), sm_120f for W4A4
+(plain sm_120 has no block-scaled MMA: ptxas rejects dot_scaled).
 
 Incremental: Triton's own cache (``--cache-dir``, default ``DIR.cache``, never shipped) keys on the
-kernel source, so a rebuild with unchanged sources only rewrites the outputs.
+kernel source but not on the patched arch name, so each (family, PTX target) has its own cache
+directory ``<cache>/<family>/<ptx arch>``; a rebuild with unchanged sources only rewrites the outputs.
+
+``--check-sass`` disassembles every cubin that a ``tsct.native.artifacts.SASS_RULES`` row covers
+(cuobjdump: $CUOBJDUMP, PATH, the nvidia-cuda-cuobjdump wheel, or Triton's bundled one), fails on a
+rule violation and writes a per-kernel instruction histogram to ``DIR/<arch>/sass_summary.json``
+(development; the wheel build does not pass it, ``ci/check_artifacts.py --sass`` checks the install).
 """
 
 from __future__ import annotations
 
 import argparse
+import collections
 import concurrent.futures as cf
 import hashlib
+import importlib.util
 import json
 import os
+import re
 import shutil
+import subprocess
 import sys
 import time
 from pathlib import Path
 
-import importlib.util
-
 _HERE = Path(__file__).resolve().parent
+_KERNELS_DIR = _HERE.parent                       # python/tsct/kernels
+_ARTIFACTS = _KERNELS_DIR.parent / "native" / "artifacts.py"
 
 
-def _load(name: str, path: Path):
-    """Load a module of this directory by path: the build env has Triton but no torch, so the tsct
-    package (whose __init__ imports torch) must not be imported."""
+def _load(name: str, path: Path, alias: str | None = None):
+    """Load a module by path: the build env has Triton but no torch, so the tsct package (whose
+    __init__ imports torch) must not be imported. ``alias``: also register it under that name, so
+    that another family's ``from tsct.kernels.triton_glu.X import ...`` finds it."""
     spec = importlib.util.spec_from_file_location(name, path)
     mod = importlib.util.module_from_spec(spec)
     sys.modules[name] = mod
+    if alias:
+        sys.modules[alias] = mod
     spec.loader.exec_module(mod)
     return mod
 
 
-specs = _load("_tsct_aot_specs", _HERE / "specs.py")  # no torch, no triton
+# The shared table module first: the other families' specs import from it.
+specs = _load("_tsct_aot_specs", _HERE / "specs.py", alias="tsct.kernels.triton_glu.specs")
+
+# family -> (package directory, specs module name, kernels module name); every name is the one the
+# build has always used for the bf16 family (the module name is part of what Triton compiles).
+FAMILIES: dict[str, tuple[Path, str, str]] = {
+    "glu": (_HERE, "_tsct_aot_specs", "_tsct_aot_kernels"),
+    "w4a4": (_KERNELS_DIR / "triton_w4a4", "_tsct_w4a4_specs", "_tsct_w4a4_kernels"),
+}
+_BOOL_PREFIXES = ("HAS_", "DO_", "BWD", "SINGLE_")  # constexprs passed to Triton as bool
+
+
+def family_specs(family: str):
+    """The variant table module of a family (no Triton, no torch)."""
+    d, name, _ = FAMILIES[family]
+    return sys.modules.get(name) or _load(name, d / "specs.py")
+
+
+def family_archs(family: str) -> tuple[str, ...]:
+    """The arches a family ships cubins for (default: all of its PTX_ARCH table)."""
+    fs = family_specs(family)
+    return tuple(getattr(fs, "AOT_ARCHS", None) or fs.PTX_ARCH)
+
 
 _state: dict = {}
 
 
-def _init_worker(cache_dir: str) -> None:
-    os.environ["TRITON_CACHE_DIR"] = cache_dir
+def _init_worker() -> None:
     os.environ.setdefault("TRITON_DEFAULT_FP_FUSION", "1")  # Triton's 3.x default, stated (the JIT uses it too)
     os.environ["TRITON_DISABLE_LINE_INFO"] = "1"  # no source line tables: a third of the cubin bytes
     import triton
     import triton.backends.nvidia.compiler as nvc
 
     orig = nvc.sm_arch_from_capability
+    ptx = _state.setdefault("ptx", {})  # capability -> PTX target of the job being compiled
 
     def sm_arch(capability: int) -> str:
-        return "sm_120" if capability == 120 else orig(capability)
+        return ptx.get(capability) or orig(capability)
 
     nvc.sm_arch_from_capability = sm_arch
-    _state.update(triton=triton, kernels=_load("_tsct_aot_kernels", _HERE / "_kernels.py"))
+    # triton_glu/_kernels.py keeps its build-time module name; W4A4 imports its helpers by package name
+    glu_k = _load(FAMILIES["glu"][2], _HERE / "_kernels.py", alias="tsct.kernels.triton_glu._kernels")
+    mods = {"glu": glu_k}
+    for fam, (d, _, kname) in FAMILIES.items():
+        if fam != "glu":
+            mods[fam] = _load(kname, d / "_kernels.py")
+    _state.update(triton=triton, kernels=mods)
 
 
-def _compile(arch: str, spec: specs.Spec) -> dict:
+def _compile(family: str, arch: str, spec, cache_dir: str) -> dict:
     triton = _state["triton"]
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
-    fn = getattr(_state["kernels"], spec.kernel)
-    info = specs.KERNELS[spec.kernel]
+    fs = family_specs(family)
+    cap, ptx_arch = fs.PTX_ARCH[arch]
+    os.environ["TRITON_CACHE_DIR"] = cache_dir  # read by Triton at each compile
+    _state["ptx"].clear()
+    _state["ptx"][cap] = ptx_arch
+    fn = getattr(_state["kernels"][family], spec.kernel)
+    info = fs.KERNELS[spec.kernel]
     consts = dict(spec.constexprs)
     types = dict(spec.types)
     runtime = [a for a in fn.arg_names if a not in consts]
     if tuple(runtime) != info.params or set(consts) != set(info.constexprs):
-        raise SystemExit(f"aot_build: {spec.kernel}: parameters {fn.arg_names} do not match specs.KERNELS")
+        raise SystemExit(f"aot_build: {spec.kernel}: parameters {fn.arg_names} do not match the {family} specs.KERNELS")
     signature = {a: ("constexpr" if a in consts else types[a]) for a in fn.arg_names}
-    attrs = {}
-    if spec.aligned:
-        attrs = {(fn.arg_names.index(p),): [["tt.divisibility", 16]] for p in info.hinted
-                 if specs.is_used(spec.kernel, p, consts)}
-    src = ASTSource(fn=fn, signature=signature, constexprs={k: (bool(v) if k.startswith(("HAS_", "DO_", "BWD",
-                    "SINGLE_")) else v) for k, v in consts.items()}, attrs=attrs)
+    hinted = [p for p in info.hinted if spec.aligned and fs.is_used(spec.kernel, p, consts)]
+    attrs = {(fn.arg_names.index(p),): [["tt.divisibility", 16]] for p in hinted}
+    src = ASTSource(fn=fn, signature=signature, constexprs={k: (bool(v) if k.startswith(_BOOL_PREFIXES) else v)
+                                                             for k, v in consts.items()}, attrs=attrs)
     t0 = time.perf_counter()
-    k = triton.compile(src, target=GPUTarget("cuda", specs.TARGET_CAPABILITY[arch], 32),
+    k = triton.compile(src, target=GPUTarget("cuda", cap, 32),
                        options=dict(num_warps=spec.num_warps, num_stages=spec.num_stages, num_ctas=1,
                                     enable_fp_fusion=True))
     md = k.metadata
@@ -105,14 +161,19 @@ def _compile(arch: str, spec: specs.Spec) -> dict:
         problems.append("needs a cluster / cooperative / PDL launch")
     if md.shared > specs.MAX_SHARED[arch]:
         problems.append(f"needs {md.shared} bytes of shared memory (> {specs.MAX_SHARED[arch]})")
+    m = re.search(r"^\.target\s+(\S+)", k.asm.get("ptx", ""), re.M)
+    if m is None or m.group(1) != ptx_arch:
+        problems.append(f"PTX target {m and m.group(1)}, expected {ptx_arch} (stale Triton cache?)")
     if problems:
-        raise SystemExit(f"aot_build: {arch} {spec.key}: " + "; ".join(problems))
+        raise SystemExit(f"aot_build: {family} {arch} {spec.key}: " + "; ".join(problems))
     cubin = k.asm["cubin"]
     params = [{"name": p, "type": types[p]} for p in info.params]
     params += [{"name": p, "type": "*i8"} for p in specs.SCRATCH_PARAMS]
     return {
         "key": spec.key,
         "kernel": spec.kernel,
+        "family": family,
+        "ptx_arch": ptx_arch,
         "function": md.name,
         "file": specs.key_file_stem(spec.key) + ".cubin",
         "num_warps": md.num_warps,
@@ -123,20 +184,65 @@ def _compile(arch: str, spec: specs.Spec) -> dict:
         "params": params,
         "constexprs": consts,
         "aligned": spec.aligned,
-        "hinted": [p for p in info.hinted if spec.aligned and specs.is_used(spec.kernel, p, consts)],
+        "hinted": hinted,
         "sha256": hashlib.sha256(cubin).hexdigest(),
         "compile_s": round(time.perf_counter() - t0, 3),
         "_cubin": cubin,
     }
 
 
+# ---- --check-sass (development): the SASS_RULES of tsct.native.artifacts on the fresh cubins ---------
+
+_OP = re.compile(r"^\s+/\*[0-9a-f]{4,}\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Za-z0-9_.]*)", re.M)
+
+
+def _cuobjdump(artifacts) -> str:
+    exe = artifacts.find_tool("cuobjdump", "CUOBJDUMP")
+    if exe is None:
+        spec = importlib.util.find_spec("triton")
+        cand = Path(spec.origin).parent / "backends" / "nvidia" / "bin" / "cuobjdump" if spec and spec.origin else None
+        exe = str(cand) if cand and cand.is_file() and os.access(cand, os.X_OK) else None
+    if exe is None:
+        raise SystemExit(f"aot_build: --check-sass needs cuobjdump ({artifacts.CUOBJDUMP_HINT} or set CUOBJDUMP)")
+    return exe
+
+
+def check_sass(out: Path, archs: list[str]) -> dict:
+    """Disassemble every cubin a SASS_RULES row covers; fail on a rule; write sass_summary.json per arch:
+    {key: {"code_for": "sm_120", "ops": {mnemonic: count}}}."""
+    artifacts = _load("_tsct_aot_artifacts", _ARTIFACTS)
+    exe = _cuobjdump(artifacts)
+    report, bad = {}, []
+    for a in archs:
+        idx = json.loads((out / a / "index.json").read_text())
+        per = {}
+        for key, ent in sorted(idx["kernels"].items()):
+            if not artifacts.rules_cover(a, ent["kernel"]):
+                continue
+            text = subprocess.run([exe, "-sass", str(out / a / ent["file"])], check=True, capture_output=True,
+                                  text=True).stdout
+            codes, funcs = artifacts.cubin_sass(text)
+            per[key] = {"code_for": codes[0] if codes else None,
+                        "ops": dict(collections.Counter(_OP.findall(text)).most_common())}
+            bad += [f"{a} {key} ({kn}): {what}" for kn, what in artifacts.rule_failures(a, funcs)]
+            if set(codes) != {a}:
+                bad.append(f"{a} {key}: SASS is 'code for' {sorted(set(codes))}")
+        (out / a / "sass_summary.json").write_text(json.dumps(per, indent=1, sort_keys=True) + "\n")
+        report[a] = per
+    if bad:
+        raise SystemExit("aot_build: SASS_RULES violated:\n  " + "\n  ".join(bad[:20]))
+    return report
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", required=True, type=Path)
     ap.add_argument("--archs", default=",".join(specs.CONFIGS))
+    ap.add_argument("--families", default=",".join(FAMILIES))
     ap.add_argument("--jobs", type=int, default=os.cpu_count() or 1)
     ap.add_argument("--cache-dir", type=Path, default=None)
-    ap.add_argument("--limit", type=int, default=0, help="compile only the first N variants per arch (testing)")
+    ap.add_argument("--limit", type=int, default=0, help="compile only the first N variants per family and arch (testing)")
+    ap.add_argument("--check-sass", action="store_true", help="apply SASS_RULES to the new cubins (cuobjdump)")
     ap.add_argument("--allow-other-triton", action="store_true",
                     help=f"do not insist on Triton {specs.TRITON_VERSION} (development only)")
     args = ap.parse_args(argv)
@@ -151,23 +257,39 @@ def main(argv: list[str] | None = None) -> int:
                          f"{specs.TRITON_VERSION} (pyproject.toml [build-system].requires)")
     archs = [a for a in args.archs.replace(";", ",").split(",") if a]
     for a in archs:
-        if a not in specs.CONFIGS:
-            raise SystemExit(f"aot_build: unknown arch {a!r}; expected some of {list(specs.CONFIGS)}")
+        if a not in specs.PTX_ARCH:
+            raise SystemExit(f"aot_build: unknown arch {a!r}; expected some of {list(specs.PTX_ARCH)}")
+    families = [f for f in args.families.replace(";", ",").split(",") if f]
+    for f in families:
+        if f not in FAMILIES:
+            raise SystemExit(f"aot_build: unknown kernel family {f!r}; expected some of {list(FAMILIES)}")
+    names: dict[str, str] = {}
+    for f in families:
+        for k in family_specs(f).KERNELS:
+            if names.setdefault(k, f) != f:
+                raise SystemExit(f"aot_build: kernel {k!r} is in the families {names[k]} and {f}")
     out: Path = args.out.resolve()
     cache = (args.cache_dir or out.with_name(out.name + ".cache")).resolve()
-    cache.mkdir(parents=True, exist_ok=True)
 
-    jobs = [(a, s) for a in archs for s in list(specs.enumerate_specs(a))[: args.limit or None]]
+    jobs = []  # (family, arch, spec, cache dir of the family's PTX target)
+    for f in families:
+        fs = family_specs(f)
+        for a in archs:
+            if a not in family_archs(f):
+                continue
+            cdir = cache / f / fs.PTX_ARCH[a][1]
+            cdir.mkdir(parents=True, exist_ok=True)
+            jobs += [(f, a, s, str(cdir)) for s in list(fs.enumerate_specs(a))[: args.limit or None]]
     t0 = time.time()
     results: dict[str, dict[str, dict]] = {a: {} for a in archs}
     if args.jobs <= 1:
-        _init_worker(str(cache))
-        done = (_compile(a, s) for a, s in jobs)
-        for (a, _), r in zip(jobs, done):
-            results[a][r["key"]] = r
+        _init_worker()
+        for j in jobs:
+            r = _compile(*j)
+            results[j[1]][r["key"]] = r
     else:
-        with cf.ProcessPoolExecutor(args.jobs, initializer=_init_worker, initargs=(str(cache),)) as ex:
-            futs = {ex.submit(_compile, a, s): a for a, s in jobs}
+        with cf.ProcessPoolExecutor(args.jobs, initializer=_init_worker) as ex:
+            futs = {ex.submit(_compile, *j): j[1] for j in jobs}
             for n, fut in enumerate(cf.as_completed(futs), 1):
                 r = fut.result()
                 results[futs[fut]][r["key"]] = r
@@ -181,13 +303,16 @@ def main(argv: list[str] | None = None) -> int:
             shutil.rmtree(d)
         d.mkdir(parents=True)
         entries = {}
+        fams: dict[str, dict] = {}
         for key in sorted(results[a]):
             r = dict(results[a][key])
             (d / r["file"]).write_bytes(r.pop("_cubin"))
             r.pop("compile_s")
             entries[key] = r
-        index = {"arch": a, "target": f"cuda:{specs.TARGET_CAPABILITY[a]}:32", "triton_version": triton.__version__,
-                 "kernels": entries}
+            fam = fams.setdefault(r["family"], {"ptx_arch": r["ptx_arch"], "variants": 0})
+            fam["variants"] += 1
+        index = {"arch": a, "target": f"cuda:{specs.PTX_ARCH[a][0]}:32", "triton_version": triton.__version__,
+                 "families": fams, "kernels": entries}
         (d / "index.json").write_text(json.dumps(index, indent=1, sort_keys=True) + "\n")
         per_kernel: dict[str, int] = {}
         for r in entries.values():
@@ -196,8 +321,15 @@ def main(argv: list[str] | None = None) -> int:
                                "bytes": sum((d / r["file"]).stat().st_size for r in entries.values())}
     (out / "index.json").write_text(json.dumps(summary, indent=1, sort_keys=True) + "\n")
     total = sum(len(v) for v in results.values())
-    print(f"aot_build: {total} cubins for {','.join(archs)} with Triton {triton.__version__} "
-          f"in {time.time() - t0:.0f} s ({args.jobs} jobs) -> {out}")
+    per_fam = collections.Counter(j[0] for j in jobs)
+    print(f"aot_build: {total} cubins ({', '.join(f'{f} {n}' for f, n in per_fam.items())}) for {','.join(archs)} "
+          f"with Triton {triton.__version__} in {time.time() - t0:.0f} s ({args.jobs} jobs) -> {out}")
+    if args.check_sass:
+        for a, per in check_sass(out, archs).items():
+            for key, s in per.items():
+                mma = {k: v for k, v in s["ops"].items() if "MMA" in k}
+                print(f"  {a} code for {s['code_for']}: {key.split('|')[0]} {key.split('|')[2]} "
+                      f"{key.split('|')[-1]}: {mma}")
     return 0
 
 

@@ -16,6 +16,11 @@ variants exist, each normalisation exact: scales and row weights are passed as f
 convert to fp32 anyway); a lone scale gets a ones partner (x * 1.0 == x); int32 gather/scatter
 indices are widened to int64 (the kernels widen every index anyway); BLOCK_E is 1024, BD is 64 and
 the combine/zero-tail column blocks come in two/one sizes whatever the shape.
+
+Kernel families: this module also holds what every family of AOT kernels shares (``KernelInfo``,
+``Spec``, ``spec_key``, ``key_file_stem``, the arch tables); another family (``triton_w4a4.specs``)
+has its own ``KERNELS`` table and passes it as ``kernels=``. One builder (``aot_build.py``) compiles
+every family into the same ``tsct/_aot/<arch>/index.json`` (kernel names never collide).
 """
 
 from __future__ import annotations
@@ -78,6 +83,9 @@ ARTIFACT_ARCH: dict[tuple[int, int], str] = {
 }
 # artifact arch -> Triton's GPUTarget capability (the sm_120 build patches Triton's "sm_120a" to "sm_120").
 TARGET_CAPABILITY: dict[str, int] = {"sm_90a": 90, "sm_100a": 100, "sm_120": 120}
+# artifact arch -> (GPUTarget capability, the PTX target the build makes Triton emit) of this family's
+# cubins. Another family may emit another target for the same artifact arch (W4A4: sm_120f).
+PTX_ARCH: dict[str, tuple[int, str]] = {"sm_90a": (90, "sm_90a"), "sm_100a": (100, "sm_100a"), "sm_120": (120, "sm_120")}
 # Shared memory a block may use (opt-in maximum), bytes: the build fails a variant that needs more.
 MAX_SHARED: dict[str, int] = {"sm_90a": 232448, "sm_100a": 232448, "sm_120": 101376}
 
@@ -174,19 +182,21 @@ SCRATCH_PARAMS = ("global_scratch", "profile_scratch")
 UNUSED = "*i8"  # the type recorded for a pointer parameter the flags leave unread
 
 
-def is_used(kernel: str, param: str, constexprs: dict) -> bool:
-    flag = KERNELS[kernel].used_if.get(param)
+def is_used(kernel: str, param: str, constexprs: dict, kernels: Optional[dict] = None) -> bool:
+    """Whether ``param`` is read under ``constexprs`` (``kernels``: the family's table, default this one)."""
+    flag = (KERNELS if kernels is None else kernels)[kernel].used_if.get(param)
     if flag is None:
         return True
     flags = (flag,) if isinstance(flag, str) else flag
     return all(bool(constexprs[f]) for f in flags)
 
 
-def spec_key(kernel: str, types: dict, constexprs: dict, num_warps: int, num_stages: int, aligned: bool) -> str:
+def spec_key(kernel: str, types: dict, constexprs: dict, num_warps: int, num_stages: int, aligned: bool,
+             kernels: Optional[dict] = None) -> str:
     """The canonical specialization key. ``types``: param -> Triton type string (``*bf16``, ``i32``);
     unread pointer params are recorded as ``*i8`` whatever was passed."""
-    info = KERNELS[kernel]
-    t = ",".join(f"{p}:{types[p] if is_used(kernel, p, constexprs) else UNUSED}" for p in info.params)
+    info = (KERNELS if kernels is None else kernels)[kernel]
+    t = ",".join(f"{p}:{types[p] if is_used(kernel, p, constexprs, kernels) else UNUSED}" for p in info.params)
     c = ",".join(f"{k}={int(constexprs[k])}" for k in info.constexprs)
     return f"{kernel}|{t}|{c}|w{num_warps}s{num_stages}|{'a16' if aligned else 'gen'}"
 
@@ -223,7 +233,7 @@ ZERO_TAIL_BM, ZERO_TAIL_BN = 32, 256
 
 # Triton type strings of torch dtypes (by name, so this module needs no torch).
 DTYPE_TYPES = {"bfloat16": "*bf16", "float16": "*fp16", "float32": "*fp32", "int32": "*i32", "int64": "*i64",
-               "uint8": "*u8", "int8": "*i8"}
+               "uint8": "*u8", "int8": "*i8", "float8_e4m3fn": "*fp8e4nv"}
 
 # ---- every specialization glu.py launches, per arch -----------------------------------------------
 
@@ -238,15 +248,19 @@ class Spec:
 
     @property
     def key(self) -> str:
-        return spec_key(self.kernel, dict(self.types), dict(self.constexprs), self.num_warps, self.num_stages,
-                        self.aligned)
+        """``spec_key`` of this specialization: ``types`` / ``constexprs`` are already canonical (table
+        order, unread pointers ``*i8``), so the key needs no table (it serves every family)."""
+        t = ",".join(f"{p}:{ty}" for p, ty in self.types)
+        c = ",".join(f"{k}={int(v)}" for k, v in self.constexprs)
+        return f"{self.kernel}|{t}|{c}|w{self.num_warps}s{self.num_stages}|{'a16' if self.aligned else 'gen'}"
 
 
-def _spec(kernel: str, types: dict, consts: dict, warps: int, stages: int, aligned: bool) -> Spec:
-    info = KERNELS[kernel]
+def _spec(kernel: str, types: dict, consts: dict, warps: int, stages: int, aligned: bool,
+          kernels: Optional[dict] = None) -> Spec:
+    info = (KERNELS if kernels is None else kernels)[kernel]
     full = {p: (types.get(p, "i32") if p in info.ints else types[p]) for p in info.params}
     for p in info.params:  # unread pointers are canonical
-        if p not in info.ints and not is_used(kernel, p, consts):
+        if p not in info.ints and not is_used(kernel, p, consts, kernels):
             full[p] = UNUSED
     return Spec(kernel, tuple(full.items()), tuple((k, int(consts[k])) for k in info.constexprs),
                 warps, stages, aligned)

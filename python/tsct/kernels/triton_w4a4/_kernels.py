@@ -32,23 +32,9 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-
-@triton.jit
-def _expert_of_tile(cum_ptr, pid, E, BLOCK_E: tl.constexpr):
-    """Expert owning row tile ``pid`` (same as triton_glu._kernels._expert_of_tile)."""
-    cnt = pid * 0
-    for start in range(0, E, BLOCK_E):
-        idx = start + tl.arange(0, BLOCK_E)
-        c = tl.load(cum_ptr + idx, mask=idx < E, other=2147483647)
-        cnt += tl.sum((c <= pid).to(tl.int32), axis=0)
-    return cnt
-
-
-@triton.jit
-def _expert_bounds(offs_ptr, e):
-    lo = tl.load(offs_ptr + e - 1, mask=e > 0, other=0)
-    hi = tl.load(offs_ptr + e)
-    return lo, hi
+# the forward tile map of the bf16 kernels, reused as is (the AOT build registers triton_glu/_kernels.py
+# under this name before loading this module by path)
+from tsct.kernels.triton_glu._kernels import _expert_bounds, _expert_of_tile  # noqa: F401
 
 
 # ---- activation quantizer (decision 0002 recipe, one row = one matrix) ----------------------------

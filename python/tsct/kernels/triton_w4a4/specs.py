@@ -1,33 +1,39 @@
 """The variant table of the W4A4 kernels (``_kernels.py``): ONE table for JIT (``w4a4.py``) and the AOT
-build (``aot_build.py``), in the format of ``tsct.kernels.triton_glu.specs`` (same ``spec_key``
-string, same index entries), so the run-time lookup is ``tsct.kernels.aot.kernel(arch, key)``.
+build. Only what differs from the bf16 family lives here (kernels, tiles, PTX targets, arches); the
+key format, ``Spec``, ``KernelInfo``, the type names and the arch limits are ``triton_glu.specs``'s, so
+the run-time lookup is ``tsct.kernels.aot.kernel(arch, key)`` and the wheel's AOT build
+(``triton_glu/aot_build.py``, family "w4a4") writes these cubins into the same
+``tsct/_aot/<arch>/index.json`` as the bf16 ones (kernel names never collide).
 
-Importing this module imports neither Triton nor torch.
+Importing this module imports neither Triton nor torch (the AOT build loads it by path after
+registering ``triton_glu/specs.py`` as ``tsct.kernels.triton_glu.specs``).
 
 Arches. ``tl.dot_scaled`` with e2m1 operands and UE4M3 scales needs the block-scaled MMA, which
 plain ``sm_120`` rejects (ptxas: "not supported on .target 'sm_120'"), so the sm_120 artifact of
 these kernels is built as the FAMILY target ``sm_120f`` (loads on 12.0 and 12.1, the same devices
-as the plain sm_120 bf16 cubins; OMMA.SF.16864.F32.E2M1.E2M1.UE4M3.4X in its SASS). It goes into the
-same artifact directory ("sm_120"); the index entry records the ptx target. sm_90a: Triton's bf16
-emulation (e2m1 -> bf16 decode, scale multiply in bf16, HGMMA.64x64x16.F32.BF16). sm_100a: tcgen05
-block-scaled MMA (not built or checked here; listed for the integration).
+as the plain sm_120 bf16 cubins; OMMA.SF.16864.F32.E2M1.E2M1.UE4M3.4X in its SASS, a SASS_RULES row
+of ``tsct.native.artifacts``). It goes into the same artifact directory ("sm_120"); each index entry
+records its ptx target. sm_90a: Triton's bf16 emulation (e2m1 -> bf16 decode, scale multiply in bf16,
+HGMMA.64x64x16.F32.BF16). sm_100a: tcgen05 block-scaled MMA, not built (``AOT_ARCHS``) nor checked
+yet; listed for the integration.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import itertools
 from typing import Iterator
 
-TRITON_VERSION = "3.9.0"
+from tsct.kernels.triton_glu.specs import (  # noqa: F401  (re-exported: one format for every family)
+    DTYPE_TYPES, MAX_SHARED, SCRATCH_PARAMS, TRITON_VERSION, UNUSED, KernelInfo, Spec, key_file_stem,
+)
+from tsct.kernels.triton_glu.specs import _spec as _base_spec, is_used as _base_is_used, spec_key as _base_spec_key
 
 # artifact arch (directory under tsct/_aot) -> (GPUTarget capability, the ptxas arch name to emit)
 PTX_ARCH: dict[str, tuple[int, str]] = {"sm_90a": (90, "sm_90a"), "sm_100a": (100, "sm_100a"),
                                         "sm_120": (120, "sm_120f")}
-MAX_SHARED: dict[str, int] = {"sm_90a": 232448, "sm_100a": 232448, "sm_120": 101376}
-# the instruction each arch's up/down cubins must contain (checked by aot_build --check-sass)
-REQUIRED_SASS: dict[str, str] = {"sm_90a": "HGMMA.", "sm_120": "OMMA.SF.16864.F32.E2M1.E2M1.UE4M3.4X"}
+# the arches whose W4A4 cubins the wheel ships (sm_100a: no SASS rule, never compiled for yet)
+AOT_ARCHS: tuple[str, ...] = ("sm_90a", "sm_120")
 
 
 @dataclasses.dataclass
@@ -44,15 +50,6 @@ class Config:
 
 
 CONFIGS: dict[str, Config] = {"sm_90a": Config(), "sm_100a": Config(), "sm_120": Config()}
-
-
-@dataclasses.dataclass(frozen=True)
-class KernelInfo:
-    params: tuple
-    constexprs: tuple
-    ints: tuple
-    used_if: dict
-    hinted: tuple
 
 
 KERNELS: dict[str, KernelInfo] = {
@@ -72,59 +69,19 @@ KERNELS: dict[str, KernelInfo] = {
         hinted=("zc_ptr", "zs_ptr", "wc_ptr", "ws_ptr", "y_ptr", "r"),
     ),
 }
-SCRATCH_PARAMS = ("global_scratch", "profile_scratch")
-UNUSED = "*i8"
-DTYPE_TYPES = {"bfloat16": "*bf16", "float16": "*fp16", "float32": "*fp32", "int32": "*i32", "int64": "*i64",
-               "uint8": "*u8", "int8": "*i8", "float8_e4m3fn": "*fp8e4nv"}
 
 
 def is_used(kernel: str, param: str, constexprs: dict) -> bool:
-    flag = KERNELS[kernel].used_if.get(param)
-    if flag is None:
-        return True
-    flags = (flag,) if isinstance(flag, str) else flag
-    return all(bool(constexprs[f]) for f in flags)
+    return _base_is_used(kernel, param, constexprs, KERNELS)
 
 
 def spec_key(kernel: str, types: dict, constexprs: dict, num_warps: int, num_stages: int, aligned: bool) -> str:
-    """Same format as ``triton_glu.specs.spec_key`` (the kernel names do not collide)."""
-    info = KERNELS[kernel]
-    t = ",".join(f"{p}:{types[p] if is_used(kernel, p, constexprs) else UNUSED}" for p in info.params)
-    c = ",".join(f"{k}={int(constexprs[k])}" for k in info.constexprs)
-    return f"{kernel}|{t}|{c}|w{num_warps}s{num_stages}|{'a16' if aligned else 'gen'}"
-
-
-def key_file_stem(key: str) -> str:
-    return key.split("|", 1)[0] + "_" + hashlib.sha256(key.encode()).hexdigest()[:16]
+    """``triton_glu.specs.spec_key`` on this table (same format)."""
+    return _base_spec_key(kernel, types, constexprs, num_warps, num_stages, aligned, KERNELS)
 
 
 def up_single_k(cfg: Config, r: int) -> bool:
     return r <= cfg.bk
-
-
-@dataclasses.dataclass(frozen=True)
-class Spec:
-    kernel: str
-    types: tuple
-    constexprs: tuple
-    num_warps: int
-    num_stages: int
-    aligned: bool
-
-    @property
-    def key(self) -> str:
-        return spec_key(self.kernel, dict(self.types), dict(self.constexprs), self.num_warps, self.num_stages,
-                        self.aligned)
-
-
-def _spec(kernel, types, consts, warps, stages, aligned) -> Spec:
-    info = KERNELS[kernel]
-    full = {p: (types.get(p, "i32") if p in info.ints else types[p]) for p in info.params}
-    for p in info.params:
-        if p not in info.ints and not is_used(kernel, p, consts):
-            full[p] = UNUSED
-    return Spec(kernel, tuple(full.items()), tuple((k, int(consts[k])) for k in info.constexprs), warps, stages,
-                aligned)
 
 
 def enumerate_specs(arch: str) -> Iterator[Spec]:
@@ -132,10 +89,10 @@ def enumerate_specs(arch: str) -> Iterator[Spec]:
     + up kernel (2 output dtypes x row weight x single/multi K x 2 alignments) = 4 + 16 = 20."""
     cfg = CONFIGS[arch]
     for dt, aligned in itertools.product(("bf16", "fp16"), (True, False)):
-        yield _spec("nvfp4_quant_rows", dict(x_ptr="*" + dt, codes_ptr="*u8", sf_ptr="*u8", senc_ptr="*fp32"),
-                    dict(BM=cfg.quant_bm, BK=cfg.quant_bk), cfg.warps_quant, 1, aligned)
+        yield _base_spec("nvfp4_quant_rows", dict(x_ptr="*" + dt, codes_ptr="*u8", sf_ptr="*u8", senc_ptr="*fp32"),
+                         dict(BM=cfg.quant_bm, BK=cfg.quant_bk), cfg.warps_quant, 1, aligned, KERNELS)
         for rw, single in itertools.product((False, True), (True, False)):
             types = dict(zc_ptr="*u8", zs_ptr="*fp8e4nv", zg_ptr="*fp32", offs_ptr="*i32", cum_ptr="*i32",
                          wc_ptr="*u8", ws_ptr="*fp8e4nv", wg_ptr="*fp32", rw_ptr="*fp32", y_ptr="*" + dt)
             consts = dict(HAS_RW=rw, SINGLE_K=single, BM=cfg.bm, BN=cfg.bn_up, BK=cfg.bk, BLOCK_E=cfg.block_e)
-            yield _spec("w4a4_up_fwd", types, consts, cfg.warps_up, cfg.stages_up, aligned)
+            yield _base_spec("w4a4_up_fwd", types, consts, cfg.warps_up, cfg.stages_up, aligned, KERNELS)

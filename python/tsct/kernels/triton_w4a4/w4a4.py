@@ -28,6 +28,7 @@ from typing import Any, Optional, Sequence
 import torch
 from torch import Tensor
 
+from tsct.kernels.triton_glu.glu import _type_of  # one type table (specs.DTYPE_TYPES) for every family
 from tsct.kernels.triton_w4a4 import specs
 
 BACKEND_ENV = "TSCT_TRITON_BACKEND"
@@ -72,14 +73,6 @@ def _capability(device: torch.device) -> tuple:
 def _config(cap) -> specs.Config:
     from tsct.kernels.triton_glu.specs import ARTIFACT_ARCH
     return dataclasses.replace(specs.CONFIGS.get(ARTIFACT_ARCH.get(tuple(cap), ""), specs.CONFIGS["sm_90a"]))
-
-
-def _type_of(v: Any) -> str:
-    if v is None:
-        return specs.UNUSED
-    if isinstance(v, Tensor):
-        return specs.DTYPE_TYPES[str(v.dtype).rsplit(".", 1)[-1]]
-    return "i32"
 
 
 def _hints_hold(kernel: str, named: dict, consts: dict) -> bool:
