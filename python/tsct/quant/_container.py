@@ -7,13 +7,40 @@ defines the device) and whose ``shape`` field is the LOGICAL ``(E, K, N)`` or ``
 from __future__ import annotations
 
 import dataclasses
+from typing import Callable
 
 import torch
+from torch import Tensor
 
 
 class PackedFactor:
     _STORAGE: tuple[str, ...] = ()
     shape: tuple
+
+    def _check_storage(self, k_multiple: int, specs: Callable[[], list], shape_note: str = "") -> None:
+        """Normalise ``shape`` and check it, then each storage tensor's type, dtype, shape and device.
+
+        ``specs()`` (called once the logical shape is known to be valid) lists (name, tensor, dtype,
+        expected shape) per storage tensor, the first one defining the device; ``shape_note`` is
+        appended to the shape error (e.g. the scale layout).
+        """
+        object.__setattr__(self, "shape", tuple(int(s) for s in self.shape))
+        if len(self.shape) not in (2, 3):
+            raise ValueError(f"shape must be (E, K, N) or (K, N), got {self.shape}")
+        if self.k % k_multiple:
+            raise ValueError(f"shape: K = {self.k} must be a multiple of {k_multiple}")
+        specs = specs()
+        first_name, first = specs[0][0], specs[0][1]
+        for name, t, dtype, want in specs:
+            if not isinstance(t, Tensor):
+                raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+            if t.dtype != dtype:
+                raise TypeError(f"{name} must have dtype {dtype}, got {t.dtype}")
+            if tuple(t.shape) != tuple(want):
+                raise ValueError(f"{name} must have shape {list(want)} for logical shape {list(self.shape)}"
+                                 f"{shape_note}, got {list(t.shape)}")
+            if t.device != first.device:
+                raise ValueError(f"{name} is on {t.device}, {first_name} on {first.device}")
 
     @property
     def batch(self) -> int:

@@ -69,27 +69,12 @@ class NVFP4Tensor(PackedFactor):
     shape: tuple
 
     def __post_init__(self):
-        object.__setattr__(self, "shape", tuple(int(s) for s in self.shape))
         check_layout(self.layout)
-        if len(self.shape) not in (2, 3):
-            raise ValueError(f"shape must be (E, K, N) or (K, N), got {self.shape}")
-        b, k, n = self.batch, self.k, self.n
-        if k % NVFP4_BLOCK_SIZE:
-            raise ValueError(f"shape: K = {k} must be a multiple of {NVFP4_BLOCK_SIZE}")
-        for name, t, dtype, want in (
-            ("codes", self.codes, torch.uint8, (b, n, k // 2)),
+        self._check_storage(NVFP4_BLOCK_SIZE, lambda: [
+            ("codes", self.codes, torch.uint8, (self.batch, self.n, self.k // 2)),
             ("block_scale", self.block_scale, UE4M3_DTYPE, self._scale_shape(self.layout)),
-            ("global_scale", self.global_scale, torch.float32, (b,)),
-        ):
-            if not isinstance(t, Tensor):
-                raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
-            if t.dtype != dtype:
-                raise TypeError(f"{name} must have dtype {dtype}, got {t.dtype}")
-            if tuple(t.shape) != want:
-                raise ValueError(f"{name} must have shape {list(want)} for logical shape {list(self.shape)} "
-                                 f"and layout {self.layout!r}, got {list(t.shape)}")
-            if t.device != self.codes.device:
-                raise ValueError(f"{name} is on {t.device}, codes on {self.codes.device}")
+            ("global_scale", self.global_scale, torch.float32, (self.batch,)),
+        ], f" and layout {self.layout!r}")
 
     def _scale_shape(self, layout: str) -> tuple:
         kb = self.k // NVFP4_BLOCK_SIZE

@@ -64,26 +64,11 @@ class SignTensor(PackedFactor):
     shape: tuple
 
     def __post_init__(self):
-        object.__setattr__(self, "shape", tuple(int(s) for s in self.shape))
-        if len(self.shape) not in (2, 3):
-            raise ValueError(f"shape must be (E, K, N) or (K, N), got {self.shape}")
-        b, k, n = self.batch, self.k, self.n
-        if k % SIGN_PACK:
-            raise ValueError(f"shape: K = {k} must be a multiple of {SIGN_PACK}")
-        for name, t, dtype, want in (
-            ("bits", self.bits, torch.uint8, (b, n, k // SIGN_PACK)),
-            ("scale_k", self.scale_k, torch.float32, (b, k)),
-            ("scale_n", self.scale_n, torch.float32, (b, n)),
-        ):
-            if not isinstance(t, Tensor):
-                raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
-            if t.dtype != dtype:
-                raise TypeError(f"{name} must have dtype {dtype}, got {t.dtype}")
-            if tuple(t.shape) != want:
-                raise ValueError(f"{name} must have shape {list(want)} for logical shape {list(self.shape)}, "
-                                 f"got {list(t.shape)}")
-            if t.device != self.bits.device:
-                raise ValueError(f"{name} is on {t.device}, bits on {self.bits.device}")
+        self._check_storage(SIGN_PACK, lambda: [
+            ("bits", self.bits, torch.uint8, (self.batch, self.n, self.k // SIGN_PACK)),
+            ("scale_k", self.scale_k, torch.float32, (self.batch, self.k)),
+            ("scale_n", self.scale_n, torch.float32, (self.batch, self.n)),
+        ])
 
     def dequantize(self, dtype: torch.dtype = torch.bfloat16, backend: str = "auto") -> Tensor:
         """Decode to a contiguous tensor of the logical shape: ``((+-1) * a[k]) * b[n]`` in fp32, then ``dtype``."""
