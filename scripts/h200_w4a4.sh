@@ -1,18 +1,14 @@
 #!/usr/bin/env bash
-# Device script for the W4A4 Triton kernels (issue 4 item 2) on the H200, through AOT cubins built on
-# the CPU machine with Triton 3.9 (the H200 image's Triton 3.6 crashes compiling dot_scaled's sm_90
-# emulation). Prepare on the CPU machine, then run with the device tool:
+# Device script for the W4A4 Triton kernels (issue 4 item 2) on the H200, through the AOT cubins that
+# ship in the wheel (built on the CPU machine with Triton 3.9; the H200 image's Triton 3.6 crashes
+# compiling dot_scaled's sm_90 emulation, so nothing here JITs):
 #
-#   python python/tsct/kernels/triton_w4a4/aot_build.py --out build/w4a4_aot --archs sm_90a,sm_120 --check-sass
-#   (wheel in dist/, as for scripts/h200_aot.sh)
-#   bash scripts/h200_w4a4.sh            # device tool: carry ["dist", "build/w4a4_aot"]
+#   PYTHON=/path/to/python bash ci/build_wheel.sh      # -> dist/
+#   bash scripts/h200_w4a4.sh                          # device tool: carry ["dist"]
 #
-# 1. installs dist/tsct-*.whl (no deps, no index) for the native launcher (tsct_triton_load/launch);
-# 2. until the W4A4 package is in the wheel, overlays python/tsct/kernels/triton_w4a4 of the checkout
-#    onto the installed tsct (nothing else of the checkout is used);
-# 3. TSCT_AOT_DIR=build/w4a4_aot, TSCT_TRITON_BACKEND=aot: tests/gpu/test_triton_w4a4_gpu.py (quantizer
-#    byte-exact vs the torch recipe, up-projection vs the torch model, padding, b1 smoke, CUDA graph,
-#    timing -> $OUT/w4a4_b1.json). Nothing JITs: Triton 3.6 is never asked to compile dot_scaled.
+# 1. installs dist/tsct-*.whl (no deps, no index);
+# 2. TSCT_TRITON_BACKEND=aot: tests/gpu/test_triton_w4a4_gpu.py (quantizer byte-exact vs the torch
+#    recipe, up-projection vs the torch model, padding, b1 smoke, CUDA graph, timing -> $OUT/w4a4_b1.json).
 set -u -o pipefail
 OUT=${OUT:-/tmp/tsct_out}
 mkdir -p "$OUT"
@@ -20,17 +16,12 @@ export PYTHONUNBUFFERED=1
 unset PYTHONPATH
 ROOT=$(pwd)
 T_TEST=${T_TEST:-300}
-[[ -f build/w4a4_aot/sm_90a/index.json ]] || { echo "no build/w4a4_aot/sm_90a/index.json (carry it)"; exit 2; }
 whl=$(ls -t dist/tsct-*.whl | head -n 1)
 python3 -m pip install --no-deps --no-index --force-reinstall "$whl" >"$OUT/install.log" 2>&1 \
   || { tail -n 20 "$OUT/install.log"; exit 3; }
-site=$(cd /tmp && python3 -c "import tsct, os; print(os.path.dirname(tsct.__file__))")
-rm -rf "$site/kernels/triton_w4a4"
-cp -r python/tsct/kernels/triton_w4a4 "$site/kernels/triton_w4a4"
-export TSCT_AOT_DIR="$ROOT/build/w4a4_aot" TSCT_TRITON_BACKEND=aot OUT
+export TSCT_TRITON_BACKEND=aot OUT
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee "$OUT/gpu.txt"
 python3 -c "import triton; print('image triton', triton.__version__)" 2>&1 | tee -a "$OUT/gpu.txt"
-python3 -c "import json; print(json.load(open('build/w4a4_aot/index.json')))" | tee -a "$OUT/gpu.txt"
 cd /tmp
 timeout "$T_TEST" python3 -m pytest -q -p no:cacheprovider --tb=short -rfE -s --rootdir=/tmp \
   "$ROOT/tests/gpu/test_triton_w4a4_gpu.py" >"$OUT/tests_w4a4.log" 2>&1
