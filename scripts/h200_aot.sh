@@ -9,7 +9,8 @@
 # 3. the AOT GPU tests (tests/gpu/test_triton_aot_gpu.py), then the whole Triton GLU suite
 #    (tests/gpu/test_triton_glu.py) with TSCT_TRITON_BACKEND=aot: reference tolerances, determinism,
 #    CUDA graphs, M*f past 2^31, all through the cubins;
-# 4. times b1 (padded bmm vs the tsct Triton arm on the cubins) -> $OUT/b1_aot.json.
+# 4. with KBENCH=1: the kernel harness (per-kernel profile, graph replay, host time) -> $OUT/kbench_b1.json;
+# 5. times b1 (padded bmm vs the tsct Triton arm on the cubins; ARMS= narrows) -> $OUT/b1_aot.json.
 # Each stage has a time limit (seconds, environment: T_AOT, T_SUITE, T_BENCH) so the whole run fits
 # about 8 minutes; logs go to $OUT. Exit status: the first failing stage's.
 set -u -o pipefail
@@ -59,9 +60,18 @@ r=$?; [[ $rc == 0 ]] && rc=$r
 grep -E "^(FAILED|ERROR)|passed|failed|error" "$OUT/tests_glu_aot.log" | tail -n 20
 echo "rc=$r"
 
-note "b1 timing on the cubins"
 cd /tmp
-TSCT_TRITON_BACKEND=aot TSCT_BENCH_GIT_COMMIT=${COMMIT:-unknown} timeout "$T_BENCH" python3 -m tsct.bench --preset b1 --arms 'padded-bmm,tsct-triton-*' \
+if [[ -n ${KBENCH:-} ]]; then  # per-kernel profile, graph replay and host time of the installed kernels
+  note "b1 kernel harness on the cubins (tsct.kernels.triton_glu._bench)"
+  timeout "${T_KBENCH:-120}" python3 -m tsct.kernels.triton_glu._bench --no-baseline --json "$OUT/kbench_b1.json" \
+    ${BENCH_VARIANTS:+--variants "$BENCH_VARIANTS"} >"$OUT/kbench.log" 2>&1
+  r=$?; [[ $rc == 0 ]] && rc=$r
+  tail -n 30 "$OUT/kbench.log"
+  echo "rc=$r"
+fi
+
+note "b1 timing on the cubins"
+TSCT_TRITON_BACKEND=aot TSCT_BENCH_GIT_COMMIT=${COMMIT:-unknown} timeout "$T_BENCH" python3 -m tsct.bench --preset b1 --arms "${ARMS:-padded-bmm,tsct-triton-*}" \
   --formats bf16 --json "$OUT/b1_aot.json" >"$OUT/bench_aot.log" 2>&1
 r=$?; [[ $rc == 0 ]] && rc=$r
 tail -n 25 "$OUT/bench_aot.log"

@@ -21,6 +21,7 @@ if [[ $MODE == tests || $MODE == all ]]; then
   grep -E "^(FAILED|ERROR)|passed|failed|error" "$OUT/tests.log" | tail -n 40
 fi
 if [[ $MODE == bench || $MODE == all ]]; then
-  python3 -m tsct.kernels.triton_glu._bench --json "$OUT/bench_b1.json" ${BENCH_VARIANTS:+--variants "$BENCH_VARIANTS"} 2>&1 | tee "$OUT/bench.log" | tail -n 40
+  python3 -m tsct.kernels.triton_glu._bench --json "$OUT/bench_b1.json" ${NO_BASELINE:+--no-baseline} \
+    ${BENCH_VARIANTS:+--variants "$BENCH_VARIANTS"} 2>&1 | tee "$OUT/bench.log" | tail -n 40
 fi
 exit $rc

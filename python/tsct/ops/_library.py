@@ -1,11 +1,12 @@
 """torch.library registration of the grouped GLU, so torch.compile(fullgraph=True) sees one op.
 
-Two custom ops: ``tsct::grouped_glu`` (forward) and ``tsct::grouped_glu_backward`` (all seven
-gradients). The autograd formula registered for the forward just calls the backward op, so a
-compiled graph holds two opaque nodes and never traces into a path's Python (the reference path
-loops over experts on the host; a kernel path launches compiled code). Both have fake
-implementations that give shapes and dtypes only. ``impl`` is resolved before the op is called and
-travels as a string argument, so the graph records which path it used.
+Two custom ops: ``tsct::grouped_glu`` (forward: the output and the tensors the path's backward needs,
+an empty list for a path that saves nothing) and ``tsct::grouped_glu_backward`` (all seven gradients);
+``grouped_glu_op`` returns the output alone. The autograd formula registered for the forward just
+calls the backward op, so a compiled graph holds two opaque nodes and never traces into a path's
+Python (the reference path loops over experts on the host; a kernel path launches compiled code).
+Both have fake implementations that give shapes and dtypes only. ``impl`` is resolved before the op
+is called and travels as a string argument, so the graph records which path it used.
 """
 
 from __future__ import annotations
@@ -21,6 +22,31 @@ _N_GRADS = 7  # x, w_gate, w_up, w_down, s_gate, s_up, row_weight
 
 
 @torch.library.custom_op("tsct::grouped_glu", mutates_args=())
+def grouped_glu_saving_op(
+    x: Tensor,
+    offs: Tensor,
+    w_gate: Tensor,
+    w_up: Tensor,
+    w_down: Tensor,
+    s_gate: Optional[Tensor],
+    s_up: Optional[Tensor],
+    row_weight: Optional[Tensor],
+    gather_idx: Optional[Tensor],
+    scatter_idx: Optional[Tensor],
+    num_out_rows: Optional[int],
+    impl: str,
+) -> tuple[Tensor, list[Tensor]]:
+    """(out, saved): ``saved`` holds what the path's backward would otherwise recompute (empty for a
+    path without ``grouped_glu_forward_saved``); it travels to the backward op unchanged."""
+    mod = dispatch.implementation(impl)
+    args = (x, offs, w_gate, w_up, w_down, s_gate, s_up, row_weight, gather_idx, scatter_idx, num_out_rows)
+    fwd_saved = getattr(mod, "grouped_glu_forward_saved", None)
+    if fwd_saved is None:
+        return mod.grouped_glu_forward(*args), []
+    out, saved = fwd_saved(*args)
+    return out, list(saved)
+
+
 def grouped_glu_op(
     x: Tensor,
     offs: Tensor,
@@ -35,10 +61,9 @@ def grouped_glu_op(
     num_out_rows: Optional[int],
     impl: str,
 ) -> Tensor:
-    mod = dispatch.implementation(impl)
-    return mod.grouped_glu_forward(
-        x, offs, w_gate, w_up, w_down, s_gate, s_up, row_weight, gather_idx, scatter_idx, num_out_rows
-    )
+    """The forward's output (``tsct::grouped_glu`` without its saved tensors)."""
+    return grouped_glu_saving_op(x, offs, w_gate, w_up, w_down, s_gate, s_up, row_weight, gather_idx, scatter_idx,
+                                 num_out_rows, impl)[0]
 
 
 def _out_shape(x, w_down, gather_idx, num_out_rows):
@@ -48,9 +73,12 @@ def _out_shape(x, w_down, gather_idx, num_out_rows):
     return (gather_idx.shape[0] if gather_idx is not None else x.shape[0], f)
 
 
-@grouped_glu_op.register_fake
+@grouped_glu_saving_op.register_fake
 def _(x, offs, w_gate, w_up, w_down, s_gate, s_up, row_weight, gather_idx, scatter_idx, num_out_rows, impl):
-    return x.new_empty(_out_shape(x, w_down, gather_idx, num_out_rows))
+    mod = dispatch.implementation(impl)
+    like = getattr(mod, "saved_like", None)
+    saved = like(x, w_gate, gather_idx) if like is not None else []
+    return x.new_empty(_out_shape(x, w_down, gather_idx, num_out_rows)), saved
 
 
 @torch.library.custom_op("tsct::grouped_glu_backward", mutates_args=())
@@ -69,19 +97,19 @@ def grouped_glu_backward_op(
     num_out_rows: Optional[int],
     impl: str,
     needs_grad: list[bool],
+    saved: list[Tensor],
 ) -> list[Tensor]:
     mod = dispatch.implementation(impl)
-    grads = mod.grouped_glu_backward(
-        grad_out, x, offs, w_gate, w_up, w_down, s_gate, s_up, row_weight, gather_idx, scatter_idx,
-        num_out_rows, needs_grad,
-    )
+    args = (grad_out, x, offs, w_gate, w_up, w_down, s_gate, s_up, row_weight, gather_idx, scatter_idx,
+            num_out_rows, needs_grad)
+    grads = mod.grouped_glu_backward(*args, saved=saved) if saved else mod.grouped_glu_backward(*args)
     # custom ops cannot return None: an absent gradient travels as an empty tensor
     return [g if g is not None else x.new_empty(0) for g in grads]
 
 
 @grouped_glu_backward_op.register_fake
 def _(grad_out, x, offs, w_gate, w_up, w_down, s_gate, s_up, row_weight, gather_idx, scatter_idx,
-      num_out_rows, impl, needs_grad):
+      num_out_rows, impl, needs_grad, saved):
     inputs = (x, w_gate, w_up, w_down, s_gate, s_up, row_weight)
     return [t.new_empty(t.shape) if (t is not None and need) else x.new_empty(0)
             for t, need in zip(inputs, needs_grad)]
@@ -89,13 +117,14 @@ def _(grad_out, x, offs, w_gate, w_up, w_down, s_gate, s_up, row_weight, gather_
 
 def _setup_context(ctx, inputs, output):
     (x, offs, w_gate, w_up, w_down, s_gate, s_up, row_weight, gather_idx, scatter_idx, num_out_rows, impl) = inputs
-    ctx.save_for_backward(x, offs, w_gate, w_up, w_down, s_gate, s_up, row_weight, gather_idx, scatter_idx)
+    saved = output[1]
+    ctx.save_for_backward(x, offs, w_gate, w_up, w_down, s_gate, s_up, row_weight, gather_idx, scatter_idx, *saved)
     ctx.num_out_rows = num_out_rows
     ctx.impl = impl
 
 
-def _backward(ctx, grad_out):
-    x, offs, w_gate, w_up, w_down, s_gate, s_up, row_weight, gather_idx, scatter_idx = ctx.saved_tensors
+def _backward(ctx, grad_out, _grad_saved):
+    x, offs, w_gate, w_up, w_down, s_gate, s_up, row_weight, gather_idx, scatter_idx, *saved = ctx.saved_tensors
     # ctx.needs_input_grad follows the forward's 12 inputs; keep the 7 differentiable ones
     n = ctx.needs_input_grad
     needs = [n[0], n[2], n[3], n[4], n[5], n[6], n[7]]
@@ -103,10 +132,10 @@ def _backward(ctx, grad_out):
         return (None,) * 12
     grads = grouped_glu_backward_op(
         grad_out.contiguous(), x, offs, w_gate, w_up, w_down, s_gate, s_up, row_weight, gather_idx,
-        scatter_idx, ctx.num_out_rows, ctx.impl, needs,
+        scatter_idx, ctx.num_out_rows, ctx.impl, needs, list(saved),
     )
     g = [gr if need else None for gr, need in zip(grads, needs)]
     return (g[0], None, g[1], g[2], g[3], g[4], g[5], g[6], None, None, None, None)
 
 
-grouped_glu_op.register_autograd(_backward, setup_context=_setup_context)
+grouped_glu_saving_op.register_autograd(_backward, setup_context=_setup_context)

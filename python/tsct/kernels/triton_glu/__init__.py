@@ -5,7 +5,8 @@ Public functions (the same signatures and semantics as ``tsct.reference``):
     grouped_glu_forward(x, offs, w_gate, w_up, w_down, s_gate, s_up, row_weight,
                         gather_idx, scatter_idx, num_out_rows) -> Tensor
     grouped_glu_backward(grad_out, x, offs, w_gate, w_up, w_down, s_gate, s_up, row_weight,
-                         gather_idx, scatter_idx, num_out_rows, needs_grad) -> list of 7
+                         gather_idx, scatter_idx, num_out_rows, needs_grad, saved=None) -> list of 7
+    grouped_glu_forward_saved(same as the forward) -> (Tensor, [hg, hu, z*rw])  (custom op: no recompute)
     status(capability, fmt) -> (ok, reason)
 
 Kernels live in ``_kernels.py`` (Triton sources), the host side in ``glu.py`` (allocation, the
@@ -22,7 +23,7 @@ import importlib.util
 import os
 from typing import Optional
 
-__all__ = ["grouped_glu_forward", "grouped_glu_backward", "status"]
+__all__ = ["grouped_glu_forward", "grouped_glu_forward_saved", "grouped_glu_backward", "saved_like", "status"]
 
 _FORMATS = ("bf16", "fp16")
 
@@ -53,6 +54,17 @@ def status(capability: Optional[tuple[int, int]], fmt: str) -> tuple[bool, str]:
 def grouped_glu_forward(*args, **kwargs):
     from tsct.kernels.triton_glu import glu
     return glu.grouped_glu_forward(*args, **kwargs)
+
+
+def grouped_glu_forward_saved(*args, **kwargs):
+    """The forward plus [hg, hu, z*rw] for ``grouped_glu_backward(..., saved=)`` (skips its recompute)."""
+    from tsct.kernels.triton_glu import glu
+    return glu.grouped_glu_forward_saved(*args, **kwargs)
+
+
+def saved_like(x, w_gate, gather_idx):
+    from tsct.kernels.triton_glu import glu
+    return glu.saved_like(x, w_gate, gather_idx)
 
 
 def grouped_glu_backward(*args, **kwargs):

@@ -19,6 +19,9 @@ Schedules (no host reads of offs; every grid is sized by an upper bound):
 Combines (forward [M, f] -> [T, f] and dX [M, d] -> [T, d]) sum each target's rows in increasing
 row order through a CSR built with a stable sort: deterministic for any top-k.
 All row offsets are int64 (M * f may pass 2^31).
+Rows of odd length (w_down, dY, y, out at f = 5461) are only 2-byte aligned: the aligned launches read
+w_down (and, with VEC, dY) as shifted 8-byte words (``_ld_words`` / ``_words_to_tile``), write y with a
+16-byte padded stride and read it back with vector loads (bench/notes.md, issue 3, v4-v6).
 """
 
 from __future__ import annotations
@@ -43,6 +46,61 @@ def _expert_bounds(offs_ptr, e):
     lo = tl.load(offs_ptr + e - 1, mask=e > 0, other=0)
     hi = tl.load(offs_ptr + e)
     return lo, hi
+
+
+@triton.jit
+def _ld_words(ptr, start, valid, rmask, BN: tl.constexpr):
+    """The 8-byte words behind a [R, BN] tile t[i, j] = ptr[start[i] + j] (j < valid, rows with rmask),
+    for ``_words_to_tile``: rows of odd length (f = 5461) start at any 2-byte offset, which gives
+    Triton no vector loads (or cp.async) of a plain tile. Word i and word i+1 of each row (the
+    second read mostly hits L1); a word is read only if it holds a wanted element, so nothing
+    outside the row's 8-byte granules is touched. ``ptr``: 8-byte aligned, 2-byte elements;
+    ``start``: int64. Plain loads into registers: callers prefetch them one step ahead (Triton's
+    cp.async pipelining of these tiles picked a bank-conflicted shared layout: 4x slower on the H200)."""
+    q = start % 4
+    wp = ptr.to(tl.pointer_type(tl.uint64), bitcast=True) + (start - q) // 4
+    i = tl.arange(0, BN // 4)
+    nw = (q + valid + 3) // 4                                   # words holding wanted elements
+    m = rmask[:, None] & (i[None, :] < nw[:, None])
+    lo = tl.load(wp[:, None] + i[None, :], mask=m, other=0)
+    hi = tl.load(wp[:, None] + (i + 1)[None, :], mask=m & ((i + 1)[None, :] < nw[:, None]), other=0)
+    return lo, hi
+
+
+@triton.jit
+def _words_to_tile(lo, hi, start, valid, dtype: tl.constexpr, BN: tl.constexpr, ZERO: tl.constexpr):
+    """The tile of ``_ld_words``: each row shifted by q = start % 4 elements. Per 4 elements: three
+    selects pick the 32-bit halves (q >= 2 skips one), two constant 16-bit funnel shifts (odd q) and
+    two selects (~3 instructions per element; a variable 64-bit funnel shift cost ~19 and made the
+    kernels ALU-bound). ZERO: elements past ``valid`` become 0 (else they hold the next row's data,
+    or whatever lies in the row's last 8-byte granule)."""
+    q = (start % 4).to(tl.int32)[:, None]
+    two = q >= 2
+    lo_y = (lo >> 32).to(tl.uint32)
+    hi_x = hi.to(tl.uint32)
+    a = tl.where(two, lo_y, lo.to(tl.uint32))
+    b = tl.where(two, hi_x, lo_y)
+    c = tl.where(two, (hi >> 32).to(tl.uint32), hi_x)
+    odd = (q % 2) == 1
+    ox = tl.where(odd, (a >> 16) | (b << 16), a)               # elements 4i, 4i+1 (low half first)
+    oy = tl.where(odd, (b >> 16) | (c << 16), b)               # elements 4i+2, 4i+3
+    t0 = (ox & 0xFFFF).to(tl.uint16)
+    t1 = (ox >> 16).to(tl.uint16)
+    t2 = (oy & 0xFFFF).to(tl.uint16)
+    t3 = (oy >> 16).to(tl.uint16)
+    # element 4i + 2a + b sits at [i, a, b]
+    t = tl.reshape(tl.join(tl.join(t0, t2), tl.join(t1, t3)), (start.shape[0], BN))
+    t = t.to(dtype, bitcast=True)
+    if ZERO:
+        t = tl.where(tl.arange(0, BN)[None, :] < valid, t, 0.0)
+    return t
+
+
+@triton.jit
+def _ld_rows(ptr, start, valid, rmask, BN: tl.constexpr):
+    """[R, BN] tile t[i, j] = ptr[start[i] + j] for j < valid and rmask[i], else 0 (``_ld_words``)."""
+    lo, hi = _ld_words(ptr, start, valid, rmask, BN)
+    return _words_to_tile(lo, hi, start, valid, ptr.dtype.element_ty, BN, True)
 
 
 # ---- forward ------------------------------------------------------------------------------------
@@ -108,11 +166,13 @@ def glu_down_fwd(
 def glu_up_fwd(
     z_ptr, offs_ptr, cum_ptr, wd_ptr, rw_ptr, y_ptr,
     E, r, f, ldy,
-    HAS_RW: tl.constexpr, FSPLIT: tl.constexpr, SINGLE_K: tl.constexpr,
+    HAS_RW: tl.constexpr, FSPLIT: tl.constexpr, SINGLE_K: tl.constexpr, VEC: tl.constexpr, Y_PAD: tl.constexpr,
     BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, BLOCK_E: tl.constexpr,
 ):
     """y[rows, :f] = (z Wd[e]) * rw for one row tile, over column blocks pn, pn + FSPLIT, ...
-    (y has row stride ldy >= f)."""
+    (y has row stride ldy >= f). VEC (aligned launches): w_down rows read as shifted 8-byte words
+    (``_ld_words``), prefetched one column block ahead. Y_PAD: ldy is a multiple of 8 and y's pad
+    columns [f, ldy) may be written (with anything: readers stop at f), so the stores vectorize."""
     pid = tl.program_id(0)
     pn = tl.program_id(1)
     e = _expert_of_tile(cum_ptr, pid, E, BLOCK_E)
@@ -128,50 +188,77 @@ def glu_up_fwd(
     ks = tl.arange(0, BK)
     ns = tl.arange(0, BN)
     z_base = z_ptr + row0.to(tl.int64) * r
+    if Y_PAD:
+        ldy = (ldy // 8) * 8  # == ldy; lets Triton see the multiple of 8 (an argument cannot carry a hint)
+        ncol = ldy
+    else:
+        ncol = f
     y_base = y_ptr + row0.to(tl.int64) * ldy
-    wd_base = wd_ptr + e.to(tl.int64) * r * f
+    wd_off = e.to(tl.int64) * r * f
+    wd_base = wd_ptr + wd_off
     wd_tile = ks[:, None] * f + ns[None, :]    # int32 [BK, BN], loop-invariant
+    wd_rows = wd_off + ks.to(tl.int64) * f     # int64 [BK]: row starts (VEC)
     y_tile = bm[:, None] * ldy + ns[None, :]   # int32 [BM, BN]
     kmask0 = ks < r
     if SINGLE_K:  # the whole rank fits one K step (BK >= r): load the z tile once
         zt = tl.load(z_base + bm[:, None] * r + ks[None, :], mask=rmask[:, None] & kmask0[None, :], other=0.0)
-        # software prefetch: the w_down rows are not 16-byte aligned (f odd), so these are plain
-        # loads the compiler does not pipeline; keep the next block's loads in flight by hand
-        n0 = pn * BN
-        b_next = tl.load(wd_base + n0 + wd_tile, mask=kmask0[:, None] & ((n0 + ns) < f)[None, :], other=0.0)
+        if VEC:  # prefetch: the next block's words are in flight while this one is shifted and multiplied
+            n0 = pn * BN
+            wlo_next, whi_next = _ld_words(wd_ptr, wd_rows + n0, f - n0, kmask0, BN)
+        else:
+            # software prefetch: plain w_down loads (rows not 16-byte aligned) are not pipelined
+            n0 = pn * BN
+            b_next = tl.load(wd_base + n0 + wd_tile, mask=kmask0[:, None] & ((n0 + ns) < f)[None, :], other=0.0)
     for n in range(pn * BN, f, FSPLIT * BN):
         cmask = (n + ns) < f
         acc = tl.zeros((BM, BN), dtype=tl.float32)
         if SINGLE_K:
-            b = b_next
-            n2 = n + FSPLIT * BN
-            b_next = tl.load(wd_base + n2 + wd_tile, mask=kmask0[:, None] & ((n2 + ns) < f)[None, :], other=0.0)
+            if VEC:
+                wlo = wlo_next  # (lo, hi: the expert's row bounds)
+                whi = whi_next
+                n2 = n + FSPLIT * BN
+                wlo_next, whi_next = _ld_words(wd_ptr, wd_rows + n2, f - n2, kmask0, BN)
+                # columns past f only reach y's columns past f, which no one reads: no zeroing
+                b = _words_to_tile(wlo, whi, wd_rows + n, f - n, wd_ptr.dtype.element_ty, BN, False)
+            else:
+                b = b_next
+                n2 = n + FSPLIT * BN
+                b_next = tl.load(wd_base + n2 + wd_tile, mask=kmask0[:, None] & ((n2 + ns) < f)[None, :], other=0.0)
             acc = tl.dot(zt, b, acc)
         else:
             for k in range(0, r, BK):
                 kmask = (k + ks) < r
                 a = tl.load(z_base + bm[:, None] * r + (k + ks)[None, :], mask=rmask[:, None] & kmask[None, :],
                             other=0.0)
-                b = tl.load(wd_base + k * f + n + wd_tile, mask=kmask[:, None] & cmask[None, :], other=0.0)
+                if VEC:
+                    b = _ld_rows(wd_ptr, wd_rows + k * f + n, f - n, kmask, BN)
+                else:
+                    b = tl.load(wd_base + k * f + n + wd_tile, mask=kmask[:, None] & cmask[None, :], other=0.0)
                 acc = tl.dot(a, b, acc)
         if HAS_RW:
             acc = acc * rw[:, None]
-        tl.store(y_base + n + y_tile, acc.to(y_ptr.dtype.element_ty), mask=rmask[:, None] & cmask[None, :])
+        tl.store(y_base + n + y_tile, acc.to(y_ptr.dtype.element_ty), mask=rmask[:, None] & ((n + ns) < ncol)[None, :])
 
 
 @triton.jit
-def combine_rows(src_ptr, order_ptr, ptr_ptr, out_ptr, ncols, ld_src, BN: tl.constexpr):
-    """out[t, blk] = sum over j in [ptr[t], ptr[t+1]) of src[order[j], blk], in increasing j (fp32)."""
+def combine_rows(src_ptr, order_ptr, ptr_ptr, out_ptr, ncols, ld_src, SRC8: tl.constexpr, BN: tl.constexpr):
+    """out[t, blk] = sum over j in [ptr[t], ptr[t+1]) of src[order[j], blk], in increasing j (fp32).
+    SRC8: ld_src is a multiple of 8 and src's columns [ncols, ld_src) may be read (vector loads)."""
     t = tl.program_id(0)
     pn = tl.program_id(1)
     lo = tl.load(ptr_ptr + t)
     hi = tl.load(ptr_ptr + t + 1)
     cols = pn * BN + tl.arange(0, BN)
     cmask = cols < ncols
+    if SRC8:
+        ld_src = (ld_src // 8) * 8  # == ld_src; lets Triton see the multiple of 8
+        lmask = cols < ld_src
+    else:
+        lmask = cmask
     acc = tl.zeros((BN,), dtype=tl.float32)
     for j in range(lo, hi):
         row = tl.load(order_ptr + j).to(tl.int64)
-        acc += tl.load(src_ptr + row * ld_src + cols, mask=cmask, other=0.0).to(tl.float32)
+        acc += tl.load(src_ptr + row * ld_src + cols, mask=lmask, other=0.0).to(tl.float32)
     tl.store(out_ptr + t.to(tl.int64) * ncols + cols, acc.to(out_ptr.dtype.element_ty), mask=cmask)
 
 
@@ -189,18 +276,45 @@ def zero_tail_rows(out_ptr, offs_ptr, E, M, ncols, BM: tl.constexpr, BN: tl.cons
     tl.store(out_ptr + rows.to(tl.int64)[:, None] * ncols + cols[None, :], zero, mask=rmask[:, None] & cmask[None, :])
 
 
+@triton.jit
+def tile_cum(offs_ptr, cum_ptr, E, BM: tl.constexpr, BLOCK: tl.constexpr):
+    """cum[e] = sum over e' <= e of cdiv(m_e', BM), int32 (the forward tile map); one program. One launch
+    instead of the five small torch ops it replaces (host time per call)."""
+    carry = tl.sum(tl.zeros((BLOCK,), dtype=tl.int32), axis=0)
+    for start in range(0, E, BLOCK):
+        idx = start + tl.arange(0, BLOCK)
+        m = idx < E
+        hi = tl.load(offs_ptr + idx, mask=m, other=0)
+        lo = tl.load(offs_ptr + idx - 1, mask=m & (idx > 0), other=0)
+        n = tl.where(m, (hi - lo + BM - 1) // BM, 0)
+        tl.store(cum_ptr + idx, tl.cumsum(n, axis=0) + carry, mask=m)
+        carry += tl.sum(n, axis=0)
+
+
+@triton.jit
+def csr_keys(idx_ptr, offs_ptr, key_ptr, E, M, n_out, BLOCK: tl.constexpr):
+    """key[i] = idx[i] (int32) for the rows i < offs[E-1], n_out (past every target) for padding rows,
+    whose idx entries are never read."""
+    i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    m = i < M
+    live = i < tl.load(offs_ptr + E - 1)
+    v = tl.load(idx_ptr + i, mask=m & live, other=0)
+    tl.store(key_ptr + i, tl.where(live, v.to(tl.int32), n_out), mask=m)
+
+
 # ---- backward -----------------------------------------------------------------------------------
 
 @triton.jit
 def glu_bwd_dz(
     dy_ptr, sidx_ptr, offs_ptr, wd_ptr, zw_ptr, part_ptr, dwd_ptr,
     M, r, f, f_slice,
-    HAS_SCATTER: tl.constexpr, DO_DWD: tl.constexpr,
+    HAS_SCATTER: tl.constexpr, DO_DWD: tl.constexpr, VEC: tl.constexpr,
     BM: tl.constexpr, BR: tl.constexpr, BN: tl.constexpr,
 ):
     """One program per (expert, rank block, f slice): part[fs, rows, ranks] = dY[:, slice] Wd[:, slice]^T
     for each row tile of the expert, and dWd[e][ranks, slice] = (z*rw)^T dY[:, slice] (inside the f
-    loop for a one-tile expert, else in a second pass over the tiles; exact zeros for an empty one)."""
+    loop for a one-tile expert, else in a second pass over the tiles; exact zeros for an empty one).
+    VEC (aligned launches): dY and w_down rows read as shifted 8-byte words (``_ld_rows``)."""
     e = tl.program_id(0)
     pr = tl.program_id(1)
     fs = tl.program_id(2)
@@ -212,9 +326,11 @@ def glu_bwd_dz(
     bm = tl.arange(0, BM)
     n_lo = fs * f_slice
     n_hi = tl.minimum(n_lo + f_slice, f)
-    wd_base = wd_ptr + e.to(tl.int64) * r * f
-    dwd_base = dwd_ptr + e.to(tl.int64) * r * f
+    wd_off = e.to(tl.int64) * r * f
+    wd_base = wd_ptr + wd_off
+    dwd_base = dwd_ptr + wd_off
     wd_tile = cols[:, None] * f + ns[None, :]             # int32 [BR, BN]
+    wd_rows = wd_off + cols.to(tl.int64) * f              # int64 [BR]: row starts (VEC)
     h_tile = bm[:, None] * r + cols[None, :]              # int32 [BM, BR]
     part_base = part_ptr + fs.to(tl.int64) * M * r
     for t in range(0, n_tiles):
@@ -229,11 +345,26 @@ def glu_bwd_dz(
         dy_row = dst * f
         zw = tl.load(zw_ptr + row0.to(tl.int64) * r + h_tile, mask=hmask, other=0.0)
         dz = tl.zeros((BM, BR), dtype=tl.float32)
+        if VEC:  # prefetch: the next step's words are in flight while this one is shifted and multiplied
+            ylo_next, yhi_next = _ld_words(dy_ptr, dy_row + n_lo, n_hi - n_lo, rmask, BN)
+            wlo_next, whi_next = _ld_words(wd_ptr, wd_rows + n_lo, n_hi - n_lo, cmask, BN)
         for n in range(n_lo, n_hi, BN):
             nmask = (n + ns) < n_hi
-            dy = tl.load(dy_ptr + dy_row[:, None] + (n + ns)[None, :], mask=rmask[:, None] & nmask[None, :], other=0.0)
             wmask = cmask[:, None] & nmask[None, :]
-            wd = tl.load(wd_base + n + wd_tile, mask=wmask, other=0.0)
+            if VEC:
+                ylo = ylo_next
+                yhi = yhi_next
+                wlo = wlo_next
+                whi = whi_next
+                n2 = n + BN
+                ylo_next, yhi_next = _ld_words(dy_ptr, dy_row + n2, n_hi - n2, rmask, BN)
+                wlo_next, whi_next = _ld_words(wd_ptr, wd_rows + n2, n_hi - n2, cmask, BN)
+                dy = _words_to_tile(ylo, yhi, dy_row + n, n_hi - n, dy_ptr.dtype.element_ty, BN, True)
+                wd = _words_to_tile(wlo, whi, wd_rows + n, n_hi - n, wd_ptr.dtype.element_ty, BN, True)
+            else:
+                dy = tl.load(dy_ptr + dy_row[:, None] + (n + ns)[None, :], mask=rmask[:, None] & nmask[None, :],
+                             other=0.0)
+                wd = tl.load(wd_base + n + wd_tile, mask=wmask, other=0.0)
             dz = tl.dot(dy, tl.trans(wd), dz)
             if DO_DWD:
                 if n_tiles == 1:
@@ -255,8 +386,11 @@ def glu_bwd_dz(
                         dst = rows.to(tl.int64)
                     zt = tl.load(zw_ptr + row0.to(tl.int64) * r + h_tile, mask=rmask[:, None] & cmask[None, :],
                                  other=0.0)
-                    dy = tl.load(dy_ptr + (dst * f)[:, None] + (n + ns)[None, :],
-                                 mask=rmask[:, None] & nmask[None, :], other=0.0)
+                    if VEC:
+                        dy = _ld_rows(dy_ptr, dst * f + n, n_hi - n, rmask, BN)
+                    else:
+                        dy = tl.load(dy_ptr + (dst * f)[:, None] + (n + ns)[None, :],
+                                     mask=rmask[:, None] & nmask[None, :], other=0.0)
                     acc = tl.dot(tl.trans(zt), dy, acc)
                 tl.store(dwd_base + n + wd_tile, acc.to(dwd_ptr.dtype.element_ty), mask=cmask[:, None] & nmask[None, :])
 

@@ -12,6 +12,8 @@ A *family* is a kernel module, its variant table and its PTX target per arch (``
   glu    triton_glu/_kernels.py, triton_glu/specs.py     (bf16 / fp16 grouped GLU, fwd + bwd)
   w4a4   triton_w4a4/_kernels.py, triton_w4a4/specs.py   (NVFP4 quantizer + up-projection; only its
                                                           specs.AOT_ARCHS; sm_120 emitted as sm_120f)
+  lowbit triton_lowbit/_kernels.py, triton_lowbit/specs.py (W4A16 / sign-A16 GLU, fwd + bwd; uses the
+                                                          glu family's helpers and weight-free kernels)
 
 For each (family, arch, specialization in ``specs.enumerate_specs(arch)``, the table the host code
 launches from) it calls ``triton.compile(ASTSource(fn, signature, constexprs, attrs),
@@ -86,6 +88,7 @@ specs = _load("_tsct_aot_specs", _HERE / "specs.py", alias="tsct.kernels.triton_
 FAMILIES: dict[str, tuple[Path, str, str]] = {
     "glu": (_HERE, "_tsct_aot_specs", "_tsct_aot_kernels"),
     "w4a4": (_KERNELS_DIR / "triton_w4a4", "_tsct_w4a4_specs", "_tsct_w4a4_kernels"),
+    "lowbit": (_KERNELS_DIR / "triton_lowbit", "_tsct_lowbit_specs", "_tsct_lowbit_kernels"),
 }
 _BOOL_PREFIXES = ("HAS_", "DO_", "BWD", "SINGLE_")  # constexprs passed to Triton as bool
 

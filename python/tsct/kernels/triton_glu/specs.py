@@ -61,6 +61,14 @@ class Config:
     stages_up: int = 3
     stages_bwd_dz: int = 1
     stages_bwd_dxdw: int = 1
+    # VEC: w_down / dY rows read as 8-byte words and shifted in registers (_kernels._ld_words), aligned
+    # launches only (bench/notes.md, issue 3 versions v4-v6).
+    vec_up: int = 1
+    bn_up_vec: int = 64
+    stages_up_vec: int = 1    # the VEC variants prefetch by hand (Triton's cp.async staging of the
+    vec_dz: int = 0           # words picked a bank-conflicted shared layout: 4x slower)
+    warps_dz_vec: int = 8     # two fp32 accumulators + the word pairs: ~240 registers (4 warps spill)
+    stages_dz_vec: int = 1
 
     def update(self, spec: str) -> "Config":
         """Apply "name=int,name=int" (no validation beyond the field existing)."""
@@ -130,14 +138,14 @@ KERNELS: dict[str, KernelInfo] = {
     ),
     "glu_up_fwd": KernelInfo(
         params=("z_ptr", "offs_ptr", "cum_ptr", "wd_ptr", "rw_ptr", "y_ptr", "E", "r", "f", "ldy"),
-        constexprs=("HAS_RW", "FSPLIT", "SINGLE_K", "BM", "BN", "BK", "BLOCK_E"),
+        constexprs=("HAS_RW", "FSPLIT", "SINGLE_K", "VEC", "Y_PAD", "BM", "BN", "BK", "BLOCK_E"),
         ints=("E", "r", "f", "ldy"),
         used_if={"rw_ptr": "HAS_RW"},
         hinted=("z_ptr", "wd_ptr", "y_ptr", "r"),
     ),
     "combine_rows": KernelInfo(
         params=("src_ptr", "order_ptr", "ptr_ptr", "out_ptr", "ncols", "ld_src"),
-        constexprs=("BN",),
+        constexprs=("SRC8", "BN"),
         ints=("ncols", "ld_src"),
         used_if={},
         hinted=("src_ptr", "out_ptr"),
@@ -149,10 +157,24 @@ KERNELS: dict[str, KernelInfo] = {
         used_if={},
         hinted=("out_ptr",),
     ),
+    "tile_cum": KernelInfo(
+        params=("offs_ptr", "cum_ptr", "E"),
+        constexprs=("BM", "BLOCK"),
+        ints=("E",),
+        used_if={},
+        hinted=(),
+    ),
+    "csr_keys": KernelInfo(
+        params=("idx_ptr", "offs_ptr", "key_ptr", "E", "M", "n_out"),
+        constexprs=("BLOCK",),
+        ints=("E", "M", "n_out"),
+        used_if={},
+        hinted=(),
+    ),
     "glu_bwd_dz": KernelInfo(
         params=("dy_ptr", "sidx_ptr", "offs_ptr", "wd_ptr", "zw_ptr", "part_ptr", "dwd_ptr", "M", "r", "f",
                 "f_slice"),
-        constexprs=("HAS_SCATTER", "DO_DWD", "BM", "BR", "BN"),
+        constexprs=("HAS_SCATTER", "DO_DWD", "VEC", "BM", "BR", "BN"),
         ints=("M", "r", "f", "f_slice"),
         used_if={"sidx_ptr": "HAS_SCATTER", "dwd_ptr": "DO_DWD"},
         hinted=("dy_ptr", "wd_ptr", "zw_ptr", "part_ptr", "dwd_ptr", "r"),
@@ -225,11 +247,30 @@ def up_k(cfg: Config, r: int, aligned: bool) -> tuple[bool, int]:
     return False, 64
 
 
+def up_vec(cfg: Config, aligned: bool) -> bool:
+    return aligned and bool(cfg.vec_up)
+
+
+def up_tiles(cfg: Config, vec: bool) -> tuple[int, int, int]:
+    """(BN, num_warps, num_stages) of glu_up_fwd: the VEC variant has its own."""
+    return (cfg.bn_up_vec, cfg.warps_up, cfg.stages_up_vec) if vec else (cfg.bn_up, cfg.warps_up, cfg.stages_up)
+
+
+def dz_vec(cfg: Config, aligned: bool) -> bool:
+    return aligned and bool(cfg.vec_dz)
+
+
+def dz_warps_stages(cfg: Config, vec: bool) -> tuple[int, int]:
+    """(num_warps, num_stages) of glu_bwd_dz: the VEC variant has its own."""
+    return (cfg.warps_dz_vec, cfg.stages_dz_vec) if vec else (cfg.warps_bwd_dz, cfg.stages_bwd_dz)
+
+
 def combine_bn(ncols: int) -> int:
     return 256 if ncols <= 256 else 1024
 
 
 ZERO_TAIL_BM, ZERO_TAIL_BN = 32, 256
+TILE_CUM_BLOCK, CSR_KEYS_BLOCK = 1024, 1024
 
 # Triton type strings of torch dtypes (by name, so this module needs no torch).
 DTYPE_TYPES = {"bfloat16": "*bf16", "float16": "*fp16", "float32": "*fp32", "int32": "*i32", "int64": "*i64",
@@ -292,21 +333,31 @@ def enumerate_specs(arch: str) -> Iterator[Spec]:
             consts = dict(HAS_GATHER=g is not None, HAS_SG=s, HAS_SU=s, HAS_RW=rw, BWD=bwd, BM=cfg.bm, BR=br,
                           BK=cfg.bk, BLOCK_E=cfg.block_e)
             out.append(_spec("glu_down_fwd", types, consts, cfg.warps_down, cfg.stages_down, aligned))
-        for rw, (single, bk) in itertools.product((False, True), ups):
+        for rw, (single, bk), ypad in itertools.product((False, True), ups, (False, True)):
             types = dict(z_ptr=D, offs_ptr="*i32", cum_ptr="*i32", wd_ptr=D, rw_ptr="*fp32", y_ptr=D)
-            consts = dict(HAS_RW=rw, FSPLIT=1, SINGLE_K=single, BM=cfg.bm, BN=cfg.bn_up, BK=bk, BLOCK_E=cfg.block_e)
-            out.append(_spec("glu_up_fwd", types, consts, cfg.warps_up, cfg.stages_up, aligned))
+            vec = up_vec(cfg, aligned)
+            bn, warps, stages = up_tiles(cfg, vec)
+            consts = dict(HAS_RW=rw, FSPLIT=1, SINGLE_K=single, VEC=vec, Y_PAD=ypad, BM=cfg.bm, BN=bn,
+                          BK=bk, BLOCK_E=cfg.block_e)
+            out.append(_spec("glu_up_fwd", types, consts, warps, stages, aligned))
         if aligned:  # combine / zero-tail only ever see fresh (aligned) buffers
-            for bn in (256, 1024):
+            for bn, src8 in itertools.product((256, 1024), (False, True)):
                 types = dict(src_ptr=D, order_ptr="*i64", ptr_ptr="*i64", out_ptr=D)
-                out.append(_spec("combine_rows", types, dict(BN=bn), cfg.warps_combine, 3, True))
+                out.append(_spec("combine_rows", types, dict(SRC8=src8, BN=bn), cfg.warps_combine, 3, True))
             out.append(_spec("zero_tail_rows", dict(out_ptr=D, offs_ptr="*i32"),
                              dict(BM=ZERO_TAIL_BM, BN=ZERO_TAIL_BN), cfg.warps_zero, 3, True))
+            if dt == DTYPES[0]:  # dtype-free helpers: once per arch
+                out.append(_spec("tile_cum", dict(offs_ptr="*i32", cum_ptr="*i32"),
+                                 dict(BM=cfg.bm, BLOCK=TILE_CUM_BLOCK), 4, 1, False))
+                for it in ("*i32", "*i64"):
+                    out.append(_spec("csr_keys", dict(idx_ptr=it, offs_ptr="*i32", key_ptr="*i32"),
+                                     dict(BLOCK=CSR_KEYS_BLOCK), 4, 1, False))
         for sc, dwd, br in itertools.product(IDX, (False, True), brs):
             types = dict(dy_ptr=D, sidx_ptr=f"*{sc}" if sc else UNUSED, offs_ptr="*i32", wd_ptr=D, zw_ptr=D,
                          part_ptr="*fp32", dwd_ptr=D)
-            consts = dict(HAS_SCATTER=sc is not None, DO_DWD=dwd, BM=cfg.bm, BR=br, BN=cfg.bn_bwd)
-            out.append(_spec("glu_bwd_dz", types, consts, cfg.warps_bwd_dz, cfg.stages_bwd_dz, aligned))
+            vec = dz_vec(cfg, aligned)
+            consts = dict(HAS_SCATTER=sc is not None, DO_DWD=dwd, VEC=vec, BM=cfg.bm, BR=br, BN=cfg.bn_bwd)
+            out.append(_spec("glu_bwd_dz", types, consts, *dz_warps_stages(cfg, vec), aligned))
         for s, rw, br in itertools.product((False, True), (False, True), brs):
             types = dict(hg_ptr="*fp32", hu_ptr="*fp32", part_ptr="*fp32", offs_ptr="*i32", sg_ptr="*fp32",
                          su_ptr="*fp32", rw_ptr="*fp32", dhg_ptr=D, dhu_ptr=D, dsg_ptr="*fp32", dsu_ptr="*fp32",
