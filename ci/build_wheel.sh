@@ -9,6 +9,11 @@
 #   PYTHON=python3                    the interpreter whose pip builds the wheel
 #   TSCT_CUDA_GENCODES="sm_90a;..."   override the CUDA targets (CMakeLists.txt has the default)
 #   TSCT_BUILD_CUDA=OFF               a wheel with no native library (pure-Python fallback)
+#   TSCT_CUTEDSL_PYTHON=/path/python  an interpreter with nvidia-cutlass-dsl==4.8.1 (+ nvidia-cuda-cuobjdump): the
+#                                     CuTeDSL sm_120 kernels are exported and linked (docs/decisions/0009); the
+#                                     release wheel is built this way. Unset: TSCT_CUTEDSL=AUTO looks in the build
+#                                     env only (which has no DSL), so the wheel has no CuTeDSL kernels (said below).
+#   TSCT_CUTEDSL=ON|OFF|AUTO          override (default: ON when TSCT_CUTEDSL_PYTHON is set, else AUTO)
 # The build directory build/<wheel tag> persists, so a rebuild only recompiles what changed (a build
 # with an override above uses a temporary one, so the override never sticks).
 # After the build it prints the wheel's manifest.json: which targets (cubins, PTX) and kernels it holds.
@@ -25,6 +30,13 @@ if [[ -n "${TSCT_CUDA_GENCODES:-}${TSCT_BUILD_CUDA:-}" ]]; then
   [[ -n "${TSCT_CUDA_GENCODES:-}" ]] && args+=(-C "cmake.define.TSCT_CUDA_GENCODES=${TSCT_CUDA_GENCODES}")
   [[ -n "${TSCT_BUILD_CUDA:-}" ]] && args+=(-C "cmake.define.TSCT_BUILD_CUDA=${TSCT_BUILD_CUDA}")
 fi
+
+if [[ -n "${TSCT_CUTEDSL_PYTHON:-}" ]]; then
+  export TSCT_CUTEDSL_PYTHON TSCT_CUTEDSL="${TSCT_CUTEDSL:-ON}"
+else
+  export TSCT_CUTEDSL="${TSCT_CUTEDSL:-AUTO}"
+fi
+echo "ci/build_wheel.sh: TSCT_CUTEDSL=$TSCT_CUTEDSL TSCT_CUTEDSL_PYTHON=${TSCT_CUTEDSL_PYTHON:-<unset>}"
 
 mkdir -p dist
 start=$(date +%s)
@@ -61,4 +73,10 @@ if aot:
           + ", ".join(f"{a} {v['variants']}" for a, v in aot["archs"].items()))
 else:
     print("triton AOT: none (TSCT_TRITON_AOT=OFF): the Triton path needs Triton JIT")
+cd = m.get("cutedsl")
+if cd:
+    print(f"CuTeDSL sm_120 kernels linked ({cd['dsl']['dist']} {cd['dsl']['version']}, {cd['arch']}): "
+          + ", ".join(k["name"] for k in cd["kernels"]))
+else:
+    print("CuTeDSL sm_120 kernels: NOT in this wheel (set TSCT_CUTEDSL_PYTHON to a venv with nvidia-cutlass-dsl==4.8.1)")
 PY

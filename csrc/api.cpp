@@ -56,6 +56,7 @@ const char* tsct_error_string(int code) {
   if (code == 0) return "success";
   if (code == TSCT_ERR_BAD_ARGUMENT) return "TSCT_ERR_BAD_ARGUMENT: a size, dtype, layout code or pointer is invalid";
   if (code == TSCT_ERR_NO_CUDA) return "TSCT_ERR_NO_CUDA: built without CUDA";
+  if (code == TSCT_ERR_NOT_BUILT) return "TSCT_ERR_NOT_BUILT: this library was built without that kernel";
   if (code > 0) return cudaGetErrorString(static_cast<cudaError_t>(code));
   return "unknown tsct error code";
 }
@@ -70,7 +71,7 @@ int tsct_kernel_available(const char* kernel_name, int* available) {
     return tsct::fail(TSCT_ERR_BAD_ARGUMENT, "tsct_kernel_available: null pointer argument");
   *available = 0;
   const void* fn = nullptr;
-  const tsct::KernelEntry* const tables[] = {tsct::kNvfp4Kernels, tsct::kSignKernels};
+  const tsct::KernelEntry* const tables[] = {tsct::kNvfp4Kernels, tsct::kSignKernels, tsct::kRowsGroupedKernels};
   for (const tsct::KernelEntry* table : tables)
     for (const tsct::KernelEntry* e = table; e->name && !fn; ++e)
       if (strcmp(e->name, kernel_name) == 0) fn = e->fn;

@@ -2,6 +2,7 @@
 """Ahead-of-time build of tsct's CuTeDSL kernels: compile for sm_120a, export_to_c, write an index.
 
     python cutedsl/build.py OUT_DIR [--arch sm_120a] [--only NAME ...] [--check]
+    python cutedsl/build.py --list          # the kernel names, one per line (no DSL needed; CMake uses it)
 
 For each kernel variant in ``VARIANTS`` it writes ``OUT_DIR/<name>.o`` (host entry + embedded cubin,
 exported with ``export_to_c``) and ``OUT_DIR/<name>.h`` (the C ABI of that entry), then
@@ -184,11 +185,17 @@ def build(out_dir: Path, arch: str, only: list[str] | None) -> dict:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description="AOT-build tsct's CuTeDSL kernels")
-    ap.add_argument("out_dir", type=Path)
+    ap.add_argument("out_dir", type=Path, nargs="?")
+    ap.add_argument("--list", action="store_true", help="print the kernel names and exit (no DSL import)")
     ap.add_argument("--arch", default=DEFAULT_ARCH, choices=["sm_120a", "sm_121a"])
     ap.add_argument("--only", nargs="*", choices=sorted(VARIANTS))
     ap.add_argument("--check", action="store_true", help="run check_sass.py on the output")
     args = ap.parse_args(argv)
+    if args.list:
+        print("\n".join(VARIANTS))
+        return 0
+    if args.out_dir is None:
+        ap.error("OUT_DIR is required (except with --list)")
     _reexec_with_preload(args.arch)
     build(args.out_dir, args.arch, args.only)
     if args.check:

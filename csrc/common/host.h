@@ -31,5 +31,6 @@ struct KernelEntry {
 // Defined next to the kernels (nvfp4.cu, sign.cu); nullptr-terminated.
 extern const KernelEntry kNvfp4Kernels[];
 extern const KernelEntry kSignKernels[];
+extern const KernelEntry kRowsGroupedKernels[];  // rows_grouped.cu
 
 }  // namespace tsct

@@ -119,3 +119,16 @@ def test_expected_omma_counts():
     assert check_sass.expected_omma(k(epilogue="glu", tile_n=128)) == 8
     assert check_sass.expected_omma(k(epilogue="glu", tile_n=64, sign=True)) == 8
     assert check_sass.expected_omma({"params": {}}) is None
+
+
+def test_list_names_every_variant_without_the_dsl():
+    """CMake reads the object names from `build.py --list` at configure time (decision 0009): it must
+    work with a plain Python (no DSL import) and match VARIANTS."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    build = Path(__file__).resolve().parents[2] / "cutedsl" / "build.py"
+    out = subprocess.run([sys.executable, str(build), "--list"], capture_output=True, text=True, check=True).stdout
+    names = out.split()
+    assert len(names) == 7 and "tsct_nvfp4_grouped_glu_sm120" in names and "tsct_nvfp4_grouped_rowweight_sm120" in names

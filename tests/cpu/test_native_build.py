@@ -1,7 +1,7 @@
 """The native library as built and installed, checked on a machine without a GPU.
 
 * the install: manifest.json lists sm_90a / sm_100a / sm_120a and the kernels; the .so loads with
-  ctypes, has ABI version 2, exports exactly the C functions of tsct.h; build info == manifest;
+  ctypes, has ABI version _loader.ABI_VERSION, exports exactly the C functions of tsct.h; build info == manifest;
   cuobjdump agrees with the manifest, for the library and the Triton AOT cubins (tsct.native.artifacts.verify,
   also ci/check_artifacts.py; skipped without cuobjdump), and tampered copies of the cubin tree are caught;
 * lazy loading: importing tsct / tsct.native loads no library and initialises no CUDA;
@@ -38,8 +38,9 @@ from tsct.native import _testing as T
 REPO = Path(__file__).resolve().parents[2]
 HEADER = REPO / "csrc" / "include" / "tsct" / "tsct.h"
 REQUIRED_TARGETS = ("sm_90a", "sm_100a", "sm_120a")
-KERNELS = {f"tsctk_{op}_{dt}" for op in ("nvfp4_quantize", "nvfp4_dequantize", "sign_pack", "sign_dequantize")
-           for dt in ("f32", "bf16", "f16")}
+KERNELS = {f"tsctk_{op}_{dt}" for op in ("nvfp4_quantize", "nvfp4_dequantize", "sign_pack", "sign_dequantize",
+                                         "nvfp4_rows_amax", "nvfp4_rows_quantize")
+           for dt in ("f32", "bf16", "f16")} | {"tsctk_nvfp4_rows_finalize"}
 BAD_ARGUMENT = -1
 
 
@@ -65,7 +66,7 @@ def test_manifest_lists_targets_and_kernels(lib_path):
     m = native.manifest()
     assert m is not None, f"no manifest.json next to {lib_path}"
     assert m["version"] == tsct.__version__
-    assert m["abi_version"] == 2
+    assert m["abi_version"] == _loader.ABI_VERSION
     for target in REQUIRED_TARGETS:
         assert target in m["gencodes"], f"{target} missing from manifest gencodes {m['gencodes']}"
     assert set(m["kernels"]) == set(m["gencodes"])
@@ -77,7 +78,7 @@ def test_manifest_lists_targets_and_kernels(lib_path):
 def test_ctypes_load_and_abi_version(lib_path):
     raw = ctypes.CDLL(lib_path)  # independent of tsct.native's loader
     raw.tsct_abi_version.restype = ctypes.c_int
-    assert raw.tsct_abi_version() == 2
+    assert raw.tsct_abi_version() == _loader.ABI_VERSION
 
 
 def _header_functions() -> set[str]:
@@ -138,7 +139,7 @@ def test_check_artifacts_match(lib_path, cuobjdump):
     assert r["detail"].startswith(f"library: {len(m['gencodes'])} targets x {len(KERNELS)} kernels match"), r["detail"]
     aot = r["triton_aot"]
     if "triton_aot" not in m:
-        assert aot is None and r["detail"].endswith("triton AOT: none in the manifest"), r["detail"]
+        assert aot is None and "; triton AOT: none in the manifest" in r["detail"], r["detail"]
     else:  # the Triton cubins: every one listed, present, hashed and of its arch (docs/decisions/0005)
         sec = m["triton_aot"]
         total = sum(a["variants"] for a in sec["archs"].values())
@@ -154,7 +155,8 @@ def test_check_artifacts_match(lib_path, cuobjdump):
             assert aot["sass_checked"] == sum(want.values()), aot
             assert {a: n for a, n in want.items()} == {a: {"sm_90a": 5, "sm_120": 5}.get(a, 4) for a in want}, want
         assert f"; triton AOT: {total} cubins, {len(sec['archs'])} archs match" in r["detail"], r["detail"]
-    assert len(r["detail"]) < 150, r["detail"]
+    assert len(r["detail"]) < 180, r["detail"]
+    assert ("; cutedsl: " in r["detail"]) == bool(m.get("cutedsl")), r["detail"]
     json.dumps(r)  # the probe's --json report carries it
 
 

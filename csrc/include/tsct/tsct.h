@@ -20,7 +20,8 @@
 extern "C" {
 #endif
 
-#define TSCT_ABI_VERSION 2 /* 2: the Triton AOT launcher (tsct_triton_*) */
+#define TSCT_ABI_VERSION 3 /* 2: the Triton AOT launcher (tsct_triton_*); 3: the grouped activation quantizer
+                              (tsct_nvfp4_quantize_rows_grouped) and the sm_120 CuTeDSL entries (tsct_sm120_*) */
 
 /* The library is built with -fvisibility=hidden; only declarations marked TSCT_API are exported
  * (and csrc/exports.map lists the same names). */
@@ -34,7 +35,8 @@ enum tsct_dtype { TSCT_F32 = 0, TSCT_BF16 = 1, TSCT_F16 = 2 };
 enum tsct_scale_layout { TSCT_LAYOUT_LINEAR = 0, TSCT_LAYOUT_SWIZZLED_128X4 = 1 };
 enum tsct_error {
   TSCT_ERR_BAD_ARGUMENT = -1, /* a size, dtype or layout code out of range, or a null pointer */
-  TSCT_ERR_NO_CUDA = -2       /* built without CUDA */
+  TSCT_ERR_NO_CUDA = -2,      /* built without CUDA */
+  TSCT_ERR_NOT_BUILT = -3     /* this library was built without the kernel (e.g. TSCT_CUTEDSL=OFF) */
 };
 
 TSCT_API int tsct_abi_version(void);
@@ -62,6 +64,79 @@ TSCT_API int tsct_sign_pack(const void* w, int w_dtype, int64_t batch, int64_t n
 /* Sign decode: out[b, n, k] = (+-1 * a[b, k]) * scale_n[b, n]; a: [batch, k] fp32, scale_n: [batch, n] fp32. */
 TSCT_API int tsct_sign_dequantize(const uint8_t* bits, const float* a, const float* scale_n, int64_t batch, int64_t n,
                                   int64_t k, void* out, int out_dtype, void* stream);
+
+/* NVFP4 quantize of routed activation rows grouped by expert: the A operand of the sm_120 grouped
+ * block-scaled GEMMs (docs/sm120.md, "activation quantizer"). Recipe 0002, with ONE encode scale per
+ * EXPERT over that expert's rows: s_enc[e] = min(2688 / amax_e, FLT_MAX), amax_e = max |v| over the
+ * finite v of the expert's rows, s_enc[e] = 1 if amax_e == 0 or the expert has no rows. The GEMM
+ * epilogue then multiplies by alpha[e] = 1 / (s_enc[e] * s_enc_factor[e]) (one scalar per group).
+ *   x: [x_rows, k] of x_dtype; routed row i (0 <= i < m) reads x[gather_idx[i]] (int64 [m]), or x[i] if
+ *      gather_idx is NULL (then x_rows >= m). A gather index outside [0, x_rows) poisons its blocks (NaN
+ *      scale byte 0x7F, zero codes) instead of reading out of bounds.
+ *   offs: int32 [num_experts] cumulative END offsets of the routed rows (torch grouped_mm), non-decreasing,
+ *      offs[E-1] <= m (the caller checks; other values never cause out-of-bounds accesses). Rows at or
+ *      past offs[E-1] are padding.
+ *   col_scale: fp32 [num_experts, k] or NULL: row i of expert e is multiplied (fp32, RNE) by col_scale[e]
+ *      before quantizing (the sign path's x * a[e]); the amax is taken of the products.
+ * Outputs: codes [m_alloc, k/2] (8-byte aligned; padding rows and rows in [m, m_alloc) are 0);
+ *   sfa: sfa_bytes bytes, expert e's block scales at byte sfa_offsets[e] = sum_{j<e} pad128(m_j)*Kbp in
+ *   the swizzled_128x4 layout of an [pad128(m_e), Kbp] matrix (Kbp = ceil(k/64)*4); every other byte 0.
+ *   sfa_bytes >= sum_e pad128(m_e)*Kbp (tsct.emulation.plan.sfa_bytes_bound) and <= INT32_MAX;
+ *   sfa_offsets: int32 [num_experts]; s_enc: fp32 [num_experts]. k % 16 == 0. Stream-ordered, no host sync. */
+TSCT_API int tsct_nvfp4_quantize_rows_grouped(const void* x, int x_dtype, int64_t x_rows, int64_t k,
+                                              const int64_t* gather_idx, const int32_t* offs, int64_t num_experts,
+                                              int64_t m, const float* col_scale, int64_t m_alloc, uint8_t* codes,
+                                              uint8_t* sfa, int64_t sfa_bytes, int32_t* sfa_offsets, float* s_enc,
+                                              void* stream);
+
+/* ---- sm_120 NVFP4 grouped GEMMs: CuTeDSL kernels exported ahead of time (cutedsl/, decisions 0006, 0009) ----
+ * Linked into this library when it was built with TSCT_CUTEDSL=ON (else every entry returns
+ * TSCT_ERR_NOT_BUILT). sm_120a cubins only: they run on compute capability 12.0, not 12.1 (an sm_121a
+ * build would be needed). The cubins are loaded (cudaLibraryLoadData) on the first call, never at load
+ * time. NOT executed on any GPU yet (docs/sm120.md). */
+enum tsct_sm120_variant {
+  TSCT_SM120_NVFP4_ALPHA = 0,      /* tsct_nvfp4_grouped_alpha_sm120:     c = alpha[e] * acc */
+  TSCT_SM120_NVFP4_GLU = 1,        /* tsct_nvfp4_grouped_glu_sm120:       c[:, j] = silu(g_j) * u_j, b rows interleaved */
+  TSCT_SM120_NVFP4_ROW_WEIGHT = 2  /* tsct_nvfp4_grouped_rowweight_sm120: c = alpha[e] * acc * ep0[row] */
+};
+/* *built = 1 if the CuTeDSL kernels are linked in (host only: no CUDA call). */
+TSCT_API int tsct_sm120_built(int* built);
+/* One grouped NVFP4 GEMM (cutedsl/tsct_cutedsl/nvfp4_gemm_sm120.py, Nvfp4GemmSm120.grouped):
+ *   a: E2M1 codes [m_alloc, k/2] bytes (routed rows sorted by expert; m_alloc >= offs[E-1] + 31);
+ *   b: E2M1 codes [num_experts, n, k/2] (glu: n = 2r, rows 2j = gate j, 2j+1 = up j);
+ *   sfa: sfa_bytes of per-expert swizzled UE4M3 scales at sfa_offsets[e] (tsct_nvfp4_quantize_rows_grouped);
+ *   sfb: sfb_bytes = num_experts * pad128(n) * Kbp swizzled UE4M3 scales of b;
+ *   c: bf16 [c_rows, c_cols] with row stride ldc elements (glu: c_cols = n/2); rows outside every expert
+ *      are NOT written; offs int32 [E]; tile_expert/tile_row int32 [num_tiles] (tsct.emulation.plan.tile_map);
+ *   alpha fp32 [E]; ep0/ep1 fp32 [ep_rows, ep_cols] with row stride ep_ld (glu: s_gate/s_up per rank divided
+ *   by the factor's encode scale, [E, n/2]; row_weight: ep0 = row weights as [c_rows, 1] with ep_ld = 1, ep1
+ *   = ep0; alpha: unused, pass any valid pair). k % 64 == 0; every size < 2^31. */
+TSCT_API int tsct_sm120_nvfp4_grouped(int variant, const void* a, int64_t m_alloc, int64_t k, const void* b, int64_t n,
+                                      int64_t num_experts, const void* sfa, int64_t sfa_bytes, const int32_t* sfa_offsets,
+                                      const void* sfb, int64_t sfb_bytes, void* c, int64_t c_rows, int64_t c_cols,
+                                      int64_t ldc, const int32_t* offs, const int32_t* tile_expert,
+                                      const int32_t* tile_row, int64_t num_tiles, const float* alpha, const float* ep0,
+                                      int64_t ep_rows, int64_t ep_cols, int64_t ep_ld, const float* ep1, void* stream);
+
+/* One grouped sign GEMM (Nvfp4GemmSm120(sign=True).grouped_sign; 1-bit factor expanded to E2M1 +-1 in registers).
+ * P = 2 copies for TSCT_SM120_SIGN_GLU (gate, up), else 1; every P-indexed operand has P outermost:
+ *   a: [P, m_alloc, k/2] E2M1 codes of NVFP4(x * a_p[e]) (tsct_nvfp4_quantize_rows_grouped with col_scale);
+ *   bits: [P, num_experts, n, k/8] (SignTensor.bits); sfa: [P, sfa_bytes] (copy p's expert e block at
+ *   sfa_offsets[e], one offset table for every copy; sfa_bytes % 16 == 0); col_scale: fp32 [P, num_experts, n]
+ *   (SignTensor.scale_n); alpha: fp32 [num_experts, P] (P contiguous: 1 / s_enc of copy p);
+ *   c, offs, tile map, ep0/ep1 as for tsct_sm120_nvfp4_grouped (glu: c_cols = n, ep0/ep1 = s_gate/s_up [E, n]
+ *   without encode scales; row_weight: ep0 = row weights [c_rows, 1], ep_ld = 1). k % 64 == 0. */
+enum tsct_sm120_sign_variant {
+  TSCT_SM120_SIGN_ALPHA = 0,      /* tsct_sign_grouped_alpha_sm120 */
+  TSCT_SM120_SIGN_GLU = 1,        /* tsct_sign_grouped_glu_sm120 (P = 2) */
+  TSCT_SM120_SIGN_ROW_WEIGHT = 2  /* tsct_sign_grouped_rowweight_sm120 */
+};
+TSCT_API int tsct_sm120_sign_grouped(int variant, const void* a, int64_t m_alloc, int64_t k, const void* bits, int64_t n,
+                                     int64_t num_experts, const void* sfa, int64_t sfa_bytes, const int32_t* sfa_offsets,
+                                     const float* col_scale, void* c, int64_t c_rows, int64_t c_cols, int64_t ldc,
+                                     const int32_t* offs, const int32_t* tile_expert, const int32_t* tile_row,
+                                     int64_t num_tiles, const float* alpha, const float* ep0, int64_t ep_rows,
+                                     int64_t ep_cols, int64_t ep_ld, const float* ep1, void* stream);
 
 /* ---- Triton kernels compiled ahead of time (tsct/_aot/<arch>/*.cubin + index.json; decisions/0005) ----
  * The caller (python/tsct/kernels/aot.py) picks the cubin for the device's arch and passes its metadata

@@ -15,6 +15,13 @@ Introspection:
 Kernels (CUDA tensors; see each docstring for shapes, dtypes and errors):
     nvfp4_quantize(x, s_enc, layout) -> (codes, block_scale)
     nvfp4_dequantize(codes, block_scale, layout, s_enc, k, out_dtype=torch.bfloat16) -> Tensor
+    nvfp4_quantize_rows_grouped(x, offs, *, gather_idx, col_scale, m, m_alloc)
+        -> (codes, sfa, sfa_offsets, s_enc)   routed rows per expert, swizzled scales (sm_120 GEMMs' A)
+    sm120_built() -> bool            the CuTeDSL sm_120 kernels are linked in (decision 0009)
+    sm120_nvfp4_grouped(variant, a, b, sfa, sfa_offsets, sfb, c, offs, tile_expert, tile_row, alpha, ep0, ep1)
+        one CuTeDSL sm_120a grouped NVFP4 GEMM (compute capability 12.0 only; never executed yet)
+    sm120_sign_grouped(variant, a, bits, sfa, sfa_offsets, col_scale, c, offs, tile_expert, tile_row, alpha, ep0, ep1)
+        the same with 1-bit sign factors
     sign_pack(w) -> bits
     sign_dequantize(bits, a, b, out_dtype=torch.bfloat16) -> Tensor
 """
@@ -31,8 +38,12 @@ from tsct.native._ops import (
     kernel_available,
     nvfp4_dequantize,
     nvfp4_quantize,
+    nvfp4_quantize_rows_grouped,
     sign_dequantize,
     sign_pack,
+    sm120_built,
+    sm120_nvfp4_grouped,
+    sm120_sign_grouped,
     swizzled_scale_numel,
 )
 
@@ -46,7 +57,11 @@ __all__ = [
     "manifest",
     "nvfp4_dequantize",
     "nvfp4_quantize",
+    "nvfp4_quantize_rows_grouped",
     "sign_dequantize",
     "sign_pack",
+    "sm120_built",
+    "sm120_nvfp4_grouped",
+    "sm120_sign_grouped",
     "swizzled_scale_numel",
 ]

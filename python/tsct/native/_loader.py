@@ -22,7 +22,7 @@ from typing import Any
 
 LIB_NAME = "libtsct_kernels.so"
 MANIFEST_NAME = "manifest.json"
-ABI_VERSION = 2  # 2: the Triton AOT launcher (tsct_triton_*)
+ABI_VERSION = 3  # 2: the Triton AOT launcher (tsct_triton_*); 3: tsct_nvfp4_quantize_rows_grouped, tsct_sm120_*
 ENV_VAR = "TSCT_NATIVE_LIB"
 
 # Name -> (restype, argtypes) of every entry point in csrc/include/tsct/tsct.h.
@@ -36,6 +36,25 @@ _SIGNATURES: dict[str, tuple[Any, list[Any]]] = {
     "tsct_nvfp4_quantize": (c_int, [c_void_p, c_int, c_int64, c_int64, c_int64, c_void_p, c_void_p, c_void_p, c_int, c_void_p]),
     # codes, block_scale, layout, s_enc, batch, n, k, out, out_dtype, stream
     "tsct_nvfp4_dequantize": (c_int, [c_void_p, c_void_p, c_int, c_void_p, c_int64, c_int64, c_int64, c_void_p, c_int, c_void_p]),
+    # x, x_dtype, x_rows, k, gather_idx, offs, num_experts, m, col_scale, m_alloc, codes, sfa, sfa_bytes,
+    # sfa_offsets, s_enc, stream
+    "tsct_nvfp4_quantize_rows_grouped": (c_int, [c_void_p, c_int, c_int64, c_int64, c_void_p, c_void_p, c_int64, c_int64,
+                                                 c_void_p, c_int64, c_void_p, c_void_p, c_int64, c_void_p, c_void_p,
+                                                 c_void_p]),
+    # built*
+    "tsct_sm120_built": (c_int, [ctypes.POINTER(c_int)]),
+    # variant, a, m_alloc, k, b, n, num_experts, sfa, sfa_bytes, sfa_offsets, sfb, sfb_bytes, c, c_rows, c_cols, ldc,
+    # offs, tile_expert, tile_row, num_tiles, alpha, ep0, ep_rows, ep_cols, ep_ld, ep1, stream
+    "tsct_sm120_nvfp4_grouped": (c_int, [c_int, c_void_p, c_int64, c_int64, c_void_p, c_int64, c_int64, c_void_p, c_int64,
+                                         c_void_p, c_void_p, c_int64, c_void_p, c_int64, c_int64, c_int64, c_void_p,
+                                         c_void_p, c_void_p, c_int64, c_void_p, c_void_p, c_int64, c_int64, c_int64,
+                                         c_void_p, c_void_p]),
+    # variant, a, m_alloc, k, bits, n, num_experts, sfa, sfa_bytes, sfa_offsets, col_scale, c, c_rows, c_cols, ldc,
+    # offs, tile_expert, tile_row, num_tiles, alpha, ep0, ep_rows, ep_cols, ep_ld, ep1, stream
+    "tsct_sm120_sign_grouped": (c_int, [c_int, c_void_p, c_int64, c_int64, c_void_p, c_int64, c_int64, c_void_p, c_int64,
+                                        c_void_p, c_void_p, c_void_p, c_int64, c_int64, c_int64, c_void_p, c_void_p,
+                                        c_void_p, c_int64, c_void_p, c_void_p, c_int64, c_int64, c_int64, c_void_p,
+                                        c_void_p]),
     # w, w_dtype, batch, n, k, bits, stream
     "tsct_sign_pack": (c_int, [c_void_p, c_int, c_int64, c_int64, c_int64, c_void_p, c_void_p]),
     # bits, a, scale_n, batch, n, k, out, out_dtype, stream

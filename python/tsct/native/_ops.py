@@ -259,3 +259,223 @@ def kernel_available(name: str, device: torch.device | int | None = None) -> boo
     if rc != 0:
         raise RuntimeError(error_message("tsct_kernel_available", rc))
     return bool(avail.value)
+
+
+def nvfp4_quantize_rows_grouped(
+    x: Tensor,
+    offs: Tensor,
+    *,
+    gather_idx: Tensor | None = None,
+    col_scale: Tensor | None = None,
+    m: int | None = None,
+    m_alloc: int | None = None,
+) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """NVFP4-quantize routed rows grouped by expert (``tsct_nvfp4_quantize_rows_grouped``).
+
+    The A operand of the sm_120 grouped block-scaled GEMMs (docs/sm120.md, "activation quantizer"):
+    each expert's rows are one NVFP4 matrix (recipe docs/decisions/0002) with ONE fp32 encode scale
+    per expert, ``s_enc[e] = min(2688 / amax_e, FLT_MAX)`` (amax over the expert's finite values;
+    1 for an empty expert or amax 0); the GEMM epilogue folds ``1 / (s_enc[e] * s_enc_factor[e])``.
+    No host synchronisation: ``offs`` is never read on the host.
+
+    Args:
+        x: [M, K] (routed rows, sorted by expert) or, with ``gather_idx``, [T, K] token-major rows;
+            float32 / bfloat16 / float16, CUDA; K % 16 == 0.
+        offs: int32 [E] cumulative END offsets of the routed rows (torch grouped_mm), same device;
+            non-decreasing with offs[-1] <= M (not checked here: the op validates it; bad values
+            never cause out-of-bounds accesses). Rows at or past offs[-1] are padding.
+        gather_idx: optional int32/int64 [M]: routed row i reads ``x[gather_idx[i]]`` (an index out of
+            range gives a NaN block scale, 0x7F, and zero codes for that row).
+        col_scale: optional float32 [E, K]: row i of expert e is multiplied by ``col_scale[e]`` (fp32)
+            before quantizing (sign factors: ``x * a[e]``).
+        m: routed rows M (default: gather_idx's length, else x's rows).
+        m_alloc: rows of ``codes`` (default M; the grouped GEMMs need ``M + tile_m - 1``, see
+            ``tsct.emulation.plan.a_rows_alloc``); rows past offs[-1] are written 0.
+    Returns:
+        codes: uint8 [m_alloc, K // 2] (two E2M1 codes per byte, even element in the low nibble);
+        sfa: float8_e4m3fn [plan.sfa_bytes_bound(M, E, K)]: expert e's block scales from byte
+            ``sfa_offsets[e]``, swizzled_128x4 with its rows padded to 128, every other byte 0;
+        sfa_offsets: int32 [E] (== ``tsct.emulation.plan.sfa_layout(offs, K)[0]``);
+        s_enc: float32 [E].
+    Raises:
+        TypeError / ValueError naming the bad argument; RuntimeError from the kernel or the loader.
+    """
+    from tsct.emulation.plan import sfa_bytes_bound
+
+    x = _tensor("x", x)
+    offs = _tensor("offs", offs)
+    _dtype("x", x, tuple(DTYPES))
+    if x.dim() != 2:
+        raise ValueError(f"x must be [rows, K], got shape {list(x.shape)}")
+    x_rows, k = x.shape
+    if k % 16:
+        raise ValueError(f"x: K={k} (last dimension) must be a multiple of 16 for NVFP4")
+    _dtype("offs", offs, (torch.int32,))
+    if offs.dim() != 1:
+        raise ValueError(f"offs must be 1-D [E] (cumulative end offsets), got shape {list(offs.shape)}")
+    e = offs.shape[0]
+    _cuda("x", x)
+    _cuda("offs", offs, x.device)
+    if gather_idx is not None:
+        gather_idx = _tensor("gather_idx", gather_idx)
+        _dtype("gather_idx", gather_idx, (torch.int32, torch.int64))
+        if gather_idx.dim() != 1:
+            raise ValueError(f"gather_idx must be 1-D [M], got shape {list(gather_idx.shape)}")
+        _cuda("gather_idx", gather_idx, x.device)
+        gather_idx = gather_idx.to(torch.int64).contiguous()
+    rows = gather_idx.shape[0] if gather_idx is not None else x_rows
+    if m is None:
+        m = rows
+    if not isinstance(m, int) or isinstance(m, bool) or m < 0 or m > rows:
+        raise ValueError(f"m must be an int in [0, {rows}] (rows available), got {m!r}")
+    if m_alloc is None:
+        m_alloc = m
+    if not isinstance(m_alloc, int) or isinstance(m_alloc, bool) or m_alloc < m:
+        raise ValueError(f"m_alloc must be an int >= m={m}, got {m_alloc!r}")
+    if col_scale is not None:
+        col_scale = _tensor("col_scale", col_scale)
+        _dtype("col_scale", col_scale, (torch.float32,))
+        _shape("col_scale", col_scale, (e, k), "fp32 per-expert scale over K")
+        _cuda("col_scale", col_scale, x.device)
+        col_scale = col_scale.contiguous()
+    x, offs = x.contiguous(), offs.contiguous()
+    sfa_bytes = sfa_bytes_bound(m, e, k)
+    codes = _empty((m_alloc, k // 2), torch.uint8, x.device)
+    sfa = _empty((sfa_bytes,), torch.uint8, x.device)
+    sfa_offsets = _empty((e,), torch.int32, x.device)
+    s_enc = _empty((e,), torch.float32, x.device)
+    null = ctypes.c_void_p(None)
+    _call("tsct_nvfp4_quantize_rows_grouped", x.device, _ptr(x), DTYPES[x.dtype], x_rows, k,
+          _ptr(gather_idx) if gather_idx is not None else null, _ptr(offs), e, m,
+          _ptr(col_scale) if col_scale is not None else null, m_alloc, _ptr(codes), _ptr(sfa), sfa_bytes,
+          _ptr(sfa_offsets), _ptr(s_enc))
+    return codes, sfa.view(torch.float8_e4m3fn), sfa_offsets, s_enc
+
+
+SM120_VARIANTS = {"alpha": 0, "glu": 1, "row_weight": 2}
+
+
+def sm120_built() -> bool:
+    """Whether the loaded library has the CuTeDSL sm_120 kernels linked in (``tsct_sm120_built``).
+
+    Host only (no CUDA call). Raises RuntimeError (NativeUnavailableError) if the library is unavailable.
+    """
+    flag = ctypes.c_int(0)
+    rc = get_lib().tsct_sm120_built(ctypes.byref(flag))
+    if rc != 0:
+        raise RuntimeError(error_message("tsct_sm120_built", rc))
+    return bool(flag.value)
+
+
+def sm120_nvfp4_grouped(variant: str, a: Tensor, b: Tensor, sfa: Tensor, sfa_offsets: Tensor, sfb: Tensor,
+                        c: Tensor, offs: Tensor, tile_expert: Tensor, tile_row: Tensor, alpha: Tensor,
+                        ep0: Tensor, ep1: Tensor) -> Tensor:
+    """One CuTeDSL sm_120 NVFP4 grouped GEMM into ``c`` (``tsct_sm120_nvfp4_grouped``; decision 0009).
+
+    Runs only on compute capability 12.0 with a library built with TSCT_CUTEDSL=ON; NOT executed on any
+    GPU yet (docs/sm120.md). Operands as ``tsct.kernels.sm120_fp4`` prepares them:
+
+    Args:
+        variant: "alpha", "glu" or "row_weight" (the epilogue).
+        a: uint8 [m_alloc, K/2] E2M1 codes of the routed rows (``quantize_rows_grouped``).
+        b: uint8 [E, N, K/2] E2M1 codes of the factor (glu: N = 2r, gate/up rows interleaved).
+        sfa: float8_e4m3fn / uint8 flat per-expert swizzled activation scales; sfa_offsets int32 [E].
+        sfb: float8_e4m3fn / uint8 [E, pad128(N) * Kbp] (or flat) swizzled factor scales.
+        c: bfloat16 [rows, N_out] (row stride c.stride(0), unit column stride), written in place for the
+            rows of every expert (other rows untouched); glu: N_out = N / 2.
+        offs: int32 [E]; tile_expert / tile_row: int32 [T] (``tsct.emulation.plan.tile_map``).
+        alpha: float32 [E]; ep0 / ep1: float32 2-D (glu: [E, N/2]; row_weight: [rows, 1] row weights).
+    Returns:
+        c.
+    Raises:
+        ValueError naming the argument; RuntimeError from the library (TSCT_ERR_NOT_BUILT without the kernels).
+    """
+    if variant not in SM120_VARIANTS:
+        raise ValueError(f"variant must be one of {sorted(SM120_VARIANTS)}, got {variant!r}")
+    for name, t, dts in (("a", a, (torch.uint8,)), ("b", b, (torch.uint8,)),
+                         ("sfa", sfa, (torch.uint8, torch.float8_e4m3fn)),
+                         ("sfb", sfb, (torch.uint8, torch.float8_e4m3fn)), ("c", c, (torch.bfloat16,)),
+                         ("sfa_offsets", sfa_offsets, (torch.int32,)), ("offs", offs, (torch.int32,)),
+                         ("tile_expert", tile_expert, (torch.int32,)), ("tile_row", tile_row, (torch.int32,)),
+                         ("alpha", alpha, (torch.float32,)), ("ep0", ep0, (torch.float32,)),
+                         ("ep1", ep1, (torch.float32,))):
+        _dtype(name, _tensor(name, t), dts)
+        _cuda(name, t, a.device)
+        if name != "c" and not t.is_contiguous():
+            raise ValueError(f"{name} must be contiguous")
+    if a.dim() != 2 or b.dim() != 3 or c.dim() != 2 or ep0.dim() != 2 or ep0.shape != ep1.shape:
+        raise ValueError(f"need a [m_alloc, K/2], b [E, N, K/2], c [rows, N_out], ep0/ep1 2-D of one shape; got "
+                         f"a {list(a.shape)}, b {list(b.shape)}, c {list(c.shape)}, ep0 {list(ep0.shape)}, "
+                         f"ep1 {list(ep1.shape)}")
+    if c.stride(1) != 1:
+        raise ValueError("c must have unit column stride")
+    e, n, half_k = b.shape
+    k = 2 * half_k
+    if a.shape[1] != half_k:
+        raise ValueError(f"a has {a.shape[1]} bytes per row, b has {half_k} (K/2 must agree)")
+    _shape("offs", offs, (e,), "one end offset per expert")
+    _shape("alpha", alpha, (e,), "one fp32 scale per expert")
+    _shape("sfa_offsets", sfa_offsets, (e,), "one byte offset per expert")
+    _shape("tile_row", tile_row, tuple(tile_expert.shape), "same length as tile_expert")
+    _call("tsct_sm120_nvfp4_grouped", a.device, SM120_VARIANTS[variant], _ptr(a), a.shape[0], k, _ptr(b), n, e,
+          _ptr(sfa), sfa.numel(), _ptr(sfa_offsets), _ptr(sfb), sfb.numel(), _ptr(c), c.shape[0], c.shape[1],
+          c.stride(0), _ptr(offs), _ptr(tile_expert), _ptr(tile_row), tile_expert.numel(), _ptr(alpha), _ptr(ep0),
+          ep0.shape[0], ep0.shape[1], ep0.stride(0), _ptr(ep1))
+    return c
+
+
+def sm120_sign_grouped(variant: str, a: Tensor, bits: Tensor, sfa: Tensor, sfa_offsets: Tensor, col_scale: Tensor,
+                       c: Tensor, offs: Tensor, tile_expert: Tensor, tile_row: Tensor, alpha: Tensor, ep0: Tensor,
+                       ep1: Tensor) -> Tensor:
+    """One CuTeDSL sm_120 grouped SIGN GEMM into ``c`` (``tsct_sm120_sign_grouped``; decision 0009).
+
+    Compute capability 12.0 only, library built with TSCT_CUTEDSL=ON; NOT executed on any GPU yet.
+    P = 2 copies for "glu" (gate, up), else 1; P outermost:
+
+    Args:
+        variant: "alpha", "glu" or "row_weight".
+        a: uint8 [P, m_alloc, K/2]: NVFP4 codes of x * a_p[e] (``quantize_rows_grouped(col_scale=...)``).
+        bits: uint8 [P, E, N, K/8] (``SignTensor.bits`` stacked).
+        sfa: uint8 / float8_e4m3fn [P, bytes] (bytes % 16 == 0); sfa_offsets: int32 [E] (shared by the copies).
+        col_scale: float32 [P, E, N] (``SignTensor.scale_n`` stacked).
+        c: bfloat16 [rows, N] written for the rows of every expert; offs / tile map as ``sm120_nvfp4_grouped``.
+        alpha: float32 [E, P] (P contiguous): 1 / s_enc of copy p.
+        ep0 / ep1: float32 2-D ("glu": s_gate / s_up [E, N]; "row_weight": row weights [rows, 1]).
+    Returns:
+        c.
+    Raises:
+        ValueError naming the argument; RuntimeError from the library (TSCT_ERR_NOT_BUILT without the kernels).
+    """
+    if variant not in SM120_VARIANTS:
+        raise ValueError(f"variant must be one of {sorted(SM120_VARIANTS)}, got {variant!r}")
+    p = 2 if variant == "glu" else 1
+    for name, t, dts in (("a", a, (torch.uint8,)), ("bits", bits, (torch.uint8,)),
+                         ("sfa", sfa, (torch.uint8, torch.float8_e4m3fn)), ("col_scale", col_scale, (torch.float32,)),
+                         ("c", c, (torch.bfloat16,)), ("sfa_offsets", sfa_offsets, (torch.int32,)),
+                         ("offs", offs, (torch.int32,)), ("tile_expert", tile_expert, (torch.int32,)),
+                         ("tile_row", tile_row, (torch.int32,)), ("alpha", alpha, (torch.float32,)),
+                         ("ep0", ep0, (torch.float32,)), ("ep1", ep1, (torch.float32,))):
+        _dtype(name, _tensor(name, t), dts)
+        _cuda(name, t, a.device)
+        if name != "c" and not t.is_contiguous():
+            raise ValueError(f"{name} must be contiguous")
+    if a.dim() != 3 or bits.dim() != 4 or sfa.dim() != 2 or col_scale.dim() != 3:
+        raise ValueError(f"need a [P, m_alloc, K/2], bits [P, E, N, K/8], sfa [P, bytes], col_scale [P, E, N]; got "
+                         f"{list(a.shape)}, {list(bits.shape)}, {list(sfa.shape)}, {list(col_scale.shape)}")
+    _, e, n, k8 = bits.shape
+    k = 8 * k8
+    _shape("a", a, (p, a.shape[1], k // 2), f"{p} copies of the codes for variant {variant!r}")
+    _shape("bits", bits, (p, e, n, k8), f"{p} sign factors")
+    _shape("sfa", sfa, (p, sfa.shape[1]), f"{p} scale copies")
+    _shape("col_scale", col_scale, (p, e, n), "scale_n per copy")
+    _shape("alpha", alpha, (e, p), "[E, P], P contiguous")
+    _shape("offs", offs, (e,), "one end offset per expert")
+    _shape("sfa_offsets", sfa_offsets, (e,), "one byte offset per expert")
+    _shape("tile_row", tile_row, tuple(tile_expert.shape), "same length as tile_expert")
+    if c.dim() != 2 or c.stride(1) != 1 or ep0.dim() != 2 or ep0.shape != ep1.shape:
+        raise ValueError("c must be 2-D with unit column stride; ep0/ep1 2-D of one shape")
+    _call("tsct_sm120_sign_grouped", a.device, SM120_VARIANTS[variant], _ptr(a), a.shape[1], k, _ptr(bits), n, e,
+          _ptr(sfa), sfa.shape[1], _ptr(sfa_offsets), _ptr(col_scale), _ptr(c), c.shape[0], c.shape[1], c.stride(0),
+          _ptr(offs), _ptr(tile_expert), _ptr(tile_row), tile_expert.numel(), _ptr(alpha), _ptr(ep0), ep0.shape[0],
+          ep0.shape[1], ep0.stride(0), _ptr(ep1))
+    return c

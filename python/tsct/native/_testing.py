@@ -380,3 +380,116 @@ class HostRunner:
         out = torch.empty(v.shape, dtype=torch.uint8)
         self.lib.tsct_host_e4m3_from_f32(self._p(v), v.numel(), self._p(out))
         return out
+
+
+def build_host_rows_grouped(repo_root, out_dir) -> str:
+    """Compile csrc/tools/host_rows_grouped.cpp (the grouped activation quantizer's per-item code on
+    the host) like ``build_host_reference``; returns the .so path. Raises RuntimeError if it cannot."""
+    import os
+    import shutil
+    import subprocess
+
+    cxx = os.environ.get("CXX") or shutil.which("c++") or shutil.which("g++") or shutil.which("clang++")
+    inc = find_cuda_include()
+    if not cxx or not inc:
+        raise RuntimeError(f"host harness needs a C++ compiler ({cxx}) and CUDA headers ({inc})")
+    src = os.path.join(repo_root, "csrc", "tools", "host_rows_grouped.cpp")
+    out = os.path.join(out_dir, "host_rows_grouped.so")
+    cmd = [cxx, "-O2", "-std=c++17", "-shared", "-fPIC", "-fno-fast-math", "-ffp-contract=off",
+           "-I", os.path.join(repo_root, "csrc"), "-I", os.path.join(repo_root, "csrc", "include"), "-I", inc,
+           src, "-o", out]
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise RuntimeError(f"{' '.join(cmd)} failed:\n{proc.stderr}")
+    return out
+
+
+def rows_grouped_host(path: str, x: Tensor, offs: Tensor, *, gather_idx=None, col_scale=None, m=None,
+                      m_alloc=None):
+    """Run the host build of ``tsct_nvfp4_quantize_rows_grouped`` on CPU tensors; returns
+    (codes, sfa bytes, sfa_offsets, s_enc) like ``tsct.native.nvfp4_quantize_rows_grouped``
+    (outputs pre-filled with 0xA5 so an unwritten byte cannot pass)."""
+    import ctypes
+    from ctypes import c_int, c_int64, c_void_p
+
+    from tsct.emulation.plan import sfa_bytes_bound
+
+    lib = ctypes.CDLL(path)
+    fn = lib.tsct_host_nvfp4_quantize_rows_grouped
+    fn.argtypes = [c_void_p, c_int, c_int64, c_int64, c_void_p, c_void_p, c_int64, c_int64, c_void_p, c_int64,
+                   c_void_p, c_void_p, c_int64, c_void_p, c_void_p]
+    x = x.contiguous()
+    k = x.shape[1]
+    e = offs.shape[0]
+    g = gather_idx.to(torch.int64).contiguous() if gather_idx is not None else None
+    rows = g.shape[0] if g is not None else x.shape[0]
+    m = rows if m is None else m
+    m_alloc = m if m_alloc is None else m_alloc
+    nbytes = sfa_bytes_bound(m, e, k)
+    codes = torch.full((m_alloc, k // 2), 0xA5, dtype=torch.uint8)
+    sfa = torch.full((nbytes,), 0xA5, dtype=torch.uint8)
+    sfo = torch.full((e,), -7, dtype=torch.int32)
+    s_enc = torch.full((e,), float("nan"), dtype=torch.float32)
+    cs = col_scale.contiguous() if col_scale is not None else None
+    p = lambda t: c_void_p(t.data_ptr()) if t is not None and t.numel() else c_void_p(None)  # noqa: E731
+    dt = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}[x.dtype]
+    offs_c = offs.contiguous()
+    fn(p(x), dt, x.shape[0], k, p(g), p(offs_c), e, m, p(cs), m_alloc, p(codes), p(sfa), nbytes, p(sfo), p(s_enc))
+    return codes, sfa, sfo, s_enc
+
+
+def rows_grouped_cases():
+    """(name, x, offs, kwargs) cases for the grouped activation quantizer (CPU tensors, seeded):
+    random, heavy-tailed, nan/inf, empty experts, all-empty, gather with padding rows, col_scale,
+    a single expert of 300 rows, and E = 0. Shared by the CPU harness test and the GPU test."""
+    g = _gen(11)
+    out = []
+
+    def offs_of(counts):
+        return torch.tensor(counts, dtype=torch.int64).cumsum(0).to(torch.int32) if counts else \
+            torch.zeros(0, dtype=torch.int32)
+
+    counts = [5, 0, 33, 1, 0, 129, 7]
+    m = sum(counts)
+    out.append(("random_bf16", torch.randn(m, 64, generator=g).to(torch.bfloat16), offs_of(counts), {}))
+    out.append(("random_f32_kb_not_mult4", torch.randn(m, 48, generator=g), offs_of(counts), {}))
+    heavy = _heavy((128, m))(torch.float32, g).t().contiguous()  # [K, N] maker: K blocks
+    out.append(("heavy_f32", heavy, offs_of(counts), {}))
+    out.append(("heavy_f16", _heavy((128, m))(torch.float16, g).t().contiguous(), offs_of(counts), {}))
+    x = torch.randn(m, 64, generator=g)
+    x[3, 5] = float("nan")
+    x[40, 17] = float("inf")
+    x[41, :16] = float("-inf")
+    x[100:104] = 0.0
+    x[50, 0:16] = -0.0
+    out.append(("nan_inf_zero_f32", x, offs_of(counts), {}))
+    out.append(("nan_inf_zero_bf16", x.to(torch.bfloat16), offs_of(counts), {}))
+    out.append(("all_empty", torch.randn(6, 32, generator=g), offs_of([0, 0, 0]), {"m_alloc": 9}))
+    # padding rows past offs[-1] and an m_alloc tail (the grouped GEMM's tile_m - 1 rows)
+    out.append(("padding_rows", torch.randn(m + 5, 64, generator=g).to(torch.bfloat16), offs_of(counts),
+                {"m_alloc": m + 5 + 31}))
+    tok = 50
+    gi = torch.randint(0, tok, (m + 3,), generator=g)
+    gi[m:] = 10 ** 6  # padding rows' gather entries are never read
+    out.append(("gather", torch.randn(tok, 64, generator=g).to(torch.bfloat16), offs_of(counts),
+                {"gather_idx": gi, "m_alloc": m + 3 + 31}))
+    cs = torch.exp(torch.randn(len(counts), 64, generator=g))
+    out.append(("col_scale_gather", torch.randn(tok, 64, generator=g).to(torch.bfloat16), offs_of(counts),
+                {"gather_idx": gi[:m].to(torch.int32), "col_scale": cs}))
+    out.append(("one_expert_300_rows", torch.randn(300, 2048 // 8, generator=g).to(torch.bfloat16), offs_of([300]),
+                {"m_alloc": 331}))
+    out.append(("no_experts", torch.randn(4, 32, generator=g), offs_of([]), {"m_alloc": 4}))
+    return out
+
+
+def rows_grouped_b1_case(seed: int = 0):
+    """The b1 shape (M = 32768 routed rows, E = 1024 experts, K = d = 2048, bf16, gathered from
+    T = 16384 tokens, top-2 routing with some empty experts): (x, offs, gather_idx)."""
+    g = _gen(seed)
+    t, k, e, d = 16384, 2, 1024, 2048
+    ids = torch.randint(0, e, (t * k,), generator=g)
+    ids[ids % 97 == 0] = 1  # a few empty experts, one large one
+    order = torch.argsort(ids, stable=True)
+    offs = torch.bincount(ids, minlength=e).cumsum(0).to(torch.int32)
+    x = torch.randn(t, d, generator=g).to(torch.bfloat16)
+    return x, offs, (order // k).to(torch.int64)

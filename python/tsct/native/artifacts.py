@@ -26,6 +26,11 @@ and, when the manifest has a "triton_aot" section, the cubins (no cuobjdump need
   * with ``sass=True``: for every (arch, kernel) that a SASS_RULES row covers, one variant (the first
     aligned bf16 one), or every cubin with ``all_variants=True`` / ``--all-variants`` (minutes), is
     disassembled: its "code for" arch, its function, and SASS_RULES.
+and, when the manifest has a "cutedsl" section (CuTeDSL sm_120 kernels linked into the library,
+docs/decisions/0009): the cubins those exported objects embed as data (found as CUDA ELF images in the
+library outside its .nv_fatbin section) number exactly the manifest's kernels; with ``sass=True`` each
+is disassembled: 'code for' the manifest's arch (sm_120a) and ``CUTEDSL_REQUIRED_SASS`` (the NVFP4
+block-scaled MMA, OMMA.SF.16864.F32.E2M1.E2M1.UE4M3.4X) present.
 The cubins are found at ``aot_dir`` / ``--aot-dir``, else $TSCT_AOT_DIR, else next to the library
 (site-packages/<manifest triton_aot.dir> for an install, <build dir>/triton_aot for a build tree).
 ``main`` exits 0 if everything matches, 1 on a mismatch (with a report), 2 if it cannot run (no
@@ -96,6 +101,11 @@ SASS_RULES: list[SassRule] = [
              forbid=r"\bHMMA\.",
              why="W4A4 dot_scaled is the native block-scaled MMA on sm_120f (not a bf16 emulation)"),
 ]
+
+
+#: every CuTeDSL sm_120 kernel linked into the library must hold this SASS instruction (design.md section 4)
+CUTEDSL_REQUIRED_SASS = r"\bOMMA\.SF\.16864\.F32\.E2M1\.E2M1\.UE4M3\.4X\b"
+_EM_CUDA = 190
 
 
 class _CannotRun(Exception):
@@ -483,6 +493,103 @@ def _verify_aot(res: dict[str, Any], man: dict, lib: Path, aot_arg, cuobjdump: s
     return problems
 
 
+def _section_range(data: bytes, name: str) -> tuple[int, int] | None:
+    """(offset, end) of an ELF64 section by name, or None."""
+    import struct
+    if data[:4] != b"\x7fELF" or data[4] != 2:
+        return None
+    (shoff,) = struct.unpack_from("<Q", data, 0x28)
+    shentsize, shnum, shstrndx = struct.unpack_from("<HHH", data, 0x3A)
+    hdrs = [struct.unpack_from("<IIQQQQIIQQ", data, shoff + i * shentsize) for i in range(shnum)]
+    strtab = hdrs[shstrndx][4]
+    for h in hdrs:
+        end = data.index(b"\0", strtab + h[0])
+        if data[strtab + h[0]:end].decode(errors="replace") == name:
+            return h[4], h[4] + h[5]
+    return None
+
+
+def embedded_cuda_elfs(data: bytes, skip: tuple[int, int] | None = None) -> list[bytes]:
+    """Every ELF64 CUDA image (e_machine 190) inside ``data``, outside the byte range ``skip``, sized
+    from its section and program header tables (how the CuTeDSL exports embed their cubins)."""
+    import struct
+    out, i = [], -1
+    while True:
+        i = data.find(b"\x7fELF", i + 1)
+        if i < 0:
+            return out
+        if skip and skip[0] <= i < skip[1]:
+            i = skip[1] - 1
+            continue
+        if i + 64 > len(data) or data[i + 4] != 2 or data[i + 5] != 1:
+            continue
+        if struct.unpack_from("<H", data, i + 18)[0] != _EM_CUDA:
+            continue
+        e_phoff, e_shoff = struct.unpack_from("<QQ", data, i + 32)
+        e_phentsize, e_phnum, e_shentsize, e_shnum = struct.unpack_from("<HHHH", data, i + 54)
+        size = max(e_shoff + e_shnum * e_shentsize, e_phoff + e_phnum * e_phentsize)
+        for j in range(e_shnum):
+            off = i + e_shoff + j * e_shentsize
+            if off + 64 > len(data):
+                break
+            sh_type, = struct.unpack_from("<I", data, off + 4)
+            sh_offset, sh_size = struct.unpack_from("<QQ", data, off + 24)
+            if sh_type != 8:  # SHT_NOBITS occupies no bytes
+                size = max(size, sh_offset + sh_size)
+        out.append(data[i:i + size])
+        i += max(size, 1) - 1
+
+
+def _verify_cutedsl(res: dict[str, Any], man: dict, lib: Path, cuobjdump: str, sass: bool,
+                    env: dict[str, str] | None) -> list[str]:
+    """The CuTeDSL cubins embedded in the library against the manifest's "cutedsl" section. Fills
+    res["cutedsl"] (None without the section) and returns the problems."""
+    import tempfile
+    sec = man.get("cutedsl")
+    if not sec:
+        res["cutedsl"] = None
+        return []
+    want = [k["name"] for k in sec.get("kernels", [])]
+    arch = sec.get("arch", "sm_120a")
+    data = lib.read_bytes()
+    cubins = embedded_cuda_elfs(data, _section_range(data, ".nv_fatbin"))
+    info = {"dsl": sec.get("dsl"), "arch": arch, "kernels": len(want), "cubins": len(cubins), "sass_checked": 0,
+            "omma_ok": 0}
+    res["cutedsl"] = info
+    problems = []
+    if len(cubins) != len(want):
+        problems.append(f"cutedsl: the library embeds {len(cubins)} CUDA images outside .nv_fatbin, the manifest "
+                        f"lists {len(want)} CuTeDSL kernels")
+    if sass:
+        with tempfile.TemporaryDirectory() as tmp:
+            paths = []
+            for n, blob in enumerate(cubins):
+                p = Path(tmp) / f"cutedsl_{n}.cubin"
+                p.write_bytes(blob)
+                paths.append(p)
+            for n, (out, err) in enumerate(_run_each(cuobjdump, ["--dump-sass"], paths, env=env)):
+                info["sass_checked"] += 1
+                if out is None:
+                    problems.append(f"cutedsl cubin {n}: {err}")
+                    continue
+                codes, funcs = cubin_sass(out)
+                if set(codes) != {arch}:
+                    problems.append(f"cutedsl cubin {n}: SASS is 'code for' {sorted(set(codes))}, expected {arch}")
+                if re.search(CUTEDSL_REQUIRED_SASS, out):
+                    info["omma_ok"] += 1
+                else:
+                    problems.append(f"cutedsl cubin {n} ({', '.join(sorted(funcs))[:80]}): SASS lacks "
+                                    f"/{CUTEDSL_REQUIRED_SASS}/ (the NVFP4 block-scaled MMA)")
+    return problems
+
+
+def _cutedsl_summary(info: dict | None, problems: list[str], sass: bool) -> str:
+    if info is None:
+        return "; cutedsl: none"
+    s = f"; cutedsl: {info['cubins']}/{info['kernels']}" + (" OMMA" if sass else "")
+    return s + (f": {_count(problems)} problems" if problems else " ok")
+
+
 def _verdict(problems: list[str], sass: bool) -> str:
     if problems:
         n = _count(problems)
@@ -529,7 +636,7 @@ def verify(lib: str | os.PathLike | None = None, manifest: str | os.PathLike | d
     """
     res: dict[str, Any] = {"ok": False, "status": "error", "library": None, "manifest": None, "cuobjdump": None,
                            "nvdisasm": None, "sass": bool(sass), "all_variants": bool(all_variants), "targets": [],
-                           "triton_aot": None, "problems": [], "detail": "", "build": {}}
+                           "triton_aot": None, "cutedsl": None, "problems": [], "detail": "", "build": {}}
     try:
         _verify(res, lib, manifest, cuobjdump, sass, aot_dir, all_variants)
     except _CannotRun as e:
@@ -616,9 +723,11 @@ def _verify(res: dict[str, Any], lib_arg, manifest_arg, cuobjdump_arg, sass: boo
                      "status": "ok" if not status else ", ".join(sorted(set(status)))})
 
     aot_problems = _verify_aot(res, man, lib, aot_arg, cuobjdump, sass, all_variants, env)
-    everything = problems + aot_problems
+    cdsl_problems = _verify_cutedsl(res, man, lib, cuobjdump, sass, env)
+    everything = problems + aot_problems + cdsl_problems
     res.update(ok=not everything, status="mismatch" if everything else "match", targets=rows, problems=everything,
-               detail=_summary(gencodes, want_kernels, sass, problems, res["triton_aot"], aot_problems))
+               detail=_summary(gencodes, want_kernels, sass, problems, res["triton_aot"], aot_problems)
+               + _cutedsl_summary(res.get("cutedsl"), cdsl_problems, sass))
 
 
 # --- the report --------------------------------------------------------------------------------
@@ -672,6 +781,12 @@ def main(argv: list[str] | None = None) -> int:
             what = (f"requires /{rule.require}/" if rule.require else "") + \
                    (" and " if rule.require and rule.forbid else "") + (f"forbids /{rule.forbid}/" if rule.forbid else "")
             print(f"  {rule.arch:<10} {rule.kernel:<52} {what}: {rule.why}")
+    cd = r.get("cutedsl")
+    if cd is None:
+        print("\ncutedsl: the manifest has no cutedsl section (built with TSCT_CUTEDSL=OFF, or AUTO without the DSL)")
+    else:
+        print(f"\ncutedsl ({(cd.get('dsl') or {}).get('version')}, {cd['arch']}): {cd['cubins']} embedded cubins for "
+              f"{cd['kernels']} kernels" + (f", OMMA.SF.16864...UE4M3.4X in {cd['omma_ok']}" if r["sass"] else ""))
     if args.json:
         print(json.dumps(r, indent=2))
     print(f"\n{r['detail']}")

@@ -1,0 +1,222 @@
+"""The sm120-fp4 path on a machine without sm_120 (issue 5 item 3; design.md section 6).
+
+* Dispatch decisions with a patched compute capability (12,0) / (12,1) / (9,0), kernels present or
+  not, opted in or not; the first-use self-test disables the path when it fails (counted).
+* The host argument preparation of ``tsct.kernels.sm120_fp4.glu.forward`` end to end on the CPU: the
+  forward is run with an EMULATED GEMM that receives exactly the arguments of the native entry
+  (``tsct.native.sm120_nvfp4_grouped``: operands, plans, alpha, ep0/ep1 incl. the [rows, 1] row-weight
+  view) and computes them with ``tsct.emulation.grouped_gemm_emulated``; the result must equal the
+  emulation of the whole W4A4 GLU (``tsct.emulation.grouped_glu_w4a4``) plus a float64 combine.
+* The self-test itself (``tsct.selftest.sm120_fp4_forward``) passes with that emulated forward and
+  fails with a broken one; the plan runs on ``meta`` (no host reads).
+"""
+
+import functools
+import math
+
+import pytest
+import torch
+
+from tsct import dispatch, quant, selftest
+from tsct.emulation import grouped_glu_w4a4, plan
+from tsct.emulation.grouped_glu import GluFactors
+from tsct.kernels import sm120_fp4
+from tsct.kernels.sm120_fp4 import glu as sglu
+from tsct.kernels.sm120_fp4.emulated import emulated_gemm, emulated_sign_gemm
+from tsct.emulation import grouped_glu_w4a4_sign
+from tsct.emulation.sign_glu import SignGluFactors
+
+
+EMU_FORWARD = functools.partial(sglu.forward, gemm=emulated_gemm, quant_backend="torch")
+
+
+def _problem(seed=0, d=128, r=64, f=37, experts=6, tokens=40, topk=2, pad=5):
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.randint(0, experts, (tokens * topk,), generator=g)
+    ids[ids == 1] = 2  # an empty expert
+    order = torch.argsort(ids, stable=True)
+    offs = torch.bincount(ids, minlength=experts).cumsum(0).to(torch.int32)
+    tok = order // topk
+    gather = torch.cat([tok, torch.full((pad,), 10 ** 6)])
+    x = torch.randn(tokens, d, generator=g).to(torch.bfloat16)
+    w = [torch.randn(experts, d, r, generator=g) / math.sqrt(d), torch.randn(experts, d, r, generator=g) / math.sqrt(d),
+         torch.randn(experts, r, f, generator=g) / math.sqrt(r)]
+    sg, su = 1 + 0.1 * torch.randn(experts, r, generator=g), 1 + 0.1 * torch.randn(experts, r, generator=g)
+    rw = torch.rand(tokens * topk + pad, generator=g)
+    return x, offs, w, sg, su, rw, gather, tokens
+
+
+@pytest.mark.parametrize("layout", ["linear", "swizzled_128x4"])
+def test_forward_host_prep_matches_emulation(layout):
+    x, offs, w, sg, su, rw, gather, tokens = _problem()
+    qg, qu, qd = (quant.quantize_nvfp4(t, layout=layout, backend="torch") for t in w)
+    y = EMU_FORWARD(x, offs, qg, qu, qd, sg, su, rw, gather, gather, tokens)
+    assert y.shape == (tokens, w[2].shape[2]) and y.dtype == torch.bfloat16
+    ops = sglu.prepare_factors(qg, qu, qd)
+    facs = GluFactors(gu_codes=ops.gu_codes, gu_sfb=ops.gu_sfb.view(torch.float8_e4m3fn), gate=qg, up=qu, down=qd,
+                      down_sfb=ops.down_sfb.view(torch.float8_e4m3fn))
+    m, valid = gather.shape[0], int(offs[-1])
+    xr = torch.zeros(m, x.shape[1])
+    xr[:valid] = x[gather[:valid]].float()
+    y_emu = grouped_glu_w4a4(xr, offs, facs, sg, su, rw)
+    want = torch.zeros(tokens, y.shape[1], dtype=torch.float64).index_add_(0, gather[:valid], y_emu[:valid].double())
+    assert torch.allclose(y.double(), want.to(torch.bfloat16).double(), rtol=1e-2, atol=1e-3)
+    # without scatter: [M, f], padding rows 0, bit-identical to the emulation
+    y2 = EMU_FORWARD(x, offs, qg, qu, qd, sg, su, rw, gather, None, None)
+    assert torch.equal(y2, y_emu.to(torch.bfloat16)) and y2[valid:].eq(0).all()
+
+
+def test_sign_forward_host_prep_matches_emulation():
+    x, offs, w, sg, su, rw, gather, tokens = _problem(seed=2)
+    qg, qu, qd = (quant.quantize_sign(t, backend="torch") for t in w)
+    fwd = functools.partial(sglu.forward, gemm=emulated_sign_gemm, quant_backend="torch")
+    m, valid = gather.shape[0], int(offs[-1])
+    xr = torch.zeros(m, x.shape[1])
+    xr[:valid] = x[gather[:valid]].float()
+    facs = SignGluFactors(gate=qg, up=qu, down=qd, gu_bits=torch.stack((qg.bits, qu.bits)),
+                          gu_col=torch.stack((qg.scale_n, qu.scale_n)))
+    y_emu = grouped_glu_w4a4_sign(xr, offs, facs, sg, su, rw)
+    y = fwd(x, offs, qg, qu, qd, sg, su, rw, gather, None, None)
+    assert torch.equal(y, y_emu.to(torch.bfloat16)) and y[valid:].eq(0).all()
+    y2 = fwd(x, offs, qg, qu, qd, sg, su, rw, gather, gather, tokens)
+    want = torch.zeros(tokens, y.shape[1], dtype=torch.float64).index_add_(0, gather[:valid], y_emu[:valid].double())
+    assert torch.allclose(y2.double(), want.to(torch.bfloat16).double(), rtol=1e-2, atol=1e-3)
+    assert selftest.sm120_fp4_forward("cpu", forward=fwd, fmt="sign").ok
+    with pytest.raises(TypeError, match="w_down"):
+        sglu.forward_sign(x, offs, qg, qu, quant.quantize_nvfp4(w[2], backend="torch"), sg, su, rw, gather, None, None,
+                          gemm=emulated_sign_gemm, quant_backend="torch")
+
+
+def test_prepare_factors_interleaves_and_refuses():
+    x, offs, w, *_ = _problem()
+    qg, qu, qd = (quant.quantize_nvfp4(t, backend="torch") for t in w)
+    ops = sglu.prepare_factors(qg, qu, qd)
+    assert torch.equal(ops.gu_codes[:, 0::2], qg.codes) and torch.equal(ops.gu_codes[:, 1::2], qu.codes)
+    with pytest.raises(TypeError, match="w_down"):
+        sglu.prepare_factors(qg, qu, w[2])
+    q48 = quant.quantize_nvfp4(torch.randn(2, 48, 64), backend="torch")
+    with pytest.raises(ValueError, match="d % 64"):
+        sglu.prepare_factors(q48, q48, quant.quantize_nvfp4(torch.randn(2, 64, 32), backend="torch"))
+
+
+def test_launch_args_on_meta_device():
+    e, m, d, r, f = 7, 100, 128, 64, 37
+    offs = torch.empty(e, dtype=torch.int32, device="meta")
+    ops = sglu.GluOperands(gu_codes=None, gu_sfb=None, s_enc_gate=torch.empty(e, device="meta"),
+                           s_enc_up=torch.empty(e, device="meta"), down_codes=None, down_sfb=None,
+                           s_enc_down=torch.empty(e, device="meta"), d=d, r=r, f=f)
+    la = sglu.launch_args(offs, m, ops, None, None)  # would raise on a host read
+    assert la.plan1.grid == (plan.max_tiles(m, e, 32), 1, 1) and la.plan2.grid[1] == math.ceil(f / 32)
+    assert la.plan1.a_rows == m + 31 and la.ep0.shape == (e, r)
+
+
+def test_combine_is_deterministic_and_exact():
+    g = torch.Generator().manual_seed(3)
+    y = torch.randn(50, 9, generator=g).to(torch.bfloat16)
+    idx = torch.randint(0, 20, (50,), generator=g)
+    offs = torch.tensor([10, 45], dtype=torch.int32)
+    out = sglu.combine_rows(y, idx, offs, 20)
+    want = torch.zeros(20, 9, dtype=torch.float64).index_add_(0, idx[:45], y[:45].double())
+    assert torch.allclose(out.double(), want, atol=1e-2, rtol=1e-2)
+    assert torch.equal(out, sglu.combine_rows(y, idx, offs, 20))
+
+
+def test_selftest_with_emulated_forward():
+    assert selftest.sm120_fp4_forward("cpu", forward=EMU_FORWARD).ok
+
+    def broken(x, offs, *args):  # a fragment mistake: e.g. gate and up swapped
+        a = list(args)
+        a[0], a[1] = a[1], a[0]
+        return EMU_FORWARD(x, offs, *a)
+    r = selftest.sm120_fp4_forward("cpu", forward=broken)
+    assert not r.ok and "rel err" in r.detail
+
+
+# --- dispatch decisions with patched capabilities ------------------------------------------------
+@pytest.fixture
+def linked(monkeypatch):
+    monkeypatch.setattr(sm120_fp4, "kernels_linked", lambda: (True, "CuTeDSL 4.8.1 sm_120a kernels linked"))
+    monkeypatch.setenv(sm120_fp4.ENV_ENABLE, "1")
+    dispatch.reset_fallback_counts()
+    yield
+    dispatch.reset_fallback_counts()
+
+
+def test_status_off_sm120_says_why():
+    assert "12.0" in dispatch.status(dispatch.SM120_FP4, (9, 0), "nvfp4").reason
+    st = dispatch.status(dispatch.SM120_FP4, (12, 1), "nvfp4")
+    assert not st.ok and "sm_121a" in st.reason
+    assert "mixed" in dispatch.status(dispatch.SM120_FP4, (12, 0), "mixed").reason
+    assert not dispatch.status(dispatch.SM120_FP4, None, "nvfp4").ok
+
+
+def test_status_without_kernels_or_opt_in(monkeypatch):
+    monkeypatch.setattr(sm120_fp4, "kernels_linked", lambda: (False, "built without the CuTeDSL kernels"))
+    assert "without the CuTeDSL" in dispatch.status(dispatch.SM120_FP4, (12, 0), "nvfp4").reason
+    monkeypatch.setattr(sm120_fp4, "kernels_linked", lambda: (True, "linked"))
+    monkeypatch.delenv(sm120_fp4.ENV_ENABLE, raising=False)
+    st = dispatch.status(dispatch.SM120_FP4, (12, 0), "nvfp4")
+    assert not st.ok and sm120_fp4.ENV_ENABLE in st.reason and "never executed" in st.reason
+    dec = dispatch.decide((12, 0), "nvfp4")
+    assert dec.path != dispatch.SM120_FP4 and dec.skipped[0][0] == dispatch.SM120_FP4
+
+
+def test_manifest_without_cutedsl_section(monkeypatch):
+    from tsct import native
+    monkeypatch.setattr(native, "manifest", lambda: {"gencodes": []})
+    ok, why = sm120_fp4.kernels_linked()
+    assert not ok and "TSCT_CUTEDSL" in why
+    monkeypatch.setattr(native, "manifest", lambda: {"cutedsl": {"linked": True, "dsl": {"version": "4.8.1"},
+                                                                 "arch": "sm_120a",
+                                                                 "kernels": [{"name": k} for k in sm120_fp4.KERNELS]}})
+    assert sm120_fp4.kernels_linked()[0]
+
+
+def test_decide_sm120_first_choice_when_linked_and_enabled(linked):
+    dec = dispatch.decide((12, 0), "nvfp4")
+    assert dec.path == dispatch.SM120_FP4 and dec.reason == "first choice"
+    assert dispatch.decide((12, 1), "nvfp4").skipped[0][0] == dispatch.SM120_FP4  # sm_120a does not load on 12.1
+    assert dispatch.decide((9, 0), "nvfp4").path != dispatch.SM120_FP4
+    assert dispatch.decide((12, 0), "bf16").path != dispatch.SM120_FP4
+    assert dispatch.decide((12, 0), "sign").path == dispatch.SM120_FP4
+    assert dispatch.implementation(dispatch.SM120_FP4) is sm120_fp4
+    assert callable(sm120_fp4.grouped_glu_forward) and callable(sm120_fp4.grouped_glu_backward)
+
+
+def test_first_use_selftest_disables_and_counts(linked, monkeypatch):
+    assert dispatch.EXECUTED_ON[dispatch.SM120_FP4] == frozenset()
+    calls = []
+
+    def fake_selftest(path, dev, dtype, fmt):
+        calls.append(path)
+        ok = path != dispatch.SM120_FP4
+        return selftest.Result(path, ok, "rel err 1.0e+00 (tol 3e-02)" if not ok else "ok", 0.0)
+    monkeypatch.setattr(selftest, "grouped_glu", fake_selftest)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(dispatch, "_first_use", {})
+    with pytest.warns(RuntimeWarning, match="sm120-fp4 unavailable"):
+        path = dispatch.select("auto", (12, 0), "nvfp4")
+    assert path != dispatch.SM120_FP4 and calls[0] == dispatch.SM120_FP4
+    counts = dispatch.fallback_counts()
+    assert any(k[0] == dispatch.SM120_FP4 and "first-use self-test on sm120 FAILED" in k[2] for k in counts), counts
+    with pytest.raises(RuntimeError, match="FAILED"):
+        dispatch.select(dispatch.SM120_FP4, (12, 0), "nvfp4")
+
+
+def test_bench_arms_and_probe_say_why_off_sm120():
+    import types
+
+    from tsct import probe
+    from tsct.bench import arms
+    from tsct.bench.config import from_preset
+
+    cfg = from_preset("small", device="cpu")
+    names = {a.name for a in arms.all_arms(cfg, "bf16")}
+    assert "tsct-sm120-fp4-nvfp4" in names
+    spec = next(a for a in arms.all_arms(cfg, "bf16") if a.name == "tsct-sm120-fp4-nvfp4")
+    res = arms.tsct_arm(spec, types.SimpleNamespace(capability=(9, 0), formats={}))
+    assert res["status"] == arms.UNAVAILABLE and "12.0" in res["reason"], res
+    sm = probe._sm120_fp4([None, (9, 0), (12, 1)])
+    reasons = {r["device"]: r["reason"] for r in sm["status"]}
+    assert "12.0" in reasons["cuda (cc 9.0)"] and "sm_121a" in reasons["cuda (cc 12.1)"]
+    assert all(k["ran_on_sm120"] == "no" for k in sm["kernels"]) and len(sm["kernels"]) == 7
