@@ -8,8 +8,9 @@ forces a path and raises ``RuntimeError`` with the reason if it cannot run.
 Paths (design.md section 4):
     reference      pure torch (tsct.reference), CPU and any GPU
     triton-bf16    Triton grouped GEMM + fused GLU, bf16/fp16 factors     (issue 3; AOT cubins for sm_90a/sm_100a/sm_120, JIT otherwise)
-    triton-lowbit  Triton with NVFP4 / sign factors decoded in registers  (issue 4; written, not wired yet)
-    sm120-fp4      NVFP4 block-scaled mma.sync on sm_120 (CuTeDSL/CUTLASS) (issue 5; not in this build)
+    triton-lowbit  Triton with NVFP4 / sign factors decoded in registers  (issue 4; AOT cubins for uniform nvfp4 / sign, JIT otherwise)
+    sm120-fp4      NVFP4 block-scaled mma.sync on sm_120 (CuTeDSL, tsct.kernels.sm120_fp4) (issue 5; 12.0 only,
+                   off unless TSCT_SM120_FP4=1: never executed on a GPU; first-use self-test)
 
 A path that is not ready stays out of ``auto`` (its status says why) rather than landing broken.
 """
@@ -69,6 +70,11 @@ TABLE: dict[tuple[str, str], list[str]] = {
     ("sm120", "fp16"): _DENSE_GPU,
     ("sm120", "nvfp4"): _LOWBIT_SM120,
     ("sm120", "sign"): _LOWBIT_SM120,
+    # packed and dense factors together, or NVFP4 with sign: only the Triton low-bit path reads them
+    ("sm80", "mixed"): _LOWBIT_GPU,
+    ("sm90", "mixed"): _LOWBIT_GPU,
+    ("sm100", "mixed"): _LOWBIT_GPU,
+    ("sm120", "mixed"): _LOWBIT_GPU,
     ("unknown", "bf16"): [REFERENCE],
     ("unknown", "nvfp4"): [REFERENCE],
     ("unknown", "sign"): [REFERENCE],
@@ -109,14 +115,24 @@ def _triton_bf16_status(capability, fmt) -> Status:
     return Status(*triton_glu.status(capability, fmt))
 
 
+def _triton_lowbit_status(capability, fmt) -> Status:
+    from tsct.kernels import triton_lowbit
+    return Status(*triton_lowbit.status(capability, fmt))
+
+
+def _sm120_fp4_status(capability, fmt) -> Status:
+    from tsct.kernels import sm120_fp4
+    return Status(*sm120_fp4.status(capability, fmt))
+
+
 # path -> status(capability, fmt). Later paths replace their entry when their kernels land.
 _STATUS: dict[str, Callable[[Optional[tuple[int, int]], str], Status]] = {
     REFERENCE: _reference_status,
     TRITON_BF16: _triton_bf16_status,
-    # The kernels exist (tsct.kernels.triton_lowbit, forced use only through that module) but stay
-    # out of dispatch until their GPU suite has run in full and they pass torch.compile (issue 4).
-    TRITON_LOWBIT: _not_built(4, "the Triton low-bit (W4A16 / sign) grouped GLU"),
-    SM120_FP4: _not_built(5, "the sm_120 NVFP4 tensor-core grouped GLU"),
+    # tsct.ops routes packed factors through the tsct::grouped_glu_q custom op (ops/_library_q.py)
+    TRITON_LOWBIT: _triton_lowbit_status,
+    # Off unless TSCT_SM120_FP4=1 (never executed on any GPU); then behind the first-use self-test.
+    SM120_FP4: _sm120_fp4_status,
 }
 
 
@@ -186,7 +202,7 @@ def decide(capability: Optional[tuple[int, int]], fmt: str, *, first_use_checks:
 EXECUTED_ON: dict[str, frozenset] = {
     REFERENCE: frozenset({"cpu", "sm80", "sm90", "sm100", "sm120", "unknown"}),
     TRITON_BF16: frozenset({"sm90"}),  # tests/gpu/test_triton_glu.py on an H200 (2026-11-29)
-    TRITON_LOWBIT: frozenset(),
+    TRITON_LOWBIT: frozenset({"sm90"}),  # tests/gpu/test_triton_lowbit_gpu.py on an H200 (2026-11-29, JIT)
     SM120_FP4: frozenset(),
 }
 _first_use: dict[tuple[str, str, str], Status] = {}  # (path, arch class, fmt) -> self-test verdict
@@ -203,7 +219,8 @@ def _first_use_check(path: str, capability, fmt: str) -> Status:
         _in_selftest.add(key)
         try:
             dev = torch.device("cuda", torch.cuda.current_device())
-            res = selftest.grouped_glu(path, dev, torch.bfloat16, fmt if fmt in FORMATS else "bf16")
+            res = selftest.grouped_glu(path, dev, torch.bfloat16,
+                                       fmt if fmt in FORMATS or fmt == "mixed" else "bf16")
         finally:
             _in_selftest.discard(key)
         _first_use[key] = Status(res.ok, f"first-use self-test on {cls} {'passed' if res.ok else 'FAILED'}: {res.detail}")
@@ -262,4 +279,10 @@ def implementation(path: str):
     if path == TRITON_BF16:
         from tsct.kernels import triton_glu
         return triton_glu
+    if path == TRITON_LOWBIT:
+        from tsct.kernels import triton_lowbit
+        return triton_lowbit
+    if path == SM120_FP4:
+        from tsct.kernels import sm120_fp4
+        return sm120_fp4
     raise RuntimeError(f"path {path!r} has no implementation in this build")

@@ -105,6 +105,7 @@ def collect(selftests: bool = True, verify_artifacts: bool = False) -> dict[str,
                                   "format": fmt, "path": dec.path, "reason": dec.reason,
                                   "skipped": [{"path": p, "why": w} for p, w in dec.skipped]})
     report["dispatch"] = decisions
+    report["sm120_fp4"] = _sm120_fp4(caps)
 
     tests = []
     if selftests:
@@ -123,6 +124,20 @@ def collect(selftests: bool = True, verify_artifacts: bool = False) -> dict[str,
     report["fallback_counts"] = [{"wanted": w, "taken": t, "reason": r, "count": n}
                                  for (w, t, r), n in dispatch.fallback_counts().items()]
     return report
+
+
+def _sm120_fp4(caps) -> dict[str, Any]:
+    """The sm_120 fp4 path: can it run on each device here (and why not), and per kernel how it is verified
+    (design.md section 6; tsct.kernels.sm120_fp4.VERIFICATION). Reads the manifest only."""
+    from tsct.kernels import sm120_fp4
+
+    linked, why = sm120_fp4.kernels_linked()
+    rows = []
+    for cap in caps:
+        st = dispatch.status(dispatch.SM120_FP4, cap, "nvfp4")
+        rows.append({"device": "cpu" if cap is None else f"cuda (cc {cap[0]}.{cap[1]})", "runnable": st.ok,
+                     "reason": st.reason})
+    return {"linked": linked, "linked_detail": why, "status": rows, "kernels": [dict(k) for k in sm120_fp4.VERIFICATION]}
 
 
 def _manifest_kernels(man: dict) -> list[str]:
@@ -241,6 +256,21 @@ def render(report: dict[str, Any]) -> None:
         why = d["reason"] + "".join(f"\n  {s['path']}: {s['why']}" for s in d["skipped"])
         t.add_row(d["op"], d["device"], d["format"], d["path"], why)
     con.print(t)
+
+    sm = report.get("sm120_fp4")
+    if sm:
+        con.print(f"sm120-fp4 (NVFP4 block-scaled mma.sync, CuTeDSL): {escape(sm['linked_detail'])}")
+        for row in sm["status"]:
+            con.print(f"  {row['device']}: " + ("[green]runnable[/]" if row["runnable"] else "[yellow]not runnable[/]")
+                      + f": {escape(row['reason'])}")
+        t = Table(title="sm_120 kernels: how each is verified (design.md section 6; docs/sm120.md)")
+        for c in ("kernel", "role", "compiled (SASS)", "in this library", "host prep", "emulated", "proxy sm_90",
+                  "ran on sm_120", "first-use self-test"):
+            t.add_column(c, no_wrap=c == "kernel")
+        for k in sm["kernels"]:
+            t.add_row(k["kernel"], k["role"], "sm_120a, OMMA", "yes" if sm["linked"] else "no", k["host_prep"],
+                      k["emulated"], k["proxy_on_sm90"], k["ran_on_sm120"], k["first_use_selftest"])
+        con.print(t)
 
     if report["selftests"]:
         t = Table(title="self-tests against float64 / the torch reference")

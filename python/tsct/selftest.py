@@ -65,9 +65,11 @@ def _expected(p64, idx, expert_of_row):
 def grouped_glu(path: str, device: torch.device, dtype: torch.dtype = torch.bfloat16, fmt: str = "bf16") -> Result:
     """Run ``grouped_glu(impl=path)`` on a small problem and compare with float64.
 
-    ``fmt`` "nvfp4"/"sign" quantizes the factors first; the expectation then uses the dequantized
-    factors (same math), so the tolerance stays the compute dtype's.
+    ``fmt`` "nvfp4"/"sign" quantizes the factors first ("mixed": NVFP4 gate and down, sign up); the
+    expectation then uses the dequantized factors (same math), so the tolerance stays the compute dtype's.
     """
+    if path == "sm120-fp4":  # W4A4: its own problem (K % 64) and oracle (the emulation of the same math)
+        return sm120_fp4_forward(device, fmt=fmt if fmt in ("nvfp4", "sign") else "nvfp4")
     from tsct import quant
     from tsct.ops import grouped_glu as op
 
@@ -78,8 +80,8 @@ def grouped_glu(path: str, device: torch.device, dtype: torch.dtype = torch.bflo
         p = {k: v.to(device, dtype) for k, v in p64.items()}
         facs = [p["w_gate"], p["w_up"], p["w_down"]]
         if fmt != "bf16":
-            qfn = quant.quantize_nvfp4 if fmt == "nvfp4" else quant.quantize_sign
-            facs = [qfn(w) for w in facs]
+            fmts = ("nvfp4", "sign", "nvfp4") if fmt == "mixed" else (fmt,) * 3  # "mixed": NVFP4 + sign
+            facs = [quant.quantize(w, q) for w, q in zip(facs, fmts)]
             for k, w in zip(("w_gate", "w_up", "w_down"), facs):
                 p64[k] = quant.dequantize(w, dtype=torch.float32).double().cpu()
         ix = {k: (v.to(device) if torch.is_tensor(v) else v) for k, v in idx.items()}
@@ -132,3 +134,77 @@ def native_quant(device: torch.device) -> list[Result]:
         out.append(Result("sign pack+decode native vs torch", False, f"{type(exc).__name__}: {exc}",
                           time.perf_counter() - t0))
     return out
+
+
+def sm120_fp4_forward(device: torch.device, forward=None, seed: int = 0, fmt: str = "nvfp4") -> Result:
+    """First-use self-test of the sm120-fp4 forward (W4A4: the activations are NVFP4 too).
+
+    A small routed problem (E = 5 with an empty expert, d = 128, r = 64, f = 37, padding rows, gather,
+    scatter, row weights, per-rank scales) with ``fmt`` ("nvfp4" or "sign") factors, run through
+    ``forward`` (default: the path's ``grouped_glu_forward``), against the torch emulation of the same
+    kernels (``tsct.emulation.grouped_glu_w4a4`` / ``grouped_glu_w4a4_sign`` on the same packed
+    factors, CPU) followed by a float64 combine. Tolerance 3e-2 relative (Frobenius): both quantize x and z to NVFP4 with the same
+    recipe; they differ by fp32 accumulation order and its effect on z's bf16 rounding. A fragment
+    or layout mistake in a kernel gives O(1) errors. Also checks the output is finite and that
+    padding-free tokens that receive no row are exactly 0.
+    """
+    from tsct import quant
+    from tsct.emulation import grouped_glu_w4a4, grouped_glu_w4a4_sign
+    from tsct.emulation.grouped_glu import GluFactors
+    from tsct.emulation.sign_glu import SignGluFactors
+    from tsct.kernels.sm120_fp4 import glu as sglu
+
+    t0 = time.perf_counter()
+    name = f"grouped_glu[sm120-fp4, {fmt}, bf16] vs emulation"
+    try:
+        if forward is None:
+            from tsct.kernels import sm120_fp4
+            forward = sm120_fp4.grouped_glu_forward
+        g = torch.Generator().manual_seed(seed)
+        tokens, topk, experts, d, r, f, pad = 24, 2, 5, 128, 64, 37, 3
+        ids = torch.randint(0, experts, (tokens * topk,), generator=g)
+        ids[ids == 2] = 3
+        ids[0:2] = 4  # token 0 -> expert 4 twice is fine; token 23 gets no row below
+        order = torch.argsort(ids, stable=True)
+        offs = torch.bincount(ids, minlength=experts).cumsum(0).to(torch.int32)
+        tok = order // topk
+        tok = torch.where(tok == tokens - 1, torch.zeros_like(tok), tok)  # token 23 receives nothing
+        gather = torch.cat([tok, torch.full((pad,), 10 ** 6)])  # padding entries never read
+        x = torch.randn(tokens, d, generator=g).to(torch.bfloat16)
+        wg = torch.randn(experts, d, r, generator=g) / d ** 0.5
+        wu = torch.randn(experts, d, r, generator=g) / d ** 0.5
+        wd = torch.randn(experts, r, f, generator=g) / r ** 0.5
+        sg = 1 + 0.1 * torch.randn(experts, r, generator=g)
+        su = 1 + 0.1 * torch.randn(experts, r, generator=g)
+        rw = torch.rand(tokens * topk + pad, generator=g)
+        m = gather.shape[0]
+        valid = int(offs[-1])
+        xr = torch.zeros(m, d)
+        xr[:valid] = x[gather[:valid]].float()
+        if fmt == "sign":
+            qg, qu, qd = (quant.quantize_sign(w, backend="torch") for w in (wg, wu, wd))
+            sfacs = SignGluFactors(gate=qg, up=qu, down=qd, gu_bits=torch.stack((qg.bits, qu.bits)),
+                                   gu_col=torch.stack((qg.scale_n, qu.scale_n)))
+            y_emu = grouped_glu_w4a4_sign(xr, offs, sfacs, sg, su, rw)
+        else:
+            qg, qu, qd = (quant.quantize_nvfp4(w, backend="torch") for w in (wg, wu, wd))
+            # the oracle: the emulation on the same packed factors, laid out by the path's own prep
+            ops = sglu.prepare_factors(qg, qu, qd)
+            facs = GluFactors(gu_codes=ops.gu_codes, gu_sfb=ops.gu_sfb.view(torch.float8_e4m3fn), gate=qg, up=qu,
+                              down=qd, down_sfb=ops.down_sfb.view(torch.float8_e4m3fn))
+            y_emu = grouped_glu_w4a4(xr, offs, facs, sg, su, rw)
+        want = torch.zeros(tokens, f, dtype=torch.float64)
+        want.index_add_(0, gather[:valid], y_emu[:valid].double())
+        dev = torch.device(device)
+        to = lambda t: t.to(dev)  # noqa: E731
+        qgd, qud, qdd = (qq.replace(**{k: to(getattr(qq, k)) for k in qq._STORAGE}) for qq in (qg, qu, qd))
+        y = forward(to(x), to(offs), qgd, qud, qdd, to(sg), to(su), to(rw), to(gather), to(gather), tokens)
+        got = y.double().cpu()
+        if not torch.isfinite(got).all():
+            return Result(name, False, "non-finite output", time.perf_counter() - t0)
+        if got[tokens - 1].abs().max() != 0:
+            return Result(name, False, "a token with no routed row is not 0", time.perf_counter() - t0)
+        err = ((got - want).norm() / want.norm()).item()
+        return Result(name, err < 3e-2, f"rel err vs emulation {err:.2e} (tol 3e-02)", time.perf_counter() - t0)
+    except Exception as exc:  # a self-test reports, it does not crash
+        return Result(name, False, f"{type(exc).__name__}: {exc}", time.perf_counter() - t0)

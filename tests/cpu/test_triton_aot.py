@@ -28,6 +28,7 @@ import torch
 
 from tsct.kernels import aot
 from tsct.kernels.triton_glu import specs
+from tsct.kernels.triton_lowbit import specs as lowbit_specs
 from tsct.kernels.triton_w4a4 import specs as w4a4_specs
 
 GEMM_KERNELS = ("glu_down_fwd", "glu_up_fwd", "glu_bwd_dz", "glu_bwd_dx_dw")
@@ -67,7 +68,6 @@ def test_install_holds_every_manifest_cubin():
         entries = idx["kernels"]
         assert len(entries) == info["variants"]
         counts: dict = {}
-        w4a4 = arch in w4a4_specs.AOT_ARCHS  # the W4A4 family ships sm_90a and sm_120 only
         for key, e in entries.items():
             counts[e["kernel"]] = counts.get(e["kernel"], 0) + 1
             assert e["key"] == key
@@ -77,16 +77,21 @@ def test_install_holds_every_manifest_cubin():
             assert e["num_ctas"] == 1 and 1 <= e["num_warps"] <= 32
             assert e["shared"] <= specs.MAX_SHARED[arch]
             names = [p["name"] for p in e["params"]]
-            fam = specs if e["kernel"] in specs.KERNELS else w4a4_specs
+            fam_name, fam = next((n, f) for n, f in (("glu", specs), ("w4a4", w4a4_specs), ("lowbit", lowbit_specs))
+                                 if e["kernel"] in f.KERNELS)
             assert names == list(fam.KERNELS[e["kernel"]].params) + list(specs.SCRATCH_PARAMS), key
-            assert e["family"] == ("glu" if fam is specs else "w4a4") and e["ptx_arch"] == fam.PTX_ARCH[arch][1], key
+            assert e["family"] == fam_name and e["ptx_arch"] == fam.PTX_ARCH[arch][1], key
         assert counts == info["kernels"]
-        # the index holds exactly the tables' specializations (bf16 family, + W4A4 on its arches)
+        # the index holds exactly the tables' specializations (bf16 family, + W4A4 / low-bit on their arches)
         want = {s.key for s in specs.enumerate_specs(arch)}
-        if w4a4:
-            want |= {s.key for s in w4a4_specs.enumerate_specs(arch)}
+        fams = {"glu": len(want)}
+        for name, fs in (("w4a4", w4a4_specs), ("lowbit", lowbit_specs)):
+            if arch in fs.AOT_ARCHS:
+                keys = {s.key for s in fs.enumerate_specs(arch)}
+                want |= keys
+                fams[name] = len(keys)
         assert set(entries) == want
-        fams = {"glu": 238} | ({"w4a4": 20} if w4a4 else {})
+        assert fams.get("w4a4", 30) == 30 and fams.get("lowbit", 148) == 148, fams
         assert {f: v["variants"] for f, v in idx["families"].items()} == fams, idx["families"]
 
 
@@ -125,7 +130,7 @@ def test_cubins_have_the_arch_matrix_instructions():
     need = {"sm_90a": "HGMMA.64x64x16.F32.BF16", "sm_120": "OMMA.SF.16864.F32.E2M1.E2M1.UE4M3.4X"}
     for arch in set(sec["archs"]) & set(w4a4_specs.AOT_ARCHS):
         sample = [e for e in aot.index(arch)["kernels"].values() if e["kernel"] == "w4a4_up_fwd"]
-        assert len(sample) == 16
+        assert len(sample) == 24
         for e in (next(e for e in sample if e["aligned"] and "bf16" in e["key"]),
                   next(e for e in sample if not e["aligned"] and "fp16" in e["key"])):
             sass = subprocess.run([exe, "-sass", str(aot.aot_dir() / arch / e["file"])], check=True,
@@ -221,12 +226,16 @@ def test_every_glu_launch_has_an_aot_variant(cap, monkeypatch):
         n_out = T if scatter else None
         launched.clear()
         glu.grouped_glu_forward(x, offs, wg, wu, wd, sg, su, rw, gi, si, n_out)
+        _, saved = glu.grouped_glu_forward_saved(x, offs, wg, wu, wd, sg, su, rw, gi, si, n_out)  # the op's
         go = torch.randn(T if scatter else m, f).to(dt)
         for need in ([True] * 7, [True] + [False] * 6, [False, True, True, False, False, False, False],
                      [False, False, False, True, False, False, True]):
             glu.grouped_glu_backward(go, x, offs, wg, wu, wd, sg, su, rw, gi, si, n_out, need)
+            glu.grouped_glu_backward(go, x, offs, wg, wu, wd, sg, su, rw, gi, si, n_out, need, saved=saved)
         assert len(launched) >= 4, name
-        assert {kk.split("|")[0] for kk in launched} >= {"glu_down_fwd", "glu_up_fwd", "glu_bwd_dz", "glu_bwd_epi"}
+        assert {kk.split("|")[0] for kk in launched} >= {"glu_down_fwd", "glu_up_fwd", "glu_bwd_dz", "glu_bwd_epi",
+                                                          "tile_cum"}
+        assert not scatter or any(kk.startswith("csr_keys|") for kk in launched), name
 
 
 def test_status_reasons(monkeypatch, tmp_path):

@@ -35,7 +35,7 @@ def _aot_only(monkeypatch):
         monkeypatch.setenv("TSCT_TRITON_BACKEND", "aot")
 
 
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
 @pytest.mark.parametrize("m,k", [(40, 64), (1000, 80), (77, 2048)])
 def test_quantizer_bit_exact(dtype, m, k):
     g = torch.Generator().manual_seed(m + k)
@@ -72,10 +72,13 @@ def _to(w, dev):
     (4, 64, 37, [10, 0, 70, 1], True), (3, 144, 45, [5, 66, 9], True), (2, 16, 20, [3, 4], False),
     (8, 64, 5461, [40, 0, 0, 33, 1, 64, 65, 2], True)])
 @pytest.mark.parametrize("out_dtype", [torch.float32, torch.bfloat16])
-def test_up_matches_model(E, r, f, counts, rw, out_dtype):
+@pytest.mark.parametrize("z_dtype", [torch.float32, torch.bfloat16])
+def test_up_matches_model(E, r, f, counts, rw, out_dtype, z_dtype):
+    """z in fp32 (the exact check) and in bf16 (what the GLU feeds: z has x's dtype); both quantizer
+    variants ship (the 2026-11-29 run lacked the fp32 one)."""
     offs, w, z, rwt = _problem(E, r, f, counts, 3, E + r + f)
     rwt = rwt if rw else None
-    zq = w4a4.quantize_rows(z.to(DEV))
+    zq = w4a4.quantize_rows(z.to(z_dtype).to(DEV))
     y = w4a4.up_forward(zq, offs.to(DEV), _to(w, DEV), None if rwt is None else rwt.to(DEV), out_dtype=out_dtype)
     zq_cpu = w4a4.RowNVFP4(zq.codes.cpu(), zq.block_scale.cpu(), zq.row_scale.cpu())
     ym = EM.up_forward_model(zq_cpu, offs, w, rwt)

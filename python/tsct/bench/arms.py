@@ -13,12 +13,22 @@ the expert math and the combine inside the timed span, sync-free.
                    recorded as the result.
     tsct-<path>-<fmt>  tsct.ops.grouped_glu(impl=<path>) with the factors stored in <fmt>, gather and
                    combine fused (gather_idx = scatter_idx = token of each sorted row, row_weight = the
-                   sorted router weights).
+                   sorted router weights). With nvfp4 / sign factors on a GPU, "triton-lowbit" is the
+                   W4A16 path auto takes (packed bytes decoded in registers).
+    tsct-triton-lowbit-<fmt>-ste  the same call with the dense bf16 factors as MASTERS (masters=...): the
+                   backward also computes the straight-through gradients of the masters (dW of the
+                   decoded factors), so its forward+backward is the low-bit training step comparable
+                   with the bf16 arm's (which differentiates its factors).
+    tsct-w4a4-nvfp4  forward only: the low-bit down kernel, then z quantized per row to NVFP4 and the
+                   up-projection in tl.dot_scaled (tsct.kernels.triton_w4a4.w4a4.glu_forward), combine
+                   fused. Runs from this install's cubins only: "emulated (sm_90)" on sm_90 (bf16 emulation
+                   of dot_scaled), native on sm_120; elsewhere "not runnable" with the reason.
 
 Forward timing runs with autograd recording (the forward of a training step); forward+backward adds
 ``torch.autograd.grad`` of the output w.r.t. x, the router weights, every dense factor and both scales,
 with a fixed random grad_out. Packed (nvfp4 / sign) factors hold no master weights, so their arms
-differentiate x, router weights and scales only (listed in the arm's ``grads``).
+differentiate x, router weights and scales only (listed in the arm's ``grads``), except the "-ste" arms,
+which pass the dense factors as masters and differentiate them too.
 """
 
 from __future__ import annotations
@@ -42,6 +52,7 @@ from tsct.bench.inputs import Factors, InputSet
 PADDED_BMM = "padded-bmm"
 GROUPED_MM = "grouped-mm"
 TSCT = "tsct"
+W4A4 = "w4a4"
 
 RAN, REFUSED, UNAVAILABLE, ERROR = "ran", "refused", "unavailable", "error"
 
@@ -78,6 +89,10 @@ def all_arms(cfg: BenchConfig, dense_fmt: str) -> list[ArmSpec]:
         for fmt in fmts:
             if _path_serves_format(path, fmt):
                 specs.append(ArmSpec(f"tsct-{path}-{fmt}", TSCT, path, fmt))
+                if path == dispatch.TRITON_LOWBIT and fmt in ("nvfp4", "sign"):
+                    specs.append(ArmSpec(f"tsct-{path}-{fmt}-ste", TSCT, path, fmt))
+    if "nvfp4" in fmts:
+        specs.append(ArmSpec("tsct-w4a4-nvfp4", W4A4, W4A4, "nvfp4"))
     return specs
 
 
@@ -130,14 +145,33 @@ def grouped_mm_pass(cfg: BenchConfig, inp: InputSet, fac: Factors, gmm: Callable
     return combine_token_major(y.index_select(0, routing.inverse_permutation(s.order)), cfg.tokens, cfg.topk)
 
 
-def tsct_call(x: Tensor, ids: Tensor, weights: Tensor, fac: Factors, experts: int, impl: str) -> Tensor:
-    """The whole pass through tsct: sort by expert, then one grouped_glu with gather and combine fused."""
+def tsct_call(x: Tensor, ids: Tensor, weights: Tensor, fac: Factors, experts: int, impl: str,
+              masters: Optional[tuple] = None) -> Tensor:
+    """The whole pass through tsct: sort by expert, then one grouped_glu with gather and combine fused.
+    ``masters``: master factors of packed ones (straight-through gradients, ``tsct.ops.grouped_glu``)."""
     from tsct.ops import grouped_glu
 
     s = routing.sort_by_expert(ids, experts)
     rw = weights.reshape(-1).index_select(0, s.order)
     return grouped_glu(x, s.offs, fac.w_gate, fac.w_up, fac.w_down, fac.s_gate, fac.s_up, row_weight=rw,
-                       gather_idx=s.token, scatter_idx=s.token, num_out_rows=x.shape[0], impl=impl)
+                       gather_idx=s.token, scatter_idx=s.token, num_out_rows=x.shape[0], impl=impl,
+                       masters=masters)
+
+
+class _WithMasters:
+    """Packed factors plus their masters (the dense factors): what an STE arm differentiates."""
+
+    def __init__(self, fac: Factors, dense: Factors):
+        self.fac, self.dense = fac, dense
+
+    def storage_bytes(self) -> int:
+        return self.fac.storage_bytes()  # what the kernels read; the masters live in the optimizer
+
+    def leaves(self) -> list[Tensor]:
+        return [self.dense.w_gate, self.dense.w_up, self.dense.w_down, self.fac.s_gate, self.fac.s_up]
+
+    def leaf_names(self) -> list[str]:
+        return ["master_w_gate", "master_w_up", "master_w_down", "s_gate", "s_up"]
 
 
 # ---- measurement shared by all arms -----------------------------------------------------------------
@@ -338,16 +372,50 @@ def tsct_arm(spec: ArmSpec, ctx: Context, log=lambda s: None) -> dict:
     def restore():
         tsct_config.check_values = saved
 
-    def pass_fn(inp: InputSet) -> Tensor:
-        return tsct_call(inp.x, inp.ids, inp.weights, fac, ctx.cfg.experts, spec.path)
+    ste = spec.name.endswith("-ste")
+    masters = (ctx.dense.w_gate, ctx.dense.w_up, ctx.dense.w_down) if ste else None
 
-    res = measure_arm(spec, ctx, fac, pass_fn,
+    def pass_fn(inp: InputSet) -> Tensor:
+        return tsct_call(inp.x, inp.ids, inp.weights, fac, ctx.cfg.experts, spec.path, masters)
+
+    res = measure_arm(spec, ctx, _WithMasters(fac, ctx.dense) if ste else fac, pass_fn,
                       before_timing=no_value_checks, after_timing=restore, log=log)
     res["dropped_fraction"] = 0.0 if res["status"] == RAN else None
     return res
 
 
-RUNNERS = {PADDED_BMM: padded_bmm_arm, GROUPED_MM: grouped_mm_arm, TSCT: tsct_arm}
+def w4a4_arm(spec: ArmSpec, ctx: Context, log=lambda s: None) -> dict:
+    """Forward only (W4A4 has no backward yet); ``mode`` says how it ran (``w4a4.runnable``)."""
+    from tsct import config as tsct_config
+    from tsct.kernels.triton_w4a4 import w4a4
+
+    ok, mode = w4a4.runnable(ctx.capability)
+    fac = ctx.formats.get(spec.fmt)
+    if not ok or not isinstance(fac, Factors):
+        res = new_result(spec)
+        res["status"] = UNAVAILABLE
+        res["reason"] = mode if not ok else (fac or f"format {spec.fmt!r} was not prepared")
+        res["mode"] = "not runnable"
+        return res
+    saved = tsct_config.check_values
+
+    def pass_fn(inp: InputSet) -> Tensor:
+        s = routing.sort_by_expert(inp.ids, ctx.cfg.experts)
+        rw = inp.weights.reshape(-1).index_select(0, s.order)
+        return w4a4.glu_forward(inp.x, s.offs, fac.w_gate, fac.w_up, fac.w_down, fac.s_gate, fac.s_up, rw,
+                                s.token, s.token, inp.x.shape[0])
+
+    fwd_only = dataclasses.replace(ctx, cfg=dataclasses.replace(ctx.cfg, backward=False))
+    res = measure_arm(spec, fwd_only, fac, pass_fn, before_timing=lambda: setattr(tsct_config, "check_values", False),
+                      after_timing=lambda: setattr(tsct_config, "check_values", saved), log=log)
+    res["mode"] = mode.split(":")[0]
+    res["grads"] = []
+    res["reason"] = "; ".join(filter(None, [res["reason"], f"{mode}; forward only (no W4A4 backward)"]))
+    res["dropped_fraction"] = 0.0 if res["status"] == RAN else None
+    return res
+
+
+RUNNERS = {PADDED_BMM: padded_bmm_arm, GROUPED_MM: grouped_mm_arm, TSCT: tsct_arm, W4A4: w4a4_arm}
 
 
 def run_arm(spec: ArmSpec, ctx: Context, log=lambda s: None) -> dict:

@@ -91,6 +91,11 @@ def _list_arms(cfg: cfgmod.BenchConfig, console: Console) -> None:
             state = "runs" if st.ok else f"unavailable: {st.reason}"
         elif s.kind == arms.GROUPED_MM:
             state = f"runs if torch accepts the shape ({what})" if gmm else f"unavailable: {what}"
+        elif s.kind == arms.W4A4:
+            from tsct.kernels.triton_w4a4 import w4a4
+
+            ok, mode = w4a4.runnable(cap)
+            state = f"runs, forward only: {mode}" if ok else f"unavailable: {mode}"
         else:
             state = "runs"
         console.print(f"{s.name:28s} {state}", markup=False, highlight=False)

@@ -1,5 +1,7 @@
-"""tsct.ops: the public operators. ``grouped_glu`` is the expert pass of design.md section 2."""
+"""tsct.ops: the public operators. ``grouped_glu`` is the expert pass of design.md section 2;
+``quantize_master`` makes the packed factors of master factors for low-bit training (decision 0008)."""
 
+from tsct.ops._library_q import quantize_master
 from tsct.ops.grouped_glu import grouped_glu
 
-__all__ = ["grouped_glu"]
+__all__ = ["grouped_glu", "quantize_master"]

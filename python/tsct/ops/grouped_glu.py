@@ -1,14 +1,21 @@
-"""Public entry point of the expert pass: validate, pick a path, call the custom op."""
+"""Public entry point of the expert pass: validate, pick a path, call the custom op.
+
+Two custom ops carry the call: ``tsct::grouped_glu`` (``_library.py``) when every factor is a dense
+tensor or the path is ``reference`` (which decodes packed factors to dense first), and
+``tsct::grouped_glu_q`` (``_library_q.py``) when a kernel path (triton-lowbit, later sm120-fp4) reads
+packed factors itself. Both work under ``torch.compile(fullgraph=True)``.
+"""
 
 from __future__ import annotations
 
-from typing import Optional, Union
+from typing import Optional, Sequence, Union
 
 import torch
 from torch import Tensor
 
 from tsct import dispatch
 from tsct.ops._library import grouped_glu_op
+from tsct.ops import _library_q
 from tsct.ops._validate import validate
 
 Factor = Union[Tensor, "tsct.quant.NVFP4Tensor", "tsct.quant.SignTensor"]  # noqa: F821
@@ -34,6 +41,7 @@ def grouped_glu(
     scatter_idx: Optional[Tensor] = None,
     num_out_rows: Optional[int] = None,
     impl: str = "auto",
+    masters: Optional[Sequence[Optional[Tensor]]] = None,
 ) -> Tensor:
     """Dual-latent GLU over experts (design.md section 2), differentiable in every float input.
 
@@ -61,6 +69,14 @@ def grouped_glu(
         num_out_rows: number of output rows with ``scatter_idx`` (T, the token count).
         impl: ``"auto"`` (pick by compute capability, storage format and built artifacts, see
             ``tsct.dispatch``) or a path name from ``tsct.dispatch.PATHS`` to force it.
+        masters: optional ``(w_gate, w_up, w_down)`` master factors for training packed factors with
+            the straight-through estimator (None entries allowed; a master only for a packed factor).
+            Each master is a float tensor of its factor's logical shape; the forward reads the packed
+            factor only, dX flows through the decoded factor, and the master receives the gradient
+            w.r.t. the decoded factor (cast to the master's dtype), as if ``dequantize(w)`` had been
+            the leaf. Make the containers with ``tsct.ops.quantize_master(master, fmt)``: it caches
+            one per master version, so they are re-quantized once per optimizer step, and a stale one
+            is refused here (docs/decisions/0008-lowbit-training.md).
 
     Returns:
         ``[num_out_rows, f]`` with ``scatter_idx``, else ``[M, f]``; dtype ``x.dtype``.
@@ -71,17 +87,59 @@ def grouped_glu(
             decrease or exceed M, or indices out of range.
         RuntimeError: a forced ``impl`` that cannot run here, with the reason.
 
-    Quantized factors are decoded to ``x.dtype`` on the reference path (their gradient does not
-    flow: packed storage holds no master weights; train with ``tsct.quant.fake_quantize`` on the
-    master factors instead, which is the straight-through estimator).
+    Packed factors: the reference path decodes them to ``x.dtype``; the "triton-lowbit" path (sm_80+
+    GPUs; ``impl="auto"`` takes it for NVFP4 / sign / mixed factors) reads the packed bytes and decodes
+    in registers. Without ``masters`` a packed factor gets no gradient (frozen low-bit weights; dX,
+    scales and row weights still get theirs). Two ways to train low-bit factors (decision 0008):
+    ``masters=`` with containers from ``quantize_master`` (packed bytes in the forward and dX), or
+    dense factors from ``tsct.quant.fake_quantize(master, fmt)`` (bf16 bytes, any path).
     """
     m, e, d, r, f = validate(x, offs, w_gate, w_up, w_down, s_gate, s_up, row_weight, gather_idx, scatter_idx,
                              num_out_rows)
-    fmt = _storage_format((w_gate, w_up, w_down))
+    from tsct import quant
+
+    facs = (w_gate, w_up, w_down)
+    ms = _check_masters(facs, masters)
+    fmt = _storage_format(facs)
     path = dispatch.select(impl, dispatch.device_capability(x.device), fmt)
-    if path == dispatch.REFERENCE:
-        from tsct import quant
-        w_gate, w_up, w_down = (quant.dequantize(w, dtype=x.dtype) if quant.is_quantized(w) else w
-                                for w in (w_gate, w_up, w_down))
-    return grouped_glu_op(x, offs, w_gate, w_up, w_down, s_gate, s_up, row_weight, gather_idx, scatter_idx,
-                          num_out_rows, path)
+    packed = any(quant.is_quantized(w) for w in facs)
+    if path == dispatch.REFERENCE or not packed:
+        if packed:  # decode; a master's STE gradient is the decoded factor's gradient
+            facs = tuple(_DecodedWithMaster.apply(quant.dequantize(w, dtype=x.dtype), mt) if mt is not None
+                         else (quant.dequantize(w, dtype=x.dtype) if quant.is_quantized(w) else w)
+                         for w, mt in zip(facs, ms))
+        return grouped_glu_op(x, offs, *facs, s_gate, s_up, row_weight, gather_idx, scatter_idx, num_out_rows,
+                              path)
+    tags, storages, carriers = [], [], []
+    for name, w, mt in zip(("w_gate", "w_up", "w_down"), facs, ms):
+        tag, storage = _library_q.pack_factor(name, w)
+        tags.append(tag)
+        storages.append(storage)
+        carriers.append(w if tag == "dense" else mt)
+    return _library_q.grouped_glu_q_op(x, offs, *carriers, *storages, ",".join(tags), s_gate, s_up, row_weight,
+                                       gather_idx, scatter_idx, num_out_rows, path)
+
+
+def _check_masters(facs, masters) -> tuple:
+    if masters is None:
+        return (None, None, None)
+    if isinstance(masters, Tensor) or len(masters) != 3:
+        raise ValueError("grouped_glu: masters must be a sequence (w_gate, w_up, w_down) of tensors or None")
+    for name, w, mt in zip(("w_gate", "w_up", "w_down"), facs, masters):
+        if mt is not None:
+            _library_q.check_master(name, w, mt)
+    return tuple(masters)
+
+
+class _DecodedWithMaster(torch.autograd.Function):
+    """Forward: the decoded factor (the master is not read). Backward: the decoded factor's gradient goes
+    to the master, in the master's dtype (straight-through estimator on the reference path)."""
+
+    @staticmethod
+    def forward(ctx, decoded: Tensor, master: Tensor) -> Tensor:
+        ctx.master_dtype = master.dtype
+        return decoded
+
+    @staticmethod
+    def backward(ctx, grad: Tensor):
+        return None, grad.to(ctx.master_dtype)

@@ -14,13 +14,18 @@ Public functions:
                          gather_idx, scatter_idx, num_out_rows, needs_grad) -> list of 7
     grouped_glu(x, offs, w_gate, w_up, w_down, s_gate=None, s_up=None, *, row_weight=None,
                 gather_idx=None, scatter_idx=None, num_out_rows=None, masters=None) -> Tensor
-        differentiable wrapper (torch.autograd.Function): gradients for x, dense factors, scales,
-        row_weight, and (STE) for the ``masters`` of packed factors; see ``glu.py``'s docstring.
+        differentiable wrapper (torch.autograd.Function, graph-breaks under torch.compile): kept for
+        direct use; ``tsct.ops.grouped_glu`` reaches this path through the ``tsct::grouped_glu_q``
+        custom op instead (``tsct/ops/_library_q.py``), which traces under torch.compile.
     status(capability, fmt) -> (ok, reason)
 
-Build state: Triton JIT only (no AOT cubins for these four kernels yet: the variant table would be
-``triton_glu.specs`` extended by FMT_G/FMT_U/FMT_D in {dense, nvfp4, sign} and the factor pointer
-types; at b1 only the aligned, scatter+gather, scales+rw variants of 3 uniform formats are hot).
+Dispatch: ``impl="auto"`` takes this path for NVFP4 / sign / mixed factors on sm_80, sm_90, sm_100 and
+sm_120 (before the reference path; on sm_120 after "sm120-fp4" when that is built). Executed on an
+H200 (sm_90); elsewhere the first use in a process runs ``tsct.selftest`` against float64.
+
+Build state: AOT cubins (family "lowbit", ``specs.py``) for sm_90a, sm_100a and sm_120, bf16
+activations, uniform NVFP4 / uniform sign factors and the NVFP4-sign-NVFP4 mix; anything else (fp16
+activations, other mixes, other arches) runs through Triton JIT when it is importable.
 Importing this package imports neither Triton nor torch's CUDA.
 """
 
@@ -45,11 +50,35 @@ def status(capability: Optional[tuple[int, int]], fmt: str) -> tuple[bool, str]:
     if tuple(capability) < (8, 0):
         return False, f"needs compute capability 8.0 or newer, got {capability[0]}.{capability[1]}"
     mode = os.environ.get("TSCT_TRITON_BACKEND", "auto").strip().lower() or "auto"
+    arch = aot_arch(capability)
+    if mode != "jit" and arch is not None and fmt in AOT_FORMATS:
+        return True, f"AOT cubins for {arch}"
     if mode == "aot":
-        return False, "TSCT_TRITON_BACKEND=aot but the Triton low-bit kernels have no AOT cubins yet (JIT only)"
+        if arch is None:
+            return False, (f"TSCT_TRITON_BACKEND=aot but this install has no AOT cubins of the Triton low-bit "
+                           f"kernels for compute capability {capability[0]}.{capability[1]}")
+        return False, (f"TSCT_TRITON_BACKEND=aot but the low-bit AOT cubins cover uniform nvfp4 / sign factors "
+                       f"only, not {fmt!r}")
     if importlib.util.find_spec("triton") is None:
-        return False, "the Triton low-bit kernels have no AOT cubins yet and Triton is not importable (JIT)"
-    return True, "Triton JIT (no AOT cubins for the low-bit kernels yet)"
+        return False, (f"no AOT cubins of the Triton low-bit kernels for {fmt!r} factors on compute capability "
+                       f"{capability[0]}.{capability[1]} and Triton is not importable (JIT)")
+    return True, "Triton JIT"
+
+
+#: storage formats the AOT cubins serve (the uniform format triples of ``specs.AOT_FORMATS``)
+AOT_FORMATS = ("nvfp4", "sign")
+
+
+def aot_arch(capability: Optional[tuple[int, int]]) -> Optional[str]:
+    """The artifact arch whose index holds the "lowbit" family for this capability, else None (reads the
+    index files only; no GPU touched)."""
+    from tsct.kernels import aot
+
+    arch = aot.artifact_arch(capability)
+    idx = aot.index(arch) if arch else None
+    if not idx or "lowbit" not in (idx.get("families") or {}):
+        return None
+    return arch
 
 
 def grouped_glu_forward(*args, **kwargs):

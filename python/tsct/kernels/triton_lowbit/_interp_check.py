@@ -140,6 +140,31 @@ def check_ste() -> dict:
     return errs
 
 
+def check_op() -> dict:
+    """The same kernels behind the ``tsct::grouped_glu_q`` custom op (what ``tsct.ops.grouped_glu`` calls for
+    packed factors on a GPU; auto never picks this path on the CPU, so the op is called directly with
+    ``impl="triton-lowbit"``): containers packed to (carrier, storage, tag) and rebuilt in the op; masters
+    as carriers get the STE gradient through the op's registered autograd; a swizzled NVFP4 factor."""
+    from tsct.ops import _library_q as Q
+
+    args = make(T=16, k=2, E=3, d=32, r=16, f=24, fmts=("nvfp4", "sign", "nvfp4"), seed=4)
+    args[4] = quant.to_layout(args[4], "swizzled_128x4")
+    ref_args = dequantized(args)
+    masters = [torch.randn(3, 32, 16, requires_grad=True), None, torch.randn(3, 16, 24, requires_grad=True)]
+    x = args[0].clone().requires_grad_(True)
+    rw = args[7].clone().requires_grad_(True)
+    tags, storages = zip(*(Q.pack_factor(n, w) for n, w in zip(("w_gate", "w_up", "w_down"), args[2:5])))
+    out = torch.ops.tsct.grouped_glu_q(x, args[1], *masters, *storages, ",".join(tags), args[5], args[6], rw,
+                                       args[8], args[9], args[10], "triton-lowbit")
+    go = torch.randn_like(out)
+    out.backward(go)
+    want = R.grouped_glu_backward(go, *ref_args, [True] * 7)
+    return {"op_fwd": rel(out.detach(), R.grouped_glu_forward(*ref_args)), "op_x": rel(x.grad, want[0]),
+            "op_master_gate": rel(masters[0].grad, want[1]), "op_master_down": rel(masters[2].grad, want[3]),
+            "op_row_weight": rel(rw.grad, want[6]), "op_tags_ok": 0.0 if tags == ("nvfp4", "sign",
+                                                                                  "nvfp4-swizzled_128x4") else 1.0}
+
+
 def run(names):
     results = {}
     for name in names:
@@ -186,7 +211,8 @@ def main(argv) -> int:
     if not argv:
         res["decode_exhaustive"] = {"mismatch": check_decode()}
         res["ste_autograd"] = check_ste()
-        for k in ("decode_exhaustive", "ste_autograd"):
+        res["custom_op"] = check_op()
+        for k in ("decode_exhaustive", "ste_autograd", "custom_op"):
             print(f"{k:22s} " + " ".join(f"{a}={b:.1e}" for a, b in res[k].items()), flush=True)
     if path:
         with open(path, "w") as fh:

@@ -12,9 +12,10 @@ row_weight, masters) are ordinary autograd inputs.
   reuse containers across a step; nothing here caches them.
 * A packed factor without a master gets no gradient (frozen low-bit weights).
 
-Not a ``torch.library`` custom op (containers are not op arguments): ``torch.compile`` graph-breaks
-around it. Wiring this path into ``tsct.ops.grouped_glu`` / its custom op is the lead's (the
-containers' storage tensors would travel as a ``list[Tensor]`` plus the format codes).
+Not a ``torch.library`` custom op: ``torch.compile`` graph-breaks around it. ``tsct.ops.grouped_glu``
+reaches the same kernels through the ``tsct::grouped_glu_q`` custom op (``tsct/ops/_library_q.py``: the
+containers' storage tensors as ``list[Tensor]`` plus format tags, masters as gradient carriers), which
+traces; prefer it. This wrapper stays for direct use of the kernels and their tests.
 """
 
 from __future__ import annotations

@@ -8,9 +8,10 @@ check it in fp32 with the interpreter and in bf16 on the GPU).
 Reused unchanged from the bf16 path (``tsct.kernels.triton_glu``): tile configs per arch, the tile map
 (``_tile_cum``), the deterministic combines (``_combine``), the padding zeroing (``_zero_tail``) and the
 weight-free backward epilogue (``glu_bwd_epi``), all through its ``_launch`` (AOT cubin or JIT). The four
-kernels that touch factors are this package's (``_kernels.py``) and run through Triton JIT only: they
-have no AOT cubins yet (``TSCT_TRITON_BACKEND=aot`` is refused by ``status``; adding them is a
-``specs.py``-style table, see the package docstring).
+kernels that touch factors are this package's (``_kernels.py``); ``_launch`` here runs them from the
+AOT cubins of the "lowbit" family (``specs.py``: the variant table, built into the wheel by
+``triton_glu/aot_build.py``) when the install has the launch's specialization, else through Triton JIT
+(``TSCT_TRITON_BACKEND=auto|aot|jit`` as the bf16 path; ``backend_counts()`` counts which ran).
 
 Layout: NVFP4 block scales must be ``"linear"`` here; a ``"swizzled_128x4"`` container is converted
 with ``tsct.quant.to_layout`` on every call (an explicit, counted conversion: ``layout_conversions()``;
@@ -24,17 +25,18 @@ gradient of the master factor, so there are two ways to train:
 1. Masters in the graph (simplest, bf16 bytes): ``w_hat = tsct.quant.fake_quantize(master, fmt)`` each
    step, then ``tsct.ops.grouped_glu(x, offs, w_hat, ...)`` on the dense path; autograd carries dW to
    the master through fake_quantize's identity backward.
-2. Packed forward, STE to the masters (this path's bytes): quantize the masters once per optimizer step
-   (``tsct.quant.quantize``; cache the containers, drop the cache after ``optimizer.step()``), and call
-   ``tsct.kernels.triton_lowbit.grouped_glu(x, offs, packed..., masters=(wg, wu, wd))``. Its backward
-   reads the packed factors for dX and returns dW_hat (this module's backward) as the masters' gradient.
-   Without ``masters`` the packed factors get no gradient and the op still returns dX, d s_gate,
-   d s_up and d row_weight (what a frozen low-bit model fine-tuning the router or scales needs).
+2. Packed forward, STE to the masters (this path's bytes): ``wq = tsct.ops.quantize_master(master, fmt)``
+   (cached per master version: re-quantized once per optimizer step) and
+   ``tsct.ops.grouped_glu(x, offs, wq_g, wq_u, wq_d, ..., masters=(wg, wu, wd))`` (decision 0008). The
+   backward reads the packed factors for dX and returns dW_hat (this module's backward) as the masters'
+   gradient. Without ``masters`` the packed factors get no gradient and the op still returns dX,
+   d s_gate, d s_up and d row_weight (what a frozen low-bit model fine-tuning the router or scales needs).
 """
 
 from __future__ import annotations
 
 import collections
+import importlib.util
 import threading
 from typing import Any, Optional, Sequence
 
@@ -43,19 +45,20 @@ from torch import Tensor
 
 from tsct.kernels.triton_glu import glu as G
 from tsct.kernels.triton_glu import specs
+from tsct.kernels.triton_lowbit import specs as LS
 
-__all__ = ["grouped_glu_forward", "grouped_glu_backward", "factor_format", "layout_conversions", "launch_counts"]
+__all__ = ["grouped_glu_forward", "grouped_glu_backward", "down_forward", "factor_format", "layout_conversions", "launch_counts",
+           "backend_counts"]
 
-DENSE, NVFP4, SIGN = 0, 1, 2
+DENSE, NVFP4, SIGN = LS.DENSE, LS.NVFP4, LS.SIGN
 _FMT_NAMES = {DENSE: "dense", NVFP4: "nvfp4", SIGN: "sign"}
-# Warps of the kernels that decode (the bf16 tiles otherwise): with 4 warps the decode temporaries push
-# the sm_90 down / dz / dx kernels to 255 registers plus stack spills (Triton 3.9 + ptxas, cuobjdump);
-# with 8 they fit (down 170-236 registers, no stack). Not timed yet (bench/notes.md).
-WARPS_DECODE = 8
+# Warps of the kernels that decode (the bf16 tiles otherwise): specs.WARPS_DECODE (8; 4 spill on sm_90).
+WARPS_DECODE = LS.WARPS_DECODE
 
 _lock = threading.Lock()
 _conversions: collections.Counter = collections.Counter()
 _launches: collections.Counter = collections.Counter()
+_backends: collections.Counter = collections.Counter()
 
 
 def layout_conversions() -> dict[str, int]:
@@ -65,9 +68,15 @@ def layout_conversions() -> dict[str, int]:
 
 
 def launch_counts() -> dict[str, int]:
-    """{kernel: Triton JIT launches} of this package's kernels since process start."""
+    """{kernel: launches (AOT or JIT)} of this package's kernels since process start."""
     with _lock:
         return dict(_launches)
+
+
+def backend_counts() -> dict[tuple[str, str], int]:
+    """{("aot" | "jit", kernel): launches} of this package's kernels since process start."""
+    with _lock:
+        return dict(_backends)
 
 
 def factor_format(w) -> int:
@@ -106,8 +115,50 @@ def _factor_args(name: str, w, dtype: torch.dtype) -> tuple[int, list]:
     return fmt, [w.bits.contiguous(), w.scale_k.contiguous(), w.scale_n.contiguous()]
 
 
-def _launch(kernel: str, grid: tuple, args: Sequence[Any], consts: dict, num_warps: int, num_stages: int) -> None:
-    """Triton JIT launch of one of this package's kernels (None = a pointer the flags leave unread)."""
+def _hints_hold(kernel: str, named: dict, consts: dict) -> bool:
+    for p in LS.KERNELS[kernel].hinted:
+        if LS.is_used(kernel, p, consts):
+            v = named[p]
+            if (v.data_ptr() if isinstance(v, Tensor) else int(v)) % 16:
+                return False
+    return True
+
+
+def aot_key(kernel: str, args: Sequence[Any], consts: dict, num_warps: int, num_stages: int, aligned: bool) -> str:
+    """The specialization key of a launch (``specs.spec_key``); ``aligned`` is dropped to generic when a
+    hinted parameter is not 16-aligned / a multiple of 16."""
+    named = dict(zip(LS.KERNELS[kernel].params, args))
+    if aligned and not _hints_hold(kernel, named, consts):
+        aligned = False
+    types = {p: G._type_of(named[p]) for p in LS.KERNELS[kernel].params}
+    return LS.spec_key(kernel, types, consts, num_warps, num_stages, aligned)
+
+
+def _launch(kernel: str, grid: tuple, args: Sequence[Any], consts: dict, num_warps: int, num_stages: int,
+            aligned: bool, cap: tuple, device: torch.device) -> None:
+    """Launch one of this package's kernels (runtime parameters in ``specs.KERNELS`` order; None = a
+    pointer the flags leave unread) on the current stream: the AOT cubin of its specialization when the
+    install has it (``TSCT_TRITON_BACKEND`` not "jit"), else Triton JIT; "aot" never JITs."""
+    mode = G._backend_mode()
+    if mode != "jit":  # a CPU tensor's capability is (0, 0): no artifact arch, so JIT (the interpreter)
+        from tsct.kernels import aot
+
+        arch = aot.artifact_arch(cap)
+        k, key = None, ""
+        if arch is not None:
+            key = aot_key(kernel, args, consts, num_warps, num_stages, aligned)
+            k = aot.kernel(arch, key)
+        if k is not None:
+            k.launch(grid, [v.data_ptr() if isinstance(v, Tensor) else v for v in args], G._stream(device))
+            with _lock:
+                _launches[kernel] += 1
+                _backends[("aot", kernel)] += 1
+            return
+        if mode == "aot" or importlib.util.find_spec("triton") is None:
+            why = (f"no AOT cubins for compute capability {cap[0]}.{cap[1]}" if arch is None or aot.index(arch) is None
+                   else f"the {arch} AOT cubins have no variant {key}")
+            raise RuntimeError(f"tsct triton-lowbit: {why}" + ("" if mode == "aot" else
+                                                              "; and Triton is not importable (JIT)"))
     from tsct.kernels.triton_lowbit import _kernels as K
 
     dummy = next(v for v in args if isinstance(v, Tensor))
@@ -115,6 +166,7 @@ def _launch(kernel: str, grid: tuple, args: Sequence[Any], consts: dict, num_war
                              num_stages=num_stages)
     with _lock:
         _launches[kernel] += 1
+        _backends[("jit", kernel)] += 1
 
 
 def _dims(x, w_gate, w_down, gather_idx):
@@ -124,16 +176,10 @@ def _dims(x, w_gate, w_down, gather_idx):
     return e, d, r, f, m
 
 
-def _up_k(r: int) -> tuple[bool, int]:
-    """(SINGLE_K, BK) of the up kernel: the whole rank in one K step when r <= 128 (BK >= 16: NVFP4 blocks)."""
-    if r <= 128:
-        return True, max(16, specs.next_pow2(r))
-    return False, 64
-
-
-def _rank_block(cfg, r: int) -> int:
-    """BR: 16/32/64 by r (a multiple of 16, so NVFP4 scale blocks never straddle a rank block)."""
-    return max(16, min(cfg.br_max, specs.next_pow2(r)))
+def _aligned(x: Tensor, d: int, r: int, *packed: list) -> bool:
+    """The aligned variants may run: d, r, x's row stride multiples of 16 and the factor storage 16-byte
+    aligned (``_launch`` re-checks the hinted pointers of each kernel)."""
+    return G._aligned(d, r, x.stride(0), x, *[t for p in packed for t in p if isinstance(t, Tensor)])
 
 
 def grouped_glu_forward(
@@ -167,7 +213,8 @@ def grouped_glu_forward(
     sg, su = G._scales(s_gate, s_up)
     rw = G._f32(row_weight)
     gidx = G._i64(gather_idx)
-    bm, br, bk = cfg.bm, _rank_block(cfg, r), cfg.bk
+    bm, br, bk = cfg.bm, LS.rank_block(cfg), cfg.bk
+    aligned = _aligned(x, d, r, pg, pu, pd)
     cum = G._tile_cum(offs, bm)
     max_tiles = G._cdiv(m, bm) + e
     has_s = sg is not None
@@ -177,8 +224,8 @@ def grouped_glu_forward(
             [x, gidx, offs, cum, *pg, *pu, sg, su, z, None, None, None, e, d, r, x.stride(0)],
             dict(FMT_G=fg, FMT_U=fu, HAS_GATHER=gidx is not None, HAS_SG=has_s, HAS_SU=has_s, HAS_RW=False,
                  BWD=False, BM=bm, BR=br, BK=bk, BLOCK_E=cfg.block_e),
-            WARPS_DECODE, cfg.stages_down)
-    single_k, bk_up = _up_k(r)
+            WARPS_DECODE, cfg.stages_down, aligned, cap, dev)
+    single_k, bk_up = LS.up_k(r, aligned)
     if scatter_idx is not None:
         ldy = G._cdiv(f, 8) * 8  # padded row stride: vector stores and combine loads
         y = torch.empty(m, ldy, device=dev, dtype=dtype)
@@ -188,11 +235,37 @@ def grouped_glu_forward(
     _launch("lowbit_up_fwd", (max_tiles,), [z, offs, cum, *pd, rw, y, e, r, f, ldy],
             dict(FMT_D=fd, HAS_RW=rw is not None, SINGLE_K=single_k, BM=bm, BN=cfg.bn_up, BK=bk_up,
                  BLOCK_E=cfg.block_e),
-            cfg.warps_up, cfg.stages_up)
+            cfg.warps_up, cfg.stages_up, aligned, cap, dev)
     if scatter_idx is not None:
         return G._combine(y, scatter_idx, offs, n_out, cfg, cap, ncols=f)
     G._zero_tail(y, offs, e, cfg, cap)
     return y
+
+
+def down_forward(x: Tensor, offs: Tensor, w_gate, w_up, s_gate: Optional[Tensor] = None,
+                 s_up: Optional[Tensor] = None, gather_idx: Optional[Tensor] = None) -> Tensor:
+    """The latent alone: ``z = silu(x W_gate s_g) * (x W_up s_u)``, ``[M, r]`` in x.dtype, for the rows of
+    each expert (rows at or past ``offs[-1]`` are left unwritten). The first kernel of
+    ``grouped_glu_forward``; the W4A4 benchmark arm feeds it to ``triton_w4a4`` (forward only)."""
+    e, d, r, _, m = _dims(x, w_gate, w_gate, gather_idx)
+    z = torch.empty(m, r, device=x.device, dtype=x.dtype)
+    if e == 0 or m == 0 or d == 0 or r == 0:
+        return z.zero_()
+    cap = G._capability(x.device)
+    cfg = G._config(cap)
+    x = x.contiguous()
+    fg, pg = _factor_args("w_gate", w_gate, x.dtype)
+    fu, pu = _factor_args("w_up", w_up, x.dtype)
+    sg, su = G._scales(s_gate, s_up)
+    gidx = G._i64(gather_idx)
+    br = LS.rank_block(cfg)
+    _launch("lowbit_down_fwd", (G._cdiv(m, cfg.bm) + e, G._cdiv(r, br)),
+            [x, gidx, offs.contiguous(), G._tile_cum(offs, cfg.bm), *pg, *pu, sg, su, z, None, None, None, e, d, r,
+             x.stride(0)],
+            dict(FMT_G=fg, FMT_U=fu, HAS_GATHER=gidx is not None, HAS_SG=sg is not None, HAS_SU=sg is not None,
+                 HAS_RW=False, BWD=False, BM=cfg.bm, BR=br, BK=cfg.bk, BLOCK_E=cfg.block_e),
+            WARPS_DECODE, cfg.stages_down, _aligned(x, d, r, pg, pu), cap, x.device)
+    return z
 
 
 def grouped_glu_backward(
@@ -247,8 +320,9 @@ def grouped_glu_backward(
     rw = G._f32(row_weight)
     gidx, sidx = G._i64(gather_idx), G._i64(scatter_idx)
     has_s = sg is not None
-    bm, br, bk = cfg.bm, _rank_block(cfg, r), cfg.bk
+    bm, br, bk = cfg.bm, LS.rank_block(cfg), cfg.bk
     nrb = G._cdiv(r, br)
+    aligned = _aligned(x, d, r, pg, pu, pd)
 
     # 1. recompute hg, hu (fp32, second-level scales applied) and z*rw
     cum = G._tile_cum(offs, bm)
@@ -260,7 +334,7 @@ def grouped_glu_backward(
             [x, gidx, offs, cum, *pg, *pu, sg, su, zw, hg, hu, rw, e, d, r, x.stride(0)],
             dict(FMT_G=fg, FMT_U=fu, HAS_GATHER=gidx is not None, HAS_SG=has_s, HAS_SU=has_s,
                  HAS_RW=rw is not None, BWD=True, BM=bm, BR=br, BK=bk, BLOCK_E=cfg.block_e),
-            WARPS_DECODE, cfg.stages_down)
+            WARPS_DECODE, cfg.stages_down, aligned, cap, dev)
     # 2. dz0 partials over f slices (and dWd_hat)
     do_dwd = want[3]
     bn = cfg.bn_bwd
@@ -271,17 +345,21 @@ def grouped_glu_backward(
     dwd = torch.empty((e, r, f), device=dev, dtype=wdtype(w_down)) if do_dwd else None
     _launch("lowbit_bwd_dz", (e, nrb, n_fs), [go, sidx, offs, *pd, zw, part, dwd, m, r, f, f_slice],
             dict(FMT_D=fd, HAS_SCATTER=sidx is not None, DO_DWD=do_dwd, BM=bm, BR=br, BN=bn),
-            WARPS_DECODE, cfg.stages_bwd_dz)
-    # 3. the GLU backward per expert: the bf16 path's weight-free kernel, unchanged
+            WARPS_DECODE, cfg.stages_bwd_dz, aligned, cap, dev)
+    # 3. the GLU backward per expert: the bf16 path's weight-free kernel, unchanged, with the bf16
+    #    family's rank-block rule (its AOT table); it reads only [m, r] buffers, so r decides alignment
+    al_epi = r % 16 == 0
+    br_epi = specs.rank_block(cfg, r, al_epi)
+    nrb_epi = G._cdiv(r, br_epi)
     dhg = torch.empty(m, r, device=dev, dtype=dtype)
     dhu = torch.empty(m, r, device=dev, dtype=dtype)
     dsg = torch.empty(e, r, device=dev, dtype=torch.float32)
     dsu = torch.empty(e, r, device=dev, dtype=torch.float32)
-    drw = torch.zeros(nrb, m, device=dev, dtype=torch.float32)
-    G._launch("glu_bwd_epi", (e, nrb),
+    drw = torch.zeros(nrb_epi, m, device=dev, dtype=torch.float32)
+    G._launch("glu_bwd_epi", (e, nrb_epi),
               [hg, hu, part, offs, sg, su, rw, dhg, dhu, dsg, dsu, drw, m, r, n_fs, m * r],
-              dict(HAS_SG=has_s, HAS_SU=has_s, HAS_RW=rw is not None, BM=bm, BR=br),
-              cfg.warps_bwd_epi, 3, G._aligned(d, r, x.stride(0), x, go), cap, dev)
+              dict(HAS_SG=has_s, HAS_SU=has_s, HAS_RW=rw is not None, BM=bm, BR=br_epi),
+              cfg.warps_bwd_epi, 3, al_epi, cap, dev)
     if do_dwd:
         res[3] = dwd
     if want[4]:
@@ -289,7 +367,7 @@ def grouped_glu_backward(
     if want[5]:
         res[5] = dsu.to(s_up.dtype)
     if want[6]:
-        res[6] = (drw[0] if nrb == 1 else drw.sum(0)).to(row_weight.dtype)
+        res[6] = (drw[0] if nrb_epi == 1 else drw.sum(0)).to(row_weight.dtype)
     # 4. dX through the decoded factors; dWg_hat, dWu_hat
     do_dx, do_dw = want[0], want[1] or want[2]
     if do_dx or do_dw:
@@ -301,7 +379,7 @@ def grouped_glu_backward(
                 [x, gidx, offs, *pg, *pu, dhg, dhu, dx_rows, dwg, dwu, d, r, x.stride(0)],
                 dict(FMT_G=fg, FMT_U=fu, HAS_GATHER=gidx is not None, DO_DX=do_dx, DO_DW=do_dw, BM=bm, BD=bd,
                      BR=br),
-                WARPS_DECODE, cfg.stages_bwd_dxdw)
+                WARPS_DECODE, cfg.stages_bwd_dxdw, aligned, cap, dev)
         if do_dx:
             if gather_idx is not None:
                 res[0] = G._combine(dx_rows, gather_idx, offs, x.shape[0], cfg, cap)

@@ -108,6 +108,30 @@ def glu_case(name, E, d, r, f, counts, seed=0):
     return {"name": name, "rel_err": err, "rel_err_vs_unquantized_z": _rel(y, yref), "ok": err <= TOL}
 
 
+def pass_case(name, T, k, E, d, r, f, seed=0, tol=1e-2):
+    """``w4a4.glu_forward`` (the benchmark arm's pass): the low-bit down kernel, the row quantizer, the
+    W4A4 up-projection and the bf16 path's combine, with gather / scatter, against the torch model per
+    routed row summed per token. Not bit-exact: the down kernel's fp32 dot accumulates in another order
+    than torch, which can move a z element across an NVFP4 rounding boundary."""
+    g = torch.Generator().manual_seed(seed)
+    m = T * k
+    counts = torch.bincount(torch.randint(0, E, (m,), generator=g), minlength=E)
+    offs = torch.cumsum(counts, 0).to(torch.int32)
+    w = quant.quantize_nvfp4(torch.randn(E, r, f, generator=g) / r ** 0.5, backend="torch")
+    x = torch.randn(T, d, generator=g)
+    wg = torch.randn(E, d, r, generator=g) / d ** 0.5
+    wu = torch.randn(E, d, r, generator=g) / d ** 0.5
+    sg = 1 + 0.1 * torch.randn(E, r, generator=g)
+    su = 1 + 0.1 * torch.randn(E, r, generator=g)
+    rwt = torch.rand(m, generator=g)
+    tok = torch.randperm(m, generator=g) // k
+    y = w4a4.glu_forward(x, offs, wg, wu, w, sg, su, rwt, tok, tok, T)
+    rows = EM.w4a4_glu_model(x[tok], offs, wg, wu, w, sg, su, rwt)
+    ym = torch.zeros(T, f).index_add_(0, tok, rows)
+    err = _rel(y, ym)
+    return {"name": name, "rel_err": err, "ok": err <= tol and tuple(y.shape) == (T, f)}
+
+
 def main():
     EM.patch_interpreter_e4m3_scales()
     res = [
@@ -122,6 +146,7 @@ def main():
         up_case("up_f5461_bf16", 2, 64, 5461, [9, 3], pad=2, seed=4, out_dtype=torch.bfloat16),
         up_case("up_swizzled_w", 2, 64, 33, [7, 8], seed=5, swizzle=True),
         glu_case("glu_d128_r64_f70", 4, 128, 64, 70, [12, 0, 30, 5], seed=6),
+        pass_case("pass_gather_scatter_d64_r32_f37", 20, 2, 4, 64, 32, 37, seed=7),
     ]
     for r in res:
         print(json.dumps(r))

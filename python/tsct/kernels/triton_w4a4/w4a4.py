@@ -90,7 +90,7 @@ def _launch(kernel: str, grid: tuple, args: Sequence[Any], consts: dict, num_war
     named = dict(zip(info.params, args))
     aligned = _hints_hold(kernel, named, consts)
     mode = os.environ.get(BACKEND_ENV, "auto").strip().lower() or "auto"
-    if mode != "jit" and device.type == "cuda":
+    if mode != "jit":  # a CPU tensor's capability is (0, 0): no artifact arch, so JIT (the interpreter)
         from tsct.kernels import aot
 
         arch = aot.artifact_arch(cap)
@@ -169,3 +169,56 @@ def up_forward(z_q: RowNVFP4, offs: Tensor, w_down, row_weight: Optional[Tensor]
             dict(HAS_RW=rw is not None, SINGLE_K=single, BM=cfg.bm, BN=cfg.bn_up, BK=cfg.bk, BLOCK_E=cfg.block_e),
             cfg.warps_up, cfg.stages_up, cap, z_q.codes.device)
     return y
+
+
+# ---- the whole forward pass with the W4A4 up-projection (benchmark arm "tsct-w4a4-nvfp4") ------------
+
+def runnable(capability: Optional[tuple]) -> tuple[bool, str]:
+    """Whether the W4A4 pass can run here, and how it would run (the label the benchmark reports).
+
+    Only through this install's cubins: sm_90a (Triton's bf16 emulation of ``tl.dot_scaled``: "emulated
+    (sm_90)") and sm_120 (native OMMA, built as sm_120f; never executed by us). Triton JIT is not offered:
+    the H200 image's Triton 3.6 crashes compiling the sm_90 emulation (decision 0005)."""
+    from tsct.kernels import aot
+
+    if capability is None:
+        return False, "not runnable: needs a CUDA GPU"
+    arch = aot.artifact_arch(capability)
+    if arch not in specs.AOT_ARCHS:
+        return False, (f"not runnable: the W4A4 kernels ship cubins for {', '.join(specs.AOT_ARCHS)} only "
+                       f"(compute capability {capability[0]}.{capability[1]})")
+    idx = aot.index(arch)
+    if not idx or "w4a4" not in (idx.get("families") or {}):
+        return False, f"not runnable: this install has no W4A4 cubins for {arch}"
+    if arch == "sm_90a":
+        return True, "emulated (sm_90): tl.dot_scaled lowered to bf16 HGMMA (e2m1 x UE4M3 decoded in registers)"
+    return True, "native (sm_120f OMMA.SF block-scaled MMA); not executed on an sm_120 card by us"
+
+
+def glu_forward(x: Tensor, offs: Tensor, w_gate, w_up, w_down, s_gate: Optional[Tensor] = None,
+                s_up: Optional[Tensor] = None, row_weight: Optional[Tensor] = None,
+                gather_idx: Optional[Tensor] = None, scatter_idx: Optional[Tensor] = None,
+                num_out_rows: Optional[int] = None) -> Tensor:
+    """Forward only (no autograd): the grouped GLU with the up-projection in W4A4.
+
+    The latent z comes from the low-bit path's down kernel (W4A16: ``triton_lowbit.glu.down_forward``,
+    factors decoded in registers), is quantized per row to NVFP4 (``quantize_rows``) and multiplied by
+    the NVFP4 ``w_down`` in ``tl.dot_scaled`` (``up_forward``, row weight in the epilogue); with
+    ``scatter_idx`` the rows are summed per token by the bf16 path's deterministic combine. Shapes and
+    conventions as ``tsct.ops.grouped_glu``; ``w_down`` must be an ``NVFP4Tensor``. Returns x.dtype.
+
+    Raises:
+        TypeError: ``w_down`` is not an NVFP4Tensor.
+    """
+    from tsct.kernels.triton_glu import glu as G
+    from tsct.kernels.triton_lowbit import glu as L
+    from tsct.quant import NVFP4Tensor
+
+    if not isinstance(w_down, NVFP4Tensor):
+        raise TypeError(f"glu_forward: w_down must be an NVFP4Tensor (W4A4), got {type(w_down).__name__}")
+    z = L.down_forward(x, offs, w_gate, w_up, s_gate, s_up, gather_idx)
+    y = up_forward(quantize_rows(z), offs, w_down, row_weight, out_dtype=x.dtype)
+    if scatter_idx is None:
+        return y
+    cap = G._capability(x.device)
+    return G._combine(y, scatter_idx, offs, num_out_rows, G._config(cap), cap)

@@ -1,0 +1,166 @@
+"""The variant table of the low-bit kernels (``_kernels.py``): ONE table for the host launches (``glu.py``)
+and the AOT build (``triton_glu/aot_build.py``, family "lowbit"). Only what differs from the bf16 family
+lives here (kernels, which pointer each format flag enables, the PTX targets, the pruned variant set);
+the key format, ``Spec``, ``KernelInfo``, the type names, the tile configs and the arch limits are
+``triton_glu.specs``'s, so the run-time lookup is ``tsct.kernels.aot.kernel(arch, key)`` in the same
+``tsct/_aot/<arch>/index.json`` as the other families (kernel names never collide).
+
+Importing this module imports neither Triton nor torch (the AOT build loads it by path after
+registering ``triton_glu/specs.py`` as ``tsct.kernels.triton_glu.specs``).
+
+Which variants ship (per arch; everything else runs through Triton JIT when it is importable, else the
+launch raises naming the missing key):
+  * activations bf16 only (fp16 activations: JIT);
+  * factor formats: uniform NVFP4 (FMT 1,1,1), uniform sign (2,2,2), and the GPU tests' mix
+    NVFP4 gate / sign up / NVFP4 down (1,2,1); every other mix (dense + packed...): JIT;
+  * every flag combination the host code uses (gather/scatter absent or int64, scales, row weight,
+    the backward's gradient subsets), aligned and generic launches.
+Host rules that keep the table small (exact): the rank block of the four low-bit kernels is always
+``Config.br_max`` (64; masked below), the up-projection does the whole rank in one K step when the
+launch is aligned and r <= 128 (BK 16/32/64/128) and loops BK 64 otherwise (as the bf16 family);
+scales / row weights fp32 and int64 indices as in ``triton_glu.glu``. The weight-free kernels the
+low-bit host launches (``glu_bwd_epi``, ``combine_rows``, ``zero_tail_rows``) are the bf16 family's,
+from its table.
+
+Arches: sm_90a, sm_100a and plain sm_120 like the bf16 family (bf16 ``mma.sync`` / wgmma on decoded
+tiles needs no block-scaled MMA; a plain sm_120 cubin loads on 12.0 and 12.1).
+"""
+
+from __future__ import annotations
+
+import itertools
+from typing import Iterator
+
+from tsct.kernels.triton_glu.specs import (  # noqa: F401  (re-exported: one format for every family)
+    CONFIGS, DTYPE_TYPES, MAX_SHARED, SCRATCH_PARAMS, TRITON_VERSION, UNUSED, KernelInfo, Spec, key_file_stem,
+    next_pow2,
+)
+from tsct.kernels.triton_glu.specs import _spec as _base_spec, is_used as _base_is_used, spec_key as _base_spec_key
+
+# artifact arch (directory under tsct/_aot) -> (GPUTarget capability, the ptxas arch name to emit)
+PTX_ARCH: dict[str, tuple[int, str]] = {"sm_90a": (90, "sm_90a"), "sm_100a": (100, "sm_100a"),
+                                        "sm_120": (120, "sm_120")}
+AOT_ARCHS: tuple[str, ...] = ("sm_90a", "sm_100a", "sm_120")
+
+DENSE, NVFP4, SIGN = 0, 1, 2
+#: format triples (gate, up, down) with cubins
+AOT_FORMATS: tuple[tuple[int, int, int], ...] = ((NVFP4, NVFP4, NVFP4), (SIGN, SIGN, SIGN), (NVFP4, SIGN, NVFP4))
+AOT_DTYPES: tuple[str, ...] = ("bf16",)
+# Warps of the kernels that decode: with 4 warps the decode temporaries push the sm_90 down / dz / dx
+# kernels to 255 registers plus stack spills (Triton 3.9 + ptxas, cuobjdump); with 8 they fit.
+WARPS_DECODE = 8
+
+KERNELS: dict[str, KernelInfo] = {
+    "lowbit_down_fwd": KernelInfo(
+        params=("x_ptr", "gidx_ptr", "offs_ptr", "cum_ptr", "g0", "g1", "g2", "u0", "u1", "u2", "sg_ptr", "su_ptr",
+                "z_ptr", "hg_ptr", "hu_ptr", "rw_ptr", "E", "d", "r", "stride_x"),
+        constexprs=("FMT_G", "FMT_U", "HAS_GATHER", "HAS_SG", "HAS_SU", "HAS_RW", "BWD", "BM", "BR", "BK", "BLOCK_E"),
+        ints=("E", "d", "r", "stride_x"),
+        used_if={"gidx_ptr": "HAS_GATHER", "g1": "FMT_G", "g2": "FMT_G", "u1": "FMT_U", "u2": "FMT_U",
+                 "sg_ptr": "HAS_SG", "su_ptr": "HAS_SU", "hg_ptr": "BWD", "hu_ptr": "BWD", "rw_ptr": ("BWD", "HAS_RW")},
+        hinted=("x_ptr", "g0", "u0", "z_ptr", "hg_ptr", "hu_ptr", "d", "r", "stride_x"),
+    ),
+    "lowbit_up_fwd": KernelInfo(
+        params=("z_ptr", "offs_ptr", "cum_ptr", "d0", "d1", "d2", "rw_ptr", "y_ptr", "E", "r", "f", "ldy"),
+        constexprs=("FMT_D", "HAS_RW", "SINGLE_K", "BM", "BN", "BK", "BLOCK_E"),
+        ints=("E", "r", "f", "ldy"),
+        used_if={"d1": "FMT_D", "d2": "FMT_D", "rw_ptr": "HAS_RW"},
+        hinted=("z_ptr", "d0", "y_ptr", "r"),
+    ),
+    "lowbit_bwd_dz": KernelInfo(
+        params=("dy_ptr", "sidx_ptr", "offs_ptr", "d0", "d1", "d2", "zw_ptr", "part_ptr", "dwd_ptr", "M", "r", "f",
+                "f_slice"),
+        constexprs=("FMT_D", "HAS_SCATTER", "DO_DWD", "BM", "BR", "BN"),
+        ints=("M", "r", "f", "f_slice"),
+        used_if={"sidx_ptr": "HAS_SCATTER", "d1": "FMT_D", "d2": "FMT_D", "dwd_ptr": "DO_DWD"},
+        hinted=("dy_ptr", "d0", "zw_ptr", "part_ptr", "dwd_ptr", "r"),
+    ),
+    "lowbit_bwd_dx_dw": KernelInfo(
+        params=("x_ptr", "gidx_ptr", "offs_ptr", "g0", "g1", "g2", "u0", "u1", "u2", "dhg_ptr", "dhu_ptr", "dx_ptr",
+                "dwg_ptr", "dwu_ptr", "d", "r", "stride_x"),
+        constexprs=("FMT_G", "FMT_U", "HAS_GATHER", "DO_DX", "DO_DW", "BM", "BD", "BR"),
+        ints=("d", "r", "stride_x"),
+        used_if={"gidx_ptr": "HAS_GATHER", "g1": "FMT_G", "g2": "FMT_G", "u1": "FMT_U", "u2": "FMT_U",
+                 "dx_ptr": "DO_DX", "dwg_ptr": "DO_DW", "dwu_ptr": "DO_DW"},
+        hinted=("x_ptr", "g0", "u0", "dhg_ptr", "dhu_ptr", "dx_ptr", "dwg_ptr", "dwu_ptr", "d", "r", "stride_x"),
+    ),
+}
+
+
+def is_used(kernel: str, param: str, constexprs: dict) -> bool:
+    return _base_is_used(kernel, param, constexprs, KERNELS)
+
+
+def spec_key(kernel: str, types: dict, constexprs: dict, num_warps: int, num_stages: int, aligned: bool) -> str:
+    """``triton_glu.specs.spec_key`` on this table (same format)."""
+    return _base_spec_key(kernel, types, constexprs, num_warps, num_stages, aligned, KERNELS)
+
+
+# ---- the host-side rules glu.py follows (shape -> constexprs) -------------------------------------
+
+def rank_block(cfg) -> int:
+    """BR of the four low-bit kernels: always ``cfg.br_max`` (64; a multiple of 16, so an NVFP4 scale block
+    never straddles a rank block; smaller r is masked). The bf16 epilogue keeps its own rule."""
+    return cfg.br_max
+
+
+def up_k(r: int, aligned: bool) -> tuple[bool, int]:
+    """(SINGLE_K, BK) of the up kernel: the whole rank in one step for aligned launches with r <= 128."""
+    if aligned and r <= 128:
+        return True, max(16, next_pow2(r))
+    return False, 64
+
+
+def factor_types(fmt: int, dtype: str) -> tuple[str, str, str]:
+    """Triton types of a factor's three pointers (p0, p1, p2) for a format; unread ones ``*i8``."""
+    if fmt == DENSE:
+        return "*" + dtype, UNUSED, UNUSED
+    if fmt == NVFP4:
+        return "*u8", "*u8", "*fp32"
+    return "*u8", "*fp32", "*fp32"
+
+
+_IDX = (None, "i64")
+_DXDW = ((True, False), (False, True), (True, True))
+
+
+def enumerate_specs(arch: str) -> Iterator[Spec]:
+    """Every specialization ``glu.py`` launches on ``arch`` for the AOT_FORMATS and AOT_DTYPES (module
+    docstring): per (dtype, format triple) 32 aligned + 24 generic = 56; 168 per arch."""
+    cfg = CONFIGS[arch]
+    br = rank_block(cfg)
+    seen = set()
+    for dt, (fg, fu, fd), aligned in itertools.product(AOT_DTYPES, AOT_FORMATS, (True, False)):
+        D = "*" + dt
+        g0, g1, g2 = factor_types(fg, dt)
+        u0, u1, u2 = factor_types(fu, dt)
+        d0, d1, d2 = factor_types(fd, dt)
+        out = []
+        for g, s, (bwd, rw) in itertools.product(_IDX, (False, True), ((False, False), (True, False), (True, True))):
+            types = dict(x_ptr=D, gidx_ptr=f"*{g}" if g else UNUSED, offs_ptr="*i32", cum_ptr="*i32", g0=g0, g1=g1,
+                         g2=g2, u0=u0, u1=u1, u2=u2, sg_ptr="*fp32", su_ptr="*fp32", z_ptr=D,
+                         hg_ptr="*fp32" if bwd else D, hu_ptr="*fp32" if bwd else D, rw_ptr="*fp32")
+            consts = dict(FMT_G=fg, FMT_U=fu, HAS_GATHER=g is not None, HAS_SG=s, HAS_SU=s, HAS_RW=rw, BWD=bwd,
+                          BM=cfg.bm, BR=br, BK=cfg.bk, BLOCK_E=cfg.block_e)
+            out.append(_base_spec("lowbit_down_fwd", types, consts, WARPS_DECODE, cfg.stages_down, aligned, KERNELS))
+        ups = sorted({up_k(r, aligned) for r in (16, 32, 48, 64, 128, 129)})
+        for rw, (single, bk) in itertools.product((False, True), ups):
+            types = dict(z_ptr=D, offs_ptr="*i32", cum_ptr="*i32", d0=d0, d1=d1, d2=d2, rw_ptr="*fp32", y_ptr=D)
+            consts = dict(FMT_D=fd, HAS_RW=rw, SINGLE_K=single, BM=cfg.bm, BN=cfg.bn_up, BK=bk, BLOCK_E=cfg.block_e)
+            out.append(_base_spec("lowbit_up_fwd", types, consts, cfg.warps_up, cfg.stages_up, aligned, KERNELS))
+        for sc, dwd in itertools.product(_IDX, (False, True)):
+            types = dict(dy_ptr=D, sidx_ptr=f"*{sc}" if sc else UNUSED, offs_ptr="*i32", d0=d0, d1=d1, d2=d2,
+                         zw_ptr=D, part_ptr="*fp32", dwd_ptr=D)
+            consts = dict(FMT_D=fd, HAS_SCATTER=sc is not None, DO_DWD=dwd, BM=cfg.bm, BR=br, BN=cfg.bn_bwd)
+            out.append(_base_spec("lowbit_bwd_dz", types, consts, WARPS_DECODE, cfg.stages_bwd_dz, aligned, KERNELS))
+        for g, (dx, dw) in itertools.product(_IDX, _DXDW):
+            types = dict(x_ptr=D, gidx_ptr=f"*{g}" if g else UNUSED, offs_ptr="*i32", g0=g0, g1=g1, g2=g2, u0=u0,
+                         u1=u1, u2=u2, dhg_ptr=D, dhu_ptr=D, dx_ptr=D, dwg_ptr=D, dwu_ptr=D)
+            consts = dict(FMT_G=fg, FMT_U=fu, HAS_GATHER=g is not None, DO_DX=dx, DO_DW=dw, BM=cfg.bm,
+                          BD=cfg.bd_bwd, BR=br)
+            out.append(_base_spec("lowbit_bwd_dx_dw", types, consts, WARPS_DECODE, cfg.stages_bwd_dxdw, aligned,
+                                  KERNELS))
+        for s in out:
+            if s.key not in seen:
+                seen.add(s.key)
+                yield s

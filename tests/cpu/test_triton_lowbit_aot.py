@@ -1,0 +1,219 @@
+"""The low-bit kernels' AOT variant table (``tsct/kernels/triton_lowbit/specs.py``), checked without a GPU.
+
+- a dry run of ``triton_lowbit/glu.py``'s host code (CPU tensors, capability patched, launches recorded
+  instead of run, ``TSCT_TRITON_BACKEND=aot``) finds a variant for EVERY launch of the GPU-test shapes
+  (tests/gpu/test_triton_lowbit_gpu.py and test_lowbit_ops_gpu.py: uniform NVFP4, uniform sign, the
+  NVFP4-sign-NVFP4 mix; bf16) and of the b1 shape, on every arch, in the tables the AOT build compiles
+  (the low-bit family's own kernels and the bf16 family's weight-free kernels it launches);
+- launches outside the table (fp16 activations, another mix) miss, so ``aot`` mode refuses them by name;
+- the table's parameter lists match the Triton sources, its pointer types follow the formats;
+- the wheel's index (when this install has one) holds the low-bit family.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from tsct import quant
+from tsct.kernels import aot
+from tsct.kernels.triton_glu import glu as G
+from tsct.kernels.triton_glu import specs as glu_specs
+from tsct.kernels.triton_lowbit import glu as L
+from tsct.kernels.triton_lowbit import specs as LS
+
+CAPS = [(9, 0), (10, 0), (12, 0), (12, 1)]
+FMTS = {"nvfp4": ("nvfp4",) * 3, "sign": ("sign",) * 3, "mixed": ("nvfp4", "sign", "nvfp4")}
+# (name, T, k, E, d, r, f, gather, scatter, scales, row weight, index dtype): the bf16 cases of the GPU tests
+SHAPES = [
+    ("b1_small", 256, 2, 64, 2048, 64, 5461, True, True, True, True, torch.int64),
+    ("b1_pad_i32", 128, 2, 64, 2048, 64, 5461, True, True, True, True, torch.int32),
+    ("f37_empty", 50, 2, 6, 64, 16, 37, True, True, True, True, torch.int32),
+    ("one_row_d40_r24", 12, 1, 8, 40, 24, 100, True, True, True, True, torch.int64),
+    ("all_in_one_nogather", 100, 2, 4, 128, 32, 200, False, False, True, True, torch.int64),
+    ("d16_r16_noscales", 64, 2, 8, 16, 16, 72, True, True, False, False, torch.int64),
+    ("d4096_f5461", 32, 2, 8, 4096, 64, 5461, True, True, True, True, torch.int64),
+    ("r4096", 10, 2, 3, 256, 4096, 96, True, True, True, True, torch.int64),
+    ("top4_f129", 64, 4, 8, 128, 32, 129, True, True, True, True, torch.int64),
+    ("scatter_only", 96, 2, 5, 96, 48, 257, False, True, True, True, torch.int64),
+    ("gather_only", 96, 2, 5, 96, 48, 257, True, False, True, True, torch.int64),
+    ("r100_d200", 64, 2, 6, 200, 100, 333, True, True, True, True, torch.int64),
+    ("r128", 32, 2, 4, 64, 128, 64, True, True, True, False, torch.int64),
+]
+NEEDS = ([True] * 7, [True] + [False] * 6, [False, True, True, False, False, False, False],
+         [False, False, False, True, False, False, True], [True, True, False, True, False, False, False])
+
+
+def _table(arch: str) -> set:
+    keys = {s.key for s in glu_specs.enumerate_specs(arch)}
+    if arch in LS.AOT_ARCHS:
+        keys |= {s.key for s in LS.enumerate_specs(arch)}
+    return keys
+
+
+@pytest.fixture
+def dry_run(monkeypatch):
+    """Launches look their key up in the AOT tables (not in an install) and are recorded, not run."""
+    found, missing = [], []
+
+    class Rec:
+        def __init__(self, key):
+            self.key = key
+
+        def launch(self, grid, values, stream):
+            kname = self.key.split("|")[0]
+            table = LS.KERNELS if kname in LS.KERNELS else glu_specs.KERNELS
+            assert len(values) == len(table[kname].params), self.key
+            assert all(int(g) >= 0 for g in grid), (self.key, grid)
+            found.append(self.key)
+
+    state = {}
+
+    def kernel(arch, key):
+        if key in state["table"]:
+            return Rec(key)
+        missing.append(key)
+        return None
+
+    monkeypatch.setenv("TSCT_TRITON_BACKEND", "aot")
+    monkeypatch.setattr(G, "_stream", lambda dev: 0)
+    monkeypatch.setattr(aot, "kernel", kernel)
+    monkeypatch.setattr(aot, "index", lambda arch: {"kernels": {}})
+
+    def use(cap):
+        state["table"] = _table(aot.artifact_arch(cap))
+        monkeypatch.setattr(G, "_capability", lambda dev: cap)
+
+    return use, found, missing
+
+
+def _inputs(shape, fmt, dtype=torch.bfloat16, seed=0):
+    name, T, k, E, d, r, f, gather, scatter, scales, rw, idx_dt = shape
+    g = torch.Generator().manual_seed(seed)
+    m = T * k
+    counts = torch.full((E,), m // E)
+    counts[-1] += m - int(counts.sum())
+    if E > 2:
+        counts[1] += counts[0]
+        counts[0] = 0  # an empty expert
+    offs = counts.cumsum(0).to(torch.int32)
+    x = torch.randn(T if gather else m, d, generator=g).to(dtype)
+    facs = [_container(q, E, kk, n, g) for q, (kk, n) in zip(FMTS[fmt], ((d, r), (d, r), (r, f)))]
+    sg = torch.rand(E, r, generator=g) if scales else None
+    su = torch.rand(E, r, generator=g) if scales else None
+    rwt = torch.rand(m, generator=g) if rw else None
+    tok = torch.arange(m) // k
+    gi = tok.to(idx_dt) if gather else None
+    si = tok.to(idx_dt) if scatter else None
+    n_out = T if scatter else None
+    return [x, offs, *facs, sg, su, rwt, gi, si, n_out]
+
+
+def _container(fmt, e, k, n, g):
+    """A packed factor of logical shape [e, k, n] with random storage (the dry run reads no values)."""
+    if fmt == "nvfp4":
+        return quant.NVFP4Tensor(torch.randint(0, 256, (e, n, k // 2), generator=g, dtype=torch.uint8),
+                                 torch.ones(e, n, k // 16).to(torch.float8_e4m3fn), torch.ones(e), "linear",
+                                 (e, k, n))
+    return quant.SignTensor(torch.randint(0, 256, (e, n, k // 8), generator=g, dtype=torch.uint8),
+                            torch.ones(e, k), torch.ones(e, n), (e, k, n))
+
+
+def _valid(shape, fmt) -> bool:
+    d, r = shape[4], shape[5]
+    need = 16 if "nvfp4" in FMTS[fmt] else 8
+    return d % need == 0 and r % need == 0
+
+
+@pytest.mark.parametrize("cap", CAPS, ids=lambda c: f"sm{c[0]}{c[1]}")
+@pytest.mark.parametrize("fmt", list(FMTS))
+def test_every_lowbit_launch_has_an_aot_variant(dry_run, cap, fmt):
+    use, found, missing = dry_run
+    use(cap)
+    for shape in SHAPES:
+        if not _valid(shape, fmt):
+            continue
+        args = _inputs(shape, fmt)
+        n0 = len(found)
+        L.grouped_glu_forward(*args)
+        go = torch.randn(args[10] if args[9] is not None else args[0].shape[0] if args[8] is None
+                         else args[8].shape[0], shape[6]).to(torch.bfloat16)
+        for need in NEEDS:
+            L.grouped_glu_backward(go, *args, need)
+        assert not missing, f"{shape[0]} {fmt}: no AOT variant for {missing[:2]}"
+        kinds = {kk.split("|")[0] for kk in found[n0:]}
+        assert {"lowbit_down_fwd", "lowbit_up_fwd", "lowbit_bwd_dz", "lowbit_bwd_dx_dw", "glu_bwd_epi"} <= kinds, \
+            (shape[0], kinds)
+
+
+def test_b1_hot_launches_are_aligned_variants(dry_run):
+    use, found, missing = dry_run
+    use((9, 0))
+    for fmt in ("nvfp4", "sign"):
+        found.clear()
+        args = _inputs(SHAPES[0], fmt)
+        L.grouped_glu_forward(*args)
+        lowbit = [k for k in found if k.startswith("lowbit_")]
+        assert len(lowbit) == 2 and all(k.endswith("|a16") for k in lowbit), lowbit
+        assert "SINGLE_K=1" in lowbit[1] and "BK=64" in lowbit[1]
+        want_fmt = "1" if fmt == "nvfp4" else "2"
+        assert f"FMT_G={want_fmt},FMT_U={want_fmt}" in lowbit[0] and f"FMT_D={want_fmt}" in lowbit[1]
+    assert not missing
+
+
+def test_launches_outside_the_table_are_refused_by_name(dry_run):
+    use, found, missing = dry_run
+    use((9, 0))
+    args = _inputs(SHAPES[2], "nvfp4", dtype=torch.float16)  # fp16 activations: JIT only
+    with pytest.raises(RuntimeError, match=r"tsct triton-lowbit: the sm_90a AOT cubins have no variant "
+                                           r"lowbit_down_fwd\|x_ptr:\*fp16"):
+        L.grouped_glu_forward(*args)
+    dense_mix = _inputs(SHAPES[2], "nvfp4")
+    dense_mix[2] = torch.randn(6, 64, 16).to(torch.bfloat16)  # dense gate + NVFP4 up: not an AOT mix
+    with pytest.raises(RuntimeError, match="FMT_G=0,FMT_U=1"):
+        L.grouped_glu_forward(*dense_mix)
+
+
+def test_table_size_and_pointer_types():
+    for arch in LS.AOT_ARCHS:
+        specs_ = list(LS.enumerate_specs(arch))
+        assert len(specs_) == len({s.key for s in specs_}) == 148
+        for s in specs_:
+            t = dict(s.types)
+            c = dict(s.constexprs)
+            for slot, flag in (("g", "FMT_G"), ("u", "FMT_U"), ("d", "FMT_D")):
+                if flag not in c:
+                    continue
+                want = LS.factor_types(c[flag], "bf16")
+                assert (t[f"{slot}0"], t[f"{slot}1"], t[f"{slot}2"]) == want, s.key
+            assert c.get("BR", 64) == 64
+            assert s.key == LS.spec_key(s.kernel, t, c, s.num_warps, s.num_stages, s.aligned)
+    assert LS.factor_types(LS.NVFP4, "bf16") == ("*u8", "*u8", "*fp32")
+    assert LS.factor_types(LS.SIGN, "bf16") == ("*u8", "*fp32", "*fp32")
+    assert LS.factor_types(LS.DENSE, "bf16") == ("*bf16", "*i8", "*i8")
+    assert not set(LS.KERNELS) & set(glu_specs.KERNELS)  # kernel names never collide in one index
+
+
+def test_kernel_table_matches_the_triton_sources():
+    pytest.importorskip("triton")
+    from tsct.kernels.triton_lowbit import _kernels as K
+
+    for name, info in LS.KERNELS.items():
+        fn = getattr(K, name)
+        assert tuple(a for a in fn.arg_names if a not in info.constexprs) == info.params, name
+        assert set(info.constexprs) <= set(fn.arg_names), name
+
+
+def test_installed_index_holds_the_lowbit_family():
+    from tsct import native
+
+    m = native.manifest()
+    if m is None or "triton_aot" not in m:
+        pytest.skip("this install has no Triton AOT cubins")
+    for arch in m["triton_aot"]["archs"]:
+        idx = aot.index(arch)
+        assert idx is not None
+        if arch in LS.AOT_ARCHS:
+            assert idx["families"].get("lowbit", {}).get("variants") == 148, idx["families"]
+            keys = {k for k, e in idx["kernels"].items() if e["family"] == "lowbit"}
+            assert keys == {s.key for s in LS.enumerate_specs(arch)}
