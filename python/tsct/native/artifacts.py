@@ -82,7 +82,7 @@ class SassRule:
 # Adding a check is one line, e.g.:
 #   SassRule(r"sm_120[af]", r"^tsctk_.*nvfp4_gemm", require=r"OMMA\.SF\.16864\.F32\.E2M1\.E2M1\.UE4M3\.4X", why="..."),
 # No no-spill rule for the Triton kernels: some variants spill by design (bench/notes.md).
-_TRITON_GEMM = r"^(glu_down_fwd|glu_up_fwd|glu_bwd_dz|glu_bwd_dx_dw)$"
+_TRITON_GEMM = r"^(glu|lowbit)_(down_fwd|up_fwd|bwd_dz|bwd_dx_dw)$"  # bf16 and low-bit (W4A16) families
 _TRITON_W4A4 = r"^w4a4_up_fwd$"
 # PTX targets an AOT arch directory may hold (index entries' "ptx_arch"): sm_120 holds plain sm_120
 # (bf16) and the family target sm_120f (W4A4), both load on 12.0 and 12.1; never sm_120a (12.0 only).
