@@ -177,7 +177,7 @@ def test_launches_outside_the_table_are_refused_by_name(dry_run):
 def test_table_size_and_pointer_types():
     for arch in LS.AOT_ARCHS:
         specs_ = list(LS.enumerate_specs(arch))
-        assert len(specs_) == len({s.key for s in specs_}) == 148
+        assert len(specs_) == len({s.key for s in specs_}) == 172
         for s in specs_:
             t = dict(s.types)
             c = dict(s.constexprs)
@@ -214,6 +214,6 @@ def test_installed_index_holds_the_lowbit_family():
         idx = aot.index(arch)
         assert idx is not None
         if arch in LS.AOT_ARCHS:
-            assert idx["families"].get("lowbit", {}).get("variants") == 148, idx["families"]
+            assert idx["families"].get("lowbit", {}).get("variants") == 172, idx["families"]
             keys = {k for k, e in idx["kernels"].items() if e["family"] == "lowbit"}
             assert keys == {s.key for s in LS.enumerate_specs(arch)}

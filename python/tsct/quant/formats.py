@@ -138,7 +138,7 @@ def pack_bits(negative: Tensor) -> Tensor:
     if negative.dim() == 0 or negative.shape[-1] % SIGN_PACK:
         raise ValueError(f"negative: the last dim must be a multiple of 8, got shape {list(negative.shape)}")
     b = negative.unflatten(-1, (-1, SIGN_PACK)).to(torch.uint8)
-    out = b[..., 0].clone()
+    out = b[..., 0].contiguous()  # row-major whatever the input strides (kernels read bits K-contiguous)
     for j in range(1, SIGN_PACK):
         out |= b[..., j] << j
     return out

@@ -3,6 +3,10 @@ to catch lowering errors the interpreter cannot see (join/reshape/trans layouts,
 report shared memory and, when cuobjdump is on PATH, registers / local memory (spills).
 
     PYTHONPATH=python python -m tsct.kernels.triton_lowbit._compile_check [--arch 90|120] [--fmts nvfp4,sign,dense]
+        [--generic]
+
+The variants get the AOT build's ``tt.divisibility=16`` on ``specs.KERNELS[k].hinted`` (the aligned b1 launches)
+unless ``--generic`` (the unaligned ones: other layouts, other register counts).
 
 Exit status 1 if any variant fails to compile or needs more shared memory than the arch allows.
 """
@@ -45,7 +49,7 @@ def variants(fmt: str, arch: str):
                dict(FMT_G=f, FMT_U=f, HAS_GATHER=True, HAS_SG=True, HAS_SU=True, HAS_RW=bwd, BWD=bwd, BM=cfg.bm,
                     BR=64, BK=cfg.bk, BLOCK_E=cfg.block_e), WARPS_DECODE, cfg.stages_down)
     yield ("lowbit_up_fwd", [dt, "*i32", "*i32", *g, "*fp32", dt, "i32", "i32", "i32", "i32"],
-           dict(FMT_D=f, HAS_RW=True, SINGLE_K=True, BM=cfg.bm, BN=cfg.bn_up, BK=64, BLOCK_E=cfg.block_e),
+           dict(FMT_D=f, HAS_RW=True, SINGLE_K=True, Y_PAD=True, BM=cfg.bm, BN=cfg.bn_up, BK=64, BLOCK_E=cfg.block_e),
            cfg.warps_up, cfg.stages_up)
     yield ("lowbit_bwd_dz", [dt, "*i64", "*i32", *g, dt, "*fp32", dt, "i32", "i32", "i32", "i32"],
            dict(FMT_D=f, HAS_SCATTER=True, DO_DWD=False, BM=cfg.bm, BR=64, BN=cfg.bn_bwd),
@@ -76,6 +80,7 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--arch", default="90", choices=["90", "100", "120"])
     ap.add_argument("--fmts", default="nvfp4,sign")
+    ap.add_argument("--generic", action="store_true", help="no divisibility hints (the unaligned variants)")
     a = ap.parse_args(argv)
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
@@ -92,7 +97,11 @@ def main(argv=None) -> int:
             sig = dict(zip(runtime, types))
             sig.update({c: "constexpr" for c in consts})
             signature = {p: sig[p] for p in fn.arg_names}
-            src = ASTSource(fn=fn, signature=signature, constexprs=dict(consts))
+            from tsct.kernels.triton_lowbit import specs as LS
+
+            attrs = {} if a.generic else {(fn.arg_names.index(p),): [["tt.divisibility", 16]]
+                                           for p in LS.KERNELS[name].hinted}
+            src = ASTSource(fn=fn, signature=signature, constexprs=dict(consts), attrs=attrs)
             t0 = time.perf_counter()
             try:
                 k = triton.compile(src, target=GPUTarget("cuda", int(a.arch), 32),

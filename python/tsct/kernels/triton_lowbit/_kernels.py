@@ -11,16 +11,19 @@ stored K-contiguous):
     FMT 2  sign      p0 = bits u8 [E, N, K/8] (k%8 = bit, 1 = negative), p1 = a f32 [E, K],
                      p2 = b f32 [E, N]
 
-Decode happens in registers (``_w_tile``): the packed bytes of a [BN, BK] tile are loaded, expanded
-and scaled, transposed to [BK, BN] and cast to the activation dtype for ``tl.dot``. Neither global
-nor shared memory ever holds a decoded copy (Triton may stage the *packed* bytes; the decoded tile is
-an operand of the dot). Per-expert / per-column factors are applied outside the dot, exactly:
+Decode happens in registers (``_w_tile``): the packed words / bytes of a [BN, BK] tile are loaded,
+expanded with constant shifts and masks into fp32 bit patterns (no selects, no conversions: 4-5
+instructions per element), scaled, joined back into k order, transposed to [BK, BN] and cast to the
+activation dtype for ``tl.dot``. Global memory never holds a decoded copy; the decoded tile does pass
+through a tile-sized shared-memory scratch on its way to the dot-operand register layout (Triton's
+convert_layout: STS.128 + LDSM on sm_90a). Per-expert / per-column factors are applied outside the dot,
+exactly:
 
-    NVFP4  W = (e2m1 * sf) / s_enc.  The tile holds e2m1 * sf (<= 6 significant bits: EXACT in bf16),
-           the accumulator is divided by s_enc[e] afterwards (``_w_scalar``). So the product is
-           (x @ (e2m1*sf)) / s_enc: no bf16 rounding of the decoded weight at all, and in fp32 the same
-           value as x @ W_hat up to accumulation order.
-    sign   W = (+-1 * a[k]) * b[n].  The tile holds +-a[k] (a select, no multiply), rounded once to the
+    NVFP4  W = (e2m1 * sf) / s_enc.  The tile holds e2m1 * sf * 2^-8 (<= 6 significant bits: EXACT in
+           bf16), the accumulator is multiplied by 2^8 / s_enc[e] afterwards (``_w_scalar``). So the
+           product is (x @ (e2m1*sf)) / s_enc: no bf16 rounding of the decoded weight at all, and in fp32
+           the same value as x @ W_hat up to accumulation order (and an ulp for the reciprocal).
+    sign   W = (+-1 * a[k]) * b[n].  The tile holds +-a[k] (the bit xor-ed into a's sign), rounded once to the
            dot dtype (the reference rounds (+-a)*b once: same error size); b[n] multiplies the
            accumulator's columns (``_w_cols``), or, for the transposed product dY @ W^T, the
            columns of the left operand before the dot.
@@ -65,6 +68,35 @@ def _ue4m3(b):
 
 
 @triton.jit
+def _e2m1_w(wrd, J: tl.constexpr, sfw):
+    """Nibble J of each uint32 word (E2M1: sign bit 3, magnitude bits 2..0) times ``sfw`` = sf * 2^118
+    (the word's block scale, fp32; <= 448 * 2^118 < 2^127): the magnitude bits go to fp32 bits 24..22 and
+    the sign to bit 31, which reads as e2m1 * 2^-126 (an fp32 subnormal for the codes 0 and 0.5; Triton's
+    fp32 multiply does not flush them), so one multiply gives e2m1 * sf * 2^-8: exact (<= 6 significant
+    bits, >= 2^-18: a normal bf16). The 2^-8 goes back with 1/s_enc (``_inv_senc``)."""
+    if J <= 5:
+        mag = (wrd << (22 - 4 * J)) & 0x01C00000
+    else:
+        mag = (wrd >> (4 * J - 22)) & 0x01C00000
+    sgn = ((wrd << (28 - 4 * J)) >> 31) << 31
+    return (mag | sgn).to(tl.float32, bitcast=True) * sfw
+
+
+@triton.jit
+def _sign_w(byt, ap, bmask, J: tl.constexpr):
+    """Bit J of each sign byte applied to a[8 i + J] (fp32): +-a as fp32 bits, a [BK/8] per byte column."""
+    a = tl.load(ap + J, mask=bmask, other=0.0).to(tl.uint32, bitcast=True)
+    return (a[None, :] ^ ((byt << (31 - J)) >> 31 << 31)).to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def _join8(v0, v1, v2, v3, v4, v5, v6, v7, BN: tl.constexpr, BK: tl.constexpr):
+    """[BN, BK/8] x 8 (element j of group i) -> [BN, BK] with k = 8 i + j (register-only join/reshape)."""
+    t = tl.join(tl.join(tl.join(v0, v4), tl.join(v2, v6)), tl.join(tl.join(v1, v5), tl.join(v3, v7)))
+    return tl.reshape(t, (BN, BK))
+
+
+@triton.jit
 def _w_tile(FMT: tl.constexpr, p0, p1, e64, k0, K, N, ns, nmask, BK: tl.constexpr, BN: tl.constexpr):
     """Tile W[e, k0:k0+BK, ns] as [BK, BN]: the transpose of ``_w_tile_nk``."""
     return tl.trans(_w_tile_nk(FMT, p0, p1, e64, k0, K, N, ns, nmask, BK, BN))
@@ -73,7 +105,8 @@ def _w_tile(FMT: tl.constexpr, p0, p1, e64, k0, K, N, ns, nmask, BK: tl.constexp
 @triton.jit
 def _w_tile_nk(FMT: tl.constexpr, p0, p1, e64, k0, K, N, ns, nmask, BK: tl.constexpr, BN: tl.constexpr):
     """Tile W[e, k0:k0+BK, ns]^T as [BN, BK] (storage order; masked entries 0): dense in its own dtype;
-    NVFP4 as fp32 e2m1*sf (no 1/s_enc: ``_w_scalar``); sign as fp32 +-a[k] (no b[n]: ``_w_cols``).
+    NVFP4 as fp32 e2m1*sf*2^-8 (no 2^8/s_enc: ``_w_scalar``); sign as fp32 +-a[k] (no b[n]: ``_w_cols``).
+    NVFP4 reads the codes as uint32 words: their base must be 4-byte aligned (``glu._factor_args``).
     k0 is a multiple of BK, and BK of 16 (NVFP4) or 8 (sign)."""
     ks = k0 + tl.arange(0, BK)
     kmask = ks < K
@@ -81,34 +114,52 @@ def _w_tile_nk(FMT: tl.constexpr, p0, p1, e64, k0, K, N, ns, nmask, BK: tl.const
         w = tl.load(p0 + e64 * K * N + ks[None, :] * N + ns[:, None], mask=kmask[None, :] & nmask[:, None],
                     other=0.0)
     elif FMT == 1:
-        k2 = K // 2
-        hs = k0 // 2 + tl.arange(0, BK // 2)
-        byt = tl.load(p0 + e64 * N * k2 + ns[:, None] * k2 + hs[None, :], mask=nmask[:, None] & (hs < k2)[None, :],
-                      other=0).to(tl.int32)                                   # [BN, BK/2]
-        v = tl.join(_e2m1(byt & 15), _e2m1(byt >> 4))                        # [BN, BK/2, 2]: even k low nibble
-        v = tl.reshape(v, (BN, BK // 16, 16))
+        # 32-bit words of 8 codes (K % 16 == 0 keeps rows 8-byte aligned; the host keeps the codes 16-byte
+        # aligned): nibble j of word i is k = k0 + 8 i + j. Each code becomes fp32 bits by two shifts and
+        # two masks (``_e2m1_w``: e2m1 * 2^-126, exact, subnormal for the codes 0 and 0.5), then one
+        # multiply gives e2m1 * sf * 2^-8 (``_w_scalar`` undoes the 2^-8); the eight nibbles are joined
+        # back into k order in registers.
+        k8 = K // 8
+        ws = k0 // 8 + tl.arange(0, BK // 8)
+        wp = p0.to(tl.pointer_type(tl.uint32), bitcast=True)
+        wrd = tl.load(wp + e64 * N * k8 + ns[:, None] * k8 + ws[None, :], mask=nmask[:, None] & (ws < k8)[None, :],
+                      other=0)                                                 # uint32 [BN, BK/8]
         k16 = K // 16
         bs = k0 // 16 + tl.arange(0, BK // 16)
         sb = tl.load(p1 + e64 * N * k16 + ns[:, None] * k16 + bs[None, :], mask=nmask[:, None] & (bs < k16)[None, :],
                      other=0).to(tl.int32)                                    # [BN, BK/16]
-        w = tl.reshape(v * _ue4m3(sb)[:, :, None], (BN, BK))
+        sf = _ue4m3(sb)
+        sfw = tl.reshape(tl.join(sf, sf), (BN, BK // 8)) * 3.32306998946229e+35  # per word, * 2^118 (exact in fp32)
+        w = _join8(_e2m1_w(wrd, 0, sfw), _e2m1_w(wrd, 1, sfw), _e2m1_w(wrd, 2, sfw), _e2m1_w(wrd, 3, sfw),
+                   _e2m1_w(wrd, 4, sfw), _e2m1_w(wrd, 5, sfw), _e2m1_w(wrd, 6, sfw), _e2m1_w(wrd, 7, sfw), BN, BK)
     else:
+        # one byte of 8 sign bits per 8 k (LSB first); element j of byte i: +-a[k0 + 8 i + j], the sign
+        # bit moved to bit 31 and xor-ed into a's fp32 bits (constant shifts, no select)
         k8 = K // 8
         bs = k0 // 8 + tl.arange(0, BK // 8)
-        byt = tl.load(p0 + e64 * N * k8 + ns[:, None] * k8 + bs[None, :], mask=nmask[:, None] & (bs < k8)[None, :],
-                      other=0).to(tl.int32)                                   # [BN, BK/8]
-        bit = (byt[:, :, None] >> tl.arange(0, 8)[None, None, :]) & 1         # LSB first
-        bit = tl.reshape(bit, (BN, BK))
-        a = tl.load(p1 + e64 * K + ks, mask=kmask, other=0.0)
-        w = tl.where(bit != 0, -a[None, :], a[None, :])
+        bmask = bs < k8
+        byt = tl.load(p0 + e64 * N * k8 + ns[:, None] * k8 + bs[None, :], mask=nmask[:, None] & bmask[None, :],
+                      other=0).to(tl.uint32)                                  # [BN, BK/8]
+        ap = p1 + e64 * K + bs * 8
+        w = _join8(_sign_w(byt, ap, bmask, 0), _sign_w(byt, ap, bmask, 1), _sign_w(byt, ap, bmask, 2),
+                   _sign_w(byt, ap, bmask, 3), _sign_w(byt, ap, bmask, 4), _sign_w(byt, ap, bmask, 5),
+                   _sign_w(byt, ap, bmask, 6), _sign_w(byt, ap, bmask, 7), BN, BK)
     return w
 
 
 @triton.jit
+def _inv_senc(p2, e):
+    """NVFP4: 2^8 / s_enc[e], the factor that turns a product with decoded tiles (e2m1 * sf * 2^-8,
+    ``_e2m1_w``) into one with W_hat (one division per program; a multiply per output element, within an
+    ulp of the division by s_enc)."""
+    return 256.0 / tl.load(p2 + e)
+
+
+@triton.jit
 def _w_scalar(FMT: tl.constexpr, acc, p2, e):
-    """NVFP4: acc / s_enc[e] (the second-level scale, once per output element); else acc."""
+    """NVFP4: acc * 2^8 / s_enc[e] (the second-level scale and the decode's 2^-8); else acc."""
     if FMT == 1:
-        acc = acc / tl.load(p2 + e)
+        acc = acc * _inv_senc(p2, e)
     return acc
 
 
@@ -186,12 +237,13 @@ def lowbit_down_fwd(
 def lowbit_up_fwd(
     z_ptr, offs_ptr, cum_ptr, d0, d1, d2, rw_ptr, y_ptr,
     E, r, f, ldy,
-    FMT_D: tl.constexpr, HAS_RW: tl.constexpr, SINGLE_K: tl.constexpr,
+    FMT_D: tl.constexpr, HAS_RW: tl.constexpr, SINGLE_K: tl.constexpr, Y_PAD: tl.constexpr,
     BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, BLOCK_E: tl.constexpr,
 ):
     """``triton_glu.glu_up_fwd`` (FSPLIT 1) with w_down in any format: y[rows, :f] = (z Wd_hat[e]) * rw.
-    Packed w_down rows are K-contiguous ([f, r/2] or [f, r/8] bytes), so the odd f no longer
-    misaligns the factor loads (only y's stores)."""
+    Packed w_down rows are K-contiguous ([f, r/2] or [f, r/8] bytes), so the odd f does not misalign the
+    factor loads. Y_PAD (as the bf16 kernel's): ldy is a multiple of 8 and y's pad columns [f, ldy) may be
+    written (zeros here: the decoded columns past f are masked), so the y stores vectorize."""
     pid = tl.program_id(0)
     e = _expert_of_tile(cum_ptr, pid, E, BLOCK_E)
     if e >= E:
@@ -204,9 +256,16 @@ def lowbit_up_fwd(
     rmask = (row0 + bm) < hi
     if HAS_RW:
         rw = tl.load(rw_ptr + row0 + bm, mask=rmask, other=0.0).to(tl.float32)
+        if FMT_D == 1:
+            rw = rw * _inv_senc(d2, e)  # one multiply per output element for both
     ks = tl.arange(0, BK)
     ns = tl.arange(0, BN)
     z_base = z_ptr + row0.to(tl.int64) * r
+    if Y_PAD:
+        ldy = (ldy // 8) * 8  # == ldy; lets Triton see the multiple of 8 (an argument cannot carry a hint)
+        ncol = ldy
+    else:
+        ncol = f
     y_base = y_ptr + row0.to(tl.int64) * ldy
     y_tile = bm[:, None] * ldy + ns[None, :]
     # swapped operands (see lowbit_down_fwd): y^T [BN, BM] = Wd^T [BN, BK] (decoded, A) @ z^T [BK, BM]
@@ -224,11 +283,12 @@ def lowbit_up_fwd(
                 a = tl.load(z_base + bm[None, :] * r + (k + ks)[:, None], mask=rmask[None, :] & kmask[:, None],
                             other=0.0)
                 acc = tl.dot(_w_tile_nk(FMT_D, d0, d1, e64, k, r, f, cols, cmask, BK, BN).to(a.dtype), a, acc)
-        acc = tl.trans(acc)
-        acc = _w_cols(FMT_D, _w_scalar(FMT_D, acc, d2, e), d2, e64, f, cols, cmask)
+        acc = _w_cols(FMT_D, tl.trans(acc), d2, e64, f, cols, cmask)
         if HAS_RW:
-            acc = acc * rw[:, None]
-        tl.store(y_base + n + y_tile, acc.to(y_ptr.dtype.element_ty), mask=rmask[:, None] & cmask[None, :])
+            acc = acc * rw[:, None]  # (NVFP4: 2^8 / s_enc folded in)
+        else:
+            acc = _w_scalar(FMT_D, acc, d2, e)
+        tl.store(y_base + n + y_tile, acc.to(y_ptr.dtype.element_ty), mask=rmask[:, None] & ((n + ns) < ncol)[None, :])
 
 
 # ---- backward -----------------------------------------------------------------------------------

@@ -110,7 +110,10 @@ def _factor_args(name: str, w, dtype: torch.dtype) -> tuple[int, list]:
             with _lock:
                 _conversions[name] += 1
         b, n, k = w.batch, w.n, w.k
-        return fmt, [w.codes.contiguous(), w.block_scale.view(torch.uint8).reshape(b, n, k // 16).contiguous(),
+        codes = w.codes.contiguous()
+        if codes.data_ptr() % 16:  # the kernels read the codes as 32-bit words (a view at an odd offset)
+            codes = codes.clone()
+        return fmt, [codes, w.block_scale.view(torch.uint8).reshape(b, n, k // 16).contiguous(),
                      w.global_scale.contiguous()]
     return fmt, [w.bits.contiguous(), w.scale_k.contiguous(), w.scale_n.contiguous()]
 
@@ -233,8 +236,8 @@ def grouped_glu_forward(
         ldy = f
         y = torch.empty(m, f, device=dev, dtype=dtype)
     _launch("lowbit_up_fwd", (max_tiles,), [z, offs, cum, *pd, rw, y, e, r, f, ldy],
-            dict(FMT_D=fd, HAS_RW=rw is not None, SINGLE_K=single_k, BM=bm, BN=cfg.bn_up, BK=bk_up,
-                 BLOCK_E=cfg.block_e),
+            dict(FMT_D=fd, HAS_RW=rw is not None, SINGLE_K=single_k, Y_PAD=scatter_idx is not None, BM=bm,
+                 BN=cfg.bn_up, BK=bk_up, BLOCK_E=cfg.block_e),
             cfg.warps_up, cfg.stages_up, aligned, cap, dev)
     if scatter_idx is not None:
         return G._combine(y, scatter_idx, offs, n_out, cfg, cap, ncols=f)

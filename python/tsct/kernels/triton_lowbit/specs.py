@@ -14,7 +14,7 @@ launch raises naming the missing key):
   * factor formats: uniform NVFP4 (FMT 1,1,1), uniform sign (2,2,2), and the GPU tests' mix
     NVFP4 gate / sign up / NVFP4 down (1,2,1); every other mix (dense + packed...): JIT;
   * every flag combination the host code uses (gather/scatter absent or int64, scales, row weight,
-    the backward's gradient subsets), aligned and generic launches.
+    the backward's gradient subsets, Y_PAD of the up kernel = scatter given), aligned and generic launches.
 Host rules that keep the table small (exact): the rank block of the four low-bit kernels is always
 ``Config.br_max`` (64; masked below), the up-projection does the whole rank in one K step when the
 launch is aligned and r <= 128 (BK 16/32/64/128) and loops BK 64 otherwise (as the bf16 family);
@@ -62,7 +62,7 @@ KERNELS: dict[str, KernelInfo] = {
     ),
     "lowbit_up_fwd": KernelInfo(
         params=("z_ptr", "offs_ptr", "cum_ptr", "d0", "d1", "d2", "rw_ptr", "y_ptr", "E", "r", "f", "ldy"),
-        constexprs=("FMT_D", "HAS_RW", "SINGLE_K", "BM", "BN", "BK", "BLOCK_E"),
+        constexprs=("FMT_D", "HAS_RW", "SINGLE_K", "Y_PAD", "BM", "BN", "BK", "BLOCK_E"),
         ints=("E", "r", "f", "ldy"),
         used_if={"d1": "FMT_D", "d2": "FMT_D", "rw_ptr": "HAS_RW"},
         hinted=("z_ptr", "d0", "y_ptr", "r"),
@@ -126,7 +126,8 @@ _DXDW = ((True, False), (False, True), (True, True))
 
 def enumerate_specs(arch: str) -> Iterator[Spec]:
     """Every specialization ``glu.py`` launches on ``arch`` for the AOT_FORMATS and AOT_DTYPES (module
-    docstring): per (dtype, format triple) 32 aligned + 24 generic = 56; 168 per arch."""
+    docstring): 172 per arch (the mixed triple shares its up / dz variants with uniform NVFP4; 148 before the
+    up kernel's Y_PAD flag)."""
     cfg = CONFIGS[arch]
     br = rank_block(cfg)
     seen = set()
@@ -144,9 +145,10 @@ def enumerate_specs(arch: str) -> Iterator[Spec]:
                           BM=cfg.bm, BR=br, BK=cfg.bk, BLOCK_E=cfg.block_e)
             out.append(_base_spec("lowbit_down_fwd", types, consts, WARPS_DECODE, cfg.stages_down, aligned, KERNELS))
         ups = sorted({up_k(r, aligned) for r in (16, 32, 48, 64, 128, 129)})
-        for rw, (single, bk) in itertools.product((False, True), ups):
+        for rw, (single, bk), ypad in itertools.product((False, True), ups, (False, True)):
             types = dict(z_ptr=D, offs_ptr="*i32", cum_ptr="*i32", d0=d0, d1=d1, d2=d2, rw_ptr="*fp32", y_ptr=D)
-            consts = dict(FMT_D=fd, HAS_RW=rw, SINGLE_K=single, BM=cfg.bm, BN=cfg.bn_up, BK=bk, BLOCK_E=cfg.block_e)
+            consts = dict(FMT_D=fd, HAS_RW=rw, SINGLE_K=single, Y_PAD=ypad, BM=cfg.bm, BN=cfg.bn_up, BK=bk,
+                          BLOCK_E=cfg.block_e)
             out.append(_base_spec("lowbit_up_fwd", types, consts, cfg.warps_up, cfg.stages_up, aligned, KERNELS))
         for sc, dwd in itertools.product(_IDX, (False, True)):
             types = dict(dy_ptr=D, sidx_ptr=f"*{sc}" if sc else UNUSED, offs_ptr="*i32", d0=d0, d1=d1, d2=d2,
