@@ -2,8 +2,9 @@
 
 ``check_values``: whether ``grouped_glu`` validates the VALUES of ``offs``, ``gather_idx`` and
 ``scatter_idx`` (non-decreasing offsets, indices in range). On a GPU this reads those tensors on the
-host, i.e. one device synchronization per call. It is skipped automatically while a CUDA graph is
-being captured and while torch.compile traces (values are not known then). Set
+host, i.e. one device synchronization per call. While a CUDA graph is being captured or torch.compile
+traces (values are not known then) the host read is replaced by device-side asserts, so a violation
+still fails loudly. Set
 ``TSCT_CHECK_VALUES=0`` or ``tsct.config.check_values = False`` for sync-free eager calls once a
 model's routing is trusted (docs/decisions/0004-validation.md). Shapes, dtypes and devices are
 always checked; they cost no sync.

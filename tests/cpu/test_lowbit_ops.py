@@ -237,6 +237,43 @@ def test_stale_or_foreign_containers_are_refused():
     _call(p, [quant.quantize_nvfp4(t.detach(), backend="torch") for t in m], masters=m)
 
 
+@pytest.mark.parametrize("opt_cls,kw", [(torch.optim.AdamW, {"fused": True}), (torch.optim.Adam, {"foreach": True}),
+                                          (torch.optim.SGD, {})], ids=["adamw_fused", "adam_foreach", "sgd"])
+def test_optimizer_steps_invalidate_even_without_version_bump(opt_cls, kw):
+    """A fused optimizer updates in place without moving the version counter: the global step hook
+    must still retire the cached container (else the forward silently keeps the old weights)."""
+    p, masters, _ = _problem()
+    m = [t.clone().requires_grad_(True) for t in masters]
+    facs = [quantize_master(t, "nvfp4", backend="torch") for t in m]
+    opt = opt_cls(m, lr=0.5, **kw)
+    for t in m:
+        t.grad = torch.randn_like(t)
+    opt.step()
+    with pytest.raises(ValueError, match=r"w_gate is stale"):
+        _call(p, facs, masters=m)
+    fresh = [quantize_master(t, "nvfp4", backend="torch") for t in m]
+    assert all(f is not g for f, g in zip(fresh, facs))
+    for f, t in zip(fresh, m):
+        assert torch.equal(f.codes, quant.quantize_nvfp4(t.detach(), backend="torch").codes)
+    _call(p, fresh, masters=m)  # accepted
+
+
+def test_data_writes_need_mark_masters_updated():
+    from tsct.ops import mark_masters_updated
+    p, masters, _ = _problem()
+    m = [t.clone().requires_grad_(True) for t in masters]
+    facs = [quantize_master(t, "nvfp4", backend="torch") for t in m]
+    m[1].data.mul_(2.0)  # invisible to the version counter and to the optimizer hook
+    assert quantize_master(m[1], "nvfp4", backend="torch") is facs[1]  # documented limitation
+    mark_masters_updated(m[1])
+    with pytest.raises(ValueError, match=r"w_up is stale"):
+        _call(p, facs, masters=m)
+    new = quantize_master(m[1], "nvfp4", backend="torch")
+    assert new is not facs[1] and torch.equal(new.codes, quant.quantize_nvfp4(m[1].detach(), backend="torch").codes)
+    with pytest.raises(TypeError, match="mark_masters_updated: expected tensors"):
+        mark_masters_updated("w_up")
+
+
 # ---- torch.library checks and torch.compile -----------------------------------------------------------
 
 def _op_args(p, facs, carriers, impl):

@@ -245,8 +245,50 @@ _master_cache = WeakIdKeyDictionary()  # by identity (a Tensor's == is elementwi
 _provenance: dict[int, tuple] = {}
 
 
-def _version(t: Tensor) -> int:
-    return t._version
+# master -> updates torch's version counter does not see (fused optimizer steps, ``.data`` writes),
+# counted by the global optimizer hook below and by ``mark_masters_updated``
+_epochs = WeakIdKeyDictionary()
+_hook_handle = None
+
+
+def _version(t: Tensor) -> tuple[int, int]:
+    """A master's stamp: (torch version counter, tsct update epoch). Either moving means "changed"."""
+    return (t._version, _epochs.get(t, 0))
+
+
+def mark_masters_updated(*masters: Tensor) -> None:
+    """Declare that these master factors changed in a way torch's version counter does not record, so
+    the next ``quantize_master`` re-quantizes and older containers are refused.
+
+    Needed after writes through ``p.data`` (``p.data.copy_``, ``vector_to_parameters``, ``module.to``
+    of a parameter's ``.data``) or any kernel that updates storage outside autograd. Optimizer steps need
+    no call: ``quantize_master`` registers a global ``torch.optim`` step post-hook that marks every
+    master the stepping optimizer holds, which covers fused optimizers (``fused=True`` does not bump the
+    version counter).
+
+    Raises:
+        TypeError: an argument is not a tensor.
+    """
+    with _cache_lock:
+        for m in masters:
+            if not isinstance(m, Tensor):
+                raise TypeError(f"mark_masters_updated: expected tensors, got {type(m).__name__}")
+            _epochs[m] = _epochs.get(m, 0) + 1
+
+
+def _after_optimizer_step(optimizer, args, kwargs) -> None:
+    with _cache_lock:
+        for group in optimizer.param_groups:
+            for p in group["params"]:
+                if p in _master_cache:
+                    _epochs[p] = _epochs.get(p, 0) + 1
+
+
+def _ensure_step_hook() -> None:
+    global _hook_handle
+    if _hook_handle is None:
+        from torch.optim.optimizer import register_optimizer_step_post_hook
+        _hook_handle = register_optimizer_step_post_hook(_after_optimizer_step)
 
 
 def quantize_master(master: Tensor, fmt: str, *, layout: str = "linear", backend: str = "auto"):
@@ -261,10 +303,15 @@ def quantize_master(master: Tensor, fmt: str, *, layout: str = "linear", backend
 
     Returns:
         An ``NVFP4Tensor`` / ``SignTensor``. The same object while the master is unchanged; a new one as
-        soon as the master's version counter moves: every in-place update (``optimizer.step()``,
-        ``p.data.copy_``, ``p.add_``) bumps it, so a cached container never outlives an optimizer step.
-        Pass it to ``tsct.ops.grouped_glu`` with ``masters=`` holding this master: gradients then reach
-        the master (straight-through estimator), and a container from an older version is refused.
+        soon as the master changes: an in-place update on the tensor (``p.add_``, ``p.copy_``) moves its
+        version counter, and every ``torch.optim`` step (fused or not) is seen through a global step
+        post-hook registered on the first call, so a cached container never outlives an optimizer step.
+        Writes that bypass both (through ``p.data``, ``vector_to_parameters``) are invisible: call
+        ``tsct.ops.mark_masters_updated(p)`` after them. Pass the container to ``tsct.ops.grouped_glu``
+        with ``masters=`` holding this master: gradients then reach the master (straight-through
+        estimator), and a container from an older state is refused (in eager calls; under
+        ``torch.compile`` the check is not traced, so call ``quantize_master`` outside the compiled
+        region, once per step).
 
     Raises:
         TypeError / ValueError from ``tsct.quant.quantize`` (wrong dtype, K not a multiple of the block).
@@ -273,6 +320,7 @@ def quantize_master(master: Tensor, fmt: str, *, layout: str = "linear", backend
 
     if not isinstance(master, Tensor):
         raise TypeError(f"quantize_master: master must be a torch.Tensor, got {type(master).__name__}")
+    _ensure_step_hook()
     key = (fmt, layout, backend)
     ver = _version(master)
     with _cache_lock:
@@ -321,6 +369,6 @@ def check_master(name: str, container, master: Tensor) -> None:
         raise ValueError(f"grouped_glu: {name} was quantized (quantize_master) from another tensor than "
                          f"masters[{name}]")
     if _version(master) != ver:
-        raise ValueError(f"grouped_glu: {name} is stale: masters[{name}] changed (version {ver} -> "
+        raise ValueError(f"grouped_glu: {name} is stale: masters[{name}] changed (state {ver} -> "
                          f"{_version(master)}, e.g. an optimizer step) since it was quantized; call "
                          "tsct.ops.quantize_master again")

@@ -88,19 +88,21 @@ def validate(
     if gather_idx is not None:
         check_tensor("gather_idx", gather_idx, ndim=1, dtypes=_INDEX_DTYPES, device=dev)
         m = gather_idx.shape[0]
+        m_src = "len(gather_idx)"
     else:
         m = t_rows
+        m_src = "x.shape[0]"
     if row_weight is not None:
         check_tensor("row_weight", row_weight, ndim=1, dtypes=tuple(dict.fromkeys((x.dtype, torch.float32))),
                      device=dev)
         if row_weight.shape[0] != m:
-            raise ValueError(f"grouped_glu: row_weight must be [M] with M = {m} routed rows, got {list(row_weight.shape)}")
+            raise ValueError(f"grouped_glu: row_weight must be [M] with M = {m} routed rows ({m_src}), got {list(row_weight.shape)}")
     if (scatter_idx is None) != (num_out_rows is None):
         raise ValueError("grouped_glu: scatter_idx and num_out_rows must be given together")
     if scatter_idx is not None:
         check_tensor("scatter_idx", scatter_idx, ndim=1, dtypes=_INDEX_DTYPES, device=dev)
         if scatter_idx.shape[0] != m:
-            raise ValueError(f"grouped_glu: scatter_idx must be [M] with M = {m} routed rows, got {list(scatter_idx.shape)}")
+            raise ValueError(f"grouped_glu: scatter_idx must be [M] with M = {m} routed rows ({m_src}), got {list(scatter_idx.shape)}")
         if not isinstance(num_out_rows, int) or isinstance(num_out_rows, bool) or num_out_rows < 0:
             raise ValueError(f"grouped_glu: num_out_rows must be a non-negative int, got {num_out_rows!r}")
 

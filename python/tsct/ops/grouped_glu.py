@@ -123,7 +123,7 @@ def grouped_glu(
 def _check_masters(facs, masters) -> tuple:
     if masters is None:
         return (None, None, None)
-    if isinstance(masters, Tensor) or len(masters) != 3:
+    if not isinstance(masters, (list, tuple)) or len(masters) != 3:
         raise ValueError("grouped_glu: masters must be a sequence (w_gate, w_up, w_down) of tensors or None")
     for name, w, mt in zip(("w_gate", "w_up", "w_down"), facs, masters):
         if mt is not None:
