@@ -128,3 +128,23 @@ def test_nan_in_one_token_stays_in_that_token():
     others = torch.ones(12, dtype=torch.bool)
     others[5] = False
     assert torch.isfinite(y[others]).all()
+
+
+@pytest.mark.parametrize("packed", [False, True], ids=["dense", "nvfp4_with_master"])
+def test_double_backward_fails_by_name(packed):
+    """Only first derivatives exist; a second one must say so rather than return something wrong."""
+    from tsct import quant
+    torch.manual_seed(1)
+    E, d, r, f = 3, 32, 16, 24
+    x = torch.randn(10, d, requires_grad=True)
+    offs = torch.tensor([3, 7, 10], dtype=torch.int32)
+    wg, wu, wd = torch.randn(E, d, r), torch.randn(E, d, r), torch.randn(E, r, f)
+    if packed:  # reference path: decoded factor + STE node to the master
+        master = wg.clone().requires_grad_(True)
+        y = grouped_glu(x, offs, quant.quantize_nvfp4(wg, backend="torch"), wu, wd, masters=(master, None, None))
+    else:
+        y = grouped_glu(x, offs, wg, wu, wd)
+    g, = torch.autograd.grad(y.square().sum(), x, create_graph=True)
+    assert g.shape == x.shape and torch.isfinite(g).all() and g.abs().sum() > 0
+    with pytest.raises(RuntimeError, match="double backward .* is not supported"):
+        g.sum().backward()

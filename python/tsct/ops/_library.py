@@ -139,3 +139,12 @@ def _backward(ctx, grad_out, _grad_saved):
 
 
 grouped_glu_saving_op.register_autograd(_backward, setup_context=_setup_context)
+
+
+def _no_double_backward(ctx, *grads):
+    raise RuntimeError("tsct.ops.grouped_glu: double backward (gradients of gradients, create_graph=True) is "
+                       "not supported; only first derivatives are implemented")
+
+
+# Registered so a second derivative fails with that message instead of torch's generic "no autograd formula".
+grouped_glu_backward_op.register_autograd(_no_double_backward)

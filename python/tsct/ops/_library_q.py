@@ -63,6 +63,7 @@ from torch import Tensor
 from torch.utils.weak import WeakIdKeyDictionary
 
 from tsct import dispatch
+from tsct.ops._library import _no_double_backward
 
 __all__ = ["grouped_glu_q_op", "grouped_glu_q_backward_op", "pack_factor", "unpack_factor", "quantize_master",
            "check_master", "FACTOR_TAGS"]
@@ -372,3 +373,8 @@ def check_master(name: str, container, master: Tensor) -> None:
         raise ValueError(f"grouped_glu: {name} is stale: masters[{name}] changed (state {ver} -> "
                          f"{_version(master)}, e.g. an optimizer step) since it was quantized; call "
                          "tsct.ops.quantize_master again")
+
+
+
+# Second derivatives are not implemented: say so by name.
+grouped_glu_q_backward_op.register_autograd(_no_double_backward)
