@@ -81,3 +81,17 @@ def test_value_checks_can_be_turned_off(p, monkeypatch):
     monkeypatch.setattr(tsct.config, "check_values", True)
     with pytest.raises(AssertionError, match="value check ran"):
         call(p)
+
+
+def test_factor_dtype_error_says_it_must_match_x():
+    x = torch.randn(6, 32)  # float32
+    offs = torch.tensor([2, 6], dtype=torch.int32)
+    w = torch.randn(2, 32, 16, dtype=torch.bfloat16)
+    with pytest.raises(TypeError, match=r"w_gate must have dtype in \['torch.float32'\] \(dense factors must match x.dtype"):
+        grouped_glu(x, offs, w, w.float(), torch.randn(2, 16, 8))
+
+
+def test_quantize_master_refuses_a_layout_for_sign():
+    from tsct.ops import quantize_master
+    with pytest.raises(ValueError, match="layout='swizzled_128x4' applies to NVFP4 block scales only"):
+        quantize_master(torch.randn(2, 32, 16), "sign", layout="swizzled_128x4")

@@ -321,6 +321,9 @@ def quantize_master(master: Tensor, fmt: str, *, layout: str = "linear", backend
 
     if not isinstance(master, Tensor):
         raise TypeError(f"quantize_master: master must be a torch.Tensor, got {type(master).__name__}")
+    if fmt != "nvfp4" and layout != "linear":
+        raise ValueError(f"quantize_master: layout={layout!r} applies to NVFP4 block scales only; fmt={fmt!r} "
+                         "has no layout choice (leave layout='linear')")
     _ensure_step_hook()
     key = (fmt, layout, backend)
     ver = _version(master)

@@ -17,13 +17,13 @@ def _shape(t) -> tuple:
     return tuple(t.shape)
 
 
-def check_tensor(name: str, t, *, ndim: int, dtypes=None, device=None) -> None:
+def check_tensor(name: str, t, *, ndim: int, dtypes=None, device=None, dtype_hint: str = "") -> None:
     if not isinstance(t, Tensor):
         raise TypeError(f"grouped_glu: {name} must be a torch.Tensor, got {type(t).__name__}")
     if t.dim() != ndim:
         raise ValueError(f"grouped_glu: {name} must be {ndim}-D, got shape {list(t.shape)}")
     if dtypes is not None and t.dtype not in dtypes:
-        raise TypeError(f"grouped_glu: {name} must have dtype in {[str(d) for d in dtypes]}, got {t.dtype}")
+        raise TypeError(f"grouped_glu: {name} must have dtype in {[str(d) for d in dtypes]}{dtype_hint}, got {t.dtype}")
     if device is not None and t.device != device:
         raise ValueError(f"grouped_glu: {name} is on {t.device}, expected {device} (the device of x)")
 
@@ -58,7 +58,8 @@ def validate(
 
     for name, w in (("w_gate", w_gate), ("w_up", w_up), ("w_down", w_down)):
         if isinstance(w, Tensor):
-            check_tensor(name, w, ndim=3, dtypes=(x.dtype,), device=dev)
+            check_tensor(name, w, ndim=3, dtypes=(x.dtype,), device=dev,
+                         dtype_hint=" (dense factors must match x.dtype; or pass a tsct.quant container)")
         elif hasattr(w, "dequantize") and hasattr(w, "shape"):
             if len(w.shape) != 3:
                 raise ValueError(f"grouped_glu: {name} must have logical shape [E, K, N], got {list(w.shape)}")
