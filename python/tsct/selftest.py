@@ -74,7 +74,8 @@ def grouped_glu(path: str, device: torch.device, dtype: torch.dtype = torch.bflo
     from tsct.ops import grouped_glu as op
 
     t0 = time.perf_counter()
-    name = f"grouped_glu[{path}, {fmt}, {str(dtype).replace('torch.', '')}]"
+    # the storage format of the factors ("bf16" = dense factors, run in `dtype`) and the compute dtype
+    name = f"grouped_glu[{path}, {'dense' if fmt == 'bf16' else fmt} factors, {str(dtype).replace('torch.', '')}]"
     try:
         p64, idx, eor = _problem(device, dtype)
         p = {k: v.to(device, dtype) for k, v in p64.items()}

@@ -260,3 +260,11 @@ def test_timing_statistics_and_iteration_budget():
     st = measure.time_calls(lambda i: time.sleep(0.01), torch.device("cpu"), warmup=1, iters=100, min_iters=3,
                             max_seconds=0.05)
     assert 3 <= st["n"] <= 6  # max_seconds caps the count, min_iters floors it
+
+
+def test_noisy_timings_are_flagged():
+    from tsct.bench import report
+    steady = {"median": 1.0, "p10": 0.98, "p90": 1.05}
+    shaky = {"median": 1.2, "p10": 1.0, "p90": 2.0}
+    assert not report.noisy(steady) and report.noisy(shaky) and not report.noisy(None)
+    assert report._time_cell(shaky).startswith("[yellow]~[/]") and "~" not in report._time_cell(steady)

@@ -1,5 +1,5 @@
 """tsct-probe (tsct.probe.main) on a machine without a GPU: the JSON report's sections, the rendered
-text (self-test names such as "grouped_glu[reference, bf16, float32]" are not eaten as rich markup),
+text (self-test names such as "grouped_glu[reference, dense factors, float32]" are not eaten as rich markup),
 the Triton AOT listing per arch and kernel (from the index files; nothing loaded), exit status 0."""
 
 from __future__ import annotations
@@ -96,10 +96,10 @@ def test_render_without_selftests(capsys):
 
 def test_render_with_selftests(capsys):
     """The self-tests run (about 1 s on the CPU) and their names print as written: rich must not read
-    "[reference, bf16, float32]" as markup."""
+    "[reference, dense factors, float32]" as markup."""
     assert probe.main([]) == 0
     out = capsys.readouterr().out
     assert "self-tests against float64" in out
-    for fmt in ("bf16", "nvfp4", "sign"):
-        assert f"grouped_glu[reference, {fmt}, float32]" in out, out
+    for fmt in ("dense", "nvfp4", "sign"):
+        assert f"grouped_glu[reference, {fmt} factors, float32]" in out, out
     assert "FAIL" not in out

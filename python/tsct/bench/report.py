@@ -87,10 +87,21 @@ def _bytes(v, none: str = "n/a") -> str:
 STATUS_STYLE = {"ran": "green", "refused": "yellow", "unavailable": "dim", "error": "bold red"}
 
 
+#: p90 / p10 above this marks a timing as noisy (host-bound passes, a disturbed machine): the median
+#: alone then misleads, so the table flags it and the report says what to do
+NOISY_RATIO = 1.3
+
+
+def noisy(st: Optional[dict]) -> bool:
+    """Whether a timing's p10-p90 spread is wider than ``NOISY_RATIO``."""
+    return bool(st) and st["p10"] > 0 and st["p90"] > NOISY_RATIO * st["p10"]
+
+
 def _time_cell(st: Optional[dict], spread: bool = True) -> str:
     if not st:
         return "-"
-    return f"{_ms(st)} [dim]({st['p10']:.3g}-{st['p90']:.3g})[/]" if spread else _ms(st)
+    mark = "[yellow]~[/]" if noisy(st) else ""
+    return f"{mark}{_ms(st)} [dim]({st['p10']:.3g}-{st['p90']:.3g})[/]" if spread else mark + _ms(st)
 
 
 #: below this console width the table drops the p10-p90 spreads and the storage / dropped columns
@@ -139,6 +150,11 @@ def print_report(result: dict, console: Console) -> None:
         console.print("[bold]reasons[/]")
         for a in notes:
             console.print(f"  {a['name']} ({a['status']}): {a['reason']}", markup=False, highlight=False)
+    shaky = [a["name"] for a in result["arms"] if noisy(a.get("fwd_ms")) or noisy(a.get("fwdbwd_ms"))]
+    if shaky:
+        console.print(f"[yellow]~ noisy[/]: p90/p10 > {NOISY_RATIO} for {', '.join(shaky)}. The median of such an arm "
+                      "moves between runs (a host-bound eager pass, or a busy machine): re-run, raise --iters, or "
+                      "compare CUDA-graph replay of the same work before drawing conclusions.", highlight=False)
     syncs = [a for a in result["arms"] if a.get("sync_free") is False]
     if syncs:
         console.print("[bold]host syncs inside the pass[/] (torch sync debug mode)")
