@@ -284,8 +284,8 @@ def find_cuda_include() -> str | None:
     return None
 
 
-def build_host_reference(repo_root, out_dir) -> str:
-    """Compile csrc/tools/host_reference.cpp with the host C++ compiler; returns the .so path.
+def _build_host_tool(repo_root, out_dir, name: str) -> str:
+    """Compile csrc/tools/<name>.cpp with the host C++ compiler into <out_dir>/<name>.so.
 
     Raises RuntimeError (with the compiler output) if it cannot.
     """
@@ -297,8 +297,8 @@ def build_host_reference(repo_root, out_dir) -> str:
     inc = find_cuda_include()
     if not cxx or not inc:
         raise RuntimeError(f"host harness needs a C++ compiler ({cxx}) and CUDA headers ({inc})")
-    src = os.path.join(repo_root, "csrc", "tools", "host_reference.cpp")
-    out = os.path.join(out_dir, "host_reference.so")
+    src = os.path.join(repo_root, "csrc", "tools", f"{name}.cpp")
+    out = os.path.join(out_dir, f"{name}.so")
     # IEEE arithmetic as on the GPU: no fast-math, no contraction into FMAs.
     cmd = [cxx, "-O2", "-std=c++17", "-shared", "-fPIC", "-fno-fast-math", "-ffp-contract=off",
            "-I", os.path.join(repo_root, "csrc"), "-I", os.path.join(repo_root, "csrc", "include"), "-I", inc,
@@ -307,6 +307,14 @@ def build_host_reference(repo_root, out_dir) -> str:
     if proc.returncode != 0:
         raise RuntimeError(f"{' '.join(cmd)} failed:\n{proc.stderr}")
     return out
+
+
+def build_host_reference(repo_root, out_dir) -> str:
+    """Compile csrc/tools/host_reference.cpp with the host C++ compiler; returns the .so path.
+
+    Raises RuntimeError (with the compiler output) if it cannot.
+    """
+    return _build_host_tool(repo_root, out_dir, "host_reference")
 
 
 class HostRunner:
@@ -385,23 +393,7 @@ class HostRunner:
 def build_host_rows_grouped(repo_root, out_dir) -> str:
     """Compile csrc/tools/host_rows_grouped.cpp (the grouped activation quantizer's per-item code on
     the host) like ``build_host_reference``; returns the .so path. Raises RuntimeError if it cannot."""
-    import os
-    import shutil
-    import subprocess
-
-    cxx = os.environ.get("CXX") or shutil.which("c++") or shutil.which("g++") or shutil.which("clang++")
-    inc = find_cuda_include()
-    if not cxx or not inc:
-        raise RuntimeError(f"host harness needs a C++ compiler ({cxx}) and CUDA headers ({inc})")
-    src = os.path.join(repo_root, "csrc", "tools", "host_rows_grouped.cpp")
-    out = os.path.join(out_dir, "host_rows_grouped.so")
-    cmd = [cxx, "-O2", "-std=c++17", "-shared", "-fPIC", "-fno-fast-math", "-ffp-contract=off",
-           "-I", os.path.join(repo_root, "csrc"), "-I", os.path.join(repo_root, "csrc", "include"), "-I", inc,
-           src, "-o", out]
-    proc = subprocess.run(cmd, capture_output=True, text=True)
-    if proc.returncode != 0:
-        raise RuntimeError(f"{' '.join(cmd)} failed:\n{proc.stderr}")
-    return out
+    return _build_host_tool(repo_root, out_dir, "host_rows_grouped")
 
 
 def rows_grouped_host(path: str, x: Tensor, offs: Tensor, *, gather_idx=None, col_scale=None, m=None,
