@@ -9,6 +9,12 @@ still fails loudly. Set
 model's routing is trusted (docs/decisions/0004-validation.md). Shapes, dtypes and devices are
 always checked; they cost no sync.
 
+``eager_direct``: plain eager calls on CUDA tensors run the path's forward and backward through a
+``torch.autograd.Function`` instead of the custom ops' dispatcher (same functions, same results; less
+host time per call). torch.compile, FakeTensor, tensor subclasses and dispatch modes always get the
+custom ops. ``TSCT_EAGER_DIRECT=0`` or ``tsct.config.eager_direct = False`` sends everything through
+the ops (``tsct.ops._eager``).
+
 ``warn_fallbacks``: warn (once per path and reason) when ``impl="auto"`` could not take the
 preferred path. The counter in ``tsct.dispatch.fallback_counts()`` counts every time regardless.
 """
@@ -27,3 +33,4 @@ def _env_flag(name: str, default: bool) -> bool:
 
 check_values: bool = _env_flag("TSCT_CHECK_VALUES", True)
 warn_fallbacks: bool = _env_flag("TSCT_WARN_FALLBACKS", True)
+eager_direct: bool = _env_flag("TSCT_EAGER_DIRECT", True)

@@ -26,7 +26,7 @@ import sys
 import pytest
 import torch
 
-from tsct.kernels import aot
+from tsct.kernels import aot, launch
 from tsct.kernels.triton_glu import specs
 from tsct.kernels.triton_lowbit import specs as lowbit_specs
 from tsct.kernels.triton_w4a4 import specs as w4a4_specs
@@ -169,6 +169,85 @@ def test_pack_args_matches_a_real_index_entry():
         assert ct.from_address(arr[i]).value == vals[i], p
 
 
+class _FakeLib:
+    """tsct_triton_load / tsct_triton_launch recording the argument slots (what the driver would copy)."""
+
+    def __init__(self, n):
+        self.n, self.calls = n, []
+
+    def tsct_triton_load(self, key, image, size, fn, nparams, shared, block_x, out):
+        return 0
+
+    def tsct_triton_launch(self, handle, gx, gy, gz, stream, args, nargs):
+        assert nargs == self.n
+        self.calls.append(((gx, gy, gz), stream, [bytes((ctypes.c_char * 8).from_address(args[i])) for i in range(nargs)]))
+        return 0
+
+
+def test_fast_launch_writes_the_same_argument_bytes_as_pack_args(monkeypatch, tmp_path):
+    from tsct.native import _loader
+
+    params = [{"name": "a_ptr", "type": "*bf16"}, {"name": "n", "type": "i32"}, {"name": "b_ptr", "type": "*i8"},
+              {"name": "big", "type": "i64"}, {"name": "s", "type": "fp32"}, {"name": "u", "type": "u32"},
+              {"name": "global_scratch", "type": "*i8"}, {"name": "profile_scratch", "type": "*i8"}]
+    (tmp_path / "k.cubin").write_bytes(b"\0")
+    monkeypatch.setattr(aot, "aot_dir", lambda: tmp_path.parent)
+    k = aot.AotKernel(tmp_path.name, {"params": params, "num_warps": 4, "shared": 0, "file": "k.cubin",
+                                      "function": "k"})
+    lib = _FakeLib(len(params))
+    monkeypatch.setattr(_loader, "get_lib", lambda: lib)
+    for vals in ([0x7F0012345600, -7, None, 1 << 40, 1.5, 3], [16, (1 << 31) - 1, 32, -(1 << 63), -0.0, 0]):
+        k.launch((3, 2), vals, 77)
+        grid, stream, got = lib.calls[-1]
+        arr, _ = aot.pack_args(params, vals)
+        want = [bytes((ctypes.c_char * ctypes.sizeof(c)).from_address(arr[i])) for i, c in enumerate(_)]
+        assert grid == (3, 2, 1) and stream == 77
+        for g, w, p in zip(got, want, params):
+            assert g[:len(w)] == w, p["name"]  # the value in the slot's low bytes (little-endian ABI)
+    with pytest.raises(OverflowError, match="n = 2147483648"):
+        k.launch((1,), [0, 1 << 31, None, 0, 0.0, 0], 0)
+    with pytest.raises(ValueError, match="expected 6 arguments"):
+        k.launch((1,), [0, 1], 0)
+    n = len(lib.calls)
+    k.launch((0, 5), [0, 1, None, 0, 0.0, 0], 0)  # an empty grid launches nothing
+    assert len(lib.calls) == n
+
+
+def test_family_takes_the_generic_variant_when_a_hinted_pointer_is_misaligned(monkeypatch):
+    """The launch cache keeps the alignment check per call: the same signature with a 2-byte-offset
+    pointer must run the generic cubin, and a cached signature does not look the index up again."""
+    looked_up, ran = [], []
+
+    class _K:
+        def __init__(self, key):
+            self.key = key
+
+        def launch(self, grid, values, stream):
+            ran.append(self.key.rsplit("|", 1)[-1])
+
+    def kernel(arch, key):
+        looked_up.append(key)
+        return _K(key)
+
+    fam = launch.Family("test", specs, "tsct.kernels.triton_glu._kernels")
+    monkeypatch.setattr(aot, "artifact_arch", lambda cap: "sm_90a")
+    monkeypatch.setattr(aot, "kernel", kernel)
+    monkeypatch.setattr(launch, "current_stream", lambda dev: 0)
+    monkeypatch.setenv("TSCT_TRITON_BACKEND", "aot")
+    buf = torch.zeros(64, dtype=torch.bfloat16)
+    out_ok, out_bad = buf[:32], buf[1:33]  # 64-byte aligned storage start vs +2 bytes
+    assert out_ok.data_ptr() % 16 == 0 and out_bad.data_ptr() % 16 == 2
+    offs = torch.zeros(4, dtype=torch.int32)
+    consts = dict(BM=64, BN=64)
+    for out in (out_ok, out_bad, out_ok):
+        fam.launch("zero_tail_rows", (1, 1), [out, offs, 4, 8, 8], consts, 4, 3, True, (9, 0), torch.device("cpu"))
+    assert ran == ["a16", "gen", "a16"]
+    assert len(looked_up) == 2  # aligned + generic keys, once
+    fam.launch("zero_tail_rows", (1, 1), [out_ok, offs, 4, 8, 7], consts, 4, 3, True, (9, 0), torch.device("cpu"))
+    assert ran[-1] == "a16"  # ncols is not a hinted parameter: an odd value keeps the aligned variant
+    assert fam.backend_counts()[("aot", "zero_tail_rows")] == 4
+
+
 # ---- dry run of glu.py's host code on the CPU -----------------------------------------------------
 
 # the shapes of tests/gpu/test_triton_glu.py (name, T, k, E, d, r, f, gather, scatter, scales, rw, idx, dtype)
@@ -206,7 +285,7 @@ def test_every_glu_launch_has_an_aot_variant(cap, monkeypatch):
 
     monkeypatch.setenv("TSCT_TRITON_BACKEND", "aot")
     monkeypatch.setattr(glu, "_capability", lambda dev: cap)
-    monkeypatch.setattr(glu, "_stream", lambda dev: 0)
+    monkeypatch.setattr(launch, "current_stream", lambda dev: 0)
     monkeypatch.setattr(aot.AotKernel, "launch", record)
     g = torch.Generator().manual_seed(0)
     for (name, T, k, E, d, r, f, gather, scatter, s_dt, rw_dt, idx_dt, dt) in _CASES:

@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from tsct import quant
-from tsct.kernels import aot
+from tsct.kernels import aot, launch
 from tsct.kernels.triton_glu import glu as G
 from tsct.kernels.triton_glu import specs as glu_specs
 from tsct.kernels.triton_lowbit import glu as L
@@ -76,7 +76,7 @@ def dry_run(monkeypatch):
         return None
 
     monkeypatch.setenv("TSCT_TRITON_BACKEND", "aot")
-    monkeypatch.setattr(G, "_stream", lambda dev: 0)
+    monkeypatch.setattr(launch, "current_stream", lambda dev: 0)
     monkeypatch.setattr(aot, "kernel", kernel)
     monkeypatch.setattr(aot, "index", lambda arch: {"kernels": {}})
 

@@ -19,6 +19,7 @@ from __future__ import annotations
 import ctypes
 import json
 import os
+import struct
 import threading
 from pathlib import Path
 from typing import Any, Optional, Sequence
@@ -30,6 +31,7 @@ ENV_DIR = "TSCT_AOT_DIR"
 _lock = threading.Lock()
 _indexes: dict[str, Optional[dict]] = {}
 _kernels: dict[tuple[str, str], "AotKernel"] = {}
+generation = 0  # bumped by _reset_for_tests: caches built on the index (tsct.kernels.launch) drop themselves
 
 
 def artifact_arch(capability: Optional[tuple[int, int]]) -> Optional[str]:
@@ -65,9 +67,11 @@ def available(capability: Optional[tuple[int, int]]) -> bool:
 
 
 def _reset_for_tests() -> None:
+    global generation
     with _lock:
         _indexes.clear()
         _kernels.clear()
+        generation += 1
 
 
 # ---- argument packing (Triton's kernel ABI) -------------------------------------------------------
@@ -112,6 +116,26 @@ def pack_args(params: Sequence[dict], values: Sequence[Any]):
     return arr, cells
 
 
+# One 8-byte slot per parameter, the value in its low bytes (little-endian): the layout the fast path
+# packs with one struct call into a buffer whose slot addresses are the kernel's argument array.
+_SLOT_FORMATS = {"i1": "b7x", "i8": "b7x", "i16": "h6x", "i32": "i4x", "i64": "q", "u8": "B7x", "u16": "H6x",
+                 "u32": "I4x", "u64": "Q", "fp32": "f4x", "fp64": "d"}
+
+
+def slot_format(params: Sequence[dict]) -> str:
+    """The ``struct`` format of a kernel's argument slots (pointers as u64, scratch pointers included)."""
+    out = []
+    for p in params:
+        ty = p["type"]
+        if ty.startswith("*"):
+            out.append("Q")
+        elif ty in _SLOT_FORMATS:
+            out.append(_SLOT_FORMATS[ty])
+        else:
+            raise ValueError(f"unsupported Triton parameter type {ty!r}")
+    return "<" + "".join(out)
+
+
 # ---- kernels ----------------------------------------------------------------------------------------
 
 class AotKernel:
@@ -124,6 +148,14 @@ class AotKernel:
         self.block_x = 32 * int(entry["num_warps"])
         self.shared = int(entry["shared"])
         self._handle: Optional[ctypes.c_void_p] = None
+        # the fast launch: values packed into persistent slots (the driver copies them at launch, so
+        # the buffer is reusable as soon as the call returns; the lock covers concurrent launchers)
+        self._struct = struct.Struct(slot_format(self.params))
+        self._buf = ctypes.create_string_buffer(8 * len(self.params))
+        base = ctypes.addressof(self._buf)
+        self._slots = (ctypes.c_void_p * len(self.params))(*[base + 8 * i for i in range(len(self.params))])
+        self._tail = (0, 0)  # the two trailing scratch pointers: NULL
+        self._launch_lock = threading.Lock()
 
     @property
     def path(self) -> Path:
@@ -150,9 +182,17 @@ class AotKernel:
         g = tuple(int(v) for v in grid) + (1,) * (3 - len(grid))
         if min(g) <= 0:
             return
-        arr, keep = pack_args(self.params, values)
-        rc = get_lib().tsct_triton_launch(self.handle(), g[0], g[1], g[2], stream, arr, len(self.params))
-        del keep
+        handle = self.handle()
+        if len(values) != len(self.params) - 2:
+            pack_args(self.params, values)  # raises with the counts
+        vals = [0 if v is None else v for v in values]
+        with self._launch_lock:
+            try:
+                self._struct.pack_into(self._buf, 0, *vals, *self._tail)
+            except struct.error:
+                pack_args(self.params, values)  # raises OverflowError / TypeError naming the parameter
+                raise
+            rc = get_lib().tsct_triton_launch(handle, g[0], g[1], g[2], stream, self._slots, len(self.params))
         if rc != 0:
             raise RuntimeError(error_message("tsct_triton_launch", rc))
 

@@ -17,6 +17,7 @@ import torch
 from torch import Tensor
 
 from tsct import dispatch
+from tsct.ops import _eager
 
 _N_GRADS = 7  # x, w_gate, w_up, w_down, s_gate, s_up, row_weight
 
@@ -38,6 +39,12 @@ def grouped_glu_saving_op(
 ) -> tuple[Tensor, list[Tensor]]:
     """(out, saved): ``saved`` holds what the path's backward would otherwise recompute (empty for a
     path without ``grouped_glu_forward_saved``); it travels to the backward op unchanged."""
+    return _forward_impl(x, offs, w_gate, w_up, w_down, s_gate, s_up, row_weight, gather_idx, scatter_idx,
+                         num_out_rows, impl)
+
+
+def _forward_impl(x, offs, w_gate, w_up, w_down, s_gate, s_up, row_weight, gather_idx, scatter_idx, num_out_rows,
+                  impl) -> tuple[Tensor, list[Tensor]]:
     mod = dispatch.implementation(impl)
     args = (x, offs, w_gate, w_up, w_down, s_gate, s_up, row_weight, gather_idx, scatter_idx, num_out_rows)
     fwd_saved = getattr(mod, "grouped_glu_forward_saved", None)
@@ -61,7 +68,16 @@ def grouped_glu_op(
     num_out_rows: Optional[int],
     impl: str,
 ) -> Tensor:
-    """The forward's output (``tsct::grouped_glu`` without its saved tensors)."""
+    """The forward's output (``tsct::grouped_glu`` without its saved tensors). A plain eager CUDA call
+    runs the same functions through ``_EagerGlu`` instead of the dispatcher (``tsct.ops._eager``)."""
+    if _eager.direct_ok(x, w_gate, w_up, w_down):
+        rng = _eager.profiler_range("tsct::grouped_glu")
+        if rng is None:
+            return _EagerGlu.apply(x, offs, w_gate, w_up, w_down, s_gate, s_up, row_weight, gather_idx, scatter_idx,
+                                   num_out_rows, impl)
+        with rng:
+            return _EagerGlu.apply(x, offs, w_gate, w_up, w_down, s_gate, s_up, row_weight, gather_idx, scatter_idx,
+                                   num_out_rows, impl)
     return grouped_glu_saving_op(x, offs, w_gate, w_up, w_down, s_gate, s_up, row_weight, gather_idx, scatter_idx,
                                  num_out_rows, impl)[0]
 
@@ -99,6 +115,12 @@ def grouped_glu_backward_op(
     needs_grad: list[bool],
     saved: list[Tensor],
 ) -> list[Tensor]:
+    return _backward_impl(grad_out, x, offs, w_gate, w_up, w_down, s_gate, s_up, row_weight, gather_idx,
+                          scatter_idx, num_out_rows, impl, needs_grad, saved)
+
+
+def _backward_impl(grad_out, x, offs, w_gate, w_up, w_down, s_gate, s_up, row_weight, gather_idx, scatter_idx,
+                   num_out_rows, impl, needs_grad, saved) -> list[Tensor]:
     mod = dispatch.implementation(impl)
     args = (grad_out, x, offs, w_gate, w_up, w_down, s_gate, s_up, row_weight, gather_idx, scatter_idx,
             num_out_rows, needs_grad)
@@ -123,14 +145,17 @@ def _setup_context(ctx, inputs, output):
     ctx.impl = impl
 
 
-def _backward(ctx, grad_out, _grad_saved):
+def _backward(ctx, grad_out, _grad_saved=None):
     x, offs, w_gate, w_up, w_down, s_gate, s_up, row_weight, gather_idx, scatter_idx, *saved = ctx.saved_tensors
     # ctx.needs_input_grad follows the forward's 12 inputs; keep the 7 differentiable ones
     n = ctx.needs_input_grad
     needs = [n[0], n[2], n[3], n[4], n[5], n[6], n[7]]
     if not any(needs):
         return (None,) * 12
-    grads = grouped_glu_backward_op(
+    # the eager Function calls the implementation directly, except under create_graph (the op's
+    # registered formula then fails a second derivative by name)
+    bwd = _backward_impl if (getattr(ctx, "direct", False) and not torch.is_grad_enabled()) else grouped_glu_backward_op
+    grads = bwd(
         grad_out.contiguous(), x, offs, w_gate, w_up, w_down, s_gate, s_up, row_weight, gather_idx,
         scatter_idx, ctx.num_out_rows, ctx.impl, needs, list(saved),
     )
@@ -148,3 +173,20 @@ def _no_double_backward(ctx, *grads):
 
 # Registered so a second derivative fails with that message instead of torch's generic "no autograd formula".
 grouped_glu_backward_op.register_autograd(_no_double_backward)
+
+
+class _EagerGlu(torch.autograd.Function):
+    """``tsct::grouped_glu`` and its autograd formula without the dispatcher (plain eager CUDA calls)."""
+
+    @staticmethod
+    def forward(ctx, x, offs, w_gate, w_up, w_down, s_gate, s_up, row_weight, gather_idx, scatter_idx, num_out_rows,
+                impl):
+        inputs = (x, offs, w_gate, w_up, w_down, s_gate, s_up, row_weight, gather_idx, scatter_idx, num_out_rows, impl)
+        out, saved = _forward_impl(*inputs)
+        _setup_context(ctx, inputs, (out, saved))
+        ctx.direct = True
+        return out
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        return _backward(ctx, grad_out)

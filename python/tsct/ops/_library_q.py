@@ -63,6 +63,7 @@ from torch import Tensor
 from torch.utils.weak import WeakIdKeyDictionary
 
 from tsct import dispatch
+from tsct.ops import _eager
 from tsct.ops._library import _no_double_backward
 
 __all__ = ["grouped_glu_q_op", "grouped_glu_q_backward_op", "pack_factor", "unpack_factor", "quantize_master",
@@ -147,9 +148,32 @@ def grouped_glu_q_op(
     impl: str,
 ) -> Tensor:
     """Forward of the grouped GLU with factors given as (carrier, storage, tag) per slot (module docstring)."""
+    return _forward_impl(x, offs, w_gate, w_up, w_down, q_gate, q_up, q_down, formats, s_gate, s_up, row_weight,
+                         gather_idx, scatter_idx, num_out_rows, impl)
+
+
+def _forward_impl(x, offs, w_gate, w_up, w_down, q_gate, q_up, q_down, formats, s_gate, s_up, row_weight, gather_idx,
+                  scatter_idx, num_out_rows, impl) -> Tensor:
     _, facs = _factors(formats, (w_gate, w_up, w_down), (q_gate, q_up, q_down))
     mod = dispatch.implementation(impl)
     return mod.grouped_glu_forward(x, offs, *facs, s_gate, s_up, row_weight, gather_idx, scatter_idx, num_out_rows)
+
+
+def grouped_glu_q(x, offs, w_gate, w_up, w_down, q_gate, q_up, q_down, formats, s_gate, s_up, row_weight, gather_idx,
+                  scatter_idx, num_out_rows, impl) -> Tensor:
+    """``tsct::grouped_glu_q``, or for a plain eager CUDA call the same functions through ``_EagerGluQ``
+    (no dispatcher; ``tsct.ops._eager``)."""
+    args = (x, offs, w_gate, w_up, w_down, q_gate, q_up, q_down, formats, s_gate, s_up, row_weight, gather_idx,
+            scatter_idx, num_out_rows, impl)
+    if not _eager.direct_ok(x, w_gate, w_up, w_down):
+        return grouped_glu_q_op(*args)
+    flat = (x, offs, w_gate, w_up, w_down, formats, s_gate, s_up, row_weight, gather_idx, scatter_idx, num_out_rows,
+            impl, (len(q_gate), len(q_up), len(q_down)), *q_gate, *q_up, *q_down)
+    rng = _eager.profiler_range("tsct::grouped_glu_q")
+    if rng is None:
+        return _EagerGluQ.apply(*flat)
+    with rng:
+        return _EagerGluQ.apply(*flat)
 
 
 @grouped_glu_q_op.register_fake
@@ -181,6 +205,12 @@ def grouped_glu_q_backward_op(
 ) -> list[Tensor]:
     """The seven gradients (x, w_gate, w_up, w_down, s_gate, s_up, row_weight); a factor slot holds the
     gradient w.r.t. the DECODED factor in its carrier's dtype; an absent one is an empty tensor."""
+    return _backward_impl(grad_out, x, offs, w_gate, w_up, w_down, q_gate, q_up, q_down, formats, s_gate, s_up,
+                          row_weight, gather_idx, scatter_idx, num_out_rows, impl, needs_grad)
+
+
+def _backward_impl(grad_out, x, offs, w_gate, w_up, w_down, q_gate, q_up, q_down, formats, s_gate, s_up, row_weight,
+                   gather_idx, scatter_idx, num_out_rows, impl, needs_grad) -> list[Tensor]:
     _, facs = _factors(formats, (w_gate, w_up, w_down), (q_gate, q_up, q_down))
     mod = dispatch.implementation(impl)
     grads = list(mod.grouped_glu_backward(grad_out, x, offs, *facs, s_gate, s_up, row_weight, gather_idx,
@@ -221,16 +251,44 @@ def _backward(ctx, grad_out):
     # ctx.needs_input_grad follows the forward's 16 inputs; the differentiable ones are x, the three
     # carriers, s_gate, s_up, row_weight (storage lists and indices get None)
     n = ctx.needs_input_grad
-    needs = [bool(n[0]), bool(n[2]), bool(n[3]), bool(n[4]), bool(n[9]), bool(n[10]), bool(n[11])]
+    direct = getattr(ctx, "direct", False)
+    sc = 6 if direct else 9  # where s_gate sits: _EagerGluQ's inputs have `formats` (no storage lists) before it
+    needs = [bool(n[0]), bool(n[2]), bool(n[3]), bool(n[4]), bool(n[sc]), bool(n[sc + 1]), bool(n[sc + 2])]
     lists = tuple([None] * k for k in ctx.n_q)  # the storage lists get a list of Nones (same structure)
     if not any(needs):
-        return (None,) * 5 + lists + (None,) * 8
-    grads = grouped_glu_q_backward_op(
+        return (None,) * (14 + sum(ctx.n_q)) if direct else (None,) * 5 + lists + (None,) * 8
+    # the eager Function calls the implementation directly, except under create_graph (the op's
+    # registered formula then fails a second derivative by name)
+    bwd = _backward_impl if (direct and not torch.is_grad_enabled()) else grouped_glu_q_backward_op
+    grads = bwd(
         grad_out.contiguous(), x, offs, w_gate, w_up, w_down, q_gate, q_up, q_down, ctx.formats, s_gate, s_up,
         row_weight, gather_idx, scatter_idx, ctx.num_out_rows, ctx.impl, needs,
     )
     g = [gr if need else None for gr, need in zip(grads, needs)]
+    if direct:  # _EagerGluQ's inputs: ..., formats, s_gate, s_up, row_weight, gidx, sidx, n_out, impl, n_q, *q
+        return (g[0], None, g[1], g[2], g[3], None, g[4], g[5], g[6], None, None, None, None, None) + (None,) * sum(ctx.n_q)
     return (g[0], None, g[1], g[2], g[3], *lists, None, g[4], g[5], g[6], None, None, None, None)
+
+
+class _EagerGluQ(torch.autograd.Function):
+    """``tsct::grouped_glu_q`` and its autograd formula without the dispatcher (plain eager CUDA calls);
+    the storage lists arrive flattened after their lengths ``n_q``."""
+
+    @staticmethod
+    def forward(ctx, x, offs, w_gate, w_up, w_down, formats, s_gate, s_up, row_weight, gather_idx, scatter_idx,
+                num_out_rows, impl, n_q, *q_flat):
+        a, b, _ = n_q
+        q_gate, q_up, q_down = list(q_flat[:a]), list(q_flat[a:a + b]), list(q_flat[a + b:])
+        inputs = (x, offs, w_gate, w_up, w_down, q_gate, q_up, q_down, formats, s_gate, s_up, row_weight,
+                  gather_idx, scatter_idx, num_out_rows, impl)
+        out = _forward_impl(*inputs)
+        _setup_context(ctx, inputs, out)
+        ctx.direct = True
+        return out
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        return _backward(ctx, grad_out)
 
 
 grouped_glu_q_op.register_autograd(_backward, setup_context=_setup_context)

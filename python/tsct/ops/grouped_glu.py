@@ -116,7 +116,7 @@ def grouped_glu(
         tags.append(tag)
         storages.append(storage)
         carriers.append(w if tag == "dense" else mt)
-    return _library_q.grouped_glu_q_op(x, offs, *carriers, *storages, ",".join(tags), s_gate, s_up, row_weight,
+    return _library_q.grouped_glu_q(x, offs, *carriers, *storages, ",".join(tags), s_gate, s_up, row_weight,
                                        gather_idx, scatter_idx, num_out_rows, path)
 
 

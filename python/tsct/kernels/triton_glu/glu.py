@@ -22,16 +22,14 @@ gets a ones partner) so the AOT table stays small (specs.py).
 
 from __future__ import annotations
 
-import collections
 import dataclasses
-import importlib.util
 import os
-import threading
 from typing import Any, Optional, Sequence
 
 import torch
 from torch import Tensor
 
+from tsct.kernels import launch
 from tsct.kernels.triton_glu import specs
 from tsct.kernels.triton_glu.specs import Config
 
@@ -53,92 +51,26 @@ def _config(cap: tuple[int, int]) -> Config:
 # TSCT_TRITON_BACKEND=auto (default): the AOT cubin of the launch's specialization when this install
 # ships one for the device's arch, else Triton JIT when importable. =aot / =jit force one (tests).
 
-BACKEND_ENV = "TSCT_TRITON_BACKEND"
-_counts: collections.Counter = collections.Counter()
-_count_lock = threading.Lock()
+BACKEND_ENV = launch.BACKEND_ENV
+FAMILY = launch.Family("triton-bf16", specs, "tsct.kernels.triton_glu._kernels")
+_backend_mode = launch.backend_mode
+_stream = launch.current_stream
 
 
 def backend_counts() -> dict[tuple[str, str], int]:
     """{(backend, kernel): launches} since the process started ("aot", "jit")."""
-    with _count_lock:
-        return dict(_counts)
-
-
-def _backend_mode() -> str:
-    mode = os.environ.get(BACKEND_ENV, "auto").strip().lower() or "auto"
-    if mode not in ("auto", "aot", "jit"):
-        raise ValueError(f"{BACKEND_ENV}={mode!r}: expected auto, aot or jit")
-    return mode
-
-
-_triton_ok: Optional[bool] = None
-
-
-def _triton_importable() -> bool:
-    global _triton_ok
-    if _triton_ok is None:
-        _triton_ok = importlib.util.find_spec("triton") is not None
-    return _triton_ok
+    return FAMILY.backend_counts()
 
 
 def _type_of(v: Any) -> str:
-    if v is None:
-        return specs.UNUSED
-    if isinstance(v, Tensor):
-        return specs.DTYPE_TYPES[str(v.dtype).rsplit(".", 1)[-1]]
-    return "i32"
-
-
-def _stream(device: torch.device) -> int:
-    return torch.cuda.current_stream(device).cuda_stream
-
-
-def _hints_hold(kernel: str, args: dict, consts: dict) -> bool:
-    for p in specs.KERNELS[kernel].hinted:
-        if not specs.is_used(kernel, p, consts):
-            continue
-        v = args[p]
-        if (v.data_ptr() if isinstance(v, Tensor) else int(v)) % 16:
-            return False
-    return True
+    return launch.type_of(v, specs.DTYPE_TYPES, specs.UNUSED)
 
 
 def _launch(kernel: str, grid: tuple, args: Sequence[Any], consts: dict, num_warps: int, num_stages: int,
             aligned: bool, cap: tuple[int, int], device: torch.device) -> None:
     """Launch ``kernel`` (its runtime parameters in specs.KERNELS order; None = a pointer the flags
-    leave unread) on the current stream, through the AOT cubin or Triton JIT."""
-    info = specs.KERNELS[kernel]
-    named = dict(zip(info.params, args))
-    mode = _backend_mode()
-    if mode != "jit":
-        from tsct.kernels import aot
-
-        arch = aot.artifact_arch(cap)
-        k = None
-        key = ""
-        if arch is not None:
-            if aligned and not _hints_hold(kernel, named, consts):
-                aligned = False  # the generic variant (no divisibility attributes), if the table has it
-            types = {p: _type_of(named[p]) for p in info.params}
-            key = specs.spec_key(kernel, types, consts, num_warps, num_stages, aligned)
-            k = aot.kernel(arch, key)
-        if k is not None:
-            values = [v.data_ptr() if isinstance(v, Tensor) else v for v in args]
-            k.launch(grid, values, _stream(device))
-            with _count_lock:
-                _counts[("aot", kernel)] += 1
-            return
-        if mode == "aot" or not _triton_importable():
-            why = (f"no AOT cubins for compute capability {cap[0]}.{cap[1]}" if arch is None or aot.index(arch) is None
-                   else f"the {arch} AOT cubins have no variant {key}")
-            raise RuntimeError(f"tsct triton-bf16: {why}" + ("" if mode == "aot" else "; and Triton is not importable"))
-    from tsct.kernels.triton_glu import _kernels as K
-
-    dummy = next(v for v in args if isinstance(v, Tensor))
-    jit_args = [dummy if v is None else v for v in args]
-    getattr(K, kernel)[grid](*jit_args, **consts, num_warps=num_warps, num_stages=num_stages)
-    with _count_lock:
-        _counts[("jit", kernel)] += 1
+    leave unread) on the current stream, through the AOT cubin or Triton JIT (``tsct.kernels.launch``)."""
+    FAMILY.launch(kernel, grid, args, consts, num_warps, num_stages, aligned, cap, device)
 
 
 # ---- host-side helpers ----------------------------------------------------------------------------
@@ -147,11 +79,19 @@ def _cdiv(a: int, b: int) -> int:
     return -(-a // b)
 
 
+_caps: dict[int, tuple[int, int]] = {}
+
+
 def _capability(device: torch.device) -> tuple[int, int]:
-    """The device's compute capability; (0, 0) for a CPU tensor (Triton's interpreter: JIT only)."""
+    """The device's compute capability (cached per device index); (0, 0) for a CPU tensor (Triton's
+    interpreter: JIT only)."""
     if device.type != "cuda":
         return (0, 0)
-    return tuple(torch.cuda.get_device_capability(device))
+    idx = device.index if device.index is not None else torch.cuda.current_device()
+    cap = _caps.get(idx)
+    if cap is None:
+        cap = _caps[idx] = tuple(torch.cuda.get_device_capability(idx))
+    return cap
 
 
 def _aligned(d: int, r: int, stride_x: int, *tensors: Optional[Tensor]) -> bool:

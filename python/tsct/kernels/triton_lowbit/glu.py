@@ -36,13 +36,13 @@ gradient of the master factor, so there are two ways to train:
 from __future__ import annotations
 
 import collections
-import importlib.util
 import threading
 from typing import Any, Optional, Sequence
 
 import torch
 from torch import Tensor
 
+from tsct.kernels import launch
 from tsct.kernels.triton_glu import glu as G
 from tsct.kernels.triton_glu import specs
 from tsct.kernels.triton_lowbit import specs as LS
@@ -57,8 +57,7 @@ WARPS_DECODE = LS.WARPS_DECODE
 
 _lock = threading.Lock()
 _conversions: collections.Counter = collections.Counter()
-_launches: collections.Counter = collections.Counter()
-_backends: collections.Counter = collections.Counter()
+FAMILY = launch.Family("triton-lowbit", LS, "tsct.kernels.triton_lowbit._kernels")
 
 
 def layout_conversions() -> dict[str, int]:
@@ -69,14 +68,15 @@ def layout_conversions() -> dict[str, int]:
 
 def launch_counts() -> dict[str, int]:
     """{kernel: launches (AOT or JIT)} of this package's kernels since process start."""
-    with _lock:
-        return dict(_launches)
+    out: collections.Counter = collections.Counter()
+    for (_, kernel), n in FAMILY.backend_counts().items():
+        out[kernel] += n
+    return dict(out)
 
 
 def backend_counts() -> dict[tuple[str, str], int]:
     """{("aot" | "jit", kernel): launches} of this package's kernels since process start."""
-    with _lock:
-        return dict(_backends)
+    return FAMILY.backend_counts()
 
 
 def factor_format(w) -> int:
@@ -118,58 +118,12 @@ def _factor_args(name: str, w, dtype: torch.dtype) -> tuple[int, list]:
     return fmt, [w.bits.contiguous(), w.scale_k.contiguous(), w.scale_n.contiguous()]
 
 
-def _hints_hold(kernel: str, named: dict, consts: dict) -> bool:
-    for p in LS.KERNELS[kernel].hinted:
-        if LS.is_used(kernel, p, consts):
-            v = named[p]
-            if (v.data_ptr() if isinstance(v, Tensor) else int(v)) % 16:
-                return False
-    return True
-
-
-def aot_key(kernel: str, args: Sequence[Any], consts: dict, num_warps: int, num_stages: int, aligned: bool) -> str:
-    """The specialization key of a launch (``specs.spec_key``); ``aligned`` is dropped to generic when a
-    hinted parameter is not 16-aligned / a multiple of 16."""
-    named = dict(zip(LS.KERNELS[kernel].params, args))
-    if aligned and not _hints_hold(kernel, named, consts):
-        aligned = False
-    types = {p: G._type_of(named[p]) for p in LS.KERNELS[kernel].params}
-    return LS.spec_key(kernel, types, consts, num_warps, num_stages, aligned)
-
-
 def _launch(kernel: str, grid: tuple, args: Sequence[Any], consts: dict, num_warps: int, num_stages: int,
             aligned: bool, cap: tuple, device: torch.device) -> None:
     """Launch one of this package's kernels (runtime parameters in ``specs.KERNELS`` order; None = a
     pointer the flags leave unread) on the current stream: the AOT cubin of its specialization when the
     install has it (``TSCT_TRITON_BACKEND`` not "jit"), else Triton JIT; "aot" never JITs."""
-    mode = G._backend_mode()
-    if mode != "jit":  # a CPU tensor's capability is (0, 0): no artifact arch, so JIT (the interpreter)
-        from tsct.kernels import aot
-
-        arch = aot.artifact_arch(cap)
-        k, key = None, ""
-        if arch is not None:
-            key = aot_key(kernel, args, consts, num_warps, num_stages, aligned)
-            k = aot.kernel(arch, key)
-        if k is not None:
-            k.launch(grid, [v.data_ptr() if isinstance(v, Tensor) else v for v in args], G._stream(device))
-            with _lock:
-                _launches[kernel] += 1
-                _backends[("aot", kernel)] += 1
-            return
-        if mode == "aot" or importlib.util.find_spec("triton") is None:
-            why = (f"no AOT cubins for compute capability {cap[0]}.{cap[1]}" if arch is None or aot.index(arch) is None
-                   else f"the {arch} AOT cubins have no variant {key}")
-            raise RuntimeError(f"tsct triton-lowbit: {why}" + ("" if mode == "aot" else
-                                                              "; and Triton is not importable (JIT)"))
-    from tsct.kernels.triton_lowbit import _kernels as K
-
-    dummy = next(v for v in args if isinstance(v, Tensor))
-    getattr(K, kernel)[grid](*[dummy if v is None else v for v in args], **consts, num_warps=num_warps,
-                             num_stages=num_stages)
-    with _lock:
-        _launches[kernel] += 1
-        _backends[("jit", kernel)] += 1
+    FAMILY.launch(kernel, grid, args, consts, num_warps, num_stages, aligned, cap, device)
 
 
 def _dims(x, w_gate, w_down, gather_idx):

@@ -1,0 +1,183 @@
+"""One launcher for the Triton kernel families (triton_glu, triton_lowbit): AOT cubin or Triton JIT.
+
+A launch names a kernel of a family's table (``specs.KERNELS``: parameters in order, which pointer
+each flag leaves unread, which parameters an aligned launch hints as 16-divisible), its runtime
+arguments in that order (``None`` = a pointer the flags leave unread), its constexprs, warps, stages
+and whether the caller's shapes allow the aligned variants. ``Family.launch`` then
+
+* with ``TSCT_TRITON_BACKEND`` auto/aot and cubins for the device's arch: looks the specialization
+  key up in the shipped index (``tsct.kernels.aot``) and launches the cubin through the native
+  library; the aligned variant only when every hinted parameter really is 16-aligned, else the
+  generic one;
+* otherwise (jit, or auto with no fitting cubin and Triton importable): Triton JIT.
+
+Host cost matters: at b1 one eager forward makes ~6 launches and the GPU work is ~0.85 ms on an H200,
+so a launch must cost microseconds, not the ~100 us that building the key string and ctypes cells per
+call took (bench/notes.md, "Host time"). The key is resolved once per *launch signature* (kernel,
+arch, argument dtypes / None-ness, constexprs, warps, stages, aligned) and cached; a cached launch
+checks the hinted pointers' alignment, reads the data pointers and packs them with a precompiled
+``struct`` layout (``AotKernel.launch``).
+"""
+
+from __future__ import annotations
+
+import collections
+import importlib
+import importlib.util
+import os
+import threading
+from typing import Any, Callable, Optional, Sequence
+
+import torch
+from torch import Tensor
+
+BACKEND_ENV = "TSCT_TRITON_BACKEND"
+
+
+def backend_mode() -> str:
+    """``TSCT_TRITON_BACKEND``: "auto" (default), "aot" or "jit"; anything else raises ValueError."""
+    mode = os.environ.get(BACKEND_ENV, "auto").strip().lower() or "auto"
+    if mode not in ("auto", "aot", "jit"):
+        raise ValueError(f"{BACKEND_ENV}={mode!r}: expected auto, aot or jit")
+    return mode
+
+
+_triton_ok: Optional[bool] = None
+
+
+def triton_importable() -> bool:
+    global _triton_ok
+    if _triton_ok is None:
+        _triton_ok = importlib.util.find_spec("triton") is not None
+    return _triton_ok
+
+
+def type_of(v: Any, dtype_types: dict, unused: str) -> str:
+    """Triton's type string of an argument: ``*bf16`` for a bf16 tensor, ``i32`` for an int, ``unused``
+    for None."""
+    if v is None:
+        return unused
+    if isinstance(v, Tensor):
+        return dtype_types[str(v.dtype).rsplit(".", 1)[-1]]
+    return "i32"
+
+
+def _raw_stream_fn() -> Callable[[torch.device], int]:
+    raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+    if raw is None:  # pragma: no cover - older torch
+        return lambda dev: torch.cuda.current_stream(dev).cuda_stream
+
+    def stream(dev: torch.device) -> int:
+        return raw(dev.index if dev.index is not None else torch.cuda.current_device())
+
+    return stream
+
+
+current_stream = _raw_stream_fn()  # the device's current CUDA stream as an int (cudaStream_t)
+
+
+_UNRESOLVED = object()
+
+
+class _Resolved:
+    """What a launch signature resolved to: the aligned and generic AOT kernels (None = none shipped),
+    the positions of the hinted parameters that are read, and the key (for messages)."""
+
+    __slots__ = ("k_aligned", "k_generic", "hinted", "key_aligned", "key_generic")
+
+    def __init__(self, k_aligned, k_generic, hinted, key_aligned, key_generic):
+        self.k_aligned, self.k_generic, self.hinted = k_aligned, k_generic, hinted
+        self.key_aligned, self.key_generic = key_aligned, key_generic
+
+
+class Family:
+    """The launcher of one kernel family.
+
+    Args:
+        name: the path name used in error messages ("triton-bf16", "triton-lowbit").
+        specs: the family's specs module: ``KERNELS``, ``DTYPE_TYPES``, ``UNUSED``, ``is_used(kernel,
+            param, consts)`` and ``spec_key(kernel, types, consts, num_warps, num_stages, aligned)``.
+        jit_module: the module holding the ``@triton.jit`` functions (imported on the first JIT launch).
+    """
+
+    def __init__(self, name: str, specs, jit_module: str):
+        self.name = name
+        self.specs = specs
+        self.jit_module = jit_module
+        self._resolved: dict[tuple, _Resolved] = {}
+        self._generation: tuple = ()  # (aot.generation, aot.kernel) the cache was built on
+        self._lock = threading.Lock()
+        self.counts: collections.Counter = collections.Counter()  # (backend, kernel) -> launches
+
+    def backend_counts(self) -> dict[tuple[str, str], int]:
+        with self._lock:
+            return dict(self.counts)
+
+    def _resolve(self, kernel: str, arch: str, args: Sequence[Any], consts: dict, num_warps: int,
+                 num_stages: int, aligned: bool) -> _Resolved:
+        from tsct.kernels import aot
+
+        s = self.specs
+        info = s.KERNELS[kernel]
+        types = {p: type_of(v, s.DTYPE_TYPES, s.UNUSED) for p, v in zip(info.params, args)}
+        key_g = s.spec_key(kernel, types, consts, num_warps, num_stages, False)
+        key_a = s.spec_key(kernel, types, consts, num_warps, num_stages, True) if aligned else ""
+        hinted = tuple(i for i, p in enumerate(info.params) if p in info.hinted and s.is_used(kernel, p, consts))
+        # the generic variant is looked up when a launch needs it (_UNRESOLVED until then)
+        return _Resolved(aot.kernel(arch, key_a) if aligned else None, _UNRESOLVED, hinted, key_a, key_g)
+
+    def launch(self, kernel: str, grid: tuple, args: Sequence[Any], consts: dict, num_warps: int, num_stages: int,
+               aligned: bool, cap: tuple, device: torch.device) -> str:
+        """Launch ``kernel`` on the current stream of ``device``; returns "aot" or "jit".
+
+        Raises RuntimeError when the AOT cubins have no variant for the launch and JIT is not allowed
+        (``TSCT_TRITON_BACKEND=aot``) or Triton is not importable; ValueError for a bad backend name.
+        """
+        mode = backend_mode()
+        if mode != "jit":
+            from tsct.kernels import aot
+
+            arch = aot.artifact_arch(cap)
+            if arch is not None:
+                if self._generation != (aot.generation, aot.kernel):  # a reset index (or a test's stand-in)
+                    with self._lock:
+                        self._resolved.clear()
+                        self._generation = (aot.generation, aot.kernel)
+                sig = (kernel, arch, aligned, num_warps, num_stages, tuple(consts.items()),
+                       tuple(v.dtype if isinstance(v, Tensor) else v is None for v in args))
+                res = self._resolved.get(sig)
+                if res is None:
+                    res = self._resolve(kernel, arch, args, consts, num_warps, num_stages, aligned)
+                    with self._lock:
+                        self._resolved[sig] = res
+                values = [v.data_ptr() if isinstance(v, Tensor) else v for v in args]
+                k = res.k_aligned
+                if k is not None:
+                    for i in res.hinted:
+                        if (values[i] or 0) % 16:
+                            k = None  # a hinted pointer or int is not 16-divisible: the generic variant
+                            break
+                if k is None:
+                    if res.k_generic is _UNRESOLVED:
+                        res.k_generic = aot.kernel(arch, res.key_generic)
+                    k = res.k_generic
+                if k is not None:
+                    k.launch(grid, values, current_stream(device))
+                    with self._lock:
+                        self.counts[("aot", kernel)] += 1
+                    return "aot"
+                if mode == "aot" or not triton_importable():
+                    why = (f"the {arch} AOT cubins have no variant {res.key_aligned or res.key_generic}"
+                           if aot.index(arch) is not None else f"no AOT cubins for compute capability {cap[0]}.{cap[1]}")
+                    raise RuntimeError(f"tsct {self.name}: {why}"
+                                       + ("" if mode == "aot" else "; and Triton is not importable (JIT)"))
+            elif mode == "aot" or not triton_importable():
+                raise RuntimeError(f"tsct {self.name}: no AOT cubins for compute capability {cap[0]}.{cap[1]}"
+                                   + ("" if mode == "aot" else "; and Triton is not importable (JIT)"))
+        K = importlib.import_module(self.jit_module)
+        dummy = next(v for v in args if isinstance(v, Tensor))
+        getattr(K, kernel)[grid](*[dummy if v is None else v for v in args], **consts, num_warps=num_warps,
+                                 num_stages=num_stages)
+        with self._lock:
+            self.counts[("jit", kernel)] += 1
+        return "jit"

@@ -1,0 +1,45 @@
+"""When an eager call may skip the torch.library dispatcher (``tsct.config.eager_direct``).
+
+The custom ops (``tsct::grouped_glu``, ``tsct::grouped_glu_q``) are what torch.compile, FakeTensor,
+``opcheck`` and other dispatcher-level tools see. A plain eager call on CUDA tensors gains nothing from
+that layer but pays for it on every call (schema defaults, pytree flattening, the aliasing check, the
+redispatch: ~0.2-0.4 ms of host time per forward + backward on the H200's host, where the whole b1
+forward is ~0.85 ms of GPU time; bench/notes.md "Host time"). So such a call runs the SAME forward and
+backward functions through a ``torch.autograd.Function`` instead; everything else keeps the ops.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+from torch import Tensor
+
+from tsct import config
+
+_PLAIN = (Tensor, torch.nn.Parameter)
+
+
+def _functorch_active() -> bool:
+    peek = getattr(torch._C._functorch, "peek_interpreter_stack", None)
+    return peek is not None and peek() is not None
+
+
+def direct_ok(x: Tensor, *others: Optional[Tensor]) -> bool:
+    """True for a plain eager call: ``tsct.config.eager_direct`` on, CUDA inputs of the plain Tensor
+    type (no subclass such as DTensor or a FakeTensor), not compiling or tracing, no torch function or
+    dispatch mode active (FakeTensorMode, FlopCounterMode, ...), no functorch transform (vmap, grad)."""
+    if not (config.eager_direct and x.is_cuda and type(x) in _PLAIN):
+        return False
+    for t in others:
+        if t is not None and type(t) not in _PLAIN:
+            return False
+    return not (torch.compiler.is_compiling() or torch._C._is_torch_function_mode_enabled()
+                or torch._C._len_torch_dispatch_stack() or _functorch_active())
+
+
+def profiler_range(name: str):
+    """A ``record_function`` range when the profiler is on (the op's name in traces), else None."""
+    if torch.autograd._profiler_enabled():
+        return torch.autograd.profiler.record_function(name)
+    return None

@@ -1,0 +1,104 @@
+"""Plain eager calls skip the custom ops' dispatcher (tsct.ops._eager): same functions, same results.
+
+On the CPU the direct route is switched on by hand (it is CUDA-only in use) and checked against the op
+route bit for bit: forward, every gradient, the STE gradient to a master through the quantized op, and
+the named double-backward error.
+"""
+
+import pytest
+import torch
+
+from tsct import config, dispatch, quant
+from tsct.ops import _eager, _library, _library_q, grouped_glu
+from _glu_oracle import make_problem
+
+GRAD_NAMES = ("x", "w_gate", "w_up", "w_down", "s_gate", "s_up", "row_weight")
+
+
+def _run(p, direct, monkeypatch, **kw):
+    monkeypatch.setattr(_eager, "direct_ok", lambda *a: direct)
+    leaves = {n: p[n].detach().clone().requires_grad_() for n in GRAD_NAMES}
+    y = grouped_glu(leaves["x"], p["offs"], leaves["w_gate"], leaves["w_up"], leaves["w_down"], leaves["s_gate"],
+                    leaves["s_up"], row_weight=leaves["row_weight"], gather_idx=p["gather_idx"],
+                    scatter_idx=p["scatter_idx"], num_out_rows=p["num_out_rows"], impl="reference", **kw)
+    g = torch.randn(y.shape, generator=torch.Generator().manual_seed(3))
+    grads = torch.autograd.grad(y, [leaves[n] for n in GRAD_NAMES], g)
+    return y, grads
+
+
+def test_direct_route_equals_the_op_route_bitwise(monkeypatch):
+    p = make_problem(tokens=24, topk=2, experts=6, d=32, r=8, f=37, empty=(2,), gather=True, dtype=torch.float32,
+                     seed=5)
+    calls = []
+    real = _library._forward_impl
+    monkeypatch.setattr(_library, "_forward_impl", lambda *a: calls.append(1) or real(*a))
+    y_op, g_op = _run(p, False, monkeypatch)
+    y_d, g_d = _run(p, True, monkeypatch)
+    assert len(calls) == 2  # both routes ran the same forward function
+    assert torch.equal(y_op, y_d)
+    for n, a, b in zip(GRAD_NAMES, g_op, g_d):
+        assert torch.equal(a, b), n
+
+
+def test_direct_route_is_taken_and_fails_double_backward_by_name(monkeypatch):
+    p = make_problem(tokens=10, topk=2, experts=3, d=16, r=8, f=9, gather=True, dtype=torch.float32, seed=2)
+    monkeypatch.setattr(_eager, "direct_ok", lambda *a: True)
+    x = p["x"].clone().requires_grad_()
+    y = grouped_glu(x, p["offs"], p["w_gate"], p["w_up"], p["w_down"], gather_idx=p["gather_idx"],
+                    scatter_idx=p["scatter_idx"], num_out_rows=p["num_out_rows"], impl="reference")
+    assert "EagerGlu" in type(y.grad_fn).__name__
+    g, = torch.autograd.grad(y.square().sum(), x, create_graph=True)
+    assert g.abs().sum() > 0
+    with pytest.raises(RuntimeError, match="double backward .* is not supported"):
+        g.sum().backward()
+
+
+class _DecodingPath:
+    """A stand-in quantized path for the CPU: decodes the containers, runs the reference (the
+    interface of tsct.ops._library_q's module docstring)."""
+
+    @staticmethod
+    def _dense(facs, dtype):
+        return [quant.dequantize(w, dtype=dtype) if quant.is_quantized(w) else w for w in facs]
+
+    @staticmethod
+    def grouped_glu_forward(x, offs, wg, wu, wd, *rest):
+        from tsct import reference
+        return reference.grouped_glu_forward(x, offs, *_DecodingPath._dense((wg, wu, wd), x.dtype), *rest)
+
+    @staticmethod
+    def grouped_glu_backward(go, x, offs, wg, wu, wd, *rest):
+        from tsct import reference
+        return reference.grouped_glu_backward(go, x, offs, *_DecodingPath._dense((wg, wu, wd), x.dtype), *rest)
+
+
+def _run_q(p, direct, monkeypatch):
+    monkeypatch.setattr(_eager, "direct_ok", lambda *a: direct)
+    monkeypatch.setattr(dispatch, "select", lambda impl, cap, fmt: dispatch.TRITON_LOWBIT)
+    monkeypatch.setattr(dispatch, "implementation", lambda path: _DecodingPath)
+    master = p["w_gate"].detach().clone().requires_grad_()
+    wq = quant.quantize_nvfp4(master.detach(), backend="torch")
+    x = p["x"].detach().clone().requires_grad_()
+    rw = p["row_weight"].detach().clone().requires_grad_()
+    y = grouped_glu(x, p["offs"], wq, p["w_up"], p["w_down"], p["s_gate"], p["s_up"], row_weight=rw,
+                    gather_idx=p["gather_idx"], scatter_idx=p["scatter_idx"], num_out_rows=p["num_out_rows"],
+                    masters=(master, None, None))
+    g = torch.randn(y.shape, generator=torch.Generator().manual_seed(4))
+    return (y, *torch.autograd.grad(y, [x, master, rw], g)), type(y.grad_fn).__name__
+
+
+def test_quantized_direct_route_equals_the_op_route(monkeypatch):
+    p = make_problem(tokens=16, topk=2, experts=4, d=32, r=16, f=24, empty=(1,), gather=True, dtype=torch.float32,
+                     seed=7)
+    a, name_op = _run_q(p, False, monkeypatch)
+    b, name_d = _run_q(p, True, monkeypatch)
+    assert "EagerGluQ" in name_d and "EagerGluQ" not in name_op
+    for n, u, v in zip(("y", "x", "master", "row_weight"), a, b):
+        assert u.abs().sum() > 0 and torch.equal(u, v), n
+
+
+def test_direct_ok_refuses_cpu_and_the_switch(monkeypatch):
+    x = torch.randn(4, 4)
+    assert not _eager.direct_ok(x)
+    monkeypatch.setattr(config, "eager_direct", False)
+    assert not _eager.direct_ok(x)
