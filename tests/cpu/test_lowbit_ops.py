@@ -84,8 +84,8 @@ def test_ops_are_registered_with_list_storage():
     bwd = str(torch.ops.tsct.grouped_glu_q_backward.default._schema)
     for name in ("q_gate", "q_up", "q_down"):
         assert f"Tensor[] {name}" in fwd and f"Tensor[] {name}" in bwd
-    assert "str formats" in fwd and "str impl" in fwd and "bool[] needs_grad" in bwd
-    assert fwd.endswith("-> Tensor") and bwd.endswith("-> Tensor[]")
+    assert "str formats" in fwd and "str impl" in fwd and "bool[] needs_grad" in bwd and "Tensor[] saved" in bwd
+    assert fwd.endswith("-> (Tensor, Tensor[])") and bwd.endswith("-> Tensor[]")
 
 
 @pytest.mark.parametrize("fmt", ["dense", "nvfp4", "nvfp4-swizzled_128x4", "sign"])
@@ -297,11 +297,13 @@ def test_fake_impls_give_shapes_and_dtypes():
 
     p, masters, facs = _problem(("sign", "nvfp4", "nvfp4"))
     with FakeTensorMode(allow_non_fake_inputs=True):
-        y = torch.ops.tsct.grouped_glu_q(*_op_args(p, facs, (None, None, None), dispatch.TRITON_LOWBIT))
+        y, saved = torch.ops.tsct.grouped_glu_q(*_op_args(p, facs, (None, None, None), dispatch.TRITON_LOWBIT))
         assert tuple(y.shape) == (12, 24) and y.dtype == torch.float32
+        # triton-lowbit saves hg, hu (fp32) and z * rw ([M, r] = [26, 16]) for its backward
+        assert [(tuple(t.shape), t.dtype) for t in saved] == [((26, 16), torch.float32)] * 2 + [((26, 16), y.dtype)]
         grads = torch.ops.tsct.grouped_glu_q_backward(
             torch.empty(12, 24), *_op_args(p, facs, (masters[0], None, masters[2]), dispatch.TRITON_LOWBIT),
-            [True, True, False, True, False, True, True])
+            [True, True, False, True, False, True, True], saved)
         shapes = [tuple(g.shape) for g in grads]
     assert shapes == [(12, 32), (4, 32, 16), (0,), (4, 16, 24), (0,), (4, 16), (26,)]
 

@@ -91,7 +91,7 @@ def test_install_holds_every_manifest_cubin():
                 want |= keys
                 fams[name] = len(keys)
         assert set(entries) == want
-        assert fams.get("w4a4", 30) == 30 and fams.get("lowbit", 172) == 172, fams
+        assert fams.get("w4a4", 102) == 102 and fams.get("lowbit", 172) == 172, fams
         assert {f: v["variants"] for f, v in idx["families"].items()} == fams, idx["families"]
 
 

@@ -146,17 +146,24 @@ def grouped_glu_q_op(
     scatter_idx: Optional[Tensor],
     num_out_rows: Optional[int],
     impl: str,
-) -> Tensor:
-    """Forward of the grouped GLU with factors given as (carrier, storage, tag) per slot (module docstring)."""
+) -> tuple[Tensor, list[Tensor]]:
+    """Forward of the grouped GLU with factors given as (carrier, storage, tag) per slot (module docstring):
+    ``(out, saved)``, ``saved`` what the path's backward would otherwise recompute (empty for a path
+    without ``grouped_glu_forward_saved``); it travels to the backward op unchanged."""
     return _forward_impl(x, offs, w_gate, w_up, w_down, q_gate, q_up, q_down, formats, s_gate, s_up, row_weight,
                          gather_idx, scatter_idx, num_out_rows, impl)
 
 
 def _forward_impl(x, offs, w_gate, w_up, w_down, q_gate, q_up, q_down, formats, s_gate, s_up, row_weight, gather_idx,
-                  scatter_idx, num_out_rows, impl) -> Tensor:
+                  scatter_idx, num_out_rows, impl) -> tuple[Tensor, list[Tensor]]:
     _, facs = _factors(formats, (w_gate, w_up, w_down), (q_gate, q_up, q_down))
     mod = dispatch.implementation(impl)
-    return mod.grouped_glu_forward(x, offs, *facs, s_gate, s_up, row_weight, gather_idx, scatter_idx, num_out_rows)
+    args = (x, offs, *facs, s_gate, s_up, row_weight, gather_idx, scatter_idx, num_out_rows)
+    fwd_saved = getattr(mod, "grouped_glu_forward_saved", None)
+    if fwd_saved is None:
+        return mod.grouped_glu_forward(*args), []
+    out, saved = fwd_saved(*args)
+    return out, list(saved)
 
 
 def grouped_glu_q(x, offs, w_gate, w_up, w_down, q_gate, q_up, q_down, formats, s_gate, s_up, row_weight, gather_idx,
@@ -166,7 +173,7 @@ def grouped_glu_q(x, offs, w_gate, w_up, w_down, q_gate, q_up, q_down, formats, 
     args = (x, offs, w_gate, w_up, w_down, q_gate, q_up, q_down, formats, s_gate, s_up, row_weight, gather_idx,
             scatter_idx, num_out_rows, impl)
     if not _eager.direct_ok(x, w_gate, w_up, w_down):
-        return grouped_glu_q_op(*args)
+        return grouped_glu_q_op(*args)[0]
     flat = (x, offs, w_gate, w_up, w_down, formats, s_gate, s_up, row_weight, gather_idx, scatter_idx, num_out_rows,
             impl, (len(q_gate), len(q_up), len(q_down)), *q_gate, *q_up, *q_down)
     rng = _eager.profiler_range("tsct::grouped_glu_q")
@@ -179,7 +186,10 @@ def grouped_glu_q(x, offs, w_gate, w_up, w_down, q_gate, q_up, q_down, formats, 
 @grouped_glu_q_op.register_fake
 def _(x, offs, w_gate, w_up, w_down, q_gate, q_up, q_down, formats, s_gate, s_up, row_weight, gather_idx,
       scatter_idx, num_out_rows, impl):
-    return x.new_empty(_n_out(x, formats, w_down, q_down, gather_idx, num_out_rows))
+    like = getattr(dispatch.implementation(impl), "saved_like", None)
+    _, facs = _factors(formats, (w_gate, w_up, w_down), (q_gate, q_up, q_down))
+    saved = like(x, facs[0], gather_idx) if like is not None else []
+    return x.new_empty(_n_out(x, formats, w_down, q_down, gather_idx, num_out_rows)), saved
 
 
 @torch.library.custom_op("tsct::grouped_glu_q_backward", mutates_args=())
@@ -202,19 +212,20 @@ def grouped_glu_q_backward_op(
     num_out_rows: Optional[int],
     impl: str,
     needs_grad: list[bool],
+    saved: list[Tensor],
 ) -> list[Tensor]:
     """The seven gradients (x, w_gate, w_up, w_down, s_gate, s_up, row_weight); a factor slot holds the
     gradient w.r.t. the DECODED factor in its carrier's dtype; an absent one is an empty tensor."""
     return _backward_impl(grad_out, x, offs, w_gate, w_up, w_down, q_gate, q_up, q_down, formats, s_gate, s_up,
-                          row_weight, gather_idx, scatter_idx, num_out_rows, impl, needs_grad)
+                          row_weight, gather_idx, scatter_idx, num_out_rows, impl, needs_grad, saved)
 
 
 def _backward_impl(grad_out, x, offs, w_gate, w_up, w_down, q_gate, q_up, q_down, formats, s_gate, s_up, row_weight,
-                   gather_idx, scatter_idx, num_out_rows, impl, needs_grad) -> list[Tensor]:
+                   gather_idx, scatter_idx, num_out_rows, impl, needs_grad, saved) -> list[Tensor]:
     _, facs = _factors(formats, (w_gate, w_up, w_down), (q_gate, q_up, q_down))
     mod = dispatch.implementation(impl)
-    grads = list(mod.grouped_glu_backward(grad_out, x, offs, *facs, s_gate, s_up, row_weight, gather_idx,
-                                          scatter_idx, num_out_rows, needs_grad))
+    args = (grad_out, x, offs, *facs, s_gate, s_up, row_weight, gather_idx, scatter_idx, num_out_rows, needs_grad)
+    grads = list(mod.grouped_glu_backward(*args, saved=saved) if saved else mod.grouped_glu_backward(*args))
     for i, carrier in enumerate((w_gate, w_up, w_down), start=1):
         if grads[i] is not None and carrier is not None and grads[i].dtype != carrier.dtype:
             grads[i] = grads[i].to(carrier.dtype)
@@ -224,7 +235,7 @@ def _backward_impl(grad_out, x, offs, w_gate, w_up, w_down, q_gate, q_up, q_down
 
 @grouped_glu_q_backward_op.register_fake
 def _(grad_out, x, offs, w_gate, w_up, w_down, q_gate, q_up, q_down, formats, s_gate, s_up, row_weight,
-      gather_idx, scatter_idx, num_out_rows, impl, needs_grad):
+      gather_idx, scatter_idx, num_out_rows, impl, needs_grad, saved):
     out = []
     for t, need in zip((x, w_gate, w_up, w_down, s_gate, s_up, row_weight), needs_grad):
         out.append(t.new_empty(t.shape) if (t is not None and need) else x.new_empty(0))
@@ -234,20 +245,23 @@ def _(grad_out, x, offs, w_gate, w_up, w_down, q_gate, q_up, q_down, formats, s_
 def _setup_context(ctx, inputs, output):
     (x, offs, w_gate, w_up, w_down, q_gate, q_up, q_down, formats, s_gate, s_up, row_weight, gather_idx,
      scatter_idx, num_out_rows, impl) = inputs
+    fwd_saved = output[1]
     ctx.n_q = (len(q_gate), len(q_up), len(q_down))
+    ctx.n_saved = len(fwd_saved)
     ctx.save_for_backward(x, offs, w_gate, w_up, w_down, s_gate, s_up, row_weight, gather_idx, scatter_idx,
-                          *q_gate, *q_up, *q_down)
+                          *q_gate, *q_up, *q_down, *fwd_saved)
     ctx.formats = formats
     ctx.num_out_rows = num_out_rows
     ctx.impl = impl
 
 
-def _backward(ctx, grad_out):
+def _backward(ctx, grad_out, _grad_saved=None):
     saved = ctx.saved_tensors
     x, offs, w_gate, w_up, w_down, s_gate, s_up, row_weight, gather_idx, scatter_idx = saved[:10]
-    a, b, _ = ctx.n_q
+    a, b, c = ctx.n_q
     rest = list(saved[10:])
-    q_gate, q_up, q_down = rest[:a], rest[a:a + b], rest[a + b:]
+    q_gate, q_up, q_down = rest[:a], rest[a:a + b], rest[a + b:a + b + c]
+    fwd_saved = rest[a + b + c:]
     # ctx.needs_input_grad follows the forward's 16 inputs; the differentiable ones are x, the three
     # carriers, s_gate, s_up, row_weight (storage lists and indices get None)
     n = ctx.needs_input_grad
@@ -262,7 +276,7 @@ def _backward(ctx, grad_out):
     bwd = _backward_impl if (direct and not torch.is_grad_enabled()) else grouped_glu_q_backward_op
     grads = bwd(
         grad_out.contiguous(), x, offs, w_gate, w_up, w_down, q_gate, q_up, q_down, ctx.formats, s_gate, s_up,
-        row_weight, gather_idx, scatter_idx, ctx.num_out_rows, ctx.impl, needs,
+        row_weight, gather_idx, scatter_idx, ctx.num_out_rows, ctx.impl, needs, fwd_saved,
     )
     g = [gr if need else None for gr, need in zip(grads, needs)]
     if direct:  # _EagerGluQ's inputs: ..., formats, s_gate, s_up, row_weight, gidx, sidx, n_out, impl, n_q, *q
@@ -281,8 +295,8 @@ class _EagerGluQ(torch.autograd.Function):
         q_gate, q_up, q_down = list(q_flat[:a]), list(q_flat[a:a + b]), list(q_flat[a + b:])
         inputs = (x, offs, w_gate, w_up, w_down, q_gate, q_up, q_down, formats, s_gate, s_up, row_weight,
                   gather_idx, scatter_idx, num_out_rows, impl)
-        out = _forward_impl(*inputs)
-        _setup_context(ctx, inputs, out)
+        out, fwd_saved = _forward_impl(*inputs)
+        _setup_context(ctx, inputs, (out, fwd_saved))
         ctx.direct = True
         return out
 

@@ -35,7 +35,7 @@ import importlib.util
 import os
 from typing import Optional
 
-__all__ = ["grouped_glu_forward", "grouped_glu_backward", "grouped_glu", "status", "FORMATS"]
+__all__ = ["grouped_glu_forward", "grouped_glu_forward_saved", "saved_like", "grouped_glu_backward", "grouped_glu", "status", "FORMATS"]
 
 #: storage formats this path serves ("mixed": packed and dense factors together)
 FORMATS = ("nvfp4", "sign", "mixed", "bf16", "fp16")
@@ -84,6 +84,16 @@ def aot_arch(capability: Optional[tuple[int, int]]) -> Optional[str]:
 def grouped_glu_forward(*args, **kwargs):
     from tsct.kernels.triton_lowbit import glu
     return glu.grouped_glu_forward(*args, **kwargs)
+
+
+def grouped_glu_forward_saved(*args, **kwargs):
+    from tsct.kernels.triton_lowbit import glu
+    return glu.grouped_glu_forward_saved(*args, **kwargs)
+
+
+def saved_like(*args, **kwargs):
+    from tsct.kernels.triton_lowbit import glu
+    return glu.saved_like(*args, **kwargs)
 
 
 def grouped_glu_backward(*args, **kwargs):

@@ -154,8 +154,8 @@ def check_op() -> dict:
     x = args[0].clone().requires_grad_(True)
     rw = args[7].clone().requires_grad_(True)
     tags, storages = zip(*(Q.pack_factor(n, w) for n, w in zip(("w_gate", "w_up", "w_down"), args[2:5])))
-    out = torch.ops.tsct.grouped_glu_q(x, args[1], *masters, *storages, ",".join(tags), args[5], args[6], rw,
-                                       args[8], args[9], args[10], "triton-lowbit")
+    out, _saved = torch.ops.tsct.grouped_glu_q(x, args[1], *masters, *storages, ",".join(tags), args[5], args[6],
+                                               rw, args[8], args[9], args[10], "triton-lowbit")
     go = torch.randn_like(out)
     out.backward(go)
     want = R.grouped_glu_backward(go, *ref_args, [True] * 7)
@@ -195,6 +195,11 @@ def run(names):
         # dX only (what a frozen packed model needs)
         only = L.grouped_glu_backward(go, *args, [True] + [False] * 6)
         errs["dx_only"] = rel(only[0], want[0])
+        # the forward that saves hg, hu, z*rw and the backward that reads them instead of recomputing
+        out_s, saved = L.grouped_glu_forward_saved(*args)
+        errs["saved_fwd"] = rel(out_s, ref)
+        got_s = L.grouped_glu_backward(go, *args, [True] * 7, saved=saved)
+        errs["saved_grads"] = max((rel(a, b) for a, b in zip(got_s, want) if b is not None), default=0.0)
         results[name] = errs
         worst = max(errs.values())
         print(f"{name:22s} worst rel err {worst:.2e}  " + " ".join(f"{k}={v:.1e}" for k, v in errs.items()),

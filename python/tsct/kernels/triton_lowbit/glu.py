@@ -47,7 +47,7 @@ from tsct.kernels.triton_glu import glu as G
 from tsct.kernels.triton_glu import specs
 from tsct.kernels.triton_lowbit import specs as LS
 
-__all__ = ["grouped_glu_forward", "grouped_glu_backward", "down_forward", "factor_format", "layout_conversions", "launch_counts",
+__all__ = ["grouped_glu_forward", "grouped_glu_forward_saved", "saved_like", "grouped_glu_backward", "down_forward", "factor_format", "layout_conversions", "launch_counts",
            "backend_counts"]
 
 DENSE, NVFP4, SIGN = LS.DENSE, LS.NVFP4, LS.SIGN
@@ -154,11 +154,47 @@ def grouped_glu_forward(
 ) -> Tensor:
     """Forward: ``[num_out_rows, f]`` with ``scatter_idx``, else ``[M, f]``; dtype x.dtype. Factors may
     be dense tensors, NVFP4Tensor (linear block scales preferred) or SignTensor, in any mix."""
+    return _forward(x, offs, w_gate, w_up, w_down, s_gate, s_up, row_weight, gather_idx, scatter_idx, num_out_rows,
+                    save=False)[0]
+
+
+def saved_like(x: Tensor, w_gate, gather_idx: Optional[Tensor]) -> list[Tensor]:
+    """Empty tensors shaped like what ``grouped_glu_forward_saved`` saves (the custom op's fake)."""
+    m = gather_idx.shape[0] if gather_idx is not None else x.shape[0]
+    r = _factor_shape(w_gate)[2]
+    return [x.new_empty(m, r, dtype=torch.float32), x.new_empty(m, r, dtype=torch.float32), x.new_empty(m, r)]
+
+
+def grouped_glu_forward_saved(
+    x: Tensor,
+    offs: Tensor,
+    w_gate,
+    w_up,
+    w_down,
+    s_gate: Optional[Tensor] = None,
+    s_up: Optional[Tensor] = None,
+    row_weight: Optional[Tensor] = None,
+    gather_idx: Optional[Tensor] = None,
+    scatter_idx: Optional[Tensor] = None,
+    num_out_rows: Optional[int] = None,
+) -> tuple[Tensor, list[Tensor]]:
+    """The forward plus what the backward would recompute: [hg, hu] (fp32, [M, r], second-level scales
+    applied) and z * row_weight (x.dtype, [M, r]). Pass the list to ``grouped_glu_backward(saved=...)``:
+    it then skips re-running the down kernel (reading x and both packed factors again). As on the bf16
+    path, the up projection then applies the row weight to z before its rounding (a rounding difference
+    only)."""
+    return _forward(x, offs, w_gate, w_up, w_down, s_gate, s_up, row_weight, gather_idx, scatter_idx, num_out_rows,
+                    save=True)
+
+
+def _forward(x, offs, w_gate, w_up, w_down, s_gate, s_up, row_weight, gather_idx, scatter_idx, num_out_rows,
+             save: bool) -> tuple[Tensor, list[Tensor]]:
     e, d, r, f, m = _dims(x, w_gate, w_down, gather_idx)
     n_out = num_out_rows if scatter_idx is not None else m
     dtype = x.dtype
     if e == 0 or m == 0 or f == 0 or n_out == 0 or d == 0 or r == 0:
-        return x.new_zeros(n_out, f)
+        # nothing computed; zeros keep the saved tensors defined (the backward returns zeros then)
+        return x.new_zeros(n_out, f), ([t.zero_() for t in saved_like(x, w_gate, gather_idx)] if save else [])
     dev = x.device
     cap = G._capability(dev)
     cfg = G._config(cap)
@@ -177,11 +213,23 @@ def grouped_glu_forward(
     has_s = sg is not None
 
     z = torch.empty(m, r, device=dev, dtype=dtype)
-    _launch("lowbit_down_fwd", (max_tiles, G._cdiv(r, br)),
-            [x, gidx, offs, cum, *pg, *pu, sg, su, z, None, None, None, e, d, r, x.stride(0)],
-            dict(FMT_G=fg, FMT_U=fu, HAS_GATHER=gidx is not None, HAS_SG=has_s, HAS_SU=has_s, HAS_RW=False,
-                 BWD=False, BM=bm, BR=br, BK=bk, BLOCK_E=cfg.block_e),
-            WARPS_DECODE, cfg.stages_down, aligned, cap, dev)
+    saved: list[Tensor] = []
+    if save:  # the backward's recompute, done here (the down kernel's BWD mode): hg, hu and z * rw
+        hg = torch.empty(m, r, device=dev, dtype=torch.float32)
+        hu = torch.empty(m, r, device=dev, dtype=torch.float32)
+        saved = [hg, hu, z]
+        _launch("lowbit_down_fwd", (max_tiles, G._cdiv(r, br)),
+                [x, gidx, offs, cum, *pg, *pu, sg, su, z, hg, hu, rw, e, d, r, x.stride(0)],
+                dict(FMT_G=fg, FMT_U=fu, HAS_GATHER=gidx is not None, HAS_SG=has_s, HAS_SU=has_s,
+                     HAS_RW=rw is not None, BWD=True, BM=bm, BR=br, BK=bk, BLOCK_E=cfg.block_e),
+                WARPS_DECODE, cfg.stages_down, aligned, cap, dev)
+        rw = None  # already in z
+    else:
+        _launch("lowbit_down_fwd", (max_tiles, G._cdiv(r, br)),
+                [x, gidx, offs, cum, *pg, *pu, sg, su, z, None, None, None, e, d, r, x.stride(0)],
+                dict(FMT_G=fg, FMT_U=fu, HAS_GATHER=gidx is not None, HAS_SG=has_s, HAS_SU=has_s, HAS_RW=False,
+                     BWD=False, BM=bm, BR=br, BK=bk, BLOCK_E=cfg.block_e),
+                WARPS_DECODE, cfg.stages_down, aligned, cap, dev)
     single_k, bk_up = LS.up_k(r, aligned)
     if scatter_idx is not None:
         ldy = G._cdiv(f, 8) * 8  # padded row stride: vector stores and combine loads
@@ -194,9 +242,9 @@ def grouped_glu_forward(
                  BN=cfg.bn_up, BK=bk_up, BLOCK_E=cfg.block_e),
             cfg.warps_up, cfg.stages_up, aligned, cap, dev)
     if scatter_idx is not None:
-        return G._combine(y, scatter_idx, offs, n_out, cfg, cap, ncols=f)
+        return G._combine(y, scatter_idx, offs, n_out, cfg, cap, ncols=f), saved
     G._zero_tail(y, offs, e, cfg, cap)
-    return y
+    return y, saved
 
 
 def down_forward(x: Tensor, offs: Tensor, w_gate, w_up, s_gate: Optional[Tensor] = None,
@@ -239,8 +287,12 @@ def grouped_glu_backward(
     scatter_idx: Optional[Tensor],
     num_out_rows: Optional[int],
     needs_grad: Sequence[bool],
+    saved: Optional[Sequence[Tensor]] = None,
 ) -> list[Optional[Tensor]]:
     """Gradients w.r.t. (x, w_gate, w_up, w_down, s_gate, s_up, row_weight).
+
+    ``saved``: the list ``grouped_glu_forward_saved`` returned for these inputs ([hg, hu, z * rw]);
+    without it the down kernel runs again to recompute them.
 
     dX is computed through the decoded factors (read packed, decoded in registers). A factor slot gets
     the gradient w.r.t. the DECODED factor, dense ``[E, K, N]`` (a dense factor's dtype, else x.dtype),
@@ -281,17 +333,19 @@ def grouped_glu_backward(
     nrb = G._cdiv(r, br)
     aligned = _aligned(x, d, r, pg, pu, pd)
 
-    # 1. recompute hg, hu (fp32, second-level scales applied) and z*rw
-    cum = G._tile_cum(offs, bm)
-    max_tiles = G._cdiv(m, bm) + e
-    hg = torch.empty(m, r, device=dev, dtype=torch.float32)
-    hu = torch.empty(m, r, device=dev, dtype=torch.float32)
-    zw = torch.empty(m, r, device=dev, dtype=dtype)
-    _launch("lowbit_down_fwd", (max_tiles, nrb),
-            [x, gidx, offs, cum, *pg, *pu, sg, su, zw, hg, hu, rw, e, d, r, x.stride(0)],
-            dict(FMT_G=fg, FMT_U=fu, HAS_GATHER=gidx is not None, HAS_SG=has_s, HAS_SU=has_s,
-                 HAS_RW=rw is not None, BWD=True, BM=bm, BR=br, BK=bk, BLOCK_E=cfg.block_e),
-            WARPS_DECODE, cfg.stages_down, aligned, cap, dev)
+    if saved:
+        hg, hu, zw = saved
+    else:  # 1. recompute hg, hu (fp32, second-level scales applied) and z*rw
+        cum = G._tile_cum(offs, bm)
+        max_tiles = G._cdiv(m, bm) + e
+        hg = torch.empty(m, r, device=dev, dtype=torch.float32)
+        hu = torch.empty(m, r, device=dev, dtype=torch.float32)
+        zw = torch.empty(m, r, device=dev, dtype=dtype)
+        _launch("lowbit_down_fwd", (max_tiles, nrb),
+                [x, gidx, offs, cum, *pg, *pu, sg, su, zw, hg, hu, rw, e, d, r, x.stride(0)],
+                dict(FMT_G=fg, FMT_U=fu, HAS_GATHER=gidx is not None, HAS_SG=has_s, HAS_SU=has_s,
+                     HAS_RW=rw is not None, BWD=True, BM=bm, BR=br, BK=bk, BLOCK_E=cfg.block_e),
+                WARPS_DECODE, cfg.stages_down, aligned, cap, dev)
     # 2. dz0 partials over f slices (and dWd_hat)
     do_dwd = want[3]
     bn = cfg.bn_bwd

@@ -14,6 +14,12 @@ Kernels:
                      tile (row amax, then quantize) so any K (multiple of 16) is served by one variant.
                      Bit-identical to ``tsct.quant.nvfp4._quantize_blocks_torch`` on the [M, 1, K] view
                      with s_enc = ``nvfp4_encode_scale`` per row (tests/cpu/test_triton_w4a4.py).
+  w4a4_down_fwd      the down-projection on NVFP4 x rows (the quantizer's output for the token-major x,
+                     gathered per routed row through gather_idx) and NVFP4 w_gate / w_up (codes [E, r, d/2]:
+                     K = d is the 16-element block dimension, linear scales [E, r, d/16], encode scales [E]):
+                     acc_g = sum_k xq*sfx * wq*sfw in ``tl.dot_scaled`` (fp32), hg = acc_g * alpha_g with
+                     alpha_g = 1 / (s_row * s_wg[e]) (same for up), then s_gate / s_up per rank and the
+                     SiLU-GLU: z [M, r] in z's dtype; SAVE (training) also writes hg, hu fp32 and z*rw.
   w4a4_up_fwd        y[rows, :f] = (sum_k zq*sfz * wq*sfw) * alpha_row, alpha_row = rw / (s_row * s_w[e])
                      (alpha = 1 / (s_row * s_w[e]) without row weights): the up-projection z @ w_down
                      on NVFP4 z (per-row scales above) and NVFP4 w_down (codes [E, f, r/2], linear
@@ -111,6 +117,89 @@ def nvfp4_quant_rows(
         tl.store(codes_ptr + c_row[:, None] + (k // 2 + kh)[None, :], byte, mask=hmask)
         bmask = rmask[:, None] & ((k // 16 + kb) < K // 16)[None, :]
         tl.store(sf_ptr + s_row[:, None] + (k // 16 + kb)[None, :], sfb, mask=bmask)
+
+
+# ---- down-projection: hg, hu = (xq @ wq_g[e]), (xq @ wq_u[e]), SiLU-GLU -> z --------------------------
+
+@triton.jit
+def w4a4_down_fwd(
+    xc_ptr, xs_ptr, xg_ptr, gidx_ptr, offs_ptr, cum_ptr, gc_ptr, gs_ptr, gg_ptr, uc_ptr, us_ptr, ug_ptr,
+    sg_ptr, su_ptr, rw_ptr, z_ptr, zw_ptr, hg_ptr, hu_ptr,
+    E, d, r,
+    HAS_GATHER: tl.constexpr, HAS_S: tl.constexpr, HAS_RW: tl.constexpr, SAVE: tl.constexpr,
+    BM: tl.constexpr, BR: tl.constexpr, BK: tl.constexpr, BLOCK_E: tl.constexpr,
+):
+    """One program per (row tile, rank block pr): z[rows, ranks] of the GLU with both down-projections in
+    W4A4. xc [T, d/2] u8, xs [T, d/16] fp8e4nv, xg [T] fp32: the NVFP4 rows of x (row src = gidx[row] with
+    HAS_GATHER, else the routed row itself); gc/uc [E, r, d/2] u8, gs/us [E, r, d/16] fp8e4nv, gg/ug [E] fp32;
+    sg, su [E, r] fp32 (HAS_S: both); rw [M] fp32 (SAVE and HAS_RW). Outputs: z [M, r]; SAVE: hg, hu [M, r]
+    fp32 (x_hat @ W_hat, s not applied: what ``glu_bwd_epi`` reads) and zw = z * rw [M, r] in z's dtype
+    (what ``lowbit_bwd_dz`` reads). d: a multiple of 16 (the NVFP4 block); the K tail of a BK step is masked
+    (codes and scales 0: products 0). Rows past offs[-1] are not written."""
+    pid = tl.program_id(0)
+    pr = tl.program_id(1)
+    e = _expert_of_tile(cum_ptr, pid, E, BLOCK_E)
+    if e >= E:
+        return
+    e64 = e.to(tl.int64)
+    lo, hi = _expert_bounds(offs_ptr, e)
+    tiles_before = tl.load(cum_ptr + e - 1, mask=e > 0, other=0)
+    rows = lo + (pid - tiles_before) * BM + tl.arange(0, BM)
+    rmask = rows < hi
+    if HAS_GATHER:
+        src = tl.load(gidx_ptr + rows, mask=rmask, other=0).to(tl.int64)
+    else:
+        src = rows.to(tl.int64)
+    cols = pr * BR + tl.arange(0, BR)
+    cmask = cols < r
+    dh = d // 2
+    ds = d // 16
+    kh = tl.arange(0, BK // 2)
+    kb = tl.arange(0, BK // 16)
+    xc_row = src * dh
+    xs_row = src * ds
+    # factor tiles: codes as [BK/2, BR] (K-major columns: each rank's d/2 bytes are contiguous), scales [BR, BK/16]
+    w_c = cols.to(tl.int64)[None, :] * dh + kh[:, None]
+    w_s = cols.to(tl.int64)[:, None] * ds + kb[None, :]
+    gc_base = gc_ptr + e64 * r * dh
+    uc_base = uc_ptr + e64 * r * dh
+    gs_base = gs_ptr + e64 * r * ds
+    us_base = us_ptr + e64 * r * ds
+    acc_g = tl.zeros((BM, BR), dtype=tl.float32)
+    acc_u = tl.zeros((BM, BR), dtype=tl.float32)
+    for k in range(0, d, BK):
+        kmh = (k // 2 + kh) < dh
+        kmb = (k // 16 + kb) < ds
+        a = tl.load(xc_ptr + xc_row[:, None] + (k // 2 + kh)[None, :], mask=rmask[:, None] & kmh[None, :], other=0)
+        sa = tl.load(xs_ptr + xs_row[:, None] + (k // 16 + kb)[None, :], mask=rmask[:, None] & kmb[None, :],
+                     other=0.0)
+        bmask = kmh[:, None] & cmask[None, :]
+        smask = cmask[:, None] & kmb[None, :]
+        bg = tl.load(gc_base + k // 2 + w_c, mask=bmask, other=0)
+        sbg = tl.load(gs_base + k // 16 + w_s, mask=smask, other=0.0)
+        bu = tl.load(uc_base + k // 2 + w_c, mask=bmask, other=0)
+        sbu = tl.load(us_base + k // 16 + w_s, mask=smask, other=0.0)
+        acc_g = tl.dot_scaled(a, sa, "e2m1", bg, sbg, "e2m1", acc_g)
+        acc_u = tl.dot_scaled(a, sa, "e2m1", bu, sbu, "e2m1", acc_u)
+    # epilogue: the two second-level scales per row and factor, alpha = 1 / (s_row * s_w[e]) (true division)
+    s_row = tl.load(xg_ptr + src, mask=rmask, other=1.0)
+    one = tl.full((BM,), 1.0, tl.float32)
+    hg = acc_g * tl.math.div_rn(one, s_row * tl.load(gg_ptr + e))[:, None]
+    hu = acc_u * tl.math.div_rn(one, s_row * tl.load(ug_ptr + e))[:, None]
+    hmask = rmask[:, None] & cmask[None, :]
+    h_off = rows.to(tl.int64)[:, None] * r + cols[None, :]
+    if SAVE:
+        tl.store(hg_ptr + h_off, hg, mask=hmask)
+        tl.store(hu_ptr + h_off, hu, mask=hmask)
+    if HAS_S:
+        hg = hg * tl.load(sg_ptr + e * r + cols, mask=cmask, other=0.0)[None, :]
+        hu = hu * tl.load(su_ptr + e * r + cols, mask=cmask, other=0.0)[None, :]
+    z = hg * tl.sigmoid(hg) * hu
+    tl.store(z_ptr + h_off, z.to(z_ptr.dtype.element_ty), mask=hmask)
+    if SAVE:
+        if HAS_RW:
+            z = z * tl.load(rw_ptr + rows, mask=rmask, other=0.0)[:, None]
+        tl.store(zw_ptr + h_off, z.to(zw_ptr.dtype.element_ty), mask=hmask)
 
 
 # ---- up-projection: y = (zq @ wq[e]^T) * alpha_row -------------------------------------------------

@@ -5,6 +5,12 @@ WITHOUT their encode scales (e2m1 * UE4M3 block scale: exact in fp32, as in the 
 sm_90 and the OMMA on sm_120), per-expert fp64 matmul (a stand-in for fp32 accumulation in any
 order), then ``* alpha_row`` with alpha = rw / (s_row * s_w[e]) (true division, fp32).
 
+``down_forward_model`` is the same for ``w4a4_down_fwd`` (x rows and w_gate / w_up decoded without their
+encode scales, fp64 products, then 1 / (s_row * s_w[e]) per row in fp32, per-rank scales, SiLU-GLU in fp32).
+``w4a4_full_model`` is the whole W4A4 pass as quantize-then-multiply on dequantized values (x rows and z rows
+quantized per row, factors dequantized, fp64 products); ``ste_grads_model`` the gradients the backward is
+meant to return (straight-through: the W4A4 forward's values, the dequantized-factor graph's derivatives).
+
 ``w4a4_glu_model`` is the issue's "emulation of the quantize-then-multiply math": z from the fp32
 reference GLU latent, quantized per row (decision 0002 recipe, one row = one matrix), dequantized,
 multiplied by the dequantized w_down, times the row weight.
@@ -96,6 +102,120 @@ def w4a4_glu_model(x, offs, w_gate, w_up, w_down, s_gate=None, s_up=None, row_we
     if row_weight is not None:
         y[: bounds[-1]] *= row_weight[: bounds[-1]].float()[:, None]
     return y
+
+
+def _bounds(offs: Tensor) -> list:
+    return [0] + [int(v) for v in offs.tolist()]
+
+
+def down_forward_model(x_q, offs: Tensor, w_gate, w_up, s_gate: Optional[Tensor] = None,
+                       s_up: Optional[Tensor] = None, gather_idx: Optional[Tensor] = None):
+    """(hg, hu, z) fp32 [M, r]: what ``w4a4_down_fwd`` computes, in torch. ``x_q``: a ``RowNVFP4`` of the
+    token-major x (rows gathered through gather_idx) or of the routed rows. Rows past offs[-1] are zeros."""
+    from tsct.quant import to_layout
+
+    wg = w_gate if w_gate.layout == "linear" else to_layout(w_gate, "linear")
+    wu = w_up if w_up.layout == "linear" else to_layout(w_up, "linear")
+    idx = gather_idx.long() if gather_idx is not None else torch.arange(x_q.codes.shape[0])
+    a = decode_unscaled(x_q.codes, x_q.block_scale)[idx]                   # [M, d]
+    s_row = x_q.row_scale[idx]
+    bg = decode_unscaled(wg.codes, wg.block_scale).reshape(wg.batch, wg.n, wg.k)   # [E, r, d]
+    bu = decode_unscaled(wu.codes, wu.block_scale).reshape(wu.batch, wu.n, wu.k)
+    m, r = idx.shape[0], wg.n
+    hg, hu, z = (torch.zeros(m, r) for _ in range(3))
+    b = _bounds(offs)
+    for e in range(wg.batch):
+        lo, hi = b[e], b[e + 1]
+        if hi <= lo:
+            continue
+        one = torch.ones(hi - lo)
+        g = (a[lo:hi].double() @ bg[e].double().T).float() * torch.div(one, s_row[lo:hi] * wg.global_scale[e])[:, None]
+        u = (a[lo:hi].double() @ bu[e].double().T).float() * torch.div(one, s_row[lo:hi] * wu.global_scale[e])[:, None]
+        hg[lo:hi], hu[lo:hi] = g, u
+        if s_gate is not None:
+            g = g * s_gate[e].float()
+            u = u * s_up[e].float()
+        z[lo:hi] = g * torch.sigmoid(g) * u
+    return hg, hu, z
+
+
+def _dense_factors(w_gate, w_up, w_down):
+    return tuple(w.dequantize(torch.float32).reshape(w.batch, w.k, w.n).double() for w in (w_gate, w_up, w_down))
+
+
+def w4a4_full_model(x: Tensor, offs: Tensor, w_gate, w_up, w_down, s_gate=None, s_up=None, row_weight=None,
+                    gather_idx: Optional[Tensor] = None) -> Tensor:
+    """fp32 [M, f]: the W4A4 pass as quantize-then-multiply on DEQUANTIZED values, in fp64 where it multiplies:
+    x_hat = each routed row of x quantized to NVFP4 (0002, one row = one matrix) and dequantized; z from
+    x_hat and the dequantized gate / up factors; z_hat = z (fp32) quantized per row and dequantized;
+    y = (z_hat @ Wd_hat[e]) * rw. Independent of the kernels' factoring of the scales (alpha per row)."""
+    from tsct.kernels.triton_w4a4.w4a4 import RowNVFP4
+
+    xr = x[gather_idx.long()] if gather_idx is not None else x
+    xh = RowNVFP4(*quantize_rows_torch(xr.float())).dequantize(torch.float32).double()
+    wg, wu, wd = _dense_factors(w_gate, w_up, w_down)
+    m = xr.shape[0]
+    z = torch.zeros(m, wg.shape[2])
+    b = _bounds(offs)
+    for e in range(wg.shape[0]):
+        lo, hi = b[e], b[e + 1]
+        if hi > lo:
+            g = (xh[lo:hi] @ wg[e]).float()
+            u = (xh[lo:hi] @ wu[e]).float()
+            if s_gate is not None:
+                g, u = g * s_gate[e].float(), u * s_up[e].float()
+            z[lo:hi] = torch.nn.functional.silu(g) * u
+    zh = RowNVFP4(*quantize_rows_torch(z)).dequantize(torch.float32).double()
+    y = torch.zeros(m, wd.shape[2])
+    for e in range(wg.shape[0]):
+        lo, hi = b[e], b[e + 1]
+        if hi > lo:
+            y[lo:hi] = (zh[lo:hi] @ wd[e]).float()
+    if row_weight is not None:
+        y[: b[-1]] *= row_weight[: b[-1]].float()[:, None]
+    return y
+
+
+def ste_grads_model(grad_out: Tensor, x: Tensor, offs: Tensor, w_gate, w_up, w_down, s_gate=None, s_up=None,
+                    row_weight=None, gather_idx=None, scatter_idx=None, num_out_rows=None,
+                    hg_w4a4: Optional[Tensor] = None, hu_w4a4: Optional[Tensor] = None) -> list:
+    """fp64 gradients (x, Wg_hat, Wu_hat, Wd_hat, s_gate, s_up, rw) of the straight-through W4A4 pass by torch
+    autograd: hg = x @ Wg_hat + (hg_w4a4 - x @ Wg_hat).detach() (the W4A4 value, the unquantized derivative; hu
+    alike), z = silu(hg s_g) (hu s_u), y = (z @ Wd_hat) rw (z_hat's effect on the value does not matter here:
+    no gradient reads y). ``hg_w4a4`` / ``hu_w4a4`` [M, r]: the forward's values (default: the model's,
+    ``down_forward_model`` on the torch-quantized x rows). Entries None where the input is None."""
+    from tsct.kernels.triton_w4a4.w4a4 import RowNVFP4
+
+    wg, wu, wd = (t.clone().requires_grad_(True) for t in _dense_factors(w_gate, w_up, w_down))
+    xd = x.double().clone().requires_grad_(True)
+    sg = s_gate.double().clone().requires_grad_(True) if s_gate is not None else None
+    su = s_up.double().clone().requires_grad_(True) if s_up is not None else None
+    rw = row_weight.double().clone().requires_grad_(True) if row_weight is not None else None
+    if hg_w4a4 is None:
+        xq = RowNVFP4(*quantize_rows_torch(x.float()))
+        hg_w4a4, hu_w4a4, _ = down_forward_model(xq, offs, w_gate, w_up, None, None, gather_idx)
+    xr = xd[gather_idx.long()] if gather_idx is not None else xd
+    b = _bounds(offs)
+    m, f = xr.shape[0], wd.shape[2]
+    rows = []
+    for e in range(wg.shape[0]):
+        lo, hi = b[e], b[e + 1]
+        if hi <= lo:
+            continue
+        lg, lu = xr[lo:hi] @ wg[e], xr[lo:hi] @ wu[e]
+        g = lg + (hg_w4a4[lo:hi].double() - lg).detach()
+        u = lu + (hu_w4a4[lo:hi].double() - lu).detach()
+        if sg is not None:
+            g, u = g * sg[e], u * su[e]
+        y = (torch.nn.functional.silu(g) * u) @ wd[e]
+        if rw is not None:
+            y = y * rw[lo:hi, None]
+        rows.append(y)
+    y = torch.cat(rows + [xd.new_zeros(m - b[-1], f)], 0)
+    if scatter_idx is not None:
+        y = xd.new_zeros(num_out_rows, f).index_add(0, scatter_idx[: b[-1]].long(), y[: b[-1]])
+    (y * grad_out.double()).sum().backward()
+    return [t.grad if t is not None else None for t in (xd, wg, wu, wd, sg, su, rw)]
 
 
 def patch_interpreter_e4m3_scales() -> None:

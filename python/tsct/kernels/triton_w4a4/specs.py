@@ -44,6 +44,10 @@ class Config:
     block_e: int = 1024
     warps_up: int = 8
     stages_up: int = 2
+    bk_down: int = 64   # d per dot_scaled step of the down kernel (b1: 32 steps; 128 pushed sm_120 to 255 regs + spills)
+    br_down: int = 64   # rank block of the down kernel (r = 64 at b1: one block; x codes read once)
+    warps_down: int = 8
+    stages_down: int = 2
     quant_bm: int = 32
     quant_bk: int = 64
     warps_quant: int = 4
@@ -59,6 +63,17 @@ KERNELS: dict[str, KernelInfo] = {
         ints=("M", "K", "stride_x"),
         used_if={},
         hinted=("x_ptr", "codes_ptr", "sf_ptr", "K", "stride_x"),
+    ),
+    "w4a4_down_fwd": KernelInfo(
+        params=("xc_ptr", "xs_ptr", "xg_ptr", "gidx_ptr", "offs_ptr", "cum_ptr", "gc_ptr", "gs_ptr", "gg_ptr",
+                "uc_ptr", "us_ptr", "ug_ptr", "sg_ptr", "su_ptr", "rw_ptr", "z_ptr", "zw_ptr", "hg_ptr", "hu_ptr",
+                "E", "d", "r"),
+        constexprs=("HAS_GATHER", "HAS_S", "HAS_RW", "SAVE", "BM", "BR", "BK", "BLOCK_E"),
+        ints=("E", "d", "r"),
+        used_if={"gidx_ptr": "HAS_GATHER", "sg_ptr": "HAS_S", "su_ptr": "HAS_S", "rw_ptr": ("SAVE", "HAS_RW"),
+                 "zw_ptr": "SAVE", "hg_ptr": "SAVE", "hu_ptr": "SAVE"},
+        hinted=("xc_ptr", "xs_ptr", "gc_ptr", "gs_ptr", "uc_ptr", "us_ptr", "z_ptr", "zw_ptr", "hg_ptr", "hu_ptr",
+                "d", "r"),
     ),
     "w4a4_up_fwd": KernelInfo(
         params=("zc_ptr", "zs_ptr", "zg_ptr", "offs_ptr", "cum_ptr", "wc_ptr", "ws_ptr", "wg_ptr", "rw_ptr", "y_ptr",
@@ -89,11 +104,24 @@ def up_single_k(cfg: Config, r: int) -> bool:
 DTYPES: tuple[str, ...] = ("bf16", "fp16", "fp32")
 
 
+#: (SAVE, HAS_RW) of the down kernel: inference; training without / with row weights
+_DOWN_MODES = ((False, False), (True, False), (True, True))
+
+
 def enumerate_specs(arch: str) -> Iterator[Spec]:
-    """Every specialization ``w4a4.py`` launches on ``arch``: 3 quantizer input dtypes x 2 alignments
-    + up kernel (3 output dtypes x row weight x single/multi K x 2 alignments) = 6 + 24 = 30."""
+    """Every specialization ``w4a4.py`` launches on ``arch``, per dtype (3) and alignment (2): the quantizer
+    (1) + the down kernel (gather absent / int64 x scales x 3 modes = 12) + the up kernel (row weight x
+    single/multi K = 4): 6 x 17 = 102 (30 before the down kernel)."""
     cfg = CONFIGS[arch]
     for dt, aligned in itertools.product(DTYPES, (True, False)):
+        for g, s, (save, rw) in itertools.product((None, "i64"), (False, True), _DOWN_MODES):
+            types = dict(xc_ptr="*u8", xs_ptr="*fp8e4nv", xg_ptr="*fp32", gidx_ptr=f"*{g}" if g else UNUSED,
+                         offs_ptr="*i32", cum_ptr="*i32", gc_ptr="*u8", gs_ptr="*fp8e4nv", gg_ptr="*fp32",
+                         uc_ptr="*u8", us_ptr="*fp8e4nv", ug_ptr="*fp32", sg_ptr="*fp32", su_ptr="*fp32",
+                         rw_ptr="*fp32", z_ptr="*" + dt, zw_ptr="*" + dt, hg_ptr="*fp32", hu_ptr="*fp32")
+            consts = dict(HAS_GATHER=g is not None, HAS_S=s, HAS_RW=rw, SAVE=save, BM=cfg.bm, BR=cfg.br_down,
+                          BK=cfg.bk_down, BLOCK_E=cfg.block_e)
+            yield _base_spec("w4a4_down_fwd", types, consts, cfg.warps_down, cfg.stages_down, aligned, KERNELS)
         yield _base_spec("nvfp4_quant_rows", dict(x_ptr="*" + dt, codes_ptr="*u8", sf_ptr="*u8", senc_ptr="*fp32"),
                          dict(BM=cfg.quant_bm, BK=cfg.quant_bk), cfg.warps_quant, 1, aligned, KERNELS)
         for rw, single in itertools.product((False, True), (True, False)):
