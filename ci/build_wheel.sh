@@ -75,8 +75,12 @@ else:
     print("triton AOT: none (TSCT_TRITON_AOT=OFF): the Triton path needs Triton JIT")
 cd = m.get("cutedsl")
 if cd:
-    print(f"CuTeDSL sm_120 kernels linked ({cd['dsl']['dist']} {cd['dsl']['version']}, {cd['arch']}): "
+    print(f"CuTeDSL sm_120 kernels linked ({cd['dsl']['dist']} {cd['dsl']['version']}, "
+          f"{', '.join(cd.get('archs', [cd['arch']]))}): "
           + ", ".join(k["name"] for k in cd["kernels"]))
 else:
     print("CuTeDSL sm_120 kernels: NOT in this wheel (set TSCT_CUTEDSL_PYTHON to a venv with nvidia-cutlass-dsl==4.8.1)")
+cl = m.get("cutlass")
+print(f"CUTLASS sm_120 grouped NVFP4 GEMM: linked ({cl['arch']}, CUTLASS {cl['headers']['cutlass']})" if cl and cl.get("linked")
+      else "CUTLASS sm_120 grouped NVFP4 GEMM: NOT in this wheel (TSCT_CUTLASS, docs/decisions/0011)")
 PY

@@ -1,8 +1,13 @@
 #!/usr/bin/env python3
-"""Ahead-of-time build of tsct's CuTeDSL kernels: compile for sm_120a, export_to_c, write an index.
+"""Ahead-of-time build of tsct's CuTeDSL kernels: compile for sm_120a (or sm_121a), export_to_c, write an index.
 
-    python cutedsl/build.py OUT_DIR [--arch sm_120a] [--only NAME ...] [--check]
-    python cutedsl/build.py --list          # the kernel names, one per line (no DSL needed; CMake uses it)
+    python cutedsl/build.py OUT_DIR [--arch sm_120a|sm_121a] [--only NAME ...] [--check]
+    python cutedsl/build.py --list [--arch ...]   # the exported names, one per line (no DSL needed; CMake uses it)
+
+One arch per run (the DSL reads CUTE_DSL_ARCH once per process). The sm_121a exports (compute
+capability 12.1, e.g. DGX Spark: an sm_120a cubin does not load there) are the same kernels, named
+``..._sm121`` instead of ``..._sm120`` (``export_name``) so both sets link into one library; CMake
+builds both (docs/decisions/0010). ``--only`` takes the ``VARIANTS`` names (``..._sm120``).
 
 For each kernel variant in ``VARIANTS`` it writes ``OUT_DIR/<name>.o`` (host entry + embedded cubin,
 exported with ``export_to_c``) and ``OUT_DIR/<name>.h`` (the C ABI of that entry), then
@@ -78,6 +83,21 @@ VARIANTS = {
     "tsct_sign_grouped_rowweight_sm120": (dict(grouped=True, sign=True, epilogue="row_weight", tile_m=32,
                                                tile_n=32), "grouped_sign"),
 }
+
+
+ARCHS = ("sm_120a", "sm_121a")
+
+
+def export_name(name: str, arch: str) -> str:
+    """The exported symbol prefix / file name of variant ``name`` (a ``VARIANTS`` key) for ``arch``:
+    the name itself for sm_120a, ``..._sm121`` for sm_121a. ValueError for another arch or name."""
+    if name not in VARIANTS:
+        raise ValueError(f"name: {name!r} is not a kernel variant (build.py --list)")
+    if arch == "sm_120a":
+        return name
+    if arch == "sm_121a":
+        return name[: -len("_sm120")] + "_sm121"
+    raise ValueError(f"arch must be one of {ARCHS}, got {arch!r}")
 
 
 def _operands(kwargs: dict) -> int:
@@ -168,17 +188,18 @@ def build(out_dir: Path, arch: str, only: list[str] | None) -> dict:
         compiled = cute.compile(getattr(kernel, entry), *_fake_args(entry, _operands(kwargs)),
                                 options=f"--gpu-arch {arch}")
         t1 = time.perf_counter()
-        compiled.export_to_c(file_path=str(out_dir), file_name=name, function_prefix=name)
+        ename = export_name(name, arch)
+        compiled.export_to_c(file_path=str(out_dir), file_name=ename, function_prefix=ename)
         t2 = time.perf_counter()
-        obj, hdr = out_dir / f"{name}.o", out_dir / f"{name}.h"
+        obj, hdr = out_dir / f"{ename}.o", out_dir / f"{ename}.h"
         index["kernels"].append({
-            "name": name, "entry": entry, "params": {k: (v if isinstance(v, (int, str, bool)) else str(v))
-                                                     for k, v in kwargs.items()},
+            "name": ename, "variant": name, "arch": arch, "entry": entry,
+            "params": {k: (v if isinstance(v, (int, str, bool)) else str(v)) for k, v in kwargs.items()},
             "threads": kernel.threads, "operands": kernel.operands, "args": _arg_names(entry), "object": obj.name,
             "header": hdr.name,
             "object_bytes": obj.stat().st_size, "compile_s": round(t1 - t0, 3), "export_s": round(t2 - t1, 3),
         })
-        print(f"built {name}: compile {t1 - t0:.2f} s, export {t2 - t1:.2f} s, {obj.stat().st_size} B")
+        print(f"built {ename}: compile {t1 - t0:.2f} s, export {t2 - t1:.2f} s, {obj.stat().st_size} B")
     (out_dir / "index.json").write_text(json.dumps(index, indent=1) + "\n")
     return index
 
@@ -186,13 +207,13 @@ def build(out_dir: Path, arch: str, only: list[str] | None) -> dict:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description="AOT-build tsct's CuTeDSL kernels")
     ap.add_argument("out_dir", type=Path, nargs="?")
-    ap.add_argument("--list", action="store_true", help="print the kernel names and exit (no DSL import)")
-    ap.add_argument("--arch", default=DEFAULT_ARCH, choices=["sm_120a", "sm_121a"])
+    ap.add_argument("--list", action="store_true", help="print the exported names for --arch and exit (no DSL import)")
+    ap.add_argument("--arch", default=DEFAULT_ARCH, choices=list(ARCHS))
     ap.add_argument("--only", nargs="*", choices=sorted(VARIANTS))
     ap.add_argument("--check", action="store_true", help="run check_sass.py on the output")
     args = ap.parse_args(argv)
     if args.list:
-        print("\n".join(VARIANTS))
+        print("\n".join(export_name(n, args.arch) for n in VARIANTS))
         return 0
     if args.out_dir is None:
         ap.error("OUT_DIR is required (except with --list)")

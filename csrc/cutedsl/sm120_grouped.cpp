@@ -3,9 +3,13 @@
 // Built always; with TSCT_HAVE_CUTEDSL (CMake TSCT_CUTEDSL=ON/AUTO and the pinned DSL found) it
 // includes the headers cutedsl/build.py wrote next to the exported objects and fills their tensor
 // structs from (pointer, sizes, strides); without it every entry returns TSCT_ERR_NOT_BUILT.
-// The exported objects embed the sm_120a cubins as data; <name>_Kernel_Module_Load loads them with
-// cudaLibraryLoadData on the first call of each variant (never at dlopen: `import tsct` stays
-// device-free), once per process, under std::call_once. Host C++ only: no device code here.
+// Two export sets are linked (decision 0010): sm_120a (`..._sm120`, compute capability 12.0) and
+// sm_121a (`..._sm121`, 12.1: an sm_120a cubin does not load there); each call picks the set by the
+// current device's capability (12.1 -> sm_121a, anything else -> sm_120a, whose module load fails
+// cleanly with "no kernel image" off 12.0). The objects embed their cubins as data;
+// <name>_Kernel_Module_Load loads them with cudaLibraryLoadData on the first call of each variant
+// (never at dlopen: `import tsct` stays device-free), once per process, under std::call_once
+// (load_module_once). Host C++ only: no device code here.
 #include <stdint.h>
 
 #include "common/host.h"
@@ -32,6 +36,12 @@ inline void note_dsl_error(cudaError_t e) {
 #include "tsct_sign_grouped_alpha_sm120.h"
 #include "tsct_sign_grouped_glu_sm120.h"
 #include "tsct_sign_grouped_rowweight_sm120.h"
+#include "tsct_nvfp4_grouped_alpha_sm121.h"
+#include "tsct_nvfp4_grouped_glu_sm121.h"
+#include "tsct_nvfp4_grouped_rowweight_sm121.h"
+#include "tsct_sign_grouped_alpha_sm121.h"
+#include "tsct_sign_grouped_glu_sm121.h"
+#include "tsct_sign_grouped_rowweight_sm121.h"
 
 namespace {
 
@@ -44,22 +54,59 @@ struct GroupedArgs {
   cudaStream_t stream;
 };
 
-// One variant: load its module once, fill the generated structs (shapes are int32 where the
-// DSL declared sym_int32, strides int64; fp4 strides count elements), launch.
-#define TSCT_SM120_GROUPED_LAUNCH(PFX, fn, g)                                                                   \
+// One exported module, loaded once per process: 0, or the CUDA error its load reported (cleared, so it
+// does not poison the next call's launch check). Every variant of both entries goes through here.
+template <typename Module, void (*Load)(Module*)>
+int load_module_once(Module** out) {
+  static Module module;
+  static std::once_flag once;
+  static int rc = 0;
+  std::call_once(once, [] {
+    g_dsl_error = 0;
+    Load(&module);
+    rc = g_dsl_error;
+    if (rc) cudaGetLastError();
+  });
+  *out = &module;
+  return rc;
+}
+
+// The wrapper's return code -> the entry's: a failed launch is cleared too, then the launch check.
+int finish_launch(int32_t rc, const char* fn, const char* name) {
+  if (rc) {
+    cudaGetLastError();
+    return tsct::fail(rc, "%s: %s launch returned %d", fn, name, int(rc));
+  }
+  return tsct::check_launch(fn);
+}
+
+// Which export set loads on the current device: *sm121 = (compute capability == 12.1). Without a driver
+// this is where cudaErrorInsufficientDriver (35) comes back.
+int current_is_sm121(const char* fn, bool* sm121) {
+  int dev = 0, major = 0, minor = 0;
+  cudaError_t e = cudaGetDevice(&dev);
+  if (e == cudaSuccess) e = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev);
+  if (e == cudaSuccess) e = cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev);
+  if (e != cudaSuccess) {
+    cudaGetLastError();
+    return tsct::fail(static_cast<int>(e), "%s: querying the current device failed: %s", fn, cudaGetErrorString(e));
+  }
+  *sm121 = major == 12 && minor == 1;
+  return 0;
+}
+
+// Load PFX's module (once) into `module`, or return the load error from the enclosing entry.
+#define TSCT_SM120_LOAD(PFX, fn)                                                                                \
+  PFX##_Kernel_Module_t* module = nullptr;                                                                     \
+  if (const int load_rc = load_module_once<PFX##_Kernel_Module_t, PFX##_Kernel_Module_Load>(&module))          \
+    return tsct::fail(load_rc, "%s: loading " #PFX " failed: %s", fn,                                          \
+                      cudaGetErrorString(static_cast<cudaError_t>(load_rc)))
+
+// One NVFP4 variant: fill the generated structs (shapes are int32 where the DSL declared sym_int32,
+// strides int64; fp4 strides count elements), launch.
+#define TSCT_SM120_GROUPED_LAUNCH_ONE(PFX, fn, g)                                                               \
   do {                                                                                                         \
-    static PFX##_Kernel_Module_t module;                                                                       \
-    static std::once_flag once;                                                                                \
-    static int load_rc = 0;                                                                                    \
-    std::call_once(once, [] {                                                                                  \
-      g_dsl_error = 0;                                                                                         \
-      PFX##_Kernel_Module_Load(&module);                                                                       \
-      load_rc = g_dsl_error;                                                                                   \
-      if (load_rc) cudaGetLastError(); /* not sticky: clear it so the next launch check does not see it */     \
-    });                                                                                                        \
-    if (load_rc)                                                                                               \
-      return tsct::fail(load_rc, "%s: loading " #PFX " failed: %s", fn,                                     \
-                        cudaGetErrorString(static_cast<cudaError_t>(load_rc)));                                \
+    TSCT_SM120_LOAD(PFX, fn);                                                                                  \
     PFX##_Tensor_a_t ta = {const_cast<void*>(g.a), {int32_t(g.m_alloc), int32_t(g.k)}, {g.k}};                 \
     PFX##_Tensor_b_t tb = {const_cast<void*>(g.b), {int32_t(g.n), int32_t(g.k), int32_t(g.num_experts)},      \
                            {g.k, g.n * g.k}};                                                                  \
@@ -73,30 +120,15 @@ struct GroupedArgs {
     PFX##_Tensor_alpha_t tal = {const_cast<float*>(g.alpha), {int32_t(g.num_experts)}};                        \
     PFX##_Tensor_ep0_t te0 = {const_cast<float*>(g.ep0), {int32_t(g.ep_rows), int32_t(g.ep_cols)}, {g.ep_ld}}; \
     PFX##_Tensor_ep1_t te1 = {const_cast<float*>(g.ep1), {int32_t(g.ep_rows), int32_t(g.ep_cols)}, {g.ep_ld}}; \
-    const int32_t rc = cute_dsl_##PFX##_wrapper(&module, &ta, &tb, &tsfa, &tso, &tsfb, &tc, &toffs, &tte, &ttr, \
-                                                &tal, &te0, &te1, g.stream);                                   \
-    if (rc) {                                                                                                  \
-      cudaGetLastError(); /* likewise: a failed launch must not poison the next one */                         \
-      return tsct::fail(rc, "%s: " #PFX " launch returned %d", fn, int(rc));                                   \
-    }                                                                                                          \
-    return tsct::check_launch(fn);                                                                             \
+    return finish_launch(cute_dsl_##PFX##_wrapper(module, &ta, &tb, &tsfa, &tso, &tsfb, &tc, &toffs, &tte, &ttr, \
+                                                  &tal, &te0, &te1, g.stream),                                 \
+                         fn, #PFX);                                                                            \
   } while (0)
 
 // Sign variants: P copies outermost (tsct.h); P is static in each export (2 for the GLU, else 1).
-#define TSCT_SM120_SIGN_LAUNCH(PFX, fn, g, P)                                                                   \
+#define TSCT_SM120_SIGN_LAUNCH_ONE(PFX, fn, g, P)                                                               \
   do {                                                                                                         \
-    static PFX##_Kernel_Module_t module;                                                                       \
-    static std::once_flag once;                                                                                \
-    static int load_rc = 0;                                                                                    \
-    std::call_once(once, [] {                                                                                  \
-      g_dsl_error = 0;                                                                                         \
-      PFX##_Kernel_Module_Load(&module);                                                                       \
-      load_rc = g_dsl_error;                                                                                   \
-      if (load_rc) cudaGetLastError(); /* not sticky: clear it so the next launch check does not see it */     \
-    });                                                                                                        \
-    if (load_rc)                                                                                               \
-      return tsct::fail(load_rc, "%s: loading " #PFX " failed: %s", fn,                                     \
-                        cudaGetErrorString(static_cast<cudaError_t>(load_rc)));                                \
+    TSCT_SM120_LOAD(PFX, fn);                                                                                  \
     const int64_t k8 = g.k / 8;                                                                                \
     PFX##_Tensor_a_t ta = {const_cast<void*>(g.a), {int32_t(g.m_alloc), int32_t(g.k)}, {g.k, g.m_alloc * g.k}}; \
     PFX##_Tensor_bits_t tb = {const_cast<void*>(g.b), {int32_t(g.n), int32_t(k8), int32_t(g.num_experts)},    \
@@ -112,13 +144,21 @@ struct GroupedArgs {
     PFX##_Tensor_alpha_t tal = {const_cast<float*>(g.alpha), {int32_t(g.num_experts)}, {int64_t(P)}};          \
     PFX##_Tensor_ep0_t te0 = {const_cast<float*>(g.ep0), {int32_t(g.ep_rows), int32_t(g.ep_cols)}, {g.ep_ld}}; \
     PFX##_Tensor_ep1_t te1 = {const_cast<float*>(g.ep1), {int32_t(g.ep_rows), int32_t(g.ep_cols)}, {g.ep_ld}}; \
-    const int32_t rc = cute_dsl_##PFX##_wrapper(&module, &ta, &tb, &tsfa, &tso, &tcs, &tc, &toffs, &tte, &ttr, \
-                                                &tal, &te0, &te1, g.stream);                                   \
-    if (rc) {                                                                                                  \
-      cudaGetLastError(); /* likewise: a failed launch must not poison the next one */                         \
-      return tsct::fail(rc, "%s: " #PFX " launch returned %d", fn, int(rc));                                   \
-    }                                                                                                          \
-    return tsct::check_launch(fn);                                                                             \
+    return finish_launch(cute_dsl_##PFX##_wrapper(module, &ta, &tb, &tsfa, &tso, &tcs, &tc, &toffs, &tte, &ttr, \
+                                                  &tal, &te0, &te1, g.stream),                                 \
+                         fn, #PFX);                                                                            \
+  } while (0)
+
+// The variant NAME (without its _sm120 / _sm121 suffix) for the arch the current device loads.
+#define TSCT_SM120_GROUPED_LAUNCH(NAME, fn, g, sm121)                      \
+  do {                                                                    \
+    if (sm121) TSCT_SM120_GROUPED_LAUNCH_ONE(NAME##_sm121, fn, g);        \
+    TSCT_SM120_GROUPED_LAUNCH_ONE(NAME##_sm120, fn, g);                   \
+  } while (0)
+#define TSCT_SM120_SIGN_LAUNCH(NAME, fn, g, P, sm121)                      \
+  do {                                                                    \
+    if (sm121) TSCT_SM120_SIGN_LAUNCH_ONE(NAME##_sm121, fn, g, P);        \
+    TSCT_SM120_SIGN_LAUNCH_ONE(NAME##_sm120, fn, g, P);                   \
   } while (0)
 
 // Shared argument checks of both entries (sizes fit int32, k % 64, pointers); 1 = nothing to do.
@@ -179,10 +219,12 @@ extern "C" int tsct_sm120_nvfp4_grouped(int variant, const void* a, int64_t m_al
   const GroupedArgs g = {a, b, sfa, sfb, sfa_offsets, offs, tile_expert, tile_row, c, alpha, ep0, ep1, nullptr, m_alloc, k, n,
                          num_experts, sfa_bytes, sfb_bytes, c_rows, c_cols, ldc, num_tiles, ep_rows, ep_cols, ep_ld,
                          static_cast<cudaStream_t>(stream)};
+  bool sm121 = false;
+  if (int rc = current_is_sm121(fn, &sm121)) return rc;
   switch (variant) {
-    case TSCT_SM120_NVFP4_ALPHA: TSCT_SM120_GROUPED_LAUNCH(tsct_nvfp4_grouped_alpha_sm120, fn, g);
-    case TSCT_SM120_NVFP4_GLU: TSCT_SM120_GROUPED_LAUNCH(tsct_nvfp4_grouped_glu_sm120, fn, g);
-    default: TSCT_SM120_GROUPED_LAUNCH(tsct_nvfp4_grouped_rowweight_sm120, fn, g);
+    case TSCT_SM120_NVFP4_ALPHA: TSCT_SM120_GROUPED_LAUNCH(tsct_nvfp4_grouped_alpha, fn, g, sm121);
+    case TSCT_SM120_NVFP4_GLU: TSCT_SM120_GROUPED_LAUNCH(tsct_nvfp4_grouped_glu, fn, g, sm121);
+    default: TSCT_SM120_GROUPED_LAUNCH(tsct_nvfp4_grouped_rowweight, fn, g, sm121);
   }
 #endif
 }
@@ -218,10 +260,12 @@ extern "C" int tsct_sm120_sign_grouped(int variant, const void* a, int64_t m_all
   const GroupedArgs g = {a, bits, sfa, nullptr, sfa_offsets, offs, tile_expert, tile_row, c, alpha, ep0, ep1,
                          col_scale, m_alloc, k, n, num_experts, sfa_bytes, 0, c_rows, c_cols, ldc, num_tiles, ep_rows,
                          ep_cols, ep_ld, static_cast<cudaStream_t>(stream)};
+  bool sm121 = false;
+  if (int rc = current_is_sm121(fn, &sm121)) return rc;
   switch (variant) {
-    case TSCT_SM120_SIGN_ALPHA: TSCT_SM120_SIGN_LAUNCH(tsct_sign_grouped_alpha_sm120, fn, g, 1);
-    case TSCT_SM120_SIGN_GLU: TSCT_SM120_SIGN_LAUNCH(tsct_sign_grouped_glu_sm120, fn, g, 2);
-    default: TSCT_SM120_SIGN_LAUNCH(tsct_sign_grouped_rowweight_sm120, fn, g, 1);
+    case TSCT_SM120_SIGN_ALPHA: TSCT_SM120_SIGN_LAUNCH(tsct_sign_grouped_alpha, fn, g, 1, sm121);
+    case TSCT_SM120_SIGN_GLU: TSCT_SM120_SIGN_LAUNCH(tsct_sign_grouped_glu, fn, g, 2, sm121);
+    default: TSCT_SM120_SIGN_LAUNCH(tsct_sign_grouped_rowweight, fn, g, 1, sm121);
   }
 #endif
 }

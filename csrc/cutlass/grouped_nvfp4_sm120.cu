@@ -3,7 +3,8 @@
 // tsct_cutlass.h. Header source and version: docs/decisions/0007-cutlass-headers.md (CUTLASS
 // b46b16d0 "4.5.0", from the flashinfer-python 0.7.2.post1 wheel; never vendored here).
 //
-// Compile (one TU, sm_120a only): csrc/cutlass/build_check.sh. Needs CUTLASS >= 4.5 for the 128x32
+// Compile (one TU, sm_120a only): cmake/tsct_cutlass.cmake links it into libtsct_kernels.so
+// (TSCT_CUTLASS=AUTO|ON); csrc/cutlass/build_check.sh builds it alone with a host-check library. Needs CUTLASS >= 4.5 for the 128x32
 // tile (small-N block-scaled tiles, cutlass#3176); older headers get a clear #error.
 #include <cuda_runtime_api.h>
 #include <stdint.h>
@@ -188,6 +189,26 @@ inline typename Gemm::Arguments make_arguments(int groups, const Shape3* problem
   return args;
 }
 
+// The cubin is sm_120a: it loads on compute capability 12.0 only. Checked before any launch so that a
+// wrong device gets a clean error naming it instead of a failed launch (or a crash in CUTLASS's setup).
+inline int require_sm120(const char* fn) {
+  int dev = 0, major = 0, minor = 0;
+  cudaError_t e = cudaGetDevice(&dev);
+  if (e == cudaSuccess) e = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev);
+  if (e == cudaSuccess) e = cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev);
+  if (e != cudaSuccess) {
+    cudaGetLastError();  // do not leave the query's error for the caller's next launch check
+    return tsct::fail(static_cast<int>(e), "%s: querying the current device failed: %s (%s)", fn, cudaGetErrorName(e),
+                      cudaGetErrorString(e));
+  }
+  if (major != 12 || minor != 0) {
+    return tsct::fail(static_cast<int>(cudaErrorNoKernelImageForDevice),
+                      "%s: device %d is compute capability %d.%d; the CUTLASS NVFP4 kernel is built for sm_120a "
+                      "(12.0) only", fn, dev, major, minor);
+  }
+  return 0;
+}
+
 inline int status_to_code(cutlass::Status s, const char* what) {
   if (s == cutlass::Status::kSuccess) return 0;
   cudaError_t e = cudaGetLastError();
@@ -231,6 +252,7 @@ int tsct_cutlass_nvfp4_grouped_sm120_bf16(int64_t num_groups, const int32_t* pro
   if (num_groups < 0 || num_groups > INT32_MAX) {
     return tsct::fail(TSCT_ERR_BAD_ARGUMENT, "%s: num_groups=%lld", fn, static_cast<long long>(num_groups));
   }
+  if (int rc = require_sm120(fn)) return rc;
   if (num_groups == 0) return 0;
   if (!problem_nmk || !ptr_w || !ptr_w_sf || !ptr_x || !ptr_x_sf || !ptr_out || !alpha || !workspace) {
     return tsct::fail(TSCT_ERR_BAD_ARGUMENT, "%s: null pointer argument", fn);
@@ -267,7 +289,8 @@ int tsct_cutlass_nvfp4_grouped_sm120_bf16(int64_t num_groups, const int32_t* pro
 }
 
 int tsct_cutlass_nvfp4_grouped_sm120_config(int64_t* out, int n) {
-  if (!out || n < 0) return TSCT_ERR_BAD_ARGUMENT;
+  tsct::clear_error_detail();
+  if (!out || n < 0) return tsct::fail(TSCT_ERR_BAD_ARGUMENT, "tsct_cutlass_nvfp4_grouped_sm120_config: out=%p n=%d", static_cast<void*>(out), n);
   const Shape3 probe = make_shape(11, 22, 33);
   int32_t raw[3];
   memcpy(raw, &probe, sizeof(raw));
@@ -289,7 +312,12 @@ int tsct_cutlass_nvfp4_grouped_sm120_config(int64_t* out, int n) {
 }
 
 int tsct_cutlass_nvfp4_sf_offsets_sm120(int which, int m, int n, int k, int64_t* out) {
-  if (!out || (which != 0 && which != 1) || m < 0 || n < 0 || k < 0 || k % 16) return TSCT_ERR_BAD_ARGUMENT;
+  tsct::clear_error_detail();
+  if (!out || (which != 0 && which != 1) || m < 0 || n < 0 || k < 0 || k % 16) {
+    return tsct::fail(TSCT_ERR_BAD_ARGUMENT,
+                      "tsct_cutlass_nvfp4_sf_offsets_sm120: need out != NULL, which in {0, 1}, m, n, k >= 0 and "
+                      "k %% 16 == 0; got which=%d m=%d n=%d k=%d", which, m, n, k);
+  }
   const int rows = which == 0 ? m : n;
   const int kb = k / 16;
   if (which == 0) {

@@ -1,5 +1,6 @@
-/* tsct: CUTLASS C++ kernels for sm_120 (decision 0007). Not yet part of tsct.h / exports.map: this
- * header is the proposed ABI; wiring is described in docs/decisions/0007-cutlass-headers.md.
+/* tsct: CUTLASS C++ kernels for sm_120 (decisions 0007, 0011). The entry points are declared in tsct.h
+ * ("sm_120 NVFP4 grouped GEMM on CUTLASS C++") and linked into libtsct_kernels.so by
+ * cmake/tsct_cutlass.cmake (TSCT_CUTLASS=AUTO|ON|OFF); this header documents their operand conventions.
  *
  * Grouped NVFP4 x NVFP4 -> bf16 GEMM, one GEMM per expert e (ptr-array / "grouped" mode):
  *
@@ -20,7 +21,7 @@
  *   problem_nmk  int32 [G, 3]  (N, M_e, K) per group; M_e may be 0 (the group gets no tile)
  *   ptr_w, ptr_w_sf, ptr_x, ptr_x_sf, ptr_out   uint64 [G]   device addresses of group e's operands
  *   alpha        fp32 [G]
- * Requirements (checked by the caller's plan, tests/cpu/_cutlass_plan.py): K % 128 == 0 (TMA boxes of
+ * Requirements (checked by the caller's plan, python/tsct/kernels/sm120_fp4/cutlass_gemm.py): K % 128 == 0 (TMA boxes of
  * 64 bytes and full 4-scale columns), N % 8 == 0 (16-byte aligned output rows), operand addresses
  * 16-byte aligned, scale addresses 128-byte aligned (each per-group block is a multiple of 512 bytes).
  *
@@ -33,35 +34,8 @@
 
 #include "tsct/tsct.h"
 
-#ifdef __cplusplus
-extern "C" {
-#endif
-
-/* Workspace bytes for a call with num_groups groups on a device with sm_count SMs (sm_count <= 0:
- * the current device's; the same value must then be passed to the run). Host only, no launch. */
-TSCT_API int tsct_cutlass_nvfp4_grouped_sm120_workspace(int64_t num_groups, int sm_count, uint64_t* bytes);
-
-/* Runs the grouped GEMM on `stream`. workspace: device memory of >= the queried bytes, 256-byte
- * aligned. num_groups == 0 returns 0 without a launch. */
-TSCT_API int tsct_cutlass_nvfp4_grouped_sm120_bf16(int64_t num_groups, const int32_t* problem_nmk,
-                                                   const uint64_t* ptr_w, const uint64_t* ptr_w_sf,
-                                                   const uint64_t* ptr_x, const uint64_t* ptr_x_sf,
-                                                   const uint64_t* ptr_out, const float* alpha, void* workspace,
-                                                   uint64_t workspace_bytes, int sm_count, void* stream);
-
-/* Host-only introspection of the compiled configuration, for the CPU tests (no CUDA call):
- * out[0..n) = { tile M, tile N, tile K, pipeline stages, shared-memory bytes of one CTA,
- *               sizeof(problem shape), 1 if a problem shape is laid out as int32 {M, N, K} else 0,
- *               CUTLASS_MAJOR*100 + CUTLASS_MINOR, threads per CTA, prep workspace bytes per group }. */
-TSCT_API int tsct_cutlass_nvfp4_grouped_sm120_config(int64_t* out, int n);
-
-/* Host-only: byte offsets that CUTLASS's own scale-factor layout (Sm1xxBlockScaledConfig, built with
- * tile_atom_to_shape_SFA/SFB for the problem (m, n, k)) gives scale (row, kb), kb = k/16 index:
- * which = 0: SFA, rows [0, m); which = 1: SFB, rows [0, n). out is row-major [rows, k/16]. */
-TSCT_API int tsct_cutlass_nvfp4_sf_offsets_sm120(int which, int m, int n, int k, int64_t* out);
-
-#ifdef __cplusplus
-}
-#endif
+/* Declared in tsct.h: tsct_cutlass_built, tsct_cutlass_nvfp4_grouped_sm120_workspace,
+ * tsct_cutlass_nvfp4_grouped_sm120_bf16, tsct_cutlass_nvfp4_grouped_sm120_config,
+ * tsct_cutlass_nvfp4_sf_offsets_sm120. */
 
 #endif /* TSCT_CUTLASS_H_ */

@@ -105,24 +105,9 @@ extern "C" int tsct_nvfp4_quantize_rows_grouped(const void* x, int x_dtype, int6
   int64_t total;
   if (!tsct::checked_mul3(m_alloc > x_rows ? m_alloc : x_rows, k, 4, &total))
     return tsct::fail(TSCT_ERR_BAD_ARGUMENT, "%s: sizes overflow int64", fn);
-  RowsGroupedArgs a = {};
-  a.x = x;
-  a.x_rows = x_rows;
-  a.gather = gather_idx;
-  a.offs = offs;
-  a.col_scale = col_scale;
-  a.num_experts = num_experts;
-  a.m = m;
-  a.m_alloc = m_alloc;
-  a.k = k;
-  a.kb = k / tsct::fmt::kNvfp4Block;
-  a.kbp = tsct::fmt::round_up(a.kb, 4);
-  a.codes = codes;
-  a.sfa = sfa;
-  a.sfa_bytes = sfa_bytes;
-  a.sfa_offsets = sfa_offsets;
-  a.s_enc = s_enc;
-  a.vec = aligned(x, 16);
+  const RowsGroupedArgs a = tsct::quant::make_rows_grouped_args(x, x_rows, k, gather_idx, offs, num_experts, m,
+                                                                  col_scale, m_alloc, codes, sfa, sfa_bytes,
+                                                                  sfa_offsets, s_enc, aligned(x, 16));
   if (num_experts > 0 && (!offs || !s_enc || !sfa_offsets))
     return tsct::fail(TSCT_ERR_BAD_ARGUMENT, "%s: null pointer (offs=%p, s_enc=%p, sfa_offsets=%p)", fn,
                       (const void*)offs, (void*)s_enc, (void*)sfa_offsets);

@@ -34,6 +34,34 @@ struct RowsGroupedArgs {
   int vec;                    // x 16-byte aligned (rows are, since k % 16 == 0): 128-bit loads
 };
 
+// The arguments of tsct_nvfp4_quantize_rows_grouped (tsct.h) as RowsGroupedArgs: the CUDA entry
+// (rows_grouped.cu) and the host harness (tools/host_rows_grouped.cpp) both fill it here. k must be a
+// multiple of 16 (the entry checks); vec: x is 16-byte aligned, so 128-bit loads (the harness passes false).
+inline RowsGroupedArgs make_rows_grouped_args(const void* x, int64_t x_rows, int64_t k, const int64_t* gather,
+                                              const int32_t* offs, int64_t num_experts, int64_t m,
+                                              const float* col_scale, int64_t m_alloc, uint8_t* codes, uint8_t* sfa,
+                                              int64_t sfa_bytes, int32_t* sfa_offsets, float* s_enc, bool vec) {
+  RowsGroupedArgs a = {};
+  a.x = x;
+  a.x_rows = x_rows;
+  a.gather = gather;
+  a.offs = offs;
+  a.col_scale = col_scale;
+  a.num_experts = num_experts;
+  a.m = m;
+  a.m_alloc = m_alloc;
+  a.k = k;
+  a.kb = k / tsct::fmt::kNvfp4Block;
+  a.kbp = tsct::fmt::round_up(a.kb, 4);
+  a.codes = codes;
+  a.sfa = sfa;
+  a.sfa_bytes = sfa_bytes;
+  a.sfa_offsets = sfa_offsets;
+  a.s_enc = s_enc;
+  a.vec = vec ? 1 : 0;
+  return a;
+}
+
 // Expert of routed row `row` (first e with offs[e] > row), its first row, and whether the row is a
 // real row of that expert. Rows at or past min(offs[E-1], m) are padding. Never reads out of bounds,
 // whatever offs holds (the caller validates it: non-decreasing, offs[E-1] <= m).

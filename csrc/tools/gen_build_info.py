@@ -5,7 +5,7 @@ Run by CMake after the .cu objects are compiled and before the library is linked
 
     gen_build_info.py --objects a.o b.o --gencodes sm_80,compute_80,... --version 0.1.0 --abi-version 1 \
         --nvcc-version 13.0.88 --json manifest.json --cpp build_info.cpp [--extra key=value ...] \
-        [--triton-aot triton_aot/index.json] [--cutedsl cutedsl/index.json]
+        [--triton-aot triton_aot/index.json] [--cutedsl cutedsl/sm_120a/index.json ...]
 
 It reads each object's ``.nv_fatbin`` section (nvcc embeds one fatbinary per object; built with
 ``--no-compress`` so entries are plain ELF cubins and PTX text), lists the ``__global__`` entry
@@ -15,8 +15,9 @@ the targets found differ from the requested gencode list. With ``--triton-aot`` 
 every kernel family: the bf16 GLU and W4A4): the Triton version, and per arch the number of cubins
 and the kernels with their variant counts;
 the cubins themselves ship in tsct/_aot/<arch>/. With ``--cutedsl`` it adds a "cutedsl" section from
-cutedsl/build.py's index (the CuTeDSL sm_120 kernels linked into the library, docs/decisions/0009):
-DSL dist and version, arch, and per kernel its name, entry, parameters and threads. The JSON is written to manifest.json and,
+cutedsl/build.py's index (the CuTeDSL sm_120 kernels linked into the library, docs/decisions/0009;
+given once per arch, sm_120a and sm_121a, decision 0010): DSL dist and version, "arch" (the first
+index's), "archs" (all), and per kernel its name, arch, entry, parameters and threads. The JSON is written to manifest.json and,
 as a C string, into build_info.cpp, so ``tsct_build_info()`` returns the same text.
 
 Only the standard library is used (it runs under whatever Python drives the build).
@@ -138,7 +139,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--json", required=True)
     ap.add_argument("--cpp", required=True)
     ap.add_argument("--triton-aot", default=None, help="index.json of the Triton AOT build (adds 'triton_aot')")
-    ap.add_argument("--cutedsl", default=None, help="index.json of cutedsl/build.py (adds 'cutedsl')")
+    ap.add_argument("--cutedsl", action="append", default=[],
+                    help="index.json of cutedsl/build.py, once per arch (adds 'cutedsl')")
     args = ap.parse_args(argv)
 
     gencodes = [g for g in re.split(r"[;,]", args.gencodes) if g]
@@ -176,14 +178,17 @@ def main(argv: list[str] | None = None) -> int:
             "archs": {a: {"variants": v["variants"], "kernels": v["kernels"]} for a, v in sorted(aot["archs"].items())},
         }
     if args.cutedsl:
-        cdsl = json.load(open(args.cutedsl))
+        idxs = [json.load(open(p)) for p in args.cutedsl]
+        if len({json.dumps(i["dsl"], sort_keys=True) for i in idxs}) != 1:
+            raise SystemExit(f"gen_build_info: the CuTeDSL indexes disagree on the DSL: {[i['dsl'] for i in idxs]}")
         info["cutedsl"] = {
             "linked": True,
-            "dsl": cdsl["dsl"],
-            "arch": cdsl["arch"],
+            "dsl": idxs[0]["dsl"],
+            "arch": idxs[0]["arch"],
+            "archs": [i["arch"] for i in idxs],
             "required_sass": "OMMA.SF.16864.F32.E2M1.E2M1.UE4M3.4X",
-            "kernels": [{"name": k["name"], "entry": k["entry"], "params": k["params"], "threads": k["threads"]}
-                        for k in cdsl["kernels"]],
+            "kernels": [{"name": k["name"], "arch": k.get("arch", i["arch"]), "entry": k["entry"], "params": k["params"],
+                         "threads": k["threads"]} for i in idxs for k in i["kernels"]],
         }
     for kv in args.extra:
         k, _, v = kv.partition("=")

@@ -29,23 +29,8 @@ extern "C" int tsct_host_nvfp4_quantize_rows_grouped(const void* x, int x_dtype,
                                                      int64_t num_experts, int64_t m, const float* col_scale,
                                                      int64_t m_alloc, uint8_t* codes, uint8_t* sfa, int64_t sfa_bytes,
                                                      int32_t* sfa_offsets, float* s_enc) {
-  RowsGroupedArgs a = {};
-  a.x = x;
-  a.x_rows = x_rows;
-  a.gather = gather_idx;
-  a.offs = offs;
-  a.col_scale = col_scale;
-  a.num_experts = num_experts;
-  a.m = m;
-  a.m_alloc = m_alloc;
-  a.k = k;
-  a.kb = k / 16;
-  a.kbp = tsct::fmt::round_up(a.kb, 4);
-  a.codes = codes;
-  a.sfa = sfa;
-  a.sfa_bytes = sfa_bytes;
-  a.sfa_offsets = sfa_offsets;
-  a.s_enc = s_enc;
+  RowsGroupedArgs a = tsct::quant::make_rows_grouped_args(x, x_rows, k, gather_idx, offs, num_experts, m, col_scale,
+                                                            m_alloc, codes, sfa, sfa_bytes, sfa_offsets, s_enc, false);
   if (x_dtype == TSCT_F32) run<float>(a);
   else if (x_dtype == TSCT_BF16) run<__nv_bfloat16>(a);
   else run<__half>(a);

@@ -9,8 +9,22 @@ Paths (design.md section 4):
     reference      pure torch (tsct.reference), CPU and any GPU
     triton-bf16    Triton grouped GEMM + fused GLU, bf16/fp16 factors     (issue 3; AOT cubins for sm_90a/sm_100a/sm_120, JIT otherwise)
     triton-lowbit  Triton with NVFP4 / sign factors decoded in registers  (issue 4; AOT cubins for uniform nvfp4 / sign, JIT otherwise)
-    sm120-fp4      NVFP4 block-scaled mma.sync on sm_120 (CuTeDSL, tsct.kernels.sm120_fp4) (issue 5; 12.0 only,
-                   off unless TSCT_SM120_FP4=1: never executed on a GPU; first-use self-test)
+    sm120-fp4      NVFP4 block-scaled mma.sync on sm_120 (CuTeDSL, tsct.kernels.sm120_fp4) (issue 5; 12.0 with
+                   the sm_120a exports, 12.1 with the sm_121a exports; NVFP4 or sign factors)
+    triton-w4a4    NVFP4 weights AND activations on tl.dot_scaled (issue 4 item 2; tsct.kernels.triton_w4a4): only
+                   when asked for (impl="triton-w4a4", in no preference list): the 4-bit activations change the
+                   result (a different op numerically), native OMMA on sm_120 (never executed), emulated on sm_90;
+                   runs from the shipped cubins only. Its first-use self-test (off sm_90) compares with the torch
+                   model of its quantize-then-multiply math, not with the dense reference.
+
+sm120-fp4 has never executed on an sm_120 card, and a kernel that faults would kill the caller's
+CUDA context, so its first-use self-test runs in a CHILD process (``tsct.kernels.sm120_fp4.firstuse``):
+on the first ``auto`` (or forced) use in a process the child runs the path against the torch emulation
+on the same GPU; "pass" lets the path run, a numerical failure, a crash (signal, exit without a
+verdict) or a timeout disables it with the usual counted, warned fallback, the reason saying what
+happened. The verdict is cached in the process and on disk (``firstuse.cache_file()``), keyed by tsct
+version, library bytes, driver, GPU name and compute capability. ``TSCT_SM120_FP4=0`` turns the path
+off, ``=1`` turns it on WITHOUT the self-test (for kernel developers), unset = the above.
 
 A path that is not ready stays out of ``auto`` (its status says why) rather than landing broken.
 """
@@ -31,7 +45,8 @@ REFERENCE = "reference"
 TRITON_BF16 = "triton-bf16"
 TRITON_LOWBIT = "triton-lowbit"
 SM120_FP4 = "sm120-fp4"
-PATHS = (REFERENCE, TRITON_BF16, TRITON_LOWBIT, SM120_FP4)
+TRITON_W4A4 = "triton-w4a4"
+PATHS = (REFERENCE, TRITON_BF16, TRITON_LOWBIT, SM120_FP4, TRITON_W4A4)
 
 FORMATS = ("bf16", "nvfp4", "sign")  # storage formats with a row in the table; others use reference
 
@@ -120,6 +135,11 @@ def _triton_lowbit_status(capability, fmt) -> Status:
     return Status(*triton_lowbit.status(capability, fmt))
 
 
+def _triton_w4a4_status(capability, fmt) -> Status:
+    from tsct.kernels import triton_w4a4
+    return Status(*triton_w4a4.status(capability, fmt))
+
+
 def _sm120_fp4_status(capability, fmt) -> Status:
     from tsct.kernels import sm120_fp4
     return Status(*sm120_fp4.status(capability, fmt))
@@ -131,8 +151,11 @@ _STATUS: dict[str, Callable[[Optional[tuple[int, int]], str], Status]] = {
     TRITON_BF16: _triton_bf16_status,
     # tsct.ops routes packed factors through the tsct::grouped_glu_q custom op (ops/_library_q.py)
     TRITON_LOWBIT: _triton_lowbit_status,
-    # Off unless TSCT_SM120_FP4=1 (never executed on any GPU); then behind the first-use self-test.
+    # Never executed on an sm_120 card: behind the crash-safe (child process) first-use self-test.
     SM120_FP4: _sm120_fp4_status,
+    # Explicit only (impl="triton-w4a4"; in no TABLE row): 4-bit activations change the numbers (~17 %
+    # vs the dense reference at b1), and it is emulated on sm_90, never executed on sm_120.
+    TRITON_W4A4: _triton_w4a4_status,
 }
 
 
@@ -204,6 +227,7 @@ EXECUTED_ON: dict[str, frozenset] = {
     TRITON_BF16: frozenset({"sm90"}),  # tests/gpu/test_triton_glu.py on an H200 (2026-11-29)
     TRITON_LOWBIT: frozenset({"sm90"}),  # tests/gpu/test_triton_lowbit_gpu.py on an H200 (2026-11-29, JIT)
     SM120_FP4: frozenset(),
+    TRITON_W4A4: frozenset({"sm90"}),  # tests/gpu/test_triton_w4a4_gpu.py on an H200 (emulated dot_scaled, 2026-11-29)
 }
 _first_use: dict[tuple[str, str, str], Status] = {}  # (path, arch class, fmt) -> self-test verdict
 _in_selftest: set = set()
@@ -214,6 +238,8 @@ def _first_use_check(path: str, capability, fmt: str) -> Status:
     key = (path, cls, fmt)
     if cls in EXECUTED_ON.get(path, frozenset()) or key in _in_selftest:
         return Status(True, "")
+    if path == SM120_FP4:
+        return _sm120_first_use(key, fmt)
     if key not in _first_use:
         from tsct import selftest
         _in_selftest.add(key)
@@ -225,6 +251,22 @@ def _first_use_check(path: str, capability, fmt: str) -> Status:
             _in_selftest.discard(key)
         _first_use[key] = Status(res.ok, f"first-use self-test on {cls} {'passed' if res.ok else 'FAILED'}: {res.detail}")
     return _first_use[key]
+
+
+def _sm120_first_use(key: tuple[str, str, str], fmt: str) -> Status:
+    """sm120-fp4's verdict for the current CUDA device: from its child-process self-test (run now,
+    or cached in the process / on disk) or forced by TSCT_SM120_FP4 (tsct.kernels.sm120_fp4.firstuse)."""
+    from tsct.kernels.sm120_fp4 import firstuse
+
+    v = firstuse.verdict(torch.cuda.current_device(), fmt)
+    # no v.source here: the reason keys the fallback counter and must not change once the verdict is cached
+    if v.outcome == "forced":
+        st = Status(True, f"first-use self-test on {key[1]} skipped: {v.detail}")
+    else:
+        word = "passed" if v.ok else "FAILED"
+        st = Status(v.ok, f"first-use self-test on {key[1]} {word}: {v.outcome}: {v.detail}")
+    _first_use[key] = st
+    return st
 
 
 def first_use_results() -> dict[tuple[str, str, str], Status]:
@@ -285,4 +327,7 @@ def implementation(path: str):
     if path == SM120_FP4:
         from tsct.kernels import sm120_fp4
         return sm120_fp4
+    if path == TRITON_W4A4:
+        from tsct.kernels import triton_w4a4
+        return triton_w4a4
     raise RuntimeError(f"path {path!r} has no implementation in this build")

@@ -105,7 +105,8 @@ def collect(selftests: bool = True, verify_artifacts: bool = False) -> dict[str,
                                   "format": fmt, "path": dec.path, "reason": dec.reason,
                                   "skipped": [{"path": p, "why": w} for p, w in dec.skipped]})
     report["dispatch"] = decisions
-    report["sm120_fp4"] = _sm120_fp4(caps)
+    # sm120-fp4's self-test runs in a child process (a faulting kernel must not take the probe down)
+    report["sm120_fp4"] = _sm120_fp4(caps, gpus, run=selftests)
 
     tests = []
     if selftests:
@@ -115,7 +116,12 @@ def collect(selftests: bool = True, verify_artifacts: bool = False) -> dict[str,
             dtype = torch.float32 if dev.type == "cpu" else torch.bfloat16
             for fmt in dispatch.FORMATS:
                 for path in dispatch.preferences(cap, fmt):
-                    if dispatch.status(path, cap, fmt).ok:
+                    if path == dispatch.SM120_FP4:
+                        # a self-test row only where a test ran (now or cached), not where the env forced it
+                        tests += [_sm120_selftest_row(v) for v in report["sm120_fp4"]["verdicts"]
+                                  if v["gpu"] == (dev.index or 0) and v["format"] == fmt
+                                  and v["verdict"] not in (None, "forced")]
+                    elif dispatch.status(path, cap, fmt).ok:
                         r = selftest.grouped_glu(path, dev, dtype, fmt)
                         tests.append({"device": str(dev), **r.__dict__})
             if dev.type == "cuda" and native.available():
@@ -126,18 +132,51 @@ def collect(selftests: bool = True, verify_artifacts: bool = False) -> dict[str,
     return report
 
 
-def _sm120_fp4(caps) -> dict[str, Any]:
-    """The sm_120 fp4 path: can it run on each device here (and why not), and per kernel how it is verified
-    (design.md section 6; tsct.kernels.sm120_fp4.VERIFICATION). Reads the manifest only."""
+def _sm120_fp4(caps, gpus: Optional[list] = None, run: bool = False) -> dict[str, Any]:
+    """The sm_120 fp4 path: can it run on each device here (and why not), its first-use verdict per GPU
+    and format where it can, and per kernel how it is verified (design.md section 6;
+    tsct.kernels.sm120_fp4.VERIFICATION).
+
+    ``run``: a GPU without a verdict gets its self-test now, in a child process
+    (``tsct.kernels.sm120_fp4.firstuse.verdict``); otherwise only known verdicts are shown (this
+    process's, the disk cache's, or the one ``TSCT_SM120_FP4`` sets)."""
     from tsct.kernels import sm120_fp4
+    from tsct.kernels.sm120_fp4 import firstuse
 
     linked, why = sm120_fp4.kernels_linked()
+    linked121, why121 = sm120_fp4.kernels_linked("sm_121a")
     rows = []
     for cap in caps:
         st = dispatch.status(dispatch.SM120_FP4, cap, "nvfp4")
         rows.append({"device": "cpu" if cap is None else f"cuda (cc {cap[0]}.{cap[1]})", "runnable": st.ok,
                      "reason": st.reason})
-    return {"linked": linked, "linked_detail": why, "status": rows, "kernels": [dict(k) for k in sm120_fp4.VERIFICATION]}
+    verdicts = []
+    for g in gpus or []:
+        cap = tuple(int(v) for v in g["capability"].split("."))
+        for fmt in sm120_fp4.FORMATS:
+            if not dispatch.status(dispatch.SM120_FP4, cap, fmt).ok:
+                continue
+            try:
+                v = firstuse.verdict(g["index"], fmt) if run else firstuse.peek(g["index"], fmt)
+            except Exception as exc:  # the probe reports, it does not crash
+                v = firstuse.Verdict(False, "fail", f"{type(exc).__name__}: {exc}", "probe")
+            verdicts.append({"gpu": g["index"], "capability": g["capability"], "format": fmt,
+                             "verdict": None if v is None else v.outcome, "ok": None if v is None else v.ok,
+                             "source": "runs in a child process on first use" if v is None else v.source,
+                             "detail": "" if v is None else v.detail, "seconds": 0.0 if v is None else v.seconds})
+    from tsct.kernels.sm120_fp4 import cutlass_gemm  # the CUTLASS GEMM backend (TSCT_SM120_GEMM, decision 0011)
+    cutlass = [{"device": r["device"], **dict(zip(("runnable", "reason"), cutlass_gemm.kernel_status(c)))}
+               for r, c in zip(rows, caps)]
+    return {"linked": linked, "linked_detail": why, "linked_sm121a": linked121, "linked_sm121a_detail": why121,
+            "cutlass": cutlass,
+            "env": firstuse.env_mode()[1], "cache_file": str(firstuse.cache_file()), "status": rows,
+            "verdicts": verdicts, "kernels": [dict(k) for k in sm120_fp4.VERIFICATION]}
+
+
+def _sm120_selftest_row(v: dict) -> dict[str, Any]:
+    """A self-test table row from an sm120-fp4 first-use verdict (``_sm120_fp4``'s "verdicts")."""
+    return {"device": f"cuda:{v['gpu']}", "name": f"grouped_glu[sm120-fp4, {v['format']}] vs emulation, child process",
+            "ok": bool(v["ok"]), "detail": f"{v['verdict']} ({v['source']}): {v['detail']}", "seconds": v["seconds"]}
 
 
 def _manifest_kernels(man: dict) -> list[str]:
@@ -260,15 +299,30 @@ def render(report: dict[str, Any]) -> None:
     sm = report.get("sm120_fp4")
     if sm:
         con.print(f"sm120-fp4 (NVFP4 block-scaled mma.sync, CuTeDSL): {escape(sm['linked_detail'])}")
+        con.print(f"  sm_121a exports (cc 12.1): {escape(sm['linked_sm121a_detail'])}")
+        for row in sm.get("cutlass", []):  # never executed on sm_120: a 12.0 card's first use is the first run
+            con.print(f"  CUTLASS GEMM backend (TSCT_SM120_GEMM=cutlass), {row['device']}: "
+                      + ("[green]linked[/]" if row["runnable"] else "[yellow]not runnable[/]") + f": {escape(row['reason'])}")
         for row in sm["status"]:
             con.print(f"  {row['device']}: " + ("[green]runnable[/]" if row["runnable"] else "[yellow]not runnable[/]")
                       + f": {escape(row['reason'])}")
+        con.print(f"  first-use self-test: {escape(sm['env'])}; verdicts cached in {escape(sm['cache_file'])}")
+        for v in sm["verdicts"]:
+            if v["verdict"] is None:
+                word = "[yellow]not run yet[/]"
+            elif v["verdict"] == "forced":
+                word = "[yellow]forced on, not tested[/]"
+            else:
+                word = "[green]pass[/]" if v["ok"] else f"[red]{v['verdict'].upper()}[/]"
+            con.print(f"  GPU {v['gpu']} (cc {v['capability']}) {v['format']}: {word} ({escape(v['source'])})"
+                      + (f": {escape(v['detail'])}" if v["detail"] else ""))
         t = Table(title="sm_120 kernels: how each is verified (design.md section 6; docs/sm120.md)")
         for c in ("kernel", "role", "in this library", "host prep", "emulated", "proxy sm_90",
                   "ran on sm_120", "first-use self-test"):
             t.add_column(c, no_wrap=c == "kernel")
         # the OMMA check runs when the library is built with the kernels, so it is only claimed then
-        here = "yes: sm_120a cubin, OMMA checked at build" if sm["linked"] else "no (built without CuTeDSL)"
+        here = (("yes: sm_120a + sm_121a cubins" if sm["linked_sm121a"] else "yes: sm_120a cubin")
+                + ", OMMA checked at build") if sm["linked"] else "no (built without CuTeDSL)"
         for k in sm["kernels"]:
             t.add_row(k["kernel"], k["role"], here, k["host_prep"],
                       k["emulated"], k["proxy_on_sm90"], k["ran_on_sm120"], k["first_use_selftest"])

@@ -1,8 +1,11 @@
 """Small self-tests of each runnable path against an independent float64 computation.
 
 Used by ``tsct-probe`` and, for paths never executed on their hardware (sm_120), by dispatch on
-first use in a process (design.md section 4). Each test returns a ``Result`` and never raises for a
-numerical disagreement: the caller decides what a failure means.
+first use in a process (design.md section 4). ``sm120_fp4_forward`` is the exception to "in the
+process": dispatch and the probe run it in a child process (``tsct.kernels.sm120_fp4.firstuse``),
+because its kernels have never executed anywhere and a fault would kill the caller's CUDA context.
+Each test returns a ``Result`` and never raises for a numerical disagreement: the caller decides what
+a failure means.
 """
 
 from __future__ import annotations
@@ -70,6 +73,8 @@ def grouped_glu(path: str, device: torch.device, dtype: torch.dtype = torch.bflo
     """
     if path == "sm120-fp4":  # W4A4: its own problem (K % 64) and oracle (the emulation of the same math)
         return sm120_fp4_forward(device, fmt=fmt if fmt in ("nvfp4", "sign") else "nvfp4")
+    if path == "triton-w4a4":  # 4-bit activations: the oracle is the model of its quantize-then-multiply math
+        return w4a4_forward(device)
     from tsct import quant
     from tsct.ops import grouped_glu as op
 
@@ -96,6 +101,42 @@ def grouped_glu(path: str, device: torch.device, dtype: torch.dtype = torch.bflo
         err = ((got - want).norm() / want.norm()).item()
         tol = _TOL[dtype]
         return Result(name, err < tol, f"rel err {err:.2e} (tol {tol:.0e})", time.perf_counter() - t0)
+    except Exception as exc:  # a self-test reports, it does not crash the probe
+        return Result(name, False, f"{type(exc).__name__}: {exc}", time.perf_counter() - t0)
+
+
+def w4a4_forward(device: torch.device, seed: int = 0) -> Result:
+    """``grouped_glu(impl="triton-w4a4")`` on a small routed problem (NVFP4 factors, d = 64, r = 32, f = 40,
+    an empty expert, padding rows) against ``triton_w4a4.emulation.w4a4_full_model`` (x and z quantized per
+    row to NVFP4, then the products in float64): rel-Frobenius error < 2e-2 (bf16 output rounding; the
+    4-bit activation error is in both). A float64 dense reference would differ by ~15 % by design."""
+    from tsct import quant
+    from tsct.kernels.triton_w4a4 import emulation
+    from tsct.ops import grouped_glu as op
+
+    t0 = time.perf_counter()
+    name = "grouped_glu[triton-w4a4, nvfp4 factors and activations, bfloat16]"
+    try:
+        g = torch.Generator().manual_seed(seed)
+        e, d, r, f = 4, 64, 32, 40
+        counts = torch.tensor([7, 0, 12, 5])
+        m = int(counts.sum()) + 3  # 3 padding rows
+        offs = counts.cumsum(0).to(torch.int32)
+        x = torch.randn(m, d, generator=g).to(torch.bfloat16)
+        facs = [quant.quantize_nvfp4(torch.randn(e, k, n, generator=g) / k ** 0.5, backend="torch")
+                for k, n in ((d, r), (d, r), (r, f))]
+        sg, su = torch.rand(e, r, generator=g) + 0.5, torch.rand(e, r, generator=g) + 0.5
+        rw = torch.rand(m, generator=g)
+        want = emulation.w4a4_full_model(x.float(), offs, *facs, sg, su, rw).double()
+        want[int(offs[-1]):] = 0
+        dev = lambda t: t.to(device)  # noqa: E731
+        y = op(dev(x), dev(offs), *[w.to(device) for w in facs], dev(sg), dev(su), row_weight=dev(rw),
+               impl="triton-w4a4")
+        got = y.double().cpu()
+        if not torch.isfinite(got).all():
+            return Result(name, False, "non-finite output", time.perf_counter() - t0)
+        err = ((got - want).norm() / want.norm()).item()
+        return Result(name, err < 2e-2, f"rel err vs the W4A4 model {err:.2e} (tol 2e-02)", time.perf_counter() - t0)
     except Exception as exc:  # a self-test reports, it does not crash the probe
         return Result(name, False, f"{type(exc).__name__}: {exc}", time.perf_counter() - t0)
 

@@ -106,3 +106,16 @@ def test_fallback_under_fullgraph_compile(monkeypatch):
     assert torch.equal(y, ref)
     assert any(k[:2] == ("triton-bf16", "reference") for k in dispatch.fallback_counts())
     dispatch.reset_fallback_counts()
+
+
+def test_w4a4_is_explicit_only():
+    """triton-w4a4 has a status and an implementation but is in no preference list (auto never takes it)."""
+    from tsct import dispatch
+
+    assert dispatch.TRITON_W4A4 in dispatch.PATHS
+    for key, prefs in dispatch.TABLE.items():
+        assert dispatch.TRITON_W4A4 not in prefs, key
+    st = dispatch.status(dispatch.TRITON_W4A4, (9, 0), "sign")
+    assert not st.ok and "NVFP4" in st.reason
+    assert not dispatch.status(dispatch.TRITON_W4A4, None, "nvfp4").ok
+    assert dispatch.implementation(dispatch.TRITON_W4A4).__name__ == "tsct.kernels.triton_w4a4"

@@ -153,7 +153,7 @@ def test_check_artifacts_match(lib_path, cuobjdump):
             want = {a: sum(artifacts.rules_cover(a, k) for k in v["kernels"]) for a, v in sec["archs"].items()}
             assert {row["arch"]: row["sass_checked"] for row in aot["archs"]} == want, aot["archs"]
             assert aot["sass_checked"] == sum(want.values()), aot
-            assert want == {a: {"sm_90a": 9, "sm_120": 9}.get(a, 8) for a in want}, want  # 4 bf16 + 4 low-bit GEMMs (+ W4A4)
+            assert want == {a: {"sm_90a": 10, "sm_120": 10}.get(a, 8) for a in want}, want  # 4 bf16 + 4 low-bit GEMMs (+ 2 W4A4)
         assert f"; triton AOT: {total} cubins, {len(sec['archs'])} archs match" in r["detail"], r["detail"]
     assert len(r["detail"]) < 180, r["detail"]
     assert ("; cutedsl: " in r["detail"]) == bool(m.get("cutedsl")), r["detail"]
@@ -179,6 +179,7 @@ def test_sass_rules_cover_the_triton_gemms():
     # forbidden: that would be an emulation); HGMMA on sm_90a (the bf16 emulation); nothing on sm_100a
     omma = "  /*0200*/  OMMA.SF.16864.F32.E2M1.E2M1.UE4M3.4X R24, R4, R8, R24, R2, R3, URZ ;"
     assert A.rules_cover("sm_120", "w4a4_up_fwd") and A.rules_cover("sm_90a", "w4a4_up_fwd")
+    assert A.rules_cover("sm_120", "w4a4_down_fwd") and A.rules_cover("sm_90a", "w4a4_down_fwd")
     assert not A.rules_cover("sm_100a", "w4a4_up_fwd") and not A.rules_cover("sm_120", "nvfp4_quant_rows")
     assert A.rule_failures("sm_120", {"w4a4_up_fwd": omma}) == []
     both = A.rule_failures("sm_120", {"w4a4_up_fwd": omma + "\n  HMMA.16816.F32.BF16 R4, R8 ;"})

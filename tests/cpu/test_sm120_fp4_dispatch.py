@@ -1,7 +1,8 @@
 """The sm120-fp4 path on a machine without sm_120 (issue 5 item 3; design.md section 6).
 
 * Dispatch decisions with a patched compute capability (12,0) / (12,1) / (9,0), kernels present or
-  not, opted in or not; the first-use self-test disables the path when it fails (counted).
+  not, TSCT_SM120_FP4 set or not; the first-use self-test (its child process faked here; the verdict
+  logic itself: test_sm120_firstuse.py) disables the path when it fails (counted).
 * The host argument preparation of ``tsct.kernels.sm120_fp4.glu.forward`` end to end on the CPU: the
   forward is run with an EMULATED GEMM that receives exactly the arguments of the native entry
   (``tsct.native.sm120_nvfp4_grouped``: operands, plans, alpha, ep0/ep1 incl. the [rows, 1] row-weight
@@ -16,34 +17,21 @@ import math
 
 import pytest
 import torch
+from _sm120_problem import make_problem
 
 from tsct import dispatch, quant, selftest
 from tsct.emulation import grouped_glu_w4a4, plan
 from tsct.emulation.grouped_glu import GluFactors
 from tsct.kernels import sm120_fp4
+from tsct.kernels.sm120_fp4 import firstuse
 from tsct.kernels.sm120_fp4 import glu as sglu
 from tsct.kernels.sm120_fp4.emulated import emulated_gemm, emulated_sign_gemm
 from tsct.emulation import grouped_glu_w4a4_sign
 from tsct.emulation.sign_glu import SignGluFactors
 
 
+_problem = make_problem
 EMU_FORWARD = functools.partial(sglu.forward, gemm=emulated_gemm, quant_backend="torch")
-
-
-def _problem(seed=0, d=128, r=64, f=37, experts=6, tokens=40, topk=2, pad=5):
-    g = torch.Generator().manual_seed(seed)
-    ids = torch.randint(0, experts, (tokens * topk,), generator=g)
-    ids[ids == 1] = 2  # an empty expert
-    order = torch.argsort(ids, stable=True)
-    offs = torch.bincount(ids, minlength=experts).cumsum(0).to(torch.int32)
-    tok = order // topk
-    gather = torch.cat([tok, torch.full((pad,), 10 ** 6)])
-    x = torch.randn(tokens, d, generator=g).to(torch.bfloat16)
-    w = [torch.randn(experts, d, r, generator=g) / math.sqrt(d), torch.randn(experts, d, r, generator=g) / math.sqrt(d),
-         torch.randn(experts, r, f, generator=g) / math.sqrt(r)]
-    sg, su = 1 + 0.1 * torch.randn(experts, r, generator=g), 1 + 0.1 * torch.randn(experts, r, generator=g)
-    rw = torch.rand(tokens * topk + pad, generator=g)
-    return x, offs, w, sg, su, rw, gather, tokens
 
 
 @pytest.mark.parametrize("layout", ["linear", "swizzled_128x4"])
@@ -134,15 +122,20 @@ def test_selftest_with_emulated_forward():
 
 # --- dispatch decisions with patched capabilities ------------------------------------------------
 @pytest.fixture
-def linked(monkeypatch):
-    monkeypatch.setattr(sm120_fp4, "kernels_linked", lambda: (True, "CuTeDSL 4.8.1 sm_120a kernels linked"))
+def linked(monkeypatch, tmp_path):
+    monkeypatch.setattr(sm120_fp4, "kernels_linked",
+                        lambda arch="sm_120a": (arch == "sm_120a", f"CuTeDSL 4.8.1 {arch} kernels linked"))
     monkeypatch.setenv(sm120_fp4.ENV_ENABLE, "1")
+    monkeypatch.setenv("TSCT_CACHE_DIR", str(tmp_path / "cache"))
+    firstuse.reset_for_tests()
     dispatch.reset_fallback_counts()
     yield
     dispatch.reset_fallback_counts()
+    firstuse.reset_for_tests()
 
 
-def test_status_off_sm120_says_why():
+def test_status_off_sm120_says_why(monkeypatch):
+    monkeypatch.setattr(sm120_fp4, "kernels_linked", lambda arch="sm_120a": (arch == "sm_120a", f"{arch} exports?"))
     assert "12.0" in dispatch.status(dispatch.SM120_FP4, (9, 0), "nvfp4").reason
     st = dispatch.status(dispatch.SM120_FP4, (12, 1), "nvfp4")
     assert not st.ok and "sm_121a" in st.reason
@@ -150,13 +143,16 @@ def test_status_off_sm120_says_why():
     assert not dispatch.status(dispatch.SM120_FP4, None, "nvfp4").ok
 
 
-def test_status_without_kernels_or_opt_in(monkeypatch):
-    monkeypatch.setattr(sm120_fp4, "kernels_linked", lambda: (False, "built without the CuTeDSL kernels"))
+def test_status_without_kernels_or_with_env_off(monkeypatch):
+    monkeypatch.setattr(sm120_fp4, "kernels_linked", lambda arch="sm_120a": (False, "built without the CuTeDSL kernels"))
     assert "without the CuTeDSL" in dispatch.status(dispatch.SM120_FP4, (12, 0), "nvfp4").reason
-    monkeypatch.setattr(sm120_fp4, "kernels_linked", lambda: (True, "linked"))
+    monkeypatch.setattr(sm120_fp4, "kernels_linked", lambda arch="sm_120a": (True, "linked"))
     monkeypatch.delenv(sm120_fp4.ENV_ENABLE, raising=False)
+    st = dispatch.status(dispatch.SM120_FP4, (12, 0), "nvfp4")  # auto: runnable, behind the child's self-test
+    assert st.ok and "child process" in st.reason
+    monkeypatch.setenv(sm120_fp4.ENV_ENABLE, "0")
     st = dispatch.status(dispatch.SM120_FP4, (12, 0), "nvfp4")
-    assert not st.ok and sm120_fp4.ENV_ENABLE in st.reason and "never executed" in st.reason
+    assert not st.ok and "TSCT_SM120_FP4=0" in st.reason
     dec = dispatch.decide((12, 0), "nvfp4")
     assert dec.path != dispatch.SM120_FP4 and dec.skipped[0][0] == dispatch.SM120_FP4
 
@@ -175,7 +171,7 @@ def test_manifest_without_cutedsl_section(monkeypatch):
 def test_decide_sm120_first_choice_when_linked_and_enabled(linked):
     dec = dispatch.decide((12, 0), "nvfp4")
     assert dec.path == dispatch.SM120_FP4 and dec.reason == "first choice"
-    assert dispatch.decide((12, 1), "nvfp4").skipped[0][0] == dispatch.SM120_FP4  # sm_120a does not load on 12.1
+    assert dispatch.decide((12, 1), "nvfp4").skipped[0][0] == dispatch.SM120_FP4  # no sm_121a exports here
     assert dispatch.decide((9, 0), "nvfp4").path != dispatch.SM120_FP4
     assert dispatch.decide((12, 0), "bf16").path != dispatch.SM120_FP4
     assert dispatch.decide((12, 0), "sign").path == dispatch.SM120_FP4
@@ -184,23 +180,28 @@ def test_decide_sm120_first_choice_when_linked_and_enabled(linked):
 
 
 def test_first_use_selftest_disables_and_counts(linked, monkeypatch):
+    """The numerical self-test's failure, reported by the child (tests/cpu/test_sm120_firstuse.py: crashes)."""
     assert dispatch.EXECUTED_ON[dispatch.SM120_FP4] == frozenset()
+    monkeypatch.delenv(sm120_fp4.ENV_ENABLE)
     calls = []
 
-    def fake_selftest(path, dev, dtype, fmt):
-        calls.append(path)
-        ok = path != dispatch.SM120_FP4
-        return selftest.Result(path, ok, "rel err 1.0e+00 (tol 3e-02)" if not ok else "ok", 0.0)
-    monkeypatch.setattr(selftest, "grouped_glu", fake_selftest)
+    def child(argv, env, timeout):  # what selftest_child prints when sm120_fp4_forward disagrees
+        calls.append(argv)
+        line = firstuse.VERDICT_MARKER + '{"verdict": "fail", "detail": "rel err vs emulation 1.0e+00 (tol 3e-02)"}'
+        return firstuse.ChildResult(firstuse.EXIT_FAIL, line + "\n", "", False, 0.1)
+    monkeypatch.setattr(firstuse, "run_subprocess", child)
+    monkeypatch.setattr(firstuse, "identity", lambda i: {"gpu": "test", "capability": "12.0"})
     monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
     monkeypatch.setattr(dispatch, "_first_use", {})
     with pytest.warns(RuntimeWarning, match="sm120-fp4 unavailable"):
         path = dispatch.select("auto", (12, 0), "nvfp4")
-    assert path != dispatch.SM120_FP4 and calls[0] == dispatch.SM120_FP4
+    assert path != dispatch.SM120_FP4 and len(calls) == 1
     counts = dispatch.fallback_counts()
-    assert any(k[0] == dispatch.SM120_FP4 and "first-use self-test on sm120 FAILED" in k[2] for k in counts), counts
+    assert any(k[0] == dispatch.SM120_FP4 and "first-use self-test on sm120 FAILED: fail: rel err" in k[2]
+               for k in counts), counts
     with pytest.raises(RuntimeError, match="FAILED"):
         dispatch.select(dispatch.SM120_FP4, (12, 0), "nvfp4")
+    assert len(calls) == 1
 
 
 def test_bench_arms_and_probe_say_why_off_sm120():

@@ -14,11 +14,11 @@ does NOT cover: the CuTeDSL kernels' own fragment code (no sm_120 here; docs/sm1
 from __future__ import annotations
 
 import functools
-import math
 import os
 
 import pytest
 import torch
+from _sm120_problem import make_problem
 
 from tsct import quant, selftest
 from tsct.kernels.sm120_fp4 import glu
@@ -36,18 +36,7 @@ def _log(line: str) -> None:
 
 
 def _problem(seed, d, r, f, experts, tokens, topk=2, pad=5, fmt="nvfp4"):
-    g = torch.Generator().manual_seed(seed)
-    ids = torch.randint(0, experts, (tokens * topk,), generator=g)
-    ids[ids == 1] = 2  # an empty expert
-    order = torch.argsort(ids, stable=True)
-    offs = torch.bincount(ids, minlength=experts).cumsum(0).to(torch.int32)
-    tok = order // topk
-    gather = torch.cat([tok, torch.full((pad,), 10 ** 6)])
-    x = torch.randn(tokens, d, generator=g).to(torch.bfloat16)
-    ws = [torch.randn(experts, d, r, generator=g) / math.sqrt(d), torch.randn(experts, d, r, generator=g) / math.sqrt(d),
-          torch.randn(experts, r, f, generator=g) / math.sqrt(r)]
-    sg, su = 1 + 0.1 * torch.randn(experts, r, generator=g), 1 + 0.1 * torch.randn(experts, r, generator=g)
-    rw = torch.rand(tokens * topk + pad, generator=g)
+    x, offs, ws, sg, su, rw, gather, tokens = make_problem(seed, d, r, f, experts, tokens, topk, pad)
     qfn = quant.quantize_sign if fmt == "sign" else quant.quantize_nvfp4
     return x, offs, [qfn(w, backend="torch") for w in ws], sg, su, rw, gather, tokens
 

@@ -336,3 +336,33 @@ def test_b1_full_pass_timing():
     if out:
         with open(os.path.join(out, "w4a4_b1_full.json"), "w") as fh:
             json.dump(res, fh, indent=1)
+
+
+def test_explicit_dispatch_path_and_its_selftest():
+    """impl="triton-w4a4" through tsct.ops (tsct::grouped_glu_q): the self-test against the W4A4 model passes,
+    auto never takes it, and the op's gradients reach x, the row weights and an STE master."""
+    from tsct import dispatch, selftest
+    from tsct.ops import grouped_glu
+
+    cap = torch.cuda.get_device_capability()
+    assert dispatch.status(dispatch.TRITON_W4A4, cap, "nvfp4").ok
+    assert dispatch.TRITON_W4A4 not in dispatch.preferences(cap, "nvfp4")
+    res = selftest.w4a4_forward(torch.device("cuda"))
+    assert res.ok, res.detail
+    g = torch.Generator().manual_seed(3)
+    E, d, r, f, T = 4, 64, 32, 40, 12
+    counts = torch.tensor([7, 0, 12, 5])
+    offs = counts.cumsum(0).to(torch.int32).cuda()
+    m = int(counts.sum())
+    tok = (torch.arange(m) % T).cuda()
+    x = torch.randn(T, d, generator=g).to(torch.bfloat16).cuda().requires_grad_(True)
+    master = (torch.randn(E, d, r, generator=g) / 8).cuda().requires_grad_(True)
+    wg = quant.quantize_nvfp4(master.detach(), backend="torch")
+    wu, wd = (quant.quantize_nvfp4((torch.randn(E, k, n, generator=g) / 8).cuda(), backend="torch")
+              for k, n in ((d, r), (r, f)))
+    rw = torch.rand(m, generator=g).cuda().requires_grad_(True)
+    y = grouped_glu(x, offs, wg, wu, wd, row_weight=rw, gather_idx=tok, scatter_idx=tok, num_out_rows=T,
+                    impl="triton-w4a4", masters=(master, None, None))
+    y.float().square().sum().backward()
+    for t in (x, rw, master):
+        assert t.grad is not None and torch.isfinite(t.grad).all() and t.grad.abs().sum() > 0

@@ -19,10 +19,10 @@ the expert math and the combine inside the timed span, sync-free.
                    backward also computes the straight-through gradients of the masters (dW of the
                    decoded factors), so its forward+backward is the low-bit training step comparable
                    with the bf16 arm's (which differentiates its factors).
-    tsct-w4a4-nvfp4  forward only: the low-bit down kernel, then z quantized per row to NVFP4 and the
-                   up-projection in tl.dot_scaled (tsct.kernels.triton_w4a4.w4a4.glu_forward), combine
-                   fused. Runs from this install's cubins only: "emulated (sm_90)" on sm_90 (bf16 emulation
-                   of dot_scaled), native on sm_120; elsewhere "not runnable" with the reason.
+    tsct-w4a4-nvfp4  the same call with impl="triton-w4a4" (NVFP4 weights AND activations on tl.dot_scaled:
+                   x and z quantized per row, both projections block-scaled; straight-through backward on
+                   the low-bit kernels). Runs from this install's cubins only: "emulated (sm_90)" on sm_90
+                   (bf16 emulation of dot_scaled), native on sm_120; elsewhere "not runnable" with the reason.
 
 Forward timing runs with autograd recording (the forward of a training step); forward+backward adds
 ``torch.autograd.grad`` of the output w.r.t. x, the router weights, every dense factor and both scales,
@@ -53,6 +53,7 @@ PADDED_BMM = "padded-bmm"
 GROUPED_MM = "grouped-mm"
 TSCT = "tsct"
 W4A4 = "w4a4"
+SM120_CUTLASS = "sm120-cutlass"  # the sm120-fp4 path with TSCT_SM120_GEMM=cutlass (decision 0011)
 
 RAN, REFUSED, UNAVAILABLE, ERROR = "ran", "refused", "unavailable", "error"
 
@@ -93,6 +94,8 @@ def all_arms(cfg: BenchConfig, dense_fmt: str) -> list[ArmSpec]:
                     specs.append(ArmSpec(f"tsct-{path}-{fmt}-ste", TSCT, path, fmt))
     if "nvfp4" in fmts:
         specs.append(ArmSpec("tsct-w4a4-nvfp4", W4A4, W4A4, "nvfp4"))
+        # the sm120-fp4 forward on the CUTLASS GEMM, to A/B against tsct-sm120-fp4-nvfp4 (CuTeDSL)
+        specs.append(ArmSpec("tsct-sm120-fp4-cutlass-nvfp4", SM120_CUTLASS, dispatch.SM120_FP4, "nvfp4"))
     return specs
 
 
@@ -385,7 +388,8 @@ def tsct_arm(spec: ArmSpec, ctx: Context, log=lambda s: None) -> dict:
 
 
 def w4a4_arm(spec: ArmSpec, ctx: Context, log=lambda s: None) -> dict:
-    """Forward only (W4A4 has no backward yet); ``mode`` says how it ran (``w4a4.runnable``)."""
+    """The whole pass through ``tsct.ops.grouped_glu(impl="triton-w4a4")``; ``mode`` says how it ran
+    (``w4a4.runnable``: emulated on sm_90, native on sm_120)."""
     from tsct import config as tsct_config
     from tsct.kernels.triton_w4a4 import w4a4
 
@@ -400,22 +404,44 @@ def w4a4_arm(spec: ArmSpec, ctx: Context, log=lambda s: None) -> dict:
     saved = tsct_config.check_values
 
     def pass_fn(inp: InputSet) -> Tensor:
-        s = routing.sort_by_expert(inp.ids, ctx.cfg.experts)
-        rw = inp.weights.reshape(-1).index_select(0, s.order)
-        return w4a4.glu_forward(inp.x, s.offs, fac.w_gate, fac.w_up, fac.w_down, fac.s_gate, fac.s_up, rw,
-                                s.token, s.token, inp.x.shape[0])
+        return tsct_call(inp.x, inp.ids, inp.weights, fac, ctx.cfg.experts, dispatch.TRITON_W4A4)
 
-    fwd_only = dataclasses.replace(ctx, cfg=dataclasses.replace(ctx.cfg, backward=False))
-    res = measure_arm(spec, fwd_only, fac, pass_fn, before_timing=lambda: setattr(tsct_config, "check_values", False),
+    res = measure_arm(spec, ctx, fac, pass_fn, before_timing=lambda: setattr(tsct_config, "check_values", False),
                       after_timing=lambda: setattr(tsct_config, "check_values", saved), log=log)
     res["mode"] = mode.split(":")[0]
-    res["grads"] = []
-    res["reason"] = "; ".join(filter(None, [res["reason"], f"{mode}; forward only (no W4A4 backward)"]))
+    res["reason"] = "; ".join(filter(None, [res["reason"], mode]))
     res["dropped_fraction"] = 0.0 if res["status"] == RAN else None
     return res
 
 
-RUNNERS = {PADDED_BMM: padded_bmm_arm, GROUPED_MM: grouped_mm_arm, TSCT: tsct_arm, W4A4: w4a4_arm}
+def sm120_cutlass_arm(spec: ArmSpec, ctx: Context, log=lambda s: None) -> dict:
+    """The sm120-fp4 arm with the CUTLASS GEMM backend (``TSCT_SM120_GEMM=cutlass`` while it runs): needs
+    compute capability 12.0, the CUTLASS kernel linked in (manifest "cutlass") and the path runnable;
+    else "unavailable" with the reason. Never executed on an sm_120 card (docs/sm120.md)."""
+    import os
+
+    from tsct.kernels.sm120_fp4 import cutlass_gemm
+
+    ok, why = cutlass_gemm.kernel_status(ctx.capability)
+    if not ok:
+        res = new_result(spec)
+        res["status"], res["reason"] = UNAVAILABLE, f"{why} (the CUTLASS backend of sm120-fp4)"
+        return res
+    saved = os.environ.get(cutlass_gemm.ENV_GEMM)
+    os.environ[cutlass_gemm.ENV_GEMM] = "cutlass"
+    try:
+        res = tsct_arm(dataclasses.replace(spec, kind=TSCT), ctx, log=log)
+    finally:
+        if saved is None:
+            os.environ.pop(cutlass_gemm.ENV_GEMM, None)
+        else:
+            os.environ[cutlass_gemm.ENV_GEMM] = saved
+    res["gemm_backend"] = "cutlass"
+    return res
+
+
+RUNNERS = {PADDED_BMM: padded_bmm_arm, GROUPED_MM: grouped_mm_arm, TSCT: tsct_arm, W4A4: w4a4_arm,
+           SM120_CUTLASS: sm120_cutlass_arm}
 
 
 def run_arm(spec: ArmSpec, ctx: Context, log=lambda s: None) -> dict:

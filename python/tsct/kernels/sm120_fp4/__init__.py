@@ -1,6 +1,7 @@
 """The "sm120-fp4" path: NVFP4 block-scaled tensor-core grouped GLU on sm_120 (issue 5).
 
     status(capability, fmt) -> (ok, reason)       can it run here, and why (not); no device query
+    kernel_status(capability) -> (ok, reason)     are kernels for this GPU linked (ignores the env / self-test)
     grouped_glu_forward(x, offs, w_gate, w_up, w_down, s_gate, s_up, row_weight,
                         gather_idx, scatter_idx, num_out_rows) -> Tensor
     grouped_glu_backward(grad_out, x, offs, w_gate, w_up, w_down, s_gate, s_up, row_weight,
@@ -15,20 +16,22 @@ format; d and r multiples of 64). Forward: the grouped activation
 quantizer (CUDA, every arch) + the CuTeDSL sm_120a GEMMs linked into libtsct_kernels.so
 (``glu.py``). Backward: the triton-lowbit backward (decoded factors, STE; needs Triton JIT).
 
-NOT executed on any GPU: no sm_120 card exists here (docs/sm120.md). So the path is off unless
-``TSCT_SM120_FP4=1`` is set, and even then dispatch runs its first-use self-test against float64
-before the first use in a process and disables it (counted, warned) if it disagrees. sm_120a cubins
-run on compute capability 12.0 only (12.1 needs an sm_121a export, not built).
+NOT executed on any GPU: no sm_120 card exists here (docs/sm120.md). A kernel that faults would kill the
+caller's CUDA context, so the first use in a process runs the self-test (``tsct.selftest.sm120_fp4_forward``)
+in a CHILD process (``firstuse.py``; the child is ``selftest_child.py``), caches the verdict in the process
+and on disk, and dispatch disables the path (counted, warned) on a numerical failure, a crash or a timeout.
+``TSCT_SM120_FP4``: unset = that; "0" = off; "1" = on without the self-test (kernel developers only).
+Kernels per compute capability: 12.0 -> the sm_120a exports, 12.1 -> the sm_121a exports (``..._sm121``;
+an sm_120a cubin does not load on 12.1), picked by the C entry (docs/decisions/0010).
 Importing this package loads no library and imports no Triton.
 """
 
 from __future__ import annotations
 
-import os
 from typing import Optional
 
-__all__ = ["status", "grouped_glu_forward", "grouped_glu_backward", "quantize_rows_grouped", "FORMATS",
-           "KERNELS", "ENV_ENABLE", "VERIFICATION", "kernels_linked"]
+__all__ = ["status", "kernel_status", "grouped_glu_forward", "grouped_glu_backward", "quantize_rows_grouped",
+           "FORMATS", "KERNELS", "ENV_ENABLE", "VERIFICATION", "ARCH_FOR_CAPABILITY", "kernel_names", "kernels_linked"]
 
 FORMATS = ("nvfp4", "sign")
 #: CuTeDSL exports the forward needs (cutedsl/build.py names)
@@ -39,7 +42,8 @@ ENV_ENABLE = "TSCT_SM120_FP4"
 #: design.md section 6: per kernel, how each claim was shown (details: docs/sm120.md). "ran_on_sm120" is "no"
 #: for every one: no sm_120 GPU was available.
 VERIFICATION: tuple[dict, ...] = tuple(
-    {"kernel": name, "role": role, "compiled": "sm_120a cubin, OMMA.SF.16864.F32.E2M1.E2M1.UE4M3.4X in SASS",
+    {"kernel": name, "role": role,
+     "compiled": "sm_120a and sm_121a cubins, OMMA.SF.16864.F32.E2M1.E2M1.UE4M3.4X in SASS",
      "host_prep": prep, "emulated": "CPU (tsct.emulation)", "proxy_on_sm90": "no", "ran_on_sm120": "no",
      "first_use_selftest": "yes" if name in KERNELS else "n/a (not dispatched)"}
     for name, role, prep in (
@@ -53,9 +57,23 @@ VERIFICATION: tuple[dict, ...] = tuple(
     ))
 
 
-def kernels_linked() -> tuple[bool, str]:
-    """Whether the installed library's manifest lists the CuTeDSL kernels this path needs (a file read:
-    the library is not loaded, no device is queried)."""
+#: compute capability -> the CuTeDSL arch whose cubins load on it (an sm_120a cubin does not load on 12.1)
+ARCH_FOR_CAPABILITY: dict[tuple[int, int], str] = {(12, 0): "sm_120a", (12, 1): "sm_121a"}
+
+
+def kernel_names(arch: str = "sm_120a") -> tuple[str, ...]:
+    """The exported names of the kernels this path needs for ``arch`` ("sm_120a" or "sm_121a"):
+    cutedsl/build.py names the sm_121a exports ``..._sm121`` (ValueError for another arch)."""
+    if arch == "sm_120a":
+        return KERNELS
+    if arch == "sm_121a":
+        return tuple(k[: -len("_sm120")] + "_sm121" for k in KERNELS)
+    raise ValueError(f"arch must be 'sm_120a' or 'sm_121a', got {arch!r}")
+
+
+def kernels_linked(arch: str = "sm_120a") -> tuple[bool, str]:
+    """Whether the installed library's manifest lists the CuTeDSL kernels this path needs for ``arch``
+    (a file read: the library is not loaded, no device is queried)."""
     from tsct import native
 
     man = native.manifest()
@@ -66,32 +84,51 @@ def kernels_linked() -> tuple[bool, str]:
         return False, ("the native library was built without the CuTeDSL sm_120 kernels (TSCT_CUTEDSL=OFF, or AUTO "
                        "without nvidia-cutlass-dsl in the build environment; docs/decisions/0009)")
     have = {k["name"] for k in cd.get("kernels", [])}
-    missing = [k for k in KERNELS if k not in have]
+    missing = [k for k in kernel_names(arch) if k not in have]
     if missing:
+        if arch != "sm_120a" and len(missing) == len(KERNELS):
+            return False, (f"the native library has no {arch} exports of the CuTeDSL kernels (built before they "
+                           "were added, docs/decisions/0010); sm_120a cubins do not load on this GPU")
         return False, f"the native library lacks the CuTeDSL kernels {missing}"
-    return True, f"CuTeDSL {cd['dsl'].get('version')} {cd.get('arch')} kernels linked"
+    return True, f"CuTeDSL {cd['dsl'].get('version')} {arch} kernels linked"
+
+
+def kernel_status(capability: Optional[tuple[int, int]]) -> tuple[bool, str]:
+    """Whether this library has sm120-fp4 kernels that load on a GPU of ``capability`` (exact table:
+    12.0 -> sm_120a, 12.1 -> sm_121a exports), ignoring ``TSCT_SM120_FP4`` and the self-test."""
+    if capability is None:
+        return False, "needs a CUDA GPU of compute capability 12.0 or 12.1"
+    cap = tuple(capability)
+    arch = ARCH_FOR_CAPABILITY.get(cap)
+    if arch is None:
+        return False, (f"compute capability {cap[0]}.{cap[1]}: the NVFP4 block-scaled mma.sync kernels are built "
+                       "for sm_120a (12.0) and sm_121a (12.1) only")
+    ok, why = kernels_linked(arch)
+    if not ok:
+        return False, f"compute capability {cap[0]}.{cap[1]}: {why}"
+    return True, why
 
 
 def status(capability: Optional[tuple[int, int]], fmt: str) -> tuple[bool, str]:
-    """Whether this path can run for a compute capability and a storage format, and why (not)."""
+    """Whether this path can run for a compute capability and a storage format, and why (not).
+
+    Runnable = NVFP4 or sign factors, a 12.0 / 12.1 GPU with its kernels linked, and ``TSCT_SM120_FP4``
+    not "0". "Runnable" is before the first-use self-test (``firstuse.verdict``, run by dispatch),
+    which may still disable the path. No device query.
+    """
+    from tsct.kernels.sm120_fp4 import firstuse
+
     if fmt not in FORMATS:
         return False, f"storage format {fmt!r} is not served by sm120-fp4 (NVFP4 or sign factors, all three alike)"
-    if capability is None:
-        return False, "needs a CUDA GPU of compute capability 12.0"
-    cap = tuple(capability)
-    if cap == (12, 1):
-        return False, ("compute capability 12.1: the CuTeDSL kernels are built for sm_120a, which loads on 12.0 only "
-                       "(an sm_121a export is not built)")
-    if cap != (12, 0):
-        return False, (f"compute capability {cap[0]}.{cap[1]}: the NVFP4 block-scaled mma.sync kernels are sm_120a "
-                       "(12.0) only")
-    ok, why = kernels_linked()
+    ok, why = kernel_status(capability)
     if not ok:
         return False, why
-    if os.environ.get(ENV_ENABLE, "").strip() != "1":
-        return False, (f"never executed on any GPU (no sm_120 card was available; docs/sm120.md): set {ENV_ENABLE}=1 "
-                       "to enable it behind the first-use self-test")
-    return True, f"{why}; forward W4A4 on sm_120a, backward via triton-lowbit (Triton JIT)"
+    mode, mode_why = firstuse.env_mode()
+    if mode in ("off", "invalid"):
+        return False, mode_why
+    gate = mode_why if mode == "on" else ("never executed on an sm_120/sm_121 card before (docs/sm120.md): a "
+                                          "first-use self-test in a child process decides")
+    return True, f"{why}; forward W4A4, backward via triton-lowbit (Triton JIT); {gate}"
 
 
 def grouped_glu_forward(x, offs, w_gate, w_up, w_down, s_gate=None, s_up=None, row_weight=None, gather_idx=None,

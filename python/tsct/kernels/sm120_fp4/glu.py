@@ -148,6 +148,10 @@ def forward(x: Tensor, offs: Tensor, w_gate, w_up, w_down, s_gate: Optional[Tens
     if all(isinstance(w, SignTensor) for w in (w_gate, w_up, w_down)):
         return forward_sign(x, offs, w_gate, w_up, w_down, s_gate, s_up, row_weight, gather_idx, scatter_idx,
                             num_out_rows, gemm=gemm, quant_backend=quant_backend)
+    from tsct.kernels.sm120_fp4 import cutlass_gemm
+    if gemm is None and cutlass_gemm.gemm_backend() == "cutlass":  # TSCT_SM120_GEMM=cutlass (decision 0011)
+        return cutlass_gemm.forward(x, offs, w_gate, w_up, w_down, s_gate, s_up, row_weight, gather_idx, scatter_idx,
+                                    num_out_rows, quant_backend=quant_backend)
     if gemm is None:
         from tsct import native
         gemm = native.sm120_nvfp4_grouped
