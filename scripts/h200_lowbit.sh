@@ -28,9 +28,10 @@ mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 OUT
 unset PYTHONPATH TSCT_TRITON_BACKEND
 ROOT=$(pwd)
-STAGES=${STAGES:-"install probe ops aot w4a4 bench jit"}
+STAGES=${STAGES:-"install probe ops aot w4a4 gpu bench perf jit"}
 T_INSTALL=${T_INSTALL:-45}; T_PROBE=${T_PROBE:-30}; T_OPS=${T_OPS:-140}; T_AOT=${T_AOT:-130}
-T_W4A4=${T_W4A4:-50}; T_BENCH=${T_BENCH:-110}; T_JIT=${T_JIT:-60}   # sum 565 s: fits one 600 s call
+T_W4A4=${T_W4A4:-50}; T_BENCH=${T_BENCH:-110}; T_JIT=${T_JIT:-60}
+T_GPU=${T_GPU:-120}; T_PERF=${T_PERF:-90}   # the defaults sum past 600 s: pick STAGES for one call
 declare -A RC
 t_start=$(date +%s)
 
@@ -83,18 +84,28 @@ stage aot "$T_AOT" env TSCT_TRITON_BACKEND=aot bash -c "pytest_run '$ROOT/tests/
 # 4. W4A4 on its cubins
 stage w4a4 "$T_W4A4" env TSCT_TRITON_BACKEND=aot bash -c "pytest_run '$ROOT/tests/gpu/test_triton_w4a4_gpu.py'"
 
+# 4b. the rest of the GPU suite on the wheel: bf16 AOT cubins, native quantizers, sm_120 path pieces that run
+#     on sm_90 (grouped quantizer, emulated-MMA forward, the child-process first-use self-test machinery)
+stage gpu "$T_GPU" bash -c "TSCT_GPU_LOG='$OUT/firstuse.txt' pytest_run '$ROOT/tests/gpu/test_triton_aot_gpu.py' \
+  '$ROOT/tests/gpu/test_native_quant.py' '$ROOT/tests/gpu/test_sm120_quant_rows_gpu.py' \
+  '$ROOT/tests/gpu/test_sm120_fp4_emulated_gpu.py' '$ROOT/tests/gpu/test_sm120_firstuse_gpu.py'"
+
 # 5. b1 benchmark: bf16 vs nvfp4 vs sign (whole expert pass), W4A4 forward labelled emulated
 stage bench "$T_BENCH" bash -c "cd /tmp && python3 -m tsct.bench --preset b1 \
-  --arms 'padded-bmm,tsct-triton-*,tsct-w4a4-*' --formats bf16,nvfp4,sign --iters 30 --max-seconds 3 \
+  --arms 'padded-bmm,tsct-triton-*,tsct-w4a4-*,tsct-sm120-*' --formats bf16,nvfp4,sign --iters 30 --max-seconds 3 \
   --json '$OUT/bench_b1_lowbit.json'"
 tail -n 40 "$OUT/bench.log"
+
+# 5b. device time per kernel and CUDA-graph replay of the same passes (tsct-bench times the eager pass)
+stage perf "$T_PERF" bash -c "cd /tmp && python3 -m tsct.kernels.triton_lowbit._perf --label wheel --fmts bf16,nvfp4,sign \
+  --json '$OUT/perf.json'"
 
 # 6. small cases through the image's Triton JIT
 stage jit "$T_JIT" env TSCT_TRITON_BACKEND=jit bash -c "pytest_run '$ROOT/tests/gpu/test_triton_lowbit_gpu.py' -k 'f37_empty or one_row_experts or top4_f129'"
 
 echo "== summary ($(( $(date +%s) - t_start )) s) =="
 rc=0
-for s in install probe ops aot w4a4 bench jit; do
+for s in install probe ops aot w4a4 gpu bench perf jit; do
   echo "  $s: ${RC[$s]:-not run}"
   [[ "${RC[$s]:-}" == rc=0* || "${RC[$s]:-}" == skipped ]] || rc=1
 done

@@ -102,3 +102,43 @@ def test_direct_ok_refuses_cpu_and_the_switch(monkeypatch):
     assert not _eager.direct_ok(x)
     monkeypatch.setattr(config, "eager_direct", False)
     assert not _eager.direct_ok(x)
+
+
+def test_direct_inference_runs_the_plain_forward(monkeypatch):
+    """Under no_grad (or with no input requiring grad) the direct route calls the path's plain forward
+    (nothing saved for a backward); the result is the same bits as the saving forward."""
+    from tsct import reference
+
+    p = make_problem(tokens=24, topk=2, experts=6, d=32, r=8, f=37, empty=(2,), gather=True, dtype=torch.float32,
+                     seed=9)
+    monkeypatch.setattr(_eager, "direct_ok", lambda *a: True)
+    calls = []
+    real = reference.grouped_glu_forward
+    monkeypatch.setattr(reference, "grouped_glu_forward", lambda *a: calls.append("plain") or real(*a))
+    args = (p["x"], p["offs"], p["w_gate"], p["w_up"], p["w_down"], p["s_gate"], p["s_up"])
+    kw = dict(row_weight=p["row_weight"], gather_idx=p["gather_idx"], scatter_idx=p["scatter_idx"],
+              num_out_rows=p["num_out_rows"], impl="reference")
+    with torch.no_grad():
+        y_inf = grouped_glu(*args, **kw)
+    assert calls == ["plain"] and y_inf.grad_fn is None
+    x = p["x"].clone().requires_grad_()
+    y_train = grouped_glu(x, *args[1:], **kw)
+    assert "EagerGlu" in type(y_train.grad_fn).__name__
+    assert torch.equal(y_inf, y_train.detach())
+
+
+def test_quantized_direct_inference_runs_the_plain_forward(monkeypatch):
+    p = make_problem(tokens=16, topk=2, experts=4, d=32, r=16, f=24, gather=True, dtype=torch.float32, seed=11)
+    monkeypatch.setattr(_eager, "direct_ok", lambda *a: True)
+    monkeypatch.setattr(dispatch, "select", lambda impl, cap, fmt: dispatch.TRITON_LOWBIT)
+    monkeypatch.setattr(dispatch, "implementation", lambda path: _DecodingPath)
+    seen = []
+    monkeypatch.setattr(_library_q, "_forward_plain", lambda *a, real=_library_q._forward_plain: seen.append(1) or real(*a))
+    wq = quant.quantize_nvfp4(p["w_gate"], backend="torch")
+    kw = dict(row_weight=p["row_weight"], gather_idx=p["gather_idx"], scatter_idx=p["scatter_idx"],
+              num_out_rows=p["num_out_rows"])
+    with torch.no_grad():
+        y = grouped_glu(p["x"], p["offs"], wq, p["w_up"], p["w_down"], p["s_gate"], p["s_up"], **kw)
+    assert seen == [1] and y.grad_fn is None
+    y2 = grouped_glu(p["x"].clone().requires_grad_(), p["offs"], wq, p["w_up"], p["w_down"], p["s_gate"], p["s_up"], **kw)
+    assert "EagerGluQ" in type(y2.grad_fn).__name__ and torch.equal(y, y2.detach())

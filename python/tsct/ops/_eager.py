@@ -38,6 +38,13 @@ def direct_ok(x: Tensor, *others: Optional[Tensor]) -> bool:
                 or torch._C._len_torch_dispatch_stack() or _functorch_active())
 
 
+def needs_grad(*tensors: Optional[Tensor]) -> bool:
+    """Grad mode is on and some input requires grad: the forward must save for a backward. Otherwise
+    (inference, ``torch.no_grad``) the direct route runs the path's plain forward, which writes nothing
+    for a backward (on the low-bit path that is ~0.05 ms less at b1 on the H200)."""
+    return torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors)
+
+
 def profiler_range(name: str):
     """A ``record_function`` range when the profiler is on (the op's name in traces), else None."""
     if torch.autograd._profiler_enabled():

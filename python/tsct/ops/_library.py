@@ -71,13 +71,16 @@ def grouped_glu_op(
     """The forward's output (``tsct::grouped_glu`` without its saved tensors). A plain eager CUDA call
     runs the same functions through ``_EagerGlu`` instead of the dispatcher (``tsct.ops._eager``)."""
     if _eager.direct_ok(x, w_gate, w_up, w_down):
+        args = (x, offs, w_gate, w_up, w_down, s_gate, s_up, row_weight, gather_idx, scatter_idx, num_out_rows)
+        if _eager.needs_grad(x, w_gate, w_up, w_down, s_gate, s_up, row_weight):
+            fn, args = _EagerGlu.apply, args + (impl,)
+        else:  # inference: the plain forward (saves nothing)
+            fn = dispatch.implementation(impl).grouped_glu_forward
         rng = _eager.profiler_range("tsct::grouped_glu")
         if rng is None:
-            return _EagerGlu.apply(x, offs, w_gate, w_up, w_down, s_gate, s_up, row_weight, gather_idx, scatter_idx,
-                                   num_out_rows, impl)
+            return fn(*args)
         with rng:
-            return _EagerGlu.apply(x, offs, w_gate, w_up, w_down, s_gate, s_up, row_weight, gather_idx, scatter_idx,
-                                   num_out_rows, impl)
+            return fn(*args)
     return grouped_glu_saving_op(x, offs, w_gate, w_up, w_down, s_gate, s_up, row_weight, gather_idx, scatter_idx,
                                  num_out_rows, impl)[0]
 

@@ -174,13 +174,24 @@ def grouped_glu_q(x, offs, w_gate, w_up, w_down, q_gate, q_up, q_down, formats, 
             scatter_idx, num_out_rows, impl)
     if not _eager.direct_ok(x, w_gate, w_up, w_down):
         return grouped_glu_q_op(*args)[0]
-    flat = (x, offs, w_gate, w_up, w_down, formats, s_gate, s_up, row_weight, gather_idx, scatter_idx, num_out_rows,
-            impl, (len(q_gate), len(q_up), len(q_down)), *q_gate, *q_up, *q_down)
+    if _eager.needs_grad(x, w_gate, w_up, w_down, s_gate, s_up, row_weight):
+        fn = _EagerGluQ.apply
+        call = (x, offs, w_gate, w_up, w_down, formats, s_gate, s_up, row_weight, gather_idx, scatter_idx,
+                num_out_rows, impl, (len(q_gate), len(q_up), len(q_down)), *q_gate, *q_up, *q_down)
+    else:  # inference: the plain forward (saves nothing)
+        fn, call = _forward_plain, args
     rng = _eager.profiler_range("tsct::grouped_glu_q")
     if rng is None:
-        return _EagerGluQ.apply(*flat)
+        return fn(*call)
     with rng:
-        return _EagerGluQ.apply(*flat)
+        return fn(*call)
+
+
+def _forward_plain(x, offs, w_gate, w_up, w_down, q_gate, q_up, q_down, formats, s_gate, s_up, row_weight, gather_idx,
+                   scatter_idx, num_out_rows, impl) -> Tensor:
+    _, facs = _factors(formats, (w_gate, w_up, w_down), (q_gate, q_up, q_down))
+    mod = dispatch.implementation(impl)
+    return mod.grouped_glu_forward(x, offs, *facs, s_gate, s_up, row_weight, gather_idx, scatter_idx, num_out_rows)
 
 
 @grouped_glu_q_op.register_fake
