@@ -269,3 +269,14 @@ def test_noisy_timings_are_flagged():
     shaky = {"median": 1.2, "p10": 1.0, "p90": 2.0}
     assert not report.noisy(steady) and report.noisy(shaky) and not report.noisy(None)
     assert report._time_cell(shaky).startswith("[yellow]~[/]") and "~" not in report._time_cell(steady)
+
+
+@pytest.mark.parametrize("experts", [8, 1024, 40000])
+def test_sort_by_expert_narrow_keys_keep_the_stable_order(experts):
+    """int16 sort keys (2 radix passes instead of 8) give exactly the stable int64 argsort."""
+    from tsct.bench import routing
+
+    ids = torch.randint(0, experts, (3000, 2), generator=torch.Generator().manual_seed(experts))
+    s = routing.sort_by_expert(ids, experts)
+    assert torch.equal(s.order, torch.argsort(ids.reshape(-1), stable=True))
+    assert routing.sort_key(ids.reshape(-1), experts).dtype == (torch.int16 if experts < 32767 else torch.int64)

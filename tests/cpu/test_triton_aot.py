@@ -348,3 +348,20 @@ def test_kernel_table_matches_the_triton_sources():
         fn = getattr(K, name)
         assert tuple(a for a in fn.arg_names if a not in info.constexprs) == info.params, name
         assert set(info.constexprs) <= set(fn.arg_names), name
+
+
+@pytest.mark.parametrize("n_out", [50, 40000])
+def test_csr_narrow_keys(n_out):
+    """The combine's CSR (rows grouped by target, increasing row order, padding rows last) is the same with
+    the int16 keys used below 2**15 - 1 targets as with a plain stable int64 sort."""
+    from tsct.kernels.triton_glu import glu
+
+    g = torch.Generator().manual_seed(n_out)
+    m = 700
+    idx = torch.randint(0, n_out, (m,), generator=g)
+    offs = torch.tensor([200, 650], dtype=torch.int32)  # rows 650.. are padding
+    order, ptr = glu._csr(idx, offs, m, n_out, (0, 0))
+    key = torch.where(torch.arange(m) < 650, idx, n_out)
+    want = torch.argsort(key, stable=True)
+    assert torch.equal(order, want)
+    assert torch.equal(ptr.long(), torch.searchsorted(key[want], torch.arange(n_out + 1)))

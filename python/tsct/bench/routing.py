@@ -65,11 +65,17 @@ def expert_counts(flat_ids: Tensor, experts: int) -> Tensor:
     return counts.scatter_add_(0, flat_ids, torch.ones_like(flat_ids, dtype=torch.int32))
 
 
+def sort_key(flat_ids: Tensor, experts: int) -> Tensor:
+    """The expert ids in the narrowest integer type that holds them (int16 up to 32767 experts): the
+    same stable order, but the radix sort makes 2 passes instead of 8 for int64 ids."""
+    return flat_ids.to(torch.int16) if experts <= (1 << 15) - 1 else flat_ids
+
+
 def sort_by_expert(ids: Tensor, experts: int) -> Sorted:
     """Stable argsort of the flattened ids, offs = int32 cumsum of the per-expert counts. Sync-free."""
     k = ids.shape[1]
     flat = ids.reshape(-1)
-    order = torch.argsort(flat, stable=True)
+    order = torch.argsort(sort_key(flat, experts), stable=True)
     offs = torch.cumsum(expert_counts(flat, experts), 0, dtype=torch.int32)
     return Sorted(order=order, offs=offs, token=torch.div(order, k, rounding_mode="floor"), expert=flat[order])
 
@@ -101,7 +107,7 @@ def capacity_slots(ids: Tensor, experts: int, capacity: int) -> Capacity:
     m = t * k
     dev = ids.device
     flat = ids.reshape(-1)
-    order = torch.argsort(flat, stable=True)
+    order = torch.argsort(sort_key(flat, experts), stable=True)
     counts = expert_counts(flat, experts).to(torch.int64)
     starts = torch.cumsum(counts, 0) - counts
     sorted_e = flat[order]

@@ -293,13 +293,13 @@ def tile_cum(offs_ptr, cum_ptr, E, BM: tl.constexpr, BLOCK: tl.constexpr):
 
 @triton.jit
 def csr_keys(idx_ptr, offs_ptr, key_ptr, E, M, n_out, BLOCK: tl.constexpr):
-    """key[i] = idx[i] (int32) for the rows i < offs[E-1], n_out (past every target) for padding rows,
-    whose idx entries are never read."""
+    """key[i] = idx[i] for the rows i < offs[E-1], n_out (past every target) for padding rows, whose idx
+    entries are never read; in key_ptr's type (int16 when n_out fits, else int32: the host decides)."""
     i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     m = i < M
     live = i < tl.load(offs_ptr + E - 1)
     v = tl.load(idx_ptr + i, mask=m & live, other=0)
-    tl.store(key_ptr + i, tl.where(live, v.to(tl.int32), n_out), mask=m)
+    tl.store(key_ptr + i, tl.where(live, v.to(tl.int32), n_out).to(key_ptr.dtype.element_ty), mask=m)
 
 
 # ---- backward -----------------------------------------------------------------------------------

@@ -140,22 +140,24 @@ def _csr(idx: Tensor, offs: Tensor, m: int, n_out: int, cap) -> tuple[Tensor, Te
     """Rows grouped by target: target t owns rows order[ptr[t]:ptr[t+1]], in increasing row order.
 
     Rows at or past offs[-1] get the key n_out (past every target), so their idx entries are never
-    used (they may hold anything).
+    used (they may hold anything). The keys are int16 when n_out < 2**15 - 1 (the radix sort then makes
+    2 passes instead of 4), else int32.
     """
+    kdt = torch.int16 if n_out < (1 << 15) - 1 else torch.int32
     if cap == (0, 0):
         pos = torch.arange(m, device=idx.device, dtype=torch.int32)
-        key = torch.where(pos < offs[-1], idx.to(torch.int32), n_out)
+        key = torch.where(pos < offs[-1], idx.to(torch.int32), n_out).to(kdt)
     else:
-        key = _csr_keys(idx, offs, m, n_out, cap)
+        key = _csr_keys(idx, offs, m, n_out, cap, kdt)
     skey, order = torch.sort(key, stable=True)
-    ptr = torch.searchsorted(skey, torch.arange(n_out + 1, device=idx.device, dtype=torch.int32))
+    ptr = torch.searchsorted(skey, torch.arange(n_out + 1, device=idx.device, dtype=kdt))
     return order, ptr
 
 
-def _csr_keys(idx: Tensor, offs: Tensor, m: int, n_out: int, cap) -> Tensor:
+def _csr_keys(idx: Tensor, offs: Tensor, m: int, n_out: int, cap, kdt: torch.dtype = torch.int32) -> Tensor:
     if idx.dtype not in (torch.int32, torch.int64):
         idx = idx.to(torch.int64)
-    key = torch.empty(m, device=idx.device, dtype=torch.int32)  # int32 keys: half the radix passes
+    key = torch.empty(m, device=idx.device, dtype=kdt)
     blk = specs.CSR_KEYS_BLOCK
     _launch("csr_keys", (_cdiv(m, blk),), [idx.contiguous(), offs, key, offs.shape[0], m, n_out], dict(BLOCK=blk),
             4, 1, False, cap, idx.device)

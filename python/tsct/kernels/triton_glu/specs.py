@@ -273,7 +273,7 @@ ZERO_TAIL_BM, ZERO_TAIL_BN = 32, 256
 TILE_CUM_BLOCK, CSR_KEYS_BLOCK = 1024, 1024
 
 # Triton type strings of torch dtypes (by name, so this module needs no torch).
-DTYPE_TYPES = {"bfloat16": "*bf16", "float16": "*fp16", "float32": "*fp32", "int32": "*i32", "int64": "*i64",
+DTYPE_TYPES = {"bfloat16": "*bf16", "float16": "*fp16", "float32": "*fp32", "int16": "*i16", "int32": "*i32", "int64": "*i64",
                "uint8": "*u8", "int8": "*i8", "float8_e4m3fn": "*fp8e4nv"}
 
 # ---- every specialization glu.py launches, per arch -----------------------------------------------
@@ -349,8 +349,8 @@ def enumerate_specs(arch: str) -> Iterator[Spec]:
             if dt == DTYPES[0]:  # dtype-free helpers: once per arch
                 out.append(_spec("tile_cum", dict(offs_ptr="*i32", cum_ptr="*i32"),
                                  dict(BM=cfg.bm, BLOCK=TILE_CUM_BLOCK), 4, 1, False))
-                for it in ("*i32", "*i64"):
-                    out.append(_spec("csr_keys", dict(idx_ptr=it, offs_ptr="*i32", key_ptr="*i32"),
+                for it, kt in itertools.product(("*i32", "*i64"), ("*i16", "*i32")):
+                    out.append(_spec("csr_keys", dict(idx_ptr=it, offs_ptr="*i32", key_ptr=kt),
                                      dict(BLOCK=CSR_KEYS_BLOCK), 4, 1, False))
         for sc, dwd, br in itertools.product(IDX, (False, True), brs):
             types = dict(dy_ptr=D, sidx_ptr=f"*{sc}" if sc else UNUSED, offs_ptr="*i32", wd_ptr=D, zw_ptr=D,
