@@ -366,3 +366,42 @@ def test_explicit_dispatch_path_and_its_selftest():
     y.float().square().sum().backward()
     for t in (x, rw, master):
         assert t.grad is not None and torch.isfinite(t.grad).all() and t.grad.abs().sum() > 0
+
+
+def test_triton_w4a4_agrees_with_the_sm120_kernel_emulation():
+    """Issue 5 item 4(c): the Triton W4A4 up-projection (tl.dot_scaled, run here as its sm_90 emulation) and
+    the torch emulation of the sm_120 CuTeDSL row-weight kernel (``tsct.emulation``: per-16 block products,
+    fp32 accumulation, swizzled per-expert scales, alpha = 1 / (s_enc_z * s_enc_w)) on the SAME NVFP4
+    operands. The two activation recipes differ (one encode scale per row vs per expert), so the rows are
+    built with one amax per expert: then both quantizers must give the same codes and scales (checked),
+    and the two GEMMs the same fp32 products up to summation order."""
+    from tsct.emulation import grouped_glu as EG
+    from tsct.emulation import nvfp4_mma as MMA
+    from tsct.emulation import plan as P
+
+    g = torch.Generator().manual_seed(21)
+    E, r, f = 4, 64, 96
+    counts = torch.tensor([9, 0, 40, 3])
+    offs = counts.cumsum(0).to(torch.int32)
+    m = int(counts.sum())
+    z = torch.rand(m, r, generator=g) - 0.5  # |z| < 0.5 < every expert's amax below
+    amax = torch.tensor([1.5, 2.0, 3.25, 0.75])
+    z[:, 0] = torch.repeat_interleave(amax, counts)  # one amax per expert: per-row scale == per-expert scale
+    rw = torch.rand(m, generator=g)
+    wd = quant.quantize_nvfp4(torch.randn(E, r, f, generator=g), layout="swizzled_128x4", backend="torch")
+
+    tile_m = 32
+    zq = EG.quantize_rows_grouped(z, offs, tile_m)
+    plan = P.make_plan(offs, m, f, r, tile_m=tile_m, tile_n=32)
+    want = MMA.grouped_gemm_emulated(zq.codes, zq.sfa, zq.sfa_offsets, wd.codes, wd.block_scale, offs,
+                                     plan.tile_expert, plan.tile_row, tile_m,
+                                     P.alpha_from_encode_scales(zq.s_enc, wd.global_scale), epilogue="row_weight",
+                                     ep0=rw, out_dtype=torch.float32, m_out=m)
+
+    zr = w4a4.quantize_rows(z.cuda())
+    assert torch.equal(zr.codes.cpu(), zq.codes[:m])  # same recipe, same operands
+    assert torch.equal(zr.row_scale.cpu(), torch.repeat_interleave(zq.s_enc, counts))
+    got = w4a4.up_forward(zr, offs.cuda(), quant.to_layout(wd, "linear").to("cuda"), rw.cuda(),
+                          out_dtype=torch.float32).cpu()
+    err = ((got.double() - want.double()).norm() / want.double().norm()).item()
+    assert err < 1e-5, err  # fp32 sums in another order; 4-bit quantization is identical on both sides
