@@ -162,7 +162,7 @@ _STATUS: dict[str, Callable[[Optional[tuple[int, int]], str], Status]] = {
 def status(path: str, capability: Optional[tuple[int, int]], fmt: str) -> Status:
     """Whether ``path`` can run for this capability and storage format, and why (not)."""
     if path not in _STATUS:
-        raise ValueError(f"impl: unknown path {path!r}; expected 'auto' or one of {list(PATHS)}")
+        raise ValueError(f"grouped_glu: impl={path!r} is not a path; expected 'auto' or one of {list(PATHS)}")
     st = _STATUS[path](capability, fmt)  # "not in this build" outranks "needs a GPU"
     if st.ok and path != REFERENCE and capability is None:
         return Status(False, "needs a CUDA GPU")
@@ -211,7 +211,7 @@ def decide(capability: Optional[tuple[int, int]], fmt: str, *, first_use_checks:
                 reason = f"fallback: {skipped[0][0]} unavailable ({skipped[0][1]})"
             elif arch_class(capability) == "unknown":
                 reason = f"compute capability {capability[0]}.{capability[1]} has no built artifacts"
-            elif fmt not in FORMATS:
+            elif (arch_class(capability), fmt) not in TABLE:
                 reason = f"no fast path for storage format {fmt!r}"
             else:
                 reason = "first choice"
@@ -264,7 +264,11 @@ def _sm120_first_use(key: tuple[str, str, str], fmt: str) -> Status:
         st = Status(True, f"first-use self-test on {key[1]} skipped: {v.detail}")
     else:
         word = "passed" if v.ok else "FAILED"
-        st = Status(v.ok, f"first-use self-test on {key[1]} {word}: {v.outcome}: {v.detail}")
+        where = ""
+        if not v.ok and v.outcome not in ("disabled", "not-runnable"):
+            where = (" (not cached: the next process tests again)" if firstuse.is_transient(v.outcome, v.detail)
+                     else f" (verdict cached in {firstuse.cache_file()}: delete it to test again)")
+        st = Status(v.ok, f"first-use self-test on {key[1]} {word}: {v.outcome}: {v.detail}{where}")
     _first_use[key] = st
     return st
 

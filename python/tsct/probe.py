@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import ctypes
+import dataclasses
 import importlib.metadata
 import json
 import os
@@ -105,6 +106,10 @@ def collect(selftests: bool = True, verify_artifacts: bool = False) -> dict[str,
                                   "format": fmt, "path": dec.path, "reason": dec.reason,
                                   "skipped": [{"path": p, "why": w} for p, w in dec.skipped]})
     report["dispatch"] = decisions
+    # every path (auto's or explicit-only), per device and storage format: can it run here, and why not
+    report["paths"] = [{"device": "cpu" if cap is None else f"cuda (cc {cap[0]}.{cap[1]})", "path": path,
+                        "format": fmt, **dataclasses.asdict(dispatch.status(path, cap, fmt))}
+                       for cap in caps for path in dispatch.PATHS for fmt in dispatch.FORMATS]
     # sm120-fp4's self-test runs in a child process (a faulting kernel must not take the probe down)
     report["sm120_fp4"] = _sm120_fp4(caps, gpus, run=selftests)
 
@@ -124,6 +129,10 @@ def collect(selftests: bool = True, verify_artifacts: bool = False) -> dict[str,
                     elif dispatch.status(path, cap, fmt).ok:
                         r = selftest.grouped_glu(path, dev, dtype, fmt)
                         tests.append({"device": str(dev), **r.__dict__})
+                # explicit-only paths (in no preference list) get their self-test where they can run
+                if fmt == "nvfp4" and dispatch.status(dispatch.TRITON_W4A4, cap, fmt).ok:
+                    tests.append({"device": str(dev), **selftest.grouped_glu(dispatch.TRITON_W4A4, dev, dtype,
+                                                                             fmt).__dict__})
             if dev.type == "cuda" and native.available():
                 tests += [{"device": str(dev), **r.__dict__} for r in selftest.native_quant(dev)]
     report["selftests"] = tests
@@ -167,8 +176,13 @@ def _sm120_fp4(caps, gpus: Optional[list] = None, run: bool = False) -> dict[str
     from tsct.kernels.sm120_fp4 import cutlass_gemm  # the CUTLASS GEMM backend (TSCT_SM120_GEMM, decision 0011)
     cutlass = [{"device": r["device"], **dict(zip(("runnable", "reason"), cutlass_gemm.kernel_status(c)))}
                for r, c in zip(rows, caps)]
+    try:
+        backend = (f"{cutlass_gemm.gemm_backend()} ({cutlass_gemm.ENV_GEMM}="
+                   f"{os.environ.get(cutlass_gemm.ENV_GEMM) or 'unset'}; cutedsl or cutlass)")
+    except ValueError as exc:
+        backend = f"INVALID: {exc}; the path stays off"
     return {"linked": linked, "linked_detail": why, "linked_sm121a": linked121, "linked_sm121a_detail": why121,
-            "cutlass": cutlass,
+            "cutlass": cutlass, "gemm_backend": backend,
             "env": firstuse.env_mode()[1], "cache_file": str(firstuse.cache_file()), "status": rows,
             "verdicts": verdicts, "kernels": [dict(k) for k in sm120_fp4.VERIFICATION]}
 
@@ -296,10 +310,21 @@ def render(report: dict[str, Any]) -> None:
         t.add_row(d["op"], d["device"], d["format"], d["path"], why)
     con.print(t)
 
+    t = Table(title="every path (impl='<path>' forces one; triton-w4a4 is never taken by 'auto')")
+    for c in ("device", "path", *dispatch.FORMATS):
+        t.add_column(c)
+    rows: dict = {}
+    for r in report["paths"]:
+        rows.setdefault((r["device"], r["path"]), {})[r["format"]] = "[green]yes[/]" if r["ok"] else escape(r["reason"])
+    for (dev, path), cells in rows.items():
+        t.add_row(dev, path, *(cells.get(f, "") for f in dispatch.FORMATS))
+    con.print(t)
+
     sm = report.get("sm120_fp4")
     if sm:
         con.print(f"sm120-fp4 (NVFP4 block-scaled mma.sync, CuTeDSL): {escape(sm['linked_detail'])}")
         con.print(f"  sm_121a exports (cc 12.1): {escape(sm['linked_sm121a_detail'])}")
+        con.print(f"  GEMM backend: {escape(sm['gemm_backend'])}")
         for row in sm.get("cutlass", []):  # never executed on sm_120: a 12.0 card's first use is the first run
             con.print(f"  CUTLASS GEMM backend (TSCT_SM120_GEMM=cutlass), {row['device']}: "
                       + ("[green]linked[/]" if row["runnable"] else "[yellow]not runnable[/]") + f": {escape(row['reason'])}")

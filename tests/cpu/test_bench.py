@@ -280,3 +280,12 @@ def test_sort_by_expert_narrow_keys_keep_the_stable_order(experts):
     s = routing.sort_by_expert(ids, experts)
     assert torch.equal(s.order, torch.argsort(ids.reshape(-1), stable=True))
     assert routing.sort_key(ids.reshape(-1), experts).dtype == (torch.int16 if experts < 32767 else torch.int64)
+
+
+def test_report_flags_a_forward_slower_than_forward_plus_backward():
+    from tsct.bench import report
+
+    arm = {"name": "x", "status": "ran", "fwd_ms": {"median": 5.0}, "fwdbwd_ms": {"median": 2.0}}
+    assert report._fwd_above_fwdbwd(arm)
+    assert not report._fwd_above_fwdbwd({"fwd_ms": {"median": 1.0}, "fwdbwd_ms": {"median": 2.0}})
+    assert not report._fwd_above_fwdbwd({"fwd_ms": None, "fwdbwd_ms": {"median": 2.0}})

@@ -36,12 +36,23 @@ def call(p, **over):
     (lambda p: dict(gather_idx=p["gather_idx"].float()), TypeError, r"gather_idx must have dtype"),
     (lambda p: dict(num_out_rows=None), ValueError, r"scatter_idx and num_out_rows must be given together"),
     (lambda p: dict(num_out_rows=-1), ValueError, r"num_out_rows must be a non-negative int"),
-    (lambda p: dict(impl="nope"), ValueError, r"impl: unknown path .nope."),
+    (lambda p: dict(num_out_rows=16.0), TypeError, r"grouped_glu: num_out_rows must be an int, got float"),
+    (lambda p: dict(num_out_rows=True), TypeError, r"grouped_glu: num_out_rows must be an int, got bool"),
+    (lambda p: dict(impl="nope"), ValueError, r"grouped_glu: impl=.nope. is not a path"),
     (lambda p: dict(impl="triton-bf16"), RuntimeError, r"impl='triton-bf16' cannot run on CPU"),
 ])
 def test_bad_argument_named(p, over, exc, match):
     with pytest.raises(exc, match=match):
         call(p, **over(p))
+
+
+def test_num_out_rows_accepts_int_likes(p):
+    import numpy as np
+
+    n = p["num_out_rows"]
+    want = call(p)
+    for v in (np.int64(n), torch.tensor(n)):
+        assert torch.equal(call(p, num_out_rows=v), want)
 
 
 @pytest.mark.parametrize("mutate,match", [

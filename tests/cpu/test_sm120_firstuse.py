@@ -356,3 +356,37 @@ def test_real_child_module_without_a_gpu_says_not_runnable(monkeypatch):
     v = firstuse.verdict(0, "nvfp4", ident=IDENT, timeout=240)  # the real runner and the real child command
     assert not v.ok and v.outcome == "not-runnable", v
     assert "no CUDA device visible" in v.detail
+
+
+def test_the_process_memo_is_per_gemm_backend(monkeypatch):
+    """A verdict for the CuTeDSL GEMMs must not let the CUTLASS backend skip its own child test."""
+    monkeypatch.delenv("TSCT_SM120_GEMM", raising=False)
+    assert firstuse.verdict(0, "nvfp4", runner=FakeRunner(), ident=IDENT).ok
+    monkeypatch.setenv("TSCT_SM120_GEMM", "cutlass")
+    fail = FakeRunner(returncode=1, stdout=_out("fail", "rel err 0.5"))
+    v = firstuse.verdict(0, "nvfp4", runner=fail, ident=dict(IDENT, gemm="cutlass"))
+    assert len(fail.calls) == 1 and not v.ok and v.outcome == "fail"
+    monkeypatch.delenv("TSCT_SM120_GEMM")
+    assert firstuse.verdict(0, "nvfp4", runner=fail, ident=IDENT).ok  # the CuTeDSL verdict is still there
+    assert len(fail.calls) == 1
+
+
+def test_a_bad_gemm_backend_keeps_the_path_off_without_raising(monkeypatch):
+    monkeypatch.setenv("TSCT_SM120_GEMM", "bogus")
+    run = FakeRunner()
+    v = firstuse.verdict(0, "nvfp4", runner=run, ident=IDENT)
+    assert not v.ok and v.outcome == "disabled" and "TSCT_SM120_GEMM" in v.detail and not run.calls
+    assert firstuse.env_mode()[0] == "invalid"
+
+
+def test_transient_failures_are_not_saved_on_disk(monkeypatch):
+    monkeypatch.setenv(firstuse.ENV_TIMEOUT, "5")
+    v = firstuse.verdict(0, "sign", runner=FakeRunner(returncode=None, stdout="", timed_out=True), ident=IDENT)
+    assert v.outcome == "timeout" and "not saved" in v.source
+    oom = FakeRunner(returncode=1, stdout=_out("fail", "RuntimeError: CUDA out of memory. Tried to allocate 2 GiB"))
+    v = firstuse.verdict(0, "nvfp4", runner=oom, ident=IDENT)
+    assert v.outcome == "fail" and "not saved" in v.source
+    assert not firstuse.cache_file().exists() or not json.loads(firstuse.cache_file().read_text()).get("entries")
+    firstuse.reset_for_tests()  # a new process: both are tested again
+    again = FakeRunner()
+    assert firstuse.verdict(0, "sign", runner=again, ident=IDENT).ok and len(again.calls) == 1

@@ -95,9 +95,18 @@ def _list_arms(cfg: cfgmod.BenchConfig, console: Console) -> None:
             from tsct.kernels.triton_w4a4 import w4a4
 
             ok, mode = w4a4.runnable(cap)
-            state = f"runs, forward only: {mode}" if ok else f"unavailable: {mode}"
-        else:
+            state = f"runs: {mode}" if ok else f"unavailable: {mode}"
+        elif s.kind == arms.SM120_CUTLASS:
+            from tsct.kernels.sm120_fp4 import cutlass_gemm
+
+            ok, why = cutlass_gemm.kernel_status(cap)
+            st = dispatch.status(s.path, cap, s.fmt) if ok else None
+            state = ("runs (after the first-use self-test)" if st is not None and st.ok
+                     else f"unavailable: {why if not ok else st.reason}")
+        elif s.kind in (arms.PADDED_BMM,):
             state = "runs"
+        else:
+            state = f"unknown arm kind {s.kind!r}"
         console.print(f"{s.name:28s} {state}", markup=False, highlight=False)
 
 

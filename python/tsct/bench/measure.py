@@ -145,7 +145,8 @@ def device_info(device: torch.device) -> dict:
                     driver=_driver_release())
     else:
         info.update(name=platform.processor() or platform.machine(), capability=None, sm_count=None,
-                    memory_bytes=None, driver=None, cpu_threads=torch.get_num_threads())
+                    memory_bytes=None, driver=None, cpu_threads=torch.get_num_threads(), cpu_count=os.cpu_count(),
+                    load_average=list(os.getloadavg()) if hasattr(os, "getloadavg") else None)
     return info
 
 

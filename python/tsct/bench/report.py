@@ -143,6 +143,11 @@ def table(result: dict, compact: bool = False) -> Table:
     return t
 
 
+def _fwd_above_fwdbwd(a: dict) -> bool:
+    f, fb = a.get("fwd_ms"), a.get("fwdbwd_ms")
+    return bool(f and fb and f.get("median") and fb.get("median") and f["median"] > fb["median"])
+
+
 def print_report(result: dict, console: Console) -> None:
     console.print(table(result, compact=console.width < COMPACT_BELOW))
     notes = [a for a in result["arms"] if a.get("reason")]
@@ -155,6 +160,12 @@ def print_report(result: dict, console: Console) -> None:
         console.print(f"[yellow]~ noisy[/]: p90/p10 > {NOISY_RATIO} for {', '.join(shaky)}. The median of such an arm "
                       "moves between runs (a host-bound eager pass, or a busy machine): re-run, raise --iters, or "
                       "compare CUDA-graph replay of the same work before drawing conclusions.", highlight=False)
+    upside = [a["name"] for a in result["arms"] if _fwd_above_fwdbwd(a)]
+    if upside:
+        console.print(f"[yellow]! inconsistent[/]: the forward alone took longer than forward+backward for "
+                      f"{', '.join(upside)}: the machine was disturbed while one of them was timed (on a CPU: "
+                      "other processes, or more threads than cores: try OMP_NUM_THREADS). Re-run before using "
+                      "these numbers.", highlight=False)
     syncs = [a for a in result["arms"] if a.get("sync_free") is False]
     if syncs:
         console.print("[bold]host syncs inside the pass[/] (torch sync debug mode)")

@@ -53,6 +53,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import contextlib
 import glob
 import hashlib
 import importlib.util
@@ -824,7 +825,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--sass", action="store_true", help="also check kernels and SASS_RULES in --dump-sass (needs nvdisasm)")
     ap.add_argument("--all-variants", action="store_true",
                     help="with --sass, disassemble every Triton cubin, not one per (arch, kernel) (minutes)")
-    ap.add_argument("--json", action="store_true", help="print the findings as JSON too")
+    ap.add_argument("--json", action="store_true",
+                    help="print the findings as JSON on stdout (the human report then goes to stderr)")
     args = ap.parse_args(argv)
     if args.all_variants and not args.sass:
         ap.error("--all-variants needs --sass")
@@ -837,6 +839,16 @@ def main(argv: list[str] | None = None) -> int:
             print(json.dumps(r, indent=2))
         return 2
 
+    if args.json:  # JSON alone on stdout, so it parses; the report for people on stderr
+        with contextlib.redirect_stdout(sys.stderr):
+            rc = _report(r)
+        print(json.dumps(r, indent=2))
+        return rc
+    return _report(r)
+
+
+def _report(r: dict) -> int:
+    """Print the human-readable report of ``verify``'s result; 1 on a mismatch, else 0."""
     b = r["build"]
     print(f"library:   {r['library']}")
     print(f"manifest:  {r['manifest']} (tsct {b.get('version')}, nvcc {b.get('nvcc_version')}, built {b.get('built_at')})")
@@ -875,8 +887,6 @@ def main(argv: list[str] | None = None) -> int:
     else:
         print(f"cutlass (CUTLASS {cl['headers']}, {cl['arch']}): {cl['found']}/{cl['kernels']} kernels in the fatbinary"
               + (f", OMMA.SF.16864...UE4M3.4X in {cl['omma_ok']}/{cl['gemm']} GEMM" if r["sass"] else ""))
-    if args.json:
-        print(json.dumps(r, indent=2))
     print(f"\n{r['detail']}")
     if r["problems"]:
         print("\nMISMATCH:")

@@ -97,13 +97,15 @@ def validate(
         check_tensor("row_weight", row_weight, ndim=1, dtypes=tuple(dict.fromkeys((x.dtype, torch.float32))),
                      device=dev)
         if row_weight.shape[0] != m:
-            raise ValueError(f"grouped_glu: row_weight must be [M] with M = {m} routed rows ({m_src}), got {list(row_weight.shape)}")
+            raise ValueError(f"grouped_glu: row_weight must be [M] with M = {m} routed rows ({m_src}), got "
+                             f"{list(row_weight.shape)} (row_weight, gather_idx and scatter_idx have one entry per routed row)")
     if (scatter_idx is None) != (num_out_rows is None):
         raise ValueError("grouped_glu: scatter_idx and num_out_rows must be given together")
     if scatter_idx is not None:
         check_tensor("scatter_idx", scatter_idx, ndim=1, dtypes=_INDEX_DTYPES, device=dev)
         if scatter_idx.shape[0] != m:
-            raise ValueError(f"grouped_glu: scatter_idx must be [M] with M = {m} routed rows ({m_src}), got {list(scatter_idx.shape)}")
+            raise ValueError(f"grouped_glu: scatter_idx must be [M] with M = {m} routed rows ({m_src}), got "
+                             f"{list(scatter_idx.shape)} (row_weight, gather_idx and scatter_idx have one entry per routed row)")
         if not isinstance(num_out_rows, int) or isinstance(num_out_rows, bool) or num_out_rows < 0:
             raise ValueError(f"grouped_glu: num_out_rows must be a non-negative int, got {num_out_rows!r}")
 

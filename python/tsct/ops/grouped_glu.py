@@ -2,12 +2,13 @@
 
 Two custom ops carry the call: ``tsct::grouped_glu`` (``_library.py``) when every factor is a dense
 tensor or the path is ``reference`` (which decodes packed factors to dense first), and
-``tsct::grouped_glu_q`` (``_library_q.py``) when a kernel path (triton-lowbit, later sm120-fp4) reads
-packed factors itself. Both work under ``torch.compile(fullgraph=True)``.
+``tsct::grouped_glu_q`` (``_library_q.py``) when a kernel path (triton-lowbit, sm120-fp4, triton-w4a4)
+reads packed factors itself. Both work under ``torch.compile(fullgraph=True)``.
 """
 
 from __future__ import annotations
 
+import operator
 from typing import Optional, Sequence, Union
 
 import torch
@@ -66,9 +67,14 @@ def grouped_glu(
         gather_idx: optional ``[M]`` int32/int64: routed row i reads ``x[gather_idx[i]]``.
         scatter_idx: optional ``[M]`` int32/int64 with ``num_out_rows``: routed row i is summed into
             ``out[scatter_idx[i]]``; the sum is deterministic (same bits every run).
-        num_out_rows: number of output rows with ``scatter_idx`` (T, the token count).
+        num_out_rows: number of output rows with ``scatter_idx`` (T, the token count); an int (numpy
+            and 0-dim torch integers are accepted).
         impl: ``"auto"`` (pick by compute capability, storage format and built artifacts, see
-            ``tsct.dispatch``) or a path name from ``tsct.dispatch.PATHS`` to force it.
+            ``tsct.dispatch``) or a path name from ``tsct.dispatch.PATHS`` to force it:
+            "reference", "triton-bf16", "triton-lowbit", "sm120-fp4" (12.0 / 12.1 GPUs, NVFP4 or sign
+            factors; auto takes it after its first-use self-test) or "triton-w4a4" (NVFP4 factors only;
+            it also quantizes the ACTIVATIONS x and z to NVFP4, so its results differ from the others
+            by the 4-bit activation error, ~15 % at b1: auto never takes it).
         masters: optional ``(w_gate, w_up, w_down)`` master factors for training packed factors with
             the straight-through estimator (None entries allowed; a master only for a packed factor).
             Each master is a float tensor of its factor's logical shape; the forward reads the packed
@@ -83,8 +89,8 @@ def grouped_glu(
 
     Raises:
         TypeError: an argument of the wrong type or dtype (the message names it).
-        ValueError: a wrong shape or device, or (with ``tsct.config.check_values``) offsets that
-            decrease or exceed M, or indices out of range.
+        ValueError: a wrong shape or device, an unknown ``impl``, or (with ``tsct.config.check_values``)
+            offsets that decrease or exceed M, or indices out of range.
         RuntimeError: a forced ``impl`` that cannot run here, with the reason.
 
     Packed factors: the reference path decodes them to ``x.dtype``; the "triton-lowbit" path (sm_80+
@@ -94,6 +100,7 @@ def grouped_glu(
     ``masters=`` with containers from ``quantize_master`` (packed bytes in the forward and dX), or
     dense factors from ``tsct.quant.fake_quantize(master, fmt)`` (bf16 bytes, any path).
     """
+    num_out_rows = _as_int("num_out_rows", num_out_rows)
     m, e, d, r, f = validate(x, offs, w_gate, w_up, w_down, s_gate, s_up, row_weight, gather_idx, scatter_idx,
                              num_out_rows)
     from tsct import quant
@@ -118,6 +125,19 @@ def grouped_glu(
         carriers.append(w if tag == "dense" else mt)
     return _library_q.grouped_glu_q(x, offs, *carriers, *storages, ",".join(tags), s_gate, s_up, row_weight,
                                        gather_idx, scatter_idx, num_out_rows, path)
+
+
+def _as_int(name: str, v):
+    """A Python int from an int-like (numpy / 0-dim torch integers); SymInts (torch.compile) pass through.
+    TypeError naming the argument for anything else (bool included)."""
+    if v is None or isinstance(v, (int, torch.SymInt)) and not isinstance(v, bool):
+        return v
+    if not isinstance(v, bool):
+        try:
+            return operator.index(v)
+        except TypeError:
+            pass
+    raise TypeError(f"grouped_glu: {name} must be an int, got {type(v).__name__} {v!r}")
 
 
 def _check_masters(facs, masters) -> tuple:

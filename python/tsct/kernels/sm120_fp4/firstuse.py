@@ -20,8 +20,10 @@ The verdict is cached in the process (per device index and format) and on disk, 
 ``$XDG_CACHE_HOME/tsct``, else ``~/.cache/tsct``), keyed by ``identity()``: tsct version, the native
 library (path, size, SHA-256 of its bytes: the cubins it embeds), the driver (release and CUDA driver
 API version), the GPU name and its compute capability, and the format. A new wheel, driver or GPU
-therefore re-tests; an unwritable cache dir keeps the verdict in the process only (never an error).
-Every verdict, failures included, is cached: delete the file to re-test.
+therefore re-tests; so does a change of ``TSCT_SM120_GEMM`` (the GEMM backend is part of the key, in
+the process too). An unwritable cache dir keeps the verdict in the process only (never an error).
+Verdicts are cached, failures included (delete the file to re-test), except a timeout or an
+out-of-memory failure, which only the current process remembers.
 
 ``TSCT_SM120_FP4`` (read on every call): unset (or "auto") = the above; "0" = path off; "1" = path on
 WITHOUT the self-test (for developers of the kernels: a faulting kernel then takes the process down).
@@ -101,18 +103,26 @@ Runner = Callable[[list, dict, float], ChildResult]
 
 def env_mode() -> tuple[str, str]:
     """``TSCT_SM120_FP4`` as (mode, why): mode "auto" (unset, empty or "auto"), "off" ("0"), "on"
-    ("1"), or "invalid" (anything else; the path then stays off and ``why`` names the accepted values)."""
+    ("1"), or "invalid" (anything else, or a ``TSCT_SM120_GEMM`` that names no backend; the path then
+    stays off and ``why`` names the accepted values)."""
     from tsct.kernels.sm120_fp4 import ENV_ENABLE
 
     raw = os.environ.get(ENV_ENABLE)
     v = (raw or "").strip().lower()
-    if v in ("", "auto"):
-        return "auto", f"{ENV_ENABLE} unset: first-use self-test in a child process"
     if v == "0":
         return "off", f"disabled by {ENV_ENABLE}=0"
+    if v not in ("", "auto", "1"):
+        return "invalid", f"{ENV_ENABLE}={raw!r} is not one of 0, 1, auto or unset: the path stays off"
+    from tsct.kernels.sm120_fp4 import cutlass_gemm
+
+    try:
+        cutlass_gemm.gemm_backend()
+    except ValueError as exc:  # a bad TSCT_SM120_GEMM keeps the path off (with the reason), never raises per call
+        return "invalid", f"{exc}: the path stays off"
     if v == "1":
         return "on", f"forced on by {ENV_ENABLE}=1 (no self-test; for kernel developers)"
-    return "invalid", f"{ENV_ENABLE}={raw!r} is not one of 0, 1, auto or unset: the path stays off"
+    shown = f"{ENV_ENABLE}={raw.strip()}" if v else f"{ENV_ENABLE} unset"
+    return "auto", f"{shown}: first-use self-test in a child process"
 
 
 # ---- where the verdicts live ----------------------------------------------------------------------
@@ -321,7 +331,15 @@ def interpret(res: ChildResult, timeout: float) -> tuple[bool, str, str]:
 
 _lock = threading.Lock()
 _run_lock = threading.Lock()  # one child at a time: two threads asking together get one test
-_memo: dict[tuple[int, str], Verdict] = {}  # (device index, fmt) -> verdict, this process
+_memo: dict[tuple[int, str, str], Verdict] = {}  # (device index, fmt, GEMM backend) -> verdict, this process
+
+
+def _memo_key(device_index: int, fmt: str) -> tuple[int, str, str]:
+    """The in-process key: a verdict for one GEMM backend (TSCT_SM120_GEMM) says nothing about the other.
+    Call after ``env_mode`` accepted the environment (the backend name is then valid)."""
+    from tsct.kernels.sm120_fp4 import cutlass_gemm
+
+    return (device_index, fmt, cutlass_gemm.gemm_backend())
 
 
 def reset_for_tests() -> None:
@@ -349,7 +367,7 @@ def peek(device_index: int, fmt: str, *, ident: Optional[dict] = None) -> Option
     if mode in ("off", "invalid"):
         return Verdict(False, "disabled", why, FORCED)
     with _lock:
-        v = _memo.get((device_index, fmt))
+        v = _memo.get(_memo_key(device_index, fmt))
     if v is not None:
         return dataclasses.replace(v, source=CACHED_PROCESS, seconds=0.0)
     ident = ident if ident is not None else identity(device_index)
@@ -359,6 +377,13 @@ def peek(device_index: int, fmt: str, *, ident: Optional[dict] = None) -> Option
     if isinstance(e, dict) and e.get("outcome") in OUTCOMES:
         return Verdict(bool(e.get("ok")), e["outcome"], str(e.get("detail", "")), f"{CACHED_DISK} ({path})", 0.0, key)
     return None
+
+
+def is_transient(outcome: str, detail: str) -> bool:
+    """A failure that says more about the moment than about the kernels: a timeout (a busy GPU) or an
+    out-of-memory error (the child's own CUDA context next to a full parent). Kept in the process only,
+    never on disk, so a later process tests again."""
+    return outcome == "timeout" or (outcome == "fail" and "out of memory" in detail.lower())
 
 
 def verdict(device_index: int, fmt: str, *, runner: Optional[Runner] = None, ident: Optional[dict] = None,
@@ -378,7 +403,7 @@ def verdict(device_index: int, fmt: str, *, runner: Optional[Runner] = None, ide
     if mode in ("off", "invalid"):
         return Verdict(False, "disabled", why, FORCED)
     with _lock:
-        v = _memo.get((device_index, fmt))
+        v = _memo.get(_memo_key(device_index, fmt))
     if v is not None:
         return dataclasses.replace(v, source=CACHED_PROCESS, seconds=0.0)
     with _run_lock:
@@ -388,14 +413,14 @@ def verdict(device_index: int, fmt: str, *, runner: Optional[Runner] = None, ide
 def _verdict_locked(device_index: int, fmt: str, runner: Optional[Runner], ident: Optional[dict],
                     timeout: Optional[float]) -> Verdict:
     with _lock:
-        v = _memo.get((device_index, fmt))
+        v = _memo.get(_memo_key(device_index, fmt))
     if v is not None:  # another thread ran it while this one waited
         return dataclasses.replace(v, source=CACHED_PROCESS, seconds=0.0)
     ident = ident if ident is not None else identity(device_index)
     cached = peek(device_index, fmt, ident=ident)
     if cached is not None:
         with _lock:
-            _memo[(device_index, fmt)] = cached
+            _memo[_memo_key(device_index, fmt)] = cached
         return cached
     key = cache_key(ident, fmt)
     t = timeout if timeout is not None else timeout_s()
@@ -406,15 +431,18 @@ def _verdict_locked(device_index: int, fmt: str, runner: Optional[Runner], ident
         v = Verdict(False, "fail", f"could not start the self-test child: {type(exc).__name__}: {exc}",
                     RAN_NOW + ", not saved (the child did not start)", 0.0, key)
         with _lock:
-            _memo[(device_index, fmt)] = v
+            _memo[_memo_key(device_index, fmt)] = v
         return v
     ok, outcome, detail = interpret(res, t)
     path = cache_file()
-    err = _write_cache(path, key, {"ok": ok, "outcome": outcome, "detail": detail, "identity": ident, "fmt": fmt,
-                                   "seconds": round(res.seconds, 3),
-                                   "tested_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())})
-    source = RAN_NOW + (f", saved to {path}" if err is None else f", not saved ({err})")
+    if is_transient(outcome, detail):  # this process only: the next process tests again
+        source = RAN_NOW + ", not saved (a timeout or out-of-memory failure may not recur)"
+    else:
+        err = _write_cache(path, key, {"ok": ok, "outcome": outcome, "detail": detail, "identity": ident,
+                                       "fmt": fmt, "seconds": round(res.seconds, 3),
+                                       "tested_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())})
+        source = RAN_NOW + (f", saved to {path}" if err is None else f", not saved ({err})")
     v = Verdict(ok, outcome, detail, source, res.seconds, key)
     with _lock:
-        _memo[(device_index, fmt)] = v
+        _memo[_memo_key(device_index, fmt)] = v
     return v
