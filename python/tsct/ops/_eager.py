@@ -45,8 +45,10 @@ def needs_grad(*tensors: Optional[Tensor]) -> bool:
     return torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors)
 
 
-def profiler_range(name: str):
-    """A ``record_function`` range when the profiler is on (the op's name in traces), else None."""
-    if torch.autograd._profiler_enabled():
-        return torch.autograd.profiler.record_function(name)
-    return None
+def run(name: str, fn, *args):
+    """``fn(*args)``, inside a ``record_function(name)`` range when the profiler is on (so the op's name
+    still shows in traces without the dispatcher), else with nothing around it."""
+    if not torch.autograd._profiler_enabled():
+        return fn(*args)
+    with torch.autograd.profiler.record_function(name):
+        return fn(*args)

@@ -45,9 +45,16 @@ def grouped_glu_saving_op(
 
 def _forward_impl(x, offs, w_gate, w_up, w_down, s_gate, s_up, row_weight, gather_idx, scatter_idx, num_out_rows,
                   impl) -> tuple[Tensor, list[Tensor]]:
+    return path_forward(impl, (x, offs, w_gate, w_up, w_down, s_gate, s_up, row_weight, gather_idx, scatter_idx,
+                               num_out_rows))
+
+
+def path_forward(impl: str, args: tuple, save: bool = True) -> tuple[Tensor, list[Tensor]]:
+    """``(out, saved)`` of path ``impl``'s forward on ``args`` (x, offs, the three factors, s_gate, s_up,
+    row_weight, gather_idx, scatter_idx, num_out_rows). With ``save`` and a path that has
+    ``grouped_glu_forward_saved``, ``saved`` is what its backward would otherwise recompute; else []."""
     mod = dispatch.implementation(impl)
-    args = (x, offs, w_gate, w_up, w_down, s_gate, s_up, row_weight, gather_idx, scatter_idx, num_out_rows)
-    fwd_saved = getattr(mod, "grouped_glu_forward_saved", None)
+    fwd_saved = getattr(mod, "grouped_glu_forward_saved", None) if save else None
     if fwd_saved is None:
         return mod.grouped_glu_forward(*args), []
     out, saved = fwd_saved(*args)
@@ -73,14 +80,9 @@ def grouped_glu_op(
     if _eager.direct_ok(x, w_gate, w_up, w_down):
         args = (x, offs, w_gate, w_up, w_down, s_gate, s_up, row_weight, gather_idx, scatter_idx, num_out_rows)
         if _eager.needs_grad(x, w_gate, w_up, w_down, s_gate, s_up, row_weight):
-            fn, args = _EagerGlu.apply, args + (impl,)
-        else:  # inference: the plain forward (saves nothing)
-            fn = dispatch.implementation(impl).grouped_glu_forward
-        rng = _eager.profiler_range("tsct::grouped_glu")
-        if rng is None:
-            return fn(*args)
-        with rng:
-            return fn(*args)
+            return _eager.run("tsct::grouped_glu", _EagerGlu.apply, *args, impl)
+        # inference: the plain forward (saves nothing)
+        return _eager.run("tsct::grouped_glu", path_forward, impl, args, False)[0]
     return grouped_glu_saving_op(x, offs, w_gate, w_up, w_down, s_gate, s_up, row_weight, gather_idx, scatter_idx,
                                  num_out_rows, impl)[0]
 

@@ -64,7 +64,7 @@ from torch.utils.weak import WeakIdKeyDictionary
 
 from tsct import dispatch
 from tsct.ops import _eager
-from tsct.ops._library import _no_double_backward
+from tsct.ops._library import _no_double_backward, path_forward
 
 __all__ = ["grouped_glu_q_op", "grouped_glu_q_backward_op", "pack_factor", "unpack_factor", "quantize_master",
            "check_master", "FACTOR_TAGS"]
@@ -155,15 +155,9 @@ def grouped_glu_q_op(
 
 
 def _forward_impl(x, offs, w_gate, w_up, w_down, q_gate, q_up, q_down, formats, s_gate, s_up, row_weight, gather_idx,
-                  scatter_idx, num_out_rows, impl) -> tuple[Tensor, list[Tensor]]:
+                  scatter_idx, num_out_rows, impl, save: bool = True) -> tuple[Tensor, list[Tensor]]:
     _, facs = _factors(formats, (w_gate, w_up, w_down), (q_gate, q_up, q_down))
-    mod = dispatch.implementation(impl)
-    args = (x, offs, *facs, s_gate, s_up, row_weight, gather_idx, scatter_idx, num_out_rows)
-    fwd_saved = getattr(mod, "grouped_glu_forward_saved", None)
-    if fwd_saved is None:
-        return mod.grouped_glu_forward(*args), []
-    out, saved = fwd_saved(*args)
-    return out, list(saved)
+    return path_forward(impl, (x, offs, *facs, s_gate, s_up, row_weight, gather_idx, scatter_idx, num_out_rows), save)
 
 
 def grouped_glu_q(x, offs, w_gate, w_up, w_down, q_gate, q_up, q_down, formats, s_gate, s_up, row_weight, gather_idx,
@@ -175,23 +169,15 @@ def grouped_glu_q(x, offs, w_gate, w_up, w_down, q_gate, q_up, q_down, formats, 
     if not _eager.direct_ok(x, w_gate, w_up, w_down):
         return grouped_glu_q_op(*args)[0]
     if _eager.needs_grad(x, w_gate, w_up, w_down, s_gate, s_up, row_weight):
-        fn = _EagerGluQ.apply
-        call = (x, offs, w_gate, w_up, w_down, formats, s_gate, s_up, row_weight, gather_idx, scatter_idx,
-                num_out_rows, impl, (len(q_gate), len(q_up), len(q_down)), *q_gate, *q_up, *q_down)
-    else:  # inference: the plain forward (saves nothing)
-        fn, call = _forward_plain, args
-    rng = _eager.profiler_range("tsct::grouped_glu_q")
-    if rng is None:
-        return fn(*call)
-    with rng:
-        return fn(*call)
+        return _eager.run("tsct::grouped_glu_q", _EagerGluQ.apply, x, offs, w_gate, w_up, w_down, formats, s_gate,
+                          s_up, row_weight, gather_idx, scatter_idx, num_out_rows, impl,
+                          (len(q_gate), len(q_up), len(q_down)), *q_gate, *q_up, *q_down)
+    return _eager.run("tsct::grouped_glu_q", _forward_plain, *args)  # inference: saves nothing
 
 
-def _forward_plain(x, offs, w_gate, w_up, w_down, q_gate, q_up, q_down, formats, s_gate, s_up, row_weight, gather_idx,
-                   scatter_idx, num_out_rows, impl) -> Tensor:
-    _, facs = _factors(formats, (w_gate, w_up, w_down), (q_gate, q_up, q_down))
-    mod = dispatch.implementation(impl)
-    return mod.grouped_glu_forward(x, offs, *facs, s_gate, s_up, row_weight, gather_idx, scatter_idx, num_out_rows)
+def _forward_plain(*args) -> Tensor:
+    """The forward alone (``_forward_impl``'s arguments; nothing saved for a backward)."""
+    return _forward_impl(*args, save=False)[0]
 
 
 @grouped_glu_q_op.register_fake

@@ -358,9 +358,9 @@ def timeout_s() -> float:
     return v if v > 0 else DEFAULT_TIMEOUT_S
 
 
-def peek(device_index: int, fmt: str, *, ident: Optional[dict] = None) -> Optional[Verdict]:
-    """The verdict known without running anything: forced/disabled by the environment, this process's,
-    or the disk cache's; None if the self-test has not run for this (GPU, format). For the probe."""
+def _decided(device_index: int, fmt: str) -> Optional[Verdict]:
+    """The verdict the environment sets (TSCT_SM120_FP4 / a bad TSCT_SM120_GEMM) or this process already
+    has for (GPU, format, GEMM backend); None otherwise. No I/O."""
     mode, why = env_mode()
     if mode == "on":
         return Verdict(True, "forced", why, FORCED)
@@ -368,8 +368,15 @@ def peek(device_index: int, fmt: str, *, ident: Optional[dict] = None) -> Option
         return Verdict(False, "disabled", why, FORCED)
     with _lock:
         v = _memo.get(_memo_key(device_index, fmt))
+    return None if v is None else dataclasses.replace(v, source=CACHED_PROCESS, seconds=0.0)
+
+
+def peek(device_index: int, fmt: str, *, ident: Optional[dict] = None) -> Optional[Verdict]:
+    """The verdict known without running anything: forced/disabled by the environment, this process's,
+    or the disk cache's; None if the self-test has not run for this (GPU, format). For the probe."""
+    v = _decided(device_index, fmt)
     if v is not None:
-        return dataclasses.replace(v, source=CACHED_PROCESS, seconds=0.0)
+        return v
     ident = ident if ident is not None else identity(device_index)
     key = cache_key(ident, fmt)
     path = cache_file()
@@ -397,25 +404,18 @@ def verdict(device_index: int, fmt: str, *, runner: Optional[Runner] = None, ide
     """
     if fmt not in ("nvfp4", "sign"):
         raise ValueError(f"fmt must be 'nvfp4' or 'sign' (the formats sm120-fp4 serves), got {fmt!r}")
-    mode, why = env_mode()
-    if mode == "on":
-        return Verdict(True, "forced", why, FORCED)
-    if mode in ("off", "invalid"):
-        return Verdict(False, "disabled", why, FORCED)
-    with _lock:
-        v = _memo.get(_memo_key(device_index, fmt))
+    v = _decided(device_index, fmt)
     if v is not None:
-        return dataclasses.replace(v, source=CACHED_PROCESS, seconds=0.0)
+        return v
     with _run_lock:
         return _verdict_locked(device_index, fmt, runner, ident, timeout)
 
 
 def _verdict_locked(device_index: int, fmt: str, runner: Optional[Runner], ident: Optional[dict],
                     timeout: Optional[float]) -> Verdict:
-    with _lock:
-        v = _memo.get(_memo_key(device_index, fmt))
+    v = _decided(device_index, fmt)
     if v is not None:  # another thread ran it while this one waited
-        return dataclasses.replace(v, source=CACHED_PROCESS, seconds=0.0)
+        return v
     ident = ident if ident is not None else identity(device_index)
     cached = peek(device_index, fmt, ident=ident)
     if cached is not None:

@@ -51,19 +51,12 @@ def _config(cap: tuple[int, int]) -> Config:
 # TSCT_TRITON_BACKEND=auto (default): the AOT cubin of the launch's specialization when this install
 # ships one for the device's arch, else Triton JIT when importable. =aot / =jit force one (tests).
 
-BACKEND_ENV = launch.BACKEND_ENV
 FAMILY = launch.Family("triton-bf16", specs, "tsct.kernels.triton_glu._kernels")
-_backend_mode = launch.backend_mode
-_stream = launch.current_stream
 
 
 def backend_counts() -> dict[tuple[str, str], int]:
     """{(backend, kernel): launches} since the process started ("aot", "jit")."""
     return FAMILY.backend_counts()
-
-
-def _type_of(v: Any) -> str:
-    return launch.type_of(v, specs.DTYPE_TYPES, specs.UNUSED)
 
 
 def _launch(kernel: str, grid: tuple, args: Sequence[Any], consts: dict, num_warps: int, num_stages: int,

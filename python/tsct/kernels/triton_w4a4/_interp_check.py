@@ -227,7 +227,6 @@ def full_case(name, T, k, E, d, r, f, empty=(), one_row=(), scatter=True, seed=0
     else:
         xr = x[tok]
         xx = xr.clone().requires_grad_()
-        tok_ = None
         y = W.grouped_glu(xx, offs, wg, wu, wd, sg, su, row_weight=rwt, masters=masters)
         ym = EM.w4a4_full_model(xr, offs, wg, wu, wd, sg.detach(), su.detach(), rwt.detach())
         yref = R.grouped_glu_forward(xr, offs, *(w.dequantize(torch.float32) for w in (wg, wu, wd)), sg.detach(),

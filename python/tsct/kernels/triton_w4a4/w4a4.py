@@ -37,8 +37,6 @@ from torch import Tensor
 from tsct.kernels import launch
 from tsct.kernels.triton_w4a4 import specs
 
-BACKEND_ENV = launch.BACKEND_ENV
-
 
 def backend_counts() -> dict:
     """{("aot" | "jit", kernel): launches} of this package's kernels since process start."""
