@@ -1,6 +1,6 @@
 """Device harness: where the HOST time of one eager b1 expert pass goes (cProfile of the Python layer).
 
-    python3 scripts/host_profile.py --fmts bf16,nvfp4 [--n 30]
+    python3 scripts/host_profile.py --fmts bf16,bf16-kmajor,nvfp4 [--n 30]
 
 Runs tsct-bench's pass (tsct.bench.arms.tsct_call) n times back to back without syncing (the GPU queue
 absorbs the device work, so the profile is host time), under cProfile; prints the top functions by
@@ -32,8 +32,11 @@ def main() -> None:
     sets = inputs.make_input_sets(cfg, 2)
     tsct_config.check_values = False
     for fmt in a.fmts.split(","):
-        fac = dense if fmt == "bf16" else inputs.quantize_factors(dense, fmt)
-        impl = "triton-bf16" if fmt == "bf16" else "triton-lowbit"
+        base, _, layout = fmt.partition("-")  # "bf16-kmajor": w_down K-major (decision 0012)
+        fac = dense if base == "bf16" else inputs.quantize_factors(dense, base)
+        if layout == "kmajor":
+            fac = arms.kmajor_factors(fac)
+        impl = "triton-bf16" if base == "bf16" else "triton-lowbit"
 
         def fwd(i, fac=fac, impl=impl):
             s = sets[i % 2]

@@ -43,6 +43,7 @@ def test_small_run_lists_every_arm_with_plausible_figures(small_run):
     expected |= {"tsct-w4a4-nvfp4"}  # forward-only W4A4 pass (runs from its cubins on sm_90 / sm_120 only)
     expected |= {"tsct-sm120-fp4-cutlass-nvfp4"}  # sm120-fp4 on the CUTLASS GEMM (12.0 only)
     expected |= {"tsct-triton-lowbit-nvfp4-ste", "tsct-triton-lowbit-sign-ste"}  # packed factors + masters
+    expected |= {"tsct-triton-bf16-bf16-kmajor"}  # the same w_down values stored K-major (decision 0012)
     assert set(by_name) == expected
     for a in res["arms"]:
         assert a["status"] in ("ran", "refused", "unavailable", "error"), a
@@ -78,8 +79,9 @@ def test_small_run_lists_every_arm_with_plausible_figures(small_run):
     if gm["status"] == "refused":
         assert "16 bytes" in gm["reason"]
     # GPU paths on a CPU: listed with dispatch's reason, not run
-    assert by_name["tsct-triton-bf16-bf16"]["status"] == "unavailable"
-    assert "GPU" in by_name["tsct-triton-bf16-bf16"]["reason"]
+    for name in ("tsct-triton-bf16-bf16", "tsct-triton-bf16-bf16-kmajor"):
+        assert by_name[name]["status"] == "unavailable"
+        assert "GPU" in by_name[name]["reason"]
     w = by_name["tsct-w4a4-nvfp4"]
     assert (w["status"], w["mode"], w["reason"]) == ("unavailable", "not runnable", "not runnable: needs a CUDA GPU")
 
@@ -289,3 +291,15 @@ def test_report_flags_a_forward_slower_than_forward_plus_backward():
     assert report._fwd_above_fwdbwd(arm)
     assert not report._fwd_above_fwdbwd({"fwd_ms": {"median": 1.0}, "fwdbwd_ms": {"median": 2.0}})
     assert not report._fwd_above_fwdbwd({"fwd_ms": None, "fwdbwd_ms": {"median": 2.0}})
+
+
+def test_kmajor_factors_keep_the_values_and_store_w_down_k_major():
+    g = torch.Generator().manual_seed(3)
+    wd = torch.randn(4, 16, 37, generator=g).to(torch.bfloat16).requires_grad_(True)
+    fac = inputs.Factors("bf16", torch.randn(4, 32, 16), torch.randn(4, 32, 16), wd, torch.rand(4, 16),
+                         torch.rand(4, 16))
+    km = arms.kmajor_factors(fac)
+    assert km.w_down.shape == wd.shape and torch.equal(km.w_down, wd)
+    assert km.w_down.stride() == (37 * 16, 1, 16) and km.w_down.transpose(1, 2).is_contiguous()
+    assert km.w_down.is_leaf and km.w_down.requires_grad
+    assert km.w_gate is fac.w_gate and km.s_up is fac.s_up

@@ -148,3 +148,24 @@ def test_double_backward_fails_by_name(packed):
     assert g.shape == x.shape and torch.isfinite(g).all() and g.abs().sum() > 0
     with pytest.raises(RuntimeError, match="double backward .* is not supported"):
         g.sum().backward()
+
+
+def test_kmajor_w_down_gives_the_same_output_and_gradient():
+    """w_down stored K-major (the transpose of a contiguous [E, f, r], decision 0012) is the same logical
+    tensor: same output bits and the same w_down gradient values as the row-major copy."""
+    p = make_problem(tokens=24, topk=2, experts=6, d=32, r=16, f=37, empty=(2,), gather=True, dtype=torch.float32,
+                     seed=7)
+    outs, grads = [], []
+    for wd in (p["w_down"], p["w_down"].transpose(1, 2).contiguous().transpose(1, 2)):
+        assert wd.shape == p["w_down"].shape
+        leaf = wd.detach().clone(memory_format=torch.preserve_format).requires_grad_()
+        assert leaf.stride() == wd.stride()
+        a = {k: p[k] for k in OP_KEYS}
+        a["w_down"] = leaf
+        y = _tsct(a)
+        y.backward(torch.ones_like(y))
+        outs.append(y.detach())
+        grads.append(leaf.grad)
+    assert not outs[1].isnan().any()
+    assert torch.allclose(outs[0], outs[1], rtol=1e-6, atol=1e-6)
+    assert torch.allclose(grads[0], grads[1], rtol=1e-6, atol=1e-6)

@@ -295,7 +295,7 @@ def test_every_glu_launch_has_an_aot_variant(cap, monkeypatch):
         offs = counts.cumsum(0).to(torch.int32)
         x = torch.randn(T if gather else m, d, generator=g).to(dt)
         wg, wu = torch.randn(E, d, r).to(dt), torch.randn(E, d, r).to(dt)
-        wd = torch.randn(E, r, f).to(dt)
+        wd_rowmajor = torch.randn(E, r, f).to(dt)
         sg = torch.rand(E, r).to(s_dt) if s_dt else None
         su = (torch.rand(E, r).to(s_dt) if s_dt else None) if name != "one_scale" else None
         rw = torch.rand(m).to(rw_dt) if rw_dt else None
@@ -303,18 +303,23 @@ def test_every_glu_launch_has_an_aot_variant(cap, monkeypatch):
         gi = tok.to(idx_dt) if gather else None
         si = tok.to(idx_dt) if scatter else None
         n_out = T if scatter else None
-        launched.clear()
-        glu.grouped_glu_forward(x, offs, wg, wu, wd, sg, su, rw, gi, si, n_out)
-        _, saved = glu.grouped_glu_forward_saved(x, offs, wg, wu, wd, sg, su, rw, gi, si, n_out)  # the op's
-        go = torch.randn(T if scatter else m, f).to(dt)
-        for need in ([True] * 7, [True] + [False] * 6, [False, True, True, False, False, False, False],
-                     [False, False, False, True, False, False, True]):
-            glu.grouped_glu_backward(go, x, offs, wg, wu, wd, sg, su, rw, gi, si, n_out, need)
-            glu.grouped_glu_backward(go, x, offs, wg, wu, wd, sg, su, rw, gi, si, n_out, need, saved=saved)
-        assert len(launched) >= 4, name
-        assert {kk.split("|")[0] for kk in launched} >= {"glu_down_fwd", "glu_up_fwd", "glu_bwd_dz", "glu_bwd_epi",
-                                                          "tile_cum"}
-        assert not scatter or any(kk.startswith("csr_keys|") for kk in launched), name
+        # w_down row-major, then K-major (the transpose of a contiguous [E, f, r]: WD_T when aligned)
+        for wd in (wd_rowmajor, wd_rowmajor.transpose(1, 2).contiguous().transpose(1, 2)):
+            launched.clear()
+            glu.grouped_glu_forward(x, offs, wg, wu, wd, sg, su, rw, gi, si, n_out)
+            _, saved = glu.grouped_glu_forward_saved(x, offs, wg, wu, wd, sg, su, rw, gi, si, n_out)  # the op's
+            go = torch.randn(T if scatter else m, f).to(dt)
+            for need in ([True] * 7, [True] + [False] * 6, [False, True, True, False, False, False, False],
+                         [False, False, False, True, False, False, True]):
+                glu.grouped_glu_backward(go, x, offs, wg, wu, wd, sg, su, rw, gi, si, n_out, need)
+                glu.grouped_glu_backward(go, x, offs, wg, wu, wd, sg, su, rw, gi, si, n_out, need, saved=saved)
+            assert len(launched) >= 4, name
+            assert {kk.split("|")[0] for kk in launched} >= {"glu_down_fwd", "glu_up_fwd", "glu_bwd_dz",
+                                                              "glu_bwd_epi", "tile_cum"}
+            assert not scatter or any(kk.startswith("csr_keys|") for kk in launched), name
+            wd_t = {kk.split("|")[0] for kk in launched if "WD_T=1" in kk}
+            kmajor_aligned = not wd.is_contiguous() and d % 16 == 0 and r % 16 == 0
+            assert wd_t == ({"glu_up_fwd", "glu_bwd_dz"} if kmajor_aligned else set()), (name, wd_t)
 
 
 def test_status_reasons(monkeypatch, tmp_path):

@@ -52,6 +52,7 @@ class Case:
     rw_dtype: Optional[torch.dtype] = torch.float32  # None: no row weight
     idx_dtype: torch.dtype = torch.int64
     dtype: torch.dtype = torch.bfloat16
+    kmajor: bool = False            # w_down as the transpose of a contiguous [E, f, r] (decision 0012)
 
 
 B1 = Case("b1", T=16384, k=2, E=1024, d=2048, r=64, f=5461, pad=0)
@@ -74,6 +75,14 @@ CASES = [
     Case("scatter_only", T=96, k=2, E=5, d=96, r=48, f=257, pad=6, gather=False),
     Case("gather_only", T=96, k=2, E=5, d=96, r=48, f=257, pad=6, scatter=False),
     Case("r100_d200", T=64, k=2, E=6, d=200, r=100, f=333, counts=(0, 64, 0, 60, 3, 1)),
+    # K-major w_down: the WD_T kernels (aligned d, r), and the row-major fallback when r is unaligned
+    Case("b1_kmajor", T=16384, k=2, E=1024, d=2048, r=64, f=5461, kmajor=True),
+    Case("f37_empty_kmajor", T=50, k=2, E=6, d=64, r=16, f=37, counts=(0, 30, 21, 0, 48, 1), pad=7,
+         idx_dtype=torch.int32, kmajor=True),
+    Case("multi_tile_kmajor_r160", T=120, k=2, E=3, d=64, r=160, f=129, counts=(0, 200, 40), pad=3, kmajor=True),
+    Case("fp16_kmajor_nogather", T=128, k=2, E=16, d=256, r=32, f=5461, dtype=torch.float16,
+         s_dtype=torch.float16, rw_dtype=torch.float16, gather=False, scatter=False, pad=5, kmajor=True),
+    Case("r100_kmajor_fallback", T=64, k=2, E=6, d=200, r=100, f=333, counts=(0, 64, 0, 60, 3, 1), kmajor=True),
 ]
 
 
@@ -112,6 +121,8 @@ def make_inputs(c: Case, seed: int) -> dict:
     )
     for key in ("x", "w_gate", "w_up", "w_down"):
         p[key] = p[key].to(c.dtype)
+    if c.kmajor:
+        p["w_down"] = p["w_down"].transpose(1, 2).contiguous().transpose(1, 2)
     for key in ("s_gate", "s_up"):
         if p[key] is not None:
             p[key] = p[key].to(c.s_dtype)
@@ -201,6 +212,8 @@ def test_backward(c: Case):
         assert not g.isnan().any(), f"{name}: NaN (unwritten?)"
         err = rel_err(g, rg)
         assert err < TOL, f"{name}: rel err {err:.3e}"
+    if c.kmajor and c.d % 16 == 0 and c.r % 16 == 0:  # WD_T writes dW_down in w_down's own layout
+        assert grads[3].stride() == p["w_down"].stride(), (grads[3].stride(), p["w_down"].stride())
     counts = torch.diff(p["offs"], prepend=p["offs"].new_zeros(1))
     empty = counts == 0
     if empty.any():

@@ -13,7 +13,9 @@ the expert math and the combine inside the timed span, sync-free.
                    recorded as the result.
     tsct-<path>-<fmt>  tsct.ops.grouped_glu(impl=<path>) with the factors stored in <fmt>, gather and
                    combine fused (gather_idx = scatter_idx = token of each sorted row, row_weight = the
-                   sorted router weights). With nvfp4 / sign factors on a GPU, "triton-lowbit" is the
+                   sorted router weights). w_down row-major ([E, r, f] contiguous).
+    tsct-triton-bf16-<fmt>-kmajor  the same with the same values of w_down stored K-major (the transpose of
+                   a contiguous [E, f, r], nn.Linear's layout; decision 0012): the fast layout at odd f. With nvfp4 / sign factors on a GPU, "triton-lowbit" is the
                    W4A16 path auto takes (packed bytes decoded in registers).
     tsct-triton-lowbit-<fmt>-ste  the same call with the dense bf16 factors as MASTERS (masters=...): the
                    backward also computes the straight-through gradients of the masters (dW of the
@@ -66,6 +68,7 @@ class ArmSpec:
     kind: str                 # PADDED_BMM / GROUPED_MM / TSCT
     path: Optional[str]       # tsct path for TSCT arms, else the kind
     fmt: str                  # storage format of the factors: "bf16"/"fp16"/"fp32" (dense), "nvfp4", "sign"
+    w_down_layout: str = "rowmajor"   # dense w_down: "rowmajor" ([E, r, f] contiguous) or "kmajor" (decision 0012)
 
 
 def _path_serves_format(path: str, fmt: str) -> bool:
@@ -90,6 +93,8 @@ def all_arms(cfg: BenchConfig, dense_fmt: str) -> list[ArmSpec]:
         for fmt in fmts:
             if _path_serves_format(path, fmt):
                 specs.append(ArmSpec(f"tsct-{path}-{fmt}", TSCT, path, fmt))
+                if path == dispatch.TRITON_BF16 and fmt == dense_fmt:
+                    specs.append(ArmSpec(f"tsct-{path}-{fmt}-kmajor", TSCT, path, fmt, "kmajor"))
                 if path == dispatch.TRITON_LOWBIT and fmt in ("nvfp4", "sign"):
                     specs.append(ArmSpec(f"tsct-{path}-{fmt}-ste", TSCT, path, fmt))
     if "nvfp4" in fmts:
@@ -146,6 +151,13 @@ def grouped_mm_pass(cfg: BenchConfig, inp: InputSet, fac: Factors, gmm: Callable
     y = gmm(F.silu(g) * u, fac.w_down, offs=s.offs)
     y = y * inp.weights.reshape(-1).index_select(0, s.order).unsqueeze(1)
     return combine_token_major(y.index_select(0, routing.inverse_permutation(s.order)), cfg.tokens, cfg.topk)
+
+
+def kmajor_factors(fac: Factors) -> Factors:
+    """The same factor values with w_down stored K-major (``w_down.transpose(1, 2)`` contiguous), a new
+    leaf that requires grad like the row-major one (decision 0012)."""
+    wd = fac.w_down.detach().transpose(1, 2).contiguous().transpose(1, 2).requires_grad_(fac.w_down.requires_grad)
+    return dataclasses.replace(fac, w_down=wd)
 
 
 def tsct_call(x: Tensor, ids: Tensor, weights: Tensor, fac: Factors, experts: int, impl: str,
@@ -377,6 +389,8 @@ def tsct_arm(spec: ArmSpec, ctx: Context, log=lambda s: None) -> dict:
 
     ste = spec.name.endswith("-ste")
     masters = (ctx.dense.w_gate, ctx.dense.w_up, ctx.dense.w_down) if ste else None
+    if spec.w_down_layout == "kmajor":
+        fac = kmajor_factors(fac)
 
     def pass_fn(inp: InputSet) -> Tensor:
         return tsct_call(inp.x, inp.ids, inp.weights, fac, ctx.cfg.experts, spec.path, masters)
@@ -384,6 +398,7 @@ def tsct_arm(spec: ArmSpec, ctx: Context, log=lambda s: None) -> dict:
     res = measure_arm(spec, ctx, _WithMasters(fac, ctx.dense) if ste else fac, pass_fn,
                       before_timing=no_value_checks, after_timing=restore, log=log)
     res["dropped_fraction"] = 0.0 if res["status"] == RAN else None
+    res["w_down_layout"] = spec.w_down_layout
     return res
 
 

@@ -78,7 +78,7 @@ def padded_bmm_pass(x, ids, wts, p, cap=64):
     return x.new_zeros(x.shape[0], y.shape[1]).index_add(0, token, yr)
 
 
-def make(dtype=torch.bfloat16, seed=0):
+def make(dtype=torch.bfloat16, seed=0, kmajor=False):
     g = torch.Generator(device="cuda").manual_seed(seed)
     dev = "cuda"
     x = torch.randn(T, D, device=dev, generator=g).to(dtype)
@@ -92,6 +92,8 @@ def make(dtype=torch.bfloat16, seed=0):
         sg=(1 + 0.1 * torch.randn(E, R, device=dev, generator=g)).to(dtype),
         su=(1 + 0.1 * torch.randn(E, R, device=dev, generator=g)).to(dtype),
     )
+    if kmajor:  # w_down as the transpose of a contiguous [E, f, r] (decision 0012)
+        p["wd"] = p["wd"].transpose(1, 2).contiguous().transpose(1, 2)
     return x, ids, wts, p
 
 
@@ -156,10 +158,11 @@ def main(argv=None):
     ap.add_argument("--json", default=None)
     ap.add_argument("--no-baseline", action="store_true")
     ap.add_argument("--variants", default="", help='config overrides to time too, e.g. "bn_bwd=64;warps_up=4"')
+    ap.add_argument("--kmajor", action="store_true", help="w_down K-major (the transpose of a contiguous [E, f, r])")
     a = ap.parse_args(argv)
     torch.manual_seed(0)
-    x, ids, wts, p = make()
-    res = {"shape": dict(T=T, k=K, E=E, d=D, r=R, f=F), "dtype": "bf16",
+    x, ids, wts, p = make(kmajor=a.kmajor)
+    res = {"shape": dict(T=T, k=K, E=E, d=D, r=R, f=F), "dtype": "bf16", "w_down": "kmajor" if a.kmajor else "rowmajor",
            "device": torch.cuda.get_device_name(), "triton": triton.__version__, "torch": torch.__version__,
            "date": time.strftime("%Y-%m-%d %H:%M:%S")}
 
@@ -169,6 +172,8 @@ def main(argv=None):
         res["fwd_host_ms"] = host_ms(lambda: expert_pass(x, ids, wts, p))
         gr = graph_of(lambda: expert_pass(x, ids, wts, p))
         res["fwd_graph_ms"] = bench(gr.replay)
+        kern_fwd = profile_kernels(lambda: expert_pass(x, ids, wts, p))
+        res["kernels_fwd"] = [dict(name=n, ms=t, calls=c) for n, t, c in kern_fwd]
 
     # forward + backward through autograd: grads of x, factors, scales, router weights
     xg = x.clone().requires_grad_(True)
@@ -237,6 +242,9 @@ def main(argv=None):
         with open(a.json, "w") as fh:
             json.dump(res, fh, indent=1)
 
+    print("\nper-kernel device time, forward (no grad) eager (ms per pass):")
+    for n, t, c in kern_fwd[:16]:
+        print(f"  {t:8.4f}  x{c:<3d} {n}")
     print("\nper-kernel device time, fwd+bwd eager (ms per pass):")
     for n, t, c in kern[:16]:
         print(f"  {t:8.4f}  x{c:<3d} {n}")

@@ -2,7 +2,7 @@
 interpreter wrong for bf16 dots). Exercises the same kernels and host code as the GPU path, against
 tsct.reference: gather/scatter on and off, scales and row weight on and off, padding rows with NaN
 weights and garbage indices, empty and one-row experts, multi-tile experts, r > 128 (multi-K up
-projection, several rank blocks), f not a multiple of 8, top-4.
+projection, several rank blocks), f not a multiple of 8, top-4, a K-major w_down (WD_T).
 
     TRITON_INTERPRET=1 PYTHONPATH=python python -m tsct.kernels.triton_glu._interp_check
 
@@ -23,7 +23,8 @@ from tsct import reference as R  # noqa: E402
 from tsct.kernels.triton_glu import glu as G  # noqa: E402
 
 
-def make(T, k, E, d, r, f, pad=3, gather=True, scatter=True, scales=True, rw=True, counts=None, seed=0):
+def make(T, k, E, d, r, f, pad=3, gather=True, scatter=True, scales=True, rw=True, counts=None, seed=0,
+         kmajor=False):
     g = torch.Generator().manual_seed(seed)
     valid = T * k
     m = valid + pad
@@ -36,6 +37,8 @@ def make(T, k, E, d, r, f, pad=3, gather=True, scatter=True, scales=True, rw=Tru
     wg = torch.randn(E, d, r, generator=g) / d ** 0.5
     wu = torch.randn(E, d, r, generator=g) / d ** 0.5
     wd = torch.randn(E, r, f, generator=g) / r ** 0.5
+    if kmajor:  # the transpose of a contiguous [E, f, r] (decision 0012)
+        wd = wd.transpose(1, 2).contiguous().transpose(1, 2)
     sg = 1 + 0.1 * torch.randn(E, r, generator=g) if scales else None
     su = 1 + 0.1 * torch.randn(E, r, generator=g) if scales else None
     rwt = torch.cat([torch.rand(valid, generator=g), torch.full((pad,), float("nan"))]) if rw else None
@@ -60,6 +63,9 @@ CASES = {
     "r300_d100_f5": dict(T=20, k=2, E=3, d=100, r=300, f=5, pad=4),
     "top4": dict(T=16, k=4, E=5, d=32, r=16, f=19, pad=2),
     "f600_slices": dict(T=40, k=2, E=3, d=32, r=16, f=600, counts=[70, 0, 10], pad=2),
+    "kmajor_wd": dict(T=24, k=2, E=4, d=32, r=16, f=37, kmajor=True),
+    "kmajor_wd_multi": dict(T=80, k=2, E=3, d=32, r=32, f=600, counts=[0, 150, 10], kmajor=True),
+    "kmajor_wd_r160": dict(T=16, k=2, E=2, d=16, r=160, f=24, kmajor=True),
 }
 
 
@@ -73,6 +79,9 @@ def main() -> int:
         for a, b in zip(G.grouped_glu_backward(go, *args, [True] * 7), R.grouped_glu_backward(go, *args, [True] * 7)):
             if (a is None) != (b is None):
                 print(f"{name}: gradient presence differs")
+                return 1
+            if a is not None and kw.get("kmajor") and a.shape == args[4].shape and a.stride() != args[4].stride():
+                print(f"{name}: dW_down strides {a.stride()} differ from w_down's {args[4].stride()}")
                 return 1
             if b is not None:
                 errs.append(rel(a, b))

@@ -167,12 +167,16 @@ def glu_up_fwd(
     z_ptr, offs_ptr, cum_ptr, wd_ptr, rw_ptr, y_ptr,
     E, r, f, ldy,
     HAS_RW: tl.constexpr, FSPLIT: tl.constexpr, SINGLE_K: tl.constexpr, VEC: tl.constexpr, Y_PAD: tl.constexpr,
+    WD_T: tl.constexpr,
     BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, BLOCK_E: tl.constexpr,
 ):
     """y[rows, :f] = (z Wd[e]) * rw for one row tile, over column blocks pn, pn + FSPLIT, ...
     (y has row stride ldy >= f). VEC (aligned launches): w_down rows read as shifted 8-byte words
     (``_ld_words``), prefetched one column block ahead. Y_PAD: ldy is a multiple of 8 and y's pad
-    columns [f, ldy) may be written (with anything: readers stop at f), so the stores vectorize."""
+    columns [f, ldy) may be written (with anything: readers stop at f), so the stores vectorize.
+    WD_T (aligned launches): w_down is K-major, element (k, n) of expert e at
+    e*r*f + n*r + k (the transpose of a contiguous [E, f, r], nn.Linear's layout): every column is r
+    contiguous elements, so the tiles load as 16-byte vectors that Triton pipelines (cp.async)."""
     pid = tl.program_id(0)
     pn = tl.program_id(1)
     e = _expert_of_tile(cum_ptr, pid, E, BLOCK_E)
@@ -202,7 +206,9 @@ def glu_up_fwd(
     kmask0 = ks < r
     if SINGLE_K:  # the whole rank fits one K step (BK >= r): load the z tile once
         zt = tl.load(z_base + bm[:, None] * r + ks[None, :], mask=rmask[:, None] & kmask0[None, :], other=0.0)
-        if VEC:  # prefetch: the next block's words are in flight while this one is shifted and multiplied
+        if WD_T:
+            wdt_tile = ns[None, :] * r + ks[:, None]    # int32 [BK, BN], contiguous along k
+        elif VEC:  # prefetch: the next block's words are in flight while this one is shifted and multiplied
             n0 = pn * BN
             wlo_next, whi_next = _ld_words(wd_ptr, wd_rows + n0, f - n0, kmask0, BN)
         else:
@@ -213,7 +219,9 @@ def glu_up_fwd(
         cmask = (n + ns) < f
         acc = tl.zeros((BM, BN), dtype=tl.float32)
         if SINGLE_K:
-            if VEC:
+            if WD_T:
+                b = tl.load(wd_base + n * r + wdt_tile, mask=kmask0[:, None] & cmask[None, :], other=0.0)
+            elif VEC:
                 wlo = wlo_next  # (lo, hi: the expert's row bounds)
                 whi = whi_next
                 n2 = n + FSPLIT * BN
@@ -230,7 +238,10 @@ def glu_up_fwd(
                 kmask = (k + ks) < r
                 a = tl.load(z_base + bm[:, None] * r + (k + ks)[None, :], mask=rmask[:, None] & kmask[None, :],
                             other=0.0)
-                if VEC:
+                if WD_T:
+                    b = tl.load(wd_base + (k + ks)[:, None] + (n + ns)[None, :] * r,
+                                mask=kmask[:, None] & cmask[None, :], other=0.0)
+                elif VEC:
                     b = _ld_rows(wd_ptr, wd_rows + k * f + n, f - n, kmask, BN)
                 else:
                     b = tl.load(wd_base + k * f + n + wd_tile, mask=kmask[:, None] & cmask[None, :], other=0.0)
@@ -308,13 +319,15 @@ def csr_keys(idx_ptr, offs_ptr, key_ptr, E, M, n_out, BLOCK: tl.constexpr):
 def glu_bwd_dz(
     dy_ptr, sidx_ptr, offs_ptr, wd_ptr, zw_ptr, part_ptr, dwd_ptr,
     M, r, f, f_slice,
-    HAS_SCATTER: tl.constexpr, DO_DWD: tl.constexpr, VEC: tl.constexpr,
+    HAS_SCATTER: tl.constexpr, DO_DWD: tl.constexpr, VEC: tl.constexpr, WD_T: tl.constexpr,
     BM: tl.constexpr, BR: tl.constexpr, BN: tl.constexpr,
 ):
     """One program per (expert, rank block, f slice): part[fs, rows, ranks] = dY[:, slice] Wd[:, slice]^T
     for each row tile of the expert, and dWd[e][ranks, slice] = (z*rw)^T dY[:, slice] (inside the f
     loop for a one-tile expert, else in a second pass over the tiles; exact zeros for an empty one).
-    VEC (aligned launches): dY and w_down rows read as shifted 8-byte words (``_ld_rows``)."""
+    VEC (aligned launches): dY and w_down rows read as shifted 8-byte words (``_ld_rows``).
+    WD_T (aligned launches): w_down and dWd are K-major (``glu_up_fwd``): their [BR, BN] tiles are
+    contiguous along the ranks (16-byte vectors, pipelined loads, vector stores)."""
     e = tl.program_id(0)
     pr = tl.program_id(1)
     fs = tl.program_id(2)
@@ -329,7 +342,12 @@ def glu_bwd_dz(
     wd_off = e.to(tl.int64) * r * f
     wd_base = wd_ptr + wd_off
     dwd_base = dwd_ptr + wd_off
-    wd_tile = cols[:, None] * f + ns[None, :]             # int32 [BR, BN]
+    if WD_T:
+        wd_tile = cols[:, None] + ns[None, :] * r         # int32 [BR, BN], contiguous along the ranks
+        wd_step = r                                       # elements per column step
+    else:
+        wd_tile = cols[:, None] * f + ns[None, :]         # int32 [BR, BN]
+        wd_step = 1
     wd_rows = wd_off + cols.to(tl.int64) * f              # int64 [BR]: row starts (VEC)
     h_tile = bm[:, None] * r + cols[None, :]              # int32 [BM, BR]
     part_base = part_ptr + fs.to(tl.int64) * M * r
@@ -364,12 +382,12 @@ def glu_bwd_dz(
             else:
                 dy = tl.load(dy_ptr + dy_row[:, None] + (n + ns)[None, :], mask=rmask[:, None] & nmask[None, :],
                              other=0.0)
-                wd = tl.load(wd_base + n + wd_tile, mask=wmask, other=0.0)
+                wd = tl.load(wd_base + n * wd_step + wd_tile, mask=wmask, other=0.0)
             dz = tl.dot(dy, tl.trans(wd), dz)
             if DO_DWD:
                 if n_tiles == 1:
                     dwd = tl.dot(tl.trans(zw), dy)
-                    tl.store(dwd_base + n + wd_tile, dwd.to(dwd_ptr.dtype.element_ty), mask=wmask)
+                    tl.store(dwd_base + n * wd_step + wd_tile, dwd.to(dwd_ptr.dtype.element_ty), mask=wmask)
         tl.store(part_base + row0.to(tl.int64) * r + h_tile, dz, mask=hmask)
     if DO_DWD:
         if n_tiles != 1:  # zero or several row tiles: dWd = sum over tiles of (z*rw)^T dY
@@ -392,7 +410,8 @@ def glu_bwd_dz(
                         dy = tl.load(dy_ptr + (dst * f)[:, None] + (n + ns)[None, :],
                                      mask=rmask[:, None] & nmask[None, :], other=0.0)
                     acc = tl.dot(tl.trans(zt), dy, acc)
-                tl.store(dwd_base + n + wd_tile, acc.to(dwd_ptr.dtype.element_ty), mask=cmask[:, None] & nmask[None, :])
+                tl.store(dwd_base + n * wd_step + wd_tile, acc.to(dwd_ptr.dtype.element_ty),
+                         mask=cmask[:, None] & nmask[None, :])
 
 
 @triton.jit

@@ -95,6 +95,21 @@ def _aligned(d: int, r: int, stride_x: int, *tensors: Optional[Tensor]) -> bool:
     return all(t is None or t.data_ptr() % 16 == 0 for t in tensors)
 
 
+def _kmajor(w_down: Tensor) -> bool:
+    """w_down [E, r, f] is K-major: the transpose of a contiguous [E, f, r] (nn.Linear's [out, in] per
+    expert; decision 0012). Its tiles are 16-byte aligned at any f, so the up and dz kernels take it
+    as it is (WD_T); a row-major w_down at odd f has only 2-byte aligned rows."""
+    return not w_down.is_contiguous() and w_down.transpose(1, 2).is_contiguous()
+
+
+def _wd_layout(w_down: Tensor, aligned: bool) -> tuple[Tensor, bool]:
+    """(w_down to launch with, WD_T): a K-major w_down stays as it is on aligned launches; anything
+    else becomes contiguous (row-major)."""
+    if aligned and _kmajor(w_down):
+        return w_down, True
+    return w_down.contiguous(), False
+
+
 def _scales(s_gate: Optional[Tensor], s_up: Optional[Tensor]) -> tuple[Optional[Tensor], Optional[Tensor]]:
     """Both scales as fp32 (exact: the kernels compute in fp32), or neither; a lone scale gets ones."""
     if s_gate is None and s_up is None:
@@ -256,12 +271,13 @@ def _forward(
     cap = _capability(dev)
     cfg = _config(cap)
     x = x.contiguous()
-    w_gate, w_up, w_down = w_gate.contiguous(), w_up.contiguous(), w_down.contiguous()
+    w_gate, w_up = w_gate.contiguous(), w_up.contiguous()
     offs = offs.contiguous()
     sg, su = _scales(s_gate, s_up)
     rw = _f32(row_weight)
     gidx = _i64(gather_idx)
     al = _aligned(d, r, x.stride(0), x, w_gate, w_up, w_down)
+    w_down, wd_t = _wd_layout(w_down, al)
     bm, br, bk = cfg.bm, specs.rank_block(cfg, r, al), cfg.bk
     cum = _tile_cum(offs, bm, cap)
     max_tiles = _cdiv(m, bm) + e
@@ -286,8 +302,8 @@ def _forward(
                      BR=br, BK=bk, BLOCK_E=cfg.block_e),
                 cfg.warps_down, cfg.stages_down, al, cap, dev)
     single_k, bk_up = specs.up_k(cfg, r, al)
-    vec_up = specs.up_vec(cfg, al)
-    bn, warps_up, stages_up = specs.up_tiles(cfg, vec_up)
+    vec_up = specs.up_vec(cfg, al, wd_t) and dtype.itemsize == 2  # the word loads split 2-byte elements
+    bn, warps_up, stages_up = specs.up_tiles(cfg, vec_up, wd_t)
     fsplit = max(1, min(cfg.fsplit_up, _cdiv(f, bn)))
     if scatter_idx is not None:
         # internal buffer: row stride padded to 16 bytes (pad columns written, never read as values) so
@@ -299,7 +315,7 @@ def _forward(
         y = torch.empty(m, f, device=dev, dtype=dtype)
     _launch("glu_up_fwd", (max_tiles, fsplit), [z, offs, cum, w_down, rw, y, e, r, f, ldy],
             dict(HAS_RW=rw is not None, FSPLIT=fsplit, SINGLE_K=single_k, VEC=vec_up, Y_PAD=scatter_idx is not None,
-                 BM=bm, BN=bn, BK=bk_up, BLOCK_E=cfg.block_e),
+                 WD_T=wd_t, BM=bm, BN=bn, BK=bk_up, BLOCK_E=cfg.block_e),
             warps_up, stages_up, al, cap, dev)
     if scatter_idx is not None:
         return _combine(y, scatter_idx, offs, n_out, cfg, cap, ncols=f), saved
@@ -344,7 +360,7 @@ def grouped_glu_backward(
     cap = _capability(dev)
     cfg = _config(cap)
     x = x.contiguous()
-    w_gate, w_up, w_down = w_gate.contiguous(), w_up.contiguous(), w_down.contiguous()
+    w_gate, w_up = w_gate.contiguous(), w_up.contiguous()
     offs = offs.contiguous()
     go = grad_out.to(dtype).contiguous()
     sg, su = _scales(s_gate, s_up)
@@ -352,6 +368,7 @@ def grouped_glu_backward(
     gidx, sidx = _i64(gather_idx), _i64(scatter_idx)
     has_s = sg is not None
     al = _aligned(d, r, x.stride(0), x, w_gate, w_up, w_down, go)
+    w_down, wd_t = _wd_layout(w_down, al)
     bm, br, bk = cfg.bm, specs.rank_block(cfg, r, al), cfg.bk
     nrb = _cdiv(r, br)
 
@@ -375,10 +392,12 @@ def grouped_glu_backward(
     f_slice = _cdiv(_cdiv(f, bn), n_fs) * bn
     n_fs = _cdiv(f, f_slice)
     part = torch.empty(n_fs, m, r, device=dev, dtype=torch.float32)
+    # dWd in w_down's layout (K-major stays K-major: the gradient a K-major parameter accumulates as is)
     dwd = torch.empty_like(w_down) if do_dwd else None
+    vec_dz = specs.dz_vec(cfg, al, wd_t) and dtype.itemsize == 2
     _launch("glu_bwd_dz", (e, nrb, n_fs), [go, sidx, offs, w_down, zw, part, dwd, m, r, f, f_slice],
-            dict(HAS_SCATTER=sidx is not None, DO_DWD=do_dwd, VEC=specs.dz_vec(cfg, al), BM=bm, BR=br, BN=bn),
-            *specs.dz_warps_stages(cfg, specs.dz_vec(cfg, al)), al, cap, dev)
+            dict(HAS_SCATTER=sidx is not None, DO_DWD=do_dwd, VEC=vec_dz, WD_T=wd_t, BM=bm, BR=br, BN=bn),
+            *specs.dz_warps_stages(cfg, vec_dz, wd_t), al, cap, dev)
     # 3. the GLU backward per expert: dhg, dhu, d rw, d sg, d su
     dhg = torch.empty(m, r, device=dev, dtype=dtype)
     dhu = torch.empty(m, r, device=dev, dtype=dtype)

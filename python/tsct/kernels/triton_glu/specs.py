@@ -69,6 +69,12 @@ class Config:
     vec_dz: int = 0           # words picked a bank-conflicted shared layout: 4x slower)
     warps_dz_vec: int = 8     # two fp32 accumulators + the word pairs: ~240 registers (4 warps spill)
     stages_dz_vec: int = 1
+    # K-major w_down (WD_T; decision 0012): aligned 16-byte tiles, pipelined by Triton
+    bn_up_t: int = 128
+    warps_up_t: int = 4
+    stages_up_t: int = 3
+    warps_dz_t: int = 4
+    stages_dz_t: int = 2
 
     def update(self, spec: str) -> "Config":
         """Apply "name=int,name=int" (no validation beyond the field existing)."""
@@ -104,7 +110,7 @@ MAX_SHARED: dict[str, int] = {"sm_90a": 232448, "sm_100a": 232448, "sm_120": 101
 CONFIGS: dict[str, Config] = {
     "sm_90a": Config(),
     "sm_100a": Config(),
-    "sm_120": Config(stages_down=2, stages_up=2),
+    "sm_120": Config(stages_down=2, stages_up=2, stages_up_t=2),
 }
 DEFAULT_ARCH_CONFIG = "sm_90a"  # JIT on any other arch (sm_80, ...) uses these tiles
 
@@ -138,7 +144,7 @@ KERNELS: dict[str, KernelInfo] = {
     ),
     "glu_up_fwd": KernelInfo(
         params=("z_ptr", "offs_ptr", "cum_ptr", "wd_ptr", "rw_ptr", "y_ptr", "E", "r", "f", "ldy"),
-        constexprs=("HAS_RW", "FSPLIT", "SINGLE_K", "VEC", "Y_PAD", "BM", "BN", "BK", "BLOCK_E"),
+        constexprs=("HAS_RW", "FSPLIT", "SINGLE_K", "VEC", "Y_PAD", "WD_T", "BM", "BN", "BK", "BLOCK_E"),
         ints=("E", "r", "f", "ldy"),
         used_if={"rw_ptr": "HAS_RW"},
         hinted=("z_ptr", "wd_ptr", "y_ptr", "r"),
@@ -174,7 +180,7 @@ KERNELS: dict[str, KernelInfo] = {
     "glu_bwd_dz": KernelInfo(
         params=("dy_ptr", "sidx_ptr", "offs_ptr", "wd_ptr", "zw_ptr", "part_ptr", "dwd_ptr", "M", "r", "f",
                 "f_slice"),
-        constexprs=("HAS_SCATTER", "DO_DWD", "VEC", "BM", "BR", "BN"),
+        constexprs=("HAS_SCATTER", "DO_DWD", "VEC", "WD_T", "BM", "BR", "BN"),
         ints=("M", "r", "f", "f_slice"),
         used_if={"sidx_ptr": "HAS_SCATTER", "dwd_ptr": "DO_DWD"},
         hinted=("dy_ptr", "wd_ptr", "zw_ptr", "part_ptr", "dwd_ptr", "r"),
@@ -247,21 +253,26 @@ def up_k(cfg: Config, r: int, aligned: bool) -> tuple[bool, int]:
     return False, 64
 
 
-def up_vec(cfg: Config, aligned: bool) -> bool:
-    return aligned and bool(cfg.vec_up)
+def up_vec(cfg: Config, aligned: bool, wd_t: bool = False) -> bool:
+    """VEC (w_down rows as shifted words): aligned launches of a row-major w_down only."""
+    return aligned and bool(cfg.vec_up) and not wd_t
 
 
-def up_tiles(cfg: Config, vec: bool) -> tuple[int, int, int]:
-    """(BN, num_warps, num_stages) of glu_up_fwd: the VEC variant has its own."""
+def up_tiles(cfg: Config, vec: bool, wd_t: bool = False) -> tuple[int, int, int]:
+    """(BN, num_warps, num_stages) of glu_up_fwd: the VEC and K-major (WD_T) variants have their own."""
+    if wd_t:
+        return cfg.bn_up_t, cfg.warps_up_t, cfg.stages_up_t
     return (cfg.bn_up_vec, cfg.warps_up, cfg.stages_up_vec) if vec else (cfg.bn_up, cfg.warps_up, cfg.stages_up)
 
 
-def dz_vec(cfg: Config, aligned: bool) -> bool:
-    return aligned and bool(cfg.vec_dz)
+def dz_vec(cfg: Config, aligned: bool, wd_t: bool = False) -> bool:
+    return aligned and bool(cfg.vec_dz) and not wd_t
 
 
-def dz_warps_stages(cfg: Config, vec: bool) -> tuple[int, int]:
-    """(num_warps, num_stages) of glu_bwd_dz: the VEC variant has its own."""
+def dz_warps_stages(cfg: Config, vec: bool, wd_t: bool = False) -> tuple[int, int]:
+    """(num_warps, num_stages) of glu_bwd_dz: the VEC and K-major (WD_T) variants have their own."""
+    if wd_t:
+        return cfg.warps_dz_t, cfg.stages_dz_t
     return (cfg.warps_dz_vec, cfg.stages_dz_vec) if vec else (cfg.warps_bwd_dz, cfg.stages_bwd_dz)
 
 
@@ -333,11 +344,12 @@ def enumerate_specs(arch: str) -> Iterator[Spec]:
             consts = dict(HAS_GATHER=g is not None, HAS_SG=s, HAS_SU=s, HAS_RW=rw, BWD=bwd, BM=cfg.bm, BR=br,
                           BK=cfg.bk, BLOCK_E=cfg.block_e)
             out.append(_spec("glu_down_fwd", types, consts, cfg.warps_down, cfg.stages_down, aligned))
-        for rw, (single, bk), ypad in itertools.product((False, True), ups, (False, True)):
+        wd_ts = (False, True) if aligned else (False,)  # K-major w_down: aligned launches only
+        for rw, (single, bk), ypad, wd_t in itertools.product((False, True), ups, (False, True), wd_ts):
             types = dict(z_ptr=D, offs_ptr="*i32", cum_ptr="*i32", wd_ptr=D, rw_ptr="*fp32", y_ptr=D)
-            vec = up_vec(cfg, aligned)
-            bn, warps, stages = up_tiles(cfg, vec)
-            consts = dict(HAS_RW=rw, FSPLIT=1, SINGLE_K=single, VEC=vec, Y_PAD=ypad, BM=cfg.bm, BN=bn,
+            vec = up_vec(cfg, aligned, wd_t)
+            bn, warps, stages = up_tiles(cfg, vec, wd_t)
+            consts = dict(HAS_RW=rw, FSPLIT=1, SINGLE_K=single, VEC=vec, Y_PAD=ypad, WD_T=wd_t, BM=cfg.bm, BN=bn,
                           BK=bk, BLOCK_E=cfg.block_e)
             out.append(_spec("glu_up_fwd", types, consts, warps, stages, aligned))
         if aligned:  # combine / zero-tail only ever see fresh (aligned) buffers
@@ -352,12 +364,13 @@ def enumerate_specs(arch: str) -> Iterator[Spec]:
                 for it, kt in itertools.product(("*i32", "*i64"), ("*i16", "*i32")):
                     out.append(_spec("csr_keys", dict(idx_ptr=it, offs_ptr="*i32", key_ptr=kt),
                                      dict(BLOCK=CSR_KEYS_BLOCK), 4, 1, False))
-        for sc, dwd, br in itertools.product(IDX, (False, True), brs):
+        for sc, dwd, br, wd_t in itertools.product(IDX, (False, True), brs, wd_ts):
             types = dict(dy_ptr=D, sidx_ptr=f"*{sc}" if sc else UNUSED, offs_ptr="*i32", wd_ptr=D, zw_ptr=D,
                          part_ptr="*fp32", dwd_ptr=D)
-            vec = dz_vec(cfg, aligned)
-            consts = dict(HAS_SCATTER=sc is not None, DO_DWD=dwd, VEC=vec, BM=cfg.bm, BR=br, BN=cfg.bn_bwd)
-            out.append(_spec("glu_bwd_dz", types, consts, *dz_warps_stages(cfg, vec), aligned))
+            vec = dz_vec(cfg, aligned, wd_t)
+            consts = dict(HAS_SCATTER=sc is not None, DO_DWD=dwd, VEC=vec, WD_T=wd_t, BM=cfg.bm, BR=br,
+                          BN=cfg.bn_bwd)
+            out.append(_spec("glu_bwd_dz", types, consts, *dz_warps_stages(cfg, vec, wd_t), aligned))
         for s, rw, br in itertools.product((False, True), (False, True), brs):
             types = dict(hg_ptr="*fp32", hu_ptr="*fp32", part_ptr="*fp32", offs_ptr="*i32", sg_ptr="*fp32",
                          su_ptr="*fp32", rw_ptr="*fp32", dhg_ptr=D, dhu_ptr=D, dsg_ptr="*fp32", dsu_ptr="*fp32",
