@@ -146,8 +146,9 @@ def padded_bmm_pass(cfg: BenchConfig, inp: InputSet, fac: Factors) -> Tensor:
 def grouped_mm_pass(cfg: BenchConfig, inp: InputSet, fac: Factors, gmm: Callable) -> Tensor:
     s = routing.sort_by_expert(inp.ids, cfg.experts)
     xs = inp.x.index_select(0, s.token)
-    g = gmm(xs, fac.w_gate, offs=s.offs) * fac.s_gate.index_select(0, s.expert)
-    u = gmm(xs, fac.w_up, offs=s.offs) * fac.s_up.index_select(0, s.expert)
+    expert = s.expert
+    g = gmm(xs, fac.w_gate, offs=s.offs) * fac.s_gate.index_select(0, expert)
+    u = gmm(xs, fac.w_up, offs=s.offs) * fac.s_up.index_select(0, expert)
     y = gmm(F.silu(g) * u, fac.w_down, offs=s.offs)
     y = y * inp.weights.reshape(-1).index_select(0, s.order).unsqueeze(1)
     return combine_token_major(y.index_select(0, routing.inverse_permutation(s.order)), cfg.tokens, cfg.topk)

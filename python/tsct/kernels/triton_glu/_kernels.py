@@ -325,9 +325,9 @@ def glu_bwd_dz(
     """One program per (expert, rank block, f slice): part[fs, rows, ranks] = dY[:, slice] Wd[:, slice]^T
     for each row tile of the expert, and dWd[e][ranks, slice] = (z*rw)^T dY[:, slice] (inside the f
     loop for a one-tile expert, else in a second pass over the tiles; exact zeros for an empty one).
-    VEC (aligned launches): dY and w_down rows read as shifted 8-byte words (``_ld_rows``).
-    WD_T (aligned launches): w_down and dWd are K-major (``glu_up_fwd``): their [BR, BN] tiles are
-    contiguous along the ranks (16-byte vectors, pipelined loads, vector stores)."""
+    VEC (aligned launches): dY rows (and, unless WD_T, w_down rows) read as shifted 8-byte words
+    (``_ld_rows``). WD_T (aligned launches): w_down and dWd are K-major (``glu_up_fwd``): their
+    [BR, BN] tiles are contiguous along the ranks (16-byte vectors, pipelined loads, vector stores)."""
     e = tl.program_id(0)
     pr = tl.program_id(1)
     fs = tl.program_id(2)
@@ -365,20 +365,24 @@ def glu_bwd_dz(
         dz = tl.zeros((BM, BR), dtype=tl.float32)
         if VEC:  # prefetch: the next step's words are in flight while this one is shifted and multiplied
             ylo_next, yhi_next = _ld_words(dy_ptr, dy_row + n_lo, n_hi - n_lo, rmask, BN)
-            wlo_next, whi_next = _ld_words(wd_ptr, wd_rows + n_lo, n_hi - n_lo, cmask, BN)
+            if not WD_T:
+                wlo_next, whi_next = _ld_words(wd_ptr, wd_rows + n_lo, n_hi - n_lo, cmask, BN)
         for n in range(n_lo, n_hi, BN):
             nmask = (n + ns) < n_hi
             wmask = cmask[:, None] & nmask[None, :]
             if VEC:
                 ylo = ylo_next
                 yhi = yhi_next
-                wlo = wlo_next
-                whi = whi_next
                 n2 = n + BN
                 ylo_next, yhi_next = _ld_words(dy_ptr, dy_row + n2, n_hi - n2, rmask, BN)
-                wlo_next, whi_next = _ld_words(wd_ptr, wd_rows + n2, n_hi - n2, cmask, BN)
                 dy = _words_to_tile(ylo, yhi, dy_row + n, n_hi - n, dy_ptr.dtype.element_ty, BN, True)
-                wd = _words_to_tile(wlo, whi, wd_rows + n, n_hi - n, wd_ptr.dtype.element_ty, BN, True)
+                if WD_T:  # aligned tiles: plain (pipelined) loads; only dY needs the words
+                    wd = tl.load(wd_base + n * wd_step + wd_tile, mask=wmask, other=0.0)
+                else:
+                    wlo = wlo_next
+                    whi = whi_next
+                    wlo_next, whi_next = _ld_words(wd_ptr, wd_rows + n2, n_hi - n2, cmask, BN)
+                    wd = _words_to_tile(wlo, whi, wd_rows + n, n_hi - n, wd_ptr.dtype.element_ty, BN, True)
             else:
                 dy = tl.load(dy_ptr + dy_row[:, None] + (n + ns)[None, :], mask=rmask[:, None] & nmask[None, :],
                              other=0.0)
@@ -481,21 +485,74 @@ def glu_bwd_dx_dw(
     x_ptr, gidx_ptr, offs_ptr, wg_ptr, wu_ptr, dhg_ptr, dhu_ptr, dx_ptr, dwg_ptr, dwu_ptr,
     d, r, stride_x,
     HAS_GATHER: tl.constexpr, DO_DX: tl.constexpr, DO_DW: tl.constexpr,
-    BM: tl.constexpr, BD: tl.constexpr, BR: tl.constexpr,
+    BM: tl.constexpr, BD: tl.constexpr, BR: tl.constexpr, NDB: tl.constexpr,
 ):
-    """One program per (expert, d block): dWg/dWu[e][dblk, :] = X^T dhg / X^T dhu over the expert's
-    rows (zeros for an empty expert), and dx_routed[rows, dblk] = dhg Wg^T + dhu Wu^T."""
+    """One program per (expert, NDB d blocks): dWg/dWu[e][dblk, :] = X^T dhg / X^T dhu over the
+    expert's rows (zeros for an empty expert), and dx_routed[rows, dblk] = dhg Wg^T + dhu Wu^T.
+    An expert of one row tile whose rank fits one block (b1: ~32 rows, r = 64) loads dhg / dhu once
+    and walks its d blocks in one loop whose loads Triton pipelines; others take the general path."""
     e = tl.program_id(0)
     pd = tl.program_id(1)
     lo, hi = _expert_bounds(offs_ptr, e)
     n_tiles = (hi - lo + BM - 1) // BM
-    d0 = pd * BD
+    dl = tl.arange(0, BD)
+    bm = tl.arange(0, BM)
+    rs = tl.arange(0, BR)
+    h_tile = bm[:, None] * r + rs[None, :]     # int32 [BM, BR]
+    d_lo = pd * BD * NDB
+    d_hi = tl.minimum(d_lo + BD * NDB, d)
+    if NDB > 1:
+        fast = (n_tiles == 1) & (r <= BR)
+    else:
+        fast = n_tiles < 0  # never: one d block per program takes the general path
+    if fast:
+        rows = lo + bm
+        rmask = rows < hi
+        if HAS_GATHER:
+            src = tl.load(gidx_ptr + rows, mask=rmask, other=0).to(tl.int64)
+        else:
+            src = rows.to(tl.int64)
+        rm = rs < r
+        hmask = rmask[:, None] & rm[None, :]
+        hg = tl.load(dhg_ptr + lo.to(tl.int64) * r + h_tile, mask=hmask, other=0.0)
+        hu = tl.load(dhu_ptr + lo.to(tl.int64) * r + h_tile, mask=hmask, other=0.0)
+        w_e = e.to(tl.int64) * d * r
+        for d0 in range(d_lo, d_hi, BD):
+            dm = (d0 + dl) < d
+            if DO_DW:
+                xt = tl.load(x_ptr + (src * stride_x + d0)[:, None] + dl[None, :], mask=rmask[:, None] & dm[None, :],
+                             other=0.0)
+                xT = tl.trans(xt)
+                w_off = w_e + d0 * r + dl[:, None] * r + rs[None, :]
+                wmask = dm[:, None] & rm[None, :]
+                tl.store(dwg_ptr + w_off, tl.dot(xT, hg).to(dwg_ptr.dtype.element_ty), mask=wmask)
+                tl.store(dwu_ptr + w_off, tl.dot(xT, hu).to(dwu_ptr.dtype.element_ty), mask=wmask)
+            if DO_DX:
+                wt_off = w_e + d0 * r + dl[None, :] * r + rs[:, None]
+                tmask = rm[:, None] & dm[None, :]
+                wgT = tl.load(wg_ptr + wt_off, mask=tmask, other=0.0)
+                wuT = tl.load(wu_ptr + wt_off, mask=tmask, other=0.0)
+                acc = tl.dot(hg, wgT)
+                acc = tl.dot(hu, wuT, acc)
+                tl.store(dx_ptr + lo.to(tl.int64) * d + d0 + bm[:, None] * d + dl[None, :],
+                         acc.to(dx_ptr.dtype.element_ty), mask=rmask[:, None] & dm[None, :])
+    else:
+        for d0 in range(d_lo, d_hi, BD):
+            _dx_dw_block(x_ptr, gidx_ptr, wg_ptr, wu_ptr, dhg_ptr, dhu_ptr, dx_ptr, dwg_ptr, dwu_ptr, e, lo, hi,
+                         n_tiles, d0, d, r, stride_x, h_tile, HAS_GATHER, DO_DX, DO_DW, BM, BD, BR)
+
+
+@triton.jit
+def _dx_dw_block(x_ptr, gidx_ptr, wg_ptr, wu_ptr, dhg_ptr, dhu_ptr, dx_ptr, dwg_ptr, dwu_ptr, e, lo, hi, n_tiles, d0,
+                 d, r, stride_x, h_tile,
+                 HAS_GATHER: tl.constexpr, DO_DX: tl.constexpr, DO_DW: tl.constexpr,
+                 BM: tl.constexpr, BD: tl.constexpr, BR: tl.constexpr):
+    """``glu_bwd_dx_dw`` for one d block [d0, d0 + BD), any number of row tiles and rank blocks."""
     dl = tl.arange(0, BD)
     dm = (d0 + dl) < d
     bm = tl.arange(0, BM)
     rs = tl.arange(0, BR)
     w_base = e.to(tl.int64) * d * r + d0 * r
-    h_tile = bm[:, None] * r + rs[None, :]     # int32 [BM, BR]
     if DO_DW:
         w_tile = dl[:, None] * r + rs[None, :]     # int32 [BD, BR]
         for rb in range(0, r, BR):

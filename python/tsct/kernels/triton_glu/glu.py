@@ -422,10 +422,10 @@ def grouped_glu_backward(
         dwg = torch.empty_like(w_gate) if do_dw else None
         dwu = torch.empty_like(w_up) if do_dw else None
         dx_rows = torch.empty(m, d, device=dev, dtype=dtype) if do_dx else None
-        bd = cfg.bd_bwd
-        _launch("glu_bwd_dx_dw", (e, _cdiv(d, bd)),
+        bd, ndb = cfg.bd_bwd, cfg.ndb_bwd
+        _launch("glu_bwd_dx_dw", (e, _cdiv(d, bd * ndb)),
                 [x, gidx, offs, w_gate, w_up, dhg, dhu, dx_rows, dwg, dwu, d, r, x.stride(0)],
-                dict(HAS_GATHER=gidx is not None, DO_DX=do_dx, DO_DW=do_dw, BM=bm, BD=bd, BR=br),
+                dict(HAS_GATHER=gidx is not None, DO_DX=do_dx, DO_DW=do_dw, BM=bm, BD=bd, BR=br, NDB=ndb),
                 cfg.warps_bwd_dxdw, cfg.stages_bwd_dxdw, al, cap, dev)
         if do_dx:
             if gather_idx is not None:

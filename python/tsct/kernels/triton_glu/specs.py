@@ -75,6 +75,8 @@ class Config:
     stages_up_t: int = 3
     warps_dz_t: int = 4
     stages_dz_t: int = 2
+    vec_dz_t: int = 0         # with WD_T: dY rows as shifted words (w_down tiles stay plain aligned loads)
+    ndb_bwd: int = 8          # d blocks per program of glu_bwd_dx_dw (> 1: the pipelined single-tile loop)
 
     def update(self, spec: str) -> "Config":
         """Apply "name=int,name=int" (no validation beyond the field existing)."""
@@ -196,7 +198,7 @@ KERNELS: dict[str, KernelInfo] = {
     "glu_bwd_dx_dw": KernelInfo(
         params=("x_ptr", "gidx_ptr", "offs_ptr", "wg_ptr", "wu_ptr", "dhg_ptr", "dhu_ptr", "dx_ptr", "dwg_ptr",
                 "dwu_ptr", "d", "r", "stride_x"),
-        constexprs=("HAS_GATHER", "DO_DX", "DO_DW", "BM", "BD", "BR"),
+        constexprs=("HAS_GATHER", "DO_DX", "DO_DW", "BM", "BD", "BR", "NDB"),
         ints=("d", "r", "stride_x"),
         used_if={"gidx_ptr": "HAS_GATHER", "dx_ptr": "DO_DX", "dwg_ptr": "DO_DW", "dwu_ptr": "DO_DW"},
         hinted=("x_ptr", "wg_ptr", "wu_ptr", "dhg_ptr", "dhu_ptr", "dx_ptr", "dwg_ptr", "dwu_ptr", "d", "r",
@@ -266,7 +268,8 @@ def up_tiles(cfg: Config, vec: bool, wd_t: bool = False) -> tuple[int, int, int]
 
 
 def dz_vec(cfg: Config, aligned: bool, wd_t: bool = False) -> bool:
-    return aligned and bool(cfg.vec_dz) and not wd_t
+    """VEC of glu_bwd_dz: dY (and a row-major w_down) as shifted words; aligned launches only."""
+    return aligned and bool(cfg.vec_dz_t if wd_t else cfg.vec_dz)
 
 
 def dz_warps_stages(cfg: Config, vec: bool, wd_t: bool = False) -> tuple[int, int]:
@@ -381,7 +384,7 @@ def enumerate_specs(arch: str) -> Iterator[Spec]:
         for g, (dx, dw), br in itertools.product(IDX, _DXDW, brs):
             types = dict(x_ptr=D, gidx_ptr=f"*{g}" if g else UNUSED, offs_ptr="*i32", wg_ptr=D, wu_ptr=D,
                          dhg_ptr=D, dhu_ptr=D, dx_ptr=D, dwg_ptr=D, dwu_ptr=D)
-            consts = dict(HAS_GATHER=g is not None, DO_DX=dx, DO_DW=dw, BM=cfg.bm, BD=cfg.bd_bwd, BR=br)
+            consts = dict(HAS_GATHER=g is not None, DO_DX=dx, DO_DW=dw, BM=cfg.bm, BD=cfg.bd_bwd, BR=br, NDB=cfg.ndb_bwd)
             out.append(_spec("glu_bwd_dx_dw", types, consts, cfg.warps_bwd_dxdw, cfg.stages_bwd_dxdw, aligned))
         for s in out:
             if s.key not in seen:

@@ -1,0 +1,34 @@
+"""The Triton grouped GLU (path "triton-bf16") under Triton's interpreter on the CPU, in fp32.
+
+Runs ``tsct.kernels.triton_glu._interp_check`` in a subprocess (TRITON_INTERPRET must be set before
+Triton is imported): every case's forward and seven gradients against ``tsct.reference`` (rel. err
+< 1e-5), including a K-major w_down (WD_T kernels, decision 0012) whose dW_down must keep w_down's
+strides. Twice: with the shipped tile config, and with d blocks of 16 in groups of 3 so that the
+backward's pipelined single-tile d loop (NDB) runs several and partial groups on these small shapes.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("triton")
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.mark.parametrize("cfg", ["", "bd_bwd=16,ndb_bwd=3"], ids=["shipped", "bd16_ndb3"])
+def test_interpreter_check_passes(cfg):
+    env = dict(os.environ, TRITON_INTERPRET="1", TSCT_TRITON_GLU_CFG=cfg,
+               PYTHONPATH=str(ROOT / "python") + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    p = subprocess.run([sys.executable, "-m", "tsct.kernels.triton_glu._interp_check"], env=env, cwd=ROOT,
+                       capture_output=True, text=True, timeout=900)
+    assert p.returncode == 0, f"rc {p.returncode}:\n{p.stdout[-3000:]}\n{p.stderr[-3000:]}"
+    for case in ("basic", "multi_tile", "empty_and_one", "r300_d100_f5", "top4", "kmajor_wd", "kmajor_wd_multi",
+                 "kmajor_wd_r160"):
+        assert f"\n{case} " in "\n" + p.stdout, f"case {case} did not run:\n{p.stdout}"
+    assert "worst " in p.stdout
