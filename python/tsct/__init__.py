@@ -11,6 +11,11 @@ Importing tsct loads no native library and queries no device.
 
 __version__ = "0.1.0"
 
+try:  # the commit an installed wheel was built from (CMakeLists.txt); absent in a source checkout
+    from tsct._build_commit import commit as __git_commit__, dirty as _build_dirty  # noqa: F401
+except ImportError:
+    pass
+
 from tsct import ops, quant  # noqa: E402  (light modules: no device query, no native load)
 
 __all__ = ["ops", "quant", "__version__"]

@@ -303,3 +303,16 @@ def test_kmajor_factors_keep_the_values_and_store_w_down_k_major():
     assert km.w_down.stride() == (37 * 16, 1, 16) and km.w_down.transpose(1, 2).is_contiguous()
     assert km.w_down.is_leaf and km.w_down.requires_grad
     assert km.w_gate is fac.w_gate and km.s_up is fac.s_up
+
+
+def test_installed_package_records_its_build_commit():
+    """A wheel records the commit it was built from (CMakeLists.txt -> tsct/_build_commit.py), which
+    tsct-bench writes into its JSON when the installed package is not inside a checkout."""
+    import re
+
+    import tsct
+
+    if not hasattr(tsct, "__git_commit__"):
+        pytest.skip("tsct imported from a source checkout: tsct-bench asks git there")
+    assert re.fullmatch(r"[0-9a-f]{40}|unknown", tsct.__git_commit__), tsct.__git_commit__
+    assert tsct._build_dirty in (True, False, None)

@@ -183,8 +183,8 @@ def git_commit() -> dict:
         except (OSError, subprocess.SubprocessError):
             pass
     recorded = getattr(tsct, "__git_commit__", None)
-    if recorded:
-        return {"commit": str(recorded), "dirty": None, "source": "tsct.__git_commit__"}
+    if recorded and recorded != "unknown":
+        return {"commit": str(recorded), "dirty": getattr(tsct, "_build_dirty", None), "source": "tsct.__git_commit__"}
     try:
         text = importlib.metadata.distribution("tsct").read_text("direct_url.json")
         commit = (json.loads(text).get("vcs_info") or {}).get("commit_id") if text else None
