@@ -6,7 +6,7 @@
 #   OVERLAY="python/tsct/kernels/launch.py python/tsct/ops/_eager.py ..." STAGES="perf glu ops" \
 #     bash scripts/h200_overlay.sh            # device tool, carry ["dist"]
 # Stages: perf (tsct.kernels.triton_lowbit._perf on b1: call / queued / host / graph ms per format),
-#         hostprof (scripts/host_profile.py: cProfile of the host side), glu (tests/gpu/test_triton_glu.py
+#         hostprof (scripts/pass_profile.py host: cProfile of the host side), glu (tests/gpu/test_triton_glu.py
 #         + test_triton_aot_gpu.py), ops (tests/gpu/test_lowbit_ops_gpu.py), lowbit (test_triton_lowbit_gpu.py
 #         on the AOT cubins), bench (tsct-bench --preset b1 bf16/nvfp4/sign arms -> $OUT/bench_b1.json).
 set -u -o pipefail
@@ -31,7 +31,7 @@ run() {  # run NAME TIMEOUT CMD...
 }
 PYT="python3 -m pytest -q -p no:cacheprovider --tb=short -rfE --rootdir=/tmp"
 run perf 200 python3 -m tsct.kernels.triton_lowbit._perf --label overlay --fmts ${FMTS:-bf16,nvfp4,sign} --no-profile --json "$OUT/perf.json"
-run hostprof 200 python3 "$ROOT/scripts/host_profile.py" --fmts ${FMTS:-bf16,nvfp4} --n 30
+run hostprof 200 python3 "$ROOT/scripts/pass_profile.py" host --arms ${FMTS:-bf16,nvfp4} --n 30
 run glu 200 $PYT ${GLU_TESTS:-"$ROOT/tests/gpu/test_triton_aot_gpu.py"}
 run ops 160 $PYT "$ROOT/tests/gpu/test_lowbit_ops_gpu.py"
 TSCT_TRITON_BACKEND=aot run lowbit 150 $PYT "$ROOT/tests/gpu/test_triton_lowbit_gpu.py" -k "not b1_pad"

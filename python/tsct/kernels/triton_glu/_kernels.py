@@ -49,6 +49,17 @@ def _expert_bounds(offs_ptr, e):
 
 
 @triton.jit
+def _row_index(idx_ptr, rows, rmask, HAS_IDX: tl.constexpr):
+    """int64 index of each routed row: ``idx[rows]`` (gather_idx / scatter_idx; rows outside rmask read
+    nothing and get 0) when HAS_IDX, else the row itself."""
+    if HAS_IDX:
+        out = tl.load(idx_ptr + rows, mask=rmask, other=0).to(tl.int64)
+    else:
+        out = rows.to(tl.int64)
+    return out
+
+
+@triton.jit
 def _ld_words(ptr, start, valid, rmask, BN: tl.constexpr):
     """The 8-byte words behind a [R, BN] tile t[i, j] = ptr[start[i] + j] (j < valid, rows with rmask),
     for ``_words_to_tile``: rows of odd length (f = 5461) start at any 2-byte offset, which gives
@@ -125,10 +136,7 @@ def glu_down_fwd(
     tiles_before = tl.load(cum_ptr + e - 1, mask=e > 0, other=0)
     rows = lo + (pid - tiles_before) * BM + tl.arange(0, BM)
     rmask = rows < hi
-    if HAS_GATHER:
-        src = tl.load(gidx_ptr + rows, mask=rmask, other=0).to(tl.int64)
-    else:
-        src = rows.to(tl.int64)
+    src = _row_index(gidx_ptr, rows, rmask, HAS_GATHER)
     cols = pr * BR + tl.arange(0, BR)
     cmask = cols < r
     ks = tl.arange(0, BK)
@@ -356,10 +364,7 @@ def glu_bwd_dz(
         rows = row0 + bm
         rmask = rows < hi
         hmask = rmask[:, None] & cmask[None, :]
-        if HAS_SCATTER:
-            dst = tl.load(sidx_ptr + rows, mask=rmask, other=0).to(tl.int64)
-        else:
-            dst = rows.to(tl.int64)
+        dst = _row_index(sidx_ptr, rows, rmask, HAS_SCATTER)
         dy_row = dst * f
         zw = tl.load(zw_ptr + row0.to(tl.int64) * r + h_tile, mask=hmask, other=0.0)
         dz = tl.zeros((BM, BR), dtype=tl.float32)
@@ -402,10 +407,7 @@ def glu_bwd_dz(
                     row0 = lo + t * BM
                     rows = row0 + bm
                     rmask = rows < hi
-                    if HAS_SCATTER:
-                        dst = tl.load(sidx_ptr + rows, mask=rmask, other=0).to(tl.int64)
-                    else:
-                        dst = rows.to(tl.int64)
+                    dst = _row_index(sidx_ptr, rows, rmask, HAS_SCATTER)
                     zt = tl.load(zw_ptr + row0.to(tl.int64) * r + h_tile, mask=rmask[:, None] & cmask[None, :],
                                  other=0.0)
                     if VEC:
@@ -508,10 +510,7 @@ def glu_bwd_dx_dw(
     if fast:
         rows = lo + bm
         rmask = rows < hi
-        if HAS_GATHER:
-            src = tl.load(gidx_ptr + rows, mask=rmask, other=0).to(tl.int64)
-        else:
-            src = rows.to(tl.int64)
+        src = _row_index(gidx_ptr, rows, rmask, HAS_GATHER)
         rm = rs < r
         hmask = rmask[:, None] & rm[None, :]
         hg = tl.load(dhg_ptr + lo.to(tl.int64) * r + h_tile, mask=hmask, other=0.0)
@@ -563,10 +562,7 @@ def _dx_dw_block(x_ptr, gidx_ptr, wg_ptr, wu_ptr, dhg_ptr, dhu_ptr, dx_ptr, dwg_
                 row0 = lo + t * BM
                 rows = row0 + bm
                 rmask = rows < hi
-                if HAS_GATHER:
-                    src = tl.load(gidx_ptr + rows, mask=rmask, other=0).to(tl.int64)
-                else:
-                    src = rows.to(tl.int64)
+                src = _row_index(gidx_ptr, rows, rmask, HAS_GATHER)
                 xt = tl.load(x_ptr + (src * stride_x + d0)[:, None] + dl[None, :], mask=rmask[:, None] & dm[None, :],
                              other=0.0)
                 hmask = rmask[:, None] & rm[None, :]

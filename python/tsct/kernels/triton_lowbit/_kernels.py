@@ -38,7 +38,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from tsct.kernels.triton_glu._kernels import _expert_bounds, _expert_of_tile
+from tsct.kernels.triton_glu._kernels import _expert_bounds, _expert_of_tile, _row_index
 
 DENSE, NVFP4, SIGN = 0, 1, 2
 
@@ -194,10 +194,7 @@ def lowbit_down_fwd(
     tiles_before = tl.load(cum_ptr + e - 1, mask=e > 0, other=0)
     rows = lo + (pid - tiles_before) * BM + tl.arange(0, BM)
     rmask = rows < hi
-    if HAS_GATHER:
-        src = tl.load(gidx_ptr + rows, mask=rmask, other=0).to(tl.int64)
-    else:
-        src = rows.to(tl.int64)
+    src = _row_index(gidx_ptr, rows, rmask, HAS_GATHER)
     cols = pr * BR + tl.arange(0, BR)
     cmask = cols < r
     ks = tl.arange(0, BK)
@@ -325,10 +322,7 @@ def lowbit_bwd_dz(
         rows = row0 + bm
         rmask = rows < hi
         hmask = rmask[:, None] & cmask[None, :]
-        if HAS_SCATTER:
-            dst = tl.load(sidx_ptr + rows, mask=rmask, other=0).to(tl.int64)
-        else:
-            dst = rows.to(tl.int64)
+        dst = _row_index(sidx_ptr, rows, rmask, HAS_SCATTER)
         dy_row = dst * f
         zw = tl.load(zw_ptr + row0.to(tl.int64) * r + h_tile, mask=hmask, other=0.0)
         dz = tl.zeros((BR, BM), dtype=tl.float32)  # swapped: dz^T = Wd[ranks, slice] (decoded, A) @ dY^T
@@ -354,10 +348,7 @@ def lowbit_bwd_dz(
                     row0 = lo + t * BM
                     rows = row0 + bm
                     rmask = rows < hi
-                    if HAS_SCATTER:
-                        dst = tl.load(sidx_ptr + rows, mask=rmask, other=0).to(tl.int64)
-                    else:
-                        dst = rows.to(tl.int64)
+                    dst = _row_index(sidx_ptr, rows, rmask, HAS_SCATTER)
                     zt = tl.load(zw_ptr + row0.to(tl.int64) * r + h_tile, mask=rmask[:, None] & cmask[None, :],
                                  other=0.0)
                     dy = tl.load(dy_ptr + (dst * f)[:, None] + (n + ns)[None, :],
@@ -399,10 +390,7 @@ def lowbit_bwd_dx_dw(
                 row0 = lo + t * BM
                 rows = row0 + bm
                 rmask = rows < hi
-                if HAS_GATHER:
-                    src = tl.load(gidx_ptr + rows, mask=rmask, other=0).to(tl.int64)
-                else:
-                    src = rows.to(tl.int64)
+                src = _row_index(gidx_ptr, rows, rmask, HAS_GATHER)
                 xt = tl.load(x_ptr + (src * stride_x + d0)[:, None] + dl[None, :], mask=rmask[:, None] & dm[None, :],
                              other=0.0)
                 hmask = rmask[:, None] & rm[None, :]

@@ -40,7 +40,7 @@ import triton.language as tl
 
 # the forward tile map of the bf16 kernels, reused as is (the AOT build registers triton_glu/_kernels.py
 # under this name before loading this module by path)
-from tsct.kernels.triton_glu._kernels import _expert_bounds, _expert_of_tile  # noqa: F401
+from tsct.kernels.triton_glu._kernels import _expert_bounds, _expert_of_tile, _row_index  # noqa: F401
 
 
 # ---- activation quantizer (decision 0002 recipe, one row = one matrix) ----------------------------
@@ -146,10 +146,7 @@ def w4a4_down_fwd(
     tiles_before = tl.load(cum_ptr + e - 1, mask=e > 0, other=0)
     rows = lo + (pid - tiles_before) * BM + tl.arange(0, BM)
     rmask = rows < hi
-    if HAS_GATHER:
-        src = tl.load(gidx_ptr + rows, mask=rmask, other=0).to(tl.int64)
-    else:
-        src = rows.to(tl.int64)
+    src = _row_index(gidx_ptr, rows, rmask, HAS_GATHER)
     cols = pr * BR + tl.arange(0, BR)
     cmask = cols < r
     dh = d // 2

@@ -1,0 +1,125 @@
+"""Device harness: where the time of one eager b1 expert pass goes, on the host or on the device.
+
+    python3 scripts/pass_profile.py host   --arms bf16,nvfp4 [--n 30] [--top 45]
+    python3 scripts/pass_profile.py device --arms bf16,bf16-kmajor,nvfp4 [--iters 10] [--json PATH]
+
+Both run tsct-bench's pass (``tsct.bench.arms.tsct_call``: the sort by expert, then the op through
+``tsct.ops`` with gather, row weights and the fused combine): the forward with autograd recording (what
+tsct-bench's forward times) and forward + backward (autograd.grad of x, router weights, dense factors
+and scales). An arm is a format (bf16 / nvfp4 / sign) with an optional "-kmajor" (w_down K-major,
+decision 0012).
+
+  host    n calls back to back without syncing (the GPU queue absorbs the device work, so the time
+          is the host's), then the same under cProfile: top functions by own and cumulative time.
+  device  torch.profiler: device time per kernel and per pass.
+"""
+from __future__ import annotations
+
+import argparse
+import cProfile
+import io
+import json
+import pstats
+import time
+
+import torch
+
+
+def passes(arms: str):
+    """Yield (arm, fwd(i), fwdbwd(i)) for each arm name, on the b1 preset's inputs (two input sets)."""
+    from tsct import config as tsct_config
+    from tsct.bench import arms as bench_arms
+    from tsct.bench import inputs
+    from tsct.bench.config import from_preset
+
+    cfg = from_preset("b1", device="cuda").resolved()
+    dense = inputs.make_dense_factors(cfg)
+    sets = inputs.make_input_sets(cfg, 2)
+    tsct_config.check_values = False  # sync-free calls, as tsct-bench times them
+    for arm in arms.split(","):
+        fmt, _, layout = arm.partition("-")
+        fac = dense if fmt == "bf16" else inputs.quantize_factors(dense, fmt)
+        if layout == "kmajor":
+            fac = bench_arms.kmajor_factors(fac)
+        impl = "triton-bf16" if fmt == "bf16" else "triton-lowbit"
+
+        def fwd(i, fac=fac, impl=impl):
+            s = sets[i % 2]
+            return bench_arms.tsct_call(s.x, s.ids, s.weights, fac, cfg.experts, impl)
+
+        def fwdbwd(i, fac=fac, fwd=fwd):
+            s = sets[i % 2]
+            return torch.autograd.grad(fwd(i), [s.x, s.weights] + fac.leaves(), s.grad_out)
+
+        yield arm, fwd, fwdbwd
+
+
+def host(fn, label: str, n: int, top: int) -> None:
+    for i in range(3):
+        fn(i)
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for i in range(n):
+        fn(i)
+    t1 = time.perf_counter()
+    torch.cuda.synchronize()
+    print(f"== {label}: host {1e3 * (t1 - t0) / n:.3f} ms/call (no profiler), "
+          f"wall {1e3 * (time.perf_counter() - t0) / n:.3f} ms/call", flush=True)
+    pr = cProfile.Profile()
+    pr.enable()
+    for i in range(n):
+        fn(i)
+    pr.disable()
+    torch.cuda.synchronize()
+    for key in ("tottime", "cumulative"):
+        s = io.StringIO()
+        pstats.Stats(pr, stream=s).sort_stats(key).print_stats(top)
+        print(f"-- {label} by {key} (totals for {n} calls)")
+        print("\n".join(s.getvalue().splitlines()[6:]), flush=True)
+
+
+def device(fn, label: str, iters: int) -> dict:
+    from torch.profiler import ProfilerActivity, profile
+
+    fn(0)
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for i in range(iters):
+            fn(i)
+        torch.cuda.synchronize()
+    rows = []
+    for ev in prof.key_averages():
+        dt = getattr(ev, "device_time_total", 0) or 0
+        if dt > 0:
+            rows.append((ev.key[:70], dt / iters / 1e3, ev.count // iters))
+    rows.sort(key=lambda t: -t[1])
+    total = sum(t for _, t, _ in rows)
+    print(f"\n{label}: device {total:.3f} ms per pass")
+    for name, t, c in rows[:18]:
+        print(f"  {t:8.4f}  x{c:<3d} {name}")
+    return {"device_ms": total, "kernels": [dict(name=nm, ms=t, calls=c) for nm, t, c in rows]}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("what", choices=("host", "device"))
+    ap.add_argument("--arms", default="bf16,bf16-kmajor")
+    ap.add_argument("--n", type=int, default=30, help="host: calls per measurement")
+    ap.add_argument("--top", type=int, default=45, help="host: rows of each cProfile table")
+    ap.add_argument("--iters", type=int, default=10, help="device: profiled passes")
+    ap.add_argument("--json", default=None, help="device: write the per-kernel tables here")
+    a = ap.parse_args()
+    out = {}
+    for arm, fwd, fwdbwd in passes(a.arms):
+        for name, fn in (("fwd", fwd), ("fwdbwd", fwdbwd)):
+            if a.what == "host":
+                host(fn, f"{arm} {name}", a.n, a.top)
+            else:
+                out.setdefault(arm, {})[name] = device(fn, f"{arm} {name}", a.iters)
+    if a.json:
+        with open(a.json, "w") as fh:
+            json.dump(out, fh, indent=1)
+
+
+if __name__ == "__main__":
+    main()
