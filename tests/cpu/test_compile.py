@@ -78,3 +78,53 @@ def test_reference_checks_offs_even_with_value_checks_off(monkeypatch):
     over[-1] = 99
     with pytest.raises(ValueError, match=r"offs\[-1\] = 99 exceeds M = 16"):
         grouped_glu(p["x"], over, p["w_gate"], p["w_up"], p["w_down"], impl="reference")
+
+
+class KMajorMoE(TinyMoE):
+    """w_down held K-major: an [E, f, r] parameter passed as its transpose (decision 0012)."""
+
+    def __init__(self, p):
+        super().__init__(p)
+        self.w_down = torch.nn.Parameter(p["w_down"].transpose(1, 2).contiguous())
+
+    def forward(self, x, offs, row_weight, gather_idx, scatter_idx, num_out_rows: int):
+        y = grouped_glu(torch.tanh(x), offs, self.w_gate, self.w_up, self.w_down.transpose(1, 2), self.s_gate,
+                        self.s_up, row_weight=row_weight, gather_idx=gather_idx, scatter_idx=scatter_idx,
+                        num_out_rows=num_out_rows)
+        return y * 2
+
+
+def test_fullgraph_compile_with_a_kmajor_w_down():
+    """The backward op's fake promises each gradient in its input's empty_like layout (K-major for a
+    K-major w_down); the real kernels must deliver exactly that or inductor's stride asserts fail."""
+    torch._dynamo.reset()
+    p = make_problem(tokens=20, topk=2, experts=5, d=16, r=8, f=13, empty=(2,))
+    model = KMajorMoE(p)
+    args = (p["x"], p["offs"], p["row_weight"].clone().requires_grad_(), p["gather_idx"], p["scatter_idx"], 20)
+    y_eager = model(*args)
+    y_eager.sum().backward()
+    eager_grads = [q.grad.clone() for q in model.parameters()]
+    model.zero_grad()
+    y = torch.compile(model, fullgraph=True)(*args)
+    torch.testing.assert_close(y, y_eager, rtol=1e-5, atol=1e-6)
+    y.sum().backward()
+    for g, ge in zip([q.grad for q in model.parameters()], eager_grads):
+        torch.testing.assert_close(g, ge, rtol=1e-5, atol=1e-6)
+    assert model.w_down.grad.stride() == model.w_down.stride()
+
+
+def test_backward_op_returns_each_gradient_in_its_inputs_layout():
+    """Direct call of the backward op with a K-major w_down: dW_down comes back with w_down's strides
+    (as the fake says), the others contiguous; opcheck's fake-vs-real checks pass for that input."""
+    p = make_problem(tokens=8, topk=2, experts=3, d=16, r=4, f=7)
+    wd = p["w_down"].transpose(1, 2).contiguous().transpose(1, 2)
+    out, saved = torch.ops.tsct.grouped_glu(p["x"], p["offs"], p["w_gate"], p["w_up"], wd, p["s_gate"], p["s_up"],
+                                            p["row_weight"], p["gather_idx"], p["scatter_idx"], 8, "reference")
+    grads = torch.ops.tsct.grouped_glu_backward(torch.ones_like(out), p["x"], p["offs"], p["w_gate"], p["w_up"], wd,
+                                                p["s_gate"], p["s_up"], p["row_weight"], p["gather_idx"],
+                                                p["scatter_idx"], 8, "reference", [True] * 7, saved)
+    assert grads[3].stride() == wd.stride() and grads[3].shape == wd.shape
+    assert all(g.is_contiguous() for i, g in enumerate(grads) if i != 3)
+    args = (p["x"].requires_grad_(), p["offs"], p["w_gate"], p["w_up"], wd.requires_grad_(), p["s_gate"],
+            p["s_up"], p["row_weight"], p["gather_idx"], p["scatter_idx"], 8, "reference")
+    torch.library.opcheck(torch.ops.tsct.grouped_glu.default, args)

@@ -237,6 +237,34 @@ def test_stale_or_foreign_containers_are_refused():
     _call(p, [quant.quantize_nvfp4(t.detach(), backend="torch") for t in m], masters=m)
 
 
+def test_kmajor_master_views_are_one_master_and_retired_by_its_parameters_step():
+    """A K-major w_down master is a view (p.transpose(1, 2)) of the [E, f, r] parameter the optimizer
+    holds (decision 0012): every fresh view of it is the same master (one cached container, accepted by
+    the STE check), and a fused optimizer step on the parameter retires that container."""
+    p, masters, _ = _problem()
+    m = [t.clone().requires_grad_(True) for t in masters[:2]]
+    pd = torch.nn.Parameter(masters[2].transpose(1, 2).contiguous())  # [E, f, r]
+    q = quantize_master(pd.transpose(1, 2), "nvfp4", backend="torch")
+    assert quantize_master(pd.transpose(1, 2), "nvfp4", backend="torch") is q  # a fresh view: cache hit
+    assert torch.equal(q.codes, quant.quantize_nvfp4(masters[2], backend="torch").codes)
+    facs = [quantize_master(t, "nvfp4", backend="torch") for t in m] + [q]
+    y = _call(p, facs, masters=m + [pd.transpose(1, 2)])  # another fresh view: accepted
+    y.sum().backward()
+    assert pd.grad is not None and pd.grad.shape == pd.shape
+    with pytest.raises(ValueError, match=r"w_down was quantized \(quantize_master\) from another tensor"):
+        _call(p, facs, masters=m + [pd.detach().clone().transpose(1, 2)])  # same values, another tensor
+    opt = torch.optim.AdamW([pd], lr=0.5, fused=True)  # fused: no version-counter bump
+    opt.step()
+    with pytest.raises(ValueError, match=r"w_down is stale"):
+        _call(p, facs, masters=m + [pd.transpose(1, 2)])
+    q2 = quantize_master(pd.transpose(1, 2), "nvfp4", backend="torch")
+    assert q2 is not q
+    assert torch.equal(q2.codes, quant.quantize_nvfp4(pd.detach().transpose(1, 2), backend="torch").codes)
+    tsct_mark = __import__("tsct.ops", fromlist=["mark_masters_updated"]).mark_masters_updated
+    tsct_mark(pd.transpose(1, 2))  # marking a view marks its parameter
+    assert quantize_master(pd.transpose(1, 2), "nvfp4", backend="torch") is not q2
+
+
 @pytest.mark.parametrize("opt_cls,kw", [(torch.optim.AdamW, {"fused": True}), (torch.optim.Adam, {"foreach": True}),
                                           (torch.optim.SGD, {})], ids=["adamw_fused", "adam_foreach", "sgd"])
 def test_optimizer_steps_invalidate_even_without_version_bump(opt_cls, kw):

@@ -266,6 +266,9 @@ _CASES = [
     ("r32_gather_only", 96, 2, 5, 96, 48, 257, True, False, torch.float32, torch.float32, torch.int64,
      torch.bfloat16),
     ("one_scale", 32, 2, 4, 64, 32, 64, False, True, torch.float32, None, torch.int64, torch.bfloat16),
+    # ~256 rows per expert: the dX/dW kernel keeps one d block per program (NDB 1)
+    ("few_large_experts", 512, 2, 4, 128, 32, 40, True, True, torch.float32, torch.float32, torch.int64,
+     torch.bfloat16),
 ]
 
 

@@ -3,8 +3,9 @@
 Runs ``tsct.kernels.triton_glu._interp_check`` in a subprocess (TRITON_INTERPRET must be set before
 Triton is imported): every case's forward and seven gradients against ``tsct.reference`` (rel. err
 < 1e-5), including a K-major w_down (WD_T kernels, decision 0012) whose dW_down must keep w_down's
-strides. Twice: with the shipped tile config, and with d blocks of 16 in groups of 3 so that the
-backward's pipelined single-tile d loop (NDB) runs several and partial groups on these small shapes.
+strides. Three times: with the shipped tile config, with d blocks of 16 in groups of 3 so that the
+backward's pipelined single-tile d loop (NDB) runs several and partial groups on these small shapes,
+and with one d block per program (NDB 1: what glu.py launches for few large experts).
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ pytest.importorskip("triton")
 ROOT = Path(__file__).resolve().parents[2]
 
 
-@pytest.mark.parametrize("cfg", ["", "bd_bwd=16,ndb_bwd=3"], ids=["shipped", "bd16_ndb3"])
+@pytest.mark.parametrize("cfg", ["", "bd_bwd=16,ndb_bwd=3", "ndb_bwd=1"], ids=["shipped", "bd16_ndb3", "ndb1"])
 def test_interpreter_check_passes(cfg):
     env = dict(os.environ, TRITON_INTERPRET="1", TSCT_TRITON_GLU_CFG=cfg,
                PYTHONPATH=str(ROOT / "python") + os.pathsep + os.environ.get("PYTHONPATH", ""))

@@ -13,10 +13,11 @@ the expert math and the combine inside the timed span, sync-free.
                    recorded as the result.
     tsct-<path>-<fmt>  tsct.ops.grouped_glu(impl=<path>) with the factors stored in <fmt>, gather and
                    combine fused (gather_idx = scatter_idx = token of each sorted row, row_weight = the
-                   sorted router weights). w_down row-major ([E, r, f] contiguous).
+                   sorted router weights). w_down row-major ([E, r, f] contiguous). With nvfp4 / sign
+                   factors on a GPU, "triton-lowbit" is the W4A16 path auto takes (packed bytes decoded in
+                   registers).
     tsct-triton-bf16-<fmt>-kmajor  the same with the same values of w_down stored K-major (the transpose of
-                   a contiguous [E, f, r], nn.Linear's layout; decision 0012): the fast layout at odd f. With nvfp4 / sign factors on a GPU, "triton-lowbit" is the
-                   W4A16 path auto takes (packed bytes decoded in registers).
+                   a contiguous [E, f, r], nn.Linear's layout; decision 0012): the fast layout at odd f.
     tsct-triton-lowbit-<fmt>-ste  the same call with the dense bf16 factors as MASTERS (masters=...): the
                    backward also computes the straight-through gradients of the masters (dW of the
                    decoded factors), so its forward+backward is the low-bit training step comparable
@@ -243,7 +244,7 @@ def new_result(spec: ArmSpec) -> dict:
             "pct_of_copy_bw": None, "achieved_GBps": None, "tflops": None, "max_rel_err": None,
             "rel_l2_err": None, "max_rel_err_dequant": None, "rel_l2_err_dequant": None, "peak_mem_bytes": None,
             "storage_bytes": None, "dropped_fraction": None, "grads": None, "sync_free": None, "sync_ops": [],
-            "warnings": []}
+            "warnings": [], "w_down_layout": spec.w_down_layout}
 
 
 def measure_arm(spec: ArmSpec, ctx: Context, fac: Factors, pass_fn: Callable[[InputSet], Tensor], *,
@@ -399,7 +400,6 @@ def tsct_arm(spec: ArmSpec, ctx: Context, log=lambda s: None) -> dict:
     res = measure_arm(spec, ctx, _WithMasters(fac, ctx.dense) if ste else fac, pass_fn,
                       before_timing=no_value_checks, after_timing=restore, log=log)
     res["dropped_fraction"] = 0.0 if res["status"] == RAN else None
-    res["w_down_layout"] = spec.w_down_layout
     return res
 
 

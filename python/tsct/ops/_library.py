@@ -124,22 +124,52 @@ def grouped_glu_backward_op(
                           scatter_idx, num_out_rows, impl, needs_grad, saved)
 
 
+def _kmajor(t: Tensor) -> bool:
+    """t is the transpose of a contiguous tensor in its last two dims (a K-major w_down, decision 0012)."""
+    return t.dim() >= 2 and not t.is_contiguous() and t.transpose(-1, -2).is_contiguous()
+
+
+def grad_like(t: Tensor) -> Tensor:
+    """A fresh tensor shaped like input ``t`` in the layout the backward op returns t's gradient in:
+    K-major for a K-major t, contiguous otherwise. One rule for the real op and its fake, decided
+    from t alone (so it also holds with symbolic shapes under torch.compile)."""
+    if _kmajor(t):
+        return torch.empty_like(t.transpose(-1, -2), memory_format=torch.contiguous_format).transpose(-1, -2)
+    return torch.empty(t.shape, dtype=t.dtype, device=t.device)
+
+
+def like_input(g: Tensor, t: Tensor) -> Tensor:
+    """Gradient ``g`` of input ``t`` in ``grad_like(t)``'s layout, whatever layout a path's kernels
+    wrote (a copy only when they differ, e.g. a K-major w_down on a launch that is not aligned)."""
+    if _kmajor(t):
+        return g if g.transpose(-1, -2).is_contiguous() else grad_like(t).copy_(g)
+    return g if g.is_contiguous() else g.contiguous()
+
+
+def backward_outputs(grads, inputs, x: Tensor) -> list[Tensor]:
+    """The backward op's outputs: each gradient in its input's layout (``like_input``); custom ops
+    cannot return None, so an absent gradient travels as an empty tensor."""
+    return [like_input(g, t) if g is not None else x.new_empty(0) for g, t in zip(grads, inputs)]
+
+
+def fake_grads(inputs, needs_grad, x: Tensor) -> list[Tensor]:
+    """What ``backward_outputs`` returns, as fakes (``grad_like`` of each needed input)."""
+    return [grad_like(t) if (t is not None and need) else x.new_empty(0) for t, need in zip(inputs, needs_grad)]
+
+
 def _backward_impl(grad_out, x, offs, w_gate, w_up, w_down, s_gate, s_up, row_weight, gather_idx, scatter_idx,
                    num_out_rows, impl, needs_grad, saved) -> list[Tensor]:
     mod = dispatch.implementation(impl)
     args = (grad_out, x, offs, w_gate, w_up, w_down, s_gate, s_up, row_weight, gather_idx, scatter_idx,
             num_out_rows, needs_grad)
     grads = mod.grouped_glu_backward(*args, saved=saved) if saved else mod.grouped_glu_backward(*args)
-    # custom ops cannot return None: an absent gradient travels as an empty tensor
-    return [g if g is not None else x.new_empty(0) for g in grads]
+    return backward_outputs(grads, (x, w_gate, w_up, w_down, s_gate, s_up, row_weight), x)
 
 
 @grouped_glu_backward_op.register_fake
 def _(grad_out, x, offs, w_gate, w_up, w_down, s_gate, s_up, row_weight, gather_idx, scatter_idx,
       num_out_rows, impl, needs_grad, saved):
-    inputs = (x, w_gate, w_up, w_down, s_gate, s_up, row_weight)
-    return [t.new_empty(t.shape) if (t is not None and need) else x.new_empty(0)
-            for t, need in zip(inputs, needs_grad)]
+    return fake_grads((x, w_gate, w_up, w_down, s_gate, s_up, row_weight), needs_grad, x)
 
 
 def _setup_context(ctx, inputs, output):

@@ -64,7 +64,7 @@ from torch.utils.weak import WeakIdKeyDictionary
 
 from tsct import dispatch
 from tsct.ops import _eager
-from tsct.ops._library import _no_double_backward, path_forward
+from tsct.ops._library import _no_double_backward, backward_outputs, fake_grads, path_forward
 
 __all__ = ["grouped_glu_q_op", "grouped_glu_q_backward_op", "pack_factor", "unpack_factor", "quantize_master",
            "check_master", "FACTOR_TAGS"]
@@ -226,17 +226,13 @@ def _backward_impl(grad_out, x, offs, w_gate, w_up, w_down, q_gate, q_up, q_down
     for i, carrier in enumerate((w_gate, w_up, w_down), start=1):
         if grads[i] is not None and carrier is not None and grads[i].dtype != carrier.dtype:
             grads[i] = grads[i].to(carrier.dtype)
-    # custom ops cannot return None: an absent gradient travels as an empty tensor
-    return [g if g is not None else x.new_empty(0) for g in grads]
+    return backward_outputs(grads, (x, w_gate, w_up, w_down, s_gate, s_up, row_weight), x)
 
 
 @grouped_glu_q_backward_op.register_fake
 def _(grad_out, x, offs, w_gate, w_up, w_down, q_gate, q_up, q_down, formats, s_gate, s_up, row_weight,
       gather_idx, scatter_idx, num_out_rows, impl, needs_grad, saved):
-    out = []
-    for t, need in zip((x, w_gate, w_up, w_down, s_gate, s_up, row_weight), needs_grad):
-        out.append(t.new_empty(t.shape) if (t is not None and need) else x.new_empty(0))
-    return out
+    return fake_grads((x, w_gate, w_up, w_down, s_gate, s_up, row_weight), needs_grad, x)
 
 
 def _setup_context(ctx, inputs, output):
@@ -308,22 +304,35 @@ grouped_glu_q_op.register_autograd(_backward, setup_context=_setup_context)
 # ---- masters: quantize once per optimizer step ---------------------------------------------------------
 
 _cache_lock = threading.Lock()
-# master -> {(fmt, layout, backend): (master version, container)}; weak on the master, so a dropped
-# parameter frees its containers
+# A master is known by its OWNER (the tensor itself, or the base tensor a view such as
+# ``p.transpose(1, 2)`` of a parameter was taken from: what an optimizer holds) and the view's geometry,
+# so fresh view objects of the same parameter are the same master (K-major w_down, decision 0012).
+# owner -> {(fmt, layout, backend, geometry): (master version, container)}; weak on the owner, so a
+# dropped parameter frees its containers
 _master_cache = WeakIdKeyDictionary()  # by identity (a Tensor's == is elementwise)
-# id(container) -> (weakref(master), master version when quantized); filled by quantize_master only
+# id(container) -> (weakref(owner), geometry, master version when quantized); filled by quantize_master only
 _provenance: dict[int, tuple] = {}
 
 
-# master -> updates torch's version counter does not see (fused optimizer steps, ``.data`` writes),
+# owner -> updates torch's version counter does not see (fused optimizer steps, ``.data`` writes),
 # counted by the global optimizer hook below and by ``mark_masters_updated``
 _epochs = WeakIdKeyDictionary()
 _hook_handle = None
 
 
+def _owner(t: Tensor) -> Tensor:
+    """The tensor an optimizer would hold for master ``t``: its view base, else itself."""
+    return t._base if t._base is not None else t
+
+
+def _geometry(t: Tensor) -> tuple:
+    return (tuple(t.shape), tuple(t.stride()), t.storage_offset())
+
+
 def _version(t: Tensor) -> tuple[int, int]:
-    """A master's stamp: (torch version counter, tsct update epoch). Either moving means "changed"."""
-    return (t._version, _epochs.get(t, 0))
+    """A master's stamp: (torch version counter, tsct update epoch of its owner). Either moving means
+    "changed" (a view shares its base's version counter)."""
+    return (t._version, _epochs.get(_owner(t), 0))
 
 
 def mark_masters_updated(*masters: Tensor) -> None:
@@ -343,7 +352,8 @@ def mark_masters_updated(*masters: Tensor) -> None:
         for m in masters:
             if not isinstance(m, Tensor):
                 raise TypeError(f"mark_masters_updated: expected tensors, got {type(m).__name__}")
-            _epochs[m] = _epochs.get(m, 0) + 1
+            o = _owner(m)
+            _epochs[o] = _epochs.get(o, 0) + 1
 
 
 def _after_optimizer_step(optimizer, args, kwargs) -> None:
@@ -366,7 +376,10 @@ def quantize_master(master: Tensor, fmt: str, *, layout: str = "linear", backend
 
     Args:
         master: float32 / bfloat16 / float16 ``[E, K, N]`` master factor (typically an ``nn.Parameter``
-            in the optimizer). Read under ``torch.no_grad``; never modified.
+            in the optimizer, or a view of one such as ``p.transpose(1, 2)`` of a K-major ``[E, N, K]``
+            parameter: views of the same parameter with the same shape and strides are the same master,
+            and the parameter's optimizer step retires its containers). Read under ``torch.no_grad``;
+            never modified.
         fmt: "nvfp4" (K % 16 == 0) or "sign" (K % 8 == 0).
         layout: NVFP4 block-scale layout ("linear": what the Triton low-bit path reads).
         backend: as ``tsct.quant.quantize``.
@@ -394,22 +407,23 @@ def quantize_master(master: Tensor, fmt: str, *, layout: str = "linear", backend
         raise ValueError(f"quantize_master: layout={layout!r} applies to NVFP4 block scales only; fmt={fmt!r} "
                          "has no layout choice (leave layout='linear')")
     _ensure_step_hook()
-    key = (fmt, layout, backend)
+    owner, geom = _owner(master), _geometry(master)
+    key = (fmt, layout, backend, geom)
     ver = _version(master)
     with _cache_lock:
-        hit = _master_cache.get(master, {}).get(key)
+        hit = _master_cache.get(owner, {}).get(key)
         if hit is not None and hit[0] == ver:
             return hit[1]
     with torch.no_grad():
         opts = {"layout": layout} if fmt == "nvfp4" else {}
         q = quant.quantize(master.detach(), fmt, backend=backend, **opts)
     with _cache_lock:
-        per = _master_cache.setdefault(master, {})
+        per = _master_cache.setdefault(owner, {})
         old = per.get(key)
         if old is not None:
             _provenance.pop(id(old[1]), None)
         per[key] = (ver, q)
-        _provenance[id(q)] = (weakref.ref(master), ver)
+        _provenance[id(q)] = (weakref.ref(owner), geom, ver)
         weakref.finalize(q, _provenance.pop, id(q), None)
     return q
 
@@ -436,9 +450,8 @@ def check_master(name: str, container, master: Tensor) -> None:
     prov = _provenance.get(id(container))
     if prov is None:
         return
-    ref, ver = prov
-    src = ref()
-    if src is not master:
+    ref, geom, ver = prov
+    if ref() is not _owner(master) or geom != _geometry(master):
         raise ValueError(f"grouped_glu: {name} was quantized (quantize_master) from another tensor than "
                          f"masters[{name}]")
     if _version(master) != ver:

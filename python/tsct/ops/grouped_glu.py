@@ -64,8 +64,9 @@ def grouped_glu(
         w_down: ``[E, r, f]`` up-projection, likewise. ``f`` may be any size (e.g. 5461). Any strides;
             a K-major ``w_down`` (``w_down.transpose(1, 2).is_contiguous()``: stored as ``[E, f, r]``
             like ``nn.Linear.weight``) is read in place by triton-bf16 and is its fast layout when f is
-            not a multiple of 8 (aligned 16-byte tiles; docs/decisions/0012); its gradient comes back
-            in the same layout. Other layouts are made contiguous first.
+            not a multiple of 8 (aligned 16-byte tiles; docs/decisions/0012). Every path returns each
+            factor's gradient in a fixed layout: K-major for a K-major input, contiguous otherwise
+            (also what the compiled op's fake promises).
         s_gate, s_up: optional ``[E, r]`` per-rank scales (``x.dtype`` or float32); default 1.
         row_weight: optional ``[M]`` router probability of each routed row (``x.dtype`` or float32).
         gather_idx: optional ``[M]`` int32/int64: routed row i reads ``x[gather_idx[i]]``.

@@ -422,7 +422,10 @@ def grouped_glu_backward(
         dwg = torch.empty_like(w_gate) if do_dw else None
         dwu = torch.empty_like(w_up) if do_dw else None
         dx_rows = torch.empty(m, d, device=dev, dtype=dtype) if do_dx else None
-        bd, ndb = cfg.bd_bwd, cfg.ndb_bwd
+        bd = cfg.bd_bwd
+        # several d blocks per program only when most experts fit one row tile (b1: ~32 rows each); few
+        # large experts keep one program per (expert, d block), or the grid would shrink by ndb
+        ndb = cfg.ndb_bwd if m <= e * bm else 1
         _launch("glu_bwd_dx_dw", (e, _cdiv(d, bd * ndb)),
                 [x, gidx, offs, w_gate, w_up, dhg, dhu, dx_rows, dwg, dwu, d, r, x.stride(0)],
                 dict(HAS_GATHER=gidx is not None, DO_DX=do_dx, DO_DW=do_dw, BM=bm, BD=bd, BR=br, NDB=ndb),

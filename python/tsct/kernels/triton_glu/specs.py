@@ -76,7 +76,9 @@ class Config:
     warps_dz_t: int = 4
     stages_dz_t: int = 2
     vec_dz_t: int = 0         # with WD_T: dY rows as shifted words (w_down tiles stay plain aligned loads)
-    ndb_bwd: int = 8          # d blocks per program of glu_bwd_dx_dw (> 1: the pipelined single-tile loop)
+    ndb_bwd: int = 8          # d blocks per program of glu_bwd_dx_dw when experts average <= bm rows (the
+                              # pipelined single-tile loop); 1 otherwise (glu.py: few large experts keep
+                              # one program per d block, else the grid would shrink by ndb_bwd)
 
     def update(self, spec: str) -> "Config":
         """Apply "name=int,name=int" (no validation beyond the field existing)."""
@@ -381,10 +383,10 @@ def enumerate_specs(arch: str) -> Iterator[Spec]:
             consts = dict(HAS_SG=s, HAS_SU=s, HAS_RW=rw, BM=cfg.bm, BR=br)
             # glu.py launches the epilogue with Triton's default num_stages (3)
             out.append(_spec("glu_bwd_epi", types, consts, cfg.warps_bwd_epi, 3, aligned))
-        for g, (dx, dw), br in itertools.product(IDX, _DXDW, brs):
+        for g, (dx, dw), br, ndb in itertools.product(IDX, _DXDW, brs, sorted({1, cfg.ndb_bwd})):
             types = dict(x_ptr=D, gidx_ptr=f"*{g}" if g else UNUSED, offs_ptr="*i32", wg_ptr=D, wu_ptr=D,
                          dhg_ptr=D, dhu_ptr=D, dx_ptr=D, dwg_ptr=D, dwu_ptr=D)
-            consts = dict(HAS_GATHER=g is not None, DO_DX=dx, DO_DW=dw, BM=cfg.bm, BD=cfg.bd_bwd, BR=br, NDB=cfg.ndb_bwd)
+            consts = dict(HAS_GATHER=g is not None, DO_DX=dx, DO_DW=dw, BM=cfg.bm, BD=cfg.bd_bwd, BR=br, NDB=ndb)
             out.append(_spec("glu_bwd_dx_dw", types, consts, cfg.warps_bwd_dxdw, cfg.stages_bwd_dxdw, aligned))
         for s in out:
             if s.key not in seen:
