@@ -23,23 +23,29 @@ class TinyMoE(torch.nn.Module):
         return y * 2
 
 
-def test_fullgraph_compile_matches_eager():
+def _compiled_matches_eager(model_cls):
+    """Forward and every gradient (parameters and row weights) of ``torch.compile(model, fullgraph=True)``
+    against eager; returns the model (its .grad fields from the compiled run)."""
     torch._dynamo.reset()
     p = make_problem(tokens=20, topk=2, experts=5, d=16, r=8, f=13, empty=(2,))
-    model = TinyMoE(p)
+    model = model_cls(p)
     args = (p["x"], p["offs"], p["row_weight"].clone().requires_grad_(), p["gather_idx"], p["scatter_idx"], 20)
     y_eager = model(*args)
     y_eager.sum().backward()
     eager_grads = [q.grad.clone() for q in model.parameters()] + [args[2].grad.clone()]
     model.zero_grad()
     args[2].grad = None
-    compiled = torch.compile(model, fullgraph=True)
-    y = compiled(*args)
+    y = torch.compile(model, fullgraph=True)(*args)
     # inductor may fuse/vectorise the tanh around the op differently from eager: fp32 rounding only
     torch.testing.assert_close(y, y_eager, rtol=1e-5, atol=1e-6)
     y.sum().backward()
     for g, ge in zip([q.grad for q in model.parameters()] + [args[2].grad], eager_grads):
         torch.testing.assert_close(g, ge, rtol=1e-5, atol=1e-6)
+    return model
+
+
+def test_fullgraph_compile_matches_eager():
+    _compiled_matches_eager(TinyMoE)
 
 
 def test_opcheck():
@@ -97,19 +103,7 @@ class KMajorMoE(TinyMoE):
 def test_fullgraph_compile_with_a_kmajor_w_down():
     """The backward op's fake promises each gradient in its input's empty_like layout (K-major for a
     K-major w_down); the real kernels must deliver exactly that or inductor's stride asserts fail."""
-    torch._dynamo.reset()
-    p = make_problem(tokens=20, topk=2, experts=5, d=16, r=8, f=13, empty=(2,))
-    model = KMajorMoE(p)
-    args = (p["x"], p["offs"], p["row_weight"].clone().requires_grad_(), p["gather_idx"], p["scatter_idx"], 20)
-    y_eager = model(*args)
-    y_eager.sum().backward()
-    eager_grads = [q.grad.clone() for q in model.parameters()]
-    model.zero_grad()
-    y = torch.compile(model, fullgraph=True)(*args)
-    torch.testing.assert_close(y, y_eager, rtol=1e-5, atol=1e-6)
-    y.sum().backward()
-    for g, ge in zip([q.grad for q in model.parameters()], eager_grads):
-        torch.testing.assert_close(g, ge, rtol=1e-5, atol=1e-6)
+    model = _compiled_matches_eager(KMajorMoE)
     assert model.w_down.grad.stride() == model.w_down.stride()
 
 
