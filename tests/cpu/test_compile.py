@@ -2,6 +2,7 @@
 
 import torch
 
+from tsct.kernels.layout import to_kmajor
 from tsct.ops import grouped_glu
 from _glu_oracle import make_problem
 
@@ -111,7 +112,7 @@ def test_backward_op_returns_each_gradient_in_its_inputs_layout():
     """Direct call of the backward op with a K-major w_down: dW_down comes back with w_down's strides
     (as the fake says), the others contiguous; opcheck's fake-vs-real checks pass for that input."""
     p = make_problem(tokens=8, topk=2, experts=3, d=16, r=4, f=7)
-    wd = p["w_down"].transpose(1, 2).contiguous().transpose(1, 2)
+    wd = to_kmajor(p["w_down"])
     out, saved = torch.ops.tsct.grouped_glu(p["x"], p["offs"], p["w_gate"], p["w_up"], wd, p["s_gate"], p["s_up"],
                                             p["row_weight"], p["gather_idx"], p["scatter_idx"], 8, "reference")
     grads = torch.ops.tsct.grouped_glu_backward(torch.ones_like(out), p["x"], p["offs"], p["w_gate"], p["w_up"], wd,

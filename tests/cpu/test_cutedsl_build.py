@@ -5,9 +5,7 @@ when the DSL is importable here, or with ``TSCT_CUTEDSL_PYTHON=/path/to/venv/bin
 those tests skip with the reason. The object parser is tested without the DSL.
 """
 
-import importlib.util
 import json
-import os
 import struct
 import subprocess
 import sys
@@ -18,15 +16,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "cutedsl"))
 import check_sass  # noqa: E402
-
-
-def _dsl_python():
-    exe = os.environ.get("TSCT_CUTEDSL_PYTHON")
-    if exe:
-        return exe
-    if importlib.util.find_spec("nvidia_cutlass_dsl") is not None:
-        return sys.executable
-    return None
+from _cutedsl import dsl_python_or_skip  # noqa: E402
 
 
 def _fake_cuda_elf(payload=b"") -> bytes:
@@ -50,13 +40,7 @@ def test_embedded_cubins_finds_cuda_elf_only():
 
 @pytest.fixture(scope="module")
 def built(tmp_path_factory):
-    py = _dsl_python()
-    if py is None:
-        pytest.skip("CuTeDSL not installed (set TSCT_CUTEDSL_PYTHON to a python with nvidia-cutlass-dsl==4.8.1)")
-    try:
-        check_sass.find_cuobjdump()
-    except FileNotFoundError as e:
-        pytest.skip(str(e))
+    py = dsl_python_or_skip()
     out = tmp_path_factory.mktemp("cutedsl")
     proc = subprocess.run([py, str(ROOT / "cutedsl" / "build.py"), str(out), "--check"], capture_output=True,
                           text=True, timeout=900)

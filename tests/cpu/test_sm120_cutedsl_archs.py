@@ -23,6 +23,7 @@ sys.path.insert(0, str(ROOT / "cutedsl"))
 sys.path.insert(0, str(ROOT / "csrc" / "tools"))
 import check_sass  # noqa: E402
 import gen_build_info  # noqa: E402
+from _cutedsl import dsl_python_or_skip  # noqa: E402
 
 
 def _load(name, path):  # by path: "build" is also the name of a PyPI package
@@ -49,21 +50,8 @@ def test_export_names_per_arch():
     assert set(sm120_fp4.kernel_names("sm_121a")) <= set(out)  # the path asks for what the build writes
 
 
-def _dsl_python():
-    exe = os.environ.get("TSCT_CUTEDSL_PYTHON")
-    if exe:
-        return exe
-    return sys.executable if importlib.util.find_spec("nvidia_cutlass_dsl") is not None else None
-
-
 def test_sm121a_export_has_block_scaled_omma(tmp_path):
-    py = _dsl_python()
-    if py is None:
-        pytest.skip("CuTeDSL not installed (set TSCT_CUTEDSL_PYTHON to a python with nvidia-cutlass-dsl==4.8.1)")
-    try:
-        check_sass.find_cuobjdump()
-    except FileNotFoundError as e:
-        pytest.skip(str(e))
+    py = dsl_python_or_skip()
     proc = subprocess.run([py, str(ROOT / "cutedsl" / "build.py"), str(tmp_path), "--arch", "sm_121a", "--check",
                            "--only", "tsct_nvfp4_grouped_glu_sm120", "tsct_sign_grouped_glu_sm120"],
                           capture_output=True, text=True, timeout=900)

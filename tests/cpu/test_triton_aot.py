@@ -27,6 +27,7 @@ import pytest
 import torch
 
 from tsct.kernels import aot, launch
+from tsct.kernels.layout import to_kmajor
 from tsct.kernels.triton_glu import specs
 from tsct.kernels.triton_lowbit import specs as lowbit_specs
 from tsct.kernels.triton_w4a4 import specs as w4a4_specs
@@ -307,7 +308,7 @@ def test_every_glu_launch_has_an_aot_variant(cap, monkeypatch):
         si = tok.to(idx_dt) if scatter else None
         n_out = T if scatter else None
         # w_down row-major, then K-major (the transpose of a contiguous [E, f, r]: WD_T when aligned)
-        for wd in (wd_rowmajor, wd_rowmajor.transpose(1, 2).contiguous().transpose(1, 2)):
+        for wd in (wd_rowmajor, to_kmajor(wd_rowmajor)):
             launched.clear()
             glu.grouped_glu_forward(x, offs, wg, wu, wd, sg, su, rw, gi, si, n_out)
             _, saved = glu.grouped_glu_forward_saved(x, offs, wg, wu, wd, sg, su, rw, gi, si, n_out)  # the op's

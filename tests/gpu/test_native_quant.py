@@ -14,11 +14,11 @@ Each case prints one line "[PASS|FAIL] ..."; set TSCT_GPU_LOG=path to also appen
 
 from __future__ import annotations
 
-import os
 import time
 
 import pytest
 import torch
+from _gpu_log import log
 
 import tsct.native as native
 import tsct.quant as tq
@@ -32,16 +32,8 @@ DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 LAYOUTS = ("linear", "swizzled_128x4")
 
 
-def _log(line: str) -> None:
-    print(line, flush=True)
-    path = os.environ.get("TSCT_GPU_LOG")
-    if path:
-        with open(path, "a") as f:
-            f.write(line + "\n")
-
-
 def _assert_ok(tag: str, results: dict, stats: dict) -> None:
-    _log(T.summary(tag, results, stats))
+    log(T.summary(tag, results, stats))
     bad = {k: v for k, v in results.items() if v is not None}
     assert not bad, f"{tag}: {bad}"
 
@@ -54,8 +46,8 @@ def _native_ready():
     dev = torch.cuda.current_device()
     cap = torch.cuda.get_device_capability(dev)
     m = native.manifest() or {}
-    _log(f"[info] device {torch.cuda.get_device_name(dev)} sm_{cap[0]}{cap[1]}; library {native.library_path()}; "
-         f"targets {m.get('gencodes')}; built {m.get('built_at')} with nvcc {m.get('nvcc_version')}")
+    log(f"[info] device {torch.cuda.get_device_name(dev)} sm_{cap[0]}{cap[1]}; library {native.library_path()}; "
+        f"targets {m.get('gencodes')}; built {m.get('built_at')} with nvcc {m.get('nvcc_version')}")
     yield
     _ops._POISON_OUTPUTS = False
 
@@ -63,7 +55,7 @@ def _native_ready():
 def test_every_kernel_loads_on_this_device():
     names = sorted(set().union(*map(set, native.build_info()["kernels"].values())))
     missing = [n for n in names if not native.kernel_available(n)]
-    _log(f"[{'PASS' if not missing else 'FAIL'}] kernel_available: {len(names) - len(missing)}/{len(names)} kernels loadable")
+    log(f"[{'PASS' if not missing else 'FAIL'}] kernel_available: {len(names) - len(missing)}/{len(names)} kernels loadable")
     assert not missing
     with pytest.raises(ValueError, match="unknown kernel"):
         native.kernel_available("tsctk_no_such_kernel")
@@ -173,7 +165,7 @@ def test_empty_tensors():
         bits = native.sign_pack(x)
         assert native.sign_dequantize(bits, torch.ones(b, k, device=dev), torch.ones(b, n, device=dev)).shape == (b, n, k)
     torch.cuda.synchronize()
-    _log("[PASS] gpu empty tensors: no launch, right shapes")
+    log("[PASS] gpu empty tensors: no launch, right shapes")
 
 
 @pytest.mark.parametrize("name,shape", [("b1_w_down", (1024, 64, 5461)), ("b1_w_gate", (1024, 2048, 64))])

@@ -19,18 +19,11 @@ import os
 
 import pytest
 import torch
+from _gpu_log import log
 
 from tsct.kernels.sm120_fp4 import firstuse
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
-
-
-def _log(line: str) -> None:
-    print(line, flush=True)
-    path = os.environ.get("TSCT_GPU_LOG")
-    if path:
-        with open(path, "a") as f:
-            f.write(line + "\n")
 
 
 @pytest.fixture
@@ -63,9 +56,9 @@ def test_real_child_says_not_runnable_and_parent_survives(parent_cuda, fmt):
     ident = firstuse.identity(idx)
     v = firstuse.verdict(idx, fmt)  # the real runner, the real child command, this device pinned
     alive = _parent_still_works(a, want)
-    _log(f"[{'PASS' if v.outcome == 'not-runnable' and alive else 'FAIL'}] sm120-fp4 first-use child on "
-         f"{ident['gpu']} (cc {ident['capability']}), {fmt}: {v.outcome} in {v.seconds:.1f} s ({v.detail}); "
-         f"parent CUDA ok: {alive}")
+    log(f"[{'PASS' if v.outcome == 'not-runnable' and alive else 'FAIL'}] sm120-fp4 first-use child on "
+        f"{ident['gpu']} (cc {ident['capability']}), {fmt}: {v.outcome} in {v.seconds:.1f} s ({v.detail}); "
+        f"parent CUDA ok: {alive}")
     assert v.outcome == "not-runnable" and not v.ok, v
     assert f"compute capability {ident['capability']}" in v.detail and "did not pin" not in v.detail, v
     assert v.source.startswith(firstuse.RAN_NOW) and "saved to" in v.source, v
@@ -84,8 +77,8 @@ def test_forced_child_fails_cleanly_on_this_gpu(parent_cuda):
     ok, outcome, detail = firstuse.interpret(res, firstuse.timeout_s())
     alive = _parent_still_works(a, want)
     clean = outcome == "fail" and res.returncode == firstuse.EXIT_FAIL
-    _log(f"[{'PASS' if clean and alive else 'FAIL'}] forced sm120-fp4 child on {ident['gpu']}: exit {res.returncode}, "
-         f"{outcome}: {detail}; parent CUDA ok: {alive}")
+    log(f"[{'PASS' if clean and alive else 'FAIL'}] forced sm120-fp4 child on {ident['gpu']}: exit {res.returncode}, "
+        f"{outcome}: {detail}; parent CUDA ok: {alive}")
     assert clean, (res.returncode, outcome, detail, res.stderr[-2000:])
     assert not ok and "rel err" not in detail  # it must not have produced numbers on a GPU without a kernel
     assert alive

@@ -14,10 +14,10 @@ does NOT cover: the CuTeDSL kernels' own fragment code (no sm_120 here; docs/sm1
 from __future__ import annotations
 
 import functools
-import os
 
 import pytest
 import torch
+from _gpu_log import log
 from _sm120_problem import make_problem
 
 from tsct import quant, selftest
@@ -25,14 +25,6 @@ from tsct.kernels.sm120_fp4 import glu
 from tsct.kernels.sm120_fp4.emulated import emulated_gemm, emulated_sign_gemm
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
-
-
-def _log(line: str) -> None:
-    print(line, flush=True)
-    path = os.environ.get("TSCT_GPU_LOG")
-    if path:
-        with open(path, "a") as f:
-            f.write(line + "\n")
 
 
 def _problem(seed, d, r, f, experts, tokens, topk=2, pad=5, fmt="nvfp4"):
@@ -57,8 +49,8 @@ def test_forward_with_cuda_quantizer_matches_cpu(shape, fmt):
     gpu = glu.forward(x.to(dev), offs.to(dev), *[_to(q, dev) for q in qs], sg.to(dev), su.to(dev), rw.to(dev),
                       gather.to(dev), None, None, gemm=gemm, quant_backend="native")
     same = torch.equal(gpu.cpu(), cpu)
-    _log(f"[{'PASS' if same else 'FAIL'}] sm120-fp4 {fmt} forward, emulated MMA, CUDA quantizer vs CPU torch, [M, f], "
-         f"d={d} r={r} f={f} E={e}: {'bit-identical' if same else 'DIFFERS'}")
+    log(f"[{'PASS' if same else 'FAIL'}] sm120-fp4 {fmt} forward, emulated MMA, CUDA quantizer vs CPU torch, [M, f], "
+        f"d={d} r={r} f={f} E={e}: {'bit-identical' if same else 'DIFFERS'}")
     assert same
     ys = [glu.forward(x.to(dev), offs.to(dev), *[_to(q, dev) for q in qs], sg.to(dev), su.to(dev), rw.to(dev),
                       gather.to(dev), gather.to(dev), tokens, gemm=gemm, quant_backend="native")
@@ -68,8 +60,8 @@ def test_forward_with_cuda_quantizer_matches_cpu(shape, fmt):
     want.index_add_(0, gather[:valid], cpu[:valid].double())
     err = ((ys[0].double().cpu() - want).norm() / want.norm()).item()
     det = torch.equal(ys[0], ys[1])
-    _log(f"[{'PASS' if det and err < 1e-2 else 'FAIL'}] with scatter: rel err vs float64 combine {err:.1e}, "
-         f"deterministic {det}")
+    log(f"[{'PASS' if det and err < 1e-2 else 'FAIL'}] with scatter: rel err vs float64 combine {err:.1e}, "
+        f"deterministic {det}")
     assert det and err < 1e-2
 
 
@@ -78,6 +70,6 @@ def test_selftest_harness_on_gpu_with_emulated_mma(fmt):
     gemm = emulated_sign_gemm if fmt == "sign" else emulated_gemm
     fwd = functools.partial(glu.forward, gemm=gemm, quant_backend="native")
     r = selftest.sm120_fp4_forward(torch.device("cuda"), forward=fwd, fmt=fmt)
-    _log(f"[{'PASS' if r.ok else 'FAIL'}] first-use self-test harness ({fmt}) with the emulated MMA on the GPU: "
-         f"{r.detail}")
+    log(f"[{'PASS' if r.ok else 'FAIL'}] first-use self-test harness ({fmt}) with the emulated MMA on the GPU: "
+        f"{r.detail}")
     assert r.ok, r.detail

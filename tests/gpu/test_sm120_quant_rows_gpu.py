@@ -14,11 +14,11 @@ Runs on any CUDA GPU (the kernel is built for every gencode); the lead runs it o
 
 from __future__ import annotations
 
-import os
 import time
 
 import pytest
 import torch
+from _gpu_log import log
 
 from tsct.kernels.sm120_fp4.quant_rows import quantize_rows_grouped, quantize_rows_grouped_torch
 from tsct.native import _ops
@@ -27,14 +27,6 @@ from tsct.native import _testing as T
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
 
 CASES = T.rows_grouped_cases()
-
-
-def _log(line: str) -> None:
-    print(line, flush=True)
-    path = os.environ.get("TSCT_GPU_LOG")
-    if path:
-        with open(path, "a") as f:
-            f.write(line + "\n")
 
 
 @pytest.fixture(autouse=True)
@@ -57,8 +49,8 @@ def _compare(name, ref, got):
         "s_enc": torch.equal(got.s_enc.cpu().view(torch.int32), ref.s_enc.cpu().view(torch.int32)),
     }
     ok = all(checks.values())
-    _log(f"[{'PASS' if ok else 'FAIL'}] rows_grouped {name}: " + ", ".join(f"{k} {'=' if v else 'DIFFER'}"
-                                                                          for k, v in checks.items()))
+    log(f"[{'PASS' if ok else 'FAIL'}] rows_grouped {name}: " + ", ".join(f"{k} {'=' if v else 'DIFFER'}"
+                                                                         for k, v in checks.items()))
     assert ok, checks
 
 
@@ -83,8 +75,8 @@ def test_b1_shape_bitwise():
     torch.cuda.synchronize()
     t1 = time.perf_counter()
     ref = quantize_rows_grouped_torch(x, offs, gather_idx=gi, m_alloc=m_alloc)
-    _log(f"[INFO] b1 rows_grouped: kernel {1e3 * (t1 - t0):.2f} ms (first call), reference "
-         f"{time.perf_counter() - t1:.2f} s")
+    log(f"[INFO] b1 rows_grouped: kernel {1e3 * (t1 - t0):.2f} ms (first call), reference "
+        f"{time.perf_counter() - t1:.2f} s")
     _compare("b1 (M 32768, E 1024, K 2048, bf16, gather)", ref, got)
     # warm timing: median of 10
     ts = []
@@ -95,7 +87,7 @@ def test_b1_shape_bitwise():
         b.record()
         torch.cuda.synchronize()
         ts.append(a.elapsed_time(b))
-    _log(f"[INFO] b1 rows_grouped warm median {sorted(ts)[5]:.3f} ms")
+    log(f"[INFO] b1 rows_grouped warm median {sorted(ts)[5]:.3f} ms")
 
 
 def test_graph_capture_side_stream_and_unaligned():

@@ -29,6 +29,7 @@ if not torch.cuda.is_available():  # collection must not touch CUDA on a CPU-onl
 
 from tsct import reference as R  # noqa: E402
 from tsct.kernels import triton_glu as TG  # noqa: E402
+from tsct.kernels.layout import to_kmajor  # noqa: E402
 
 DEV = torch.device("cuda")
 TOL = 1e-2
@@ -122,7 +123,7 @@ def make_inputs(c: Case, seed: int) -> dict:
     for key in ("x", "w_gate", "w_up", "w_down"):
         p[key] = p[key].to(c.dtype)
     if c.kmajor:
-        p["w_down"] = p["w_down"].transpose(1, 2).contiguous().transpose(1, 2)
+        p["w_down"] = to_kmajor(p["w_down"])
     for key in ("s_gate", "s_up"):
         if p[key] is not None:
             p[key] = p[key].to(c.s_dtype)

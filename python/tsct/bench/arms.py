@@ -158,7 +158,9 @@ def grouped_mm_pass(cfg: BenchConfig, inp: InputSet, fac: Factors, gmm: Callable
 def kmajor_factors(fac: Factors) -> Factors:
     """The same factor values with w_down stored K-major (``w_down.transpose(1, 2)`` contiguous), a new
     leaf that requires grad like the row-major one (decision 0012)."""
-    wd = fac.w_down.detach().transpose(1, 2).contiguous().transpose(1, 2).requires_grad_(fac.w_down.requires_grad)
+    from tsct.kernels.layout import to_kmajor
+
+    wd = to_kmajor(fac.w_down.detach()).requires_grad_(fac.w_down.requires_grad)
     return dataclasses.replace(fac, w_down=wd)
 
 

@@ -17,6 +17,7 @@ import torch
 from torch import Tensor
 
 from tsct import dispatch
+from tsct.kernels.layout import is_kmajor
 from tsct.ops import _eager
 
 _N_GRADS = 7  # x, w_gate, w_up, w_down, s_gate, s_up, row_weight
@@ -124,16 +125,11 @@ def grouped_glu_backward_op(
                           scatter_idx, num_out_rows, impl, needs_grad, saved)
 
 
-def _kmajor(t: Tensor) -> bool:
-    """t is the transpose of a contiguous tensor in its last two dims (a K-major w_down, decision 0012)."""
-    return t.dim() >= 2 and not t.is_contiguous() and t.transpose(-1, -2).is_contiguous()
-
-
 def grad_like(t: Tensor) -> Tensor:
     """A fresh tensor shaped like input ``t`` in the layout the backward op returns t's gradient in:
     K-major for a K-major t, contiguous otherwise. One rule for the real op and its fake, decided
     from t alone (so it also holds with symbolic shapes under torch.compile)."""
-    if _kmajor(t):
+    if is_kmajor(t):
         return torch.empty_like(t.transpose(-1, -2), memory_format=torch.contiguous_format).transpose(-1, -2)
     return torch.empty(t.shape, dtype=t.dtype, device=t.device)
 
@@ -141,7 +137,7 @@ def grad_like(t: Tensor) -> Tensor:
 def like_input(g: Tensor, t: Tensor) -> Tensor:
     """Gradient ``g`` of input ``t`` in ``grad_like(t)``'s layout, whatever layout a path's kernels
     wrote (a copy only when they differ, e.g. a K-major w_down on a launch that is not aligned)."""
-    if _kmajor(t):
+    if is_kmajor(t):
         return g if g.transpose(-1, -2).is_contiguous() else grad_like(t).copy_(g)
     return g if g.is_contiguous() else g.contiguous()
 

@@ -22,6 +22,7 @@ import triton
 import triton.testing
 
 from tsct.kernels import triton_glu as TG
+from tsct.kernels.layout import to_kmajor
 
 T, K, E, D, R, F = 16384, 2, 1024, 2048, 64, 5461
 
@@ -93,7 +94,7 @@ def make(dtype=torch.bfloat16, seed=0, kmajor=False):
         su=(1 + 0.1 * torch.randn(E, R, device=dev, generator=g)).to(dtype),
     )
     if kmajor:  # w_down as the transpose of a contiguous [E, f, r] (decision 0012)
-        p["wd"] = p["wd"].transpose(1, 2).contiguous().transpose(1, 2)
+        p["wd"] = to_kmajor(p["wd"])
     return x, ids, wts, p
 
 

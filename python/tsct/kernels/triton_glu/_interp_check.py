@@ -20,6 +20,7 @@ if os.environ.get("TRITON_INTERPRET") != "1":  # must be set before triton is im
 import torch  # noqa: E402
 
 from tsct import reference as R  # noqa: E402
+from tsct.kernels.layout import to_kmajor  # noqa: E402
 from tsct.kernels.triton_glu import glu as G  # noqa: E402
 
 
@@ -38,7 +39,7 @@ def make(T, k, E, d, r, f, pad=3, gather=True, scatter=True, scales=True, rw=Tru
     wu = torch.randn(E, d, r, generator=g) / d ** 0.5
     wd = torch.randn(E, r, f, generator=g) / r ** 0.5
     if kmajor:  # the transpose of a contiguous [E, f, r] (decision 0012)
-        wd = wd.transpose(1, 2).contiguous().transpose(1, 2)
+        wd = to_kmajor(wd)
     sg = 1 + 0.1 * torch.randn(E, r, generator=g) if scales else None
     su = 1 + 0.1 * torch.randn(E, r, generator=g) if scales else None
     rwt = torch.cat([torch.rand(valid, generator=g), torch.full((pad,), float("nan"))]) if rw else None

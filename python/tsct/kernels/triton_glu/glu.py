@@ -30,6 +30,7 @@ import torch
 from torch import Tensor
 
 from tsct.kernels import launch
+from tsct.kernels.layout import is_kmajor
 from tsct.kernels.triton_glu import specs
 from tsct.kernels.triton_glu.specs import Config
 
@@ -95,17 +96,11 @@ def _aligned(d: int, r: int, stride_x: int, *tensors: Optional[Tensor]) -> bool:
     return all(t is None or t.data_ptr() % 16 == 0 for t in tensors)
 
 
-def _kmajor(w_down: Tensor) -> bool:
-    """w_down [E, r, f] is K-major: the transpose of a contiguous [E, f, r] (nn.Linear's [out, in] per
-    expert; decision 0012). Its tiles are 16-byte aligned at any f, so the up and dz kernels take it
-    as it is (WD_T); a row-major w_down at odd f has only 2-byte aligned rows."""
-    return not w_down.is_contiguous() and w_down.transpose(1, 2).is_contiguous()
-
-
 def _wd_layout(w_down: Tensor, aligned: bool) -> tuple[Tensor, bool]:
-    """(w_down to launch with, WD_T): a K-major w_down stays as it is on aligned launches; anything
-    else becomes contiguous (row-major)."""
-    if aligned and _kmajor(w_down):
+    """(w_down to launch with, WD_T): a K-major w_down (``layout.is_kmajor``: its tiles are 16-byte
+    aligned at any f) stays as it is on aligned launches; anything else becomes contiguous (row-major,
+    whose rows are only 2-byte aligned at odd f)."""
+    if aligned and is_kmajor(w_down):
         return w_down, True
     return w_down.contiguous(), False
 
@@ -302,7 +297,7 @@ def _forward(
                      BR=br, BK=bk, BLOCK_E=cfg.block_e),
                 cfg.warps_down, cfg.stages_down, al, cap, dev)
     single_k, bk_up = specs.up_k(cfg, r, al)
-    vec_up = specs.up_vec(cfg, al, wd_t) and dtype.itemsize == 2  # the word loads split 2-byte elements
+    vec_up = specs.up_vec(cfg, al, wd_t, dtype.itemsize)
     bn, warps_up, stages_up = specs.up_tiles(cfg, vec_up, wd_t)
     fsplit = max(1, min(cfg.fsplit_up, _cdiv(f, bn)))
     if scatter_idx is not None:
@@ -394,7 +389,7 @@ def grouped_glu_backward(
     part = torch.empty(n_fs, m, r, device=dev, dtype=torch.float32)
     # dWd in w_down's layout (K-major stays K-major: the gradient a K-major parameter accumulates as is)
     dwd = torch.empty_like(w_down) if do_dwd else None
-    vec_dz = specs.dz_vec(cfg, al, wd_t) and dtype.itemsize == 2
+    vec_dz = specs.dz_vec(cfg, al, wd_t, dtype.itemsize)
     _launch("glu_bwd_dz", (e, nrb, n_fs), [go, sidx, offs, w_down, zw, part, dwd, m, r, f, f_slice],
             dict(HAS_SCATTER=sidx is not None, DO_DWD=do_dwd, VEC=vec_dz, WD_T=wd_t, BM=bm, BR=br, BN=bn),
             *specs.dz_warps_stages(cfg, vec_dz, wd_t), al, cap, dev)

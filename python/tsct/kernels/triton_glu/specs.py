@@ -257,9 +257,10 @@ def up_k(cfg: Config, r: int, aligned: bool) -> tuple[bool, int]:
     return False, 64
 
 
-def up_vec(cfg: Config, aligned: bool, wd_t: bool = False) -> bool:
-    """VEC (w_down rows as shifted words): aligned launches of a row-major w_down only."""
-    return aligned and bool(cfg.vec_up) and not wd_t
+def up_vec(cfg: Config, aligned: bool, wd_t: bool = False, itemsize: int = 2) -> bool:
+    """VEC (w_down rows as shifted words): aligned launches of a row-major w_down of 2-byte elements
+    (the words are split into 16-bit halves) only."""
+    return aligned and bool(cfg.vec_up) and not wd_t and itemsize == 2
 
 
 def up_tiles(cfg: Config, vec: bool, wd_t: bool = False) -> tuple[int, int, int]:
@@ -269,9 +270,10 @@ def up_tiles(cfg: Config, vec: bool, wd_t: bool = False) -> tuple[int, int, int]
     return (cfg.bn_up_vec, cfg.warps_up, cfg.stages_up_vec) if vec else (cfg.bn_up, cfg.warps_up, cfg.stages_up)
 
 
-def dz_vec(cfg: Config, aligned: bool, wd_t: bool = False) -> bool:
-    """VEC of glu_bwd_dz: dY (and a row-major w_down) as shifted words; aligned launches only."""
-    return aligned and bool(cfg.vec_dz_t if wd_t else cfg.vec_dz)
+def dz_vec(cfg: Config, aligned: bool, wd_t: bool = False, itemsize: int = 2) -> bool:
+    """VEC of glu_bwd_dz: dY (and a row-major w_down) as shifted words; aligned launches of 2-byte
+    elements only."""
+    return aligned and bool(cfg.vec_dz_t if wd_t else cfg.vec_dz) and itemsize == 2
 
 
 def dz_warps_stages(cfg: Config, vec: bool, wd_t: bool = False) -> tuple[int, int]:
