@@ -2,6 +2,7 @@
 
     python3 scripts/pass_profile.py host   --arms bf16,nvfp4 [--n 30] [--top 45]
     python3 scripts/pass_profile.py device --arms bf16,bf16-kmajor,nvfp4 [--iters 10] [--json PATH]
+    python3 scripts/pass_profile.py sweep  --arms bf16-kmajor --cfgs "a=1;b=2" --aot-dirs DIR1,DIR2
 
 Both run tsct-bench's pass (``tsct.bench.arms.tsct_call``: the sort by expert, then the op through
 ``tsct.ops`` with gather, row weights and the fused combine): the forward with autograd recording (what
@@ -12,6 +13,9 @@ decision 0012).
   host    n calls back to back without syncing (the GPU queue absorbs the device work, so the time
           is the host's), then the same under cProfile: top functions by own and cumulative time.
   device  torch.profiler: device time per kernel and per pass.
+  sweep   device time per tsct kernel of forward + backward for each tile-config override (the
+          TSCT_TRITON_GLU_CFG syntax) and each AOT dir (``scripts/aot_sweep.py`` builds them), cubins
+          only (TSCT_TRITON_BACKEND=aot: a variant missing from a dir is an error, not a JIT run).
 """
 from __future__ import annotations
 
@@ -100,9 +104,52 @@ def device(fn, label: str, iters: int) -> dict:
     return {"device_ms": total, "kernels": [dict(name=nm, ms=t, calls=c) for nm, t, c in rows]}
 
 
+def sweep(arms: str, cfgs: str, aot_dirs: str, iters: int, backend: str) -> dict:
+    import dataclasses
+    import os
+
+    from tsct.kernels import aot
+    from tsct.kernels.triton_glu import glu
+
+    os.environ["TSCT_TRITON_BACKEND"] = backend
+    base = {a: dataclasses.replace(c) for a, c in glu._CONFIGS.items()}
+    res = {}
+    plist = list(passes(arms))  # inputs built once
+    for adir in aot_dirs.split(",") if aot_dirs else ["installed"]:
+        if aot_dirs:
+            os.environ[aot.ENV_DIR] = adir
+            aot._reset_for_tests()
+        for over in cfgs.split(";"):
+            for a, c in base.items():
+                glu._CONFIGS[a] = dataclasses.replace(c).update(over)
+            for arm, fwd, fwdbwd in plist:
+                label = f"{adir} [{over}] {arm}"
+                try:
+                    r = device(fwdbwd, label, iters)
+                except Exception as e:  # a missing variant: say so, go on
+                    print(f"\n{label}: FAILED {type(e).__name__}: {str(e)[:300]}", flush=True)
+                    continue
+                res[label] = r
+    for a, c in base.items():
+        glu._CONFIGS[a] = c
+    print("\n== sweep summary (device ms per forward + backward; tsct kernels)")
+    names = ("bwd_dz", "bwd_dx_dw", "up_fwd", "combine_rows", "down_fwd", "bwd_epi")
+    print("  total   " + "  ".join(f"{n[:12]:>12}" for n in names) + "  label   (glu_* / lowbit_* kernels)")
+    for label, r in res.items():
+        k = {}
+        for e in r["kernels"]:
+            n = e["name"].removeprefix("glu_").removeprefix("lowbit_")
+            k[n] = k.get(n, 0) + e["ms"]
+        print(f"  {r['device_ms']:.3f}   " + "  ".join(f"{k.get(n, 0):12.4f}" for n in names) + f"  {label}")
+    return res
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("what", choices=("host", "device"))
+    ap.add_argument("what", choices=("host", "device", "sweep"))
+    ap.add_argument("--cfgs", default="", help='sweep: ";"-separated config overrides ("" = the table)')
+    ap.add_argument("--aot-dirs", default="", help="sweep: comma-separated AOT dirs (default: the installed one)")
+    ap.add_argument("--backend", default="aot", choices=("aot", "jit"), help="sweep: TSCT_TRITON_BACKEND")
     ap.add_argument("--arms", default="bf16,bf16-kmajor")
     ap.add_argument("--n", type=int, default=30, help="host: calls per measurement")
     ap.add_argument("--top", type=int, default=45, help="host: rows of each cProfile table")
@@ -110,7 +157,10 @@ def main() -> None:
     ap.add_argument("--json", default=None, help="device: write the per-kernel tables here")
     a = ap.parse_args()
     out = {}
-    for arm, fwd, fwdbwd in passes(a.arms):
+    if a.what == "sweep":
+        out = sweep(a.arms, a.cfgs, a.aot_dirs, a.iters, a.backend)
+        a.what, a.arms = "done", ""
+    for arm, fwd, fwdbwd in passes(a.arms) if a.arms else ():
         for name, fn in (("fwd", fwd), ("fwdbwd", fwdbwd)):
             if a.what == "host":
                 host(fn, f"{arm} {name}", a.n, a.top)

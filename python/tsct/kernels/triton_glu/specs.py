@@ -47,7 +47,7 @@ class Config:
     bn_up: int = 128      # column block of the up projection (f = 5461: scalar loads, wide tiles cost registers)
     fsplit_up: int = 1    # column-block stripes per row tile (grid axis 1 of the up kernel)
     bn_bwd: int = 64      # f step of the backward dz kernel
-    fs_bwd: int = 8       # f slices of the backward dz kernel (grid axis 2; partial sums reduced in order)
+    fs_bwd: int = 4       # f slices of the backward dz kernel (grid axis 2; partial sums reduced in order)
     bd_bwd: int = 64      # d block of the dX / dW kernel
     block_e: int = 1024   # experts scanned per step when a program finds its expert
     warps_down: int = 4
@@ -55,12 +55,12 @@ class Config:
     warps_bwd_dz: int = 4
     warps_bwd_epi: int = 8
     warps_bwd_dxdw: int = 4
-    warps_combine: int = 4
+    warps_combine: int = 1   # one warp per (target, 1024 columns): more programs in flight (H200 sweep)
     warps_zero: int = 4
     stages_down: int = 3
     stages_up: int = 3
     stages_bwd_dz: int = 1
-    stages_bwd_dxdw: int = 1
+    stages_bwd_dxdw: int = 3  # bf16 (the NDB d loop is pipelined); the low-bit kernel has its own
     # VEC: w_down / dY rows read as 8-byte words and shifted in registers (_kernels._ld_words), aligned
     # launches only (bench/notes.md, issue 3 versions v4-v6).
     vec_up: int = 1
@@ -70,15 +70,19 @@ class Config:
     warps_dz_vec: int = 8     # two fp32 accumulators + the word pairs: ~240 registers (4 warps spill)
     stages_dz_vec: int = 1
     # K-major w_down (WD_T; decision 0012): aligned 16-byte tiles, pipelined by Triton
-    bn_up_t: int = 128
-    warps_up_t: int = 4
-    stages_up_t: int = 3
+    bn_up_t: int = 256
+    warps_up_t: int = 8
+    stages_up_t: int = 4
     warps_dz_t: int = 4
-    stages_dz_t: int = 2
+    stages_dz_t: int = 1
     vec_dz_t: int = 0         # with WD_T: dY rows as shifted words (w_down tiles stay plain aligned loads)
     ndb_bwd: int = 8          # d blocks per program of glu_bwd_dx_dw when experts average <= bm rows (the
                               # pipelined single-tile loop); 1 otherwise (glu.py: few large experts keep
                               # one program per d block, else the grid would shrink by ndb_bwd)
+    # the low-bit kernels (triton_lowbit): their decode makes other tiles win than the bf16 kernels'
+    warps_up_lb: int = 4
+    stages_down_lb: int = 4
+    stages_dxdw_lb: int = 1
 
     def update(self, spec: str) -> "Config":
         """Apply "name=int,name=int" (no validation beyond the field existing)."""
@@ -114,7 +118,9 @@ MAX_SHARED: dict[str, int] = {"sm_90a": 232448, "sm_100a": 232448, "sm_120": 101
 CONFIGS: dict[str, Config] = {
     "sm_90a": Config(),
     "sm_100a": Config(),
-    "sm_120": Config(stages_down=2, stages_up=2, stages_up_t=2),
+    # ~99 KB of shared memory per block: fewer stages; the K-major up tiles stay at the pre-sweep 128
+    # columns / 4 warps (the H200 sweep that picked 256 / 8 says nothing about a 36-SM card)
+    "sm_120": Config(stages_down=2, stages_up=2, bn_up_t=128, warps_up_t=4, stages_up_t=2, stages_down_lb=2),
 }
 DEFAULT_ARCH_CONFIG = "sm_90a"  # JIT on any other arch (sm_80, ...) uses these tiles
 

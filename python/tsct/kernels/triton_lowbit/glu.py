@@ -222,14 +222,14 @@ def _forward(x, offs, w_gate, w_up, w_down, s_gate, s_up, row_weight, gather_idx
                 [x, gidx, offs, cum, *pg, *pu, sg, su, z, hg, hu, rw, e, d, r, x.stride(0)],
                 dict(FMT_G=fg, FMT_U=fu, HAS_GATHER=gidx is not None, HAS_SG=has_s, HAS_SU=has_s,
                      HAS_RW=rw is not None, BWD=True, BM=bm, BR=br, BK=bk, BLOCK_E=cfg.block_e),
-                WARPS_DECODE, cfg.stages_down, aligned, cap, dev)
+                WARPS_DECODE, cfg.stages_down_lb, aligned, cap, dev)
         rw = None  # already in z
     else:
         _launch("lowbit_down_fwd", (max_tiles, G._cdiv(r, br)),
                 [x, gidx, offs, cum, *pg, *pu, sg, su, z, None, None, None, e, d, r, x.stride(0)],
                 dict(FMT_G=fg, FMT_U=fu, HAS_GATHER=gidx is not None, HAS_SG=has_s, HAS_SU=has_s, HAS_RW=False,
                      BWD=False, BM=bm, BR=br, BK=bk, BLOCK_E=cfg.block_e),
-                WARPS_DECODE, cfg.stages_down, aligned, cap, dev)
+                WARPS_DECODE, cfg.stages_down_lb, aligned, cap, dev)
     single_k, bk_up = LS.up_k(r, aligned)
     if scatter_idx is not None:
         ldy = G._cdiv(f, 8) * 8  # padded row stride: vector stores and combine loads
@@ -240,7 +240,7 @@ def _forward(x, offs, w_gate, w_up, w_down, s_gate, s_up, row_weight, gather_idx
     _launch("lowbit_up_fwd", (max_tiles,), [z, offs, cum, *pd, rw, y, e, r, f, ldy],
             dict(FMT_D=fd, HAS_RW=rw is not None, SINGLE_K=single_k, Y_PAD=scatter_idx is not None, BM=bm,
                  BN=cfg.bn_up, BK=bk_up, BLOCK_E=cfg.block_e),
-            cfg.warps_up, cfg.stages_up, aligned, cap, dev)
+            cfg.warps_up_lb, cfg.stages_up, aligned, cap, dev)
     if scatter_idx is not None:
         return G._combine(y, scatter_idx, offs, n_out, cfg, cap, ncols=f), saved
     G._zero_tail(y, offs, e, cfg, cap)
@@ -269,7 +269,7 @@ def down_forward(x: Tensor, offs: Tensor, w_gate, w_up, s_gate: Optional[Tensor]
              x.stride(0)],
             dict(FMT_G=fg, FMT_U=fu, HAS_GATHER=gidx is not None, HAS_SG=sg is not None, HAS_SU=sg is not None,
                  HAS_RW=False, BWD=False, BM=cfg.bm, BR=br, BK=cfg.bk, BLOCK_E=cfg.block_e),
-            WARPS_DECODE, cfg.stages_down, _aligned(x, d, r, pg, pu), cap, x.device)
+            WARPS_DECODE, cfg.stages_down_lb, _aligned(x, d, r, pg, pu), cap, x.device)
     return z
 
 
@@ -345,7 +345,7 @@ def grouped_glu_backward(
                 [x, gidx, offs, cum, *pg, *pu, sg, su, zw, hg, hu, rw, e, d, r, x.stride(0)],
                 dict(FMT_G=fg, FMT_U=fu, HAS_GATHER=gidx is not None, HAS_SG=has_s, HAS_SU=has_s,
                      HAS_RW=rw is not None, BWD=True, BM=bm, BR=br, BK=bk, BLOCK_E=cfg.block_e),
-                WARPS_DECODE, cfg.stages_down, aligned, cap, dev)
+                WARPS_DECODE, cfg.stages_down_lb, aligned, cap, dev)
     # 2. dz0 partials over f slices (and dWd_hat)
     do_dwd = want[3]
     bn = cfg.bn_bwd
@@ -390,7 +390,7 @@ def grouped_glu_backward(
                 [x, gidx, offs, *pg, *pu, dhg, dhu, dx_rows, dwg, dwu, d, r, x.stride(0)],
                 dict(FMT_G=fg, FMT_U=fu, HAS_GATHER=gidx is not None, DO_DX=do_dx, DO_DW=do_dw, BM=bm, BD=bd,
                      BR=br),
-                WARPS_DECODE, cfg.stages_bwd_dxdw, aligned, cap, dev)
+                WARPS_DECODE, cfg.stages_dxdw_lb, aligned, cap, dev)
         if do_dx:
             if gather_idx is not None:
                 res[0] = G._combine(dx_rows, gather_idx, offs, x.shape[0], cfg, cap)

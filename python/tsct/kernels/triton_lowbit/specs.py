@@ -143,13 +143,14 @@ def enumerate_specs(arch: str) -> Iterator[Spec]:
                          hg_ptr="*fp32" if bwd else D, hu_ptr="*fp32" if bwd else D, rw_ptr="*fp32")
             consts = dict(FMT_G=fg, FMT_U=fu, HAS_GATHER=g is not None, HAS_SG=s, HAS_SU=s, HAS_RW=rw, BWD=bwd,
                           BM=cfg.bm, BR=br, BK=cfg.bk, BLOCK_E=cfg.block_e)
-            out.append(_base_spec("lowbit_down_fwd", types, consts, WARPS_DECODE, cfg.stages_down, aligned, KERNELS))
+            out.append(_base_spec("lowbit_down_fwd", types, consts, WARPS_DECODE, cfg.stages_down_lb, aligned,
+                                  KERNELS))
         ups = sorted({up_k(r, aligned) for r in (16, 32, 48, 64, 128, 129)})
         for rw, (single, bk), ypad in itertools.product((False, True), ups, (False, True)):
             types = dict(z_ptr=D, offs_ptr="*i32", cum_ptr="*i32", d0=d0, d1=d1, d2=d2, rw_ptr="*fp32", y_ptr=D)
             consts = dict(FMT_D=fd, HAS_RW=rw, SINGLE_K=single, Y_PAD=ypad, BM=cfg.bm, BN=cfg.bn_up, BK=bk,
                           BLOCK_E=cfg.block_e)
-            out.append(_base_spec("lowbit_up_fwd", types, consts, cfg.warps_up, cfg.stages_up, aligned, KERNELS))
+            out.append(_base_spec("lowbit_up_fwd", types, consts, cfg.warps_up_lb, cfg.stages_up, aligned, KERNELS))
         for sc, dwd in itertools.product(_IDX, (False, True)):
             types = dict(dy_ptr=D, sidx_ptr=f"*{sc}" if sc else UNUSED, offs_ptr="*i32", d0=d0, d1=d1, d2=d2,
                          zw_ptr=D, part_ptr="*fp32", dwd_ptr=D)
@@ -160,7 +161,7 @@ def enumerate_specs(arch: str) -> Iterator[Spec]:
                          u1=u1, u2=u2, dhg_ptr=D, dhu_ptr=D, dx_ptr=D, dwg_ptr=D, dwu_ptr=D)
             consts = dict(FMT_G=fg, FMT_U=fu, HAS_GATHER=g is not None, DO_DX=dx, DO_DW=dw, BM=cfg.bm,
                           BD=cfg.bd_bwd, BR=br)
-            out.append(_base_spec("lowbit_bwd_dx_dw", types, consts, WARPS_DECODE, cfg.stages_bwd_dxdw, aligned,
+            out.append(_base_spec("lowbit_bwd_dx_dw", types, consts, WARPS_DECODE, cfg.stages_dxdw_lb, aligned,
                                   KERNELS))
         for s in out:
             if s.key not in seen:
