@@ -298,7 +298,7 @@ def _forward(
                 cfg.warps_down, cfg.stages_down, al, cap, dev)
     single_k, bk_up = specs.up_k(cfg, r, al)
     vec_up = specs.up_vec(cfg, al, wd_t, dtype.itemsize)
-    bn, warps_up, stages_up = specs.up_tiles(cfg, vec_up, wd_t)
+    bn, warps_up, stages_up = specs.up_tiles(cfg, vec_up, wd_t, bk_up)
     fsplit = max(1, min(cfg.fsplit_up, _cdiv(f, bn)))
     if scatter_idx is not None:
         # internal buffer: row stride padded to 16 bytes (pad columns written, never read as values) so

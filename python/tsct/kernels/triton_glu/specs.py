@@ -269,10 +269,11 @@ def up_vec(cfg: Config, aligned: bool, wd_t: bool = False, itemsize: int = 2) ->
     return aligned and bool(cfg.vec_up) and not wd_t and itemsize == 2
 
 
-def up_tiles(cfg: Config, vec: bool, wd_t: bool = False) -> tuple[int, int, int]:
-    """(BN, num_warps, num_stages) of glu_up_fwd: the VEC and K-major (WD_T) variants have their own."""
+def up_tiles(cfg: Config, vec: bool, wd_t: bool = False, bk: int = 64) -> tuple[int, int, int]:
+    """(BN, num_warps, num_stages) of glu_up_fwd: the VEC and K-major (WD_T) variants have their own.
+    K steps past 64 (r > 64 in one step) keep at most 2 stages: the shared memory of a stage grows with BK."""
     if wd_t:
-        return cfg.bn_up_t, cfg.warps_up_t, cfg.stages_up_t
+        return cfg.bn_up_t, cfg.warps_up_t, (min(cfg.stages_up_t, 2) if bk > 64 else cfg.stages_up_t)
     return (cfg.bn_up_vec, cfg.warps_up, cfg.stages_up_vec) if vec else (cfg.bn_up, cfg.warps_up, cfg.stages_up)
 
 
@@ -361,7 +362,7 @@ def enumerate_specs(arch: str) -> Iterator[Spec]:
         for rw, (single, bk), ypad, wd_t in itertools.product((False, True), ups, (False, True), wd_ts):
             types = dict(z_ptr=D, offs_ptr="*i32", cum_ptr="*i32", wd_ptr=D, rw_ptr="*fp32", y_ptr=D)
             vec = up_vec(cfg, aligned, wd_t)
-            bn, warps, stages = up_tiles(cfg, vec, wd_t)
+            bn, warps, stages = up_tiles(cfg, vec, wd_t, bk)
             consts = dict(HAS_RW=rw, FSPLIT=1, SINGLE_K=single, VEC=vec, Y_PAD=ypad, WD_T=wd_t, BM=cfg.bm, BN=bn,
                           BK=bk, BLOCK_E=cfg.block_e)
             out.append(_spec("glu_up_fwd", types, consts, warps, stages, aligned))
