@@ -57,7 +57,9 @@ def main() -> int:
 
     def wanted(s) -> bool:
         c = dict(s.constexprs)
-        return (s.kernel in kernels and s.aligned and f"*{args.dtype}" in s.key and s.key not in seen
+        dtype_free = not any(f"*{d}" in s.key for d in ("bf16", "fp16"))  # helpers: index / flag kernels
+        return (s.kernel in kernels and (s.aligned or dtype_free) and (dtype_free or f"*{args.dtype}" in s.key)
+                and s.key not in seen
                 and all(c.get(k, v) == v for k, v in need.items()))
 
     base_cfg = specs.CONFIGS[args.arch]

@@ -13,7 +13,7 @@ decision 0012).
   host    n calls back to back without syncing (the GPU queue absorbs the device work, so the time
           is the host's), then the same under cProfile: top functions by own and cumulative time.
   device  torch.profiler: device time per kernel and per pass.
-  sweep   device time per tsct kernel of forward + backward for each tile-config override (the
+  sweep   device time of the forward, and per tsct kernel of forward + backward, for each tile-config override (the
           TSCT_TRITON_GLU_CFG syntax) and each AOT dir (``scripts/aot_sweep.py`` builds them), cubins
           only (TSCT_TRITON_BACKEND=aot: a variant missing from a dir is an error, not a JIT run).
 """
@@ -126,6 +126,7 @@ def sweep(arms: str, cfgs: str, aot_dirs: str, iters: int, backend: str) -> dict
                 label = f"{adir} [{over}] {arm}"
                 try:
                     r = device(fwdbwd, label, iters)
+                    r["fwd_ms"] = device(fwd, label + " fwd", iters)["device_ms"]
                 except Exception as e:  # a missing variant: say so, go on
                     print(f"\n{label}: FAILED {type(e).__name__}: {str(e)[:300]}", flush=True)
                     continue
@@ -134,13 +135,13 @@ def sweep(arms: str, cfgs: str, aot_dirs: str, iters: int, backend: str) -> dict
         glu._CONFIGS[a] = c
     print("\n== sweep summary (device ms per forward + backward; tsct kernels)")
     names = ("bwd_dz", "bwd_dx_dw", "up_fwd", "combine_rows", "down_fwd", "bwd_epi")
-    print("  total   " + "  ".join(f"{n[:12]:>12}" for n in names) + "  label   (glu_* / lowbit_* kernels)")
+    print("  fwd     fwd+bwd " + "  ".join(f"{n[:12]:>12}" for n in names) + "  label   (glu_* / lowbit_* kernels)")
     for label, r in res.items():
         k = {}
         for e in r["kernels"]:
             n = e["name"].removeprefix("glu_").removeprefix("lowbit_")
             k[n] = k.get(n, 0) + e["ms"]
-        print(f"  {r['device_ms']:.3f}   " + "  ".join(f"{k.get(n, 0):12.4f}" for n in names) + f"  {label}")
+        print(f"  {r['fwd_ms']:.3f}   {r['device_ms']:.3f}   " + "  ".join(f"{k.get(n, 0):12.4f}" for n in names) + f"  {label}")
     return res
 
 

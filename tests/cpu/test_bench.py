@@ -265,6 +265,16 @@ def test_timing_statistics_and_iteration_budget():
     assert 3 <= st["n"] <= 6  # max_seconds caps the count, min_iters floors it
 
 
+def test_graph_timing_is_cuda_only_and_reported_per_arm(small_run):
+    assert measure.time_graph(lambda i: None, torch.device("cpu")) is None
+    for a in small_run[1]["arms"]:  # the CPU run: eager times only, the graph fields present and empty
+        assert a["fwd_graph_ms"] is None and a["fwdbwd_graph_ms"] is None
+    assert report._graph_cell({"fwd_graph_ms": None, "fwdbwd_graph_ms": None}) == "-"
+    cell = report._graph_cell({"fwd_graph_ms": {"median": 0.6789}, "fwdbwd_graph_ms": {"median": 1.8791}})
+    assert cell == "0.679 / 1.879"
+    assert report._graph_cell({"fwd_graph_ms": {"median": 0.5}, "fwdbwd_graph_ms": None}) == "0.500 / -"
+
+
 def test_noisy_timings_are_flagged():
     from tsct.bench import report
     steady = {"median": 1.0, "p10": 0.98, "p90": 1.05}

@@ -246,12 +246,13 @@ def new_result(spec: ArmSpec) -> dict:
             "pct_of_copy_bw": None, "achieved_GBps": None, "tflops": None, "max_rel_err": None,
             "rel_l2_err": None, "max_rel_err_dequant": None, "rel_l2_err_dequant": None, "peak_mem_bytes": None,
             "storage_bytes": None, "dropped_fraction": None, "grads": None, "sync_free": None, "sync_ops": [],
-            "warnings": [], "w_down_layout": spec.w_down_layout}
+            "warnings": [], "w_down_layout": spec.w_down_layout, "fwd_graph_ms": None, "fwdbwd_graph_ms": None}
 
 
 def measure_arm(spec: ArmSpec, ctx: Context, fac: Factors, pass_fn: Callable[[InputSet], Tensor], *,
                 refusal_status: str = ERROR, before_timing: Optional[Callable] = None,
-                after_timing: Optional[Callable] = None, log: Callable[[str], None] = lambda s: None) -> dict:
+                after_timing: Optional[Callable] = None, graph: bool = True,
+                log: Callable[[str], None] = lambda s: None) -> dict:
     """Run, check and time one arm; every failure is recorded in the result, never raised.
 
     1. One call on input set 0 (untimed): an exception here is recorded with its message, as ``refused``
@@ -259,7 +260,9 @@ def measure_arm(spec: ArmSpec, ctx: Context, fac: Factors, pass_fn: Callable[[In
        Its output is compared with the fp32 reference(s).
     2. CUDA: one untimed forward+backward under torch's sync debug mode (``measure.sync_check``):
        ``sync_free`` / ``sync_ops``.
-    3. Forward timed (``measure.time_calls``), then forward+backward (unless --no-backward).
+    3. Forward timed (``measure.time_calls``), then forward+backward (unless --no-backward); on CUDA,
+       when the pass is sync-free and ``graph``, both again as CUDA-graph replays (``measure.time_graph``:
+       device time without the host's share; a capture failure is a warning).
     4. Peak memory of one more call (forward+backward, or forward), relative to what was allocated.
     """
     cfg, dev = ctx.cfg, ctx.device
@@ -317,6 +320,16 @@ def measure_arm(spec: ArmSpec, ctx: Context, fac: Factors, pass_fn: Callable[[In
                     except Exception as e:  # noqa: BLE001
                         res["reason"] = f"backward failed: {_message(e)}"
                         res["traceback"] = traceback.format_exc(limit=6)
+                if graph and dev.type == "cuda" and res["sync_free"]:  # a host sync cannot be captured
+                    log(f"{spec.name}: timing CUDA-graph replay")
+                    gkw = dict(n_sets=len(ctx.sets), replays=max(5, min(cfg.iters, 30)))
+                    try:
+                        res["fwd_graph_ms"] = measure.time_graph(fwd, dev, **gkw)
+                        if res["fwdbwd_ms"] is not None:
+                            res["fwdbwd_graph_ms"] = measure.time_graph(fwdbwd, dev, **gkw)
+                    except Exception as e:  # noqa: BLE001  (recorded: the eager times stand)
+                        warnings.warn(f"CUDA-graph timing failed: {_message(e)}")
+                        _free(dev)
                 res["peak_mem_bytes"] = measure.peak_memory(
                     lambda: fwdbwd(0) if res["fwdbwd_ms"] is not None else fwd(0), dev)
             finally:
@@ -399,8 +412,9 @@ def tsct_arm(spec: ArmSpec, ctx: Context, log=lambda s: None) -> dict:
     def pass_fn(inp: InputSet) -> Tensor:
         return tsct_call(inp.x, inp.ids, inp.weights, fac, ctx.cfg.experts, spec.path, masters)
 
+    # STE arms: not graph-timed (the quantized-master cache would hold tensors of the graph's pool)
     res = measure_arm(spec, ctx, _WithMasters(fac, ctx.dense) if ste else fac, pass_fn,
-                      before_timing=no_value_checks, after_timing=restore, log=log)
+                      before_timing=no_value_checks, after_timing=restore, graph=not ste, log=log)
     res["dropped_fraction"] = 0.0 if res["status"] == RAN else None
     return res
 

@@ -72,6 +72,43 @@ def time_calls(fn: Callable[[int], object], device: torch.device, *, warmup: int
     return stats(times)
 
 
+def time_graph(fn: Callable[[int], object], device: torch.device, *, n_sets: int = 1, warmup: int = 3,
+               replays: int = 20) -> Optional[dict]:
+    """Time the replay of ``fn(i)`` captured in a CUDA graph, one graph per input set, replayed in turn ->
+    {"median", "p10", "p90", "n"} in milliseconds; None off CUDA. The device time of the same work with
+    no host cost: the eager timing (``time_calls``) includes whatever the host adds when it cannot keep
+    the GPU queue ahead (a slow CPU makes a short pass host-bound). Warm-up runs on a side stream, as
+    torch.cuda.graph requires; an exception (a host sync, an op that cannot be captured) propagates."""
+    if device.type != "cuda":
+        return None
+    side = torch.cuda.Stream(device)
+    side.wait_stream(torch.cuda.current_stream(device))
+    with torch.cuda.stream(side):
+        for i in range(warmup):
+            fn(i % n_sets)
+    torch.cuda.current_stream(device).wait_stream(side)
+    graphs = []
+    try:
+        for i in range(n_sets):
+            g = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(g):
+                fn(i)
+            graphs.append(g)
+        for i in range(warmup):
+            graphs[i % n_sets].replay()
+        starts = [torch.cuda.Event(enable_timing=True) for _ in range(replays)]
+        ends = [torch.cuda.Event(enable_timing=True) for _ in range(replays)]
+        for i in range(replays):
+            starts[i].record()
+            graphs[i % n_sets].replay()
+            ends[i].record()
+        torch.cuda.synchronize(device)
+        return stats([a.elapsed_time(b) for a, b in zip(starts, ends)])
+    finally:
+        del graphs
+        torch.cuda.synchronize(device)
+
+
 def copy_bandwidth(device: torch.device, nbytes: int, *, warmup: int = 3, iters: int = 20) -> dict:
     """Device-to-device (on CPU: memory-to-memory) copy bandwidth of a ``nbytes`` buffer, measured now.
 

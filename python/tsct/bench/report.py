@@ -116,10 +116,12 @@ def table(result: dict, compact: bool = False) -> Table:
     caption = (f"copy {result['copy_bandwidth_GBps']:.0f} GB/s (measured now); bf16 bytes floor "
                f"{_bytes(result['bytes_floor'])} = {result['floor_ms']:.3f} ms at that rate. "
                f"Times: median {'' if compact else '(p10-p90) '}ms "
-               f"of the whole pass. % floor: floor time / fwd time. err: max|out-ref|/max|ref| against the fp32 "
+               f"of the whole pass (eager, per call; graph: replayed from a CUDA graph, the device time without "
+               f"the host's share). % floor: floor time / fwd time. err: max|out-ref|/max|ref| against the fp32 "
                f"reference of the bf16 factors (dq: against the fp32 reference of the dequantized factors).")
     t = Table(title=escape(title), caption=escape(caption), caption_justify="left")
-    names = ["arm", "status", "fwd ms", "fwd+bwd ms", "% floor", "TFLOP/s f / fb", "max rel err", "peak mem"]
+    names = ["arm", "status", "fwd ms", "fwd+bwd ms", "graph f / fb", "% floor", "TFLOP/s f / fb", "max rel err",
+             "peak mem"]
     names += [] if compact else ["storage", "dropped"]
     for name in names:
         t.add_column(name, justify="left" if name in ("arm", "status") else "right", no_wrap=True,
@@ -134,13 +136,21 @@ def table(result: dict, compact: bool = False) -> Table:
         ran = a["status"] == "ran"
         row = [escape(a["name"]), f"[{STATUS_STYLE.get(a['status'], 'default')}]{a['status']}[/]",
                _time_cell(a.get("fwd_ms"), not compact), _time_cell(a.get("fwdbwd_ms"), not compact),
-               _num(a.get("pct_of_floor"), ".1f"),
+               _graph_cell(a), _num(a.get("pct_of_floor"), ".1f"),
                f"{_num(tf.get('fwd'), '.2f')} / {_num(tf.get('fwdbwd'), '.2f')}" if ran else "-",
                err, _bytes(a.get("peak_mem_bytes")) if ran else "-"]
         if not compact:
             row += [_bytes(a.get("storage_bytes"), "-"), _num(a.get("dropped_fraction"), ".2%") if ran else "-"]
         t.add_row(*row)
     return t
+
+
+def _graph_cell(a: dict) -> str:
+    """Median ms of the forward / forward+backward replayed from a CUDA graph ("-" where not timed)."""
+    f, fb = a.get("fwd_graph_ms"), a.get("fwdbwd_graph_ms")
+    if not f and not fb:
+        return "-"
+    return f"{_num(f and f.get('median'), '.3f')} / {_num(fb and fb.get('median'), '.3f')}"
 
 
 def _fwd_above_fwdbwd(a: dict) -> bool:

@@ -2,7 +2,8 @@
 interpreter wrong for bf16 dots). Exercises the same kernels and host code as the GPU path, against
 tsct.reference: gather/scatter on and off, scales and row weight on and off, padding rows with NaN
 weights and garbage indices, empty and one-row experts, multi-tile experts, r > 128 (multi-K up
-projection, several rank blocks), f not a multiple of 8, top-4, a K-major w_down (WD_T).
+projection, several rank blocks), f not a multiple of 8, top-4, targets no row reaches, a K-major
+w_down (WD_T).
 
     TRITON_INTERPRET=1 PYTHONPATH=python python -m tsct.kernels.triton_glu._interp_check
 
@@ -25,7 +26,7 @@ from tsct.kernels.triton_glu import glu as G  # noqa: E402
 
 
 def make(T, k, E, d, r, f, pad=3, gather=True, scatter=True, scales=True, rw=True, counts=None, seed=0,
-         kmajor=False):
+         kmajor=False, spread=0):
     g = torch.Generator().manual_seed(seed)
     valid = T * k
     m = valid + pad
@@ -46,7 +47,9 @@ def make(T, k, E, d, r, f, pad=3, gather=True, scatter=True, scales=True, rw=Tru
     gi = torch.cat([torch.randperm(valid, generator=g) // k, torch.full((pad,), 10 ** 9)]).to(torch.int32) \
         if gather else None
     si = torch.cat([torch.randperm(valid, generator=g) // k, torch.full((pad,), -7)]) if scatter else None
-    return x, offs, wg, wu, wd, sg, su, rwt, gi, si, (T if scatter else None)
+    if scatter and spread:  # T + spread targets, `spread` of them reached by no row (must come out zero)
+        si[:valid] = torch.randperm(T + spread, generator=g)[:T][si[:valid]]
+    return x, offs, wg, wu, wd, sg, su, rwt, gi, si, (T + spread if scatter else None)
 
 
 def rel(a, b):
@@ -63,6 +66,7 @@ CASES = {
     "r80": dict(T=16, k=2, E=2, d=16, r=80, f=24),
     "r300_d100_f5": dict(T=20, k=2, E=3, d=100, r=300, f=5, pad=4),
     "top4": dict(T=16, k=4, E=5, d=32, r=16, f=19, pad=2),
+    "untouched_targets": dict(T=20, k=2, E=4, d=32, r=16, f=29, spread=7),
     "f600_slices": dict(T=40, k=2, E=3, d=32, r=16, f=600, counts=[70, 0, 10], pad=2),
     "kmajor_wd": dict(T=24, k=2, E=4, d=32, r=16, f=37, kmajor=True),
     "kmajor_wd_multi": dict(T=80, k=2, E=3, d=32, r=32, f=600, counts=[0, 150, 10], kmajor=True),
