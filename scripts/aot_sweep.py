@@ -52,7 +52,18 @@ def main() -> int:
     specs = ab.family_specs("glu")
     if triton.__version__ != specs.TRITON_VERSION and not args.allow_other_triton:
         raise SystemExit(f"Triton {triton.__version__}, not the pinned {specs.TRITON_VERSION}: pass --allow-other-triton")
-    kernels = set(args.kernels.split(","))
+    kernels = set(filter(None, args.kernels.split(",")))
+    if unknown := kernels - set(specs.KERNELS):
+        raise SystemExit(f"--kernels: unknown {sorted(unknown)} (glu family: {sorted(specs.KERNELS)})")
+    if args.arch not in specs.CONFIGS:
+        raise SystemExit(f"--arch: one of {sorted(specs.CONFIGS)}")
+    for over in args.cfgs.split(";"):
+        try:
+            dataclasses.replace(specs.CONFIGS[args.arch]).update(over)
+        except (KeyError, ValueError) as e:
+            raise SystemExit(f"--cfgs {over!r}: {e} (syntax: NAME=INT,...;NAME=INT,...)")
+    if args.out.resolve() in (args.base.resolve(), *args.base.resolve().parents):
+        raise SystemExit("--out must not be --base or a folder above it (it is deleted first)")
     need = {k: int(v) for k, v in (t.split("=") for t in filter(None, args.require.split(",")))}
 
     def wanted(s) -> bool:
@@ -74,6 +85,8 @@ def main() -> int:
                 jobs.append(("glu", args.arch, s, str(cache)))
     specs.CONFIGS[args.arch] = base_cfg
     print(f"aot_sweep: {len(jobs)} variants with Triton {triton.__version__}", flush=True)
+    if not jobs:
+        raise SystemExit("aot_sweep: no variant matches --kernels / --dtype / --require")
 
     dst = args.out / args.arch
     if args.out.exists():

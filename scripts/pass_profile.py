@@ -113,6 +113,11 @@ def sweep(arms: str, cfgs: str, aot_dirs: str, iters: int, backend: str) -> dict
 
     os.environ["TSCT_TRITON_BACKEND"] = backend
     base = {a: dataclasses.replace(c) for a, c in glu._CONFIGS.items()}
+    for over in cfgs.split(";"):  # every override checked before the b1 inputs are built
+        try:
+            dataclasses.replace(glu.CONFIG).update(over)
+        except (KeyError, ValueError) as e:
+            raise SystemExit(f"--cfgs {over!r}: {e} (syntax: NAME=INT,...;NAME=INT,...)")
     res = {}
     plist = list(passes(arms))  # inputs built once
     for adir in aot_dirs.split(",") if aot_dirs else ["installed"]:

@@ -142,6 +142,8 @@ def test_every_lowbit_launch_has_an_aot_variant(dry_run, cap, fmt):
             L.grouped_glu_backward(go, *args, need)
         _, saved = L.grouped_glu_forward_saved(*args)  # what tsct::grouped_glu_q runs, and its backward
         L.grouped_glu_backward(go, *args, NEEDS[0], saved=saved)
+        x, offs, wg, wu, _, sg, su, _, gi = args[:9]
+        L.down_forward(x, offs, wg, wu, sg, su, gi)  # public: the latent alone (same table entry)
         assert not missing, f"{shape[0]} {fmt}: no AOT variant for {missing[:2]}"
         kinds = {kk.split("|")[0] for kk in found[n0:]}
         assert {"lowbit_down_fwd", "lowbit_up_fwd", "lowbit_bwd_dz", "lowbit_bwd_dx_dw", "glu_bwd_epi"} <= kinds, \

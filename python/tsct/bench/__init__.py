@@ -13,8 +13,8 @@ device {type, name, capability, sm_count, memory_bytes, l2_cache_bytes, driver, 
 config (every parameter, plus routed_rows, capacity, input_sets_used), copy_bandwidth_GBps, copy,
 bytes_floor, floor_ms, factor_bytes_bf16, params_per_expert, flops_fwd, expert_rows, auto_paths,
 fallbacks, arms: [{name, kind, path, format, status: ran|refused|unavailable|error, reason,
-fwd_ms {median, p10, p90, n}, fwdbwd_ms {...}, bytes, pct_of_floor, pct_of_copy_bw, achieved_GBps,
-tflops {fwd, fwdbwd}, max_rel_err, rel_l2_err, max_rel_err_dequant, rel_l2_err_dequant, nonfinite,
+fwd_ms {median, p10, p90, n}, fwdbwd_ms {...}, fwd_graph_ms {...} | null, fwdbwd_graph_ms {...} | null,
+bytes, pct_of_floor, pct_of_copy_bw, achieved_GBps, tflops {fwd, fwdbwd}, rates_from: graph|eager, max_rel_err, rel_l2_err, max_rel_err_dequant, rel_l2_err_dequant, nonfinite,
 peak_mem_bytes, storage_bytes, dropped_fraction, grads, sync_free, sync_ops, warnings}]}.
 README.md beside this file defines every figure; the formulas live in ``counts`` (bytes, FLOPs),
 ``measure`` (times) and ``arms``.

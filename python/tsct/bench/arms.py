@@ -246,7 +246,8 @@ def new_result(spec: ArmSpec) -> dict:
             "pct_of_copy_bw": None, "achieved_GBps": None, "tflops": None, "max_rel_err": None,
             "rel_l2_err": None, "max_rel_err_dequant": None, "rel_l2_err_dequant": None, "peak_mem_bytes": None,
             "storage_bytes": None, "dropped_fraction": None, "grads": None, "sync_free": None, "sync_ops": [],
-            "warnings": [], "w_down_layout": spec.w_down_layout, "fwd_graph_ms": None, "fwdbwd_graph_ms": None}
+            "warnings": [], "w_down_layout": spec.w_down_layout, "fwd_graph_ms": None, "fwdbwd_graph_ms": None,
+            "rates_from": None}
 
 
 def measure_arm(spec: ArmSpec, ctx: Context, fac: Factors, pass_fn: Callable[[InputSet], Tensor], *,
@@ -346,10 +347,16 @@ def measure_arm(spec: ArmSpec, ctx: Context, fac: Factors, pass_fn: Callable[[In
 
 
 def _add_rates(res: dict, ctx: Context) -> None:
+    """% of floor, GB/s and TFLOP/s from the CUDA-graph medians where the arm has them (device time: the
+    eager one is host time on a slow host), else from the eager medians; ``rates_from`` says which."""
     cfg = ctx.cfg
     flops = counts.useful_flops(cfg.routed_rows, cfg.d, cfg.r, cfg.f)
-    t_f = res["fwd_ms"]["median"] * 1e-3 if res["fwd_ms"] else None
-    t_fb = res["fwdbwd_ms"]["median"] * 1e-3 if res["fwdbwd_ms"] else None
+    graph = bool(res.get("fwd_graph_ms"))
+    res["rates_from"] = "graph" if graph else ("eager" if res["fwd_ms"] else None)
+    tf_src = res["fwd_graph_ms"] if graph else res["fwd_ms"]
+    tfb_src = (res.get("fwdbwd_graph_ms") or None) if graph else res["fwdbwd_ms"]
+    t_f = tf_src["median"] * 1e-3 if tf_src else None
+    t_fb = tfb_src["median"] * 1e-3 if tfb_src else None
     if t_f:
         floor_s = ctx.bytes_floor / (ctx.copy_GBps * 1e9)
         res["pct_of_floor"] = 100.0 * floor_s / t_f

@@ -87,11 +87,13 @@ def time_graph(fn: Callable[[int], object], device: torch.device, *, n_sets: int
         for i in range(warmup):
             fn(i % n_sets)
     torch.cuda.current_stream(device).wait_stream(side)
-    graphs = []
+    graphs: list = []
+    g = None
     try:
         for i in range(n_sets):
             g = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(g):
+            # one memory pool for all: the replays run one after another on one stream
+            with torch.cuda.graph(g, pool=graphs[0].pool() if graphs else None):
                 fn(i)
             graphs.append(g)
         for i in range(warmup):
@@ -105,7 +107,8 @@ def time_graph(fn: Callable[[int], object], device: torch.device, *, n_sets: int
         torch.cuda.synchronize(device)
         return stats([a.elapsed_time(b) for a, b in zip(starts, ends)])
     finally:
-        del graphs
+        graphs.clear()  # the graphs own their pool's memory: drop every reference, a failed capture's too
+        g = None  # noqa: F841
         torch.cuda.synchronize(device)
 
 

@@ -117,7 +117,7 @@ def table(result: dict, compact: bool = False) -> Table:
                f"{_bytes(result['bytes_floor'])} = {result['floor_ms']:.3f} ms at that rate. "
                f"Times: median {'' if compact else '(p10-p90) '}ms "
                f"of the whole pass (eager, per call; graph: replayed from a CUDA graph, the device time without "
-               f"the host's share). % floor: floor time / fwd time. err: max|out-ref|/max|ref| against the fp32 "
+               f"the host's share). % floor: floor time / fwd time (graph where timed, else eager; so are TFLOP/s). err: max|out-ref|/max|ref| against the fp32 "
                f"reference of the bf16 factors (dq: against the fp32 reference of the dequantized factors).")
     t = Table(title=escape(title), caption=escape(caption), caption_justify="left")
     names = ["arm", "status", "fwd ms", "fwd+bwd ms", "graph f / fb", "% floor", "TFLOP/s f / fb", "max rel err",
@@ -169,7 +169,7 @@ def print_report(result: dict, console: Console) -> None:
     if shaky:
         console.print(f"[yellow]~ noisy[/]: p90/p10 > {NOISY_RATIO} for {', '.join(shaky)}. The median of such an arm "
                       "moves between runs (a host-bound eager pass, or a busy machine): re-run, raise --iters, or "
-                      "compare CUDA-graph replay of the same work before drawing conclusions.", highlight=False)
+                      "compare the CUDA-graph column (not timed for STE arms) before drawing conclusions.", highlight=False)
     upside = [a["name"] for a in result["arms"] if _fwd_above_fwdbwd(a)]
     if upside:
         console.print(f"[yellow]! inconsistent[/]: the forward alone took longer than forward+backward for "
