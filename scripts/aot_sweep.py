@@ -3,12 +3,11 @@
     python scripts/aot_sweep.py --base SITE/tsct/_aot --out /tmp/sweep_aot \
         --kernels glu_bwd_dz --cfgs "stages_dz_t=3;warps_dz_t=8" [--arch sm_90a] [--jobs 2]
 
-Why: the configs were picked from Triton JIT runs on the H200 image (Triton 3.6) while the wheel's cubins
-come from the pinned Triton 3.9, and the two compilers do not agree on the best tiles (glu_bwd_dz: 0.59
-vs 0.71 ms with the same config). The output dir is a copy of --base plus the bf16 aligned variants of
---kernels for each config override; run on the GPU with TSCT_AOT_DIR=OUT, TSCT_TRITON_BACKEND=aot and
-TSCT_TRITON_GLU_CFG=<override>, so the launches find the new cubins (``scripts/pass_profile.py device``).
-Run with another Triton (``--allow-other-triton``) to A/B compilers on the same config.
+Why: to time tile configs on the cubins the wheel ships (Triton 3.9), not through the H200 image's JIT
+(Triton 3.6); bench/notes.md "v8" has the sweeps this made. The output dir is a copy of --base's arch
+dir plus the bf16 aligned variants of --kernels for each config override; time them on the GPU with
+``scripts/pass_profile.py sweep --aot-dirs OUT --cfgs ...`` (cubins only). Run with another Triton
+(``--allow-other-triton``) to A/B compilers on the same config (3.6 and 3.9 timed the same).
 """
 from __future__ import annotations
 
@@ -57,11 +56,8 @@ def main() -> int:
         raise SystemExit(f"--kernels: unknown {sorted(unknown)} (glu family: {sorted(specs.KERNELS)})")
     if args.arch not in specs.CONFIGS:
         raise SystemExit(f"--arch: one of {sorted(specs.CONFIGS)}")
-    for over in args.cfgs.split(";"):
-        try:
-            dataclasses.replace(specs.CONFIGS[args.arch]).update(over)
-        except (KeyError, ValueError) as e:
-            raise SystemExit(f"--cfgs {over!r}: {e} (syntax: NAME=INT,...;NAME=INT,...)")
+    for over in args.cfgs.split(";"):  # a bad override raises ValueError naming it, before anything is deleted
+        dataclasses.replace(specs.CONFIGS[args.arch]).update(over)
     if args.out.resolve() in (args.base.resolve(), *args.base.resolve().parents):
         raise SystemExit("--out must not be --base or a folder above it (it is deleted first)")
     need = {k: int(v) for k, v in (t.split("=") for t in filter(None, args.require.split(",")))}

@@ -59,6 +59,16 @@ def test_artifact_arch_is_exact():
     assert aot.artifact_arch(None) is None
 
 
+def test_config_overrides_apply_and_bad_ones_name_the_item():
+    cfg = specs.config_for((9, 0)).update(" stages_dz_t=3, warps_up_lb=2 ,")
+    assert (cfg.stages_dz_t, cfg.warps_up_lb) == (3, 2)
+    assert specs.config_for((9, 0)).update("") == specs.CONFIGS["sm_90a"]  # "" changes nothing
+    for bad, words in (("stages_dz=3", "unknown field 'stages_dz'"), ("stages_dz_t", "expected stages_dz_t=<integer>"),
+                       ("stages_dz_t=two", "expected stages_dz_t=<integer>"), ("=3", "unknown field ''")):
+        with pytest.raises(ValueError, match=words):
+            specs.config_for((9, 0)).update(bad)
+
+
 def test_install_holds_every_manifest_cubin():
     sec = _aot_section()
     assert sec["triton_version"] == specs.TRITON_VERSION

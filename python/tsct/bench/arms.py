@@ -354,7 +354,7 @@ def _add_rates(res: dict, ctx: Context) -> None:
     graph = bool(res.get("fwd_graph_ms"))
     res["rates_from"] = "graph" if graph else ("eager" if res["fwd_ms"] else None)
     tf_src = res["fwd_graph_ms"] if graph else res["fwd_ms"]
-    tfb_src = (res.get("fwdbwd_graph_ms") or None) if graph else res["fwdbwd_ms"]
+    tfb_src = res["fwdbwd_graph_ms"] if graph else res["fwdbwd_ms"]
     t_f = tf_src["median"] * 1e-3 if tf_src else None
     t_fb = tfb_src["median"] * 1e-3 if tfb_src else None
     if t_f:

@@ -85,13 +85,22 @@ class Config:
     stages_dxdw_lb: int = 1
 
     def update(self, spec: str) -> "Config":
-        """Apply "name=int,name=int" (no validation beyond the field existing)."""
+        """Apply "name=int,name=int" (TSCT_TRITON_GLU_CFG's syntax; "" changes nothing).
+
+        Raises ValueError naming the item when it is not NAME=INT or NAME is not a field."""
         names = {f.name for f in dataclasses.fields(self)}
         for item in filter(None, (t.strip() for t in spec.split(","))):
-            key, val = item.split("=")
+            key, sep, val = item.partition("=")
             if key not in names:
-                raise KeyError(f"unknown Triton GLU config field {key!r}")
-            setattr(self, key, int(val))
+                raise ValueError(f"Triton GLU config override {item!r}: unknown field {key!r} "
+                                 f"(fields: {', '.join(sorted(names))})")
+            try:
+                value = int(val) if sep else None
+            except ValueError:
+                value = None
+            if value is None:
+                raise ValueError(f"Triton GLU config override {item!r}: expected {key}=<integer>")
+            setattr(self, key, value)
         return self
 
 
