@@ -71,7 +71,8 @@ int tsct_kernel_available(const char* kernel_name, int* available) {
     return tsct::fail(TSCT_ERR_BAD_ARGUMENT, "tsct_kernel_available: null pointer argument");
   *available = 0;
   const void* fn = nullptr;
-  const tsct::KernelEntry* const tables[] = {tsct::kNvfp4Kernels, tsct::kSignKernels, tsct::kRowsGroupedKernels};
+  const tsct::KernelEntry* const tables[] = {tsct::kNvfp4Kernels, tsct::kSignKernels, tsct::kRowsGroupedKernels,
+                                               tsct::kGluKernels};
   for (const tsct::KernelEntry* table : tables)
     for (const tsct::KernelEntry* e = table; e->name && !fn; ++e)
       if (strcmp(e->name, kernel_name) == 0) fn = e->fn;

@@ -32,5 +32,6 @@ struct KernelEntry {
 extern const KernelEntry kNvfp4Kernels[];
 extern const KernelEntry kSignKernels[];
 extern const KernelEntry kRowsGroupedKernels[];  // rows_grouped.cu
+extern const KernelEntry kGluKernels[];          // glu/dz_bf16.cu
 
 }  // namespace tsct

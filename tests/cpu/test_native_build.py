@@ -40,7 +40,7 @@ HEADER = REPO / "csrc" / "include" / "tsct" / "tsct.h"
 REQUIRED_TARGETS = ("sm_90a", "sm_100a", "sm_120a")
 KERNELS = {f"tsctk_{op}_{dt}" for op in ("nvfp4_quantize", "nvfp4_dequantize", "sign_pack", "sign_dequantize",
                                          "nvfp4_rows_amax", "nvfp4_rows_quantize")
-           for dt in ("f32", "bf16", "f16")} | {"tsctk_nvfp4_rows_finalize"}
+           for dt in ("f32", "bf16", "f16")} | {"tsctk_nvfp4_rows_finalize", "tsctk_glu_bwd_dz_bf16"}
 BAD_ARGUMENT = -1
 
 
@@ -428,6 +428,17 @@ def test_c_entry_points_reject_bad_arguments(lib):
         (lib.tsct_sign_pack, (P, -1, 1, 4, 16, P, None), "w_dtype=-1"),
         (lib.tsct_sign_dequantize, (P, P, None, 1, 4, 16, P, 0, None), "null pointer"),
         (lib.tsct_sign_dequantize, (P, P, P, 1, 4, 16, P, 9, None), "out_dtype=9"),
+        # grad_out, grad_rows, f, scatter_idx, offs, E, m, w_down_t, zw, r, slices, dz_part, dw_down_t, stream
+        (lib.tsct_glu_bwd_dz_bf16, (P, 8, 100, None, P, 2, 8, P, P, 32, 1, P, P, None), "only r = 64"),
+        (lib.tsct_glu_bwd_dz_bf16, (P, 8, 100, None, P, 2, 8, P, P, 64, 3, P, P, None), "slices=3"),
+        (lib.tsct_glu_bwd_dz_bf16, (P, 8, 100, None, P, 2, 8, P, P, 64, 0, P, P, None), "slices=0"),
+        (lib.tsct_glu_bwd_dz_bf16, (P, 8, 0, None, P, 2, 8, P, P, 64, 1, P, P, None), "f=0"),
+        (lib.tsct_glu_bwd_dz_bf16, (P, -1, 100, None, P, 2, 8, P, P, 64, 1, P, P, None), "grad_rows=-1"),
+        (lib.tsct_glu_bwd_dz_bf16, (P, 8, 1 << 31, None, P, 2, 8, P, P, 64, 1, P, P, None), "< 2^31"),
+        (lib.tsct_glu_bwd_dz_bf16, (P, 1 << 40, 1 << 30, None, P, 2, 8, P, P, 64, 1, P, P, None), "overflow"),
+        (lib.tsct_glu_bwd_dz_bf16, (P, 8, 100, None, None, 2, 8, P, P, 64, 1, P, P, None), "null pointer"),
+        (lib.tsct_glu_bwd_dz_bf16, (ctypes.c_void_p(0x1002), 8, 100, None, P, 2, 8, P, P, 64, 1, P, P, None),
+         "16-byte aligned"),
     ]
     for fn, args, needle in cases:
         rc = fn(*args)
@@ -438,6 +449,7 @@ def test_c_entry_points_reject_bad_arguments(lib):
     assert lib.tsct_nvfp4_dequantize(None, None, 0, None, 3, 0, 32, None, 1, None) == 0
     assert lib.tsct_sign_pack(None, 0, 2, 3, 0, None, None) == 0
     assert lib.tsct_sign_dequantize(None, None, None, 0, 3, 8, None, 2, None) == 0
+    assert lib.tsct_glu_bwd_dz_bf16(None, 0, 100, None, None, 0, 0, None, None, 64, 1, None, None, None) == 0
     assert _detail(lib) == ""
 
 
@@ -495,6 +507,31 @@ def test_wrappers_reject_bad_input(lib):
         native.sign_dequantize(bits, torch.ones(1, 16), torch.ones(1, 2))
     with pytest.raises(TypeError, match="name must be a str"):
         native.kernel_available(3)
+
+
+def test_glu_bwd_dz_wrapper_rejects_bad_input(lib):
+    bf = torch.bfloat16
+    go, offs = torch.zeros(8, 100, dtype=bf), torch.tensor([3, 8], dtype=torch.int32)
+    wd, zw = torch.zeros(2, 100, 64, dtype=bf), torch.zeros(8, 64, dtype=bf)
+    dz = native.glu_bwd_dz_bf16
+    with pytest.raises(TypeError, match="grad_out must have dtype"):
+        dz(go.float(), offs, wd, zw, slices=1)
+    with pytest.raises(TypeError, match="offs must have dtype"):
+        dz(go, offs.long(), wd, zw, slices=1)
+    with pytest.raises(TypeError, match="zw must be a torch.Tensor"):
+        dz(go, offs, wd, None, slices=1)
+    with pytest.raises(ValueError, match=r"w_down_t must have shape \[2, 100, 64\]"):
+        dz(go, offs, torch.zeros(2, 64, 100, dtype=bf), zw, slices=1)
+    with pytest.raises(ValueError, match=r"zw must have shape \[8, 64\]"):
+        dz(go, offs, wd, torch.zeros(8, 32, dtype=bf), slices=1)
+    with pytest.raises(ValueError, match=r"slices must be an int in \[1, min\(16, ceil\(f/64\) = 2\)\]"):
+        dz(go, offs, wd, zw, slices=3)
+    with pytest.raises(ValueError, match="grad_out has 4 rows < M=8 and no scatter_idx"):
+        dz(go[:4], offs, wd, zw, slices=1)
+    with pytest.raises(ValueError, match=r"scatter_idx must have shape \[8\]"):
+        dz(go, offs, wd, zw, slices=1, scatter_idx=torch.zeros(7, dtype=torch.int64))
+    with pytest.raises(ValueError, match="grad_out must be a CUDA tensor"):
+        dz(go, offs, wd, zw, slices=2)
 
 
 def test_swizzled_scale_numel():

@@ -84,6 +84,11 @@ CASES = [
     Case("fp16_kmajor_nogather", T=128, k=2, E=16, d=256, r=32, f=5461, dtype=torch.float16,
          s_dtype=torch.float16, rw_dtype=torch.float16, gather=False, scatter=False, pad=5, kmajor=True),
     Case("r100_kmajor_fallback", T=64, k=2, E=6, d=200, r=100, f=333, counts=(0, 64, 0, 60, 3, 1), kmajor=True),
+    # bf16, r = 64, K-major: the CUDA glu_bwd_dz on sm_90 (csrc/glu/dz_bf16.cu); > 64 rows: several row chunks
+    Case("f37_r64_kmajor_chunks", T=100, k=2, E=6, d=64, r=64, f=37, counts=(0, 70, 1, 0, 120, 9), pad=5,
+         kmajor=True),
+    Case("f5461_r64_kmajor_nogather", T=128, k=2, E=8, d=128, r=64, f=5461, counts=(0, 64, 65, 1, 30, 40, 56, 0),
+         gather=False, scatter=False, pad=3, kmajor=True),
 ]
 
 

@@ -20,9 +20,10 @@
 extern "C" {
 #endif
 
-#define TSCT_ABI_VERSION 4 /* 2: the Triton AOT launcher (tsct_triton_*); 3: the grouped activation quantizer
+#define TSCT_ABI_VERSION 5 /* 2: the Triton AOT launcher (tsct_triton_*); 3: the grouped activation quantizer
                               (tsct_nvfp4_quantize_rows_grouped) and the sm_120 CuTeDSL entries (tsct_sm120_*);
-                              4: the CUTLASS sm_120 grouped NVFP4 GEMM (tsct_cutlass_*) */
+                              4: the CUTLASS sm_120 grouped NVFP4 GEMM (tsct_cutlass_*);
+                              5: the grouped GLU backward kernel tsct_glu_bwd_dz_bf16 */
 
 /* The library is built with -fvisibility=hidden; only declarations marked TSCT_API are exported
  * (and csrc/exports.map lists the same names). */
@@ -89,6 +90,24 @@ TSCT_API int tsct_nvfp4_quantize_rows_grouped(const void* x, int x_dtype, int64_
                                               int64_t m, const float* col_scale, int64_t m_alloc, uint8_t* codes,
                                               uint8_t* sfa, int64_t sfa_bytes, int32_t* sfa_offsets, float* s_enc,
                                               void* stream);
+
+/* ---- grouped GLU backward: the up projection's two gradient GEMMs (csrc/glu/dz_bf16.cu) ----
+ * For the bf16 grouped GLU with rank r = 64 and w_down stored K-major (design.md section 2; the Triton path's
+ * glu_bwd_dz, rewritten in CUDA because odd f leaves dY rows 2-byte aligned):
+ *   dz_part[s, i, k] = sum_{n in f-slice s} grad_out[sidx(i), n] * w_down_t[e(i), n, k]   fp32 [slices, m, 64]
+ *   dw_down_t[e, n, k] = sum_{i in expert e} grad_out[sidx(i), n] * zw[i, k]              bf16 [E, f, 64]
+ * grad_out: bf16 [grad_rows, f]; scatter_idx: int64 [m] (routed row i reads grad_out row scatter_idx[i]; an
+ * index outside [0, grad_rows) reads a zero row) or NULL (row i reads row i); offs: int32 [num_experts]
+ * cumulative END offsets (non-decreasing, offs[E-1] <= m); w_down_t: bf16 [E, f, 64]; zw: bf16 [m, 64] (z times
+ * the row weight). Slice s covers the 64-column steps [s*n/S, (s+1)*n/S) of n = ceil(f/64); the caller sums the
+ * slices (fixed order: deterministic). Rows at or past offs[E-1] are not written; dw_down_t may be NULL (not
+ * computed); an empty expert gets exact zeros. r must be 64, 1 <= slices <= min(16, ceil(f/64)); every pointer
+ * 16-byte aligned. Needs 111,616 bytes of shared memory per block (sm_80, sm_90, sm_100; not sm_120): else
+ * cudaErrorInvalidConfiguration with a detail. Stream-ordered, no host sync. */
+TSCT_API int tsct_glu_bwd_dz_bf16(const void* grad_out, int64_t grad_rows, int64_t f, const int64_t* scatter_idx,
+                                  const int32_t* offs, int64_t num_experts, int64_t m, const void* w_down_t,
+                                  const void* zw, int64_t r, int64_t slices, float* dz_part, void* dw_down_t,
+                                  void* stream);
 
 /* ---- sm_120 NVFP4 grouped GEMMs: CuTeDSL kernels exported ahead of time (cutedsl/, decisions 0006, 0009) ----
  * Linked into this library when it was built with TSCT_CUTEDSL=ON (else every entry returns

@@ -113,6 +113,11 @@ class Family:
         with self._lock:
             return dict(self.counts)
 
+    def count(self, backend: str, kernel: str) -> None:
+        """Record one launch that bypassed ``launch`` (e.g. a native CUDA kernel: backend "native")."""
+        with self._lock:
+            self.counts[(backend, kernel)] += 1
+
     def _resolve(self, kernel: str, arch: str, args: Sequence[Any], consts: dict, num_warps: int,
                  num_stages: int, aligned: bool) -> _Resolved:
         from tsct.kernels import aot

@@ -17,6 +17,8 @@ Kernels (CUDA tensors; see each docstring for shapes, dtypes and errors):
     nvfp4_dequantize(codes, block_scale, layout, s_enc, k, out_dtype=torch.bfloat16) -> Tensor
     nvfp4_quantize_rows_grouped(x, offs, *, gather_idx, col_scale, m, m_alloc)
         -> (codes, sfa, sfa_offsets, s_enc)   routed rows per expert, swizzled scales (sm_120 GEMMs' A)
+    glu_bwd_dz_bf16(grad_out, offs, w_down_t, zw, *, slices, scatter_idx, compute_dw) -> (dz_part, dw)
+                                     the grouped GLU's up-projection gradients (bf16, r = 64, sm_80/90/100)
     sm120_built() -> bool            the CuTeDSL sm_120 kernels are linked in (decision 0009)
     sm120_nvfp4_grouped(variant, a, b, sfa, sfa_offsets, sfb, c, offs, tile_expert, tile_row, alpha, ep0, ep1)
         one CuTeDSL sm_120a grouped NVFP4 GEMM (compute capability 12.0 only; never executed yet)
@@ -35,6 +37,7 @@ from tsct.native._loader import (
     manifest,
 )
 from tsct.native._ops import (
+    glu_bwd_dz_bf16,
     kernel_available,
     nvfp4_dequantize,
     nvfp4_quantize,
@@ -51,6 +54,7 @@ __all__ = [
     "NativeUnavailableError",
     "available",
     "build_info",
+    "glu_bwd_dz_bf16",
     "kernel_available",
     "library_path",
     "load_error",

@@ -352,6 +352,90 @@ def nvfp4_quantize_rows_grouped(
     return codes, sfa.view(torch.float8_e4m3fn), sfa_offsets, s_enc
 
 
+GLU_DZ_RANK = 64  # the only rank tsct_glu_bwd_dz_bf16 is built for
+GLU_DZ_MAX_SLICES = 16
+
+
+def glu_bwd_dz_bf16(
+    grad_out: Tensor,
+    offs: Tensor,
+    w_down_t: Tensor,
+    zw: Tensor,
+    *,
+    slices: int,
+    scatter_idx: Tensor | None = None,
+    compute_dw: bool = True,
+) -> tuple[Tensor, Tensor | None]:
+    """The grouped GLU's up-projection gradients in one pass (``tsct_glu_bwd_dz_bf16``, csrc/glu/dz_bf16.cu).
+
+    For routed row i of expert e (rows sorted by expert, ``offs`` as in ``tsct.ops.grouped_glu``) and
+    dY_i = ``grad_out[scatter_idx[i]]`` (or ``grad_out[i]`` without ``scatter_idx``)::
+
+        dz_part[s, i, :] = dY_i[cols of slice s] @ w_down_t[e][cols of slice s]   (fp32; dz = dz_part.sum(0))
+        dw[e]            = sum_i dY_i^T zw[i]                                       (fp32 sum, rounded once)
+
+    The f columns are cut into ``slices`` contiguous runs of 64-column steps; summing the slices in
+    index order gives the same bits on every run (no atomics). bf16 mma.sync, fp32 accumulation.
+
+    Args:
+        grad_out: bfloat16 [T, f], contiguous, CUDA, 16-byte aligned (the op's output gradient).
+        offs: int32 [E] cumulative END offsets of the routed rows; offs[-1] <= M (not checked here:
+            the op validates it).
+        w_down_t: bfloat16 [E, f, 64] contiguous (the K-major w_down ``[E, 64, f]`` transposed back).
+        zw: bfloat16 [M, 64] contiguous: the latent z times the row weight.
+        slices: 1 <= slices <= min(16, ceil(f / 64)).
+        scatter_idx: optional int64 [M]; an index outside [0, T) reads a zero row.
+        compute_dw: False skips dw (returned as None).
+    Returns:
+        dz_part: float32 [slices, M, 64]; rows at or past offs[-1] are not written.
+        dw: bfloat16 [E, f, 64] (``dw.transpose(1, 2)`` is the K-major gradient of w_down), exact zeros
+        for an empty expert; or None.
+    Raises:
+        TypeError / ValueError naming the bad argument; RuntimeError from the kernel (e.g. a device with
+        less than 109 KB of shared memory per block, such as sm_120) or the loader.
+    """
+    named = [("grad_out", grad_out), ("offs", offs), ("w_down_t", w_down_t), ("zw", zw)]
+    if scatter_idx is not None:
+        named.append(("scatter_idx", scatter_idx))
+    for name, t in named:
+        _tensor(name, t)
+    for name, t in (("grad_out", grad_out), ("w_down_t", w_down_t), ("zw", zw)):
+        _dtype(name, t, (torch.bfloat16,))
+    _dtype("offs", offs, (torch.int32,))
+    if grad_out.dim() != 2 or w_down_t.dim() != 3 or zw.dim() != 2 or offs.dim() != 1:
+        raise ValueError(f"expected grad_out [T, f], w_down_t [E, f, 64], zw [M, 64], offs [E]; got "
+                         f"{list(grad_out.shape)}, {list(w_down_t.shape)}, {list(zw.shape)}, {list(offs.shape)}")
+    t_rows, f = grad_out.shape
+    e, m = offs.shape[0], zw.shape[0]
+    _shape("w_down_t", w_down_t, (e, f, GLU_DZ_RANK), "[E, f, 64]: E from offs, f from grad_out")
+    _shape("zw", zw, (m, GLU_DZ_RANK), "[M, 64]")
+    nsteps = -(-f // 64)
+    if not isinstance(slices, int) or not 1 <= slices <= min(GLU_DZ_MAX_SLICES, max(nsteps, 1)):
+        raise ValueError(f"slices must be an int in [1, min(16, ceil(f/64) = {nsteps})], got {slices!r}")
+    if scatter_idx is not None:
+        _dtype("scatter_idx", scatter_idx, (torch.int64,))
+        _shape("scatter_idx", scatter_idx, (m,), "one target row per routed row")
+    elif t_rows < m:
+        raise ValueError(f"grad_out has {t_rows} rows < M={m} and no scatter_idx")
+    for name, t in named:
+        _cuda(name, t, grad_out.device)
+        if not t.is_contiguous():
+            raise ValueError(f"{name} must be contiguous")
+        if name != "offs" and name != "scatter_idx" and t.data_ptr() % 16:
+            raise ValueError(f"{name} must be 16-byte aligned (data_ptr % 16 == 0)")
+    dz_part = _empty((slices, m, GLU_DZ_RANK), torch.float32, grad_out.device)
+    dw = _empty((e, f, GLU_DZ_RANK), torch.bfloat16, grad_out.device) if compute_dw else None
+    if e == 0 or m == 0 or f == 0:
+        if dw is not None:
+            dw.zero_()
+        return dz_part, dw
+    null = ctypes.c_void_p(None)
+    _call("tsct_glu_bwd_dz_bf16", grad_out.device, _ptr(grad_out), t_rows, f,
+          _ptr(scatter_idx) if scatter_idx is not None else null, _ptr(offs), e, m, _ptr(w_down_t), _ptr(zw),
+          GLU_DZ_RANK, slices, _ptr(dz_part), _ptr(dw) if dw is not None else null)
+    return dz_part, dw
+
+
 SM120_VARIANTS = {"alpha": 0, "glu": 1, "row_weight": 2}
 
 

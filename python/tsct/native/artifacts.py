@@ -99,6 +99,9 @@ AOT_PTX_TARGETS: dict[str, tuple[str, ...]] = {"sm_120": ("sm_120", "sm_120f")}
 SASS_RULES: list[SassRule] = [
     SassRule(r".*", r"^tsctk_(nvfp4|sign)_", forbid=r"\b(STL|LDL)(\.\w+)*\b",
              why="quant kernels keep their 16-element block in registers (no local-memory spills)"),
+    SassRule(r"sm_(80|90a|100a|120a|120f|120)", r"^tsctk_glu_bwd_dz_bf16$", require=r"\bHMMA\.16816\.F32\.BF16\b",
+             forbid=r"\b(STL|LDL)(\.\w+)*\b",
+             why="the CUDA glu_bwd_dz runs bf16 mma.sync with fp32 accumulate and keeps its tiles without spills"),
     SassRule(r"sm_90a", _TRITON_GEMM, require=r"\bHGMMA\.", why="Triton GEMMs use wgmma on sm_90a"),
     SassRule(r"sm_100a", _TRITON_GEMM, require=r"\bUTCHMMA\b", why="Triton GEMMs use tcgen05 MMA on sm_100a"),
     SassRule(r"sm_120", _TRITON_GEMM, require=r"\bHMMA\.16816\.F32",

@@ -56,7 +56,8 @@ FAMILY = launch.Family("triton-bf16", specs, "tsct.kernels.triton_glu._kernels")
 
 
 def backend_counts() -> dict[tuple[str, str], int]:
-    """{(backend, kernel): launches} since the process started ("aot", "jit")."""
+    """{(backend, kernel): launches} since the process started ("aot", "jit", and "native" for the CUDA
+    glu_bwd_dz)."""
     return FAMILY.backend_counts()
 
 
@@ -103,6 +104,19 @@ def _wd_layout(w_down: Tensor, aligned: bool) -> tuple[Tensor, bool]:
     if aligned and is_kmajor(w_down):
         return w_down, True
     return w_down.contiguous(), False
+
+
+def _native_dz(cfg: Config, wd_t: bool, r: int, dtype: torch.dtype, go: Tensor, zw: Tensor) -> bool:
+    """Whether glu_bwd_dz runs as the CUDA kernel (csrc/glu/dz_bf16.cu): enabled for the arch
+    (``Config.dz_native``), bf16, r = 64, K-major w_down, 16-byte aligned rows of zw and grad_out's
+    base, on a GPU with the native library loaded."""
+    if not (cfg.dz_native and wd_t and r == 64 and dtype == torch.bfloat16 and go.is_cuda):
+        return False
+    if go.data_ptr() % 16 or zw.data_ptr() % 16 or not zw.is_contiguous():
+        return False
+    from tsct import native
+
+    return native.available()
 
 
 def _scales(s_gate: Optional[Tensor], s_up: Optional[Tensor]) -> tuple[Optional[Tensor], Optional[Tensor]]:
@@ -381,18 +395,28 @@ def grouped_glu_backward(
                 dict(HAS_GATHER=gidx is not None, HAS_SG=has_s, HAS_SU=has_s, HAS_RW=rw is not None, BWD=True,
                      BM=bm, BR=br, BK=bk, BLOCK_E=cfg.block_e),
                 cfg.warps_down, cfg.stages_down, al, cap, dev)
-    # 2. dz0 partials over f slices (and dWd), one program per (expert, rank block, f slice)
-    bn = cfg.bn_bwd
-    n_fs = max(1, min(cfg.fs_bwd, _cdiv(f, bn)))
-    f_slice = _cdiv(_cdiv(f, bn), n_fs) * bn
-    n_fs = _cdiv(f, f_slice)
-    part = torch.empty(n_fs, m, r, device=dev, dtype=torch.float32)
-    # dWd in w_down's layout (K-major stays K-major: the gradient a K-major parameter accumulates as is)
-    dwd = torch.empty_like(w_down) if do_dwd else None
-    vec_dz = specs.dz_vec(cfg, al, wd_t, dtype.itemsize)
-    _launch("glu_bwd_dz", (e, nrb, n_fs), [go, sidx, offs, w_down, zw, part, dwd, m, r, f, f_slice],
-            dict(HAS_SCATTER=sidx is not None, DO_DWD=do_dwd, VEC=vec_dz, WD_T=wd_t, BM=bm, BR=br, BN=bn),
-            *specs.dz_warps_stages(cfg, vec_dz, wd_t), al, cap, dev)
+    # 2. dz0 partials over f slices (and dWd): the CUDA kernel where the config enables it and the
+    # launch fits it, else one Triton program per (expert, rank block, f slice)
+    if _native_dz(cfg, wd_t, r, dtype, go, zw):
+        from tsct import native
+
+        n_fs = max(1, min(cfg.fs_dz_native, _cdiv(f, 64)))
+        part, dwd_t = native.glu_bwd_dz_bf16(go, offs, w_down.transpose(1, 2), zw, slices=n_fs,
+                                             scatter_idx=sidx, compute_dw=do_dwd)
+        dwd = dwd_t.transpose(1, 2) if dwd_t is not None else None  # K-major, as w_down
+        FAMILY.count("native", "glu_bwd_dz")
+    else:
+        bn = cfg.bn_bwd
+        n_fs = max(1, min(cfg.fs_bwd, _cdiv(f, bn)))
+        f_slice = _cdiv(_cdiv(f, bn), n_fs) * bn
+        n_fs = _cdiv(f, f_slice)
+        part = torch.empty(n_fs, m, r, device=dev, dtype=torch.float32)
+        # dWd in w_down's layout (K-major stays K-major: the gradient a K-major parameter accumulates as is)
+        dwd = torch.empty_like(w_down) if do_dwd else None
+        vec_dz = specs.dz_vec(cfg, al, wd_t, dtype.itemsize)
+        _launch("glu_bwd_dz", (e, nrb, n_fs), [go, sidx, offs, w_down, zw, part, dwd, m, r, f, f_slice],
+                dict(HAS_SCATTER=sidx is not None, DO_DWD=do_dwd, VEC=vec_dz, WD_T=wd_t, BM=bm, BR=br, BN=bn),
+                *specs.dz_warps_stages(cfg, vec_dz, wd_t), al, cap, dev)
     # 3. the GLU backward per expert: dhg, dhu, d rw, d sg, d su
     dhg = torch.empty(m, r, device=dev, dtype=dtype)
     dhu = torch.empty(m, r, device=dev, dtype=dtype)

@@ -79,6 +79,10 @@ class Config:
     ndb_bwd: int = 8          # d blocks per program of glu_bwd_dx_dw when experts average <= bm rows (the
                               # pipelined single-tile loop); 1 otherwise (glu.py: few large experts keep
                               # one program per d block, else the grid would shrink by ndb_bwd)
+    # glu_bwd_dz in CUDA C++ (csrc/glu/dz_bf16.cu; bf16, r = 64, K-major w_down, native library present):
+    # 1 = use it instead of the Triton kernel. Only where it was timed (sm_90a: bench/notes.md "v9").
+    dz_native: int = 0
+    fs_dz_native: int = 2     # its f slices (partial sums reduced in order by glu_bwd_epi)
     # the low-bit kernels (triton_lowbit): their decode makes other tiles win than the bf16 kernels'
     warps_up_lb: int = 4
     stages_down_lb: int = 4
@@ -125,8 +129,8 @@ MAX_SHARED: dict[str, int] = {"sm_90a": 232448, "sm_100a": 232448, "sm_120": 101
 # SMs) with two pipeline stages in the d loop so the down kernel stays well under 99 KB and two CTAs
 # fit per SM. Not measured on an sm_120 card (design.md section 6).
 CONFIGS: dict[str, Config] = {
-    "sm_90a": Config(),
-    "sm_100a": Config(),
+    "sm_90a": Config(dz_native=1),
+    "sm_100a": Config(),  # the CUDA dz fits sm_100 (109 KB shared memory) but has not run there
     # ~99 KB of shared memory per block: fewer stages. Every field the H200 sweep of session 5 changed
     # stays at its previous value here (nothing has been timed on an sm_120 card; bench/notes.md "v8")
     "sm_120": Config(stages_down=2, stages_up=2, bn_up_t=128, warps_up_t=4, stages_up_t=2, stages_dz_t=2, fs_bwd=8,

@@ -1,0 +1,523 @@
+// glu_bwd_dz for bf16, r = 64, w_down K-major: the backward GEMM pair of the grouped GLU's up
+// projection, in CUDA C++ because Triton cannot realign rows that start at 2-byte offsets (odd f).
+// Entry point tsct_glu_bwd_dz_bf16 (tsct.h); caller python/tsct/kernels/triton_glu/glu.py; measurements
+// bench/notes.md "v9".
+//
+//   dz_part[s, i, k] = sum_{n in slice s} dy[sidx[i], n] * wd_e[n, k]      (fp32, one f-slice each)
+//   dwd_e[n, k]      = sum_{i in e} dy[sidx[i], n] * zw[i, k]               (bf16, K-major [E, f, 64])
+//
+// One CTA per (expert, f-slice), walking the slice in 64-column steps ("items"; an expert with more than
+// 64 rows has one item per (step, 64-row chunk)). Per item: the 16-byte chunks that cover each gathered
+// dY row segment (start aligned down to 8 elements) and the w_down tile are copied with cp.async into a
+// 4-stage ring; each row is then realigned in place (its 8 threads are 8 lanes of one warp: read, syncwarp,
+// write; a 16-bit funnel shift for odd offsets), one step ahead of its use, so one __syncthreads per step
+// suffices; both products run on mma.sync m16n8k16 (bf16 in, fp32 accumulate). dz accumulates over the
+// slice in registers and is stored once (one writer per element: the caller sums the slices in a fixed
+// order, so the result is deterministic); the dW tile is rounded once to bf16, staged in a double buffer
+// and stored with 16-byte writes one step later. Each thread owns fixed (row, chunk) pairs, so a row's
+// pointer and shift (sidx*f mod 8, the same at every step) are computed once.
+// Needs: sm_80+ (cp.async, ldmatrix, bf16 mma.sync) and SMEM_BYTES of shared memory per block (not sm_120).
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+#include <stdint.h>
+
+#include "common/host.h"
+#include "tsct/tsct.h"
+
+#define NT 256   // threads per CTA (8 warps)
+#define ST 4     // pipeline stages (raw dY + w_down tiles), >= 3
+#define MINB 2   // CTAs per SM on sm_90 (registers <= 128, shared memory 2 x 109 KB)
+#define LD 72    // padded smem row stride (elements) of every 64-wide tile: conflict-free ldmatrix
+#define TILE_EL (64 * LD)
+#define MAX_SLICES 16
+
+namespace {
+
+typedef __nv_bfloat16 bf16;
+
+struct DzParams {
+  const bf16* dy;
+  const long long* sidx;
+  const int* offs;
+  const bf16* wd;
+  const bf16* zw;
+  float* ws;
+  bf16* dwd;
+  long long total;  // rows of dy * f
+  long long T;      // rows of dy (scatter indices outside [0, T) read as zero rows)
+  int M, E, f, S, nsteps;
+};
+
+// raw[ST] + wd[ST] + zs[2] + os[2] tiles, shifts [ST][64]
+static constexpr int SMEM_BYTES = (2 * ST + 4) * TILE_EL * 2 + ST * 64 * 4;
+
+__device__ __forceinline__ uint32_t smem_u32(const void* p) {
+  return (uint32_t)__cvta_generic_to_shared(p);
+}
+__device__ __forceinline__ void cp_async16(uint32_t dst, const void* src, int bytes) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(bytes)
+               : "memory");
+}
+__device__ __forceinline__ void cp_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+template <int N>
+__device__ __forceinline__ void cp_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
+}
+__device__ __forceinline__ void ldsm4(uint32_t addr, uint32_t& r0, uint32_t& r1, uint32_t& r2,
+                                      uint32_t& r3) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3)
+               : "r"(addr)
+               : "memory");
+}
+__device__ __forceinline__ void ldsm4t(uint32_t addr, uint32_t& r0, uint32_t& r1, uint32_t& r2,
+                                       uint32_t& r3) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3)
+               : "r"(addr)
+               : "memory");
+}
+__device__ __forceinline__ void mma16816(float* c, uint32_t a0, uint32_t a1, uint32_t a2,
+                                         uint32_t a3, uint32_t b0, uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+      "{%8,%9}, {%0,%1,%2,%3};\n"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+__device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
+  __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+  return *reinterpret_cast<uint32_t*>(&v);
+}
+
+// Shared state of one CTA's walk over its items.
+struct Walk {
+  int e, sl, start, R, nch, stepbeg, nitems;
+};
+
+// MULTI: the expert has more than 64 rows (one item per (step, chunk)); the fast path (at most 64 rows,
+// the common case at ~32 rows per expert) keeps the row pointers and shifts in registers.
+template <bool MULTI>
+__device__ __forceinline__ void dz_body(const DzParams& p, const Walk& w, unsigned char* smem) {
+  bf16* raw = reinterpret_cast<bf16*>(smem);  // [ST][64 rows][LD] dY rows, realigned in place
+  bf16* wdb = raw + ST * TILE_EL;              // [ST][64 n][LD] w_down tiles (k contiguous)
+  bf16* zs = wdb + ST * TILE_EL;               // [2][64 rows][LD] zw chunk
+  bf16* os = zs + 2 * TILE_EL;                 // [2][64 n][LD] dW staging
+  int* sshift = reinterpret_cast<int*>(os + 2 * TILE_EL);  // [ST][64] (MULTI only)
+
+  const int f = p.f;
+  const int tid = threadIdx.x;
+  const int lane = tid & 31;
+  const int warp = tid >> 5;
+  const size_t ebase = (size_t)w.e * 64 * (size_t)f;
+  const int nch = w.nch;
+  const bool do_dw = p.dwd != nullptr;  // CTA-uniform
+
+  // thread -> (rows r0, r0 + 32; chunk j); lane 7 of each row group also takes chunk 8
+  const int r0 = tid >> 3, j = tid & 7;
+  // wd tile: thread -> (cols wc, wc + 32; chunk j)
+  const int wc = tid >> 3;
+
+  // row state for chunk c: aligned-down element index of the row's slice start, and its shift
+  long long rb[2];
+  int sh[2];
+  bool rv[2];
+  auto rows_for_chunk = [&](int c) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int row = c * 64 + r0 + 32 * h;
+      long long tok = -1;
+      if (row < w.R) tok = p.sidx ? __ldg(p.sidx + w.start + row) : (long long)(w.start + row);
+      rv[h] = tok >= 0 && tok < p.T;  // a bad index gives a zero row, never an out-of-bounds read
+      const long long g = rv[h] ? tok * (long long)f : 0;
+      sh[h] = (int)(g & 7);
+      rb[h] = g - sh[h];
+    }
+  };
+  if (!MULTI) rows_for_chunk(0);
+
+  auto item_step = [&](int it) { return MULTI ? w.stepbeg + it / nch : w.stepbeg + it; };
+  auto item_chunk = [&](int it) { return MULTI ? it % nch : 0; };
+
+  // async loads of item `it` into stage it % ST (always commits a group)
+  auto issue = [&](int it) {
+    if (it < w.nitems) {
+      const int c0 = item_step(it) * 64;
+      const int ncols = min(64, f - c0);
+      const int stg = it % ST;
+      bf16* rbuf = raw + stg * TILE_EL;
+      bf16* wbuf = wdb + stg * TILE_EL;
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int n = c0 + wc + 32 * h;
+        const bf16* src = p.wd + ebase + (size_t)min(n, f - 1) * 64 + j * 8;
+        cp_async16(smem_u32(wbuf + (wc + 32 * h) * LD + j * 8), src, n < f ? 16 : 0);
+      }
+      if (MULTI) rows_for_chunk(item_chunk(it));
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        if (MULTI && j == 0) sshift[stg * 64 + r0 + 32 * h] = rv[h] ? sh[h] : -1;
+        if (rv[h]) {
+          const long long a0 = rb[h] + c0;
+#pragma unroll
+          for (int q = 0; q < 2; ++q) {
+            const int jj = j + 8 * q;  // chunk 8 only for lane j == 0 (q == 1)
+            if (q == 0 || j == 0) {
+              const int cj = q == 0 ? j : 8;
+              if (8 * cj < sh[h] + ncols) {
+                const long long a = a0 + 8 * cj;
+                const long long rem = p.total - a;
+                cp_async16(smem_u32(rbuf + (r0 + 32 * h) * LD + cj * 8), p.dy + a,
+                           rem >= 8 ? 16 : (int)rem * 2);
+              }
+            }
+            (void)jj;
+          }
+        }
+      }
+    }
+    cp_commit();
+  };
+
+  // realign item `it`'s rows in place (this thread's rows, chunk j), zero-masked past Rc / ncols
+  auto realign = [&](int it) {
+    const int c0 = item_step(it) * 64;
+    const int ncols = min(64, f - c0);
+    const int stg = it % ST;
+    const int Rc = MULTI ? min(64, w.R - item_chunk(it) * 64) : w.R;
+    const int Rc16 = (Rc + 15) & ~15;
+    uint32_t* rb32 = reinterpret_cast<uint32_t*>(raw + stg * TILE_EL);
+    uint4 o[2];
+    const int nv = ncols - j * 8;
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int row = r0 + 32 * h;
+      o[h] = make_uint4(0, 0, 0, 0);
+      const int s = MULTI ? sshift[stg * 64 + row] : (rv[h] ? sh[h] : -1);  // -1: zero row
+      if (row < Rc && nv > 0 && s >= 0) {
+        const uint32_t* q = rb32 + row * (LD / 2) + (s >> 1) + j * 4;
+        const uint32_t x0 = q[0], x1 = q[1], x2 = q[2], x3 = q[3], x4 = q[4];
+        const int b = (s & 1) * 16;
+        o[h].x = __funnelshift_r(x0, x1, b);
+        o[h].y = __funnelshift_r(x1, x2, b);
+        o[h].z = __funnelshift_r(x2, x3, b);
+        o[h].w = __funnelshift_r(x3, x4, b);
+        if (nv < 8) {
+          uint32_t v[4] = {o[h].x, o[h].y, o[h].z, o[h].w};
+#pragma unroll
+          for (int u = 0; u < 4; ++u) {
+            if (2 * u >= nv) v[u] = 0u;
+            else if (2 * u + 1 >= nv) v[u] &= 0xFFFFu;
+          }
+          o[h] = make_uint4(v[0], v[1], v[2], v[3]);
+        }
+      }
+    }
+    __syncwarp();  // every lane of the row group has read before anyone writes
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int row = r0 + 32 * h;
+      if (row < Rc16) *reinterpret_cast<uint4*>(rb32 + row * (LD / 2) + j * 4) = o[h];
+    }
+  };
+
+  auto load_zw = [&](int c, bf16* dst) {
+    const int Rc = min(64, w.R - c * 64);
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int row = r0 + 32 * h;
+      uint4 v = make_uint4(0, 0, 0, 0);
+      if (row < Rc)
+        v = __ldg(reinterpret_cast<const uint4*>(p.zw + (size_t)(w.start + c * 64 + row) * 64 + j * 8));
+      *reinterpret_cast<uint4*>(dst + row * LD + j * 8) = v;
+    }
+  };
+
+  // bf16 dW tile of `c0` from os buffer `b` to global (16-byte coalesced stores)
+  auto store_dw = [&](int b, int c0) {
+    const int ncols = min(64, f - c0);
+    const bf16* src = os + b * TILE_EL;
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int col = wc + 32 * h;
+      if (col < ncols)
+        *reinterpret_cast<uint4*>(p.dwd + ebase + (size_t)(c0 + col) * 64 + j * 8) =
+            *reinterpret_cast<const uint4*>(src + col * LD + j * 8);
+    }
+  };
+
+  // prologue: items 0 .. ST-2 in flight; item 0 realigned; zw of item 0
+  load_zw(0, zs);
+#pragma unroll
+  for (int q = 0; q < ST - 1; ++q) issue(q);
+  cp_wait<ST - 2>();
+  __syncthreads();
+  realign(0);
+
+  const int li = lane >> 3, lr = lane & 7;  // ldmatrix: matrix id, row in matrix
+  const int g = lane >> 2, t = lane & 3;    // mma fragment coords
+  const int h2 = warp >> 2, nq = warp & 3;  // dz: m-tiles {h2, h2+2}, k cols nq*16 .. +15
+  const int mq = warp & 3, kh = warp >> 2;  // dW: n tile mq*16 .. +15, k cols kh*32 .. +31
+
+  float accz[2][2][4];
+  float accw[4][4];
+#pragma unroll
+  for (int a = 0; a < 2; ++a)
+#pragma unroll
+    for (int b = 0; b < 2; ++b)
+#pragma unroll
+      for (int q = 0; q < 4; ++q) accz[a][b][q] = 0.f;
+
+  int pend_c0 = -1;  // a dW tile staged in os[pend_b] waiting for its global store
+  int pend_b = 0;
+
+  for (int it = 0; it < w.nitems; ++it) {
+    const int step = item_step(it);
+    const int c = item_chunk(it);
+    const int c0 = step * 64;
+    const int ncols = min(64, f - c0);
+    const int Rc = MULTI ? min(64, w.R - c * 64) : w.R;
+    const int nmt = (Rc + 15) >> 4;
+    const int stg = it % ST;
+
+    cp_wait<ST - 3>();  // this thread's copies of item it + 1 landed
+    __syncthreads();    // ... everyone's; item it realigned; item it - 1 fully consumed
+    if (pend_c0 >= 0) {
+      store_dw(pend_b, pend_c0);
+      pend_c0 = -1;
+    }
+    if (it + 1 < w.nitems) {
+      realign(it + 1);
+      if (MULTI && nch > 1) load_zw(item_chunk(it + 1), zs + ((it + 1) & 1) * TILE_EL);
+    }
+    issue(it + ST - 1);
+
+    // ---- dz: accz[rows, k] (+)= dY[rows, n] @ wd[n, k]
+    if (MULTI) {
+#pragma unroll
+      for (int a = 0; a < 2; ++a)
+#pragma unroll
+        for (int b = 0; b < 2; ++b)
+#pragma unroll
+          for (int q = 0; q < 4; ++q) accz[a][b][q] = 0.f;
+    }
+    const uint32_t rs = smem_u32(raw + stg * TILE_EL);
+    {
+      const uint32_t wb_s = smem_u32(wdb + stg * TILE_EL);
+      const int nkc = (ncols + 15) >> 4;
+#pragma unroll
+      for (int kc = 0; kc < 4; ++kc) {
+        if (kc < nkc) {
+          uint32_t b0, b1, b2, b3;
+          ldsm4t(wb_s + ((kc * 16 + (li & 1) * 8 + lr) * LD + nq * 16 + (li >> 1) * 8) * 2, b0, b1,
+                 b2, b3);
+#pragma unroll
+          for (int mi = 0; mi < 2; ++mi) {
+            const int mt = h2 + 2 * mi;
+            if (mt < nmt) {
+              uint32_t a0, a1, a2, a3;
+              ldsm4(rs + ((mt * 16 + (li & 1) * 8 + lr) * LD + kc * 16 + (li >> 1) * 8) * 2, a0, a1,
+                    a2, a3);
+              mma16816(accz[mi][0], a0, a1, a2, a3, b0, b1);
+              mma16816(accz[mi][1], a0, a1, a2, a3, b2, b3);
+            }
+          }
+        }
+      }
+    }
+    if (MULTI) {  // CTA-private read-modify-write of this chunk's workspace rows
+#pragma unroll
+      for (int mi = 0; mi < 2; ++mi) {
+        const int mt = h2 + 2 * mi;
+#pragma unroll
+        for (int hf = 0; hf < 2; ++hf) {
+          const int rl = mt * 16 + g + hf * 8;
+          if (rl < Rc) {
+            float* dst = p.ws + ((size_t)w.sl * p.M + w.start + c * 64 + rl) * 64;
+#pragma unroll
+            for (int nt = 0; nt < 2; ++nt) {
+              float2* d2 = reinterpret_cast<float2*>(dst + nq * 16 + nt * 8 + 2 * t);
+              float2 v = make_float2(accz[mi][nt][2 * hf], accz[mi][nt][2 * hf + 1]);
+              if (step != w.stepbeg) {
+                const float2 o = *d2;
+                v.x += o.x;
+                v.y += o.y;
+              }
+              *d2 = v;
+            }
+          }
+        }
+      }
+    }
+
+    // ---- dW: accw[n, k] (+)= dY^T[n, rows] @ zw[rows, k]
+    if (!do_dw) continue;
+    if (c == 0) {
+#pragma unroll
+      for (int a = 0; a < 4; ++a)
+#pragma unroll
+        for (int q = 0; q < 4; ++q) accw[a][q] = 0.f;
+    }
+    {
+      const uint32_t zs_s = smem_u32(zs + (MULTI ? (it & 1) * TILE_EL : 0));
+#pragma unroll
+      for (int kc = 0; kc < 4; ++kc) {
+        if (kc < nmt) {
+          uint32_t a0, a1, a2, a3;
+          ldsm4t(rs + ((kc * 16 + (li >> 1) * 8 + lr) * LD + mq * 16 + (li & 1) * 8) * 2, a0, a1, a2,
+                 a3);
+#pragma unroll
+          for (int np = 0; np < 2; ++np) {
+            uint32_t b0, b1, b2, b3;
+            ldsm4t(zs_s + ((kc * 16 + (li & 1) * 8 + lr) * LD + kh * 32 + np * 16 + (li >> 1) * 8) * 2,
+                   b0, b1, b2, b3);
+            mma16816(accw[2 * np], a0, a1, a2, a3, b0, b1);
+            mma16816(accw[2 * np + 1], a0, a1, a2, a3, b2, b3);
+          }
+        }
+      }
+    }
+    if (c == nch - 1) {  // stage the bf16 tile; stored after the next barrier
+      bf16* ob = os + (it & 1) * TILE_EL;
+#pragma unroll
+      for (int nt = 0; nt < 4; ++nt) {
+        const int k = kh * 32 + nt * 8 + 2 * t;
+        const int n = mq * 16 + g;
+        *reinterpret_cast<uint32_t*>(ob + n * LD + k) = pack_bf16(accw[nt][0], accw[nt][1]);
+        *reinterpret_cast<uint32_t*>(ob + (n + 8) * LD + k) = pack_bf16(accw[nt][2], accw[nt][3]);
+      }
+      pend_c0 = c0;
+      pend_b = it & 1;
+    }
+  }
+  cp_wait<0>();
+  __syncthreads();
+  if (pend_c0 >= 0) store_dw(pend_b, pend_c0);
+
+  if (!MULTI) {  // this slice's dz partial (plain stores, one writer per element)
+#pragma unroll
+    for (int mi = 0; mi < 2; ++mi) {
+      const int mt = h2 + 2 * mi;
+#pragma unroll
+      for (int hf = 0; hf < 2; ++hf) {
+        const int rl = mt * 16 + g + hf * 8;
+        if (rl < w.R) {
+          float* dst = p.ws + ((size_t)w.sl * p.M + w.start + rl) * 64;
+#pragma unroll
+          for (int nt = 0; nt < 2; ++nt)
+            *reinterpret_cast<float2*>(dst + nq * 16 + nt * 8 + 2 * t) =
+                make_float2(accz[mi][nt][2 * hf], accz[mi][nt][2 * hf + 1]);
+        }
+      }
+    }
+  }
+}
+
+}  // namespace
+
+extern "C" __global__ void __launch_bounds__(NT, MINB) tsctk_glu_bwd_dz_bf16(DzParams p) {
+  extern __shared__ __align__(128) unsigned char smem[];
+  Walk w;
+  const int S = p.S;
+  w.e = blockIdx.x / S;
+  w.sl = blockIdx.x - w.e * S;
+  w.start = w.e ? __ldg(p.offs + w.e - 1) : 0;
+  w.R = __ldg(p.offs + w.e) - w.start;
+  w.stepbeg = (int)((long long)w.sl * p.nsteps / S);
+  const int stepend = (int)((long long)(w.sl + 1) * p.nsteps / S);
+  if (w.R <= 0) {  // empty expert: exact zeros of dW over the slice's columns
+    if (!p.dwd) return;
+    const int cb = w.stepbeg * 64;
+    const int ce = min(p.f, stepend * 64);
+    const int n16 = (ce - cb) * 8;
+    const size_t ebase = (size_t)w.e * 64 * (size_t)p.f;
+    for (int idx = threadIdx.x; idx < n16; idx += NT)
+      *reinterpret_cast<uint4*>(p.dwd + ebase + (size_t)(cb + (idx >> 3)) * 64 + (idx & 7) * 8) =
+          make_uint4(0, 0, 0, 0);
+    return;
+  }
+  w.nch = (w.R + 63) >> 6;
+  w.nitems = (stepend - w.stepbeg) * w.nch;
+  if (w.nch == 1)
+    dz_body<false>(p, w, smem);
+  else
+    dz_body<true>(p, w, smem);
+}
+
+
+
+namespace tsct {
+const KernelEntry kGluKernels[] = {
+    {"tsctk_glu_bwd_dz_bf16", (const void*)tsctk_glu_bwd_dz_bf16},
+    {nullptr, nullptr},
+};
+}  // namespace tsct
+
+extern "C" int tsct_glu_bwd_dz_bf16(const void* grad_out, int64_t grad_rows, int64_t f, const int64_t* scatter_idx,
+                                    const int32_t* offs, int64_t num_experts, int64_t m, const void* w_down_t,
+                                    const void* zw, int64_t r, int64_t slices, float* dz_part, void* dw_down_t,
+                                    void* stream) {
+  static const char* fn = "tsct_glu_bwd_dz_bf16";
+  tsct::clear_error_detail();
+  if (r != 64)
+    return tsct::fail(TSCT_ERR_BAD_ARGUMENT, "%s: r=%lld, only r = 64 is built", fn, (long long)r);
+  if (grad_rows < 0 || f <= 0 || num_experts < 0 || m < 0 || f > INT32_MAX || m > INT32_MAX ||
+      num_experts > INT32_MAX)
+    return tsct::fail(TSCT_ERR_BAD_ARGUMENT,
+                      "%s: bad sizes (grad_rows=%lld, f=%lld, num_experts=%lld, m=%lld; need f >= 1, the others "
+                      ">= 0, f, m and num_experts < 2^31)", fn, (long long)grad_rows, (long long)f,
+                      (long long)num_experts, (long long)m);
+  const int64_t nsteps = (f + 63) / 64;
+  if (slices < 1 || slices > MAX_SLICES || slices > nsteps)
+    return tsct::fail(TSCT_ERR_BAD_ARGUMENT, "%s: slices=%lld, need 1 <= slices <= min(16, ceil(f / 64) = %lld)", fn,
+                      (long long)slices, (long long)nsteps);
+  int64_t total;
+  if (!tsct::checked_mul3(grad_rows, f, 2, &total) || !tsct::checked_mul3(num_experts, f, 128, &total))
+    return tsct::fail(TSCT_ERR_BAD_ARGUMENT, "%s: sizes overflow int64", fn);
+  if (num_experts * slices > INT32_MAX)
+    return tsct::fail(TSCT_ERR_BAD_ARGUMENT, "%s: num_experts * slices exceeds the grid", fn);
+  if (num_experts == 0 || m == 0) return 0;
+  if (!grad_out || !offs || !w_down_t || !zw || !dz_part)
+    return tsct::fail(TSCT_ERR_BAD_ARGUMENT, "%s: null pointer (grad_out=%p, offs=%p, w_down_t=%p, zw=%p, dz_part=%p)",
+                      fn, grad_out, (const void*)offs, w_down_t, zw, (void*)dz_part);
+  const uintptr_t any = (uintptr_t)grad_out | (uintptr_t)w_down_t | (uintptr_t)zw | (uintptr_t)dz_part |
+                        (uintptr_t)dw_down_t;
+  if (any & 15)
+    return tsct::fail(TSCT_ERR_BAD_ARGUMENT, "%s: grad_out, w_down_t, zw, dz_part and dw_down_t must be 16-byte aligned",
+                      fn);
+  int dev = 0;
+  if (cudaError_t e = cudaGetDevice(&dev)) return tsct::fail(static_cast<int>(e), "%s: cudaGetDevice: %s", fn,
+                                                             cudaGetErrorString(e));
+  int optin = 0;
+  if (cudaError_t e = cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev))
+    return tsct::fail(static_cast<int>(e), "%s: cudaDeviceGetAttribute: %s", fn, cudaGetErrorString(e));
+  if (optin < SMEM_BYTES)
+    return tsct::fail(static_cast<int>(cudaErrorInvalidConfiguration),
+                      "%s: needs %d bytes of shared memory per block, device %d allows %d", fn, SMEM_BYTES, dev, optin);
+  // the opt-in is per device; setting it again is harmless, so a race between threads is too
+  static bool opted[64] = {};
+  if (dev >= 64 || !opted[dev]) {
+    if (cudaError_t e = cudaFuncSetAttribute(tsctk_glu_bwd_dz_bf16, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                             SMEM_BYTES))
+      return tsct::fail(static_cast<int>(e), "%s: cudaFuncSetAttribute: %s", fn, cudaGetErrorString(e));
+    if (dev < 64) opted[dev] = true;
+  }
+  DzParams p;
+  p.dy = static_cast<const bf16*>(grad_out);
+  p.sidx = reinterpret_cast<const long long*>(scatter_idx);
+  p.offs = offs;
+  p.wd = static_cast<const bf16*>(w_down_t);
+  p.zw = static_cast<const bf16*>(zw);
+  p.ws = dz_part;
+  p.dwd = static_cast<bf16*>(dw_down_t);
+  p.total = grad_rows * f;
+  p.T = grad_rows;
+  p.M = static_cast<int>(m);
+  p.E = static_cast<int>(num_experts);
+  p.f = static_cast<int>(f);
+  p.S = static_cast<int>(slices);
+  p.nsteps = static_cast<int>(nsteps);
+  tsctk_glu_bwd_dz_bf16<<<static_cast<unsigned>(num_experts * slices), NT, SMEM_BYTES,
+                          static_cast<cudaStream_t>(stream)>>>(p);
+  return tsct::check_launch(fn);
+}
