@@ -141,7 +141,8 @@ def sweep(arms: str, cfgs: str, aot_dirs: str, iters: int, backend: str) -> dict
     for label, r in res.items():
         k = {}
         for e in r["kernels"]:
-            n = e["name"].removeprefix("glu_").removeprefix("lowbit_")
+            # the CUDA dz (tsctk_glu_bwd_dz_bf16) counts as bwd_dz
+            n = e["name"].removeprefix("tsctk_").removesuffix("_bf16").removeprefix("glu_").removeprefix("lowbit_")
             k[n] = k.get(n, 0) + e["ms"]
         print(f"  {r['fwd_ms']:.3f}   {r['device_ms']:.3f}   " + "  ".join(f"{k.get(n, 0):12.4f}" for n in names) + f"  {label}")
     return res
