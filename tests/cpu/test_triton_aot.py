@@ -338,6 +338,7 @@ def test_every_glu_launch_has_an_aot_variant(cap, monkeypatch):
 
 def test_status_reasons(monkeypatch, tmp_path):
     from tsct.kernels import triton_glu as TG
+    from tsct.kernels.triton_glu import glu as glu_mod
 
     # a fake install with sm_90a cubins only
     (tmp_path / "sm_90a").mkdir()
@@ -346,7 +347,12 @@ def test_status_reasons(monkeypatch, tmp_path):
     monkeypatch.delenv("TSCT_TRITON_BACKEND", raising=False)
     aot._reset_for_tests()
     try:
-        assert TG.status((9, 0), "bf16") == (True, "AOT cubins for sm_90a")
+        from tsct import native
+
+        # sm_90a's backward dz runs in CUDA when the native library loads (decision 0013): the reason says which
+        dz = ("; backward dz: CUDA (bf16, r = 64, K-major w_down)" if native.available() else
+              "; backward dz: Triton (the native library for the CUDA dz is not loadable)")
+        assert TG.status((9, 0), "bf16") == (True, "AOT cubins for sm_90a" + dz)
         ok, why = TG.status((12, 0), "bf16")
         assert ok == (why == "Triton JIT")
         assert not TG.status((9, 0), "nvfp4")[0]
@@ -354,7 +360,9 @@ def test_status_reasons(monkeypatch, tmp_path):
         monkeypatch.setenv("TSCT_TRITON_BACKEND", "aot")
         ok, why = TG.status((12, 0), "bf16")
         assert not ok and "no AOT cubins" in why
-        assert TG.status((9, 0), "fp16") == (True, "AOT cubins for sm_90a")
+        assert TG.status((9, 0), "fp16") == (True, "AOT cubins for sm_90a" + dz)
+        monkeypatch.setattr(glu_mod._CONFIGS["sm_90a"], "dz_native", 0)
+        assert TG.status((9, 0), "bf16") == (True, "AOT cubins for sm_90a")
     finally:
         aot._reset_for_tests()
 

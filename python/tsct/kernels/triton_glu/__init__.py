@@ -41,7 +41,7 @@ def status(capability: Optional[tuple[int, int]], fmt: str) -> tuple[bool, str]:
     arch = aot.artifact_arch(capability)
     mode = os.environ.get("TSCT_TRITON_BACKEND", "auto").strip().lower() or "auto"
     if mode != "jit" and arch is not None and aot.available(capability):
-        return True, f"AOT cubins for {arch}"
+        return True, f"AOT cubins for {arch}{_native_dz_note(capability)}"
     if mode == "aot":
         return False, (f"TSCT_TRITON_BACKEND=aot but this install has no AOT cubins for compute capability "
                        f"{capability[0]}.{capability[1]}")
@@ -49,6 +49,19 @@ def status(capability: Optional[tuple[int, int]], fmt: str) -> tuple[bool, str]:
         where = f"{arch}" if arch else f"compute capability {capability[0]}.{capability[1]}"
         return False, f"no AOT cubins for {where} in this install and Triton is not importable (JIT)"
     return True, "Triton JIT"
+
+
+def _native_dz_note(capability: tuple[int, int]) -> str:
+    """Where the backward's dz runs in CUDA C++ (decision 0013), say so: the probe names what will run."""
+    from tsct.kernels.triton_glu import glu
+
+    if not glu._config(tuple(capability)).dz_native:
+        return ""
+    from tsct import native
+
+    if not native.available():
+        return "; backward dz: Triton (the native library for the CUDA dz is not loadable)"
+    return "; backward dz: CUDA (bf16, r = 64, K-major w_down)"
 
 
 def grouped_glu_forward(*args, **kwargs):
