@@ -21,6 +21,8 @@
 #include <cuda_runtime.h>
 #include <stdint.h>
 
+#include <atomic>
+
 #include "common/host.h"
 #include "tsct/tsct.h"
 
@@ -427,11 +429,11 @@ extern "C" __global__ void __launch_bounds__(NT, MINB) tsctk_glu_bwd_dz_bf16(DzP
   const int stepend = (int)((long long)(w.sl + 1) * p.nsteps / S);
   if (w.R <= 0) {  // empty expert: exact zeros of dW over the slice's columns
     if (!p.dwd) return;
-    const int cb = w.stepbeg * 64;
-    const int ce = min(p.f, stepend * 64);
-    const int n16 = (ce - cb) * 8;
+    const long long cb = (long long)w.stepbeg * 64;
+    const long long ce = min((long long)p.f, (long long)stepend * 64);
+    const long long n16 = (ce - cb) * 8;
     const size_t ebase = (size_t)w.e * 64 * (size_t)p.f;
-    for (int idx = threadIdx.x; idx < n16; idx += NT)
+    for (long long idx = threadIdx.x; idx < n16; idx += NT)
       *reinterpret_cast<uint4*>(p.dwd + ebase + (size_t)(cb + (idx >> 3)) * 64 + (idx & 7) * 8) =
           make_uint4(0, 0, 0, 0);
     return;
@@ -476,10 +478,14 @@ extern "C" int tsct_glu_bwd_dz_bf16(const void* grad_out, int64_t grad_rows, int
     return tsct::fail(TSCT_ERR_BAD_ARGUMENT, "%s: sizes overflow int64", fn);
   if (num_experts * slices > INT32_MAX)
     return tsct::fail(TSCT_ERR_BAD_ARGUMENT, "%s: num_experts * slices exceeds the grid", fn);
-  if (num_experts == 0 || m == 0) return 0;
-  if (!grad_out || !offs || !w_down_t || !zw || !dz_part)
+  if (nsteps * ((m + 63) / 64) > INT32_MAX)
+    return tsct::fail(TSCT_ERR_BAD_ARGUMENT, "%s: ceil(f/64) * ceil(m/64) exceeds the work counter", fn);
+  if (num_experts == 0) return 0;  // with m == 0 every expert is empty: the kernel still zeroes dW
+  if ((grad_rows > 0 && !grad_out) || !offs || !w_down_t || (m > 0 && (!zw || !dz_part)))
     return tsct::fail(TSCT_ERR_BAD_ARGUMENT, "%s: null pointer (grad_out=%p, offs=%p, w_down_t=%p, zw=%p, dz_part=%p)",
                       fn, grad_out, (const void*)offs, w_down_t, zw, (void*)dz_part);
+  if (((uintptr_t)scatter_idx & 7) || ((uintptr_t)offs & 3))
+    return tsct::fail(TSCT_ERR_BAD_ARGUMENT, "%s: scatter_idx must be 8-byte and offs 4-byte aligned", fn);
   const uintptr_t any = (uintptr_t)grad_out | (uintptr_t)w_down_t | (uintptr_t)zw | (uintptr_t)dz_part |
                         (uintptr_t)dw_down_t;
   if (any & 15)
@@ -494,13 +500,13 @@ extern "C" int tsct_glu_bwd_dz_bf16(const void* grad_out, int64_t grad_rows, int
   if (optin < SMEM_BYTES)
     return tsct::fail(static_cast<int>(cudaErrorInvalidConfiguration),
                       "%s: needs %d bytes of shared memory per block, device %d allows %d", fn, SMEM_BYTES, dev, optin);
-  // the opt-in is per device; setting it again is harmless, so a race between threads is too
-  static bool opted[64] = {};
-  if (dev >= 64 || !opted[dev]) {
+  // the opt-in is per device; setting it twice (two threads racing) is harmless
+  static std::atomic<bool> opted[64] = {};
+  if (dev >= 64 || !opted[dev].load(std::memory_order_relaxed)) {
     if (cudaError_t e = cudaFuncSetAttribute(tsctk_glu_bwd_dz_bf16, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                              SMEM_BYTES))
       return tsct::fail(static_cast<int>(e), "%s: cudaFuncSetAttribute: %s", fn, cudaGetErrorString(e));
-    if (dev < 64) opted[dev] = true;
+    if (dev < 64) opted[dev].store(true, std::memory_order_relaxed);
   }
   DzParams p;
   p.dy = static_cast<const bf16*>(grad_out);

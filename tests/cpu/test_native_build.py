@@ -439,6 +439,10 @@ def test_c_entry_points_reject_bad_arguments(lib):
         (lib.tsct_glu_bwd_dz_bf16, (P, 8, 100, None, None, 2, 8, P, P, 64, 1, P, P, None), "null pointer"),
         (lib.tsct_glu_bwd_dz_bf16, (ctypes.c_void_p(0x1002), 8, 100, None, P, 2, 8, P, P, 64, 1, P, P, None),
          "16-byte aligned"),
+        (lib.tsct_glu_bwd_dz_bf16, (P, 8, 100, ctypes.c_void_p(0x1004), P, 2, 8, P, P, 64, 1, P, P, None),
+         "scatter_idx must be 8-byte"),
+        (lib.tsct_glu_bwd_dz_bf16, (P, 8, (1 << 31) - 1, None, P, 2, 1 << 30, P, P, 64, 1, P, P, None),
+         "work counter"),
     ]
     for fn, args, needle in cases:
         rc = fn(*args)
@@ -451,6 +455,11 @@ def test_c_entry_points_reject_bad_arguments(lib):
     assert lib.tsct_sign_dequantize(None, None, None, 0, 3, 8, None, 2, None) == 0
     assert lib.tsct_glu_bwd_dz_bf16(None, 0, 100, None, None, 0, 0, None, None, 64, 1, None, None, None) == 0
     assert _detail(lib) == ""
+    if not torch.cuda.is_available():
+        # no rows of grad_out and no routed rows are valid arguments (dW of every expert is zeroed): they pass
+        # the checks and reach the first CUDA call, which fails here for want of a device
+        rc = lib.tsct_glu_bwd_dz_bf16(None, 0, 100, None, P, 2, 0, P, None, 64, 1, None, P, None)
+        assert rc > 0 and "tsct_glu_bwd_dz_bf16" in _detail(lib), (rc, _detail(lib))
 
 
 def test_kernel_available_c_level(lib):

@@ -367,6 +367,23 @@ def test_status_reasons(monkeypatch, tmp_path):
         aot._reset_for_tests()
 
 
+def test_cuda_dz_only_where_timed(monkeypatch):
+    """The CUDA glu_bwd_dz (decision 0013) is on for sm_90a only: JIT arches get sm_90a's tiles without it
+    (sm_86 / sm_89 lack its 109 KB of shared memory), and the sm_100a / sm_120 tables leave it off."""
+    from tsct.kernels.triton_glu import glu, specs
+
+    assert specs.CONFIGS["sm_90a"].dz_native == 1
+    assert specs.CONFIGS["sm_100a"].dz_native == 0 and specs.CONFIGS["sm_120"].dz_native == 0
+    if "dz_native" not in os.environ.get("TSCT_TRITON_GLU_CFG", ""):
+        assert glu._config((9, 0)).dz_native == 1
+        for cap in ((8, 0), (8, 6), (8, 9), (10, 3), (12, 0)):
+            assert glu._config(cap).dz_native == 0, cap
+    # the launch-level conditions: bf16, r = 64, K-major, CUDA tensors (a CPU tensor never takes it)
+    cfg = glu._config((9, 0))
+    cpu = torch.zeros(4, 64, dtype=torch.bfloat16)
+    assert not glu._native_dz(cfg, True, 64, torch.bfloat16, cpu, cpu)
+
+
 def test_kernel_table_matches_the_triton_sources():
     pytest.importorskip("triton")
     from tsct.kernels.triton_glu import _kernels as K

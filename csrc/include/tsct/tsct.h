@@ -101,8 +101,9 @@ TSCT_API int tsct_nvfp4_quantize_rows_grouped(const void* x, int x_dtype, int64_
  * cumulative END offsets (non-decreasing, offs[E-1] <= m); w_down_t: bf16 [E, f, 64]; zw: bf16 [m, 64] (z times
  * the row weight). Slice s covers the 64-column steps [s*n/S, (s+1)*n/S) of n = ceil(f/64); the caller sums the
  * slices (fixed order: deterministic). Rows at or past offs[E-1] are not written; dw_down_t may be NULL (not
- * computed); an empty expert gets exact zeros. r must be 64, 1 <= slices <= min(16, ceil(f/64)); every pointer
- * 16-byte aligned. Needs 111,616 bytes of shared memory per block (sm_80, sm_90, sm_100; not sm_120): else
+ * computed); an empty expert gets exact zeros (also when m == 0). r must be 64, 1 <= slices <= min(16, ceil(f/64));
+ * grad_out, w_down_t, zw, dz_part, dw_down_t 16-byte aligned, scatter_idx 8-byte, offs 4-byte; grad_out may be
+ * NULL when grad_rows == 0, zw and dz_part when m == 0. Needs 111,616 bytes of shared memory per block (sm_80, sm_90, sm_100; not sm_120): else
  * cudaErrorInvalidConfiguration with a detail. Stream-ordered, no host sync. */
 TSCT_API int tsct_glu_bwd_dz_bf16(const void* grad_out, int64_t grad_rows, int64_t f, const int64_t* scatter_idx,
                                   const int32_t* offs, int64_t num_experts, int64_t m, const void* w_down_t,

@@ -204,10 +204,11 @@ def main(argv=None):
 
     variants = []
     from tsct.kernels.triton_glu import glu as _glu
+    cfg = _glu._config(tuple(torch.cuda.get_device_capability()))  # the config this device's launches read
     for spec in filter(None, (v.strip() for v in a.variants.split(";"))):
-        saved = dict(vars(_glu.CONFIG))
+        saved = dict(vars(cfg))
         try:
-            _glu.CONFIG.update(spec)
+            cfg.update(spec)
             with torch.no_grad():
                 gv = graph_of(lambda: expert_pass(x, ids, wts, p))
                 tf = bench(gv.replay)
@@ -218,10 +219,10 @@ def main(argv=None):
         except Exception as exc:  # a variant that fails to compile or run is reported, not fatal
             variants.append(dict(spec=spec, error=repr(exc)[:200]))
         finally:
-            for key in list(vars(_glu.CONFIG)):
-                delattr(_glu.CONFIG, key)
+            for key in list(vars(cfg)):
+                delattr(cfg, key)
             for key, val in saved.items():
-                setattr(_glu.CONFIG, key, val)
+                setattr(cfg, key, val)
     res["variants"] = variants
 
     if not a.no_baseline:

@@ -41,7 +41,9 @@ __all__ = ["grouped_glu_forward", "grouped_glu_forward_saved", "grouped_glu_back
 
 _ENV_CFG = os.environ.get("TSCT_TRITON_GLU_CFG", "")
 _CONFIGS: dict[str, Config] = {a: dataclasses.replace(c).update(_ENV_CFG) for a, c in specs.CONFIGS.items()}
-CONFIG = _CONFIGS[specs.DEFAULT_ARCH_CONFIG]  # sm_90a, and every arch without AOT cubins (JIT)
+# every arch without AOT cubins (JIT: sm_80, sm_86, sm_89, ...) gets sm_90a's tiles, but not its CUDA dz:
+# that kernel was timed on sm_90 only and needs more shared memory than sm_86 / sm_89 have (decision 0013)
+CONFIG = dataclasses.replace(_CONFIGS[specs.DEFAULT_ARCH_CONFIG], dz_native=0)
 
 
 def _config(cap: tuple[int, int]) -> Config:
@@ -116,7 +118,18 @@ def _native_dz(cfg: Config, wd_t: bool, r: int, dtype: torch.dtype, go: Tensor, 
         return False
     from tsct import native
 
-    return native.available()
+    return native.available() and _smem_optin(go.device) >= NATIVE_DZ_SMEM
+
+
+NATIVE_DZ_SMEM = 111616  # bytes of shared memory per block csrc/glu/dz_bf16.cu needs
+_smem: dict[int, int] = {}
+
+
+def _smem_optin(device: torch.device) -> int:
+    idx = device.index if device.index is not None else torch.cuda.current_device()
+    if idx not in _smem:
+        _smem[idx] = torch.cuda.get_device_properties(idx).shared_memory_per_block_optin
+    return _smem[idx]
 
 
 def _scales(s_gate: Optional[Tensor], s_up: Optional[Tensor]) -> tuple[Optional[Tensor], Optional[Tensor]]:
