@@ -24,6 +24,7 @@
 #include <atomic>
 
 #include "common/host.h"
+#include "common/mma_sm80.cuh"
 #include "tsct/tsct.h"
 
 #define NT 256   // threads per CTA (8 warps)
@@ -35,7 +36,14 @@
 
 namespace {
 
-typedef __nv_bfloat16 bf16;
+using tsct::sm80::bf16;
+using tsct::sm80::cp_async16;
+using tsct::sm80::cp_commit;
+using tsct::sm80::cp_wait;
+using tsct::sm80::ldsm4;
+using tsct::sm80::mma_bf16_16816;
+using tsct::sm80::pack_bf16;
+using tsct::sm80::smem_u32;
 
 struct DzParams {
   const bf16* dy;
@@ -52,45 +60,6 @@ struct DzParams {
 
 // raw[ST] + wd[ST] + zs[2] + os[2] tiles, shifts [ST][64]
 static constexpr int SMEM_BYTES = (2 * ST + 4) * TILE_EL * 2 + ST * 64 * 4;
-
-__device__ __forceinline__ uint32_t smem_u32(const void* p) {
-  return (uint32_t)__cvta_generic_to_shared(p);
-}
-__device__ __forceinline__ void cp_async16(uint32_t dst, const void* src, int bytes) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(bytes)
-               : "memory");
-}
-__device__ __forceinline__ void cp_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
-template <int N>
-__device__ __forceinline__ void cp_wait() {
-  asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
-}
-__device__ __forceinline__ void ldsm4(uint32_t addr, uint32_t& r0, uint32_t& r1, uint32_t& r2,
-                                      uint32_t& r3) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-               : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3)
-               : "r"(addr)
-               : "memory");
-}
-__device__ __forceinline__ void ldsm4t(uint32_t addr, uint32_t& r0, uint32_t& r1, uint32_t& r2,
-                                       uint32_t& r3) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-               : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3)
-               : "r"(addr)
-               : "memory");
-}
-__device__ __forceinline__ void mma16816(float* c, uint32_t a0, uint32_t a1, uint32_t a2,
-                                         uint32_t a3, uint32_t b0, uint32_t b1) {
-  asm volatile(
-      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
-      "{%8,%9}, {%0,%1,%2,%3};\n"
-      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
-}
-__device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
-  __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
-  return *reinterpret_cast<uint32_t*>(&v);
-}
 
 // Shared state of one CTA's walk over its items.
 struct Walk {
@@ -311,17 +280,17 @@ __device__ __forceinline__ void dz_body(const DzParams& p, const Walk& w, unsign
       for (int kc = 0; kc < 4; ++kc) {
         if (kc < nkc) {
           uint32_t b0, b1, b2, b3;
-          ldsm4t(wb_s + ((kc * 16 + (li & 1) * 8 + lr) * LD + nq * 16 + (li >> 1) * 8) * 2, b0, b1,
+          ldsm4<true>(wb_s + ((kc * 16 + (li & 1) * 8 + lr) * LD + nq * 16 + (li >> 1) * 8) * 2, b0, b1,
                  b2, b3);
 #pragma unroll
           for (int mi = 0; mi < 2; ++mi) {
             const int mt = h2 + 2 * mi;
             if (mt < nmt) {
               uint32_t a0, a1, a2, a3;
-              ldsm4(rs + ((mt * 16 + (li & 1) * 8 + lr) * LD + kc * 16 + (li >> 1) * 8) * 2, a0, a1,
+              ldsm4<false>(rs + ((mt * 16 + (li & 1) * 8 + lr) * LD + kc * 16 + (li >> 1) * 8) * 2, a0, a1,
                     a2, a3);
-              mma16816(accz[mi][0], a0, a1, a2, a3, b0, b1);
-              mma16816(accz[mi][1], a0, a1, a2, a3, b2, b3);
+              mma_bf16_16816(accz[mi][0], a0, a1, a2, a3, b0, b1);
+              mma_bf16_16816(accz[mi][1], a0, a1, a2, a3, b2, b3);
             }
           }
         }
@@ -366,15 +335,15 @@ __device__ __forceinline__ void dz_body(const DzParams& p, const Walk& w, unsign
       for (int kc = 0; kc < 4; ++kc) {
         if (kc < nmt) {
           uint32_t a0, a1, a2, a3;
-          ldsm4t(rs + ((kc * 16 + (li >> 1) * 8 + lr) * LD + mq * 16 + (li & 1) * 8) * 2, a0, a1, a2,
+          ldsm4<true>(rs + ((kc * 16 + (li >> 1) * 8 + lr) * LD + mq * 16 + (li & 1) * 8) * 2, a0, a1, a2,
                  a3);
 #pragma unroll
           for (int np = 0; np < 2; ++np) {
             uint32_t b0, b1, b2, b3;
-            ldsm4t(zs_s + ((kc * 16 + (li & 1) * 8 + lr) * LD + kh * 32 + np * 16 + (li >> 1) * 8) * 2,
+            ldsm4<true>(zs_s + ((kc * 16 + (li & 1) * 8 + lr) * LD + kh * 32 + np * 16 + (li >> 1) * 8) * 2,
                    b0, b1, b2, b3);
-            mma16816(accw[2 * np], a0, a1, a2, a3, b0, b1);
-            mma16816(accw[2 * np + 1], a0, a1, a2, a3, b2, b3);
+            mma_bf16_16816(accw[2 * np], a0, a1, a2, a3, b0, b1);
+            mma_bf16_16816(accw[2 * np + 1], a0, a1, a2, a3, b2, b3);
           }
         }
       }
