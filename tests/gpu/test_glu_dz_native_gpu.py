@@ -30,7 +30,9 @@ if not native.available():
 DEV = torch.device("cuda")
 R = 64
 TOL = 1e-2
-if torch.cuda.get_device_properties(0).shared_memory_per_block_optin < 111616:
+from tsct.kernels.triton_glu.glu import NATIVE_DZ_SMEM  # noqa: E402
+
+if torch.cuda.get_device_properties(0).shared_memory_per_block_optin < NATIVE_DZ_SMEM:
     pytest.skip("the CUDA dz needs 109 KB of shared memory per block (not sm_120)", allow_module_level=True)
 
 

@@ -76,19 +76,24 @@ def _cdiv(a: int, b: int) -> int:
     return -(-a // b)
 
 
-_caps: dict[int, tuple[int, int]] = {}
+_props: dict[int, Any] = {}
+
+
+def _device_props(device: torch.device) -> Any:
+    """torch.cuda.get_device_properties of a CUDA device, cached per device index."""
+    idx = device.index if device.index is not None else torch.cuda.current_device()
+    props = _props.get(idx)
+    if props is None:
+        props = _props[idx] = torch.cuda.get_device_properties(idx)
+    return props
 
 
 def _capability(device: torch.device) -> tuple[int, int]:
-    """The device's compute capability (cached per device index); (0, 0) for a CPU tensor (Triton's
-    interpreter: JIT only)."""
+    """The device's compute capability; (0, 0) for a CPU tensor (Triton's interpreter: JIT only)."""
     if device.type != "cuda":
         return (0, 0)
-    idx = device.index if device.index is not None else torch.cuda.current_device()
-    cap = _caps.get(idx)
-    if cap is None:
-        cap = _caps[idx] = tuple(torch.cuda.get_device_capability(idx))
-    return cap
+    props = _device_props(device)
+    return (props.major, props.minor)
 
 
 def _aligned(d: int, r: int, stride_x: int, *tensors: Optional[Tensor]) -> bool:
@@ -110,26 +115,19 @@ def _wd_layout(w_down: Tensor, aligned: bool) -> tuple[Tensor, bool]:
 
 def _native_dz(cfg: Config, wd_t: bool, r: int, dtype: torch.dtype, go: Tensor, zw: Tensor) -> bool:
     """Whether glu_bwd_dz runs as the CUDA kernel (csrc/glu/dz_bf16.cu): enabled for the arch
-    (``Config.dz_native``), bf16, r = 64, K-major w_down, 16-byte aligned rows of zw and grad_out's
-    base, on a GPU with the native library loaded."""
+    (``Config.dz_native``), bf16, r = 64, K-major w_down (``wd_t``: only on aligned launches, so
+    grad_out is 16-byte aligned already), 16-byte aligned contiguous zw, on a GPU with the native
+    library loaded and the kernel's shared memory."""
     if not (cfg.dz_native and wd_t and r == 64 and dtype == torch.bfloat16 and go.is_cuda):
         return False
-    if go.data_ptr() % 16 or zw.data_ptr() % 16 or not zw.is_contiguous():
+    if zw.data_ptr() % 16 or not zw.is_contiguous():
         return False
     from tsct import native
 
-    return native.available() and _smem_optin(go.device) >= NATIVE_DZ_SMEM
+    return native.available() and _device_props(go.device).shared_memory_per_block_optin >= NATIVE_DZ_SMEM
 
 
-NATIVE_DZ_SMEM = 111616  # bytes of shared memory per block csrc/glu/dz_bf16.cu needs
-_smem: dict[int, int] = {}
-
-
-def _smem_optin(device: torch.device) -> int:
-    idx = device.index if device.index is not None else torch.cuda.current_device()
-    if idx not in _smem:
-        _smem[idx] = torch.cuda.get_device_properties(idx).shared_memory_per_block_optin
-    return _smem[idx]
+NATIVE_DZ_SMEM = 111616  # bytes of shared memory per block csrc/glu/dz_bf16.cu needs (its SMEM_BYTES)
 
 
 def _scales(s_gate: Optional[Tensor], s_up: Optional[Tensor]) -> tuple[Optional[Tensor], Optional[Tensor]]:
