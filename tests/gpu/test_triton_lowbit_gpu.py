@@ -177,3 +177,11 @@ def test_ste_masters():
 def test_status():
     assert TL.status((9, 0), "nvfp4")[0]
     assert not TL.status((7, 5), "nvfp4")[0]
+
+
+def test_nvfp4_tile_decode_exhaustive():
+    """The NVFP4 tile decoder, every E2M1 code under every UE4M3 block scale: the bf16 pair decoder and
+    the fp32 decoder both give the exact values' bits (Triton JIT; the interpreter cannot run the bf16 one)."""
+    from tsct.kernels.triton_lowbit._decode_check import check_tile_decode
+
+    assert check_tile_decode("cuda") == 0.0
