@@ -24,14 +24,15 @@ def _decode_tile(codes, scales, out, DT: tl.constexpr):
 
 def nvfp4_tile_probe(device="cpu"):
     """(codes uint8 [256, 8], block scales uint8 [256, 1], exact values float64 [256, 16]): row n holds
-    all 16 E2M1 codes (k = code, even k in the low nibble) under the block scale byte n (every UE4M3
-    value: zero, subnormals, 448, NaN); the value is e2m1 * sf * 2^-8 (the decoder leaves 2^8 / s_enc
-    to the product's scale)."""
+    all 16 E2M1 codes (k = code, even k in the low nibble) under the block scale byte n % 128 (every
+    UE4M3 value, sign bit 0 as the format has it: zero, subnormals, 448, NaN); the value is
+    e2m1 * sf * 2^-8 (the decoder leaves 2^8 / s_enc to the product's scale). Bytes with the sign bit
+    are not block scales; on the GPU the decoder reads 0x80 as +0 where torch reads -0 (H200, 2026-11-30)."""
     from tsct.quant import formats
 
     k = torch.arange(16)
     codes = (k[0::2] | (k[1::2] << 4)).to(torch.uint8).repeat(256, 1)
-    sf = torch.arange(256, dtype=torch.int32).to(torch.uint8)[:, None]
+    sf = (torch.arange(256, dtype=torch.int32) % 128).to(torch.uint8)[:, None]
     want = formats.e2m1_decode(k.to(torch.uint8))[None, :].double() * sf.view(torch.float8_e4m3fn).double() * 2.0 ** -8
     return codes.to(device), sf.to(device), want
 
