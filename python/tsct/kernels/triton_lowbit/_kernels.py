@@ -265,10 +265,12 @@ def lowbit_down_fwd(
 def lowbit_up_fwd(
     z_ptr, offs_ptr, cum_ptr, d0, d1, d2, rw_ptr, y_ptr,
     E, r, f, ldy,
-    FMT_D: tl.constexpr, HAS_RW: tl.constexpr, SINGLE_K: tl.constexpr, Y_PAD: tl.constexpr,
+    FMT_D: tl.constexpr, HAS_RW: tl.constexpr, SINGLE_K: tl.constexpr, Y_PAD: tl.constexpr, DEC16: tl.constexpr,
     BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, BLOCK_E: tl.constexpr,
 ):
     """``triton_glu.glu_up_fwd`` (FSPLIT 1) with w_down in any format: y[rows, :f] = (z Wd_hat[e]) * rw.
+    DEC16: decode w_down tiles straight to z's dtype (bf16: ``_e2m1_pair``); else to fp32, then round
+    (same bits; Triton 3.9 fails to compile the first for sm_100a: ``Config.dec16_up_lb``).
     Packed w_down rows are K-contiguous ([f, r/2] or [f, r/8] bytes), so the odd f does not misalign the
     factor loads. Y_PAD (as the bf16 kernel's): ldy is a multiple of 8 and y's pad columns [f, ldy) may be
     written (zeros here: the decoded columns past f are masked), so the y stores vectorize."""
@@ -304,13 +306,15 @@ def lowbit_up_fwd(
         cmask = cols < f
         acc = tl.zeros((BN, BM), dtype=tl.float32)
         if SINGLE_K:
-            acc = tl.dot(_w_tile_nk(FMT_D, d0, d1, e64, 0, r, f, cols, cmask, BK, BN, zt.dtype), zt, acc)
+            acc = tl.dot(_w_tile_nk(FMT_D, d0, d1, e64, 0, r, f, cols, cmask, BK, BN,
+                                    zt.dtype if DEC16 else tl.float32).to(zt.dtype), zt, acc)
         else:
             for k in range(0, r, BK):
                 kmask = (k + ks) < r
                 a = tl.load(z_base + bm[None, :] * r + (k + ks)[:, None], mask=rmask[None, :] & kmask[:, None],
                             other=0.0)
-                acc = tl.dot(_w_tile_nk(FMT_D, d0, d1, e64, k, r, f, cols, cmask, BK, BN, a.dtype), a, acc)
+                acc = tl.dot(_w_tile_nk(FMT_D, d0, d1, e64, k, r, f, cols, cmask, BK, BN,
+                                        a.dtype if DEC16 else tl.float32).to(a.dtype), a, acc)
         acc = _w_cols(FMT_D, tl.trans(acc), d2, e64, f, cols, cmask)
         if HAS_RW:
             acc = acc * rw[:, None]  # (NVFP4: 2^8 / s_enc folded in)

@@ -62,7 +62,7 @@ KERNELS: dict[str, KernelInfo] = {
     ),
     "lowbit_up_fwd": KernelInfo(
         params=("z_ptr", "offs_ptr", "cum_ptr", "d0", "d1", "d2", "rw_ptr", "y_ptr", "E", "r", "f", "ldy"),
-        constexprs=("FMT_D", "HAS_RW", "SINGLE_K", "Y_PAD", "BM", "BN", "BK", "BLOCK_E"),
+        constexprs=("FMT_D", "HAS_RW", "SINGLE_K", "Y_PAD", "DEC16", "BM", "BN", "BK", "BLOCK_E"),
         ints=("E", "r", "f", "ldy"),
         used_if={"d1": "FMT_D", "d2": "FMT_D", "rw_ptr": "HAS_RW"},
         hinted=("z_ptr", "d0", "y_ptr", "r"),
@@ -148,8 +148,8 @@ def enumerate_specs(arch: str) -> Iterator[Spec]:
         ups = sorted({up_k(r, aligned) for r in (16, 32, 48, 64, 128, 129)})
         for rw, (single, bk), ypad in itertools.product((False, True), ups, (False, True)):
             types = dict(z_ptr=D, offs_ptr="*i32", cum_ptr="*i32", d0=d0, d1=d1, d2=d2, rw_ptr="*fp32", y_ptr=D)
-            consts = dict(FMT_D=fd, HAS_RW=rw, SINGLE_K=single, Y_PAD=ypad, BM=cfg.bm, BN=cfg.bn_up, BK=bk,
-                          BLOCK_E=cfg.block_e)
+            consts = dict(FMT_D=fd, HAS_RW=rw, SINGLE_K=single, Y_PAD=ypad, DEC16=cfg.dec16_up_lb, BM=cfg.bm,
+                          BN=cfg.bn_up, BK=bk, BLOCK_E=cfg.block_e)
             out.append(_base_spec("lowbit_up_fwd", types, consts, cfg.warps_up_lb, cfg.stages_up, aligned, KERNELS))
         for sc, dwd in itertools.product(_IDX, (False, True)):
             types = dict(dy_ptr=D, sidx_ptr=f"*{sc}" if sc else UNUSED, offs_ptr="*i32", d0=d0, d1=d1, d2=d2,
