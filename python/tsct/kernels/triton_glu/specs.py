@@ -85,7 +85,7 @@ class Config:
     fs_dz_native: int = 2     # its f slices (partial sums reduced in order by glu_bwd_epi)
     # the low-bit kernels (triton_lowbit): their decode makes other tiles win than the bf16 kernels'
     warps_up_lb: int = 4
-    dec16_up_lb: int = 1      # lowbit_up_fwd decodes w_down straight to bf16 (Triton 3.9 cannot compile it for sm_100a)
+    dec16_up_lb: int = 1      # lowbit_up_fwd decodes w_down straight to bf16 (triton_lowbit.specs.up_dec16)
     stages_down_lb: int = 4
     stages_dxdw_lb: int = 1
 
@@ -131,7 +131,7 @@ MAX_SHARED: dict[str, int] = {"sm_90a": 232448, "sm_100a": 232448, "sm_120": 101
 # fit per SM. Not measured on an sm_120 card (design.md section 6).
 CONFIGS: dict[str, Config] = {
     "sm_90a": Config(dz_native=1),
-    "sm_100a": Config(dec16_up_lb=0),  # the CUDA dz fits sm_100 (109 KB shared memory) but has not run there
+    "sm_100a": Config(),  # the CUDA dz fits sm_100 (109 KB shared memory) but has not run there
     # ~99 KB of shared memory per block: fewer stages. Every field the H200 sweep of session 5 changed
     # stays at its previous value here (nothing has been timed on an sm_120 card; bench/notes.md "v8")
     "sm_120": Config(stages_down=2, stages_up=2, bn_up_t=128, warps_up_t=4, stages_up_t=2, stages_dz_t=2, fs_bwd=8,

@@ -215,7 +215,7 @@ def main(argv) -> int:
     names = argv or list(CASES)
     res = run(names)
     if not argv:
-        # the bf16 pair decoder needs a GPU (the interpreter mishandles bf16 bit casts): tests/gpu
+        # the bf16 pair decoder needs a GPU (the interpreter gets bf16 multiplies wrong): tests/gpu
         res["decode_exhaustive"] = {"mismatch": check_decode(),
                                     "tile_fp32": check_tile_decode("cpu", dtypes=(torch.float32,))}
         res["ste_autograd"] = check_ste()

@@ -13,8 +13,9 @@ stored K-contiguous):
 
 Decode happens in registers (``_w_tile``): the packed words / bytes of a [BN, BK] tile are loaded,
 expanded with constant shifts and masks into fp32 bit patterns (no selects, no conversions: 4-5
-instructions per element), scaled, joined back into k order, transposed to [BK, BN] and cast to the
-activation dtype for ``tl.dot``. Global memory never holds a decoded copy; the decoded tile does pass
+instructions per element; NVFP4 tiles for a bf16 product go straight to bf16, two codes per shift and
+mask: ``_e2m1_pair``), scaled, joined back into k order, rounded to the activation dtype and transposed
+for ``tl.dot``. Global memory never holds a decoded copy; the decoded tile does pass
 through a tile-sized shared-memory scratch on its way to the dot-operand register layout (Triton's
 convert_layout: STS.128 + LDSM on sm_90a). Per-expert / per-column factors are applied outside the dot,
 exactly:
@@ -138,9 +139,10 @@ def _w_tile_nk(FMT: tl.constexpr, p0, p1, e64, k0, K, N, ns, nmask, BK: tl.const
     elif FMT == 1:
         # 32-bit words of 8 codes (K % 16 == 0 keeps rows 8-byte aligned; the host keeps the codes 16-byte
         # aligned): nibble j of word i is k = k0 + 8 i + j. Each code becomes fp32 bits by two shifts and
-        # two masks (``_e2m1_w``: e2m1 * 2^-126, exact, subnormal for the codes 0 and 0.5), then one
-        # multiply gives e2m1 * sf * 2^-8 (``_w_scalar`` undoes the 2^-8); the eight nibbles are joined
-        # back into k order in registers.
+        # two masks (``_e2m1_w``: e2m1 * 2^-126, exact, subnormal for the codes 0 and 0.5), or, for a bf16
+        # product, two codes become a bf16 pair the same way (``_e2m1_pair``); then one multiply gives
+        # e2m1 * sf * 2^-8 (``_w_scalar`` undoes the 2^-8); the eight nibbles are joined back into k order
+        # in registers.
         k8 = K // 8
         ws = k0 // 8 + tl.arange(0, BK // 8)
         wp = p0.to(tl.pointer_type(tl.uint32), bitcast=True)
@@ -270,7 +272,8 @@ def lowbit_up_fwd(
 ):
     """``triton_glu.glu_up_fwd`` (FSPLIT 1) with w_down in any format: y[rows, :f] = (z Wd_hat[e]) * rw.
     DEC16: decode w_down tiles straight to z's dtype (bf16: ``_e2m1_pair``); else to fp32, then round
-    (same bits; Triton 3.9 fails to compile the first for sm_100a: ``Config.dec16_up_lb``).
+    (same bits; ``specs.up_dec16``: Triton 3.6 and 3.9 fail to compile the first at BK = 16 for
+    compute capability 10.x / 11.0).
     Packed w_down rows are K-contiguous ([f, r/2] or [f, r/8] bytes), so the odd f does not misalign the
     factor loads. Y_PAD (as the bf16 kernel's): ldy is a multiple of 8 and y's pad columns [f, ldy) may be
     written (zeros here: the decoded columns past f are masked), so the y stores vectorize."""

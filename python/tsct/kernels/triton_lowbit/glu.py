@@ -239,7 +239,7 @@ def _forward(x, offs, w_gate, w_up, w_down, s_gate, s_up, row_weight, gather_idx
         y = torch.empty(m, f, device=dev, dtype=dtype)
     _launch("lowbit_up_fwd", (max_tiles,), [z, offs, cum, *pd, rw, y, e, r, f, ldy],
             dict(FMT_D=fd, HAS_RW=rw is not None, SINGLE_K=single_k, Y_PAD=scatter_idx is not None,
-                 DEC16=cfg.dec16_up_lb, BM=bm,
+                 DEC16=LS.up_dec16(cfg, bk_up), BM=bm,
                  BN=cfg.bn_up, BK=bk_up, BLOCK_E=cfg.block_e),
             cfg.warps_up_lb, cfg.stages_up, aligned, cap, dev)
     if scatter_idx is not None:

@@ -104,6 +104,13 @@ def rank_block(cfg) -> int:
     return cfg.br_max
 
 
+def up_dec16(cfg, bk: int) -> bool:
+    """DEC16 of lowbit_up_fwd: the bf16 tile decode where the arch's config enables it and the K step is
+    wider than 16 (at BK = 16, Triton 3.6 and 3.9 fail to compile it for compute capability 10.0, 10.3
+    and 11.0: "Illegal shared layout" in OptimizeDotOperands; review of 2026-11-30)."""
+    return bool(cfg.dec16_up_lb) and bk > 16
+
+
 def up_k(r: int, aligned: bool) -> tuple[bool, int]:
     """(SINGLE_K, BK) of the up kernel: the whole rank in one step for aligned launches with r <= 128."""
     if aligned and r <= 128:
@@ -148,7 +155,7 @@ def enumerate_specs(arch: str) -> Iterator[Spec]:
         ups = sorted({up_k(r, aligned) for r in (16, 32, 48, 64, 128, 129)})
         for rw, (single, bk), ypad in itertools.product((False, True), ups, (False, True)):
             types = dict(z_ptr=D, offs_ptr="*i32", cum_ptr="*i32", d0=d0, d1=d1, d2=d2, rw_ptr="*fp32", y_ptr=D)
-            consts = dict(FMT_D=fd, HAS_RW=rw, SINGLE_K=single, Y_PAD=ypad, DEC16=cfg.dec16_up_lb, BM=cfg.bm,
+            consts = dict(FMT_D=fd, HAS_RW=rw, SINGLE_K=single, Y_PAD=ypad, DEC16=up_dec16(cfg, bk), BM=cfg.bm,
                           BN=cfg.bn_up, BK=bk, BLOCK_E=cfg.block_e)
             out.append(_base_spec("lowbit_up_fwd", types, consts, cfg.warps_up_lb, cfg.stages_up, aligned, KERNELS))
         for sc, dwd in itertools.product(_IDX, (False, True)):
