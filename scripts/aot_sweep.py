@@ -1,4 +1,4 @@
-"""Development: compile tile-config variants of some glu kernels ahead of time, next to a shipped AOT dir.
+"""Development: compile tile-config variants of some glu / lowbit kernels ahead of time, next to a shipped AOT dir.
 
     python scripts/aot_sweep.py --base SITE/tsct/_aot --out /tmp/sweep_aot \
         --kernels glu_bwd_dz --cfgs "stages_dz_t=3;warps_dz_t=8" [--arch sm_90a] [--jobs 2]
@@ -38,6 +38,7 @@ def main() -> int:
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--arch", default="sm_90a")
     ap.add_argument("--kernels", required=True)
+    ap.add_argument("--family", default="glu", help="kernel family: glu or lowbit (the tile configs are shared)")
     ap.add_argument("--cfgs", required=True, help='";"-separated TSCT_TRITON_GLU_CFG overrides ("" = the table)')
     ap.add_argument("--require", default="", help='"NAME=V,..." constexpr values a variant must have (where it has NAME)')
     ap.add_argument("--dtype", default="bf16")
@@ -48,16 +49,17 @@ def main() -> int:
     ab = _aot_build()
     import triton
 
-    specs = ab.family_specs("glu")
+    specs = ab.family_specs(args.family)
+    from tsct.kernels.triton_glu import specs as glu_specs  # the per-arch Config table every family reads
     if triton.__version__ != specs.TRITON_VERSION and not args.allow_other_triton:
         raise SystemExit(f"Triton {triton.__version__}, not the pinned {specs.TRITON_VERSION}: pass --allow-other-triton")
     kernels = set(filter(None, args.kernels.split(",")))
     if unknown := kernels - set(specs.KERNELS):
         raise SystemExit(f"--kernels: unknown {sorted(unknown)} (glu family: {sorted(specs.KERNELS)})")
-    if args.arch not in specs.CONFIGS:
-        raise SystemExit(f"--arch: one of {sorted(specs.CONFIGS)}")
+    if args.arch not in glu_specs.CONFIGS:
+        raise SystemExit(f"--arch: one of {sorted(glu_specs.CONFIGS)}")
     for over in args.cfgs.split(";"):  # a bad override raises ValueError naming it, before anything is deleted
-        dataclasses.replace(specs.CONFIGS[args.arch]).update(over)
+        dataclasses.replace(glu_specs.CONFIGS[args.arch]).update(over)
     if args.out.resolve() in (args.base.resolve(), *args.base.resolve().parents):
         raise SystemExit("--out must not be --base or a folder above it (it is deleted first)")
     need = {k: int(v) for k, v in (t.split("=") for t in filter(None, args.require.split(",")))}
@@ -69,17 +71,17 @@ def main() -> int:
                 and s.key not in seen
                 and all(c.get(k, v) == v for k, v in need.items()))
 
-    base_cfg = specs.CONFIGS[args.arch]
+    base_cfg = glu_specs.CONFIGS[args.arch]
     jobs, seen = [], set()
     cache = args.out.with_name(args.out.name + ".cache") / f"t{triton.__version__}"
     cache.mkdir(parents=True, exist_ok=True)
     for over in args.cfgs.split(";"):
-        specs.CONFIGS[args.arch] = dataclasses.replace(base_cfg).update(over)
+        glu_specs.CONFIGS[args.arch] = dataclasses.replace(base_cfg).update(over)
         for s in specs.enumerate_specs(args.arch):
             if wanted(s):
                 seen.add(s.key)
-                jobs.append(("glu", args.arch, s, str(cache)))
-    specs.CONFIGS[args.arch] = base_cfg
+                jobs.append((args.family, args.arch, s, str(cache)))
+    glu_specs.CONFIGS[args.arch] = base_cfg
     print(f"aot_sweep: {len(jobs)} variants with Triton {triton.__version__}", flush=True)
     if not jobs:
         raise SystemExit("aot_sweep: no variant matches --kernels / --dtype / --require")
