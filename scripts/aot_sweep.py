@@ -38,7 +38,8 @@ def main() -> int:
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--arch", default="sm_90a")
     ap.add_argument("--kernels", required=True)
-    ap.add_argument("--family", default="glu", help="kernel family: glu or lowbit (the tile configs are shared)")
+    ap.add_argument("--family", default="glu", choices=("glu", "lowbit"),
+                    help="kernel family (both read the per-arch tile configs of triton_glu/specs.py)")
     ap.add_argument("--cfgs", required=True, help='";"-separated TSCT_TRITON_GLU_CFG overrides ("" = the table)')
     ap.add_argument("--require", default="", help='"NAME=V,..." constexpr values a variant must have (where it has NAME)')
     ap.add_argument("--dtype", default="bf16")
@@ -55,7 +56,7 @@ def main() -> int:
         raise SystemExit(f"Triton {triton.__version__}, not the pinned {specs.TRITON_VERSION}: pass --allow-other-triton")
     kernels = set(filter(None, args.kernels.split(",")))
     if unknown := kernels - set(specs.KERNELS):
-        raise SystemExit(f"--kernels: unknown {sorted(unknown)} (glu family: {sorted(specs.KERNELS)})")
+        raise SystemExit(f"--kernels: unknown {sorted(unknown)} ({args.family} family: {sorted(specs.KERNELS)})")
     if args.arch not in glu_specs.CONFIGS:
         raise SystemExit(f"--arch: one of {sorted(glu_specs.CONFIGS)}")
     for over in args.cfgs.split(";"):  # a bad override raises ValueError naming it, before anything is deleted
