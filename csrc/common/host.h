@@ -33,5 +33,6 @@ extern const KernelEntry kNvfp4Kernels[];
 extern const KernelEntry kSignKernels[];
 extern const KernelEntry kRowsGroupedKernels[];  // rows_grouped.cu
 extern const KernelEntry kGluKernels[];          // glu/dz_bf16.cu
+extern const KernelEntry kGluLowbitKernels[];    // glu/down_nvfp4.cu
 
 }  // namespace tsct

@@ -20,10 +20,11 @@
 extern "C" {
 #endif
 
-#define TSCT_ABI_VERSION 5 /* 2: the Triton AOT launcher (tsct_triton_*); 3: the grouped activation quantizer
+#define TSCT_ABI_VERSION 6 /* 2: the Triton AOT launcher (tsct_triton_*); 3: the grouped activation quantizer
                               (tsct_nvfp4_quantize_rows_grouped) and the sm_120 CuTeDSL entries (tsct_sm120_*);
                               4: the CUTLASS sm_120 grouped NVFP4 GEMM (tsct_cutlass_*);
-                              5: the grouped GLU backward kernel tsct_glu_bwd_dz_bf16 */
+                              5: the grouped GLU backward kernel tsct_glu_bwd_dz_bf16;
+                              6: the low-bit grouped GLU down projection tsct_glu_down_fwd_nvfp4 */
 
 /* The library is built with -fvisibility=hidden; only declarations marked TSCT_API are exported
  * (and csrc/exports.map lists the same names). */
@@ -109,6 +110,28 @@ TSCT_API int tsct_glu_bwd_dz_bf16(const void* grad_out, int64_t grad_rows, int64
                                   const int32_t* offs, int64_t num_experts, int64_t m, const void* w_down_t,
                                   const void* zw, int64_t r, int64_t slices, float* dz_part, void* dw_down_t,
                                   void* stream);
+
+/* ---- low-bit grouped GLU forward: the down projection with NVFP4 w_gate / w_up (csrc/glu/down_nvfp4.cu) ----
+ * For routed row i of expert e (rows sorted by expert; design.md section 2) with x row xi = x[gather_idx[i]] (or
+ * x[i] when gather_idx is NULL) and W_hat = e2m1 * block scale / s_enc (docs/decisions/0002):
+ *   hg[i, :] = xi @ W_gate_hat[e],  hu[i, :] = xi @ W_up_hat[e]                           fp32 [m, 64]
+ *   z[i, :]  = silu(hg * s_gate[e]) * (hu * s_up[e]) * row_weight[i]                       bf16 [m, 64]
+ * (a NULL s_gate / s_up / row_weight is 1). x: bf16 rows of stride_x elements (a multiple of 8), x_rows rows;
+ * offs: int32 [num_experts] cumulative END offsets (non-decreasing, offs[E-1] <= m); tile_cum: int32
+ * [num_experts] inclusive counts of 64-row tiles per expert (sum of ceil(rows_e / 64)), max_tiles >= its last
+ * entry (the grid; extra CTAs exit). Factor e of gate / up: codes u8 [E, 64, d/2] (the [E, d, 64] factor stored
+ * N-major, K-contiguous, even k in the low nibble), scales raw UE4M3 bytes [E, 64, d/16] (linear layout),
+ * s_enc fp32 [E]. hg / hu: both NULL (not written) or both given. Rows at or past offs[E-1] are not written.
+ * r must be 64, d a positive multiple of 64; x and the codes 16-byte aligned, gather_idx 8-byte, the rest
+ * 4-byte (z 2-byte). gather_idx entries are not checked (the caller validates them). Needs 56,320 bytes of
+ * shared memory per block: else cudaErrorInvalidConfiguration with a detail. Stream-ordered, no host sync. */
+TSCT_API int tsct_glu_down_fwd_nvfp4(const void* x, int64_t x_rows, int64_t stride_x, const int64_t* gather_idx,
+                                     const int32_t* offs, const int32_t* tile_cum, int64_t num_experts, int64_t m,
+                                     int64_t d, int64_t r, const void* gate_codes, const void* gate_scales,
+                                     const float* gate_s_enc, const void* up_codes, const void* up_scales,
+                                     const float* up_s_enc, const float* s_gate, const float* s_up,
+                                     const float* row_weight, void* z, float* hg, float* hu, int64_t max_tiles,
+                                     void* stream);
 
 /* ---- sm_120 NVFP4 grouped GEMMs: CuTeDSL kernels exported ahead of time (cutedsl/, decisions 0006, 0009) ----
  * Linked into this library when it was built with TSCT_CUTEDSL=ON (else every entry returns

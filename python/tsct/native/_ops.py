@@ -436,6 +436,118 @@ def glu_bwd_dz_bf16(
     return dz_part, dw
 
 
+GLU_DOWN_TILE = 64  # rows per tile of tsct_glu_down_fwd_nvfp4 (its tile_cum counts tiles of this many rows)
+
+
+def glu_down_fwd_nvfp4(
+    x: Tensor,
+    offs: Tensor,
+    tile_cum: Tensor,
+    gate: tuple[Tensor, Tensor, Tensor],
+    up: tuple[Tensor, Tensor, Tensor],
+    *,
+    m: int,
+    max_tiles: int,
+    gather_idx: Tensor | None = None,
+    s_gate: Tensor | None = None,
+    s_up: Tensor | None = None,
+    row_weight: Tensor | None = None,
+    save: bool = False,
+    out: tuple[Tensor, Tensor | None, Tensor | None] | None = None,
+) -> tuple[Tensor, Tensor | None, Tensor | None]:
+    """The low-bit grouped GLU's down projection with NVFP4 w_gate / w_up (``tsct_glu_down_fwd_nvfp4``,
+    csrc/glu/down_nvfp4.cu): for routed row i of expert e and x_i = ``x[gather_idx[i]]`` (or ``x[i]``)::
+
+        hg[i] = x_i @ W_gate_hat[e],  hu[i] = x_i @ W_up_hat[e]           (fp32, W_hat = e2m1 * sf / s_enc)
+        z[i]  = silu(hg[i] * s_gate[e]) * (hu[i] * s_up[e]) * row_weight[i]
+
+    Formats: docs/decisions/0002-nvfp4-recipe.md; bf16 mma.sync, fp32 accumulation.
+
+    Args:
+        x: bfloat16 [rows, d], rows 16-byte aligned (x.stride(0) % 8 == 0, stride(1) == 1), d % 64 == 0.
+        offs: int32 [E] cumulative END offsets of the routed rows (not checked here: the op validates them).
+        tile_cum: int32 [E] inclusive counts of ``GLU_DOWN_TILE``-row tiles per expert; ``max_tiles`` >= its
+            last entry (an upper bound such as ceil(m / 64) + E: the grid).
+        gate, up: (codes uint8 [E, 64, d/2], block scales uint8 [E, 64, d/16] (raw UE4M3, linear layout),
+            s_enc float32 [E]) of w_gate / w_up ([E, d, 64] factors stored K-contiguous); codes 16-byte aligned.
+        m: routed rows (z's rows); gather_idx: optional int64 [m] (entries not checked).
+        s_gate, s_up, row_weight: optional float32 [E, 64], [E, 64], [m].
+        save: also return hg and hu (float32 [m, 64]).
+        out: optional (z, hg, hu) to write into (contiguous, the shapes and dtypes returned; hg, hu None
+            unless ``save``).
+    Returns:
+        (z bfloat16 [m, 64], hg, hu) with hg, hu None unless ``save``. Rows at or past offs[-1] are not
+        written (torch.empty contents).
+    Raises:
+        TypeError / ValueError naming the bad argument; RuntimeError from the kernel (e.g. less than 56 KB
+        of shared memory per block) or the loader.
+    """
+    named = [("x", x), ("offs", offs), ("tile_cum", tile_cum)]
+    named += [(f"gate[{i}]", t) for i, t in enumerate(gate)] + [(f"up[{i}]", t) for i, t in enumerate(up)]
+    for name, t in (("gather_idx", gather_idx), ("s_gate", s_gate), ("s_up", s_up), ("row_weight", row_weight)):
+        if t is not None:
+            named.append((name, t))
+    for name, t in named:
+        _tensor(name, t)
+        _cuda(name, t, x.device)
+    _dtype("x", x, (torch.bfloat16,))
+    _dtype("offs", offs, (torch.int32,))
+    _dtype("tile_cum", tile_cum, (torch.int32,))
+    if x.dim() != 2 or x.stride(1) != 1 or x.stride(0) % 8 or x.data_ptr() % 16:
+        raise ValueError(f"x must be [rows, d] with unit column stride, a row stride that is a multiple of 8 and a "
+                         f"16-byte aligned start; got shape {list(x.shape)}, strides {list(x.stride())}")
+    e, d = offs.shape[0], x.shape[1]
+    if d % 64 or d == 0:
+        raise ValueError(f"x's d = {d} must be a positive multiple of 64")
+    _shape("tile_cum", tile_cum, (e,), "[E]: E from offs")
+    for fname, (codes, scales, s_enc) in (("gate", gate), ("up", up)):
+        _dtype(f"{fname}[0]", codes, (torch.uint8,))
+        _dtype(f"{fname}[1]", scales, (torch.uint8,))
+        _dtype(f"{fname}[2]", s_enc, (torch.float32,))
+        _shape(f"{fname}[0]", codes, (e, 64, d // 2), "codes [E, 64, d/2]")
+        _shape(f"{fname}[1]", scales, (e, 64, d // 16), "block scales [E, 64, d/16]")
+        _shape(f"{fname}[2]", s_enc, (e,), "s_enc [E]")
+        if codes.data_ptr() % 16:
+            raise ValueError(f"{fname}[0] (codes) must be 16-byte aligned")
+    if gather_idx is not None:
+        _dtype("gather_idx", gather_idx, (torch.int64,))
+        _shape("gather_idx", gather_idx, (m,), "one x row per routed row")
+    elif x.shape[0] < m:
+        raise ValueError(f"x has {x.shape[0]} rows < m={m} and no gather_idx")
+    for name, t, shape in (("s_gate", s_gate, (e, 64)), ("s_up", s_up, (e, 64)), ("row_weight", row_weight, (m,))):
+        if t is not None:
+            _dtype(name, t, (torch.float32,))
+            _shape(name, t, shape, "fp32 per rank" if name != "row_weight" else "one per routed row")
+    for name, t in named:
+        if name != "x" and not t.is_contiguous():
+            raise ValueError(f"{name} must be contiguous")
+    if out is None:
+        z = _empty((m, 64), torch.bfloat16, x.device)
+        hg = _empty((m, 64), torch.float32, x.device) if save else None
+        hu = _empty((m, 64), torch.float32, x.device) if save else None
+    else:
+        z, hg, hu = out
+        for name, t, dt in (("out[0]", z, torch.bfloat16), ("out[1]", hg, torch.float32),
+                            ("out[2]", hu, torch.float32)):
+            if name != "out[0]" and (t is None) == save:
+                raise ValueError(f"{name} must be {'a tensor' if save else 'None'} with save={save}")
+            if t is not None:
+                _tensor(name, t)
+                _cuda(name, t, x.device)
+                _dtype(name, t, (dt,))
+                _shape(name, t, (m, 64), "[m, 64]")
+                if not t.is_contiguous():
+                    raise ValueError(f"{name} must be contiguous")
+    if e == 0 or m == 0 or max_tiles == 0:
+        return z, hg, hu
+    null = ctypes.c_void_p(None)
+    opt = lambda t: _ptr(t) if t is not None else null  # noqa: E731
+    _call("tsct_glu_down_fwd_nvfp4", x.device, _ptr(x), x.shape[0], x.stride(0), opt(gather_idx), _ptr(offs),
+          _ptr(tile_cum), e, m, d, 64, *[_ptr(t) for t in gate], *[_ptr(t) for t in up], opt(s_gate), opt(s_up),
+          opt(row_weight), _ptr(z), opt(hg), opt(hu), max_tiles)
+    return z, hg, hu
+
+
 SM120_VARIANTS = {"alpha": 0, "glu": 1, "row_weight": 2}
 
 

@@ -87,6 +87,9 @@ class Config:
     warps_up_lb: int = 4
     dec16_up_lb: int = 1      # lowbit_up_fwd decodes w_down straight to bf16 (triton_lowbit.specs.up_dec16)
     stages_down_lb: int = 4
+    # lowbit_down_fwd in CUDA C++ (csrc/glu/down_nvfp4.cu: NVFP4 w_gate and w_up, bf16 x, r = 64, d % 64 == 0,
+    # native library present): 1 = use it instead of the Triton kernel. Only where it ran (bench/notes.md).
+    down_native_lb: int = 0
     stages_dxdw_lb: int = 1
 
     def update(self, spec: str) -> "Config":

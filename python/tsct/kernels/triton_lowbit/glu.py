@@ -139,6 +139,44 @@ def _aligned(x: Tensor, d: int, r: int, *packed: list) -> bool:
     return G._aligned(d, r, x.stride(0), x, *[t for p in packed for t in p if isinstance(t, Tensor)])
 
 
+def _native_down(cfg, fg: int, fu: int, x: Tensor, r: int, d: int) -> bool:
+    """Whether lowbit_down_fwd runs as the CUDA kernel (csrc/glu/down_nvfp4.cu): enabled for the arch
+    (``Config.down_native_lb``), NVFP4 w_gate and w_up, bf16 x with 16-byte aligned rows, r = 64,
+    d % 64 == 0, on a GPU with the native library loaded and the kernel's shared memory."""
+    if not (cfg.down_native_lb and fg == NVFP4 and fu == NVFP4 and r == 64 and d % 64 == 0 and x.is_cuda
+            and x.dtype == torch.bfloat16 and x.stride(0) % 8 == 0 and x.data_ptr() % 16 == 0):
+        return False
+    from tsct import native
+
+    return native.available() and G._device_props(x.device).shared_memory_per_block_optin >= NATIVE_DOWN_SMEM
+
+
+NATIVE_DOWN_SMEM = 56320  # bytes of shared memory per block csrc/glu/down_nvfp4.cu needs (its SMEM_BYTES)
+
+
+def _down(x, gidx, offs, cum, max_tiles, fg, pg, fu, pu, sg, su, rw, z, hg, hu, m, cfg, aligned, cap) -> None:
+    """The down projection + GLU into ``z`` (and hg, hu when given: the BWD mode, whose z carries
+    ``rw``): the CUDA kernel where ``_native_down`` allows, else the Triton kernel ``lowbit_down_fwd``.
+    ``cum`` / ``max_tiles``: the tile map of ``cfg.bm`` rows (the CUDA kernel's tiles are 64 rows)."""
+    e, r, d = offs.shape[0], z.shape[1], x.shape[1]
+    if _native_down(cfg, fg, fu, x, r, d):
+        from tsct import native
+
+        if cfg.bm != native.GLU_DOWN_TILE:
+            cum, max_tiles = G._tile_cum(offs, native.GLU_DOWN_TILE, cap), G._cdiv(m, native.GLU_DOWN_TILE) + e
+        native.glu_down_fwd_nvfp4(x, offs, cum, tuple(pg), tuple(pu), m=m, max_tiles=max_tiles, gather_idx=gidx,
+                                  s_gate=sg, s_up=su, row_weight=rw, save=hg is not None, out=(z, hg, hu))
+        FAMILY.count("native", "lowbit_down_fwd")
+        return
+    br = LS.rank_block(cfg)
+    bwd = hg is not None
+    _launch("lowbit_down_fwd", (max_tiles, G._cdiv(r, br)),
+            [x, gidx, offs, cum, *pg, *pu, sg, su, z, hg, hu, rw, e, d, r, x.stride(0)],
+            dict(FMT_G=fg, FMT_U=fu, HAS_GATHER=gidx is not None, HAS_SG=sg is not None, HAS_SU=su is not None,
+                 HAS_RW=rw is not None, BWD=bwd, BM=cfg.bm, BR=br, BK=cfg.bk, BLOCK_E=cfg.block_e),
+            WARPS_DECODE, cfg.stages_down_lb, aligned, cap, x.device)
+
+
 def grouped_glu_forward(
     x: Tensor,
     offs: Tensor,
@@ -218,18 +256,10 @@ def _forward(x, offs, w_gate, w_up, w_down, s_gate, s_up, row_weight, gather_idx
         hg = torch.empty(m, r, device=dev, dtype=torch.float32)
         hu = torch.empty(m, r, device=dev, dtype=torch.float32)
         saved = [hg, hu, z]
-        _launch("lowbit_down_fwd", (max_tiles, G._cdiv(r, br)),
-                [x, gidx, offs, cum, *pg, *pu, sg, su, z, hg, hu, rw, e, d, r, x.stride(0)],
-                dict(FMT_G=fg, FMT_U=fu, HAS_GATHER=gidx is not None, HAS_SG=has_s, HAS_SU=has_s,
-                     HAS_RW=rw is not None, BWD=True, BM=bm, BR=br, BK=bk, BLOCK_E=cfg.block_e),
-                WARPS_DECODE, cfg.stages_down_lb, aligned, cap, dev)
+        _down(x, gidx, offs, cum, max_tiles, fg, pg, fu, pu, sg, su, rw, z, hg, hu, m, cfg, aligned, cap)
         rw = None  # already in z
     else:
-        _launch("lowbit_down_fwd", (max_tiles, G._cdiv(r, br)),
-                [x, gidx, offs, cum, *pg, *pu, sg, su, z, None, None, None, e, d, r, x.stride(0)],
-                dict(FMT_G=fg, FMT_U=fu, HAS_GATHER=gidx is not None, HAS_SG=has_s, HAS_SU=has_s, HAS_RW=False,
-                     BWD=False, BM=bm, BR=br, BK=bk, BLOCK_E=cfg.block_e),
-                WARPS_DECODE, cfg.stages_down_lb, aligned, cap, dev)
+        _down(x, gidx, offs, cum, max_tiles, fg, pg, fu, pu, sg, su, None, z, None, None, m, cfg, aligned, cap)
     single_k, bk_up = LS.up_k(r, aligned)
     if scatter_idx is not None:
         ldy = G._cdiv(f, 8) * 8  # padded row stride: vector stores and combine loads
@@ -264,13 +294,9 @@ def down_forward(x: Tensor, offs: Tensor, w_gate, w_up, s_gate: Optional[Tensor]
     fu, pu = _factor_args("w_up", w_up, x.dtype)
     sg, su = G._scales(s_gate, s_up)
     gidx = G._i64(gather_idx)
-    br = LS.rank_block(cfg)
-    _launch("lowbit_down_fwd", (G._cdiv(m, cfg.bm) + e, G._cdiv(r, br)),
-            [x, gidx, offs.contiguous(), G._tile_cum(offs, cfg.bm), *pg, *pu, sg, su, z, None, None, None, e, d, r,
-             x.stride(0)],
-            dict(FMT_G=fg, FMT_U=fu, HAS_GATHER=gidx is not None, HAS_SG=sg is not None, HAS_SU=sg is not None,
-                 HAS_RW=False, BWD=False, BM=cfg.bm, BR=br, BK=cfg.bk, BLOCK_E=cfg.block_e),
-            WARPS_DECODE, cfg.stages_down_lb, _aligned(x, d, r, pg, pu), cap, x.device)
+    offs = offs.contiguous()
+    _down(x, gidx, offs, G._tile_cum(offs, cfg.bm), G._cdiv(m, cfg.bm) + e, fg, pg, fu, pu, sg, su, None, z, None,
+          None, m, cfg, _aligned(x, d, r, pg, pu), cap)
     return z
 
 
@@ -342,11 +368,7 @@ def grouped_glu_backward(
         hg = torch.empty(m, r, device=dev, dtype=torch.float32)
         hu = torch.empty(m, r, device=dev, dtype=torch.float32)
         zw = torch.empty(m, r, device=dev, dtype=dtype)
-        _launch("lowbit_down_fwd", (max_tiles, nrb),
-                [x, gidx, offs, cum, *pg, *pu, sg, su, zw, hg, hu, rw, e, d, r, x.stride(0)],
-                dict(FMT_G=fg, FMT_U=fu, HAS_GATHER=gidx is not None, HAS_SG=has_s, HAS_SU=has_s,
-                     HAS_RW=rw is not None, BWD=True, BM=bm, BR=br, BK=bk, BLOCK_E=cfg.block_e),
-                WARPS_DECODE, cfg.stages_down_lb, aligned, cap, dev)
+        _down(x, gidx, offs, cum, max_tiles, fg, pg, fu, pu, sg, su, rw, zw, hg, hu, m, cfg, aligned, cap)
     # 2. dz0 partials over f slices (and dWd_hat)
     do_dwd = want[3]
     bn = cfg.bn_bwd

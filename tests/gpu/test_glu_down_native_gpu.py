@@ -1,0 +1,195 @@
+"""The CUDA low-bit down projection (csrc/glu/down_nvfp4.cu, ``tsct.native.glu_down_fwd_nvfp4``) on a GPU.
+
+Each case: fresh random inputs, NVFP4 factors from ``tsct.quant``, the caching allocator poisoned with NaN
+before the call. hg, hu are compared with x @ W_hat in fp64 (bf16 operands and exact decoded weights, fp32
+accumulation: relative Frobenius error ~1e-6, tolerance 1e-4), z with the fp64 GLU of the reference
+(one bf16 rounding: tolerance 1e-2), and both with the Triton kernel ``lowbit_down_fwd`` on the same inputs.
+Rows at or past offs[-1] stay unwritten (NaN poison survives); a second run gives the same bits.
+Shapes: experts with 0, 1, 7, 63, 64, 65 and 150 rows (partial n8 tiles, several 64-row tiles), gather or
+not, scales and row weights or not, d = 64 and 2048, a NaN x row and a NaN block scale (0x7F).
+Also: the low-bit forward takes this kernel where ``Config.down_native_lb`` is on (backend counts), and bad
+arguments raise errors that name them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+
+pytestmark = pytest.mark.gpu
+
+if not torch.cuda.is_available():
+    pytest.skip("needs a CUDA GPU", allow_module_level=True)
+
+from tsct import native, quant  # noqa: E402
+from tsct.kernels.triton_glu import glu as G  # noqa: E402
+from tsct.kernels.triton_lowbit import glu as L  # noqa: E402
+
+if not native.available():
+    pytest.skip(f"native library not available: {native.load_error()}", allow_module_level=True)
+
+DEV = torch.device("cuda")
+R = 64
+
+
+def poison() -> None:
+    blob = torch.empty(min(int(torch.cuda.mem_get_info()[0] * 0.5), 8 << 30), dtype=torch.uint8, device=DEV)
+    blob.fill_(0xFF)  # NaN in fp32 and bf16
+    del blob
+
+
+def rel(a: torch.Tensor, b: torch.Tensor) -> float:
+    a, b = a.double(), b.double()
+    return float((a - b).norm() / b.norm().clamp_min(1e-30))
+
+
+def make(counts, d, pad=0, gather=True, scales=True, rw=True, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    e, mv = len(counts), sum(counts)
+    m = mv + pad
+    t = max(m, 1) + 5
+    x = torch.randn(t, d, generator=g).bfloat16()
+    gidx = torch.randint(0, t, (m,), generator=g) if gather else None
+    wg = torch.randn(e, d, R, generator=g) * 0.05
+    wu = torch.randn(e, d, R, generator=g) * 0.05
+    wg[0, :16, 3] *= 1e-3  # a block with a small scale (UE4M3 subnormal range)
+    qg, qu = quant.quantize(wg.to(DEV), "nvfp4"), quant.quantize(wu.to(DEV), "nvfp4")
+    p = dict(x=x.to(DEV), offs=torch.tensor(counts).cumsum(0).to(torch.int32).to(DEV), qg=qg, qu=qu, m=m,
+             gidx=gidx.to(DEV) if gather else None,
+             sg=(torch.rand(e, R, generator=g) + 0.5).to(DEV) if scales else None,
+             su=(torch.rand(e, R, generator=g) + 0.5).to(DEV) if scales else None,
+             rw=torch.rand(m, generator=g).to(DEV) if rw else None)
+    return p
+
+
+def args(q):
+    return (q.codes.contiguous(), q.block_scale.view(torch.uint8).contiguous(), q.global_scale.contiguous())
+
+
+def run_native(p, save):
+    cum = G._tile_cum(p["offs"], native.GLU_DOWN_TILE)
+    e = p["offs"].shape[0]
+    return native.glu_down_fwd_nvfp4(p["x"], p["offs"], cum, args(p["qg"]), args(p["qu"]), m=p["m"],
+                                     max_tiles=-(-p["m"] // 64) + e, gather_idx=p["gidx"], s_gate=p["sg"],
+                                     s_up=p["su"], row_weight=p["rw"] if save else None, save=save)
+
+
+def reference(p, save):
+    """fp64: hg, hu = x_rows @ W_hat; z = silu(hg s_g) (hu s_u) [* rw]."""
+    offs = p["offs"].cpu().tolist()
+    mv = offs[-1] if offs else 0
+    xr = (p["x"][p["gidx"]] if p["gidx"] is not None else p["x"][: p["m"]]).double()
+    wg = quant.dequantize(p["qg"], dtype=torch.float32, backend="torch").double()
+    wu = quant.dequantize(p["qu"], dtype=torch.float32, backend="torch").double()
+    hg = torch.zeros(mv, R, dtype=torch.float64, device=DEV)
+    hu = torch.zeros_like(hg)
+    lo = 0
+    for e, hi in enumerate(offs):
+        hg[lo:hi] = xr[lo:hi] @ wg[e]
+        hu[lo:hi] = xr[lo:hi] @ wu[e]
+        lo = hi
+    eidx = torch.repeat_interleave(torch.arange(len(offs), device=DEV),
+                                   torch.diff(p["offs"].long(), prepend=p["offs"].new_zeros(1).long()))
+    gv = hg * p["sg"].double()[eidx] if p["sg"] is not None else hg
+    uv = hu * p["su"].double()[eidx] if p["su"] is not None else hu
+    z = gv * torch.sigmoid(gv) * uv
+    if save and p["rw"] is not None:
+        z = z * p["rw"][:mv].double()[:, None]
+    return hg, hu, z
+
+
+CASES = [
+    ("mixed_d2048", [0, 1, 7, 63, 64, 65, 150, 0, 32], 2048, 3, True, True, True),
+    ("d64_noscale", [5, 0, 64, 1], 64, 0, False, False, False),
+    ("b1_like", [33, 31, 29, 40, 0, 35, 27, 33] * 4, 2048, 0, True, True, True),
+    ("one_expert_many_rows", [300], 256, 2, True, True, False),
+]
+
+
+@pytest.mark.parametrize("save", [False, True], ids=["plain", "save"])
+@pytest.mark.parametrize("case", CASES, ids=lambda c: c[0])
+def test_against_reference_and_triton(case, save):
+    _, counts, d, pad, gather, scales, rw = case
+    p = make(counts, d, pad, gather, scales, rw, seed=len(counts) + d)
+    mv = sum(counts)
+    poison()
+    z, hg, hu = run_native(p, save)
+    torch.cuda.synchronize()
+    rhg, rhu, rz = reference(p, save)
+    assert z.dtype == torch.bfloat16 and z.shape == (p["m"], R)
+    if mv:
+        assert torch.isfinite(z[:mv]).all()
+        assert rel(z[:mv], rz) < 1e-2
+    if pad:
+        assert torch.isnan(z[mv:].float()).all()  # padding rows never written
+    if save:
+        assert rel(hg[:mv], rhg) < 1e-4 and rel(hu[:mv], rhu) < 1e-4
+        if pad:
+            assert torch.isnan(hg[mv:]).all() and torch.isnan(hu[mv:]).all()
+    # the Triton kernel on the same inputs (forced: the dispatch would pick the CUDA kernel on sm_90)
+    cfg = G._config(G._capability(DEV))
+    tcfg = dataclasses.replace(cfg, down_native_lb=0)
+    zt = torch.empty_like(z)
+    hgt = torch.empty_like(hg) if save else None
+    hut = torch.empty_like(hu) if save else None
+    pg, pu = list(args(p["qg"])), list(args(p["qu"]))
+    e = p["offs"].shape[0]
+    L._down(p["x"], p["gidx"], p["offs"], G._tile_cum(p["offs"], tcfg.bm), -(-p["m"] // tcfg.bm) + e, L.NVFP4, pg,
+            L.NVFP4, pu, p["sg"], p["su"], p["rw"] if save else None, zt, hgt, hut, p["m"], tcfg, True,
+            G._capability(DEV))
+    if mv:
+        assert rel(z[:mv], zt[:mv]) < 1e-2
+        if save:
+            assert rel(hg[:mv], hgt[:mv]) < 1e-4
+    # same bits on a second run
+    z2, hg2, _ = run_native(p, save)
+    assert torch.equal(z[:mv].view(torch.int16), z2[:mv].view(torch.int16))
+    if save:
+        assert torch.equal(hg[:mv].view(torch.int32), hg2[:mv].view(torch.int32))
+
+
+def test_nan_row_and_nan_block_scale():
+    p = make([20, 20], 128, gather=False, scales=False, rw=False, seed=3)
+    p["x"][5, 7] = float("nan")
+    z, hg, _ = run_native(p, True)
+    assert torch.isnan(z[5].float()).all() and torch.isfinite(z[torch.arange(40, device=DEV) != 5].float()).all()
+    # NaN block scale of expert 1, rank 9, k 16..31: that rank goes NaN for expert 1's rows only
+    q = p["qg"]
+    bs = q.block_scale.view(torch.uint8).clone()
+    bs[1, 9, 1] = 0x7F
+    p["qg"] = dataclasses.replace(q, block_scale=bs.view(torch.float8_e4m3fn))
+    z, hg, _ = run_native(p, True)
+    assert torch.isnan(hg[20:, 9]).all() and torch.isfinite(hg[:20]).all()
+    assert torch.isfinite(hg[20:, torch.arange(R, device=DEV) != 9]).all()
+
+
+def test_dispatch_counts():
+    cfg = G._config(G._capability(DEV))
+    if not cfg.down_native_lb:
+        pytest.skip("Config.down_native_lb is off for this arch")
+    p = make([10, 40, 0, 70], 256, seed=1)
+    e = p["offs"].shape[0]
+    wd = quant.quantize((torch.randn(e, R, 96) * 0.05).to(DEV), "nvfp4")
+    before = L.backend_counts().get(("native", "lowbit_down_fwd"), 0)
+    y = L.grouped_glu_forward(p["x"], p["offs"], p["qg"], p["qu"], wd, p["sg"], p["su"], p["rw"], p["gidx"])
+    assert L.backend_counts().get(("native", "lowbit_down_fwd"), 0) == before + 1
+    assert torch.isfinite(y[: int(p["offs"][-1])].float()).all()
+
+
+def test_bad_arguments():
+    p = make([4, 4], 128, seed=2)
+    cum = G._tile_cum(p["offs"], 64)
+    g, u = args(p["qg"]), args(p["qu"])
+    with pytest.raises(TypeError, match="x must have dtype"):
+        native.glu_down_fwd_nvfp4(p["x"].float(), p["offs"], cum, g, u, m=8, max_tiles=3)
+    with pytest.raises(ValueError, match="multiple of 64"):
+        native.glu_down_fwd_nvfp4(p["x"][:, :96], p["offs"], cum, g, u, m=8, max_tiles=3)
+    with pytest.raises(ValueError, match=r"gate\[0\]"):
+        native.glu_down_fwd_nvfp4(p["x"], p["offs"], cum, (g[0][:, :32], g[1], g[2]), u, m=8, max_tiles=3)
+    with pytest.raises(ValueError, match="gather_idx"):
+        native.glu_down_fwd_nvfp4(p["x"], p["offs"], cum, g, u, m=9, max_tiles=3, gather_idx=p["gidx"])
+    with pytest.raises(ValueError, match=r"out\[1\]"):
+        native.glu_down_fwd_nvfp4(p["x"], p["offs"], cum, g, u, m=8, max_tiles=3, save=True,
+                                  out=(torch.empty(8, R, device=DEV, dtype=torch.bfloat16), None, None))
