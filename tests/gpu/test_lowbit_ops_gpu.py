@@ -191,7 +191,8 @@ def test_aot_cubins_only(monkeypatch, fmt, case):
     y, grads = train_call(p, facs, ms, go, impl="triton-lowbit")
     after = L.backend_counts()
     new = {k: v - before.get(k, 0) for k, v in after.items() if v != before.get(k, 0)}
-    assert new and all(k[0] == "aot" for k in new), new
+    # the CUDA down kernel (Config.down_native_lb) replaces lowbit_down_fwd for NVFP4 gate / up at r = 64
+    assert new and all(k[0] == "aot" or k == ("native", "lowbit_down_fwd") for k in new), new
     assert {k[1] for k in new} == {"lowbit_down_fwd", "lowbit_up_fwd", "lowbit_bwd_dz", "lowbit_bwd_dx_dw"}
     if case[0] > 1000:  # b1: compare a slice of tokens with the reference (the full fp32 backward is slow)
         assert torch.isfinite(y).all() and all(torch.isfinite(g).all() for g in grads)
