@@ -72,7 +72,8 @@ int tsct_kernel_available(const char* kernel_name, int* available) {
   *available = 0;
   const void* fn = nullptr;
   const tsct::KernelEntry* const tables[] = {tsct::kNvfp4Kernels, tsct::kSignKernels, tsct::kRowsGroupedKernels,
-                                               tsct::kGluKernels, tsct::kGluLowbitKernels};
+                                               tsct::kGluKernels, tsct::kGluLowbitKernels,
+                                               tsct::kGluUpLowbitKernels};
   for (const tsct::KernelEntry* table : tables)
     for (const tsct::KernelEntry* e = table; e->name && !fn; ++e)
       if (strcmp(e->name, kernel_name) == 0) fn = e->fn;

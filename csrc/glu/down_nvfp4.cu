@@ -9,18 +9,11 @@
 //   z  = silu(hg * s_gate[e]) * (hu * s_up[e]) [* row_weight]           x.dtype [M, 64]
 //
 // One CTA (4 warps) per row tile of 64 rows of one expert (the Triton path's tile map: cum = inclusive tile
-// counts per expert). Warp w owns ranks 16w..16w+15 of BOTH factors, so the GLU needs no exchange. K runs in
-// chunks of 64; a ST-stage cp.async ring holds per chunk the x tile [64 rows][64 k], the codes [128 rows][32 B]
-// and the block scales [128 rows][4 B] (rows 0..63 gate, 64..127 up).
-//
-// The K order inside each chunk is permuted, identically for both operands (a contraction does not care):
-// lane (g, c) of a warp handles the 16 consecutive k = 16c..16c+15 of the chunk, which are exactly two 32-bit
-// code words and ONE block scale per row. A code word decodes into four bf16 pairs (elements j, j + 4: their
-// nibbles sit 16 bits apart, as the halves of a bf16 pair do: one shift and mask per field, see e2m1_pair)
-// and one bf16x2 multiply by sf * 2^118 gives e2m1 * sf * 2^-8, exact (<= 6 significant bits); 2^8 / s_enc
-// goes on the fp32 accumulator. x gets the same pairing: each thread permutes the 16-byte chunks it copied
-// (elements 0..7 -> pairs (0,4) (1,5) (2,6) (3,7)) before the stage's barrier. Pair p of a lane's 8 pairs
-// feeds mma step p / 2, slots 2c, 2c+1 (p even) or 2c+8, 2c+9 (p odd).
+// counts per expert). Warp w owns ranks 16w..16w+15 of BOTH factors, so the GLU needs no exchange; it runs
+// NTILE = 4 n8 tiles of rows (8 when the tile has more than 32 rows). K runs in chunks of 64: an ST-stage
+// cp.async ring of x tiles [64 rows][64 k] and a two-stage ring of code stages (CQ chunks: the codes
+// [128 rows][128 B] and block scales [128 rows][16 B], rows 0..63 gate, 64..127 up), so a warp's copy
+// instruction covers 4 whole 128-byte rows. The decode and the operand layouts: nvfp4_mma.cuh.
 //
 // Needs: sm_80+ (cp.async, bf16 mma.sync) and SMEM_BYTES of shared memory per block.
 #include <cuda_bf16.h>
@@ -28,18 +21,20 @@
 #include <stdint.h>
 
 #include <atomic>
+#include <type_traits>
 
 #include "common/host.h"
 #include "common/mma_sm80.cuh"
+#include "glu/nvfp4_mma.cuh"
 #include "tsct/tsct.h"
 
 #define NT 128   // threads per CTA (4 warps)
 #define BM 64    // rows per tile
 #define RANK 64  // r
 #define KC 64    // K per chunk
-#define ST 4     // pipeline stages
+#define ST 4     // x pipeline stages
+#define CQ 4     // K chunks per code stage (two code stages: 128-byte code rows, copied 4 rows per warp instruction)
 #define MINB 3   // CTAs per SM (registers <= 170)
-#define XLD 72   // x row stride in shared memory (elements): 144 B, conflict-free 16-byte fragment loads
 
 namespace {
 
@@ -49,6 +44,7 @@ using tsct::sm80::cp_commit;
 using tsct::sm80::cp_wait;
 using tsct::sm80::mma_bf16_16816;
 using tsct::sm80::smem_u32;
+using namespace tsct::nvfp4mma;
 
 struct DownParams {
   const bf16* x;
@@ -67,87 +63,25 @@ struct DownParams {
   int E, d;
 };
 
-constexpr int X_STAGE = BM * XLD;              // bf16 elements
-constexpr int C_STAGE = 2 * RANK * KC / 2;     // code bytes: 128 rows x 32 B
-constexpr int S_STAGE = 2 * RANK * KC / 16;    // scale bytes: 128 rows x 4 B
-constexpr int SMEM_BYTES = ST * (X_STAGE * 2 + C_STAGE + S_STAGE) + 256 * 4;
+constexpr int X_STAGE = BM * KC;                   // bf16 elements: 64 rows x 128 B
+constexpr int C_STAGE = 2 * RANK * CQ * KC / 2;    // code bytes: 128 rows x 128 B
+constexpr int S_STAGE = 2 * RANK * CQ * KC / 16;   // scale bytes: 128 rows x 16 B
+constexpr int SMEM_BYTES = ST * X_STAGE * 2 + 2 * (C_STAGE + S_STAGE) + 256 * 4;
 
-__device__ __forceinline__ void cp_async4(uint32_t dst, const void* src) {
-  asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(dst), "l"(src) : "memory");
-}
-
-// UE4M3 byte -> sf * 2^118 as a bf16 pair (both halves): exact (sf has <= 4 significant bits; 448 * 2^118
-// < 2^127). 0x7F / 0xFF are NaN, as in the Triton decoder and torch.
-__device__ uint32_t scale_pair(uint32_t b) {
-  const uint32_t ex = (b >> 3) & 15, man = b & 7;
-  float v = ex ? __uint_as_float(((ex + 120u) << 23) | (man << 20)) : (float)man * 0.001953125f;
-  if ((b & 127) == 127) v = __uint_as_float(0x7fc00000u);
-  if (b & 128) v = -v;
-  v *= 3.32306998946229e+35f;  // 2^118
-  const uint32_t h = (uint32_t)__bfloat16_as_ushort(__float2bfloat16_rn(v));
-  return h | (h << 16);
-}
-
-// Nibbles J and J + 4 of a code word as a bf16 pair of e2m1 * 2^-126 (magnitude bits to 8..6, sign to 15):
-// the Triton decoder's _e2m1_pair, checked exhaustively there.
-template <int J>  // 0..3
-__device__ __forceinline__ uint32_t e2m1_pair(uint32_t w) {
-  const uint32_t mag = (J <= 1 ? (w << (6 - 4 * J)) : (w >> (4 * J - 6))) & 0x01C001C0u;
-  const uint32_t sgn = (w << (12 - 4 * J)) & 0x80008000u;
-  return mag | sgn;
-}
-
-// a * b per bf16 half (fma with -0: the same bits as a multiply, including the sign of zero; mul.bf16x2 needs
-// sm_90, fma.bf16x2 sm_80)
-__device__ __forceinline__ uint32_t hmul2_bf16(uint32_t a, uint32_t b) {
-  uint32_t d;
-  asm("fma.rn.bf16x2 %0, %1, %2, %3;\n" : "=r"(d) : "r"(a), "r"(b), "r"(0x80008000u));
-  return d;
-}
-
-// 8 pairs of one row of the chunk for this lane: words (lo: k 16c..16c+7, hi: 16c+8..16c+15) times the scale
-__device__ __forceinline__ void decode_row(uint2 w, uint32_t sp, uint32_t* a) {
-  a[0] = hmul2_bf16(e2m1_pair<0>(w.x), sp);
-  a[1] = hmul2_bf16(e2m1_pair<1>(w.x), sp);
-  a[2] = hmul2_bf16(e2m1_pair<2>(w.x), sp);
-  a[3] = hmul2_bf16(e2m1_pair<3>(w.x), sp);
-  a[4] = hmul2_bf16(e2m1_pair<0>(w.y), sp);
-  a[5] = hmul2_bf16(e2m1_pair<1>(w.y), sp);
-  a[6] = hmul2_bf16(e2m1_pair<2>(w.y), sp);
-  a[7] = hmul2_bf16(e2m1_pair<3>(w.y), sp);
-}
-
-// Expert owning row tile `pid`: the number of experts whose inclusive tile count is <= pid (one warp; the
-// answer is narrowed 32-fold per round of 32 loads).
-__device__ int expert_of_tile(const int* cum, int E, int pid, int lane) {
-  int a = 0, n = E;  // the answer lies in [a, a + n]
-  while (n > 32) {
-    const int q = a + (int)(((long long)(lane + 1) * n) / 32) - 1;
-    const unsigned bal = __ballot_sync(0xffffffffu, __ldg(cum + q) <= pid);
-    const int k = __popc(bal);
-    const int na = a + (int)(((long long)k * n) / 32);
-    const int nb = k < 32 ? a + (int)(((long long)(k + 1) * n) / 32) - 1 : a + n;
-    a = na;
-    n = nb - na;
-  }
-  const bool pred = lane < n && __ldg(cum + a + lane) <= pid;
-  return a + __popc(__ballot_sync(0xffffffffu, pred));
-}
-
-template <bool BWD>
+template <bool BWD, int NTILE>
 __device__ __forceinline__ void down_body(const DownParams& p, int e, int row0, int R, unsigned char* smem) {
-  bf16* xs = reinterpret_cast<bf16*>(smem);                                    // [ST][BM][XLD]
-  uint8_t* cs = reinterpret_cast<uint8_t*>(xs + ST * X_STAGE);                 // [ST][128][32]
-  uint8_t* ss = cs + ST * C_STAGE;                                             // [ST][128][4]
-  const uint32_t* lut = reinterpret_cast<const uint32_t*>(ss + ST * S_STAGE);  // [256]
+  bf16* xs = reinterpret_cast<bf16*>(smem);                                     // [ST][BM][KC], swizzled
+  uint8_t* cs = reinterpret_cast<uint8_t*>(xs + ST * X_STAGE);                  // [2][128][CQ * 32], swizzled
+  uint8_t* ss = cs + 2 * C_STAGE;                                               // [2][128][CQ * 4]
+  const uint32_t* lut = reinterpret_cast<const uint32_t*>(ss + 2 * S_STAGE);    // [256]
 
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int g = lane >> 2, c = lane & 3;
-  const int d = p.d, nk = d / KC;
+  const int d = p.d, nk = d / KC, nq = (nk + CQ - 1) / CQ;
 
-  // copy roles: x chunk j = tid & 7 of rows (tid >> 3) + 16 i; codes and scales of factor row tid
+  // x copies: 16-byte piece xj = tid & 7 of rows (tid >> 3) + 16 i (a warp copies 4 whole 128-byte rows)
   const int xj = tid & 7;
-  const bf16* xsrc[4];
+  const bf16* xsrc[4];  // this thread's x pieces: row source + piece, null past R
 #pragma unroll
   for (int i = 0; i < 4; ++i) {
     const int rr = (tid >> 3) + 16 * i;
@@ -157,88 +91,110 @@ __device__ __forceinline__ void down_body(const DownParams& p, int e, int row0, 
       xsrc[i] = p.x + src * p.stride_x + xj * 8;
     }
   }
-  const int fac = tid >> 6, rank = tid & 63;
-  const size_t frow = (size_t)e * RANK + rank;
-  const uint8_t* csrc = p.codes[fac] + frow * (size_t)(d / 2);
-  const uint8_t* ssrc = p.scales[fac] + frow * (size_t)(d / 16);
-
-  auto issue = [&](int kc) {
-    if (kc < nk) {
-      const int st = kc % ST;
-      bf16* xb = xs + st * X_STAGE;
-#pragma unroll
-      for (int i = 0; i < 4; ++i) {
-        const int rr = (tid >> 3) + 16 * i;
-        const uint32_t dst = smem_u32(xb + rr * XLD + xj * 8);
-        if (xsrc[i])
-          cp_async16(dst, xsrc[i] + kc * KC, 16);
-        else
-          cp_async16(dst, p.x, 0);  // zero fill, no read
-      }
-      uint8_t* cb = cs + st * C_STAGE + tid * 32;
-      cp_async16(smem_u32(cb), csrc + kc * 32, 16);
-      cp_async16(smem_u32(cb + 16), csrc + kc * 32 + 16, 16);
-      cp_async4(smem_u32(ss + st * S_STAGE + tid * 4), ssrc + kc * 4);
-    }
-    cp_commit();
+  // code copies: 16-byte piece xj of code rows (tid >> 3) + 16 i (a code stage row is CQ chunks = 128 bytes);
+  // scale copies: code row tid
+  const size_t crow_bytes = (size_t)(d / 2), srow_bytes = (size_t)(d / 16);
+  auto code_row = [&](int row) {
+    return p.codes[row >> 6] + ((size_t)e * RANK + (row & 63)) * crow_bytes;
   };
-  // this thread's x chunks of stage st, elements 0..7 -> pairs (0,4) (1,5) (2,6) (3,7)
-  auto permute = [&](int st) {
-    bf16* xb = xs + st * X_STAGE;
+  const uint8_t* ssrc = p.scales[tid >> 6] + ((size_t)e * RANK + (tid & 63)) * srow_bytes;
+  const bool s16 = (srow_bytes & 15) == 0 && ((uintptr_t)ssrc & 15) == 0;  // one 16-byte copy per code stage
+
+  auto issue_codes = [&](int q) {  // code stage q (chunks CQ q .. CQ q + CQ - 1) into buffer q % 2
+    if (q >= nq) return;
+    uint8_t* cb = cs + (q & 1) * C_STAGE;
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+      const int row = (tid >> 3) + 16 * i;
+      const int chunk = CQ * q + (xj >> 1);
+      const uint32_t dst = smem_u32(cb + row * (CQ * 32) + 32 * ((xj >> 1) ^ (row & 3)) + 16 * (xj & 1));
+      if (chunk < nk)
+        cp_async16(dst, code_row(row) + (size_t)chunk * 32 + 16 * (xj & 1), 16);
+      else
+        cp_async16(dst, p.codes[0], 0);
+    }
+    uint8_t* sb = ss + (q & 1) * S_STAGE + tid * (CQ * 4);
+    const int nbytes = min(CQ, nk - CQ * q) * 4;
+    if (s16) {
+      cp_async16(smem_u32(sb), ssrc + (size_t)q * CQ * 4, nbytes);
+    } else {
+      for (int b = 0; b < nbytes; b += 4) cp_async4(smem_u32(sb + b), ssrc + (size_t)q * CQ * 4 + b);
+    }
+  };
+  auto issue_x = [&](int kc) {  // x chunk kc into stage kc % ST (swizzled pieces, nvfp4_mma.cuh)
+    if (kc >= nk) return;
+    unsigned char* xb = reinterpret_cast<unsigned char*>(xs + (kc % ST) * X_STAGE);
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
-      uint4* q = reinterpret_cast<uint4*>(xb + ((tid >> 3) + 16 * i) * XLD + xj * 8);
-      const uint4 v = *q;
-      *q = make_uint4(__byte_perm(v.x, v.z, 0x5410), __byte_perm(v.x, v.z, 0x7632), __byte_perm(v.y, v.w, 0x5410),
-                      __byte_perm(v.y, v.w, 0x7632));
+      const int rr = (tid >> 3) + 16 * i;
+      const uint32_t dst = smem_u32(xb + bt_piece(rr, xj));
+      if (xsrc[i])
+        cp_async16(dst, xsrc[i] + kc * KC, 16);
+      else
+        cp_async16(dst, p.x, 0);  // zero fill, no read
     }
   };
+  // this thread's x pieces of stage st into mma pair order
+  auto permute = [&](int st) {
+    unsigned char* xb = reinterpret_cast<unsigned char*>(xs + st * X_STAGE);
+#pragma unroll
+    for (int i = 0; i < 4; ++i) bt_permute(xb, (tid >> 3) + 16 * i, xj);
+  };
 
-  const int nt = (R + 7) >> 3;  // n8 tiles with rows (warp-uniform)
-  float acc[2][8][4];
+  float acc[2][NTILE][4];
 #pragma unroll
   for (int f = 0; f < 2; ++f)
 #pragma unroll
-    for (int t = 0; t < 8; ++t)
+    for (int t = 0; t < NTILE; ++t)
 #pragma unroll
       for (int i = 0; i < 4; ++i) acc[f][t][i] = 0.f;
 
+  issue_codes(0);
 #pragma unroll
-  for (int s = 0; s < ST - 1; ++s) issue(s);
+  for (int s = 0; s < ST - 1; ++s) {
+    issue_x(s);
+    cp_commit();
+  }
 
   for (int kc = 0; kc < nk; ++kc) {
     const int st = kc % ST;
     cp_wait<ST - 2>();
     permute(st);
-    __syncthreads();  // stage st complete and permuted for all; stage (kc - 1) % ST no longer read
-    issue(kc + ST - 1);
+    __syncthreads();  // x stage st and code stage kc / CQ complete for all; x stage (kc - 1) % ST free
+    issue_x(kc + ST - 1);
+    if (kc % CQ == 0) issue_codes(kc / CQ + 1);  // its buffer was last read in code stage kc / CQ - 1
+    cp_commit();
 
-    uint32_t a[2][2][8];  // [factor][row g, g + 8][pair]
-    const uint8_t* cb = cs + st * C_STAGE;
-    const uint8_t* sb = ss + st * S_STAGE;
+    const uint8_t* cb = cs + ((kc / CQ) & 1) * C_STAGE;
+    const uint8_t* sb = ss + ((kc / CQ) & 1) * S_STAGE;
+    const int u = kc % CQ;
+    uint2 w[2][2];
+    uint32_t sp[2][2];
 #pragma unroll
     for (int f = 0; f < 2; ++f)
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
         const int row = 64 * f + 16 * warp + g + 8 * h;
-        const uint2 w = *reinterpret_cast<const uint2*>(cb + row * 32 + 8 * c);
-        decode_row(w, lut[sb[row * 4 + c]], a[f][h]);
+        w[f][h] = *reinterpret_cast<const uint2*>(cb + row * (CQ * 32) + 32 * (u ^ (row & 3)) + 8 * c);
+        sp[f][h] = lut[sb[row * (CQ * 4) + 4 * u + c]];
       }
-    const bf16* xb = xs + st * X_STAGE + g * XLD + 16 * c;
+    const unsigned char* xb = reinterpret_cast<const unsigned char*>(xs + st * X_STAGE);
+    auto step = [&](auto S) {
+      constexpr int s = decltype(S)::value;
+      uint32_t a[2][4];  // mma A registers of step s, gate and up
+      a_step<s>(w[0][0], w[0][1], sp[0][0], sp[0][1], a[0]);
+      a_step<s>(w[1][0], w[1][1], sp[1][0], sp[1][1], a[1]);
 #pragma unroll
-    for (int t = 0; t < 8; ++t) {
-      if (t < nt) {
-        const uint4 lo = *reinterpret_cast<const uint4*>(xb + t * 8 * XLD);
-        const uint4 hi = *reinterpret_cast<const uint4*>(xb + t * 8 * XLD + 8);
-        const uint32_t xw[8] = {lo.x, lo.y, lo.z, lo.w, hi.x, hi.y, hi.z, hi.w};
+      for (int t = 0; t < NTILE; ++t) {
+        const uint2 xv = *reinterpret_cast<const uint2*>(xb + t * 8 * (KC * 2) + bt_frag(g, c, s));
 #pragma unroll
-        for (int s = 0; s < 4; ++s)
-#pragma unroll
-          for (int f = 0; f < 2; ++f)
-            mma_bf16_16816(acc[f][t], a[f][0][2 * s], a[f][1][2 * s], a[f][0][2 * s + 1], a[f][1][2 * s + 1],
-                           xw[2 * s], xw[2 * s + 1]);
+        for (int f = 0; f < 2; ++f) mma_bf16_16816(acc[f][t], a[f][0], a[f][1], a[f][2], a[f][3], xv.x, xv.y);
       }
-    }
+    };
+    step(std::integral_constant<int, 0>());
+    step(std::integral_constant<int, 1>());
+    step(std::integral_constant<int, 2>());
+    step(std::integral_constant<int, 3>());
   }
   cp_wait<0>();
 
@@ -250,7 +206,7 @@ __device__ __forceinline__ void down_body(const DownParams& p, int e, int row0, 
     const float sgn = p.s_rank[0] ? __ldg(p.s_rank[0] + e * RANK + n) : 1.f;
     const float sun = p.s_rank[1] ? __ldg(p.s_rank[1] + e * RANK + n) : 1.f;
 #pragma unroll
-    for (int t = 0; t < 8; ++t) {
+    for (int t = 0; t < NTILE; ++t) {
 #pragma unroll
       for (int lo = 0; lo < 2; ++lo) {
         const int m = 8 * t + 2 * c + lo;
@@ -277,7 +233,7 @@ __device__ __forceinline__ void down_body(const DownParams& p, int e, int row0, 
 extern "C" __global__ void __launch_bounds__(NT, MINB) tsctk_glu_down_fwd_nvfp4(DownParams p) {
   extern __shared__ __align__(128) unsigned char smem[];
   __shared__ int s_e;
-  uint32_t* lut = reinterpret_cast<uint32_t*>(smem + ST * (X_STAGE * 2 + C_STAGE + S_STAGE));
+  uint32_t* lut = reinterpret_cast<uint32_t*>(smem + ST * X_STAGE * 2 + 2 * (C_STAGE + S_STAGE));
   for (int b = threadIdx.x; b < 256; b += NT) lut[b] = scale_pair((uint32_t)b);
   if (threadIdx.x < 32) {
     const int e = expert_of_tile(p.cum, p.E, (int)blockIdx.x, threadIdx.x);
@@ -292,10 +248,18 @@ extern "C" __global__ void __launch_bounds__(NT, MINB) tsctk_glu_down_fwd_nvfp4(
   const int row0 = lo + ((int)blockIdx.x - before) * BM;
   const int R = min(BM, hi - row0);
   if (R <= 0) return;
-  if (p.hg)
-    down_body<true>(p, e, row0, R, smem);
-  else
-    down_body<false>(p, e, row0, R, smem);
+  // n8 tiles: 4 for up to 32 rows (the common case at ~32 rows per expert), else 8
+  if (p.hg) {
+    if (R <= 32)
+      down_body<true, 4>(p, e, row0, R, smem);
+    else
+      down_body<true, 8>(p, e, row0, R, smem);
+  } else {
+    if (R <= 32)
+      down_body<false, 4>(p, e, row0, R, smem);
+    else
+      down_body<false, 8>(p, e, row0, R, smem);
+  }
 }
 
 namespace tsct {

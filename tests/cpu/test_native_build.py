@@ -40,7 +40,8 @@ HEADER = REPO / "csrc" / "include" / "tsct" / "tsct.h"
 REQUIRED_TARGETS = ("sm_90a", "sm_100a", "sm_120a")
 KERNELS = {f"tsctk_{op}_{dt}" for op in ("nvfp4_quantize", "nvfp4_dequantize", "sign_pack", "sign_dequantize",
                                          "nvfp4_rows_amax", "nvfp4_rows_quantize")
-           for dt in ("f32", "bf16", "f16")} | {"tsctk_nvfp4_rows_finalize", "tsctk_glu_bwd_dz_bf16"}
+           for dt in ("f32", "bf16", "f16")} | {"tsctk_nvfp4_rows_finalize", "tsctk_glu_bwd_dz_bf16",
+                                                  "tsctk_glu_down_fwd_nvfp4", "tsctk_glu_up_fwd_nvfp4"}
 BAD_ARGUMENT = -1
 
 

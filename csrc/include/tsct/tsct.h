@@ -24,7 +24,7 @@ extern "C" {
                               (tsct_nvfp4_quantize_rows_grouped) and the sm_120 CuTeDSL entries (tsct_sm120_*);
                               4: the CUTLASS sm_120 grouped NVFP4 GEMM (tsct_cutlass_*);
                               5: the grouped GLU backward kernel tsct_glu_bwd_dz_bf16;
-                              6: the low-bit grouped GLU down projection tsct_glu_down_fwd_nvfp4 */
+                              6: the low-bit grouped GLU projections tsct_glu_down_fwd_nvfp4, tsct_glu_up_fwd_nvfp4 */
 
 /* The library is built with -fvisibility=hidden; only declarations marked TSCT_API are exported
  * (and csrc/exports.map lists the same names). */
@@ -123,7 +123,7 @@ TSCT_API int tsct_glu_bwd_dz_bf16(const void* grad_out, int64_t grad_rows, int64
  * N-major, K-contiguous, even k in the low nibble), scales raw UE4M3 bytes [E, 64, d/16] (linear layout),
  * s_enc fp32 [E]. hg / hu: both NULL (not written) or both given. Rows at or past offs[E-1] are not written.
  * r must be 64, d a positive multiple of 64; x and the codes 16-byte aligned, gather_idx 8-byte, the rest
- * 4-byte (z 2-byte). gather_idx entries are not checked (the caller validates them). Needs 56,320 bytes of
+ * 4-byte (z 2-byte). gather_idx entries are not checked (the caller validates them). Needs 70,656 bytes of
  * shared memory per block: else cudaErrorInvalidConfiguration with a detail. Stream-ordered, no host sync. */
 TSCT_API int tsct_glu_down_fwd_nvfp4(const void* x, int64_t x_rows, int64_t stride_x, const int64_t* gather_idx,
                                      const int32_t* offs, const int32_t* tile_cum, int64_t num_experts, int64_t m,
@@ -132,6 +132,18 @@ TSCT_API int tsct_glu_down_fwd_nvfp4(const void* x, int64_t x_rows, int64_t stri
                                      const float* up_s_enc, const float* s_gate, const float* s_up,
                                      const float* row_weight, void* z, float* hg, float* hu, int64_t max_tiles,
                                      void* stream);
+
+/* ---- low-bit grouped GLU forward: the up projection with an NVFP4 w_down (csrc/glu/up_nvfp4.cu) ----
+ *   y[i, n] = (z[i] @ W_down_hat[e])[n] * row_weight[i]      bf16 [m, ldy], n < f; columns [f, ldy) get 0 * rw
+ * z: bf16 [m, 64] (rows sorted by expert); offs, tile_cum, max_tiles as for tsct_glu_down_fwd_nvfp4 (64-row tiles);
+ * w_down [E, 64, f] stored N-major: codes u8 [E, f, 32], scales raw UE4M3 bytes [E, f, 4] (linear), s_enc fp32 [E];
+ * row_weight fp32 [m] or NULL (1). y: ldy >= f, a multiple of 8. Rows at or past offs[E-1] are not written. r must be
+ * 64; z, the codes and y 16-byte aligned, the rest 4-byte. Needs 36,864 bytes of shared memory per block.
+ * Stream-ordered, no host sync. */
+TSCT_API int tsct_glu_up_fwd_nvfp4(const void* z, int64_t m, const int32_t* offs, const int32_t* tile_cum,
+                                   int64_t num_experts, int64_t f, int64_t r, const void* codes, const void* scales,
+                                   const float* s_enc, const float* row_weight, void* y, int64_t ldy, int64_t max_tiles,
+                                   void* stream);
 
 /* ---- sm_120 NVFP4 grouped GEMMs: CuTeDSL kernels exported ahead of time (cutedsl/, decisions 0006, 0009) ----
  * Linked into this library when it was built with TSCT_CUTEDSL=ON (else every entry returns

@@ -479,7 +479,7 @@ def glu_down_fwd_nvfp4(
         (z bfloat16 [m, 64], hg, hu) with hg, hu None unless ``save``. Rows at or past offs[-1] are not
         written (torch.empty contents).
     Raises:
-        TypeError / ValueError naming the bad argument; RuntimeError from the kernel (e.g. less than 56 KB
+        TypeError / ValueError naming the bad argument; RuntimeError from the kernel (e.g. less than 69 KB
         of shared memory per block) or the loader.
     """
     named = [("x", x), ("offs", offs), ("tile_cum", tile_cum)]
@@ -546,6 +546,77 @@ def glu_down_fwd_nvfp4(
           _ptr(tile_cum), e, m, d, 64, *[_ptr(t) for t in gate], *[_ptr(t) for t in up], opt(s_gate), opt(s_up),
           opt(row_weight), _ptr(z), opt(hg), opt(hu), max_tiles)
     return z, hg, hu
+
+
+def glu_up_fwd_nvfp4(
+    z: Tensor,
+    offs: Tensor,
+    tile_cum: Tensor,
+    w_down: tuple[Tensor, Tensor, Tensor],
+    y: Tensor,
+    *,
+    f: int,
+    max_tiles: int,
+    row_weight: Tensor | None = None,
+) -> Tensor:
+    """The low-bit grouped GLU's up projection with an NVFP4 w_down (``tsct_glu_up_fwd_nvfp4``,
+    csrc/glu/up_nvfp4.cu): for routed row i of expert e, ``y[i, :f] = (z[i] @ W_down_hat[e]) * row_weight[i]``
+    with W_hat = e2m1 * sf / s_enc (docs/decisions/0002-nvfp4-recipe.md); bf16 mma.sync, fp32 accumulation,
+    one bf16 rounding. Columns [f, ldy) of y get ``0 * row_weight[i]`` (zeros for finite weights).
+
+    Args:
+        z: bfloat16 [m, 64] contiguous, 16-byte aligned (rows sorted by expert).
+        offs, tile_cum, max_tiles: as for ``glu_down_fwd_nvfp4`` (``GLU_DOWN_TILE``-row tiles).
+        w_down: (codes uint8 [E, f, 32], block scales uint8 [E, f, 4] (raw UE4M3, linear layout), s_enc
+            float32 [E]) of w_down ([E, 64, f] stored K-contiguous); codes 16-byte aligned.
+        y: bfloat16 [m, ldy] contiguous, 16-byte aligned, ldy >= f a multiple of 8 (written in place).
+        f: the output width; row_weight: optional float32 [m].
+    Returns:
+        ``y``; rows at or past offs[-1] are not written.
+    Raises:
+        TypeError / ValueError naming the bad argument; RuntimeError from the kernel or the loader.
+    """
+    named = [("z", z), ("offs", offs), ("tile_cum", tile_cum), ("y", y)]
+    named += [(f"w_down[{i}]", t) for i, t in enumerate(w_down)]
+    if row_weight is not None:
+        named.append(("row_weight", row_weight))
+    for name, t in named:
+        _tensor(name, t)
+        _cuda(name, t, z.device)
+        if not t.is_contiguous():
+            raise ValueError(f"{name} must be contiguous")
+    _dtype("z", z, (torch.bfloat16,))
+    _dtype("y", y, (torch.bfloat16,))
+    _dtype("offs", offs, (torch.int32,))
+    _dtype("tile_cum", tile_cum, (torch.int32,))
+    e = offs.shape[0]
+    if z.dim() != 2 or z.shape[1] != 64:
+        raise ValueError(f"z must be [m, 64], got {list(z.shape)}")
+    m = z.shape[0]
+    _shape("tile_cum", tile_cum, (e,), "[E]: E from offs")
+    if not isinstance(f, int) or f < 1:
+        raise ValueError(f"f must be a positive int, got {f!r}")
+    if y.dim() != 2 or y.shape[0] != m or y.shape[1] < f or y.shape[1] % 8:
+        raise ValueError(f"y must be [m={m}, ldy] with ldy >= f={f} and a multiple of 8, got {list(y.shape)}")
+    codes, scales, s_enc = w_down
+    _dtype("w_down[0]", codes, (torch.uint8,))
+    _dtype("w_down[1]", scales, (torch.uint8,))
+    _dtype("w_down[2]", s_enc, (torch.float32,))
+    _shape("w_down[0]", codes, (e, f, 32), "codes [E, f, 32]")
+    _shape("w_down[1]", scales, (e, f, 4), "block scales [E, f, 4]")
+    _shape("w_down[2]", s_enc, (e,), "s_enc [E]")
+    if row_weight is not None:
+        _dtype("row_weight", row_weight, (torch.float32,))
+        _shape("row_weight", row_weight, (m,), "one per routed row")
+    for name, t in (("z", z), ("y", y), ("w_down[0]", codes)):
+        if t.data_ptr() % 16:
+            raise ValueError(f"{name} must be 16-byte aligned")
+    if e == 0 or m == 0 or max_tiles == 0:
+        return y
+    _call("tsct_glu_up_fwd_nvfp4", z.device, _ptr(z), m, _ptr(offs), _ptr(tile_cum), e, f, 64, _ptr(codes),
+          _ptr(scales), _ptr(s_enc), _ptr(row_weight) if row_weight is not None else ctypes.c_void_p(None), _ptr(y),
+          y.shape[1], max_tiles)
+    return y
 
 
 SM120_VARIANTS = {"alpha": 0, "glu": 1, "row_weight": 2}

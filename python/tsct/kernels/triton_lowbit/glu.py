@@ -151,7 +151,7 @@ def _native_down(cfg, fg: int, fu: int, x: Tensor, r: int, d: int) -> bool:
     return native.available() and G._device_props(x.device).shared_memory_per_block_optin >= NATIVE_DOWN_SMEM
 
 
-NATIVE_DOWN_SMEM = 56320  # bytes of shared memory per block csrc/glu/down_nvfp4.cu needs (its SMEM_BYTES)
+NATIVE_DOWN_SMEM = 70656  # bytes of shared memory per block csrc/glu/down_nvfp4.cu needs (its SMEM_BYTES)
 
 
 def _down(x, gidx, offs, cum, max_tiles, fg, pg, fu, pu, sg, su, rw, z, hg, hu, m, cfg, aligned, cap) -> None:
@@ -175,6 +175,41 @@ def _down(x, gidx, offs, cum, max_tiles, fg, pg, fu, pu, sg, su, rw, z, hg, hu, 
             dict(FMT_G=fg, FMT_U=fu, HAS_GATHER=gidx is not None, HAS_SG=sg is not None, HAS_SU=su is not None,
                  HAS_RW=rw is not None, BWD=bwd, BM=cfg.bm, BR=br, BK=cfg.bk, BLOCK_E=cfg.block_e),
             WARPS_DECODE, cfg.stages_down_lb, aligned, cap, x.device)
+
+
+def _native_up(cfg, fd: int, z: Tensor, y: Tensor, r: int) -> bool:
+    """Whether lowbit_up_fwd runs as the CUDA kernel (csrc/glu/up_nvfp4.cu): enabled for the arch
+    (``Config.up_native_lb``), NVFP4 w_down, r = 64, bf16 z, y rows 16-byte aligned (the padded y of the
+    combine, or f % 8 == 0), on a GPU with the native library and the kernel's shared memory."""
+    if not (cfg.up_native_lb and fd == NVFP4 and r == 64 and z.is_cuda and z.dtype == torch.bfloat16
+            and y.shape[1] % 8 == 0 and y.data_ptr() % 16 == 0 and z.data_ptr() % 16 == 0):
+        return False
+    from tsct import native
+
+    return native.available() and G._device_props(z.device).shared_memory_per_block_optin >= NATIVE_UP_SMEM
+
+
+NATIVE_UP_SMEM = 36864  # bytes of shared memory per block csrc/glu/up_nvfp4.cu needs (its SMEM_BYTES)
+
+
+def _up(z, offs, cum, max_tiles, fd, pd, rw, y, f, m, cfg, aligned, cap, pad: bool) -> None:
+    """The up projection into ``y`` ([m, ldy]; ``pad``: ldy is f rounded up to 8 and the pad columns may
+    be written): the CUDA kernel where ``_native_up`` allows, else the Triton kernel ``lowbit_up_fwd``.
+    ``rw`` (fp32 or None) multiplies each row; ``cum`` / ``max_tiles``: the tile map of ``cfg.bm`` rows."""
+    e, r = offs.shape[0], z.shape[1]
+    if _native_up(cfg, fd, z, y, r):
+        from tsct import native
+
+        if cfg.bm != native.GLU_DOWN_TILE:
+            cum, max_tiles = G._tile_cum(offs, native.GLU_DOWN_TILE, cap), G._cdiv(m, native.GLU_DOWN_TILE) + e
+        native.glu_up_fwd_nvfp4(z, offs, cum, tuple(pd), y, f=f, max_tiles=max_tiles, row_weight=rw)
+        FAMILY.count("native", "lowbit_up_fwd")
+        return
+    single_k, bk_up = LS.up_k(r, aligned)
+    _launch("lowbit_up_fwd", (max_tiles,), [z, offs, cum, *pd, rw, y, e, r, f, y.shape[1]],
+            dict(FMT_D=fd, HAS_RW=rw is not None, SINGLE_K=single_k, Y_PAD=pad, DEC16=LS.up_dec16(cfg, bk_up),
+                 BM=cfg.bm, BN=cfg.bn_up, BK=bk_up, BLOCK_E=cfg.block_e),
+            cfg.warps_up_lb, cfg.stages_up, aligned, cap, z.device)
 
 
 def grouped_glu_forward(
@@ -244,11 +279,10 @@ def _forward(x, offs, w_gate, w_up, w_down, s_gate, s_up, row_weight, gather_idx
     sg, su = G._scales(s_gate, s_up)
     rw = G._f32(row_weight)
     gidx = G._i64(gather_idx)
-    bm, br, bk = cfg.bm, LS.rank_block(cfg), cfg.bk
+    bm = cfg.bm
     aligned = _aligned(x, d, r, pg, pu, pd)
     cum = G._tile_cum(offs, bm)
     max_tiles = G._cdiv(m, bm) + e
-    has_s = sg is not None
 
     z = torch.empty(m, r, device=dev, dtype=dtype)
     saved: list[Tensor] = []
@@ -260,18 +294,13 @@ def _forward(x, offs, w_gate, w_up, w_down, s_gate, s_up, row_weight, gather_idx
         rw = None  # already in z
     else:
         _down(x, gidx, offs, cum, max_tiles, fg, pg, fu, pu, sg, su, None, z, None, None, m, cfg, aligned, cap)
-    single_k, bk_up = LS.up_k(r, aligned)
     if scatter_idx is not None:
         ldy = G._cdiv(f, 8) * 8  # padded row stride: vector stores and combine loads
         y = torch.empty(m, ldy, device=dev, dtype=dtype)
     else:
         ldy = f
         y = torch.empty(m, f, device=dev, dtype=dtype)
-    _launch("lowbit_up_fwd", (max_tiles,), [z, offs, cum, *pd, rw, y, e, r, f, ldy],
-            dict(FMT_D=fd, HAS_RW=rw is not None, SINGLE_K=single_k, Y_PAD=scatter_idx is not None,
-                 DEC16=LS.up_dec16(cfg, bk_up), BM=bm,
-                 BN=cfg.bn_up, BK=bk_up, BLOCK_E=cfg.block_e),
-            cfg.warps_up_lb, cfg.stages_up, aligned, cap, dev)
+    _up(z, offs, cum, max_tiles, fd, pd, rw, y, f, m, cfg, aligned, cap, pad=scatter_idx is not None)
     if scatter_idx is not None:
         return G._combine(y, scatter_idx, offs, n_out, cfg, cap, ncols=f), saved
     G._zero_tail(y, offs, e, cfg, cap)
@@ -356,7 +385,7 @@ def grouped_glu_backward(
     rw = G._f32(row_weight)
     gidx, sidx = G._i64(gather_idx), G._i64(scatter_idx)
     has_s = sg is not None
-    bm, br, bk = cfg.bm, LS.rank_block(cfg), cfg.bk
+    bm, br = cfg.bm, LS.rank_block(cfg)
     nrb = G._cdiv(r, br)
     aligned = _aligned(x, d, r, pg, pu, pd)
 

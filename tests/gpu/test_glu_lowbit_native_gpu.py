@@ -1,14 +1,18 @@
-"""The CUDA low-bit down projection (csrc/glu/down_nvfp4.cu, ``tsct.native.glu_down_fwd_nvfp4``) on a GPU.
+"""The CUDA low-bit projections (csrc/glu/down_nvfp4.cu, up_nvfp4.cu: ``tsct.native.glu_down_fwd_nvfp4``,
+``glu_up_fwd_nvfp4``) on a GPU.
 
 Each case: fresh random inputs, NVFP4 factors from ``tsct.quant``, the caching allocator poisoned with NaN
-before the call. hg, hu are compared with x @ W_hat in fp64 (bf16 operands and exact decoded weights, fp32
+before the call and the outputs passed in NaN-filled (``out=``). hg, hu are compared with x @ W_hat in fp64 (bf16 operands and exact decoded weights, fp32
 accumulation: relative Frobenius error ~1e-6, tolerance 1e-4), z with the fp64 GLU of the reference
 (one bf16 rounding: tolerance 1e-2), and both with the Triton kernel ``lowbit_down_fwd`` on the same inputs.
 Rows at or past offs[-1] stay unwritten (NaN poison survives); a second run gives the same bits.
 Shapes: experts with 0, 1, 7, 63, 64, 65 and 150 rows (partial n8 tiles, several 64-row tiles), gather or
 not, scales and row weights or not, d = 64 and 2048, a NaN x row and a NaN block scale (0x7F).
-Also: the low-bit forward takes this kernel where ``Config.down_native_lb`` is on (backend counts), and bad
-arguments raise errors that name them.
+Up projection: y against (z @ W_hat) * row_weight in fp64 (one bf16 rounding: tolerance 1e-2) and against the
+Triton kernel ``lowbit_up_fwd``; pad columns [f, ldy) zero, rows past offs[-1] unwritten, same bits twice; f = 5461,
+37, 64 and 200 (odd, partial 64-column steps), experts with 0 to 150 rows, a NaN z row.
+Also: the low-bit forward takes these kernels where ``Config.down_native_lb`` / ``up_native_lb`` are on
+(backend counts), and bad arguments raise errors that name them.
 """
 
 from __future__ import annotations
@@ -69,11 +73,15 @@ def args(q):
 
 
 def run_native(p, save):
+    """The kernel into NaN-filled outputs (``out=``): an element it does not write stays NaN."""
     cum = G._tile_cum(p["offs"], native.GLU_DOWN_TILE)
-    e = p["offs"].shape[0]
-    return native.glu_down_fwd_nvfp4(p["x"], p["offs"], cum, args(p["qg"]), args(p["qu"]), m=p["m"],
-                                     max_tiles=-(-p["m"] // 64) + e, gather_idx=p["gidx"], s_gate=p["sg"],
-                                     s_up=p["su"], row_weight=p["rw"] if save else None, save=save)
+    e, m = p["offs"].shape[0], p["m"]
+    out = (torch.full((m, R), float("nan"), device=DEV, dtype=torch.bfloat16),
+           torch.full((m, R), float("nan"), device=DEV) if save else None,
+           torch.full((m, R), float("nan"), device=DEV) if save else None)
+    return native.glu_down_fwd_nvfp4(p["x"], p["offs"], cum, args(p["qg"]), args(p["qu"]), m=m,
+                                     max_tiles=-(-m // 64) + e, gather_idx=p["gidx"], s_gate=p["sg"],
+                                     s_up=p["su"], row_weight=p["rw"] if save else None, save=save, out=out)
 
 
 def reference(p, save):
@@ -156,6 +164,7 @@ def test_nan_row_and_nan_block_scale():
     z, hg, _ = run_native(p, True)
     assert torch.isnan(z[5].float()).all() and torch.isfinite(z[torch.arange(40, device=DEV) != 5].float()).all()
     # NaN block scale of expert 1, rank 9, k 16..31: that rank goes NaN for expert 1's rows only
+    p["x"][5, 7] = 1.0
     q = p["qg"]
     bs = q.block_scale.view(torch.uint8).clone()
     bs[1, 9, 1] = 0x7F
@@ -193,3 +202,110 @@ def test_bad_arguments():
     with pytest.raises(ValueError, match=r"out\[1\]"):
         native.glu_down_fwd_nvfp4(p["x"], p["offs"], cum, g, u, m=8, max_tiles=3, save=True,
                                   out=(torch.empty(8, R, device=DEV, dtype=torch.bfloat16), None, None))
+
+
+# ---- up projection -------------------------------------------------------------------------------------
+
+UP_CASES = [
+    ("b1_like_f5461", [33, 31, 29, 40, 0, 35, 27, 33] * 2, 5461, 3, True),
+    ("f37_edges", [0, 1, 7, 64, 65, 150, 0], 37, 2, True),
+    ("f64_norw", [5, 0, 64, 1], 64, 0, False),
+    ("f200_many", [300, 12], 200, 1, True),
+]
+
+
+def make_up(counts, f, pad, rw, seed):
+    g = torch.Generator().manual_seed(seed)
+    e, mv = len(counts), sum(counts)
+    m = mv + pad
+    z = torch.randn(m, R, generator=g).bfloat16()
+    z[mv:] = float("nan")  # padding rows of z are never read into written rows
+    wd = torch.randn(e, R, f, generator=g) * 0.05
+    return dict(z=z.to(DEV), offs=torch.tensor(counts).cumsum(0).to(torch.int32).to(DEV),
+                qd=quant.quantize(wd.to(DEV), "nvfp4"), m=m, mv=mv, f=f,
+                rw=torch.rand(m, generator=g).to(DEV) if rw else None)
+
+
+def up_args(q):
+    return (q.codes.contiguous(), q.block_scale.view(torch.uint8).contiguous(), q.global_scale.contiguous())
+
+
+def run_up(p, ldy):
+    cum = G._tile_cum(p["offs"], native.GLU_DOWN_TILE)
+    y = torch.full((p["m"], ldy), float("nan"), device=DEV, dtype=torch.bfloat16)
+    return native.glu_up_fwd_nvfp4(p["z"], p["offs"], cum, up_args(p["qd"]), y, f=p["f"],
+                                   max_tiles=-(-p["m"] // 64) + p["offs"].shape[0], row_weight=p["rw"])
+
+
+def up_reference(p):
+    offs = p["offs"].cpu().tolist()
+    wd = quant.dequantize(p["qd"], dtype=torch.float32, backend="torch").double()
+    y = torch.zeros(p["mv"], p["f"], dtype=torch.float64, device=DEV)
+    lo = 0
+    for e, hi in enumerate(offs):
+        y[lo:hi] = p["z"][lo:hi].double() @ wd[e]
+        lo = hi
+    if p["rw"] is not None:
+        y = y * p["rw"][: p["mv"]].double()[:, None]
+    return y
+
+
+@pytest.mark.parametrize("case", UP_CASES, ids=lambda c: c[0])
+def test_up_against_reference_and_triton(case):
+    _, counts, f, pad, rw = case
+    p = make_up(counts, f, pad, rw, seed=f + len(counts))
+    ldy = -(-f // 8) * 8
+    mv = p["mv"]
+    poison()
+    y = run_up(p, ldy)
+    torch.cuda.synchronize()
+    assert rel(y[:mv, :f], up_reference(p)) < 1e-2
+    assert torch.isfinite(y[:mv].float()).all()
+    assert (y[:mv, f:] == 0).all()  # pad columns: 0 * row weight
+    if pad:
+        assert torch.isnan(y[mv:].float()).all()  # padding rows never written
+    cfg = dataclasses.replace(G._config(G._capability(DEV)), up_native_lb=0)
+    yt = torch.full_like(y, float("nan"))
+    e = p["offs"].shape[0]
+    L._up(p["z"], p["offs"], G._tile_cum(p["offs"], cfg.bm), -(-p["m"] // cfg.bm) + e, L.NVFP4,
+          list(up_args(p["qd"])), p["rw"], yt, f, p["m"], cfg, True, G._capability(DEV), pad=True)
+    assert rel(y[:mv, :f], yt[:mv, :f]) < 1e-2
+    y2 = run_up(p, ldy)
+    assert torch.equal(y[:mv].view(torch.int16), y2[:mv].view(torch.int16))
+
+
+def test_up_nan_row():
+    p = make_up([20, 20], 100, 0, True, seed=4)
+    p["z"][25, 3] = float("nan")
+    y = run_up(p, 104)
+    rows = torch.arange(40, device=DEV)
+    assert torch.isnan(y[25, :100].float()).all() and torch.isfinite(y[rows != 25].float()).all()
+
+
+def test_up_dispatch_counts():
+    cfg = G._config(G._capability(DEV))
+    if not cfg.up_native_lb:
+        pytest.skip("Config.up_native_lb is off for this arch")
+    p = make([10, 40, 0, 70], 256, seed=1)
+    e = p["offs"].shape[0]
+    wd = quant.quantize((torch.randn(e, R, 96) * 0.05).to(DEV), "nvfp4")
+    before = L.backend_counts().get(("native", "lowbit_up_fwd"), 0)
+    sidx = torch.randperm(p["m"], device=DEV)
+    y = L.grouped_glu_forward(p["x"], p["offs"], p["qg"], p["qu"], wd, p["sg"], p["su"], p["rw"], p["gidx"], sidx,
+                              p["m"])
+    assert L.backend_counts().get(("native", "lowbit_up_fwd"), 0) == before + 1
+    assert torch.isfinite(y.float()).all()
+
+
+def test_up_bad_arguments():
+    p = make_up([4, 4], 40, 0, True, seed=2)
+    cum = G._tile_cum(p["offs"], 64)
+    a = up_args(p["qd"])
+    y = torch.empty(8, 40, device=DEV, dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match="multiple of 8"):
+        native.glu_up_fwd_nvfp4(p["z"], p["offs"], cum, a, torch.empty(8, 42, device=DEV, dtype=torch.bfloat16),
+                                f=40, max_tiles=3)
+    with pytest.raises(ValueError, match=r"w_down\[0\]"):
+        native.glu_up_fwd_nvfp4(p["z"], p["offs"], cum, (a[0][:, :39], a[1], a[2]), y, f=40, max_tiles=3)
+    with pytest.raises(TypeError, match="row_weight must have dtype"):
+        native.glu_up_fwd_nvfp4(p["z"], p["offs"], cum, a, y, f=40, max_tiles=3, row_weight=p["rw"].double())

@@ -4,11 +4,11 @@
 # CFG (default "down_native_lb=1") is exported as TSCT_TRITON_GLU_CFG for the test steps, so they run the
 # kernel before the arch table turns it on; set CFG= once the table has it.
 #   1. install dist/tsct-*.whl (no deps, no index)
-#   2. tests/gpu/test_glu_down_native_gpu.py: the kernel against fp64 torch and the Triton kernel
-#   3. tests/gpu/test_triton_lowbit_gpu.py (AOT, b1_pad left out for time) + test_lowbit_ops_gpu.py: the whole
-#      low-bit path with the CUDA down kernel for NVFP4
-#   4. scripts/pass_profile.py sweep: per-kernel device time of the nvfp4 / sign passes, Triton vs CUDA down
-#      -> $OUT/sweep.json
+#   2. tests/gpu/test_glu_lowbit_native_gpu.py: the kernel against fp64 torch and the Triton kernel
+#   3. tests/gpu/test_triton_lowbit_gpu.py (b1_pad left out for time) + test_lowbit_ops_gpu.py: the whole
+#      low-bit path with the CUDA kernels for NVFP4
+#   4. scripts/pass_profile.py sweep: per-kernel device time of the nvfp4 / sign passes, Triton vs CUDA
+#      projections -> $OUT/sweep.json
 #   5. tsct-bench b1 (padded bmm, tsct-triton-* arms; bf16, nvfp4, sign) -> $OUT/bench_b1.json
 set -u -o pipefail
 OUT=${OUT:-/tmp/tsct_out}
@@ -16,7 +16,7 @@ mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
 unset PYTHONPATH TSCT_TRITON_BACKEND TSCT_TRITON_GLU_CFG
 ROOT=$(pwd)
-CFG=${CFG-down_native_lb=1}
+CFG=${CFG-}
 rc=0
 step() {  # step NAME SECONDS CMD...
   local name=$1 t=$2; shift 2
@@ -34,11 +34,11 @@ python3 -m pip install --no-deps --no-index --force-reinstall "$whl" >"$OUT/inst
   || { tail -n 20 "$OUT/install.log"; exit 3; }
 STEPS=${STEPS:-"native suite sweep bench"}
 [[ " $STEPS " == *" native "* ]] && step native 120 env TSCT_TRITON_GLU_CFG="$CFG" bash -c \
-  "pyt '$ROOT/tests/gpu/test_glu_down_native_gpu.py'"
+  "pyt '$ROOT/tests/gpu/test_glu_lowbit_native_gpu.py'"
 [[ " $STEPS " == *" suite "* ]] && step suite 240 env TSCT_TRITON_GLU_CFG="$CFG" bash -c \
   "pyt '$ROOT/tests/gpu/test_triton_lowbit_gpu.py' -k 'not b1_pad' && pyt '$ROOT/tests/gpu/test_lowbit_ops_gpu.py'"
 [[ " $STEPS " == *" sweep "* ]] && step sweep 150 python3 "$ROOT/scripts/pass_profile.py" sweep --arms nvfp4,sign \
-  --cfgs "${CFGS:-down_native_lb=0;down_native_lb=1}" --json "$OUT/sweep.json"
+  --cfgs "${CFGS:-down_native_lb=0,up_native_lb=0;}" --json "$OUT/sweep.json"
 [[ " $STEPS " == *" bench "* ]] && TAIL=40 step bench 170 env TSCT_TRITON_GLU_CFG="$CFG" python3 -m tsct.bench \
   --preset b1 --arms 'padded-bmm,tsct-triton-*' --formats bf16,nvfp4,sign --iters 30 --max-seconds 3 \
   --json "$OUT/bench_b1.json"

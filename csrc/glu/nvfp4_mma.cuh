@@ -1,0 +1,103 @@
+// Device helpers shared by the CUDA NVFP4 grouped GLU kernels (down_nvfp4.cu, up_nvfp4.cu): NVFP4 codes decoded
+// straight into bf16 mma.sync m16n8k16 A fragments, and the matching layout of the bf16 B operand in shared memory.
+//
+// K order. The kernels permute K inside each 64-wide K chunk, identically for both operands (a contraction does
+// not care): lane (g, c) of a warp (g = lane / 4, c = lane % 4) handles the 16 consecutive k = 16c..16c+15 of the
+// chunk, which are exactly two 32-bit code words and ONE UE4M3 block scale per factor row. A code word decodes
+// into four bf16 pairs, elements (j, j + 4): their nibbles sit 16 bits apart, as the halves of a bf16 pair do, so
+// one shift and mask per field builds both (e2m1_pair). Pair p of the lane's 8 pairs (p < 4: word lo, p >= 4:
+// word hi) feeds mma step p / 2, slots 2c, 2c+1 (p even) or 2c+8, 2c+9 (p odd).
+//
+// B tiles ([rows][64] bf16, 128-byte rows, K contiguous) get the same pairing: after its cp.async, each thread
+// rewrites the 16-byte pieces it copied (bt_permute: elements 0..7 -> pairs (0,4) (1,5) (2,6) (3,7)). Pieces are
+// stored swizzled so the fragment loads (one 8-byte unit per lane and mma step) hit 16 distinct bank pairs per
+// half warp: 8-byte unit u of row r sits at unit u ^ (r & 3) (piece p at p ^ ((r >> 1) & 1), halves swapped on
+// odd rows).
+#pragma once
+
+#include <cuda_bf16.h>
+#include <stdint.h>
+
+#include "common/mma_sm80.cuh"
+
+namespace tsct {
+namespace nvfp4mma {
+
+__device__ __forceinline__ void cp_async4(uint32_t dst, const void* src) {
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(dst), "l"(src) : "memory");
+}
+
+// UE4M3 byte -> sf * 2^118 as a bf16 pair (both halves): exact (sf has <= 4 significant bits; 448 * 2^118
+// < 2^127). 0x7F / 0xFF are NaN, as in the Triton decoder and torch. The kernels tabulate it (256 words).
+__device__ inline uint32_t scale_pair(uint32_t b) {
+  const uint32_t ex = (b >> 3) & 15, man = b & 7;
+  float v = ex ? __uint_as_float(((ex + 120u) << 23) | (man << 20)) : (float)man * 0.001953125f;
+  if ((b & 127) == 127) v = __uint_as_float(0x7fc00000u);
+  if (b & 128) v = -v;
+  v *= 3.32306998946229e+35f;  // 2^118
+  const uint32_t h = (uint32_t)__bfloat16_as_ushort(__float2bfloat16_rn(v));
+  return h | (h << 16);
+}
+
+// Nibbles J and J + 4 of a code word as a bf16 pair of e2m1 * 2^-126 (magnitude bits to 8..6, sign to 15): the
+// Triton decoder's _e2m1_pair (triton_lowbit/_kernels.py), checked exhaustively there. Times scale_pair this is
+// e2m1 * sf * 2^-8, exact (<= 6 significant bits); the kernels multiply the fp32 accumulator by 2^8 / s_enc.
+template <int J>  // 0..3
+__device__ __forceinline__ uint32_t e2m1_pair(uint32_t w) {
+  const uint32_t mag = (J <= 1 ? (w << (6 - 4 * J)) : (w >> (4 * J - 6))) & 0x01C001C0u;
+  const uint32_t sgn = (w << (12 - 4 * J)) & 0x80008000u;
+  return mag | sgn;
+}
+
+// a * b per bf16 half (fma with -0: the same bits as a multiply, including the sign of zero; mul.bf16x2 needs
+// sm_90, fma.bf16x2 sm_80)
+__device__ __forceinline__ uint32_t hmul2_bf16(uint32_t a, uint32_t b) {
+  uint32_t d;
+  asm("fma.rn.bf16x2 %0, %1, %2, %3;\n" : "=r"(d) : "r"(a), "r"(b), "r"(0x80008000u));
+  return d;
+}
+
+// The four A registers of mma step S for rows g (codes w0, scale pair s0) and g + 8 (w1, s1): pairs 2S, 2S + 1.
+template <int S>
+__device__ __forceinline__ void a_step(uint2 w0, uint2 w1, uint32_t s0, uint32_t s1, uint32_t* a) {
+  const uint32_t v0 = S < 2 ? w0.x : w0.y, v1 = S < 2 ? w1.x : w1.y;
+  a[0] = hmul2_bf16(S % 2 == 0 ? e2m1_pair<0>(v0) : e2m1_pair<2>(v0), s0);
+  a[1] = hmul2_bf16(S % 2 == 0 ? e2m1_pair<0>(v1) : e2m1_pair<2>(v1), s1);
+  a[2] = hmul2_bf16(S % 2 == 0 ? e2m1_pair<1>(v0) : e2m1_pair<3>(v0), s0);
+  a[3] = hmul2_bf16(S % 2 == 0 ? e2m1_pair<1>(v1) : e2m1_pair<3>(v1), s1);
+}
+
+// Byte offset of 16-byte piece p of row r in a swizzled B tile (128-byte rows).
+__device__ __forceinline__ uint32_t bt_piece(int r, int p) { return r * 128 + 16 * (p ^ ((r >> 1) & 1)); }
+
+// Rewrite one copied piece of row r (at bt_piece) into mma pair order, halves swapped on odd rows.
+__device__ __forceinline__ void bt_permute(unsigned char* tile, int r, int p) {
+  uint4* q = reinterpret_cast<uint4*>(tile + bt_piece(r, p));
+  const uint4 v = *q;
+  const uint32_t p0 = __byte_perm(v.x, v.z, 0x5410), p1 = __byte_perm(v.x, v.z, 0x7632);
+  const uint32_t p2 = __byte_perm(v.y, v.w, 0x5410), p3 = __byte_perm(v.y, v.w, 0x7632);
+  *q = (r & 1) ? make_uint4(p2, p3, p0, p1) : make_uint4(p0, p1, p2, p3);
+}
+
+// Byte offset of lane (g, c)'s B registers of mma step s in n8 tile 0 (add t * 1024 for tile t): its row is g.
+__device__ __forceinline__ uint32_t bt_frag(int g, int c, int s) { return g * 128 + 8 * ((4 * c + s) ^ (g & 3)); }
+
+// Expert owning row tile `pid`: the number of experts whose inclusive tile count is <= pid (one warp; the
+// answer is narrowed 32-fold per round of 32 loads).
+__device__ inline int expert_of_tile(const int* cum, int E, int pid, int lane) {
+  int a = 0, n = E;  // the answer lies in [a, a + n]
+  while (n > 32) {
+    const int q = a + (int)(((long long)(lane + 1) * n) / 32) - 1;
+    const unsigned bal = __ballot_sync(0xffffffffu, __ldg(cum + q) <= pid);
+    const int k = __popc(bal);
+    const int na = a + (int)(((long long)k * n) / 32);
+    const int nb = k < 32 ? a + (int)(((long long)(k + 1) * n) / 32) - 1 : a + n;
+    a = na;
+    n = nb - na;
+  }
+  const bool pred = lane < n && __ldg(cum + a + lane) <= pid;
+  return a + __popc(__ballot_sync(0xffffffffu, pred));
+}
+
+}  // namespace nvfp4mma
+}  // namespace tsct

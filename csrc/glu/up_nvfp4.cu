@@ -1,0 +1,329 @@
+// glu_up_fwd for an NVFP4 w_down, bf16 z, r = 64: the low-bit grouped GLU's up projection into a padded y, in
+// CUDA C++ (the Triton kernel lowbit_up_fwd is latency-bound on the H200: ncu DRAM 37 %, 17 % occupancy).
+// Entry point tsct_glu_up_fwd_nvfp4 (tsct.h); caller python/tsct/kernels/triton_lowbit/glu.py; measurements
+// bench/notes.md "CUDA low-bit kernels".
+//
+//   y[i, n] = (z[i] @ W_down_hat[e])[n] * row_weight[i]     bf16 [M, ldy]; n in [f, ldy) is written as 0 * rw
+//
+// One CTA (4 warps) per row tile of 64 rows of one expert (the tile map of the down kernel). The z tile is read
+// once (into mma B registers: NTILE = 4 n8 tiles of rows, 8 above 32 rows); the CTA then walks f in steps of 64
+// columns, warp w owning columns 16w..16w+15 of each step (the mma M dimension: y^T = W^T z^T). Per step a
+// 4-stage cp.async ring brings the step's codes [64 columns][32 B] and block scales [64][4 B] (contiguous in
+// memory: one coalesced copy), the codes are decoded straight into A fragments (nvfp4_mma.cuh), and the bf16
+// result goes through a double-buffered shared tile so that y leaves as whole 128-byte row segments, one step
+// later (one barrier per step).
+//
+// Needs: sm_80+ (cp.async, bf16 mma.sync) and SMEM_BYTES of shared memory per block.
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+#include <stdint.h>
+
+#include <atomic>
+#include <type_traits>
+
+#include "common/host.h"
+#include "common/mma_sm80.cuh"
+#include "glu/nvfp4_mma.cuh"
+#include "tsct/tsct.h"
+
+#define NT 128   // threads per CTA (4 warps)
+#define BM 64    // rows per tile
+#define RANK 64  // r = K
+#define FN 64    // columns of y per step
+#define ST 4     // code pipeline stages
+#define YLD 72   // y staging row stride (elements): 144 B, conflict-free scalar writes and 16-byte reads
+#define MINB 3   // CTAs per SM (registers <= 168: at 4 CTAs / 128 registers the epilogue spills, 0.251 vs 0.224 ms)
+
+namespace {
+
+using tsct::sm80::bf16;
+using tsct::sm80::cp_async16;
+using tsct::sm80::cp_commit;
+using tsct::sm80::cp_wait;
+using tsct::sm80::mma_bf16_16816;
+using tsct::sm80::smem_u32;
+using namespace tsct::nvfp4mma;
+
+struct UpParams {
+  const bf16* z;         // [M, 64]
+  const int* offs;       // [E]
+  const int* cum;        // [E] inclusive counts of BM-row tiles
+  const uint8_t* codes;  // [E, f, 32]
+  const uint8_t* scales; // [E, f, 4] UE4M3 bytes, linear
+  const float* s_enc;    // [E]
+  const float* rw;       // [M] or null
+  bf16* y;               // [M, ldy]
+  long long ldy;
+  int E, f;
+};
+
+constexpr int Z_BYTES = BM * RANK * 2;           // 8 KB, swizzled (nvfp4_mma.cuh)
+constexpr int C_STAGE = FN * RANK / 2;           // 2 KB of codes per step
+constexpr int S_STAGE = FN * RANK / 16;          // 256 B of scales per step
+constexpr int Y_BUF = BM * YLD;                  // bf16 elements
+constexpr int SMEM_BYTES = Z_BYTES + ST * (C_STAGE + S_STAGE) + 2 * Y_BUF * 2 + 256 * 4;
+
+#if __CUDA_ARCH__ >= 900
+// four 8x8 b16 matrices from mma-fragment registers (v[i]: matrix i), each stored transposed; lane l gives the
+// shared address of row l % 8 of matrix l / 8
+__device__ __forceinline__ void stsm4_trans(uint32_t addr, const uint32_t* v) {
+  asm volatile("stmatrix.sync.aligned.m8n8.x4.trans.shared.b16 [%0], {%1, %2, %3, %4};\n" ::"r"(addr), "r"(v[0]),
+               "r"(v[1]), "r"(v[2]), "r"(v[3])
+               : "memory");
+}
+#endif
+
+template <int NTILE>
+__device__ __forceinline__ void up_body(const UpParams& p, int e, int row0, int R, unsigned char* smem) {
+  unsigned char* zs = smem;                                                  // [64][128 B]
+  uint8_t* cs = zs + Z_BYTES;                                                // [ST][64][32]
+  uint8_t* ss = cs + ST * C_STAGE;                                           // [ST][64][4]
+  bf16* ys = reinterpret_cast<bf16*>(ss + ST * S_STAGE);                     // [2][64][YLD]
+  const uint32_t* lut = reinterpret_cast<const uint32_t*>(ys + 2 * Y_BUF);   // [256]
+
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int g = lane >> 2, c = lane & 3;
+  const int f = p.f;
+  const long long ldy = p.ldy;
+  const int nsteps = (int)((ldy + FN - 1) / FN);
+  const uint8_t* cbase = p.codes + (size_t)e * f * 32;
+  const uint8_t* sbase = p.scales + (size_t)e * f * 4;
+
+  // z tile: piece tid & 7 of rows (tid >> 3) + 16 i (zero rows past R)
+  const int pj = tid & 7;
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const int rr = (tid >> 3) + 16 * i;
+    const uint32_t dst = smem_u32(zs + bt_piece(rr, pj));
+    if (rr < R)
+      cp_async16(dst, p.z + (size_t)(row0 + rr) * RANK + pj * 8, 16);
+    else
+      cp_async16(dst, p.z, 0);
+  }
+  // step j's codes: 16-byte piece tid (row tid / 2) of the 2 KB that columns 64j..64j+63 occupy; scales: 4 bytes
+  // of column tid (tid < 64). Columns past f are zero-filled (they decode to 0).
+  auto issue = [&](int j) {
+    if (j < nsteps) {
+      const int st = j % ST;
+      const int col = j * FN + (tid >> 1);
+      const uint32_t dst = smem_u32(cs + st * C_STAGE + tid * 16);
+      if (col < f)
+        cp_async16(dst, cbase + (size_t)col * 32 + 16 * (tid & 1), 16);
+      else
+        cp_async16(dst, p.codes, 0);
+      if (tid < FN) {
+        const int sc = j * FN + tid;
+        const uint32_t sdst = smem_u32(ss + st * S_STAGE + tid * 4);
+        if (sc < f)
+          cp_async4(sdst, sbase + (size_t)sc * 4);
+        else
+          *reinterpret_cast<uint32_t*>(ss + st * S_STAGE + tid * 4) = 0;
+      }
+    }
+    cp_commit();
+  };
+
+  // per-row factor: row weight * 2^8 / s_enc (the decode's 2^-8 and the second-level scale)
+  const float inv = 256.f / __ldg(p.s_enc + e);
+  float rwf[NTILE][2];
+#pragma unroll
+  for (int t = 0; t < NTILE; ++t)
+#pragma unroll
+    for (int lo = 0; lo < 2; ++lo) {
+      const int m = 8 * t + 2 * c + lo;
+      rwf[t][lo] = p.rw ? (m < R ? __ldg(p.rw + row0 + m) * inv : 0.f) : inv;
+    }
+
+#pragma unroll
+  for (int j = 0; j < ST - 1; ++j) issue(j);  // the z copies ride in the first group
+
+  uint32_t zf[NTILE][4][2];  // B registers of the z tile: [n8 tile][mma step]
+  for (int j = 0; j < nsteps; ++j) {
+    const int st = j % ST;
+    cp_wait<ST - 2>();
+    if (j == 0) {
+#pragma unroll
+      for (int i = 0; i < 4; ++i) bt_permute(zs, (tid >> 3) + 16 * i, pj);
+    }
+    __syncthreads();  // step j's codes and (j == 0) the z tile ready; y staging buffer (j - 1) % 2 complete
+    issue(j + ST - 1);
+    if (j == 0) {
+#pragma unroll
+      for (int t = 0; t < NTILE; ++t)
+#pragma unroll
+        for (int s = 0; s < 4; ++s) {
+          const uint2 v = *reinterpret_cast<const uint2*>(zs + t * 1024 + bt_frag(g, c, s));
+          zf[t][s][0] = v.x;
+          zf[t][s][1] = v.y;
+        }
+    }
+    // y of step j - 1: 16-byte pieces tid & 7 of rows (tid >> 3) + 16 i
+    auto store_y = [&](int jj) {
+      const bf16* yb = ys + (jj & 1) * Y_BUF;
+      const long long c0 = (long long)jj * FN + 8 * pj;
+      if (c0 < ldy) {
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+          const int rr = (tid >> 3) + 16 * i;
+          if (rr < R)
+            *reinterpret_cast<uint4*>(p.y + (size_t)(row0 + rr) * ldy + c0) =
+                *reinterpret_cast<const uint4*>(yb + rr * YLD + 8 * pj);
+        }
+      }
+    };
+    if (j > 0) store_y(j - 1);
+
+    const uint8_t* cb = cs + st * C_STAGE;
+    const uint8_t* sb = ss + st * S_STAGE;
+    const int r0 = 16 * warp + g;
+    const uint2 w0 = *reinterpret_cast<const uint2*>(cb + r0 * 32 + 8 * c);
+    const uint2 w1 = *reinterpret_cast<const uint2*>(cb + (r0 + 8) * 32 + 8 * c);
+    const uint32_t s0 = lut[sb[r0 * 4 + c]], s1 = lut[sb[(r0 + 8) * 4 + c]];
+    float acc[NTILE][4];
+#pragma unroll
+    for (int t = 0; t < NTILE; ++t)
+#pragma unroll
+      for (int i = 0; i < 4; ++i) acc[t][i] = 0.f;
+    auto step = [&](auto S) {
+      constexpr int s = decltype(S)::value;
+      uint32_t a[4];
+      a_step<s>(w0, w1, s0, s1, a);
+#pragma unroll
+      for (int t = 0; t < NTILE; ++t) mma_bf16_16816(acc[t], a[0], a[1], a[2], a[3], zf[t][s][0], zf[t][s][1]);
+    };
+    step(std::integral_constant<int, 0>());
+    step(std::integral_constant<int, 1>());
+    step(std::integral_constant<int, 2>());
+    step(std::integral_constant<int, 3>());
+    // acc[t][i] is (column 16 warp + g + 8 (i >> 1) of the step, tile row 8 t + 2 c + (i & 1))
+    bf16* yb = ys + (j & 1) * Y_BUF;
+#if __CUDA_ARCH__ >= 900
+    // the accumulator of (t, hh) is an 8x8 matrix of y^T: stmatrix .trans stores it as 8 rows of y, 16 bytes each
+#pragma unroll
+    for (int q = 0; q < NTILE / 2; ++q) {
+      uint32_t v[4];
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        const int t = 2 * q + (i >> 1), hh = i & 1;
+        v[i] = tsct::sm80::pack_bf16(acc[t][2 * hh] * rwf[t][0], acc[t][2 * hh + 1] * rwf[t][1]);
+      }
+      const int i = lane >> 3, t = 2 * q + (i >> 1);
+      stsm4_trans(smem_u32(yb + (8 * t + (lane & 7)) * YLD + 16 * warp + 8 * (i & 1)), v);
+    }
+#else
+#pragma unroll
+    for (int t = 0; t < NTILE; ++t)
+#pragma unroll
+      for (int i = 0; i < 4; ++i)
+        yb[(8 * t + 2 * c + (i & 1)) * YLD + r0 + 8 * (i >> 1)] = __float2bfloat16_rn(acc[t][i] * rwf[t][i & 1]);
+#endif
+  }
+  cp_wait<0>();
+  __syncthreads();
+  if (nsteps > 0) {
+    const int jj = nsteps - 1;
+    const bf16* yb = ys + (jj & 1) * Y_BUF;
+    const long long c0 = (long long)jj * FN + 8 * pj;
+    if (c0 < ldy) {
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        const int rr = (tid >> 3) + 16 * i;
+        if (rr < R)
+          *reinterpret_cast<uint4*>(p.y + (size_t)(row0 + rr) * ldy + c0) =
+              *reinterpret_cast<const uint4*>(yb + rr * YLD + 8 * pj);
+      }
+    }
+  }
+}
+
+}  // namespace
+
+extern "C" __global__ void __launch_bounds__(NT, MINB) tsctk_glu_up_fwd_nvfp4(UpParams p) {
+  extern __shared__ __align__(128) unsigned char smem[];
+  __shared__ int s_e;
+  uint32_t* lut = reinterpret_cast<uint32_t*>(smem + SMEM_BYTES - 256 * 4);
+  for (int b = threadIdx.x; b < 256; b += NT) lut[b] = scale_pair((uint32_t)b);
+  if (threadIdx.x < 32) {
+    const int e = expert_of_tile(p.cum, p.E, (int)blockIdx.x, threadIdx.x);
+    if (threadIdx.x == 0) s_e = e;
+  }
+  __syncthreads();
+  const int e = s_e;
+  if (e >= p.E) return;
+  const int lo = e ? __ldg(p.offs + e - 1) : 0;
+  const int hi = __ldg(p.offs + e);
+  const int before = e ? __ldg(p.cum + e - 1) : 0;
+  const int row0 = lo + ((int)blockIdx.x - before) * BM;
+  const int R = min(BM, hi - row0);
+  if (R <= 0) return;
+  if (R <= 32)
+    up_body<4>(p, e, row0, R, smem);
+  else
+    up_body<8>(p, e, row0, R, smem);
+}
+
+namespace tsct {
+const KernelEntry kGluUpLowbitKernels[] = {
+    {"tsctk_glu_up_fwd_nvfp4", (const void*)tsctk_glu_up_fwd_nvfp4},
+    {nullptr, nullptr},
+};
+}  // namespace tsct
+
+extern "C" int tsct_glu_up_fwd_nvfp4(const void* z, int64_t m, const int32_t* offs, const int32_t* tile_cum,
+                                     int64_t num_experts, int64_t f, int64_t r, const void* codes, const void* scales,
+                                     const float* s_enc, const float* row_weight, void* y, int64_t ldy,
+                                     int64_t max_tiles, void* stream) {
+  static const char* fn = "tsct_glu_up_fwd_nvfp4";
+  tsct::clear_error_detail();
+  if (r != RANK) return tsct::fail(TSCT_ERR_BAD_ARGUMENT, "%s: r=%lld, only r = 64 is built", fn, (long long)r);
+  if (f <= 0 || m < 0 || num_experts < 0 || max_tiles < 0 || ldy < f || ldy % 8 || f > INT32_MAX || m > INT32_MAX ||
+      num_experts > INT32_MAX || max_tiles > INT32_MAX)
+    return tsct::fail(TSCT_ERR_BAD_ARGUMENT,
+                      "%s: bad sizes (m=%lld, f=%lld, ldy=%lld, num_experts=%lld, max_tiles=%lld; need f >= 1, ldy >= f "
+                      "and a multiple of 8, the others >= 0 and < 2^31)",
+                      fn, (long long)m, (long long)f, (long long)ldy, (long long)num_experts, (long long)max_tiles);
+  int64_t total;
+  if (!tsct::checked_mul3(num_experts, f, 32, &total) || !tsct::checked_mul3(m, ldy, 2, &total))
+    return tsct::fail(TSCT_ERR_BAD_ARGUMENT, "%s: sizes overflow int64", fn);
+  if (num_experts == 0 || m == 0 || max_tiles == 0) return 0;
+  if (!z || !offs || !tile_cum || !codes || !scales || !s_enc || !y)
+    return tsct::fail(TSCT_ERR_BAD_ARGUMENT, "%s: null pointer (z, offs, tile_cum, codes, scales, s_enc and y are "
+                      "required)", fn);
+  const uintptr_t a16 = (uintptr_t)z | (uintptr_t)codes | (uintptr_t)y;
+  const uintptr_t a4 = (uintptr_t)scales | (uintptr_t)offs | (uintptr_t)tile_cum | (uintptr_t)s_enc |
+                       (uintptr_t)row_weight;
+  if ((a16 & 15) || (a4 & 3))
+    return tsct::fail(TSCT_ERR_BAD_ARGUMENT,
+                      "%s: z, the codes and y must be 16-byte aligned, the scales, offs, tile_cum and fp32 arguments "
+                      "4-byte", fn);
+  int dev = 0;
+  if (cudaError_t e = cudaGetDevice(&dev))
+    return tsct::fail(static_cast<int>(e), "%s: cudaGetDevice: %s", fn, cudaGetErrorString(e));
+  int optin = 0;
+  if (cudaError_t e = cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev))
+    return tsct::fail(static_cast<int>(e), "%s: cudaDeviceGetAttribute: %s", fn, cudaGetErrorString(e));
+  if (optin < SMEM_BYTES)
+    return tsct::fail(static_cast<int>(cudaErrorInvalidConfiguration),
+                      "%s: needs %d bytes of shared memory per block, device %d allows %d", fn, SMEM_BYTES, dev, optin);
+  static std::atomic<bool> opted[64] = {};
+  if (dev >= 64 || !opted[dev].load(std::memory_order_relaxed)) {
+    if (cudaError_t e = cudaFuncSetAttribute(tsctk_glu_up_fwd_nvfp4, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                             SMEM_BYTES))
+      return tsct::fail(static_cast<int>(e), "%s: cudaFuncSetAttribute: %s", fn, cudaGetErrorString(e));
+    if (dev < 64) opted[dev].store(true, std::memory_order_relaxed);
+  }
+  UpParams p;
+  p.z = static_cast<const bf16*>(z);
+  p.offs = offs;
+  p.cum = tile_cum;
+  p.codes = static_cast<const uint8_t*>(codes);
+  p.scales = static_cast<const uint8_t*>(scales);
+  p.s_enc = s_enc;
+  p.rw = row_weight;
+  p.y = static_cast<bf16*>(y);
+  p.ldy = ldy;
+  p.E = static_cast<int>(num_experts);
+  p.f = static_cast<int>(f);
+  tsctk_glu_up_fwd_nvfp4<<<static_cast<unsigned>(max_tiles), NT, SMEM_BYTES, static_cast<cudaStream_t>(stream)>>>(p);
+  return tsct::check_launch(fn);
+}
