@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
-# Device script for the CUDA low-bit down projection (csrc/glu/down_nvfp4.cu) on the lent H200, from the repo
-# root with the wheel built here carried in dist/ (device tool: carry ["dist"]). About 8 minutes; logs to $OUT.
-# CFG (default "down_native_lb=1") is exported as TSCT_TRITON_GLU_CFG for the test steps, so they run the
-# kernel before the arch table turns it on; set CFG= once the table has it.
+# Device script for the CUDA low-bit projections (csrc/glu/down_nvfp4.cu, up_nvfp4.cu) on the lent H200, from
+# the repo root with the wheel built here carried in dist/ (device tool: carry ["dist"]). About 8 minutes; logs
+# to $OUT. CFG (default: empty, the arch table) is exported as TSCT_TRITON_GLU_CFG for the test and bench steps
+# (e.g. CFG=down_native_lb=1,up_native_lb=1 runs the kernels where the table has them off).
 #   1. install dist/tsct-*.whl (no deps, no index)
-#   2. tests/gpu/test_glu_lowbit_native_gpu.py: the kernel against fp64 torch and the Triton kernel
+#   2. tests/gpu/test_glu_lowbit_native_gpu.py: the kernels against fp64 torch and the Triton kernels
 #   3. tests/gpu/test_triton_lowbit_gpu.py (b1_pad left out for time) + test_lowbit_ops_gpu.py: the whole
 #      low-bit path with the CUDA kernels for NVFP4
 #   4. scripts/pass_profile.py sweep: per-kernel device time of the nvfp4 / sign passes, Triton vs CUDA
@@ -35,7 +35,7 @@ python3 -m pip install --no-deps --no-index --force-reinstall "$whl" >"$OUT/inst
 STEPS=${STEPS:-"native suite sweep bench"}
 [[ " $STEPS " == *" native "* ]] && step native 120 env TSCT_TRITON_GLU_CFG="$CFG" bash -c \
   "pyt '$ROOT/tests/gpu/test_glu_lowbit_native_gpu.py'"
-[[ " $STEPS " == *" suite "* ]] && step suite 240 env TSCT_TRITON_GLU_CFG="$CFG" bash -c \
+[[ " $STEPS " == *" suite "* ]] && step suite 320 env TSCT_TRITON_GLU_CFG="$CFG" bash -c \
   "pyt '$ROOT/tests/gpu/test_triton_lowbit_gpu.py' -k 'not b1_pad' && pyt '$ROOT/tests/gpu/test_lowbit_ops_gpu.py'"
 [[ " $STEPS " == *" sweep "* ]] && step sweep 150 python3 "$ROOT/scripts/pass_profile.py" sweep --arms nvfp4,sign \
   --cfgs "${CFGS:-down_native_lb=0,up_native_lb=0;}" --json "$OUT/sweep.json"
