@@ -39,6 +39,23 @@ bool checked_mul3(int64_t a, int64_t b, int64_t c, int64_t* out) {
   return !__builtin_mul_overflow(a, b, &ab) && !__builtin_mul_overflow(ab, c, out);
 }
 
+int opt_in_shared_memory(const char* fn, const void* kernel, int bytes, std::atomic<bool>* opted) {
+  int dev = 0;
+  if (cudaError_t e = cudaGetDevice(&dev))
+    return fail(static_cast<int>(e), "%s: cudaGetDevice: %s", fn, cudaGetErrorString(e));
+  if (dev < 64 && opted[dev].load(std::memory_order_relaxed)) return 0;
+  int optin = 0;
+  if (cudaError_t e = cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev))
+    return fail(static_cast<int>(e), "%s: cudaDeviceGetAttribute: %s", fn, cudaGetErrorString(e));
+  if (optin < bytes)
+    return fail(static_cast<int>(cudaErrorInvalidConfiguration),
+                "%s: needs %d bytes of shared memory per block, device %d allows %d", fn, bytes, dev, optin);
+  if (cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes))
+    return fail(static_cast<int>(e), "%s: cudaFuncSetAttribute: %s", fn, cudaGetErrorString(e));
+  if (dev < 64) opted[dev].store(true, std::memory_order_relaxed);
+  return 0;
+}
+
 unsigned grid_blocks(int64_t items) {
   // Enough blocks to fill any current GPU many times over; the grid-stride loop covers the rest.
   const int64_t kMaxBlocks = int64_t(1) << 20;

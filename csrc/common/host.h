@@ -4,6 +4,8 @@
 
 #include <stdint.h>
 
+#include <atomic>
+
 namespace tsct {
 
 // Records a thread-local message (printf format) for tsct_last_error_detail() and returns `code`.
@@ -19,6 +21,11 @@ int check_launch(const char* fn);
 
 // a * b * c with overflow (or a negative factor) detected; false on failure.
 bool checked_mul3(int64_t a, int64_t b, int64_t c, int64_t* out);
+
+// The current device gives `kernel` `bytes` of dynamic shared memory per block: checks its opt-in maximum and
+// sets the kernel's attribute once per device (`opted`: the caller's cache of 64 devices; setting it twice
+// from racing threads is harmless). 0, or a CUDA error code with a detail naming `fn`.
+int opt_in_shared_memory(const char* fn, const void* kernel, int bytes, std::atomic<bool>* opted);
 
 constexpr int kThreads = 256;
 // Blocks for a grid-stride loop over `items` (> 0) with kThreads threads per block.

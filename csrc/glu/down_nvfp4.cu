@@ -233,21 +233,8 @@ __device__ __forceinline__ void down_body(const DownParams& p, int e, int row0, 
 extern "C" __global__ void __launch_bounds__(NT, MINB) tsctk_glu_down_fwd_nvfp4(DownParams p) {
   extern __shared__ __align__(128) unsigned char smem[];
   __shared__ int s_e;
-  uint32_t* lut = reinterpret_cast<uint32_t*>(smem + ST * X_STAGE * 2 + 2 * (C_STAGE + S_STAGE));
-  for (int b = threadIdx.x; b < 256; b += NT) lut[b] = scale_pair((uint32_t)b);
-  if (threadIdx.x < 32) {
-    const int e = expert_of_tile(p.cum, p.E, (int)blockIdx.x, threadIdx.x);
-    if (threadIdx.x == 0) s_e = e;
-  }
-  __syncthreads();
-  const int e = s_e;
-  if (e >= p.E) return;
-  const int lo = e ? __ldg(p.offs + e - 1) : 0;
-  const int hi = __ldg(p.offs + e);
-  const int before = e ? __ldg(p.cum + e - 1) : 0;
-  const int row0 = lo + ((int)blockIdx.x - before) * BM;
-  const int R = min(BM, hi - row0);
-  if (R <= 0) return;
+  int e, row0, R;
+  if (!cta_tile<BM>(p.cum, p.offs, p.E, reinterpret_cast<uint32_t*>(smem + ST * X_STAGE * 2 + 2 * (C_STAGE + S_STAGE)), &s_e, e, row0, R)) return;
   // n8 tiles: 4 for up to 32 rows (the common case at ~32 rows per expert), else 8
   if (p.hg) {
     if (R <= 32)
@@ -307,22 +294,8 @@ extern "C" int tsct_glu_down_fwd_nvfp4(const void* x, int64_t x_rows, int64_t st
     return tsct::fail(TSCT_ERR_BAD_ARGUMENT,
                       "%s: x and the codes must be 16-byte aligned, gather_idx 8-byte, the scales, offs, tile_cum and "
                       "fp32 arguments 4-byte", fn);
-  int dev = 0;
-  if (cudaError_t e = cudaGetDevice(&dev))
-    return tsct::fail(static_cast<int>(e), "%s: cudaGetDevice: %s", fn, cudaGetErrorString(e));
-  int optin = 0;
-  if (cudaError_t e = cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev))
-    return tsct::fail(static_cast<int>(e), "%s: cudaDeviceGetAttribute: %s", fn, cudaGetErrorString(e));
-  if (optin < SMEM_BYTES)
-    return tsct::fail(static_cast<int>(cudaErrorInvalidConfiguration),
-                      "%s: needs %d bytes of shared memory per block, device %d allows %d", fn, SMEM_BYTES, dev, optin);
   static std::atomic<bool> opted[64] = {};
-  if (dev >= 64 || !opted[dev].load(std::memory_order_relaxed)) {
-    if (cudaError_t e = cudaFuncSetAttribute(tsctk_glu_down_fwd_nvfp4, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                             SMEM_BYTES))
-      return tsct::fail(static_cast<int>(e), "%s: cudaFuncSetAttribute: %s", fn, cudaGetErrorString(e));
-    if (dev < 64) opted[dev].store(true, std::memory_order_relaxed);
-  }
+  if (int rc = tsct::opt_in_shared_memory(fn, (const void*)tsctk_glu_down_fwd_nvfp4, SMEM_BYTES, opted)) return rc;
   DownParams p;
   p.x = static_cast<const bf16*>(x);
   p.gidx = reinterpret_cast<const long long*>(gather_idx);

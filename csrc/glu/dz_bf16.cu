@@ -460,23 +460,8 @@ extern "C" int tsct_glu_bwd_dz_bf16(const void* grad_out, int64_t grad_rows, int
   if (any & 15)
     return tsct::fail(TSCT_ERR_BAD_ARGUMENT, "%s: grad_out, w_down_t, zw, dz_part and dw_down_t must be 16-byte aligned",
                       fn);
-  int dev = 0;
-  if (cudaError_t e = cudaGetDevice(&dev)) return tsct::fail(static_cast<int>(e), "%s: cudaGetDevice: %s", fn,
-                                                             cudaGetErrorString(e));
-  int optin = 0;
-  if (cudaError_t e = cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev))
-    return tsct::fail(static_cast<int>(e), "%s: cudaDeviceGetAttribute: %s", fn, cudaGetErrorString(e));
-  if (optin < SMEM_BYTES)
-    return tsct::fail(static_cast<int>(cudaErrorInvalidConfiguration),
-                      "%s: needs %d bytes of shared memory per block, device %d allows %d", fn, SMEM_BYTES, dev, optin);
-  // the opt-in is per device; setting it twice (two threads racing) is harmless
   static std::atomic<bool> opted[64] = {};
-  if (dev >= 64 || !opted[dev].load(std::memory_order_relaxed)) {
-    if (cudaError_t e = cudaFuncSetAttribute(tsctk_glu_bwd_dz_bf16, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                             SMEM_BYTES))
-      return tsct::fail(static_cast<int>(e), "%s: cudaFuncSetAttribute: %s", fn, cudaGetErrorString(e));
-    if (dev < 64) opted[dev].store(true, std::memory_order_relaxed);
-  }
+  if (int rc = tsct::opt_in_shared_memory(fn, (const void*)tsctk_glu_bwd_dz_bf16, SMEM_BYTES, opted)) return rc;
   DzParams p;
   p.dy = static_cast<const bf16*>(grad_out);
   p.sidx = reinterpret_cast<const long long*>(scatter_idx);

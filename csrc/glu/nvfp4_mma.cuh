@@ -99,5 +99,28 @@ __device__ inline int expert_of_tile(const int* cum, int E, int pid, int lane) {
   return a + __popc(__ballot_sync(0xffffffffu, pred));
 }
 
+// The row tile of this CTA (rows sorted by expert; tiles of BM rows, `cum` = inclusive tile counts per expert,
+// CTA i runs tile i): e, first row and row count R (0 < R <= BM), or false when the CTA has no tile (the grid is
+// an upper bound). Also fills `lut` (256 words in shared memory) with scale_pair of every UE4M3 byte. Called by
+// all threads of the CTA (one barrier).
+template <int BM>
+__device__ __forceinline__ bool cta_tile(const int* cum, const int* offs, int E, uint32_t* lut, int* s_e, int& e,
+                                         int& row0, int& R) {
+  for (int b = threadIdx.x; b < 256; b += blockDim.x) lut[b] = scale_pair((uint32_t)b);
+  if (threadIdx.x < 32) {
+    const int ex = expert_of_tile(cum, E, (int)blockIdx.x, threadIdx.x);
+    if (threadIdx.x == 0) *s_e = ex;
+  }
+  __syncthreads();
+  e = *s_e;
+  if (e >= E) return false;
+  const int lo = e ? __ldg(offs + e - 1) : 0;
+  const int hi = __ldg(offs + e);
+  const int before = e ? __ldg(cum + e - 1) : 0;
+  row0 = lo + ((int)blockIdx.x - before) * BM;
+  R = min(BM, hi - row0);
+  return R > 0;
+}
+
 }  // namespace nvfp4mma
 }  // namespace tsct

@@ -137,6 +137,21 @@ __device__ __forceinline__ void up_body(const UpParams& p, int e, int row0, int 
 #pragma unroll
   for (int j = 0; j < ST - 1; ++j) issue(j);  // the z copies ride in the first group
 
+  // y of step jj from its staging buffer: 16-byte pieces pj of rows (tid >> 3) + 16 i (whole 128-byte row segments)
+  auto store_y = [&](int jj) {
+    const bf16* yb = ys + (jj & 1) * Y_BUF;
+    const long long c0 = (long long)jj * FN + 8 * pj;
+    if (c0 < ldy) {
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        const int rr = (tid >> 3) + 16 * i;
+        if (rr < R)
+          *reinterpret_cast<uint4*>(p.y + (size_t)(row0 + rr) * ldy + c0) =
+              *reinterpret_cast<const uint4*>(yb + rr * YLD + 8 * pj);
+      }
+    }
+  };
+
   uint32_t zf[NTILE][4][2];  // B registers of the z tile: [n8 tile][mma step]
   for (int j = 0; j < nsteps; ++j) {
     const int st = j % ST;
@@ -157,21 +172,7 @@ __device__ __forceinline__ void up_body(const UpParams& p, int e, int row0, int 
           zf[t][s][1] = v.y;
         }
     }
-    // y of step j - 1: 16-byte pieces tid & 7 of rows (tid >> 3) + 16 i
-    auto store_y = [&](int jj) {
-      const bf16* yb = ys + (jj & 1) * Y_BUF;
-      const long long c0 = (long long)jj * FN + 8 * pj;
-      if (c0 < ldy) {
-#pragma unroll
-        for (int i = 0; i < 4; ++i) {
-          const int rr = (tid >> 3) + 16 * i;
-          if (rr < R)
-            *reinterpret_cast<uint4*>(p.y + (size_t)(row0 + rr) * ldy + c0) =
-                *reinterpret_cast<const uint4*>(yb + rr * YLD + 8 * pj);
-        }
-      }
-    };
-    if (j > 0) store_y(j - 1);
+    if (j > 0) store_y(j - 1);  // step j - 1's staging buffer, complete since the barrier
 
     const uint8_t* cb = cs + st * C_STAGE;
     const uint8_t* sb = ss + st * S_STAGE;
@@ -220,20 +221,7 @@ __device__ __forceinline__ void up_body(const UpParams& p, int e, int row0, int 
   }
   cp_wait<0>();
   __syncthreads();
-  if (nsteps > 0) {
-    const int jj = nsteps - 1;
-    const bf16* yb = ys + (jj & 1) * Y_BUF;
-    const long long c0 = (long long)jj * FN + 8 * pj;
-    if (c0 < ldy) {
-#pragma unroll
-      for (int i = 0; i < 4; ++i) {
-        const int rr = (tid >> 3) + 16 * i;
-        if (rr < R)
-          *reinterpret_cast<uint4*>(p.y + (size_t)(row0 + rr) * ldy + c0) =
-              *reinterpret_cast<const uint4*>(yb + rr * YLD + 8 * pj);
-      }
-    }
-  }
+  if (nsteps > 0) store_y(nsteps - 1);
 }
 
 }  // namespace
@@ -241,21 +229,8 @@ __device__ __forceinline__ void up_body(const UpParams& p, int e, int row0, int 
 extern "C" __global__ void __launch_bounds__(NT, MINB) tsctk_glu_up_fwd_nvfp4(UpParams p) {
   extern __shared__ __align__(128) unsigned char smem[];
   __shared__ int s_e;
-  uint32_t* lut = reinterpret_cast<uint32_t*>(smem + SMEM_BYTES - 256 * 4);
-  for (int b = threadIdx.x; b < 256; b += NT) lut[b] = scale_pair((uint32_t)b);
-  if (threadIdx.x < 32) {
-    const int e = expert_of_tile(p.cum, p.E, (int)blockIdx.x, threadIdx.x);
-    if (threadIdx.x == 0) s_e = e;
-  }
-  __syncthreads();
-  const int e = s_e;
-  if (e >= p.E) return;
-  const int lo = e ? __ldg(p.offs + e - 1) : 0;
-  const int hi = __ldg(p.offs + e);
-  const int before = e ? __ldg(p.cum + e - 1) : 0;
-  const int row0 = lo + ((int)blockIdx.x - before) * BM;
-  const int R = min(BM, hi - row0);
-  if (R <= 0) return;
+  int e, row0, R;
+  if (!cta_tile<BM>(p.cum, p.offs, p.E, reinterpret_cast<uint32_t*>(smem + SMEM_BYTES - 256 * 4), &s_e, e, row0, R)) return;
   if (R <= 32)
     up_body<4>(p, e, row0, R, smem);
   else
@@ -296,22 +271,8 @@ extern "C" int tsct_glu_up_fwd_nvfp4(const void* z, int64_t m, const int32_t* of
     return tsct::fail(TSCT_ERR_BAD_ARGUMENT,
                       "%s: z, the codes and y must be 16-byte aligned, the scales, offs, tile_cum and fp32 arguments "
                       "4-byte", fn);
-  int dev = 0;
-  if (cudaError_t e = cudaGetDevice(&dev))
-    return tsct::fail(static_cast<int>(e), "%s: cudaGetDevice: %s", fn, cudaGetErrorString(e));
-  int optin = 0;
-  if (cudaError_t e = cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev))
-    return tsct::fail(static_cast<int>(e), "%s: cudaDeviceGetAttribute: %s", fn, cudaGetErrorString(e));
-  if (optin < SMEM_BYTES)
-    return tsct::fail(static_cast<int>(cudaErrorInvalidConfiguration),
-                      "%s: needs %d bytes of shared memory per block, device %d allows %d", fn, SMEM_BYTES, dev, optin);
   static std::atomic<bool> opted[64] = {};
-  if (dev >= 64 || !opted[dev].load(std::memory_order_relaxed)) {
-    if (cudaError_t e = cudaFuncSetAttribute(tsctk_glu_up_fwd_nvfp4, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                             SMEM_BYTES))
-      return tsct::fail(static_cast<int>(e), "%s: cudaFuncSetAttribute: %s", fn, cudaGetErrorString(e));
-    if (dev < 64) opted[dev].store(true, std::memory_order_relaxed);
-  }
+  if (int rc = tsct::opt_in_shared_memory(fn, (const void*)tsctk_glu_up_fwd_nvfp4, SMEM_BYTES, opted)) return rc;
   UpParams p;
   p.z = static_cast<const bf16*>(z);
   p.offs = offs;
