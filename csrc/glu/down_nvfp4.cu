@@ -203,8 +203,8 @@ __device__ __forceinline__ void down_body(const DownParams& p, int e, int row0, 
 #pragma unroll
   for (int hh = 0; hh < 2; ++hh) {
     const int n = 16 * warp + g + 8 * hh;
-    const float sgn = p.s_rank[0] ? __ldg(p.s_rank[0] + e * RANK + n) : 1.f;
-    const float sun = p.s_rank[1] ? __ldg(p.s_rank[1] + e * RANK + n) : 1.f;
+    const float sgn = p.s_rank[0] ? __ldg(p.s_rank[0] + (size_t)e * RANK + n) : 1.f;
+    const float sun = p.s_rank[1] ? __ldg(p.s_rank[1] + (size_t)e * RANK + n) : 1.f;
 #pragma unroll
     for (int t = 0; t < NTILE; ++t) {
 #pragma unroll
@@ -273,6 +273,9 @@ extern "C" int tsct_glu_down_fwd_nvfp4(const void* x, int64_t x_rows, int64_t st
                       "need d a positive multiple of 64, stride_x >= d, the others >= 0 and < 2^31)",
                       fn, (long long)x_rows, (long long)stride_x, (long long)d, (long long)m, (long long)num_experts,
                       (long long)max_tiles);
+  if (!gather_idx && x_rows < m)
+    return tsct::fail(TSCT_ERR_BAD_ARGUMENT, "%s: x has %lld rows < m=%lld and no gather_idx", fn, (long long)x_rows,
+                      (long long)m);
   if ((hg == nullptr) != (hu == nullptr))
     return tsct::fail(TSCT_ERR_BAD_ARGUMENT, "%s: hg and hu must be both given or both null", fn);
   if (stride_x % 8)

@@ -3,7 +3,7 @@
 // Entry point tsct_glu_up_fwd_nvfp4 (tsct.h); caller python/tsct/kernels/triton_lowbit/glu.py; measurements
 // bench/notes.md "CUDA low-bit kernels".
 //
-//   y[i, n] = (z[i] @ W_down_hat[e])[n] * row_weight[i]     bf16 [M, ldy]; n in [f, ldy) is written as 0 * rw
+//   y[i, n] = (z[i] @ W_down_hat[e])[n] * row_weight[i]     bf16 [M, ldy]; n in [f, ldy): zero weights (0 if finite)
 //
 // One CTA (4 warps) per row tile of 64 rows of one expert (the tile map of the down kernel). The z tile is read
 // once (into mma B registers: NTILE = 4 n8 tiles of rows, 8 above 32 rows); the CTA then walks f in steps of 64
@@ -251,11 +251,11 @@ extern "C" int tsct_glu_up_fwd_nvfp4(const void* z, int64_t m, const int32_t* of
   static const char* fn = "tsct_glu_up_fwd_nvfp4";
   tsct::clear_error_detail();
   if (r != RANK) return tsct::fail(TSCT_ERR_BAD_ARGUMENT, "%s: r=%lld, only r = 64 is built", fn, (long long)r);
-  if (f <= 0 || m < 0 || num_experts < 0 || max_tiles < 0 || ldy < f || ldy % 8 || f > INT32_MAX || m > INT32_MAX ||
-      num_experts > INT32_MAX || max_tiles > INT32_MAX)
+  if (f <= 0 || m < 0 || num_experts < 0 || max_tiles < 0 || ldy < f || ldy % 8 || ldy > INT32_MAX - FN ||
+      m > INT32_MAX || num_experts > INT32_MAX || max_tiles > INT32_MAX)
     return tsct::fail(TSCT_ERR_BAD_ARGUMENT,
                       "%s: bad sizes (m=%lld, f=%lld, ldy=%lld, num_experts=%lld, max_tiles=%lld; need f >= 1, ldy >= f "
-                      "and a multiple of 8, the others >= 0 and < 2^31)",
+                      "and a multiple of 8, ldy < 2^31 - 64, the others >= 0 and < 2^31)",
                       fn, (long long)m, (long long)f, (long long)ldy, (long long)num_experts, (long long)max_tiles);
   int64_t total;
   if (!tsct::checked_mul3(num_experts, f, 32, &total) || !tsct::checked_mul3(m, ldy, 2, &total))

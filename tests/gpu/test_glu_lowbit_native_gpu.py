@@ -306,6 +306,47 @@ def test_up_bad_arguments():
         native.glu_up_fwd_nvfp4(p["z"], p["offs"], cum, a, torch.empty(8, 42, device=DEV, dtype=torch.bfloat16),
                                 f=40, max_tiles=3)
     with pytest.raises(ValueError, match=r"w_down\[0\]"):
-        native.glu_up_fwd_nvfp4(p["z"], p["offs"], cum, (a[0][:, :39], a[1], a[2]), y, f=40, max_tiles=3)
+        native.glu_up_fwd_nvfp4(p["z"], p["offs"], cum, (a[0][:, :39].contiguous(), a[1], a[2]), y, f=40, max_tiles=3)
     with pytest.raises(TypeError, match="row_weight must have dtype"):
         native.glu_up_fwd_nvfp4(p["z"], p["offs"], cum, a, y, f=40, max_tiles=3, row_weight=p["rw"].double())
+
+
+def _misaligned(t: torch.Tensor, offset: int) -> torch.Tensor:
+    """A contiguous copy of t whose storage starts `offset` bytes into a buffer (a view at an odd offset)."""
+    buf = torch.empty(t.numel() * t.element_size() + 16, dtype=torch.uint8, device=t.device)
+    return buf[offset: offset + t.numel() * t.element_size()].view(t.dtype).view(t.shape).copy_(t)
+
+
+def test_down_edge_layouts():
+    """40 experts (the search's narrowing loop), d = 320 (a partial last code stage), x rows strided past d,
+    scale rows 4 bytes off 16-byte alignment (the 4-byte scale copies), a grid 50 tiles too large."""
+    g = torch.Generator().manual_seed(11)
+    counts = torch.randint(0, 70, (40,), generator=g).tolist()
+    p = make(counts, 320, pad=2, seed=12)
+    wide = torch.randn(p["x"].shape[0], 384, generator=g).bfloat16().to(DEV)
+    wide[:, :320] = p["x"]
+    p["x"] = wide[:, :320]
+    ga, ua = args(p["qg"]), args(p["qu"])
+    ga = (ga[0], _misaligned(ga[1], 4), ga[2])
+    assert ga[1].data_ptr() % 16 == 4
+    cum = G._tile_cum(p["offs"], 64)
+    mv = sum(counts)
+    z, hg, hu = native.glu_down_fwd_nvfp4(p["x"], p["offs"], cum, ga, ua, m=p["m"], max_tiles=-(-p["m"] // 64) + 40 + 50,
+                                          gather_idx=p["gidx"], s_gate=p["sg"], s_up=p["su"], row_weight=p["rw"],
+                                          save=True)
+    rhg, rhu, rz = reference(p, True)
+    assert rel(hg[:mv], rhg) < 1e-4 and rel(hu[:mv], rhu) < 1e-4 and rel(z[:mv], rz) < 1e-2
+
+
+def test_up_edge_layouts():
+    """40 experts, f = 100 written into ldy = 232 (two whole pad steps), a grid 50 tiles too large."""
+    g = torch.Generator().manual_seed(13)
+    counts = torch.randint(0, 70, (40,), generator=g).tolist()
+    p = make_up(counts, 100, 1, True, seed=14)
+    cum = G._tile_cum(p["offs"], 64)
+    y = torch.full((p["m"], 232), float("nan"), device=DEV, dtype=torch.bfloat16)
+    native.glu_up_fwd_nvfp4(p["z"], p["offs"], cum, up_args(p["qd"]), y, f=100,
+                            max_tiles=-(-p["m"] // 64) + 40 + 50, row_weight=p["rw"])
+    mv = p["mv"]
+    assert rel(y[:mv, :100], up_reference(p)) < 1e-2
+    assert (y[:mv, 100:] == 0).all() and torch.isnan(y[mv:].float()).all()

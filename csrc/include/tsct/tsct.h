@@ -134,10 +134,11 @@ TSCT_API int tsct_glu_down_fwd_nvfp4(const void* x, int64_t x_rows, int64_t stri
                                      void* stream);
 
 /* ---- low-bit grouped GLU forward: the up projection with an NVFP4 w_down (csrc/glu/up_nvfp4.cu) ----
- *   y[i, n] = (z[i] @ W_down_hat[e])[n] * row_weight[i]      bf16 [m, ldy], n < f; columns [f, ldy) get 0 * rw
+ *   y[i, n] = (z[i] @ W_down_hat[e])[n] * row_weight[i]      bf16 [m, ldy], n < f; columns [f, ldy) get the same
+ *   product with zero weights ((z[i] . 0) * row_weight[i]: 0 for finite z and row weights)
  * z: bf16 [m, 64] (rows sorted by expert); offs, tile_cum, max_tiles as for tsct_glu_down_fwd_nvfp4 (64-row tiles);
  * w_down [E, 64, f] stored N-major: codes u8 [E, f, 32], scales raw UE4M3 bytes [E, f, 4] (linear), s_enc fp32 [E];
- * row_weight fp32 [m] or NULL (1). y: ldy >= f, a multiple of 8. Rows at or past offs[E-1] are not written. r must be
+ * row_weight fp32 [m] or NULL (1). y: ldy >= f, a multiple of 8, below 2^31 - 64. Rows at or past offs[E-1] are not written. r must be
  * 64; z, the codes and y 16-byte aligned, the rest 4-byte. Needs 36,864 bytes of shared memory per block.
  * Stream-ordered, no host sync. */
 TSCT_API int tsct_glu_up_fwd_nvfp4(const void* z, int64_t m, const int32_t* offs, const int32_t* tile_cum,

@@ -493,9 +493,9 @@ def glu_down_fwd_nvfp4(
     _dtype("x", x, (torch.bfloat16,))
     _dtype("offs", offs, (torch.int32,))
     _dtype("tile_cum", tile_cum, (torch.int32,))
-    if x.dim() != 2 or x.stride(1) != 1 or x.stride(0) % 8 or x.data_ptr() % 16:
-        raise ValueError(f"x must be [rows, d] with unit column stride, a row stride that is a multiple of 8 and a "
-                         f"16-byte aligned start; got shape {list(x.shape)}, strides {list(x.stride())}")
+    if x.dim() != 2 or x.stride(1) != 1 or x.stride(0) % 8 or x.stride(0) < x.shape[1] or x.data_ptr() % 16:
+        raise ValueError(f"x must be [rows, d] with unit column stride, a row stride >= d that is a multiple of 8 and "
+                         f"a 16-byte aligned start; got shape {list(x.shape)}, strides {list(x.stride())}")
     e, d = offs.shape[0], x.shape[1]
     if d % 64 or d == 0:
         raise ValueError(f"x's d = {d} must be a positive multiple of 64")
@@ -529,6 +529,8 @@ def glu_down_fwd_nvfp4(
         z, hg, hu = out
         for name, t, dt in (("out[0]", z, torch.bfloat16), ("out[1]", hg, torch.float32),
                             ("out[2]", hu, torch.float32)):
+            if name == "out[0]" and t is None:
+                raise ValueError("out[0] (z) must be a tensor")
             if name != "out[0]" and (t is None) == save:
                 raise ValueError(f"{name} must be {'a tensor' if save else 'None'} with save={save}")
             if t is not None:
@@ -562,7 +564,8 @@ def glu_up_fwd_nvfp4(
     """The low-bit grouped GLU's up projection with an NVFP4 w_down (``tsct_glu_up_fwd_nvfp4``,
     csrc/glu/up_nvfp4.cu): for routed row i of expert e, ``y[i, :f] = (z[i] @ W_down_hat[e]) * row_weight[i]``
     with W_hat = e2m1 * sf / s_enc (docs/decisions/0002-nvfp4-recipe.md); bf16 mma.sync, fp32 accumulation,
-    one bf16 rounding. Columns [f, ldy) of y get ``0 * row_weight[i]`` (zeros for finite weights).
+    one bf16 rounding. Columns [f, ldy) of y get the product with zero weights, ``(z[i] . 0) * row_weight[i]``
+    (zeros unless z[i] or row_weight[i] holds an inf or NaN).
 
     Args:
         z: bfloat16 [m, 64] contiguous, 16-byte aligned (rows sorted by expert).

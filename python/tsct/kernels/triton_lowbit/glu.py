@@ -139,12 +139,15 @@ def _aligned(x: Tensor, d: int, r: int, *packed: list) -> bool:
     return G._aligned(d, r, x.stride(0), x, *[t for p in packed for t in p if isinstance(t, Tensor)])
 
 
-def _native_down(cfg, fg: int, fu: int, x: Tensor, r: int, d: int) -> bool:
+def _native_down(cfg, fg: int, fu: int, x: Tensor, r: int, d: int, packed: list) -> bool:
     """Whether lowbit_down_fwd runs as the CUDA kernel (csrc/glu/down_nvfp4.cu): enabled for the arch
     (``Config.down_native_lb``), NVFP4 w_gate and w_up, bf16 x with 16-byte aligned rows, r = 64,
-    d % 64 == 0, on a GPU with the native library loaded and the kernel's shared memory."""
+    d % 64 == 0, the packed storage (``packed``: both factors' [codes, scales, s_enc]) 4-byte aligned (the
+    codes are 16-byte aligned by ``_factor_args``), on a GPU with the native library loaded and the kernel's
+    shared memory."""
     if not (cfg.down_native_lb and fg == NVFP4 and fu == NVFP4 and r == 64 and d % 64 == 0 and x.is_cuda
-            and x.dtype == torch.bfloat16 and x.stride(0) % 8 == 0 and x.data_ptr() % 16 == 0):
+            and x.dtype == torch.bfloat16 and x.stride(0) % 8 == 0 and x.stride(0) >= d and x.data_ptr() % 16 == 0
+            and all(t.data_ptr() % 4 == 0 for t in packed)):
         return False
     from tsct import native
 
@@ -159,7 +162,7 @@ def _down(x, gidx, offs, cum, max_tiles, fg, pg, fu, pu, sg, su, rw, z, hg, hu, 
     ``rw``): the CUDA kernel where ``_native_down`` allows, else the Triton kernel ``lowbit_down_fwd``.
     ``cum`` / ``max_tiles``: the tile map of ``cfg.bm`` rows (the CUDA kernel's tiles are 64 rows)."""
     e, r, d = offs.shape[0], z.shape[1], x.shape[1]
-    if _native_down(cfg, fg, fu, x, r, d):
+    if _native_down(cfg, fg, fu, x, r, d, [*pg, *pu]):
         from tsct import native
 
         if cfg.bm != native.GLU_DOWN_TILE:
@@ -177,12 +180,14 @@ def _down(x, gidx, offs, cum, max_tiles, fg, pg, fu, pu, sg, su, rw, z, hg, hu, 
             WARPS_DECODE, cfg.stages_down_lb, aligned, cap, x.device)
 
 
-def _native_up(cfg, fd: int, z: Tensor, y: Tensor, r: int) -> bool:
+def _native_up(cfg, fd: int, z: Tensor, y: Tensor, r: int, packed: list) -> bool:
     """Whether lowbit_up_fwd runs as the CUDA kernel (csrc/glu/up_nvfp4.cu): enabled for the arch
     (``Config.up_native_lb``), NVFP4 w_down, r = 64, bf16 z, y rows 16-byte aligned (the padded y of the
-    combine, or f % 8 == 0), on a GPU with the native library and the kernel's shared memory."""
+    combine, or f % 8 == 0), w_down's packed storage 4-byte aligned, on a GPU with the native library and
+    the kernel's shared memory."""
     if not (cfg.up_native_lb and fd == NVFP4 and r == 64 and z.is_cuda and z.dtype == torch.bfloat16
-            and y.shape[1] % 8 == 0 and y.data_ptr() % 16 == 0 and z.data_ptr() % 16 == 0):
+            and y.shape[1] % 8 == 0 and y.data_ptr() % 16 == 0 and z.data_ptr() % 16 == 0
+            and all(t.data_ptr() % 4 == 0 for t in packed)):
         return False
     from tsct import native
 
@@ -197,7 +202,7 @@ def _up(z, offs, cum, max_tiles, fd, pd, rw, y, f, m, cfg, aligned, cap, pad: bo
     be written): the CUDA kernel where ``_native_up`` allows, else the Triton kernel ``lowbit_up_fwd``.
     ``rw`` (fp32 or None) multiplies each row; ``cum`` / ``max_tiles``: the tile map of ``cfg.bm`` rows."""
     e, r = offs.shape[0], z.shape[1]
-    if _native_up(cfg, fd, z, y, r):
+    if _native_up(cfg, fd, z, y, r, pd):
         from tsct import native
 
         if cfg.bm != native.GLU_DOWN_TILE:
