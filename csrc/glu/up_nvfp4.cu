@@ -1,4 +1,4 @@
-// glu_up_fwd for an NVFP4 w_down, bf16 z, r = 64: the low-bit grouped GLU's up projection into a padded y, in
+// glu_up_fwd for an NVFP4 or sign w_down (kernels tsctk_glu_up_fwd_{nvfp4,sign}), bf16 z, r = 64: the low-bit grouped GLU's up projection into a padded y, in
 // CUDA C++ (the Triton kernel lowbit_up_fwd is latency-bound on the H200: ncu DRAM 37 %, 17 % occupancy).
 // Entry point tsct_glu_up_fwd_nvfp4 (tsct.h); caller python/tsct/kernels/triton_lowbit/glu.py; measurements
 // bench/notes.md "CUDA low-bit kernels".

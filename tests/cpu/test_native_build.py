@@ -485,6 +485,8 @@ def test_c_entry_points_reject_bad_arguments(lib):
     assert lib.tsct_glu_bwd_dz_bf16(None, 0, 100, None, None, 0, 0, None, None, 64, 1, None, None, None) == 0
     assert lib.tsct_glu_down_fwd_nvfp4(None, 0, 64, P, None, None, 2, 0, 64, 64, *([None] * 12), 3, None) == 0
     assert lib.tsct_glu_up_fwd_nvfp4(None, 0, None, None, 2, 40, 64, None, None, None, None, None, 40, 3, None) == 0
+    assert lib.tsct_glu_down_fwd_sign(None, 0, 64, P, None, None, 2, 0, 64, 64, *([None] * 12), 3, None) == 0
+    assert lib.tsct_glu_up_fwd_sign(None, 0, None, None, 2, 40, 64, None, None, None, None, None, 40, 3, None) == 0
     assert _detail(lib) == ""
     if not torch.cuda.is_available():
         # no rows of grad_out and no routed rows are valid arguments (dW of every expert is zeroed): they pass

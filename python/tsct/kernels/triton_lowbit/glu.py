@@ -143,16 +143,20 @@ def _aligned(x: Tensor, d: int, r: int, *packed: list) -> bool:
 _NATIVE_ALIGN = {NVFP4: (16, 4, 4), SIGN: (8, 16, 4)}
 
 
-def _native_packed(fmt: int, *packed: list) -> bool:
-    return fmt in _NATIVE_ALIGN and all(t.data_ptr() % a == 0 for p in packed for t, a in zip(p, _NATIVE_ALIGN[fmt]))
+def _native_packed(cfg, fmt: int, *packed: list) -> bool:
+    """The CUDA kernels take this format on this arch (sign only with ``Config.sign_native_lb``) and its packed
+    storage is aligned as they read it."""
+    if fmt not in _NATIVE_ALIGN or (fmt == SIGN and not cfg.sign_native_lb):
+        return False
+    return all(t.data_ptr() % a == 0 for p in packed for t, a in zip(p, _NATIVE_ALIGN[fmt]))
 
 
 def _native_down(cfg, fg: int, fu: int, x: Tensor, r: int, d: int, pg: list, pu: list) -> bool:
     """Whether lowbit_down_fwd runs as the CUDA kernel (csrc/glu/down_nvfp4.cu): enabled for the arch
-    (``Config.down_native_lb``), w_gate and w_up both NVFP4 or both sign with their packed storage aligned as
+    (``Config.down_native_lb``), w_gate and w_up both NVFP4 (or both sign: ``Config.sign_native_lb``) with their packed storage aligned as
     the kernel reads it, bf16 x with 16-byte aligned rows, r = 64, d % 64 == 0, on a GPU with the native
     library loaded and the kernel's shared memory."""
-    if not (cfg.down_native_lb and fg == fu and _native_packed(fg, pg, pu) and r == 64 and d % 64 == 0 and x.is_cuda
+    if not (cfg.down_native_lb and fg == fu and _native_packed(cfg, fg, pg, pu) and r == 64 and d % 64 == 0 and x.is_cuda
             and x.dtype == torch.bfloat16 and x.stride(0) % 8 == 0 and x.stride(0) >= d and x.data_ptr() % 16 == 0):
         return False
     from tsct import native
@@ -192,7 +196,7 @@ def _native_up(cfg, fd: int, z: Tensor, y: Tensor, r: int, pd: list) -> bool:
     (``Config.up_native_lb``), an NVFP4 or sign w_down with its packed storage aligned as the kernel reads it,
     r = 64, bf16 z, y rows 16-byte aligned (the padded y of the combine, or f % 8 == 0), on a GPU with the
     native library and the kernel's shared memory."""
-    if not (cfg.up_native_lb and _native_packed(fd, pd) and r == 64 and z.is_cuda and z.dtype == torch.bfloat16
+    if not (cfg.up_native_lb and _native_packed(cfg, fd, pd) and r == 64 and z.is_cuda and z.dtype == torch.bfloat16
             and y.shape[1] % 8 == 0 and y.data_ptr() % 16 == 0 and z.data_ptr() % 16 == 0):
         return False
     from tsct import native
