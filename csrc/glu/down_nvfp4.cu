@@ -1,4 +1,5 @@
-// glu_down_fwd for NVFP4 w_gate / w_up, bf16 x, r = 64: the low-bit grouped GLU's down projection with the
+// glu_down_fwd for NVFP4 or sign w_gate / w_up (both the same format; kernels tsctk_glu_down_fwd_{nvfp4,sign}), bf16
+// x, r = 64: the low-bit grouped GLU's down projection with the
 // GLU in its epilogue, in CUDA C++. The Triton kernel (triton_lowbit lowbit_down_fwd) is latency-bound on
 // the H200 (ncu: DRAM 23 %, 25 % occupancy): its decoded tiles pass through shared memory to reach the
 // wgmma operand layout and each step waits on its own wgmma. Here the codes are decoded straight into
@@ -51,9 +52,11 @@ struct DownParams {
   const long long* gidx;  // [M] or null
   const int* offs;        // [E]
   const int* cum;         // [E] inclusive row-tile counts (tiles of BM rows)
-  const uint8_t* codes[2];   // gate, up: [E, 64, d/2]
-  const uint8_t* scales[2];  // [E, 64, d/16] UE4M3 bytes, linear
-  const float* s_enc[2];     // [E]
+  // gate, up. NVFP4: codes [E, 64, d/2], UE4M3 block scales [E, 64, d/16] (linear), s_enc [E].
+  // sign: bits [E, 64, d/8] (as codes), a fp32 [E, d] (as scales), b fp32 [E, 64] (as s_enc).
+  const uint8_t* codes[2];
+  const uint8_t* scales[2];
+  const float* s_enc[2];
   const float* s_rank[2];    // s_gate, s_up fp32 [E, 64] or null
   const float* rw;           // [M] or null (multiplies z; the BWD mode's z * row_weight)
   bf16* z;
@@ -68,11 +71,11 @@ constexpr int C_STAGE = 2 * RANK * CQ * KC / 2;    // code bytes: 128 rows x 128
 constexpr int S_STAGE = 2 * RANK * CQ * KC / 16;   // scale bytes: 128 rows x 16 B
 constexpr int SMEM_BYTES = ST * X_STAGE * 2 + 2 * (C_STAGE + S_STAGE) + 256 * 4;
 
-template <bool BWD, int NTILE>
+template <int FMT, bool BWD, int NTILE>
 __device__ __forceinline__ void down_body(const DownParams& p, int e, int row0, int R, unsigned char* smem) {
   bf16* xs = reinterpret_cast<bf16*>(smem);                                     // [ST][BM][KC], swizzled
-  uint8_t* cs = reinterpret_cast<uint8_t*>(xs + ST * X_STAGE);                  // [2][128][CQ * 32], swizzled
-  uint8_t* ss = cs + 2 * C_STAGE;                                               // [2][128][CQ * 4]
+  uint8_t* cs = reinterpret_cast<uint8_t*>(xs + ST * X_STAGE);  // [2][128][CQ * 32] swizzled; sign: [2][128][CQ * 8]
+  uint8_t* ss = cs + 2 * C_STAGE;                                // [2][128][CQ * 4]; sign: a [2][2 factors][CQ * 64] f32
   const uint32_t* lut = reinterpret_cast<const uint32_t*>(ss + 2 * S_STAGE);    // [256]
 
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
@@ -93,7 +96,8 @@ __device__ __forceinline__ void down_body(const DownParams& p, int e, int row0, 
   }
   // code copies: 16-byte piece xj of code rows (tid >> 3) + 16 i (a code stage row is CQ chunks = 128 bytes);
   // scale copies: code row tid
-  const size_t crow_bytes = (size_t)(d / 2), srow_bytes = (size_t)(d / 16);
+  constexpr bool SIGN = FMT == kSign;
+  const size_t crow_bytes = (size_t)(SIGN ? d / 8 : d / 2), srow_bytes = (size_t)(d / 16);
   auto code_row = [&](int row) {
     return p.codes[row >> 6] + ((size_t)e * RANK + (row & 63)) * crow_bytes;
   };
@@ -103,24 +107,43 @@ __device__ __forceinline__ void down_body(const DownParams& p, int e, int row0, 
   auto issue_codes = [&](int q) {  // code stage q (chunks CQ q .. CQ q + CQ - 1) into buffer q % 2
     if (q >= nq) return;
     uint8_t* cb = cs + (q & 1) * C_STAGE;
+    if constexpr (SIGN) {
+      // bits: 8-byte piece tid & 3 (one chunk) of rows (tid >> 2) + 32 i; a: 16-byte piece tid & 63 of factor tid >> 6
 #pragma unroll
-    for (int i = 0; i < 8; ++i) {
-      const int row = (tid >> 3) + 16 * i;
-      const int chunk = CQ * q + (xj >> 1);
-      const uint32_t dst = smem_u32(cb + row * (CQ * 32) + 32 * ((xj >> 1) ^ (row & 3)) + 16 * (xj & 1));
-      if (chunk < nk)
-        cp_async16(dst, code_row(row) + (size_t)chunk * 32 + 16 * (xj & 1), 16);
-      else
-        cp_async16(dst, p.codes[0], 0);
-    }
-    uint8_t* sb = ss + (q & 1) * S_STAGE + tid * (CQ * 4);
-    const int nbytes = min(CQ, nk - CQ * q) * 4;
-    if (s16) {
-      cp_async16(smem_u32(sb), ssrc + (size_t)q * CQ * 4, nbytes);
-    } else {
-      for (int b = 0; b < nbytes; b += 4) cp_async4(smem_u32(sb + b), ssrc + (size_t)q * CQ * 4 + b);
+      for (int i = 0; i < 4; ++i) {
+        const int row = (tid >> 2) + 32 * i, chunk = CQ * q + (tid & 3);
+        const uint32_t dst = smem_u32(cb + row * (CQ * 8) + 8 * (tid & 3));
+        if (chunk < nk)
+          cp_async8(dst, code_row(row) + (size_t)chunk * 8, 8);
+        else
+          cp_async8(dst, p.codes[0], 0);
+      }
+      const int chunk = CQ * q + (tid & 63) / 16;
+      const uint32_t dst = smem_u32(ss + (q & 1) * S_STAGE + (tid >> 6) * (CQ * 256) + 16 * (tid & 63));
+      const float* asrc = reinterpret_cast<const float*>(p.scales[tid >> 6]) + (size_t)e * d + (size_t)q * CQ * 64 +
+                          4 * (tid & 63);
+      cp_async16(dst, chunk < nk ? (const void*)asrc : (const void*)p.scales[0], chunk < nk ? 16 : 0);
+    } else {  // NVFP4: codes as 16-byte pieces xj of rows (tid >> 3) + 16 i (swizzled), scales of row tid
+#pragma unroll
+      for (int i = 0; i < 8; ++i) {
+        const int row = (tid >> 3) + 16 * i;
+        const int chunk = CQ * q + (xj >> 1);
+        const uint32_t dst = smem_u32(cb + row * (CQ * 32) + 32 * ((xj >> 1) ^ (row & 3)) + 16 * (xj & 1));
+        if (chunk < nk)
+          cp_async16(dst, code_row(row) + (size_t)chunk * 32 + 16 * (xj & 1), 16);
+        else
+          cp_async16(dst, p.codes[0], 0);
+      }
+      uint8_t* sb = ss + (q & 1) * S_STAGE + tid * (CQ * 4);
+      const int nbytes = min(CQ, nk - CQ * q) * 4;
+      if (s16) {
+        cp_async16(smem_u32(sb), ssrc + (size_t)q * CQ * 4, nbytes);
+      } else {
+        for (int b = 0; b < nbytes; b += 4) cp_async4(smem_u32(sb + b), ssrc + (size_t)q * CQ * 4 + b);
+      }
     }
   };
+
   auto issue_x = [&](int kc) {  // x chunk kc into stage kc % ST (swizzled pieces, nvfp4_mma.cuh)
     if (kc >= nk) return;
     unsigned char* xb = reinterpret_cast<unsigned char*>(xs + (kc % ST) * X_STAGE);
@@ -168,22 +191,36 @@ __device__ __forceinline__ void down_body(const DownParams& p, int e, int row0, 
     const uint8_t* cb = cs + ((kc / CQ) & 1) * C_STAGE;
     const uint8_t* sb = ss + ((kc / CQ) & 1) * S_STAGE;
     const int u = kc % CQ;
+    // NVFP4: code words w and scale pairs sp of rows g, g + 8 of both factors; sign: spread sign bits in w[.][.].x
+    // and the a pairs of both factors
     uint2 w[2][2];
     uint32_t sp[2][2];
+    uint32_t ap[SIGN ? 2 : 1][8];
 #pragma unroll
-    for (int f = 0; f < 2; ++f)
+    for (int f = 0; f < 2; ++f) {
+      if (SIGN) a_pairs(reinterpret_cast<const float*>(sb + f * (CQ * 256)) + 64 * u + 16 * c, ap[SIGN ? f : 0]);
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
         const int row = 64 * f + 16 * warp + g + 8 * h;
-        w[f][h] = *reinterpret_cast<const uint2*>(cb + row * (CQ * 32) + 32 * (u ^ (row & 3)) + 8 * c);
-        sp[f][h] = lut[sb[row * (CQ * 4) + 4 * u + c]];
+        if (SIGN) {
+          w[f][h].x = sign_spread(*reinterpret_cast<const uint16_t*>(cb + row * (CQ * 8) + 8 * u + 2 * c));
+        } else {
+          w[f][h] = *reinterpret_cast<const uint2*>(cb + row * (CQ * 32) + 32 * (u ^ (row & 3)) + 8 * c);
+          sp[f][h] = lut[sb[row * (CQ * 4) + 4 * u + c]];
+        }
       }
+    }
     const unsigned char* xb = reinterpret_cast<const unsigned char*>(xs + st * X_STAGE);
     auto step = [&](auto S) {
       constexpr int s = decltype(S)::value;
       uint32_t a[2][4];  // mma A registers of step s, gate and up
-      a_step<s>(w[0][0], w[0][1], sp[0][0], sp[0][1], a[0]);
-      a_step<s>(w[1][0], w[1][1], sp[1][0], sp[1][1], a[1]);
+      if (SIGN) {
+        a_step_sign<s>(w[0][0].x, w[0][1].x, ap[0], a[0]);
+        a_step_sign<s>(w[1][0].x, w[1][1].x, ap[SIGN ? 1 : 0], a[1]);
+      } else {
+        a_step<s>(w[0][0], w[0][1], sp[0][0], sp[0][1], a[0]);
+        a_step<s>(w[1][0], w[1][1], sp[1][0], sp[1][1], a[1]);
+      }
 #pragma unroll
       for (int t = 0; t < NTILE; ++t) {
         const uint2 xv = *reinterpret_cast<const uint2*>(xb + t * 8 * (KC * 2) + bt_frag(g, c, s));
@@ -199,10 +236,13 @@ __device__ __forceinline__ void down_body(const DownParams& p, int e, int row0, 
   cp_wait<0>();
 
   // epilogue: acc[f][t][i] is (rank 16 warp + g + 8 (i >> 1), tile row 8 t + 2 c + (i & 1))
-  const float inv_g = 256.f / __ldg(p.s_enc[0] + e), inv_u = 256.f / __ldg(p.s_enc[1] + e);
+  // NVFP4: 2^8 / s_enc per expert (the decode's 2^-8 and the second-level scale); sign: b[n] per rank
+  const float inv_g = SIGN ? 0.f : 256.f / __ldg(p.s_enc[0] + e), inv_u = SIGN ? 0.f : 256.f / __ldg(p.s_enc[1] + e);
 #pragma unroll
   for (int hh = 0; hh < 2; ++hh) {
     const int n = 16 * warp + g + 8 * hh;
+    const float cg = SIGN ? __ldg(p.s_enc[0] + (size_t)e * RANK + n) : inv_g;
+    const float cu = SIGN ? __ldg(p.s_enc[1] + (size_t)e * RANK + n) : inv_u;
     const float sgn = p.s_rank[0] ? __ldg(p.s_rank[0] + (size_t)e * RANK + n) : 1.f;
     const float sun = p.s_rank[1] ? __ldg(p.s_rank[1] + (size_t)e * RANK + n) : 1.f;
 #pragma unroll
@@ -212,7 +252,7 @@ __device__ __forceinline__ void down_body(const DownParams& p, int e, int row0, 
         const int m = 8 * t + 2 * c + lo;
         if (m < R) {
           const long long row = row0 + m;
-          const float hgv = acc[0][t][2 * hh + lo] * inv_g, huv = acc[1][t][2 * hh + lo] * inv_u;
+          const float hgv = acc[0][t][2 * hh + lo] * cg, huv = acc[1][t][2 * hh + lo] * cu;
           if (BWD) {
             p.hg[row * RANK + n] = hgv;
             p.hu[row * RANK + n] = huv;
@@ -230,40 +270,55 @@ __device__ __forceinline__ void down_body(const DownParams& p, int e, int row0, 
 
 }  // namespace
 
-extern "C" __global__ void __launch_bounds__(NT, MINB) tsctk_glu_down_fwd_nvfp4(DownParams p) {
-  extern __shared__ __align__(128) unsigned char smem[];
+namespace {
+
+template <int FMT>
+__device__ __forceinline__ void down_kernel(const DownParams& p, unsigned char* smem) {
   __shared__ int s_e;
   int e, row0, R;
   if (!cta_tile<BM>(p.cum, p.offs, p.E, reinterpret_cast<uint32_t*>(smem + ST * X_STAGE * 2 + 2 * (C_STAGE + S_STAGE)), &s_e, e, row0, R)) return;
   // n8 tiles: 4 for up to 32 rows (the common case at ~32 rows per expert), else 8
   if (p.hg) {
     if (R <= 32)
-      down_body<true, 4>(p, e, row0, R, smem);
+      down_body<FMT, true, 4>(p, e, row0, R, smem);
     else
-      down_body<true, 8>(p, e, row0, R, smem);
+      down_body<FMT, true, 8>(p, e, row0, R, smem);
   } else {
     if (R <= 32)
-      down_body<false, 4>(p, e, row0, R, smem);
+      down_body<FMT, false, 4>(p, e, row0, R, smem);
     else
-      down_body<false, 8>(p, e, row0, R, smem);
+      down_body<FMT, false, 8>(p, e, row0, R, smem);
   }
+}
+
+}  // namespace
+
+extern "C" __global__ void __launch_bounds__(NT, MINB) tsctk_glu_down_fwd_nvfp4(DownParams p) {
+  extern __shared__ __align__(128) unsigned char smem[];
+  down_kernel<kNvfp4>(p, smem);
+}
+
+extern "C" __global__ void __launch_bounds__(NT, MINB) tsctk_glu_down_fwd_sign(DownParams p) {
+  extern __shared__ __align__(128) unsigned char smem[];
+  down_kernel<kSign>(p, smem);
 }
 
 namespace tsct {
 const KernelEntry kGluLowbitKernels[] = {
     {"tsctk_glu_down_fwd_nvfp4", (const void*)tsctk_glu_down_fwd_nvfp4},
+    {"tsctk_glu_down_fwd_sign", (const void*)tsctk_glu_down_fwd_sign},
     {nullptr, nullptr},
 };
 }  // namespace tsct
 
-extern "C" int tsct_glu_down_fwd_nvfp4(const void* x, int64_t x_rows, int64_t stride_x, const int64_t* gather_idx,
-                                       const int32_t* offs, const int32_t* tile_cum, int64_t num_experts, int64_t m,
-                                       int64_t d, int64_t r, const void* gate_codes, const void* gate_scales,
-                                       const float* gate_s_enc, const void* up_codes, const void* up_scales,
-                                       const float* up_s_enc, const float* s_gate, const float* s_up,
-                                       const float* row_weight, void* z, float* hg, float* hu, int64_t max_tiles,
-                                       void* stream) {
-  static const char* fn = "tsct_glu_down_fwd_nvfp4";
+// The two C entries: the same checks and launch; the formats differ in what the three pointers per factor hold and
+// in their alignment (NVFP4: codes 16-byte, scales and s_enc 4-byte; sign: bits 8-byte, a 16-byte, b 4-byte).
+static int down_entry(int fmt, const char* fn, const void* x, int64_t x_rows, int64_t stride_x,
+                      const int64_t* gather_idx, const int32_t* offs, const int32_t* tile_cum, int64_t num_experts,
+                      int64_t m, int64_t d, int64_t r, const void* gate_codes, const void* gate_scales,
+                      const float* gate_s_enc, const void* up_codes, const void* up_scales, const float* up_s_enc,
+                      const float* s_gate, const float* s_up, const float* row_weight, void* z, float* hg, float* hu,
+                      int64_t max_tiles, void* stream) {
   tsct::clear_error_detail();
   if (r != RANK) return tsct::fail(TSCT_ERR_BAD_ARGUMENT, "%s: r=%lld, only r = 64 is built", fn, (long long)r);
   if (d <= 0 || d % KC || x_rows < 0 || m < 0 || num_experts < 0 || max_tiles < 0 || d > INT32_MAX ||
@@ -289,16 +344,21 @@ extern "C" int tsct_glu_down_fwd_nvfp4(const void* x, int64_t x_rows, int64_t st
       !up_s_enc || !z)
     return tsct::fail(TSCT_ERR_BAD_ARGUMENT, "%s: null pointer (x, offs, tile_cum, codes, scales, s_enc and z are "
                       "required)", fn);
-  const uintptr_t a16 = (uintptr_t)x | (uintptr_t)gate_codes | (uintptr_t)up_codes;
-  const uintptr_t a4 = (uintptr_t)gate_scales | (uintptr_t)up_scales | (uintptr_t)offs | (uintptr_t)tile_cum |
-                       (uintptr_t)gate_s_enc | (uintptr_t)up_s_enc | (uintptr_t)s_gate | (uintptr_t)s_up |
-                       (uintptr_t)row_weight | (uintptr_t)hg | (uintptr_t)hu;
-  if ((a16 & 15) || (a4 & 3) || ((uintptr_t)gather_idx & 7) || ((uintptr_t)z & 1))
+  const bool sign = fmt == kSign;
+  const uintptr_t codes = (uintptr_t)gate_codes | (uintptr_t)up_codes, scales = (uintptr_t)gate_scales |
+                                                                                (uintptr_t)up_scales;
+  const uintptr_t a4 = (uintptr_t)offs | (uintptr_t)tile_cum | (uintptr_t)gate_s_enc | (uintptr_t)up_s_enc |
+                       (uintptr_t)s_gate | (uintptr_t)s_up | (uintptr_t)row_weight | (uintptr_t)hg | (uintptr_t)hu;
+  if (((uintptr_t)x & 15) || (codes & (sign ? 7 : 15)) || (scales & (sign ? 15 : 3)) || (a4 & 3) ||
+      ((uintptr_t)gather_idx & 7) || ((uintptr_t)z & 1))
     return tsct::fail(TSCT_ERR_BAD_ARGUMENT,
-                      "%s: x and the codes must be 16-byte aligned, gather_idx 8-byte, the scales, offs, tile_cum and "
-                      "fp32 arguments 4-byte", fn);
-  static std::atomic<bool> opted[64] = {};
-  if (int rc = tsct::opt_in_shared_memory(fn, (const void*)tsctk_glu_down_fwd_nvfp4, SMEM_BYTES, opted)) return rc;
+                      sign ? "%s: x and a must be 16-byte aligned, the bits and gather_idx 8-byte, b, offs, tile_cum and "
+                             "the other fp32 arguments 4-byte"
+                           : "%s: x and the codes must be 16-byte aligned, gather_idx 8-byte, the scales, offs, tile_cum "
+                             "and fp32 arguments 4-byte", fn);
+  const void* kernel = sign ? (const void*)tsctk_glu_down_fwd_sign : (const void*)tsctk_glu_down_fwd_nvfp4;
+  static std::atomic<bool> opted[2][64] = {};
+  if (int rc = tsct::opt_in_shared_memory(fn, kernel, SMEM_BYTES, opted[sign])) return rc;
   DownParams p;
   p.x = static_cast<const bf16*>(x);
   p.gidx = reinterpret_cast<const long long*>(gather_idx);
@@ -319,7 +379,22 @@ extern "C" int tsct_glu_down_fwd_nvfp4(const void* x, int64_t x_rows, int64_t st
   p.stride_x = stride_x;
   p.E = static_cast<int>(num_experts);
   p.d = static_cast<int>(d);
-  tsctk_glu_down_fwd_nvfp4<<<static_cast<unsigned>(max_tiles), NT, SMEM_BYTES, static_cast<cudaStream_t>(stream)>>>(
-      p);
+  if (sign)
+    tsctk_glu_down_fwd_sign<<<static_cast<unsigned>(max_tiles), NT, SMEM_BYTES, static_cast<cudaStream_t>(stream)>>>(p);
+  else
+    tsctk_glu_down_fwd_nvfp4<<<static_cast<unsigned>(max_tiles), NT, SMEM_BYTES, static_cast<cudaStream_t>(stream)>>>(
+        p);
   return tsct::check_launch(fn);
 }
+
+#define TSCT_DOWN_ENTRY(NAME, FMT)                                                                                     \
+  extern "C" int NAME(const void* x, int64_t x_rows, int64_t stride_x, const int64_t* gather_idx, const int32_t* offs, \
+                      const int32_t* tile_cum, int64_t num_experts, int64_t m, int64_t d, int64_t r, const void* gc,   \
+                      const void* gs, const float* ge, const void* uc, const void* us, const float* ue,                \
+                      const float* s_gate, const float* s_up, const float* row_weight, void* z, float* hg, float* hu,  \
+                      int64_t max_tiles, void* stream) {                                                               \
+    return down_entry(FMT, #NAME, x, x_rows, stride_x, gather_idx, offs, tile_cum, num_experts, m, d, r, gc, gs, ge,   \
+                      uc, us, ue, s_gate, s_up, row_weight, z, hg, hu, max_tiles, stream);                             \
+  }
+TSCT_DOWN_ENTRY(tsct_glu_down_fwd_nvfp4, kNvfp4)
+TSCT_DOWN_ENTRY(tsct_glu_down_fwd_sign, kSign)

@@ -67,6 +67,47 @@ __device__ __forceinline__ void a_step(uint2 w0, uint2 w1, uint32_t s0, uint32_t
   a[3] = hmul2_bf16(S % 2 == 0 ? e2m1_pair<1>(v1) : e2m1_pair<3>(v1), s1);
 }
 
+// Sign factors (docs/formats.md: bit k % 8 of byte k / 8, LSB first, 1 = negative; W = (+-a[k]) b[n]) decode the
+// same way: the A registers are bf16 pairs of a[k] in the pair order above (a_pairs), their signs flipped by the
+// lane's 16 sign bits. sign_spread puts bit j + 4 of each byte 16 bits above bit j, so one shift and mask moves the
+// signs of a pair to bits 15 and 31 (sign_pair). +-bf16(a) is the Triton path's rounding of +-a.
+__device__ __forceinline__ uint32_t sign_spread(uint32_t s) { return s | (s << 12); }
+
+template <int P>  // 0..7: elements (P, P + 4) of the lane's 16 for P < 4, else (P + 4, P + 8)
+__device__ __forceinline__ uint32_t sign_pair(uint32_t s2, uint32_t apair) {
+  return ((s2 << (P < 4 ? 15 - P : 11 - P)) & 0x80008000u) ^ apair;
+}
+
+// The 8 bf16 pairs of a[0..15] (fp32, 16-byte aligned) in pair order.
+__device__ __forceinline__ void a_pairs(const float* a, uint32_t* ap) {
+  const float4 v0 = reinterpret_cast<const float4*>(a)[0], v1 = reinterpret_cast<const float4*>(a)[1];
+  const float4 v2 = reinterpret_cast<const float4*>(a)[2], v3 = reinterpret_cast<const float4*>(a)[3];
+  ap[0] = tsct::sm80::pack_bf16(v0.x, v1.x);
+  ap[1] = tsct::sm80::pack_bf16(v0.y, v1.y);
+  ap[2] = tsct::sm80::pack_bf16(v0.z, v1.z);
+  ap[3] = tsct::sm80::pack_bf16(v0.w, v1.w);
+  ap[4] = tsct::sm80::pack_bf16(v2.x, v3.x);
+  ap[5] = tsct::sm80::pack_bf16(v2.y, v3.y);
+  ap[6] = tsct::sm80::pack_bf16(v2.z, v3.z);
+  ap[7] = tsct::sm80::pack_bf16(v2.w, v3.w);
+}
+
+// The four A registers of mma step S for sign rows g (spread signs s0) and g + 8 (s1), a pairs ap.
+template <int S>
+__device__ __forceinline__ void a_step_sign(uint32_t s0, uint32_t s1, const uint32_t* ap, uint32_t* a) {
+  a[0] = sign_pair<2 * S>(s0, ap[2 * S]);
+  a[1] = sign_pair<2 * S>(s1, ap[2 * S]);
+  a[2] = sign_pair<2 * S + 1>(s0, ap[2 * S + 1]);
+  a[3] = sign_pair<2 * S + 1>(s1, ap[2 * S + 1]);
+}
+
+__device__ __forceinline__ void cp_async8(uint32_t dst, const void* src, int bytes) {
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 8, %2;\n" ::"r"(dst), "l"(src), "r"(bytes) : "memory");
+}
+
+// Factor formats of the kernels (triton_lowbit's FMT codes).
+constexpr int kNvfp4 = 1, kSign = 2;
+
 // Byte offset of 16-byte piece p of row r in a swizzled B tile (128-byte rows).
 __device__ __forceinline__ uint32_t bt_piece(int r, int p) { return r * 128 + 16 * (p ^ ((r >> 1) & 1)); }
 

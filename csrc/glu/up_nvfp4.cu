@@ -1,4 +1,4 @@
-// glu_up_fwd for an NVFP4 w_down, bf16 z, r = 64: the low-bit grouped GLU's up projection into a padded y, in
+// glu_up_fwd for an NVFP4 or sign w_down (kernels tsctk_glu_up_fwd_{nvfp4,sign}), bf16 z, r = 64: the low-bit grouped GLU's up projection into a padded y, in
 // CUDA C++ (the Triton kernel lowbit_up_fwd is latency-bound on the H200: ncu DRAM 37 %, 17 % occupancy).
 // Entry point tsct_glu_up_fwd_nvfp4 (tsct.h); caller python/tsct/kernels/triton_lowbit/glu.py; measurements
 // bench/notes.md "CUDA low-bit kernels".
@@ -48,9 +48,11 @@ struct UpParams {
   const bf16* z;         // [M, 64]
   const int* offs;       // [E]
   const int* cum;        // [E] inclusive counts of BM-row tiles
-  const uint8_t* codes;  // [E, f, 32]
-  const uint8_t* scales; // [E, f, 4] UE4M3 bytes, linear
-  const float* s_enc;    // [E]
+  // NVFP4: codes [E, f, 32], UE4M3 block scales [E, f, 4] (linear), s_enc [E].
+  // sign: bits [E, f, 8] (as codes), a fp32 [E, 64] (as scales), b fp32 [E, f] (as s_enc).
+  const uint8_t* codes;
+  const uint8_t* scales;
+  const float* s_enc;
   const float* rw;       // [M] or null
   bf16* y;               // [M, ldy]
   long long ldy;
@@ -73,11 +75,11 @@ __device__ __forceinline__ void stsm4_trans(uint32_t addr, const uint32_t* v) {
 }
 #endif
 
-template <int NTILE>
+template <int FMT, int NTILE>
 __device__ __forceinline__ void up_body(const UpParams& p, int e, int row0, int R, unsigned char* smem) {
   unsigned char* zs = smem;                                                  // [64][128 B]
-  uint8_t* cs = zs + Z_BYTES;                                                // [ST][64][32]
-  uint8_t* ss = cs + ST * C_STAGE;                                           // [ST][64][4]
+  uint8_t* cs = zs + Z_BYTES;                                                // [ST][64][32]; sign: [ST][64][8]
+  uint8_t* ss = cs + ST * C_STAGE;                                           // [ST][64][4]; sign: b [ST][64] f32
   bf16* ys = reinterpret_cast<bf16*>(ss + ST * S_STAGE);                     // [2][64][YLD]
   const uint32_t* lut = reinterpret_cast<const uint32_t*>(ys + 2 * Y_BUF);   // [256]
 
@@ -86,8 +88,11 @@ __device__ __forceinline__ void up_body(const UpParams& p, int e, int row0, int 
   const int f = p.f;
   const long long ldy = p.ldy;
   const int nsteps = (int)((ldy + FN - 1) / FN);
-  const uint8_t* cbase = p.codes + (size_t)e * f * 32;
-  const uint8_t* sbase = p.scales + (size_t)e * f * 4;
+  constexpr bool SIGN = FMT == kSign;
+  constexpr int CROW = SIGN ? 8 : 32;  // code bytes per column
+  const uint8_t* cbase = p.codes + (size_t)e * f * CROW;
+  // 4 bytes per column: UE4M3 scale bytes (NVFP4) or b (sign)
+  const uint8_t* sbase = SIGN ? reinterpret_cast<const uint8_t*>(p.s_enc + (size_t)e * f) : p.scales + (size_t)e * f * 4;
 
   // z tile: piece tid & 7 of rows (tid >> 3) + 16 i (zero rows past R)
   const int pj = tid & 7;
@@ -105,12 +110,18 @@ __device__ __forceinline__ void up_body(const UpParams& p, int e, int row0, int 
   auto issue = [&](int j) {
     if (j < nsteps) {
       const int st = j % ST;
-      const int col = j * FN + (tid >> 1);
-      const uint32_t dst = smem_u32(cs + st * C_STAGE + tid * 16);
-      if (col < f)
-        cp_async16(dst, cbase + (size_t)col * 32 + 16 * (tid & 1), 16);
-      else
-        cp_async16(dst, p.codes, 0);
+      if (SIGN) {  // 8 bytes of column tid (tid < 64)
+        const int col = j * FN + tid;
+        if (tid < FN) cp_async8(smem_u32(cs + st * C_STAGE + tid * 8), col < f ? cbase + (size_t)col * 8 : p.codes,
+                                col < f ? 8 : 0);
+      } else {
+        const int col = j * FN + (tid >> 1);
+        const uint32_t dst = smem_u32(cs + st * C_STAGE + tid * 16);
+        if (col < f)
+          cp_async16(dst, cbase + (size_t)col * 32 + 16 * (tid & 1), 16);
+        else
+          cp_async16(dst, p.codes, 0);
+      }
       if (tid < FN) {
         const int sc = j * FN + tid;
         const uint32_t sdst = smem_u32(ss + st * S_STAGE + tid * 4);
@@ -123,8 +134,21 @@ __device__ __forceinline__ void up_body(const UpParams& p, int e, int row0, int 
     cp_commit();
   };
 
-  // per-row factor: row weight * 2^8 / s_enc (the decode's 2^-8 and the second-level scale)
-  const float inv = 256.f / __ldg(p.s_enc + e);
+  // per-row factor: row weight * 2^8 / s_enc (NVFP4: the decode's 2^-8 and the second-level scale); sign: the row
+  // weight (b multiplies the columns first, as in the Triton kernel)
+  const float inv = SIGN ? 1.f : 256.f / __ldg(p.s_enc + e);
+  // sign: the a pairs of this lane's k = 16c..16c+15 (the same for every column)
+  uint32_t ap[8];
+  if (SIGN) {
+    float a16[16];
+#pragma unroll
+    for (int k = 0; k < 16; ++k) a16[k] = __ldg(reinterpret_cast<const float*>(p.scales) + (size_t)e * RANK + 16 * c + k);
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      ap[j] = tsct::sm80::pack_bf16(a16[j], a16[j + 4]);
+      ap[4 + j] = tsct::sm80::pack_bf16(a16[8 + j], a16[12 + j]);
+    }
+  }
   float rwf[NTILE][2];
 #pragma unroll
   for (int t = 0; t < NTILE; ++t)
@@ -177,9 +201,20 @@ __device__ __forceinline__ void up_body(const UpParams& p, int e, int row0, int 
     const uint8_t* cb = cs + st * C_STAGE;
     const uint8_t* sb = ss + st * S_STAGE;
     const int r0 = 16 * warp + g;
-    const uint2 w0 = *reinterpret_cast<const uint2*>(cb + r0 * 32 + 8 * c);
-    const uint2 w1 = *reinterpret_cast<const uint2*>(cb + (r0 + 8) * 32 + 8 * c);
-    const uint32_t s0 = lut[sb[r0 * 4 + c]], s1 = lut[sb[(r0 + 8) * 4 + c]];
+    uint2 w0, w1;
+    uint32_t s0 = 0, s1 = 0;
+    float b0 = 1.f, b1 = 1.f;  // sign: b of columns r0, r0 + 8
+    if (SIGN) {
+      w0.x = sign_spread(*reinterpret_cast<const uint16_t*>(cb + r0 * 8 + 2 * c));
+      w1.x = sign_spread(*reinterpret_cast<const uint16_t*>(cb + (r0 + 8) * 8 + 2 * c));
+      b0 = reinterpret_cast<const float*>(sb)[r0];
+      b1 = reinterpret_cast<const float*>(sb)[r0 + 8];
+    } else {
+      w0 = *reinterpret_cast<const uint2*>(cb + r0 * 32 + 8 * c);
+      w1 = *reinterpret_cast<const uint2*>(cb + (r0 + 8) * 32 + 8 * c);
+      s0 = lut[sb[r0 * 4 + c]];
+      s1 = lut[sb[(r0 + 8) * 4 + c]];
+    }
     float acc[NTILE][4];
 #pragma unroll
     for (int t = 0; t < NTILE; ++t)
@@ -188,7 +223,10 @@ __device__ __forceinline__ void up_body(const UpParams& p, int e, int row0, int 
     auto step = [&](auto S) {
       constexpr int s = decltype(S)::value;
       uint32_t a[4];
-      a_step<s>(w0, w1, s0, s1, a);
+      if (SIGN)
+        a_step_sign<s>(w0.x, w1.x, ap, a);
+      else
+        a_step<s>(w0, w1, s0, s1, a);
 #pragma unroll
       for (int t = 0; t < NTILE; ++t) mma_bf16_16816(acc[t], a[0], a[1], a[2], a[3], zf[t][s][0], zf[t][s][1]);
     };
@@ -206,7 +244,8 @@ __device__ __forceinline__ void up_body(const UpParams& p, int e, int row0, int 
 #pragma unroll
       for (int i = 0; i < 4; ++i) {
         const int t = 2 * q + (i >> 1), hh = i & 1;
-        v[i] = tsct::sm80::pack_bf16(acc[t][2 * hh] * rwf[t][0], acc[t][2 * hh + 1] * rwf[t][1]);
+        const float bc = hh ? b1 : b0;
+        v[i] = tsct::sm80::pack_bf16(acc[t][2 * hh] * bc * rwf[t][0], acc[t][2 * hh + 1] * bc * rwf[t][1]);
       }
       const int i = lane >> 3, t = 2 * q + (i >> 1);
       stsm4_trans(smem_u32(yb + (8 * t + (lane & 7)) * YLD + 16 * warp + 8 * (i & 1)), v);
@@ -216,7 +255,8 @@ __device__ __forceinline__ void up_body(const UpParams& p, int e, int row0, int 
     for (int t = 0; t < NTILE; ++t)
 #pragma unroll
       for (int i = 0; i < 4; ++i)
-        yb[(8 * t + 2 * c + (i & 1)) * YLD + r0 + 8 * (i >> 1)] = __float2bfloat16_rn(acc[t][i] * rwf[t][i & 1]);
+        yb[(8 * t + 2 * c + (i & 1)) * YLD + r0 + 8 * (i >> 1)] =
+            __float2bfloat16_rn(acc[t][i] * ((i >> 1) ? b1 : b0) * rwf[t][i & 1]);
 #endif
   }
   cp_wait<0>();
@@ -226,29 +266,43 @@ __device__ __forceinline__ void up_body(const UpParams& p, int e, int row0, int 
 
 }  // namespace
 
-extern "C" __global__ void __launch_bounds__(NT, MINB) tsctk_glu_up_fwd_nvfp4(UpParams p) {
-  extern __shared__ __align__(128) unsigned char smem[];
+namespace {
+
+template <int FMT>
+__device__ __forceinline__ void up_kernel(const UpParams& p, unsigned char* smem) {
   __shared__ int s_e;
   int e, row0, R;
   if (!cta_tile<BM>(p.cum, p.offs, p.E, reinterpret_cast<uint32_t*>(smem + SMEM_BYTES - 256 * 4), &s_e, e, row0, R)) return;
   if (R <= 32)
-    up_body<4>(p, e, row0, R, smem);
+    up_body<FMT, 4>(p, e, row0, R, smem);
   else
-    up_body<8>(p, e, row0, R, smem);
+    up_body<FMT, 8>(p, e, row0, R, smem);
+}
+
+}  // namespace
+
+extern "C" __global__ void __launch_bounds__(NT, MINB) tsctk_glu_up_fwd_nvfp4(UpParams p) {
+  extern __shared__ __align__(128) unsigned char smem[];
+  up_kernel<kNvfp4>(p, smem);
+}
+
+extern "C" __global__ void __launch_bounds__(NT, MINB) tsctk_glu_up_fwd_sign(UpParams p) {
+  extern __shared__ __align__(128) unsigned char smem[];
+  up_kernel<kSign>(p, smem);
 }
 
 namespace tsct {
 const KernelEntry kGluUpLowbitKernels[] = {
     {"tsctk_glu_up_fwd_nvfp4", (const void*)tsctk_glu_up_fwd_nvfp4},
+    {"tsctk_glu_up_fwd_sign", (const void*)tsctk_glu_up_fwd_sign},
     {nullptr, nullptr},
 };
 }  // namespace tsct
 
-extern "C" int tsct_glu_up_fwd_nvfp4(const void* z, int64_t m, const int32_t* offs, const int32_t* tile_cum,
-                                     int64_t num_experts, int64_t f, int64_t r, const void* codes, const void* scales,
-                                     const float* s_enc, const float* row_weight, void* y, int64_t ldy,
-                                     int64_t max_tiles, void* stream) {
-  static const char* fn = "tsct_glu_up_fwd_nvfp4";
+// The two C entries: the same checks and launch; NVFP4 codes must be 16-byte aligned, sign bits 8-byte.
+static int up_entry(int fmt, const char* fn, const void* z, int64_t m, const int32_t* offs, const int32_t* tile_cum,
+                    int64_t num_experts, int64_t f, int64_t r, const void* codes, const void* scales, const float* s_enc,
+                    const float* row_weight, void* y, int64_t ldy, int64_t max_tiles, void* stream) {
   tsct::clear_error_detail();
   if (r != RANK) return tsct::fail(TSCT_ERR_BAD_ARGUMENT, "%s: r=%lld, only r = 64 is built", fn, (long long)r);
   if (f <= 0 || m < 0 || num_experts < 0 || max_tiles < 0 || ldy < f || ldy % 8 || ldy > INT32_MAX - FN ||
@@ -264,15 +318,19 @@ extern "C" int tsct_glu_up_fwd_nvfp4(const void* z, int64_t m, const int32_t* of
   if (!z || !offs || !tile_cum || !codes || !scales || !s_enc || !y)
     return tsct::fail(TSCT_ERR_BAD_ARGUMENT, "%s: null pointer (z, offs, tile_cum, codes, scales, s_enc and y are "
                       "required)", fn);
-  const uintptr_t a16 = (uintptr_t)z | (uintptr_t)codes | (uintptr_t)y;
+  const bool sign = fmt == kSign;
+  const uintptr_t a16 = (uintptr_t)z | (uintptr_t)y;
   const uintptr_t a4 = (uintptr_t)scales | (uintptr_t)offs | (uintptr_t)tile_cum | (uintptr_t)s_enc |
                        (uintptr_t)row_weight;
-  if ((a16 & 15) || (a4 & 3))
+  if ((a16 & 15) || ((uintptr_t)codes & (sign ? 7 : 15)) || (a4 & 3))
     return tsct::fail(TSCT_ERR_BAD_ARGUMENT,
-                      "%s: z, the codes and y must be 16-byte aligned, the scales, offs, tile_cum and fp32 arguments "
-                      "4-byte", fn);
-  static std::atomic<bool> opted[64] = {};
-  if (int rc = tsct::opt_in_shared_memory(fn, (const void*)tsctk_glu_up_fwd_nvfp4, SMEM_BYTES, opted)) return rc;
+                      sign ? "%s: z and y must be 16-byte aligned, the bits 8-byte, a, b, offs, tile_cum and row_weight "
+                             "4-byte"
+                           : "%s: z, the codes and y must be 16-byte aligned, the scales, offs, tile_cum and fp32 "
+                             "arguments 4-byte", fn);
+  const void* kernel = sign ? (const void*)tsctk_glu_up_fwd_sign : (const void*)tsctk_glu_up_fwd_nvfp4;
+  static std::atomic<bool> opted[2][64] = {};
+  if (int rc = tsct::opt_in_shared_memory(fn, kernel, SMEM_BYTES, opted[sign])) return rc;
   UpParams p;
   p.z = static_cast<const bf16*>(z);
   p.offs = offs;
@@ -285,6 +343,19 @@ extern "C" int tsct_glu_up_fwd_nvfp4(const void* z, int64_t m, const int32_t* of
   p.ldy = ldy;
   p.E = static_cast<int>(num_experts);
   p.f = static_cast<int>(f);
-  tsctk_glu_up_fwd_nvfp4<<<static_cast<unsigned>(max_tiles), NT, SMEM_BYTES, static_cast<cudaStream_t>(stream)>>>(p);
+  if (sign)
+    tsctk_glu_up_fwd_sign<<<static_cast<unsigned>(max_tiles), NT, SMEM_BYTES, static_cast<cudaStream_t>(stream)>>>(p);
+  else
+    tsctk_glu_up_fwd_nvfp4<<<static_cast<unsigned>(max_tiles), NT, SMEM_BYTES, static_cast<cudaStream_t>(stream)>>>(p);
   return tsct::check_launch(fn);
 }
+
+#define TSCT_UP_ENTRY(NAME, FMT)                                                                                       \
+  extern "C" int NAME(const void* z, int64_t m, const int32_t* offs, const int32_t* tile_cum, int64_t num_experts,    \
+                      int64_t f, int64_t r, const void* codes, const void* scales, const float* s_enc,                 \
+                      const float* row_weight, void* y, int64_t ldy, int64_t max_tiles, void* stream) {                \
+    return up_entry(FMT, #NAME, z, m, offs, tile_cum, num_experts, f, r, codes, scales, s_enc, row_weight, y, ldy,     \
+                    max_tiles, stream);                                                                                \
+  }
+TSCT_UP_ENTRY(tsct_glu_up_fwd_nvfp4, kNvfp4)
+TSCT_UP_ENTRY(tsct_glu_up_fwd_sign, kSign)

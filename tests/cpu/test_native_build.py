@@ -41,7 +41,8 @@ REQUIRED_TARGETS = ("sm_90a", "sm_100a", "sm_120a")
 KERNELS = {f"tsctk_{op}_{dt}" for op in ("nvfp4_quantize", "nvfp4_dequantize", "sign_pack", "sign_dequantize",
                                          "nvfp4_rows_amax", "nvfp4_rows_quantize")
            for dt in ("f32", "bf16", "f16")} | {"tsctk_nvfp4_rows_finalize", "tsctk_glu_bwd_dz_bf16",
-                                                  "tsctk_glu_down_fwd_nvfp4", "tsctk_glu_up_fwd_nvfp4"}
+                                                  "tsctk_glu_down_fwd_nvfp4", "tsctk_glu_up_fwd_nvfp4",
+                                                  "tsctk_glu_down_fwd_sign", "tsctk_glu_up_fwd_sign"}
 BAD_ARGUMENT = -1
 
 
@@ -460,6 +461,8 @@ def test_c_entry_points_reject_bad_arguments(lib):
                                        None, None, 3, None), "null pointer"),
         (lib.tsct_glu_down_fwd_nvfp4, (ctypes.c_void_p(0x1008), 8, 64, None, P, P, 2, 8, 64, 64, P, P, P, P, P, P,
                                        None, None, None, P, None, None, 3, None), "16-byte aligned"),
+        (lib.tsct_glu_down_fwd_sign, (P, 8, 64, None, P, P, 2, 8, 64, 64, P, ctypes.c_void_p(0x1008), P, P, P, P,
+                                      None, None, None, P, None, None, 3, None), "x and a must be 16-byte aligned"),
         # z, m, offs, tile_cum, E, f, r, codes, scales, s_enc, row_weight, y, ldy, max_tiles, stream
         (lib.tsct_glu_up_fwd_nvfp4, (P, 8, P, P, 2, 40, 32, P, P, P, None, P, 40, 3, None), "only r = 64"),
         (lib.tsct_glu_up_fwd_nvfp4, (P, 8, P, P, 2, 37, 64, P, P, P, None, P, 37, 3, None), "multiple of 8"),
@@ -467,6 +470,8 @@ def test_c_entry_points_reject_bad_arguments(lib):
         (lib.tsct_glu_up_fwd_nvfp4, (P, 8, P, P, 2, 40, 64, None, P, P, None, P, 40, 3, None), "null pointer"),
         (lib.tsct_glu_up_fwd_nvfp4, (P, 8, P, P, 2, 40, 64, P, P, P, None, ctypes.c_void_p(0x1008), 40, 3, None),
          "16-byte aligned"),
+        (lib.tsct_glu_up_fwd_sign, (P, 8, P, P, 2, 40, 64, ctypes.c_void_p(0x1004), P, P, None, P, 40, 3, None),
+         "the bits 8-byte"),
     ]
     for fn, args, needle in cases:
         rc = fn(*args)
@@ -480,6 +485,8 @@ def test_c_entry_points_reject_bad_arguments(lib):
     assert lib.tsct_glu_bwd_dz_bf16(None, 0, 100, None, None, 0, 0, None, None, 64, 1, None, None, None) == 0
     assert lib.tsct_glu_down_fwd_nvfp4(None, 0, 64, P, None, None, 2, 0, 64, 64, *([None] * 12), 3, None) == 0
     assert lib.tsct_glu_up_fwd_nvfp4(None, 0, None, None, 2, 40, 64, None, None, None, None, None, 40, 3, None) == 0
+    assert lib.tsct_glu_down_fwd_sign(None, 0, 64, P, None, None, 2, 0, 64, 64, *([None] * 12), 3, None) == 0
+    assert lib.tsct_glu_up_fwd_sign(None, 0, None, None, 2, 40, 64, None, None, None, None, None, 40, 3, None) == 0
     assert _detail(lib) == ""
     if not torch.cuda.is_available():
         # no rows of grad_out and no routed rows are valid arguments (dW of every expert is zeroed): they pass

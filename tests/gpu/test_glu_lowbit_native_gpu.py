@@ -1,9 +1,10 @@
-"""The CUDA low-bit projections (csrc/glu/down_nvfp4.cu, up_nvfp4.cu: ``tsct.native.glu_down_fwd_nvfp4``,
-``glu_up_fwd_nvfp4``) on a GPU.
+"""The CUDA low-bit projections (csrc/glu/down_nvfp4.cu, up_nvfp4.cu: ``tsct.native.glu_down_fwd_lowbit``,
+``glu_up_fwd_lowbit``) on a GPU, for NVFP4 and sign factors.
 
-Each case: fresh random inputs, NVFP4 factors from ``tsct.quant``, the caching allocator poisoned with NaN
+Each case: fresh random inputs, NVFP4 or sign factors from ``tsct.quant``, the caching allocator poisoned with NaN
 before the call and the outputs passed in NaN-filled (``out=``). hg, hu are compared with x @ W_hat in fp64 (bf16 operands and exact decoded weights, fp32
-accumulation: relative Frobenius error ~1e-6, tolerance 1e-4), z with the fp64 GLU of the reference
+accumulation: relative Frobenius error ~1e-6, tolerance 1e-4; sign: +-a[k] is rounded to bf16 as on the
+Triton path, ~1e-3 against the fp32 dequantized factor, tolerance 1e-2, and 1e-4 against the Triton kernel), z with the fp64 GLU of the reference
 (one bf16 rounding: tolerance 1e-2), and both with the Triton kernel ``lowbit_down_fwd`` on the same inputs.
 Rows at or past offs[-1] stay unwritten (NaN poison survives); a second run gives the same bits.
 Shapes: experts with 0, 1, 7, 63, 64, 65 and 150 rows (partial n8 tiles, several 64-row tiles), gather or
@@ -49,7 +50,7 @@ def rel(a: torch.Tensor, b: torch.Tensor) -> float:
     return float((a - b).norm() / b.norm().clamp_min(1e-30))
 
 
-def make(counts, d, pad=0, gather=True, scales=True, rw=True, seed=0):
+def make(counts, d, pad=0, gather=True, scales=True, rw=True, seed=0, fmt="nvfp4"):
     g = torch.Generator().manual_seed(seed)
     e, mv = len(counts), sum(counts)
     m = mv + pad
@@ -59,8 +60,8 @@ def make(counts, d, pad=0, gather=True, scales=True, rw=True, seed=0):
     wg = torch.randn(e, d, R, generator=g) * 0.05
     wu = torch.randn(e, d, R, generator=g) * 0.05
     wg[0, :16, 3] *= 1e-3  # a block with a small scale (UE4M3 subnormal range)
-    qg, qu = quant.quantize(wg.to(DEV), "nvfp4"), quant.quantize(wu.to(DEV), "nvfp4")
-    p = dict(x=x.to(DEV), offs=torch.tensor(counts).cumsum(0).to(torch.int32).to(DEV), qg=qg, qu=qu, m=m,
+    qg, qu = quant.quantize(wg.to(DEV), fmt), quant.quantize(wu.to(DEV), fmt)
+    p = dict(fmt=fmt, x=x.to(DEV), offs=torch.tensor(counts).cumsum(0).to(torch.int32).to(DEV), qg=qg, qu=qu, m=m,
              gidx=gidx.to(DEV) if gather else None,
              sg=(torch.rand(e, R, generator=g) + 0.5).to(DEV) if scales else None,
              su=(torch.rand(e, R, generator=g) + 0.5).to(DEV) if scales else None,
@@ -69,7 +70,9 @@ def make(counts, d, pad=0, gather=True, scales=True, rw=True, seed=0):
 
 
 def args(q):
-    return (q.codes.contiguous(), q.block_scale.view(torch.uint8).contiguous(), q.global_scale.contiguous())
+    """The packed storage the kernels take (the dispatch's own ``_factor_args``): NVFP4 (codes, scale bytes,
+    s_enc), sign (bits, a, b)."""
+    return tuple(L._factor_args("w", q, torch.bfloat16)[1])
 
 
 def run_native(p, save):
@@ -79,7 +82,7 @@ def run_native(p, save):
     out = (torch.full((m, R), float("nan"), device=DEV, dtype=torch.bfloat16),
            torch.full((m, R), float("nan"), device=DEV) if save else None,
            torch.full((m, R), float("nan"), device=DEV) if save else None)
-    return native.glu_down_fwd_nvfp4(p["x"], p["offs"], cum, args(p["qg"]), args(p["qu"]), m=m,
+    return native.glu_down_fwd_lowbit(p["x"], p["offs"], cum, args(p["qg"]), args(p["qu"]), fmt=p["fmt"], m=m,
                                      max_tiles=-(-m // 64) + e, gather_idx=p["gidx"], s_gate=p["sg"],
                                      s_up=p["su"], row_weight=p["rw"] if save else None, save=save, out=out)
 
@@ -116,11 +119,19 @@ CASES = [
 ]
 
 
+FMTS = ["nvfp4", "sign"]
+HTOL = {"nvfp4": 1e-4, "sign": 1e-2}  # hg, hu against the fp32 dequantized factors (sign: a rounded to bf16)
+# z / y against the Triton kernel (same decoded weights and scales, another fp32 accumulation order, one bf16
+# rounding each): sign tighter, so that a misplaced a[k] (~1 % off at large f) cannot hide
+TTOL = {"nvfp4": 1e-2, "sign": 5e-3}
+
+
+@pytest.mark.parametrize("fmt", FMTS)
 @pytest.mark.parametrize("save", [False, True], ids=["plain", "save"])
 @pytest.mark.parametrize("case", CASES, ids=lambda c: c[0])
-def test_against_reference_and_triton(case, save):
+def test_against_reference_and_triton(case, save, fmt):
     _, counts, d, pad, gather, scales, rw = case
-    p = make(counts, d, pad, gather, scales, rw, seed=len(counts) + d)
+    p = make(counts, d, pad, gather, scales, rw, seed=len(counts) + d, fmt=fmt)
     mv = sum(counts)
     poison()
     z, hg, hu = run_native(p, save)
@@ -133,7 +144,7 @@ def test_against_reference_and_triton(case, save):
     if pad:
         assert torch.isnan(z[mv:].float()).all()  # padding rows never written
     if save:
-        assert rel(hg[:mv], rhg) < 1e-4 and rel(hu[:mv], rhu) < 1e-4
+        assert rel(hg[:mv], rhg) < HTOL[fmt] and rel(hu[:mv], rhu) < HTOL[fmt]
         if pad:
             assert torch.isnan(hg[mv:]).all() and torch.isnan(hu[mv:]).all()
     # the Triton kernel on the same inputs (forced: the dispatch would pick the CUDA kernel on sm_90)
@@ -144,11 +155,11 @@ def test_against_reference_and_triton(case, save):
     hut = torch.empty_like(hu) if save else None
     pg, pu = list(args(p["qg"])), list(args(p["qu"]))
     e = p["offs"].shape[0]
-    L._down(p["x"], p["gidx"], p["offs"], G._tile_cum(p["offs"], tcfg.bm), -(-p["m"] // tcfg.bm) + e, L.NVFP4, pg,
-            L.NVFP4, pu, p["sg"], p["su"], p["rw"] if save else None, zt, hgt, hut, p["m"], tcfg, True,
+    fc = L.factor_format(p["qg"])
+    L._down(p["x"], p["gidx"], p["offs"], G._tile_cum(p["offs"], tcfg.bm), -(-p["m"] // tcfg.bm) + e, fc, pg, fc, pu, p["sg"], p["su"], p["rw"] if save else None, zt, hgt, hut, p["m"], tcfg, True,
             G._capability(DEV))
     if mv:
-        assert rel(z[:mv], zt[:mv]) < 1e-2
+        assert rel(z[:mv], zt[:mv]) < TTOL[fmt]
         if save:
             assert rel(hg[:mv], hgt[:mv]) < 1e-4
     # same bits on a second run
@@ -174,13 +185,14 @@ def test_nan_row_and_nan_block_scale():
     assert torch.isfinite(hg[20:, torch.arange(R, device=DEV) != 9]).all()
 
 
-def test_dispatch_counts():
+@pytest.mark.parametrize("fmt", FMTS)
+def test_dispatch_counts(fmt):
     cfg = G._config(G._capability(DEV))
-    if not cfg.down_native_lb:
-        pytest.skip("Config.down_native_lb is off for this arch")
-    p = make([10, 40, 0, 70], 256, seed=1)
+    if not cfg.down_native_lb or (fmt == "sign" and not cfg.sign_native_lb):
+        pytest.skip("Config.down_native_lb (sign: sign_native_lb) is off for this arch")
+    p = make([10, 40, 0, 70], 256, seed=1, fmt=fmt)
     e = p["offs"].shape[0]
-    wd = quant.quantize((torch.randn(e, R, 96) * 0.05).to(DEV), "nvfp4")
+    wd = quant.quantize((torch.randn(e, R, 96) * 0.05).to(DEV), fmt)
     before = L.backend_counts().get(("native", "lowbit_down_fwd"), 0)
     y = L.grouped_glu_forward(p["x"], p["offs"], p["qg"], p["qu"], wd, p["sg"], p["su"], p["rw"], p["gidx"])
     assert L.backend_counts().get(("native", "lowbit_down_fwd"), 0) == before + 1
@@ -192,16 +204,26 @@ def test_bad_arguments():
     cum = G._tile_cum(p["offs"], 64)
     g, u = args(p["qg"]), args(p["qu"])
     with pytest.raises(TypeError, match="x must have dtype"):
-        native.glu_down_fwd_nvfp4(p["x"].float(), p["offs"], cum, g, u, m=8, max_tiles=3)
+        native.glu_down_fwd_lowbit(p["x"].float(), p["offs"], cum, g, u, fmt="nvfp4", m=8, max_tiles=3)
     with pytest.raises(ValueError, match="multiple of 64"):
-        native.glu_down_fwd_nvfp4(p["x"][:, :96], p["offs"], cum, g, u, m=8, max_tiles=3)
+        native.glu_down_fwd_lowbit(p["x"][:, :96], p["offs"], cum, g, u, fmt="nvfp4", m=8, max_tiles=3)
     with pytest.raises(ValueError, match=r"gate\[0\]"):
-        native.glu_down_fwd_nvfp4(p["x"], p["offs"], cum, (g[0][:, :32], g[1], g[2]), u, m=8, max_tiles=3)
+        native.glu_down_fwd_lowbit(p["x"], p["offs"], cum, (g[0][:, :32], g[1], g[2]), u, fmt="nvfp4", m=8,
+                                   max_tiles=3)
     with pytest.raises(ValueError, match="gather_idx"):
-        native.glu_down_fwd_nvfp4(p["x"], p["offs"], cum, g, u, m=9, max_tiles=3, gather_idx=p["gidx"])
+        native.glu_down_fwd_lowbit(p["x"], p["offs"], cum, g, u, fmt="nvfp4", m=9, max_tiles=3, gather_idx=p["gidx"])
     with pytest.raises(ValueError, match=r"out\[1\]"):
-        native.glu_down_fwd_nvfp4(p["x"], p["offs"], cum, g, u, m=8, max_tiles=3, save=True,
+        native.glu_down_fwd_lowbit(p["x"], p["offs"], cum, g, u, fmt="nvfp4", m=8, max_tiles=3, save=True,
                                   out=(torch.empty(8, R, device=DEV, dtype=torch.bfloat16), None, None))
+    with pytest.raises(ValueError, match="fmt must be one of"):
+        native.glu_down_fwd_lowbit(p["x"], p["offs"], cum, g, u, fmt="int4", m=8, max_tiles=3)
+    ps = make([4, 4], 128, seed=2, fmt="sign")
+    gs, us = args(ps["qg"]), args(ps["qu"])
+    with pytest.raises(ValueError, match=r"gate\[1\] must have shape"):  # a over K = d
+        native.glu_down_fwd_lowbit(ps["x"], ps["offs"], cum, (gs[0], gs[1][:, :64].contiguous(), gs[2]), us,
+                                   fmt="sign", m=8, max_tiles=3)
+    with pytest.raises(TypeError, match=r"gate\[1\] must have dtype"):  # NVFP4 scale bytes passed as sign's a
+        native.glu_down_fwd_lowbit(ps["x"], ps["offs"], cum, (gs[0], g[1], gs[2]), us, fmt="sign", m=8, max_tiles=3)
 
 
 # ---- up projection -------------------------------------------------------------------------------------
@@ -214,7 +236,7 @@ UP_CASES = [
 ]
 
 
-def make_up(counts, f, pad, rw, seed):
+def make_up(counts, f, pad, rw, seed, fmt="nvfp4"):
     g = torch.Generator().manual_seed(seed)
     e, mv = len(counts), sum(counts)
     m = mv + pad
@@ -222,18 +244,18 @@ def make_up(counts, f, pad, rw, seed):
     z[mv:] = float("nan")  # padding rows of z are never read into written rows
     wd = torch.randn(e, R, f, generator=g) * 0.05
     return dict(z=z.to(DEV), offs=torch.tensor(counts).cumsum(0).to(torch.int32).to(DEV),
-                qd=quant.quantize(wd.to(DEV), "nvfp4"), m=m, mv=mv, f=f,
+                qd=quant.quantize(wd.to(DEV), fmt), fmt=fmt, m=m, mv=mv, f=f,
                 rw=torch.rand(m, generator=g).to(DEV) if rw else None)
 
 
 def up_args(q):
-    return (q.codes.contiguous(), q.block_scale.view(torch.uint8).contiguous(), q.global_scale.contiguous())
+    return args(q)
 
 
 def run_up(p, ldy):
     cum = G._tile_cum(p["offs"], native.GLU_DOWN_TILE)
     y = torch.full((p["m"], ldy), float("nan"), device=DEV, dtype=torch.bfloat16)
-    return native.glu_up_fwd_nvfp4(p["z"], p["offs"], cum, up_args(p["qd"]), y, f=p["f"],
+    return native.glu_up_fwd_lowbit(p["z"], p["offs"], cum, up_args(p["qd"]), y, fmt=p["fmt"], f=p["f"],
                                    max_tiles=-(-p["m"] // 64) + p["offs"].shape[0], row_weight=p["rw"])
 
 
@@ -250,10 +272,11 @@ def up_reference(p):
     return y
 
 
+@pytest.mark.parametrize("fmt", FMTS)
 @pytest.mark.parametrize("case", UP_CASES, ids=lambda c: c[0])
-def test_up_against_reference_and_triton(case):
+def test_up_against_reference_and_triton(case, fmt):
     _, counts, f, pad, rw = case
-    p = make_up(counts, f, pad, rw, seed=f + len(counts))
+    p = make_up(counts, f, pad, rw, seed=f + len(counts), fmt=fmt)
     ldy = -(-f // 8) * 8
     mv = p["mv"]
     poison()
@@ -267,28 +290,30 @@ def test_up_against_reference_and_triton(case):
     cfg = dataclasses.replace(G._config(G._capability(DEV)), up_native_lb=0)
     yt = torch.full_like(y, float("nan"))
     e = p["offs"].shape[0]
-    L._up(p["z"], p["offs"], G._tile_cum(p["offs"], cfg.bm), -(-p["m"] // cfg.bm) + e, L.NVFP4,
+    L._up(p["z"], p["offs"], G._tile_cum(p["offs"], cfg.bm), -(-p["m"] // cfg.bm) + e, L.factor_format(p["qd"]),
           list(up_args(p["qd"])), p["rw"], yt, f, p["m"], cfg, True, G._capability(DEV), pad=True)
-    assert rel(y[:mv, :f], yt[:mv, :f]) < 1e-2
+    assert rel(y[:mv, :f], yt[:mv, :f]) < TTOL[fmt]
     y2 = run_up(p, ldy)
     assert torch.equal(y[:mv].view(torch.int16), y2[:mv].view(torch.int16))
 
 
-def test_up_nan_row():
-    p = make_up([20, 20], 100, 0, True, seed=4)
+@pytest.mark.parametrize("fmt", FMTS)
+def test_up_nan_row(fmt):
+    p = make_up([20, 20], 100, 0, True, seed=4, fmt=fmt)
     p["z"][25, 3] = float("nan")
     y = run_up(p, 104)
     rows = torch.arange(40, device=DEV)
     assert torch.isnan(y[25, :100].float()).all() and torch.isfinite(y[rows != 25].float()).all()
 
 
-def test_up_dispatch_counts():
+@pytest.mark.parametrize("fmt", FMTS)
+def test_up_dispatch_counts(fmt):
     cfg = G._config(G._capability(DEV))
-    if not cfg.up_native_lb:
-        pytest.skip("Config.up_native_lb is off for this arch")
-    p = make([10, 40, 0, 70], 256, seed=1)
+    if not cfg.up_native_lb or (fmt == "sign" and not cfg.sign_native_lb):
+        pytest.skip("Config.up_native_lb (sign: sign_native_lb) is off for this arch")
+    p = make([10, 40, 0, 70], 256, seed=1, fmt=fmt)
     e = p["offs"].shape[0]
-    wd = quant.quantize((torch.randn(e, R, 96) * 0.05).to(DEV), "nvfp4")
+    wd = quant.quantize((torch.randn(e, R, 96) * 0.05).to(DEV), fmt)
     before = L.backend_counts().get(("native", "lowbit_up_fwd"), 0)
     sidx = torch.randperm(p["m"], device=DEV)
     y = L.grouped_glu_forward(p["x"], p["offs"], p["qg"], p["qu"], wd, p["sg"], p["su"], p["rw"], p["gidx"], sidx,
@@ -303,12 +328,14 @@ def test_up_bad_arguments():
     a = up_args(p["qd"])
     y = torch.empty(8, 40, device=DEV, dtype=torch.bfloat16)
     with pytest.raises(ValueError, match="multiple of 8"):
-        native.glu_up_fwd_nvfp4(p["z"], p["offs"], cum, a, torch.empty(8, 42, device=DEV, dtype=torch.bfloat16),
-                                f=40, max_tiles=3)
+        native.glu_up_fwd_lowbit(p["z"], p["offs"], cum, a, torch.empty(8, 42, device=DEV, dtype=torch.bfloat16),
+                                 fmt="nvfp4", f=40, max_tiles=3)
     with pytest.raises(ValueError, match=r"w_down\[0\]"):
-        native.glu_up_fwd_nvfp4(p["z"], p["offs"], cum, (a[0][:, :39].contiguous(), a[1], a[2]), y, f=40, max_tiles=3)
+        native.glu_up_fwd_lowbit(p["z"], p["offs"], cum, (a[0][:, :39].contiguous(), a[1], a[2]), y, fmt="nvfp4",
+                                 f=40, max_tiles=3)
     with pytest.raises(TypeError, match="row_weight must have dtype"):
-        native.glu_up_fwd_nvfp4(p["z"], p["offs"], cum, a, y, f=40, max_tiles=3, row_weight=p["rw"].double())
+        native.glu_up_fwd_lowbit(p["z"], p["offs"], cum, a, y, fmt="nvfp4", f=40, max_tiles=3,
+                                 row_weight=p["rw"].double())
 
 
 def _misaligned(t: torch.Tensor, offset: int) -> torch.Tensor:
@@ -317,36 +344,74 @@ def _misaligned(t: torch.Tensor, offset: int) -> torch.Tensor:
     return buf[offset: offset + t.numel() * t.element_size()].view(t.dtype).view(t.shape).copy_(t)
 
 
-def test_down_edge_layouts():
+@pytest.mark.parametrize("fmt", FMTS)
+def test_down_edge_layouts(fmt):
     """40 experts (the search's narrowing loop), d = 320 (a partial last code stage), x rows strided past d,
-    scale rows 4 bytes off 16-byte alignment (the 4-byte scale copies), a grid 50 tiles too large."""
+    NVFP4 scale rows 4 bytes off 16-byte alignment (the 4-byte scale copies), a grid 50 tiles too large."""
     g = torch.Generator().manual_seed(11)
     counts = torch.randint(0, 70, (40,), generator=g).tolist()
-    p = make(counts, 320, pad=2, seed=12)
+    p = make(counts, 320, pad=2, seed=12, fmt=fmt)
     wide = torch.randn(p["x"].shape[0], 384, generator=g).bfloat16().to(DEV)
     wide[:, :320] = p["x"]
     p["x"] = wide[:, :320]
     ga, ua = args(p["qg"]), args(p["qu"])
-    ga = (ga[0], _misaligned(ga[1], 4), ga[2])
-    assert ga[1].data_ptr() % 16 == 4
+    if fmt == "nvfp4":
+        ga = (ga[0], _misaligned(ga[1], 4), ga[2])
+        assert ga[1].data_ptr() % 16 == 4
     cum = G._tile_cum(p["offs"], 64)
     mv = sum(counts)
-    z, hg, hu = native.glu_down_fwd_nvfp4(p["x"], p["offs"], cum, ga, ua, m=p["m"], max_tiles=-(-p["m"] // 64) + 40 + 50,
+    z, hg, hu = native.glu_down_fwd_lowbit(p["x"], p["offs"], cum, ga, ua, fmt=fmt, m=p["m"],
+                                           max_tiles=-(-p["m"] // 64) + 40 + 50,
                                           gather_idx=p["gidx"], s_gate=p["sg"], s_up=p["su"], row_weight=p["rw"],
                                           save=True)
     rhg, rhu, rz = reference(p, True)
-    assert rel(hg[:mv], rhg) < 1e-4 and rel(hu[:mv], rhu) < 1e-4 and rel(z[:mv], rz) < 1e-2
+    assert rel(hg[:mv], rhg) < HTOL[fmt] and rel(hu[:mv], rhu) < HTOL[fmt] and rel(z[:mv], rz) < 1e-2
 
 
-def test_up_edge_layouts():
+@pytest.mark.parametrize("fmt", FMTS)
+def test_up_edge_layouts(fmt):
     """40 experts, f = 100 written into ldy = 232 (two whole pad steps), a grid 50 tiles too large."""
     g = torch.Generator().manual_seed(13)
     counts = torch.randint(0, 70, (40,), generator=g).tolist()
-    p = make_up(counts, 100, 1, True, seed=14)
+    p = make_up(counts, 100, 1, True, seed=14, fmt=fmt)
     cum = G._tile_cum(p["offs"], 64)
     y = torch.full((p["m"], 232), float("nan"), device=DEV, dtype=torch.bfloat16)
-    native.glu_up_fwd_nvfp4(p["z"], p["offs"], cum, up_args(p["qd"]), y, f=100,
+    native.glu_up_fwd_lowbit(p["z"], p["offs"], cum, up_args(p["qd"]), y, fmt=fmt, f=100,
                             max_tiles=-(-p["m"] // 64) + 40 + 50, row_weight=p["rw"])
     mv = p["mv"]
     assert rel(y[:mv, :100], up_reference(p)) < 1e-2
     assert (y[:mv, 100:] == 0).all() and torch.isnan(y[mv:].float()).all()
+
+
+def test_sign_nan_scales():
+    """A NaN a[k] of expert 1 (gate) poisons every rank of that expert's rows; a NaN b[n] only rank n."""
+    p = make([20, 20], 128, gather=False, scales=False, rw=False, seed=5, fmt="sign")
+    q = p["qg"]
+    a, b = q.scale_k.clone(), q.scale_n.clone()
+    a[1, 70] = float("nan")
+    b[0, 9] = float("nan")
+    p["qg"] = dataclasses.replace(q, scale_k=a, scale_n=b)
+    _, hg, hu = run_native(p, True)
+    assert torch.isnan(hg[20:]).all() and torch.isnan(hg[:20, 9]).all()
+    assert torch.isfinite(hg[:20, torch.arange(R, device=DEV) != 9]).all() and torch.isfinite(hu).all()
+
+
+def test_mixed_and_misaligned_stay_on_triton():
+    """Gate NVFP4 + up sign (one kernel takes one format) and sign storage off its alignment keep the Triton
+    down kernel; the results still match the reference."""
+    cfg = G._config(G._capability(DEV))
+    if not cfg.down_native_lb:
+        pytest.skip("Config.down_native_lb is off for this arch")
+    p = make([10, 40, 0, 70], 256, seed=6)
+    ps = make([10, 40, 0, 70], 256, seed=6, fmt="sign")
+    e = p["offs"].shape[0]
+    wd = quant.quantize((torch.randn(e, R, 96) * 0.05).to(DEV), "nvfp4")
+    before = dict(L.backend_counts())
+    L.grouped_glu_forward(p["x"], p["offs"], p["qg"], ps["qu"], wd, p["sg"], p["su"], p["rw"], p["gidx"])
+    after = L.backend_counts()
+    assert after.get(("native", "lowbit_down_fwd"), 0) == before.get(("native", "lowbit_down_fwd"), 0)
+    assert after.get(("aot", "lowbit_down_fwd"), 0) + after.get(("jit", "lowbit_down_fwd"), 0) > \
+        before.get(("aot", "lowbit_down_fwd"), 0) + before.get(("jit", "lowbit_down_fwd"), 0)
+    pg = args(ps["qg"])
+    assert not L._native_packed(dataclasses.replace(cfg, sign_native_lb=1), L.SIGN, [pg[0], _misaligned(pg[1], 4),
+                                                                                     pg[2]])

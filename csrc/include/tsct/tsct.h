@@ -132,6 +132,16 @@ TSCT_API int tsct_glu_down_fwd_nvfp4(const void* x, int64_t x_rows, int64_t stri
                                      const float* up_s_enc, const float* s_gate, const float* s_up,
                                      const float* row_weight, void* z, float* hg, float* hu, int64_t max_tiles,
                                      void* stream);
+/* The same with sign w_gate / w_up (docs/formats.md; W = (+-1) a[k] b[n]): gate_codes / up_codes are the bits u8
+ * [E, 64, d/8] (8-byte aligned), gate_scales / up_scales are a fp32 [E, d] (16-byte aligned), gate_s_enc / up_s_enc
+ * are b fp32 [E, 64]. +-a[k] is rounded to bf16 before the product (the Triton path's rounding); b scales hg / hu. */
+TSCT_API int tsct_glu_down_fwd_sign(const void* x, int64_t x_rows, int64_t stride_x, const int64_t* gather_idx,
+                                    const int32_t* offs, const int32_t* tile_cum, int64_t num_experts, int64_t m,
+                                    int64_t d, int64_t r, const void* gate_codes, const void* gate_scales,
+                                    const float* gate_s_enc, const void* up_codes, const void* up_scales,
+                                    const float* up_s_enc, const float* s_gate, const float* s_up,
+                                    const float* row_weight, void* z, float* hg, float* hu, int64_t max_tiles,
+                                    void* stream);
 
 /* ---- low-bit grouped GLU forward: the up projection with an NVFP4 w_down (csrc/glu/up_nvfp4.cu) ----
  *   y[i, n] = (z[i] @ W_down_hat[e])[n] * row_weight[i]      bf16 [m, ldy], n < f; columns [f, ldy) get the same
@@ -145,6 +155,12 @@ TSCT_API int tsct_glu_up_fwd_nvfp4(const void* z, int64_t m, const int32_t* offs
                                    int64_t num_experts, int64_t f, int64_t r, const void* codes, const void* scales,
                                    const float* s_enc, const float* row_weight, void* y, int64_t ldy, int64_t max_tiles,
                                    void* stream);
+/* The same with a sign w_down: codes = bits u8 [E, f, 8] (8-byte aligned), scales = a fp32 [E, 64], s_enc = b fp32
+ * [E, f]: y = ((z @ (+-bf16(a)))[n] * b[n]) * row_weight. */
+TSCT_API int tsct_glu_up_fwd_sign(const void* z, int64_t m, const int32_t* offs, const int32_t* tile_cum,
+                                  int64_t num_experts, int64_t f, int64_t r, const void* codes, const void* scales,
+                                  const float* s_enc, const float* row_weight, void* y, int64_t ldy, int64_t max_tiles,
+                                  void* stream);
 
 /* ---- sm_120 NVFP4 grouped GEMMs: CuTeDSL kernels exported ahead of time (cutedsl/, decisions 0006, 0009) ----
  * Linked into this library when it was built with TSCT_CUTEDSL=ON (else every entry returns

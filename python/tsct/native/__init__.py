@@ -19,10 +19,10 @@ Kernels (CUDA tensors; see each docstring for shapes, dtypes and errors):
         -> (codes, sfa, sfa_offsets, s_enc)   routed rows per expert, swizzled scales (sm_120 GEMMs' A)
     glu_bwd_dz_bf16(grad_out, offs, w_down_t, zw, *, slices, scatter_idx, compute_dw) -> (dz_part, dw)
                                      the grouped GLU's up-projection gradients (bf16, r = 64, sm_80/90/100)
-    glu_down_fwd_nvfp4(x, offs, tile_cum, gate, up, *, m, max_tiles, gather_idx, s_gate, s_up, row_weight, save)
-        -> (z, hg, hu)               the low-bit grouped GLU's down projection + GLU (NVFP4 factors, r = 64)
-    glu_up_fwd_nvfp4(z, offs, tile_cum, w_down, y, *, f, max_tiles, row_weight) -> y
-                                     its up projection into a padded y (NVFP4 w_down, r = 64)
+    glu_down_fwd_lowbit(x, offs, tile_cum, gate, up, *, fmt, m, max_tiles, gather_idx, s_gate, s_up, row_weight,
+        save, out) -> (z, hg, hu)    the low-bit grouped GLU's down projection + GLU (NVFP4 or sign factors, r = 64)
+    glu_up_fwd_lowbit(z, offs, tile_cum, w_down, y, *, fmt, f, max_tiles, row_weight) -> y
+                                     its up projection into a padded y (NVFP4 or sign w_down, r = 64)
     sm120_built() -> bool            the CuTeDSL sm_120 kernels are linked in (decision 0009)
     sm120_nvfp4_grouped(variant, a, b, sfa, sfa_offsets, sfb, c, offs, tile_expert, tile_row, alpha, ep0, ep1)
         one CuTeDSL sm_120a grouped NVFP4 GEMM (compute capability 12.0 only; never executed yet)
@@ -43,8 +43,8 @@ from tsct.native._loader import (
 from tsct.native._ops import (
     GLU_DOWN_TILE,
     glu_bwd_dz_bf16,
-    glu_down_fwd_nvfp4,
-    glu_up_fwd_nvfp4,
+    glu_down_fwd_lowbit,
+    glu_up_fwd_lowbit,
     kernel_available,
     nvfp4_dequantize,
     nvfp4_quantize,
@@ -63,8 +63,8 @@ __all__ = [
     "available",
     "build_info",
     "glu_bwd_dz_bf16",
-    "glu_down_fwd_nvfp4",
-    "glu_up_fwd_nvfp4",
+    "glu_down_fwd_lowbit",
+    "glu_up_fwd_lowbit",
     "kernel_available",
     "library_path",
     "load_error",

@@ -24,7 +24,7 @@ LIB_NAME = "libtsct_kernels.so"
 MANIFEST_NAME = "manifest.json"
 ABI_VERSION = 6  # 2: the Triton AOT launcher (tsct_triton_*); 3: tsct_nvfp4_quantize_rows_grouped, tsct_sm120_*;
 #                   4: the CUTLASS sm_120 grouped NVFP4 GEMM (tsct_cutlass_*); 5: tsct_glu_bwd_dz_bf16;
-#                   6: tsct_glu_down_fwd_nvfp4, tsct_glu_up_fwd_nvfp4
+#                   6: tsct_glu_{down,up}_fwd_{nvfp4,sign}
 ENV_VAR = "TSCT_NATIVE_LIB"
 
 # Name -> (restype, argtypes) of every entry point in csrc/include/tsct/tsct.h.
@@ -50,8 +50,12 @@ _SIGNATURES: dict[str, tuple[Any, list[Any]]] = {
     # scales, s_enc, s_gate, s_up, row_weight, z, hg, hu, max_tiles, stream
     "tsct_glu_down_fwd_nvfp4": (c_int, [c_void_p, c_int64, c_int64, c_void_p, c_void_p, c_void_p, c_int64, c_int64,
                                         c_int64, c_int64] + [c_void_p] * 12 + [c_int64, c_void_p]),
+    "tsct_glu_down_fwd_sign": (c_int, [c_void_p, c_int64, c_int64, c_void_p, c_void_p, c_void_p, c_int64, c_int64,
+                                        c_int64, c_int64] + [c_void_p] * 12 + [c_int64, c_void_p]),
     # z, m, offs, tile_cum, num_experts, f, r, codes, scales, s_enc, row_weight, y, ldy, max_tiles, stream
     "tsct_glu_up_fwd_nvfp4": (c_int, [c_void_p, c_int64, c_void_p, c_void_p, c_int64, c_int64, c_int64, c_void_p,
+                                      c_void_p, c_void_p, c_void_p, c_void_p, c_int64, c_int64, c_void_p]),
+    "tsct_glu_up_fwd_sign": (c_int, [c_void_p, c_int64, c_void_p, c_void_p, c_int64, c_int64, c_int64, c_void_p,
                                       c_void_p, c_void_p, c_void_p, c_void_p, c_int64, c_int64, c_void_p]),
     # built*
     "tsct_sm120_built": (c_int, [ctypes.POINTER(c_int)]),

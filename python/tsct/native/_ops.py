@@ -436,16 +436,45 @@ def glu_bwd_dz_bf16(
     return dz_part, dw
 
 
-GLU_DOWN_TILE = 64  # rows per tile of tsct_glu_down_fwd_nvfp4 (its tile_cum counts tiles of this many rows)
+GLU_DOWN_TILE = 64  # rows per tile of the low-bit GLU kernels (their tile_cum counts tiles of this many rows)
 
 
-def glu_down_fwd_nvfp4(
+# Packed storage the low-bit GLU kernels take per factor, by format: (dtype, shape(E, K, N), what) of each of the
+# three tensors (tsct.kernels.triton_lowbit.glu._factor_args gives them in this order), the first one's alignment.
+_LOWBIT_STORAGE = {
+    "nvfp4": (((torch.uint8, lambda e, k, n: (e, n, k // 2), "codes [E, N, K/2]"),
+               (torch.uint8, lambda e, k, n: (e, n, k // 16), "UE4M3 block scale bytes [E, N, K/16], linear"),
+               (torch.float32, lambda e, k, n: (e,), "s_enc [E]")), 16),
+    "sign": (((torch.uint8, lambda e, k, n: (e, n, k // 8), "bits [E, N, K/8]"),
+              (torch.float32, lambda e, k, n: (e, k), "a (scale_k) [E, K]"),
+              (torch.float32, lambda e, k, n: (e, n), "b (scale_n) [E, N]")), 8),
+}
+LOWBIT_FORMATS = tuple(_LOWBIT_STORAGE)
+
+
+def _lowbit_factor(name: str, fmt: str, w: tuple, e: int, k: int, n: int) -> None:
+    if fmt not in _LOWBIT_STORAGE:
+        raise ValueError(f"fmt must be one of {LOWBIT_FORMATS}, got {fmt!r}")
+    if not isinstance(w, (tuple, list)) or len(w) != 3:
+        raise TypeError(f"{name} must be a tuple of the format's three storage tensors")
+    specs, align = _LOWBIT_STORAGE[fmt]
+    for i, (t, (dt, shape, what)) in enumerate(zip(w, specs)):
+        _dtype(f"{name}[{i}]", t, (dt,))
+        _shape(f"{name}[{i}]", t, shape(e, k, n), what)
+    if w[0].data_ptr() % align:
+        raise ValueError(f"{name}[0] must be {align}-byte aligned")
+    if fmt == "sign" and w[1].data_ptr() % 16:
+        raise ValueError(f"{name}[1] (a) must be 16-byte aligned")
+
+
+def glu_down_fwd_lowbit(
     x: Tensor,
     offs: Tensor,
     tile_cum: Tensor,
     gate: tuple[Tensor, Tensor, Tensor],
     up: tuple[Tensor, Tensor, Tensor],
     *,
+    fmt: str,
     m: int,
     max_tiles: int,
     gather_idx: Tensor | None = None,
@@ -455,21 +484,26 @@ def glu_down_fwd_nvfp4(
     save: bool = False,
     out: tuple[Tensor, Tensor | None, Tensor | None] | None = None,
 ) -> tuple[Tensor, Tensor | None, Tensor | None]:
-    """The low-bit grouped GLU's down projection with NVFP4 w_gate / w_up (``tsct_glu_down_fwd_nvfp4``,
-    csrc/glu/down_nvfp4.cu): for routed row i of expert e and x_i = ``x[gather_idx[i]]`` (or ``x[i]``)::
+    """The low-bit grouped GLU's down projection with NVFP4 or sign w_gate / w_up (``tsct_glu_down_fwd_nvfp4`` /
+    ``tsct_glu_down_fwd_sign``, csrc/glu/down_nvfp4.cu): for routed row i of expert e and x_i = ``x[gather_idx[i]]``
+    (or ``x[i]``)::
 
-        hg[i] = x_i @ W_gate_hat[e],  hu[i] = x_i @ W_up_hat[e]           (fp32, W_hat = e2m1 * sf / s_enc)
+        hg[i] = x_i @ W_gate_hat[e],  hu[i] = x_i @ W_up_hat[e]           (fp32)
         z[i]  = silu(hg[i] * s_gate[e]) * (hu[i] * s_up[e]) * row_weight[i]
 
-    Formats: docs/decisions/0002-nvfp4-recipe.md; bf16 mma.sync, fp32 accumulation.
+    W_hat: NVFP4 e2m1 * sf / s_enc (docs/decisions/0002-nvfp4-recipe.md), exact in the product; sign
+    (+-bf16(a[k])) * b[n] (docs/formats.md; a rounded to bf16 as on the Triton path). bf16 mma.sync, fp32
+    accumulation.
 
     Args:
         x: bfloat16 [rows, d], rows 16-byte aligned (x.stride(0) % 8 == 0, stride(1) == 1), d % 64 == 0.
         offs: int32 [E] cumulative END offsets of the routed rows (not checked here: the op validates them).
         tile_cum: int32 [E] inclusive counts of ``GLU_DOWN_TILE``-row tiles per expert; ``max_tiles`` >= its
             last entry (an upper bound such as ceil(m / 64) + E: the grid).
-        gate, up: (codes uint8 [E, 64, d/2], block scales uint8 [E, 64, d/16] (raw UE4M3, linear layout),
-            s_enc float32 [E]) of w_gate / w_up ([E, d, 64] factors stored K-contiguous); codes 16-byte aligned.
+        gate, up: the packed storage of w_gate / w_up ([E, d, 64] factors stored K-contiguous), by ``fmt``:
+            "nvfp4": (codes uint8 [E, 64, d/2] 16-byte aligned, block scales uint8 [E, 64, d/16] (raw UE4M3,
+            linear layout), s_enc float32 [E]); "sign": (bits uint8 [E, 64, d/8] 8-byte aligned, a float32
+            [E, d] 16-byte aligned, b float32 [E, 64]).
         m: routed rows (z's rows); gather_idx: optional int64 [m] (entries not checked).
         s_gate, s_up, row_weight: optional float32 [E, 64], [E, 64], [m].
         save: also return hg and hu (float32 [m, 64]).
@@ -500,15 +534,8 @@ def glu_down_fwd_nvfp4(
     if d % 64 or d == 0:
         raise ValueError(f"x's d = {d} must be a positive multiple of 64")
     _shape("tile_cum", tile_cum, (e,), "[E]: E from offs")
-    for fname, (codes, scales, s_enc) in (("gate", gate), ("up", up)):
-        _dtype(f"{fname}[0]", codes, (torch.uint8,))
-        _dtype(f"{fname}[1]", scales, (torch.uint8,))
-        _dtype(f"{fname}[2]", s_enc, (torch.float32,))
-        _shape(f"{fname}[0]", codes, (e, 64, d // 2), "codes [E, 64, d/2]")
-        _shape(f"{fname}[1]", scales, (e, 64, d // 16), "block scales [E, 64, d/16]")
-        _shape(f"{fname}[2]", s_enc, (e,), "s_enc [E]")
-        if codes.data_ptr() % 16:
-            raise ValueError(f"{fname}[0] (codes) must be 16-byte aligned")
+    for fname, w in (("gate", gate), ("up", up)):
+        _lowbit_factor(fname, fmt, w, e, d, 64)
     if gather_idx is not None:
         _dtype("gather_idx", gather_idx, (torch.int64,))
         _shape("gather_idx", gather_idx, (m,), "one x row per routed row")
@@ -544,34 +571,36 @@ def glu_down_fwd_nvfp4(
         return z, hg, hu
     null = ctypes.c_void_p(None)
     opt = lambda t: _ptr(t) if t is not None else null  # noqa: E731
-    _call("tsct_glu_down_fwd_nvfp4", x.device, _ptr(x), x.shape[0], x.stride(0), opt(gather_idx), _ptr(offs),
+    _call(f"tsct_glu_down_fwd_{fmt}", x.device, _ptr(x), x.shape[0], x.stride(0), opt(gather_idx), _ptr(offs),
           _ptr(tile_cum), e, m, d, 64, *[_ptr(t) for t in gate], *[_ptr(t) for t in up], opt(s_gate), opt(s_up),
           opt(row_weight), _ptr(z), opt(hg), opt(hu), max_tiles)
     return z, hg, hu
 
 
-def glu_up_fwd_nvfp4(
+def glu_up_fwd_lowbit(
     z: Tensor,
     offs: Tensor,
     tile_cum: Tensor,
     w_down: tuple[Tensor, Tensor, Tensor],
     y: Tensor,
     *,
+    fmt: str,
     f: int,
     max_tiles: int,
     row_weight: Tensor | None = None,
 ) -> Tensor:
-    """The low-bit grouped GLU's up projection with an NVFP4 w_down (``tsct_glu_up_fwd_nvfp4``,
-    csrc/glu/up_nvfp4.cu): for routed row i of expert e, ``y[i, :f] = (z[i] @ W_down_hat[e]) * row_weight[i]``
-    with W_hat = e2m1 * sf / s_enc (docs/decisions/0002-nvfp4-recipe.md); bf16 mma.sync, fp32 accumulation,
-    one bf16 rounding. Columns [f, ldy) of y get the product with zero weights, ``(z[i] . 0) * row_weight[i]``
+    """The low-bit grouped GLU's up projection with an NVFP4 or sign w_down (``tsct_glu_up_fwd_nvfp4`` /
+    ``tsct_glu_up_fwd_sign``, csrc/glu/up_nvfp4.cu): for routed row i of expert e,
+    ``y[i, :f] = (z[i] @ W_down_hat[e]) * row_weight[i]`` with W_hat as for ``glu_down_fwd_lowbit`` (sign: the
+    product with +-bf16(a) times b[n], then the row weight); bf16 mma.sync, fp32 accumulation, one bf16 rounding. Columns [f, ldy) of y get the product with zero weights, ``(z[i] . 0) * row_weight[i]``
     (zeros unless z[i] or row_weight[i] holds an inf or NaN).
 
     Args:
         z: bfloat16 [m, 64] contiguous, 16-byte aligned (rows sorted by expert).
-        offs, tile_cum, max_tiles: as for ``glu_down_fwd_nvfp4`` (``GLU_DOWN_TILE``-row tiles).
-        w_down: (codes uint8 [E, f, 32], block scales uint8 [E, f, 4] (raw UE4M3, linear layout), s_enc
-            float32 [E]) of w_down ([E, 64, f] stored K-contiguous); codes 16-byte aligned.
+        offs, tile_cum, max_tiles: as for ``glu_down_fwd_lowbit`` (``GLU_DOWN_TILE``-row tiles).
+        w_down: the packed storage of w_down ([E, 64, f] stored K-contiguous), by ``fmt``: "nvfp4": (codes uint8
+            [E, f, 32] 16-byte aligned, block scales uint8 [E, f, 4], s_enc float32 [E]); "sign": (bits uint8
+            [E, f, 8] 8-byte aligned, a float32 [E, 64] 16-byte aligned, b float32 [E, f]).
         y: bfloat16 [m, ldy] contiguous, 16-byte aligned, ldy >= f a multiple of 8 (written in place).
         f: the output width; row_weight: optional float32 [m].
     Returns:
@@ -601,22 +630,17 @@ def glu_up_fwd_nvfp4(
         raise ValueError(f"f must be a positive int, got {f!r}")
     if y.dim() != 2 or y.shape[0] != m or y.shape[1] < f or y.shape[1] % 8:
         raise ValueError(f"y must be [m={m}, ldy] with ldy >= f={f} and a multiple of 8, got {list(y.shape)}")
+    _lowbit_factor("w_down", fmt, w_down, e, 64, f)
     codes, scales, s_enc = w_down
-    _dtype("w_down[0]", codes, (torch.uint8,))
-    _dtype("w_down[1]", scales, (torch.uint8,))
-    _dtype("w_down[2]", s_enc, (torch.float32,))
-    _shape("w_down[0]", codes, (e, f, 32), "codes [E, f, 32]")
-    _shape("w_down[1]", scales, (e, f, 4), "block scales [E, f, 4]")
-    _shape("w_down[2]", s_enc, (e,), "s_enc [E]")
     if row_weight is not None:
         _dtype("row_weight", row_weight, (torch.float32,))
         _shape("row_weight", row_weight, (m,), "one per routed row")
-    for name, t in (("z", z), ("y", y), ("w_down[0]", codes)):
+    for name, t in (("z", z), ("y", y)):
         if t.data_ptr() % 16:
             raise ValueError(f"{name} must be 16-byte aligned")
     if e == 0 or m == 0 or max_tiles == 0:
         return y
-    _call("tsct_glu_up_fwd_nvfp4", z.device, _ptr(z), m, _ptr(offs), _ptr(tile_cum), e, f, 64, _ptr(codes),
+    _call(f"tsct_glu_up_fwd_{fmt}", z.device, _ptr(z), m, _ptr(offs), _ptr(tile_cum), e, f, 64, _ptr(codes),
           _ptr(scales), _ptr(s_enc), _ptr(row_weight) if row_weight is not None else ctypes.c_void_p(None), _ptr(y),
           y.shape[1], max_tiles)
     return y

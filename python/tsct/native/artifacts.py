@@ -102,11 +102,11 @@ SASS_RULES: list[SassRule] = [
     SassRule(r"sm_(80|90a|100a|120a|120f|120)", r"^tsctk_glu_bwd_dz_bf16$", require=r"\bHMMA\.16816\.F32\.BF16\b",
              forbid=r"\b(STL|LDL)(\.\w+)*\b",
              why="the CUDA glu_bwd_dz runs bf16 mma.sync with fp32 accumulate and keeps its tiles without spills"),
-    SassRule(r"sm_(80|90a|100a|120a|120f|120)", r"^tsctk_glu_(down|up)_fwd_nvfp4$", require=r"\bHMMA\.16816\.F32\.BF16\b",
+    SassRule(r"sm_(80|90a|100a|120a|120f|120)", r"^tsctk_glu_(down|up)_fwd_(nvfp4|sign)$", require=r"\bHMMA\.16816\.F32\.BF16\b",
              forbid=r"\b(STL|LDL)(\.\w+)*\b",
-             why="the CUDA low-bit GLU projections decode NVFP4 into bf16 mma.sync fragments (fp32 accumulate), "
+             why="the CUDA low-bit GLU projections decode NVFP4 / sign into bf16 mma.sync fragments (fp32 accumulate), "
                  "without spills"),
-    SassRule(r"sm_(90a|100a|120a|120f)", r"^tsctk_glu_up_fwd_nvfp4$", require=r"\bSTSM\b",
+    SassRule(r"sm_(90a|100a|120a|120f)", r"^tsctk_glu_up_fwd_(nvfp4|sign)$", require=r"\bSTSM\b",
              why="the up projection stages y with stmatrix on sm_90+ (the scalar-store fallback is sm_80's)"),
     SassRule(r"sm_90a", _TRITON_GEMM, require=r"\bHGMMA\.", why="Triton GEMMs use wgmma on sm_90a"),
     SassRule(r"sm_100a", _TRITON_GEMM, require=r"\bUTCHMMA\b", why="Triton GEMMs use tcgen05 MMA on sm_100a"),

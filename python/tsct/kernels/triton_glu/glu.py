@@ -44,7 +44,7 @@ _CONFIGS: dict[str, Config] = {a: dataclasses.replace(c).update(_ENV_CFG) for a,
 # every arch without AOT cubins (JIT: sm_80, sm_86, sm_89, ...) gets sm_90a's tiles, but not its CUDA dz:
 # that kernel was timed on sm_90 only and needs more shared memory than sm_86 / sm_89 have (decision 0013)
 CONFIG = dataclasses.replace(_CONFIGS[specs.DEFAULT_ARCH_CONFIG], dz_native=0, down_native_lb=0,
-                             up_native_lb=0)
+                             up_native_lb=0, sign_native_lb=0)
 
 
 def _config(cap: tuple[int, int]) -> Config:

@@ -91,6 +91,7 @@ class Config:
     # native library present): 1 = use it instead of the Triton kernel. Only where it ran (bench/notes.md).
     down_native_lb: int = 0
     up_native_lb: int = 0     # lowbit_up_fwd in CUDA C++ (csrc/glu/up_nvfp4.cu: NVFP4 w_down, r = 64, padded y)
+    sign_native_lb: int = 0   # the same two CUDA kernels for sign factors too (built; not run on a GPU yet: off)
     stages_dxdw_lb: int = 1
 
     def update(self, spec: str) -> "Config":

@@ -139,15 +139,25 @@ def _aligned(x: Tensor, d: int, r: int, *packed: list) -> bool:
     return G._aligned(d, r, x.stride(0), x, *[t for p in packed for t in p if isinstance(t, Tensor)])
 
 
-def _native_down(cfg, fg: int, fu: int, x: Tensor, r: int, d: int, packed: list) -> bool:
+# Alignment (bytes) the CUDA kernels need of each packed storage tensor (_factor_args order), by format.
+_NATIVE_ALIGN = {NVFP4: (16, 4, 4), SIGN: (8, 16, 4)}
+
+
+def _native_packed(cfg, fmt: int, *packed: list) -> bool:
+    """The CUDA kernels take this format on this arch (sign only with ``Config.sign_native_lb``) and its packed
+    storage is aligned as they read it."""
+    if fmt not in _NATIVE_ALIGN or (fmt == SIGN and not cfg.sign_native_lb):
+        return False
+    return all(t.data_ptr() % a == 0 for p in packed for t, a in zip(p, _NATIVE_ALIGN[fmt]))
+
+
+def _native_down(cfg, fg: int, fu: int, x: Tensor, r: int, d: int, pg: list, pu: list) -> bool:
     """Whether lowbit_down_fwd runs as the CUDA kernel (csrc/glu/down_nvfp4.cu): enabled for the arch
-    (``Config.down_native_lb``), NVFP4 w_gate and w_up, bf16 x with 16-byte aligned rows, r = 64,
-    d % 64 == 0, the packed storage (``packed``: both factors' [codes, scales, s_enc]) 4-byte aligned (the
-    codes are 16-byte aligned by ``_factor_args``), on a GPU with the native library loaded and the kernel's
-    shared memory."""
-    if not (cfg.down_native_lb and fg == NVFP4 and fu == NVFP4 and r == 64 and d % 64 == 0 and x.is_cuda
-            and x.dtype == torch.bfloat16 and x.stride(0) % 8 == 0 and x.stride(0) >= d and x.data_ptr() % 16 == 0
-            and all(t.data_ptr() % 4 == 0 for t in packed)):
+    (``Config.down_native_lb``), w_gate and w_up both NVFP4 (or both sign: ``Config.sign_native_lb``) with their packed storage aligned as
+    the kernel reads it, bf16 x with 16-byte aligned rows, r = 64, d % 64 == 0, on a GPU with the native
+    library loaded and the kernel's shared memory."""
+    if not (cfg.down_native_lb and fg == fu and _native_packed(cfg, fg, pg, pu) and r == 64 and d % 64 == 0 and x.is_cuda
+            and x.dtype == torch.bfloat16 and x.stride(0) % 8 == 0 and x.stride(0) >= d and x.data_ptr() % 16 == 0):
         return False
     from tsct import native
 
@@ -162,13 +172,14 @@ def _down(x, gidx, offs, cum, max_tiles, fg, pg, fu, pu, sg, su, rw, z, hg, hu, 
     ``rw``): the CUDA kernel where ``_native_down`` allows, else the Triton kernel ``lowbit_down_fwd``.
     ``cum`` / ``max_tiles``: the tile map of ``cfg.bm`` rows (the CUDA kernel's tiles are 64 rows)."""
     e, r, d = offs.shape[0], z.shape[1], x.shape[1]
-    if _native_down(cfg, fg, fu, x, r, d, [*pg, *pu]):
+    if _native_down(cfg, fg, fu, x, r, d, pg, pu):
         from tsct import native
 
         if cfg.bm != native.GLU_DOWN_TILE:
             cum, max_tiles = G._tile_cum(offs, native.GLU_DOWN_TILE, cap), G._cdiv(m, native.GLU_DOWN_TILE) + e
-        native.glu_down_fwd_nvfp4(x, offs, cum, tuple(pg), tuple(pu), m=m, max_tiles=max_tiles, gather_idx=gidx,
-                                  s_gate=sg, s_up=su, row_weight=rw, save=hg is not None, out=(z, hg, hu))
+        native.glu_down_fwd_lowbit(x, offs, cum, tuple(pg), tuple(pu), fmt=_FMT_NAMES[fg], m=m, max_tiles=max_tiles,
+                                   gather_idx=gidx, s_gate=sg, s_up=su, row_weight=rw, save=hg is not None,
+                                   out=(z, hg, hu))
         FAMILY.count("native", "lowbit_down_fwd")
         return
     br = LS.rank_block(cfg)
@@ -180,14 +191,13 @@ def _down(x, gidx, offs, cum, max_tiles, fg, pg, fu, pu, sg, su, rw, z, hg, hu, 
             WARPS_DECODE, cfg.stages_down_lb, aligned, cap, x.device)
 
 
-def _native_up(cfg, fd: int, z: Tensor, y: Tensor, r: int, packed: list) -> bool:
+def _native_up(cfg, fd: int, z: Tensor, y: Tensor, r: int, pd: list) -> bool:
     """Whether lowbit_up_fwd runs as the CUDA kernel (csrc/glu/up_nvfp4.cu): enabled for the arch
-    (``Config.up_native_lb``), NVFP4 w_down, r = 64, bf16 z, y rows 16-byte aligned (the padded y of the
-    combine, or f % 8 == 0), w_down's packed storage 4-byte aligned, on a GPU with the native library and
-    the kernel's shared memory."""
-    if not (cfg.up_native_lb and fd == NVFP4 and r == 64 and z.is_cuda and z.dtype == torch.bfloat16
-            and y.shape[1] % 8 == 0 and y.data_ptr() % 16 == 0 and z.data_ptr() % 16 == 0
-            and all(t.data_ptr() % 4 == 0 for t in packed)):
+    (``Config.up_native_lb``), an NVFP4 or sign w_down with its packed storage aligned as the kernel reads it,
+    r = 64, bf16 z, y rows 16-byte aligned (the padded y of the combine, or f % 8 == 0), on a GPU with the
+    native library and the kernel's shared memory."""
+    if not (cfg.up_native_lb and _native_packed(cfg, fd, pd) and r == 64 and z.is_cuda and z.dtype == torch.bfloat16
+            and y.shape[1] % 8 == 0 and y.data_ptr() % 16 == 0 and z.data_ptr() % 16 == 0):
         return False
     from tsct import native
 
@@ -207,7 +217,8 @@ def _up(z, offs, cum, max_tiles, fd, pd, rw, y, f, m, cfg, aligned, cap, pad: bo
 
         if cfg.bm != native.GLU_DOWN_TILE:
             cum, max_tiles = G._tile_cum(offs, native.GLU_DOWN_TILE, cap), G._cdiv(m, native.GLU_DOWN_TILE) + e
-        native.glu_up_fwd_nvfp4(z, offs, cum, tuple(pd), y, f=f, max_tiles=max_tiles, row_weight=rw)
+        native.glu_up_fwd_lowbit(z, offs, cum, tuple(pd), y, fmt=_FMT_NAMES[fd], f=f, max_tiles=max_tiles,
+                                 row_weight=rw)
         FAMILY.count("native", "lowbit_up_fwd")
         return
     single_k, bk_up = LS.up_k(r, aligned)
