@@ -1,0 +1,112 @@
+"""The ctypes wrappers of the CUDA low-bit projections (``tsct.native.glu_down_fwd_lowbit`` /
+``glu_up_fwd_lowbit``) and the dispatch's storage predicate, on the CPU.
+
+The kernels need a GPU (tests/gpu/test_glu_lowbit_native_gpu.py); here the wrappers run with the device check
+and the library call replaced by a recorder, so what they validate and what they pass to the C entry (entry name,
+argument order, pointers, sizes, the outputs' shapes) is checked for both formats without one.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+
+from tsct import quant
+from tsct.kernels.triton_glu import specs
+from tsct.kernels.triton_lowbit import glu as L
+from tsct.native import _ops
+
+E, D, R, F, M = 3, 128, 64, 40, 10
+
+
+@pytest.fixture
+def calls(monkeypatch):
+    rec = []
+    monkeypatch.setattr(_ops, "_cuda", lambda name, t, device=None: None)
+    monkeypatch.setattr(_ops, "_call", lambda fn, device, *args: rec.append((fn, args)))
+    return rec
+
+
+def packed(w, fmt):
+    return tuple(L._factor_args("w", quant.quantize(w, fmt), torch.bfloat16)[1])
+
+
+def ptr(a):
+    return a.value if a is not None and hasattr(a, "value") else a
+
+
+@pytest.mark.parametrize("fmt", ["nvfp4", "sign"])
+@pytest.mark.parametrize("save", [False, True])
+def test_down_wrapper_marshals(calls, fmt, save):
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(M, D, generator=g).bfloat16()
+    gate, up = packed(torch.randn(E, D, R, generator=g), fmt), packed(torch.randn(E, D, R, generator=g), fmt)
+    offs = torch.tensor([3, 3, M], dtype=torch.int32)
+    cum = torch.tensor([1, 1, 2], dtype=torch.int32)
+    rw = torch.rand(M, generator=g)
+    z, hg, hu = _ops.glu_down_fwd_lowbit(x, offs, cum, gate, up, fmt=fmt, m=M, max_tiles=5, row_weight=rw,
+                                         save=save)
+    assert z.shape == (M, R) and z.dtype == torch.bfloat16
+    assert (hg is not None) == save and (hg is None or (hg.shape == (M, R) and hg.dtype == torch.float32))
+    (fn, args), = calls
+    assert fn == f"tsct_glu_down_fwd_{fmt}"
+    assert len(args) == 23  # the C entry's 24 arguments less the stream (added by _call)
+    v = [ptr(a) for a in args]
+    assert v[:10] == [x.data_ptr(), M, D, None, offs.data_ptr(), cum.data_ptr(), E, M, D, 64]
+    assert v[10:16] == [t.data_ptr() for t in (*gate, *up)]
+    assert v[16:19] == [None, None, rw.data_ptr()]
+    assert v[19] == z.data_ptr() and v[22] == 5
+    assert v[20:22] == ([hg.data_ptr(), hu.data_ptr()] if save else [None, None])
+
+
+@pytest.mark.parametrize("fmt", ["nvfp4", "sign"])
+def test_up_wrapper_marshals(calls, fmt):
+    g = torch.Generator().manual_seed(1)
+    z = torch.randn(M, R, generator=g).bfloat16()
+    wd = packed(torch.randn(E, R, F, generator=g), fmt)
+    offs = torch.tensor([3, 3, M], dtype=torch.int32)
+    cum = torch.tensor([1, 1, 2], dtype=torch.int32)
+    y = torch.empty(M, 40, dtype=torch.bfloat16)
+    out = _ops.glu_up_fwd_lowbit(z, offs, cum, wd, y, fmt=fmt, f=F, max_tiles=5)
+    assert out is y
+    (fn, args), = calls
+    assert fn == f"tsct_glu_up_fwd_{fmt}"
+    v = [ptr(a) for a in args]
+    assert v == [z.data_ptr(), M, offs.data_ptr(), cum.data_ptr(), E, F, 64, *[t.data_ptr() for t in wd], None,
+                 y.data_ptr(), 40, 5]
+
+
+def test_storage_shapes_follow_the_format(calls):
+    g = torch.Generator().manual_seed(2)
+    x = torch.randn(M, D, generator=g).bfloat16()
+    offs = torch.tensor([3, 3, M], dtype=torch.int32)
+    cum = torch.tensor([1, 1, 2], dtype=torch.int32)
+    nv = packed(torch.randn(E, D, R, generator=g), "nvfp4")
+    sg = packed(torch.randn(E, D, R, generator=g), "sign")
+    with pytest.raises(ValueError, match=r"gate\[0\] must have shape .*bits"):
+        _ops.glu_down_fwd_lowbit(x, offs, cum, nv, sg, fmt="sign", m=M, max_tiles=5)
+    with pytest.raises(TypeError, match=r"up\[1\] must have dtype"):
+        _ops.glu_down_fwd_lowbit(x, offs, cum, nv, (nv[0], sg[1][:, :8].contiguous(), nv[2]), fmt="nvfp4", m=M,
+                                 max_tiles=5)
+    with pytest.raises(ValueError, match="fmt must be one of"):
+        _ops.glu_down_fwd_lowbit(x, offs, cum, nv, nv, fmt="fp8", m=M, max_tiles=5)
+    assert not calls
+
+
+def test_dispatch_storage_predicate():
+    """NVFP4 needs 16-byte aligned codes, sign 8-byte bits and 16-byte a, and sign its own flag."""
+    g = torch.Generator().manual_seed(3)
+    cfg = dataclasses.replace(specs.Config(), down_native_lb=1, up_native_lb=1)
+    nv = list(packed(torch.randn(E, D, R, generator=g), "nvfp4"))
+    sg = list(packed(torch.randn(E, D, R, generator=g), "sign"))
+    assert L._native_packed(cfg, L.NVFP4, nv, nv)
+    assert not L._native_packed(cfg, L.SIGN, sg)  # sign_native_lb off
+    on = dataclasses.replace(cfg, sign_native_lb=1)
+    assert L._native_packed(on, L.SIGN, sg)
+    buf = torch.zeros(sg[1].numel() * 4 + 16, dtype=torch.uint8)
+    a_off = buf[4: 4 + sg[1].numel() * 4].view(torch.float32).view(sg[1].shape)
+    assert a_off.data_ptr() % 16 == 4
+    assert not L._native_packed(on, L.SIGN, [sg[0], a_off, sg[2]])
+    assert not L._native_packed(on, L.DENSE, [torch.zeros(4)])
