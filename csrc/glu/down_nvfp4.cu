@@ -75,7 +75,7 @@ template <int FMT, bool BWD, int NTILE>
 __device__ __forceinline__ void down_body(const DownParams& p, int e, int row0, int R, unsigned char* smem) {
   bf16* xs = reinterpret_cast<bf16*>(smem);                                     // [ST][BM][KC], swizzled
   uint8_t* cs = reinterpret_cast<uint8_t*>(xs + ST * X_STAGE);  // [2][128][CQ * 32] swizzled; sign: [2][128][CQ * 8]
-  uint8_t* ss = cs + 2 * C_STAGE;                                // [2][128][CQ * 4]; sign: a [2][2 factors][CQ * 64] f32
+  uint8_t* ss = cs + 2 * C_STAGE;  // [2][128][CQ * 4]; sign: a [2][2 factors][CQ * 64] f32
   const uint32_t* lut = reinterpret_cast<const uint32_t*>(ss + 2 * S_STAGE);    // [256]
 
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
@@ -276,7 +276,8 @@ template <int FMT>
 __device__ __forceinline__ void down_kernel(const DownParams& p, unsigned char* smem) {
   __shared__ int s_e;
   int e, row0, R;
-  if (!cta_tile<BM>(p.cum, p.offs, p.E, reinterpret_cast<uint32_t*>(smem + ST * X_STAGE * 2 + 2 * (C_STAGE + S_STAGE)), &s_e, e, row0, R)) return;
+  uint32_t* lut = reinterpret_cast<uint32_t*>(smem + ST * X_STAGE * 2 + 2 * (C_STAGE + S_STAGE));
+  if (!cta_tile<BM>(p.cum, p.offs, p.E, lut, &s_e, e, row0, R)) return;
   // n8 tiles: 4 for up to 32 rows (the common case at ~32 rows per expert), else 8
   if (p.hg) {
     if (R <= 32)
@@ -352,10 +353,10 @@ static int down_entry(int fmt, const char* fn, const void* x, int64_t x_rows, in
   if (((uintptr_t)x & 15) || (codes & (sign ? 7 : 15)) || (scales & (sign ? 15 : 3)) || (a4 & 3) ||
       ((uintptr_t)gather_idx & 7) || ((uintptr_t)z & 1))
     return tsct::fail(TSCT_ERR_BAD_ARGUMENT,
-                      sign ? "%s: x and a must be 16-byte aligned, the bits and gather_idx 8-byte, b, offs, tile_cum and "
-                             "the other fp32 arguments 4-byte"
-                           : "%s: x and the codes must be 16-byte aligned, gather_idx 8-byte, the scales, offs, tile_cum "
-                             "and fp32 arguments 4-byte", fn);
+                      sign ? "%s: x and a must be 16-byte aligned, the bits and gather_idx 8-byte, b, offs, "
+                             "tile_cum and the other fp32 arguments 4-byte"
+                           : "%s: x and the codes must be 16-byte aligned, gather_idx 8-byte, the scales, offs, "
+                             "tile_cum and fp32 arguments 4-byte", fn);
   const void* kernel = sign ? (const void*)tsctk_glu_down_fwd_sign : (const void*)tsctk_glu_down_fwd_nvfp4;
   static std::atomic<bool> opted[2][64] = {};
   if (int rc = tsct::opt_in_shared_memory(fn, kernel, SMEM_BYTES, opted[sign])) return rc;

@@ -1,5 +1,6 @@
-// glu_up_fwd for an NVFP4 or sign w_down (kernels tsctk_glu_up_fwd_{nvfp4,sign}), bf16 z, r = 64: the low-bit grouped GLU's up projection into a padded y, in
-// CUDA C++ (the Triton kernel lowbit_up_fwd is latency-bound on the H200: ncu DRAM 37 %, 17 % occupancy).
+// glu_up_fwd for an NVFP4 or sign w_down (kernels tsctk_glu_up_fwd_{nvfp4,sign}), bf16 z, r = 64: the low-bit
+// grouped GLU's up projection into a padded y, in CUDA C++ (the Triton kernel lowbit_up_fwd is latency-bound on
+// the H200: ncu DRAM 37 %, 17 % occupancy).
 // Entry point tsct_glu_up_fwd_nvfp4 (tsct.h); caller python/tsct/kernels/triton_lowbit/glu.py; measurements
 // bench/notes.md "CUDA low-bit kernels".
 //
@@ -92,7 +93,8 @@ __device__ __forceinline__ void up_body(const UpParams& p, int e, int row0, int 
   constexpr int CROW = SIGN ? 8 : 32;  // code bytes per column
   const uint8_t* cbase = p.codes + (size_t)e * f * CROW;
   // 4 bytes per column: UE4M3 scale bytes (NVFP4) or b (sign)
-  const uint8_t* sbase = SIGN ? reinterpret_cast<const uint8_t*>(p.s_enc + (size_t)e * f) : p.scales + (size_t)e * f * 4;
+  const uint8_t* sbase =
+      SIGN ? reinterpret_cast<const uint8_t*>(p.s_enc + (size_t)e * f) : p.scales + (size_t)e * f * 4;
 
   // z tile: piece tid & 7 of rows (tid >> 3) + 16 i (zero rows past R)
   const int pj = tid & 7;
@@ -142,7 +144,9 @@ __device__ __forceinline__ void up_body(const UpParams& p, int e, int row0, int 
   if (SIGN) {
     float a16[16];
 #pragma unroll
-    for (int k = 0; k < 16; ++k) a16[k] = __ldg(reinterpret_cast<const float*>(p.scales) + (size_t)e * RANK + 16 * c + k);
+    const float* arow = reinterpret_cast<const float*>(p.scales) + (size_t)e * RANK + 16 * c;
+#pragma unroll
+    for (int k = 0; k < 16; ++k) a16[k] = __ldg(arow + k);
 #pragma unroll
     for (int j = 0; j < 4; ++j) {
       ap[j] = tsct::sm80::pack_bf16(a16[j], a16[j + 4]);
@@ -272,7 +276,8 @@ template <int FMT>
 __device__ __forceinline__ void up_kernel(const UpParams& p, unsigned char* smem) {
   __shared__ int s_e;
   int e, row0, R;
-  if (!cta_tile<BM>(p.cum, p.offs, p.E, reinterpret_cast<uint32_t*>(smem + SMEM_BYTES - 256 * 4), &s_e, e, row0, R)) return;
+  uint32_t* lut = reinterpret_cast<uint32_t*>(smem + SMEM_BYTES - 256 * 4);
+  if (!cta_tile<BM>(p.cum, p.offs, p.E, lut, &s_e, e, row0, R)) return;
   if (R <= 32)
     up_body<FMT, 4>(p, e, row0, R, smem);
   else
