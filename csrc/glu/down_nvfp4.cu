@@ -1,6 +1,5 @@
-// glu_down_fwd for NVFP4 or sign w_gate / w_up (both the same format; kernels tsctk_glu_down_fwd_{nvfp4,sign}), bf16
-// x, r = 64: the low-bit grouped GLU's down projection with the
-// GLU in its epilogue, in CUDA C++. The Triton kernel (triton_lowbit lowbit_down_fwd) is latency-bound on
+// glu_down_fwd for NVFP4 or sign w_gate / w_up (both the same format; kernels tsctk_glu_down_fwd_{nvfp4,sign}),
+// bf16 x, r = 64: the low-bit grouped GLU's down projection with the GLU in its epilogue, in CUDA C++. The Triton kernel (triton_lowbit lowbit_down_fwd) is latency-bound on
 // the H200 (ncu: DRAM 23 %, 25 % occupancy): its decoded tiles pass through shared memory to reach the
 // wgmma operand layout and each step waits on its own wgmma. Here the codes are decoded straight into
 // mma.sync A fragments. Entry point tsct_glu_down_fwd_nvfp4 (tsct.h); caller

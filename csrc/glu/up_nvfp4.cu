@@ -143,7 +143,6 @@ __device__ __forceinline__ void up_body(const UpParams& p, int e, int row0, int 
   uint32_t ap[8];
   if (SIGN) {
     float a16[16];
-#pragma unroll
     const float* arow = reinterpret_cast<const float*>(p.scales) + (size_t)e * RANK + 16 * c;
 #pragma unroll
     for (int k = 0; k < 16; ++k) a16[k] = __ldg(arow + k);
