@@ -1,9 +1,9 @@
 // glu_down_fwd for NVFP4 or sign w_gate / w_up (both the same format; kernels tsctk_glu_down_fwd_{nvfp4,sign}),
-// bf16 x, r = 64: the low-bit grouped GLU's down projection with the GLU in its epilogue, in CUDA C++. The Triton kernel (triton_lowbit lowbit_down_fwd) is latency-bound on
-// the H200 (ncu: DRAM 23 %, 25 % occupancy): its decoded tiles pass through shared memory to reach the
-// wgmma operand layout and each step waits on its own wgmma. Here the codes are decoded straight into
-// mma.sync A fragments. Entry point tsct_glu_down_fwd_nvfp4 (tsct.h); caller
-// python/tsct/kernels/triton_lowbit/glu.py; measurements bench/notes.md "CUDA down kernel".
+// bf16 x, r = 64: the low-bit grouped GLU's down projection with the GLU in its epilogue, in CUDA C++. The Triton
+// kernel (triton_lowbit lowbit_down_fwd) is latency-bound on the H200 (ncu: DRAM 23 %, 25 % occupancy): its decoded
+// tiles pass through shared memory to reach the wgmma operand layout and each step waits on its own wgmma. Here the
+// codes are decoded straight into mma.sync A fragments. Entry points tsct_glu_down_fwd_{nvfp4,sign} (tsct.h);
+// caller python/tsct/kernels/triton_lowbit/glu.py; measurements bench/notes.md "CUDA low-bit projections".
 //
 //   hg = (x_rows @ W_gate_hat[e]),  hu = (x_rows @ W_up_hat[e])          fp32 [M, 64]  (W_hat = e2m1 * sf / s_enc)
 //   z  = silu(hg * s_gate[e]) * (hu * s_up[e]) [* row_weight]           x.dtype [M, 64]

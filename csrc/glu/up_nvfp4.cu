@@ -2,7 +2,7 @@
 // grouped GLU's up projection into a padded y, in CUDA C++ (the Triton kernel lowbit_up_fwd is latency-bound on
 // the H200: ncu DRAM 37 %, 17 % occupancy).
 // Entry point tsct_glu_up_fwd_nvfp4 (tsct.h); caller python/tsct/kernels/triton_lowbit/glu.py; measurements
-// bench/notes.md "CUDA low-bit kernels".
+// bench/notes.md "CUDA low-bit projections".
 //
 //   y[i, n] = (z[i] @ W_down_hat[e])[n] * row_weight[i]     bf16 [M, ldy]; n in [f, ldy): zero weights (0 if finite)
 //
