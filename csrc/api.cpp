@@ -65,6 +65,19 @@ unsigned grid_blocks(int64_t items) {
 
 }  // namespace tsct
 
+namespace {
+// The registry row of a kernel, or null.
+const tsct::KernelEntry* find_kernel(const char* name) {
+  const tsct::KernelEntry* const tables[] = {tsct::kNvfp4Kernels, tsct::kSignKernels, tsct::kRowsGroupedKernels,
+                                               tsct::kGluKernels, tsct::kGluLowbitKernels,
+                                               tsct::kGluUpLowbitKernels};
+  for (const tsct::KernelEntry* table : tables)
+    for (const tsct::KernelEntry* e = table; e->name; ++e)
+      if (strcmp(e->name, name) == 0) return e;
+  return nullptr;
+}
+}  // namespace
+
 extern "C" {
 
 int tsct_abi_version(void) { return TSCT_ABI_VERSION; }
@@ -82,19 +95,25 @@ const char* tsct_last_error_detail(void) { return tsct::g_detail; }
 
 const char* tsct_build_info(void) { return tsct::kBuildInfoJson; }
 
+
+int tsct_kernel_smem_bytes(const char* kernel_name, int* bytes) {
+  tsct::clear_error_detail();
+  if (!kernel_name || !bytes)
+    return tsct::fail(TSCT_ERR_BAD_ARGUMENT, "tsct_kernel_smem_bytes: null pointer argument");
+  const tsct::KernelEntry* e = find_kernel(kernel_name);
+  if (!e) return tsct::fail(TSCT_ERR_BAD_ARGUMENT, "tsct_kernel_smem_bytes: unknown kernel '%s'", kernel_name);
+  *bytes = e->smem_bytes;
+  return 0;
+}
+
 int tsct_kernel_available(const char* kernel_name, int* available) {
   tsct::clear_error_detail();
   if (!kernel_name || !available)
     return tsct::fail(TSCT_ERR_BAD_ARGUMENT, "tsct_kernel_available: null pointer argument");
   *available = 0;
-  const void* fn = nullptr;
-  const tsct::KernelEntry* const tables[] = {tsct::kNvfp4Kernels, tsct::kSignKernels, tsct::kRowsGroupedKernels,
-                                               tsct::kGluKernels, tsct::kGluLowbitKernels,
-                                               tsct::kGluUpLowbitKernels};
-  for (const tsct::KernelEntry* table : tables)
-    for (const tsct::KernelEntry* e = table; e->name && !fn; ++e)
-      if (strcmp(e->name, kernel_name) == 0) fn = e->fn;
-  if (!fn) return tsct::fail(TSCT_ERR_BAD_ARGUMENT, "tsct_kernel_available: unknown kernel '%s'", kernel_name);
+  const tsct::KernelEntry* entry = find_kernel(kernel_name);
+  if (!entry) return tsct::fail(TSCT_ERR_BAD_ARGUMENT, "tsct_kernel_available: unknown kernel '%s'", kernel_name);
+  const void* fn = entry->fn;
   cudaFuncAttributes attr;
   const cudaError_t e = cudaFuncGetAttributes(&attr, fn);
   if (e == cudaSuccess) {

@@ -32,8 +32,9 @@ constexpr int kThreads = 256;
 unsigned grid_blocks(int64_t items);
 
 struct KernelEntry {
-  const char* name;  // the extern "C" __global__ name, also its ELF symbol (see manifest.json)
-  const void* fn;    // host stub address, for cudaFuncGetAttributes
+  const char* name;    // the extern "C" __global__ name, also its ELF symbol (see manifest.json)
+  const void* fn;      // host stub address, for cudaFuncGetAttributes
+  int smem_bytes = 0;  // dynamic shared memory per block its entry point launches it with (tsct_kernel_smem_bytes)
 };
 // Defined next to the kernels (nvfp4.cu, sign.cu); nullptr-terminated.
 extern const KernelEntry kNvfp4Kernels[];

@@ -305,8 +305,8 @@ extern "C" __global__ void __launch_bounds__(NT, MINB) tsctk_glu_down_fwd_sign(D
 
 namespace tsct {
 const KernelEntry kGluLowbitKernels[] = {
-    {"tsctk_glu_down_fwd_nvfp4", (const void*)tsctk_glu_down_fwd_nvfp4},
-    {"tsctk_glu_down_fwd_sign", (const void*)tsctk_glu_down_fwd_sign},
+    {"tsctk_glu_down_fwd_nvfp4", (const void*)tsctk_glu_down_fwd_nvfp4, SMEM_BYTES},
+    {"tsctk_glu_down_fwd_sign", (const void*)tsctk_glu_down_fwd_sign, SMEM_BYTES},
     {nullptr, nullptr},
 };
 }  // namespace tsct

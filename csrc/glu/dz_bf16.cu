@@ -419,7 +419,7 @@ extern "C" __global__ void __launch_bounds__(NT, MINB) tsctk_glu_bwd_dz_bf16(DzP
 
 namespace tsct {
 const KernelEntry kGluKernels[] = {
-    {"tsctk_glu_bwd_dz_bf16", (const void*)tsctk_glu_bwd_dz_bf16},
+    {"tsctk_glu_bwd_dz_bf16", (const void*)tsctk_glu_bwd_dz_bf16, SMEM_BYTES},
     {nullptr, nullptr},
 };
 }  // namespace tsct

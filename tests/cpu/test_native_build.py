@@ -117,6 +117,24 @@ def test_kernel_registry_matches_manifest(lib_path):
     assert names == KERNELS  # tsct_kernel_available's table names every kernel the library holds
 
 
+def test_kernel_smem_bytes(lib_path):
+    """The shared memory each entry point launches its kernel with comes from the library's registry (the
+    dispatch compares it with the device's opt-in maximum): the values tsct.h documents for the GLU kernels, 0 for
+    the grid-stride quant kernels; an unknown name is an error naming it."""
+    documented = {"tsctk_glu_bwd_dz_bf16": 111616, "tsctk_glu_down_fwd_nvfp4": 70656, "tsctk_glu_down_fwd_sign": 70656,
+                  "tsctk_glu_up_fwd_nvfp4": 36864, "tsctk_glu_up_fwd_sign": 36864}
+    header = HEADER.read_text()
+    for name in sorted(KERNELS):
+        want = documented.get(name, 0)
+        assert native.kernel_smem_bytes(name) == want, name
+        if want:
+            assert f"{want:,} bytes of" in header, (name, want)  # tsct.h states the same number
+    with pytest.raises(ValueError, match="unknown kernel 'tsctk_nope'"):
+        native.kernel_smem_bytes("tsctk_nope")
+    with pytest.raises(TypeError):
+        native.kernel_smem_bytes(3)
+
+
 # tsct.native.artifacts (also ci/check_artifacts.py, tsct-probe --verify-artifacts): cuobjdump vs manifest
 @pytest.fixture(scope="module")
 def cuobjdump() -> str:

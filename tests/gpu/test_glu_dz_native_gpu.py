@@ -30,9 +30,8 @@ if not native.available():
 DEV = torch.device("cuda")
 R = 64
 TOL = 1e-2
-from tsct.kernels.triton_glu.glu import NATIVE_DZ_SMEM  # noqa: E402
-
-if torch.cuda.get_device_properties(0).shared_memory_per_block_optin < NATIVE_DZ_SMEM:
+DZ_SMEM = native.kernel_smem_bytes("tsctk_glu_bwd_dz_bf16")
+if torch.cuda.get_device_properties(0).shared_memory_per_block_optin < DZ_SMEM:
     pytest.skip("the CUDA dz needs 109 KB of shared memory per block (not sm_120)", allow_module_level=True)
 
 

@@ -24,7 +24,8 @@ extern "C" {
                               (tsct_nvfp4_quantize_rows_grouped) and the sm_120 CuTeDSL entries (tsct_sm120_*);
                               4: the CUTLASS sm_120 grouped NVFP4 GEMM (tsct_cutlass_*);
                               5: the grouped GLU backward kernel tsct_glu_bwd_dz_bf16;
-                              6: the low-bit grouped GLU projections tsct_glu_down_fwd_nvfp4, tsct_glu_up_fwd_nvfp4 */
+                              6: the low-bit grouped GLU projections tsct_glu_{down,up}_fwd_{nvfp4,sign};
+                              tsct_kernel_smem_bytes */
 
 /* The library is built with -fvisibility=hidden; only declarations marked TSCT_API are exported
  * (and csrc/exports.map lists the same names). */
@@ -53,6 +54,9 @@ TSCT_API const char* tsct_build_info(void);
  * Kernel names are the extern "C" __global__ names listed in build info (e.g. "tsctk_nvfp4_quantize_bf16");
  * an unknown name is TSCT_ERR_BAD_ARGUMENT; no device / driver gives the cudaError_t. */
 TSCT_API int tsct_kernel_available(const char* kernel_name, int* available);
+/* *bytes = the dynamic shared memory per block the library's entry point launches the named kernel with (0 for
+ * the grid-stride kernels); a host-side table read, no CUDA call. An unknown name is TSCT_ERR_BAD_ARGUMENT. */
+TSCT_API int tsct_kernel_smem_bytes(const char* kernel_name, int* bytes);
 
 /* NVFP4 quantize. x: [batch, n, k] of dtype x_dtype; s_enc: [batch] fp32 encode scales (computed by
  * the caller from the finite amax, see 0002). codes: [batch, n, k/2] bytes; block_scale: linear

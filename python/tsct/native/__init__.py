@@ -12,6 +12,7 @@ Introspection:
     manifest() -> dict | None        manifest.json beside it, read without loading the library
     build_info() -> dict             the same JSON, as compiled into the library
     kernel_available(name) -> bool   the current CUDA device can load that kernel
+    kernel_smem_bytes(name) -> int   the dynamic shared memory per block the library launches it with
 Kernels (CUDA tensors; see each docstring for shapes, dtypes and errors):
     nvfp4_quantize(x, s_enc, layout) -> (codes, block_scale)
     nvfp4_dequantize(codes, block_scale, layout, s_enc, k, out_dtype=torch.bfloat16) -> Tensor
@@ -46,6 +47,7 @@ from tsct.native._ops import (
     glu_down_fwd_lowbit,
     glu_up_fwd_lowbit,
     kernel_available,
+    kernel_smem_bytes,
     nvfp4_dequantize,
     nvfp4_quantize,
     nvfp4_quantize_rows_grouped,
@@ -66,6 +68,7 @@ __all__ = [
     "glu_down_fwd_lowbit",
     "glu_up_fwd_lowbit",
     "kernel_available",
+    "kernel_smem_bytes",
     "library_path",
     "load_error",
     "manifest",

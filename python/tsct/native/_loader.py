@@ -24,7 +24,7 @@ LIB_NAME = "libtsct_kernels.so"
 MANIFEST_NAME = "manifest.json"
 ABI_VERSION = 6  # 2: the Triton AOT launcher (tsct_triton_*); 3: tsct_nvfp4_quantize_rows_grouped, tsct_sm120_*;
 #                   4: the CUTLASS sm_120 grouped NVFP4 GEMM (tsct_cutlass_*); 5: tsct_glu_bwd_dz_bf16;
-#                   6: tsct_glu_{down,up}_fwd_{nvfp4,sign}
+#                   6: tsct_glu_{down,up}_fwd_{nvfp4,sign}, tsct_kernel_smem_bytes
 ENV_VAR = "TSCT_NATIVE_LIB"
 
 # Name -> (restype, argtypes) of every entry point in csrc/include/tsct/tsct.h.
@@ -34,6 +34,7 @@ _SIGNATURES: dict[str, tuple[Any, list[Any]]] = {
     "tsct_last_error_detail": (c_char_p, []),
     "tsct_build_info": (c_char_p, []),
     "tsct_kernel_available": (c_int, [c_char_p, ctypes.POINTER(c_int)]),
+    "tsct_kernel_smem_bytes": (c_int, [c_char_p, ctypes.POINTER(c_int)]),
     # x, x_dtype, batch, n, k, s_enc, codes, block_scale, layout, stream
     "tsct_nvfp4_quantize": (c_int, [c_void_p, c_int, c_int64, c_int64, c_int64, c_void_p, c_void_p, c_void_p, c_int, c_void_p]),
     # codes, block_scale, layout, s_enc, batch, n, k, out, out_dtype, stream

@@ -10,6 +10,7 @@ docs/decisions/0002-nvfp4-recipe.md.
 from __future__ import annotations
 
 import ctypes
+import functools
 
 import torch
 from torch import Tensor
@@ -233,6 +234,25 @@ def sign_dequantize(bits: Tensor, a: Tensor, b: Tensor, out_dtype: torch.dtype =
     out = _empty((nb, n, k), out_dtype, bits.device)
     _call("tsct_sign_dequantize", bits.device, _ptr(bits), _ptr(a), _ptr(b), nb, n, k, _ptr(out), odt)
     return out
+
+
+@functools.lru_cache(maxsize=None)
+def kernel_smem_bytes(name: str) -> int:
+    """Dynamic shared memory per block (bytes) the library launches kernel `name` with: what a device must
+    allow (its opt-in maximum) for that kernel's entry point to run; 0 for the grid-stride quant kernels.
+    Host only (``tsct_kernel_smem_bytes``: a table in the library, no CUDA call); cached per name.
+
+    Raises:
+        TypeError if name is not a str; ValueError for a name the library does not have; RuntimeError
+        (NativeUnavailableError) if the library is unavailable.
+    """
+    if not isinstance(name, str):
+        raise TypeError(f"name must be a str, got {type(name).__name__}")
+    out = ctypes.c_int(0)
+    rc = get_lib().tsct_kernel_smem_bytes(name.encode(), ctypes.byref(out))
+    if rc != 0:
+        raise ValueError(error_message("tsct_kernel_smem_bytes", rc))
+    return out.value
 
 
 def kernel_available(name: str, device: torch.device | int | None = None) -> bool:

@@ -123,12 +123,17 @@ def _native_dz(cfg: Config, wd_t: bool, r: int, dtype: torch.dtype, go: Tensor, 
         return False
     if zw.data_ptr() % 16 or not zw.is_contiguous():
         return False
+    return native_smem_ok("tsctk_glu_bwd_dz_bf16", go.device)
+
+
+def native_smem_ok(kernel: str, device: torch.device) -> bool:
+    """The native library is present and the device allows the shared memory per block its entry point
+    launches ``kernel`` with (``tsct.native.kernel_smem_bytes``: the library's own number)."""
     from tsct import native
 
-    return native.available() and _device_props(go.device).shared_memory_per_block_optin >= NATIVE_DZ_SMEM
-
-
-NATIVE_DZ_SMEM = 111616  # bytes of shared memory per block csrc/glu/dz_bf16.cu needs (its SMEM_BYTES)
+    if not native.available():
+        return False
+    return _device_props(device).shared_memory_per_block_optin >= native.kernel_smem_bytes(kernel)
 
 
 def _scales(s_gate: Optional[Tensor], s_up: Optional[Tensor]) -> tuple[Optional[Tensor], Optional[Tensor]]:

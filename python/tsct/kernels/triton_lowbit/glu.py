@@ -153,18 +153,14 @@ def _native_packed(cfg, fmt: int, *packed: list) -> bool:
 
 def _native_down(cfg, fg: int, fu: int, x: Tensor, r: int, d: int, pg: list, pu: list) -> bool:
     """Whether lowbit_down_fwd runs as the CUDA kernel (csrc/glu/down_nvfp4.cu): enabled for the arch
-    (``Config.down_native_lb``), w_gate and w_up both NVFP4 (or both sign: ``Config.sign_native_lb``) with their packed storage aligned as
-    the kernel reads it, bf16 x with 16-byte aligned rows, r = 64, d % 64 == 0, on a GPU with the native
-    library loaded and the kernel's shared memory."""
-    if not (cfg.down_native_lb and fg == fu and _native_packed(cfg, fg, pg, pu) and r == 64 and d % 64 == 0 and x.is_cuda
-            and x.dtype == torch.bfloat16 and x.stride(0) % 8 == 0 and x.stride(0) >= d and x.data_ptr() % 16 == 0):
+    (``Config.down_native_lb``), w_gate and w_up both NVFP4 (or both sign: ``Config.sign_native_lb``) with
+    their packed storage aligned as the kernel reads it, bf16 x with 16-byte aligned rows, r = 64,
+    d % 64 == 0, on a GPU with the native library loaded and the kernel's shared memory."""
+    if not (cfg.down_native_lb and fg == fu and _native_packed(cfg, fg, pg, pu) and r == 64 and d % 64 == 0
+            and x.is_cuda and x.dtype == torch.bfloat16 and x.stride(0) % 8 == 0 and x.stride(0) >= d
+            and x.data_ptr() % 16 == 0):
         return False
-    from tsct import native
-
-    return native.available() and G._device_props(x.device).shared_memory_per_block_optin >= NATIVE_DOWN_SMEM
-
-
-NATIVE_DOWN_SMEM = 70656  # bytes of shared memory per block csrc/glu/down_nvfp4.cu needs (its SMEM_BYTES)
+    return G.native_smem_ok(f"tsctk_glu_down_fwd_{_FMT_NAMES[fg]}", x.device)
 
 
 def _down(x, gidx, offs, cum, max_tiles, fg, pg, fu, pu, sg, su, rw, z, hg, hu, m, cfg, aligned, cap) -> None:
@@ -199,12 +195,7 @@ def _native_up(cfg, fd: int, z: Tensor, y: Tensor, r: int, pd: list) -> bool:
     if not (cfg.up_native_lb and _native_packed(cfg, fd, pd) and r == 64 and z.is_cuda and z.dtype == torch.bfloat16
             and y.shape[1] % 8 == 0 and y.data_ptr() % 16 == 0 and z.data_ptr() % 16 == 0):
         return False
-    from tsct import native
-
-    return native.available() and G._device_props(z.device).shared_memory_per_block_optin >= NATIVE_UP_SMEM
-
-
-NATIVE_UP_SMEM = 36864  # bytes of shared memory per block csrc/glu/up_nvfp4.cu needs (its SMEM_BYTES)
+    return G.native_smem_ok(f"tsctk_glu_up_fwd_{_FMT_NAMES[fd]}", z.device)
 
 
 def _up(z, offs, cum, max_tiles, fd, pd, rw, y, f, m, cfg, aligned, cap, pad: bool) -> None:
