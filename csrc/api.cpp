@@ -95,7 +95,6 @@ const char* tsct_last_error_detail(void) { return tsct::g_detail; }
 
 const char* tsct_build_info(void) { return tsct::kBuildInfoJson; }
 
-
 int tsct_kernel_smem_bytes(const char* kernel_name, int* bytes) {
   tsct::clear_error_detail();
   if (!kernel_name || !bytes)

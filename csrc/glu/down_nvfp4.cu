@@ -356,9 +356,9 @@ static int down_entry(int fmt, const char* fn, const void* x, int64_t x_rows, in
                              "tile_cum and the other fp32 arguments 4-byte"
                            : "%s: x and the codes must be 16-byte aligned, gather_idx 8-byte, the scales, offs, "
                              "tile_cum and fp32 arguments 4-byte", fn);
-  const void* kernel = sign ? (const void*)tsctk_glu_down_fwd_sign : (const void*)tsctk_glu_down_fwd_nvfp4;
+  void (*const kernel)(DownParams) = sign ? tsctk_glu_down_fwd_sign : tsctk_glu_down_fwd_nvfp4;
   static std::atomic<bool> opted[2][64] = {};
-  if (int rc = tsct::opt_in_shared_memory(fn, kernel, SMEM_BYTES, opted[sign])) return rc;
+  if (int rc = tsct::opt_in_shared_memory(fn, (const void*)kernel, SMEM_BYTES, opted[sign])) return rc;
   DownParams p;
   p.x = static_cast<const bf16*>(x);
   p.gidx = reinterpret_cast<const long long*>(gather_idx);
@@ -379,11 +379,7 @@ static int down_entry(int fmt, const char* fn, const void* x, int64_t x_rows, in
   p.stride_x = stride_x;
   p.E = static_cast<int>(num_experts);
   p.d = static_cast<int>(d);
-  if (sign)
-    tsctk_glu_down_fwd_sign<<<static_cast<unsigned>(max_tiles), NT, SMEM_BYTES, static_cast<cudaStream_t>(stream)>>>(p);
-  else
-    tsctk_glu_down_fwd_nvfp4<<<static_cast<unsigned>(max_tiles), NT, SMEM_BYTES, static_cast<cudaStream_t>(stream)>>>(
-        p);
+  kernel<<<static_cast<unsigned>(max_tiles), NT, SMEM_BYTES, static_cast<cudaStream_t>(stream)>>>(p);
   return tsct::check_launch(fn);
 }
 

@@ -142,15 +142,7 @@ __device__ __forceinline__ void up_body(const UpParams& p, int e, int row0, int 
   // sign: the a pairs of this lane's k = 16c..16c+15 (the same for every column)
   uint32_t ap[8];
   if (SIGN) {
-    float a16[16];
-    const float* arow = reinterpret_cast<const float*>(p.scales) + (size_t)e * RANK + 16 * c;
-#pragma unroll
-    for (int k = 0; k < 16; ++k) a16[k] = __ldg(arow + k);
-#pragma unroll
-    for (int j = 0; j < 4; ++j) {
-      ap[j] = tsct::sm80::pack_bf16(a16[j], a16[j + 4]);
-      ap[4 + j] = tsct::sm80::pack_bf16(a16[8 + j], a16[12 + j]);
-    }
+    a_pairs(reinterpret_cast<const float*>(p.scales) + (size_t)e * RANK + 16 * c, ap);  // a is 16-byte aligned
   }
   float rwf[NTILE][2];
 #pragma unroll
@@ -324,17 +316,17 @@ static int up_entry(int fmt, const char* fn, const void* z, int64_t m, const int
                       "required)", fn);
   const bool sign = fmt == kSign;
   const uintptr_t a16 = (uintptr_t)z | (uintptr_t)y;
-  const uintptr_t a4 = (uintptr_t)scales | (uintptr_t)offs | (uintptr_t)tile_cum | (uintptr_t)s_enc |
+  const uintptr_t a4 = (uintptr_t)offs | (uintptr_t)tile_cum | (uintptr_t)s_enc |
                        (uintptr_t)row_weight;
-  if ((a16 & 15) || ((uintptr_t)codes & (sign ? 7 : 15)) || (a4 & 3))
+  if ((a16 & 15) || ((uintptr_t)codes & (sign ? 7 : 15)) || ((uintptr_t)scales & (sign ? 15 : 3)) || (a4 & 3))
     return tsct::fail(TSCT_ERR_BAD_ARGUMENT,
-                      sign ? "%s: z and y must be 16-byte aligned, the bits 8-byte, a, b, offs, tile_cum and row_weight "
-                             "4-byte"
+                      sign ? "%s: z, y and a must be 16-byte aligned, the bits 8-byte, b, offs, tile_cum and "
+                             "row_weight 4-byte"
                            : "%s: z, the codes and y must be 16-byte aligned, the scales, offs, tile_cum and fp32 "
                              "arguments 4-byte", fn);
-  const void* kernel = sign ? (const void*)tsctk_glu_up_fwd_sign : (const void*)tsctk_glu_up_fwd_nvfp4;
+  void (*const kernel)(UpParams) = sign ? tsctk_glu_up_fwd_sign : tsctk_glu_up_fwd_nvfp4;
   static std::atomic<bool> opted[2][64] = {};
-  if (int rc = tsct::opt_in_shared_memory(fn, kernel, SMEM_BYTES, opted[sign])) return rc;
+  if (int rc = tsct::opt_in_shared_memory(fn, (const void*)kernel, SMEM_BYTES, opted[sign])) return rc;
   UpParams p;
   p.z = static_cast<const bf16*>(z);
   p.offs = offs;
@@ -347,10 +339,7 @@ static int up_entry(int fmt, const char* fn, const void* z, int64_t m, const int
   p.ldy = ldy;
   p.E = static_cast<int>(num_experts);
   p.f = static_cast<int>(f);
-  if (sign)
-    tsctk_glu_up_fwd_sign<<<static_cast<unsigned>(max_tiles), NT, SMEM_BYTES, static_cast<cudaStream_t>(stream)>>>(p);
-  else
-    tsctk_glu_up_fwd_nvfp4<<<static_cast<unsigned>(max_tiles), NT, SMEM_BYTES, static_cast<cudaStream_t>(stream)>>>(p);
+  kernel<<<static_cast<unsigned>(max_tiles), NT, SMEM_BYTES, static_cast<cudaStream_t>(stream)>>>(p);
   return tsct::check_launch(fn);
 }
 

@@ -490,6 +490,8 @@ def test_c_entry_points_reject_bad_arguments(lib):
          "16-byte aligned"),
         (lib.tsct_glu_up_fwd_sign, (P, 8, P, P, 2, 40, 64, ctypes.c_void_p(0x1004), P, P, None, P, 40, 3, None),
          "the bits 8-byte"),
+        (lib.tsct_glu_up_fwd_sign, (P, 8, P, P, 2, 40, 64, P, ctypes.c_void_p(0x1004), P, None, P, 40, 3, None),
+         "z, y and a must be 16-byte aligned"),
     ]
     for fn, args, needle in cases:
         rc = fn(*args)

@@ -159,8 +159,8 @@ TSCT_API int tsct_glu_up_fwd_nvfp4(const void* z, int64_t m, const int32_t* offs
                                    int64_t num_experts, int64_t f, int64_t r, const void* codes, const void* scales,
                                    const float* s_enc, const float* row_weight, void* y, int64_t ldy, int64_t max_tiles,
                                    void* stream);
-/* The same with a sign w_down: codes = bits u8 [E, f, 8] (8-byte aligned), scales = a fp32 [E, 64], s_enc = b fp32
- * [E, f]: y = ((z @ (+-bf16(a)))[n] * b[n]) * row_weight. */
+/* The same with a sign w_down: codes = bits u8 [E, f, 8] (8-byte aligned), scales = a fp32 [E, 64] (16-byte
+ * aligned), s_enc = b fp32 [E, f]: y = ((z @ (+-bf16(a)))[n] * b[n]) * row_weight. */
 TSCT_API int tsct_glu_up_fwd_sign(const void* z, int64_t m, const int32_t* offs, const int32_t* tile_cum,
                                   int64_t num_experts, int64_t f, int64_t r, const void* codes, const void* scales,
                                   const float* s_enc, const float* row_weight, void* y, int64_t ldy, int64_t max_tiles,

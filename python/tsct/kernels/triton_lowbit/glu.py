@@ -163,6 +163,16 @@ def _native_down(cfg, fg: int, fu: int, x: Tensor, r: int, d: int, pg: list, pu:
     return G.native_smem_ok(f"tsctk_glu_down_fwd_{_FMT_NAMES[fg]}", x.device)
 
 
+def _native_tiles(offs: Tensor, cum: Tensor, max_tiles: int, m: int, cfg, cap) -> tuple[Tensor, int]:
+    """The tile map of the CUDA kernels (``native.GLU_DOWN_TILE`` rows per tile) from the Triton path's
+    (``cfg.bm`` rows): the same one when the sizes agree, else counted again."""
+    from tsct import native
+
+    if cfg.bm == native.GLU_DOWN_TILE:
+        return cum, max_tiles
+    return G._tile_cum(offs, native.GLU_DOWN_TILE, cap), G._cdiv(m, native.GLU_DOWN_TILE) + offs.shape[0]
+
+
 def _down(x, gidx, offs, cum, max_tiles, fg, pg, fu, pu, sg, su, rw, z, hg, hu, m, cfg, aligned, cap) -> None:
     """The down projection + GLU into ``z`` (and hg, hu when given: the BWD mode, whose z carries
     ``rw``): the CUDA kernel where ``_native_down`` allows, else the Triton kernel ``lowbit_down_fwd``.
@@ -171,8 +181,7 @@ def _down(x, gidx, offs, cum, max_tiles, fg, pg, fu, pu, sg, su, rw, z, hg, hu, 
     if _native_down(cfg, fg, fu, x, r, d, pg, pu):
         from tsct import native
 
-        if cfg.bm != native.GLU_DOWN_TILE:
-            cum, max_tiles = G._tile_cum(offs, native.GLU_DOWN_TILE, cap), G._cdiv(m, native.GLU_DOWN_TILE) + e
+        cum, max_tiles = _native_tiles(offs, cum, max_tiles, m, cfg, cap)
         native.glu_down_fwd_lowbit(x, offs, cum, tuple(pg), tuple(pu), fmt=_FMT_NAMES[fg], m=m, max_tiles=max_tiles,
                                    gather_idx=gidx, s_gate=sg, s_up=su, row_weight=rw, save=hg is not None,
                                    out=(z, hg, hu))
@@ -206,8 +215,7 @@ def _up(z, offs, cum, max_tiles, fd, pd, rw, y, f, m, cfg, aligned, cap, pad: bo
     if _native_up(cfg, fd, z, y, r, pd):
         from tsct import native
 
-        if cfg.bm != native.GLU_DOWN_TILE:
-            cum, max_tiles = G._tile_cum(offs, native.GLU_DOWN_TILE, cap), G._cdiv(m, native.GLU_DOWN_TILE) + e
+        cum, max_tiles = _native_tiles(offs, cum, max_tiles, m, cfg, cap)
         native.glu_up_fwd_lowbit(z, offs, cum, tuple(pd), y, fmt=_FMT_NAMES[fd], f=f, max_tiles=max_tiles,
                                  row_weight=rw)
         FAMILY.count("native", "lowbit_up_fwd")
