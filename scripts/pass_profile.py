@@ -142,7 +142,7 @@ def sweep(arms: str, cfgs: str, aot_dirs: str, iters: int, backend: str) -> dict
         k = {}
         for e in r["kernels"]:
             # the CUDA dz (tsctk_glu_bwd_dz_bf16) counts as bwd_dz
-            n = e["name"].removeprefix("tsctk_").removesuffix("_bf16").removeprefix("glu_").removeprefix("lowbit_").removesuffix("_nvfp4")
+            n = e["name"].removeprefix("tsctk_").removesuffix("_bf16").removeprefix("glu_").removeprefix("lowbit_").removesuffix("_nvfp4").removesuffix("_sign")
             k[n] = k.get(n, 0) + e["ms"]
         print(f"  {r['fwd_ms']:.3f}   {r['device_ms']:.3f}   " + "  ".join(f"{k.get(n, 0):12.4f}" for n in names) + f"  {label}")
     return res

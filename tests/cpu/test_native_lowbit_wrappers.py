@@ -102,7 +102,7 @@ def test_dispatch_storage_predicate():
     nv = list(packed(torch.randn(E, D, R, generator=g), "nvfp4"))
     sg = list(packed(torch.randn(E, D, R, generator=g), "sign"))
     assert L._native_packed(cfg, L.NVFP4, nv, nv)
-    assert not L._native_packed(cfg, L.SIGN, sg)  # sign_native_lb off
+    assert not L._native_packed(cfg, L.SIGN, sg)  # sign_native_lb off (the default Config)
     on = dataclasses.replace(cfg, sign_native_lb=1)
     assert L._native_packed(on, L.SIGN, sg)
     buf = torch.zeros(sg[1].numel() * 4 + 16, dtype=torch.uint8)

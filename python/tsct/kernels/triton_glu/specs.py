@@ -91,7 +91,7 @@ class Config:
     # native library present): 1 = use it instead of the Triton kernel. Only where it ran (bench/notes.md).
     down_native_lb: int = 0
     up_native_lb: int = 0     # lowbit_up_fwd in CUDA C++ (csrc/glu/up_nvfp4.cu: NVFP4 w_down, r = 64, padded y)
-    sign_native_lb: int = 0   # the same two CUDA kernels for sign factors too (built; not run on a GPU yet: off)
+    sign_native_lb: int = 0   # the same two CUDA kernels for sign factors too (first ran on the H200 in session 9)
     stages_dxdw_lb: int = 1
 
     def update(self, spec: str) -> "Config":
@@ -135,7 +135,7 @@ MAX_SHARED: dict[str, int] = {"sm_90a": 232448, "sm_100a": 232448, "sm_120": 101
 # SMs) with two pipeline stages in the d loop so the down kernel stays well under 99 KB and two CTAs
 # fit per SM. Not measured on an sm_120 card (design.md section 6).
 CONFIGS: dict[str, Config] = {
-    "sm_90a": Config(dz_native=1, down_native_lb=1, up_native_lb=1),
+    "sm_90a": Config(dz_native=1, down_native_lb=1, up_native_lb=1, sign_native_lb=1),
     "sm_100a": Config(),  # the CUDA dz fits sm_100 (109 KB shared memory) but has not run there
     # ~99 KB of shared memory per block: fewer stages. Every field the H200 sweep of session 5 changed
     # stays at its previous value here (nothing has been timed on an sm_120 card; bench/notes.md "v8")
