@@ -327,8 +327,10 @@ def test_fake_impls_give_shapes_and_dtypes():
     with FakeTensorMode(allow_non_fake_inputs=True):
         y, saved = torch.ops.tsct.grouped_glu_q(*_op_args(p, facs, (None, None, None), dispatch.TRITON_LOWBIT))
         assert tuple(y.shape) == (12, 24) and y.dtype == torch.float32
-        # triton-lowbit saves hg, hu (fp32) and z * rw ([M, r] = [26, 16]) for its backward
-        assert [(tuple(t.shape), t.dtype) for t in saved] == [((26, 16), torch.float32)] * 2 + [((26, 16), y.dtype)]
+        # triton-lowbit saves hg, hu (fp32) and z * rw ([M, r] = [26, 16]) for its backward, and with scatter_idx
+        # the combine's CSR (order [M], ptr [num_out_rows + 1], int64) for the dX combine
+        assert [(tuple(t.shape), t.dtype) for t in saved] == ([((26, 16), torch.float32)] * 2 + [((26, 16), y.dtype)]
+                                                              + [((26,), torch.int64), ((13,), torch.int64)])
         grads = torch.ops.tsct.grouped_glu_q_backward(
             torch.empty(12, 24), *_op_args(p, facs, (masters[0], None, masters[2]), dispatch.TRITON_LOWBIT),
             [True, True, False, True, False, True, True], saved)

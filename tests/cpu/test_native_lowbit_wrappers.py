@@ -95,6 +95,37 @@ def test_storage_shapes_follow_the_format(calls):
     assert not calls
 
 
+@pytest.mark.parametrize("fmt", ["nvfp4", "sign"])
+def test_validate_false_marshals_the_same_and_skips_checks(calls, fmt):
+    """validate=False (the dispatch's call) passes the C entries the same arguments and skips the Python
+    checks (a float32 x is passed through: the C entry's own checks are what remain), but not the fmt check."""
+    g = torch.Generator().manual_seed(4)
+    x = torch.randn(M, D, generator=g).bfloat16()
+    gate, up = packed(torch.randn(E, D, R, generator=g), fmt), packed(torch.randn(E, D, R, generator=g), fmt)
+    wd = packed(torch.randn(E, R, F, generator=g), fmt)
+    offs = torch.tensor([3, 3, M], dtype=torch.int32)
+    cum = torch.tensor([1, 1, 2], dtype=torch.int32)
+    out = (torch.empty(M, R, dtype=torch.bfloat16), torch.empty(M, R), torch.empty(M, R))
+    for validate in (True, False):
+        _ops.glu_down_fwd_lowbit(x, offs, cum, gate, up, fmt=fmt, m=M, max_tiles=5, save=True, out=out,
+                                 validate=validate)
+        _ops.glu_up_fwd_lowbit(out[0], offs, cum, wd, torch.empty(M, 40, dtype=torch.bfloat16), fmt=fmt, f=F,
+                               max_tiles=5, validate=validate)
+    (d1, a1), (u1, b1), (d2, a2), (u2, b2) = calls
+    assert (d1, u1) == (d2, u2) == (f"tsct_glu_down_fwd_{fmt}", f"tsct_glu_up_fwd_{fmt}")
+    assert [ptr(a) for a in a1] == [ptr(a) for a in a2]
+    assert [ptr(a) for a in b1][:-4] == [ptr(a) for a in b2][:-4]  # y differs (a new tensor each call)
+    with pytest.raises(TypeError, match="x must have dtype"):
+        _ops.glu_down_fwd_lowbit(x.float(), offs, cum, gate, up, fmt=fmt, m=M, max_tiles=5)
+    _ops.glu_down_fwd_lowbit(x.float(), offs, cum, gate, up, fmt=fmt, m=M, max_tiles=5, out=out[:1] + (None, None),
+                             validate=False)
+    with pytest.raises(ValueError, match="fmt must be one of"):
+        _ops.glu_down_fwd_lowbit(x, offs, cum, gate, up, fmt="fp8", m=M, max_tiles=5, validate=False)
+    with pytest.raises(ValueError, match="fmt must be one of"):
+        _ops.glu_up_fwd_lowbit(out[0], offs, cum, wd, torch.empty(M, 40, dtype=torch.bfloat16), fmt="int4", f=F,
+                               max_tiles=5, validate=False)
+
+
 def test_dispatch_storage_predicate():
     """NVFP4 needs 16-byte aligned codes, sign 8-byte bits and 16-byte a, and sign its own flag."""
     g = torch.Generator().manual_seed(3)

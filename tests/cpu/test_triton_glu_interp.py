@@ -30,6 +30,6 @@ def test_interpreter_check_passes(cfg):
                        capture_output=True, text=True, timeout=900)
     assert p.returncode == 0, f"rc {p.returncode}:\n{p.stdout[-3000:]}\n{p.stderr[-3000:]}"
     for case in ("basic", "multi_tile", "empty_and_one", "r300_d100_f5", "top4", "untouched_targets", "kmajor_wd",
-                 "kmajor_wd_multi", "kmajor_wd_r160"):
+                 "kmajor_wd_multi", "kmajor_wd_r160", "saved_csr"):
         assert f"\n{case} " in "\n" + p.stdout, f"case {case} did not run:\n{p.stdout}"
     assert "worst " in p.stdout

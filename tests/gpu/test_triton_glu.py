@@ -352,3 +352,47 @@ def test_op_saves_forward_tensors():
         assert torch.equal(a, b), name
         assert rel_err(a, rg) < TOL, name
         assert torch.equal(a, d.to(a.dtype)), f"{name}: saved and recomputed backward differ"
+
+
+@pytest.mark.parametrize("fmt", ["bf16", "nvfp4", "sign"])
+def test_one_index_tensor_reuses_the_combine_csr(fmt, monkeypatch):
+    """One index tensor as gather_idx and scatter_idx (a token-choice MoE layer): the op's backward reuses the
+    forward's combine CSR for dX instead of sorting again, with the same bits as with two equal index tensors
+    (which build their own), and dX matches the reference on the dequantized factors."""
+    from tsct import quant
+    from tsct.kernels.triton_glu import glu as G
+    from tsct.ops import grouped_glu
+
+    c = Case("one_index", T=192, k=2, E=12, d=128, r=64, f=5461, pad=3)
+    p = make_inputs(c, seed=17)
+    tok = p["gather_idx"].clone()
+    tok[c.T * c.k:] = 0  # padding rows' entries: valid for both uses (never read either way)
+    facs = [p["w_gate"], p["w_up"], p["w_down"]]
+    impl = "triton-bf16"
+    if fmt != "bf16":
+        facs, impl = [quant.quantize(w, fmt) for w in facs], "triton-lowbit"
+    built = []
+    csr = G._csr
+    monkeypatch.setattr(G, "_csr", lambda *a: built.append(1) or csr(*a))
+
+    def run(gi, si):
+        x = p["x"].detach().clone().requires_grad_(True)
+        out = grouped_glu(x, p["offs"], *facs, p["s_gate"], p["s_up"], row_weight=p["row_weight"], gather_idx=gi,
+                          scatter_idx=si, num_out_rows=c.T, impl=impl)
+        poison()
+        out.backward(go)
+        return out.detach(), x.grad
+
+    go = torch.randn(c.T, c.f, device=DEV).to(c.dtype)
+    built.clear()
+    out1, dx1 = run(tok, tok)
+    n_one = len(built)
+    built.clear()
+    out2, dx2 = run(tok, tok.clone())
+    assert (n_one, len(built)) == (1, 2), "CSRs built: one index tensor / two equal ones"
+    assert torch.equal(out1, out2) and torch.equal(dx1, dx2)
+    dense = [w if fmt == "bf16" else quant.dequantize(w, torch.float32) for w in facs]
+    args = [p["x"], p["offs"], *dense, p["s_gate"], p["s_up"], p["row_weight"], tok, tok, c.T]
+    args = [a.float() if isinstance(a, torch.Tensor) and a.is_floating_point() else a for a in args]
+    ref = R.grouped_glu_backward(go.float(), *args, [True] + [False] * 6)[0]
+    assert rel_err(dx1, ref) < TOL

@@ -473,8 +473,7 @@ LOWBIT_FORMATS = tuple(_LOWBIT_STORAGE)
 
 
 def _lowbit_factor(name: str, fmt: str, w: tuple, e: int, k: int, n: int) -> None:
-    if fmt not in _LOWBIT_STORAGE:
-        raise ValueError(f"fmt must be one of {LOWBIT_FORMATS}, got {fmt!r}")
+    _lowbit_fmt(fmt)
     if not isinstance(w, (tuple, list)) or len(w) != 3:
         raise TypeError(f"{name} must be a tuple of the format's three storage tensors")
     specs, align = _LOWBIT_STORAGE[fmt]
@@ -487,55 +486,13 @@ def _lowbit_factor(name: str, fmt: str, w: tuple, e: int, k: int, n: int) -> Non
         raise ValueError(f"{name}[1] (a) must be 16-byte aligned")
 
 
-def glu_down_fwd_lowbit(
-    x: Tensor,
-    offs: Tensor,
-    tile_cum: Tensor,
-    gate: tuple[Tensor, Tensor, Tensor],
-    up: tuple[Tensor, Tensor, Tensor],
-    *,
-    fmt: str,
-    m: int,
-    max_tiles: int,
-    gather_idx: Tensor | None = None,
-    s_gate: Tensor | None = None,
-    s_up: Tensor | None = None,
-    row_weight: Tensor | None = None,
-    save: bool = False,
-    out: tuple[Tensor, Tensor | None, Tensor | None] | None = None,
-) -> tuple[Tensor, Tensor | None, Tensor | None]:
-    """The low-bit grouped GLU's down projection with NVFP4 or sign w_gate / w_up (``tsct_glu_down_fwd_nvfp4`` /
-    ``tsct_glu_down_fwd_sign``, csrc/glu/down_nvfp4.cu): for routed row i of expert e and x_i = ``x[gather_idx[i]]``
-    (or ``x[i]``)::
+def _lowbit_fmt(fmt: str) -> None:
+    if fmt not in _LOWBIT_STORAGE:
+        raise ValueError(f"fmt must be one of {LOWBIT_FORMATS}, got {fmt!r}")
 
-        hg[i] = x_i @ W_gate_hat[e],  hu[i] = x_i @ W_up_hat[e]           (fp32)
-        z[i]  = silu(hg[i] * s_gate[e]) * (hu[i] * s_up[e]) * row_weight[i]
 
-    W_hat: NVFP4 e2m1 * sf / s_enc (docs/decisions/0002-nvfp4-recipe.md), exact in the product; sign
-    (+-bf16(a[k])) * b[n] (docs/formats.md; a rounded to bf16 as on the Triton path). bf16 mma.sync, fp32
-    accumulation.
-
-    Args:
-        x: bfloat16 [rows, d], rows 16-byte aligned (x.stride(0) % 8 == 0, stride(1) == 1), d % 64 == 0.
-        offs: int32 [E] cumulative END offsets of the routed rows (not checked here: the op validates them).
-        tile_cum: int32 [E] inclusive counts of ``GLU_DOWN_TILE``-row tiles per expert; ``max_tiles`` >= its
-            last entry (an upper bound such as ceil(m / 64) + E: the grid).
-        gate, up: the packed storage of w_gate / w_up ([E, d, 64] factors stored K-contiguous), by ``fmt``:
-            "nvfp4": (codes uint8 [E, 64, d/2] 16-byte aligned, block scales uint8 [E, 64, d/16] (raw UE4M3,
-            linear layout), s_enc float32 [E]); "sign": (bits uint8 [E, 64, d/8] 8-byte aligned, a float32
-            [E, d] 16-byte aligned, b float32 [E, 64]).
-        m: routed rows (z's rows); gather_idx: optional int64 [m] (entries not checked).
-        s_gate, s_up, row_weight: optional float32 [E, 64], [E, 64], [m].
-        save: also return hg and hu (float32 [m, 64]).
-        out: optional (z, hg, hu) to write into (contiguous, the shapes and dtypes returned; hg, hu None
-            unless ``save``).
-    Returns:
-        (z bfloat16 [m, 64], hg, hu) with hg, hu None unless ``save``. Rows at or past offs[-1] are not
-        written (torch.empty contents).
-    Raises:
-        TypeError / ValueError naming the bad argument; RuntimeError from the kernel (e.g. less than 69 KB
-        of shared memory per block) or the loader.
-    """
+def _check_down_lowbit(x, offs, tile_cum, gate, up, fmt, m, gather_idx, s_gate, s_up, row_weight, save, out) -> None:
+    """glu_down_fwd_lowbit's argument checks (its docstring says what they require)."""
     named = [("x", x), ("offs", offs), ("tile_cum", tile_cum)]
     named += [(f"gate[{i}]", t) for i, t in enumerate(gate)] + [(f"up[{i}]", t) for i, t in enumerate(up)]
     for name, t in (("gather_idx", gather_idx), ("s_gate", s_gate), ("s_up", s_up), ("row_weight", row_weight)):
@@ -568,11 +525,7 @@ def glu_down_fwd_lowbit(
     for name, t in named:
         if name != "x" and not t.is_contiguous():
             raise ValueError(f"{name} must be contiguous")
-    if out is None:
-        z = _empty((m, 64), torch.bfloat16, x.device)
-        hg = _empty((m, 64), torch.float32, x.device) if save else None
-        hu = _empty((m, 64), torch.float32, x.device) if save else None
-    else:
+    if out is not None:
         z, hg, hu = out
         for name, t, dt in (("out[0]", z, torch.bfloat16), ("out[1]", hg, torch.float32),
                             ("out[2]", hu, torch.float32)):
@@ -587,6 +540,71 @@ def glu_down_fwd_lowbit(
                 _shape(name, t, (m, 64), "[m, 64]")
                 if not t.is_contiguous():
                     raise ValueError(f"{name} must be contiguous")
+
+
+def glu_down_fwd_lowbit(
+    x: Tensor,
+    offs: Tensor,
+    tile_cum: Tensor,
+    gate: tuple[Tensor, Tensor, Tensor],
+    up: tuple[Tensor, Tensor, Tensor],
+    *,
+    fmt: str,
+    m: int,
+    max_tiles: int,
+    gather_idx: Tensor | None = None,
+    s_gate: Tensor | None = None,
+    s_up: Tensor | None = None,
+    row_weight: Tensor | None = None,
+    save: bool = False,
+    out: tuple[Tensor, Tensor | None, Tensor | None] | None = None,
+    validate: bool = True,
+) -> tuple[Tensor, Tensor | None, Tensor | None]:
+    """The low-bit grouped GLU's down projection with NVFP4 or sign w_gate / w_up (``tsct_glu_down_fwd_nvfp4`` /
+    ``tsct_glu_down_fwd_sign``, csrc/glu/down_nvfp4.cu): for routed row i of expert e and x_i = ``x[gather_idx[i]]``
+    (or ``x[i]``)::
+
+        hg[i] = x_i @ W_gate_hat[e],  hu[i] = x_i @ W_up_hat[e]           (fp32)
+        z[i]  = silu(hg[i] * s_gate[e]) * (hu[i] * s_up[e]) * row_weight[i]
+
+    W_hat: NVFP4 e2m1 * sf / s_enc (docs/decisions/0002-nvfp4-recipe.md), exact in the product; sign
+    (+-bf16(a[k])) * b[n] (docs/formats.md; a rounded to bf16 as on the Triton path). bf16 mma.sync, fp32
+    accumulation.
+
+    Args:
+        x: bfloat16 [rows, d], rows 16-byte aligned (x.stride(0) % 8 == 0, stride(1) == 1), d % 64 == 0.
+        offs: int32 [E] cumulative END offsets of the routed rows (not checked here: the op validates them).
+        tile_cum: int32 [E] inclusive counts of ``GLU_DOWN_TILE``-row tiles per expert; ``max_tiles`` >= its
+            last entry (an upper bound such as ceil(m / 64) + E: the grid).
+        gate, up: the packed storage of w_gate / w_up ([E, d, 64] factors stored K-contiguous), by ``fmt``:
+            "nvfp4": (codes uint8 [E, 64, d/2] 16-byte aligned, block scales uint8 [E, 64, d/16] (raw UE4M3,
+            linear layout), s_enc float32 [E]); "sign": (bits uint8 [E, 64, d/8] 8-byte aligned, a float32
+            [E, d] 16-byte aligned, b float32 [E, 64]).
+        m: routed rows (z's rows); gather_idx: optional int64 [m] (entries not checked).
+        s_gate, s_up, row_weight: optional float32 [E, 64], [E, 64], [m].
+        save: also return hg and hu (float32 [m, 64]).
+        out: optional (z, hg, hu) to write into (contiguous, the shapes and dtypes returned; hg, hu None
+            unless ``save``).
+        validate: False skips this wrapper's argument checks (~0.1 ms of host time per call) for a caller that
+            has made them already (the op's dispatch, ``tsct.kernels.triton_lowbit.glu``); ``fmt`` is still
+            checked, and the C entry still rejects bad sizes, alignment and null pointers.
+    Returns:
+        (z bfloat16 [m, 64], hg, hu) with hg, hu None unless ``save``. Rows at or past offs[-1] are not
+        written (torch.empty contents).
+    Raises:
+        TypeError / ValueError naming the bad argument; RuntimeError from the kernel (e.g. less than 69 KB
+        of shared memory per block) or the loader.
+    """
+    _lowbit_fmt(fmt)
+    if validate:
+        _check_down_lowbit(x, offs, tile_cum, gate, up, fmt, m, gather_idx, s_gate, s_up, row_weight, save, out)
+    e, d = offs.shape[0], x.shape[1]
+    if out is None:
+        z = _empty((m, 64), torch.bfloat16, x.device)
+        hg = _empty((m, 64), torch.float32, x.device) if save else None
+        hu = _empty((m, 64), torch.float32, x.device) if save else None
+    else:
+        z, hg, hu = out
     if e == 0 or m == 0 or max_tiles == 0:
         return z, hg, hu
     null = ctypes.c_void_p(None)
@@ -597,37 +615,8 @@ def glu_down_fwd_lowbit(
     return z, hg, hu
 
 
-def glu_up_fwd_lowbit(
-    z: Tensor,
-    offs: Tensor,
-    tile_cum: Tensor,
-    w_down: tuple[Tensor, Tensor, Tensor],
-    y: Tensor,
-    *,
-    fmt: str,
-    f: int,
-    max_tiles: int,
-    row_weight: Tensor | None = None,
-) -> Tensor:
-    """The low-bit grouped GLU's up projection with an NVFP4 or sign w_down (``tsct_glu_up_fwd_nvfp4`` /
-    ``tsct_glu_up_fwd_sign``, csrc/glu/up_nvfp4.cu): for routed row i of expert e,
-    ``y[i, :f] = (z[i] @ W_down_hat[e]) * row_weight[i]`` with W_hat as for ``glu_down_fwd_lowbit`` (sign: the
-    product with +-bf16(a) times b[n], then the row weight); bf16 mma.sync, fp32 accumulation, one bf16 rounding. Columns [f, ldy) of y get the product with zero weights, ``(z[i] . 0) * row_weight[i]``
-    (zeros unless z[i] or row_weight[i] holds an inf or NaN).
-
-    Args:
-        z: bfloat16 [m, 64] contiguous, 16-byte aligned (rows sorted by expert).
-        offs, tile_cum, max_tiles: as for ``glu_down_fwd_lowbit`` (``GLU_DOWN_TILE``-row tiles).
-        w_down: the packed storage of w_down ([E, 64, f] stored K-contiguous), by ``fmt``: "nvfp4": (codes uint8
-            [E, f, 32] 16-byte aligned, block scales uint8 [E, f, 4], s_enc float32 [E]); "sign": (bits uint8
-            [E, f, 8] 8-byte aligned, a float32 [E, 64] 16-byte aligned, b float32 [E, f]).
-        y: bfloat16 [m, ldy] contiguous, 16-byte aligned, ldy >= f a multiple of 8 (written in place).
-        f: the output width; row_weight: optional float32 [m].
-    Returns:
-        ``y``; rows at or past offs[-1] are not written.
-    Raises:
-        TypeError / ValueError naming the bad argument; RuntimeError from the kernel or the loader.
-    """
+def _check_up_lowbit(z, offs, tile_cum, w_down, y, fmt, f, row_weight) -> None:
+    """glu_up_fwd_lowbit's argument checks (its docstring says what they require)."""
     named = [("z", z), ("offs", offs), ("tile_cum", tile_cum), ("y", y)]
     named += [(f"w_down[{i}]", t) for i, t in enumerate(w_down)]
     if row_weight is not None:
@@ -651,13 +640,52 @@ def glu_up_fwd_lowbit(
     if y.dim() != 2 or y.shape[0] != m or y.shape[1] < f or y.shape[1] % 8:
         raise ValueError(f"y must be [m={m}, ldy] with ldy >= f={f} and a multiple of 8, got {list(y.shape)}")
     _lowbit_factor("w_down", fmt, w_down, e, 64, f)
-    codes, scales, s_enc = w_down
     if row_weight is not None:
         _dtype("row_weight", row_weight, (torch.float32,))
         _shape("row_weight", row_weight, (m,), "one per routed row")
     for name, t in (("z", z), ("y", y)):
         if t.data_ptr() % 16:
             raise ValueError(f"{name} must be 16-byte aligned")
+
+
+def glu_up_fwd_lowbit(
+    z: Tensor,
+    offs: Tensor,
+    tile_cum: Tensor,
+    w_down: tuple[Tensor, Tensor, Tensor],
+    y: Tensor,
+    *,
+    fmt: str,
+    f: int,
+    max_tiles: int,
+    row_weight: Tensor | None = None,
+    validate: bool = True,
+) -> Tensor:
+    """The low-bit grouped GLU's up projection with an NVFP4 or sign w_down (``tsct_glu_up_fwd_nvfp4`` /
+    ``tsct_glu_up_fwd_sign``, csrc/glu/up_nvfp4.cu): for routed row i of expert e,
+    ``y[i, :f] = (z[i] @ W_down_hat[e]) * row_weight[i]`` with W_hat as for ``glu_down_fwd_lowbit`` (sign: the
+    product with +-bf16(a) times b[n], then the row weight); bf16 mma.sync, fp32 accumulation, one bf16 rounding. Columns [f, ldy) of y get the product with zero weights, ``(z[i] . 0) * row_weight[i]``
+    (zeros unless z[i] or row_weight[i] holds an inf or NaN).
+
+    Args:
+        z: bfloat16 [m, 64] contiguous, 16-byte aligned (rows sorted by expert).
+        offs, tile_cum, max_tiles: as for ``glu_down_fwd_lowbit`` (``GLU_DOWN_TILE``-row tiles).
+        w_down: the packed storage of w_down ([E, 64, f] stored K-contiguous), by ``fmt``: "nvfp4": (codes uint8
+            [E, f, 32] 16-byte aligned, block scales uint8 [E, f, 4], s_enc float32 [E]); "sign": (bits uint8
+            [E, f, 8] 8-byte aligned, a float32 [E, 64] 16-byte aligned, b float32 [E, f]).
+        y: bfloat16 [m, ldy] contiguous, 16-byte aligned, ldy >= f a multiple of 8 (written in place).
+        f: the output width; row_weight: optional float32 [m].
+        validate: False skips this wrapper's argument checks, as for ``glu_down_fwd_lowbit``.
+    Returns:
+        ``y``; rows at or past offs[-1] are not written.
+    Raises:
+        TypeError / ValueError naming the bad argument; RuntimeError from the kernel or the loader.
+    """
+    _lowbit_fmt(fmt)
+    if validate:
+        _check_up_lowbit(z, offs, tile_cum, w_down, y, fmt, f, row_weight)
+    e, m = offs.shape[0], z.shape[0]
+    codes, scales, s_enc = w_down
     if e == 0 or m == 0 or max_tiles == 0:
         return y
     _call(f"tsct_glu_up_fwd_{fmt}", z.device, _ptr(z), m, _ptr(offs), _ptr(tile_cum), e, f, 64, _ptr(codes),

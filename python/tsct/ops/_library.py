@@ -99,7 +99,7 @@ def _out_shape(x, w_down, gather_idx, num_out_rows):
 def _(x, offs, w_gate, w_up, w_down, s_gate, s_up, row_weight, gather_idx, scatter_idx, num_out_rows, impl):
     mod = dispatch.implementation(impl)
     like = getattr(mod, "saved_like", None)
-    saved = like(x, w_gate, gather_idx) if like is not None else []
+    saved = like(x, w_gate, gather_idx, scatter_idx, num_out_rows) if like is not None else []
     return x.new_empty(_out_shape(x, w_down, gather_idx, num_out_rows)), saved
 
 

@@ -185,7 +185,7 @@ def _(x, offs, w_gate, w_up, w_down, q_gate, q_up, q_down, formats, s_gate, s_up
       scatter_idx, num_out_rows, impl):
     like = getattr(dispatch.implementation(impl), "saved_like", None)
     _, facs = _factors(formats, (w_gate, w_up, w_down), (q_gate, q_up, q_down))
-    saved = like(x, facs[0], gather_idx) if like is not None else []
+    saved = like(x, facs[0], gather_idx, scatter_idx, num_out_rows) if like is not None else []
     return x.new_empty(_n_out(x, formats, w_down, q_down, gather_idx, num_out_rows)), saved
 
 

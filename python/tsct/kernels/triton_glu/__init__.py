@@ -6,7 +6,7 @@ Public functions (the same signatures and semantics as ``tsct.reference``):
                         gather_idx, scatter_idx, num_out_rows) -> Tensor
     grouped_glu_backward(grad_out, x, offs, w_gate, w_up, w_down, s_gate, s_up, row_weight,
                          gather_idx, scatter_idx, num_out_rows, needs_grad, saved=None) -> list of 7
-    grouped_glu_forward_saved(same as the forward) -> (Tensor, [hg, hu, z*rw])  (custom op: no recompute)
+    grouped_glu_forward_saved(same as the forward) -> (Tensor, [hg, hu, z*rw (, combine CSR)])  (custom op: no recompute)
     status(capability, fmt) -> (ok, reason)
 
 Kernels live in ``_kernels.py`` (Triton sources), the host side in ``glu.py`` (allocation, the
@@ -70,14 +70,15 @@ def grouped_glu_forward(*args, **kwargs):
 
 
 def grouped_glu_forward_saved(*args, **kwargs):
-    """The forward plus [hg, hu, z*rw] for ``grouped_glu_backward(..., saved=)`` (skips its recompute)."""
+    """The forward plus [hg, hu, z*rw] (and with scatter_idx the combine's CSR) for
+    ``grouped_glu_backward(..., saved=)`` (skips its recompute; reuses the CSR for dX where it is the same)."""
     from tsct.kernels.triton_glu import glu
     return glu.grouped_glu_forward_saved(*args, **kwargs)
 
 
-def saved_like(x, w_gate, gather_idx):
+def saved_like(x, w_gate, gather_idx, scatter_idx=None, num_out_rows=None):
     from tsct.kernels.triton_glu import glu
-    return glu.saved_like(x, w_gate, gather_idx)
+    return glu.saved_like(x, w_gate, gather_idx, scatter_idx, num_out_rows)
 
 
 def grouped_glu_backward(*args, **kwargs):

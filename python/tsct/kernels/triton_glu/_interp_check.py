@@ -94,8 +94,43 @@ def main() -> int:
         err = max(errs) if all(math.isfinite(e) for e in errs) else math.inf  # a NaN must fail
         worst = max(worst, err)
         print(f"{name:20s} max rel err {err:.2e}")
+    if not check_saved_csr():
+        return 1
     print(f"worst {worst:.2e}")
     return 0 if worst < 1e-5 else 1
+
+
+def check_saved_csr() -> bool:
+    """One index tensor routes and combines (a token-choice MoE layer): the saving forward keeps the combine's
+    CSR and the backward's dX combine reuses it, with the same bits as the backward that builds its own."""
+    x, offs, wg, wu, wd, sg, su, rwt, _, si, n_out = make(T=24, k=2, E=4, d=32, r=16, f=40, seed=5)
+    args = (x, offs, wg, wu, wd, sg, su, rwt, si, si, n_out)
+    out, saved = G.grouped_glu_forward_saved(*args)
+    order, ptr = G._csr(si, offs, si.shape[0], n_out, (0, 0))
+    if len(saved) != 5 or not (torch.equal(saved[3], order) and torch.equal(saved[4], ptr)):
+        print("saved_csr: the saving forward did not keep the combine's CSR")
+        return False
+    if G.dx_csr(saved, si.clone(), si, x.shape[0], n_out) is not None or G.dx_csr(saved[:3], si, si, n_out, n_out):
+        print("saved_csr: dx_csr reused a CSR for another index tensor or without one")
+        return False
+    go = torch.randn_like(out)
+    built, csr = [], G._csr
+    G._csr = lambda *a: built.append(1) or csr(*a)
+    try:
+        a = G.grouped_glu_backward(go, *args, [True] * 7, saved=saved)
+        n_reused = len(built)
+        b = G.grouped_glu_backward(go, *args, [True] * 7, saved=saved[:3])
+    finally:
+        G._csr = csr
+    if (n_reused, len(built)) != (0, 1):
+        print(f"saved_csr: CSRs built by the backward with / without the saved one: {n_reused} / {len(built) - n_reused}")
+        return False
+    ref = R.grouped_glu_backward(go, *args, [True] * 7)
+    if not all(torch.equal(u, v) for u, v in zip(a, b)) or rel(a[0], ref[0]) > 1e-5:
+        print(f"saved_csr: dX with the reused CSR differs (rel err vs reference {rel(a[0], ref[0]):.2e})")
+        return False
+    print("saved_csr           reused, bit-identical")
+    return True
 
 
 if __name__ == "__main__":

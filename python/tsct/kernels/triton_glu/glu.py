@@ -198,20 +198,54 @@ def _csr_keys(idx: Tensor, offs: Tensor, m: int, n_out: int, cap, kdt: torch.dty
     return key
 
 
-def _combine(src: Tensor, idx: Tensor, offs: Tensor, n_out: int, cfg: Config, cap, ncols: Optional[int] = None
-             ) -> Tensor:
-    """out[t] = sum of src[i, :ncols] over the rows i < offs[-1] with idx[i] == t, in increasing i."""
+def _combine(src: Tensor, idx: Tensor, offs: Tensor, n_out: int, cfg: Config, cap, ncols: Optional[int] = None,
+             csr: Optional[tuple[Tensor, Tensor]] = None) -> Tensor:
+    """out[t] = sum of src[i, :ncols] over the rows i < offs[-1] with idx[i] == t, in increasing i.
+    ``csr``: ``_csr(idx, offs, m, n_out)`` if the caller has it (else built here)."""
     m, ld = src.shape
     ncols = ld if ncols is None else ncols
     out = torch.empty(n_out, ncols, device=src.device, dtype=src.dtype)
     if n_out == 0 or ncols == 0:
         return out
-    order, ptr = _csr(idx, offs, m, n_out, cap)
+    order, ptr = _csr(idx, offs, m, n_out, cap) if csr is None else csr
     bn = specs.combine_bn(ncols)
     _launch("combine_rows", (n_out, _cdiv(ncols, bn)), [src, order, ptr, out, ncols, ld],
             dict(SRC8=ld % 8 == 0, BN=bn),
             cfg.warps_combine, 3, True, cap, src.device)
     return out
+
+
+def combine_forward(y: Tensor, scatter_idx: Tensor, offs: Tensor, n_out: int, f: int, cfg: Config, cap,
+                    saved: list[Tensor], save: bool) -> Tensor:
+    """The forward's combine of y's first ``f`` columns into ``[n_out, f]``. A saving forward (``save``) appends
+    its CSR (order int64 [M], ptr int64 [n_out + 1]) to ``saved``: the backward's dX combine reuses it when it
+    would build the same one (``dx_csr``)."""
+    csr = _csr(scatter_idx, offs, y.shape[0], n_out, cap) if n_out and f else None
+    if save:
+        saved.extend(csr if csr is not None else _csr_like(y.shape[0], n_out, y.device))
+    return _combine(y, scatter_idx, offs, n_out, cfg, cap, ncols=f, csr=csr)
+
+
+def _csr_like(m: int, n_out: int, device) -> list[Tensor]:
+    return [torch.zeros(m, device=device, dtype=torch.int64), torch.zeros(n_out + 1, device=device, dtype=torch.int64)]
+
+
+def _same_index(a: Tensor, b: Tensor) -> bool:
+    """The same index tensor: one object, or views of the same memory with the same dtype, shape and strides (so
+    the same values now; autograd's saved-tensor version check rejects an in-place change after the forward)."""
+    return a is b or (a.data_ptr() == b.data_ptr() and a.dtype == b.dtype and a.shape == b.shape
+                      and a.stride() == b.stride() and a.device == b.device)
+
+
+def dx_csr(saved: Optional[Sequence[Tensor]], gather_idx: Tensor, scatter_idx: Optional[Tensor], n_x: int,
+           num_out_rows: Optional[int]) -> Optional[tuple[Tensor, Tensor]]:
+    """The CSR the dX combine (over ``gather_idx`` into the x's ``n_x`` rows) needs, from the forward's
+    (``combine_forward``, entries 3 and 4 of ``saved``) when that is the same one: the same index tensor routes
+    and combines (as a token-choice MoE layer passes it) and ``num_out_rows == n_x``. None: build it."""
+    if (saved is None or len(saved) != 5 or scatter_idx is None or num_out_rows != n_x
+            or not _same_index(gather_idx, scatter_idx)):
+        return None
+    return saved[3], saved[4]
 
 
 def _zero_tail(out: Tensor, offs: Tensor, e: int, cfg: Config, cap) -> None:
@@ -241,11 +275,21 @@ def grouped_glu_forward(
                     save=False)[0]
 
 
-def saved_like(x: Tensor, w_gate: Tensor, gather_idx: Optional[Tensor]) -> list[Tensor]:
+def saved_like(x: Tensor, w_gate: Tensor, gather_idx: Optional[Tensor], scatter_idx: Optional[Tensor] = None,
+               num_out_rows: Optional[int] = None) -> list[Tensor]:
     """Empty tensors shaped like what ``grouped_glu_forward_saved`` saves (the custom op's fake)."""
+    return saved_like_r(x, w_gate.shape[2], gather_idx, scatter_idx, num_out_rows)
+
+
+def saved_like_r(x: Tensor, r: int, gather_idx: Optional[Tensor], scatter_idx: Optional[Tensor],
+                 num_out_rows: Optional[int]) -> list[Tensor]:
+    """[hg, hu] fp32 [M, r], z*rw [M, r] in x.dtype, and with ``scatter_idx`` the combine's CSR (order int64 [M],
+    ptr int64 [num_out_rows + 1])."""
     m = gather_idx.shape[0] if gather_idx is not None else x.shape[0]
-    r = w_gate.shape[2]
-    return [x.new_empty(m, r, dtype=torch.float32), x.new_empty(m, r, dtype=torch.float32), x.new_empty(m, r)]
+    out = [x.new_empty(m, r, dtype=torch.float32), x.new_empty(m, r, dtype=torch.float32), x.new_empty(m, r)]
+    if scatter_idx is not None:
+        out += [x.new_empty(m, dtype=torch.int64), x.new_empty(num_out_rows + 1, dtype=torch.int64)]
+    return out
 
 
 def grouped_glu_forward_saved(
@@ -265,7 +309,9 @@ def grouped_glu_forward_saved(
     z * row_weight (x.dtype), each [M, r]. Pass the list to ``grouped_glu_backward(saved=...)``: it
     then skips the recompute (reading x and both factors again, 0.16 ms at b1 on the H200). The up
     projection then applies the row weight to z before its bf16 rounding instead of after the
-    product (a rounding difference only)."""
+    product (a rounding difference only). With ``scatter_idx`` the list also holds the combine's CSR
+    (order, ptr: ``combine_forward``), which the backward's dX combine reuses when ``gather_idx`` is the
+    same index tensor and ``num_out_rows`` is x's row count (``dx_csr``)."""
     return _forward(x, offs, w_gate, w_up, w_down, s_gate, s_up, row_weight, gather_idx, scatter_idx, num_out_rows,
                     save=True)
 
@@ -292,7 +338,8 @@ def _forward(
     if e == 0 or m == 0 or f == 0 or n_out == 0 or d == 0 or r == 0:
         # nothing computed: the saved tensors are never read (the backward returns zeros, or no row is
         # valid: scatter targets need n_out > 0), zeros keep them defined
-        return x.new_zeros(n_out, f), ([t.zero_() for t in saved_like(x, w_gate, gather_idx)] if save else [])
+        return x.new_zeros(n_out, f), ([t.zero_() for t in saved_like(x, w_gate, gather_idx, scatter_idx, n_out)]
+                                       if save else [])
     dev = x.device
     cap = _capability(dev)
     cfg = _config(cap)
@@ -344,7 +391,7 @@ def _forward(
                  WD_T=wd_t, BM=bm, BN=bn, BK=bk_up, BLOCK_E=cfg.block_e),
             warps_up, stages_up, al, cap, dev)
     if scatter_idx is not None:
-        return _combine(y, scatter_idx, offs, n_out, cfg, cap, ncols=f), saved
+        return combine_forward(y, scatter_idx, offs, n_out, f, cfg, cap, saved, save), saved
     _zero_tail(y, offs, e, cfg, cap)
     return y, saved
 
@@ -400,7 +447,7 @@ def grouped_glu_backward(
 
     do_dwd = want[3]
     if saved:
-        hg, hu, zw = saved
+        hg, hu, zw = saved[:3]
     else:  # 1. recompute hg, hu (fp32) and z*rw (x.dtype): the forward's down kernel in backward mode
         cum = _tile_cum(offs, bm, cap)
         max_tiles = _cdiv(m, bm) + e
@@ -468,7 +515,8 @@ def grouped_glu_backward(
                 cfg.warps_bwd_dxdw, cfg.stages_bwd_dxdw, al, cap, dev)
         if do_dx:
             if gather_idx is not None:
-                res[0] = _combine(dx_rows, gather_idx, offs, x.shape[0], cfg, cap)
+                res[0] = _combine(dx_rows, gather_idx, offs, x.shape[0], cfg, cap,
+                                  csr=dx_csr(saved, gather_idx, scatter_idx, x.shape[0], num_out_rows))
             else:
                 _zero_tail(dx_rows, offs, e, cfg, cap)
                 res[0] = dx_rows

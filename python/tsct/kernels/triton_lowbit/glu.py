@@ -184,7 +184,7 @@ def _down(x, gidx, offs, cum, max_tiles, fg, pg, fu, pu, sg, su, rw, z, hg, hu, 
         cum, max_tiles = _native_tiles(offs, cum, max_tiles, m, cfg, cap)
         native.glu_down_fwd_lowbit(x, offs, cum, tuple(pg), tuple(pu), fmt=_FMT_NAMES[fg], m=m, max_tiles=max_tiles,
                                    gather_idx=gidx, s_gate=sg, s_up=su, row_weight=rw, save=hg is not None,
-                                   out=(z, hg, hu))
+                                   out=(z, hg, hu), validate=False)  # _native_down and the op checked them
         FAMILY.count("native", "lowbit_down_fwd")
         return
     br = LS.rank_block(cfg)
@@ -217,7 +217,7 @@ def _up(z, offs, cum, max_tiles, fd, pd, rw, y, f, m, cfg, aligned, cap, pad: bo
 
         cum, max_tiles = _native_tiles(offs, cum, max_tiles, m, cfg, cap)
         native.glu_up_fwd_lowbit(z, offs, cum, tuple(pd), y, fmt=_FMT_NAMES[fd], f=f, max_tiles=max_tiles,
-                                 row_weight=rw)
+                                 row_weight=rw, validate=False)  # _native_up and the op checked them
         FAMILY.count("native", "lowbit_up_fwd")
         return
     single_k, bk_up = LS.up_k(r, aligned)
@@ -246,11 +246,10 @@ def grouped_glu_forward(
                     save=False)[0]
 
 
-def saved_like(x: Tensor, w_gate, gather_idx: Optional[Tensor]) -> list[Tensor]:
+def saved_like(x: Tensor, w_gate, gather_idx: Optional[Tensor], scatter_idx: Optional[Tensor] = None,
+               num_out_rows: Optional[int] = None) -> list[Tensor]:
     """Empty tensors shaped like what ``grouped_glu_forward_saved`` saves (the custom op's fake)."""
-    m = gather_idx.shape[0] if gather_idx is not None else x.shape[0]
-    r = _factor_shape(w_gate)[2]
-    return [x.new_empty(m, r, dtype=torch.float32), x.new_empty(m, r, dtype=torch.float32), x.new_empty(m, r)]
+    return G.saved_like_r(x, _factor_shape(w_gate)[2], gather_idx, scatter_idx, num_out_rows)
 
 
 def grouped_glu_forward_saved(
@@ -270,7 +269,8 @@ def grouped_glu_forward_saved(
     applied) and z * row_weight (x.dtype, [M, r]). Pass the list to ``grouped_glu_backward(saved=...)``:
     it then skips re-running the down kernel (reading x and both packed factors again). As on the bf16
     path, the up projection then applies the row weight to z before its rounding (a rounding difference
-    only)."""
+    only), and with ``scatter_idx`` the list also holds the combine's CSR for the dX combine
+    (``triton_glu.glu.combine_forward`` / ``dx_csr``)."""
     return _forward(x, offs, w_gate, w_up, w_down, s_gate, s_up, row_weight, gather_idx, scatter_idx, num_out_rows,
                     save=True)
 
@@ -282,7 +282,8 @@ def _forward(x, offs, w_gate, w_up, w_down, s_gate, s_up, row_weight, gather_idx
     dtype = x.dtype
     if e == 0 or m == 0 or f == 0 or n_out == 0 or d == 0 or r == 0:
         # nothing computed; zeros keep the saved tensors defined (the backward returns zeros then)
-        return x.new_zeros(n_out, f), ([t.zero_() for t in saved_like(x, w_gate, gather_idx)] if save else [])
+        return x.new_zeros(n_out, f), ([t.zero_() for t in saved_like(x, w_gate, gather_idx, scatter_idx, n_out)]
+                                       if save else [])
     dev = x.device
     cap = G._capability(dev)
     cfg = G._config(cap)
@@ -317,7 +318,7 @@ def _forward(x, offs, w_gate, w_up, w_down, s_gate, s_up, row_weight, gather_idx
         y = torch.empty(m, f, device=dev, dtype=dtype)
     _up(z, offs, cum, max_tiles, fd, pd, rw, y, f, m, cfg, aligned, cap, pad=scatter_idx is not None)
     if scatter_idx is not None:
-        return G._combine(y, scatter_idx, offs, n_out, cfg, cap, ncols=f), saved
+        return G.combine_forward(y, scatter_idx, offs, n_out, f, cfg, cap, saved, save), saved
     G._zero_tail(y, offs, e, cfg, cap)
     return y, saved
 
@@ -405,7 +406,7 @@ def grouped_glu_backward(
     aligned = _aligned(x, d, r, pg, pu, pd)
 
     if saved:
-        hg, hu, zw = saved
+        hg, hu, zw = saved[:3]
     else:  # 1. recompute hg, hu (fp32, second-level scales applied) and z*rw
         cum = G._tile_cum(offs, bm)
         max_tiles = G._cdiv(m, bm) + e
@@ -460,7 +461,8 @@ def grouped_glu_backward(
                 WARPS_DECODE, cfg.stages_dxdw_lb, aligned, cap, dev)
         if do_dx:
             if gather_idx is not None:
-                res[0] = G._combine(dx_rows, gather_idx, offs, x.shape[0], cfg, cap)
+                res[0] = G._combine(dx_rows, gather_idx, offs, x.shape[0], cfg, cap,
+                                    csr=G.dx_csr(saved, gather_idx, scatter_idx, x.shape[0], num_out_rows))
             else:
                 G._zero_tail(dx_rows, offs, e, cfg, cap)
                 res[0] = dx_rows
