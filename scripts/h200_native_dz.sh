@@ -8,27 +8,7 @@
 #   4. scripts/pass_profile.py sweep: per-kernel device time of the K-major bf16 pass, CUDA dz vs Triton dz
 #      (dz_native=0) and its slice counts -> $OUT/sweep.json
 #   5. tsct-bench b1 (padded bmm, tsct-triton-* arms; bf16, nvfp4, sign) -> $OUT/bench_b1.json
-set -u -o pipefail
-OUT=${OUT:-/tmp/tsct_out}
-mkdir -p "$OUT"
-export PYTHONUNBUFFERED=1
-unset PYTHONPATH TSCT_TRITON_BACKEND TSCT_TRITON_GLU_CFG
-ROOT=$(pwd)
-rc=0
-step() {  # step NAME SECONDS CMD...
-  local name=$1 t=$2; shift 2
-  echo "== $name ($(date +%T))"
-  (cd /tmp && timeout --kill-after=10 "$t" "$@") 2>&1 | tee "$OUT/$name.log" | tail -n "${TAIL:-25}"
-  local r=${PIPESTATUS[0]}
-  echo "== $name: rc=$r"
-  [[ $r == 0 ]] || rc=1
-}
-pyt() { python3 -m pytest -q -p no:cacheprovider --tb=short -rfEs --rootdir=/tmp "$@"; }
-export -f pyt
-nvidia-smi --query-gpu=name,driver_version,clocks.sm --format=csv,noheader | tee "$OUT/gpu.txt"
-whl=$(ls -t "$ROOT"/dist/tsct-*.whl | head -n 1)
-python3 -m pip install --no-deps --no-index --force-reinstall "$whl" >"$OUT/install.log" 2>&1 \
-  || { tail -n 20 "$OUT/install.log"; exit 3; }
+source "$(dirname "$0")/device_common.sh"
 STEPS=${STEPS:-"native suite sweep bench"}
 [[ " $STEPS " == *" native "* ]] && step native 120 bash -c "pyt '$ROOT/tests/gpu/test_glu_dz_native_gpu.py'"
 [[ " $STEPS " == *" suite "* ]] && step suite 180 env TSCT_TRITON_BACKEND=aot bash -c \
