@@ -38,7 +38,7 @@ def main() -> None:
     a = ap.parse_args()
 
     from tsct import native, quant
-    from tsct.bench import inputs, routing
+    from tsct.bench import inputs, measure, routing
     from tsct.bench.config import from_preset
     from tsct.kernels.triton_glu import glu as G
     from tsct.kernels.triton_lowbit import glu as L
@@ -79,26 +79,11 @@ def main() -> None:
         up(pd, y, f)
         return G._combine(y, srt.token, offs, t, gcfg, cap, ncols=f, csr=csr)
 
-    def timed(fn):
-        fn()
-        torch.cuda.synchronize()
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            out = fn()
-        graph.replay()
-        torch.cuda.synchronize()
-        ms = []
-        for _ in range(a.iters):
-            t0, t1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            t0.record()
-            graph.replay()
-            t1.record()
-            t1.synchronize()
-            ms.append(t0.elapsed_time(t1))
-        ms.sort()
-        return out, ms[len(ms) // 2], graph
+    def timed(fn):  # (fn's output, the median ms of its CUDA-graph replay)
+        out = fn()
+        return out, measure.time_graph(lambda i: fn(), dev, replays=a.iters)["median"]
 
-    ref, ms_whole, _ = timed(whole)
+    ref, ms_whole = timed(whole)
     res = {"device": torch.cuda.get_device_name(dev), "fmt": a.fmt, "shape": dict(T=t, M=m, E=e, f=f, r=r),
            "whole_ms": ms_whole, "chunks": {}}
     print(f"whole: up + combine {ms_whole:.4f} ms (graph replay, median of {a.iters})", flush=True)
@@ -114,7 +99,7 @@ def main() -> None:
                 outs.append(G._combine(yc, srt.token, offs, t, gcfg, cap, ncols=c1 - c0, csr=csr))
             return outs
 
-        outs, ms, _ = timed(chunked)
+        outs, ms = timed(chunked)
         same = all(torch.equal(o, ref[:, c0:c1]) for o, (c0, c1) in zip(outs, bounds))
         res["chunks"][n] = {"ms": ms, "launch_pairs": len(bounds), "bit_identical": same,
                             "y_chunk_MB": m * yc.shape[1] * 2 / 2 ** 20}
