@@ -7,7 +7,8 @@
 //   y[i, n] = (z[i] @ W_down_hat[e])[n] * row_weight[i]     bf16 [M, ldy]; n in [f, ldy): zero weights (0 if finite)
 //
 // One CTA (4 warps) per row tile of 64 rows of one expert (the tile map of the down kernel). The z tile is read
-// once (into mma B registers: NTILE = 4 n8 tiles of rows, 8 above 32 rows); the CTA then walks f in steps of 64
+// once into shared memory (mma B fragments of NTILE = 4 n8 tiles of rows, 8 above 32 rows, loaded from it every
+// step: holding them in registers cost 64 more and a CTA per SM); the CTA then walks f in steps of 64
 // columns, warp w owning columns 16w..16w+15 of each step (the mma M dimension: y^T = W^T z^T). Per step a
 // 4-stage cp.async ring brings the step's codes [64 columns][32 B] and block scales [64][4 B] (contiguous in
 // memory: one coalesced copy), the codes are decoded straight into A fragments (nvfp4_mma.cuh), and the bf16
@@ -33,7 +34,7 @@
 #define FN 64    // columns of y per step
 #define ST 4     // code pipeline stages
 #define YLD 72   // y staging row stride (elements): 144 B, conflict-free scalar writes and 16-byte reads
-#define MINB 3   // CTAs per SM (registers <= 168: at 4 CTAs / 128 registers the epilogue spills, 0.251 vs 0.224 ms)
+#define MINB 4   // CTAs per SM (~116 registers; bench/notes.md session 9: 5 CTAs / 96 registers was slower)
 
 namespace {
 
@@ -171,7 +172,6 @@ __device__ __forceinline__ void up_body(const UpParams& p, int e, int row0, int 
     }
   };
 
-  uint32_t zf[NTILE][4][2];  // B registers of the z tile: [n8 tile][mma step]
   for (int j = 0; j < nsteps; ++j) {
     const int st = j % ST;
     cp_wait<ST - 2>();
@@ -181,16 +181,6 @@ __device__ __forceinline__ void up_body(const UpParams& p, int e, int row0, int 
     }
     __syncthreads();  // step j's codes and (j == 0) the z tile ready; y staging buffer (j - 1) % 2 complete
     issue(j + ST - 1);
-    if (j == 0) {
-#pragma unroll
-      for (int t = 0; t < NTILE; ++t)
-#pragma unroll
-        for (int s = 0; s < 4; ++s) {
-          const uint2 v = *reinterpret_cast<const uint2*>(zs + t * 1024 + bt_frag(g, c, s));
-          zf[t][s][0] = v.x;
-          zf[t][s][1] = v.y;
-        }
-    }
     if (j > 0) store_y(j - 1);  // step j - 1's staging buffer, complete since the barrier
 
     const uint8_t* cb = cs + st * C_STAGE;
@@ -223,7 +213,10 @@ __device__ __forceinline__ void up_body(const UpParams& p, int e, int row0, int 
       else
         a_step<s>(w0, w1, s0, s1, a);
 #pragma unroll
-      for (int t = 0; t < NTILE; ++t) mma_bf16_16816(acc[t], a[0], a[1], a[2], a[3], zf[t][s][0], zf[t][s][1]);
+      for (int t = 0; t < NTILE; ++t) {  // B: the z fragments of n8 tile t, step s
+        const uint2 v = *reinterpret_cast<const uint2*>(zs + t * 1024 + bt_frag(g, c, s));
+        mma_bf16_16816(acc[t], a[0], a[1], a[2], a[3], v.x, v.y);
+      }
     };
     step(std::integral_constant<int, 0>());
     step(std::integral_constant<int, 1>());
