@@ -1,5 +1,5 @@
-# Sourced by the scripts/h200_*.sh device scripts (run from the repo root on the lent GPU, the wheel built here
-# carried in dist/): sets OUT, ROOT, rc, the step / pyt helpers, prints the GPU and installs the newest
+# Sourced by the scripts/h200_*.sh device scripts (run on the lent GPU, the wheel built here carried in dist/):
+# sets OUT, ROOT (the repo root), rc, the step / pyt helpers, prints the GPU and installs the newest
 # dist/tsct-*.whl (no deps, no index; exits 3 if that fails).
 #   step NAME SECONDS CMD...   run CMD in /tmp under a timeout, log to $OUT/NAME.log, show its last $TAIL lines;
 #                              a failing step sets rc=1 (the script's exit status: `exit $rc`)
@@ -9,7 +9,7 @@ OUT=${OUT:-/tmp/tsct_out}
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
 unset PYTHONPATH TSCT_TRITON_BACKEND TSCT_TRITON_GLU_CFG
-ROOT=$(pwd)
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)  # the repo root, wherever the script is run from
 rc=0
 step() {
   local name=$1 t=$2; shift 2

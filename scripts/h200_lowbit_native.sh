@@ -12,12 +12,12 @@
 #   5. tsct-bench b1 (padded bmm, tsct-triton-* arms; bf16, nvfp4, sign) -> $OUT/bench_b1.json
 #   glu (not by default): tests/gpu/test_triton_glu.py -k "$GLU_K" on the AOT cubins
 #   host (not by default): scripts/pass_profile.py host: host issue time per eager call, cProfile tables
-source "$(dirname "$0")/device_common.sh"
+source "$(dirname "$0")/device_common.sh" || exit 3
 CFG=${CFG-}
 STEPS=${STEPS:-"native suite sweep bench"}
 [[ " $STEPS " == *" native "* ]] && step native 120 env TSCT_TRITON_GLU_CFG="$CFG" bash -c \
   "pyt '$ROOT/tests/gpu/test_glu_lowbit_native_gpu.py'"
-[[ " $STEPS " == *" glu "* ]] && step glu 240 env TSCT_TRITON_BACKEND=aot bash -c \
+[[ " $STEPS " == *" glu "* ]] && step glu 240 env TSCT_TRITON_BACKEND=aot TSCT_TRITON_GLU_CFG="$CFG" bash -c \
   "pyt '$ROOT/tests/gpu/test_triton_glu.py' -k '${GLU_K:-one_index or op_saves}'"
 [[ " $STEPS " == *" suite "* ]] && step suite 320 env TSCT_TRITON_GLU_CFG="$CFG" bash -c \
   "pyt '$ROOT/tests/gpu/test_triton_lowbit_gpu.py' -k 'not b1_pad' && pyt '$ROOT/tests/gpu/test_lowbit_ops_gpu.py'"

@@ -8,7 +8,7 @@
 #   4. scripts/pass_profile.py sweep: per-kernel device time of the K-major bf16 pass, CUDA dz vs Triton dz
 #      (dz_native=0) and its slice counts -> $OUT/sweep.json
 #   5. tsct-bench b1 (padded bmm, tsct-triton-* arms; bf16, nvfp4, sign) -> $OUT/bench_b1.json
-source "$(dirname "$0")/device_common.sh"
+source "$(dirname "$0")/device_common.sh" || exit 3
 STEPS=${STEPS:-"native suite sweep bench"}
 [[ " $STEPS " == *" native "* ]] && step native 120 bash -c "pyt '$ROOT/tests/gpu/test_glu_dz_native_gpu.py'"
 [[ " $STEPS " == *" suite "* ]] && step suite 180 env TSCT_TRITON_BACKEND=aot bash -c \

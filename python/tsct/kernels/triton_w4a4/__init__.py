@@ -5,6 +5,7 @@ factors, UE4M3 block scales per 16 elements, fp32 accumulation; both projections
                 num_out_rows, masters)    differentiable entry (autograd.py; STE backward on triton_lowbit's
                                           kernels), signature and semantics of triton_lowbit.grouped_glu
     grouped_glu_forward / grouped_glu_forward_saved / grouped_glu_backward    (w4a4.py) the host passes
+    saved_like(x, w_gate, gather_idx, ...)        the custom op's fake of what the saving forward keeps
     w4a4.quantize_rows(x)                         NVFP4 rows, per-row second-level scale (Triton kernel)
     w4a4.down_forward(x, offs, w_gate, w_up, ...) grouped W4A4 down-projection + SiLU-GLU -> z [M, r]
     w4a4.up_forward(z_q, offs, w_down, rw)        grouped NVFP4 x NVFP4 up-projection [M, f]
@@ -13,10 +14,11 @@ factors, UE4M3 block scales per 16 elements, fp32 accumulation; both projections
     specs.enumerate_specs(arch)                   the one variant table (JIT and AOT)
     aot_build.py                                  cubins for sm_90a (emulation) and sm_120 (built as sm_120f: OMMA)
 
-Not wired into ``tsct.ops`` / dispatch. Importing this package imports neither Triton nor torch.
+``tsct.ops.grouped_glu(impl="triton-w4a4")`` runs it (``tsct.dispatch``; never chosen by ``auto``). Importing this
+package imports neither Triton nor torch.
 """
 
-__all__ = ["grouped_glu", "grouped_glu_forward", "grouped_glu_forward_saved", "grouped_glu_backward", "runnable",
+__all__ = ["grouped_glu", "grouped_glu_forward", "grouped_glu_forward_saved", "saved_like", "grouped_glu_backward", "runnable",
            "status", "FORMATS"]
 
 #: storage formats this path serves: all three factors NVFP4 (tl.dot_scaled multiplies codes on both sides)
@@ -46,6 +48,13 @@ def grouped_glu_forward(*args, **kwargs):
 def grouped_glu_forward_saved(*args, **kwargs):
     from tsct.kernels.triton_w4a4 import w4a4
     return w4a4.grouped_glu_forward_saved(*args, **kwargs)
+
+
+def saved_like(x, w_gate, gather_idx, scatter_idx=None, num_out_rows=None):
+    """Empty tensors shaped like what ``grouped_glu_forward_saved`` saves (the custom op's fake): hg, hu fp32
+    [M, r] and z * row_weight [M, r] in x.dtype (no combine CSR: this path's backward builds its own)."""
+    from tsct.kernels.triton_glu import glu as G
+    return G.saved_like_r(x, w_gate.shape[-1], gather_idx, None, None)
 
 
 def grouped_glu_backward(*args, **kwargs):
