@@ -141,3 +141,20 @@ def test_dispatch_storage_predicate():
     assert a_off.data_ptr() % 16 == 4
     assert not L._native_packed(on, L.SIGN, [sg[0], a_off, sg[2]])
     assert not L._native_packed(on, L.DENSE, [torch.zeros(4)])
+
+
+def test_int64_offs_rejected_by_name():
+    """The module's direct entry points (not re-validated by tsct.ops) name int64 offs instead of handing them to
+    kernels that read int32 (the CUDA ones run without their wrappers' checks)."""
+    g = torch.Generator().manual_seed(5)
+    x = torch.randn(M, D, generator=g).bfloat16()
+    wg, wu = (quant.quantize(torch.randn(E, D, R, generator=g), "nvfp4") for _ in range(2))
+    wd = quant.quantize(torch.randn(E, R, F, generator=g), "nvfp4")
+    offs = torch.tensor([3, 3, M], dtype=torch.int64)
+    with pytest.raises(TypeError, match="offs must be int32"):
+        L.grouped_glu_forward(x, offs, wg, wu, wd)
+    with pytest.raises(TypeError, match="offs must be int32"):
+        L.down_forward(x, offs, wg, wu)
+    with pytest.raises(TypeError, match="offs must be int32"):
+        L.grouped_glu_backward(torch.zeros(M, F), x, offs, wg, wu, wd, None, None, None, None, None, None,
+                               [True] + [False] * 6)

@@ -199,28 +199,6 @@ def test_dispatch_counts(fmt):
     assert torch.isfinite(y[: int(p["offs"][-1])].float()).all()
 
 
-@pytest.mark.parametrize("fmt", FMTS)
-def test_int64_offs_stay_on_triton(fmt):
-    """A direct caller of triton_lowbit may pass int64 offs (the op's validation makes them int32): the CUDA kernels
-    read int32 and run without their wrappers' checks, so the dispatch keeps such calls on the Triton kernels,
-    with the same result."""
-    cfg = G._config(G._capability(DEV))
-    if not cfg.down_native_lb or (fmt == "sign" and not cfg.sign_native_lb):
-        pytest.skip("Config.down_native_lb (sign: sign_native_lb) is off for this arch")
-    p = make([10, 40, 0, 70], 256, seed=2, fmt=fmt)
-    e = p["offs"].shape[0]
-    wd = quant.quantize((torch.randn(e, R, 96) * 0.05).to(DEV), fmt)
-    args = (p["qg"], p["qu"], wd, p["sg"], p["su"], p["rw"], p["gidx"])
-    counts = L.backend_counts
-    before = {k: counts().get(("native", k), 0) for k in ("lowbit_down_fwd", "lowbit_up_fwd")}
-    y64 = L.grouped_glu_forward(p["x"], p["offs"].long(), *args)
-    assert {k: counts().get(("native", k), 0) for k in before} == before
-    y32 = L.grouped_glu_forward(p["x"], p["offs"], *args)
-    assert counts().get(("native", "lowbit_down_fwd"), 0) == before["lowbit_down_fwd"] + 1
-    n = int(p["offs"][-1])
-    assert rel(y64[:n], y32[:n]) < 1e-2
-
-
 def test_bad_arguments():
     p = make([4, 4], 128, seed=2)
     cum = G._tile_cum(p["offs"], 64)

@@ -126,7 +126,11 @@ def _launch(kernel: str, grid: tuple, args: Sequence[Any], consts: dict, num_war
     FAMILY.launch(kernel, grid, args, consts, num_warps, num_stages, aligned, cap, device)
 
 
-def _dims(x, w_gate, w_down, gather_idx):
+def _dims(x, offs, w_gate, w_down, gather_idx):
+    """(E, d, r, f, M); TypeError unless offs is int32 (the kernels' index type; ``tsct.ops`` checks it too, this
+    module's direct callers are not re-validated otherwise)."""
+    if offs.dtype != torch.int32:
+        raise TypeError(f"offs must be int32 (cumulative END offsets, tsct.ops.grouped_glu), got {offs.dtype}")
     e, d, r = _factor_shape(w_gate)
     f = _factor_shape(w_down)[2]
     m = gather_idx.shape[0] if gather_idx is not None else x.shape[0]
@@ -283,7 +287,7 @@ def grouped_glu_forward_saved(
 
 def _forward(x, offs, w_gate, w_up, w_down, s_gate, s_up, row_weight, gather_idx, scatter_idx, num_out_rows,
              save: bool) -> tuple[Tensor, list[Tensor]]:
-    e, d, r, f, m = _dims(x, w_gate, w_down, gather_idx)
+    e, d, r, f, m = _dims(x, offs, w_gate, w_down, gather_idx)
     n_out = num_out_rows if scatter_idx is not None else m
     dtype = x.dtype
     if e == 0 or m == 0 or f == 0 or n_out == 0 or d == 0 or r == 0:
@@ -334,7 +338,7 @@ def down_forward(x: Tensor, offs: Tensor, w_gate, w_up, s_gate: Optional[Tensor]
     """The latent alone: ``z = silu(x W_gate s_g) * (x W_up s_u)``, ``[M, r]`` in x.dtype, for the rows of
     each expert (rows at or past ``offs[-1]`` are left unwritten). The first kernel of
     ``grouped_glu_forward``; the W4A4 benchmark arm feeds it to ``triton_w4a4`` (forward only)."""
-    e, d, r, _, m = _dims(x, w_gate, w_gate, gather_idx)
+    e, d, r, _, m = _dims(x, offs, w_gate, w_gate, gather_idx)
     z = torch.empty(m, r, device=x.device, dtype=x.dtype)
     if e == 0 or m == 0 or d == 0 or r == 0:
         return z.zero_()
@@ -382,7 +386,7 @@ def grouped_glu_backward(
     res: list[Optional[Tensor]] = [None] * 7
     if not any(want):
         return res
-    e, d, r, f, m = _dims(x, w_gate, w_down, gather_idx)
+    e, d, r, f, m = _dims(x, offs, w_gate, w_down, gather_idx)
     dtype = x.dtype
     dev = x.device
 
