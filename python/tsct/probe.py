@@ -92,6 +92,7 @@ def collect(selftests: bool = True, verify_artifacts: bool = False) -> dict[str,
     if man and gpus:
         art["kernels_loadable_on_gpu0"] = {k: native.kernel_available(k) for k in _manifest_kernels(man)}
     art["triton_aot"] = _triton_aot(man, gpus)
+    art["native_glu"] = _native_glu()
     if verify_artifacts:
         art["verify"] = _verify_artifacts()
     report["artifacts"] = art
@@ -139,6 +140,13 @@ def collect(selftests: bool = True, verify_artifacts: bool = False) -> dict[str,
     report["fallback_counts"] = [{"wanted": w, "taken": t, "reason": r, "count": n}
                                  for (w, t, r), n in dispatch.fallback_counts().items()]
     return report
+
+
+def _native_glu() -> dict[str, Any]:
+    """Which CUDA C++ GLU kernels of the native library the dispatch takes, per arch config (the rest run in
+    Triton): ``tsct.kernels.triton_glu.glu.native_kernels``."""
+    from tsct.kernels.triton_glu import glu as G
+    return G.native_kernels()
 
 
 def _sm120_fp4(caps, gpus: Optional[list] = None, run: bool = False) -> dict[str, Any]:
@@ -295,6 +303,10 @@ def render(report: dict[str, Any]) -> None:
         con.print(f"[yellow]native library not installed[/] ({a['load_error'] or 'no manifest'}): "
                   "quantize/decode use torch")
     _render_triton_aot(con, a["triton_aot"])
+    if man and a.get("native_glu"):
+        con.print("CUDA C++ GLU kernels the dispatch takes instead of Triton ones (on only where they have run):")
+        for arch, ks in a["native_glu"].items():
+            con.print(f"  {arch}: {'; '.join(ks) or 'none'}")
     if "verify" in a:
         vr = a["verify"]
         st = vr.get("status") or ("match" if vr.get("ok") else "error")

@@ -51,6 +51,24 @@ def _config(cap: tuple[int, int]) -> Config:
     return _CONFIGS.get(specs.ARTIFACT_ARCH.get(cap, ""), CONFIG)
 
 
+# The CUDA C++ kernels of the native library that the dispatch takes instead of a Triton kernel, by the Config switch
+# that enables each (decisions 0013, 0014): on only where they have run (bench/notes.md).
+NATIVE_SWITCHES = (
+    ("bf16 backward dz (r 64, K-major w_down)", ("dz_native",)),
+    ("NVFP4 down + up projections (r 64)", ("down_native_lb", "up_native_lb")),
+    ("sign down + up projections (r 64)", ("down_native_lb", "up_native_lb", "sign_native_lb")),
+)
+
+
+def native_kernels(cap: Optional[tuple[int, int]] = None) -> dict[str, list[str]]:
+    """{arch config: [the CUDA C++ GLU kernels its dispatch takes]} for every arch with a Config
+    (``specs.CONFIGS``, after ``TSCT_TRITON_GLU_CFG``) plus "other" (JIT archs), or for compute capability ``cap``
+    alone; a down + up pair counts when both are on (each is also switched alone)."""
+    archs = {specs.ARTIFACT_ARCH.get(cap, "other"): _config(cap)} if cap is not None else \
+        {**_CONFIGS, "other": CONFIG}
+    return {a: [name for name, keys in NATIVE_SWITCHES if all(getattr(c, k) for k in keys)] for a, c in archs.items()}
+
+
 # ---- backends: the AOT cubins (tsct.kernels.aot) or Triton JIT -------------------------------------
 # TSCT_TRITON_BACKEND=auto (default): the AOT cubin of the launch's specialization when this install
 # ships one for the device's arch, else Triton JIT when importable. =aot / =jit force one (tests).
