@@ -60,12 +60,11 @@ NATIVE_SWITCHES = (
 )
 
 
-def native_kernels(cap: Optional[tuple[int, int]] = None) -> dict[str, list[str]]:
+def native_kernels() -> dict[str, list[str]]:
     """{arch config: [the CUDA C++ GLU kernels its dispatch takes]} for every arch with a Config
-    (``specs.CONFIGS``, after ``TSCT_TRITON_GLU_CFG``) plus "other" (JIT archs), or for compute capability ``cap``
-    alone; a down + up pair counts when both are on (each is also switched alone)."""
-    archs = {specs.ARTIFACT_ARCH.get(cap, "other"): _config(cap)} if cap is not None else \
-        {**_CONFIGS, "other": CONFIG}
+    (``specs.CONFIGS``, after ``TSCT_TRITON_GLU_CFG``) plus "other" (JIT archs); a down + up pair counts when both
+    are on (each is also switched alone)."""
+    archs = {**_CONFIGS, "other": CONFIG}
     return {a: [name for name, keys in NATIVE_SWITCHES if all(getattr(c, k) for k in keys)] for a, c in archs.items()}
 
 
@@ -238,14 +237,10 @@ def combine_forward(y: Tensor, scatter_idx: Tensor, offs: Tensor, n_out: int, f:
     """The forward's combine of y's first ``f`` columns into ``[n_out, f]``. A saving forward (``save``) appends
     its CSR (order int64 [M], ptr int64 [n_out + 1]) to ``saved``: the backward's dX combine reuses it when it
     would build the same one (``dx_csr``)."""
-    csr = _csr(scatter_idx, offs, y.shape[0], n_out, cap) if n_out and f else None
+    csr = _csr(scatter_idx, offs, y.shape[0], n_out, cap)  # the forwards return earlier when n_out or f is 0
     if save:
-        saved.extend(csr if csr is not None else _csr_like(y.shape[0], n_out, y.device))
+        saved.extend(csr)
     return _combine(y, scatter_idx, offs, n_out, cfg, cap, ncols=f, csr=csr)
-
-
-def _csr_like(m: int, n_out: int, device) -> list[Tensor]:
-    return [torch.zeros(m, device=device, dtype=torch.int64), torch.zeros(n_out + 1, device=device, dtype=torch.int64)]
 
 
 def _same_index(a: Tensor, b: Tensor) -> bool:

@@ -155,20 +155,15 @@ def _native_packed(cfg, fmt: int, *packed: list) -> bool:
     return all(t.data_ptr() % a == 0 for p in packed for t, a in zip(p, _NATIVE_ALIGN[fmt]))
 
 
-def _native_offs(offs: Tensor) -> bool:
-    """The CUDA kernels read offs as int32 (the op validates that; a direct caller of this module's functions may pass
-    int64, which the Triton kernels take) and are called without their wrappers' checks (``validate=False``)."""
-    return offs.dtype == torch.int32 and offs.is_contiguous()
-
-
-def _native_down(cfg, fg: int, fu: int, x: Tensor, r: int, d: int, pg: list, pu: list, offs: Tensor) -> bool:
+def _native_down(cfg, fg: int, fu: int, x: Tensor, r: int, d: int, pg: list, pu: list) -> bool:
     """Whether lowbit_down_fwd runs as the CUDA kernel (csrc/glu/down_nvfp4.cu): enabled for the arch
     (``Config.down_native_lb``), w_gate and w_up both NVFP4 (or both sign: ``Config.sign_native_lb``) with
     their packed storage aligned as the kernel reads it, bf16 x with 16-byte aligned rows, r = 64,
-    d % 64 == 0, int32 offs, on a GPU with the native library loaded and the kernel's shared memory."""
+    d % 64 == 0, on a GPU with the native library loaded and the kernel's shared memory (offs: int32 and
+    contiguous, as ``_dims`` and every entry point make sure)."""
     if not (cfg.down_native_lb and fg == fu and _native_packed(cfg, fg, pg, pu) and r == 64 and d % 64 == 0
             and x.is_cuda and x.dtype == torch.bfloat16 and x.stride(0) % 8 == 0 and x.stride(0) >= d
-            and x.data_ptr() % 16 == 0 and _native_offs(offs)):
+            and x.data_ptr() % 16 == 0):
         return False
     return G.native_smem_ok(f"tsctk_glu_down_fwd_{_FMT_NAMES[fg]}", x.device)
 
@@ -188,7 +183,7 @@ def _down(x, gidx, offs, cum, max_tiles, fg, pg, fu, pu, sg, su, rw, z, hg, hu, 
     ``rw``): the CUDA kernel where ``_native_down`` allows, else the Triton kernel ``lowbit_down_fwd``.
     ``cum`` / ``max_tiles``: the tile map of ``cfg.bm`` rows (the CUDA kernel's tiles are 64 rows)."""
     e, r, d = offs.shape[0], z.shape[1], x.shape[1]
-    if _native_down(cfg, fg, fu, x, r, d, pg, pu, offs):
+    if _native_down(cfg, fg, fu, x, r, d, pg, pu):
         from tsct import native
 
         cum, max_tiles = _native_tiles(offs, cum, max_tiles, m, cfg, cap)
@@ -206,13 +201,13 @@ def _down(x, gidx, offs, cum, max_tiles, fg, pg, fu, pu, sg, su, rw, z, hg, hu, 
             WARPS_DECODE, cfg.stages_down_lb, aligned, cap, x.device)
 
 
-def _native_up(cfg, fd: int, z: Tensor, y: Tensor, r: int, pd: list, offs: Tensor) -> bool:
+def _native_up(cfg, fd: int, z: Tensor, y: Tensor, r: int, pd: list) -> bool:
     """Whether lowbit_up_fwd runs as the CUDA kernel (csrc/glu/up_nvfp4.cu): enabled for the arch
     (``Config.up_native_lb``), an NVFP4 or sign w_down with its packed storage aligned as the kernel reads it,
-    r = 64, bf16 z, y rows 16-byte aligned (the padded y of the combine, or f % 8 == 0), int32 offs, on a GPU
-    with the native library and the kernel's shared memory."""
+    r = 64, bf16 z, y rows 16-byte aligned (the padded y of the combine, or f % 8 == 0), on a GPU with the
+    native library and the kernel's shared memory (offs as for ``_native_down``)."""
     if not (cfg.up_native_lb and _native_packed(cfg, fd, pd) and r == 64 and z.is_cuda and z.dtype == torch.bfloat16
-            and y.shape[1] % 8 == 0 and y.data_ptr() % 16 == 0 and z.data_ptr() % 16 == 0 and _native_offs(offs)):
+            and y.shape[1] % 8 == 0 and y.data_ptr() % 16 == 0 and z.data_ptr() % 16 == 0):
         return False
     return G.native_smem_ok(f"tsctk_glu_up_fwd_{_FMT_NAMES[fd]}", z.device)
 
@@ -222,7 +217,7 @@ def _up(z, offs, cum, max_tiles, fd, pd, rw, y, f, m, cfg, aligned, cap, pad: bo
     be written): the CUDA kernel where ``_native_up`` allows, else the Triton kernel ``lowbit_up_fwd``.
     ``rw`` (fp32 or None) multiplies each row; ``cum`` / ``max_tiles``: the tile map of ``cfg.bm`` rows."""
     e, r = offs.shape[0], z.shape[1]
-    if _native_up(cfg, fd, z, y, r, pd, offs):
+    if _native_up(cfg, fd, z, y, r, pd):
         from tsct import native
 
         cum, max_tiles = _native_tiles(offs, cum, max_tiles, m, cfg, cap)
