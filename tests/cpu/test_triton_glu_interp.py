@@ -6,10 +6,16 @@ Triton is imported): every case's forward and seven gradients against ``tsct.ref
 strides. Three times: with the shipped tile config, with d blocks of 16 in groups of 3 so that the
 backward's pipelined single-tile d loop (NDB) runs several and partial groups on these small shapes,
 and with one d block per program (NDB 1: what glu.py launches for few large experts).
+
+Also ``tests/cpu/_saved_tails_check.py`` (one more subprocess, ~10 s): the saving forwards of the three Triton
+paths (triton-bf16, triton-lowbit, triton-w4a4) leave no row of their saved tensors undefined (padding rows of
+hg, hu, z*rw zero under a poisoned ``torch.empty``, the same bits in two runs), and ``torch.library.opcheck`` of
+the custom op passes for each path with padding rows (its dynamic-shape AOT-dispatch check compares two runs).
 """
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -33,3 +39,26 @@ def test_interpreter_check_passes(cfg):
                  "kmajor_wd_multi", "kmajor_wd_r160", "saved_csr"):
         assert f"\n{case} " in "\n" + p.stdout, f"case {case} did not run:\n{p.stdout}"
     assert "worst " in p.stdout
+
+
+SAVED_CASES = ["bf16_saved_gather_scatter", "bf16_saved_no_gather", "bf16_opcheck", "lowbit_saved_gather_scatter",
+               "lowbit_saved_no_gather", "lowbit_opcheck", "w4a4_saved_gather_scatter", "w4a4_saved_no_gather",
+               "w4a4_opcheck"]
+
+
+@pytest.fixture(scope="module")
+def saved_tails(tmp_path_factory):
+    out = tmp_path_factory.mktemp("saved_tails") / "res.json"
+    env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=os.pathsep.join(
+        [str(ROOT / "python"), str(ROOT / "tests"), os.environ.get("PYTHONPATH", "")]))
+    p = subprocess.run([sys.executable, str(ROOT / "tests" / "cpu" / "_saved_tails_check.py"), "--json", str(out)],
+                       env=env, cwd=ROOT, capture_output=True, text=True, timeout=900)
+    if not out.exists():
+        pytest.fail(f"saved-tails check crashed (rc {p.returncode}):\n{p.stdout[-3000:]}\n{p.stderr[-5000:]}")
+    return {r["name"]: r for r in json.loads(out.read_text())}
+
+
+@pytest.mark.parametrize("case", SAVED_CASES)
+def test_saved_tensors_defined_on_padding_rows(saved_tails, case):
+    assert case in saved_tails, f"case {case} did not run: {sorted(saved_tails)}"
+    assert saved_tails[case]["ok"], saved_tails[case]["why"]

@@ -270,6 +270,16 @@ def _zero_tail(out: Tensor, offs: Tensor, e: int, cfg: Config, cap) -> None:
             cfg.warps_zero, 3, True, cap, out.device)
 
 
+def zero_saved_tails(saved: Sequence[Tensor], offs: Tensor, e: int, cfg: Config, cap) -> None:
+    """Zero the padding rows (>= offs[-1]) of a saving forward's [M, r] tensors (hg, hu, z * rw). The down kernel
+    writes the experts' rows only, and these tensors are outputs of the custom op, so their padding rows must be
+    defined (torch.library.opcheck compares two runs' outputs). Each is zeroed through a bf16 view of its bytes
+    (all-zero bits are 0 in every float dtype; fp32 [M, r] is [M, 2r] there): the one ``zero_tail_rows``
+    specialization the AOT table already holds per arch, whatever x.dtype. One launch each, no host sync."""
+    for t in saved:
+        _zero_tail(t.view(torch.bfloat16), offs, e, cfg, cap)
+
+
 def grouped_glu_forward(
     x: Tensor,
     offs: Tensor,
@@ -380,6 +390,7 @@ def _forward(
                 dict(HAS_GATHER=gidx is not None, HAS_SG=has_s, HAS_SU=has_s, HAS_RW=rw is not None, BWD=True,
                      BM=bm, BR=br, BK=bk, BLOCK_E=cfg.block_e),
                 cfg.warps_down, cfg.stages_down, al, cap, dev)
+        zero_saved_tails(saved, offs, e, cfg, cap)  # op outputs: padding rows defined
         rw = None  # already in z
     else:
         _launch("glu_down_fwd", (max_tiles, _cdiv(r, br)),

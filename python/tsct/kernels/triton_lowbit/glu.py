@@ -312,6 +312,7 @@ def _forward(x, offs, w_gate, w_up, w_down, s_gate, s_up, row_weight, gather_idx
         hu = torch.empty(m, r, device=dev, dtype=torch.float32)
         saved = [hg, hu, z]
         _down(x, gidx, offs, cum, max_tiles, fg, pg, fu, pu, sg, su, rw, z, hg, hu, m, cfg, aligned, cap)
+        G.zero_saved_tails(saved, offs, e, cfg, cap)  # op outputs: padding rows defined
         rw = None  # already in z
     else:
         _down(x, gidx, offs, cum, max_tiles, fg, pg, fu, pu, sg, su, None, z, None, None, m, cfg, aligned, cap)
