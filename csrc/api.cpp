@@ -70,7 +70,7 @@ namespace {
 const tsct::KernelEntry* find_kernel(const char* name) {
   const tsct::KernelEntry* const tables[] = {tsct::kNvfp4Kernels, tsct::kSignKernels, tsct::kRowsGroupedKernels,
                                                tsct::kGluKernels, tsct::kGluLowbitKernels,
-                                               tsct::kGluUpLowbitKernels, tsct::kCombineKernels};
+                                               tsct::kGluUpLowbitKernels};
   for (const tsct::KernelEntry* table : tables)
     for (const tsct::KernelEntry* e = table; e->name; ++e)
       if (strcmp(e->name, name) == 0) return e;

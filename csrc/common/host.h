@@ -43,6 +43,5 @@ extern const KernelEntry kRowsGroupedKernels[];  // rows_grouped.cu
 extern const KernelEntry kGluKernels[];          // glu/dz_bf16.cu
 extern const KernelEntry kGluLowbitKernels[];    // glu/down_nvfp4.cu
 extern const KernelEntry kGluUpLowbitKernels[];  // glu/up_nvfp4.cu
-extern const KernelEntry kCombineKernels[];      // glu/combine.cu
 
 }  // namespace tsct

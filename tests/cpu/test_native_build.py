@@ -39,7 +39,7 @@ REPO = Path(__file__).resolve().parents[2]
 HEADER = REPO / "csrc" / "include" / "tsct" / "tsct.h"
 REQUIRED_TARGETS = ("sm_90a", "sm_100a", "sm_120a")
 KERNELS = {f"tsctk_{op}_{dt}" for op in ("nvfp4_quantize", "nvfp4_dequantize", "sign_pack", "sign_dequantize",
-                                         "nvfp4_rows_amax", "nvfp4_rows_quantize", "combine_rows")
+                                         "nvfp4_rows_amax", "nvfp4_rows_quantize")
            for dt in ("f32", "bf16", "f16")} | {"tsctk_nvfp4_rows_finalize", "tsctk_glu_bwd_dz_bf16",
                                                   "tsctk_glu_down_fwd_nvfp4", "tsctk_glu_up_fwd_nvfp4",
                                                   "tsctk_glu_down_fwd_sign", "tsctk_glu_up_fwd_sign"}
@@ -492,17 +492,6 @@ def test_c_entry_points_reject_bad_arguments(lib):
          "the bits 8-byte"),
         (lib.tsct_glu_up_fwd_sign, (P, 8, P, P, 2, 40, 64, P, ctypes.c_void_p(0x1004), P, None, P, 40, 3, None),
          "z, y and a must be 16-byte aligned"),
-        # src, dtype, src_rows, ld_src, order, ptr, n_out, ncols, out, stream
-        (lib.tsct_combine_rows, (P, 3, 4, 8, P, P, 2, 8, P, None), "dtype=3"),
-        (lib.tsct_combine_rows, (P, 1, 4, 12, P, P, 2, 8, P, None), "ld_src=12"),  # 24 bytes: not a multiple of 16
-        (lib.tsct_combine_rows, (P, 0, 4, 6, P, P, 2, 8, P, None), "ld_src >= ncols"),
-        (lib.tsct_combine_rows, (P, 1, -1, 8, P, P, 2, 8, P, None), "src_rows=-1"),
-        (lib.tsct_combine_rows, (P, 1, 4, 8, P, P, 2, 1 << 31, P, None), "ncols < 2^31"),
-        (lib.tsct_combine_rows, (P, 0, 1 << 40, 1 << 30, P, P, 2, 8, P, None), "overflow"),
-        (lib.tsct_combine_rows, (P, 1, 4, 8, None, P, 2, 8, P, None), "null pointer"),
-        (lib.tsct_combine_rows, (P, 1, 4, 8, P, P, 2, 8, None, None), "null pointer"),
-        (lib.tsct_combine_rows, (P, 1, 4, 8, P, P, 2, 8, ctypes.c_void_p(0x1008), None), "16-byte aligned"),
-        (lib.tsct_combine_rows, (P, 1, 4, 8, P, ctypes.c_void_p(0x1004), 2, 8, P, None), "order and ptr 8-byte"),
     ]
     for fn, args, needle in cases:
         rc = fn(*args)
@@ -518,8 +507,6 @@ def test_c_entry_points_reject_bad_arguments(lib):
     assert lib.tsct_glu_up_fwd_nvfp4(None, 0, None, None, 2, 40, 64, None, None, None, None, None, 40, 3, None) == 0
     assert lib.tsct_glu_down_fwd_sign(None, 0, 64, P, None, None, 2, 0, 64, 64, *([None] * 12), 3, None) == 0
     assert lib.tsct_glu_up_fwd_sign(None, 0, None, None, 2, 40, 64, None, None, None, None, None, 40, 3, None) == 0
-    assert lib.tsct_combine_rows(None, 1, 0, 8, None, None, 0, 8, None, None) == 0
-    assert lib.tsct_combine_rows(None, 1, 0, 8, None, P, 3, 0, None, None) == 0
     assert _detail(lib) == ""
     if not torch.cuda.is_available():
         # no rows of grad_out and no routed rows are valid arguments (dW of every expert is zeroed): they pass

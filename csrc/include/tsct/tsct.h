@@ -20,12 +20,12 @@
 extern "C" {
 #endif
 
-#define TSCT_ABI_VERSION 7 /* 2: the Triton AOT launcher (tsct_triton_*); 3: the grouped activation quantizer
+#define TSCT_ABI_VERSION 6 /* 2: the Triton AOT launcher (tsct_triton_*); 3: the grouped activation quantizer
                               (tsct_nvfp4_quantize_rows_grouped) and the sm_120 CuTeDSL entries (tsct_sm120_*);
                               4: the CUTLASS sm_120 grouped NVFP4 GEMM (tsct_cutlass_*);
                               5: the grouped GLU backward kernel tsct_glu_bwd_dz_bf16;
                               6: the low-bit grouped GLU projections tsct_glu_{down,up}_fwd_{nvfp4,sign};
-                              tsct_kernel_smem_bytes; 7: the grouped GLU's combine tsct_combine_rows */
+                              tsct_kernel_smem_bytes */
 
 /* The library is built with -fvisibility=hidden; only declarations marked TSCT_API are exported
  * (and csrc/exports.map lists the same names). */
@@ -165,19 +165,6 @@ TSCT_API int tsct_glu_up_fwd_sign(const void* z, int64_t m, const int32_t* offs,
                                   int64_t num_experts, int64_t f, int64_t r, const void* codes, const void* scales,
                                   const float* s_enc, const float* row_weight, void* y, int64_t ldy, int64_t max_tiles,
                                   void* stream);
-
-/* ---- the grouped GLU's combine: each target's routed rows summed in a fixed order (csrc/glu/combine.cu) ----
- *   out[t, c] = sum_{j in [ptr[t], ptr[t+1])} src[order[j], c]      t < n_out, c < ncols
- * summed in fp32 from +0 in increasing j and rounded once to the dtype (RNE): the same bits as the Triton
- * combine_rows (design.md section 2: deterministic). src: dtype [src_rows, ld_src] (row stride ld_src elements,
- * a multiple of 16 bytes, >= ncols; columns past ncols are not read); order: int64 [ptr[n_out]] row indices in
- * [0, src_rows) (not checked: the caller builds them, e.g. a stable sort of the targets); ptr: int64 [n_out + 1]
- * non-decreasing, ptr[0] = 0 (not checked); out: dtype [n_out, ncols] contiguous (a target with no rows gets
- * zeros). dtype: TSCT_F32, TSCT_BF16 or TSCT_F16. src and out 16-byte aligned, order and ptr 8-byte. src and
- * order may be NULL when src_rows == 0; nothing is launched when n_out or ncols is 0. Stream-ordered, no host
- * sync, no shared memory, any sm_80+ device. */
-TSCT_API int tsct_combine_rows(const void* src, int dtype, int64_t src_rows, int64_t ld_src, const int64_t* order,
-                               const int64_t* ptr, int64_t n_out, int64_t ncols, void* out, void* stream);
 
 /* ---- sm_120 NVFP4 grouped GEMMs: CuTeDSL kernels exported ahead of time (cutedsl/, decisions 0006, 0009) ----
  * Linked into this library when it was built with TSCT_CUTEDSL=ON (else every entry returns

@@ -24,8 +24,6 @@ Kernels (CUDA tensors; see each docstring for shapes, dtypes and errors):
         save, out) -> (z, hg, hu)    the low-bit grouped GLU's down projection + GLU (NVFP4 or sign factors, r = 64)
     glu_up_fwd_lowbit(z, offs, tile_cum, w_down, y, *, fmt, f, max_tiles, row_weight) -> y
                                      its up projection into a padded y (NVFP4 or sign w_down, r = 64)
-    combine_rows(src, order, ptr, ncols) -> out
-                                     the grouped GLU's deterministic combine (each target's rows in CSR order)
     sm120_built() -> bool            the CuTeDSL sm_120 kernels are linked in (decision 0009)
     sm120_nvfp4_grouped(variant, a, b, sfa, sfa_offsets, sfb, c, offs, tile_expert, tile_row, alpha, ep0, ep1)
         one CuTeDSL sm_120a grouped NVFP4 GEMM (compute capability 12.0 only; never executed yet)
@@ -45,7 +43,6 @@ from tsct.native._loader import (
 )
 from tsct.native._ops import (
     GLU_DOWN_TILE,
-    combine_rows,
     glu_bwd_dz_bf16,
     glu_down_fwd_lowbit,
     glu_up_fwd_lowbit,
@@ -67,7 +64,6 @@ __all__ = [
     "NativeUnavailableError",
     "available",
     "build_info",
-    "combine_rows",
     "glu_bwd_dz_bf16",
     "glu_down_fwd_lowbit",
     "glu_up_fwd_lowbit",

@@ -22,9 +22,9 @@ from typing import Any
 
 LIB_NAME = "libtsct_kernels.so"
 MANIFEST_NAME = "manifest.json"
-ABI_VERSION = 7  # 2: the Triton AOT launcher (tsct_triton_*); 3: tsct_nvfp4_quantize_rows_grouped, tsct_sm120_*;
+ABI_VERSION = 6  # 2: the Triton AOT launcher (tsct_triton_*); 3: tsct_nvfp4_quantize_rows_grouped, tsct_sm120_*;
 #                   4: the CUTLASS sm_120 grouped NVFP4 GEMM (tsct_cutlass_*); 5: tsct_glu_bwd_dz_bf16;
-#                   6: tsct_glu_{down,up}_fwd_{nvfp4,sign}, tsct_kernel_smem_bytes; 7: tsct_combine_rows
+#                   6: tsct_glu_{down,up}_fwd_{nvfp4,sign}, tsct_kernel_smem_bytes
 ENV_VAR = "TSCT_NATIVE_LIB"
 
 # Name -> (restype, argtypes) of every entry point in csrc/include/tsct/tsct.h.
@@ -58,9 +58,6 @@ _SIGNATURES: dict[str, tuple[Any, list[Any]]] = {
                                       c_void_p, c_void_p, c_void_p, c_void_p, c_int64, c_int64, c_void_p]),
     "tsct_glu_up_fwd_sign": (c_int, [c_void_p, c_int64, c_void_p, c_void_p, c_int64, c_int64, c_int64, c_void_p,
                                       c_void_p, c_void_p, c_void_p, c_void_p, c_int64, c_int64, c_void_p]),
-    # src, dtype, src_rows, ld_src, order, ptr, n_out, ncols, out, stream
-    "tsct_combine_rows": (c_int, [c_void_p, c_int, c_int64, c_int64, c_void_p, c_void_p, c_int64, c_int64, c_void_p,
-                                  c_void_p]),
     # built*
     "tsct_sm120_built": (c_int, [ctypes.POINTER(c_int)]),
     # variant, a, m_alloc, k, b, n, num_experts, sfa, sfa_bytes, sfa_offsets, sfb, sfb_bytes, c, c_rows, c_cols, ldc,

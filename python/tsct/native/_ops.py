@@ -694,57 +694,6 @@ def glu_up_fwd_lowbit(
     return y
 
 
-def combine_rows(src: Tensor, order: Tensor, ptr: Tensor, ncols: int | None = None, *,
-                 validate: bool = True) -> Tensor:
-    """The grouped GLU's deterministic combine (``tsct_combine_rows``, csrc/glu/combine.cu): for each target t,
-    ``out[t] = sum over j in [ptr[t], ptr[t+1]) of src[order[j], :ncols]``, summed in fp32 from +0 in increasing
-    j and rounded once (round to nearest even) to src's dtype: the bits of the Triton ``combine_rows``. Rows
-    are written with 16-byte stores whatever the row's alignment (odd ncols).
-
-    Args:
-        src: float32 / bfloat16 / float16 [M, ld] on a CUDA device, row stride ld (>= ncols, a multiple of 16
-            bytes; columns past ncols are not read), 16-byte aligned, unit column stride.
-        order: int64 [ptr[-1]] contiguous: row indices into src, each in [0, M) (not checked).
-        ptr: int64 [n_out + 1] contiguous, non-decreasing from 0 (not checked): target t owns
-            order[ptr[t]:ptr[t+1]] (``tsct.kernels.triton_glu.glu._csr`` builds both).
-        ncols: the output width (default: src's columns).
-        validate: False skips this wrapper's checks (the dispatch's hot path; the C entry keeps its own).
-    Returns:
-        [n_out, ncols] in src's dtype, contiguous; a target with no rows gets zeros.
-    Raises:
-        TypeError / ValueError naming the bad argument; RuntimeError from the kernel or the loader.
-    """
-    ncols = src.shape[1] if ncols is None else ncols
-    if validate:
-        for name, t in (("src", src), ("order", order), ("ptr", ptr)):
-            _tensor(name, t)
-        _dtype("src", src, tuple(DTYPES))
-        _dtype("order", order, (torch.int64,))
-        _dtype("ptr", ptr, (torch.int64,))
-        if src.dim() != 2 or order.dim() != 1 or ptr.dim() != 1 or ptr.shape[0] < 1:
-            raise ValueError(f"expected src [M, ld], order [rows], ptr [n_out + 1]; got {list(src.shape)}, "
-                             f"{list(order.shape)}, {list(ptr.shape)}")
-        if not isinstance(ncols, int) or not 0 <= ncols <= src.shape[1]:
-            raise ValueError(f"ncols must be an int in [0, {src.shape[1]}] (src's columns), got {ncols!r}")
-        if src.stride(1) != 1 or (src.stride(0) * src.element_size()) % 16 or src.stride(0) < src.shape[1]:
-            raise ValueError(f"src must have unit column stride and a row stride of a multiple of 16 bytes, got "
-                             f"strides {list(src.stride())}")
-        if src.data_ptr() % 16:
-            raise ValueError("src must be 16-byte aligned (data_ptr % 16 == 0)")
-        for name, t in (("src", src), ("order", order), ("ptr", ptr)):
-            _cuda(name, t, src.device)
-        for name, t in (("order", order), ("ptr", ptr)):
-            if not t.is_contiguous():
-                raise ValueError(f"{name} must be contiguous")
-    n_out = ptr.shape[0] - 1
-    out = _empty((n_out, ncols), src.dtype, src.device)
-    if n_out == 0 or ncols == 0:
-        return out
-    _call("tsct_combine_rows", src.device, _ptr(src), DTYPES[src.dtype], src.shape[0], src.stride(0), _ptr(order),
-          _ptr(ptr), n_out, ncols, _ptr(out))
-    return out
-
-
 SM120_VARIANTS = {"alpha": 0, "glu": 1, "row_weight": 2}
 
 

@@ -44,7 +44,7 @@ _CONFIGS: dict[str, Config] = {a: dataclasses.replace(c).update(_ENV_CFG) for a,
 # every arch without AOT cubins (JIT: sm_80, sm_86, sm_89, ...) gets sm_90a's tiles, but not its CUDA dz:
 # that kernel was timed on sm_90 only and needs more shared memory than sm_86 / sm_89 have (decision 0013)
 CONFIG = dataclasses.replace(_CONFIGS[specs.DEFAULT_ARCH_CONFIG], dz_native=0, down_native_lb=0,
-                             up_native_lb=0, sign_native_lb=0, combine_native=0)
+                             up_native_lb=0, sign_native_lb=0)
 
 
 def _config(cap: tuple[int, int]) -> Config:
@@ -57,7 +57,6 @@ NATIVE_SWITCHES = (
     ("bf16 backward dz (r 64, K-major w_down)", ("dz_native",)),
     ("NVFP4 down + up projections (r 64)", ("down_native_lb", "up_native_lb")),
     ("sign down + up projections (r 64)", ("down_native_lb", "up_native_lb", "sign_native_lb")),
-    ("combine (16-byte stores at odd widths)", ("combine_native",)),
 )
 
 
@@ -216,37 +215,16 @@ def _csr_keys(idx: Tensor, offs: Tensor, m: int, n_out: int, cap, kdt: torch.dty
     return key
 
 
-_COMBINE_NATIVE_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
-
-
-def _native_combine(cfg: Config, src: Tensor) -> bool:
-    """Whether the combine runs as the CUDA kernel (csrc/glu/combine.cu): enabled for the arch
-    (``Config.combine_native``), a CUDA source in a dtype it is built for with 16-byte aligned rows, and the
-    native library loaded. Same bits as the Triton kernel either way."""
-    if not (cfg.combine_native and src.is_cuda and src.dtype in _COMBINE_NATIVE_DTYPES):
-        return False
-    if src.data_ptr() % 16 or src.stride(1) != 1 or (src.stride(0) * src.element_size()) % 16:
-        return False
-    from tsct import native
-
-    return native.available()
-
-
 def _combine(src: Tensor, idx: Tensor, offs: Tensor, n_out: int, cfg: Config, cap, ncols: Optional[int] = None,
              csr: Optional[tuple[Tensor, Tensor]] = None) -> Tensor:
     """out[t] = sum of src[i, :ncols] over the rows i < offs[-1] with idx[i] == t, in increasing i.
     ``csr``: ``_csr(idx, offs, m, n_out)`` if the caller has it (else built here)."""
     m, ld = src.shape
     ncols = ld if ncols is None else ncols
-    if n_out == 0 or ncols == 0:
-        return torch.empty(n_out, ncols, device=src.device, dtype=src.dtype)
-    order, ptr = _csr(idx, offs, m, n_out, cap) if csr is None else csr
-    if _native_combine(cfg, src):
-        from tsct import native
-
-        FAMILY.count("native", "combine_rows")
-        return native.combine_rows(src, order, ptr, ncols, validate=False)
     out = torch.empty(n_out, ncols, device=src.device, dtype=src.dtype)
+    if n_out == 0 or ncols == 0:
+        return out
+    order, ptr = _csr(idx, offs, m, n_out, cap) if csr is None else csr
     bn = specs.combine_bn(ncols)
     _launch("combine_rows", (n_out, _cdiv(ncols, bn)), [src, order, ptr, out, ncols, ld],
             dict(SRC8=ld % 8 == 0, BN=bn),

@@ -92,9 +92,6 @@ class Config:
     down_native_lb: int = 0
     up_native_lb: int = 0     # lowbit_up_fwd in CUDA C++ (csrc/glu/up_nvfp4.cu: NVFP4 w_down, r = 64, padded y)
     sign_native_lb: int = 0   # the same two CUDA kernels for sign factors too (first ran on the H200 in session 9)
-    # combine_rows in CUDA C++ (csrc/glu/combine.cu: 16-byte stores at any row alignment, the same bits; bf16 /
-    # fp16 / fp32 sources with 16-byte rows, native library present). Only where it ran (bench/notes.md).
-    combine_native: int = 0
     stages_dxdw_lb: int = 1
 
     def update(self, spec: str) -> "Config":
@@ -138,7 +135,7 @@ MAX_SHARED: dict[str, int] = {"sm_90a": 232448, "sm_100a": 232448, "sm_120": 101
 # SMs) with two pipeline stages in the d loop so the down kernel stays well under 99 KB and two CTAs
 # fit per SM. Not measured on an sm_120 card (design.md section 6).
 CONFIGS: dict[str, Config] = {
-    "sm_90a": Config(dz_native=1, down_native_lb=1, up_native_lb=1, sign_native_lb=1, combine_native=1),
+    "sm_90a": Config(dz_native=1, down_native_lb=1, up_native_lb=1, sign_native_lb=1),
     "sm_100a": Config(),  # the CUDA dz fits sm_100 (109 KB shared memory) but has not run there
     # ~99 KB of shared memory per block: fewer stages. Every field the H200 sweep of session 5 changed
     # stays at its previous value here (nothing has been timed on an sm_120 card; bench/notes.md "v8")
