@@ -163,6 +163,20 @@ def test_native_sign_wiring_and_auto_picks_native(fake_native):
     assert d.shape == (40, 6) and torch.equal(d, t.dequantize(torch.float32, backend="torch"))
 
 
+def test_auto_is_torch_under_torch_compile(fake_native):
+    """dynamo cannot trace the native kernels' ctypes calls: ``auto`` picks torch while compiling (the same bits),
+    so a fullgraph compile of a dequantize compiles, and eager still takes the native kernels."""
+    g = torch.Generator().manual_seed(77)
+    q = quantize_nvfp4(torch.randn(2, 32, 8, generator=g), backend="torch")
+    torch._dynamo.reset()
+    x = torch.randn(2, 32, 8, generator=g)
+    got = torch.compile(lambda x: q.dequantize(torch.float32) * x, fullgraph=True)(x)
+    assert not fake_native.calls  # traced through the torch backend
+    assert torch.equal(got, q.dequantize(torch.float32, backend="torch") * x)
+    q.dequantize(torch.float32)  # eager auto: the (fake) native kernels
+    assert fake_native.calls[-1][0] == "nvfp4_dequantize"
+
+
 def test_auto_on_cuda_without_native_is_a_counted_warned_fallback(monkeypatch):
     import sys
 

@@ -47,9 +47,11 @@ def _native_status(device: torch.device) -> tuple[bool, str]:
 
 
 def resolve(backend: str, device: torch.device, what: str) -> str:
-    """'torch' or 'native' for one call of ``what`` (e.g. "quantize_nvfp4") on ``device``."""
+    """'torch' or 'native' for one call of ``what`` (e.g. "quantize_nvfp4") on ``device``. Under ``torch.compile``
+    tracing, ``auto`` is the torch backend (the same bits, decision 0002): dynamo cannot trace the native kernels'
+    ctypes calls, and a graph break there would fail ``fullgraph=True``."""
     check_backend(backend)
-    if backend == "torch":
+    if backend == "torch" or (backend == "auto" and torch.compiler.is_compiling()):
         return "torch"
     ok, why = _native_status(device)
     if backend == "native":
