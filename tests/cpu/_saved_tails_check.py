@@ -137,7 +137,40 @@ def w4a4_direct(gather: bool) -> str:
     return _check_saved(runs, valid, 0)  # no CSR: this path's backward builds its own
 
 
+def tile_cum_kernel() -> str:
+    """The Triton tile_cum in ZERO mode (what a GPU's saving forward launches; on the CPU ``_tile_cum`` uses torch
+    ops), run by the interpreter: the tile map equals torch's, the padding rows of the three word arrays are 0 and
+    the other rows untouched, for several grids (one zeroing program strides over many rows) and tails that end
+    inside a ZBLOCK, an empty tail and an all-padding one."""
+    from tsct.kernels.triton_glu import specs
+    counts = [5, 0, 70, 1, 3]
+    for m_pad, nz in ((9, 1), (9, 3), (0, 2), (4000, 2)):
+        offs = torch.tensor(counts, dtype=torch.int32).cumsum(0).to(torch.int32)
+        if m_pad == 4000:
+            offs = torch.zeros(len(counts), dtype=torch.int32)  # every row is padding
+        m = sum(counts) + m_pad if m_pad != 4000 else m_pad
+        ts = [torch.randn(m, 17, dtype=torch.float32), torch.randn(m, 17, dtype=torch.float32),
+              torch.randn(m, 17, dtype=torch.float32).to(torch.float16)]
+        ref = [t.clone() for t in ts]
+        words = [t.view(torch.int16) for t in ts]
+        cum = torch.empty(len(counts), dtype=torch.int32)
+        G._launch("tile_cum", (1 + nz,), [offs, cum, len(counts), *words, m, words[0].shape[1], words[2].shape[1]],
+                  dict(BM=4, BLOCK=specs.TILE_CUM_BLOCK, ZERO=True, ZBLOCK=specs.TILE_CUM_ZBLOCK), 4, 1, False,
+                  (0, 0), offs.device)
+        want = torch.cumsum(torch.div(torch.diff(offs, prepend=offs.new_zeros(1)) + 3, 4, rounding_mode="floor"), 0)
+        if not torch.equal(cum, want.to(torch.int32)):
+            return f"m_pad={m_pad}: tile map {cum.tolist()} != {want.tolist()}"
+        v = int(offs[-1])
+        for i, (t, r) in enumerate(zip(ts, ref)):
+            if not bool((t[v:] == 0).all()):
+                return f"m_pad={m_pad} nz={nz}: tensor {i} padding rows not zero"
+            if not torch.equal(t[:v], r[:v]):
+                return f"m_pad={m_pad} nz={nz}: tensor {i} rows before offs[-1] changed"
+    return ""
+
+
 CASES = {
+    "tile_cum_zero_kernel": tile_cum_kernel,
     "bf16_saved_gather_scatter": lambda: bf16_direct(True),
     "bf16_saved_no_gather": lambda: bf16_direct(False),
     "bf16_opcheck": bf16_opcheck,

@@ -43,7 +43,7 @@ def test_interpreter_check_passes(cfg):
 
 SAVED_CASES = ["bf16_saved_gather_scatter", "bf16_saved_no_gather", "bf16_opcheck", "lowbit_saved_gather_scatter",
                "lowbit_saved_no_gather", "lowbit_opcheck", "w4a4_saved_gather_scatter", "w4a4_saved_no_gather",
-               "w4a4_opcheck"]
+               "w4a4_opcheck", "tile_cum_zero_kernel"]
 
 
 @pytest.fixture(scope="module")

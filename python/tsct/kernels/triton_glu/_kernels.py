@@ -296,18 +296,36 @@ def zero_tail_rows(out_ptr, offs_ptr, E, M, ncols, BM: tl.constexpr, BN: tl.cons
 
 
 @triton.jit
-def tile_cum(offs_ptr, cum_ptr, E, BM: tl.constexpr, BLOCK: tl.constexpr):
-    """cum[e] = sum over e' <= e of cdiv(m_e', BM), int32 (the forward tile map); one program. One launch
-    instead of the five small torch ops it replaces (host time per call)."""
-    carry = tl.sum(tl.zeros((BLOCK,), dtype=tl.int32), axis=0)
-    for start in range(0, E, BLOCK):
-        idx = start + tl.arange(0, BLOCK)
-        m = idx < E
-        hi = tl.load(offs_ptr + idx, mask=m, other=0)
-        lo = tl.load(offs_ptr + idx - 1, mask=m & (idx > 0), other=0)
-        n = tl.where(m, (hi - lo + BM - 1) // BM, 0)
-        tl.store(cum_ptr + idx, tl.cumsum(n, axis=0) + carry, mask=m)
-        carry += tl.sum(n, axis=0)
+def tile_cum(offs_ptr, cum_ptr, E, t0_ptr, t1_ptr, t2_ptr, M, W01, W2, BM: tl.constexpr, BLOCK: tl.constexpr,
+             ZERO: tl.constexpr, ZBLOCK: tl.constexpr):
+    """cum[e] = sum over e' <= e of cdiv(m_e', BM), int32 (the forward tile map): program 0. One launch
+    instead of the five small torch ops it replaces (host time per call).
+    ZERO: programs 1.. also zero the rows at or past offs[E-1] of three [M, W] arrays of 16-bit words (W01 words
+    per row for t0 and t1, W2 for t2: a saving forward's hg, hu, z * rw seen as words), in the same launch."""
+    pid = tl.program_id(0)
+    if pid == 0:
+        carry = tl.sum(tl.zeros((BLOCK,), dtype=tl.int32), axis=0)
+        for start in range(0, E, BLOCK):
+            idx = start + tl.arange(0, BLOCK)
+            m = idx < E
+            hi = tl.load(offs_ptr + idx, mask=m, other=0)
+            lo = tl.load(offs_ptr + idx - 1, mask=m & (idx > 0), other=0)
+            n = tl.where(m, (hi - lo + BM - 1) // BM, 0)
+            tl.store(cum_ptr + idx, tl.cumsum(n, axis=0) + carry, mask=m)
+            carry += tl.sum(n, axis=0)
+    if ZERO:
+        if pid > 0:
+            start_row = tl.load(offs_ptr + E - 1).to(tl.int64)
+            step = (tl.num_programs(0) - 1).to(tl.int64) * ZBLOCK
+            zero = tl.zeros((ZBLOCK,), dtype=tl.int16)
+            ks = tl.arange(0, ZBLOCK)
+            end01 = M.to(tl.int64) * W01
+            for off in range(start_row * W01 + (pid - 1) * ZBLOCK, end01, step):
+                tl.store(t0_ptr + off + ks, zero, mask=off + ks < end01)
+                tl.store(t1_ptr + off + ks, zero, mask=off + ks < end01)
+            end2 = M.to(tl.int64) * W2
+            for off in range(start_row * W2 + (pid - 1) * ZBLOCK, end2, step):
+                tl.store(t2_ptr + off + ks, zero, mask=off + ks < end2)
 
 
 @triton.jit

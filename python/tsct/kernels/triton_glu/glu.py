@@ -171,19 +171,29 @@ def _i64(t: Optional[Tensor]) -> Optional[Tensor]:
     return None if t is None else t.to(torch.int64).contiguous()
 
 
-def _tile_cum(offs: Tensor, bm: int, cap=None) -> Tensor:
+def _tile_cum(offs: Tensor, bm: int, cap=None, zero: Sequence[Tensor] = ()) -> Tensor:
     """Inclusive cumulative count of row tiles per expert, int32 on the device: one launch on a GPU
     (five small torch ops cost more host time than the kernels they feed), torch ops on the CPU
-    (Triton's interpreter)."""
+    (Triton's interpreter). ``zero``: a saving forward's [hg, hu, z * rw] ([M, r] each, contiguous), whose rows
+    at or past offs[-1] the same launch sets to 0 (``zero_saved_tails``)."""
     cap = _capability(offs.device) if cap is None else cap
     if cap == (0, 0):
         counts = torch.diff(offs, prepend=offs.new_zeros(1))
         ntiles = torch.div(counts + (bm - 1), bm, rounding_mode="floor")
+        for t in zero:  # CPU: reading offs on the host costs no sync
+            t[int(offs[-1]):].zero_()
         return torch.cumsum(ntiles, 0, dtype=torch.int32)
     e = offs.shape[0]
     cum = torch.empty(e, device=offs.device, dtype=torch.int32)
-    _launch("tile_cum", (1,), [offs, cum, e], dict(BM=bm, BLOCK=specs.TILE_CUM_BLOCK), 4, 1, False, cap,
-            offs.device)
+    consts = dict(BM=bm, BLOCK=specs.TILE_CUM_BLOCK, ZERO=bool(zero), ZBLOCK=specs.TILE_CUM_ZBLOCK)
+    if not zero:
+        _launch("tile_cum", (1,), [offs, cum, e, None, None, None, 0, 0, 0], consts, 4, 1, False, cap, offs.device)
+        return cum
+    # the three tensors as 16-bit words (all-zero bits are 0 in every float dtype): one specialization per arch
+    t0, t1, t2 = (t.view(torch.int16) for t in zero)
+    m, w01, w2 = t0.shape[0], t0.shape[1], t2.shape[1]
+    nz = max(1, min(_cdiv(m * w01, specs.TILE_CUM_ZBLOCK), specs.TILE_CUM_ZPROGRAMS))
+    _launch("tile_cum", (1 + nz,), [offs, cum, e, t0, t1, t2, m, w01, w2], consts, 4, 1, False, cap, offs.device)
     return cum
 
 
@@ -270,14 +280,12 @@ def _zero_tail(out: Tensor, offs: Tensor, e: int, cfg: Config, cap) -> None:
             cfg.warps_zero, 3, True, cap, out.device)
 
 
-def zero_saved_tails(saved: Sequence[Tensor], offs: Tensor, e: int, cfg: Config, cap) -> None:
-    """Zero the padding rows (>= offs[-1]) of a saving forward's [M, r] tensors (hg, hu, z * rw). The down kernel
-    writes the experts' rows only, and these tensors are outputs of the custom op, so their padding rows must be
-    defined (torch.library.opcheck compares two runs' outputs). Each is zeroed through a bf16 view of its bytes
-    (all-zero bits are 0 in every float dtype; fp32 [M, r] is [M, 2r] there): the one ``zero_tail_rows``
-    specialization the AOT table already holds per arch, whatever x.dtype. One launch each, no host sync."""
-    for t in saved:
-        _zero_tail(t.view(torch.bfloat16), offs, e, cfg, cap)
+def zero_saved_tails(saved: Sequence[Tensor], offs: Tensor, bm: int, cap) -> Tensor:
+    """Zero the padding rows (>= offs[-1]) of a saving forward's [hg, hu, z * rw]: outputs of the custom op, so
+    their padding rows must be defined (the down kernels write the experts' rows only; torch.library.opcheck
+    compares two runs' outputs). Folded into the tile map's launch: returns ``_tile_cum(offs, bm)``. No host
+    sync."""
+    return _tile_cum(offs, bm, cap, zero=saved)
 
 
 def grouped_glu_forward(
@@ -375,7 +383,6 @@ def _forward(
     al = _aligned(d, r, x.stride(0), x, w_gate, w_up, w_down)
     w_down, wd_t = _wd_layout(w_down, al)
     bm, br, bk = cfg.bm, specs.rank_block(cfg, r, al), cfg.bk
-    cum = _tile_cum(offs, bm, cap)
     max_tiles = _cdiv(m, bm) + e
     has_s = sg is not None
 
@@ -385,14 +392,15 @@ def _forward(
         hg = torch.empty(m, r, device=dev, dtype=torch.float32)
         hu = torch.empty(m, r, device=dev, dtype=torch.float32)
         saved = [hg, hu, z]
+        cum = zero_saved_tails(saved, offs, bm, cap)  # op outputs: padding rows defined
         _launch("glu_down_fwd", (max_tiles, _cdiv(r, br)),
                 [x, gidx, offs, cum, w_gate, w_up, sg, su, z, hg, hu, rw, e, d, r, x.stride(0)],
                 dict(HAS_GATHER=gidx is not None, HAS_SG=has_s, HAS_SU=has_s, HAS_RW=rw is not None, BWD=True,
                      BM=bm, BR=br, BK=bk, BLOCK_E=cfg.block_e),
                 cfg.warps_down, cfg.stages_down, al, cap, dev)
-        zero_saved_tails(saved, offs, e, cfg, cap)  # op outputs: padding rows defined
         rw = None  # already in z
     else:
+        cum = _tile_cum(offs, bm, cap)
         _launch("glu_down_fwd", (max_tiles, _cdiv(r, br)),
                 [x, gidx, offs, cum, w_gate, w_up, sg, su, z, None, None, None, e, d, r, x.stride(0)],
                 dict(HAS_GATHER=gidx is not None, HAS_SG=has_s, HAS_SU=has_s, HAS_RW=False, BWD=False, BM=bm,

@@ -194,10 +194,10 @@ KERNELS: dict[str, KernelInfo] = {
         hinted=("out_ptr",),
     ),
     "tile_cum": KernelInfo(
-        params=("offs_ptr", "cum_ptr", "E"),
-        constexprs=("BM", "BLOCK"),
-        ints=("E",),
-        used_if={},
+        params=("offs_ptr", "cum_ptr", "E", "t0_ptr", "t1_ptr", "t2_ptr", "M", "W01", "W2"),
+        constexprs=("BM", "BLOCK", "ZERO", "ZBLOCK"),
+        ints=("E", "M", "W01", "W2"),
+        used_if={"t0_ptr": "ZERO", "t1_ptr": "ZERO", "t2_ptr": "ZERO"},
         hinted=(),
     ),
     "csr_keys": KernelInfo(
@@ -316,6 +316,7 @@ def combine_bn(ncols: int) -> int:
 
 ZERO_TAIL_BM, ZERO_TAIL_BN = 32, 256
 TILE_CUM_BLOCK, CSR_KEYS_BLOCK = 1024, 1024
+TILE_CUM_ZBLOCK, TILE_CUM_ZPROGRAMS = 2048, 256  # tile_cum's tail zeroing: words per step, most programs
 
 # Triton type strings of torch dtypes (by name, so this module needs no torch).
 DTYPE_TYPES = {"bfloat16": "*bf16", "float16": "*fp16", "float32": "*fp32", "int16": "*i16", "int32": "*i32", "int64": "*i64",
@@ -393,8 +394,11 @@ def enumerate_specs(arch: str) -> Iterator[Spec]:
             out.append(_spec("zero_tail_rows", dict(out_ptr=D, offs_ptr="*i32"),
                              dict(BM=ZERO_TAIL_BM, BN=ZERO_TAIL_BN), cfg.warps_zero, 3, True))
             if dt == DTYPES[0]:  # dtype-free helpers: once per arch
-                out.append(_spec("tile_cum", dict(offs_ptr="*i32", cum_ptr="*i32"),
-                                 dict(BM=cfg.bm, BLOCK=TILE_CUM_BLOCK), 4, 1, False))
+                for zero in (False, True):  # ZERO: a saving forward's tails (glu._tile_cum)
+                    out.append(_spec("tile_cum", dict(offs_ptr="*i32", cum_ptr="*i32", t0_ptr="*i16",
+                                                      t1_ptr="*i16", t2_ptr="*i16"),
+                                     dict(BM=cfg.bm, BLOCK=TILE_CUM_BLOCK, ZERO=zero, ZBLOCK=TILE_CUM_ZBLOCK),
+                                     4, 1, False))
                 for it, kt in itertools.product(("*i32", "*i64"), ("*i16", "*i32")):
                     out.append(_spec("csr_keys", dict(idx_ptr=it, offs_ptr="*i32", key_ptr=kt),
                                      dict(BLOCK=CSR_KEYS_BLOCK), 4, 1, False))

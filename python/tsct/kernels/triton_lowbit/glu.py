@@ -302,7 +302,6 @@ def _forward(x, offs, w_gate, w_up, w_down, s_gate, s_up, row_weight, gather_idx
     gidx = G._i64(gather_idx)
     bm = cfg.bm
     aligned = _aligned(x, d, r, pg, pu, pd)
-    cum = G._tile_cum(offs, bm)
     max_tiles = G._cdiv(m, bm) + e
 
     z = torch.empty(m, r, device=dev, dtype=dtype)
@@ -311,10 +310,11 @@ def _forward(x, offs, w_gate, w_up, w_down, s_gate, s_up, row_weight, gather_idx
         hg = torch.empty(m, r, device=dev, dtype=torch.float32)
         hu = torch.empty(m, r, device=dev, dtype=torch.float32)
         saved = [hg, hu, z]
+        cum = G.zero_saved_tails(saved, offs, bm, cap)  # op outputs: padding rows defined
         _down(x, gidx, offs, cum, max_tiles, fg, pg, fu, pu, sg, su, rw, z, hg, hu, m, cfg, aligned, cap)
-        G.zero_saved_tails(saved, offs, e, cfg, cap)  # op outputs: padding rows defined
         rw = None  # already in z
     else:
+        cum = G._tile_cum(offs, bm, cap)
         _down(x, gidx, offs, cum, max_tiles, fg, pg, fu, pu, sg, su, None, z, None, None, m, cfg, aligned, cap)
     if scatter_idx is not None:
         ldy = G._cdiv(f, 8) * 8  # padded row stride: vector stores and combine loads

@@ -329,8 +329,8 @@ def grouped_glu_forward_saved(
     offs = offs.contiguous()
     cum = _tile_cum(offs, cfg.bm)
     z, saved = _down(x, offs, cum, w_gate, w_up, s_gate, s_up, gather_idx, row_weight, save, cap)
-    if save:  # op outputs (tsct::grouped_glu_q): padding rows defined
-        G.zero_saved_tails(saved, offs, e, G._config(cap), cap)
+    if save:  # op outputs (tsct::grouped_glu_q): padding rows defined (the tile map it also returns is unused here)
+        G.zero_saved_tails(saved, offs, G._config(cap).bm, cap)
     zq = quantize_rows(z)
     wd = _nvfp4_args("w_down", w_down)
     if scatter_idx is None:
