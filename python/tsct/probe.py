@@ -92,7 +92,7 @@ def collect(selftests: bool = True, verify_artifacts: bool = False) -> dict[str,
     if man and gpus:
         art["kernels_loadable_on_gpu0"] = {k: native.kernel_available(k) for k in _manifest_kernels(man)}
     art["triton_aot"] = _triton_aot(man, gpus)
-    art["native_glu"] = _native_glu()
+    art["native_glu"] = _native_glu(art["loadable"])
     if verify_artifacts:
         art["verify"] = _verify_artifacts()
     report["artifacts"] = art
@@ -142,11 +142,12 @@ def collect(selftests: bool = True, verify_artifacts: bool = False) -> dict[str,
     return report
 
 
-def _native_glu() -> dict[str, Any]:
+def _native_glu(loadable: bool) -> dict[str, Any]:
     """Which CUDA C++ GLU kernels of the native library the dispatch takes, per arch config (the rest run in
-    Triton): ``tsct.kernels.triton_glu.glu.native_kernels``."""
+    Triton): ``tsct.kernels.triton_glu.glu.native_kernels``; none anywhere when the library does not load."""
     from tsct.kernels.triton_glu import glu as G
-    return G.native_kernels()
+    table = G.native_kernels()
+    return table if loadable else {arch: [] for arch in table}
 
 
 def _sm120_fp4(caps, gpus: Optional[list] = None, run: bool = False) -> dict[str, Any]:

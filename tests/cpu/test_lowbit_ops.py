@@ -231,8 +231,10 @@ def test_stale_or_foreign_containers_are_refused():
         _call(p, [facs[0], masters[1], facs[2]], masters=[None, masters[1], None])
     with pytest.raises(ValueError, match=r"masters\[w_down\] has shape \[4, 24, 16\]"):
         _call(p, facs, masters=[None, None, torch.zeros(4, 24, 16)])
-    with pytest.raises(ValueError, match="masters must be a sequence"):
+    with pytest.raises(ValueError, match="masters must be a sequence .* got 2 entries"):
         _call(p, facs, masters=[None, None])
+    with pytest.raises(TypeError, match="masters must be a sequence .* got Tensor"):
+        _call(p, facs, masters=m[0])
     # a container made without quantize_master is accepted (freshness is then the caller's job)
     _call(p, [quant.quantize_nvfp4(t.detach(), backend="torch") for t in m], masters=m)
 

@@ -46,6 +46,37 @@ def test_bad_argument_named(p, over, exc, match):
         call(p, **over(p))
 
 
+def test_factor_with_the_odd_expert_count_is_named(p):
+    """E comes from offs: a factor whose dim 0 differs is the one named, not its neighbour."""
+    bad = torch.cat([p["w_gate"], p["w_gate"][:1]])
+    with pytest.raises(ValueError, match=r"grouped_glu: w_gate must be \[E, d, r\] with E = len\(offs\) = 4, got \[5,"):
+        call(p, w_gate=bad)
+    with pytest.raises(ValueError, match=r"grouped_glu: w_down must be \[E, r, f\] with E = len\(offs\) = 4"):
+        call(p, w_down=p["w_down"][:3])
+
+
+@pytest.mark.parametrize("mode", ["meta", "fake"])
+def test_shape_only_tensors_pass_the_checks(p, mode):
+    """Meta-device and fake tensors carry no values: the value checks are skipped (shape inference, meta init),
+    the shape checks still run, and the output has the op's shape."""
+    args = {k: p[k] for k in ("x", "offs", "w_gate", "w_up", "w_down", "s_gate", "s_up", "row_weight", "gather_idx",
+                              "scatter_idx")}
+    if mode == "meta":
+        args = {k: v.to("meta") for k, v in args.items()}
+        out = grouped_glu(**args, num_out_rows=p["num_out_rows"])
+    else:
+        from torch._subclasses.fake_tensor import FakeTensorMode
+
+        with FakeTensorMode() as fm:
+            args = {k: fm.from_tensor(v) for k, v in args.items()}
+            out = grouped_glu(**args, num_out_rows=p["num_out_rows"])
+    assert tuple(out.shape) == (p["num_out_rows"], p["w_down"].shape[2]) and out.dtype == p["x"].dtype
+    assert (out.device.type == "meta") == (mode == "meta")
+    args["w_up"] = args["w_up"][:, :, :4]
+    with pytest.raises(ValueError, match=r"w_up must be \[E, d, r\]"):
+        grouped_glu(**args, num_out_rows=p["num_out_rows"])
+
+
 def test_num_out_rows_accepts_int_likes(p):
     import numpy as np
 

@@ -69,16 +69,23 @@ def validate(
             raise TypeError(
                 f"grouped_glu: {name} must be a torch.Tensor or a tsct.quant container, got {type(w).__name__}"
             )
-    e, dg, r = _factor_shape("w_gate", w_gate)
+    shapes = {name: _factor_shape(name, w) for name, w in (("w_gate", w_gate), ("w_up", w_up), ("w_down", w_down))}
+    e = offs.shape[0]
+    e_fac = {sh[0] for sh in shapes.values()}
+    if len(e_fac) == 1 and e not in e_fac:  # the three factors agree on E: offs is the odd one out
+        raise ValueError(f"grouped_glu: offs must have length E = {e_fac.pop()} (cumulative end offsets), got {e}")
+    for name, sh in shapes.items():  # else name the factor whose E differs from len(offs)
+        if sh[0] != e:
+            what = "[E, r, f]" if name == "w_down" else "[E, d, r]"
+            raise ValueError(f"grouped_glu: {name} must be {what} with E = len(offs) = {e}, got {list(sh)}")
+    _, dg, r = shapes["w_gate"]
     if dg != d:
         raise ValueError(f"grouped_glu: w_gate must be [E, d, r] with d = x.shape[1] = {d}, got {list(w_gate.shape)}")
-    if _factor_shape("w_up", w_up) != (e, d, r):
+    if shapes["w_up"] != (e, d, r):
         raise ValueError(f"grouped_glu: w_up must be [E, d, r] = {[e, d, r]} like w_gate, got {list(w_up.shape)}")
-    ed, rd, f = _factor_shape("w_down", w_down)
-    if (ed, rd) != (e, r):
+    _, rd, f = shapes["w_down"]
+    if rd != r:
         raise ValueError(f"grouped_glu: w_down must be [E, r, f] with E = {e}, r = {r}, got {list(w_down.shape)}")
-    if offs.shape[0] != e:
-        raise ValueError(f"grouped_glu: offs must have length E = {e} (cumulative end offsets), got {offs.shape[0]}")
 
     for name, s in (("s_gate", s_gate), ("s_up", s_up)):
         if s is not None:
@@ -109,12 +116,25 @@ def validate(
         if not isinstance(num_out_rows, int) or isinstance(num_out_rows, bool) or num_out_rows < 0:
             raise ValueError(f"grouped_glu: num_out_rows must be a non-negative int, got {num_out_rows!r}")
 
-    if config.check_values:
+    if config.check_values and _has_values(offs):
         if _values_readable(offs):
             _check_values(offs, m, gather_idx, t_rows, scatter_idx, num_out_rows)
         else:
             _assert_values_async(offs, m, gather_idx, t_rows, scatter_idx, num_out_rows)
     return m, e, d, r, f
+
+
+def _has_values(t: Tensor) -> bool:
+    """False for tensors that carry no data outside a compile trace (the meta device, fake tensors: shape-only use,
+    e.g. a model built on the meta device or shapes inferred under FakeTensorMode): nothing to check. While
+    compiling, the values are asserted in the graph instead (``_assert_values_async``)."""
+    if torch.compiler.is_compiling():
+        return True
+    if t.device.type == "meta":
+        return False
+    from torch._subclasses.fake_tensor import is_fake
+
+    return not is_fake(t)
 
 
 def _values_readable(t: Tensor) -> bool:

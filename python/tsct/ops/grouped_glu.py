@@ -148,8 +148,12 @@ def _as_int(name: str, v):
 def _check_masters(facs, masters) -> tuple:
     if masters is None:
         return (None, None, None)
-    if not isinstance(masters, (list, tuple)) or len(masters) != 3:
-        raise ValueError("grouped_glu: masters must be a sequence (w_gate, w_up, w_down) of tensors or None")
+    if not isinstance(masters, (list, tuple)):
+        raise TypeError(f"grouped_glu: masters must be a sequence (w_gate, w_up, w_down) of tensors or None, got "
+                        f"{type(masters).__name__}")
+    if len(masters) != 3:
+        raise ValueError(f"grouped_glu: masters must be a sequence (w_gate, w_up, w_down) of tensors or None, got "
+                         f"{len(masters)} entries")
     for name, w, mt in zip(("w_gate", "w_up", "w_down"), facs, masters):
         if mt is not None:
             _library_q.check_master(name, w, mt)

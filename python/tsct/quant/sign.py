@@ -145,6 +145,10 @@ def quantize_sign(w: Tensor, *, iters: int = DEFAULT_SIGN_ITERS, backend: str = 
     K = ``w.shape[-2]`` must be a multiple of 8. bits = signbit(w) (so -0.0 -> 1); (a, b) = the rank-1
     fit of |w| (``rank1_magnitude_fit``, ``iters`` power-iteration rounds, always torch). ``backend``
     picks who packs the bits ("torch", "native" or "auto", as for ``quantize_nvfp4``).
+
+    Non-finite inputs: a nan or +-inf at (k, n) makes a[k] NaN (the magnitude fit of that K row has no finite
+    value), so row k of the decoded factor is NaN for every n; the other rows, and b, are fit on the finite
+    entries and stay finite.
     """
     _backend.check_factor("w", w, SIGN_PACK, "sign")
     _check_iters(iters)

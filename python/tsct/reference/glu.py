@@ -58,8 +58,9 @@ def _host_bounds(offs: Tensor, m: int) -> list[int]:
     bounds = [0] + offs.tolist()
     for e in range(1, len(bounds)):
         if bounds[e] < bounds[e - 1]:
+            prev = f"offs[{e - 2}] = {bounds[e - 1]}" if e > 1 else "0"
             raise ValueError(f"grouped_glu: offs must be non-negative and non-decreasing, offs[{e - 1}] = "
-                             f"{bounds[e]} < {bounds[e - 1]}")
+                             f"{bounds[e]} < {prev}")
     if bounds[-1] > m:
         raise ValueError(f"grouped_glu: offs[-1] = {bounds[-1]} exceeds M = {m} routed rows")
     return bounds
