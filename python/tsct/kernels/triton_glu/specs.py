@@ -93,6 +93,7 @@ class Config:
     up_native_lb: int = 0     # lowbit_up_fwd in CUDA C++ (csrc/glu/up_nvfp4.cu: NVFP4 w_down, r = 64, padded y)
     sign_native_lb: int = 0   # the same two CUDA kernels for sign factors too (first ran on the H200 in session 9)
     stages_dxdw_lb: int = 1
+    ndb_dxdw_lb: int = 8      # d blocks per program of lowbit_bwd_dx_dw when experts average <= bm rows (as ndb_bwd)
 
     def update(self, spec: str) -> "Config":
         """Apply "name=int,name=int" (TSCT_TRITON_GLU_CFG's syntax; "" changes nothing).

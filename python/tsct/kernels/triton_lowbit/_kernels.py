@@ -401,23 +401,75 @@ def lowbit_bwd_dx_dw(
     d, r, stride_x,
     FMT_G: tl.constexpr, FMT_U: tl.constexpr,
     HAS_GATHER: tl.constexpr, DO_DX: tl.constexpr, DO_DW: tl.constexpr,
-    BM: tl.constexpr, BD: tl.constexpr, BR: tl.constexpr,
+    BM: tl.constexpr, BD: tl.constexpr, BR: tl.constexpr, NDB: tl.constexpr,
 ):
     """``triton_glu.glu_bwd_dx_dw`` with w_gate / w_up in any format: dx_routed = dhg Wg_hat^T + dhu Wu_hat^T
     (decoded in registers); dWg / dWu (DO_DW) are the dense gradients w.r.t. the decoded factors
-    (X^T dh), the STE gradients of master factors."""
+    (X^T dh), the STE gradients of master factors. One program per (expert, NDB d blocks); as in the bf16
+    kernel, an expert of one row tile whose rank fits one block (b1: ~32 rows, r = 64) loads dhg / dhu (and
+    their sign column scales) once and walks its d blocks in one loop; others take the general path."""
     e = tl.program_id(0)
     pd = tl.program_id(1)
     e64 = e.to(tl.int64)
     lo, hi = _expert_bounds(offs_ptr, e)
     n_tiles = (hi - lo + BM - 1) // BM
-    d0 = pd * BD
+    dl = tl.arange(0, BD)
+    bm = tl.arange(0, BM)
+    rs = tl.arange(0, BR)
+    h_tile = bm[:, None] * r + rs[None, :]     # int32 [BM, BR]
+    d_lo = pd * BD * NDB
+    d_hi = tl.minimum(d_lo + BD * NDB, d)
+    if NDB > 1:
+        fast = (n_tiles == 1) & (r <= BR)
+    else:
+        fast = n_tiles < 0  # never: one d block per program takes the general path
+    if fast:
+        rows = lo + bm
+        rmask = rows < hi
+        src = _row_index(gidx_ptr, rows, rmask, HAS_GATHER)
+        rm = rs < r
+        hmask = rmask[:, None] & rm[None, :]
+        hg = tl.load(dhg_ptr + lo.to(tl.int64) * r + h_tile, mask=hmask, other=0.0)
+        hu = tl.load(dhu_ptr + lo.to(tl.int64) * r + h_tile, mask=hmask, other=0.0)
+        if DO_DX:
+            hgs = tl.trans(_w_cols(FMT_G, hg, g2, e64, r, rs, rm).to(hg.dtype))  # [BR, BM]
+            hus = tl.trans(_w_cols(FMT_U, hu, u2, e64, r, rs, rm).to(hu.dtype))
+        for d0 in range(d_lo, d_hi, BD):
+            dm = (d0 + dl) < d
+            if DO_DW:
+                xt = tl.load(x_ptr + (src * stride_x + d0)[:, None] + dl[None, :], mask=rmask[:, None] & dm[None, :],
+                             other=0.0)
+                xT = tl.trans(xt)
+                w_off = e64 * d * r + d0 * r + dl[:, None] * r + rs[None, :]
+                wmask = dm[:, None] & rm[None, :]
+                tl.store(dwg_ptr + w_off, tl.dot(xT, hg).to(dwg_ptr.dtype.element_ty), mask=wmask)
+                tl.store(dwu_ptr + w_off, tl.dot(xT, hu).to(dwu_ptr.dtype.element_ty), mask=wmask)
+            if DO_DX:
+                wg = _w_tile(FMT_G, g0, g1, e64, d0, d, r, rs, rm, BD, BR, hg.dtype)   # [BD, BR]
+                wu = _w_tile(FMT_U, u0, u1, e64, d0, d, r, rs, rm, BD, BR, hu.dtype)
+                acc = tl.trans(_w_scalar(FMT_G, tl.dot(wg, hgs), g2, e) + _w_scalar(FMT_U, tl.dot(wu, hus), u2, e))
+                tl.store(dx_ptr + lo.to(tl.int64) * d + d0 + bm[:, None] * d + dl[None, :],
+                         acc.to(dx_ptr.dtype.element_ty), mask=rmask[:, None] & dm[None, :])
+    else:
+        for d0 in range(d_lo, d_hi, BD):
+            _lowbit_dx_dw_block(x_ptr, gidx_ptr, g0, g1, g2, u0, u1, u2, dhg_ptr, dhu_ptr, dx_ptr, dwg_ptr, dwu_ptr,
+                                e, lo, hi, n_tiles, d0, d, r, stride_x, h_tile, FMT_G, FMT_U, HAS_GATHER, DO_DX,
+                                DO_DW, BM, BD, BR)
+
+
+@triton.jit
+def _lowbit_dx_dw_block(x_ptr, gidx_ptr, g0, g1, g2, u0, u1, u2, dhg_ptr, dhu_ptr, dx_ptr, dwg_ptr, dwu_ptr, e, lo,
+                        hi, n_tiles, d0, d, r, stride_x, h_tile,
+                        FMT_G: tl.constexpr, FMT_U: tl.constexpr,
+                        HAS_GATHER: tl.constexpr, DO_DX: tl.constexpr, DO_DW: tl.constexpr,
+                        BM: tl.constexpr, BD: tl.constexpr, BR: tl.constexpr):
+    """``lowbit_bwd_dx_dw`` for one d block [d0, d0 + BD), any number of row tiles and rank blocks."""
+    e64 = e.to(tl.int64)
     dl = tl.arange(0, BD)
     dm = (d0 + dl) < d
     bm = tl.arange(0, BM)
     rs = tl.arange(0, BR)
     w_base = e64 * d * r + d0 * r
-    h_tile = bm[:, None] * r + rs[None, :]     # int32 [BM, BR]
     if DO_DW:
         w_tile = dl[:, None] * r + rs[None, :]     # int32 [BD, BR]
         for rb in range(0, r, BR):

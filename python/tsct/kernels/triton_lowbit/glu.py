@@ -460,10 +460,13 @@ def grouped_glu_backward(
         dwu = torch.empty((e, d, r), device=dev, dtype=wdtype(w_up)) if do_dw else None
         dx_rows = torch.empty(m, d, device=dev, dtype=dtype) if do_dx else None
         bd = cfg.bd_bwd
-        _launch("lowbit_bwd_dx_dw", (e, G._cdiv(d, bd)),
+        # several d blocks per program only when most experts fit one row tile (b1: ~32 rows each), as in the
+        # bf16 path (glu.grouped_glu_backward)
+        ndb = cfg.ndb_dxdw_lb if m <= e * bm else 1
+        _launch("lowbit_bwd_dx_dw", (e, G._cdiv(d, bd * ndb)),
                 [x, gidx, offs, *pg, *pu, dhg, dhu, dx_rows, dwg, dwu, d, r, x.stride(0)],
                 dict(FMT_G=fg, FMT_U=fu, HAS_GATHER=gidx is not None, DO_DX=do_dx, DO_DW=do_dw, BM=bm, BD=bd,
-                     BR=br),
+                     BR=br, NDB=ndb),
                 WARPS_DECODE, cfg.stages_dxdw_lb, aligned, cap, dev)
         if do_dx:
             if gather_idx is not None:

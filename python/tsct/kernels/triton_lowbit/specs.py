@@ -78,7 +78,7 @@ KERNELS: dict[str, KernelInfo] = {
     "lowbit_bwd_dx_dw": KernelInfo(
         params=("x_ptr", "gidx_ptr", "offs_ptr", "g0", "g1", "g2", "u0", "u1", "u2", "dhg_ptr", "dhu_ptr", "dx_ptr",
                 "dwg_ptr", "dwu_ptr", "d", "r", "stride_x"),
-        constexprs=("FMT_G", "FMT_U", "HAS_GATHER", "DO_DX", "DO_DW", "BM", "BD", "BR"),
+        constexprs=("FMT_G", "FMT_U", "HAS_GATHER", "DO_DX", "DO_DW", "BM", "BD", "BR", "NDB"),
         ints=("d", "r", "stride_x"),
         used_if={"gidx_ptr": "HAS_GATHER", "g1": "FMT_G", "g2": "FMT_G", "u1": "FMT_U", "u2": "FMT_U",
                  "dx_ptr": "DO_DX", "dwg_ptr": "DO_DW", "dwu_ptr": "DO_DW"},
@@ -133,8 +133,8 @@ _DXDW = ((True, False), (False, True), (True, True))
 
 def enumerate_specs(arch: str) -> Iterator[Spec]:
     """Every specialization ``glu.py`` launches on ``arch`` for the AOT_FORMATS and AOT_DTYPES (module
-    docstring): 172 per arch (the mixed triple shares its up / dz variants with uniform NVFP4; 148 before the
-    up kernel's Y_PAD flag)."""
+    docstring): 208 per arch (the mixed triple shares its up / dz variants with uniform NVFP4; 148 before the
+    up kernel's Y_PAD flag, 172 before lowbit_bwd_dx_dw's NDB)."""
     cfg = CONFIGS[arch]
     br = rank_block(cfg)
     seen = set()
@@ -163,11 +163,11 @@ def enumerate_specs(arch: str) -> Iterator[Spec]:
                          zw_ptr=D, part_ptr="*fp32", dwd_ptr=D)
             consts = dict(FMT_D=fd, HAS_SCATTER=sc is not None, DO_DWD=dwd, BM=cfg.bm, BR=br, BN=cfg.bn_bwd)
             out.append(_base_spec("lowbit_bwd_dz", types, consts, WARPS_DECODE, cfg.stages_bwd_dz, aligned, KERNELS))
-        for g, (dx, dw) in itertools.product(_IDX, _DXDW):
+        for g, (dx, dw), ndb in itertools.product(_IDX, _DXDW, sorted({1, cfg.ndb_dxdw_lb})):
             types = dict(x_ptr=D, gidx_ptr=f"*{g}" if g else UNUSED, offs_ptr="*i32", g0=g0, g1=g1, g2=g2, u0=u0,
                          u1=u1, u2=u2, dhg_ptr=D, dhu_ptr=D, dx_ptr=D, dwg_ptr=D, dwu_ptr=D)
             consts = dict(FMT_G=fg, FMT_U=fu, HAS_GATHER=g is not None, DO_DX=dx, DO_DW=dw, BM=cfg.bm,
-                          BD=cfg.bd_bwd, BR=br)
+                          BD=cfg.bd_bwd, BR=br, NDB=ndb)
             out.append(_base_spec("lowbit_bwd_dx_dw", types, consts, WARPS_DECODE, cfg.stages_dxdw_lb, aligned,
                                   KERNELS))
         for s in out:
