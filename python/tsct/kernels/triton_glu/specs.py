@@ -93,7 +93,11 @@ class Config:
     up_native_lb: int = 0     # lowbit_up_fwd in CUDA C++ (csrc/glu/up_nvfp4.cu: NVFP4 w_down, r = 64, padded y)
     sign_native_lb: int = 0   # the same two CUDA kernels for sign factors too (first ran on the H200 in session 9)
     stages_dxdw_lb: int = 1
-    ndb_dxdw_lb: int = 8      # d blocks per program of lowbit_bwd_dx_dw when experts average <= bm rows (as ndb_bwd)
+    # d blocks per program of lowbit_bwd_dx_dw when experts average <= bm rows (as ndb_bwd); with a sign w_gate or
+    # w_up: ndb_dxdw_sign_lb (the multi-block variant holds both paths: 161 registers against 128 for sign, one CTA
+    # per SM instead of two, 0.48 ms against 0.40 on the H200; NVFP4 96 registers, 0.23 ms against 0.40)
+    ndb_dxdw_lb: int = 8
+    ndb_dxdw_sign_lb: int = 1
 
     def update(self, spec: str) -> "Config":
         """Apply "name=int,name=int" (TSCT_TRITON_GLU_CFG's syntax; "" changes nothing).
@@ -141,7 +145,8 @@ CONFIGS: dict[str, Config] = {
     # ~99 KB of shared memory per block: fewer stages. Every field the H200 sweep of session 5 changed
     # stays at its previous value here (nothing has been timed on an sm_120 card; bench/notes.md "v8")
     "sm_120": Config(stages_down=2, stages_up=2, bn_up_t=128, warps_up_t=4, stages_up_t=2, stages_dz_t=2, fs_bwd=8,
-                     warps_combine=4, stages_bwd_dxdw=1, warps_up_lb=8, stages_down_lb=2, stages_dxdw_lb=1),
+                     warps_combine=4, stages_bwd_dxdw=1, warps_up_lb=8, stages_down_lb=2, stages_dxdw_lb=1,
+                     ndb_dxdw_lb=1),
 }
 DEFAULT_ARCH_CONFIG = "sm_90a"  # JIT on any other arch (sm_80, ...) uses these tiles
 

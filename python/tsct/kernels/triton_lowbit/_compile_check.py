@@ -58,7 +58,7 @@ def variants(fmt: str, arch: str):
            WARPS_DECODE, cfg.stages_bwd_dz)
     yield ("lowbit_bwd_dx_dw", [dt, "*i64", "*i32", *g, *g, dt, dt, dt, "*i8", "*i8", "i32", "i32", "i32"],
            dict(FMT_G=f, FMT_U=f, HAS_GATHER=True, DO_DX=True, DO_DW=False, BM=cfg.bm, BD=cfg.bd_bwd, BR=64,
-                NDB=cfg.ndb_dxdw_lb),
+                NDB=cfg.ndb_dxdw_sign_lb if fmt == "sign" else cfg.ndb_dxdw_lb),
            WARPS_DECODE, cfg.stages_dxdw_lb)
 
 

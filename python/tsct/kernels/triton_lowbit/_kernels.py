@@ -417,12 +417,14 @@ def lowbit_bwd_dx_dw(
     bm = tl.arange(0, BM)
     rs = tl.arange(0, BR)
     h_tile = bm[:, None] * r + rs[None, :]     # int32 [BM, BR]
+    if NDB == 1:  # one d block per program: the per-block body only (no second path's registers)
+        _lowbit_dx_dw_block(x_ptr, gidx_ptr, g0, g1, g2, u0, u1, u2, dhg_ptr, dhu_ptr, dx_ptr, dwg_ptr, dwu_ptr,
+                            e, lo, hi, n_tiles, pd * BD, d, r, stride_x, h_tile, FMT_G, FMT_U, HAS_GATHER, DO_DX,
+                            DO_DW, BM, BD, BR)
+        return
     d_lo = pd * BD * NDB
     d_hi = tl.minimum(d_lo + BD * NDB, d)
-    if NDB > 1:
-        fast = (n_tiles == 1) & (r <= BR)
-    else:
-        fast = n_tiles < 0  # never: one d block per program takes the general path
+    fast = (n_tiles == 1) & (r <= BR)
     if fast:
         rows = lo + bm
         rmask = rows < hi
@@ -453,8 +455,8 @@ def lowbit_bwd_dx_dw(
     else:
         for d0 in range(d_lo, d_hi, BD):
             _lowbit_dx_dw_block(x_ptr, gidx_ptr, g0, g1, g2, u0, u1, u2, dhg_ptr, dhu_ptr, dx_ptr, dwg_ptr, dwu_ptr,
-                                e, lo, hi, n_tiles, d0, d, r, stride_x, h_tile, FMT_G, FMT_U, HAS_GATHER, DO_DX,
-                                DO_DW, BM, BD, BR)
+                                e, lo, hi, n_tiles, d0, d, r, stride_x, h_tile, FMT_G, FMT_U,
+                                HAS_GATHER, DO_DX, DO_DW, BM, BD, BR)
 
 
 @triton.jit
