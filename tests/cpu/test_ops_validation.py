@@ -57,8 +57,9 @@ def test_factor_with_the_odd_expert_count_is_named(p):
 
 @pytest.mark.parametrize("mode", ["meta", "fake"])
 def test_shape_only_tensors_pass_the_checks(p, mode):
-    """Meta-device and fake tensors carry no values: the value checks are skipped (shape inference, meta init),
-    the shape checks still run, and the output has the op's shape."""
+    """Meta-device and fake tensors carry no values: meta skips the value checks (meta init), fake tensors get
+    them as graph asserts (shape inference under FakeTensorMode); the shape checks still run, and the output has
+    the op's shape."""
     args = {k: p[k] for k in ("x", "offs", "w_gate", "w_up", "w_down", "s_gate", "s_up", "row_weight", "gather_idx",
                               "scatter_idx")}
     if mode == "meta":
@@ -75,6 +76,26 @@ def test_shape_only_tensors_pass_the_checks(p, mode):
     args["w_up"] = args["w_up"][:, :, :4]
     with pytest.raises(ValueError, match=r"w_up must be \[E, d, r\]"):
         grouped_glu(**args, num_out_rows=p["num_out_rows"])
+
+
+def _traced(mode, p, check_values, monkeypatch):
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    monkeypatch.setattr(tsct.config, "check_values", check_values)
+    args = (p["x"], p["offs"], p["w_gate"], p["w_up"], p["w_down"])
+    return make_fx(lambda *a: grouped_glu(*a), tracing_mode=mode)(*args)
+
+
+def test_symbolic_trace_passes_the_shape_checks(p, monkeypatch):
+    """make_fx with symbolic sizes: the factor checks compare sizes without hashing them (a SymInt does not hash)."""
+    gm = _traced("symbolic", p, False, monkeypatch)
+    assert "grouped_glu" in gm.code
+
+
+def test_fake_trace_asserts_the_values_in_the_graph(p, monkeypatch):
+    """Traced with fake tensors (no data), offs and the indices are asserted in the graph, not skipped."""
+    gm = _traced("fake", p, True, monkeypatch)
+    assert "_assert_async" in gm.code
 
 
 def test_num_out_rows_accepts_int_likes(p):

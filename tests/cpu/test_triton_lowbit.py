@@ -39,6 +39,32 @@ def interp(tmp_path_factory):
     return json.loads(out.read_text())
 
 
+# lowbit_bwd_dx_dw with several d blocks per program across several programs (partial groups at the end of d),
+# for NVFP4, sign and mixed factors; the default tiles cover d <= 512 in one program
+NDB_CFG = "bd_bwd=16,ndb_dxdw_lb=3,ndb_dxdw_sign_lb=2"
+NDB_CASES = ["nvfp4_d80_r48", "sign_d72_r24", "empty_one_multitile", "mixed_ns_d", "nvfp4_basic"]
+
+
+@pytest.fixture(scope="module")
+def interp_ndb(tmp_path_factory):
+    out = tmp_path_factory.mktemp("lowbit_ndb") / "res.json"
+    env = dict(os.environ, TRITON_INTERPRET="1", TSCT_TRITON_GLU_CFG=NDB_CFG,
+               PYTHONPATH=str(ROOT / "python") + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    p = subprocess.run([sys.executable, "-m", "tsct.kernels.triton_lowbit._interp_check", "--json", str(out),
+                        *NDB_CASES], env=env, cwd=ROOT, capture_output=True, text=True, timeout=900)
+    if not out.exists():
+        pytest.fail(f"interpreter check crashed (rc {p.returncode}):\n{p.stdout[-3000:]}\n{p.stderr[-5000:]}")
+    return json.loads(out.read_text())
+
+
+@pytest.mark.parametrize("case", NDB_CASES)
+def test_interpreter_case_several_d_blocks(interp_ndb, case):
+    errs = interp_ndb["results"][case]
+    bad = {k: v for k, v in errs.items() if not v < interp_ndb["tol"]}
+    assert not bad, f"{case} with {NDB_CFG}: {bad}"
+    assert "x" in errs and "w_gate" in errs
+
+
 def test_case_list_matches(interp):
     assert set(CASES) <= set(interp["results"])
 

@@ -71,9 +71,9 @@ def validate(
             )
     shapes = {name: _factor_shape(name, w) for name, w in (("w_gate", w_gate), ("w_up", w_up), ("w_down", w_down))}
     e = offs.shape[0]
-    e_fac = {sh[0] for sh in shapes.values()}
-    if len(e_fac) == 1 and e not in e_fac:  # the three factors agree on E: offs is the odd one out
-        raise ValueError(f"grouped_glu: offs must have length E = {e_fac.pop()} (cumulative end offsets), got {e}")
+    e_fac = [sh[0] for sh in shapes.values()]  # a list, not a set: symbolic sizes (make_fx, export) do not hash
+    if e_fac[0] == e_fac[1] == e_fac[2] != e:  # the three factors agree on E: offs is the odd one out
+        raise ValueError(f"grouped_glu: offs must have length E = {e_fac[0]} (cumulative end offsets), got {e}")
     for name, sh in shapes.items():  # else name the factor whose E differs from len(offs)
         if sh[0] != e:
             what = "[E, r, f]" if name == "w_down" else "[E, d, r]"
@@ -125,25 +125,21 @@ def validate(
 
 
 def _has_values(t: Tensor) -> bool:
-    """False for tensors that carry no data outside a compile trace (the meta device, fake tensors: shape-only use,
-    e.g. a model built on the meta device or shapes inferred under FakeTensorMode): nothing to check. While
-    compiling, the values are asserted in the graph instead (``_assert_values_async``)."""
-    if torch.compiler.is_compiling():
-        return True
-    if t.device.type == "meta":
-        return False
-    from torch._subclasses.fake_tensor import is_fake
-
-    return not is_fake(t)
+    """False on the meta device (shape-only use, e.g. a model built there): no values now or later, nothing to
+    check."""
+    return t.device.type != "meta"
 
 
 def _values_readable(t: Tensor) -> bool:
-    """Values can be read without breaking a graph capture or a compile trace."""
+    """Values can be read without breaking a graph capture or a trace (torch.compile, make_fx, FakeTensorMode: a
+    fake tensor has no data; its values are asserted in the graph instead)."""
     if torch.compiler.is_compiling():
         return False
     if t.is_cuda and torch.cuda.is_current_stream_capturing():
         return False
-    return True
+    from torch._subclasses.fake_tensor import is_fake
+
+    return not is_fake(t)
 
 
 def _assert_values_async(offs, m, gather_idx, t_rows, scatter_idx, num_out_rows) -> None:

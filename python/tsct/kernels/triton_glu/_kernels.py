@@ -315,7 +315,7 @@ def tile_cum(offs_ptr, cum_ptr, E, t0_ptr, t1_ptr, t2_ptr, M, W01, W2, BM: tl.co
             carry += tl.sum(n, axis=0)
     if ZERO:
         if pid > 0:
-            start_row = tl.load(offs_ptr + E - 1).to(tl.int64)
+            start_row = tl.maximum(tl.load(offs_ptr + E - 1), 0).to(tl.int64)  # never before the tensors
             step = (tl.num_programs(0) - 1).to(tl.int64) * ZBLOCK
             zero = tl.zeros((ZBLOCK,), dtype=tl.int16)
             ks = tl.arange(0, ZBLOCK)

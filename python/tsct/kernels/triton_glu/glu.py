@@ -181,7 +181,7 @@ def _tile_cum(offs: Tensor, bm: int, cap=None, zero: Sequence[Tensor] = ()) -> T
         counts = torch.diff(offs, prepend=offs.new_zeros(1))
         ntiles = torch.div(counts + (bm - 1), bm, rounding_mode="floor")
         for t in zero:  # CPU: reading offs on the host costs no sync
-            t[int(offs[-1]):].zero_()
+            t[max(int(offs[-1]), 0):].zero_()
         return torch.cumsum(ntiles, 0, dtype=torch.int32)
     e = offs.shape[0]
     cum = torch.empty(e, device=offs.device, dtype=torch.int32)
