@@ -102,7 +102,9 @@ def test_install_holds_every_manifest_cubin():
                 want |= keys
                 fams[name] = len(keys)
         assert set(entries) == want
-        assert fams.get("w4a4", 102) == 102 and fams.get("lowbit", 172) == 172, fams
+        lb = lowbit_specs.CONFIGS[arch]  # 172 low-bit variants, plus 36 per extra NDB of lowbit_bwd_dx_dw
+        n_lowbit = 172 + 36 * (len({1, lb.ndb_dxdw_lb, lb.ndb_dxdw_sign_lb}) - 1)
+        assert fams.get("w4a4", 102) == 102 and fams.get("lowbit", n_lowbit) == n_lowbit, fams
         assert {f: v["variants"] for f, v in idx["families"].items()} == fams, idx["families"]
 
 
