@@ -1,3 +1,6 @@
+# Interpreter check of the rejected prototype (session 11): copy 2026-11-30_persistent_up_combine_rejected.py to
+# sweep/upc_proto.py, then: PYTHONPATH=python TRITON_INTERPRET=1 python3 <this file> (fp16: bf16 loads are wrong
+# under Triton 3.9's interpreter on the CPU image). One program (the interpreter runs programs one after another).
 import torch, sys
 sys.path.insert(0, "sweep")
 import upc_proto as U
