@@ -526,24 +526,12 @@ def glu_bwd_dx_dw(
     else:
         fast = n_tiles < 0  # never: one d block per program takes the general path
     if fast:
-        rows = lo + bm
-        rmask = rows < hi
-        src = _row_index(gidx_ptr, rows, rmask, HAS_GATHER)
-        rm = rs < r
-        hmask = rmask[:, None] & rm[None, :]
-        hg = tl.load(dhg_ptr + lo.to(tl.int64) * r + h_tile, mask=hmask, other=0.0)
-        hu = tl.load(dhu_ptr + lo.to(tl.int64) * r + h_tile, mask=hmask, other=0.0)
+        rmask, src, rm, hg, hu = _one_tile_dh(gidx_ptr, dhg_ptr, dhu_ptr, lo, hi, r, h_tile, HAS_GATHER, BM, BR)
         w_e = e.to(tl.int64) * d * r
         for d0 in range(d_lo, d_hi, BD):
             dm = (d0 + dl) < d
             if DO_DW:
-                xt = tl.load(x_ptr + (src * stride_x + d0)[:, None] + dl[None, :], mask=rmask[:, None] & dm[None, :],
-                             other=0.0)
-                xT = tl.trans(xt)
-                w_off = w_e + d0 * r + dl[:, None] * r + rs[None, :]
-                wmask = dm[:, None] & rm[None, :]
-                tl.store(dwg_ptr + w_off, tl.dot(xT, hg).to(dwg_ptr.dtype.element_ty), mask=wmask)
-                tl.store(dwu_ptr + w_off, tl.dot(xT, hu).to(dwu_ptr.dtype.element_ty), mask=wmask)
+                _dw_one_tile(x_ptr, src, rmask, rm, hg, hu, dwg_ptr, dwu_ptr, w_e, d0, d, r, stride_x, BD, BR)
             if DO_DX:
                 wt_off = w_e + d0 * r + dl[None, :] * r + rs[:, None]
                 tmask = rm[:, None] & dm[None, :]
@@ -571,28 +559,8 @@ def _dx_dw_block(x_ptr, gidx_ptr, wg_ptr, wu_ptr, dhg_ptr, dhu_ptr, dx_ptr, dwg_
     rs = tl.arange(0, BR)
     w_base = e.to(tl.int64) * d * r + d0 * r
     if DO_DW:
-        w_tile = dl[:, None] * r + rs[None, :]     # int32 [BD, BR]
-        for rb in range(0, r, BR):
-            rm = (rb + rs) < r
-            accg = tl.zeros((BD, BR), dtype=tl.float32)
-            accu = tl.zeros((BD, BR), dtype=tl.float32)
-            for t in range(0, n_tiles):
-                row0 = lo + t * BM
-                rows = row0 + bm
-                rmask = rows < hi
-                src = _row_index(gidx_ptr, rows, rmask, HAS_GATHER)
-                xt = tl.load(x_ptr + (src * stride_x + d0)[:, None] + dl[None, :], mask=rmask[:, None] & dm[None, :],
-                             other=0.0)
-                hmask = rmask[:, None] & rm[None, :]
-                h_base = row0.to(tl.int64) * r + rb
-                hg = tl.load(dhg_ptr + h_base + h_tile, mask=hmask, other=0.0)
-                hu = tl.load(dhu_ptr + h_base + h_tile, mask=hmask, other=0.0)
-                xT = tl.trans(xt)
-                accg = tl.dot(xT, hg, accg)
-                accu = tl.dot(xT, hu, accu)
-            wmask = dm[:, None] & rm[None, :]
-            tl.store(dwg_ptr + w_base + rb + w_tile, accg.to(dwg_ptr.dtype.element_ty), mask=wmask)
-            tl.store(dwu_ptr + w_base + rb + w_tile, accu.to(dwu_ptr.dtype.element_ty), mask=wmask)
+        _dw_tiles(x_ptr, gidx_ptr, dhg_ptr, dhu_ptr, dwg_ptr, dwu_ptr, w_base, lo, hi, n_tiles, d0, d, r, stride_x, h_tile,
+                  HAS_GATHER, BM, BD, BR)
     if DO_DX:
         wt_tile = dl[None, :] * r + rs[:, None]    # int32 [BR, BD]: W^T block
         dx_tile = bm[:, None] * d + dl[None, :]    # int32 [BM, BD]
@@ -613,3 +581,71 @@ def _dx_dw_block(x_ptr, gidx_ptr, wg_ptr, wu_ptr, dhg_ptr, dhu_ptr, dx_ptr, dwg_
                 acc = tl.dot(hu, wuT, acc)
             tl.store(dx_ptr + row0.to(tl.int64) * d + d0 + dx_tile, acc.to(dx_ptr.dtype.element_ty),
                      mask=rmask[:, None] & dm[None, :])
+
+# ---- dW of w_gate / w_up, shared by glu_bwd_dx_dw and triton_lowbit's lowbit_bwd_dx_dw ----------------------
+# (X^T dh does not involve the factors, so it is the same for every factor format)
+
+@triton.jit
+def _one_tile_dh(gidx_ptr, dhg_ptr, dhu_ptr, lo, hi, r, h_tile, HAS_GATHER: tl.constexpr, BM: tl.constexpr,
+                 BR: tl.constexpr):
+    """An expert of one row tile (rows [lo, hi), hi - lo <= BM) whose rank fits one block (r <= BR): its row mask,
+    source rows of x, rank mask and dhg / dhu tiles [BM, BR] (0 outside the masks)."""
+    bm = tl.arange(0, BM)
+    rs = tl.arange(0, BR)
+    rows = lo + bm
+    rmask = rows < hi
+    src = _row_index(gidx_ptr, rows, rmask, HAS_GATHER)
+    rm = rs < r
+    hmask = rmask[:, None] & rm[None, :]
+    hg = tl.load(dhg_ptr + lo.to(tl.int64) * r + h_tile, mask=hmask, other=0.0)
+    hu = tl.load(dhu_ptr + lo.to(tl.int64) * r + h_tile, mask=hmask, other=0.0)
+    return rmask, src, rm, hg, hu
+
+
+@triton.jit
+def _dw_one_tile(x_ptr, src, rmask, rm, hg, hu, dwg_ptr, dwu_ptr, w_e, d0, d, r, stride_x, BD: tl.constexpr,
+                 BR: tl.constexpr):
+    """dWg / dWu[e][d0:d0 + BD, :r] = X^T hg / X^T hu for the one row tile of ``_one_tile_dh``; ``w_e``: int64
+    offset of expert e in dWg / dWu ([E, d, r])."""
+    dl = tl.arange(0, BD)
+    rs = tl.arange(0, BR)
+    dm = (d0 + dl) < d
+    xt = tl.load(x_ptr + (src * stride_x + d0)[:, None] + dl[None, :], mask=rmask[:, None] & dm[None, :], other=0.0)
+    xT = tl.trans(xt)
+    w_off = w_e + d0 * r + dl[:, None] * r + rs[None, :]
+    wmask = dm[:, None] & rm[None, :]
+    tl.store(dwg_ptr + w_off, tl.dot(xT, hg).to(dwg_ptr.dtype.element_ty), mask=wmask)
+    tl.store(dwu_ptr + w_off, tl.dot(xT, hu).to(dwu_ptr.dtype.element_ty), mask=wmask)
+
+
+@triton.jit
+def _dw_tiles(x_ptr, gidx_ptr, dhg_ptr, dhu_ptr, dwg_ptr, dwu_ptr, w_base, lo, hi, n_tiles, d0, d, r, stride_x, h_tile,
+              HAS_GATHER: tl.constexpr, BM: tl.constexpr, BD: tl.constexpr, BR: tl.constexpr):
+    """dWg / dWu[e][d0:d0 + BD, :] = X^T dhg / X^T dhu over the expert's ``n_tiles`` row tiles in order (fp32 sums;
+    exact zeros for an empty expert), rank block by rank block; ``w_base``: int64 offset of [e, d0, 0]."""
+    dl = tl.arange(0, BD)
+    dm = (d0 + dl) < d
+    bm = tl.arange(0, BM)
+    rs = tl.arange(0, BR)
+    w_tile = dl[:, None] * r + rs[None, :]     # int32 [BD, BR]
+    for rb in range(0, r, BR):
+        rm = (rb + rs) < r
+        accg = tl.zeros((BD, BR), dtype=tl.float32)
+        accu = tl.zeros((BD, BR), dtype=tl.float32)
+        for t in range(0, n_tiles):
+            row0 = lo + t * BM
+            rows = row0 + bm
+            rmask = rows < hi
+            src = _row_index(gidx_ptr, rows, rmask, HAS_GATHER)
+            xt = tl.load(x_ptr + (src * stride_x + d0)[:, None] + dl[None, :], mask=rmask[:, None] & dm[None, :],
+                         other=0.0)
+            hmask = rmask[:, None] & rm[None, :]
+            h_base = row0.to(tl.int64) * r + rb
+            hg = tl.load(dhg_ptr + h_base + h_tile, mask=hmask, other=0.0)
+            hu = tl.load(dhu_ptr + h_base + h_tile, mask=hmask, other=0.0)
+            xT = tl.trans(xt)
+            accg = tl.dot(xT, hg, accg)
+            accu = tl.dot(xT, hu, accu)
+        wmask = dm[:, None] & rm[None, :]
+        tl.store(dwg_ptr + w_base + rb + w_tile, accg.to(dwg_ptr.dtype.element_ty), mask=wmask)
+        tl.store(dwu_ptr + w_base + rb + w_tile, accu.to(dwu_ptr.dtype.element_ty), mask=wmask)

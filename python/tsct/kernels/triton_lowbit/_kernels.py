@@ -39,7 +39,8 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from tsct.kernels.triton_glu._kernels import _expert_bounds, _expert_of_tile, _row_index
+from tsct.kernels.triton_glu._kernels import (_dw_one_tile, _dw_tiles, _expert_bounds, _expert_of_tile,
+                                             _one_tile_dh, _row_index)
 
 DENSE, NVFP4, SIGN = 0, 1, 2
 
@@ -426,26 +427,14 @@ def lowbit_bwd_dx_dw(
     d_hi = tl.minimum(d_lo + BD * NDB, d)
     fast = (n_tiles == 1) & (r <= BR)
     if fast:
-        rows = lo + bm
-        rmask = rows < hi
-        src = _row_index(gidx_ptr, rows, rmask, HAS_GATHER)
-        rm = rs < r
-        hmask = rmask[:, None] & rm[None, :]
-        hg = tl.load(dhg_ptr + lo.to(tl.int64) * r + h_tile, mask=hmask, other=0.0)
-        hu = tl.load(dhu_ptr + lo.to(tl.int64) * r + h_tile, mask=hmask, other=0.0)
+        rmask, src, rm, hg, hu = _one_tile_dh(gidx_ptr, dhg_ptr, dhu_ptr, lo, hi, r, h_tile, HAS_GATHER, BM, BR)
         if DO_DX:
             hgs = tl.trans(_w_cols(FMT_G, hg, g2, e64, r, rs, rm).to(hg.dtype))  # [BR, BM]
             hus = tl.trans(_w_cols(FMT_U, hu, u2, e64, r, rs, rm).to(hu.dtype))
         for d0 in range(d_lo, d_hi, BD):
             dm = (d0 + dl) < d
             if DO_DW:
-                xt = tl.load(x_ptr + (src * stride_x + d0)[:, None] + dl[None, :], mask=rmask[:, None] & dm[None, :],
-                             other=0.0)
-                xT = tl.trans(xt)
-                w_off = e64 * d * r + d0 * r + dl[:, None] * r + rs[None, :]
-                wmask = dm[:, None] & rm[None, :]
-                tl.store(dwg_ptr + w_off, tl.dot(xT, hg).to(dwg_ptr.dtype.element_ty), mask=wmask)
-                tl.store(dwu_ptr + w_off, tl.dot(xT, hu).to(dwu_ptr.dtype.element_ty), mask=wmask)
+                _dw_one_tile(x_ptr, src, rmask, rm, hg, hu, dwg_ptr, dwu_ptr, e64 * d * r, d0, d, r, stride_x, BD, BR)
             if DO_DX:
                 wg = _w_tile(FMT_G, g0, g1, e64, d0, d, r, rs, rm, BD, BR, hg.dtype)   # [BD, BR]
                 wu = _w_tile(FMT_U, u0, u1, e64, d0, d, r, rs, rm, BD, BR, hu.dtype)
@@ -473,28 +462,8 @@ def _lowbit_dx_dw_block(x_ptr, gidx_ptr, g0, g1, g2, u0, u1, u2, dhg_ptr, dhu_pt
     rs = tl.arange(0, BR)
     w_base = e64 * d * r + d0 * r
     if DO_DW:
-        w_tile = dl[:, None] * r + rs[None, :]     # int32 [BD, BR]
-        for rb in range(0, r, BR):
-            rm = (rb + rs) < r
-            accg = tl.zeros((BD, BR), dtype=tl.float32)
-            accu = tl.zeros((BD, BR), dtype=tl.float32)
-            for t in range(0, n_tiles):
-                row0 = lo + t * BM
-                rows = row0 + bm
-                rmask = rows < hi
-                src = _row_index(gidx_ptr, rows, rmask, HAS_GATHER)
-                xt = tl.load(x_ptr + (src * stride_x + d0)[:, None] + dl[None, :], mask=rmask[:, None] & dm[None, :],
-                             other=0.0)
-                hmask = rmask[:, None] & rm[None, :]
-                h_base = row0.to(tl.int64) * r + rb
-                hg = tl.load(dhg_ptr + h_base + h_tile, mask=hmask, other=0.0)
-                hu = tl.load(dhu_ptr + h_base + h_tile, mask=hmask, other=0.0)
-                xT = tl.trans(xt)
-                accg = tl.dot(xT, hg, accg)
-                accu = tl.dot(xT, hu, accu)
-            wmask = dm[:, None] & rm[None, :]
-            tl.store(dwg_ptr + w_base + rb + w_tile, accg.to(dwg_ptr.dtype.element_ty), mask=wmask)
-            tl.store(dwu_ptr + w_base + rb + w_tile, accu.to(dwu_ptr.dtype.element_ty), mask=wmask)
+        _dw_tiles(x_ptr, gidx_ptr, dhg_ptr, dhu_ptr, dwg_ptr, dwu_ptr, w_base, lo, hi, n_tiles, d0, d, r, stride_x, h_tile,
+                  HAS_GATHER, BM, BD, BR)
     if DO_DX:
         dx_tile = bm[:, None] * d + dl[None, :]    # int32 [BM, BD]
         for t in range(0, n_tiles):
