@@ -265,20 +265,28 @@ def test_every_gpu_test_launch_has_an_aot_variant(monkeypatch, z_dtype, out_dtyp
     2026-11-29 failed for want of the fp32 quantizer variant)."""
     from tsct import quant
     from tsct.kernels import aot, launch
+    from tsct.kernels.triton_glu import glu as G
+    from tsct.kernels.triton_glu import specs as GS
     from tsct.kernels.triton_w4a4 import w4a4
 
     S = _specs()
     found, missing = [], []
 
     class Rec:
+        def __init__(self, key):
+            self.key = key
+
         def launch(self, grid, values, stream):
-            found.append(grid)
+            found.append(self.key.split("|")[0])
 
     for cap in ((9, 0), (12, 0)):
-        table = {s.key for s in S.enumerate_specs(aot.artifact_arch(cap))}
+        arch = aot.artifact_arch(cap)
+        # the tile map is the bf16 family's tile_cum kernel
+        table = {s.key for s in S.enumerate_specs(arch)} | {s.key for s in GS.enumerate_specs(arch)}
         monkeypatch.setenv("TSCT_TRITON_BACKEND", "aot")
-        monkeypatch.setattr(aot, "kernel", lambda arch, key: Rec() if key in table else missing.append(key))
+        monkeypatch.setattr(aot, "kernel", lambda a, key: Rec(key) if key in table else missing.append(key))
         monkeypatch.setattr(w4a4, "_capability", lambda dev: cap)
+        monkeypatch.setattr(G, "_capability", lambda dev: cap)
         monkeypatch.setattr(launch, "current_stream", lambda dev: 0)
         for E, r, f, counts in ((4, 64, 37, [10, 0, 70, 1]), (3, 144, 45, [5, 66, 9]), (2, 16, 20, [3, 4])):
             m = sum(counts) + 3
@@ -288,7 +296,8 @@ def test_every_gpu_test_launch_has_an_aot_variant(monkeypatch, z_dtype, out_dtyp
             offs = torch.tensor(counts).cumsum(0).to(torch.int32)
             w4a4.up_forward(zq, offs, w, torch.rand(m), out_dtype=out_dtype)
     assert not missing, missing[:2]
-    assert len(found) == 12
+    # per call: the quantizer (quantize_rows), the tile map and the up kernel; 3 shapes x 2 arches
+    assert sorted(found) == sorted(["nvfp4_quant_rows", "tile_cum", "w4a4_up_fwd"] * 6)
 
 
 

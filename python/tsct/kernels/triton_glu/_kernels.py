@@ -559,8 +559,8 @@ def _dx_dw_block(x_ptr, gidx_ptr, wg_ptr, wu_ptr, dhg_ptr, dhu_ptr, dx_ptr, dwg_
     rs = tl.arange(0, BR)
     w_base = e.to(tl.int64) * d * r + d0 * r
     if DO_DW:
-        _dw_tiles(x_ptr, gidx_ptr, dhg_ptr, dhu_ptr, dwg_ptr, dwu_ptr, w_base, lo, hi, n_tiles, d0, d, r, stride_x, h_tile,
-                  HAS_GATHER, BM, BD, BR)
+        _dw_tiles(x_ptr, gidx_ptr, dhg_ptr, dhu_ptr, dwg_ptr, dwu_ptr, w_base, lo, hi, n_tiles, d0, d, r, stride_x,
+                  h_tile, HAS_GATHER, BM, BD, BR)
     if DO_DX:
         wt_tile = dl[None, :] * r + rs[:, None]    # int32 [BR, BD]: W^T block
         dx_tile = bm[:, None] * d + dl[None, :]    # int32 [BM, BD]

@@ -462,8 +462,8 @@ def _lowbit_dx_dw_block(x_ptr, gidx_ptr, g0, g1, g2, u0, u1, u2, dhg_ptr, dhu_pt
     rs = tl.arange(0, BR)
     w_base = e64 * d * r + d0 * r
     if DO_DW:
-        _dw_tiles(x_ptr, gidx_ptr, dhg_ptr, dhu_ptr, dwg_ptr, dwu_ptr, w_base, lo, hi, n_tiles, d0, d, r, stride_x, h_tile,
-                  HAS_GATHER, BM, BD, BR)
+        _dw_tiles(x_ptr, gidx_ptr, dhg_ptr, dhu_ptr, dwg_ptr, dwu_ptr, w_base, lo, hi, n_tiles, d0, d, r, stride_x,
+                  h_tile, HAS_GATHER, BM, BD, BR)
     if DO_DX:
         dx_tile = bm[:, None] * d + dl[None, :]    # int32 [BM, BD]
         for t in range(0, n_tiles):

@@ -106,9 +106,10 @@ def quantize_rows(x: Tensor) -> RowNVFP4:
     return RowNVFP4(codes, sf, senc)
 
 
-def _tile_cum(offs: Tensor, bm: int) -> Tensor:
-    counts = torch.diff(offs, prepend=offs.new_zeros(1))
-    return torch.cumsum(torch.div(counts + (bm - 1), bm, rounding_mode="floor"), 0, dtype=torch.int32)
+def _tile_cum(offs: Tensor, bm: int, cap: tuple) -> Tensor:
+    """The bf16 forward's tile map (inclusive cumulative row tiles per expert): one launch on a GPU."""
+    from tsct.kernels.triton_glu import glu as G
+    return G._tile_cum(offs, bm, cap)
 
 
 def up_forward(z_q: RowNVFP4, offs: Tensor, w_down, row_weight: Optional[Tensor] = None,
@@ -124,8 +125,8 @@ def up_forward(z_q: RowNVFP4, offs: Tensor, w_down, row_weight: Optional[Tensor]
     if m == 0 or f == 0:
         return y
     cap = _capability(z_q.codes.device)
-    _up_launch(z_q, offs, _tile_cum(offs, _config(cap).bm), _nvfp4_args("w_down", w_down), row_weight, y, f, fsplit,
-               cap)
+    _up_launch(z_q, offs, _tile_cum(offs, _config(cap).bm, cap), _nvfp4_args("w_down", w_down), row_weight, y, f,
+               fsplit, cap)
     return y
 
 
@@ -246,7 +247,7 @@ def _down(x, offs, cum, w_gate, w_up, s_gate, s_up, gather_idx, row_weight, save
         return z, saved
     cfg = _config(cap)
     if cum is None:
-        cum = _tile_cum(offs, cfg.bm)
+        cum = _tile_cum(offs, cfg.bm, cap)
     xq = quantize_rows(x if x.stride(1) == 1 else x.contiguous())  # token-major: once per token
     g, u = _nvfp4_args("w_gate", w_gate), _nvfp4_args("w_up", w_up)
     sg, su = _scales(s_gate, s_up)
@@ -327,7 +328,7 @@ def grouped_glu_forward_saved(
     cap = _capability(dev)
     cfg = _config(cap)
     offs = offs.contiguous()
-    cum = _tile_cum(offs, cfg.bm)
+    cum = _tile_cum(offs, cfg.bm, cap)
     z, saved = _down(x, offs, cum, w_gate, w_up, s_gate, s_up, gather_idx, row_weight, save, cap)
     if save:  # op outputs (tsct::grouped_glu_q): padding rows defined (the tile map it also returns is unused here)
         G.zero_saved_tails(saved, offs, G._config(cap).bm, cap)
