@@ -1,3 +1,7 @@
+# Harness of the rejected CUDA prototype (session 11), run from the repo root on the H200 as
+#   PYTHONPATH=python TSCT_TRITON_BACKEND=jit python3 sweep/upc_cuda_run.py sweep/upc_v1.so ...
+# with each .so built from 2026-11-30_cuda_persistent_up_combine_rejected.cu (copied to sweep/upc_cuda.cu):
+#   nvcc -O3 -std=c++17 -gencode=arch=compute_90a,code=sm_90a -Icsrc -shared -Xcompiler -fPIC [-DMACRO=...] -o sweep/upc_v1.so sweep/upc_cuda.cu
 """Prototype harness: CUDA persistent up + combine (sweep/upc_cuda.cu -> upc_cuda.so) against the shipped pair."""
 import ctypes
 import sys
