@@ -102,8 +102,8 @@ def test_install_holds_every_manifest_cubin():
                 want |= keys
                 fams[name] = len(keys)
         assert set(entries) == want
-        lb = lowbit_specs.CONFIGS[arch]  # 172 low-bit variants, plus 36 per extra NDB of lowbit_bwd_dx_dw
-        n_lowbit = 172 + 36 * (len({1, lb.ndb_dxdw_lb, lb.ndb_dxdw_sign_lb}) - 1)
+        lb = lowbit_specs.CONFIGS[arch]  # 172 low-bit variants, plus 12 per format triple with a multi-block dX / dW
+        n_lowbit = 172 + 12 * sum(lowbit_specs.dxdw_ndb(lb, fg, fu) != 1 for fg, fu, _ in lowbit_specs.AOT_FORMATS)
         assert fams.get("w4a4", 102) == 102 and fams.get("lowbit", n_lowbit) == n_lowbit, fams
         assert {f: v["variants"] for f, v in idx["families"].items()} == fams, idx["families"]
 

@@ -44,6 +44,13 @@ NEEDS = ([True] * 7, [True] + [False] * 6, [False, True, True, False, False, Fal
          [False, False, False, True, False, False, True], [True, True, False, True, False, False, False])
 
 
+def _n_lowbit(arch: str) -> int:
+    """The low-bit family's variant count on ``arch``: 172, plus 12 (2 gathers x 3 dX / dW flag pairs x aligned or
+    not) per AOT format triple whose lowbit_bwd_dx_dw walks several d blocks (``LS.dxdw_ndb`` != 1)."""
+    lb = LS.CONFIGS[arch]
+    return 172 + 12 * sum(LS.dxdw_ndb(lb, fg, fu) != 1 for fg, fu, _ in LS.AOT_FORMATS)
+
+
 def _table(arch: str) -> set:
     keys = {s.key for s in glu_specs.enumerate_specs(arch)}
     if arch in LS.AOT_ARCHS:
@@ -181,9 +188,8 @@ def test_launches_outside_the_table_are_refused_by_name(dry_run):
 def test_table_size_and_pointer_types():
     for arch in LS.AOT_ARCHS:
         specs_ = list(LS.enumerate_specs(arch))
-        # 172, plus 36 lowbit_bwd_dx_dw variants with several d blocks (NDB) where the arch's table uses them
-        n_ndb = len({1, LS.CONFIGS[arch].ndb_dxdw_lb, LS.CONFIGS[arch].ndb_dxdw_sign_lb})
-        assert len(specs_) == len({s.key for s in specs_}) == 172 + 36 * (n_ndb - 1)
+        # 172, plus 12 lowbit_bwd_dx_dw variants with several d blocks (NDB) per format triple whose NDB is not 1
+        assert len(specs_) == len({s.key for s in specs_}) == _n_lowbit(arch)
         for s in specs_:
             t = dict(s.types)
             c = dict(s.constexprs)
@@ -220,8 +226,7 @@ def test_installed_index_holds_the_lowbit_family():
         idx = aot.index(arch)
         assert idx is not None
         if arch in LS.AOT_ARCHS:
-            lb = LS.CONFIGS[arch]  # 172, plus 36 per extra NDB of lowbit_bwd_dx_dw
-            n_lowbit = 172 + 36 * (len({1, lb.ndb_dxdw_lb, lb.ndb_dxdw_sign_lb}) - 1)
+            n_lowbit = _n_lowbit(arch)
             assert idx["families"].get("lowbit", {}).get("variants") == n_lowbit, idx["families"]
             keys = {k for k, e in idx["kernels"].items() if e["family"] == "lowbit"}
             assert keys == {s.key for s in LS.enumerate_specs(arch)}

@@ -462,7 +462,7 @@ def grouped_glu_backward(
         bd = cfg.bd_bwd
         # several d blocks per program only when most experts fit one row tile (b1: ~32 rows each), as in the
         # bf16 path (glu.grouped_glu_backward)
-        ndb = (cfg.ndb_dxdw_sign_lb if LS.SIGN in (fg, fu) else cfg.ndb_dxdw_lb) if m <= e * bm else 1
+        ndb = LS.dxdw_ndb(cfg, fg, fu) if m <= e * bm else 1
         _launch("lowbit_bwd_dx_dw", (e, G._cdiv(d, bd * ndb)),
                 [x, gidx, offs, *pg, *pu, dhg, dhu, dx_rows, dwg, dwu, d, r, x.stride(0)],
                 dict(FMT_G=fg, FMT_U=fu, HAS_GATHER=gidx is not None, DO_DX=do_dx, DO_DW=do_dw, BM=bm, BD=bd,

@@ -127,14 +127,21 @@ def factor_types(fmt: int, dtype: str) -> tuple[str, str, str]:
     return "*u8", "*fp32", "*fp32"
 
 
+def dxdw_ndb(cfg, fmt_g: int, fmt_u: int) -> int:
+    """d blocks per program of lowbit_bwd_dx_dw when the experts average at most BM rows (``glu.py``; else 1): sign
+    factors keep one (``Config.ndb_dxdw_sign_lb``), the others take ``Config.ndb_dxdw_lb``."""
+    return cfg.ndb_dxdw_sign_lb if SIGN in (fmt_g, fmt_u) else cfg.ndb_dxdw_lb
+
+
 _IDX = (None, "i64")
 _DXDW = ((True, False), (False, True), (True, True))
 
 
 def enumerate_specs(arch: str) -> Iterator[Spec]:
     """Every specialization ``glu.py`` launches on ``arch`` for the AOT_FORMATS and AOT_DTYPES (module
-    docstring): 172 per arch, plus 36 per extra NDB of lowbit_bwd_dx_dw (sm_90a / sm_100a: 208; the mixed triple
-    shares its up / dz variants with uniform NVFP4; 148 before the up kernel's Y_PAD flag)."""
+    docstring): 172 per arch, plus 12 per format triple whose ``dxdw_ndb`` is not 1 (lowbit_bwd_dx_dw's multi-block
+    variants; sm_90a / sm_100a: 184, NVFP4 factors only; the mixed triple shares its up / dz variants with uniform
+    NVFP4; 148 before the up kernel's Y_PAD flag)."""
     cfg = CONFIGS[arch]
     br = rank_block(cfg)
     seen = set()
@@ -163,7 +170,7 @@ def enumerate_specs(arch: str) -> Iterator[Spec]:
                          zw_ptr=D, part_ptr="*fp32", dwd_ptr=D)
             consts = dict(FMT_D=fd, HAS_SCATTER=sc is not None, DO_DWD=dwd, BM=cfg.bm, BR=br, BN=cfg.bn_bwd)
             out.append(_base_spec("lowbit_bwd_dz", types, consts, WARPS_DECODE, cfg.stages_bwd_dz, aligned, KERNELS))
-        for g, (dx, dw), ndb in itertools.product(_IDX, _DXDW, sorted({1, cfg.ndb_dxdw_lb, cfg.ndb_dxdw_sign_lb})):
+        for g, (dx, dw), ndb in itertools.product(_IDX, _DXDW, sorted({1, dxdw_ndb(cfg, fg, fu)})):
             types = dict(x_ptr=D, gidx_ptr=f"*{g}" if g else UNUSED, offs_ptr="*i32", g0=g0, g1=g1, g2=g2, u0=u0,
                          u1=u1, u2=u2, dhg_ptr=D, dhu_ptr=D, dx_ptr=D, dwg_ptr=D, dwu_ptr=D)
             consts = dict(FMT_G=fg, FMT_U=fu, HAS_GATHER=g is not None, DO_DX=dx, DO_DW=dw, BM=cfg.bm,
