@@ -60,7 +60,7 @@ def main() -> None:
     gcfg = G._config(cap)
     cum = G._tile_cum(offs, native.GLU_DOWN_TILE, cap)
     max_tiles = -(-m // native.GLU_DOWN_TILE) + e
-    csr = G._csr(srt.token, offs, m, t, cap)
+    csr = G.build_csr(srt.token, offs, m, t, cap)
 
     def up(storage, y, ncols):
         native.glu_up_fwd_lowbit(z, offs, cum, storage, y, fmt=a.fmt, f=ncols, max_tiles=max_tiles, row_weight=rw,

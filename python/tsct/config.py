@@ -15,6 +15,11 @@ host time per call). torch.compile, FakeTensor, tensor subclasses and dispatch m
 custom ops. ``TSCT_EAGER_DIRECT=0`` or ``tsct.config.eager_direct = False`` sends everything through
 the ops (``tsct.ops._eager``).
 
+``csr_side_stream``: the forward of a GPU path with ``scatter_idx`` builds the combine's CSR (a stable sort of
+the targets, latency-bound small kernels) on a second, high-priority CUDA stream while the projections run on
+the caller's stream, which waits for it before the combine. Same results either way; ``TSCT_CSR_SIDE_STREAM=0``
+or ``tsct.config.csr_side_stream = False`` keeps everything on the caller's stream.
+
 ``warn_fallbacks``: warn (once per path and reason) when ``impl="auto"`` could not take the
 preferred path. The counter in ``tsct.dispatch.fallback_counts()`` counts every time regardless.
 """
@@ -34,3 +39,4 @@ def _env_flag(name: str, default: bool) -> bool:
 check_values: bool = _env_flag("TSCT_CHECK_VALUES", True)
 warn_fallbacks: bool = _env_flag("TSCT_WARN_FALLBACKS", True)
 eager_direct: bool = _env_flag("TSCT_EAGER_DIRECT", True)
+csr_side_stream: bool = _env_flag("TSCT_CSR_SIDE_STREAM", True)

@@ -406,7 +406,7 @@ def test_csr_narrow_keys(n_out):
     m = 700
     idx = torch.randint(0, n_out, (m,), generator=g)
     offs = torch.tensor([200, 650], dtype=torch.int32)  # rows 650.. are padding
-    order, ptr = glu._csr(idx, offs, m, n_out, (0, 0))
+    order, ptr = glu.build_csr(idx, offs, m, n_out, (0, 0))
     key = torch.where(torch.arange(m) < 650, idx, n_out)
     want = torch.argsort(key, stable=True)
     assert torch.equal(order, want)

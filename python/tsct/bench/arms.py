@@ -11,7 +11,8 @@ the expert math and the combine inside the timed span, sync-free.
     grouped-mm     torch.nn.functional.grouped_mm (torch._grouped_mm on older torch) over the rows sorted
                    by expert; refusals (">1024 groups", "strides should be multiple of 16 bytes") are
                    recorded as the result.
-    tsct-<path>-<fmt>  tsct.ops.grouped_glu(impl=<path>) with the factors stored in <fmt>, gather and
+    tsct-<path>-<fmt>  tsct.ops.sort_by_expert (the torch arms sort with argsort + a count, ``routing.py``), then
+                   tsct.ops.grouped_glu(impl=<path>) with the factors stored in <fmt>, gather and
                    combine fused (gather_idx = scatter_idx = token of each sorted row, row_weight = the
                    sorted router weights). w_down row-major ([E, r, f] contiguous). With nvfp4 / sign
                    factors on a GPU, "triton-lowbit" is the W4A16 path auto takes (packed bytes decoded in
@@ -166,11 +167,11 @@ def kmajor_factors(fac: Factors) -> Factors:
 
 def tsct_call(x: Tensor, ids: Tensor, weights: Tensor, fac: Factors, experts: int, impl: str,
               masters: Optional[tuple] = None) -> Tensor:
-    """The whole pass through tsct: sort by expert, then one grouped_glu with gather and combine fused.
+    """The whole pass through tsct: ``tsct.ops.sort_by_expert``, then one grouped_glu with gather and combine fused.
     ``masters``: master factors of packed ones (straight-through gradients, ``tsct.ops.grouped_glu``)."""
-    from tsct.ops import grouped_glu
+    from tsct.ops import grouped_glu, sort_by_expert
 
-    s = routing.sort_by_expert(ids, experts)
+    s = sort_by_expert(ids, experts)
     rw = weights.reshape(-1).index_select(0, s.order)
     return grouped_glu(x, s.offs, fac.w_gate, fac.w_up, fac.w_down, fac.s_gate, fac.s_up, row_weight=rw,
                        gather_idx=s.token, scatter_idx=s.token, num_out_rows=x.shape[0], impl=impl,

@@ -3,7 +3,9 @@
 ``route`` makes the INPUT of the expert pass (not timed): top-k expert ids ``[T, k]`` and their
 weights ``[T, k]``. ``sort_by_expert`` and ``capacity_slots`` are what the arms do INSIDE the timed
 pass; they use no host reads of device values (no ``.item()``, no ``torch.bincount``, which reads the
-min and max on the host on CUDA, no boolean-mask indexing), so the pass is sync-free.
+min and max on the host on CUDA, no boolean-mask indexing), so the pass is sync-free. The tsct arms sort with
+``tsct.ops.sort_by_expert`` instead (same result, fewer kernels); the torch arms keep this torch version, what a
+user's code without tsct runs.
 """
 
 from __future__ import annotations

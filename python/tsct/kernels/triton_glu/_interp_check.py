@@ -106,7 +106,7 @@ def check_saved_csr() -> bool:
     x, offs, wg, wu, wd, sg, su, rwt, _, si, n_out = make(T=24, k=2, E=4, d=32, r=16, f=40, seed=5)
     args = (x, offs, wg, wu, wd, sg, su, rwt, si, si, n_out)
     out, saved = G.grouped_glu_forward_saved(*args)
-    order, ptr = G._csr(si, offs, si.shape[0], n_out, (0, 0))
+    order, ptr = G.build_csr(si, offs, si.shape[0], n_out, (0, 0))
     if len(saved) != 5 or not (torch.equal(saved[3], order) and torch.equal(saved[4], ptr)):
         print("saved_csr: the saving forward did not keep the combine's CSR")
         return False

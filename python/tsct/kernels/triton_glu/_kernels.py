@@ -339,6 +339,67 @@ def csr_keys(idx_ptr, offs_ptr, key_ptr, E, M, n_out, BLOCK: tl.constexpr):
     tl.store(key_ptr + i, tl.where(live, v.to(tl.int32), n_out).to(key_ptr.dtype.element_ty), mask=m)
 
 
+# ---- sort by expert (tsct.ops.sort_by_expert): a stable counting sort in chunks of B rows ----------
+# route_rank sorts each chunk by (key, position), keeps each row's rank among its chunk's rows of the same key
+# and the chunk's count per key in hist [E + 1, P] (key-major); an inclusive cumsum of hist (torch) then
+# gives, per (key, chunk), the end of that chunk's rows of that key in the sorted order; route_place
+# scatters. Key = expert id, or E for ids outside [0, E) (padding rows, after offs[E-1]).
+
+@triton.jit
+def _imax(a, b):
+    return tl.maximum(a, b)
+
+
+@triton.jit
+def route_rank(ids_ptr, srt_ptr, rank_ptr, hist_ptr, M, E, P, B: tl.constexpr, EBLK: tl.constexpr):
+    """Chunk p (rows p*B ..): srt[p*B + q] = key * B + local row of the q-th row in (key, row) order, rank[p*B + q] =
+    its rank among the chunk's rows of that key; hist[key, p] = the chunk's row count of each key (0 if none).
+    Lanes past M get key E + 1: sorted last, counted nowhere."""
+    p = tl.program_id(0)
+    q = tl.arange(0, B)
+    i = p * B + q
+    v = tl.load(ids_ptr + i, mask=i < M, other=0)
+    key = tl.where((v >= 0) & (v < E), v, E).to(tl.int32)
+    key = tl.where(i < M, key, E + 1)
+    s = tl.sort(key * B + q)
+    base = p.to(tl.int64) * B
+    tl.store(srt_ptr + base + q, s)
+    for e0 in range(0, E + 1, EBLK):  # this chunk's column of hist, zeroed before its counts land
+        es = e0 + tl.arange(0, EBLK)
+        tl.store(hist_ptr + es.to(tl.int64) * P + p, tl.zeros((EBLK,), tl.int32), mask=es <= E)
+    tl.debug_barrier()  # the sorted chunk and the zeroed column are visible to the whole program
+    ks = s // B
+    prev = tl.load(srt_ptr + base + q - 1, mask=q > 0, other=0) // B
+    nxt = tl.load(srt_ptr + base + q + 1, mask=q < B - 1, other=0) // B
+    first = (q == 0) | (prev != ks)
+    last = (q == B - 1) | (nxt != ks)
+    rank = q - tl.associative_scan(tl.where(first, q, 0), 0, _imax)
+    tl.store(rank_ptr + base + q, rank)
+    tl.store(hist_ptr + ks.to(tl.int64) * P + p, rank + 1, mask=last & (ks <= E))
+
+
+@triton.jit
+def route_place(srt_ptr, rank_ptr, hist_ptr, cum_ptr, order_ptr, token_ptr, offs_ptr, M, E, P, K,
+                B: tl.constexpr):
+    """Row p*B + local of chunk p goes to position cum[key, p] - hist[key, p] + rank: order there = the row
+    (its index in the flattened [T, K] ids), token = row // K. offs[e] = cum[e, P - 1] (rows of experts <= e)."""
+    p = tl.program_id(0)
+    q = tl.arange(0, B)
+    base = p.to(tl.int64) * B
+    s = tl.load(srt_ptr + base + q)
+    ks = s // B
+    live = ks <= E
+    h_at = ks.to(tl.int64) * P + p
+    pos = (tl.load(cum_ptr + h_at, mask=live, other=0) - tl.load(hist_ptr + h_at, mask=live, other=0)
+           + tl.load(rank_ptr + base + q)).to(tl.int64)
+    row = base + s % B
+    tl.store(order_ptr + pos, row, mask=live)
+    tl.store(token_ptr + pos, row // K, mask=live)
+    for e0 in range(p * B, E, P * B):
+        es = e0 + q
+        tl.store(offs_ptr + es, tl.load(cum_ptr + es.to(tl.int64) * P + P - 1, mask=es < E, other=0), mask=es < E)
+
+
 # ---- backward -----------------------------------------------------------------------------------
 
 @triton.jit

@@ -202,17 +202,78 @@ def _csr(idx: Tensor, offs: Tensor, m: int, n_out: int, cap) -> tuple[Tensor, Te
 
     Rows at or past offs[-1] get the key n_out (past every target), so their idx entries are never
     used (they may hold anything). The keys are int16 when n_out < 2**15 - 1 (the radix sort then makes
-    2 passes instead of 4), else int32.
+    2 passes instead of 4), else int32. The outputs (order int64 [m], ptr int64 [n_out + 1]) are allocated
+    before the work is issued, so ``csr_overlap`` can issue it on another stream.
     """
     kdt = torch.int16 if n_out < (1 << 15) - 1 else torch.int32
+    order = torch.empty(m, device=idx.device, dtype=torch.int64)
+    ptr = torch.empty(n_out + 1, device=idx.device, dtype=torch.int64)
+    return order, ptr, lambda: _csr_fill(idx, offs, m, n_out, cap, kdt, order, ptr)
+
+
+def _csr_fill(idx: Tensor, offs: Tensor, m: int, n_out: int, cap, kdt: torch.dtype, order: Tensor, ptr: Tensor):
     if cap == (0, 0):
         pos = torch.arange(m, device=idx.device, dtype=torch.int32)
         key = torch.where(pos < offs[-1], idx.to(torch.int32), n_out).to(kdt)
     else:
         key = _csr_keys(idx, offs, m, n_out, cap, kdt)
-    skey, order = torch.sort(key, stable=True)
-    ptr = torch.searchsorted(skey, torch.arange(n_out + 1, device=idx.device, dtype=kdt))
+    skey = torch.empty_like(key)
+    torch.sort(key, stable=True, out=(skey, order))
+    torch.searchsorted(skey, torch.arange(n_out + 1, device=idx.device, dtype=kdt), out=ptr)
+
+
+def build_csr(idx: Tensor, offs: Tensor, m: int, n_out: int, cap) -> tuple[Tensor, Tensor]:
+    """``(order, ptr)`` of ``_csr``, built on the current stream."""
+    order, ptr, fill = _csr(idx, offs, m, n_out, cap)
+    fill()
     return order, ptr
+
+
+_side_streams: dict[int, Any] = {}
+
+
+def _side_stream(device: torch.device):
+    """One high-priority stream per device for ``csr_overlap`` (its few small kernels should not queue behind
+    the projections' thousands of tiles)."""
+    i = device.index if device.index is not None else torch.cuda.current_device()
+    s = _side_streams.get(i)
+    if s is None:
+        s = _side_streams[i] = torch.cuda.Stream(device=i, priority=torch.cuda.Stream.priority_range()[1])
+    return s
+
+
+class csr_overlap:
+    """``with csr_overlap(idx, offs, m, n_out, cap) as c: <projections>``, then ``c.csr`` is ``build_csr(idx, ...)``.
+
+    On a GPU (and ``tsct.config.csr_side_stream``) the CSR is built on a side stream while the body issues the
+    projections on the caller's stream, which waits for the side stream on exit (on an exception too, so the
+    outputs, allocated on the caller's stream, are never handed to other work while the side stream writes
+    them). Its temporaries are allocated and freed on the side stream. The ~0.03 ms of sort kernels at b1
+    then run beside the projections instead of before the combine. ``idx`` None: nothing to build."""
+
+    def __init__(self, idx: Optional[Tensor], offs: Tensor, m: int, n_out: int, cap):
+        self.csr: Optional[tuple[Tensor, Tensor]] = None
+        self._main = self._side = None
+        if idx is None:
+            return
+        order, ptr, fill = _csr(idx, offs, m, n_out, cap)
+        self.csr = (order, ptr)
+        from tsct import config
+        if not idx.is_cuda or not config.csr_side_stream:
+            fill()
+            return
+        self._main = torch.cuda.current_stream(idx.device)
+        self._side = _side_stream(idx.device)
+        self._side.wait_stream(self._main)
+        with torch.cuda.stream(self._side):
+            fill()
+
+    def __enter__(self) -> "csr_overlap":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self._side is not None:
+            self._main.wait_stream(self._side)
 
 
 def _csr_keys(idx: Tensor, offs: Tensor, m: int, n_out: int, cap, kdt: torch.dtype = torch.int32) -> Tensor:
@@ -228,13 +289,13 @@ def _csr_keys(idx: Tensor, offs: Tensor, m: int, n_out: int, cap, kdt: torch.dty
 def _combine(src: Tensor, idx: Tensor, offs: Tensor, n_out: int, cfg: Config, cap, ncols: Optional[int] = None,
              csr: Optional[tuple[Tensor, Tensor]] = None) -> Tensor:
     """out[t] = sum of src[i, :ncols] over the rows i < offs[-1] with idx[i] == t, in increasing i.
-    ``csr``: ``_csr(idx, offs, m, n_out)`` if the caller has it (else built here)."""
+    ``csr``: ``build_csr(idx, offs, m, n_out)`` if the caller has it (else built here)."""
     m, ld = src.shape
     ncols = ld if ncols is None else ncols
     out = torch.empty(n_out, ncols, device=src.device, dtype=src.dtype)
     if n_out == 0 or ncols == 0:
         return out
-    order, ptr = _csr(idx, offs, m, n_out, cap) if csr is None else csr
+    order, ptr = build_csr(idx, offs, m, n_out, cap) if csr is None else csr
     bn = specs.combine_bn(ncols)
     _launch("combine_rows", (n_out, _cdiv(ncols, bn)), [src, order, ptr, out, ncols, ld],
             dict(SRC8=ld % 8 == 0, BN=bn),
@@ -243,11 +304,10 @@ def _combine(src: Tensor, idx: Tensor, offs: Tensor, n_out: int, cfg: Config, ca
 
 
 def combine_forward(y: Tensor, scatter_idx: Tensor, offs: Tensor, n_out: int, f: int, cfg: Config, cap,
-                    saved: list[Tensor], save: bool) -> Tensor:
-    """The forward's combine of y's first ``f`` columns into ``[n_out, f]``. A saving forward (``save``) appends
-    its CSR (order int64 [M], ptr int64 [n_out + 1]) to ``saved``: the backward's dX combine reuses it when it
-    would build the same one (``dx_csr``)."""
-    csr = _csr(scatter_idx, offs, y.shape[0], n_out, cap)  # the forwards return earlier when n_out or f is 0
+                    saved: list[Tensor], save: bool, csr: tuple[Tensor, Tensor]) -> Tensor:
+    """The forward's combine of y's first ``f`` columns into ``[n_out, f]`` through ``csr`` (``csr_overlap``'s). A
+    saving forward (``save``) appends that CSR (order int64 [M], ptr int64 [n_out + 1]) to ``saved``: the
+    backward's dX combine reuses it when it would build the same one (``dx_csr``)."""
     if save:
         saved.extend(csr)
     return _combine(y, scatter_idx, offs, n_out, cfg, cap, ncols=f, csr=csr)
@@ -386,44 +446,45 @@ def _forward(
     max_tiles = _cdiv(m, bm) + e
     has_s = sg is not None
 
-    z = torch.empty(m, r, device=dev, dtype=dtype)
-    saved: list[Tensor] = []
-    if save:  # the backward's recompute, done here: hg, hu (fp32) and z * rw
-        hg = torch.empty(m, r, device=dev, dtype=torch.float32)
-        hu = torch.empty(m, r, device=dev, dtype=torch.float32)
-        saved = [hg, hu, z]
-        cum = zero_saved_tails(saved, offs, bm, cap)  # op outputs: padding rows defined
-        _launch("glu_down_fwd", (max_tiles, _cdiv(r, br)),
-                [x, gidx, offs, cum, w_gate, w_up, sg, su, z, hg, hu, rw, e, d, r, x.stride(0)],
-                dict(HAS_GATHER=gidx is not None, HAS_SG=has_s, HAS_SU=has_s, HAS_RW=rw is not None, BWD=True,
-                     BM=bm, BR=br, BK=bk, BLOCK_E=cfg.block_e),
-                cfg.warps_down, cfg.stages_down, al, cap, dev)
-        rw = None  # already in z
-    else:
-        cum = _tile_cum(offs, bm, cap)
-        _launch("glu_down_fwd", (max_tiles, _cdiv(r, br)),
-                [x, gidx, offs, cum, w_gate, w_up, sg, su, z, None, None, None, e, d, r, x.stride(0)],
-                dict(HAS_GATHER=gidx is not None, HAS_SG=has_s, HAS_SU=has_s, HAS_RW=False, BWD=False, BM=bm,
-                     BR=br, BK=bk, BLOCK_E=cfg.block_e),
-                cfg.warps_down, cfg.stages_down, al, cap, dev)
-    single_k, bk_up = specs.up_k(cfg, r, al)
-    vec_up = specs.up_vec(cfg, al, wd_t, dtype.itemsize)
-    bn, warps_up, stages_up = specs.up_tiles(cfg, vec_up, wd_t, bk_up)
-    fsplit = max(1, min(cfg.fsplit_up, _cdiv(f, bn)))
+    with csr_overlap(scatter_idx, offs, m, n_out, cap) as pending:  # the combine's CSR beside the projections
+        z = torch.empty(m, r, device=dev, dtype=dtype)
+        saved: list[Tensor] = []
+        if save:  # the backward's recompute, done here: hg, hu (fp32) and z * rw
+            hg = torch.empty(m, r, device=dev, dtype=torch.float32)
+            hu = torch.empty(m, r, device=dev, dtype=torch.float32)
+            saved = [hg, hu, z]
+            cum = zero_saved_tails(saved, offs, bm, cap)  # op outputs: padding rows defined
+            _launch("glu_down_fwd", (max_tiles, _cdiv(r, br)),
+                    [x, gidx, offs, cum, w_gate, w_up, sg, su, z, hg, hu, rw, e, d, r, x.stride(0)],
+                    dict(HAS_GATHER=gidx is not None, HAS_SG=has_s, HAS_SU=has_s, HAS_RW=rw is not None, BWD=True,
+                         BM=bm, BR=br, BK=bk, BLOCK_E=cfg.block_e),
+                    cfg.warps_down, cfg.stages_down, al, cap, dev)
+            rw = None  # already in z
+        else:
+            cum = _tile_cum(offs, bm, cap)
+            _launch("glu_down_fwd", (max_tiles, _cdiv(r, br)),
+                    [x, gidx, offs, cum, w_gate, w_up, sg, su, z, None, None, None, e, d, r, x.stride(0)],
+                    dict(HAS_GATHER=gidx is not None, HAS_SG=has_s, HAS_SU=has_s, HAS_RW=False, BWD=False, BM=bm,
+                         BR=br, BK=bk, BLOCK_E=cfg.block_e),
+                    cfg.warps_down, cfg.stages_down, al, cap, dev)
+        single_k, bk_up = specs.up_k(cfg, r, al)
+        vec_up = specs.up_vec(cfg, al, wd_t, dtype.itemsize)
+        bn, warps_up, stages_up = specs.up_tiles(cfg, vec_up, wd_t, bk_up)
+        fsplit = max(1, min(cfg.fsplit_up, _cdiv(f, bn)))
+        if scatter_idx is not None:
+            # internal buffer: row stride padded to 16 bytes (pad columns written, never read as values) so
+            # the up kernel's stores and the combine's loads vectorize
+            ldy = _cdiv(f, 8) * 8
+            y = torch.empty(m, ldy, device=dev, dtype=dtype)
+        else:
+            ldy = f
+            y = torch.empty(m, f, device=dev, dtype=dtype)
+        _launch("glu_up_fwd", (max_tiles, fsplit), [z, offs, cum, w_down, rw, y, e, r, f, ldy],
+                dict(HAS_RW=rw is not None, FSPLIT=fsplit, SINGLE_K=single_k, VEC=vec_up, Y_PAD=scatter_idx is not None,
+                     WD_T=wd_t, BM=bm, BN=bn, BK=bk_up, BLOCK_E=cfg.block_e),
+                warps_up, stages_up, al, cap, dev)
     if scatter_idx is not None:
-        # internal buffer: row stride padded to 16 bytes (pad columns written, never read as values) so
-        # the up kernel's stores and the combine's loads vectorize
-        ldy = _cdiv(f, 8) * 8
-        y = torch.empty(m, ldy, device=dev, dtype=dtype)
-    else:
-        ldy = f
-        y = torch.empty(m, f, device=dev, dtype=dtype)
-    _launch("glu_up_fwd", (max_tiles, fsplit), [z, offs, cum, w_down, rw, y, e, r, f, ldy],
-            dict(HAS_RW=rw is not None, FSPLIT=fsplit, SINGLE_K=single_k, VEC=vec_up, Y_PAD=scatter_idx is not None,
-                 WD_T=wd_t, BM=bm, BN=bn, BK=bk_up, BLOCK_E=cfg.block_e),
-            warps_up, stages_up, al, cap, dev)
-    if scatter_idx is not None:
-        return combine_forward(y, scatter_idx, offs, n_out, f, cfg, cap, saved, save), saved
+        return combine_forward(y, scatter_idx, offs, n_out, f, cfg, cap, saved, save, pending.csr), saved
     _zero_tail(y, offs, e, cfg, cap)
     return y, saved
 

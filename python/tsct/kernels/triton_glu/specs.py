@@ -213,6 +213,21 @@ KERNELS: dict[str, KernelInfo] = {
         used_if={},
         hinted=(),
     ),
+    "route_rank": KernelInfo(
+        params=("ids_ptr", "srt_ptr", "rank_ptr", "hist_ptr", "M", "E", "P"),
+        constexprs=("B", "EBLK"),
+        ints=("M", "E", "P"),
+        used_if={},
+        hinted=(),
+    ),
+    "route_place": KernelInfo(
+        params=("srt_ptr", "rank_ptr", "hist_ptr", "cum_ptr", "order_ptr", "token_ptr", "offs_ptr", "M", "E", "P",
+                "K"),
+        constexprs=("B",),
+        ints=("M", "E", "P", "K"),
+        used_if={},
+        hinted=(),
+    ),
     "glu_bwd_dz": KernelInfo(
         params=("dy_ptr", "sidx_ptr", "offs_ptr", "wd_ptr", "zw_ptr", "part_ptr", "dwd_ptr", "M", "r", "f",
                 "f_slice"),
@@ -322,6 +337,9 @@ def combine_bn(ncols: int) -> int:
 
 ZERO_TAIL_BM, ZERO_TAIL_BN = 32, 256
 TILE_CUM_BLOCK, CSR_KEYS_BLOCK = 1024, 1024
+# tsct.ops.sort_by_expert: rows per chunk (one program each; keys * ROUTE_B must fit int32, so E < 2**21 - 2),
+# experts per step of route_rank's zeroing loop, warps of both kernels
+ROUTE_B, ROUTE_EBLK, ROUTE_WARPS = 1024, 1024, 4
 TILE_CUM_ZBLOCK, TILE_CUM_ZPROGRAMS = 2048, 256  # tile_cum's tail zeroing: words per step, most programs
 
 # Triton type strings of torch dtypes (by name, so this module needs no torch).
@@ -408,6 +426,12 @@ def enumerate_specs(arch: str) -> Iterator[Spec]:
                 for it, kt in itertools.product(("*i32", "*i64"), ("*i16", "*i32")):
                     out.append(_spec("csr_keys", dict(idx_ptr=it, offs_ptr="*i32", key_ptr=kt),
                                      dict(BLOCK=CSR_KEYS_BLOCK), 4, 1, False))
+                for it in ("*i32", "*i64"):
+                    out.append(_spec("route_rank", dict(ids_ptr=it, srt_ptr="*i32", rank_ptr="*i32", hist_ptr="*i32"),
+                                     dict(B=ROUTE_B, EBLK=ROUTE_EBLK), ROUTE_WARPS, 1, False))
+                out.append(_spec("route_place", dict(srt_ptr="*i32", rank_ptr="*i32", hist_ptr="*i32", cum_ptr="*i32",
+                                                     order_ptr="*i64", token_ptr="*i64", offs_ptr="*i32"),
+                                 dict(B=ROUTE_B), ROUTE_WARPS, 1, False))
         for sc, dwd, br, wd_t in itertools.product(IDX, (False, True), brs, wd_ts):
             types = dict(dy_ptr=D, sidx_ptr=f"*{sc}" if sc else UNUSED, offs_ptr="*i32", wd_ptr=D, zw_ptr=D,
                          part_ptr="*fp32", dwd_ptr=D)

@@ -304,27 +304,28 @@ def _forward(x, offs, w_gate, w_up, w_down, s_gate, s_up, row_weight, gather_idx
     aligned = _aligned(x, d, r, pg, pu, pd)
     max_tiles = G._cdiv(m, bm) + e
 
-    z = torch.empty(m, r, device=dev, dtype=dtype)
-    saved: list[Tensor] = []
-    if save:  # the backward's recompute, done here (the down kernel's BWD mode): hg, hu and z * rw
-        hg = torch.empty(m, r, device=dev, dtype=torch.float32)
-        hu = torch.empty(m, r, device=dev, dtype=torch.float32)
-        saved = [hg, hu, z]
-        cum = G.zero_saved_tails(saved, offs, bm, cap)  # op outputs: padding rows defined
-        _down(x, gidx, offs, cum, max_tiles, fg, pg, fu, pu, sg, su, rw, z, hg, hu, m, cfg, aligned, cap)
-        rw = None  # already in z
-    else:
-        cum = G._tile_cum(offs, bm, cap)
-        _down(x, gidx, offs, cum, max_tiles, fg, pg, fu, pu, sg, su, None, z, None, None, m, cfg, aligned, cap)
+    with G.csr_overlap(scatter_idx, offs, m, n_out, cap) as pending:  # the combine's CSR beside the projections
+        z = torch.empty(m, r, device=dev, dtype=dtype)
+        saved: list[Tensor] = []
+        if save:  # the backward's recompute, done here (the down kernel's BWD mode): hg, hu and z * rw
+            hg = torch.empty(m, r, device=dev, dtype=torch.float32)
+            hu = torch.empty(m, r, device=dev, dtype=torch.float32)
+            saved = [hg, hu, z]
+            cum = G.zero_saved_tails(saved, offs, bm, cap)  # op outputs: padding rows defined
+            _down(x, gidx, offs, cum, max_tiles, fg, pg, fu, pu, sg, su, rw, z, hg, hu, m, cfg, aligned, cap)
+            rw = None  # already in z
+        else:
+            cum = G._tile_cum(offs, bm, cap)
+            _down(x, gidx, offs, cum, max_tiles, fg, pg, fu, pu, sg, su, None, z, None, None, m, cfg, aligned, cap)
+        if scatter_idx is not None:
+            ldy = G._cdiv(f, 8) * 8  # padded row stride: vector stores and combine loads
+            y = torch.empty(m, ldy, device=dev, dtype=dtype)
+        else:
+            ldy = f
+            y = torch.empty(m, f, device=dev, dtype=dtype)
+        _up(z, offs, cum, max_tiles, fd, pd, rw, y, f, m, cfg, aligned, cap, pad=scatter_idx is not None)
     if scatter_idx is not None:
-        ldy = G._cdiv(f, 8) * 8  # padded row stride: vector stores and combine loads
-        y = torch.empty(m, ldy, device=dev, dtype=dtype)
-    else:
-        ldy = f
-        y = torch.empty(m, f, device=dev, dtype=dtype)
-    _up(z, offs, cum, max_tiles, fd, pd, rw, y, f, m, cfg, aligned, cap, pad=scatter_idx is not None)
-    if scatter_idx is not None:
-        return G.combine_forward(y, scatter_idx, offs, n_out, f, cfg, cap, saved, save), saved
+        return G.combine_forward(y, scatter_idx, offs, n_out, f, cfg, cap, saved, save, pending.csr), saved
     G._zero_tail(y, offs, e, cfg, cap)
     return y, saved
 

@@ -229,15 +229,23 @@ def down_forward(x: Tensor, offs: Tensor, w_gate, w_up, s_gate: Optional[Tensor]
     return _down(x, offs.contiguous(), None, w_gate, w_up, s_gate, s_up, gather_idx, row_weight, save, cap)
 
 
-def _down(x, offs, cum, w_gate, w_up, s_gate, s_up, gather_idx, row_weight, save, cap):
+def _saved_buffers(m: int, r: int, device: torch.device, dtype: torch.dtype) -> list[Tensor]:
+    """[hg, hu] fp32 and z * rw in x.dtype, [M, r] each: what a saving forward writes for the backward."""
+    return [torch.empty(m, r, device=device, dtype=torch.float32), torch.empty(m, r, device=device, dtype=torch.float32),
+            torch.empty(m, r, device=device, dtype=dtype)]
+
+
+def _down(x, offs, cum, w_gate, w_up, s_gate, s_up, gather_idx, row_weight, save, cap, saved=None):
+    """``saved``: the saving forward's buffers when the caller allocated them (to zero their padding rows in the
+    tile map's launch), else allocated here."""
     e, d, r = _nvfp4_dims("w_gate", w_gate)
     m = gather_idx.shape[0] if gather_idx is not None else x.shape[0]
     dev = x.device
     z = torch.empty(m, r, device=dev, dtype=x.dtype)
-    saved = []
-    if save:
-        saved = [torch.empty(m, r, device=dev, dtype=torch.float32), torch.empty(m, r, device=dev, dtype=torch.float32),
-                 torch.empty(m, r, device=dev, dtype=x.dtype)]
+    if not save:
+        saved = []
+    elif saved is None:
+        saved = _saved_buffers(m, r, dev, x.dtype)
     if e == 0 or m == 0 or r == 0:
         return z, saved
     if d == 0:  # no contraction: hg = hu = 0, z = 0 (exact)
@@ -328,10 +336,12 @@ def grouped_glu_forward_saved(
     cap = _capability(dev)
     cfg = _config(cap)
     offs = offs.contiguous()
-    cum = _tile_cum(offs, cfg.bm, cap)
-    z, saved = _down(x, offs, cum, w_gate, w_up, s_gate, s_up, gather_idx, row_weight, save, cap)
-    if save:  # op outputs (tsct::grouped_glu_q): padding rows defined (the tile map it also returns is unused here)
-        G.zero_saved_tails(saved, offs, G._config(cap).bm, cap)
+    if save:  # op outputs (tsct::grouped_glu_q): padding rows defined, zeroed by the tile map's launch
+        saved = _saved_buffers(m, r, dev, x.dtype)
+        cum = G.zero_saved_tails(saved, offs, cfg.bm, cap)
+    else:
+        saved, cum = None, _tile_cum(offs, cfg.bm, cap)
+    z, saved = _down(x, offs, cum, w_gate, w_up, s_gate, s_up, gather_idx, row_weight, save, cap, saved)
     zq = quantize_rows(z)
     wd = _nvfp4_args("w_down", w_down)
     if scatter_idx is None:

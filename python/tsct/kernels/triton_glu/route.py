@@ -1,0 +1,42 @@
+"""Host side of ``tsct.ops.sort_by_expert`` on a GPU: ``route_rank`` -> ``torch.cumsum`` -> ``route_place``.
+
+A stable counting sort in chunks of ``specs.ROUTE_B`` rows (kernels and the layout of their scratch in
+``_kernels.py``): three launches and no host reads, where ``argsort`` + ``bincount`` + ``cumsum`` take about a
+dozen small kernels (histogram, scan and two onesweep passes of the radix sort, the counts' scatter, ...).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from tsct.kernels.triton_glu import glu as G
+from tsct.kernels.triton_glu import specs
+
+
+def sort_by_expert(ids: Tensor, num_experts: int) -> tuple[Tensor, Tensor, Tensor]:
+    """``(order, offs, token)`` of ``tsct.ops.sort_by_expert`` for CUDA ``ids`` ``[T, K]`` (any integer dtype;
+    the caller has checked the arguments)."""
+    t, k = ids.shape
+    m, e, dev = t * k, num_experts, ids.device
+    order = torch.empty(m, device=dev, dtype=torch.int64)
+    token = torch.empty(m, device=dev, dtype=torch.int64)
+    offs = torch.empty(e, device=dev, dtype=torch.int32)
+    if m == 0:
+        return order, offs.zero_(), token
+    flat = ids.reshape(-1)
+    if flat.dtype not in (torch.int32, torch.int64):
+        flat = flat.to(torch.int32 if flat.dtype.itemsize < 4 else torch.int64)
+    flat = flat.contiguous()
+    b = specs.ROUTE_B
+    p = G._cdiv(m, b)
+    srt = torch.empty(p * b, device=dev, dtype=torch.int32)
+    rank = torch.empty(p * b, device=dev, dtype=torch.int32)
+    hist = torch.empty((e + 1) * p, device=dev, dtype=torch.int32)
+    cap = G._capability(dev)
+    G._launch("route_rank", (p,), [flat, srt, rank, hist, m, e, p], dict(B=b, EBLK=specs.ROUTE_EBLK),
+              specs.ROUTE_WARPS, 1, False, cap, dev)
+    cum = torch.cumsum(hist, 0, dtype=torch.int32)
+    G._launch("route_place", (p,), [srt, rank, hist, cum, order, token, offs, m, e, p, k], dict(B=b),
+              specs.ROUTE_WARPS, 1, False, cap, dev)
+    return order, offs, token

@@ -1,0 +1,88 @@
+"""tsct.ops.sort_by_expert on the CPU: argument checks, the torch path against a plain stable argsort, the
+custom op under torch.compile and opcheck, and the Triton kernels (route_rank, route_place) under Triton's
+interpreter (``tests/cpu/_route_check.py`` in a subprocess, TRITON_INTERPRET=1). GPU: tests/gpu/test_sort_by_expert_gpu.py."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+import tsct
+from tsct.ops import sort_by_expert
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _expected(ids: torch.Tensor, e: int):
+    """Straight from the definition: padding key E for ids outside [0, E), stable argsort, counts by loop."""
+    flat = ids.reshape(-1).tolist()
+    keys = [v if 0 <= v < e else e for v in flat]
+    order = sorted(range(len(keys)), key=lambda i: (keys[i], i))
+    counts = [keys.count(j) for j in range(e)]
+    offs = [sum(counts[: j + 1]) for j in range(e)]
+    return order, offs, [i // ids.shape[1] for i in order]
+
+
+@pytest.mark.parametrize("t,k,e,lo,hi", [(37, 2, 5, 0, 5), (64, 4, 3, -2, 6), (1, 1, 1, 0, 1), (50, 2, 200, 0, 200),
+                                         (0, 2, 4, 0, 4), (9, 3, 2, -1, 0)])
+def test_matches_the_definition(t, k, e, lo, hi):
+    g = torch.Generator().manual_seed(t * 31 + e)
+    ids = torch.randint(lo, max(hi, lo + 1), (t, k), generator=g)
+    s = sort_by_expert(ids, e)
+    order, offs, token = _expected(ids, e)
+    assert s.order.dtype == torch.int64 and s.token.dtype == torch.int64 and s.offs.dtype == torch.int32
+    assert s.order.tolist() == order and s.offs.tolist() == offs and s.token.tolist() == token
+
+
+def test_feeds_grouped_glu_like_a_manual_sort():
+    """The README's pattern with sort_by_expert gives the same output as argsort + bincount."""
+    torch.manual_seed(0)
+    t, k, e, d, r, f = 24, 2, 6, 16, 8, 13
+    x = torch.randn(t, d)
+    wg, wu, wd = torch.randn(e, d, r) / 4, torch.randn(e, d, r) / 4, torch.randn(e, r, f) / 3
+    w, ids = torch.softmax(torch.randn(t, e), -1).topk(k)
+    s = sort_by_expert(ids, e)
+    out = tsct.ops.grouped_glu(x, s.offs, wg, wu, wd, row_weight=w.reshape(-1)[s.order], gather_idx=s.token,
+                               scatter_idx=s.token, num_out_rows=t)
+    order = ids.reshape(-1).argsort(stable=True)
+    offs = torch.bincount(ids.reshape(-1), minlength=e).cumsum(0).to(torch.int32)
+    ref = tsct.ops.grouped_glu(x, offs, wg, wu, wd, row_weight=w.reshape(-1)[order], gather_idx=order // k,
+                               scatter_idx=order // k, num_out_rows=t)
+    assert torch.equal(out, ref)
+
+
+@pytest.mark.parametrize("ids,e,exc,words", [
+    (torch.zeros(4, 2), 3, TypeError, "integer tensor"),
+    (torch.zeros(4, 2, dtype=torch.bool), 3, TypeError, "integer tensor"),
+    (torch.zeros(8, dtype=torch.int64), 3, ValueError, "2-D"),
+    (torch.zeros(4, 2, dtype=torch.int64), 0, ValueError, "num_experts"),
+    (torch.zeros(4, 2, dtype=torch.int64), (1 << 20) + 1, ValueError, "num_experts"),
+    (torch.zeros(4, 2, dtype=torch.int64), 3.0, TypeError, "num_experts"),
+    ([[0, 1]], 3, TypeError, "topk_ids"),
+])
+def test_bad_arguments_are_named(ids, e, exc, words):
+    with pytest.raises(exc, match=words):
+        sort_by_expert(ids, e)
+
+
+def test_custom_op_compiles_and_passes_opcheck():
+    ids = torch.randint(-1, 7, (33, 2), generator=torch.Generator().manual_seed(3))
+    torch.library.opcheck(torch.ops.tsct.sort_by_expert.default, (ids, 6))
+    fn = torch.compile(lambda i: sort_by_expert(i, 6), fullgraph=True, backend="eager")
+    got, want = fn(ids), sort_by_expert(ids, 6)
+    assert all(torch.equal(a, b) for a, b in zip(got, want))
+
+
+def test_kernels_under_the_interpreter():
+    pytest.importorskip("triton")
+    env = dict(os.environ, TRITON_INTERPRET="1",
+               PYTHONPATH=str(ROOT / "python") + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    p = subprocess.run([sys.executable, str(ROOT / "tests" / "cpu" / "_route_check.py")], env=env, cwd=ROOT,
+                       capture_output=True, text=True, timeout=900)
+    assert p.returncode == 0, f"rc {p.returncode}:\n{p.stdout[-3000:]}\n{p.stderr[-3000:]}"
+    assert p.stdout.count(" ok") == 9, p.stdout

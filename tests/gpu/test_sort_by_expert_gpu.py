@@ -1,0 +1,121 @@
+"""tsct.ops.sort_by_expert on a GPU (route_rank / route_place), and the forward's CSR built on a side stream.
+
+sort_by_expert: the kernels against the torch path (stable argsort + count) on fresh random ids with the caching
+allocator poisoned first (an unwritten output reads -1 bytes), bit for bit: the b1 routing (T 16384, top-2,
+E 1024), many chunks, ids outside [0, E) (padding rows), int32 / int16 ids, every row in one expert, more experts
+than rows, M not a multiple of the chunk; the same bits on repeat and from a CUDA graph replay.
+Side stream (``tsct.config.csr_side_stream``): grouped_glu's output and gradients with and without it are the
+same bits, eager and replayed from a CUDA graph.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+pytestmark = pytest.mark.gpu
+
+if not torch.cuda.is_available():
+    pytest.skip("needs a CUDA GPU", allow_module_level=True)
+
+import tsct  # noqa: E402
+from tsct.ops.routing import _kernels_serve, sort_by_expert_torch  # noqa: E402
+
+DEV = torch.device("cuda")
+if not _kernels_serve(DEV):
+    pytest.skip("the Triton kernels do not serve this GPU (no cubins, no Triton)", allow_module_level=True)
+
+
+def poison() -> None:
+    blob = torch.empty(1 << 30, dtype=torch.uint8, device=DEV)
+    blob.fill_(0xFF)
+    del blob
+
+
+CASES = [  # T, k, E, ids spill outside [0, E) by, dtype
+    (16384, 2, 1024, 0, torch.int64), (16384, 2, 1024, 2, torch.int32), (40000, 8, 64, 1, torch.int64),
+    (3000, 2, 5, 0, torch.int16), (100, 2, 50000, 4, torch.int64), (1023, 1, 7, 0, torch.int64),
+    (1, 1, 1, 0, torch.int64), (70000, 1, 3, 0, torch.int32),
+]
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda c: f"T{c[0]}_k{c[1]}_E{c[2]}_s{c[3]}_{str(c[4])[6:]}")
+def test_kernels_match_torch(case):
+    t, k, e, spill, dt = case
+    g = torch.Generator(device=DEV).manual_seed(t + e)
+    ids = torch.randint(-spill, e + spill, (t, k), generator=g, device=DEV).to(dt)
+    if t == 70000:
+        ids.fill_(1)  # every row in one expert
+    poison()
+    got = tsct.ops.sort_by_expert(ids, e)
+    want = sort_by_expert_torch(ids, e)
+    for name, a, b in zip(("order", "offs", "token"), got, want):
+        assert a.dtype == b.dtype and torch.equal(a, b), name
+    again = tsct.ops.sort_by_expert(ids, e)
+    assert all(torch.equal(a, b) for a, b in zip(got, again))
+
+
+def test_graph_replay_gives_the_same_result():
+    ids = torch.randint(0, 1024, (16384, 2), device=DEV)
+    want = sort_by_expert_torch(ids, 1024)
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        tsct.ops.sort_by_expert(ids, 1024)  # warm-up (JIT compile, caches) off the capture
+    torch.cuda.current_stream().wait_stream(s)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        out = tsct.ops.sort_by_expert(ids, 1024)
+    ids.copy_(torch.randint(0, 1024, (16384, 2), device=DEV))
+    want = sort_by_expert_torch(ids, 1024)
+    g.replay()
+    torch.cuda.synchronize()
+    assert all(torch.equal(a, b) for a, b in zip(out, want))
+
+
+def _pass(side: bool, fmt_w, x, ids, w, e, go):
+    tsct.config.csr_side_stream = side
+    try:
+        s = tsct.ops.sort_by_expert(ids, e)
+        out = tsct.ops.grouped_glu(x, s.offs, *fmt_w, row_weight=w.reshape(-1)[s.order], gather_idx=s.token,
+                                   scatter_idx=s.token, num_out_rows=x.shape[0])
+        grads = torch.autograd.grad(out, [x, w, *fmt_w], go)
+        return [out, *grads]
+    finally:
+        tsct.config.csr_side_stream = True
+
+
+def test_side_stream_csr_gives_the_same_bits():
+    torch.manual_seed(5)
+    t, k, e, d, r, f = 4096, 2, 64, 512, 64, 1365
+    x = torch.randn(t, d, device=DEV, dtype=torch.bfloat16, requires_grad=True)
+    fac = [(torch.randn(e, d, r, device=DEV) / d ** 0.5).bfloat16().requires_grad_(),
+           (torch.randn(e, d, r, device=DEV) / d ** 0.5).bfloat16().requires_grad_(),
+           (torch.randn(e, r, f, device=DEV) / r ** 0.5).bfloat16().requires_grad_()]
+    w, ids = torch.softmax(torch.randn(t, e, device=DEV), -1).topk(k)
+    w = w.bfloat16().requires_grad_()
+    go = torch.randn(t, f, device=DEV, dtype=torch.bfloat16)
+    poison()
+    on = _pass(True, fac, x, ids, w, e, go)
+    poison()
+    off = _pass(False, fac, x, ids, w, e, go)
+    for i, (a, b) in enumerate(zip(on, off)):
+        assert torch.equal(a, b), i
+    assert not torch.isnan(on[0]).any()
+    # the forward inside a CUDA graph, with the side stream: same output
+    xs = x.detach()
+    st = torch.cuda.Stream()
+    st.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(st):
+        _fwd = lambda: tsct.ops.grouped_glu(  # noqa: E731
+            xs, s.offs, *[p.detach() for p in fac], row_weight=w.detach().reshape(-1)[s.order], gather_idx=s.token,
+            scatter_idx=s.token, num_out_rows=t)
+        s = tsct.ops.sort_by_expert(ids, e)
+        _fwd()
+    torch.cuda.current_stream().wait_stream(st)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        out = _fwd()
+    g.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(out, on[0])
