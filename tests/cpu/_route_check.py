@@ -1,6 +1,7 @@
 """Run by tests/cpu/test_sort_by_expert.py with TRITON_INTERPRET=1: the sort_by_expert kernels (route_rank,
-route_place, through ``tsct.kernels.triton_glu.route``) under Triton's interpreter against the torch path, with
-the outputs and scratch poisoned first. Prints one line per case, "ok" or what differed; exit 1 if any differed."""
+route_place, through ``tsct.kernels.triton_glu.route``) under Triton's interpreter against the torch path (and
+the gathered router weights, bf16 / fp16 / fp32 or none, against indexing), with the outputs and scratch
+poisoned first. Prints one line per case, "ok" or what differed; exit 1 if any differed."""
 
 from __future__ import annotations
 
@@ -33,14 +34,18 @@ def main() -> int:
         ids = torch.randint(lo, e + spill, (t, k), generator=g).to(dt)
         if (t, k) == (2048, 1):
             ids.fill_(3)  # every row in one expert: one key spans both chunks
-        got = route.sort_by_expert(ids, e)
+        wdt = (torch.bfloat16, torch.float16, torch.float32, None)[t % 4]
+        w = torch.randn(t, k, generator=g).to(wdt) if wdt is not None else None
+        *got, rw = route.sort_by_expert(ids, e, w)
         want = sort_by_expert_torch(ids, e)
         why = [n for n, a, b in zip(("order", "offs", "token"), got, want) if a.dtype != b.dtype or not torch.equal(a, b)]
+        if (rw is None) != (w is None) or (w is not None and not torch.equal(rw, w.reshape(-1)[want[0]].float())):
+            why.append("row_weight")
         name = f"T{t}_k{k}_E{e}_{str(dt).split('.')[-1]}"
         print(name, "ok" if not why else "differs: " + ", ".join(why))
         bad += bool(why)
     empty = route.sort_by_expert(torch.zeros(0, 2, dtype=torch.int64), 4)
-    ok = [x.shape[0] for x in empty] == [0, 4, 0] and not bool(empty[1].any())
+    ok = [x.shape[0] for x in empty[:3]] == [0, 4, 0] and not bool(empty[1].any()) and empty[3] is None
     print("T0", "ok" if ok else "differs")
     bad += not ok
     return 1 if bad else 0

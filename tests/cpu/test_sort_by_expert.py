@@ -39,6 +39,28 @@ def test_matches_the_definition(t, k, e, lo, hi):
     assert s.order.tolist() == order and s.offs.tolist() == offs and s.token.tolist() == token
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+def test_row_weight_and_its_gradient(dtype):
+    """row_weight is the weights in the sorted order, widened to fp32; d topk_weights = d row_weight scattered
+    back (the same as indexing the weights with order), also through the custom op (opcheck)."""
+    g = torch.Generator().manual_seed(7)
+    ids = torch.randint(-1, 9, (40, 3), generator=g)
+    w = torch.rand(40, 3, generator=g).to(dtype).requires_grad_()
+    s = sort_by_expert(ids, 8, w)
+    assert s.row_weight.dtype == torch.float32 and torch.equal(s.row_weight, w.detach().reshape(-1)[s.order].float())
+    go = torch.randn(120, generator=g)
+    (gw,) = torch.autograd.grad(s.row_weight, w, go)
+    w2 = w.detach().clone().requires_grad_()
+    (want,) = torch.autograd.grad(w2.reshape(-1)[s.order].float(), w2, go)
+    assert gw.dtype == dtype and torch.equal(gw, want)
+    op = torch.ops.tsct.sort_by_expert.default
+    torch.library.opcheck(op, (ids, 8, w.detach()))
+    # opcheck's AOT-dispatch test sums every output into one scalar to differentiate it, which int64 outputs
+    # beside a float one break (its own limit); the others run with the weights requiring grad
+    torch.library.opcheck(op, (ids, 8, w), test_utils=("test_schema", "test_autograd_registration", "test_faketensor"))
+    assert sort_by_expert(ids, 8).row_weight is None
+
+
 def test_feeds_grouped_glu_like_a_manual_sort():
     """The README's pattern with sort_by_expert gives the same output as argsort + bincount."""
     torch.manual_seed(0)
@@ -46,8 +68,8 @@ def test_feeds_grouped_glu_like_a_manual_sort():
     x = torch.randn(t, d)
     wg, wu, wd = torch.randn(e, d, r) / 4, torch.randn(e, d, r) / 4, torch.randn(e, r, f) / 3
     w, ids = torch.softmax(torch.randn(t, e), -1).topk(k)
-    s = sort_by_expert(ids, e)
-    out = tsct.ops.grouped_glu(x, s.offs, wg, wu, wd, row_weight=w.reshape(-1)[s.order], gather_idx=s.token,
+    s = sort_by_expert(ids, e, w)
+    out = tsct.ops.grouped_glu(x, s.offs, wg, wu, wd, row_weight=s.row_weight, gather_idx=s.token,
                                scatter_idx=s.token, num_out_rows=t)
     order = ids.reshape(-1).argsort(stable=True)
     offs = torch.bincount(ids.reshape(-1), minlength=e).cumsum(0).to(torch.int32)
@@ -56,7 +78,7 @@ def test_feeds_grouped_glu_like_a_manual_sort():
     assert torch.equal(out, ref)
 
 
-@pytest.mark.parametrize("ids,e,exc,words", [
+@pytest.mark.parametrize("ids,e,exc,words,w", [(*c, None) if len(c) == 4 else c for c in [
     (torch.zeros(4, 2), 3, TypeError, "integer tensor"),
     (torch.zeros(4, 2, dtype=torch.bool), 3, TypeError, "integer tensor"),
     (torch.zeros(8, dtype=torch.int64), 3, ValueError, "2-D"),
@@ -64,18 +86,24 @@ def test_feeds_grouped_glu_like_a_manual_sort():
     (torch.zeros(4, 2, dtype=torch.int64), (1 << 20) + 1, ValueError, "num_experts"),
     (torch.zeros(4, 2, dtype=torch.int64), 3.0, TypeError, "num_experts"),
     ([[0, 1]], 3, TypeError, "topk_ids"),
-])
-def test_bad_arguments_are_named(ids, e, exc, words):
+    (torch.zeros(4, 2, dtype=torch.int64), 3, TypeError, "topk_weights", torch.zeros(4, 2, dtype=torch.float64)),
+    (torch.zeros(4, 2, dtype=torch.int64), 3, TypeError, "topk_weights", [[0.5, 0.5]]),
+    (torch.zeros(4, 2, dtype=torch.int64), 3, ValueError, "topk_weights", torch.zeros(4, 3)),
+]])
+def test_bad_arguments_are_named(ids, e, exc, words, w):
     with pytest.raises(exc, match=words):
-        sort_by_expert(ids, e)
+        sort_by_expert(ids, e, w)
 
 
 def test_custom_op_compiles_and_passes_opcheck():
     ids = torch.randint(-1, 7, (33, 2), generator=torch.Generator().manual_seed(3))
-    torch.library.opcheck(torch.ops.tsct.sort_by_expert.default, (ids, 6))
-    fn = torch.compile(lambda i: sort_by_expert(i, 6), fullgraph=True, backend="eager")
-    got, want = fn(ids), sort_by_expert(ids, 6)
+    w = torch.rand(33, 2, requires_grad=True)
+    torch.library.opcheck(torch.ops.tsct.sort_by_expert.default, (ids, 6, None))
+    fn = torch.compile(lambda i, w: sort_by_expert(i, 6, w), fullgraph=True, backend="eager")
+    got, want = fn(ids, w), sort_by_expert(ids, 6, w)
     assert all(torch.equal(a, b) for a, b in zip(got, want))
+    (g1,) = torch.autograd.grad(got.row_weight.sum(), w)
+    assert torch.equal(g1, torch.ones_like(w))
 
 
 def test_kernels_under_the_interpreter():

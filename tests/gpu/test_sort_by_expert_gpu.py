@@ -46,13 +46,17 @@ def test_kernels_match_torch(case):
     ids = torch.randint(-spill, e + spill, (t, k), generator=g, device=DEV).to(dt)
     if t == 70000:
         ids.fill_(1)  # every row in one expert
+    wdt = (torch.bfloat16, torch.float16, torch.float32)[t % 3]
+    w = torch.rand(t, k, generator=g, device=DEV).to(wdt)
     poison()
-    got = tsct.ops.sort_by_expert(ids, e)
+    got = tsct.ops.sort_by_expert(ids, e, w)
     want = sort_by_expert_torch(ids, e)
     for name, a, b in zip(("order", "offs", "token"), got, want):
         assert a.dtype == b.dtype and torch.equal(a, b), name
-    again = tsct.ops.sort_by_expert(ids, e)
+    assert torch.equal(got.row_weight, w.reshape(-1)[want[0]].float())
+    again = tsct.ops.sort_by_expert(ids, e, w)
     assert all(torch.equal(a, b) for a, b in zip(got, again))
+    assert tsct.ops.sort_by_expert(ids, e).row_weight is None
 
 
 def test_graph_replay_gives_the_same_result():
@@ -76,8 +80,8 @@ def test_graph_replay_gives_the_same_result():
 def _pass(side: bool, fmt_w, x, ids, w, e, go):
     tsct.config.csr_side_stream = side
     try:
-        s = tsct.ops.sort_by_expert(ids, e)
-        out = tsct.ops.grouped_glu(x, s.offs, *fmt_w, row_weight=w.reshape(-1)[s.order], gather_idx=s.token,
+        s = tsct.ops.sort_by_expert(ids, e, w)
+        out = tsct.ops.grouped_glu(x, s.offs, *fmt_w, row_weight=s.row_weight, gather_idx=s.token,
                                    scatter_idx=s.token, num_out_rows=x.shape[0])
         grads = torch.autograd.grad(out, [x, w, *fmt_w], go)
         return [out, *grads]
@@ -102,20 +106,38 @@ def test_side_stream_csr_gives_the_same_bits():
     for i, (a, b) in enumerate(zip(on, off)):
         assert torch.equal(a, b), i
     assert not torch.isnan(on[0]).any()
-    # the forward inside a CUDA graph, with the side stream: same output
-    xs = x.detach()
+    # the forward without autograd (the plain forward), replayed from a CUDA graph with the side stream: the same
+    # bits as eager
+    xs, facs = x.detach(), [p.detach() for p in fac]
+    s = tsct.ops.sort_by_expert(ids, e, w.detach())
+
+    def fwd():
+        return tsct.ops.grouped_glu(xs, s.offs, *facs, row_weight=s.row_weight, gather_idx=s.token,
+                                    scatter_idx=s.token, num_out_rows=t)
+
+    poison()
+    want = fwd()
     st = torch.cuda.Stream()
     st.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(st):
-        _fwd = lambda: tsct.ops.grouped_glu(  # noqa: E731
-            xs, s.offs, *[p.detach() for p in fac], row_weight=w.detach().reshape(-1)[s.order], gather_idx=s.token,
-            scatter_idx=s.token, num_out_rows=t)
-        s = tsct.ops.sort_by_expert(ids, e)
-        _fwd()
+        fwd()
     torch.cuda.current_stream().wait_stream(st)
     g = torch.cuda.CUDAGraph()
     with torch.cuda.graph(g):
-        out = _fwd()
+        out = fwd()
     g.replay()
     torch.cuda.synchronize()
-    assert torch.equal(out, on[0])
+    assert torch.equal(out, want)
+
+
+def test_row_weight_gradient_matches_indexing():
+    """d topk_weights through sort_by_expert's row_weight equals d through indexing the weights with order."""
+    g = torch.Generator(device=DEV).manual_seed(9)
+    ids = torch.randint(-1, 300, (5000, 2), generator=g, device=DEV)
+    w = torch.rand(5000, 2, generator=g, device=DEV).bfloat16().requires_grad_()
+    s = tsct.ops.sort_by_expert(ids, 300, w)
+    go = torch.randn(10000, generator=g, device=DEV)
+    (gw,) = torch.autograd.grad(s.row_weight, w, go)
+    w2 = w.detach().clone().requires_grad_()
+    (want,) = torch.autograd.grad(w2.reshape(-1)[s.order].float(), w2, go)
+    assert torch.equal(gw, want)

@@ -171,9 +171,8 @@ def tsct_call(x: Tensor, ids: Tensor, weights: Tensor, fac: Factors, experts: in
     ``masters``: master factors of packed ones (straight-through gradients, ``tsct.ops.grouped_glu``)."""
     from tsct.ops import grouped_glu, sort_by_expert
 
-    s = sort_by_expert(ids, experts)
-    rw = weights.reshape(-1).index_select(0, s.order)
-    return grouped_glu(x, s.offs, fac.w_gate, fac.w_up, fac.w_down, fac.s_gate, fac.s_up, row_weight=rw,
+    s = sort_by_expert(ids, experts, weights)
+    return grouped_glu(x, s.offs, fac.w_gate, fac.w_up, fac.w_down, fac.s_gate, fac.s_up, row_weight=s.row_weight,
                        gather_idx=s.token, scatter_idx=s.token, num_out_rows=x.shape[0], impl=impl,
                        masters=masters)
 

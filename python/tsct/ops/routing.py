@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import functools
 import os
-from typing import NamedTuple
+from typing import NamedTuple, Optional
 
 import torch
 from torch import Tensor
@@ -19,22 +19,27 @@ from tsct.ops import _eager
 MAX_EXPERTS = 1 << 20  # the kernels sort (expert, row in chunk) pairs packed in int32 (specs.ROUTE_B rows a chunk)
 
 
+_WEIGHT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
+
+
 class ExpertOrder(NamedTuple):
     """The routed rows sorted by expert (``sort_by_expert``). M = T * k rows.
 
-    order: ``[M]`` int64, index into ``topk_ids.reshape(-1)`` of each sorted row (the router weights of the
-        sorted rows are ``topk_weights.reshape(-1)[order]``, differentiable).
+    order: ``[M]`` int64, index into ``topk_ids.reshape(-1)`` of each sorted row.
     offs: ``[E]`` int32 cumulative END offsets (``grouped_glu``'s ``offs``).
     token: ``[M]`` int64, ``order // k``: the token of each sorted row (``grouped_glu``'s ``gather_idx`` and
         ``scatter_idx``).
+    row_weight: ``[M]`` float32, ``topk_weights.reshape(-1)[order]`` (exact: the weights' dtype widened),
+        differentiable w.r.t. ``topk_weights`` (``grouped_glu``'s ``row_weight``); None without ``topk_weights``.
     """
 
     order: Tensor
     offs: Tensor
     token: Tensor
+    row_weight: Optional[Tensor]
 
 
-def sort_by_expert(topk_ids: Tensor, num_experts: int) -> ExpertOrder:
+def sort_by_expert(topk_ids: Tensor, num_experts: int, topk_weights: Optional[Tensor] = None) -> ExpertOrder:
     """Sort the routed rows of a top-k router by expert, stably, without host synchronisation.
 
     Row ``i`` of the flattened ``topk_ids`` (token ``i // k``, choice ``i % k``) is routed to expert
@@ -45,26 +50,31 @@ def sort_by_expert(topk_ids: Tensor, num_experts: int) -> ExpertOrder:
 
     Typical use (design.md section 2)::
 
-        s = tsct.ops.sort_by_expert(ids, E)                       # ids [T, k] from the router's top-k
-        out = grouped_glu(x, s.offs, w_gate, w_up, w_down, row_weight=weights.reshape(-1)[s.order],
+        w, ids = router_probs.topk(k)                               # [T, k] each
+        s = tsct.ops.sort_by_expert(ids, E, w)
+        out = grouped_glu(x, s.offs, w_gate, w_up, w_down, row_weight=s.row_weight,
                           gather_idx=s.token, scatter_idx=s.token, num_out_rows=x.shape[0])
 
     Args:
         topk_ids: ``[T, k]`` integer tensor (any integer dtype) on any device.
         num_experts: E >= 1, at most 2**20.
+        topk_weights: optional ``[T, k]`` router weights (bfloat16, float16 or float32) on the same device; the
+            sorted copy comes back as ``row_weight`` (float32), and gradients reach ``topk_weights`` through it.
 
     Returns:
-        ``ExpertOrder(order, offs, token)``: int64 ``[T*k]``, int32 ``[E]``, int64 ``[T*k]``, on
-        ``topk_ids.device``.
+        ``ExpertOrder(order, offs, token, row_weight)``: int64 ``[T*k]``, int32 ``[E]``, int64 ``[T*k]``,
+        float32 ``[T*k]`` or None, on ``topk_ids.device``.
 
     Raises:
-        TypeError: ``topk_ids`` is not an integer tensor, or ``num_experts`` not an int.
-        ValueError: ``topk_ids`` is not 2-D, or ``num_experts`` is out of range.
+        TypeError: ``topk_ids`` is not an integer tensor, ``num_experts`` not an int, ``topk_weights`` not a
+            bfloat16 / float16 / float32 tensor.
+        ValueError: ``topk_ids`` is not 2-D, ``num_experts`` is out of range, ``topk_weights`` has another shape
+            or device than ``topk_ids``.
 
     On CUDA: three kernel launches (Triton, from the wheel's cubins or JIT) where the Triton kernels serve the
     device (on an arch our tests have not run them on, after a first-use self-test against torch), else
     torch's ``argsort`` and a ``scatter_add`` count (the same result). Sync-free and CUDA-graph safe either
-    way. Not differentiable (integer outputs).
+    way. A torch.library custom op (``tsct::sort_by_expert``) under torch.compile.
     """
     if not isinstance(topk_ids, Tensor):
         raise TypeError(f"topk_ids must be a torch.Tensor, got {type(topk_ids).__name__}")
@@ -76,32 +86,91 @@ def sort_by_expert(topk_ids: Tensor, num_experts: int) -> ExpertOrder:
         raise TypeError(f"num_experts must be an int, got {type(num_experts).__name__}")
     if not 1 <= num_experts <= MAX_EXPERTS:
         raise ValueError(f"num_experts must be in [1, {MAX_EXPERTS}], got {num_experts}")
-    if _eager.direct_ok(topk_ids):  # a plain eager CUDA call skips the dispatcher's host time (ops/_eager.py)
-        return ExpertOrder(*_eager.run("tsct::sort_by_expert", _impl, topk_ids, num_experts))
-    return ExpertOrder(*_sort_by_expert_op(topk_ids, num_experts))
+    if topk_weights is not None:
+        if not isinstance(topk_weights, Tensor) or topk_weights.dtype not in _WEIGHT_DTYPES:
+            what = topk_weights.dtype if isinstance(topk_weights, Tensor) else type(topk_weights).__name__
+            raise TypeError(f"topk_weights must be a bfloat16, float16 or float32 tensor, got {what}")
+        if topk_weights.shape != topk_ids.shape or topk_weights.device != topk_ids.device:
+            raise ValueError(f"topk_weights must match topk_ids ({tuple(topk_ids.shape)} on {topk_ids.device}), "
+                             f"got {tuple(topk_weights.shape)} on {topk_weights.device}")
+    if _eager.direct_ok(topk_ids, topk_weights):  # a plain eager CUDA call skips the dispatcher's host time
+        if topk_weights is not None and topk_weights.requires_grad and torch.is_grad_enabled():
+            out = _SortByExpert.apply(topk_ids, num_experts, topk_weights)
+        else:
+            out = _eager.run("tsct::sort_by_expert", _impl, topk_ids, num_experts, topk_weights)
+    else:
+        out = _sort_by_expert_op(topk_ids, num_experts, topk_weights)
+    order, offs, token, rw = out
+    return ExpertOrder(order, offs, token, rw if topk_weights is not None else None)
 
 
 @torch.library.custom_op("tsct::sort_by_expert", mutates_args=())
-def _sort_by_expert_op(topk_ids: Tensor, num_experts: int) -> tuple[Tensor, Tensor, Tensor]:
-    return _impl(topk_ids, num_experts)
-
-
-def _impl(topk_ids: Tensor, num_experts: int) -> tuple[Tensor, Tensor, Tensor]:
-    if topk_ids.is_cuda and _kernels_serve(topk_ids.device):
-        from tsct.kernels.triton_glu import route
-        return route.sort_by_expert(topk_ids, num_experts)
-    return sort_by_expert_torch(topk_ids, num_experts)
+def _sort_by_expert_op(topk_ids: Tensor, num_experts: int,
+                       topk_weights: Optional[Tensor]) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """(order, offs, token, row_weight); row_weight is an empty float32 tensor without topk_weights (an op
+    returns tensors, not None)."""
+    return _impl(topk_ids, num_experts, topk_weights)
 
 
 @_sort_by_expert_op.register_fake
-def _(topk_ids: Tensor, num_experts: int) -> tuple[Tensor, Tensor, Tensor]:
+def _(topk_ids: Tensor, num_experts: int, topk_weights: Optional[Tensor]) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     m = topk_ids.shape[0] * topk_ids.shape[1]
     return (topk_ids.new_empty(m, dtype=torch.int64), topk_ids.new_empty(num_experts, dtype=torch.int32),
-            topk_ids.new_empty(m, dtype=torch.int64))
+            topk_ids.new_empty(m, dtype=torch.int64),
+            topk_ids.new_empty(m if topk_weights is not None else 0, dtype=torch.float32))
+
+
+def _weights_grad(order: Tensor, grad_rw: Tensor, shape, dtype: torch.dtype) -> Tensor:
+    """d topk_weights from d row_weight: row ``order[j]`` of the flattened weights got ``row_weight[j]``. order is a
+    permutation of all T*k rows (padding rows included), so every entry is written once (deterministic)."""
+    return grad_rw.new_empty(order.shape[0]).scatter_(0, order, grad_rw).reshape(shape).to(dtype)
+
+
+def _setup_context(ctx, inputs, output) -> None:
+    topk_ids, _, topk_weights = inputs
+    ctx.save_for_backward(output[0])
+    ctx.weights = (topk_ids.shape, topk_weights.dtype) if topk_weights is not None else None
+
+
+def _backward(ctx, g_order, g_offs, g_token, g_rw):
+    if ctx.weights is None or g_rw is None:
+        return None, None, None
+    (order,) = ctx.saved_tensors
+    return None, None, _weights_grad(order, g_rw, *ctx.weights)
+
+
+_sort_by_expert_op.register_autograd(_backward, setup_context=_setup_context)
+
+
+class _SortByExpert(torch.autograd.Function):
+    """The eager direct route's autograd (the op's formula, without the dispatcher)."""
+
+    @staticmethod
+    def forward(ctx, topk_ids, num_experts, topk_weights):
+        out = _impl(topk_ids, num_experts, topk_weights)
+        ctx.mark_non_differentiable(out[0], out[1], out[2])
+        ctx.save_for_backward(out[0])
+        ctx.weights = (topk_ids.shape, topk_weights.dtype)
+        return out
+
+    @staticmethod
+    def backward(ctx, g_order, g_offs, g_token, g_rw):
+        (order,) = ctx.saved_tensors
+        return None, None, _weights_grad(order, g_rw, *ctx.weights)
+
+
+def _impl(topk_ids: Tensor, num_experts: int, topk_weights: Optional[Tensor]) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    if topk_ids.is_cuda and _kernels_serve(topk_ids.device):
+        from tsct.kernels.triton_glu import route
+        order, offs, token, rw = route.sort_by_expert(topk_ids, num_experts, topk_weights)
+    else:
+        order, offs, token = sort_by_expert_torch(topk_ids, num_experts)
+        rw = topk_weights.reshape(-1)[order].float() if topk_weights is not None else None
+    return order, offs, token, rw if rw is not None else topk_ids.new_empty(0, dtype=torch.float32)
 
 
 def sort_by_expert_torch(topk_ids: Tensor, num_experts: int) -> tuple[Tensor, Tensor, Tensor]:
-    """The same result in torch: the reference of the kernels, and the path where they do not run."""
+    """(order, offs, token) in torch: the reference of the kernels, and the path where they do not run."""
     k = topk_ids.shape[1]
     flat = topk_ids.reshape(-1).to(torch.int64)
     key = torch.where((flat >= 0) & (flat < num_experts), flat, num_experts)
@@ -145,8 +214,10 @@ def _self_test(device: torch.device) -> bool:
     from tsct.kernels.triton_glu import route
     g = torch.Generator(device=device).manual_seed(0)
     ids = torch.randint(-1, 37, (3001, 2), generator=g, device=device)
+    w = torch.rand(3001, 2, generator=g, device=device).to(torch.bfloat16)
     try:
-        got = route.sort_by_expert(ids, 35)
+        *got, rw = route.sort_by_expert(ids, 35, w)
     except Exception:  # a kernel that does not load or launch here: the torch path
         return False
-    return all(torch.equal(a, b) for a, b in zip(got, sort_by_expert_torch(ids, 35)))
+    want = sort_by_expert_torch(ids, 35)
+    return all(torch.equal(a, b) for a, b in zip(got, want)) and torch.equal(rw, w.reshape(-1)[want[0]].float())

@@ -379,10 +379,11 @@ def route_rank(ids_ptr, srt_ptr, rank_ptr, hist_ptr, M, E, P, B: tl.constexpr, E
 
 
 @triton.jit
-def route_place(srt_ptr, rank_ptr, hist_ptr, cum_ptr, order_ptr, token_ptr, offs_ptr, M, E, P, K,
-                B: tl.constexpr):
+def route_place(srt_ptr, rank_ptr, hist_ptr, cum_ptr, order_ptr, token_ptr, offs_ptr, w_ptr, rw_ptr, M, E, P, K,
+                HAS_W: tl.constexpr, B: tl.constexpr):
     """Row p*B + local of chunk p goes to position cum[key, p] - hist[key, p] + rank: order there = the row
-    (its index in the flattened [T, K] ids), token = row // K. offs[e] = cum[e, P - 1] (rows of experts <= e)."""
+    (its index in the flattened [T, K] ids), token = row // K, and with HAS_W rw = w[row] in fp32 (the router
+    weight of the sorted row). offs[e] = cum[e, P - 1] (rows of experts <= e)."""
     p = tl.program_id(0)
     q = tl.arange(0, B)
     base = p.to(tl.int64) * B
@@ -395,6 +396,8 @@ def route_place(srt_ptr, rank_ptr, hist_ptr, cum_ptr, order_ptr, token_ptr, offs
     row = base + s % B
     tl.store(order_ptr + pos, row, mask=live)
     tl.store(token_ptr + pos, row // K, mask=live)
+    if HAS_W:
+        tl.store(rw_ptr + pos, tl.load(w_ptr + row, mask=live, other=0.0).to(tl.float32), mask=live)
     for e0 in range(p * B, E, P * B):
         es = e0 + q
         tl.store(offs_ptr + es, tl.load(cum_ptr + es.to(tl.int64) * P + P - 1, mask=es < E, other=0), mask=es < E)

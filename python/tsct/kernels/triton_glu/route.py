@@ -7,6 +7,8 @@ dozen small kernels (histogram, scan and two onesweep passes of the radix sort, 
 
 from __future__ import annotations
 
+from typing import Optional
+
 import torch
 from torch import Tensor
 
@@ -14,20 +16,24 @@ from tsct.kernels.triton_glu import glu as G
 from tsct.kernels.triton_glu import specs
 
 
-def sort_by_expert(ids: Tensor, num_experts: int) -> tuple[Tensor, Tensor, Tensor]:
-    """``(order, offs, token)`` of ``tsct.ops.sort_by_expert`` for CUDA ``ids`` ``[T, K]`` (any integer dtype;
-    the caller has checked the arguments)."""
+def sort_by_expert(ids: Tensor, num_experts: int, weights: Optional[Tensor] = None
+                   ) -> tuple[Tensor, Tensor, Tensor, Optional[Tensor]]:
+    """``(order, offs, token, row_weight)`` of ``tsct.ops.sort_by_expert`` for CUDA ``ids`` ``[T, K]`` (any integer
+    dtype) and optional router ``weights`` ``[T, K]`` (bf16 / fp16 / fp32; row_weight fp32, None without
+    weights). The caller has checked the arguments."""
     t, k = ids.shape
     m, e, dev = t * k, num_experts, ids.device
     order = torch.empty(m, device=dev, dtype=torch.int64)
     token = torch.empty(m, device=dev, dtype=torch.int64)
     offs = torch.empty(e, device=dev, dtype=torch.int32)
+    rw = torch.empty(m, device=dev, dtype=torch.float32) if weights is not None else None
     if m == 0:
-        return order, offs.zero_(), token
+        return order, offs.zero_(), token, rw
     flat = ids.reshape(-1)
     if flat.dtype not in (torch.int32, torch.int64):
         flat = flat.to(torch.int32 if flat.dtype.itemsize < 4 else torch.int64)
     flat = flat.contiguous()
+    w = weights.reshape(-1).contiguous() if weights is not None else None
     b = specs.ROUTE_B
     p = G._cdiv(m, b)
     srt = torch.empty(p * b, device=dev, dtype=torch.int32)
@@ -37,6 +43,6 @@ def sort_by_expert(ids: Tensor, num_experts: int) -> tuple[Tensor, Tensor, Tenso
     G._launch("route_rank", (p,), [flat, srt, rank, hist, m, e, p], dict(B=b, EBLK=specs.ROUTE_EBLK),
               specs.ROUTE_WARPS, 1, False, cap, dev)
     cum = torch.cumsum(hist, 0, dtype=torch.int32)
-    G._launch("route_place", (p,), [srt, rank, hist, cum, order, token, offs, m, e, p, k], dict(B=b),
-              specs.ROUTE_WARPS, 1, False, cap, dev)
-    return order, offs, token
+    G._launch("route_place", (p,), [srt, rank, hist, cum, order, token, offs, w, rw, m, e, p, k],
+              dict(HAS_W=w is not None, B=b), specs.ROUTE_WARPS, 1, False, cap, dev)
+    return order, offs, token, rw

@@ -221,11 +221,11 @@ KERNELS: dict[str, KernelInfo] = {
         hinted=(),
     ),
     "route_place": KernelInfo(
-        params=("srt_ptr", "rank_ptr", "hist_ptr", "cum_ptr", "order_ptr", "token_ptr", "offs_ptr", "M", "E", "P",
-                "K"),
-        constexprs=("B",),
+        params=("srt_ptr", "rank_ptr", "hist_ptr", "cum_ptr", "order_ptr", "token_ptr", "offs_ptr", "w_ptr", "rw_ptr",
+                "M", "E", "P", "K"),
+        constexprs=("HAS_W", "B"),
         ints=("M", "E", "P", "K"),
-        used_if={},
+        used_if={"w_ptr": "HAS_W", "rw_ptr": "HAS_W"},
         hinted=(),
     ),
     "glu_bwd_dz": KernelInfo(
@@ -429,9 +429,12 @@ def enumerate_specs(arch: str) -> Iterator[Spec]:
                 for it in ("*i32", "*i64"):
                     out.append(_spec("route_rank", dict(ids_ptr=it, srt_ptr="*i32", rank_ptr="*i32", hist_ptr="*i32"),
                                      dict(B=ROUTE_B, EBLK=ROUTE_EBLK), ROUTE_WARPS, 1, False))
-                out.append(_spec("route_place", dict(srt_ptr="*i32", rank_ptr="*i32", hist_ptr="*i32", cum_ptr="*i32",
-                                                     order_ptr="*i64", token_ptr="*i64", offs_ptr="*i32"),
-                                 dict(B=ROUTE_B), ROUTE_WARPS, 1, False))
+                for wt in (None, "*bf16", "*fp16", "*fp32"):  # router weights gathered in the same launch
+                    out.append(_spec("route_place", dict(srt_ptr="*i32", rank_ptr="*i32", hist_ptr="*i32",
+                                                         cum_ptr="*i32", order_ptr="*i64", token_ptr="*i64",
+                                                         offs_ptr="*i32", w_ptr=wt or UNUSED,
+                                                         rw_ptr="*fp32" if wt else UNUSED),
+                                     dict(HAS_W=wt is not None, B=ROUTE_B), ROUTE_WARPS, 1, False))
         for sc, dwd, br, wd_t in itertools.product(IDX, (False, True), brs, wd_ts):
             types = dict(dy_ptr=D, sidx_ptr=f"*{sc}" if sc else UNUSED, offs_ptr="*i32", wd_ptr=D, zw_ptr=D,
                          part_ptr="*fp32", dwd_ptr=D)
