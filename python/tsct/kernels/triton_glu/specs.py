@@ -339,7 +339,7 @@ ZERO_TAIL_BM, ZERO_TAIL_BN = 32, 256
 TILE_CUM_BLOCK, CSR_KEYS_BLOCK = 1024, 1024
 # tsct.ops.sort_by_expert: rows per chunk (one program each; keys * ROUTE_B must fit int32, so E < 2**21 - 2),
 # experts per step of route_rank's zeroing loop, warps of both kernels
-ROUTE_B, ROUTE_EBLK, ROUTE_WARPS = 1024, 1024, 4
+ROUTE_B, ROUTE_EBLK, ROUTE_WARPS = 512, 1024, 8
 TILE_CUM_ZBLOCK, TILE_CUM_ZPROGRAMS = 2048, 256  # tile_cum's tail zeroing: words per step, most programs
 
 # Triton type strings of torch dtypes (by name, so this module needs no torch).
