@@ -95,6 +95,33 @@ def test_bad_arguments_are_named(ids, e, exc, words, w):
         sort_by_expert(ids, e, w)
 
 
+def test_num_experts_accepts_integer_likes():
+    np = pytest.importorskip("numpy")
+    ids = torch.tensor([[2, 0], [1, 2]])
+    want = sort_by_expert(ids, 3)
+    for e in (np.int64(3), torch.tensor(3)):
+        assert all(torch.equal(a, b) for a, b in zip(sort_by_expert(ids, e)[:3], want[:3]))
+
+
+def test_large_expert_counts_take_the_torch_path(monkeypatch):
+    """The kernels' scratch is (E + 1) counts per chunk of rows: for E large against M / ROUTE_B the op takes
+    torch's sort (route.fits), which gives the same result."""
+    from tsct.kernels.triton_glu import route
+    assert route.fits(32768, 1024) and route.fits(200, 50000)  # b1; E >> M but one chunk
+    assert not route.fits(262144, 65536) and not route.fits(524288, 1 << 20)
+    ids = torch.randint(0, 1 << 20, (3000, 2), generator=torch.Generator().manual_seed(2))
+    order, offs, token = _expected_tensors(ids, 1 << 20)
+    s = sort_by_expert(ids, 1 << 20)
+    assert torch.equal(s.order, order) and torch.equal(s.offs, offs) and torch.equal(s.token, token)
+
+
+def _expected_tensors(ids, e):
+    key = torch.where((ids >= 0) & (ids < e), ids, e).reshape(-1)
+    order = torch.argsort(key, stable=True)
+    offs = torch.cumsum(torch.bincount(key, minlength=e + 1)[:e], 0).to(torch.int32)
+    return order, offs, order // ids.shape[1]
+
+
 def test_custom_op_compiles_and_passes_opcheck():
     ids = torch.randint(-1, 7, (33, 2), generator=torch.Generator().manual_seed(3))
     w = torch.rand(33, 2, requires_grad=True)

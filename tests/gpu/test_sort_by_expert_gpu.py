@@ -27,9 +27,13 @@ if not _kernels_serve(DEV):
 
 
 def poison() -> None:
-    blob = torch.empty(1 << 30, dtype=torch.uint8, device=DEV)
-    blob.fill_(0xFF)
-    del blob
+    """Fill the caching allocator's free memory with 0xFF bytes (-1 in every integer type, NaN in floats): its large
+    pool through one 1 GiB block, its small pool (requests of 1 MiB or less) through many 1 MiB ones."""
+    blobs = [torch.empty(1 << 30, dtype=torch.uint8, device=DEV)] + [
+        torch.empty(1 << 20, dtype=torch.uint8, device=DEV) for _ in range(64)]
+    for b in blobs:
+        b.fill_(0xFF)
+    del blobs, b
 
 
 CASES = [  # T, k, E, ids spill outside [0, E) by, dtype
@@ -57,6 +61,42 @@ def test_kernels_match_torch(case):
     again = tsct.ops.sort_by_expert(ids, e, w)
     assert all(torch.equal(a, b) for a, b in zip(got, again))
     assert tsct.ops.sort_by_expert(ids, e).row_weight is None
+
+
+def test_large_expert_counts_take_the_torch_path():
+    """E = 2**18 with M = 2**19: the kernels' scratch would be ~1 GB (route.fits says no); same result either way."""
+    from tsct.kernels.triton_glu import route
+    ids = torch.randint(0, 1 << 18, (1 << 18, 2), device=DEV)
+    assert not route.fits(ids.numel(), 1 << 18)
+    torch.cuda.reset_peak_memory_stats()
+    base = torch.cuda.memory_allocated()
+    got = tsct.ops.sort_by_expert(ids, 1 << 18)
+    assert torch.cuda.max_memory_allocated() - base < 64 << 20
+    assert all(torch.equal(a, b) for a, b in zip(got[:3], sort_by_expert_torch(ids, 1 << 18)))
+
+
+def test_first_use_self_test_on_an_untested_arch(monkeypatch):
+    """On an arch class without GPU test runs the kernels run only after a self-test against torch passed; a
+    failing self-test warns and keeps torch's sort (simulated by removing this arch from EXECUTED_ON)."""
+    from tsct import dispatch
+    from tsct.kernels.triton_glu import route
+    from tsct.ops import routing as R
+
+    monkeypatch.setitem(dispatch.EXECUTED_ON, dispatch.TRITON_BF16, frozenset())
+    monkeypatch.setattr(R, "_self_tested", {})
+    ids = torch.randint(0, 64, (4096, 2), device=DEV)
+    calls = []
+    real = route.sort_by_expert
+    monkeypatch.setattr(route, "sort_by_expert", lambda *a: calls.append(1) or real(*a))
+    tsct.ops.sort_by_expert(ids, 64)
+    assert list(R._self_tested.values()) == [True] and len(calls) == 2  # the self-test, then the call
+    monkeypatch.setattr(R, "_self_tested", {})
+    monkeypatch.setattr(route, "sort_by_expert", lambda ids, e, w=None: (*sort_by_expert_torch(ids, e)[:2],
+                                                                           ids.new_zeros(ids.numel()), None))
+    with pytest.warns(RuntimeWarning, match="self-test"):
+        got = tsct.ops.sort_by_expert(ids, 64)
+    assert list(R._self_tested.values()) == [False]
+    assert all(torch.equal(a, b) for a, b in zip(got[:3], sort_by_expert_torch(ids, 64)))
 
 
 def test_graph_replay_gives_the_same_result():
@@ -89,7 +129,39 @@ def _pass(side: bool, fmt_w, x, ids, w, e, go):
         tsct.config.csr_side_stream = True
 
 
-def test_side_stream_csr_gives_the_same_bits():
+def _slow_side_stream(monkeypatch):
+    """The side stream's CSR work starts behind ~50 ms of sleep: without the join the combine would read it early."""
+    from tsct.kernels.triton_glu import glu as G
+    fill = G._csr_fill
+
+    def slow(*a):
+        torch.cuda._sleep(100_000_000)
+        return fill(*a)
+    monkeypatch.setattr(G, "_csr_fill", slow)
+
+
+def test_side_stream_join_when_the_fill_raises(monkeypatch):
+    """An exception while the CSR is issued on the side stream still makes the caller's stream wait for the work
+    already queued there (its outputs were allocated on the caller's stream)."""
+    from tsct.kernels.triton_glu import glu as G
+
+    def broken(*a):
+        torch.cuda._sleep(200_000_000)
+        raise RuntimeError("injected")
+    monkeypatch.setattr(G, "_csr_fill", broken)
+    idx = torch.randint(0, 100, (1000,), device=DEV)
+    offs = torch.tensor([1000], dtype=torch.int32, device=DEV)
+    torch.cuda.synchronize()
+    with pytest.raises(RuntimeError, match="injected"):
+        G.csr_overlap(idx, offs, 1000, 100, (9, 0))
+    ev = torch.cuda.Event()
+    ev.record()
+    assert not ev.query(), "the caller's stream does not wait for the side stream"
+    torch.cuda.synchronize()
+
+
+@pytest.mark.parametrize("slow", [False, True], ids=["plain", "slow_side"])
+def test_side_stream_csr_gives_the_same_bits(slow, monkeypatch):
     torch.manual_seed(5)
     t, k, e, d, r, f = 4096, 2, 64, 512, 64, 1365
     x = torch.randn(t, d, device=DEV, dtype=torch.bfloat16, requires_grad=True)
@@ -99,8 +171,11 @@ def test_side_stream_csr_gives_the_same_bits():
     w, ids = torch.softmax(torch.randn(t, e, device=DEV), -1).topk(k)
     w = w.bfloat16().requires_grad_()
     go = torch.randn(t, f, device=DEV, dtype=torch.bfloat16)
+    if slow:
+        _slow_side_stream(monkeypatch)
     poison()
     on = _pass(True, fac, x, ids, w, e, go)
+    monkeypatch.undo()
     poison()
     off = _pass(False, fac, x, ids, w, e, go)
     for i, (a, b) in enumerate(zip(on, off)):

@@ -8,15 +8,20 @@ that gives shapes only. On a GPU that the Triton kernels serve it is a stable co
 from __future__ import annotations
 
 import functools
+import operator
 import os
+import warnings
 from typing import NamedTuple, Optional
 
 import torch
 from torch import Tensor
 
+from tsct.kernels.triton_glu import specs as _route_specs
 from tsct.ops import _eager
 
-MAX_EXPERTS = 1 << 20  # the kernels sort (expert, row in chunk) pairs packed in int32 (specs.ROUTE_B rows a chunk)
+MAX_EXPERTS = 1 << 20
+# the kernels sort (key, row in chunk) pairs packed in int32, keys up to E + 1, specs.ROUTE_B rows a chunk
+assert (MAX_EXPERTS + 2) * _route_specs.ROUTE_B <= 1 << 31, "MAX_EXPERTS too large for specs.ROUTE_B"
 
 
 _WEIGHT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
@@ -72,9 +77,11 @@ def sort_by_expert(topk_ids: Tensor, num_experts: int, topk_weights: Optional[Te
             or device than ``topk_ids``.
 
     On CUDA: three kernel launches (Triton, from the wheel's cubins or JIT) where the Triton kernels serve the
-    device (on an arch our tests have not run them on, after a first-use self-test against torch), else
-    torch's ``argsort`` and a ``scatter_add`` count (the same result). Sync-free and CUDA-graph safe either
-    way. A torch.library custom op (``tsct::sort_by_expert``) under torch.compile.
+    device and E is not large against M / 512 (``route.fits``), else torch's ``argsort`` and a ``scatter_add``
+    count (the same result). Sync-free and CUDA-graph safe either way, except the first call in a process on
+    an arch our tests have not run the kernels on: it runs a self-test against torch (host reads; warned and
+    the torch path kept if it fails; during a capture that arch takes the torch path untested). A
+    torch.library custom op (``tsct::sort_by_expert``) under torch.compile.
     """
     if not isinstance(topk_ids, Tensor):
         raise TypeError(f"topk_ids must be a torch.Tensor, got {type(topk_ids).__name__}")
@@ -82,8 +89,12 @@ def sort_by_expert(topk_ids: Tensor, num_experts: int, topk_weights: Optional[Te
         raise TypeError(f"topk_ids must be an integer tensor, got dtype {topk_ids.dtype}")
     if topk_ids.dim() != 2:
         raise ValueError(f"topk_ids must be 2-D [T, k], got shape {tuple(topk_ids.shape)}")
-    if isinstance(num_experts, bool) or not isinstance(num_experts, int):
-        raise TypeError(f"num_experts must be an int, got {type(num_experts).__name__}")
+    if isinstance(num_experts, bool):
+        raise TypeError("num_experts must be an int, got bool")
+    try:
+        num_experts = operator.index(num_experts)  # ints, numpy integers, 0-d integer tensors
+    except TypeError:
+        raise TypeError(f"num_experts must be an int, got {type(num_experts).__name__}") from None
     if not 1 <= num_experts <= MAX_EXPERTS:
         raise ValueError(f"num_experts must be in [1, {MAX_EXPERTS}], got {num_experts}")
     if topk_weights is not None:
@@ -160,8 +171,8 @@ class _SortByExpert(torch.autograd.Function):
 
 
 def _impl(topk_ids: Tensor, num_experts: int, topk_weights: Optional[Tensor]) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-    if topk_ids.is_cuda and _kernels_serve(topk_ids.device):
-        from tsct.kernels.triton_glu import route
+    from tsct.kernels.triton_glu import route
+    if topk_ids.is_cuda and route.fits(topk_ids.numel(), num_experts) and _kernels_serve(topk_ids.device):
         order, offs, token, rw = route.sort_by_expert(topk_ids, num_experts, topk_weights)
     else:
         order, offs, token = sort_by_expert_torch(topk_ids, num_experts)
@@ -206,7 +217,10 @@ def _kernels_serve(device: torch.device) -> bool:
     if cls not in _self_tested:
         if torch.cuda.is_current_stream_capturing():
             return False
-        _self_tested[cls] = _self_test(device)
+        _self_tested[cls] = ok = _self_test(device)
+        if not ok:
+            warnings.warn(f"tsct.ops.sort_by_expert: the first-use self-test of its Triton kernels failed on {cls}; "
+                          "using torch's sort in this process", RuntimeWarning, stacklevel=3)
     return _self_tested[cls]
 
 

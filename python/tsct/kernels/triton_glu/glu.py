@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import threading
 from typing import Any, Optional, Sequence
 
 import torch
@@ -229,16 +230,20 @@ def build_csr(idx: Tensor, offs: Tensor, m: int, n_out: int, cap) -> tuple[Tenso
     return order, ptr
 
 
-_side_streams: dict[int, Any] = {}
+_side_streams = threading.local()  # per thread: a capture in one thread must not take another thread's work
 
 
 def _side_stream(device: torch.device):
-    """One high-priority stream per device for ``csr_overlap`` (its few small kernels should not queue behind
-    the projections' thousands of tiles)."""
+    """A high-priority stream per (thread, device) for ``csr_overlap`` (its few small kernels should not queue
+    behind the projections' thousands of tiles). It comes from torch's stream pool, which other components
+    (e.g. communication streams) may also draw from: sharing one costs ordering, never correctness."""
     i = device.index if device.index is not None else torch.cuda.current_device()
-    s = _side_streams.get(i)
+    streams = getattr(_side_streams, "by_device", None)
+    if streams is None:
+        streams = _side_streams.by_device = {}
+    s = streams.get(i)
     if s is None:
-        s = _side_streams[i] = torch.cuda.Stream(device=i, priority=torch.cuda.Stream.priority_range()[1])
+        s = streams[i] = torch.cuda.Stream(device=i, priority=torch.cuda.Stream.priority_range()[1])
     return s
 
 
@@ -265,8 +270,12 @@ class csr_overlap:
         self._main = torch.cuda.current_stream(idx.device)
         self._side = _side_stream(idx.device)
         self._side.wait_stream(self._main)
-        with torch.cuda.stream(self._side):
-            fill()
+        try:
+            with torch.cuda.stream(self._side):
+                fill()
+        except BaseException:  # some of it may be queued: join before the outputs can be freed
+            self._main.wait_stream(self._side)
+            raise
 
     def __enter__(self) -> "csr_overlap":
         return self

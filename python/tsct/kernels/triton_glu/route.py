@@ -16,6 +16,13 @@ from tsct.kernels.triton_glu import glu as G
 from tsct.kernels.triton_glu import specs
 
 
+def fits(m: int, num_experts: int) -> bool:
+    """Whether the kernels suit M rows and E experts: their scratch holds (E + 1) counts per chunk of ``ROUTE_B``
+    rows (and every chunk zeroes its E + 1), so for E large against the chunk count it outgrows torch's sort (8 GB
+    and 63 ms at E = 2**20, M = 2**19 on the H200, against 0.2 ms); such calls take the torch path."""
+    return (num_experts + 1) * G._cdiv(max(m, 1), specs.ROUTE_B) <= max(1 << 17, 4 * m)
+
+
 def sort_by_expert(ids: Tensor, num_experts: int, weights: Optional[Tensor] = None
                    ) -> tuple[Tensor, Tensor, Tensor, Optional[Tensor]]:
     """``(order, offs, token, row_weight)`` of ``tsct.ops.sort_by_expert`` for CUDA ``ids`` ``[T, K]`` (any integer

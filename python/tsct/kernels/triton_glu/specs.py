@@ -337,7 +337,8 @@ def combine_bn(ncols: int) -> int:
 
 ZERO_TAIL_BM, ZERO_TAIL_BN = 32, 256
 TILE_CUM_BLOCK, CSR_KEYS_BLOCK = 1024, 1024
-# tsct.ops.sort_by_expert: rows per chunk (one program each; keys * ROUTE_B must fit int32, so E < 2**21 - 2),
+# tsct.ops.sort_by_expert: rows per chunk (one program each; (E + 2) * ROUTE_B must fit int32: ops/routing.py checks
+# it against MAX_EXPERTS at import),
 # experts per step of route_rank's zeroing loop, warps of both kernels
 ROUTE_B, ROUTE_EBLK, ROUTE_WARPS = 512, 1024, 8
 TILE_CUM_ZBLOCK, TILE_CUM_ZPROGRAMS = 2048, 256  # tile_cum's tail zeroing: words per step, most programs
