@@ -30,7 +30,7 @@ import torch
 import tsct
 from tsct import dispatch, selftest
 
-OPS = ("grouped_glu",)
+OPS = ("grouped_glu",)  # ops with a dispatch table (sort_by_expert has a self-test row, no table)
 
 
 def _pkg_version(name: str) -> Optional[str]:
@@ -134,6 +134,7 @@ def collect(selftests: bool = True, verify_artifacts: bool = False) -> dict[str,
                 if fmt == "nvfp4" and dispatch.status(dispatch.TRITON_W4A4, cap, fmt).ok:
                     tests.append({"device": str(dev), **selftest.grouped_glu(dispatch.TRITON_W4A4, dev, dtype,
                                                                              fmt).__dict__})
+            tests.append({"device": str(dev), **selftest.sort_by_expert(dev).__dict__})
             if dev.type == "cuda" and native.available():
                 tests += [{"device": str(dev), **r.__dict__} for r in selftest.native_quant(dev)]
     report["selftests"] = tests

@@ -177,6 +177,32 @@ def native_quant(device: torch.device) -> list[Result]:
     return out
 
 
+def sort_by_expert(device: torch.device) -> Result:
+    """``tsct.ops.sort_by_expert`` (ids with padding entries, bf16 weights) against a stable ``torch.argsort`` and a
+    count, bit for bit; the detail names what ran (the Triton kernels or torch's sort)."""
+    from tsct.kernels.triton_glu import route
+    from tsct.ops import routing
+
+    t0 = time.perf_counter()
+    name = "sort_by_expert vs stable argsort"
+    g = torch.Generator().manual_seed(2)
+    ids = torch.randint(-1, 40, (3000, 2), generator=g).to(device)
+    w = torch.rand(3000, 2, generator=g).to(device, torch.bfloat16)
+    try:
+        s = routing.sort_by_expert(ids, 37, w)
+        flat = ids.reshape(-1)
+        key = torch.where((flat >= 0) & (flat < 37), flat, 37)
+        order = torch.argsort(key, stable=True)
+        offs = torch.cumsum((key[:, None] == torch.arange(37, device=device)).sum(0), 0).to(torch.int32)
+        ok = (torch.equal(s.order, order) and torch.equal(s.offs, offs) and torch.equal(s.token, order // 2)
+              and torch.equal(s.row_weight, w.reshape(-1)[order].float()))
+        kernels = ids.is_cuda and route.fits(ids.numel(), 37) and routing._kernels_serve(ids.device)
+        what = "Triton kernels" if kernels else "torch sort"
+        return Result(name, ok, f"bit-exact ({what})" if ok else f"MISMATCH ({what})", time.perf_counter() - t0)
+    except Exception as exc:
+        return Result(name, False, f"{type(exc).__name__}: {exc}", time.perf_counter() - t0)
+
+
 def sm120_fp4_forward(device: torch.device, forward=None, seed: int = 0, fmt: str = "nvfp4") -> Result:
     """First-use self-test of the sm120-fp4 forward (W4A4: the activations are NVFP4 too).
 

@@ -110,4 +110,5 @@ def test_render_with_selftests(capsys):
     assert "self-tests against float64" in out
     for fmt in ("dense", "nvfp4", "sign"):
         assert f"grouped_glu[reference, {fmt} factors, float32]" in out, out
+    assert "sort_by_expert vs stable argsort" in out and "bit-exact (torch sort)" in out, out
     assert "FAIL" not in out
