@@ -180,7 +180,6 @@ def native_quant(device: torch.device) -> list[Result]:
 def sort_by_expert(device: torch.device) -> Result:
     """``tsct.ops.sort_by_expert`` (ids with padding entries, bf16 weights) against a stable ``torch.argsort`` and a
     count, bit for bit; the detail names what ran (the Triton kernels or torch's sort)."""
-    from tsct.kernels.triton_glu import route
     from tsct.ops import routing
 
     t0 = time.perf_counter()
@@ -196,8 +195,7 @@ def sort_by_expert(device: torch.device) -> Result:
         offs = torch.cumsum((key[:, None] == torch.arange(37, device=device)).sum(0), 0).to(torch.int32)
         ok = (torch.equal(s.order, order) and torch.equal(s.offs, offs) and torch.equal(s.token, order // 2)
               and torch.equal(s.row_weight, w.reshape(-1)[order].float()))
-        kernels = ids.is_cuda and route.fits(ids.numel(), 37) and routing._kernels_serve(ids.device)
-        what = "Triton kernels" if kernels else "torch sort"
+        what = "Triton kernels" if routing.uses_kernels(ids, 37) else "torch sort"
         return Result(name, ok, f"bit-exact ({what})" if ok else f"MISMATCH ({what})", time.perf_counter() - t0)
     except Exception as exc:
         return Result(name, False, f"{type(exc).__name__}: {exc}", time.perf_counter() - t0)

@@ -170,9 +170,15 @@ class _SortByExpert(torch.autograd.Function):
         return None, None, _weights_grad(order, g_rw, *ctx.weights)
 
 
-def _impl(topk_ids: Tensor, num_experts: int, topk_weights: Optional[Tensor]) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+def uses_kernels(topk_ids: Tensor, num_experts: int) -> bool:
+    """Whether ``sort_by_expert`` runs the Triton kernels for these arguments (else torch's sort)."""
     from tsct.kernels.triton_glu import route
-    if topk_ids.is_cuda and route.fits(topk_ids.numel(), num_experts) and _kernels_serve(topk_ids.device):
+    return topk_ids.is_cuda and route.fits(topk_ids.numel(), num_experts) and _kernels_serve(topk_ids.device)
+
+
+def _impl(topk_ids: Tensor, num_experts: int, topk_weights: Optional[Tensor]) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    if uses_kernels(topk_ids, num_experts):
+        from tsct.kernels.triton_glu import route
         order, offs, token, rw = route.sort_by_expert(topk_ids, num_experts, topk_weights)
     else:
         order, offs, token = sort_by_expert_torch(topk_ids, num_experts)

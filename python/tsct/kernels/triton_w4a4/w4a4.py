@@ -229,10 +229,10 @@ def down_forward(x: Tensor, offs: Tensor, w_gate, w_up, s_gate: Optional[Tensor]
     return _down(x, offs.contiguous(), None, w_gate, w_up, s_gate, s_up, gather_idx, row_weight, save, cap)
 
 
-def _saved_buffers(m: int, r: int, device: torch.device, dtype: torch.dtype) -> list[Tensor]:
-    """[hg, hu] fp32 and z * rw in x.dtype, [M, r] each: what a saving forward writes for the backward."""
-    return [torch.empty(m, r, device=device, dtype=torch.float32), torch.empty(m, r, device=device, dtype=torch.float32),
-            torch.empty(m, r, device=device, dtype=dtype)]
+def _saved_like(x: Tensor, r: int, gather_idx: Optional[Tensor]) -> list[Tensor]:
+    """[hg, hu] fp32 and z * rw in x.dtype, [M, r] each: the bf16 family's saved tensors without its CSR."""
+    from tsct.kernels.triton_glu import glu as G
+    return G.saved_like_r(x, r, gather_idx, None, None)
 
 
 def _down(x, offs, cum, w_gate, w_up, s_gate, s_up, gather_idx, row_weight, save, cap, saved=None):
@@ -245,7 +245,7 @@ def _down(x, offs, cum, w_gate, w_up, s_gate, s_up, gather_idx, row_weight, save
     if not save:
         saved = []
     elif saved is None:
-        saved = _saved_buffers(m, r, dev, x.dtype)
+        saved = _saved_like(x, r, gather_idx)
     if e == 0 or m == 0 or r == 0:
         return z, saved
     if d == 0:  # no contraction: hg = hu = 0, z = 0 (exact)
@@ -337,7 +337,7 @@ def grouped_glu_forward_saved(
     cfg = _config(cap)
     offs = offs.contiguous()
     if save:  # op outputs (tsct::grouped_glu_q): padding rows defined, zeroed by the tile map's launch
-        saved = _saved_buffers(m, r, dev, x.dtype)
+        saved = _saved_like(x, r, gather_idx)
         cum = G.zero_saved_tails(saved, offs, cfg.bm, cap)
     else:
         saved, cum = None, _tile_cum(offs, cfg.bm, cap)
