@@ -26,6 +26,7 @@ from tsct import reference as R  # noqa: E402
 from tsct.kernels import triton_lowbit as TL  # noqa: E402
 from tsct.kernels.triton_lowbit import glu as L  # noqa: E402
 from tsct.ops import grouped_glu, quantize_master  # noqa: E402
+from _cuda_graph import captured  # noqa: E402
 
 DEV = torch.device("cuda")
 CAP = tuple(torch.cuda.get_device_capability())
@@ -244,14 +245,7 @@ def test_quantize_master_across_optimizer_steps():
 def test_cuda_graph_capture_of_the_op():
     p, _, facs = problem(512, 2, 64, 256, 64, 5461, "nvfp4", seed=4)
     y = run(p, facs)
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        run(p, facs)
-    torch.cuda.current_stream().wait_stream(s)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        yg = run(p, facs)
+    graph, yg = captured(lambda: run(p, facs))
     graph.replay()
     torch.cuda.synchronize()
     assert torch.equal(yg, y)

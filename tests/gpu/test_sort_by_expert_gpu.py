@@ -19,6 +19,7 @@ if not torch.cuda.is_available():
     pytest.skip("needs a CUDA GPU", allow_module_level=True)
 
 import tsct  # noqa: E402
+from _cuda_graph import captured  # noqa: E402
 from tsct.ops.routing import _kernels_serve, sort_by_expert_torch  # noqa: E402
 
 DEV = torch.device("cuda")
@@ -99,22 +100,9 @@ def test_first_use_self_test_on_an_untested_arch(monkeypatch):
     assert all(torch.equal(a, b) for a, b in zip(got[:3], sort_by_expert_torch(ids, 64)))
 
 
-def _captured(fn):
-    """(graph, fn's outputs in the graph's memory): fn warmed up on a side stream (JIT, caches), then captured."""
-    st = torch.cuda.Stream()
-    st.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(st):
-        fn()
-    torch.cuda.current_stream().wait_stream(st)
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        out = fn()
-    return g, out
-
-
 def test_graph_replay_gives_the_same_result():
     ids = torch.randint(0, 1024, (16384, 2), device=DEV)
-    g, out = _captured(lambda: tsct.ops.sort_by_expert(ids, 1024))
+    g, out = captured(lambda: tsct.ops.sort_by_expert(ids, 1024))
     ids.copy_(torch.randint(0, 1024, (16384, 2), device=DEV))  # the replay sorts the new ids
     want = sort_by_expert_torch(ids, 1024)
     g.replay()
@@ -197,7 +185,7 @@ def test_side_stream_csr_gives_the_same_bits(slow, monkeypatch):
 
     poison()
     want = fwd()
-    g, out = _captured(fwd)
+    g, out = captured(fwd)
     g.replay()
     torch.cuda.synchronize()
     assert torch.equal(out, want)

@@ -21,6 +21,7 @@ pytestmark = pytest.mark.gpu
 from tsct import quant  # noqa: E402
 from tsct.kernels.triton_w4a4 import emulation as EM  # noqa: E402
 from tsct.kernels.triton_w4a4 import w4a4  # noqa: E402
+from _cuda_graph import captured  # noqa: E402
 
 DEV = "cuda"
 
@@ -116,14 +117,7 @@ def test_b1_shape_and_graph(tmp_path):
             ym = EM.up_forward_model(sub, torch.tensor([hi - lo], dtype=torch.int32), we, rw[lo:hi].cpu())
             assert _rel(y[lo:hi].cpu(), ym) <= 8e-3
     # sync-free: capture in a CUDA graph and replay
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        run()
-    torch.cuda.current_stream().wait_stream(s)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        yg = run()
+    graph, yg = captured(run)
     graph.replay()
     torch.cuda.synchronize()
     assert torch.equal(yg, y)
@@ -275,14 +269,7 @@ def test_b1_full_pass_timing():
     y = fwd()
     torch.cuda.synchronize()
     assert torch.isfinite(y).all()
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        fwd()
-    torch.cuda.current_stream().wait_stream(s)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        yg = fwd()
+    graph, yg = captured(fwd)
     graph.replay()
     torch.cuda.synchronize()
     assert torch.equal(yg, y)  # sync-free and deterministic
