@@ -6,7 +6,7 @@
 // device's context on first use), its kernel is fetched with cudaLibraryGetKernel, and launches go
 // through cudaLaunchKernel with the cudaKernel_t cast to a function pointer (documented for
 // cudaKernel_t) and Triton's argument convention: one pointer per parameter, the two trailing scratch
-// pointers included. TSCT_LAUNCH_PDL launches with programmatic stream serialization (cudaLaunchKernelExC). Dynamic shared memory above 48 KB is opted into once per (kernel, device).
+// pointers included. Dynamic shared memory above 48 KB is opted into once per (kernel, device).
 //
 // Loaded kernels live until the process exits (the table is small: one entry per variant used).
 #include <cuda_runtime_api.h>
@@ -97,10 +97,8 @@ int tsct_triton_load(const char* cache_key, const void* image, uint64_t image_si
 }
 
 int tsct_triton_launch(void* handle, unsigned grid_x, unsigned grid_y, unsigned grid_z, void* stream, void** args,
-                       int num_args, unsigned flags) {
+                       int num_args) {
   tsct::clear_error_detail();
-  if (flags & ~static_cast<unsigned>(TSCT_LAUNCH_PDL))
-    return tsct::fail(TSCT_ERR_BAD_ARGUMENT, "tsct_triton_launch: unknown flags 0x%x", flags);
   auto* k = static_cast<tsct::TritonKernel*>(handle);
   if (!k || (num_args > 0 && !args))
     return tsct::fail(TSCT_ERR_BAD_ARGUMENT, "tsct_triton_launch: null handle or argument array");
@@ -131,21 +129,8 @@ int tsct_triton_launch(void* handle, unsigned grid_x, unsigned grid_y, unsigned 
       }
     }
   }
-  cudaLaunchConfig_t config = {};
-  config.gridDim = dim3(grid_x, grid_y, grid_z);
-  config.blockDim = dim3(k->block_x, 1, 1);
-  config.dynamicSmemBytes = k->shared;
-  config.stream = static_cast<cudaStream_t>(stream);
-  cudaLaunchAttribute attr[1];
-  if (flags & TSCT_LAUNCH_PDL) {
-    // programmatic dependent launch: this grid may start before the previous kernel in the stream completes;
-    // the kernel itself waits (griddepcontrol.wait) before touching memory (python/tsct/kernels/triton_glu/_kernels.py)
-    attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    attr[0].val.programmaticStreamSerializationAllowed = 1;
-    config.attrs = attr;
-    config.numAttrs = 1;
-  }
-  cudaError_t e = cudaLaunchKernelExC(&config, fn, args);
+  cudaError_t e = cudaLaunchKernel(fn, dim3(grid_x, grid_y, grid_z), dim3(k->block_x, 1, 1), args, k->shared,
+                                   static_cast<cudaStream_t>(stream));
   if (e != cudaSuccess) {
     cudaGetLastError();  // a launch-configuration error is not sticky: clear it for the next launch
     return tsct::fail(static_cast<int>(e), "tsct_triton_launch: %s: %s (%s)", k->key.c_str(), cudaGetErrorName(e),

@@ -20,12 +20,6 @@ the targets, latency-bound small kernels) on a second, high-priority CUDA stream
 the caller's stream, which waits for it before the combine. Same results either way; ``TSCT_CSR_SIDE_STREAM=0``
 or ``tsct.config.csr_side_stream = False`` keeps everything on the caller's stream.
 
-``pdl``: on sm_90 and later, the Triton kernels of the forward's launch chain (sort_by_expert, the tile map,
-the projections, the combine) are launched with programmatic dependent launch: each grid may start while the
-previous kernel in the stream finishes, and waits for it (griddepcontrol.wait) before touching memory, which
-hides the launch gaps between consecutive kernels. Same results either way; ``TSCT_PDL=0`` or
-``tsct.config.pdl = False`` launches them the ordinary way (docs/decisions/0016-pdl.md).
-
 ``warn_fallbacks``: warn (once per path and reason) when ``impl="auto"`` could not take the
 preferred path. The counter in ``tsct.dispatch.fallback_counts()`` counts every time regardless.
 """
@@ -46,4 +40,3 @@ check_values: bool = _env_flag("TSCT_CHECK_VALUES", True)
 warn_fallbacks: bool = _env_flag("TSCT_WARN_FALLBACKS", True)
 eager_direct: bool = _env_flag("TSCT_EAGER_DIRECT", True)
 csr_side_stream: bool = _env_flag("TSCT_CSR_SIDE_STREAM", True)
-pdl: bool = _env_flag("TSCT_PDL", True)

@@ -445,7 +445,6 @@ def test_c_entry_points_reject_bad_arguments(lib):
         (lib.tsct_nvfp4_dequantize, (P, P, 0, P, 1, 4, 32, P, 3, None), "out_dtype=3"),
         (lib.tsct_nvfp4_dequantize, (P, None, 1, P, 1, 4, 32, P, 1, None), "null pointer"),
         (lib.tsct_sign_pack, (P, 0, 1, 4, 12, P, None), "multiple of 8"),
-        (lib.tsct_triton_launch, (P, 1, 1, 1, None, P, 0, 2), "unknown flags 0x2"),  # only TSCT_LAUNCH_PDL (1)
         (lib.tsct_sign_pack, (P, -1, 1, 4, 16, P, None), "w_dtype=-1"),
         (lib.tsct_sign_dequantize, (P, P, None, 1, 4, 16, P, 0, None), "null pointer"),
         (lib.tsct_sign_dequantize, (P, P, P, 1, 4, 16, P, 9, None), "out_dtype=9"),

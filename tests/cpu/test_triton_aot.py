@@ -191,9 +191,8 @@ class _FakeLib:
     def tsct_triton_load(self, key, image, size, fn, nparams, shared, block_x, out):
         return 0
 
-    def tsct_triton_launch(self, handle, gx, gy, gz, stream, args, nargs, flags):
+    def tsct_triton_launch(self, handle, gx, gy, gz, stream, args, nargs):
         assert nargs == self.n
-        self.flags = flags
         self.calls.append(((gx, gy, gz), stream, [bytes((ctypes.c_char * 8).from_address(args[i])) for i in range(nargs)]))
         return 0
 
@@ -236,8 +235,7 @@ def test_family_takes_the_generic_variant_when_a_hinted_pointer_is_misaligned(mo
         def __init__(self, key):
             self.key = key
 
-        def launch(self, grid, values, stream, pdl=False):
-            assert pdl == ("PDL=1|" in self.key), self.key  # PDL launches: exactly the PDL=1 cubins
+        def launch(self, grid, values, stream):
             ran.append(self.key.rsplit("|", 1)[-1])
 
     def kernel(arch, key):
@@ -261,70 +259,6 @@ def test_family_takes_the_generic_variant_when_a_hinted_pointer_is_misaligned(mo
     fam.launch("zero_tail_rows", (1, 1), [out_ok, offs, 4, 8, 7], consts, 4, 3, True, (9, 0), torch.device("cpu"))
     assert ran[-1] == "a16"  # ncols is not a hinted parameter: an odd value keeps the aligned variant
     assert fam.backend_counts()[("aot", "zero_tail_rows")] == 4
-
-
-def test_pdl_kernels_wait_for_their_predecessor_first():
-    """The invariant that makes a PDL launch safe (_kernels._pdl_entry): every kernel with a PDL constexpr runs
-    _pdl_entry(PDL) as its first statement (before any load, store or early return), and _pdl_entry lets the
-    dependents launch and waits on the previous grid (griddepcontrol) when PDL is set."""
-    import ast
-    import inspect
-
-    from tsct.kernels.triton_glu import _kernels as K
-
-    tree = ast.parse(inspect.getsource(K))
-    funcs = {n.name: n for n in tree.body if isinstance(n, ast.FunctionDef)}
-    pdl = sorted(k for k, info in specs.KERNELS.items() if "PDL" in info.constexprs)
-    assert {"route_rank", "route_place", "tile_cum", "glu_down_fwd", "glu_up_fwd", "combine_rows"} <= set(pdl)
-    for name in pdl:
-        body = funcs[name].body
-        if isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant):
-            body = body[1:]  # the docstring
-        assert ast.unparse(body[0]) == "_pdl_entry(PDL)", name
-        assert "PDL" in [a.arg for a in funcs[name].args.args], name
-    entry = ast.unparse(funcs["_pdl_entry"])
-    assert "if PDL:" in entry and "gdc_launch_dependents()" in entry and "gdc_wait()" in entry
-    for name, fn in funcs.items():  # no other kernel calls it (a PDL launch of one that does not wait would race)
-        if name not in pdl and name != "_pdl_entry":
-            assert "_pdl_entry" not in ast.unparse(fn), name
-
-
-def test_pdl_follows_capability_and_config(monkeypatch):
-    """Family.launch sets PDL=specs.pdl_compiled(cap) for the kernels that have it, and launches with the PDL
-    attribute only when PDL=1 and tsct.config.pdl; kernels without the constexpr never get it."""
-    from tsct import config
-
-    ran = []
-
-    class _K:
-        def __init__(self, key):
-            self.key = key
-
-        def launch(self, grid, values, stream, pdl=False):
-            ran.append((self.key.split("|")[2], pdl))
-
-    fam = launch.Family("test", specs, "tsct.kernels.triton_glu._kernels")
-    monkeypatch.setattr(aot, "artifact_arch", lambda cap: "sm_90a")
-    monkeypatch.setattr(aot, "kernel", lambda arch, key: _K(key))
-    monkeypatch.setattr(launch, "current_stream", lambda dev: 0)
-    monkeypatch.setenv("TSCT_TRITON_BACKEND", "aot")
-    out, offs = torch.zeros(32, dtype=torch.bfloat16), torch.zeros(4, dtype=torch.int32)
-    consts = dict(BM=64, BN=64)
-    cpu = torch.device("cpu")
-    for cap, flag, want in (((9, 0), True, ("BM=64,BN=64,PDL=1", True)), ((9, 0), False, ("BM=64,BN=64,PDL=1", False)),
-                            ((12, 0), True, ("BM=64,BN=64,PDL=1", True)), ((8, 9), True, ("BM=64,BN=64,PDL=0", False))):
-        monkeypatch.setattr(config, "pdl", flag)
-        fam.launch("zero_tail_rows", (1, 1), [out, offs, 4, 8, 8], consts, 4, 3, True, cap, cpu)
-        assert ran[-1] == want, (cap, flag)
-    assert consts == dict(BM=64, BN=64)  # the caller's dict is not changed
-    x = torch.zeros(64, dtype=torch.bfloat16)
-    fam.launch("glu_bwd_epi", (1,), [x, x, x, offs, None, None, None, x, x, None, None, None, 4, 16, 1, 16],
-               dict(HAS_SG=False, HAS_SU=False, HAS_RW=False, BM=64, BR=16), 8, 3, True, (9, 0), cpu)
-    assert ran[-1] == ("HAS_SG=0,HAS_SU=0,HAS_RW=0,BM=64,BR=16", False)  # no PDL constexpr: an ordinary launch
-    assert not specs.pdl_compiled((0, 0)) and not specs.pdl_compiled((8, 0)) and specs.pdl_compiled((9, 0))
-    for arch in ("sm_90a", "sm_100a", "sm_120"):  # every AOT arch compiles the PDL kernels with PDL=1
-        pdl_specs = [s for s in specs.enumerate_specs(arch) if "PDL" in dict(s.constexprs)]
-        assert pdl_specs and all(dict(s.constexprs)["PDL"] == 1 for s in pdl_specs), arch
 
 
 # ---- dry run of glu.py's host code on the CPU -----------------------------------------------------
@@ -360,8 +294,7 @@ def test_every_glu_launch_has_an_aot_variant(cap, monkeypatch):
 
     launched = []
 
-    def record(self, grid, values, stream, pdl=False):
-        assert pdl == ("PDL=1|" in self.entry["key"]), self.entry["key"]  # exactly the PDL=1 cubins
+    def record(self, grid, values, stream):
         assert len(values) == len(self.params) - 2
         assert all(int(g) >= 0 for g in grid)
         launched.append(self.entry["key"])

@@ -20,12 +20,12 @@
 extern "C" {
 #endif
 
-#define TSCT_ABI_VERSION 7 /* 2: the Triton AOT launcher (tsct_triton_*); 3: the grouped activation quantizer
+#define TSCT_ABI_VERSION 6 /* 2: the Triton AOT launcher (tsct_triton_*); 3: the grouped activation quantizer
                               (tsct_nvfp4_quantize_rows_grouped) and the sm_120 CuTeDSL entries (tsct_sm120_*);
                               4: the CUTLASS sm_120 grouped NVFP4 GEMM (tsct_cutlass_*);
                               5: the grouped GLU backward kernel tsct_glu_bwd_dz_bf16;
                               6: the low-bit grouped GLU projections tsct_glu_{down,up}_fwd_{nvfp4,sign};
-                              tsct_kernel_smem_bytes; 7: tsct_triton_launch's flags (TSCT_LAUNCH_PDL) */
+                              tsct_kernel_smem_bytes */
 
 /* The library is built with -fvisibility=hidden; only declarations marked TSCT_API are exported
  * (and csrc/exports.map lists the same names). */
@@ -229,13 +229,9 @@ TSCT_API int tsct_triton_load(const char* cache_key, const void* image, uint64_t
                               int num_params, unsigned shared_bytes, unsigned block_x, void** handle);
 /* Launch on `stream` (a cudaStream_t) of the current device: args[i] points at parameter i's value
  * (Triton's ABI: pointers as 8-byte device addresses, i32 as 4 bytes; NULL scratch pointers). A zero
- * grid dimension launches nothing and returns 0. Returns a cudaError_t from the launch, if any.
- * flags: 0 or TSCT_LAUNCH_PDL (programmatic dependent launch, sm_90+: the grid may begin before the
- * stream's previous kernel completes, so only for a kernel that executes griddepcontrol.wait before any
- * memory access and before any exit); other bits are TSCT_ERR_BAD_ARGUMENT. */
-#define TSCT_LAUNCH_PDL 1u
+ * grid dimension launches nothing and returns 0. Returns a cudaError_t from the launch, if any. */
 TSCT_API int tsct_triton_launch(void* handle, unsigned grid_x, unsigned grid_y, unsigned grid_z, void* stream,
-                                void** args, int num_args, unsigned flags);
+                                void** args, int num_args);
 /* Registers, max threads per block and local (spill) bytes of the kernel on the current device
  * (cudaFuncGetAttributes; also proves the device can load the cubin). */
 TSCT_API int tsct_triton_kernel_info(void* handle, int* num_regs, int* max_threads_per_block, int* local_bytes);

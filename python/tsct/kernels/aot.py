@@ -176,10 +176,8 @@ class AotKernel:
             self._handle = h
         return self._handle
 
-    def launch(self, grid: Sequence[int], values: Sequence[Any], stream: int, pdl: bool = False) -> None:
-        """Launch on ``stream``; ``pdl``: with programmatic dependent launch (only for a cubin compiled with
-        ``PDL=1``, whose programs wait for the previous grid before touching memory)."""
-        from tsct.native._loader import LAUNCH_PDL, error_message, get_lib
+    def launch(self, grid: Sequence[int], values: Sequence[Any], stream: int) -> None:
+        from tsct.native._loader import error_message, get_lib
 
         g = tuple(int(v) for v in grid) + (1,) * (3 - len(grid))
         if min(g) <= 0:
@@ -194,8 +192,7 @@ class AotKernel:
             except struct.error:
                 pack_args(self.params, values)  # raises OverflowError / TypeError naming the parameter
                 raise
-            rc = get_lib().tsct_triton_launch(handle, g[0], g[1], g[2], stream, self._slots, len(self.params),
-                                              LAUNCH_PDL if pdl else 0)
+            rc = get_lib().tsct_triton_launch(handle, g[0], g[1], g[2], stream, self._slots, len(self.params))
         if rc != 0:
             raise RuntimeError(error_message("tsct_triton_launch", rc))
 

@@ -31,8 +31,6 @@ from typing import Any, Callable, Optional, Sequence
 import torch
 from torch import Tensor
 
-from tsct import config
-
 BACKEND_ENV = "TSCT_TRITON_BACKEND"
 
 
@@ -107,8 +105,6 @@ class Family:
         self.specs = specs
         self.jit_module = jit_module
         self._resolved: dict[tuple, _Resolved] = {}
-        # kernels with a PDL constexpr (programmatic dependent launch: specs.pdl_compiled, _kernels._pdl_entry)
-        self._pdl = frozenset(k for k, info in specs.KERNELS.items() if "PDL" in info.constexprs)
         self._generation: tuple = ()  # (aot.generation, aot.kernel) the cache was built on
         self._lock = threading.Lock()
         self.counts: collections.Counter = collections.Counter()  # (backend, kernel) -> launches
@@ -139,18 +135,9 @@ class Family:
                aligned: bool, cap: tuple, device: torch.device) -> str:
         """Launch ``kernel`` on the current stream of ``device``; returns "aot" or "jit".
 
-        A kernel with a ``PDL`` constexpr gets it here (``specs.pdl_compiled(cap)``), and with PDL=1 and
-        ``tsct.config.pdl`` it is launched with programmatic dependent launch (the kernel waits for its
-        predecessor's grid itself, before touching memory).
-
         Raises RuntimeError when the AOT cubins have no variant for the launch and JIT is not allowed
         (``TSCT_TRITON_BACKEND=aot``) or Triton is not importable; ValueError for a bad backend name.
         """
-        pdl = False
-        if kernel in self._pdl:
-            pdl = self.specs.pdl_compiled(cap)
-            consts = {**consts, "PDL": pdl}
-            pdl = pdl and config.pdl
         mode = backend_mode()
         if mode != "jit":
             from tsct.kernels import aot
@@ -180,7 +167,7 @@ class Family:
                         res.k_generic = aot.kernel(arch, res.key_generic)
                     k = res.k_generic
                 if k is not None:
-                    k.launch(grid, values, current_stream(device), pdl)
+                    k.launch(grid, values, current_stream(device))
                     with self._lock:
                         self.counts[("aot", kernel)] += 1
                     return "aot"
@@ -194,9 +181,8 @@ class Family:
                                    + ("" if mode == "aot" else "; and Triton is not importable (JIT)"))
         K = importlib.import_module(self.jit_module)
         dummy = next(v for v in args if isinstance(v, Tensor))
-        extra = {"launch_pdl": True} if pdl else {}
         getattr(K, kernel)[grid](*[dummy if v is None else v for v in args], **consts, num_warps=num_warps,
-                                 num_stages=num_stages, **extra)
+                                 num_stages=num_stages)
         with self._lock:
             self.counts[("jit", kernel)] += 1
         return "jit"

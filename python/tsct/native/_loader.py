@@ -22,11 +22,9 @@ from typing import Any
 
 LIB_NAME = "libtsct_kernels.so"
 MANIFEST_NAME = "manifest.json"
-ABI_VERSION = 7  # 2: the Triton AOT launcher (tsct_triton_*); 3: tsct_nvfp4_quantize_rows_grouped, tsct_sm120_*;
+ABI_VERSION = 6  # 2: the Triton AOT launcher (tsct_triton_*); 3: tsct_nvfp4_quantize_rows_grouped, tsct_sm120_*;
 #                   4: the CUTLASS sm_120 grouped NVFP4 GEMM (tsct_cutlass_*); 5: tsct_glu_bwd_dz_bf16;
-#                   6: tsct_glu_{down,up}_fwd_{nvfp4,sign}, tsct_kernel_smem_bytes;
-#                   7: tsct_triton_launch's flags (LAUNCH_PDL)
-LAUNCH_PDL = 1  # tsct_triton_launch flag TSCT_LAUNCH_PDL (programmatic dependent launch)
+#                   6: tsct_glu_{down,up}_fwd_{nvfp4,sign}, tsct_kernel_smem_bytes
 ENV_VAR = "TSCT_NATIVE_LIB"
 
 # Name -> (restype, argtypes) of every entry point in csrc/include/tsct/tsct.h.
@@ -82,8 +80,7 @@ _SIGNATURES: dict[str, tuple[Any, list[Any]]] = {
     "tsct_triton_load": (c_int, [c_char_p, c_char_p, ctypes.c_uint64, c_char_p, c_int, ctypes.c_uint, ctypes.c_uint,
                                  ctypes.POINTER(c_void_p)]),
     # handle, grid_x, grid_y, grid_z, stream, args (void**), num_args
-    "tsct_triton_launch": (c_int, [c_void_p, ctypes.c_uint, ctypes.c_uint, ctypes.c_uint, c_void_p, c_void_p, c_int,
-                                   ctypes.c_uint]),
+    "tsct_triton_launch": (c_int, [c_void_p, ctypes.c_uint, ctypes.c_uint, ctypes.c_uint, c_void_p, c_void_p, c_int]),
     # handle, num_regs*, max_threads_per_block*, local_bytes*
     "tsct_triton_kernel_info": (c_int, [c_void_p, ctypes.POINTER(c_int), ctypes.POINTER(c_int), ctypes.POINTER(c_int)]),
     # CUTLASS sm_120 grouped NVFP4 GEMM (csrc/cutlass, tsct.kernels.sm120_fp4.cutlass_gemm): built*

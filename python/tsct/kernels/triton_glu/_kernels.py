@@ -31,20 +31,6 @@ import triton.language as tl
 
 
 @triton.jit
-def _pdl_entry(PDL: tl.constexpr):
-    """Programmatic dependent launch (PTX griddepcontrol, sm_90+; docs/decisions/0016-pdl.md). With PDL the
-    host may launch this grid before the stream's previous kernel has completed, so every program runs this
-    first, before any memory access and before any early return: it lets the next kernel begin launching (its
-    programs then wait here in turn), then waits until the previous grid has completed and its writes are
-    visible. A program that returned without waiting could let this grid complete before its predecessor,
-    and the kernel after it would no longer be ordered after that predecessor. Without PDL (an ordinary
-    launch, or PDL=0 for arches before sm_90 and Triton's interpreter) nothing is emitted or waited for."""
-    if PDL:
-        tl.extra.cuda.gdc_launch_dependents()
-        tl.extra.cuda.gdc_wait()
-
-
-@triton.jit
 def _expert_of_tile(cum_ptr, pid, E, BLOCK_E: tl.constexpr):
     """Expert owning row tile ``pid``: the number of experts whose inclusive tile count is <= pid."""
     cnt = pid * 0
@@ -136,12 +122,11 @@ def glu_down_fwd(
     E, d, r, stride_x,
     HAS_GATHER: tl.constexpr, HAS_SG: tl.constexpr, HAS_SU: tl.constexpr, HAS_RW: tl.constexpr,
     BWD: tl.constexpr,
-    BM: tl.constexpr, BR: tl.constexpr, BK: tl.constexpr, BLOCK_E: tl.constexpr, PDL: tl.constexpr,
+    BM: tl.constexpr, BR: tl.constexpr, BK: tl.constexpr, BLOCK_E: tl.constexpr,
 ):
     """z[rows, rank block] = silu(x Wg * sg) * (x Wu * su) for one (row tile, rank block).
     With BWD (the backward's recompute): also stores hg = x Wg and hu = x Wu (fp32, unscaled) and
     writes z * rw instead of z."""
-    _pdl_entry(PDL)
     pid = tl.program_id(0)
     pr = tl.program_id(1)
     e = _expert_of_tile(cum_ptr, pid, E, BLOCK_E)
@@ -191,7 +176,7 @@ def glu_up_fwd(
     E, r, f, ldy,
     HAS_RW: tl.constexpr, FSPLIT: tl.constexpr, SINGLE_K: tl.constexpr, VEC: tl.constexpr, Y_PAD: tl.constexpr,
     WD_T: tl.constexpr,
-    BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, BLOCK_E: tl.constexpr, PDL: tl.constexpr,
+    BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, BLOCK_E: tl.constexpr,
 ):
     """y[rows, :f] = (z Wd[e]) * rw for one row tile, over column blocks pn, pn + FSPLIT, ...
     (y has row stride ldy >= f). VEC (aligned launches): w_down rows read as shifted 8-byte words
@@ -200,7 +185,6 @@ def glu_up_fwd(
     WD_T (aligned launches): w_down is K-major, element (k, n) of expert e at
     e*r*f + n*r + k (the transpose of a contiguous [E, f, r], nn.Linear's layout): every column is r
     contiguous elements, so the tiles load as 16-byte vectors that Triton pipelines (cp.async)."""
-    _pdl_entry(PDL)
     pid = tl.program_id(0)
     pn = tl.program_id(1)
     e = _expert_of_tile(cum_ptr, pid, E, BLOCK_E)
@@ -276,11 +260,9 @@ def glu_up_fwd(
 
 
 @triton.jit
-def combine_rows(src_ptr, order_ptr, ptr_ptr, out_ptr, ncols, ld_src, SRC8: tl.constexpr, BN: tl.constexpr,
-                 PDL: tl.constexpr):
+def combine_rows(src_ptr, order_ptr, ptr_ptr, out_ptr, ncols, ld_src, SRC8: tl.constexpr, BN: tl.constexpr):
     """out[t, blk] = sum over j in [ptr[t], ptr[t+1]) of src[order[j], blk], in increasing j (fp32).
     SRC8: ld_src is a multiple of 8 and src's columns [ncols, ld_src) may be read (vector loads)."""
-    _pdl_entry(PDL)
     t = tl.program_id(0)
     pn = tl.program_id(1)
     lo = tl.load(ptr_ptr + t)
@@ -300,9 +282,8 @@ def combine_rows(src_ptr, order_ptr, ptr_ptr, out_ptr, ncols, ld_src, SRC8: tl.c
 
 
 @triton.jit
-def zero_tail_rows(out_ptr, offs_ptr, E, M, ncols, BM: tl.constexpr, BN: tl.constexpr, PDL: tl.constexpr):
+def zero_tail_rows(out_ptr, offs_ptr, E, M, ncols, BM: tl.constexpr, BN: tl.constexpr):
     """out[rows >= offs[E-1], :] = 0 (padding rows), for rows < M."""
-    _pdl_entry(PDL)
     pm = tl.program_id(0)
     pn = tl.program_id(1)
     start = tl.load(offs_ptr + E - 1)
@@ -316,12 +297,11 @@ def zero_tail_rows(out_ptr, offs_ptr, E, M, ncols, BM: tl.constexpr, BN: tl.cons
 
 @triton.jit
 def tile_cum(offs_ptr, cum_ptr, E, t0_ptr, t1_ptr, t2_ptr, M, W01, W2, BM: tl.constexpr, BLOCK: tl.constexpr,
-             ZERO: tl.constexpr, ZBLOCK: tl.constexpr, PDL: tl.constexpr):
+             ZERO: tl.constexpr, ZBLOCK: tl.constexpr):
     """cum[e] = sum over e' <= e of cdiv(m_e', BM), int32 (the forward tile map): program 0. One launch
     instead of the five small torch ops it replaces (host time per call).
     ZERO: programs 1.. also zero the rows at or past offs[E-1] of three [M, W] arrays of 16-bit words (W01 words
     per row for t0 and t1, W2 for t2: a saving forward's hg, hu, z * rw seen as words), in the same launch."""
-    _pdl_entry(PDL)
     pid = tl.program_id(0)
     if pid == 0:
         carry = tl.sum(tl.zeros((BLOCK,), dtype=tl.int32), axis=0)
@@ -371,12 +351,10 @@ def _imax(a, b):
 
 
 @triton.jit
-def route_rank(ids_ptr, srt_ptr, rank_ptr, hist_ptr, M, E, P, B: tl.constexpr, EBLK: tl.constexpr,
-               PDL: tl.constexpr):
+def route_rank(ids_ptr, srt_ptr, rank_ptr, hist_ptr, M, E, P, B: tl.constexpr, EBLK: tl.constexpr):
     """Chunk p (rows p*B ..): srt[p*B + q] = key * B + local row of the q-th row in (key, row) order, rank[p*B + q] =
     its rank among the chunk's rows of that key; hist[key, p] = the chunk's row count of each key (0 if none).
     Lanes past M get key E + 1: sorted last, counted nowhere."""
-    _pdl_entry(PDL)
     p = tl.program_id(0)
     q = tl.arange(0, B)
     i = p * B + q
@@ -402,11 +380,10 @@ def route_rank(ids_ptr, srt_ptr, rank_ptr, hist_ptr, M, E, P, B: tl.constexpr, E
 
 @triton.jit
 def route_place(srt_ptr, rank_ptr, hist_ptr, cum_ptr, order_ptr, token_ptr, offs_ptr, w_ptr, rw_ptr, M, E, P, K,
-                HAS_W: tl.constexpr, B: tl.constexpr, PDL: tl.constexpr):
+                HAS_W: tl.constexpr, B: tl.constexpr):
     """Row p*B + local of chunk p goes to position cum[key, p] - hist[key, p] + rank: order there = the row
     (its index in the flattened [T, K] ids), token = row // K, and with HAS_W rw = w[row] in fp32 (the router
     weight of the sorted row). offs[e] = cum[e, P - 1] (rows of experts <= e)."""
-    _pdl_entry(PDL)
     p = tl.program_id(0)
     q = tl.arange(0, B)
     base = p.to(tl.int64) * B

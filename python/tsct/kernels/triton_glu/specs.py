@@ -172,7 +172,7 @@ KERNELS: dict[str, KernelInfo] = {
     "glu_down_fwd": KernelInfo(
         params=("x_ptr", "gidx_ptr", "offs_ptr", "cum_ptr", "wg_ptr", "wu_ptr", "sg_ptr", "su_ptr", "z_ptr",
                 "hg_ptr", "hu_ptr", "rw_ptr", "E", "d", "r", "stride_x"),
-        constexprs=("HAS_GATHER", "HAS_SG", "HAS_SU", "HAS_RW", "BWD", "BM", "BR", "BK", "BLOCK_E", "PDL"),
+        constexprs=("HAS_GATHER", "HAS_SG", "HAS_SU", "HAS_RW", "BWD", "BM", "BR", "BK", "BLOCK_E"),
         ints=("E", "d", "r", "stride_x"),
         used_if={"gidx_ptr": "HAS_GATHER", "sg_ptr": "HAS_SG", "su_ptr": "HAS_SU", "hg_ptr": "BWD",
                  "hu_ptr": "BWD", "rw_ptr": ("BWD", "HAS_RW")},
@@ -180,28 +180,28 @@ KERNELS: dict[str, KernelInfo] = {
     ),
     "glu_up_fwd": KernelInfo(
         params=("z_ptr", "offs_ptr", "cum_ptr", "wd_ptr", "rw_ptr", "y_ptr", "E", "r", "f", "ldy"),
-        constexprs=("HAS_RW", "FSPLIT", "SINGLE_K", "VEC", "Y_PAD", "WD_T", "BM", "BN", "BK", "BLOCK_E", "PDL"),
+        constexprs=("HAS_RW", "FSPLIT", "SINGLE_K", "VEC", "Y_PAD", "WD_T", "BM", "BN", "BK", "BLOCK_E"),
         ints=("E", "r", "f", "ldy"),
         used_if={"rw_ptr": "HAS_RW"},
         hinted=("z_ptr", "wd_ptr", "y_ptr", "r"),
     ),
     "combine_rows": KernelInfo(
         params=("src_ptr", "order_ptr", "ptr_ptr", "out_ptr", "ncols", "ld_src"),
-        constexprs=("SRC8", "BN", "PDL"),
+        constexprs=("SRC8", "BN"),
         ints=("ncols", "ld_src"),
         used_if={},
         hinted=("src_ptr", "out_ptr"),
     ),
     "zero_tail_rows": KernelInfo(
         params=("out_ptr", "offs_ptr", "E", "M", "ncols"),
-        constexprs=("BM", "BN", "PDL"),
+        constexprs=("BM", "BN"),
         ints=("E", "M", "ncols"),
         used_if={},
         hinted=("out_ptr",),
     ),
     "tile_cum": KernelInfo(
         params=("offs_ptr", "cum_ptr", "E", "t0_ptr", "t1_ptr", "t2_ptr", "M", "W01", "W2"),
-        constexprs=("BM", "BLOCK", "ZERO", "ZBLOCK", "PDL"),
+        constexprs=("BM", "BLOCK", "ZERO", "ZBLOCK"),
         ints=("E", "M", "W01", "W2"),
         used_if={"t0_ptr": "ZERO", "t1_ptr": "ZERO", "t2_ptr": "ZERO"},
         hinted=(),
@@ -215,7 +215,7 @@ KERNELS: dict[str, KernelInfo] = {
     ),
     "route_rank": KernelInfo(
         params=("ids_ptr", "srt_ptr", "rank_ptr", "hist_ptr", "M", "E", "P"),
-        constexprs=("B", "EBLK", "PDL"),
+        constexprs=("B", "EBLK"),
         ints=("M", "E", "P"),
         used_if={},
         hinted=(),
@@ -223,7 +223,7 @@ KERNELS: dict[str, KernelInfo] = {
     "route_place": KernelInfo(
         params=("srt_ptr", "rank_ptr", "hist_ptr", "cum_ptr", "order_ptr", "token_ptr", "offs_ptr", "w_ptr", "rw_ptr",
                 "M", "E", "P", "K"),
-        constexprs=("HAS_W", "B", "PDL"),
+        constexprs=("HAS_W", "B"),
         ints=("M", "E", "P", "K"),
         used_if={"w_ptr": "HAS_W", "rw_ptr": "HAS_W"},
         hinted=(),
@@ -285,13 +285,6 @@ def key_file_stem(key: str) -> str:
 
 
 # ---- the host-side rules glu.py follows (shape -> constexprs) -------------------------------------
-
-def pdl_compiled(capability: tuple[int, int]) -> bool:
-    """The value of the ``PDL`` constexpr on a device of this compute capability: griddepcontrol (programmatic
-    dependent launch) is PTX for sm_90 and later; (0, 0) (Triton's interpreter) and older arches get PDL=0.
-    ``Family.launch`` sets it for every kernel that has the constexpr, so call sites never pass it."""
-    return tuple(capability) >= (9, 0)
-
 
 def next_pow2(n: int) -> int:
     return 1 if n <= 1 else 1 << (n - 1).bit_length()
@@ -393,8 +386,6 @@ _DXDW = ((True, False), (False, True), (True, True))
 def enumerate_specs(arch: str) -> Iterator[Spec]:
     """Every (kernel, specialization) glu.py can launch on ``arch`` with bf16/fp16 inputs."""
     cfg = CONFIGS[arch]
-    if not pdl_compiled((TARGET_CAPABILITY[arch] // 10, TARGET_CAPABILITY[arch] % 10)):
-        raise ValueError(f"{arch}: the AOT table compiles the PDL kernels with PDL=1 (griddepcontrol needs sm_90+)")
     if cfg.fsplit_up != 1:
         raise ValueError("the AOT table assumes fsplit_up == 1")
     seen = set()
@@ -411,7 +402,7 @@ def enumerate_specs(arch: str) -> Iterator[Spec]:
                          wu_ptr=D, sg_ptr="*fp32", su_ptr="*fp32", z_ptr=D, hg_ptr="*fp32" if bwd else D,
                          hu_ptr="*fp32" if bwd else D, rw_ptr="*fp32")
             consts = dict(HAS_GATHER=g is not None, HAS_SG=s, HAS_SU=s, HAS_RW=rw, BWD=bwd, BM=cfg.bm, BR=br,
-                          BK=cfg.bk, BLOCK_E=cfg.block_e, PDL=True)
+                          BK=cfg.bk, BLOCK_E=cfg.block_e)
             out.append(_spec("glu_down_fwd", types, consts, cfg.warps_down, cfg.stages_down, aligned))
         wd_ts = (False, True) if aligned else (False,)  # K-major w_down: aligned launches only
         for rw, (single, bk), ypad, wd_t in itertools.product((False, True), ups, (False, True), wd_ts):
@@ -419,32 +410,32 @@ def enumerate_specs(arch: str) -> Iterator[Spec]:
             vec = up_vec(cfg, aligned, wd_t)
             bn, warps, stages = up_tiles(cfg, vec, wd_t, bk)
             consts = dict(HAS_RW=rw, FSPLIT=1, SINGLE_K=single, VEC=vec, Y_PAD=ypad, WD_T=wd_t, BM=cfg.bm, BN=bn,
-                          BK=bk, BLOCK_E=cfg.block_e, PDL=True)
+                          BK=bk, BLOCK_E=cfg.block_e)
             out.append(_spec("glu_up_fwd", types, consts, warps, stages, aligned))
         if aligned:  # combine / zero-tail only ever see fresh (aligned) buffers
             for bn, src8 in itertools.product((256, 1024), (False, True)):
                 types = dict(src_ptr=D, order_ptr="*i64", ptr_ptr="*i64", out_ptr=D)
-                out.append(_spec("combine_rows", types, dict(SRC8=src8, BN=bn, PDL=True), cfg.warps_combine, 3, True))
+                out.append(_spec("combine_rows", types, dict(SRC8=src8, BN=bn), cfg.warps_combine, 3, True))
             out.append(_spec("zero_tail_rows", dict(out_ptr=D, offs_ptr="*i32"),
-                             dict(BM=ZERO_TAIL_BM, BN=ZERO_TAIL_BN, PDL=True), cfg.warps_zero, 3, True))
+                             dict(BM=ZERO_TAIL_BM, BN=ZERO_TAIL_BN), cfg.warps_zero, 3, True))
             if dt == DTYPES[0]:  # dtype-free helpers: once per arch
                 for zero in (False, True):  # ZERO: a saving forward's tails (glu._tile_cum)
                     out.append(_spec("tile_cum", dict(offs_ptr="*i32", cum_ptr="*i32", t0_ptr="*i16",
                                                       t1_ptr="*i16", t2_ptr="*i16"),
-                                     dict(BM=cfg.bm, BLOCK=TILE_CUM_BLOCK, ZERO=zero, ZBLOCK=TILE_CUM_ZBLOCK, PDL=True),
+                                     dict(BM=cfg.bm, BLOCK=TILE_CUM_BLOCK, ZERO=zero, ZBLOCK=TILE_CUM_ZBLOCK),
                                      4, 1, False))
                 for it, kt in itertools.product(("*i32", "*i64"), ("*i16", "*i32")):
                     out.append(_spec("csr_keys", dict(idx_ptr=it, offs_ptr="*i32", key_ptr=kt),
                                      dict(BLOCK=CSR_KEYS_BLOCK), 4, 1, False))
                 for it in ("*i32", "*i64"):
                     out.append(_spec("route_rank", dict(ids_ptr=it, srt_ptr="*i32", rank_ptr="*i32", hist_ptr="*i32"),
-                                     dict(B=ROUTE_B, EBLK=ROUTE_EBLK, PDL=True), ROUTE_WARPS, 1, False))
+                                     dict(B=ROUTE_B, EBLK=ROUTE_EBLK), ROUTE_WARPS, 1, False))
                 for wt in (None, "*bf16", "*fp16", "*fp32"):  # router weights gathered in the same launch
                     out.append(_spec("route_place", dict(srt_ptr="*i32", rank_ptr="*i32", hist_ptr="*i32",
                                                          cum_ptr="*i32", order_ptr="*i64", token_ptr="*i64",
                                                          offs_ptr="*i32", w_ptr=wt or UNUSED,
                                                          rw_ptr="*fp32" if wt else UNUSED),
-                                     dict(HAS_W=wt is not None, B=ROUTE_B, PDL=True), ROUTE_WARPS, 1, False))
+                                     dict(HAS_W=wt is not None, B=ROUTE_B), ROUTE_WARPS, 1, False))
         for sc, dwd, br, wd_t in itertools.product(IDX, (False, True), brs, wd_ts):
             types = dict(dy_ptr=D, sidx_ptr=f"*{sc}" if sc else UNUSED, offs_ptr="*i32", wd_ptr=D, zw_ptr=D,
                          part_ptr="*fp32", dwd_ptr=D)
