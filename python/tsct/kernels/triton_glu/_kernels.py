@@ -260,25 +260,41 @@ def glu_up_fwd(
 
 
 @triton.jit
-def combine_rows(src_ptr, order_ptr, ptr_ptr, out_ptr, ncols, ld_src, SRC8: tl.constexpr, BN: tl.constexpr):
-    """out[t, blk] = sum over j in [ptr[t], ptr[t+1]) of src[order[j], blk], in increasing j (fp32).
-    SRC8: ld_src is a multiple of 8 and src's columns [ncols, ld_src) may be read (vector loads)."""
+def combine_rows(src_ptr, order_ptr, ptr_ptr, out_ptr, ncols, ld_src, SRC8: tl.constexpr, BN: tl.constexpr,
+                 NB: tl.constexpr):
+    """out[t, blk] = sum over j in [ptr[t], ptr[t+1]) of src[order[j], blk], in increasing j (fp32), for the NB
+    column blocks of BN columns of program (t, pn) (at b1 one program covers a whole row of f = 5461).
+    SRC8: ld_src is a multiple of 8 and src's columns [ncols, ld_src) may be read (vector loads).
+    The first two rows' indices, then their values, are loaded together (top-2: one dependent chain ptr ->
+    order -> src per program instead of two), later rows one by one. The sum is the sequential one bit for
+    bit: acc starts as 0 + src[order[lo]] (exact, and never -0.0), and a masked-off second row adds +0.0."""
     t = tl.program_id(0)
     pn = tl.program_id(1)
     lo = tl.load(ptr_ptr + t)
     hi = tl.load(ptr_ptr + t + 1)
-    cols = pn * BN + tl.arange(0, BN)
-    cmask = cols < ncols
+    has0 = lo < hi
+    has1 = lo + 1 < hi
+    r0 = tl.load(order_ptr + lo, mask=has0, other=0).to(tl.int64)
+    r1 = tl.load(order_ptr + lo + 1, mask=has1, other=0).to(tl.int64)
+    # the target's row count in every lane (Triton's interpreter rejects a scalar bool in a load mask)
+    n = tl.zeros((BN,), dtype=tl.int32) + (hi - lo).to(tl.int32)
     if SRC8:
         ld_src = (ld_src // 8) * 8  # == ld_src; lets Triton see the multiple of 8
-        lmask = cols < ld_src
-    else:
-        lmask = cmask
-    acc = tl.zeros((BN,), dtype=tl.float32)
-    for j in range(lo, hi):
-        row = tl.load(order_ptr + j).to(tl.int64)
-        acc += tl.load(src_ptr + row * ld_src + cols, mask=lmask, other=0.0).to(tl.float32)
-    tl.store(out_ptr + t.to(tl.int64) * ncols + cols, acc.to(out_ptr.dtype.element_ty), mask=cmask)
+    for b in tl.static_range(NB):
+        cols = (pn * NB + b) * BN + tl.arange(0, BN)
+        cmask = cols < ncols
+        if SRC8:
+            lmask = cols < ld_src
+        else:
+            lmask = cmask
+        v0 = tl.load(src_ptr + r0 * ld_src + cols, mask=lmask & (n > 0), other=0.0).to(tl.float32)
+        v1 = tl.load(src_ptr + r1 * ld_src + cols, mask=lmask & (n > 1), other=0.0).to(tl.float32)
+        acc = tl.zeros((BN,), dtype=tl.float32) + v0
+        acc += v1
+        for j in range(lo + 2, hi):
+            row = tl.load(order_ptr + j).to(tl.int64)
+            acc += tl.load(src_ptr + row * ld_src + cols, mask=lmask, other=0.0).to(tl.float32)
+        tl.store(out_ptr + t.to(tl.int64) * ncols + cols, acc.to(out_ptr.dtype.element_ty), mask=cmask)
 
 
 @triton.jit

@@ -305,10 +305,9 @@ def _combine(src: Tensor, idx: Tensor, offs: Tensor, n_out: int, cfg: Config, ca
     if n_out == 0 or ncols == 0:
         return out
     order, ptr = build_csr(idx, offs, m, n_out, cap) if csr is None else csr
-    bn = specs.combine_bn(ncols)
-    _launch("combine_rows", (n_out, _cdiv(ncols, bn)), [src, order, ptr, out, ncols, ld],
-            dict(SRC8=ld % 8 == 0, BN=bn),
-            cfg.warps_combine, 3, True, cap, src.device)
+    bn, nb, warps = specs.combine_tile(cfg, ncols)
+    _launch("combine_rows", (n_out, _cdiv(ncols, bn * nb)), [src, order, ptr, out, ncols, ld],
+            dict(SRC8=ld % 8 == 0, BN=bn, NB=nb), warps, 3, True, cap, src.device)
     return out
 
 

@@ -55,7 +55,11 @@ class Config:
     warps_bwd_dz: int = 4
     warps_bwd_epi: int = 8
     warps_bwd_dxdw: int = 4
-    warps_combine: int = 1   # one warp per (target, 1024 columns): more programs in flight (H200 sweep)
+    # combine_rows past 256 columns: BN columns x NB blocks per program (one program per target row up to 6144
+    # columns: fewer dependent index loads; H200 sweep of session 13, bench/notes.md)
+    bn_combine: int = 2048
+    nb_combine: int = 3
+    warps_combine: int = 4
     warps_zero: int = 4
     stages_down: int = 3
     stages_up: int = 3
@@ -145,7 +149,7 @@ CONFIGS: dict[str, Config] = {
     # ~99 KB of shared memory per block: fewer stages. Every field the H200 sweep of session 5 changed
     # stays at its previous value here (nothing has been timed on an sm_120 card; bench/notes.md "v8")
     "sm_120": Config(stages_down=2, stages_up=2, bn_up_t=128, warps_up_t=4, stages_up_t=2, stages_dz_t=2, fs_bwd=8,
-                     warps_combine=4, stages_bwd_dxdw=1, warps_up_lb=8, stages_down_lb=2, stages_dxdw_lb=1,
+                     stages_bwd_dxdw=1, warps_up_lb=8, stages_down_lb=2, stages_dxdw_lb=1,
                      ndb_dxdw_lb=1),
 }
 DEFAULT_ARCH_CONFIG = "sm_90a"  # JIT on any other arch (sm_80, ...) uses these tiles
@@ -187,7 +191,7 @@ KERNELS: dict[str, KernelInfo] = {
     ),
     "combine_rows": KernelInfo(
         params=("src_ptr", "order_ptr", "ptr_ptr", "out_ptr", "ncols", "ld_src"),
-        constexprs=("SRC8", "BN"),
+        constexprs=("SRC8", "BN", "NB"),
         ints=("ncols", "ld_src"),
         used_if={},
         hinted=("src_ptr", "out_ptr"),
@@ -331,8 +335,12 @@ def dz_warps_stages(cfg: Config, vec: bool, wd_t: bool = False) -> tuple[int, in
     return (cfg.warps_dz_vec, cfg.stages_dz_vec) if vec else (cfg.warps_bwd_dz, cfg.stages_bwd_dz)
 
 
-def combine_bn(ncols: int) -> int:
-    return 256 if ncols <= 256 else 1024
+def combine_tile(cfg: Config, ncols: int) -> tuple[int, int, int]:
+    """(BN, NB, num_warps) of combine_rows: up to 256 columns one block of 256 (one warp), else the config's wide
+    tile (program (t, pn) sums columns [pn * BN * NB, (pn + 1) * BN * NB) of target t)."""
+    if ncols <= 256:
+        return 256, 1, 1
+    return cfg.bn_combine, cfg.nb_combine, cfg.warps_combine
 
 
 ZERO_TAIL_BM, ZERO_TAIL_BN = 32, 256
@@ -413,9 +421,10 @@ def enumerate_specs(arch: str) -> Iterator[Spec]:
                           BK=bk, BLOCK_E=cfg.block_e)
             out.append(_spec("glu_up_fwd", types, consts, warps, stages, aligned))
         if aligned:  # combine / zero-tail only ever see fresh (aligned) buffers
-            for bn, src8 in itertools.product((256, 1024), (False, True)):
+            for ncols, src8 in itertools.product((1, 257), (False, True)):
+                bn, nb, warps = combine_tile(cfg, ncols)
                 types = dict(src_ptr=D, order_ptr="*i64", ptr_ptr="*i64", out_ptr=D)
-                out.append(_spec("combine_rows", types, dict(SRC8=src8, BN=bn), cfg.warps_combine, 3, True))
+                out.append(_spec("combine_rows", types, dict(SRC8=src8, BN=bn, NB=nb), warps, 3, True))
             out.append(_spec("zero_tail_rows", dict(out_ptr=D, offs_ptr="*i32"),
                              dict(BM=ZERO_TAIL_BM, BN=ZERO_TAIL_BN), cfg.warps_zero, 3, True))
             if dt == DTYPES[0]:  # dtype-free helpers: once per arch
