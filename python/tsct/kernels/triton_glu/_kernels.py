@@ -42,6 +42,30 @@ def _expert_of_tile(cum_ptr, pid, E, BLOCK_E: tl.constexpr):
 
 
 @triton.jit
+def _tile_of_offs(offs_ptr, cum_ptr, pid, E, WRITE, BM: tl.constexpr, BLOCK_E: tl.constexpr):
+    """(expert owning row tile ``pid``, row tiles of the experts before it), computed from ``offs`` itself: the
+    tile map ``tile_cum`` builds (inclusive count of row tiles per expert), formed in registers. WRITE: also
+    store that map to ``cum_ptr`` (one program does, for the kernels after this one)."""
+    cnt = pid * 0
+    before = pid * 0
+    carry = pid * 0
+    for start in range(0, E, BLOCK_E):
+        idx = start + tl.arange(0, BLOCK_E)
+        m = idx < E
+        hi = tl.load(offs_ptr + idx, mask=m, other=0)
+        lo = tl.load(offs_ptr + idx - 1, mask=m & (idx > 0), other=0)
+        n = tl.where(m, (hi - lo + BM - 1) // BM, 0)
+        c = tl.cumsum(n, axis=0) + carry
+        if WRITE:
+            tl.store(cum_ptr + idx, c, mask=m)
+        past = m & (c <= pid)  # the experts whose tiles all come before tile pid
+        cnt += tl.sum(past.to(tl.int32), axis=0)
+        before += tl.sum(tl.where(past, n, 0), axis=0)
+        carry += tl.sum(n, axis=0)
+    return cnt, before
+
+
+@triton.jit
 def _expert_bounds(offs_ptr, e):
     lo = tl.load(offs_ptr + e - 1, mask=e > 0, other=0)
     hi = tl.load(offs_ptr + e)
@@ -121,19 +145,24 @@ def glu_down_fwd(
     x_ptr, gidx_ptr, offs_ptr, cum_ptr, wg_ptr, wu_ptr, sg_ptr, su_ptr, z_ptr, hg_ptr, hu_ptr, rw_ptr,
     E, d, r, stride_x,
     HAS_GATHER: tl.constexpr, HAS_SG: tl.constexpr, HAS_SU: tl.constexpr, HAS_RW: tl.constexpr,
-    BWD: tl.constexpr,
+    BWD: tl.constexpr, MAP: tl.constexpr,
     BM: tl.constexpr, BR: tl.constexpr, BK: tl.constexpr, BLOCK_E: tl.constexpr,
 ):
     """z[rows, rank block] = silu(x Wg * sg) * (x Wu * su) for one (row tile, rank block).
     With BWD (the backward's recompute): also stores hg = x Wg and hu = x Wu (fp32, unscaled) and
-    writes z * rw instead of z."""
+    writes z * rw instead of z.
+    MAP: cum_ptr is written, not read: every program forms the tile map from offs (``_tile_of_offs``) and
+    program (0, 0) stores it for the up kernel (one launch fewer than ``tile_cum`` + this kernel)."""
     pid = tl.program_id(0)
     pr = tl.program_id(1)
-    e = _expert_of_tile(cum_ptr, pid, E, BLOCK_E)
+    if MAP:
+        e, tiles_before = _tile_of_offs(offs_ptr, cum_ptr, pid, E, (pid == 0) & (pr == 0), BM, BLOCK_E)
+    else:
+        e = _expert_of_tile(cum_ptr, pid, E, BLOCK_E)
+        tiles_before = tl.load(cum_ptr + e - 1, mask=e > 0, other=0)  # e <= E: in bounds
     if e >= E:
         return
     lo, hi = _expert_bounds(offs_ptr, e)
-    tiles_before = tl.load(cum_ptr + e - 1, mask=e > 0, other=0)
     rows = lo + (pid - tiles_before) * BM + tl.arange(0, BM)
     rmask = rows < hi
     src = _row_index(gidx_ptr, rows, rmask, HAS_GATHER)

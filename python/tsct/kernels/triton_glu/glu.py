@@ -465,15 +465,15 @@ def _forward(
             _launch("glu_down_fwd", (max_tiles, _cdiv(r, br)),
                     [x, gidx, offs, cum, w_gate, w_up, sg, su, z, hg, hu, rw, e, d, r, x.stride(0)],
                     dict(HAS_GATHER=gidx is not None, HAS_SG=has_s, HAS_SU=has_s, HAS_RW=rw is not None, BWD=True,
-                         BM=bm, BR=br, BK=bk, BLOCK_E=cfg.block_e),
+                         MAP=False, BM=bm, BR=br, BK=bk, BLOCK_E=cfg.block_e),
                     cfg.warps_down, cfg.stages_down, al, cap, dev)
             rw = None  # already in z
         else:
-            cum = _tile_cum(offs, bm, cap)
+            cum = torch.empty(e, device=dev, dtype=torch.int32)  # the tile map: written by the down kernel (MAP)
             _launch("glu_down_fwd", (max_tiles, _cdiv(r, br)),
                     [x, gidx, offs, cum, w_gate, w_up, sg, su, z, None, None, None, e, d, r, x.stride(0)],
-                    dict(HAS_GATHER=gidx is not None, HAS_SG=has_s, HAS_SU=has_s, HAS_RW=False, BWD=False, BM=bm,
-                         BR=br, BK=bk, BLOCK_E=cfg.block_e),
+                    dict(HAS_GATHER=gidx is not None, HAS_SG=has_s, HAS_SU=has_s, HAS_RW=False, BWD=False, MAP=True,
+                         BM=bm, BR=br, BK=bk, BLOCK_E=cfg.block_e),
                     cfg.warps_down, cfg.stages_down, al, cap, dev)
         single_k, bk_up = specs.up_k(cfg, r, al)
         vec_up = specs.up_vec(cfg, al, wd_t, dtype.itemsize)
@@ -558,7 +558,7 @@ def grouped_glu_backward(
         _launch("glu_down_fwd", (max_tiles, nrb),
                 [x, gidx, offs, cum, w_gate, w_up, sg, su, zw, hg, hu, rw, e, d, r, x.stride(0)],
                 dict(HAS_GATHER=gidx is not None, HAS_SG=has_s, HAS_SU=has_s, HAS_RW=rw is not None, BWD=True,
-                     BM=bm, BR=br, BK=bk, BLOCK_E=cfg.block_e),
+                     MAP=False, BM=bm, BR=br, BK=bk, BLOCK_E=cfg.block_e),
                 cfg.warps_down, cfg.stages_down, al, cap, dev)
     # 2. dz0 partials over f slices (and dWd): the CUDA kernel where the config enables it and the
     # launch fits it, else one Triton program per (expert, rank block, f slice)
