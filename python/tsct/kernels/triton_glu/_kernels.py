@@ -43,9 +43,9 @@ def _expert_of_tile(cum_ptr, pid, E, BLOCK_E: tl.constexpr):
 
 @triton.jit
 def _tile_of_offs(offs_ptr, cum_ptr, pid, E, WRITE, BM: tl.constexpr, BLOCK_E: tl.constexpr):
-    """(expert owning row tile ``pid``, row tiles of the experts before it), computed from ``offs`` itself: the
-    tile map ``tile_cum`` builds (inclusive count of row tiles per expert), formed in registers. WRITE: also
-    store that map to ``cum_ptr`` (one program does, for the kernels after this one)."""
+    """(expert owning row tile ``pid``, row tiles of the experts before it, row tiles in all), computed from ``offs``
+    itself: the tile map ``tile_cum`` builds (inclusive count of row tiles per expert), formed in registers.
+    WRITE: also store that map to ``cum_ptr`` (one program does, for the kernels after this one)."""
     cnt = pid * 0
     before = pid * 0
     carry = pid * 0
@@ -62,7 +62,24 @@ def _tile_of_offs(offs_ptr, cum_ptr, pid, E, WRITE, BM: tl.constexpr, BLOCK_E: t
         cnt += tl.sum(past.to(tl.int32), axis=0)
         before += tl.sum(tl.where(past, n, 0), axis=0)
         carry += tl.sum(n, axis=0)
-    return cnt, before
+    return cnt, before, carry
+
+
+@triton.jit
+def _zero_padding_rows(offs_ptr, hg_ptr, hu_ptr, z_ptr, E, M, r, cols, cmask, s, n_spare, BM: tl.constexpr,
+                       BR: tl.constexpr):
+    """Rows [offs[E-1], M) of hg, hu (fp32) and z set to 0 in this program's rank block (a saving forward's
+    outputs are op outputs: defined on every row). Spare program s of n_spare (the grid's programs past the last
+    row tile; there is at least one, as cdiv(M, BM) + E exceeds the tile count) takes row tiles s, s + n_spare..."""
+    start = tl.maximum(tl.load(offs_ptr + E - 1), 0)
+    zero = tl.zeros((BM, BR), dtype=tl.float32)
+    for row0 in range(start + s * BM, M, n_spare * BM):
+        rows = row0 + tl.arange(0, BM)
+        mask = (rows < M)[:, None] & cmask[None, :]
+        off = rows.to(tl.int64)[:, None] * r + cols[None, :]
+        tl.store(hg_ptr + off, zero, mask=mask)
+        tl.store(hu_ptr + off, zero, mask=mask)
+        tl.store(z_ptr + off, zero.to(z_ptr.dtype.element_ty), mask=mask)
 
 
 @triton.jit
@@ -143,31 +160,30 @@ def _ld_rows(ptr, start, valid, rmask, BN: tl.constexpr):
 @triton.jit
 def glu_down_fwd(
     x_ptr, gidx_ptr, offs_ptr, cum_ptr, wg_ptr, wu_ptr, sg_ptr, su_ptr, z_ptr, hg_ptr, hu_ptr, rw_ptr,
-    E, d, r, stride_x,
+    E, M, d, r, stride_x,
     HAS_GATHER: tl.constexpr, HAS_SG: tl.constexpr, HAS_SU: tl.constexpr, HAS_RW: tl.constexpr,
-    BWD: tl.constexpr, MAP: tl.constexpr,
+    BWD: tl.constexpr,
     BM: tl.constexpr, BR: tl.constexpr, BK: tl.constexpr, BLOCK_E: tl.constexpr,
 ):
     """z[rows, rank block] = silu(x Wg * sg) * (x Wu * su) for one (row tile, rank block).
-    With BWD (the backward's recompute): also stores hg = x Wg and hu = x Wu (fp32, unscaled) and
-    writes z * rw instead of z.
-    MAP: cum_ptr is written, not read: every program forms the tile map from offs (``_tile_of_offs``) and
-    program (0, 0) stores it for the up kernel (one launch fewer than ``tile_cum`` + this kernel)."""
+    With BWD (the saving forward, the backward's recompute): also stores hg = x Wg and hu = x Wu (fp32,
+    unscaled), writes z * rw instead of z, and the programs past the last row tile zero the M - offs[E-1]
+    padding rows of all three. The tile map: every program forms it from offs (``_tile_of_offs``) and program
+    (0, 0) writes it to cum_ptr for the up kernel (no ``tile_cum`` launch before this one)."""
     pid = tl.program_id(0)
     pr = tl.program_id(1)
-    if MAP:
-        e, tiles_before = _tile_of_offs(offs_ptr, cum_ptr, pid, E, (pid == 0) & (pr == 0), BM, BLOCK_E)
-    else:
-        e = _expert_of_tile(cum_ptr, pid, E, BLOCK_E)
-        tiles_before = tl.load(cum_ptr + e - 1, mask=e > 0, other=0)  # e <= E: in bounds
+    e, tiles_before, n_tiles = _tile_of_offs(offs_ptr, cum_ptr, pid, E, (pid == 0) & (pr == 0), BM, BLOCK_E)
+    cols = pr * BR + tl.arange(0, BR)
+    cmask = cols < r
     if e >= E:
+        if BWD:
+            _zero_padding_rows(offs_ptr, hg_ptr, hu_ptr, z_ptr, E, M, r, cols, cmask, pid - n_tiles,
+                               tl.num_programs(0) - n_tiles, BM, BR)
         return
     lo, hi = _expert_bounds(offs_ptr, e)
     rows = lo + (pid - tiles_before) * BM + tl.arange(0, BM)
     rmask = rows < hi
     src = _row_index(gidx_ptr, rows, rmask, HAS_GATHER)
-    cols = pr * BR + tl.arange(0, BR)
-    cmask = cols < r
     ks = tl.arange(0, BK)
     x_row = src * stride_x                                   # int64 [BM]
     w_tile = ks[:, None] * r + cols[None, :]                 # int32 [BK, BR], loop-invariant

@@ -456,25 +456,20 @@ def _forward(
 
     with csr_overlap(scatter_idx, offs, m, n_out, cap) as pending:  # the combine's CSR beside the projections
         z = torch.empty(m, r, device=dev, dtype=dtype)
+        cum = torch.empty(e, device=dev, dtype=torch.int32)  # the tile map: written by the down kernel
+        hg = hu = None
         saved: list[Tensor] = []
-        if save:  # the backward's recompute, done here: hg, hu (fp32) and z * rw
+        if save:  # the backward's recompute, done here: hg, hu (fp32) and z * rw, padding rows zeroed
             hg = torch.empty(m, r, device=dev, dtype=torch.float32)
             hu = torch.empty(m, r, device=dev, dtype=torch.float32)
             saved = [hg, hu, z]
-            cum = zero_saved_tails(saved, offs, bm, cap)  # op outputs: padding rows defined
-            _launch("glu_down_fwd", (max_tiles, _cdiv(r, br)),
-                    [x, gidx, offs, cum, w_gate, w_up, sg, su, z, hg, hu, rw, e, d, r, x.stride(0)],
-                    dict(HAS_GATHER=gidx is not None, HAS_SG=has_s, HAS_SU=has_s, HAS_RW=rw is not None, BWD=True,
-                         MAP=False, BM=bm, BR=br, BK=bk, BLOCK_E=cfg.block_e),
-                    cfg.warps_down, cfg.stages_down, al, cap, dev)
+        _launch("glu_down_fwd", (max_tiles, _cdiv(r, br)),
+                [x, gidx, offs, cum, w_gate, w_up, sg, su, z, hg, hu, rw if save else None, e, m, d, r, x.stride(0)],
+                dict(HAS_GATHER=gidx is not None, HAS_SG=has_s, HAS_SU=has_s, HAS_RW=save and rw is not None, BWD=save,
+                     BM=bm, BR=br, BK=bk, BLOCK_E=cfg.block_e),
+                cfg.warps_down, cfg.stages_down, al, cap, dev)
+        if save:
             rw = None  # already in z
-        else:
-            cum = torch.empty(e, device=dev, dtype=torch.int32)  # the tile map: written by the down kernel (MAP)
-            _launch("glu_down_fwd", (max_tiles, _cdiv(r, br)),
-                    [x, gidx, offs, cum, w_gate, w_up, sg, su, z, None, None, None, e, d, r, x.stride(0)],
-                    dict(HAS_GATHER=gidx is not None, HAS_SG=has_s, HAS_SU=has_s, HAS_RW=False, BWD=False, MAP=True,
-                         BM=bm, BR=br, BK=bk, BLOCK_E=cfg.block_e),
-                    cfg.warps_down, cfg.stages_down, al, cap, dev)
         single_k, bk_up = specs.up_k(cfg, r, al)
         vec_up = specs.up_vec(cfg, al, wd_t, dtype.itemsize)
         bn, warps_up, stages_up = specs.up_tiles(cfg, vec_up, wd_t, bk_up)
@@ -550,15 +545,15 @@ def grouped_glu_backward(
     if saved:
         hg, hu, zw = saved[:3]
     else:  # 1. recompute hg, hu (fp32) and z*rw (x.dtype): the forward's down kernel in backward mode
-        cum = _tile_cum(offs, bm, cap)
+        cum = torch.empty(e, device=dev, dtype=torch.int32)  # written by the kernel, not read after it
         max_tiles = _cdiv(m, bm) + e
         hg = torch.empty(m, r, device=dev, dtype=torch.float32)
         hu = torch.empty(m, r, device=dev, dtype=torch.float32)
         zw = torch.empty(m, r, device=dev, dtype=dtype)
         _launch("glu_down_fwd", (max_tiles, nrb),
-                [x, gidx, offs, cum, w_gate, w_up, sg, su, zw, hg, hu, rw, e, d, r, x.stride(0)],
+                [x, gidx, offs, cum, w_gate, w_up, sg, su, zw, hg, hu, rw, e, m, d, r, x.stride(0)],
                 dict(HAS_GATHER=gidx is not None, HAS_SG=has_s, HAS_SU=has_s, HAS_RW=rw is not None, BWD=True,
-                     MAP=False, BM=bm, BR=br, BK=bk, BLOCK_E=cfg.block_e),
+                     BM=bm, BR=br, BK=bk, BLOCK_E=cfg.block_e),
                 cfg.warps_down, cfg.stages_down, al, cap, dev)
     # 2. dz0 partials over f slices (and dWd): the CUDA kernel where the config enables it and the
     # launch fits it, else one Triton program per (expert, rank block, f slice)

@@ -175,9 +175,9 @@ class KernelInfo:
 KERNELS: dict[str, KernelInfo] = {
     "glu_down_fwd": KernelInfo(
         params=("x_ptr", "gidx_ptr", "offs_ptr", "cum_ptr", "wg_ptr", "wu_ptr", "sg_ptr", "su_ptr", "z_ptr",
-                "hg_ptr", "hu_ptr", "rw_ptr", "E", "d", "r", "stride_x"),
-        constexprs=("HAS_GATHER", "HAS_SG", "HAS_SU", "HAS_RW", "BWD", "MAP", "BM", "BR", "BK", "BLOCK_E"),
-        ints=("E", "d", "r", "stride_x"),
+                "hg_ptr", "hu_ptr", "rw_ptr", "E", "M", "d", "r", "stride_x"),
+        constexprs=("HAS_GATHER", "HAS_SG", "HAS_SU", "HAS_RW", "BWD", "BM", "BR", "BK", "BLOCK_E"),
+        ints=("E", "M", "d", "r", "stride_x"),
         used_if={"gidx_ptr": "HAS_GATHER", "sg_ptr": "HAS_SG", "su_ptr": "HAS_SU", "hg_ptr": "BWD",
                  "hu_ptr": "BWD", "rw_ptr": ("BWD", "HAS_RW")},
         hinted=("x_ptr", "wg_ptr", "wu_ptr", "z_ptr", "hg_ptr", "hu_ptr", "d", "r", "stride_x"),
@@ -409,10 +409,8 @@ def enumerate_specs(arch: str) -> Iterator[Spec]:
             types = dict(x_ptr=D, gidx_ptr=f"*{g}" if g else UNUSED, offs_ptr="*i32", cum_ptr="*i32", wg_ptr=D,
                          wu_ptr=D, sg_ptr="*fp32", su_ptr="*fp32", z_ptr=D, hg_ptr="*fp32" if bwd else D,
                          hu_ptr="*fp32" if bwd else D, rw_ptr="*fp32")
-            # MAP: the plain forward forms the tile map in the kernel; the saving one gets it from tile_cum (which
-            # also zeroes the saved tensors' padding rows)
-            consts = dict(HAS_GATHER=g is not None, HAS_SG=s, HAS_SU=s, HAS_RW=rw, BWD=bwd, MAP=not bwd, BM=cfg.bm,
-                          BR=br, BK=cfg.bk, BLOCK_E=cfg.block_e)
+            consts = dict(HAS_GATHER=g is not None, HAS_SG=s, HAS_SU=s, HAS_RW=rw, BWD=bwd, BM=cfg.bm, BR=br,
+                          BK=cfg.bk, BLOCK_E=cfg.block_e)
             out.append(_spec("glu_down_fwd", types, consts, cfg.warps_down, cfg.stages_down, aligned))
         wd_ts = (False, True) if aligned else (False,)  # K-major w_down: aligned launches only
         for rw, (single, bk), ypad, wd_t in itertools.product((False, True), ups, (False, True), wd_ts):
