@@ -9,8 +9,9 @@ expert e owns rows [offs[e-1], offs[e]). For row i of expert e:
 
 Schedules (no host reads of offs; every grid is sized by an upper bound):
   forward kernels   one program per (expert, row tile of BM rows): the tile map is ``cum`` (the
-                    inclusive cumulative count of row tiles per expert); a program finds its expert
-                    by counting ``cum <= pid`` and exits if pid is past the last tile. Grid =
+                    inclusive cumulative count of row tiles per expert; the down kernel's programs form
+                    it from offs and one writes it for the up kernel); a program finds its expert by
+                    counting ``cum <= pid`` and exits if pid is past the last tile. Grid =
                     cdiv(M, BM) + E tiles, an upper bound of sum_e cdiv(m_e, BM).
   backward kernels  one program per expert (times a rank block or a d block), looping over the
                     expert's row tiles: per-expert reductions (dW, ds) stay in one program, in a
