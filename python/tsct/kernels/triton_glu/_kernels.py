@@ -366,15 +366,7 @@ def tile_cum(offs_ptr, cum_ptr, E, t0_ptr, t1_ptr, t2_ptr, M, W01, W2, BM: tl.co
     per row for t0 and t1, W2 for t2: a saving forward's hg, hu, z * rw seen as words), in the same launch."""
     pid = tl.program_id(0)
     if pid == 0:
-        carry = tl.sum(tl.zeros((BLOCK,), dtype=tl.int32), axis=0)
-        for start in range(0, E, BLOCK):
-            idx = start + tl.arange(0, BLOCK)
-            m = idx < E
-            hi = tl.load(offs_ptr + idx, mask=m, other=0)
-            lo = tl.load(offs_ptr + idx - 1, mask=m & (idx > 0), other=0)
-            n = tl.where(m, (hi - lo + BM - 1) // BM, 0)
-            tl.store(cum_ptr + idx, tl.cumsum(n, axis=0) + carry, mask=m)
-            carry += tl.sum(n, axis=0)
+        _tile_of_offs(offs_ptr, cum_ptr, pid, E, True, BM, BLOCK)  # writes the map (its results are not needed)
     if ZERO:
         if pid > 0:
             start_row = tl.maximum(tl.load(offs_ptr + E - 1), 0).to(tl.int64)  # never before the tensors
