@@ -135,7 +135,7 @@ def check_saved_csr() -> bool:
 
 def check_experts_past_one_block() -> bool:
     """More experts than BLOCK_E (the step of the kernels' scans over experts): the down kernel's tile map formed
-    from offs (MAP) carries across blocks, as tile_cum's does; forward and backward against the reference."""
+    from offs (_kernels._tile_of_offs) carries across blocks; forward and backward against the reference."""
     saved_block_e = G.CONFIG.block_e
     G.CONFIG.block_e = 4
     try:
