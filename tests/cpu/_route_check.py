@@ -1,7 +1,9 @@
 """Run by tests/cpu/test_sort_by_expert.py with TRITON_INTERPRET=1: the sort_by_expert kernels (route_rank,
 route_place, through ``tsct.kernels.triton_glu.route``) under Triton's interpreter against the torch path (and
 the gathered router weights, bf16 / fp16 / fp32 or none, against indexing), with the outputs and scratch
-poisoned first. Prints one line per case, "ok" or what differed; exit 1 if any differed."""
+poisoned first; and the combine's CSR that route_place links to the token tensor (``glu.link_csr``) against the
+one ``glu._csr`` builds, as indices and through ``combine_rows`` (padding rows of the source poisoned with NaN).
+Prints one line per case, "ok" or what differed; exit 1 if any differed."""
 
 from __future__ import annotations
 
@@ -9,6 +11,7 @@ import sys
 
 import torch
 
+from tsct.kernels.triton_glu import glu as G
 from tsct.kernels.triton_glu import route
 from tsct.ops.routing import sort_by_expert_torch
 
@@ -18,6 +21,41 @@ _empty = torch.empty
 def _poisoned(*shape, **kw):
     t = _empty(*shape, **kw)
     return t.fill_(-7) if not t.dtype.is_floating_point else t.fill_(float("nan"))
+
+
+def _linked_csr_differs(token: torch.Tensor, offs: torch.Tensor, t: int, k: int, g: torch.Generator) -> list[str]:
+    """What differs between the CSR linked to ``token`` and ``glu._csr``'s for the same targets."""
+    m = t * k
+    linked = G.linked_csr(token, offs, m, t)
+    if linked is None:
+        return ["no linked csr"]
+    rows, ptr = linked
+    why = []
+    if not torch.equal(ptr, torch.arange(t + 1, dtype=torch.int64) * k):
+        why.append("csr ptr")
+    want_rows = torch.argsort(token, stable=True)  # each token's k positions, increasing (stable)
+    if not torch.equal(rows, want_rows):  # token t's k sorted positions, increasing
+        why.append("csr rows")
+    end = int(offs[-1])
+    built = G.build_csr(token, offs, m, t, (0, 0))
+    if not torch.equal(built[0][:int(built[1][-1])], rows[rows < end]):  # the same rows, padding dropped
+        why.append("csr rows vs built")
+    if t > 1024:  # the combine under the interpreter: one program per target
+        return why
+    src = torch.randn(m, 37, generator=g)
+    src[end:] = float("nan")  # padding rows: combine_rows must skip them
+    cfg = G._config((0, 0))
+    a = G._combine(src, token, offs, t, cfg, (0, 0), csr=linked)
+    b = G._combine(src, token, offs, t, cfg, (0, 0), csr=built)
+    if not torch.equal(a, b) or bool(a.isnan().any()):
+        why.append("combine through the linked csr")
+    token2 = token.clone()
+    if G.linked_csr(token2, offs, m, t) is not None or G.linked_csr(token, offs.clone(), m, t) is not None:
+        why.append("csr linked to another tensor")
+    token.add_(0)  # an in-place change voids the link
+    if G.linked_csr(token, offs, m, t) is not None:
+        why.append("csr link survived an in-place change")
+    return why
 
 
 def main() -> int:
@@ -41,6 +79,7 @@ def main() -> int:
         why = [n for n, a, b in zip(("order", "offs", "token"), got, want) if a.dtype != b.dtype or not torch.equal(a, b)]
         if (rw is None) != (w is None) or (w is not None and not torch.equal(rw, w.reshape(-1)[want[0]].float())):
             why.append("row_weight")
+        why += _linked_csr_differs(got[2], got[1], t, k, g)
         name = f"T{t}_k{k}_E{e}_{str(dt).split('.')[-1]}"
         print(name, "ok" if not why else "differs: " + ", ".join(why))
         bad += bool(why)

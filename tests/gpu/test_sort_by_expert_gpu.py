@@ -5,7 +5,9 @@ allocator poisoned first (an unwritten output reads -1 bytes), bit for bit: the 
 E 1024), many chunks, ids outside [0, E) (padding rows), int32 / int16 ids, every row in one expert, more experts
 than rows, M not a multiple of the chunk; the same bits on repeat and from a CUDA graph replay.
 Side stream (``tsct.config.csr_side_stream``): grouped_glu's output and gradients with and without it are the
-same bits, eager and replayed from a CUDA graph.
+same bits, eager and replayed from a CUDA graph (scattering through a copy of the token tensor, which carries no
+linked CSR). The CSR that route_place links to the token tensor (``glu.link_csr``): used instead of a built one
+(none is built), the same bits in the output and every gradient, with dropped choices (padding rows) and top-3.
 """
 
 from __future__ import annotations
@@ -110,12 +112,15 @@ def test_graph_replay_gives_the_same_result():
     assert all(torch.equal(a, b) for a, b in zip(out[:3], want))
 
 
-def _pass(side: bool, fmt_w, x, ids, w, e, go):
+def _pass(side: bool, fmt_w, x, ids, w, e, go, link: bool = False):
+    """Output and gradients of a routed pass; ``link``: through sort_by_expert's token tensor (its linked CSR),
+    else through a copy of it (the CSR built, on the side stream with ``side``)."""
     tsct.config.csr_side_stream = side
     try:
         s = tsct.ops.sort_by_expert(ids, e, w)
-        out = tsct.ops.grouped_glu(x, s.offs, *fmt_w, row_weight=s.row_weight, gather_idx=s.token,
-                                   scatter_idx=s.token, num_out_rows=x.shape[0])
+        token = s.token if link else s.token.clone()
+        out = tsct.ops.grouped_glu(x, s.offs, *fmt_w, row_weight=s.row_weight, gather_idx=token,
+                                   scatter_idx=token, num_out_rows=x.shape[0])
         grads = torch.autograd.grad(out, [x, w, *fmt_w], go)
         return [out, *grads]
     finally:
@@ -179,9 +184,11 @@ def test_side_stream_csr_gives_the_same_bits(slow, monkeypatch):
     xs, facs = x.detach(), [p.detach() for p in fac]
     s = tsct.ops.sort_by_expert(ids, e, w.detach())
 
+    token = s.token.clone()
+
     def fwd():
-        return tsct.ops.grouped_glu(xs, s.offs, *facs, row_weight=s.row_weight, gather_idx=s.token,
-                                    scatter_idx=s.token, num_out_rows=t)
+        return tsct.ops.grouped_glu(xs, s.offs, *facs, row_weight=s.row_weight, gather_idx=token,
+                                    scatter_idx=token, num_out_rows=t)
 
     poison()
     want = fwd()
@@ -202,3 +209,53 @@ def test_row_weight_gradient_matches_indexing():
     w2 = w.detach().clone().requires_grad_()
     (want,) = torch.autograd.grad(w2.reshape(-1)[s.order].float(), w2, go)
     assert torch.equal(gw, want)
+
+
+@pytest.mark.parametrize("k,spill", [(2, 0), (2, 1), (3, 1)], ids=["top2", "top2_dropped", "top3_dropped"])
+def test_linked_csr_gives_the_same_bits(k, spill, monkeypatch):
+    """grouped_glu through sort_by_expert's token tensor combines (forward and dX) with the CSR route_place linked
+    to it, builds none, and gives the same bits as through a copy of the token (a built CSR); ids outside [0, E)
+    (dropped choices: padding rows, last in their token's CSR entries) and top-3 included."""
+    from tsct.kernels.triton_glu import glu as G
+    torch.manual_seed(11 + k + spill)
+    t, e, d, r, f = 3000, 48, 256, 64, 1001
+    x = torch.randn(t, d, device=DEV, dtype=torch.bfloat16, requires_grad=True)
+    fac = [(torch.randn(e, d, r, device=DEV) / d ** 0.5).bfloat16().requires_grad_(),
+           (torch.randn(e, d, r, device=DEV) / d ** 0.5).bfloat16().requires_grad_(),
+           (torch.randn(e, r, f, device=DEV) / r ** 0.5).bfloat16().requires_grad_()]
+    w, ids = torch.softmax(torch.randn(t, e, device=DEV), -1).topk(k)
+    if spill:
+        ids = torch.where(torch.rand(t, k, device=DEV) < 0.1, -1, ids)  # dropped choices
+    w = w.bfloat16().requires_grad_()
+    go = torch.randn(t, f, device=DEV, dtype=torch.bfloat16)
+    built = []
+    real = G._csr
+    monkeypatch.setattr(G, "_csr", lambda *a: built.append(1) or real(*a))
+    poison()
+    linked = _pass(False, fac, x, ids, w, e, go, link=True)
+    assert built == [], "a CSR was built although sort_by_expert's token tensor carries one"
+    poison()
+    copied = _pass(False, fac, x, ids, w, e, go, link=False)
+    assert built == [1]
+    for i, (a, b) in enumerate(zip(linked, copied)):
+        assert torch.equal(a, b), i
+    assert not torch.isnan(linked[0]).any()
+
+
+def test_csr_link_survives_the_op_and_is_voided_by_changes():
+    """The link reaches the caller through the custom op (dispatcher) route as well as the eager direct one, and
+    an in-place change of the token or offs tensor, or another offs tensor, voids it."""
+    from tsct.kernels.triton_glu import glu as G
+    from tsct.ops.routing import _sort_by_expert_op
+    ids = torch.randint(-1, 100, (5000, 2), device=DEV)
+    for order, offs, token, _ in (tsct.ops.sort_by_expert(ids, 100), _sort_by_expert_op(ids, 100, None)):
+        rows, ptr = G.linked_csr(token, offs, 10000, 5000)
+        assert torch.equal(ptr, torch.arange(5001, device=DEV) * 2)
+        assert torch.equal(rows, torch.argsort(token, stable=True))  # each token's positions, increasing
+        assert G.linked_csr(token, offs.clone(), 10000, 5000) is None
+        assert G.linked_csr(token, offs, 10000, 4999) is None
+        offs.add_(0)
+        assert G.linked_csr(token, offs, 10000, 5000) is None
+    s = tsct.ops.sort_by_expert(ids, 100)
+    s.token.add_(0)
+    assert G.linked_csr(s.token, s.offs, 10000, 5000) is None

@@ -306,24 +306,28 @@ def glu_up_fwd(
 
 
 @triton.jit
-def combine_rows(src_ptr, order_ptr, ptr_ptr, out_ptr, ncols, ld_src, SRC8: tl.constexpr, BN: tl.constexpr,
-                 NB: tl.constexpr):
-    """out[t, blk] = sum over j in [ptr[t], ptr[t+1]) of src[order[j], blk], in increasing j (fp32), for the NB
-    column blocks of BN columns of program (t, pn) (at b1 one program covers a whole row of f = 5461).
+def combine_rows(src_ptr, order_ptr, ptr_ptr, out_ptr, offs_ptr, E, ncols, ld_src, SRC8: tl.constexpr,
+                 BN: tl.constexpr, NB: tl.constexpr):
+    """out[t, blk] = sum over j in [ptr[t], ptr[t+1]) of src[order[j], blk] for the rows order[j] < offs[E-1], in
+    increasing j (fp32), for the NB column blocks of BN columns of program (t, pn) (at b1 one program covers a
+    whole row of f = 5461). The CSR of ``glu._csr`` holds no padding row; the one ``sort_by_expert`` links to its
+    token tensor keeps k entries per token, a dropped choice's padding row last (``route_place``).
     SRC8: ld_src is a multiple of 8 and src's columns [ncols, ld_src) may be read (vector loads).
     The first two rows' indices, then their values, are loaded together (top-2: one dependent chain ptr ->
     order -> src per program instead of two), later rows one by one. The sum is the sequential one bit for
-    bit: acc starts as 0 + src[order[lo]] (exact, and never -0.0), and a masked-off second row adds +0.0."""
+    bit: acc starts as 0 + src[order[lo]] (exact, and never -0.0), and a masked-off row adds +0.0."""
     t = tl.program_id(0)
     pn = tl.program_id(1)
     lo = tl.load(ptr_ptr + t)
     hi = tl.load(ptr_ptr + t + 1)
-    has0 = lo < hi
-    has1 = lo + 1 < hi
-    r0 = tl.load(order_ptr + lo, mask=has0, other=0).to(tl.int64)
-    r1 = tl.load(order_ptr + lo + 1, mask=has1, other=0).to(tl.int64)
-    # the target's row count in every lane (Triton's interpreter rejects a scalar bool in a load mask)
-    n = tl.zeros((BN,), dtype=tl.int32) + (hi - lo).to(tl.int32)
+    end = tl.load(offs_ptr + E - 1).to(tl.int64)
+    r0 = tl.load(order_ptr + lo, mask=lo < hi, other=0).to(tl.int64)
+    r1 = tl.load(order_ptr + lo + 1, mask=lo + 1 < hi, other=0).to(tl.int64)
+    # whether each of the first two rows is summed, in every lane (Triton's interpreter rejects a scalar bool in
+    # a load mask)
+    zero = tl.zeros((BN,), dtype=tl.int32)
+    use0 = (zero + (lo < hi).to(tl.int32) * (r0 < end).to(tl.int32)) > 0
+    use1 = (zero + (lo + 1 < hi).to(tl.int32) * (r1 < end).to(tl.int32)) > 0
     if SRC8:
         ld_src = (ld_src // 8) * 8  # == ld_src; lets Triton see the multiple of 8
     for b in tl.static_range(NB):
@@ -333,13 +337,14 @@ def combine_rows(src_ptr, order_ptr, ptr_ptr, out_ptr, ncols, ld_src, SRC8: tl.c
             lmask = cols < ld_src
         else:
             lmask = cmask
-        v0 = tl.load(src_ptr + r0 * ld_src + cols, mask=lmask & (n > 0), other=0.0).to(tl.float32)
-        v1 = tl.load(src_ptr + r1 * ld_src + cols, mask=lmask & (n > 1), other=0.0).to(tl.float32)
+        v0 = tl.load(src_ptr + r0 * ld_src + cols, mask=lmask & use0, other=0.0).to(tl.float32)
+        v1 = tl.load(src_ptr + r1 * ld_src + cols, mask=lmask & use1, other=0.0).to(tl.float32)
         acc = tl.zeros((BN,), dtype=tl.float32) + v0
         acc += v1
         for j in range(lo + 2, hi):
             row = tl.load(order_ptr + j).to(tl.int64)
-            acc += tl.load(src_ptr + row * ld_src + cols, mask=lmask, other=0.0).to(tl.float32)
+            acc += tl.load(src_ptr + row * ld_src + cols, mask=lmask & ((zero + (row < end).to(tl.int32)) > 0),
+                           other=0.0).to(tl.float32)
         tl.store(out_ptr + t.to(tl.int64) * ncols + cols, acc.to(out_ptr.dtype.element_ty), mask=cmask)
 
 
@@ -433,11 +438,14 @@ def route_rank(ids_ptr, srt_ptr, rank_ptr, hist_ptr, M, E, P, B: tl.constexpr, E
 
 
 @triton.jit
-def route_place(srt_ptr, rank_ptr, hist_ptr, cum_ptr, order_ptr, token_ptr, offs_ptr, w_ptr, rw_ptr, M, E, P, K,
-                HAS_W: tl.constexpr, B: tl.constexpr):
+def route_place(ids_ptr, srt_ptr, rank_ptr, hist_ptr, cum_ptr, order_ptr, token_ptr, offs_ptr, w_ptr, rw_ptr,
+                rows_ptr, ptr_ptr, M, E, P, K, HAS_W: tl.constexpr, B: tl.constexpr):
     """Row p*B + local of chunk p goes to position cum[key, p] - hist[key, p] + rank: order there = the row
     (its index in the flattened [T, K] ids), token = row // K, and with HAS_W rw = w[row] in fp32 (the router
-    weight of the sorted row). offs[e] = cum[e, P - 1] (rows of experts <= e)."""
+    weight of the sorted row). offs[e] = cum[e, P - 1] (rows of experts <= e).
+    Also the combine's CSR over the tokens (``glu._csr``'s form, T = M // K targets of K rows each): ptr[t] = t*K,
+    rows[t*K + c] = the position of token t's c-th row in sorted order, i.e. its K rows ranked by (key, choice):
+    increasing position, so a dropped choice (key E, after offs[E-1]) comes last."""
     p = tl.program_id(0)
     q = tl.arange(0, B)
     base = p.to(tl.int64) * B
@@ -448,10 +456,20 @@ def route_place(srt_ptr, rank_ptr, hist_ptr, cum_ptr, order_ptr, token_ptr, offs
     pos = (tl.load(cum_ptr + h_at, mask=live, other=0) - tl.load(hist_ptr + h_at, mask=live, other=0)
            + tl.load(rank_ptr + base + q)).to(tl.int64)
     row = base + s % B
+    tok = row // K
     tl.store(order_ptr + pos, row, mask=live)
-    tl.store(token_ptr + pos, row // K, mask=live)
+    tl.store(token_ptr + pos, tok, mask=live)
     if HAS_W:
         tl.store(rw_ptr + pos, tl.load(w_ptr + row, mask=live, other=0.0).to(tl.float32), mask=live)
+    choice = row - tok * K
+    c = tl.zeros((B,), dtype=tl.int64)
+    for j in range(0, K):  # the token's other choices that sort before this one
+        v = tl.load(ids_ptr + tok * K + j, mask=live, other=0)
+        kj = tl.where((v >= 0) & (v < E), v, E).to(tl.int32)
+        c += ((kj < ks) | ((kj == ks) & (j < choice))).to(tl.int64)
+    tl.store(rows_ptr + tok * K + c, pos, mask=live)
+    tl.store(ptr_ptr + tok, tok * K, mask=live & (choice == 0))
+    tl.store(ptr_ptr + M // K + q, tl.zeros((B,), dtype=tl.int64) + M, mask=base + q == 0)  # ptr[T] = M
     for e0 in range(p * B, E, P * B):
         es = e0 + q
         tl.store(offs_ptr + es, tl.load(cum_ptr + es.to(tl.int64) * P + P - 1, mask=es < E, other=0), mask=es < E)

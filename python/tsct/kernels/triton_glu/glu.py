@@ -223,6 +223,27 @@ def _csr_fill(idx: Tensor, offs: Tensor, m: int, n_out: int, cap, kdt: torch.dty
     torch.searchsorted(skey, torch.arange(n_out + 1, device=idx.device, dtype=kdt), out=ptr)
 
 
+def link_csr(token: Tensor, offs: Tensor, order: Tensor, ptr: Tensor) -> None:
+    """Record on ``token`` (``sort_by_expert``'s, written by ``route_place`` with this CSR) that combining through it
+    with these ``offs`` may use ``(order, ptr)`` instead of building ``_csr``: the same rows in the same order per
+    target (plus dropped choices' padding rows, which ``combine_rows`` skips), so the same bits. Kept with the
+    tensors' versions: an in-place change of either one voids it (``linked_csr``)."""
+    token._tsct_csr = (offs, offs._version, token._version, order, ptr)
+
+
+def linked_csr(idx: Tensor, offs: Tensor, m: int, n_out: int) -> Optional[tuple[Tensor, Tensor]]:
+    """The CSR ``link_csr`` recorded on ``idx`` for exactly this ``offs`` object, m rows and n_out targets, while
+    neither tensor has changed since; else None (build one)."""
+    rec = getattr(idx, "_tsct_csr", None)
+    if rec is None:
+        return None
+    o, o_ver, i_ver, order, ptr = rec
+    if o is not offs or o._version != o_ver or idx._version != i_ver or order.shape[0] != m \
+            or ptr.shape[0] != n_out + 1:
+        return None
+    return order, ptr
+
+
 def build_csr(idx: Tensor, offs: Tensor, m: int, n_out: int, cap) -> tuple[Tensor, Tensor]:
     """``(order, ptr)`` of ``_csr``, built on the current stream."""
     order, ptr, fill = _csr(idx, offs, m, n_out, cap)
@@ -261,6 +282,9 @@ class csr_overlap:
         self._main = self._side = None
         if idx is None:
             return
+        self.csr = linked_csr(idx, offs, m, n_out)  # sort_by_expert's token: its CSR is already built
+        if self.csr is not None:
+            return
         order, ptr, fill = _csr(idx, offs, m, n_out, cap)
         self.csr = (order, ptr)
         from tsct import config
@@ -298,15 +322,18 @@ def _csr_keys(idx: Tensor, offs: Tensor, m: int, n_out: int, cap, kdt: torch.dty
 def _combine(src: Tensor, idx: Tensor, offs: Tensor, n_out: int, cfg: Config, cap, ncols: Optional[int] = None,
              csr: Optional[tuple[Tensor, Tensor]] = None) -> Tensor:
     """out[t] = sum of src[i, :ncols] over the rows i < offs[-1] with idx[i] == t, in increasing i.
-    ``csr``: ``build_csr(idx, offs, m, n_out)`` if the caller has it (else built here)."""
+    ``csr``: ``build_csr(idx, offs, m, n_out)`` (or ``linked_csr``'s) if the caller has it (else the linked one or
+    one built here)."""
     m, ld = src.shape
     ncols = ld if ncols is None else ncols
     out = torch.empty(n_out, ncols, device=src.device, dtype=src.dtype)
     if n_out == 0 or ncols == 0:
         return out
-    order, ptr = build_csr(idx, offs, m, n_out, cap) if csr is None else csr
+    if csr is None:
+        csr = linked_csr(idx, offs, m, n_out) or build_csr(idx, offs, m, n_out, cap)
+    order, ptr = csr
     bn, nb, warps = specs.combine_tile(cfg, ncols)
-    _launch("combine_rows", (n_out, _cdiv(ncols, bn * nb)), [src, order, ptr, out, ncols, ld],
+    _launch("combine_rows", (n_out, _cdiv(ncols, bn * nb)), [src, order, ptr, out, offs, offs.shape[0], ncols, ld],
             dict(SRC8=ld % 8 == 0, BN=bn, NB=nb), warps, 3, True, cap, src.device)
     return out
 

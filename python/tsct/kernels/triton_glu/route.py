@@ -3,6 +3,9 @@
 A stable counting sort in chunks of ``specs.ROUTE_B`` rows (kernels and the layout of their scratch in
 ``_kernels.py``): three launches and no host reads, where ``argsort`` + ``bincount`` + ``cumsum`` take about a
 dozen small kernels (histogram, scan and two onesweep passes of the radix sort, the counts' scatter, ...).
+``route_place`` also writes the combine's CSR over the tokens and links it to the token tensor
+(``glu.link_csr``): a ``grouped_glu`` that scatters through that token tensor with these offs then skips its own
+CSR (a stable sort on a side stream).
 """
 
 from __future__ import annotations
@@ -50,6 +53,9 @@ def sort_by_expert(ids: Tensor, num_experts: int, weights: Optional[Tensor] = No
     G._launch("route_rank", (p,), [flat, srt, rank, hist, m, e, p], dict(B=b, EBLK=specs.ROUTE_EBLK),
               specs.ROUTE_WARPS, 1, False, cap, dev)
     cum = torch.cumsum(hist, 0, dtype=torch.int32)
-    G._launch("route_place", (p,), [srt, rank, hist, cum, order, token, offs, w, rw, m, e, p, k],
+    rows = torch.empty(m, device=dev, dtype=torch.int64)  # the combine's CSR over the t tokens (glu.link_csr)
+    ptr = torch.empty(t + 1, device=dev, dtype=torch.int64)
+    G._launch("route_place", (p,), [flat, srt, rank, hist, cum, order, token, offs, w, rw, rows, ptr, m, e, p, k],
               dict(HAS_W=w is not None, B=b), specs.ROUTE_WARPS, 1, False, cap, dev)
+    G.link_csr(token, offs, rows, ptr)
     return order, offs, token, rw

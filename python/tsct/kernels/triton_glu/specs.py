@@ -190,9 +190,9 @@ KERNELS: dict[str, KernelInfo] = {
         hinted=("z_ptr", "wd_ptr", "y_ptr", "r"),
     ),
     "combine_rows": KernelInfo(
-        params=("src_ptr", "order_ptr", "ptr_ptr", "out_ptr", "ncols", "ld_src"),
+        params=("src_ptr", "order_ptr", "ptr_ptr", "out_ptr", "offs_ptr", "E", "ncols", "ld_src"),
         constexprs=("SRC8", "BN", "NB"),
-        ints=("ncols", "ld_src"),
+        ints=("E", "ncols", "ld_src"),
         used_if={},
         hinted=("src_ptr", "out_ptr"),
     ),
@@ -225,8 +225,8 @@ KERNELS: dict[str, KernelInfo] = {
         hinted=(),
     ),
     "route_place": KernelInfo(
-        params=("srt_ptr", "rank_ptr", "hist_ptr", "cum_ptr", "order_ptr", "token_ptr", "offs_ptr", "w_ptr", "rw_ptr",
-                "M", "E", "P", "K"),
+        params=("ids_ptr", "srt_ptr", "rank_ptr", "hist_ptr", "cum_ptr", "order_ptr", "token_ptr", "offs_ptr",
+                "w_ptr", "rw_ptr", "rows_ptr", "ptr_ptr", "M", "E", "P", "K"),
         constexprs=("HAS_W", "B"),
         ints=("M", "E", "P", "K"),
         used_if={"w_ptr": "HAS_W", "rw_ptr": "HAS_W"},
@@ -423,7 +423,7 @@ def enumerate_specs(arch: str) -> Iterator[Spec]:
         if aligned:  # combine / zero-tail only ever see fresh (aligned) buffers
             for ncols, src8 in itertools.product((1, 257), (False, True)):
                 bn, nb, warps = combine_tile(cfg, ncols)
-                types = dict(src_ptr=D, order_ptr="*i64", ptr_ptr="*i64", out_ptr=D)
+                types = dict(src_ptr=D, order_ptr="*i64", ptr_ptr="*i64", out_ptr=D, offs_ptr="*i32")
                 out.append(_spec("combine_rows", types, dict(SRC8=src8, BN=bn, NB=nb), warps, 3, True))
             out.append(_spec("zero_tail_rows", dict(out_ptr=D, offs_ptr="*i32"),
                              dict(BM=ZERO_TAIL_BM, BN=ZERO_TAIL_BN), cfg.warps_zero, 3, True))
@@ -439,11 +439,13 @@ def enumerate_specs(arch: str) -> Iterator[Spec]:
                 for it in ("*i32", "*i64"):
                     out.append(_spec("route_rank", dict(ids_ptr=it, srt_ptr="*i32", rank_ptr="*i32", hist_ptr="*i32"),
                                      dict(B=ROUTE_B, EBLK=ROUTE_EBLK), ROUTE_WARPS, 1, False))
-                for wt in (None, "*bf16", "*fp16", "*fp32"):  # router weights gathered in the same launch
-                    out.append(_spec("route_place", dict(srt_ptr="*i32", rank_ptr="*i32", hist_ptr="*i32",
+                # router weights gathered in the same launch
+                for it, wt in itertools.product(("*i32", "*i64"), (None, "*bf16", "*fp16", "*fp32")):
+                    out.append(_spec("route_place", dict(ids_ptr=it, srt_ptr="*i32", rank_ptr="*i32", hist_ptr="*i32",
                                                          cum_ptr="*i32", order_ptr="*i64", token_ptr="*i64",
                                                          offs_ptr="*i32", w_ptr=wt or UNUSED,
-                                                         rw_ptr="*fp32" if wt else UNUSED),
+                                                         rw_ptr="*fp32" if wt else UNUSED, rows_ptr="*i64",
+                                                         ptr_ptr="*i64"),
                                      dict(HAS_W=wt is not None, B=ROUTE_B), ROUTE_WARPS, 1, False))
         for sc, dwd, br, wd_t in itertools.product(IDX, (False, True), brs, wd_ts):
             types = dict(dy_ptr=D, sidx_ptr=f"*{sc}" if sc else UNUSED, offs_ptr="*i32", wd_ptr=D, zw_ptr=D,
