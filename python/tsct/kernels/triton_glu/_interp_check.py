@@ -94,10 +94,26 @@ def main() -> int:
         err = max(errs) if all(math.isfinite(e) for e in errs) else math.inf  # a NaN must fail
         worst = max(worst, err)
         print(f"{name:20s} max rel err {err:.2e}")
-    if not check_saved_csr() or not check_experts_past_one_block():
+    if not check_saved_csr() or not check_experts_past_one_block() or not check_scales_as_given():
         return 1
     print(f"worst {worst:.2e}")
     return 0 if worst < 1e-5 else 1
+
+
+def check_scales_as_given() -> bool:
+    """fp16 x with fp16 scales: the forward hands the scales to glu_down_fwd as they are (``glu._scales_in``,
+    widened in the kernel), saving and plain; the same bits as with the scales converted to fp32 first."""
+    args = [t.half() if isinstance(t, torch.Tensor) and t.is_floating_point() else t
+            for t in make(T=24, k=2, E=4, d=32, r=16, f=40, seed=7)]
+    conv = list(args)
+    conv[5], conv[6] = args[5].float(), args[6].float()
+    for fwd in (G.grouped_glu_forward, lambda *a: G.grouped_glu_forward_saved(*a)[0]):
+        a, b = fwd(*args), fwd(*conv)
+        if a.dtype != torch.float16 or not torch.equal(a, b) or not bool(torch.isfinite(a).all()):
+            print("scales_as_given: fp16 scales passed as given differ from fp32 ones")
+            return False
+    print("scales_as_given      same bits")
+    return True
 
 
 def check_saved_csr() -> bool:

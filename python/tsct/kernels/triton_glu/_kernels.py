@@ -410,16 +410,24 @@ def _imax(a, b):
 
 
 @triton.jit
-def route_rank(ids_ptr, srt_ptr, rank_ptr, hist_ptr, M, E, P, B: tl.constexpr, EBLK: tl.constexpr):
+def route_rank(ids_ptr, srt_ptr, rank_ptr, hist_ptr, crank_ptr, M, E, P, K, B: tl.constexpr, EBLK: tl.constexpr):
     """Chunk p (rows p*B ..): srt[p*B + q] = key * B + local row of the q-th row in (key, row) order, rank[p*B + q] =
     its rank among the chunk's rows of that key; hist[key, p] = the chunk's row count of each key (0 if none).
-    Lanes past M get key E + 1: sorted last, counted nowhere."""
+    Lanes past M get key E + 1: sorted last, counted nowhere. crank[row] = the row's rank among its token's K
+    rows in (key, choice) order, i.e. in sorted order (for the combine's CSR, ``route_place``)."""
     p = tl.program_id(0)
     q = tl.arange(0, B)
     i = p * B + q
     v = tl.load(ids_ptr + i, mask=i < M, other=0)
     key = tl.where((v >= 0) & (v < E), v, E).to(tl.int32)
     key = tl.where(i < M, key, E + 1)
+    first = i - i % K  # the token's first row: its K ids are this row's neighbours (cached)
+    c = tl.zeros((B,), dtype=tl.int32)
+    for j in range(0, K):
+        vj = tl.load(ids_ptr + first + j, mask=i < M, other=0)
+        kj = tl.where((vj >= 0) & (vj < E), vj, E).to(tl.int32)
+        c += ((kj < key) | ((kj == key) & (first + j < i))).to(tl.int32)
+    tl.store(crank_ptr + i, c, mask=i < M)
     s = tl.sort(key * B + q)
     base = p.to(tl.int64) * B
     tl.store(srt_ptr + base + q, s)
@@ -438,14 +446,14 @@ def route_rank(ids_ptr, srt_ptr, rank_ptr, hist_ptr, M, E, P, B: tl.constexpr, E
 
 
 @triton.jit
-def route_place(ids_ptr, srt_ptr, rank_ptr, hist_ptr, cum_ptr, order_ptr, token_ptr, offs_ptr, w_ptr, rw_ptr,
+def route_place(srt_ptr, rank_ptr, hist_ptr, cum_ptr, crank_ptr, order_ptr, token_ptr, offs_ptr, w_ptr, rw_ptr,
                 rows_ptr, ptr_ptr, M, E, P, K, HAS_W: tl.constexpr, B: tl.constexpr):
     """Row p*B + local of chunk p goes to position cum[key, p] - hist[key, p] + rank: order there = the row
     (its index in the flattened [T, K] ids), token = row // K, and with HAS_W rw = w[row] in fp32 (the router
     weight of the sorted row). offs[e] = cum[e, P - 1] (rows of experts <= e).
     Also the combine's CSR over the tokens (``glu._csr``'s form, T = M // K targets of K rows each): ptr[t] = t*K,
-    rows[t*K + c] = the position of token t's c-th row in sorted order, i.e. its K rows ranked by (key, choice):
-    increasing position, so a dropped choice (key E, after offs[E-1]) comes last."""
+    rows[t*K + crank[row]] = the row's position: token t's K positions in increasing order (``route_rank`` ranks
+    them by (key, choice)), so a dropped choice (key E, after offs[E-1]) comes last."""
     p = tl.program_id(0)
     q = tl.arange(0, B)
     base = p.to(tl.int64) * B
@@ -461,14 +469,8 @@ def route_place(ids_ptr, srt_ptr, rank_ptr, hist_ptr, cum_ptr, order_ptr, token_
     tl.store(token_ptr + pos, tok, mask=live)
     if HAS_W:
         tl.store(rw_ptr + pos, tl.load(w_ptr + row, mask=live, other=0.0).to(tl.float32), mask=live)
-    choice = row - tok * K
-    c = tl.zeros((B,), dtype=tl.int64)
-    for j in range(0, K):  # the token's other choices that sort before this one
-        v = tl.load(ids_ptr + tok * K + j, mask=live, other=0)
-        kj = tl.where((v >= 0) & (v < E), v, E).to(tl.int32)
-        c += ((kj < ks) | ((kj == ks) & (j < choice))).to(tl.int64)
-    tl.store(rows_ptr + tok * K + c, pos, mask=live)
-    tl.store(ptr_ptr + tok, tok * K, mask=live & (choice == 0))
+    tl.store(rows_ptr + tok * K + tl.load(crank_ptr + row, mask=live, other=0), pos, mask=live)
+    tl.store(ptr_ptr + tok, tok * K, mask=live & (row == tok * K))
     tl.store(ptr_ptr + M // K + q, tl.zeros((B,), dtype=tl.int64) + M, mask=base + q == 0)  # ptr[T] = M
     for e0 in range(p * B, E, P * B):
         es = e0 + q

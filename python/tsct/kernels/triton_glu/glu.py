@@ -164,6 +164,17 @@ def _scales(s_gate: Optional[Tensor], s_up: Optional[Tensor]) -> tuple[Optional[
     return sg, su
 
 
+def _scales_in(s_gate: Optional[Tensor], s_up: Optional[Tensor], dtype: torch.dtype
+               ) -> tuple[Optional[Tensor], Optional[Tensor]]:
+    """The forward's scales for glu_down_fwd, which widens them to fp32 as it loads them (exact): both as given
+    when they share x's dtype or fp32 (no conversion kernels before the down projection: two launches on the
+    b1 forward's critical path), else ``_scales``."""
+    if s_gate is not None and s_up is not None and s_gate.dtype == s_up.dtype and s_gate.dtype in (dtype,
+                                                                                                    torch.float32):
+        return s_gate.contiguous(), s_up.contiguous()
+    return _scales(s_gate, s_up)
+
+
 def _f32(t: Optional[Tensor]) -> Optional[Tensor]:
     return None if t is None else t.float().contiguous()
 
@@ -472,7 +483,7 @@ def _forward(
     x = x.contiguous()
     w_gate, w_up = w_gate.contiguous(), w_up.contiguous()
     offs = offs.contiguous()
-    sg, su = _scales(s_gate, s_up)
+    sg, su = _scales_in(s_gate, s_up, dtype)
     rw = _f32(row_weight)
     gidx = _i64(gather_idx)
     al = _aligned(d, r, x.stride(0), x, w_gate, w_up, w_down)

@@ -50,12 +50,13 @@ def sort_by_expert(ids: Tensor, num_experts: int, weights: Optional[Tensor] = No
     rank = torch.empty(p * b, device=dev, dtype=torch.int32)
     hist = torch.empty((e + 1) * p, device=dev, dtype=torch.int32)
     cap = G._capability(dev)
-    G._launch("route_rank", (p,), [flat, srt, rank, hist, m, e, p], dict(B=b, EBLK=specs.ROUTE_EBLK),
+    crank = torch.empty(m, device=dev, dtype=torch.int32)
+    G._launch("route_rank", (p,), [flat, srt, rank, hist, crank, m, e, p, k], dict(B=b, EBLK=specs.ROUTE_EBLK),
               specs.ROUTE_WARPS, 1, False, cap, dev)
     cum = torch.cumsum(hist, 0, dtype=torch.int32)
     rows = torch.empty(m, device=dev, dtype=torch.int64)  # the combine's CSR over the t tokens (glu.link_csr)
     ptr = torch.empty(t + 1, device=dev, dtype=torch.int64)
-    G._launch("route_place", (p,), [flat, srt, rank, hist, cum, order, token, offs, w, rw, rows, ptr, m, e, p, k],
+    G._launch("route_place", (p,), [srt, rank, hist, cum, crank, order, token, offs, w, rw, rows, ptr, m, e, p, k],
               dict(HAS_W=w is not None, B=b), specs.ROUTE_WARPS, 1, False, cap, dev)
     G.link_csr(token, offs, rows, ptr)
     return order, offs, token, rw

@@ -218,14 +218,14 @@ KERNELS: dict[str, KernelInfo] = {
         hinted=(),
     ),
     "route_rank": KernelInfo(
-        params=("ids_ptr", "srt_ptr", "rank_ptr", "hist_ptr", "M", "E", "P"),
+        params=("ids_ptr", "srt_ptr", "rank_ptr", "hist_ptr", "crank_ptr", "M", "E", "P", "K"),
         constexprs=("B", "EBLK"),
-        ints=("M", "E", "P"),
+        ints=("M", "E", "P", "K"),
         used_if={},
         hinted=(),
     ),
     "route_place": KernelInfo(
-        params=("ids_ptr", "srt_ptr", "rank_ptr", "hist_ptr", "cum_ptr", "order_ptr", "token_ptr", "offs_ptr",
+        params=("srt_ptr", "rank_ptr", "hist_ptr", "cum_ptr", "crank_ptr", "order_ptr", "token_ptr", "offs_ptr",
                 "w_ptr", "rw_ptr", "rows_ptr", "ptr_ptr", "M", "E", "P", "K"),
         constexprs=("HAS_W", "B"),
         ints=("M", "E", "P", "K"),
@@ -403,11 +403,14 @@ def enumerate_specs(arch: str) -> Iterator[Spec]:
         ups = sorted({up_k(cfg, r, aligned) for r in (1, 16, 17, 32, 33, 64, 65, 128, 129)})
         out = []
         # glu_down_fwd: forward (z) and the backward's recompute (hg, hu fp32; z*rw)
-        for g, s, rw, bwd, br in itertools.product(IDX, (False, True), (False, True), (False, True), brs):
+        # scales: none, fp32, or in x's dtype (glu._scales_in: the forward passes them as given)
+        for g, st, rw, bwd, br in itertools.product(IDX, sorted({None, "*fp32", D}, key=str), (False, True),
+                                                    (False, True), brs):
             if rw and not bwd:
                 continue  # the forward never passes row_weight to the down kernel
+            s = st is not None
             types = dict(x_ptr=D, gidx_ptr=f"*{g}" if g else UNUSED, offs_ptr="*i32", cum_ptr="*i32", wg_ptr=D,
-                         wu_ptr=D, sg_ptr="*fp32", su_ptr="*fp32", z_ptr=D, hg_ptr="*fp32" if bwd else D,
+                         wu_ptr=D, sg_ptr=st or UNUSED, su_ptr=st or UNUSED, z_ptr=D, hg_ptr="*fp32" if bwd else D,
                          hu_ptr="*fp32" if bwd else D, rw_ptr="*fp32")
             consts = dict(HAS_GATHER=g is not None, HAS_SG=s, HAS_SU=s, HAS_RW=rw, BWD=bwd, BM=cfg.bm, BR=br,
                           BK=cfg.bk, BLOCK_E=cfg.block_e)
@@ -437,12 +440,13 @@ def enumerate_specs(arch: str) -> Iterator[Spec]:
                     out.append(_spec("csr_keys", dict(idx_ptr=it, offs_ptr="*i32", key_ptr=kt),
                                      dict(BLOCK=CSR_KEYS_BLOCK), 4, 1, False))
                 for it in ("*i32", "*i64"):
-                    out.append(_spec("route_rank", dict(ids_ptr=it, srt_ptr="*i32", rank_ptr="*i32", hist_ptr="*i32"),
+                    out.append(_spec("route_rank", dict(ids_ptr=it, srt_ptr="*i32", rank_ptr="*i32", hist_ptr="*i32",
+                                                        crank_ptr="*i32"),
                                      dict(B=ROUTE_B, EBLK=ROUTE_EBLK), ROUTE_WARPS, 1, False))
-                # router weights gathered in the same launch
-                for it, wt in itertools.product(("*i32", "*i64"), (None, "*bf16", "*fp16", "*fp32")):
-                    out.append(_spec("route_place", dict(ids_ptr=it, srt_ptr="*i32", rank_ptr="*i32", hist_ptr="*i32",
-                                                         cum_ptr="*i32", order_ptr="*i64", token_ptr="*i64",
+                for wt in (None, "*bf16", "*fp16", "*fp32"):  # router weights gathered in the same launch
+                    out.append(_spec("route_place", dict(srt_ptr="*i32", rank_ptr="*i32", hist_ptr="*i32",
+                                                         cum_ptr="*i32", crank_ptr="*i32", order_ptr="*i64",
+                                                         token_ptr="*i64",
                                                          offs_ptr="*i32", w_ptr=wt or UNUSED,
                                                          rw_ptr="*fp32" if wt else UNUSED, rows_ptr="*i64",
                                                          ptr_ptr="*i64"),
