@@ -112,7 +112,15 @@ def check_scales_as_given() -> bool:
         if a.dtype != torch.float16 or not torch.equal(a, b) or not bool(torch.isfinite(a).all()):
             print("scales_as_given: fp16 scales passed as given differ from fp32 ones")
             return False
-    print("scales_as_given      same bits")
+    go = torch.randn_like(a)
+    for saved in (None, G.grouped_glu_forward_saved(*args)[1]):  # recompute, and the saving forward's tensors
+        ga = G.grouped_glu_backward(go, *args, [True] * 7, saved=saved)
+        gb = G.grouped_glu_backward(go, *conv, [True] * 7, saved=saved)
+        # the scales' gradients come back in the scales' dtype: the fp32 ones rounded to fp16 are the same values
+        if not all(torch.equal(u, v.to(u.dtype)) for u, v in zip(ga, gb) if u is not None):
+            print("scales_as_given: gradients with fp16 scales passed as given differ from fp32 ones")
+            return False
+    print("scales_as_given      same bits, forward and backward")
     return True
 
 

@@ -166,9 +166,9 @@ def _scales(s_gate: Optional[Tensor], s_up: Optional[Tensor]) -> tuple[Optional[
 
 def _scales_in(s_gate: Optional[Tensor], s_up: Optional[Tensor], dtype: torch.dtype
                ) -> tuple[Optional[Tensor], Optional[Tensor]]:
-    """The forward's scales for glu_down_fwd, which widens them to fp32 as it loads them (exact): both as given
-    when they share x's dtype or fp32 (no conversion kernels before the down projection: two launches on the
-    b1 forward's critical path), else ``_scales``."""
+    """The scales for glu_down_fwd and glu_bwd_epi, which widen them to fp32 as they load them (exact): both as
+    given when they share x's dtype or fp32 (no conversion kernels: two launches on the critical path of a b1
+    forward, two more in its backward), else ``_scales``."""
     if s_gate is not None and s_up is not None and s_gate.dtype == s_up.dtype and s_gate.dtype in (dtype,
                                                                                                     torch.float32):
         return s_gate.contiguous(), s_up.contiguous()
@@ -570,7 +570,7 @@ def grouped_glu_backward(
     w_gate, w_up = w_gate.contiguous(), w_up.contiguous()
     offs = offs.contiguous()
     go = grad_out.to(dtype).contiguous()
-    sg, su = _scales(s_gate, s_up)
+    sg, su = _scales_in(s_gate, s_up, dtype)
     rw = _f32(row_weight)
     gidx, sidx = _i64(gather_idx), _i64(scatter_idx)
     has_s = sg is not None

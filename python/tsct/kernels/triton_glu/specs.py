@@ -458,9 +458,10 @@ def enumerate_specs(arch: str) -> Iterator[Spec]:
             consts = dict(HAS_SCATTER=sc is not None, DO_DWD=dwd, VEC=vec, WD_T=wd_t, BM=cfg.bm, BR=br,
                           BN=cfg.bn_bwd)
             out.append(_spec("glu_bwd_dz", types, consts, *dz_warps_stages(cfg, vec, wd_t), aligned))
-        for s, rw, br in itertools.product((False, True), (False, True), brs):
-            types = dict(hg_ptr="*fp32", hu_ptr="*fp32", part_ptr="*fp32", offs_ptr="*i32", sg_ptr="*fp32",
-                         su_ptr="*fp32", rw_ptr="*fp32", dhg_ptr=D, dhu_ptr=D, dsg_ptr="*fp32", dsu_ptr="*fp32",
+        for st, rw, br in itertools.product(sorted({None, "*fp32", D}, key=str), (False, True), brs):
+            s = st is not None  # scales as for glu_down_fwd: none, fp32 or x's dtype (glu._scales_in)
+            types = dict(hg_ptr="*fp32", hu_ptr="*fp32", part_ptr="*fp32", offs_ptr="*i32", sg_ptr=st or UNUSED,
+                         su_ptr=st or UNUSED, rw_ptr="*fp32", dhg_ptr=D, dhu_ptr=D, dsg_ptr="*fp32", dsu_ptr="*fp32",
                          drw_ptr="*fp32")
             consts = dict(HAS_SG=s, HAS_SU=s, HAS_RW=rw, BM=cfg.bm, BR=br)
             # glu.py launches the epilogue with Triton's default num_stages (3)

@@ -404,7 +404,8 @@ def grouped_glu_backward(
     fg, pg = _factor_args("w_gate", w_gate, dtype)
     fu, pu = _factor_args("w_up", w_up, dtype)
     fd, pd = _factor_args("w_down", w_down, dtype)
-    sg, su = G._scales(s_gate, s_up)
+    # with saved tensors only glu_bwd_epi reads the scales (as given); a recompute's down kernels take fp32
+    sg, su = G._scales_in(s_gate, s_up, dtype) if saved else G._scales(s_gate, s_up)
     rw = G._f32(row_weight)
     gidx, sidx = G._i64(gather_idx), G._i64(scatter_idx)
     has_s = sg is not None
