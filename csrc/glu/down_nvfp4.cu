@@ -56,7 +56,8 @@ struct DownParams {
   const uint8_t* codes[2];
   const uint8_t* scales[2];
   const float* s_enc[2];
-  const float* s_rank[2];    // s_gate, s_up fp32 [E, 64] or null
+  const void* s_rank[2];     // s_gate, s_up [E, 64] or null: fp32, or bf16 with s_bf16
+  int s_bf16;
   const float* rw;           // [M] or null (multiplies z; the BWD mode's z * row_weight)
   bf16* z;
   float* hg;  // BWD mode: fp32 [M, 64], or null
@@ -64,6 +65,11 @@ struct DownParams {
   long long stride_x;  // elements
   int E, d;
 };
+
+// A per-rank scale, fp32 or bf16 (the caller's dtype: no conversion kernel before the launch), as fp32 (exact).
+__device__ __forceinline__ float rank_scale(const void* s, int bf16_scales, size_t i) {
+  return bf16_scales ? __bfloat162float(__ldg(static_cast<const bf16*>(s) + i)) : __ldg(static_cast<const float*>(s) + i);
+}
 
 constexpr int X_STAGE = BM * KC;                   // bf16 elements: 64 rows x 128 B
 constexpr int C_STAGE = 2 * RANK * CQ * KC / 2;    // code bytes: 128 rows x 128 B
@@ -242,8 +248,8 @@ __device__ __forceinline__ void down_body(const DownParams& p, int e, int row0, 
     const int n = 16 * warp + g + 8 * hh;
     const float cg = SIGN ? __ldg(p.s_enc[0] + (size_t)e * RANK + n) : inv_g;
     const float cu = SIGN ? __ldg(p.s_enc[1] + (size_t)e * RANK + n) : inv_u;
-    const float sgn = p.s_rank[0] ? __ldg(p.s_rank[0] + (size_t)e * RANK + n) : 1.f;
-    const float sun = p.s_rank[1] ? __ldg(p.s_rank[1] + (size_t)e * RANK + n) : 1.f;
+    const float sgn = p.s_rank[0] ? rank_scale(p.s_rank[0], p.s_bf16, (size_t)e * RANK + n) : 1.f;
+    const float sun = p.s_rank[1] ? rank_scale(p.s_rank[1], p.s_bf16, (size_t)e * RANK + n) : 1.f;
 #pragma unroll
     for (int t = 0; t < NTILE; ++t) {
 #pragma unroll
@@ -317,8 +323,8 @@ static int down_entry(int fmt, const char* fn, const void* x, int64_t x_rows, in
                       const int64_t* gather_idx, const int32_t* offs, const int32_t* tile_cum, int64_t num_experts,
                       int64_t m, int64_t d, int64_t r, const void* gate_codes, const void* gate_scales,
                       const float* gate_s_enc, const void* up_codes, const void* up_scales, const float* up_s_enc,
-                      const float* s_gate, const float* s_up, const float* row_weight, void* z, float* hg, float* hu,
-                      int64_t max_tiles, void* stream) {
+                      const void* s_gate, const void* s_up, int32_t scales_bf16, const float* row_weight, void* z,
+                      float* hg, float* hu, int64_t max_tiles, void* stream) {
   tsct::clear_error_detail();
   if (r != RANK) return tsct::fail(TSCT_ERR_BAD_ARGUMENT, "%s: r=%lld, only r = 64 is built", fn, (long long)r);
   if (d <= 0 || d % KC || x_rows < 0 || m < 0 || num_experts < 0 || max_tiles < 0 || d > INT32_MAX ||
@@ -347,15 +353,19 @@ static int down_entry(int fmt, const char* fn, const void* x, int64_t x_rows, in
   const bool sign = fmt == kSign;
   const uintptr_t codes = (uintptr_t)gate_codes | (uintptr_t)up_codes, scales = (uintptr_t)gate_scales |
                                                                                 (uintptr_t)up_scales;
+  if (scales_bf16 != 0 && scales_bf16 != 1)
+    return tsct::fail(TSCT_ERR_BAD_ARGUMENT, "%s: scales_bf16=%d must be 0 (fp32 s_gate / s_up) or 1 (bf16)", fn,
+                      (int)scales_bf16);
   const uintptr_t a4 = (uintptr_t)offs | (uintptr_t)tile_cum | (uintptr_t)gate_s_enc | (uintptr_t)up_s_enc |
-                       (uintptr_t)s_gate | (uintptr_t)s_up | (uintptr_t)row_weight | (uintptr_t)hg | (uintptr_t)hu;
+                       (uintptr_t)row_weight | (uintptr_t)hg | (uintptr_t)hu;
+  const uintptr_t a_rank = (uintptr_t)s_gate | (uintptr_t)s_up;
   if (((uintptr_t)x & 15) || (codes & (sign ? 7 : 15)) || (scales & (sign ? 15 : 3)) || (a4 & 3) ||
-      ((uintptr_t)gather_idx & 7) || ((uintptr_t)z & 1))
+      (a_rank & (scales_bf16 ? 1 : 3)) || ((uintptr_t)gather_idx & 7) || ((uintptr_t)z & 1))
     return tsct::fail(TSCT_ERR_BAD_ARGUMENT,
                       sign ? "%s: x and a must be 16-byte aligned, the bits and gather_idx 8-byte, b, offs, "
-                             "tile_cum and the other fp32 arguments 4-byte"
+                             "tile_cum and the other fp32 arguments 4-byte (bf16 s_gate / s_up 2-byte)"
                            : "%s: x and the codes must be 16-byte aligned, gather_idx 8-byte, the scales, offs, "
-                             "tile_cum and fp32 arguments 4-byte", fn);
+                             "tile_cum and fp32 arguments 4-byte (bf16 s_gate / s_up 2-byte)", fn);
   void (*const kernel)(DownParams) = sign ? tsctk_glu_down_fwd_sign : tsctk_glu_down_fwd_nvfp4;
   static std::atomic<bool> opted[2][64] = {};
   if (int rc = tsct::opt_in_shared_memory(fn, (const void*)kernel, SMEM_BYTES, opted[sign])) return rc;
@@ -372,6 +382,7 @@ static int down_entry(int fmt, const char* fn, const void* x, int64_t x_rows, in
   p.s_enc[1] = up_s_enc;
   p.s_rank[0] = s_gate;
   p.s_rank[1] = s_up;
+  p.s_bf16 = scales_bf16;
   p.rw = row_weight;
   p.z = static_cast<bf16*>(z);
   p.hg = hg;
@@ -387,10 +398,10 @@ static int down_entry(int fmt, const char* fn, const void* x, int64_t x_rows, in
   extern "C" int NAME(const void* x, int64_t x_rows, int64_t stride_x, const int64_t* gather_idx, const int32_t* offs, \
                       const int32_t* tile_cum, int64_t num_experts, int64_t m, int64_t d, int64_t r, const void* gc,   \
                       const void* gs, const float* ge, const void* uc, const void* us, const float* ue,                \
-                      const float* s_gate, const float* s_up, const float* row_weight, void* z, float* hg, float* hu,  \
-                      int64_t max_tiles, void* stream) {                                                               \
+                      const void* s_gate, const void* s_up, int32_t scales_bf16, const float* row_weight, void* z,     \
+                      float* hg, float* hu, int64_t max_tiles, void* stream) {                                         \
     return down_entry(FMT, #NAME, x, x_rows, stride_x, gather_idx, offs, tile_cum, num_experts, m, d, r, gc, gs, ge,   \
-                      uc, us, ue, s_gate, s_up, row_weight, z, hg, hu, max_tiles, stream);                             \
+                      uc, us, ue, s_gate, s_up, scales_bf16, row_weight, z, hg, hu, max_tiles, stream);                \
   }
 TSCT_DOWN_ENTRY(tsct_glu_down_fwd_nvfp4, kNvfp4)
 TSCT_DOWN_ENTRY(tsct_glu_down_fwd_sign, kSign)

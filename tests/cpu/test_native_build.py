@@ -464,23 +464,27 @@ def test_c_entry_points_reject_bad_arguments(lib):
         (lib.tsct_glu_bwd_dz_bf16, (P, 8, (1 << 31) - 1, None, P, 2, 1 << 30, P, P, 64, 1, P, P, None),
          "work counter"),
         # x, x_rows, stride_x, gather_idx, offs, tile_cum, E, m, d, r, gate codes/scales/s_enc, up codes/scales/s_enc,
-        # s_gate, s_up, row_weight, z, hg, hu, max_tiles, stream
-        (lib.tsct_glu_down_fwd_nvfp4, (P, 8, 64, None, P, P, 2, 8, 64, 32, P, P, P, P, P, P, None, None, None, P,
+        # s_gate, s_up, scales_bf16, row_weight, z, hg, hu, max_tiles, stream
+        (lib.tsct_glu_down_fwd_nvfp4, (P, 8, 64, None, P, P, 2, 8, 64, 32, P, P, P, P, P, P, None, None, 0, None, P,
                                        None, None, 3, None), "only r = 64"),
-        (lib.tsct_glu_down_fwd_nvfp4, (P, 8, 96, None, P, P, 2, 8, 96, 64, P, P, P, P, P, P, None, None, None, P,
+        (lib.tsct_glu_down_fwd_nvfp4, (P, 8, 96, None, P, P, 2, 8, 96, 64, P, P, P, P, P, P, None, None, 0, None, P,
                                        None, None, 3, None), "positive multiple of 64"),
-        (lib.tsct_glu_down_fwd_nvfp4, (P, 8, 100, None, P, P, 2, 8, 64, 64, P, P, P, P, P, P, None, None, None, P,
+        (lib.tsct_glu_down_fwd_nvfp4, (P, 8, 100, None, P, P, 2, 8, 64, 64, P, P, P, P, P, P, None, None, 0, None, P,
                                        None, None, 3, None), "stride_x=100 must be a multiple of 8"),
-        (lib.tsct_glu_down_fwd_nvfp4, (P, 4, 64, None, P, P, 2, 8, 64, 64, P, P, P, P, P, P, None, None, None, P,
+        (lib.tsct_glu_down_fwd_nvfp4, (P, 4, 64, None, P, P, 2, 8, 64, 64, P, P, P, P, P, P, None, None, 0, None, P,
                                        None, None, 3, None), "x has 4 rows < m=8"),
-        (lib.tsct_glu_down_fwd_nvfp4, (P, 8, 64, None, P, P, 2, 8, 64, 64, P, P, P, P, P, P, None, None, None, P,
+        (lib.tsct_glu_down_fwd_nvfp4, (P, 8, 64, None, P, P, 2, 8, 64, 64, P, P, P, P, P, P, None, None, 0, None, P,
                                        P, None, 3, None), "hg and hu must be both given"),
-        (lib.tsct_glu_down_fwd_nvfp4, (P, 8, 64, None, P, P, 2, 8, 64, 64, P, P, P, P, P, P, None, None, None, None,
+        (lib.tsct_glu_down_fwd_nvfp4, (P, 8, 64, None, P, P, 2, 8, 64, 64, P, P, P, P, P, P, None, None, 0, None, None,
                                        None, None, 3, None), "null pointer"),
         (lib.tsct_glu_down_fwd_nvfp4, (ctypes.c_void_p(0x1008), 8, 64, None, P, P, 2, 8, 64, 64, P, P, P, P, P, P,
-                                       None, None, None, P, None, None, 3, None), "16-byte aligned"),
+                                       None, None, 0, None, P, None, None, 3, None), "16-byte aligned"),
         (lib.tsct_glu_down_fwd_sign, (P, 8, 64, None, P, P, 2, 8, 64, 64, P, ctypes.c_void_p(0x1008), P, P, P, P,
-                                      None, None, None, P, None, None, 3, None), "x and a must be 16-byte aligned"),
+                                      None, None, 0, None, P, None, None, 3, None), "x and a must be 16-byte aligned"),
+        (lib.tsct_glu_down_fwd_nvfp4, (P, 8, 64, None, P, P, 2, 8, 64, 64, P, P, P, P, P, P, None, None, 2, None, P,
+                                       None, None, 3, None), "scales_bf16=2 must be 0"),
+        (lib.tsct_glu_down_fwd_nvfp4, (P, 8, 64, None, P, P, 2, 8, 64, 64, P, P, P, P, P, P, ctypes.c_void_p(0x1002),
+                                       None, 0, None, P, None, None, 3, None), "bf16 s_gate / s_up 2-byte"),
         # z, m, offs, tile_cum, E, f, r, codes, scales, s_enc, row_weight, y, ldy, max_tiles, stream
         (lib.tsct_glu_up_fwd_nvfp4, (P, 8, P, P, 2, 40, 32, P, P, P, None, P, 40, 3, None), "only r = 64"),
         (lib.tsct_glu_up_fwd_nvfp4, (P, 8, P, P, 2, 37, 64, P, P, P, None, P, 37, 3, None), "multiple of 8"),
@@ -503,9 +507,11 @@ def test_c_entry_points_reject_bad_arguments(lib):
     assert lib.tsct_sign_pack(None, 0, 2, 3, 0, None, None) == 0
     assert lib.tsct_sign_dequantize(None, None, None, 0, 3, 8, None, 2, None) == 0
     assert lib.tsct_glu_bwd_dz_bf16(None, 0, 100, None, None, 0, 0, None, None, 64, 1, None, None, None) == 0
-    assert lib.tsct_glu_down_fwd_nvfp4(None, 0, 64, P, None, None, 2, 0, 64, 64, *([None] * 12), 3, None) == 0
+    assert lib.tsct_glu_down_fwd_nvfp4(None, 0, 64, P, None, None, 2, 0, 64, 64, *([None] * 8), 0, *([None] * 4), 3,
+                                       None) == 0
     assert lib.tsct_glu_up_fwd_nvfp4(None, 0, None, None, 2, 40, 64, None, None, None, None, None, 40, 3, None) == 0
-    assert lib.tsct_glu_down_fwd_sign(None, 0, 64, P, None, None, 2, 0, 64, 64, *([None] * 12), 3, None) == 0
+    assert lib.tsct_glu_down_fwd_sign(None, 0, 64, P, None, None, 2, 0, 64, 64, *([None] * 8), 0, *([None] * 4), 3,
+                                      None) == 0
     assert lib.tsct_glu_up_fwd_sign(None, 0, None, None, 2, 40, 64, None, None, None, None, None, 40, 3, None) == 0
     assert _detail(lib) == ""
     if not torch.cuda.is_available():

@@ -39,26 +39,45 @@ def ptr(a):
 
 @pytest.mark.parametrize("fmt", ["nvfp4", "sign"])
 @pytest.mark.parametrize("save", [False, True])
-def test_down_wrapper_marshals(calls, fmt, save):
+@pytest.mark.parametrize("scales", [None, torch.float32, torch.bfloat16], ids=["no_scales", "fp32", "bf16"])
+def test_down_wrapper_marshals(calls, fmt, save, scales):
     g = torch.Generator().manual_seed(0)
     x = torch.randn(M, D, generator=g).bfloat16()
     gate, up = packed(torch.randn(E, D, R, generator=g), fmt), packed(torch.randn(E, D, R, generator=g), fmt)
     offs = torch.tensor([3, 3, M], dtype=torch.int32)
     cum = torch.tensor([1, 1, 2], dtype=torch.int32)
     rw = torch.rand(M, generator=g)
-    z, hg, hu = _ops.glu_down_fwd_lowbit(x, offs, cum, gate, up, fmt=fmt, m=M, max_tiles=5, row_weight=rw,
-                                         save=save)
+    sg = su = None
+    if scales is not None:
+        sg, su = (torch.rand(E, R, generator=g).to(scales) for _ in range(2))
+    z, hg, hu = _ops.glu_down_fwd_lowbit(x, offs, cum, gate, up, fmt=fmt, m=M, max_tiles=5, s_gate=sg, s_up=su,
+                                         row_weight=rw, save=save)
     assert z.shape == (M, R) and z.dtype == torch.bfloat16
     assert (hg is not None) == save and (hg is None or (hg.shape == (M, R) and hg.dtype == torch.float32))
     (fn, args), = calls
     assert fn == f"tsct_glu_down_fwd_{fmt}"
-    assert len(args) == 23  # the C entry's 24 arguments less the stream (added by _call)
+    assert len(args) == 24  # the C entry's 25 arguments less the stream (added by _call)
     v = [ptr(a) for a in args]
     assert v[:10] == [x.data_ptr(), M, D, None, offs.data_ptr(), cum.data_ptr(), E, M, D, 64]
     assert v[10:16] == [t.data_ptr() for t in (*gate, *up)]
-    assert v[16:19] == [None, None, rw.data_ptr()]
-    assert v[19] == z.data_ptr() and v[22] == 5
-    assert v[20:22] == ([hg.data_ptr(), hu.data_ptr()] if save else [None, None])
+    # s_gate, s_up as given (no copy), then scales_bf16
+    assert v[16:19] == ([None, None, 0] if sg is None else [sg.data_ptr(), su.data_ptr(), int(scales == torch.bfloat16)])
+    assert v[19] == rw.data_ptr() and v[20] == z.data_ptr() and v[23] == 5
+    assert v[21:23] == ([hg.data_ptr(), hu.data_ptr()] if save else [None, None])
+
+
+def test_down_wrapper_rejects_mixed_or_other_scale_dtypes(calls):
+    g = torch.Generator().manual_seed(3)
+    x = torch.randn(M, D, generator=g).bfloat16()
+    nv = packed(torch.randn(E, D, R, generator=g), "nvfp4")
+    offs = torch.tensor([3, 3, M], dtype=torch.int32)
+    cum = torch.tensor([1, 1, 2], dtype=torch.int32)
+    s32, s16 = torch.rand(E, R, generator=g), torch.rand(E, R, generator=g).bfloat16()
+    with pytest.raises(TypeError, match="s_gate and s_up must share a dtype"):
+        _ops.glu_down_fwd_lowbit(x, offs, cum, nv, nv, fmt="nvfp4", m=M, max_tiles=5, s_gate=s32, s_up=s16)
+    with pytest.raises(TypeError, match="s_up must have dtype"):
+        _ops.glu_down_fwd_lowbit(x, offs, cum, nv, nv, fmt="nvfp4", m=M, max_tiles=5, s_gate=s32, s_up=s32.half())
+    assert not calls
 
 
 @pytest.mark.parametrize("fmt", ["nvfp4", "sign"])

@@ -20,12 +20,13 @@
 extern "C" {
 #endif
 
-#define TSCT_ABI_VERSION 6 /* 2: the Triton AOT launcher (tsct_triton_*); 3: the grouped activation quantizer
+#define TSCT_ABI_VERSION 7 /* 2: the Triton AOT launcher (tsct_triton_*); 3: the grouped activation quantizer
                               (tsct_nvfp4_quantize_rows_grouped) and the sm_120 CuTeDSL entries (tsct_sm120_*);
                               4: the CUTLASS sm_120 grouped NVFP4 GEMM (tsct_cutlass_*);
                               5: the grouped GLU backward kernel tsct_glu_bwd_dz_bf16;
                               6: the low-bit grouped GLU projections tsct_glu_{down,up}_fwd_{nvfp4,sign};
-                              tsct_kernel_smem_bytes */
+                              tsct_kernel_smem_bytes; 7: tsct_glu_down_fwd_{nvfp4,sign} take s_gate / s_up
+                              in bf16 or fp32 (scales_bf16) */
 
 /* The library is built with -fvisibility=hidden; only declarations marked TSCT_API are exported
  * (and csrc/exports.map lists the same names). */
@@ -120,22 +121,23 @@ TSCT_API int tsct_glu_bwd_dz_bf16(const void* grad_out, int64_t grad_rows, int64
  * x[i] when gather_idx is NULL) and W_hat = e2m1 * block scale / s_enc (docs/decisions/0002):
  *   hg[i, :] = xi @ W_gate_hat[e],  hu[i, :] = xi @ W_up_hat[e]                           fp32 [m, 64]
  *   z[i, :]  = silu(hg * s_gate[e]) * (hu * s_up[e]) * row_weight[i]                       bf16 [m, 64]
- * (a NULL s_gate / s_up / row_weight is 1). x: bf16 rows of stride_x elements (a multiple of 8), x_rows rows;
+ * (a NULL s_gate / s_up / row_weight is 1; s_gate / s_up [E, 64] are fp32, or bf16 when scales_bf16 is 1, and
+ * are widened to fp32 exactly). x: bf16 rows of stride_x elements (a multiple of 8), x_rows rows;
  * offs: int32 [num_experts] cumulative END offsets (non-decreasing, offs[E-1] <= m); tile_cum: int32
  * [num_experts] inclusive counts of 64-row tiles per expert (sum of ceil(rows_e / 64)), max_tiles >= its last
  * entry (the grid; extra CTAs exit). Factor e of gate / up: codes u8 [E, 64, d/2] (the [E, d, 64] factor stored
  * N-major, K-contiguous, even k in the low nibble), scales raw UE4M3 bytes [E, 64, d/16] (linear layout),
  * s_enc fp32 [E]. hg / hu: both NULL (not written) or both given. Rows at or past offs[E-1] are not written.
  * r must be 64, d a positive multiple of 64; x and the codes 16-byte aligned, gather_idx 8-byte, the rest
- * 4-byte (z 2-byte). gather_idx entries are not checked (the caller validates them). Needs 70,656 bytes of
+ * 4-byte (z and bf16 scales 2-byte). gather_idx entries are not checked (the caller validates them). Needs 70,656 bytes of
  * shared memory per block: else cudaErrorInvalidConfiguration with a detail. Stream-ordered, no host sync. */
 TSCT_API int tsct_glu_down_fwd_nvfp4(const void* x, int64_t x_rows, int64_t stride_x, const int64_t* gather_idx,
                                      const int32_t* offs, const int32_t* tile_cum, int64_t num_experts, int64_t m,
                                      int64_t d, int64_t r, const void* gate_codes, const void* gate_scales,
                                      const float* gate_s_enc, const void* up_codes, const void* up_scales,
-                                     const float* up_s_enc, const float* s_gate, const float* s_up,
-                                     const float* row_weight, void* z, float* hg, float* hu, int64_t max_tiles,
-                                     void* stream);
+                                     const float* up_s_enc, const void* s_gate, const void* s_up,
+                                     int32_t scales_bf16, const float* row_weight, void* z, float* hg, float* hu,
+                                     int64_t max_tiles, void* stream);
 /* The same with sign w_gate / w_up (docs/formats.md; W = (+-1) a[k] b[n]): gate_codes / up_codes are the bits u8
  * [E, 64, d/8] (8-byte aligned), gate_scales / up_scales are a fp32 [E, d] (16-byte aligned), gate_s_enc / up_s_enc
  * are b fp32 [E, 64]. +-a[k] is rounded to bf16 before the product (the Triton path's rounding); b scales hg / hu. */
@@ -143,9 +145,9 @@ TSCT_API int tsct_glu_down_fwd_sign(const void* x, int64_t x_rows, int64_t strid
                                     const int32_t* offs, const int32_t* tile_cum, int64_t num_experts, int64_t m,
                                     int64_t d, int64_t r, const void* gate_codes, const void* gate_scales,
                                     const float* gate_s_enc, const void* up_codes, const void* up_scales,
-                                    const float* up_s_enc, const float* s_gate, const float* s_up,
-                                    const float* row_weight, void* z, float* hg, float* hu, int64_t max_tiles,
-                                    void* stream);
+                                    const float* up_s_enc, const void* s_gate, const void* s_up,
+                                    int32_t scales_bf16, const float* row_weight, void* z, float* hg, float* hu,
+                                    int64_t max_tiles, void* stream);
 
 /* ---- low-bit grouped GLU forward: the up projection with an NVFP4 w_down (csrc/glu/up_nvfp4.cu) ----
  *   y[i, n] = (z[i] @ W_down_hat[e])[n] * row_weight[i]      bf16 [m, ldy], n < f; columns [f, ldy) get the same

@@ -16,15 +16,16 @@ import ctypes
 import json
 import os
 import threading
-from ctypes import c_char_p, c_int, c_int64, c_void_p
+from ctypes import c_char_p, c_int, c_int32, c_int64, c_void_p
 from pathlib import Path
 from typing import Any
 
 LIB_NAME = "libtsct_kernels.so"
 MANIFEST_NAME = "manifest.json"
-ABI_VERSION = 6  # 2: the Triton AOT launcher (tsct_triton_*); 3: tsct_nvfp4_quantize_rows_grouped, tsct_sm120_*;
+ABI_VERSION = 7  # 2: the Triton AOT launcher (tsct_triton_*); 3: tsct_nvfp4_quantize_rows_grouped, tsct_sm120_*;
 #                   4: the CUTLASS sm_120 grouped NVFP4 GEMM (tsct_cutlass_*); 5: tsct_glu_bwd_dz_bf16;
-#                   6: tsct_glu_{down,up}_fwd_{nvfp4,sign}, tsct_kernel_smem_bytes
+#                   6: tsct_glu_{down,up}_fwd_{nvfp4,sign}, tsct_kernel_smem_bytes; 7: bf16 s_gate / s_up for
+#                   tsct_glu_down_fwd_{nvfp4,sign} (scales_bf16)
 ENV_VAR = "TSCT_NATIVE_LIB"
 
 # Name -> (restype, argtypes) of every entry point in csrc/include/tsct/tsct.h.
@@ -48,11 +49,13 @@ _SIGNATURES: dict[str, tuple[Any, list[Any]]] = {
     "tsct_glu_bwd_dz_bf16": (c_int, [c_void_p, c_int64, c_int64, c_void_p, c_void_p, c_int64, c_int64, c_void_p,
                                      c_void_p, c_int64, c_int64, c_void_p, c_void_p, c_void_p]),
     # x, x_rows, stride_x, gather_idx, offs, tile_cum, num_experts, m, d, r, gate codes, scales, s_enc, up codes,
-    # scales, s_enc, s_gate, s_up, row_weight, z, hg, hu, max_tiles, stream
+    # scales, s_enc, s_gate, s_up, scales_bf16, row_weight, z, hg, hu, max_tiles, stream
     "tsct_glu_down_fwd_nvfp4": (c_int, [c_void_p, c_int64, c_int64, c_void_p, c_void_p, c_void_p, c_int64, c_int64,
-                                        c_int64, c_int64] + [c_void_p] * 12 + [c_int64, c_void_p]),
+                                        c_int64, c_int64] + [c_void_p] * 8 + [c_int32] + [c_void_p] * 4
+                                + [c_int64, c_void_p]),
     "tsct_glu_down_fwd_sign": (c_int, [c_void_p, c_int64, c_int64, c_void_p, c_void_p, c_void_p, c_int64, c_int64,
-                                        c_int64, c_int64] + [c_void_p] * 12 + [c_int64, c_void_p]),
+                                       c_int64, c_int64] + [c_void_p] * 8 + [c_int32] + [c_void_p] * 4
+                               + [c_int64, c_void_p]),
     # z, m, offs, tile_cum, num_experts, f, r, codes, scales, s_enc, row_weight, y, ldy, max_tiles, stream
     "tsct_glu_up_fwd_nvfp4": (c_int, [c_void_p, c_int64, c_void_p, c_void_p, c_int64, c_int64, c_int64, c_void_p,
                                       c_void_p, c_void_p, c_void_p, c_void_p, c_int64, c_int64, c_void_p]),

@@ -520,8 +520,10 @@ def _check_down_lowbit(x, offs, tile_cum, gate, up, fmt, m, gather_idx, s_gate, 
         raise ValueError(f"x has {x.shape[0]} rows < m={m} and no gather_idx")
     for name, t, shape in (("s_gate", s_gate, (e, 64)), ("s_up", s_up, (e, 64)), ("row_weight", row_weight, (m,))):
         if t is not None:
-            _dtype(name, t, (torch.float32,))
-            _shape(name, t, shape, "fp32 per rank" if name != "row_weight" else "one per routed row")
+            _dtype(name, t, (torch.float32,) if name == "row_weight" else (torch.float32, torch.bfloat16))
+            _shape(name, t, shape, "one per rank" if name != "row_weight" else "one per routed row")
+    if s_gate is not None and s_up is not None and s_gate.dtype != s_up.dtype:
+        raise TypeError(f"s_gate and s_up must share a dtype, got {s_gate.dtype} and {s_up.dtype}")
     for name, t in named:
         if name != "x" and not t.is_contiguous():
             raise ValueError(f"{name} must be contiguous")
@@ -581,7 +583,8 @@ def glu_down_fwd_lowbit(
             linear layout), s_enc float32 [E]); "sign": (bits uint8 [E, 64, d/8] 8-byte aligned, a float32
             [E, d] 16-byte aligned, b float32 [E, 64]).
         m: routed rows (z's rows); gather_idx: optional int64 [m] (entries not checked).
-        s_gate, s_up, row_weight: optional float32 [E, 64], [E, 64], [m].
+        s_gate, s_up: optional [E, 64], both float32 or both bfloat16 (read as they are, widened exactly).
+        row_weight: optional float32 [m].
         save: also return hg and hu (float32 [m, 64]).
         out: optional (z, hg, hu) to write into (contiguous, the shapes and dtypes returned; hg, hu None
             unless ``save``).
@@ -611,7 +614,8 @@ def glu_down_fwd_lowbit(
     opt = lambda t: _ptr(t) if t is not None else null  # noqa: E731
     _call(f"tsct_glu_down_fwd_{fmt}", x.device, _ptr(x), x.shape[0], x.stride(0), opt(gather_idx), _ptr(offs),
           _ptr(tile_cum), e, m, d, 64, *[_ptr(t) for t in gate], *[_ptr(t) for t in up], opt(s_gate), opt(s_up),
-          opt(row_weight), _ptr(z), opt(hg), opt(hu), max_tiles)
+          int(any(t is not None and t.dtype == torch.bfloat16 for t in (s_gate, s_up))), opt(row_weight), _ptr(z),
+          opt(hg), opt(hu), max_tiles)
     return z, hg, hu
 
 

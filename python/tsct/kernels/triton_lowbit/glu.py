@@ -181,6 +181,7 @@ def _native_tiles(offs: Tensor, cum: Tensor, max_tiles: int, m: int, cfg, cap) -
 def _down(x, gidx, offs, cum, max_tiles, fg, pg, fu, pu, sg, su, rw, z, hg, hu, m, cfg, aligned, cap) -> None:
     """The down projection + GLU into ``z`` (and hg, hu when given: the BWD mode, whose z carries
     ``rw``): the CUDA kernel where ``_native_down`` allows, else the Triton kernel ``lowbit_down_fwd``.
+    ``sg`` / ``su``: ``G._scales_in``'s (fp32 or x's dtype; the CUDA kernel reads either, the Triton one fp32).
     ``cum`` / ``max_tiles``: the tile map of ``cfg.bm`` rows (the CUDA kernel's tiles are 64 rows)."""
     e, r, d = offs.shape[0], z.shape[1], x.shape[1]
     if _native_down(cfg, fg, fu, x, r, d, pg, pu):
@@ -192,6 +193,8 @@ def _down(x, gidx, offs, cum, max_tiles, fg, pg, fu, pu, sg, su, rw, z, hg, hu, 
                                    out=(z, hg, hu), validate=False)  # _native_down and the op checked them
         FAMILY.count("native", "lowbit_down_fwd")
         return
+    if sg is not None and sg.dtype != torch.float32:  # the Triton kernel's scales are fp32
+        sg, su = G._scales(sg, su)
     br = LS.rank_block(cfg)
     bwd = hg is not None
     _launch("lowbit_down_fwd", (max_tiles, G._cdiv(r, br)),
@@ -297,7 +300,7 @@ def _forward(x, offs, w_gate, w_up, w_down, s_gate, s_up, row_weight, gather_idx
     fg, pg = _factor_args("w_gate", w_gate, dtype)
     fu, pu = _factor_args("w_up", w_up, dtype)
     fd, pd = _factor_args("w_down", w_down, dtype)
-    sg, su = G._scales(s_gate, s_up)
+    sg, su = G._scales_in(s_gate, s_up, dtype)
     rw = G._f32(row_weight)
     gidx = G._i64(gather_idx)
     bm = cfg.bm
@@ -344,7 +347,7 @@ def down_forward(x: Tensor, offs: Tensor, w_gate, w_up, s_gate: Optional[Tensor]
     x = x.contiguous()
     fg, pg = _factor_args("w_gate", w_gate, x.dtype)
     fu, pu = _factor_args("w_up", w_up, x.dtype)
-    sg, su = G._scales(s_gate, s_up)
+    sg, su = G._scales_in(s_gate, s_up, x.dtype)
     gidx = G._i64(gather_idx)
     offs = offs.contiguous()
     _down(x, gidx, offs, G._tile_cum(offs, cfg.bm), G._cdiv(m, cfg.bm) + e, fg, pg, fu, pu, sg, su, None, z, None,
@@ -404,8 +407,7 @@ def grouped_glu_backward(
     fg, pg = _factor_args("w_gate", w_gate, dtype)
     fu, pu = _factor_args("w_up", w_up, dtype)
     fd, pd = _factor_args("w_down", w_down, dtype)
-    # with saved tensors only glu_bwd_epi reads the scales (as given); a recompute's down kernels take fp32
-    sg, su = G._scales_in(s_gate, s_up, dtype) if saved else G._scales(s_gate, s_up)
+    sg, su = G._scales_in(s_gate, s_up, dtype)  # glu_bwd_epi and _down read them as given
     rw = G._f32(row_weight)
     gidx, sidx = G._i64(gather_idx), G._i64(scatter_idx)
     has_s = sg is not None
