@@ -18,7 +18,9 @@ the ops (``tsct.ops._eager``).
 ``csr_side_stream``: the forward of a GPU path with ``scatter_idx`` builds the combine's CSR (a stable sort of
 the targets, latency-bound small kernels) on a second, high-priority CUDA stream while the projections run on
 the caller's stream, which waits for it before the combine. Same results either way; ``TSCT_CSR_SIDE_STREAM=0``
-or ``tsct.config.csr_side_stream = False`` keeps everything on the caller's stream.
+or ``tsct.config.csr_side_stream = False`` keeps everything on the caller's stream. Nothing is built when
+``scatter_idx`` is the token tensor ``tsct.ops.sort_by_expert`` returned (with its offs): the sort's kernels
+wrote that CSR already.
 
 ``warn_fallbacks``: warn (once per path and reason) when ``impl="auto"`` could not take the
 preferred path. The counter in ``tsct.dispatch.fallback_counts()`` counts every time regardless.

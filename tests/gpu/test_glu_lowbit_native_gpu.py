@@ -28,6 +28,7 @@ pytestmark = pytest.mark.gpu
 if not torch.cuda.is_available():
     pytest.skip("needs a CUDA GPU", allow_module_level=True)
 
+import tsct  # noqa: E402
 from tsct import native, quant  # noqa: E402
 from tsct.kernels.triton_glu import glu as G  # noqa: E402
 from tsct.kernels.triton_lowbit import glu as L  # noqa: E402
@@ -167,6 +168,26 @@ def test_against_reference_and_triton(case, save, fmt):
     assert torch.equal(z[:mv].view(torch.int16), z2[:mv].view(torch.int16))
     if save:
         assert torch.equal(hg[:mv].view(torch.int32), hg2[:mv].view(torch.int32))
+
+
+@pytest.mark.parametrize("fmt", FMTS)
+def test_bf16_scales_read_as_given(fmt):
+    """bf16 s_gate / s_up (the C entry's scales_bf16): the same bits as the same values passed as fp32, through the
+    kernel and through the op's dispatch (which hands them over without a conversion kernel), save and plain."""
+    p = make(CASES[0][1], 2048, 3, True, True, True, seed=77, fmt=fmt)
+    p["sg"], p["su"] = p["sg"].bfloat16(), p["su"].bfloat16()
+    q = dict(p, sg=p["sg"].float(), su=p["su"].float())
+    mv = sum(CASES[0][1])
+    for save in (False, True):
+        a, b = run_native(p, save), run_native(q, save)
+        for u, v in zip(a, b):
+            if u is not None:
+                assert torch.equal(u[:mv], v[:mv])
+    x, offs = p["x"], p["offs"]
+    wd = quant.quantize((torch.randn(offs.shape[0], R, 200) * 0.1).to(DEV), fmt)
+    outs = [tsct.ops.grouped_glu(x, offs, p["qg"], p["qu"], wd, s["sg"], s["su"], gather_idx=p["gidx"],
+                                 impl="triton-lowbit") for s in (p, q)]
+    assert torch.equal(outs[0][:mv], outs[1][:mv]) and torch.isfinite(outs[0][:mv].float()).all()
 
 
 def test_nan_row_and_nan_block_scale():
