@@ -105,6 +105,22 @@ int tsct_kernel_smem_bytes(const char* kernel_name, int* bytes) {
   return 0;
 }
 
+int tsct_stream_capture_id(void* stream, unsigned long long* capture_id) {
+  tsct::clear_error_detail();
+  if (!capture_id) return tsct::fail(TSCT_ERR_BAD_ARGUMENT, "tsct_stream_capture_id: null pointer argument");
+  *capture_id = 0;
+  cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+  unsigned long long id = 0;
+  const cudaError_t e = cudaStreamGetCaptureInfo(static_cast<cudaStream_t>(stream), &status, &id);
+  if (e != cudaSuccess) {
+    cudaGetLastError();  // not sticky
+    return tsct::fail(static_cast<int>(e), "tsct_stream_capture_id: %s (%s)", cudaGetErrorName(e),
+                      cudaGetErrorString(e));
+  }
+  if (status == cudaStreamCaptureStatusActive) *capture_id = id;
+  return 0;
+}
+
 int tsct_kernel_available(const char* kernel_name, int* available) {
   tsct::clear_error_detail();
   if (!kernel_name || !available)

@@ -58,6 +58,24 @@ def _linked_csr_differs(token: torch.Tensor, offs: torch.Tensor, t: int, k: int,
     return why
 
 
+def _links_voided_or_absent() -> list[str]:
+    """No link from an inference-mode sort (inference tensors have no version counter), and a storage swap
+    (``set_``) voids one."""
+    ids = torch.randint(-1, 9, (300, 2))
+    why = []
+    with torch.inference_mode():
+        order, offs, token, _ = route.sort_by_expert(ids, 9)
+    if G.linked_csr(token, offs, 600, 300) is not None:
+        why.append("inference-mode sort linked a csr")
+    order, offs, token, _ = route.sort_by_expert(ids, 9)
+    if G.linked_csr(token, offs, 600, 300) is None:
+        why.append("no linked csr")
+    token.set_(token.clone().untyped_storage())  # another storage
+    if G.linked_csr(token, offs, 600, 300) is not None:
+        why.append("csr link survived a storage swap")
+    return why
+
+
 def main() -> int:
     torch.empty = _poisoned  # every buffer the launch allocates starts as garbage, not zeros
     g = torch.Generator().manual_seed(1)
@@ -83,6 +101,9 @@ def main() -> int:
         name = f"T{t}_k{k}_E{e}_{str(dt).split('.')[-1]}"
         print(name, "ok" if not why else "differs: " + ", ".join(why))
         bad += bool(why)
+    why = _links_voided_or_absent()
+    print("links", "ok" if not why else "differs: " + ", ".join(why))
+    bad += bool(why)
     empty = route.sort_by_expert(torch.zeros(0, 2, dtype=torch.int64), 4)
     ok = [x.shape[0] for x in empty[:3]] == [0, 4, 0] and not bool(empty[1].any()) and empty[3] is None
     print("T0", "ok" if ok else "differs")

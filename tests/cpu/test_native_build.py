@@ -501,6 +501,7 @@ def test_c_entry_points_reject_bad_arguments(lib):
         rc = fn(*args)
         assert rc == BAD_ARGUMENT, (fn.__name__, args, rc)
         assert needle in _detail(lib), (fn.__name__, needle, _detail(lib))
+    assert lib.tsct_stream_capture_id(None, None) == BAD_ARGUMENT and "null pointer" in _detail(lib)
     # Empty work is a success with no launch (so no CUDA call), null pointers allowed.
     assert lib.tsct_nvfp4_quantize(None, 1, 0, 4, 32, None, None, None, 1, None) == 0
     assert lib.tsct_nvfp4_dequantize(None, None, 0, None, 3, 0, 32, None, 1, None) == 0

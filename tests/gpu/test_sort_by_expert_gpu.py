@@ -259,3 +259,89 @@ def test_csr_link_survives_the_op_and_is_voided_by_changes():
     s = tsct.ops.sort_by_expert(ids, 100)
     s.token.add_(0)
     assert G.linked_csr(s.token, s.offs, 10000, 5000) is None
+
+
+def _small_glu(t, e, d=256, r=64, f=300, seed=21):
+    g = torch.Generator(device=DEV).manual_seed(seed)
+    x = torch.randn(t, d, device=DEV, generator=g).bfloat16()
+    fac = [(torch.randn(e, d, r, device=DEV, generator=g) / d ** 0.5).bfloat16(),
+           (torch.randn(e, d, r, device=DEV, generator=g) / d ** 0.5).bfloat16(),
+           (torch.randn(e, r, f, device=DEV, generator=g) / r ** 0.5).bfloat16()]
+    return x, fac
+
+
+def _glu(x, fac, s):
+    return tsct.ops.grouped_glu(x, s.offs, *fac, row_weight=s.row_weight, gather_idx=s.token, scatter_idx=s.token,
+                                num_out_rows=x.shape[0])
+
+
+def test_graph_with_routing_as_static_input_builds_its_own_csr(monkeypatch):
+    """A graph that takes sort_by_expert's outputs as static inputs (make_graphed_callables' pattern: new routing
+    is copied into them before each replay) must not replay the CSR linked at capture time: it builds its own
+    in the graph. Replayed with other routing copied in, it gives the eager result of that routing."""
+    from tsct.kernels.triton_glu import glu as G
+    t, e = 2000, 40
+    x, fac = _small_glu(t, e)
+    w1, ids1 = torch.softmax(torch.randn(t, e, device=DEV), -1).topk(2)
+    w2, ids2 = torch.softmax(torch.randn(t, e, device=DEV), -1).topk(2)
+    s = tsct.ops.sort_by_expert(ids1, e, w1)
+    s2 = tsct.ops.sort_by_expert(ids2, e, w2)
+    built = []
+    real = G._csr
+    monkeypatch.setattr(G, "_csr", lambda *a: built.append(1) or real(*a))
+    g, out = captured(lambda: _glu(x, fac, s))
+    assert built, "the capture used the CSR linked outside it"
+    for a, b in zip((s.offs, s.token, s.row_weight), (s2.offs, s2.token, s2.row_weight)):
+        a.copy_(b)
+    g.replay()
+    torch.cuda.synchronize()
+    want = _glu(x, fac, tsct.ops.sort_by_expert(ids2, e, w2))
+    assert torch.equal(out, want)
+
+
+def test_graph_with_sort_inside_uses_the_linked_csr(monkeypatch):
+    """The sort and the op captured together (the benchmark's graph): the op takes the CSR the captured sort
+    writes (no CSR built in the capture), and each replay sorts the current ids."""
+    from tsct.kernels.triton_glu import glu as G
+    t, e = 2000, 40
+    x, fac = _small_glu(t, e, seed=22)
+    w, ids = torch.softmax(torch.randn(t, e, device=DEV), -1).topk(2)
+    built = []
+    real = G._csr
+    st = torch.cuda.Stream()
+    st.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(st):  # warm-up outside the capture
+        _glu(x, fac, tsct.ops.sort_by_expert(ids, e, w))
+    torch.cuda.current_stream().wait_stream(st)
+    monkeypatch.setattr(G, "_csr", lambda *a: built.append(1) or real(*a))
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        out = _glu(x, fac, tsct.ops.sort_by_expert(ids, e, w))
+    assert not built, "the capture built a CSR although its own sort linked one"
+    w2, ids2 = torch.softmax(torch.randn(t, e, device=DEV), -1).topk(2)
+    ids.copy_(ids2)
+    w.copy_(w2)
+    g.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(out, _glu(x, fac, tsct.ops.sort_by_expert(ids2, e, w2)))
+
+
+def test_linked_csr_on_another_stream_and_under_inference_mode():
+    """The op on another stream than the sort (the linked CSR is recorded on it), and a sort under
+    torch.inference_mode (no link: no version counter): the same bits as through a copy of the token."""
+    t, e = 2000, 40
+    x, fac = _small_glu(t, e, seed=23)
+    w, ids = torch.softmax(torch.randn(t, e, device=DEV), -1).topk(2)
+    s = tsct.ops.sort_by_expert(ids, e, w)
+    want = tsct.ops.grouped_glu(x, s.offs, *fac, row_weight=s.row_weight, gather_idx=s.token.clone(),
+                                scatter_idx=s.token.clone(), num_out_rows=t)
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        got = _glu(x, fac, s)
+    torch.cuda.current_stream().wait_stream(side)
+    del s
+    assert torch.equal(got, want)
+    with torch.inference_mode():
+        s = tsct.ops.sort_by_expert(ids, e, w)
+        assert torch.equal(_glu(x, fac, s), want)

@@ -26,7 +26,7 @@ extern "C" {
                               5: the grouped GLU backward kernel tsct_glu_bwd_dz_bf16;
                               6: the low-bit grouped GLU projections tsct_glu_{down,up}_fwd_{nvfp4,sign};
                               tsct_kernel_smem_bytes; 7: tsct_glu_down_fwd_{nvfp4,sign} take s_gate / s_up
-                              in bf16 or fp32 (scales_bf16) */
+                              in bf16 or fp32 (scales_bf16); tsct_stream_capture_id */
 
 /* The library is built with -fvisibility=hidden; only declarations marked TSCT_API are exported
  * (and csrc/exports.map lists the same names). */
@@ -58,6 +58,9 @@ TSCT_API int tsct_kernel_available(const char* kernel_name, int* available);
 /* *bytes = the dynamic shared memory per block the library's entry point launches the named kernel with (0 for
  * the grid-stride kernels); a host-side table read, no CUDA call. An unknown name is TSCT_ERR_BAD_ARGUMENT. */
 TSCT_API int tsct_kernel_smem_bytes(const char* kernel_name, int* bytes);
+/* *capture_id = the id of the CUDA graph capture active on stream (cudaStreamGetCaptureInfo), 0 when none;
+ * the cudaError_t when the query fails (then *capture_id = 0). Host-side, no launch. */
+TSCT_API int tsct_stream_capture_id(void* stream, unsigned long long* capture_id);
 
 /* NVFP4 quantize. x: [batch, n, k] of dtype x_dtype; s_enc: [batch] fp32 encode scales (computed by
  * the caller from the finite amax, see 0002). codes: [batch, n, k/2] bytes; block_scale: linear

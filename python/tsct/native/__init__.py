@@ -31,6 +31,7 @@ Kernels (CUDA tensors; see each docstring for shapes, dtypes and errors):
         the same with 1-bit sign factors
     sign_pack(w) -> bits
     sign_dequantize(bits, a, b, out_dtype=torch.bfloat16) -> Tensor
+    stream_capture_id(stream) -> int the CUDA graph capture underway on a stream (0: none)
 """
 
 from tsct.native._loader import (
@@ -56,6 +57,7 @@ from tsct.native._ops import (
     sm120_built,
     sm120_nvfp4_grouped,
     sm120_sign_grouped,
+    stream_capture_id,
     swizzled_scale_numel,
 )
 
@@ -80,5 +82,6 @@ __all__ = [
     "sm120_built",
     "sm120_nvfp4_grouped",
     "sm120_sign_grouped",
+    "stream_capture_id",
     "swizzled_scale_numel",
 ]

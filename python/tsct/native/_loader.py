@@ -25,7 +25,7 @@ MANIFEST_NAME = "manifest.json"
 ABI_VERSION = 7  # 2: the Triton AOT launcher (tsct_triton_*); 3: tsct_nvfp4_quantize_rows_grouped, tsct_sm120_*;
 #                   4: the CUTLASS sm_120 grouped NVFP4 GEMM (tsct_cutlass_*); 5: tsct_glu_bwd_dz_bf16;
 #                   6: tsct_glu_{down,up}_fwd_{nvfp4,sign}, tsct_kernel_smem_bytes; 7: bf16 s_gate / s_up for
-#                   tsct_glu_down_fwd_{nvfp4,sign} (scales_bf16)
+#                   tsct_glu_down_fwd_{nvfp4,sign} (scales_bf16); tsct_stream_capture_id
 ENV_VAR = "TSCT_NATIVE_LIB"
 
 # Name -> (restype, argtypes) of every entry point in csrc/include/tsct/tsct.h.
@@ -36,6 +36,7 @@ _SIGNATURES: dict[str, tuple[Any, list[Any]]] = {
     "tsct_build_info": (c_char_p, []),
     "tsct_kernel_available": (c_int, [c_char_p, ctypes.POINTER(c_int)]),
     "tsct_kernel_smem_bytes": (c_int, [c_char_p, ctypes.POINTER(c_int)]),
+    "tsct_stream_capture_id": (c_int, [c_void_p, ctypes.POINTER(ctypes.c_ulonglong)]),
     # x, x_dtype, batch, n, k, s_enc, codes, block_scale, layout, stream
     "tsct_nvfp4_quantize": (c_int, [c_void_p, c_int, c_int64, c_int64, c_int64, c_void_p, c_void_p, c_void_p, c_int, c_void_p]),
     # codes, block_scale, layout, s_enc, batch, n, k, out, out_dtype, stream

@@ -85,6 +85,18 @@ def _call(fn: str, device: torch.device, *args: object) -> None:
         raise RuntimeError(error_message(fn, rc))
 
 
+def stream_capture_id(stream: "torch.cuda.Stream") -> int:
+    """The id of the CUDA graph capture underway on ``stream`` (``tsct_stream_capture_id``: cudaStreamGetCaptureInfo),
+    0 when none. Torch does not expose it; ``tsct.kernels.triton_glu.glu.link_csr`` tells captures apart with it.
+    Raises NativeUnavailableError without the library, RuntimeError if the query fails."""
+    lib = get_lib()
+    out = ctypes.c_ulonglong(0)
+    rc = lib.tsct_stream_capture_id(ctypes.c_void_p(stream.cuda_stream), ctypes.byref(out))
+    if rc != 0:
+        raise RuntimeError(error_message("tsct_stream_capture_id", rc))
+    return out.value
+
+
 def nvfp4_quantize(x: Tensor, s_enc: Tensor, layout: str = "linear") -> tuple[Tensor, Tensor]:
     """NVFP4-quantize each matrix of x with its encode scale (``tsct_nvfp4_quantize``).
 

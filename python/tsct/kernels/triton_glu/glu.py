@@ -234,25 +234,74 @@ def _csr_fill(idx: Tensor, offs: Tensor, m: int, n_out: int, cap, kdt: torch.dty
     torch.searchsorted(skey, torch.arange(n_out + 1, device=idx.device, dtype=kdt), out=ptr)
 
 
+_csr_links: Any = None  # token tensor -> _CsrLink (torch.utils.weak.WeakIdKeyDictionary, created on first use)
+
+
+@dataclasses.dataclass(frozen=True)
+class _CsrLink:
+    offs: Tensor
+    versions: tuple[int, int]       # token's and offs' version counters when linked
+    data_ptrs: tuple[int, int]      # and their storage (``set_`` moves it without a version bump)
+    stream: Any                     # the stream the CSR was written on
+    capture: int                    # the CUDA graph capture it was written in (0: none)
+    order: Tensor
+    ptr: Tensor
+
+
+def _capture_id(device: torch.device) -> Optional[int]:
+    """The CUDA graph capture underway on the device's current stream: 0 when none, None when it cannot be told
+    (torch does not expose the id; the native library's ``stream_capture_id`` reads it)."""
+    if device.type != "cuda" or not torch.cuda.is_current_stream_capturing():
+        return 0
+    try:
+        from tsct import native
+        return native.stream_capture_id(torch.cuda.current_stream(device))
+    except Exception:  # no native library (a JIT-only install), or the query failed
+        return None
+
+
 def link_csr(token: Tensor, offs: Tensor, order: Tensor, ptr: Tensor) -> None:
-    """Record on ``token`` (``sort_by_expert``'s, written by ``route_place`` with this CSR) that combining through it
-    with these ``offs`` may use ``(order, ptr)`` instead of building ``_csr``: the same rows in the same order per
-    target (plus dropped choices' padding rows, which ``combine_rows`` skips), so the same bits. Kept with the
-    tensors' versions: an in-place change of either one voids it (``linked_csr``)."""
-    token._tsct_csr = (offs, offs._version, token._version, order, ptr)
+    """Record that combining through ``token`` (``sort_by_expert``'s, just written by ``route_place`` together with
+    this CSR) with these ``offs`` may use ``(order, ptr)`` instead of building ``_csr``: the same rows in the same
+    order per target (plus dropped choices' padding rows, which ``combine_rows`` skips), so the same bits.
+    ``linked_csr`` hands it out only while both tensors are the same objects with the same storage and version
+    counters, and inside a CUDA graph capture only to the capture that wrote it (a graph replays the CSR it
+    captured: one captured with the sort rewrites it on each replay, one that takes the token as an input would
+    not). Writes that bypass the version counter (``.data``, DLPack) are not seen, as with autograd's saved
+    tensors. Inference tensors have no version counter: not linked."""
+    global _csr_links
+    if torch.is_inference(token) or torch.is_inference(offs):
+        return
+    cap = _capture_id(token.device)
+    if cap is None:
+        return
+    if _csr_links is None:
+        from torch.utils.weak import WeakIdKeyDictionary
+        _csr_links = WeakIdKeyDictionary()
+    stream = torch.cuda.current_stream(token.device) if token.is_cuda else None
+    _csr_links[token] = _CsrLink(offs, (token._version, offs._version), (token.data_ptr(), offs.data_ptr()), stream,
+                                 cap, order, ptr)
 
 
 def linked_csr(idx: Tensor, offs: Tensor, m: int, n_out: int) -> Optional[tuple[Tensor, Tensor]]:
-    """The CSR ``link_csr`` recorded on ``idx`` for exactly this ``offs`` object, m rows and n_out targets, while
-    neither tensor has changed since; else None (build one)."""
-    rec = getattr(idx, "_tsct_csr", None)
-    if rec is None:
+    """The CSR ``link_csr`` recorded for ``idx`` with exactly this ``offs`` object, m rows and n_out targets, while
+    still valid (see ``link_csr``); else None (build one). Used on another stream than it was written on, it is
+    recorded on that stream (``record_stream``) so its memory outlives the use."""
+    link = _csr_links.get(idx) if _csr_links is not None else None
+    if link is None or link.offs is not offs or link.order.shape[0] != m or link.ptr.shape[0] != n_out + 1:
         return None
-    o, o_ver, i_ver, order, ptr = rec
-    if o is not offs or o._version != o_ver or idx._version != i_ver or order.shape[0] != m \
-            or ptr.shape[0] != n_out + 1:
+    if (idx._version, offs._version) != link.versions or (idx.data_ptr(), offs.data_ptr()) != link.data_ptrs:
         return None
-    return order, ptr
+    if not idx.is_cuda:
+        return link.order, link.ptr
+    cap = _capture_id(idx.device)
+    if cap != 0 and cap != link.capture:  # capturing (or cannot tell): only the capture that wrote it
+        return None
+    stream = torch.cuda.current_stream(idx.device)
+    if cap == 0 and link.capture == 0 and stream != link.stream:
+        link.order.record_stream(stream)
+        link.ptr.record_stream(stream)
+    return link.order, link.ptr
 
 
 def build_csr(idx: Tensor, offs: Tensor, m: int, n_out: int, cap) -> tuple[Tensor, Tensor]:
