@@ -86,8 +86,9 @@ def sort_by_expert(topk_ids: Tensor, num_experts: int, topk_weights: Optional[Te
     With the kernels, the returned ``token`` tensor also carries the combine's index (each token's rows in sorted
     order, written by the same kernels): a ``grouped_glu`` that scatters through this very tensor with these
     ``offs`` uses it instead of sorting the targets itself (same result, ~0.25 ms less host time and a few
-    microseconds of GPU time per forward at b1). A copy or an in-place change of either tensor drops back to
-    the sort (docs/decisions/0015-routing-and-side-stream.md).
+    microseconds of GPU time per forward at b1). A copy, an in-place change of either tensor, an inference-mode
+    sort or a CUDA graph that did not capture this sort itself drops back to the sort; a write that bypasses the
+    version counter (``.data``, DLPack) is not seen (docs/decisions/0015-routing-and-side-stream.md).
     """
     if not isinstance(topk_ids, Tensor):
         raise TypeError(f"topk_ids must be a torch.Tensor, got {type(topk_ids).__name__}")

@@ -402,7 +402,8 @@ def combine_forward(y: Tensor, scatter_idx: Tensor, offs: Tensor, n_out: int, f:
                     saved: list[Tensor], save: bool, csr: tuple[Tensor, Tensor]) -> Tensor:
     """The forward's combine of y's first ``f`` columns into ``[n_out, f]`` through ``csr`` (``csr_overlap``'s). A
     saving forward (``save``) appends that CSR (order int64 [M], ptr int64 [n_out + 1]) to ``saved``: the
-    backward's dX combine reuses it when it would build the same one (``dx_csr``)."""
+    backward's dX combine reuses it when it would build the same one (``dx_csr``). A linked CSR (``link_csr``)
+    also lists padding rows, which ``combine_rows`` skips."""
     if save:
         saved.extend(csr)
     return _combine(y, scatter_idx, offs, n_out, cfg, cap, ncols=f, csr=csr)
