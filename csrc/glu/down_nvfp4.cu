@@ -68,7 +68,8 @@ struct DownParams {
 
 // A per-rank scale, fp32 or bf16 (the caller's dtype: no conversion kernel before the launch), as fp32 (exact).
 __device__ __forceinline__ float rank_scale(const void* s, int bf16_scales, size_t i) {
-  return bf16_scales ? __bfloat162float(__ldg(static_cast<const bf16*>(s) + i)) : __ldg(static_cast<const float*>(s) + i);
+  return bf16_scales ? __bfloat162float(__ldg(static_cast<const bf16*>(s) + i))
+                     : __ldg(static_cast<const float*>(s) + i);
 }
 
 constexpr int X_STAGE = BM * KC;                   // bf16 elements: 64 rows x 128 B

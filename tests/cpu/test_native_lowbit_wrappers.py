@@ -61,7 +61,8 @@ def test_down_wrapper_marshals(calls, fmt, save, scales):
     assert v[:10] == [x.data_ptr(), M, D, None, offs.data_ptr(), cum.data_ptr(), E, M, D, 64]
     assert v[10:16] == [t.data_ptr() for t in (*gate, *up)]
     # s_gate, s_up as given (no copy), then scales_bf16
-    assert v[16:19] == ([None, None, 0] if sg is None else [sg.data_ptr(), su.data_ptr(), int(scales == torch.bfloat16)])
+    want = [None, None, 0] if sg is None else [sg.data_ptr(), su.data_ptr(), int(scales == torch.bfloat16)]
+    assert v[16:19] == want
     assert v[19] == rw.data_ptr() and v[20] == z.data_ptr() and v[23] == 5
     assert v[21:23] == ([hg.data_ptr(), hu.data_ptr()] if save else [None, None])
 

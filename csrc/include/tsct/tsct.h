@@ -132,8 +132,9 @@ TSCT_API int tsct_glu_bwd_dz_bf16(const void* grad_out, int64_t grad_rows, int64
  * N-major, K-contiguous, even k in the low nibble), scales raw UE4M3 bytes [E, 64, d/16] (linear layout),
  * s_enc fp32 [E]. hg / hu: both NULL (not written) or both given. Rows at or past offs[E-1] are not written.
  * r must be 64, d a positive multiple of 64; x and the codes 16-byte aligned, gather_idx 8-byte, the rest
- * 4-byte (z and bf16 scales 2-byte). gather_idx entries are not checked (the caller validates them). Needs 70,656 bytes of
- * shared memory per block: else cudaErrorInvalidConfiguration with a detail. Stream-ordered, no host sync. */
+ * 4-byte (z and bf16 scales 2-byte). gather_idx entries are not checked (the caller validates them). Needs
+ * 70,656 bytes of shared memory per block: else cudaErrorInvalidConfiguration with a detail. Stream-ordered, no
+ * host sync. */
 TSCT_API int tsct_glu_down_fwd_nvfp4(const void* x, int64_t x_rows, int64_t stride_x, const int64_t* gather_idx,
                                      const int32_t* offs, const int32_t* tile_cum, int64_t num_experts, int64_t m,
                                      int64_t d, int64_t r, const void* gate_codes, const void* gate_scales,

@@ -410,6 +410,12 @@ def _imax(a, b):
 
 
 @triton.jit
+def _route_key(v, E):
+    """The sort key of expert id v: v in [0, E), else E (a padding row, after every expert)."""
+    return tl.where((v >= 0) & (v < E), v, E).to(tl.int32)
+
+
+@triton.jit
 def route_rank(ids_ptr, srt_ptr, rank_ptr, hist_ptr, crank_ptr, M, E, P, K, B: tl.constexpr, EBLK: tl.constexpr):
     """Chunk p (rows p*B ..): srt[p*B + q] = key * B + local row of the q-th row in (key, row) order, rank[p*B + q] =
     its rank among the chunk's rows of that key; hist[key, p] = the chunk's row count of each key (0 if none).
@@ -419,13 +425,11 @@ def route_rank(ids_ptr, srt_ptr, rank_ptr, hist_ptr, crank_ptr, M, E, P, K, B: t
     q = tl.arange(0, B)
     i = p * B + q
     v = tl.load(ids_ptr + i, mask=i < M, other=0)
-    key = tl.where((v >= 0) & (v < E), v, E).to(tl.int32)
-    key = tl.where(i < M, key, E + 1)
+    key = tl.where(i < M, _route_key(v, E), E + 1)
     first = i - i % K  # the token's first row: its K ids are this row's neighbours (cached)
     c = tl.zeros((B,), dtype=tl.int32)
     for j in range(0, K):
-        vj = tl.load(ids_ptr + first + j, mask=i < M, other=0)
-        kj = tl.where((vj >= 0) & (vj < E), vj, E).to(tl.int32)
+        kj = _route_key(tl.load(ids_ptr + first + j, mask=i < M, other=0), E)
         c += ((kj < key) | ((kj == key) & (first + j < i))).to(tl.int32)
     tl.store(crank_ptr + i, c, mask=i < M)
     s = tl.sort(key * B + q)

@@ -402,10 +402,9 @@ def enumerate_specs(arch: str) -> Iterator[Spec]:
         brs = sorted({rank_block(cfg, r, aligned) for r in (1, 16, 17, 32, 33, 64, 4096)})
         ups = sorted({up_k(cfg, r, aligned) for r in (1, 16, 17, 32, 33, 64, 65, 128, 129)})
         out = []
+        scale_types = sorted({None, "*fp32", D}, key=str)  # s_gate / s_up: none, fp32 or x's dtype (glu._scales_in)
         # glu_down_fwd: forward (z) and the backward's recompute (hg, hu fp32; z*rw)
-        # scales: none, fp32, or in x's dtype (glu._scales_in: the forward passes them as given)
-        for g, st, rw, bwd, br in itertools.product(IDX, sorted({None, "*fp32", D}, key=str), (False, True),
-                                                    (False, True), brs):
+        for g, st, rw, bwd, br in itertools.product(IDX, scale_types, (False, True), (False, True), brs):
             if rw and not bwd:
                 continue  # the forward never passes row_weight to the down kernel
             s = st is not None
@@ -458,8 +457,8 @@ def enumerate_specs(arch: str) -> Iterator[Spec]:
             consts = dict(HAS_SCATTER=sc is not None, DO_DWD=dwd, VEC=vec, WD_T=wd_t, BM=cfg.bm, BR=br,
                           BN=cfg.bn_bwd)
             out.append(_spec("glu_bwd_dz", types, consts, *dz_warps_stages(cfg, vec, wd_t), aligned))
-        for st, rw, br in itertools.product(sorted({None, "*fp32", D}, key=str), (False, True), brs):
-            s = st is not None  # scales as for glu_down_fwd: none, fp32 or x's dtype (glu._scales_in)
+        for st, rw, br in itertools.product(scale_types, (False, True), brs):
+            s = st is not None
             types = dict(hg_ptr="*fp32", hu_ptr="*fp32", part_ptr="*fp32", offs_ptr="*i32", sg_ptr=st or UNUSED,
                          su_ptr=st or UNUSED, rw_ptr="*fp32", dhg_ptr=D, dhu_ptr=D, dsg_ptr="*fp32", dsu_ptr="*fp32",
                          drw_ptr="*fp32")
