@@ -178,3 +178,8 @@ def test_int64_offs_rejected_by_name():
     with pytest.raises(TypeError, match="offs must be int32"):
         L.grouped_glu_backward(torch.zeros(M, F), x, offs, wg, wu, wd, None, None, None, None, None, None,
                                [True] + [False] * 6)
+
+
+def test_stream_capture_id_names_a_bad_stream():
+    with pytest.raises(TypeError, match="stream must be a torch.cuda.Stream"):
+        _ops.stream_capture_id(0)

@@ -88,7 +88,10 @@ def _call(fn: str, device: torch.device, *args: object) -> None:
 def stream_capture_id(stream: "torch.cuda.Stream") -> int:
     """The id of the CUDA graph capture underway on ``stream`` (``tsct_stream_capture_id``: cudaStreamGetCaptureInfo),
     0 when none. Torch does not expose it; ``tsct.kernels.triton_glu.glu.link_csr`` tells captures apart with it.
-    Raises NativeUnavailableError without the library, RuntimeError if the query fails."""
+    Raises TypeError for anything but a torch.cuda.Stream, NativeUnavailableError without the library,
+    RuntimeError if the query fails."""
+    if not isinstance(stream, torch.cuda.Stream):
+        raise TypeError(f"stream must be a torch.cuda.Stream, got {type(stream).__name__}")
     lib = get_lib()
     out = ctypes.c_ulonglong(0)
     rc = lib.tsct_stream_capture_id(ctypes.c_void_p(stream.cuda_stream), ctypes.byref(out))
