@@ -75,7 +75,9 @@ __device__ __forceinline__ float rank_scale(const void* s, int bf16_scales, size
 constexpr int X_STAGE = BM * KC;                   // bf16 elements: 64 rows x 128 B
 constexpr int C_STAGE = 2 * RANK * CQ * KC / 2;    // code bytes: 128 rows x 128 B
 constexpr int S_STAGE = 2 * RANK * CQ * KC / 16;   // scale bytes: 128 rows x 16 B
-constexpr int SMEM_BYTES = ST * X_STAGE * 2 + 2 * (C_STAGE + S_STAGE) + 256 * 4;
+constexpr int SMEM_USED = ST * X_STAGE * 2 + 2 * (C_STAGE + S_STAGE) + 256 * 4;
+// + 1 KB: the x stages at a 1024-byte aligned address (wgmma's swizzled B operand; the same size on every arch)
+constexpr int SMEM_BYTES = SMEM_USED + 1024;
 
 template <int FMT, bool BWD, int NTILE>
 __device__ __forceinline__ void down_body(const DownParams& p, int e, int row0, int R, unsigned char* smem) {
@@ -88,8 +90,17 @@ __device__ __forceinline__ void down_body(const DownParams& p, int e, int row0, 
   const int g = lane >> 2, c = lane & 3;
   const int d = p.d, nk = d / KC, nq = (nk + CQ - 1) / CQ;
 
-  // x copies: 16-byte piece xj = tid & 7 of rows (tid >> 3) + 16 i (a warp copies 4 whole 128-byte rows)
   const int xj = tid & 7;
+#if TSCT_WGMMA
+  // x copies in wgmma's B layout: pieces 2m + xh of row xr (nvfp4_mma.cuh wg_piece), null past R
+  const int xr = tid >> 1, xh = tid & 1;
+  const bf16* xrow = nullptr;
+  if (xr < R) {
+    const long long src = p.gidx ? __ldg(p.gidx + row0 + xr) : (long long)(row0 + xr);
+    xrow = p.x + src * p.stride_x + xh * 8;
+  }
+#else
+  // x copies: 16-byte piece xj = tid & 7 of rows (tid >> 3) + 16 i (a warp copies 4 whole 128-byte rows)
   const bf16* xsrc[4];  // this thread's x pieces: row source + piece, null past R
 #pragma unroll
   for (int i = 0; i < 4; ++i) {
@@ -100,6 +111,7 @@ __device__ __forceinline__ void down_body(const DownParams& p, int e, int row0, 
       xsrc[i] = p.x + src * p.stride_x + xj * 8;
     }
   }
+#endif
   // code copies: 16-byte piece xj of code rows (tid >> 3) + 16 i (a code stage row is CQ chunks = 128 bytes);
   // scale copies: code row tid
   constexpr bool SIGN = FMT == kSign;
@@ -153,6 +165,16 @@ __device__ __forceinline__ void down_body(const DownParams& p, int e, int row0, 
   auto issue_x = [&](int kc) {  // x chunk kc into stage kc % ST (swizzled pieces, nvfp4_mma.cuh)
     if (kc >= nk) return;
     unsigned char* xb = reinterpret_cast<unsigned char*>(xs + (kc % ST) * X_STAGE);
+#if TSCT_WGMMA
+#pragma unroll
+    for (int m = 0; m < 4; ++m) {
+      const uint32_t dst = smem_u32(xb + wg_piece(xr, xh, m));
+      if (xrow)
+        cp_async16(dst, xrow + kc * KC + 16 * m, 16);
+      else
+        cp_async16(dst, p.x, 0);  // zero fill, no read
+    }
+#else
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
       const int rr = (tid >> 3) + 16 * i;
@@ -162,21 +184,29 @@ __device__ __forceinline__ void down_body(const DownParams& p, int e, int row0, 
       else
         cp_async16(dst, p.x, 0);  // zero fill, no read
     }
+#endif
   };
   // this thread's x pieces of stage st into mma pair order
   auto permute = [&](int st) {
     unsigned char* xb = reinterpret_cast<unsigned char*>(xs + st * X_STAGE);
+#if TSCT_WGMMA
+    wg_permute(xb, xr, xh);
+    tsct::sm90::fence_proxy_async_smem();  // before the barrier: the stage is read by wgmma
+#else
 #pragma unroll
     for (int i = 0; i < 4; ++i) bt_permute(xb, (tid >> 3) + 16 * i, xj);
+#endif
   };
 
   float acc[2][NTILE][4];
+#if !TSCT_WGMMA
 #pragma unroll
   for (int f = 0; f < 2; ++f)
 #pragma unroll
     for (int t = 0; t < NTILE; ++t)
 #pragma unroll
       for (int i = 0; i < 4; ++i) acc[f][t][i] = 0.f;
+#endif
 
   issue_codes(0);
 #pragma unroll
@@ -189,6 +219,9 @@ __device__ __forceinline__ void down_body(const DownParams& p, int e, int row0, 
     const int st = kc % ST;
     cp_wait<ST - 2>();
     permute(st);
+#if TSCT_WGMMA
+    tsct::sm90::wg_wait<0>();  // chunk kc - 1's wgmma have read x stage (kc - 1) % ST, refilled after the barrier
+#endif
     __syncthreads();  // x stage st and code stage kc / CQ complete for all; x stage (kc - 1) % ST free
     issue_x(kc + ST - 1);
     if (kc % CQ == 0) issue_codes(kc / CQ + 1);  // its buffer was last read in code stage kc / CQ - 1
@@ -217,6 +250,33 @@ __device__ __forceinline__ void down_body(const DownParams& p, int e, int row0, 
       }
     }
     const unsigned char* xb = reinterpret_cast<const unsigned char*>(xs + st * X_STAGE);
+#if TSCT_WGMMA
+    // one warpgroup: hg^T, hu^T [64 ranks x 8 NTILE rows] += W^T x^T, eight k16 wgmma per chunk, A decoded into
+    // registers; they run while the next chunk's x stage is permuted (waited for before the next barrier)
+    uint32_t a[4][2][4];
+    auto decode = [&](auto S) {
+      constexpr int s = decltype(S)::value;
+      if (SIGN) {
+        a_step_sign<s>(w[0][0].x, w[0][1].x, ap[0], a[s][0]);
+        a_step_sign<s>(w[1][0].x, w[1][1].x, ap[SIGN ? 1 : 0], a[s][1]);
+      } else {
+        a_step<s>(w[0][0], w[0][1], sp[0][0], sp[0][1], a[s][0]);
+        a_step<s>(w[1][0], w[1][1], sp[1][0], sp[1][1], a[s][1]);
+      }
+    };
+    decode(std::integral_constant<int, 0>());
+    decode(std::integral_constant<int, 1>());
+    decode(std::integral_constant<int, 2>());
+    decode(std::integral_constant<int, 3>());
+    const uint64_t xdesc = tsct::sm90::wg_desc_sw128(smem_u32(xb));
+    tsct::sm90::wg_fence();
+#pragma unroll
+    for (int s = 0; s < 4; ++s)
+#pragma unroll
+      for (int f = 0; f < 2; ++f)  // the first chunk's first step ignores acc (zeroing it would serialize wgmma)
+        tsct::sm90::wgmma_rs_bf16<8 * NTILE>(&acc[f][0][0], a[s][f], xdesc + 2 * s, kc > 0 || s > 0);
+    tsct::sm90::wg_commit();
+#else
     auto step = [&](auto S) {
       constexpr int s = decltype(S)::value;
       uint32_t a[2][4];  // mma A registers of step s, gate and up
@@ -238,8 +298,18 @@ __device__ __forceinline__ void down_body(const DownParams& p, int e, int row0, 
     step(std::integral_constant<int, 1>());
     step(std::integral_constant<int, 2>());
     step(std::integral_constant<int, 3>());
+#endif
   }
   cp_wait<0>();
+#if TSCT_WGMMA
+  tsct::sm90::wg_wait<0>();
+#pragma unroll
+  for (int f = 0; f < 2; ++f)
+#pragma unroll
+    for (int t = 0; t < NTILE; ++t)
+#pragma unroll
+      for (int i = 0; i < 4; ++i) tsct::sm90::fence_reg(acc[f][t][i]);
+#endif
 
   // epilogue: acc[f][t][i] is (rank 16 warp + g + 8 (i >> 1), tile row 8 t + 2 c + (i & 1))
   // NVFP4: 2^8 / s_enc per expert (the decode's 2^-8 and the second-level scale); sign: b[n] per rank
@@ -282,6 +352,7 @@ template <int FMT>
 __device__ __forceinline__ void down_kernel(const DownParams& p, unsigned char* smem) {
   __shared__ int s_e;
   int e, row0, R;
+  smem += (1024 - (smem_u32(smem) & 1023)) & 1023;
   uint32_t* lut = reinterpret_cast<uint32_t*>(smem + ST * X_STAGE * 2 + 2 * (C_STAGE + S_STAGE));
   if (!cta_tile<BM>(p.cum, p.offs, p.E, lut, &s_e, e, row0, R)) return;
   // n8 tiles: 4 for up to 32 rows (the common case at ~32 rows per expert), else 8

@@ -19,6 +19,7 @@
 #include <stdint.h>
 
 #include "common/mma_sm80.cuh"
+#include "common/wgmma_sm90.cuh"
 
 namespace tsct {
 namespace nvfp4mma {
@@ -122,6 +123,31 @@ __device__ __forceinline__ void bt_permute(unsigned char* tile, int r, int p) {
 
 // Byte offset of lane (g, c)'s B registers of mma step s in n8 tile 0 (add t * 1024 for tile t): its row is g.
 __device__ __forceinline__ uint32_t bt_frag(int g, int c, int s) { return g * 128 + 8 * ((4 * c + s) ^ (g & 3)); }
+
+#if TSCT_WGMMA
+// The same pairing for wgmma's B operand (sm_90a): the tensor cores read B from shared memory themselves, so the
+// tile must be in their 128-byte swizzled K-major layout (wgmma_sm90.cuh) with the physical k already in mma pair
+// order. Lane c's A registers of step s hold k 16s + 2c, +1 (chunk 2s, word c) and 16s + 8 + 2c, +1 (chunk 2s + 1,
+// word c), which a_step fills with pair (i, i + 4) of piece 2c + (s >= 2), i = 2 (s % 2) or 2 (s % 2) + 1: so chunk
+// 4h + i (h = 0, 1) holds pair word i of logical 16-byte pieces h, 2 + h, 4 + h, 6 + h, in that order. Thread
+// (row n, half h) copies pieces 2m + h to chunks 4h + m (wg_piece) and, once they have arrived, rewrites its own
+// four chunks in place (wg_permute): no other thread touches them, and the accesses are free of bank conflicts.
+__device__ __forceinline__ uint32_t wg_piece(int n, int h, int m) { return tsct::sm90::wg_chunk(n, 4 * h + m); }
+
+__device__ __forceinline__ void wg_permute(unsigned char* tile, int n, int h) {
+  uint4 v[4];
+#pragma unroll
+  for (int m = 0; m < 4; ++m) v[m] = *reinterpret_cast<const uint4*>(tile + wg_piece(n, h, m));
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const uint32_t sel = (i & 1) ? 0x7632 : 0x5410;  // element i (i + 4) from the low / high halves
+    uint32_t o[4];
+#pragma unroll
+    for (int m = 0; m < 4; ++m) o[m] = i < 2 ? __byte_perm(v[m].x, v[m].z, sel) : __byte_perm(v[m].y, v[m].w, sel);
+    *reinterpret_cast<uint4*>(tile + wg_piece(n, h, i)) = make_uint4(o[0], o[1], o[2], o[3]);
+  }
+}
+#endif
 
 // Expert owning row tile `pid`: the number of experts whose inclusive tile count is <= pid (one warp; the
 // answer is narrowed 32-fold per round of 32 loads).

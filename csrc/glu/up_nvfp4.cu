@@ -65,7 +65,9 @@ constexpr int Z_BYTES = BM * RANK * 2;           // 8 KB, swizzled (nvfp4_mma.cu
 constexpr int C_STAGE = FN * RANK / 2;           // 2 KB of codes per step
 constexpr int S_STAGE = FN * RANK / 16;          // 256 B of scales per step
 constexpr int Y_BUF = BM * YLD;                  // bf16 elements
-constexpr int SMEM_BYTES = Z_BYTES + ST * (C_STAGE + S_STAGE) + 2 * Y_BUF * 2 + 256 * 4;
+constexpr int SMEM_USED = Z_BYTES + ST * (C_STAGE + S_STAGE) + 2 * Y_BUF * 2 + 256 * 4;
+// + 1 KB: the z tile at a 1024-byte aligned address (wgmma's swizzled B operand; the same size on every arch)
+constexpr int SMEM_BYTES = SMEM_USED + 1024;
 
 #if __CUDA_ARCH__ >= 900
 // four 8x8 b16 matrices from mma-fragment registers (v[i]: matrix i), each stored transposed; lane l gives the
@@ -97,8 +99,21 @@ __device__ __forceinline__ void up_body(const UpParams& p, int e, int row0, int 
   const uint8_t* sbase =
       SIGN ? reinterpret_cast<const uint8_t*>(p.s_enc + (size_t)e * f) : p.scales + (size_t)e * f * 4;
 
-  // z tile: piece tid & 7 of rows (tid >> 3) + 16 i (zero rows past R)
   const int pj = tid & 7;
+#if TSCT_WGMMA
+  // z tile in wgmma's B layout: pieces 2m + zh of row zr (zero rows past R)
+  const int zr = tid >> 1, zh = tid & 1;
+#pragma unroll
+  for (int m = 0; m < 4; ++m) {
+    const uint32_t dst = smem_u32(zs + wg_piece(zr, zh, m));
+    if (zr < R)
+      cp_async16(dst, p.z + (size_t)(row0 + zr) * RANK + (2 * m + zh) * 8, 16);
+    else
+      cp_async16(dst, p.z, 0);
+  }
+  const uint64_t zdesc = tsct::sm90::wg_desc_sw128(smem_u32(zs));
+#else
+  // z tile: piece tid & 7 of rows (tid >> 3) + 16 i (zero rows past R)
 #pragma unroll
   for (int i = 0; i < 4; ++i) {
     const int rr = (tid >> 3) + 16 * i;
@@ -108,6 +123,7 @@ __device__ __forceinline__ void up_body(const UpParams& p, int e, int row0, int 
     else
       cp_async16(dst, p.z, 0);
   }
+#endif
   // step j's codes: 16-byte piece tid (row tid / 2) of the 2 KB that columns 64j..64j+63 occupy; scales: 4 bytes
   // of column tid (tid < 64). Columns past f are zero-filled (they decode to 0).
   auto issue = [&](int j) {
@@ -176,8 +192,13 @@ __device__ __forceinline__ void up_body(const UpParams& p, int e, int row0, int 
     const int st = j % ST;
     cp_wait<ST - 2>();
     if (j == 0) {
+#if TSCT_WGMMA
+      wg_permute(zs, zr, zh);
+      tsct::sm90::fence_proxy_async_smem();  // before the barrier: the permuted tile is read by wgmma
+#else
 #pragma unroll
       for (int i = 0; i < 4; ++i) bt_permute(zs, (tid >> 3) + 16 * i, pj);
+#endif
     }
     __syncthreads();  // step j's codes and (j == 0) the z tile ready; y staging buffer (j - 1) % 2 complete
     issue(j + ST - 1);
@@ -205,6 +226,34 @@ __device__ __forceinline__ void up_body(const UpParams& p, int e, int row0, int 
     for (int t = 0; t < NTILE; ++t)
 #pragma unroll
       for (int i = 0; i < 4; ++i) acc[t][i] = 0.f;
+#if TSCT_WGMMA
+    // one warpgroup: y^T[64 columns x 8 NTILE rows] = W^T z^T in four k16 wgmma, A decoded into registers
+    uint32_t a[4][4];
+    auto decode = [&](auto S) {
+      constexpr int s = decltype(S)::value;
+      if (SIGN)
+        a_step_sign<s>(w0.x, w1.x, ap, a[s]);
+      else
+        a_step<s>(w0, w1, s0, s1, a[s]);
+    };
+    decode(std::integral_constant<int, 0>());
+    decode(std::integral_constant<int, 1>());
+    decode(std::integral_constant<int, 2>());
+    decode(std::integral_constant<int, 3>());
+#pragma unroll
+    for (int t = 0; t < NTILE; ++t)
+#pragma unroll
+      for (int i = 0; i < 4; ++i) tsct::sm90::fence_reg(acc[t][i]);
+    tsct::sm90::wg_fence();
+#pragma unroll
+    for (int s = 0; s < 4; ++s) tsct::sm90::wgmma_rs_bf16<8 * NTILE>(&acc[0][0], a[s], zdesc + 2 * s, s);
+    tsct::sm90::wg_commit();
+    tsct::sm90::wg_wait<0>();
+#pragma unroll
+    for (int t = 0; t < NTILE; ++t)
+#pragma unroll
+      for (int i = 0; i < 4; ++i) tsct::sm90::fence_reg(acc[t][i]);
+#else
     auto step = [&](auto S) {
       constexpr int s = decltype(S)::value;
       uint32_t a[4];
@@ -222,6 +271,7 @@ __device__ __forceinline__ void up_body(const UpParams& p, int e, int row0, int 
     step(std::integral_constant<int, 1>());
     step(std::integral_constant<int, 2>());
     step(std::integral_constant<int, 3>());
+#endif
     // acc[t][i] is (column 16 warp + g + 8 (i >> 1) of the step, tile row 8 t + 2 c + (i & 1))
     bf16* yb = ys + (j & 1) * Y_BUF;
 #if __CUDA_ARCH__ >= 900
@@ -260,7 +310,8 @@ template <int FMT>
 __device__ __forceinline__ void up_kernel(const UpParams& p, unsigned char* smem) {
   __shared__ int s_e;
   int e, row0, R;
-  uint32_t* lut = reinterpret_cast<uint32_t*>(smem + SMEM_BYTES - 256 * 4);
+  smem += (1024 - (smem_u32(smem) & 1023)) & 1023;
+  uint32_t* lut = reinterpret_cast<uint32_t*>(smem + SMEM_USED - 256 * 4);
   if (!cta_tile<BM>(p.cum, p.offs, p.E, lut, &s_e, e, row0, R)) return;
   if (R <= 32)
     up_body<FMT, 4>(p, e, row0, R, smem);
