@@ -13,7 +13,9 @@
 // NTILE = 4 n8 tiles of rows (8 when the tile has more than 32 rows). K runs in chunks of 64: an ST-stage
 // cp.async ring of x tiles [64 rows][64 k] and a two-stage ring of code stages (CQ chunks: the codes
 // [128 rows][128 B] and block scales [128 rows][16 B], rows 0..63 gate, 64..127 up), so a warp's copy
-// instruction covers 4 whole 128-byte rows. The decode and the operand layouts: nvfp4_mma.cuh.
+// instruction covers 4 whole 128-byte rows. The decode and the operand layouts: nvfp4_mma.cuh. sm_90a: per chunk
+// eight k16 wgmma (gate and up) with A in registers and the x stage as B in wgmma's swizzled layout (each thread
+// copies two rows' halves and permutes them in place; wgmma_sm90.cuh); they run while the next stage is permuted.
 //
 // Needs: sm_80+ (cp.async, bf16 mma.sync) and SMEM_BYTES of shared memory per block.
 #include <cuda_bf16.h>

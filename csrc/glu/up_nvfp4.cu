@@ -6,14 +6,15 @@
 //
 //   y[i, n] = (z[i] @ W_down_hat[e])[n] * row_weight[i]     bf16 [M, ldy]; n in [f, ldy): zero weights (0 if finite)
 //
-// One CTA (4 warps) per row tile of 64 rows of one expert (the tile map of the down kernel). The z tile is read
-// once into shared memory (mma B fragments of NTILE = 4 n8 tiles of rows, 8 above 32 rows, loaded from it every
-// step: holding them in registers cost 64 more and a CTA per SM); the CTA then walks f in steps of 64
-// columns, warp w owning columns 16w..16w+15 of each step (the mma M dimension: y^T = W^T z^T). Per step a
-// 4-stage cp.async ring brings the step's codes [64 columns][32 B] and block scales [64][4 B] (contiguous in
-// memory: one coalesced copy), the codes are decoded straight into A fragments (nvfp4_mma.cuh), and the bf16
-// result goes through a double-buffered shared tile so that y leaves as whole 128-byte row segments, one step
-// later (one barrier per step).
+// One CTA (4 warps = one warpgroup) per row tile of 64 rows of one expert (the tile map of the down kernel). The z
+// tile is read once into shared memory; the CTA then walks f in steps of 64 columns, warp w owning columns
+// 16w..16w+15 of each step (the MMA M dimension: y^T = W^T z^T). Per step a 4-stage cp.async ring brings the
+// step's codes [64 columns][32 B] and block scales [64][4 B] (contiguous in memory: one coalesced copy), and the
+// codes are decoded straight into bf16 A fragments (nvfp4_mma.cuh). sm_90a: four k16 wgmma per step with A in
+// registers and the z tile as B in wgmma's swizzled layout (wgmma_sm90.cuh). Elsewhere: mma.sync m16n8k16 with
+// the z fragments loaded from shared memory every step (NTILE = 4 n8 tiles of rows, 8 above 32 rows). The bf16
+// result goes through a double-buffered shared tile of YSEG steps so that y leaves as whole YSEG x 128-byte row
+// segments (256 B: longer runs of the scattered y rows were worth 0.016 ms at b1; bench/notes.md session 15).
 //
 // Needs: sm_80+ (cp.async, bf16 mma.sync) and SMEM_BYTES of shared memory per block.
 #include <cuda_bf16.h>
@@ -33,7 +34,8 @@
 #define RANK 64  // r = K
 #define FN 64    // columns of y per step
 #define ST 4     // code pipeline stages
-#define YLD 72   // y staging row stride (elements): 144 B, conflict-free scalar writes and 16-byte reads
+#define YSEG 2   // steps of y staged per store: 256-byte row segments (bench/notes.md session 15: -0.016 ms at b1)
+#define YLD (YSEG * FN + 8)  // y staging row stride (elements): + 16 B, conflict-free stmatrix and 16-byte reads
 #define MINB 4   // CTAs per SM (~116 registers; bench/notes.md session 9: 5 CTAs / 96 registers was slower)
 
 namespace {
@@ -99,7 +101,6 @@ __device__ __forceinline__ void up_body(const UpParams& p, int e, int row0, int 
   const uint8_t* sbase =
       SIGN ? reinterpret_cast<const uint8_t*>(p.s_enc + (size_t)e * f) : p.scales + (size_t)e * f * 4;
 
-  const int pj = tid & 7;
 #if TSCT_WGMMA
   // z tile in wgmma's B layout: pieces 2m + zh of row zr (zero rows past R)
   const int zr = tid >> 1, zh = tid & 1;
@@ -113,6 +114,7 @@ __device__ __forceinline__ void up_body(const UpParams& p, int e, int row0, int 
   }
   const uint64_t zdesc = tsct::sm90::wg_desc_sw128(smem_u32(zs));
 #else
+  const int pj = tid & 7;
   // z tile: piece tid & 7 of rows (tid >> 3) + 16 i (zero rows past R)
 #pragma unroll
   for (int i = 0; i < 4; ++i) {
@@ -173,17 +175,20 @@ __device__ __forceinline__ void up_body(const UpParams& p, int e, int row0, int 
 #pragma unroll
   for (int j = 0; j < ST - 1; ++j) issue(j);  // the z copies ride in the first group
 
-  // y of step jj from its staging buffer: 16-byte pieces pj of rows (tid >> 3) + 16 i (whole 128-byte row segments)
+  // y of steps YSEG jj .. YSEG jj + YSEG - 1 from staging buffer jj % 2: 16-byte pieces yp of rows yr0 + YR i
+  // (whole YSEG * 128-byte row segments)
+  constexpr int YP = 8 * YSEG, YR = NT / YP;  // pieces per row segment, rows per pass
+  const int yp = tid % YP, yr0 = tid / YP;
   auto store_y = [&](int jj) {
     const bf16* yb = ys + (jj & 1) * Y_BUF;
-    const long long c0 = (long long)jj * FN + 8 * pj;
+    const long long c0 = (long long)jj * YSEG * FN + 8 * yp;
     if (c0 < ldy) {
 #pragma unroll
-      for (int i = 0; i < 4; ++i) {
-        const int rr = (tid >> 3) + 16 * i;
+      for (int i = 0; i < BM / YR; ++i) {
+        const int rr = yr0 + YR * i;
         if (rr < R)
           *reinterpret_cast<uint4*>(p.y + (size_t)(row0 + rr) * ldy + c0) =
-              *reinterpret_cast<const uint4*>(yb + rr * YLD + 8 * pj);
+              *reinterpret_cast<const uint4*>(yb + rr * YLD + 8 * yp);
       }
     }
   };
@@ -202,7 +207,7 @@ __device__ __forceinline__ void up_body(const UpParams& p, int e, int row0, int 
     }
     __syncthreads();  // step j's codes and (j == 0) the z tile ready; y staging buffer (j - 1) % 2 complete
     issue(j + ST - 1);
-    if (j > 0) store_y(j - 1);  // step j - 1's staging buffer, complete since the barrier
+    if (j > 0 && j % YSEG == 0) store_y(j / YSEG - 1);  // the previous segment's buffer, complete since the barrier
 
     const uint8_t* cb = cs + st * C_STAGE;
     const uint8_t* sb = ss + st * S_STAGE;
@@ -273,7 +278,7 @@ __device__ __forceinline__ void up_body(const UpParams& p, int e, int row0, int 
     step(std::integral_constant<int, 3>());
 #endif
     // acc[t][i] is (column 16 warp + g + 8 (i >> 1) of the step, tile row 8 t + 2 c + (i & 1))
-    bf16* yb = ys + (j & 1) * Y_BUF;
+    bf16* yb = ys + ((j / YSEG) & 1) * Y_BUF + (j % YSEG) * FN;
 #if __CUDA_ARCH__ >= 900
     // the accumulator of (t, hh) is an 8x8 matrix of y^T: stmatrix .trans stores it as 8 rows of y, 16 bytes each
 #pragma unroll
@@ -299,7 +304,7 @@ __device__ __forceinline__ void up_body(const UpParams& p, int e, int row0, int 
   }
   cp_wait<0>();
   __syncthreads();
-  if (nsteps > 0) store_y(nsteps - 1);
+  if (nsteps > 0) store_y((nsteps - 1) / YSEG);
 }
 
 }  // namespace
