@@ -13,8 +13,9 @@
 // codes are decoded straight into bf16 A fragments (nvfp4_mma.cuh). sm_90a: four k16 wgmma per step with A in
 // registers and the z tile as B in wgmma's swizzled layout (wgmma_sm90.cuh). Elsewhere: mma.sync m16n8k16 with
 // the z fragments loaded from shared memory every step (NTILE = 4 n8 tiles of rows, 8 above 32 rows). The bf16
-// result goes through a double-buffered shared tile of YSEG steps so that y leaves as whole YSEG x 128-byte row
-// segments (256 B: longer runs of the scattered y rows were worth 0.016 ms at b1; bench/notes.md session 15).
+// result goes through a shared tile of YSEG steps so that y leaves as whole YSEG x 128-byte row segments (512 B:
+// longer runs of the scattered y rows were worth 0.027 ms at b1; one buffer, so that 4 CTAs still fit an SM, and
+// one more barrier per segment; bench/notes.md session 15).
 //
 // Needs: sm_80+ (cp.async, bf16 mma.sync) and SMEM_BYTES of shared memory per block.
 #include <cuda_bf16.h>
@@ -34,7 +35,7 @@
 #define RANK 64  // r = K
 #define FN 64    // columns of y per step
 #define ST 4     // code pipeline stages
-#define YSEG 2   // steps of y staged per store: 256-byte row segments (bench/notes.md session 15: -0.016 ms at b1)
+#define YSEG 4   // steps of y staged per store: 512-byte row segments (bench/notes.md session 15: -0.027 ms at b1)
 #define YLD (YSEG * FN + 8)  // y staging row stride (elements): + 16 B, conflict-free stmatrix and 16-byte reads
 #define MINB 4   // CTAs per SM (~116 registers; bench/notes.md session 9: 5 CTAs / 96 registers was slower)
 
@@ -66,8 +67,9 @@ struct UpParams {
 constexpr int Z_BYTES = BM * RANK * 2;           // 8 KB, swizzled (nvfp4_mma.cuh)
 constexpr int C_STAGE = FN * RANK / 2;           // 2 KB of codes per step
 constexpr int S_STAGE = FN * RANK / 16;          // 256 B of scales per step
-constexpr int Y_BUF = BM * YLD;                  // bf16 elements
-constexpr int SMEM_USED = Z_BYTES + ST * (C_STAGE + S_STAGE) + 2 * Y_BUF * 2 + 256 * 4;
+constexpr int Y_BUF = BM * YLD;                  // bf16 elements (one staging buffer)
+static_assert(NT % (8 * YSEG) == 0, "a row segment's 16-byte pieces must divide the CTA");
+constexpr int SMEM_USED = Z_BYTES + ST * (C_STAGE + S_STAGE) + Y_BUF * 2 + 256 * 4;
 // + 1 KB: the z tile at a 1024-byte aligned address (wgmma's swizzled B operand; the same size on every arch)
 constexpr int SMEM_BYTES = SMEM_USED + 1024;
 
@@ -86,8 +88,8 @@ __device__ __forceinline__ void up_body(const UpParams& p, int e, int row0, int 
   unsigned char* zs = smem;                                                  // [64][128 B]
   uint8_t* cs = zs + Z_BYTES;                                                // [ST][64][32]; sign: [ST][64][8]
   uint8_t* ss = cs + ST * C_STAGE;                                           // [ST][64][4]; sign: b [ST][64] f32
-  bf16* ys = reinterpret_cast<bf16*>(ss + ST * S_STAGE);                     // [2][64][YLD]
-  const uint32_t* lut = reinterpret_cast<const uint32_t*>(ys + 2 * Y_BUF);   // [256]
+  bf16* ys = reinterpret_cast<bf16*>(ss + ST * S_STAGE);                     // [64][YLD]
+  const uint32_t* lut = reinterpret_cast<const uint32_t*>(ys + Y_BUF);       // [256]
 
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int g = lane >> 2, c = lane & 3;
@@ -175,12 +177,12 @@ __device__ __forceinline__ void up_body(const UpParams& p, int e, int row0, int 
 #pragma unroll
   for (int j = 0; j < ST - 1; ++j) issue(j);  // the z copies ride in the first group
 
-  // y of steps YSEG jj .. YSEG jj + YSEG - 1 from staging buffer jj % 2: 16-byte pieces yp of rows yr0 + YR i
+  // y of steps YSEG jj .. YSEG jj + YSEG - 1 from the staging buffer: 16-byte pieces yp of rows yr0 + YR i
   // (whole YSEG * 128-byte row segments)
   constexpr int YP = 8 * YSEG, YR = NT / YP;  // pieces per row segment, rows per pass
   const int yp = tid % YP, yr0 = tid / YP;
   auto store_y = [&](int jj) {
-    const bf16* yb = ys + (jj & 1) * Y_BUF;
+    const bf16* yb = ys;
     const long long c0 = (long long)jj * YSEG * FN + 8 * yp;
     if (c0 < ldy) {
 #pragma unroll
@@ -205,9 +207,10 @@ __device__ __forceinline__ void up_body(const UpParams& p, int e, int row0, int 
       for (int i = 0; i < 4; ++i) bt_permute(zs, (tid >> 3) + 16 * i, pj);
 #endif
     }
-    __syncthreads();  // step j's codes and (j == 0) the z tile ready; y staging buffer (j - 1) % 2 complete
+    __syncthreads();  // step j's codes and (j == 0) the z tile ready; the y staging of step j - 1 complete
     issue(j + ST - 1);
-    if (j > 0 && j % YSEG == 0) store_y(j / YSEG - 1);  // the previous segment's buffer, complete since the barrier
+    const bool seg_start = j > 0 && j % YSEG == 0;
+    if (seg_start) store_y(j / YSEG - 1);  // the previous segment, complete since the barrier
 
     const uint8_t* cb = cs + st * C_STAGE;
     const uint8_t* sb = ss + st * S_STAGE;
@@ -278,7 +281,8 @@ __device__ __forceinline__ void up_body(const UpParams& p, int e, int row0, int 
     step(std::integral_constant<int, 3>());
 #endif
     // acc[t][i] is (column 16 warp + g + 8 (i >> 1) of the step, tile row 8 t + 2 c + (i & 1))
-    bf16* yb = ys + ((j / YSEG) & 1) * Y_BUF + (j % YSEG) * FN;
+    if (seg_start) __syncthreads();  // the previous segment's store has read the buffer
+    bf16* yb = ys + (j % YSEG) * FN;
 #if __CUDA_ARCH__ >= 900
     // the accumulator of (t, hh) is an 8x8 matrix of y^T: stmatrix .trans stores it as 8 rows of y, 16 bytes each
 #pragma unroll
