@@ -254,6 +254,9 @@ UP_CASES = [
     ("f37_edges", [0, 1, 7, 64, 65, 150, 0], 37, 2, True),
     ("f64_norw", [5, 0, 64, 1], 64, 0, False),
     ("f200_many", [300, 12], 200, 1, True),
+    # the up kernel stores y four 64-column steps at a time: 5 steps (a one-step last segment), 8 (two whole ones)
+    ("f300_segment_edge", [17, 64, 3], 300, 1, True),
+    ("f512_two_segments", [40, 0, 9], 512, 0, True),
 ]
 
 
