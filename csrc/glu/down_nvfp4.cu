@@ -14,8 +14,9 @@
 // cp.async ring of x tiles [64 rows][64 k] and a two-stage ring of code stages (CQ chunks: the codes
 // [128 rows][128 B] and block scales [128 rows][16 B], rows 0..63 gate, 64..127 up), so a warp's copy
 // instruction covers 4 whole 128-byte rows. The decode and the operand layouts: nvfp4_mma.cuh. sm_90a: per chunk
-// eight k16 wgmma (gate and up) with A in registers and the x stage as B in wgmma's swizzled layout (each thread
-// copies two rows' halves and permutes them in place; wgmma_sm90.cuh); they run while the next stage is permuted.
+// eight k16 wgmma (gate and up) with A in registers and the x stage as B in wgmma's swizzled layout (thread
+// (tid / 2, tid % 2) copies half of one row and permutes it in place; wgmma_sm90.cuh); they run while the next
+// stage is permuted.
 //
 // Needs: sm_80+ (cp.async, bf16 mma.sync) and SMEM_BYTES of shared memory per block.
 #include <cuda_bf16.h>
@@ -80,6 +81,7 @@ constexpr int S_STAGE = 2 * RANK * CQ * KC / 16;   // scale bytes: 128 rows x 16
 constexpr int SMEM_USED = ST * X_STAGE * 2 + 2 * (C_STAGE + S_STAGE) + 256 * 4;
 // + 1 KB: the x stages at a 1024-byte aligned address (wgmma's swizzled B operand; the same size on every arch)
 constexpr int SMEM_BYTES = SMEM_USED + 1024;
+static_assert(MINB * (SMEM_BYTES + 1024 + 128) <= 228 * 1024, "MINB CTAs per SM must fit sm_90's shared memory");
 
 template <int FMT, bool BWD, int NTILE>
 __device__ __forceinline__ void down_body(const DownParams& p, int e, int row0, int R, unsigned char* smem) {

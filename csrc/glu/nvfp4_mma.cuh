@@ -127,7 +127,7 @@ __device__ __forceinline__ uint32_t bt_frag(int g, int c, int s) { return g * 12
 #if TSCT_WGMMA
 // The same pairing for wgmma's B operand (sm_90a): the tensor cores read B from shared memory themselves, so the
 // tile must be in their 128-byte swizzled K-major layout (wgmma_sm90.cuh) with the physical k already in mma pair
-// order. Lane c's A registers of step s hold k 16s + 2c, +1 (chunk 2s, word c) and 16s + 8 + 2c, +1 (chunk 2s + 1,
+// order. Lane c's A registers of step s hold physical k 16s + 2c, +1 (chunk 2s, word c) and 16s + 8 + 2c, +1 (chunk 2s + 1,
 // word c), which a_step fills with pair (i, i + 4) of piece 2c + (s >= 2), i = 2 (s % 2) or 2 (s % 2) + 1: so chunk
 // 4h + i (h = 0, 1) holds pair word i of logical 16-byte pieces h, 2 + h, 4 + h, 6 + h, in that order. Thread
 // (row n, half h) copies pieces 2m + h to chunks 4h + m (wg_piece) and, once they have arrived, rewrites its own

@@ -37,7 +37,7 @@
 #define ST 4     // code pipeline stages
 #define YSEG 4   // steps of y staged per store: 512-byte row segments (bench/notes.md session 15: -0.027 ms at b1)
 #define YLD (YSEG * FN + 8)  // y staging row stride (elements): + 16 B, conflict-free stmatrix and 16-byte reads
-#define MINB 4   // CTAs per SM (~116 registers; bench/notes.md session 9: 5 CTAs / 96 registers was slower)
+#define MINB 4   // CTAs per SM (<= 128 registers; bench/notes.md: 5 CTAs / 96 registers was slower in sessions 9 and 15)
 
 namespace {
 
@@ -72,6 +72,9 @@ static_assert(NT % (8 * YSEG) == 0, "a row segment's 16-byte pieces must divide 
 constexpr int SMEM_USED = Z_BYTES + ST * (C_STAGE + S_STAGE) + Y_BUF * 2 + 256 * 4;
 // + 1 KB: the z tile at a 1024-byte aligned address (wgmma's swizzled B operand; the same size on every arch)
 constexpr int SMEM_BYTES = SMEM_USED + 1024;
+// MINB CTAs per SM on sm_90 / sm_100 (228 KB per SM; each CTA also takes 1 KB reserved and 128 B of static shared
+// memory). On 100 KB parts (sm_86, sm_89, sm_120) this is 1 CTA per SM: the kernel is dispatched on sm_90 only.
+static_assert(MINB * (SMEM_BYTES + 1024 + 128) <= 228 * 1024, "MINB CTAs per SM must fit sm_90's shared memory");
 
 #if __CUDA_ARCH__ >= 900
 // four 8x8 b16 matrices from mma-fragment registers (v[i]: matrix i), each stored transposed; lane l gives the
@@ -181,17 +184,12 @@ __device__ __forceinline__ void up_body(const UpParams& p, int e, int row0, int 
   // (whole YSEG * 128-byte row segments)
   constexpr int YP = 8 * YSEG, YR = NT / YP;  // pieces per row segment, rows per pass
   const int yp = tid % YP, yr0 = tid / YP;
-  auto store_y = [&](int jj) {
-    const bf16* yb = ys;
+  auto store_y = [&](int jj) {  // rolled: up to 16 passes, one row each
     const long long c0 = (long long)jj * YSEG * FN + 8 * yp;
     if (c0 < ldy) {
-#pragma unroll
-      for (int i = 0; i < BM / YR; ++i) {
-        const int rr = yr0 + YR * i;
-        if (rr < R)
-          *reinterpret_cast<uint4*>(p.y + (size_t)(row0 + rr) * ldy + c0) =
-              *reinterpret_cast<const uint4*>(yb + rr * YLD + 8 * yp);
-      }
+      bf16* yg = p.y + (size_t)(row0 + yr0) * ldy + c0;
+      for (int rr = yr0; rr < R; rr += YR, yg += (size_t)YR * ldy)
+        *reinterpret_cast<uint4*>(yg) = *reinterpret_cast<const uint4*>(ys + rr * YLD + 8 * yp);
     }
   };
 
@@ -230,11 +228,13 @@ __device__ __forceinline__ void up_body(const UpParams& p, int e, int row0, int 
       s1 = lut[sb[(r0 + 8) * 4 + c]];
     }
     float acc[NTILE][4];
+#if !TSCT_WGMMA
 #pragma unroll
     for (int t = 0; t < NTILE; ++t)
 #pragma unroll
       for (int i = 0; i < 4; ++i) acc[t][i] = 0.f;
-#if TSCT_WGMMA
+#endif
+#if TSCT_WGMMA  // (no zeroing: the first wgmma of the step ignores acc, scale-d 0)
     // one warpgroup: y^T[64 columns x 8 NTILE rows] = W^T z^T in four k16 wgmma, A decoded into registers
     uint32_t a[4][4];
     auto decode = [&](auto S) {

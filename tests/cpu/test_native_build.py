@@ -121,8 +121,8 @@ def test_kernel_smem_bytes(lib_path):
     """The shared memory each entry point launches its kernel with comes from the library's registry (the
     dispatch compares it with the device's opt-in maximum): the values tsct.h documents for the GLU kernels, 0 for
     the grid-stride quant kernels; an unknown name is an error naming it."""
-    documented = {"tsctk_glu_bwd_dz_bf16": 111616, "tsctk_glu_down_fwd_nvfp4": 70656, "tsctk_glu_down_fwd_sign": 70656,
-                  "tsctk_glu_up_fwd_nvfp4": 36864, "tsctk_glu_up_fwd_sign": 36864}
+    documented = {"tsctk_glu_bwd_dz_bf16": 111616, "tsctk_glu_down_fwd_nvfp4": 71680, "tsctk_glu_down_fwd_sign": 71680,
+                  "tsctk_glu_up_fwd_nvfp4": 53248, "tsctk_glu_up_fwd_sign": 53248}
     header = HEADER.read_text()
     for name in sorted(KERNELS):
         want = documented.get(name, 0)
@@ -178,6 +178,20 @@ def test_check_artifacts_match(lib_path, cuobjdump):
     assert len(r["detail"]) < 180, r["detail"]
     assert ("; cutedsl: " in r["detail"]) == bool(m.get("cutedsl")), r["detail"]
     json.dumps(r)  # the probe's --json report carries it
+
+
+def test_sass_rules_of_the_cuda_lowbit_projections():
+    """sm_90a: wgmma (HGMMA, bf16, fp32 accumulate) and no mma.sync left; the other targets: mma.sync (HMMA)."""
+    from tsct.native import artifacts as A
+
+    hgmma = "  HGMMA.64x64x16.F32.BF16 R24, R56, gdesc[UR16], RZ, !UPT ;\n  STSM.16.MT88.4 [R98], R16 ;"
+    hmma = "  HMMA.16816.F32.BF16 R4, R8, R12, R4 ;\n  STSM.16.MT88.4 [R98], R16 ;"
+    for k in ("tsctk_glu_down_fwd_nvfp4", "tsctk_glu_up_fwd_sign"):
+        assert A.rule_failures("sm_90a", {k: hgmma}) == []
+        assert [kn for kn, _ in A.rule_failures("sm_90a", {k: hmma})] == [k, k]  # no HGMMA, and an HMMA
+        assert [kn for kn, _ in A.rule_failures("sm_90a", {k: hgmma + "\n  STL [R1], R4 ;"})] == [k]  # a spill
+        assert A.rule_failures("sm_100a", {k: hmma}) == [] and A.rule_failures("sm_80", {k: hmma}) == []
+        assert [kn for kn, _ in A.rule_failures("sm_120a", {k: hgmma})] == [k]
 
 
 def test_sass_rules_cover_the_triton_gemms():

@@ -133,7 +133,7 @@ TSCT_API int tsct_glu_bwd_dz_bf16(const void* grad_out, int64_t grad_rows, int64
  * s_enc fp32 [E]. hg / hu: both NULL (not written) or both given. Rows at or past offs[E-1] are not written.
  * r must be 64, d a positive multiple of 64; x and the codes 16-byte aligned, gather_idx 8-byte, the rest
  * 4-byte (z and bf16 scales 2-byte). gather_idx entries are not checked (the caller validates them). Needs
- * 70,656 bytes of shared memory per block: else cudaErrorInvalidConfiguration with a detail. Stream-ordered, no
+ * 71,680 bytes of shared memory per block: else cudaErrorInvalidConfiguration with a detail. Stream-ordered, no
  * host sync. */
 TSCT_API int tsct_glu_down_fwd_nvfp4(const void* x, int64_t x_rows, int64_t stride_x, const int64_t* gather_idx,
                                      const int32_t* offs, const int32_t* tile_cum, int64_t num_experts, int64_t m,
@@ -159,7 +159,7 @@ TSCT_API int tsct_glu_down_fwd_sign(const void* x, int64_t x_rows, int64_t strid
  * z: bf16 [m, 64] (rows sorted by expert); offs, tile_cum, max_tiles as for tsct_glu_down_fwd_nvfp4 (64-row tiles);
  * w_down [E, 64, f] stored N-major: codes u8 [E, f, 32], scales raw UE4M3 bytes [E, f, 4] (linear), s_enc fp32 [E];
  * row_weight fp32 [m] or NULL (1). y: ldy >= f, a multiple of 8, below 2^31 - 64. Rows at or past offs[E-1] are not written. r must be
- * 64; z, the codes and y 16-byte aligned, the rest 4-byte. Needs 36,864 bytes of shared memory per block.
+ * 64; z, the codes and y 16-byte aligned, the rest 4-byte. Needs 53,248 bytes of shared memory per block.
  * Stream-ordered, no host sync. */
 TSCT_API int tsct_glu_up_fwd_nvfp4(const void* z, int64_t m, const int32_t* offs, const int32_t* tile_cum,
                                    int64_t num_experts, int64_t f, int64_t r, const void* codes, const void* scales,

@@ -610,7 +610,7 @@ def glu_down_fwd_lowbit(
         (z bfloat16 [m, 64], hg, hu) with hg, hu None unless ``save``. Rows at or past offs[-1] are not
         written (torch.empty contents).
     Raises:
-        TypeError / ValueError naming the bad argument; RuntimeError from the kernel (e.g. less than 69 KB
+        TypeError / ValueError naming the bad argument; RuntimeError from the kernel (e.g. less than 70 KB
         of shared memory per block) or the loader.
     """
     _lowbit_fmt(fmt)

@@ -102,10 +102,14 @@ SASS_RULES: list[SassRule] = [
     SassRule(r"sm_(80|90a|100a|120a|120f|120)", r"^tsctk_glu_bwd_dz_bf16$", require=r"\bHMMA\.16816\.F32\.BF16\b",
              forbid=r"\b(STL|LDL)(\.\w+)*\b",
              why="the CUDA glu_bwd_dz runs bf16 mma.sync with fp32 accumulate and keeps its tiles without spills"),
-    SassRule(r"sm_(80|90a|100a|120a|120f|120)", r"^tsctk_glu_(down|up)_fwd_(nvfp4|sign)$", require=r"\bHMMA\.16816\.F32\.BF16\b",
-             forbid=r"\b(STL|LDL)(\.\w+)*\b",
+    SassRule(r"sm_(80|100a|120a|120f|120)", r"^tsctk_glu_(down|up)_fwd_(nvfp4|sign)$",
+             require=r"\bHMMA\.16816\.F32\.BF16\b", forbid=r"\b(STL|LDL)(\.\w+)*\b",
              why="the CUDA low-bit GLU projections decode NVFP4 / sign into bf16 mma.sync fragments (fp32 accumulate), "
                  "without spills"),
+    SassRule(r"sm_90a", r"^tsctk_glu_(down|up)_fwd_(nvfp4|sign)$", require=r"\bHGMMA\.64x(32|64)x16\.F32\.BF16\b",
+             forbid=r"\b(STL|LDL)(\.\w+)*\b|\bHMMA\.",
+             why="on sm_90a the CUDA low-bit GLU projections issue bf16 wgmma with the decoded factors in registers "
+                 "(the mma.sync path compiled out), without spills"),
     SassRule(r"sm_(90a|100a|120a|120f)", r"^tsctk_glu_up_fwd_(nvfp4|sign)$", require=r"\bSTSM\b",
              why="the up projection stages y with stmatrix on sm_90+ (the scalar-store fallback is sm_80's)"),
     SassRule(r"sm_90a", _TRITON_GEMM, require=r"\bHGMMA\.", why="Triton GEMMs use wgmma on sm_90a"),
