@@ -585,8 +585,8 @@ def glu_down_fwd_lowbit(
         z[i]  = silu(hg[i] * s_gate[e]) * (hu[i] * s_up[e]) * row_weight[i]
 
     W_hat: NVFP4 e2m1 * sf / s_enc (docs/decisions/0002-nvfp4-recipe.md), exact in the product; sign
-    (+-bf16(a[k])) * b[n] (docs/formats.md; a rounded to bf16 as on the Triton path). bf16 mma.sync, fp32
-    accumulation.
+    (+-bf16(a[k])) * b[n] (docs/formats.md; a rounded to bf16 as on the Triton path). bf16 MMA (wgmma with the
+    decoded factors in registers on sm_90a, mma.sync elsewhere), fp32 accumulation.
 
     Args:
         x: bfloat16 [rows, d], rows 16-byte aligned (x.stride(0) % 8 == 0, stride(1) == 1), d % 64 == 0.
@@ -683,7 +683,8 @@ def glu_up_fwd_lowbit(
     """The low-bit grouped GLU's up projection with an NVFP4 or sign w_down (``tsct_glu_up_fwd_nvfp4`` /
     ``tsct_glu_up_fwd_sign``, csrc/glu/up_nvfp4.cu): for routed row i of expert e,
     ``y[i, :f] = (z[i] @ W_down_hat[e]) * row_weight[i]`` with W_hat as for ``glu_down_fwd_lowbit`` (sign: the
-    product with +-bf16(a) times b[n], then the row weight); bf16 mma.sync, fp32 accumulation, one bf16 rounding. Columns [f, ldy) of y get the product with zero weights, ``(z[i] . 0) * row_weight[i]``
+    product with +-bf16(a) times b[n], then the row weight); bf16 MMA (wgmma on sm_90a, mma.sync elsewhere), fp32
+    accumulation, one bf16 rounding. Columns [f, ldy) of y get the product with zero weights, ``(z[i] . 0) * row_weight[i]``
     (zeros unless z[i] or row_weight[i] holds an inf or NaN).
 
     Args:
