@@ -46,6 +46,11 @@ __device__ __forceinline__ void fence_proxy_async_smem() {
 // keeps the compiler from moving accesses of an accumulator register across the asynchronous MMA (cf. CUTLASS
 // warpgroup_fence_operand)
 __device__ __forceinline__ void fence_reg(float& r) { asm volatile("" : "+f"(r)::"memory"); }
+template <int N>
+__device__ __forceinline__ void fence_regs(float* r) {
+#pragma unroll
+  for (int i = 0; i < N; ++i) fence_reg(r[i]);
+}
 
 // d[64 x N] (+)= a[64 x 16] (registers) * b[16 x N] (descriptor); accumulate = 0 ignores d's old value.
 template <int N>

@@ -101,7 +101,7 @@ __device__ __forceinline__ void down_body(const DownParams& p, int e, int row0, 
   const bf16* xrow = nullptr;
   if (xr < R) {
     const long long src = p.gidx ? __ldg(p.gidx + row0 + xr) : (long long)(row0 + xr);
-    xrow = p.x + src * p.stride_x + xh * 8;
+    xrow = p.x + src * p.stride_x + xh * 8;  // piece xh: wg_copy_half_row adds 16 m
   }
 #else
   // x copies: 16-byte piece xj = tid & 7 of rows (tid >> 3) + 16 i (a warp copies 4 whole 128-byte rows)
@@ -170,14 +170,7 @@ __device__ __forceinline__ void down_body(const DownParams& p, int e, int row0, 
     if (kc >= nk) return;
     unsigned char* xb = reinterpret_cast<unsigned char*>(xs + (kc % ST) * X_STAGE);
 #if TSCT_WGMMA
-#pragma unroll
-    for (int m = 0; m < 4; ++m) {
-      const uint32_t dst = smem_u32(xb + wg_piece(xr, xh, m));
-      if (xrow)
-        cp_async16(dst, xrow + kc * KC + 16 * m, 16);
-      else
-        cp_async16(dst, p.x, 0);  // zero fill, no read
-    }
+    wg_copy_half_row(xb, xr, xh, xrow, kc * KC, p.x);
 #else
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
@@ -194,8 +187,7 @@ __device__ __forceinline__ void down_body(const DownParams& p, int e, int row0, 
   auto permute = [&](int st) {
     unsigned char* xb = reinterpret_cast<unsigned char*>(xs + st * X_STAGE);
 #if TSCT_WGMMA
-    wg_permute(xb, xr, xh);
-    tsct::sm90::fence_proxy_async_smem();  // before the barrier: the stage is read by wgmma
+    wg_permute(xb, xr, xh);  // (and the proxy fence: the stage is read by wgmma after the barrier)
 #else
 #pragma unroll
     for (int i = 0; i < 4; ++i) bt_permute(xb, (tid >> 3) + 16 * i, xj);
@@ -254,24 +246,25 @@ __device__ __forceinline__ void down_body(const DownParams& p, int e, int row0, 
       }
     }
     const unsigned char* xb = reinterpret_cast<const unsigned char*>(xs + st * X_STAGE);
+    // the A registers of k16 step S, gate and up (both MMA paths)
+    auto decode = [&](auto S, uint32_t (&a)[2][4]) {
+      constexpr int s = decltype(S)::value;
+      if (SIGN) {
+        a_step_sign<s>(w[0][0].x, w[0][1].x, ap[0], a[0]);
+        a_step_sign<s>(w[1][0].x, w[1][1].x, ap[SIGN ? 1 : 0], a[1]);
+      } else {
+        a_step<s>(w[0][0], w[0][1], sp[0][0], sp[0][1], a[0]);
+        a_step<s>(w[1][0], w[1][1], sp[1][0], sp[1][1], a[1]);
+      }
+    };
 #if TSCT_WGMMA
     // one warpgroup: hg^T, hu^T [64 ranks x 8 NTILE rows] += W^T x^T, eight k16 wgmma per chunk, A decoded into
     // registers; they run while the next chunk's x stage is permuted (waited for before the next barrier)
     uint32_t a[4][2][4];
-    auto decode = [&](auto S) {
-      constexpr int s = decltype(S)::value;
-      if (SIGN) {
-        a_step_sign<s>(w[0][0].x, w[0][1].x, ap[0], a[s][0]);
-        a_step_sign<s>(w[1][0].x, w[1][1].x, ap[SIGN ? 1 : 0], a[s][1]);
-      } else {
-        a_step<s>(w[0][0], w[0][1], sp[0][0], sp[0][1], a[s][0]);
-        a_step<s>(w[1][0], w[1][1], sp[1][0], sp[1][1], a[s][1]);
-      }
-    };
-    decode(std::integral_constant<int, 0>());
-    decode(std::integral_constant<int, 1>());
-    decode(std::integral_constant<int, 2>());
-    decode(std::integral_constant<int, 3>());
+    decode(std::integral_constant<int, 0>(), a[0]);
+    decode(std::integral_constant<int, 1>(), a[1]);
+    decode(std::integral_constant<int, 2>(), a[2]);
+    decode(std::integral_constant<int, 3>(), a[3]);
     const uint64_t xdesc = tsct::sm90::wg_desc_sw128(smem_u32(xb));
     tsct::sm90::wg_fence();
 #pragma unroll
@@ -284,13 +277,7 @@ __device__ __forceinline__ void down_body(const DownParams& p, int e, int row0, 
     auto step = [&](auto S) {
       constexpr int s = decltype(S)::value;
       uint32_t a[2][4];  // mma A registers of step s, gate and up
-      if (SIGN) {
-        a_step_sign<s>(w[0][0].x, w[0][1].x, ap[0], a[0]);
-        a_step_sign<s>(w[1][0].x, w[1][1].x, ap[SIGN ? 1 : 0], a[1]);
-      } else {
-        a_step<s>(w[0][0], w[0][1], sp[0][0], sp[0][1], a[0]);
-        a_step<s>(w[1][0], w[1][1], sp[1][0], sp[1][1], a[1]);
-      }
+      decode(S, a);
 #pragma unroll
       for (int t = 0; t < NTILE; ++t) {
         const uint2 xv = *reinterpret_cast<const uint2*>(xb + t * 8 * (KC * 2) + bt_frag(g, c, s));
@@ -307,12 +294,7 @@ __device__ __forceinline__ void down_body(const DownParams& p, int e, int row0, 
   cp_wait<0>();
 #if TSCT_WGMMA
   tsct::sm90::wg_wait<0>();
-#pragma unroll
-  for (int f = 0; f < 2; ++f)
-#pragma unroll
-    for (int t = 0; t < NTILE; ++t)
-#pragma unroll
-      for (int i = 0; i < 4; ++i) tsct::sm90::fence_reg(acc[f][t][i]);
+  tsct::sm90::fence_regs<8 * NTILE>(&acc[0][0][0]);
 #endif
 
   // epilogue: acc[f][t][i] is (rank 16 warp + g + 8 (i >> 1), tile row 8 t + 2 c + (i & 1))

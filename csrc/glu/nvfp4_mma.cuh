@@ -130,10 +130,25 @@ __device__ __forceinline__ uint32_t bt_frag(int g, int c, int s) { return g * 12
 // order. Lane c's A registers of step s hold physical k 16s + 2c, +1 (chunk 2s, word c) and 16s + 8 + 2c, +1 (chunk 2s + 1,
 // word c), which a_step fills with pair (i, i + 4) of piece 2c + (s >= 2), i = 2 (s % 2) or 2 (s % 2) + 1: so chunk
 // 4h + i (h = 0, 1) holds pair word i of logical 16-byte pieces h, 2 + h, 4 + h, 6 + h, in that order. Thread
-// (row n, half h) copies pieces 2m + h to chunks 4h + m (wg_piece) and, once they have arrived, rewrites its own
-// four chunks in place (wg_permute): no other thread touches them, and the accesses are free of bank conflicts.
+// (row n, half h) copies pieces 2m + h to chunks 4h + m (wg_copy_half_row, given the row at piece h) and, once they have arrived, rewrites its
+// own four chunks in place (wg_permute): no other thread touches them, and the accesses are free of bank conflicts.
 __device__ __forceinline__ uint32_t wg_piece(int n, int h, int m) { return tsct::sm90::wg_chunk(n, 4 * h + m); }
 
+// cp.async of the 64 bf16 row[k0 .. k0 + 63] (16-byte aligned) into the pieces of half h of tile row n; row null:
+// zeros (the copies name `gmem`, any global address, and read 0 bytes of it)
+__device__ __forceinline__ void wg_copy_half_row(unsigned char* tile, int n, int h, const __nv_bfloat16* row, int k0,
+                                                 const void* gmem) {
+#pragma unroll
+  for (int m = 0; m < 4; ++m) {
+    const uint32_t dst = tsct::sm80::smem_u32(tile + wg_piece(n, h, m));
+    if (row)
+      tsct::sm80::cp_async16(dst, row + k0 + 16 * m, 16);
+    else
+      tsct::sm80::cp_async16(dst, gmem, 0);
+  }
+}
+
+// ends with the proxy fence: once a barrier follows, wgmma may read the tile
 __device__ __forceinline__ void wg_permute(unsigned char* tile, int n, int h) {
   uint4 v[4];
 #pragma unroll
@@ -146,6 +161,7 @@ __device__ __forceinline__ void wg_permute(unsigned char* tile, int n, int h) {
     for (int m = 0; m < 4; ++m) o[m] = i < 2 ? __byte_perm(v[m].x, v[m].z, sel) : __byte_perm(v[m].y, v[m].w, sel);
     *reinterpret_cast<uint4*>(tile + wg_piece(n, h, i)) = make_uint4(o[0], o[1], o[2], o[3]);
   }
+  tsct::sm90::fence_proxy_async_smem();  // generic-proxy writes, read by wgmma (async proxy)
 }
 #endif
 

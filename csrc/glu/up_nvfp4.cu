@@ -109,14 +109,7 @@ __device__ __forceinline__ void up_body(const UpParams& p, int e, int row0, int 
 #if TSCT_WGMMA
   // z tile in wgmma's B layout: pieces 2m + zh of row zr (zero rows past R)
   const int zr = tid >> 1, zh = tid & 1;
-#pragma unroll
-  for (int m = 0; m < 4; ++m) {
-    const uint32_t dst = smem_u32(zs + wg_piece(zr, zh, m));
-    if (zr < R)
-      cp_async16(dst, p.z + (size_t)(row0 + zr) * RANK + (2 * m + zh) * 8, 16);
-    else
-      cp_async16(dst, p.z, 0);
-  }
+  wg_copy_half_row(zs, zr, zh, zr < R ? p.z + (size_t)(row0 + zr) * RANK + 8 * zh : nullptr, 0, p.z);
   const uint64_t zdesc = tsct::sm90::wg_desc_sw128(smem_u32(zs));
 #else
   const int pj = tid & 7;
@@ -204,8 +197,7 @@ __device__ __forceinline__ void up_body(const UpParams& p, int e, int row0, int 
     cp_wait<ST - 2>();
     if (j == 0) {
 #if TSCT_WGMMA
-      wg_permute(zs, zr, zh);
-      tsct::sm90::fence_proxy_async_smem();  // before the barrier: the permuted tile is read by wgmma
+      wg_permute(zs, zr, zh);  // (and the proxy fence: the tile is read by wgmma after the barrier)
 #else
 #pragma unroll
       for (int i = 0; i < 4; ++i) bt_permute(zs, (tid >> 3) + 16 * i, pj);
@@ -240,41 +232,32 @@ __device__ __forceinline__ void up_body(const UpParams& p, int e, int row0, int 
 #pragma unroll
       for (int i = 0; i < 4; ++i) acc[t][i] = 0.f;
 #endif
+    // the A registers of k16 step S (both MMA paths)
+    auto decode = [&](auto S, uint32_t* a) {
+      if (SIGN)
+        a_step_sign<decltype(S)::value>(w0.x, w1.x, ap, a);
+      else
+        a_step<decltype(S)::value>(w0, w1, s0, s1, a);
+    };
 #if TSCT_WGMMA  // (no zeroing: the first wgmma of the step ignores acc, scale-d 0)
     // one warpgroup: y^T[64 columns x 8 NTILE rows] = W^T z^T in four k16 wgmma, A decoded into registers
     uint32_t a[4][4];
-    auto decode = [&](auto S) {
-      constexpr int s = decltype(S)::value;
-      if (SIGN)
-        a_step_sign<s>(w0.x, w1.x, ap, a[s]);
-      else
-        a_step<s>(w0, w1, s0, s1, a[s]);
-    };
-    decode(std::integral_constant<int, 0>());
-    decode(std::integral_constant<int, 1>());
-    decode(std::integral_constant<int, 2>());
-    decode(std::integral_constant<int, 3>());
-#pragma unroll
-    for (int t = 0; t < NTILE; ++t)
-#pragma unroll
-      for (int i = 0; i < 4; ++i) tsct::sm90::fence_reg(acc[t][i]);
+    decode(std::integral_constant<int, 0>(), a[0]);
+    decode(std::integral_constant<int, 1>(), a[1]);
+    decode(std::integral_constant<int, 2>(), a[2]);
+    decode(std::integral_constant<int, 3>(), a[3]);
+    tsct::sm90::fence_regs<4 * NTILE>(&acc[0][0]);
     tsct::sm90::wg_fence();
 #pragma unroll
     for (int s = 0; s < 4; ++s) tsct::sm90::wgmma_rs_bf16<8 * NTILE>(&acc[0][0], a[s], zdesc + 2 * s, s);
     tsct::sm90::wg_commit();
     tsct::sm90::wg_wait<0>();
-#pragma unroll
-    for (int t = 0; t < NTILE; ++t)
-#pragma unroll
-      for (int i = 0; i < 4; ++i) tsct::sm90::fence_reg(acc[t][i]);
+    tsct::sm90::fence_regs<4 * NTILE>(&acc[0][0]);
 #else
     auto step = [&](auto S) {
       constexpr int s = decltype(S)::value;
       uint32_t a[4];
-      if (SIGN)
-        a_step_sign<s>(w0.x, w1.x, ap, a);
-      else
-        a_step<s>(w0, w1, s0, s1, a);
+      decode(S, a);
 #pragma unroll
       for (int t = 0; t < NTILE; ++t) {  // B: the z fragments of n8 tile t, step s
         const uint2 v = *reinterpret_cast<const uint2*>(zs + t * 1024 + bt_frag(g, c, s));
