@@ -12,6 +12,8 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 import torch
 
@@ -230,3 +232,38 @@ def test_installed_index_holds_the_lowbit_family():
             assert idx["families"].get("lowbit", {}).get("variants") == n_lowbit, idx["families"]
             keys = {k for k, e in idx["kernels"].items() if e["family"] == "lowbit"}
             assert keys == {s.key for s in LS.enumerate_specs(arch)}
+
+
+@pytest.mark.parametrize("fmt", ["nvfp4", "sign"])
+def test_up_kernel_decodes_into_the_dot_operand_on_sm120(fmt):
+    """issue 4, deliverable 1: lowbit_up_fwd's b1 variant (packed w_down, r = 64 in one K step), compiled for sm_120
+    by Triton on this CPU machine, keeps no copy of a decoded w_down tile in shared memory: its TTGIR stores only
+    register tensors shaped like the z planes ([BK/4, BM]) to shared memory, never a factor plane ([BN, BK/4]) or
+    tile ([BN, BK]); the byte-plane decode (``_w_plane``) is what makes that so."""
+    triton = pytest.importorskip("triton")
+    if not hasattr(triton, "compile"):
+        pytest.skip("triton without a compiler")
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    from tsct.kernels.triton_lowbit import _kernels as K
+    from tsct.kernels.triton_lowbit._compile_check import variants
+
+    found = 0
+    for name, types, consts, warps, stages in variants(fmt, "sm_120"):
+        if name != "lowbit_up_fwd" or not consts.get("SINGLE_K") or consts["BK"] != 64:
+            continue
+        fn = getattr(K, name)
+        runtime = [p for p in fn.arg_names if p not in consts]
+        sig = dict(zip(runtime, types))
+        sig.update({c: "constexpr" for c in consts})
+        attrs = {(fn.arg_names.index(p),): [["tt.divisibility", 16]] for p in LS.KERNELS[name].hinted}
+        src = ASTSource(fn=fn, signature={p: sig[p] for p in fn.arg_names}, constexprs=dict(consts), attrs=attrs)
+        k = triton.compile(src, target=GPUTarget("cuda", 120, 32),
+                           options=dict(num_warps=warps, num_stages=stages, num_ctas=1))
+        copies = re.findall(r"ttg\.local_alloc %\S+ : \(tensor<(\d+)x(\d+)x(?:bf16|f16|f32)", k.asm["ttgir"])
+        shapes = {(int(a), int(b)) for a, b in copies}
+        assert shapes <= {(consts["BK"] // 4, consts["BM"])}, (fmt, shapes)
+        assert "tt.dot" in k.asm["ttgir"]
+        found += 1
+    assert found, "no b1 lowbit_up_fwd variant in the table"

@@ -15,10 +15,12 @@ Decode happens in registers (``_w_tile``): the packed words / bytes of a [BN, BK
 expanded with constant shifts and masks into fp32 bit patterns (no selects, no conversions: 4-5
 instructions per element; NVFP4 tiles for a bf16 product go straight to bf16, two codes per shift and
 mask: ``_e2m1_pair``), scaled, joined back into k order, rounded to the activation dtype and transposed
-for ``tl.dot``. Global memory never holds a decoded copy; the decoded tile does pass
+for ``tl.dot``. Global memory never holds a decoded copy. Shared memory: ``lowbit_up_fwd`` (packed w_down, the
+rank in one K step of >= 64, the b1 case) decodes byte planes straight into the mma operand registers on
+sm_120 and sm_100a (``_w_plane``: no shared copy in their TTGIR; a test checks sm_120); elsewhere the joined tile passes
 through a tile-sized shared-memory scratch on its way to the dot-operand register layout (Triton's
-convert_layout: STS.128 + LDSM on sm_90a). Per-expert / per-column factors are applied outside the dot,
-exactly:
+convert_layout: STS.128 + LDSM on sm_90a, where the forward runs the CUDA kernels instead; the backward
+kernels everywhere). Per-expert / per-column factors are applied outside the dot, exactly:
 
     NVFP4  W = (e2m1 * sf) / s_enc.  The tile holds e2m1 * sf * 2^-8 (<= 6 significant bits: EXACT in
            bf16), the accumulator is multiplied by 2^8 / s_enc[e] afterwards (``_w_scalar``). So the
@@ -182,6 +184,78 @@ def _w_tile_nk(FMT: tl.constexpr, p0, p1, e64, k0, K, N, ns, nmask, BK: tl.const
 
 
 @triton.jit
+def _w_packed(FMT: tl.constexpr, p0, p1, e64, k0, K, N, ns, nmask, BK: tl.constexpr, BN: tl.constexpr):
+    """The packed storage of W[e, k0:k0+BK, ns]^T for ``_w_plane``: NVFP4 (uint32 words [BN, BK/8] of 8 codes,
+    the words' block scales sf * 2^118 fp32 [BN, BK/8]); sign (bytes of 8 bits [BN, BK/8] as uint32, and 0).
+    As ``_w_tile_nk``'s loads (the same alignment rules)."""
+    k8 = K // 8
+    ws = k0 // 8 + tl.arange(0, BK // 8)
+    if FMT == 1:
+        wp = p0.to(tl.pointer_type(tl.uint32), bitcast=True)
+        wrd = tl.load(wp + e64 * N * k8 + ns[:, None] * k8 + ws[None, :], mask=nmask[:, None] & (ws < k8)[None, :],
+                      other=0)
+        # the words' block scales from one [BN] load per block of the step, broadcast over its two words: a 2-D
+        # scale load (or a join) here makes Triton send the decoded planes through shared memory
+        k16 = K // 16
+        srow = p1 + e64 * N * k16 + ns * k16 + k0 // 16
+        wb = tl.arange(0, BK // 8)[None, :] // 2  # block of each word within the step
+        sb = tl.zeros((BN, BK // 8), tl.int32)
+        for q in tl.static_range(BK // 16):
+            sq = tl.load(srow + q, mask=nmask & ((ns * 0 + k0 // 16 + q) < k16), other=0).to(tl.int32)
+            sb = tl.where(wb == q, sq[:, None], sb)
+        sfw = _ue4m3(sb) * 3.32306998946229e+35
+    else:
+        wrd = tl.load(p0 + e64 * N * k8 + ns[:, None] * k8 + ws[None, :], mask=nmask[:, None] & (ws < k8)[None, :],
+                      other=0).to(tl.uint32)
+        sfw = 0.0
+    return wrd, sfw
+
+
+@triton.jit
+def _plane_ks(k0, BK: tl.constexpr, B: tl.constexpr):
+    """The k of the BK/4 columns of byte plane B of a BK step: column 2 i + j is k = k0 + 8 i + 2 B + j."""
+    c = tl.arange(0, BK // 4)
+    return k0 + 8 * (c // 2) + 2 * B + c % 2
+
+
+@triton.jit
+def _w_plane(FMT: tl.constexpr, wrd, sfw, p1, e64, k0, K, B: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
+             DT: tl.constexpr):
+    """Byte plane B of the decoded tile [BN, BK/4] (the columns ``_plane_ks`` names; values as ``_w_tile_nk``):
+    the two codes of byte B of each word (NVFP4) or bits 2B, 2B + 1 of each byte (sign). Only a join of two
+    and a reshape, with the packed words and their scales loaded as ``_w_packed`` does: Triton 3.9 then decodes
+    straight into the mma operand registers on sm_120 and sm_100a, with no shared-memory copy of the decoded tile (the
+    eight-way join of ``_w_tile_nk`` goes through a shared scratch; on sm_90a wgmma's register operand still
+    takes one, where the CUDA kernels run instead; bench/notes.md "Session 16"). Used by ``lowbit_up_fwd``; the
+    down kernel keeps the joined tile (x read plane by plane: 3x slower on the H200)."""
+    if FMT == 1:
+        if DT == tl.bfloat16:  # the byte's two nibbles spread 16 bits apart, then _e2m1_pair's one shift and mask
+            t = wrd >> (8 * B)
+            sp = (t & 0xF) | ((t << 12) & 0xF0000)
+            pair = ((sp << 6) & 0x01C001C0) | ((sp << 12) & 0x80008000)
+            sfb = sfw.to(tl.bfloat16)
+            lo = (pair & 0xFFFF).to(tl.uint16).to(tl.bfloat16, bitcast=True) * sfb
+            hi = (pair >> 16).to(tl.uint16).to(tl.bfloat16, bitcast=True) * sfb
+        else:
+            lo = _e2m1_w(wrd, 2 * B, sfw)
+            hi = _e2m1_w(wrd, 2 * B + 1, sfw)
+    else:
+        bs = k0 // 8 + tl.arange(0, BK // 8)
+        bmask = bs < K // 8
+        ap = p1 + e64 * K + bs * 8
+        lo = _sign_w(wrd, ap, bmask, 2 * B)
+        hi = _sign_w(wrd, ap, bmask, 2 * B + 1)
+    return tl.reshape(tl.join(lo, hi), (BN, BK // 4)).to(DT)
+
+
+@triton.jit
+def _x_plane(xp, xmask, k0, K, BK: tl.constexpr, B: tl.constexpr):
+    """Rows ``_plane_ks(k0, BK, B)`` of X^T, [BK/4, BM]: X[m, k] = *(xp[m] + k), 0 for masked m or k >= K."""
+    kb = _plane_ks(k0, BK, B)
+    return tl.load(xp[None, :] + kb[:, None], mask=xmask[None, :] & (kb < K)[:, None], other=0.0)
+
+
+@triton.jit
 def _inv_senc(p2, e):
     """NVFP4: 2^8 / s_enc[e], the factor that turns a product with decoded tiles (e2m1 * sf * 2^-8,
     ``_e2m1_w``) into one with W_hat (one division per program; a multiply per output element, within an
@@ -303,20 +377,41 @@ def lowbit_up_fwd(
     y_base = y_ptr + row0.to(tl.int64) * ldy
     y_tile = bm[:, None] * ldy + ns[None, :]
     # swapped operands (see lowbit_down_fwd): y^T [BN, BM] = Wd^T [BN, BK] (decoded, A) @ z^T [BK, BM]
-    if SINGLE_K:  # the whole rank fits one K step: load the z tile once
-        zt = tl.load(z_base + bm[None, :] * r + ks[:, None], mask=rmask[None, :] & (ks < r)[:, None], other=0.0)
+    # PLANES (packed w_down, the whole rank in one K step of >= 64): the step as four byte-plane dots over the z
+    # tile's four planes (read once per program), so the decoded w_down tiles reach the dot operand without a
+    # shared-memory copy (``_w_plane``; sm_120: none in the TTGIR, a test checks it). The other K steps keep the
+    # joined tile (``_w_tile_nk``): their z planes would be re-read per column block
+    PLANES: tl.constexpr = FMT_D != 0 and SINGLE_K and BK >= 64
+    zp = z_base + bm * r
+    if SINGLE_K:  # the whole rank fits one K step: load the z tile (its planes) once
+        if PLANES:
+            zq0 = _x_plane(zp, rmask, 0, r, BK, 0)
+            zq1 = _x_plane(zp, rmask, 0, r, BK, 1)
+            zq2 = _x_plane(zp, rmask, 0, r, BK, 2)
+            zq3 = _x_plane(zp, rmask, 0, r, BK, 3)
+        else:
+            zt = tl.load(zp[None, :] + ks[:, None], mask=rmask[None, :] & (ks < r)[:, None], other=0.0)
     for n in range(0, f, BN):
         cols = n + ns
         cmask = cols < f
         acc = tl.zeros((BN, BM), dtype=tl.float32)
-        if SINGLE_K:
+        if SINGLE_K and PLANES:
+            wrd, sfw = _w_packed(FMT_D, d0, d1, e64, 0, r, f, cols, cmask, BK, BN)
+            acc = tl.dot(_w_plane(FMT_D, wrd, sfw, d1, e64, 0, r, 0, BN, BK,
+                                  zq0.dtype if DEC16 else tl.float32).to(zq0.dtype), zq0, acc)
+            acc = tl.dot(_w_plane(FMT_D, wrd, sfw, d1, e64, 0, r, 1, BN, BK,
+                                  zq0.dtype if DEC16 else tl.float32).to(zq0.dtype), zq1, acc)
+            acc = tl.dot(_w_plane(FMT_D, wrd, sfw, d1, e64, 0, r, 2, BN, BK,
+                                  zq0.dtype if DEC16 else tl.float32).to(zq0.dtype), zq2, acc)
+            acc = tl.dot(_w_plane(FMT_D, wrd, sfw, d1, e64, 0, r, 3, BN, BK,
+                                  zq0.dtype if DEC16 else tl.float32).to(zq0.dtype), zq3, acc)
+        elif SINGLE_K:
             acc = tl.dot(_w_tile_nk(FMT_D, d0, d1, e64, 0, r, f, cols, cmask, BK, BN,
                                     zt.dtype if DEC16 else tl.float32).to(zt.dtype), zt, acc)
         else:
             for k in range(0, r, BK):
                 kmask = (k + ks) < r
-                a = tl.load(z_base + bm[None, :] * r + (k + ks)[:, None], mask=rmask[None, :] & kmask[:, None],
-                            other=0.0)
+                a = tl.load(zp[None, :] + (k + ks)[:, None], mask=rmask[None, :] & kmask[:, None], other=0.0)
                 acc = tl.dot(_w_tile_nk(FMT_D, d0, d1, e64, k, r, f, cols, cmask, BK, BN,
                                         a.dtype if DEC16 else tl.float32).to(a.dtype), a, acc)
         acc = _w_cols(FMT_D, tl.trans(acc), d2, e64, f, cols, cmask)
