@@ -22,7 +22,7 @@ import torch
 pytest.importorskip("triton")
 
 ROOT = Path(__file__).resolve().parents[2]
-CASES = ["nvfp4_basic", "sign_basic", "nvfp4_nogs", "sign_nogs_noscales", "mixed_ns_d", "mixed_dd_n",
+CASES = ["nvfp4_basic", "sign_basic", "sign_r64", "nvfp4_r64", "nvfp4_nogs", "sign_nogs_noscales", "mixed_ns_d", "mixed_dd_n",
          "empty_one_multitile", "nvfp4_d80_r48", "sign_d72_r24", "nvfp4_r144_multik", "swizzled_nvfp4",
          "f5461_sign_nvfp4"]
 
@@ -55,6 +55,30 @@ def interp_ndb(tmp_path_factory):
     if not out.exists():
         pytest.fail(f"interpreter check crashed (rc {p.returncode}):\n{p.stdout[-3000:]}\n{p.stderr[-5000:]}")
     return json.loads(out.read_text())
+
+
+# lowbit_up_fwd in byte planes (Config.planes_up_lb, on for sm_120 only): aligned r in 33..64
+PLANES_CASES = ["nvfp4_d80_r48", "sign_r64", "nvfp4_r64"]
+
+
+@pytest.fixture(scope="module")
+def interp_planes(tmp_path_factory):
+    out = tmp_path_factory.mktemp("lowbit_planes") / "res.json"
+    env = dict(os.environ, TRITON_INTERPRET="1", TSCT_TRITON_GLU_CFG="planes_up_lb=1",
+               PYTHONPATH=str(ROOT / "python") + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    p = subprocess.run([sys.executable, "-m", "tsct.kernels.triton_lowbit._interp_check", "--json", str(out),
+                        *PLANES_CASES], env=env, cwd=ROOT, capture_output=True, text=True, timeout=900)
+    if not out.exists():
+        pytest.fail(f"interpreter check crashed (rc {p.returncode}):\n{p.stdout[-3000:]}\n{p.stderr[-5000:]}")
+    return json.loads(out.read_text())
+
+
+@pytest.mark.parametrize("case", PLANES_CASES)
+def test_interpreter_case_up_planes(interp_planes, case):
+    errs = interp_planes["results"][case]
+    bad = {k: v for k, v in errs.items() if not v < interp_planes["tol"]}
+    assert not bad, f"{case} with planes_up_lb=1: {bad}"
+    assert "fwd" in errs and "w_down" in errs
 
 
 @pytest.mark.parametrize("case", NDB_CASES)

@@ -26,7 +26,7 @@ import triton
 
 from tsct.kernels.triton_glu import specs
 from tsct.kernels.triton_lowbit.glu import WARPS_DECODE
-from tsct.kernels.triton_lowbit.specs import up_dec16
+from tsct.kernels.triton_lowbit.specs import up_dec16, up_planes
 
 FMT = {"dense": 0, "nvfp4": 1, "sign": 2}
 
@@ -50,7 +50,8 @@ def variants(fmt: str, arch: str):
                dict(FMT_G=f, FMT_U=f, HAS_GATHER=True, HAS_SG=True, HAS_SU=True, HAS_RW=bwd, BWD=bwd, BM=cfg.bm,
                     BR=64, BK=cfg.bk, BLOCK_E=cfg.block_e), WARPS_DECODE, cfg.stages_down_lb)
     yield ("lowbit_up_fwd", [dt, "*i32", "*i32", *g, "*fp32", dt, "i32", "i32", "i32", "i32"],
-           dict(FMT_D=f, HAS_RW=True, SINGLE_K=True, Y_PAD=True, DEC16=up_dec16(cfg, 64), BM=cfg.bm, BN=cfg.bn_up, BK=64,
+           dict(FMT_D=f, HAS_RW=True, SINGLE_K=True, Y_PAD=True, DEC16=up_dec16(cfg, 64),
+                PLANES=up_planes(cfg, f, True, 64), BM=cfg.bm, BN=cfg.bn_up, BK=64,
                 BLOCK_E=cfg.block_e),
            cfg.warps_up_lb, cfg.stages_up)
     yield ("lowbit_bwd_dz", [dt, "*i64", "*i32", *g, dt, "*fp32", dt, "i32", "i32", "i32", "i32"],

@@ -15,12 +15,13 @@ Decode happens in registers (``_w_tile``): the packed words / bytes of a [BN, BK
 expanded with constant shifts and masks into fp32 bit patterns (no selects, no conversions: 4-5
 instructions per element; NVFP4 tiles for a bf16 product go straight to bf16, two codes per shift and
 mask: ``_e2m1_pair``), scaled, joined back into k order, rounded to the activation dtype and transposed
-for ``tl.dot``. Global memory never holds a decoded copy. Shared memory: ``lowbit_up_fwd`` (packed w_down, the
-rank in one K step of >= 64, the b1 case) decodes byte planes straight into the mma operand registers on
-sm_120 and sm_100a (``_w_plane``: no shared copy in their TTGIR; a test checks sm_120); elsewhere the joined tile passes
+for ``tl.dot``. Global memory never holds a decoded copy. Shared memory (TTGIR of the b1 variants, Triton 3.9):
+on sm_100a the forward kernels hand the decoded tile to tcgen05 through tensor memory (no shared copy); on
+sm_120 ``lowbit_up_fwd`` (PLANES: aligned r in 33..64) decodes byte planes straight into the mma.sync operand
+registers (``_w_plane``; a CPU test checks it); everywhere else (the backward kernels, lowbit_down_fwd on
+sm_120, every kernel on sm_90a, where the forward runs the CUDA kernels instead) the joined tile passes
 through a tile-sized shared-memory scratch on its way to the dot-operand register layout (Triton's
-convert_layout: STS.128 + LDSM on sm_90a, where the forward runs the CUDA kernels instead; the backward
-kernels everywhere). Per-expert / per-column factors are applied outside the dot, exactly:
+convert_layout: STS.128 + LDSM). Per-expert / per-column factors are applied outside the dot, exactly:
 
     NVFP4  W = (e2m1 * sf) / s_enc.  The tile holds e2m1 * sf * 2^-8 (<= 6 significant bits: EXACT in
            bf16), the accumulator is multiplied by 2^8 / s_enc[e] afterwards (``_w_scalar``). So the
@@ -186,8 +187,9 @@ def _w_tile_nk(FMT: tl.constexpr, p0, p1, e64, k0, K, N, ns, nmask, BK: tl.const
 @triton.jit
 def _w_packed(FMT: tl.constexpr, p0, p1, e64, k0, K, N, ns, nmask, BK: tl.constexpr, BN: tl.constexpr):
     """The packed storage of W[e, k0:k0+BK, ns]^T for ``_w_plane``: NVFP4 (uint32 words [BN, BK/8] of 8 codes,
-    the words' block scales sf * 2^118 fp32 [BN, BK/8]); sign (bytes of 8 bits [BN, BK/8] as uint32, and 0).
-    As ``_w_tile_nk``'s loads (the same alignment rules)."""
+    the words' block scales sf * 2^118 fp32 [BN, BK/8]); sign (bytes of 8 bits [BN, BK/8] as uint32, and 0.0,
+    unused). As ``_w_tile_nk``'s loads (the same alignment rules). Packed formats only."""
+    tl.static_assert(FMT != 0, "_w_packed: a packed format")
     k8 = K // 8
     ws = k0 // 8 + tl.arange(0, BK // 8)
     if FMT == 1:
@@ -220,22 +222,17 @@ def _plane_ks(k0, BK: tl.constexpr, B: tl.constexpr):
 
 @triton.jit
 def _w_plane(FMT: tl.constexpr, wrd, sfw, p1, e64, k0, K, B: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
-             DT: tl.constexpr):
-    """Byte plane B of the decoded tile [BN, BK/4] (the columns ``_plane_ks`` names; values as ``_w_tile_nk``):
-    the two codes of byte B of each word (NVFP4) or bits 2B, 2B + 1 of each byte (sign). Only a join of two
-    and a reshape, with the packed words and their scales loaded as ``_w_packed`` does: Triton 3.9 then decodes
-    straight into the mma operand registers on sm_120 and sm_100a, with no shared-memory copy of the decoded tile (the
-    eight-way join of ``_w_tile_nk`` goes through a shared scratch; on sm_90a wgmma's register operand still
-    takes one, where the CUDA kernels run instead; bench/notes.md "Session 16"). Used by ``lowbit_up_fwd``; the
-    down kernel keeps the joined tile (x read plane by plane: 3x slower on the H200)."""
+             DEC16: tl.constexpr, DT: tl.constexpr):
+    """Byte plane B of the decoded tile [BN, BK/4] (the columns ``_plane_ks`` names; values as ``_w_tile_nk``,
+    rounded to DT; DEC16: NVFP4 decoded straight to bf16): the two codes of byte B of each word (NVFP4) or bits
+    2B, 2B + 1 of each byte (sign). Only a join of two and a reshape, from inputs loaded as ``_w_packed`` does: on
+    sm_120, Triton 3.9 then computes the plane in the mma.sync operand registers, with no shared-memory copy
+    (bench/notes.md "Session 16": the eight-way join of ``_w_tile_nk``, a 2-D scale load or BK = 128 bring one
+    back)."""
     if FMT == 1:
-        if DT == tl.bfloat16:  # the byte's two nibbles spread 16 bits apart, then _e2m1_pair's one shift and mask
+        if DEC16 and DT == tl.bfloat16:  # the byte's two nibbles spread 16 bits apart: one _e2m1_pair
             t = wrd >> (8 * B)
-            sp = (t & 0xF) | ((t << 12) & 0xF0000)
-            pair = ((sp << 6) & 0x01C001C0) | ((sp << 12) & 0x80008000)
-            sfb = sfw.to(tl.bfloat16)
-            lo = (pair & 0xFFFF).to(tl.uint16).to(tl.bfloat16, bitcast=True) * sfb
-            hi = (pair >> 16).to(tl.uint16).to(tl.bfloat16, bitcast=True) * sfb
+            lo, hi = _e2m1_pair((t & 0xF) | ((t << 12) & 0xF0000), 0, sfw.to(tl.bfloat16))
         else:
             lo = _e2m1_w(wrd, 2 * B, sfw)
             hi = _e2m1_w(wrd, 2 * B + 1, sfw)
@@ -343,12 +340,13 @@ def lowbit_up_fwd(
     z_ptr, offs_ptr, cum_ptr, d0, d1, d2, rw_ptr, y_ptr,
     E, r, f, ldy,
     FMT_D: tl.constexpr, HAS_RW: tl.constexpr, SINGLE_K: tl.constexpr, Y_PAD: tl.constexpr, DEC16: tl.constexpr,
-    BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, BLOCK_E: tl.constexpr,
+    PLANES: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, BLOCK_E: tl.constexpr,
 ):
     """``triton_glu.glu_up_fwd`` (FSPLIT 1) with w_down in any format: y[rows, :f] = (z Wd_hat[e]) * rw.
     DEC16: decode w_down tiles straight to z's dtype (bf16: ``_e2m1_pair``); else to fp32, then round
     (same bits; ``specs.up_dec16``: Triton 3.6 and 3.9 fail to compile the first at BK = 16 for
-    compute capability 10.x / 11.0).
+    compute capability 10.x / 11.0). PLANES (``specs.up_planes``: packed w_down, SINGLE_K at BK = 64, sm_120): the
+    K step as four byte-plane dots (``_w_plane``) over the z tile's planes, read once per program.
     Packed w_down rows are K-contiguous ([f, r/2] or [f, r/8] bytes), so the odd f does not misalign the
     factor loads. Y_PAD (as the bf16 kernel's): ldy is a multiple of 8 and y's pad columns [f, ldy) may be
     written (zeros here: the decoded columns past f are masked), so the y stores vectorize."""
@@ -377,11 +375,6 @@ def lowbit_up_fwd(
     y_base = y_ptr + row0.to(tl.int64) * ldy
     y_tile = bm[:, None] * ldy + ns[None, :]
     # swapped operands (see lowbit_down_fwd): y^T [BN, BM] = Wd^T [BN, BK] (decoded, A) @ z^T [BK, BM]
-    # PLANES (packed w_down, the whole rank in one K step of >= 64): the step as four byte-plane dots over the z
-    # tile's four planes (read once per program), so the decoded w_down tiles reach the dot operand without a
-    # shared-memory copy (``_w_plane``; sm_120: none in the TTGIR, a test checks it). The other K steps keep the
-    # joined tile (``_w_tile_nk``): their z planes would be re-read per column block
-    PLANES: tl.constexpr = FMT_D != 0 and SINGLE_K and BK >= 64
     zp = z_base + bm * r
     if SINGLE_K:  # the whole rank fits one K step: load the z tile (its planes) once
         if PLANES:
@@ -395,16 +388,12 @@ def lowbit_up_fwd(
         cols = n + ns
         cmask = cols < f
         acc = tl.zeros((BN, BM), dtype=tl.float32)
-        if SINGLE_K and PLANES:
+        if PLANES:
             wrd, sfw = _w_packed(FMT_D, d0, d1, e64, 0, r, f, cols, cmask, BK, BN)
-            acc = tl.dot(_w_plane(FMT_D, wrd, sfw, d1, e64, 0, r, 0, BN, BK,
-                                  zq0.dtype if DEC16 else tl.float32).to(zq0.dtype), zq0, acc)
-            acc = tl.dot(_w_plane(FMT_D, wrd, sfw, d1, e64, 0, r, 1, BN, BK,
-                                  zq0.dtype if DEC16 else tl.float32).to(zq0.dtype), zq1, acc)
-            acc = tl.dot(_w_plane(FMT_D, wrd, sfw, d1, e64, 0, r, 2, BN, BK,
-                                  zq0.dtype if DEC16 else tl.float32).to(zq0.dtype), zq2, acc)
-            acc = tl.dot(_w_plane(FMT_D, wrd, sfw, d1, e64, 0, r, 3, BN, BK,
-                                  zq0.dtype if DEC16 else tl.float32).to(zq0.dtype), zq3, acc)
+            acc = tl.dot(_w_plane(FMT_D, wrd, sfw, d1, e64, 0, r, 0, BN, BK, DEC16, zq0.dtype), zq0, acc)
+            acc = tl.dot(_w_plane(FMT_D, wrd, sfw, d1, e64, 0, r, 1, BN, BK, DEC16, zq0.dtype), zq1, acc)
+            acc = tl.dot(_w_plane(FMT_D, wrd, sfw, d1, e64, 0, r, 2, BN, BK, DEC16, zq0.dtype), zq2, acc)
+            acc = tl.dot(_w_plane(FMT_D, wrd, sfw, d1, e64, 0, r, 3, BN, BK, DEC16, zq0.dtype), zq3, acc)
         elif SINGLE_K:
             acc = tl.dot(_w_tile_nk(FMT_D, d0, d1, e64, 0, r, f, cols, cmask, BK, BN,
                                     zt.dtype if DEC16 else tl.float32).to(zt.dtype), zt, acc)

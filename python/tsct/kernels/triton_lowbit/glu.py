@@ -231,6 +231,7 @@ def _up(z, offs, cum, max_tiles, fd, pd, rw, y, f, m, cfg, aligned, cap, pad: bo
     single_k, bk_up = LS.up_k(r, aligned)
     _launch("lowbit_up_fwd", (max_tiles,), [z, offs, cum, *pd, rw, y, e, r, f, y.shape[1]],
             dict(FMT_D=fd, HAS_RW=rw is not None, SINGLE_K=single_k, Y_PAD=pad, DEC16=LS.up_dec16(cfg, bk_up),
+                 PLANES=LS.up_planes(cfg, fd, single_k, bk_up),
                  BM=cfg.bm, BN=cfg.bn_up, BK=bk_up, BLOCK_E=cfg.block_e),
             cfg.warps_up_lb, cfg.stages_up, aligned, cap, z.device)
 

@@ -62,7 +62,7 @@ KERNELS: dict[str, KernelInfo] = {
     ),
     "lowbit_up_fwd": KernelInfo(
         params=("z_ptr", "offs_ptr", "cum_ptr", "d0", "d1", "d2", "rw_ptr", "y_ptr", "E", "r", "f", "ldy"),
-        constexprs=("FMT_D", "HAS_RW", "SINGLE_K", "Y_PAD", "DEC16", "BM", "BN", "BK", "BLOCK_E"),
+        constexprs=("FMT_D", "HAS_RW", "SINGLE_K", "Y_PAD", "DEC16", "PLANES", "BM", "BN", "BK", "BLOCK_E"),
         ints=("E", "r", "f", "ldy"),
         used_if={"d1": "FMT_D", "d2": "FMT_D", "rw_ptr": "HAS_RW"},
         hinted=("z_ptr", "d0", "y_ptr", "r"),
@@ -109,6 +109,14 @@ def up_dec16(cfg, bk: int) -> bool:
     wider than 16 (at BK = 16, Triton 3.6 and 3.9 fail to compile it for compute capability 10.0, 10.3
     and 11.0: "Illegal shared layout" in OptimizeDotOperands; review of 2026-11-30)."""
     return bool(cfg.dec16_up_lb) and bk > 16
+
+
+def up_planes(cfg, fmt: int, single_k: bool, bk: int) -> bool:
+    """PLANES of lowbit_up_fwd: a packed w_down decoded in byte planes where the arch's config enables it
+    (``Config.planes_up_lb``: sm_120) and the rank is one K step of 64 (aligned r in 33..64; the TTGIR then
+    holds no shared-memory copy of the decoded tile, tests/cpu/test_triton_lowbit_aot.py; at BK = 128 it still
+    does)."""
+    return bool(cfg.planes_up_lb) and fmt != DENSE and single_k and bk == 64
 
 
 def up_k(r: int, aligned: bool) -> tuple[bool, int]:
@@ -162,7 +170,8 @@ def enumerate_specs(arch: str) -> Iterator[Spec]:
         ups = sorted({up_k(r, aligned) for r in (16, 32, 48, 64, 128, 129)})
         for rw, (single, bk), ypad in itertools.product((False, True), ups, (False, True)):
             types = dict(z_ptr=D, offs_ptr="*i32", cum_ptr="*i32", d0=d0, d1=d1, d2=d2, rw_ptr="*fp32", y_ptr=D)
-            consts = dict(FMT_D=fd, HAS_RW=rw, SINGLE_K=single, Y_PAD=ypad, DEC16=up_dec16(cfg, bk), BM=cfg.bm,
+            consts = dict(FMT_D=fd, HAS_RW=rw, SINGLE_K=single, Y_PAD=ypad, DEC16=up_dec16(cfg, bk),
+                          PLANES=up_planes(cfg, fd, single, bk), BM=cfg.bm,
                           BN=cfg.bn_up, BK=bk, BLOCK_E=cfg.block_e)
             out.append(_base_spec("lowbit_up_fwd", types, consts, cfg.warps_up_lb, cfg.stages_up, aligned, KERNELS))
         for sc, dwd in itertools.product(_IDX, (False, True)):
