@@ -27,16 +27,22 @@ CASES = ["nvfp4_basic", "sign_basic", "sign_r64", "nvfp4_r64", "nvfp4_nogs", "si
          "f5461_sign_nvfp4"]
 
 
-@pytest.fixture(scope="module")
-def interp(tmp_path_factory):
-    out = tmp_path_factory.mktemp("lowbit") / "res.json"
-    env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=str(ROOT / "python") + os.pathsep
-               + os.environ.get("PYTHONPATH", ""))
-    p = subprocess.run([sys.executable, "-m", "tsct.kernels.triton_lowbit._interp_check", "--json", str(out)],
-                       env=env, cwd=ROOT, capture_output=True, text=True, timeout=900)
+def _run_interp(tmp_path_factory, name: str, cfg: str = "", cases=()) -> dict:
+    """The interpreter check in a subprocess (TRITON_INTERPRET must be set before Triton is imported), with the
+    Triton GLU config override ``cfg`` (TSCT_TRITON_GLU_CFG) on ``cases`` (all when empty) -> its JSON."""
+    out = tmp_path_factory.mktemp(name) / "res.json"
+    env = dict(os.environ, TRITON_INTERPRET="1", TSCT_TRITON_GLU_CFG=cfg,
+               PYTHONPATH=str(ROOT / "python") + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    p = subprocess.run([sys.executable, "-m", "tsct.kernels.triton_lowbit._interp_check", "--json", str(out),
+                        *cases], env=env, cwd=ROOT, capture_output=True, text=True, timeout=900)
     if not out.exists():
         pytest.fail(f"interpreter check crashed (rc {p.returncode}):\n{p.stdout[-3000:]}\n{p.stderr[-5000:]}")
     return json.loads(out.read_text())
+
+
+@pytest.fixture(scope="module")
+def interp(tmp_path_factory):
+    return _run_interp(tmp_path_factory, "lowbit")
 
 
 # lowbit_bwd_dx_dw with several d blocks per program across several programs (partial groups at the end of d),
@@ -47,14 +53,7 @@ NDB_CASES = ["nvfp4_d80_r48", "sign_d72_r24", "empty_one_multitile", "mixed_ns_d
 
 @pytest.fixture(scope="module")
 def interp_ndb(tmp_path_factory):
-    out = tmp_path_factory.mktemp("lowbit_ndb") / "res.json"
-    env = dict(os.environ, TRITON_INTERPRET="1", TSCT_TRITON_GLU_CFG=NDB_CFG,
-               PYTHONPATH=str(ROOT / "python") + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    p = subprocess.run([sys.executable, "-m", "tsct.kernels.triton_lowbit._interp_check", "--json", str(out),
-                        *NDB_CASES], env=env, cwd=ROOT, capture_output=True, text=True, timeout=900)
-    if not out.exists():
-        pytest.fail(f"interpreter check crashed (rc {p.returncode}):\n{p.stdout[-3000:]}\n{p.stderr[-5000:]}")
-    return json.loads(out.read_text())
+    return _run_interp(tmp_path_factory, "lowbit_ndb", NDB_CFG, NDB_CASES)
 
 
 # lowbit_up_fwd in byte planes (Config.planes_up_lb, on for sm_120 only): aligned r in 33..64
@@ -63,30 +62,21 @@ PLANES_CASES = ["nvfp4_d80_r48", "sign_r64", "nvfp4_r64"]
 
 @pytest.fixture(scope="module")
 def interp_planes(tmp_path_factory):
-    out = tmp_path_factory.mktemp("lowbit_planes") / "res.json"
-    env = dict(os.environ, TRITON_INTERPRET="1", TSCT_TRITON_GLU_CFG="planes_up_lb=1",
-               PYTHONPATH=str(ROOT / "python") + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    p = subprocess.run([sys.executable, "-m", "tsct.kernels.triton_lowbit._interp_check", "--json", str(out),
-                        *PLANES_CASES], env=env, cwd=ROOT, capture_output=True, text=True, timeout=900)
-    if not out.exists():
-        pytest.fail(f"interpreter check crashed (rc {p.returncode}):\n{p.stdout[-3000:]}\n{p.stderr[-5000:]}")
-    return json.loads(out.read_text())
+    return _run_interp(tmp_path_factory, "lowbit_planes", "planes_up_lb=1", PLANES_CASES)
 
 
-@pytest.mark.parametrize("case", PLANES_CASES)
-def test_interpreter_case_up_planes(interp_planes, case):
-    errs = interp_planes["results"][case]
-    bad = {k: v for k, v in errs.items() if not v < interp_planes["tol"]}
-    assert not bad, f"{case} with planes_up_lb=1: {bad}"
-    assert "fwd" in errs and "w_down" in errs
+# (config override, cases, gradients that must be present) of the runs with an override
+OVERRIDES = {"ndb": (NDB_CFG, NDB_CASES, ("x", "w_gate")), "planes": ("planes_up_lb=1", PLANES_CASES, ("fwd", "w_down"))}
 
 
-@pytest.mark.parametrize("case", NDB_CASES)
-def test_interpreter_case_several_d_blocks(interp_ndb, case):
-    errs = interp_ndb["results"][case]
-    bad = {k: v for k, v in errs.items() if not v < interp_ndb["tol"]}
-    assert not bad, f"{case} with {NDB_CFG}: {bad}"
-    assert "x" in errs and "w_gate" in errs
+@pytest.mark.parametrize("which,case", [(w, c) for w, (_, cases, _) in OVERRIDES.items() for c in cases])
+def test_interpreter_case_with_override(request, which, case):
+    cfg, _, keys = OVERRIDES[which]
+    res = request.getfixturevalue(f"interp_{which}")
+    errs = res["results"][case]
+    bad = {k: v for k, v in errs.items() if not v < res["tol"]}
+    assert not bad, f"{case} with {cfg}: {bad}"
+    assert all(k in errs for k in keys), sorted(errs)
 
 
 def test_case_list_matches(interp):
