@@ -130,8 +130,9 @@ __device__ __forceinline__ uint32_t bt_frag(int g, int c, int s) { return g * 12
 // order. Lane c's A registers of step s hold physical k 16s + 2c, +1 (chunk 2s, word c) and 16s + 8 + 2c, +1 (chunk 2s + 1,
 // word c), which a_step fills with pair (i, i + 4) of piece 2c + (s >= 2), i = 2 (s % 2) or 2 (s % 2) + 1: so chunk
 // 4h + i (h = 0, 1) holds pair word i of logical 16-byte pieces h, 2 + h, 4 + h, 6 + h, in that order. Thread
-// (row n, half h) copies pieces 2m + h to chunks 4h + m (wg_copy_half_row, given the row at piece h) and, once they have arrived, rewrites its
-// own four chunks in place (wg_permute): no other thread touches them, and the accesses are free of bank conflicts.
+// (row n, half h) copies pieces 2m + h to chunks 4h + m (wg_copy_half_row, given the row at piece h) and, once
+// they have arrived, rewrites its own four chunks in place (wg_permute): no other thread touches them, and the
+// accesses are free of bank conflicts.
 __device__ __forceinline__ uint32_t wg_piece(int n, int h, int m) { return tsct::sm90::wg_chunk(n, 4 * h + m); }
 
 // cp.async of the 64 bf16 row[k0 .. k0 + 63] (16-byte aligned) into the pieces of half h of tile row n; row null:

@@ -22,7 +22,8 @@ import torch
 pytest.importorskip("triton")
 
 ROOT = Path(__file__).resolve().parents[2]
-CASES = ["nvfp4_basic", "sign_basic", "sign_r64", "nvfp4_r64", "nvfp4_nogs", "sign_nogs_noscales", "mixed_ns_d", "mixed_dd_n",
+CASES = ["nvfp4_basic", "sign_basic", "sign_r64", "nvfp4_r64",
+         "nvfp4_nogs", "sign_nogs_noscales", "mixed_ns_d", "mixed_dd_n",
          "empty_one_multitile", "nvfp4_d80_r48", "sign_d72_r24", "nvfp4_r144_multik", "swizzled_nvfp4",
          "f5461_sign_nvfp4"]
 
@@ -56,7 +57,8 @@ def interp_ndb(tmp_path_factory):
     return _run_interp(tmp_path_factory, "lowbit_ndb", NDB_CFG, NDB_CASES)
 
 
-# lowbit_up_fwd in byte planes (Config.planes_up_lb, on for sm_120 only): aligned r in 33..64
+# lowbit_up_fwd in byte planes (Config.planes_up_lb, on for sm_120 only): aligned r in 33..64; empty experts, a
+# two-tile expert, padding rows, odd f (37, 70, 5461)
 PLANES_CASES = ["nvfp4_d80_r48", "sign_r64", "nvfp4_r64"]
 
 
@@ -66,7 +68,8 @@ def interp_planes(tmp_path_factory):
 
 
 # (config override, cases, gradients that must be present) of the runs with an override
-OVERRIDES = {"ndb": (NDB_CFG, NDB_CASES, ("x", "w_gate")), "planes": ("planes_up_lb=1", PLANES_CASES, ("fwd", "w_down"))}
+OVERRIDES = {"ndb": (NDB_CFG, NDB_CASES, ("x", "w_gate")),
+             "planes": ("planes_up_lb=1", PLANES_CASES, ("fwd", "w_down"))}
 
 
 @pytest.mark.parametrize("which,case", [(w, c) for w, (_, cases, _) in OVERRIDES.items() for c in cases])

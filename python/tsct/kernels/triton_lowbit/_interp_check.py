@@ -80,8 +80,8 @@ N, S, D = "nvfp4", "sign", "dense"
 CASES = {
     "nvfp4_basic": dict(T=24, k=2, E=4, d=32, r=16, f=40),
     "sign_basic": dict(T=24, k=2, E=4, d=32, r=16, f=40, fmts=(S, S, S)),
-    "sign_r64": dict(T=16, k=2, E=3, d=64, r=64, f=37, fmts=(S, S, S)),
-    "nvfp4_r64": dict(T=16, k=2, E=3, d=64, r=64, f=37),
+    "sign_r64": dict(T=40, k=2, E=3, d=64, r=64, f=37, counts=[0, 70, 10], fmts=(S, S, S)),
+    "nvfp4_r64": dict(T=16, k=2, E=3, d=64, r=64, f=5461, counts=[20, 0, 12]),
     "nvfp4_nogs": dict(T=24, k=2, E=4, d=32, r=16, f=37, gather=False, scatter=False),
     "sign_nogs_noscales": dict(T=24, k=2, E=5, d=48, r=16, f=37, fmts=(S, S, S), gather=False, scatter=False,
                                scales=False, rw=False),
