@@ -57,19 +57,21 @@ def interp_ndb(tmp_path_factory):
     return _run_interp(tmp_path_factory, "lowbit_ndb", NDB_CFG, NDB_CASES)
 
 
-# lowbit_up_fwd in byte planes (Config.planes_up_lb, on for sm_120 only): aligned r in 33..64; empty experts, a
-# two-tile expert, padding rows, odd f (37, 70, 5461)
-PLANES_CASES = ["nvfp4_d80_r48", "sign_r64", "nvfp4_r64"]
+# lowbit_up_fwd and lowbit_down_fwd in byte planes (Config.planes_up_lb / planes_down_lb, on for sm_120 only): aligned
+# r in 33..64; empty experts, a two-tile expert, padding rows, odd f (37, 70, 5461), d = 80 (a last K step of 16 in
+# the planes of 64), NVFP4 gate with sign up
+PLANES_CFG = "planes_up_lb=1,planes_down_lb=1"
+PLANES_CASES = ["nvfp4_d80_r48", "sign_r64", "nvfp4_r64", "mixed_ns_d"]
 
 
 @pytest.fixture(scope="module")
 def interp_planes(tmp_path_factory):
-    return _run_interp(tmp_path_factory, "lowbit_planes", "planes_up_lb=1", PLANES_CASES)
+    return _run_interp(tmp_path_factory, "lowbit_planes", PLANES_CFG, PLANES_CASES)
 
 
 # (config override, cases, gradients that must be present) of the runs with an override
 OVERRIDES = {"ndb": (NDB_CFG, NDB_CASES, ("x", "w_gate")),
-             "planes": ("planes_up_lb=1", PLANES_CASES, ("fwd", "w_down"))}
+             "planes": (PLANES_CFG, PLANES_CASES, ("fwd", "x", "w_gate", "w_up", "w_down"))}
 
 
 @pytest.mark.parametrize("which,case", [(w, c) for w, (_, cases, _) in OVERRIDES.items() for c in cases])

@@ -26,7 +26,7 @@ import triton
 
 from tsct.kernels.triton_glu import specs
 from tsct.kernels.triton_lowbit.glu import WARPS_DECODE
-from tsct.kernels.triton_lowbit.specs import up_dec16, up_planes
+from tsct.kernels.triton_lowbit.specs import down_planes, up_dec16, up_planes
 
 FMT = {"dense": 0, "nvfp4": 1, "sign": 2}
 
@@ -47,8 +47,9 @@ def variants(fmt: str, arch: str):
                  "*fp32" if bwd else "*i8", "*fp32" if bwd else "*i8", "*fp32" if bwd else "*i8",
                  "i32", "i32", "i32", "i32"]
         yield ("lowbit_down_fwd", types,
-               dict(FMT_G=f, FMT_U=f, HAS_GATHER=True, HAS_SG=True, HAS_SU=True, HAS_RW=bwd, BWD=bwd, BM=cfg.bm,
-                    BR=64, BK=cfg.bk, BLOCK_E=cfg.block_e), WARPS_DECODE, cfg.stages_down_lb)
+               dict(FMT_G=f, FMT_U=f, HAS_GATHER=True, HAS_SG=True, HAS_SU=True, HAS_RW=bwd, BWD=bwd,
+                    PLANES=down_planes(cfg, f, f, cfg.bk), BM=cfg.bm, BR=64, BK=cfg.bk, BLOCK_E=cfg.block_e),
+               WARPS_DECODE, cfg.stages_down_lb)
     yield ("lowbit_up_fwd", [dt, "*i32", "*i32", *g, "*fp32", dt, "i32", "i32", "i32", "i32"],
            dict(FMT_D=f, HAS_RW=True, SINGLE_K=True, Y_PAD=True, DEC16=up_dec16(cfg, 64),
                 PLANES=up_planes(cfg, f, True, 64), BM=cfg.bm, BN=cfg.bn_up, BK=64,

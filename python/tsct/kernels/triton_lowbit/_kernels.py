@@ -17,9 +17,10 @@ instructions per element; NVFP4 tiles for a bf16 product go straight to bf16, tw
 mask: ``_e2m1_pair``), scaled, joined back into k order, rounded to the activation dtype and transposed
 for ``tl.dot``. Global memory never holds a decoded copy. Shared memory (TTGIR of the b1 variants, Triton 3.9):
 on sm_100a the forward kernels hand the decoded tile to tcgen05 through tensor memory (no shared copy); on
-sm_120 ``lowbit_up_fwd`` (PLANES: aligned r in 33..64) decodes byte planes straight into the mma.sync operand
-registers (``_w_plane``; a CPU test checks it); everywhere else (the backward kernels, lowbit_down_fwd on
-sm_120, every kernel on sm_90a, where the forward runs the CUDA kernels instead) the joined tile passes
+sm_120 both forward kernels (PLANES; lowbit_up_fwd: aligned r in 33..64) decode byte planes straight into the
+mma.sync operand registers (``_w_plane``, the other operand split into the same planes: ``_x_plane`` /
+``_t_planes``; a CPU test checks the TTGIR); everywhere else (the backward kernels, every kernel on sm_90a,
+where the forward runs the CUDA kernels instead) the joined tile passes
 through a tile-sized shared-memory scratch on its way to the dot-operand register layout (Triton's
 convert_layout: STS.128 + LDSM). Per-expert / per-column factors are applied outside the dot, exactly:
 
@@ -246,10 +247,33 @@ def _w_plane(FMT: tl.constexpr, wrd, sfw, p1, e64, k0, K, B: tl.constexpr, BN: t
 
 
 @triton.jit
+def _plane_dots(FMT: tl.constexpr, wrd, sfw, p1, e64, k0, K, t0, t1, t2, t3, acc, BN: tl.constexpr, BK: tl.constexpr,
+                DEC16: tl.constexpr, DT: tl.constexpr):
+    """acc + one K step as four byte-plane dots: sum over B of ``_w_plane(..., B, ...)`` [BN, BK/4] @ t_B, t_B the
+    other operand's plane B [BK/4, C] (``_x_plane`` / ``_t_planes``); the other arguments as ``_w_plane``'s."""
+    acc = tl.dot(_w_plane(FMT, wrd, sfw, p1, e64, k0, K, 0, BN, BK, DEC16, DT), t0, acc)
+    acc = tl.dot(_w_plane(FMT, wrd, sfw, p1, e64, k0, K, 1, BN, BK, DEC16, DT), t1, acc)
+    acc = tl.dot(_w_plane(FMT, wrd, sfw, p1, e64, k0, K, 2, BN, BK, DEC16, DT), t2, acc)
+    return tl.dot(_w_plane(FMT, wrd, sfw, p1, e64, k0, K, 3, BN, BK, DEC16, DT), t3, acc)
+
+
+@triton.jit
 def _x_plane(xp, xmask, k0, K, BK: tl.constexpr, B: tl.constexpr):
     """Rows ``_plane_ks(k0, BK, B)`` of X^T, [BK/4, BM]: X[m, k] = *(xp[m] + k), 0 for masked m or k >= K."""
     kb = _plane_ks(k0, BK, B)
     return tl.load(xp[None, :] + kb[:, None], mask=xmask[None, :] & (kb < K)[:, None], other=0.0)
+
+
+@triton.jit
+def _t_planes(t, BK: tl.constexpr, C: tl.constexpr):
+    """The four byte planes of a [BK, C] tile loaded in k order (rows ``_plane_ks(k0, BK, B)`` for B = 0..3), split
+    in registers (a reshape, a permute and two splits)."""
+    t = tl.reshape(t, (BK // 8, 2, 2, 2, C))                       # [i, B1, B0, j, C]: k = 8 i + 2 (2 B1 + B0) + j
+    t = tl.reshape(tl.permute(t, (0, 3, 4, 1, 2)), (BK // 4, C, 2, 2))  # [2 i + j, C, B1, B0]
+    t0, t1 = tl.split(t)                                            # the last dim: B0 = 0 / 1
+    q0, q2 = tl.split(t0)
+    q1, q3 = tl.split(t1)
+    return q0, q1, q2, q3
 
 
 @triton.jit
@@ -284,11 +308,14 @@ def lowbit_down_fwd(
     E, d, r, stride_x,
     FMT_G: tl.constexpr, FMT_U: tl.constexpr,
     HAS_GATHER: tl.constexpr, HAS_SG: tl.constexpr, HAS_SU: tl.constexpr, HAS_RW: tl.constexpr,
-    BWD: tl.constexpr,
+    BWD: tl.constexpr, PLANES: tl.constexpr,
     BM: tl.constexpr, BR: tl.constexpr, BK: tl.constexpr, BLOCK_E: tl.constexpr,
 ):
     """``triton_glu.glu_down_fwd`` with w_gate / w_up in any format (decoded in registers).
-    hg, hu (BWD) are x @ W_hat exactly as the bf16 kernel's (second-level scales applied, s not)."""
+    hg, hu (BWD) are x @ W_hat exactly as the bf16 kernel's (second-level scales applied, s not).
+    PLANES (``specs.down_planes``: both factors packed, BK = 64, sm_120): each K step as four byte-plane dots per
+    factor, the x tile loaded whole (cp.async) and split into the same planes in registers (``_t_planes``;
+    reading x plane by plane from global memory was 3x slower on the H200)."""
     pid = tl.program_id(0)
     pr = tl.program_id(1)
     e = _expert_of_tile(cum_ptr, pid, E, BLOCK_E)
@@ -311,10 +338,17 @@ def lowbit_down_fwd(
     for k in range(0, d, BK):
         kmask = (k + ks) < d
         a = tl.load(x_ptr + x_row[None, :] + (k + ks)[:, None], mask=rmask[None, :] & kmask[:, None], other=0.0)
-        wg = _w_tile_nk(FMT_G, g0, g1, e64, k, d, r, cols, cmask, BK, BR, a.dtype)
-        wu = _w_tile_nk(FMT_U, u0, u1, e64, k, d, r, cols, cmask, BK, BR, a.dtype)
-        acc_g = tl.dot(wg, a, acc_g)
-        acc_u = tl.dot(wu, a, acc_u)
+        if PLANES:
+            a0, a1, a2, a3 = _t_planes(a, BK, BM)
+            gw, gs = _w_packed(FMT_G, g0, g1, e64, k, d, r, cols, cmask, BK, BR)
+            uw, us = _w_packed(FMT_U, u0, u1, e64, k, d, r, cols, cmask, BK, BR)
+            acc_g = _plane_dots(FMT_G, gw, gs, g1, e64, k, d, a0, a1, a2, a3, acc_g, BR, BK, True, a.dtype)
+            acc_u = _plane_dots(FMT_U, uw, us, u1, e64, k, d, a0, a1, a2, a3, acc_u, BR, BK, True, a.dtype)
+        else:
+            wg = _w_tile_nk(FMT_G, g0, g1, e64, k, d, r, cols, cmask, BK, BR, a.dtype)
+            wu = _w_tile_nk(FMT_U, u0, u1, e64, k, d, r, cols, cmask, BK, BR, a.dtype)
+            acc_g = tl.dot(wg, a, acc_g)
+            acc_u = tl.dot(wu, a, acc_u)
     acc_g = tl.trans(acc_g)
     acc_u = tl.trans(acc_u)
     acc_g = _w_cols(FMT_G, _w_scalar(FMT_G, acc_g, g2, e), g2, e64, r, cols, cmask)
@@ -390,10 +424,7 @@ def lowbit_up_fwd(
         acc = tl.zeros((BN, BM), dtype=tl.float32)
         if PLANES:
             wrd, sfw = _w_packed(FMT_D, d0, d1, e64, 0, r, f, cols, cmask, BK, BN)
-            acc = tl.dot(_w_plane(FMT_D, wrd, sfw, d1, e64, 0, r, 0, BN, BK, DEC16, zq0.dtype), zq0, acc)
-            acc = tl.dot(_w_plane(FMT_D, wrd, sfw, d1, e64, 0, r, 1, BN, BK, DEC16, zq0.dtype), zq1, acc)
-            acc = tl.dot(_w_plane(FMT_D, wrd, sfw, d1, e64, 0, r, 2, BN, BK, DEC16, zq0.dtype), zq2, acc)
-            acc = tl.dot(_w_plane(FMT_D, wrd, sfw, d1, e64, 0, r, 3, BN, BK, DEC16, zq0.dtype), zq3, acc)
+            acc = _plane_dots(FMT_D, wrd, sfw, d1, e64, 0, r, zq0, zq1, zq2, zq3, acc, BN, BK, DEC16, zq0.dtype)
         elif SINGLE_K:
             acc = tl.dot(_w_tile_nk(FMT_D, d0, d1, e64, 0, r, f, cols, cmask, BK, BN,
                                     zt.dtype if DEC16 else tl.float32).to(zt.dtype), zt, acc)

@@ -200,7 +200,8 @@ def _down(x, gidx, offs, cum, max_tiles, fg, pg, fu, pu, sg, su, rw, z, hg, hu, 
     _launch("lowbit_down_fwd", (max_tiles, G._cdiv(r, br)),
             [x, gidx, offs, cum, *pg, *pu, sg, su, z, hg, hu, rw, e, d, r, x.stride(0)],
             dict(FMT_G=fg, FMT_U=fu, HAS_GATHER=gidx is not None, HAS_SG=sg is not None, HAS_SU=su is not None,
-                 HAS_RW=rw is not None, BWD=bwd, BM=cfg.bm, BR=br, BK=cfg.bk, BLOCK_E=cfg.block_e),
+                 HAS_RW=rw is not None, BWD=bwd, PLANES=LS.down_planes(cfg, fg, fu, cfg.bk), BM=cfg.bm, BR=br,
+                 BK=cfg.bk, BLOCK_E=cfg.block_e),
             WARPS_DECODE, cfg.stages_down_lb, aligned, cap, x.device)
 
 

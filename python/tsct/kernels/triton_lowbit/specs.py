@@ -54,7 +54,8 @@ KERNELS: dict[str, KernelInfo] = {
     "lowbit_down_fwd": KernelInfo(
         params=("x_ptr", "gidx_ptr", "offs_ptr", "cum_ptr", "g0", "g1", "g2", "u0", "u1", "u2", "sg_ptr", "su_ptr",
                 "z_ptr", "hg_ptr", "hu_ptr", "rw_ptr", "E", "d", "r", "stride_x"),
-        constexprs=("FMT_G", "FMT_U", "HAS_GATHER", "HAS_SG", "HAS_SU", "HAS_RW", "BWD", "BM", "BR", "BK", "BLOCK_E"),
+        constexprs=("FMT_G", "FMT_U", "HAS_GATHER", "HAS_SG", "HAS_SU", "HAS_RW", "BWD", "PLANES", "BM", "BR", "BK",
+                    "BLOCK_E"),
         ints=("E", "d", "r", "stride_x"),
         used_if={"gidx_ptr": "HAS_GATHER", "g1": "FMT_G", "g2": "FMT_G", "u1": "FMT_U", "u2": "FMT_U",
                  "sg_ptr": "HAS_SG", "su_ptr": "HAS_SU", "hg_ptr": "BWD", "hu_ptr": "BWD", "rw_ptr": ("BWD", "HAS_RW")},
@@ -119,6 +120,14 @@ def up_planes(cfg, fmt: int, single_k: bool, bk: int) -> bool:
     return bool(cfg.planes_up_lb) and fmt != DENSE and single_k and bk == 64
 
 
+def down_planes(cfg, fmt_g: int, fmt_u: int, bk: int) -> bool:
+    """PLANES of lowbit_down_fwd: w_gate and w_up both packed, decoded in byte planes, where the arch's config
+    enables it (``Config.planes_down_lb``: sm_120) at a K step of 64 over d; the x tile is loaded whole and split
+    into the same planes in registers (``_kernels._t_planes``). The TTGIR of the b1 variants then stores no
+    register tensor to shared memory at all (tests/cpu/test_triton_lowbit_aot.py)."""
+    return bool(cfg.planes_down_lb) and fmt_g != DENSE and fmt_u != DENSE and bk == 64
+
+
 def up_k(r: int, aligned: bool) -> tuple[bool, int]:
     """(SINGLE_K, BK) of the up kernel: the whole rank in one step for aligned launches with r <= 128."""
     if aligned and r <= 128:
@@ -164,7 +173,7 @@ def enumerate_specs(arch: str) -> Iterator[Spec]:
                          g2=g2, u0=u0, u1=u1, u2=u2, sg_ptr="*fp32", su_ptr="*fp32", z_ptr=D,
                          hg_ptr="*fp32" if bwd else D, hu_ptr="*fp32" if bwd else D, rw_ptr="*fp32")
             consts = dict(FMT_G=fg, FMT_U=fu, HAS_GATHER=g is not None, HAS_SG=s, HAS_SU=s, HAS_RW=rw, BWD=bwd,
-                          BM=cfg.bm, BR=br, BK=cfg.bk, BLOCK_E=cfg.block_e)
+                          PLANES=down_planes(cfg, fg, fu, cfg.bk), BM=cfg.bm, BR=br, BK=cfg.bk, BLOCK_E=cfg.block_e)
             out.append(_base_spec("lowbit_down_fwd", types, consts, WARPS_DECODE, cfg.stages_down_lb, aligned,
                                   KERNELS))
         ups = sorted({up_k(r, aligned) for r in (16, 32, 48, 64, 128, 129)})
