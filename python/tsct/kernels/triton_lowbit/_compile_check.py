@@ -14,7 +14,6 @@ Exit status 1 if any variant fails to compile or needs more shared memory than t
 from __future__ import annotations
 
 import argparse
-import itertools
 import os
 import shutil
 import subprocess
