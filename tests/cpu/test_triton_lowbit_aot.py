@@ -48,9 +48,12 @@ NEEDS = ([True] * 7, [True] + [False] * 6, [False, True, True, False, False, Fal
 
 def _n_lowbit(arch: str) -> int:
     """The low-bit family's variant count on ``arch``: 172, plus 12 (2 gathers x 3 dX / dW flag pairs x aligned or
-    not) per AOT format triple whose lowbit_bwd_dx_dw walks several d blocks (``LS.dxdw_ndb`` != 1)."""
+    not) per AOT format triple whose lowbit_bwd_dx_dw walks several d blocks (``LS.dxdw_ndb`` != 1), plus 24 (2
+    gathers x 2 scale flags x 3 BWD / row-weight modes x aligned or not) per format triple on the arches that ship
+    lowbit_down_fwd's opt-in byte-plane variants."""
     lb = LS.CONFIGS[arch]
-    return 172 + 12 * sum(LS.dxdw_ndb(lb, fg, fu) != 1 for fg, fu, _ in LS.AOT_FORMATS)
+    opt_in = 24 * len(LS.AOT_FORMATS) if arch in LS.OPT_IN_PLANES_DOWN else 0
+    return 172 + 12 * sum(LS.dxdw_ndb(lb, fg, fu) != 1 for fg, fu, _ in LS.AOT_FORMATS) + opt_in
 
 
 def _table(arch: str) -> set:
@@ -238,17 +241,18 @@ def test_installed_index_holds_the_lowbit_family():
 # the tl.dot count). Nothing decoded is in the allowed sets: only activation planes.
 _NO_COPY = {
     "lowbit_up_fwd": (lambda c: c.get("SINGLE_K") and c["BK"] == 64, lambda c: {f"{c['BK'] // 4}x{c['BM']}xbf16"}, 4),
-    "lowbit_down_fwd": (lambda c: c["BK"] == 64, lambda c: set(), 8),
+    "lowbit_down_fwd": (lambda c: c["PLANES"], lambda c: set(), 8),
 }
 
 
 @pytest.mark.parametrize("kernel", sorted(_NO_COPY))
 @pytest.mark.parametrize("fmt", ["nvfp4", "sign"])
 def test_forward_kernels_decode_into_the_dot_operand_on_sm120(fmt, kernel):
-    """issue 4, deliverable 1: the forward kernels' b1 variants (packed factors, r = 64, K steps of 64), compiled for
-    sm_120 by Triton on this CPU machine, keep no copy of a decoded factor tile in shared memory. lowbit_up_fwd's
-    TTGIR stores only register tensors shaped like the z planes ([BK/4, BM] bf16) to shared memory; lowbit_down_fwd's
-    stores none (x arrives by cp.async and is read from shared memory straight into its planes). The byte-plane
+    """issue 4, deliverable 1: the forward kernels' b1 variants in byte planes (packed factors, r = 64, K steps of 64;
+    lowbit_down_fwd's are the opt-in ones sm_120's table ships), compiled for sm_120 by Triton on this CPU machine,
+    keep no copy of a decoded factor tile in shared memory. lowbit_up_fwd's TTGIR stores only register tensors
+    shaped like the z planes ([BK/4, BM] bf16) to shared memory; lowbit_down_fwd's stores none (x arrives by
+    cp.async and is read from shared memory straight into its planes). The byte-plane
     decode (PLANES, ``_w_plane``, one dot per plane and factor) is what makes that so; the joined tile of
     ``_w_tile_nk`` fails this test."""
     triton = pytest.importorskip("triton")
@@ -262,7 +266,7 @@ def test_forward_kernels_decode_into_the_dot_operand_on_sm120(fmt, kernel):
 
     pick, allowed, n_dots = _NO_COPY[kernel]
     found = 0
-    for name, types, consts, warps, stages in variants(fmt, "sm_120"):
+    for name, types, consts, warps, stages in variants(fmt, "sm_120", opt_in=True):
         if name != kernel or not pick(consts):
             continue
         fn = getattr(K, name)
@@ -273,7 +277,7 @@ def test_forward_kernels_decode_into_the_dot_operand_on_sm120(fmt, kernel):
         src = ASTSource(fn=fn, signature={p: sig[p] for p in fn.arg_names}, constexprs=dict(consts), attrs=attrs)
         k = triton.compile(src, target=GPUTarget("cuda", 120, 32),
                            options=dict(num_warps=warps, num_stages=stages, num_ctas=1))
-        assert consts["PLANES"], "sm_120's b1 variants decode in byte planes (specs.up_planes / down_planes)"
+        assert consts["PLANES"]
         # every register tensor stored to shared memory, any rank or dtype
         copies = set(re.findall(r"ttg\.local_alloc %\S+ : \(tensor<([^,>]+)", k.asm["ttgir"]))
         assert copies <= allowed(consts), (fmt, name, consts.get("BWD"), copies)

@@ -93,7 +93,9 @@ class Config:
     # lowbit_up_fwd decodes a packed w_down in byte planes (triton_lowbit.specs.up_planes): no shared-memory copy
     # of the decoded tile on sm_120; on sm_90a wgmma still copies the planes and sign was 9 % slower
     planes_up_lb: int = 0
-    # lowbit_down_fwd likewise (triton_lowbit.specs.down_planes; the x tile split into planes in registers)
+    # lowbit_down_fwd likewise (triton_lowbit.specs.down_planes; the x tile split into planes in registers): no
+    # shared-memory copy on sm_120 either, but 1.66x (NVFP4) / 1.12x (sign) slower on the H200 with mma.sync
+    # (bench/notes.md "Session 17"), so off everywhere; sm_120's table ships it for an opt-in (OPT_IN_PLANES_DOWN)
     planes_down_lb: int = 0
     stages_down_lb: int = 4
     # lowbit_down_fwd in CUDA C++ (csrc/glu/down_nvfp4.cu: NVFP4 w_gate and w_up, bf16 x, r = 64, d % 64 == 0,
@@ -155,7 +157,7 @@ CONFIGS: dict[str, Config] = {
     # stays at its previous value here (nothing has been timed on an sm_120 card; bench/notes.md "v8")
     "sm_120": Config(stages_down=2, stages_up=2, bn_up_t=128, warps_up_t=4, stages_up_t=2, stages_dz_t=2, fs_bwd=8,
                      stages_bwd_dxdw=1, warps_up_lb=8, stages_down_lb=2, stages_dxdw_lb=1,
-                     ndb_dxdw_lb=1, planes_up_lb=1, planes_down_lb=1),
+                     ndb_dxdw_lb=1, planes_up_lb=1),
 }
 DEFAULT_ARCH_CONFIG = "sm_90a"  # JIT on any other arch (sm_80, ...) uses these tiles
 

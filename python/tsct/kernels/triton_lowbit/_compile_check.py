@@ -25,7 +25,7 @@ import triton
 
 from tsct.kernels.triton_glu import specs
 from tsct.kernels.triton_lowbit.glu import WARPS_DECODE
-from tsct.kernels.triton_lowbit.specs import down_planes, up_dec16, up_planes
+from tsct.kernels.triton_lowbit.specs import OPT_IN_PLANES_DOWN, down_planes, down_planes_ok, up_dec16, up_planes
 
 FMT = {"dense": 0, "nvfp4": 1, "sign": 2}
 
@@ -34,20 +34,22 @@ def _ptrs(fmt: str, dt: str) -> list[str]:
     return {"dense": [dt, "*i8", "*i8"], "nvfp4": ["*u8", "*u8", "*fp32"], "sign": ["*u8", "*fp32", "*fp32"]}[fmt]
 
 
-def variants(fmt: str, arch: str):
+def variants(fmt: str, arch: str, opt_in: bool = False):
     """(kernel, types by param, constexprs, warps, stages) of the b1 launches (bf16, gather+scatter,
-    scales, row weight, r = 64, aligned tiles), forward and backward."""
+    scales, row weight, r = 64, aligned tiles), forward and backward; ``opt_in``: lowbit_down_fwd's byte-plane
+    variants where the arch's table ships them off by default (``specs.OPT_IN_PLANES_DOWN``)."""
     cfg = specs.CONFIGS[arch]
     dt = "*bf16"
     f = FMT[fmt]
     g = _ptrs(fmt, dt)
+    planes = down_planes(cfg, f, f, cfg.bk) or (opt_in and arch in OPT_IN_PLANES_DOWN and down_planes_ok(f, f, cfg.bk))
     for bwd in (False, True):
         types = [dt, "*i64", "*i32", "*i32", *g, *g, "*fp32", "*fp32", dt,
                  "*fp32" if bwd else "*i8", "*fp32" if bwd else "*i8", "*fp32" if bwd else "*i8",
                  "i32", "i32", "i32", "i32"]
         yield ("lowbit_down_fwd", types,
                dict(FMT_G=f, FMT_U=f, HAS_GATHER=True, HAS_SG=True, HAS_SU=True, HAS_RW=bwd, BWD=bwd,
-                    PLANES=down_planes(cfg, f, f, cfg.bk), BM=cfg.bm, BR=64, BK=cfg.bk, BLOCK_E=cfg.block_e),
+                    PLANES=planes, BM=cfg.bm, BR=64, BK=cfg.bk, BLOCK_E=cfg.block_e),
                WARPS_DECODE, cfg.stages_down_lb)
     yield ("lowbit_up_fwd", [dt, "*i32", "*i32", *g, "*fp32", dt, "i32", "i32", "i32", "i32"],
            dict(FMT_D=f, HAS_RW=True, SINGLE_K=True, Y_PAD=True, DEC16=up_dec16(cfg, 64),

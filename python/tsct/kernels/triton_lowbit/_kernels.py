@@ -17,10 +17,11 @@ instructions per element; NVFP4 tiles for a bf16 product go straight to bf16, tw
 mask: ``_e2m1_pair``), scaled, joined back into k order, rounded to the activation dtype and transposed
 for ``tl.dot``. Global memory never holds a decoded copy. Shared memory (TTGIR of the b1 variants, Triton 3.9):
 on sm_100a the forward kernels hand the decoded tile to tcgen05 through tensor memory (no shared copy); on
-sm_120 both forward kernels (PLANES; lowbit_up_fwd: aligned r in 33..64) decode byte planes straight into the
-mma.sync operand registers (``_w_plane``, the other operand split into the same planes: ``_x_plane`` /
-``_t_planes``; a CPU test checks the TTGIR); everywhere else (the backward kernels, every kernel on sm_90a,
-where the forward runs the CUDA kernels instead) the joined tile passes
+sm_120 lowbit_up_fwd (PLANES: aligned r in 33..64) decodes byte planes straight into the mma.sync operand
+registers (``_w_plane``, the z tile read in the same planes: ``_x_plane``), and so does lowbit_down_fwd's opt-in
+PLANES variant (x split into the planes in registers: ``_t_planes``; off by default: slower on an H200 running
+mma.sync); a CPU test checks the TTGIR of both. Everywhere else (lowbit_down_fwd by default, the backward kernels,
+every kernel on sm_90a, where the forward runs the CUDA kernels instead) the joined tile passes
 through a tile-sized shared-memory scratch on its way to the dot-operand register layout (Triton's
 convert_layout: STS.128 + LDSM). Per-expert / per-column factors are applied outside the dot, exactly:
 
@@ -313,9 +314,11 @@ def lowbit_down_fwd(
 ):
     """``triton_glu.glu_down_fwd`` with w_gate / w_up in any format (decoded in registers).
     hg, hu (BWD) are x @ W_hat exactly as the bf16 kernel's (second-level scales applied, s not).
-    PLANES (``specs.down_planes``: both factors packed, BK = 64, sm_120): each K step as four byte-plane dots per
-    factor, the x tile loaded whole (cp.async) and split into the same planes in registers (``_t_planes``;
-    reading x plane by plane from global memory was 3x slower on the H200)."""
+    PLANES (``specs.down_planes``: both factors packed, BK = 64; opt-in, shipped for sm_120): each K step as four
+    byte-plane dots per factor, the x tile loaded whole (cp.async) and split into the same planes in registers
+    (``_t_planes``; reading x plane by plane from global memory was 3x slower on the H200): no shared-memory copy
+    of a decoded tile on sm_120, but 1.66x (NVFP4) / 1.12x (sign) the joined tile's time on an H200 running
+    mma.sync (bench/notes.md "Session 17")."""
     pid = tl.program_id(0)
     pr = tl.program_id(1)
     e = _expert_of_tile(cum_ptr, pid, E, BLOCK_E)

@@ -120,12 +120,22 @@ def up_planes(cfg, fmt: int, single_k: bool, bk: int) -> bool:
     return bool(cfg.planes_up_lb) and fmt != DENSE and single_k and bk == 64
 
 
+# Arches whose table also ships lowbit_down_fwd's byte-plane variants (``down_planes``), off by default there, for
+# ``TSCT_TRITON_GLU_CFG=planes_down_lb=1`` on the card itself (the H200 cannot time sm_120; bench/notes.md "Session 17")
+OPT_IN_PLANES_DOWN: tuple[str, ...] = ("sm_120",)
+
+
+def down_planes_ok(fmt_g: int, fmt_u: int, bk: int) -> bool:
+    """lowbit_down_fwd can run in byte planes: w_gate and w_up both packed, a K step of 64 over d."""
+    return fmt_g != DENSE and fmt_u != DENSE and bk == 64
+
+
 def down_planes(cfg, fmt_g: int, fmt_u: int, bk: int) -> bool:
-    """PLANES of lowbit_down_fwd: w_gate and w_up both packed, decoded in byte planes, where the arch's config
-    enables it (``Config.planes_down_lb``: sm_120) at a K step of 64 over d; the x tile is loaded whole and split
-    into the same planes in registers (``_kernels._t_planes``). The TTGIR of the b1 variants then stores no
-    register tensor to shared memory at all (tests/cpu/test_triton_lowbit_aot.py)."""
-    return bool(cfg.planes_down_lb) and fmt_g != DENSE and fmt_u != DENSE and bk == 64
+    """PLANES of lowbit_down_fwd: both factors decoded in byte planes where the config enables it
+    (``Config.planes_down_lb``; off everywhere by default) and ``down_planes_ok``; the x tile is loaded whole and
+    split into the same planes in registers (``_kernels._t_planes``). On sm_120 the TTGIR of the b1 variants then
+    stores no register tensor to shared memory at all (tests/cpu/test_triton_lowbit_aot.py)."""
+    return bool(cfg.planes_down_lb) and down_planes_ok(fmt_g, fmt_u, bk)
 
 
 def up_k(r: int, aligned: bool) -> tuple[bool, int]:
@@ -158,7 +168,8 @@ def enumerate_specs(arch: str) -> Iterator[Spec]:
     """Every specialization ``glu.py`` launches on ``arch`` for the AOT_FORMATS and AOT_DTYPES (module
     docstring): 172 per arch, plus 12 per format triple whose ``dxdw_ndb`` is not 1 (lowbit_bwd_dx_dw's multi-block
     variants; sm_90a / sm_100a: 184, NVFP4 factors only; the mixed triple shares its up / dz variants with uniform
-    NVFP4; 148 before the up kernel's Y_PAD flag)."""
+    NVFP4; 148 before the up kernel's Y_PAD flag), plus 72 on the OPT_IN_PLANES_DOWN arches (lowbit_down_fwd's
+    byte-plane variants: 24 per format triple, all three packed)."""
     cfg = CONFIGS[arch]
     br = rank_block(cfg)
     seen = set()
@@ -172,10 +183,12 @@ def enumerate_specs(arch: str) -> Iterator[Spec]:
             types = dict(x_ptr=D, gidx_ptr=f"*{g}" if g else UNUSED, offs_ptr="*i32", cum_ptr="*i32", g0=g0, g1=g1,
                          g2=g2, u0=u0, u1=u1, u2=u2, sg_ptr="*fp32", su_ptr="*fp32", z_ptr=D,
                          hg_ptr="*fp32" if bwd else D, hu_ptr="*fp32" if bwd else D, rw_ptr="*fp32")
-            consts = dict(FMT_G=fg, FMT_U=fu, HAS_GATHER=g is not None, HAS_SG=s, HAS_SU=s, HAS_RW=rw, BWD=bwd,
-                          PLANES=down_planes(cfg, fg, fu, cfg.bk), BM=cfg.bm, BR=br, BK=cfg.bk, BLOCK_E=cfg.block_e)
-            out.append(_base_spec("lowbit_down_fwd", types, consts, WARPS_DECODE, cfg.stages_down_lb, aligned,
-                                  KERNELS))
+            for planes in sorted({down_planes(cfg, fg, fu, cfg.bk),
+                                  arch in OPT_IN_PLANES_DOWN and down_planes_ok(fg, fu, cfg.bk)}):
+                consts = dict(FMT_G=fg, FMT_U=fu, HAS_GATHER=g is not None, HAS_SG=s, HAS_SU=s, HAS_RW=rw, BWD=bwd,
+                              PLANES=planes, BM=cfg.bm, BR=br, BK=cfg.bk, BLOCK_E=cfg.block_e)
+                out.append(_base_spec("lowbit_down_fwd", types, consts, WARPS_DECODE, cfg.stages_down_lb, aligned,
+                                      KERNELS))
         ups = sorted({up_k(r, aligned) for r in (16, 32, 48, 64, 128, 129)})
         for rw, (single, bk), ypad in itertools.product((False, True), ups, (False, True)):
             types = dict(z_ptr=D, offs_ptr="*i32", cum_ptr="*i32", d0=d0, d1=d1, d2=d2, rw_ptr="*fp32", y_ptr=D)
