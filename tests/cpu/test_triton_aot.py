@@ -261,6 +261,35 @@ def test_family_takes_the_generic_variant_when_a_hinted_pointer_is_misaligned(mo
     assert fam.backend_counts()[("aot", "zero_tail_rows")] == 4
 
 
+
+def test_family_jit_launch_compiles_the_consts_the_specs_allow_for_that_triton(monkeypatch):
+    """A JIT launch under a Triton other than the pinned one turns off what only the pinned Triton compiles correctly
+    (the low-bit byte planes: wrong products under Triton 3.6 with mma.sync, session 17); the pinned Triton and the
+    AOT path keep them."""
+    import sys
+    import types
+
+    LS = lowbit_specs
+    seen = []
+
+    class _Jit:
+        def __getitem__(self, grid):
+            return lambda *args, **kw: seen.append(kw)
+
+    for version, planes in (("3.6.0", False), (specs.TRITON_VERSION, True)):
+        fake = types.ModuleType("tsct_test_fake_jit")
+        fake.triton = types.SimpleNamespace(__version__=version)
+        fake.lowbit_up_fwd = _Jit()
+        monkeypatch.setitem(sys.modules, "tsct_test_fake_jit", fake)
+        monkeypatch.setenv("TSCT_TRITON_BACKEND", "jit")
+        fam = launch.Family("test", LS, "tsct_test_fake_jit")
+        t = torch.zeros(8, dtype=torch.bfloat16)
+        fam.launch("lowbit_up_fwd", (1,), [t] + [None] * 7 + [1, 64, 8, 8],
+                   dict(FMT_D=1, PLANES=True, SINGLE_K=True, BK=64), 8, 2, True, (12, 0), torch.device("cpu"))
+        assert seen[-1]["PLANES"] is planes and seen[-1]["FMT_D"] == 1 and seen[-1]["BK"] == 64, (version, seen[-1])
+    assert LS.jit_consts("lowbit_bwd_dz", dict(FMT_D=1), "3.6.0") == dict(FMT_D=1)
+    assert LS.jit_consts("lowbit_down_fwd", dict(PLANES=True, BM=64), "3.6.0") == dict(PLANES=False, BM=64)
+
 # ---- dry run of glu.py's host code on the CPU -----------------------------------------------------
 
 # the shapes of tests/gpu/test_triton_glu.py (name, T, k, E, d, r, f, gather, scatter, scales, rw, idx, dtype)

@@ -98,6 +98,9 @@ class Family:
         specs: the family's specs module: ``KERNELS``, ``DTYPE_TYPES``, ``UNUSED``, ``is_used(kernel,
             param, consts)`` and ``spec_key(kernel, types, consts, num_warps, num_stages, aligned)``.
         jit_module: the module holding the ``@triton.jit`` functions (imported on the first JIT launch).
+
+    A specs module may also define ``jit_consts(kernel, consts, triton_version) -> consts``: the constexprs a JIT
+    launch compiles with this Triton (those only the pinned Triton compiles correctly turned off).
     """
 
     def __init__(self, name: str, specs, jit_module: str):
@@ -180,6 +183,9 @@ class Family:
                 raise RuntimeError(f"tsct {self.name}: no AOT cubins for compute capability {cap[0]}.{cap[1]}"
                                    + ("" if mode == "aot" else "; and Triton is not importable (JIT)"))
         K = importlib.import_module(self.jit_module)
+        jit_consts = getattr(self.specs, "jit_consts", None)
+        if jit_consts is not None:
+            consts = jit_consts(kernel, consts, K.triton.__version__)
         dummy = next(v for v in args if isinstance(v, Tensor))
         getattr(K, kernel)[grid](*[dummy if v is None else v for v in args], **consts, num_warps=num_warps,
                                  num_stages=num_stages)

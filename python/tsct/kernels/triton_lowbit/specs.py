@@ -138,6 +138,22 @@ def down_planes(cfg, fmt_g: int, fmt_u: int, bk: int) -> bool:
     return bool(cfg.planes_down_lb) and down_planes_ok(fmt_g, fmt_u, bk)
 
 
+# Constexprs whose code only the pinned Triton (TRITON_VERSION, the AOT build's) is known to compile correctly: Triton
+# 3.6 JIT with mma.sync (an H200 with DISABLE_MMA_V3=1, the sm_120 proxy) computes wrong products in both byte-plane
+# kernels, while Triton 3.9's mma.sync cubins pass the GPU suites (bench/notes.md "Session 17").
+PINNED_TRITON_ONLY: dict[str, tuple[str, ...]] = {"lowbit_up_fwd": ("PLANES",), "lowbit_down_fwd": ("PLANES",)}
+
+
+def jit_consts(kernel: str, consts: dict, triton_version: str) -> dict:
+    """The constexprs a JIT launch of ``kernel`` compiles with ``triton_version`` (``launch.Family``): as given
+    under the pinned Triton; else each of ``PINNED_TRITON_ONLY[kernel]`` off (the byte planes fall back to the
+    joined tile: the same values, a shared-memory copy of the decoded tile on the way)."""
+    off = [c for c in PINNED_TRITON_ONLY.get(kernel, ()) if consts.get(c)]
+    if not off or triton_version == TRITON_VERSION:
+        return consts
+    return {k: (False if k in off else v) for k, v in consts.items()}
+
+
 def up_k(r: int, aligned: bool) -> tuple[bool, int]:
     """(SINGLE_K, BK) of the up kernel: the whole rank in one step for aligned launches with r <= 128."""
     if aligned and r <= 128:
