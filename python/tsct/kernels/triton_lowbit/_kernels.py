@@ -122,6 +122,27 @@ def _join8(v0, v1, v2, v3, v4, v5, v6, v7, BN: tl.constexpr, BK: tl.constexpr):
 
 
 @triton.jit
+def _w_words(FMT: tl.constexpr, p0, e64, k0, K, N, ns, nmask, BK: tl.constexpr):
+    """The packed codes of W[e, k0:k0+BK, ns]^T as uint32 [BN, BK/8]: NVFP4 words of 8 codes (nibble j of word i
+    is k = k0 + 8 i + j; read as 32-bit words: K % 16 == 0 keeps rows 8-byte aligned and the host keeps the codes
+    16-byte aligned), sign bytes of 8 bits (bit j: k = k0 + 8 i + j). 0 outside ``nmask`` and past K."""
+    k8 = K // 8
+    ws = k0 // 8 + tl.arange(0, BK // 8)
+    wmask = nmask[:, None] & (ws < k8)[None, :]
+    if FMT == 1:
+        wp = p0.to(tl.pointer_type(tl.uint32), bitcast=True)
+        return tl.load(wp + e64 * N * k8 + ns[:, None] * k8 + ws[None, :], mask=wmask, other=0)
+    return tl.load(p0 + e64 * N * k8 + ns[:, None] * k8 + ws[None, :], mask=wmask, other=0).to(tl.uint32)
+
+
+@triton.jit
+def _sign_a(p1, e64, k0, K, BK: tl.constexpr):
+    """sign: the pointers to a[e, k0 + 8 i] (the first k of each byte column of the step, [BK/8]) and their mask."""
+    bs = k0 // 8 + tl.arange(0, BK // 8)
+    return p1 + e64 * K + bs * 8, bs < K // 8
+
+
+@triton.jit
 def _w_tile(FMT: tl.constexpr, p0, p1, e64, k0, K, N, ns, nmask, BK: tl.constexpr, BN: tl.constexpr,
             DT: tl.constexpr):
     """Tile W[e, k0:k0+BK, ns] as [BK, BN]: the transpose of ``_w_tile_nk``."""
@@ -143,17 +164,11 @@ def _w_tile_nk(FMT: tl.constexpr, p0, p1, e64, k0, K, N, ns, nmask, BK: tl.const
         w = tl.load(p0 + e64 * K * N + ks[None, :] * N + ns[:, None], mask=kmask[None, :] & nmask[:, None],
                     other=0.0)
     elif FMT == 1:
-        # 32-bit words of 8 codes (K % 16 == 0 keeps rows 8-byte aligned; the host keeps the codes 16-byte
-        # aligned): nibble j of word i is k = k0 + 8 i + j. Each code becomes fp32 bits by two shifts and
-        # two masks (``_e2m1_w``: e2m1 * 2^-126, exact, subnormal for the codes 0 and 0.5), or, for a bf16
-        # product, two codes become a bf16 pair the same way (``_e2m1_pair``); then one multiply gives
-        # e2m1 * sf * 2^-8 (``_w_scalar`` undoes the 2^-8); the eight nibbles are joined back into k order
-        # in registers.
-        k8 = K // 8
-        ws = k0 // 8 + tl.arange(0, BK // 8)
-        wp = p0.to(tl.pointer_type(tl.uint32), bitcast=True)
-        wrd = tl.load(wp + e64 * N * k8 + ns[:, None] * k8 + ws[None, :], mask=nmask[:, None] & (ws < k8)[None, :],
-                      other=0)                                                 # uint32 [BN, BK/8]
+        # 32-bit words of 8 codes (``_w_words``). Each code becomes fp32 bits by two shifts and two masks
+        # (``_e2m1_w``: e2m1 * 2^-126, exact, subnormal for the codes 0 and 0.5), or, for a bf16 product, two
+        # codes become a bf16 pair the same way (``_e2m1_pair``); then one multiply gives e2m1 * sf * 2^-8
+        # (``_w_scalar`` undoes the 2^-8); the eight nibbles are joined back into k order in registers.
+        wrd = _w_words(FMT, p0, e64, k0, K, N, ns, nmask, BK)                 # uint32 [BN, BK/8]
         k16 = K // 16
         bs = k0 // 16 + tl.arange(0, BK // 16)
         sb = tl.load(p1 + e64 * N * k16 + ns[:, None] * k16 + bs[None, :], mask=nmask[:, None] & (bs < k16)[None, :],
@@ -174,12 +189,8 @@ def _w_tile_nk(FMT: tl.constexpr, p0, p1, e64, k0, K, N, ns, nmask, BK: tl.const
     else:
         # one byte of 8 sign bits per 8 k (LSB first); element j of byte i: +-a[k0 + 8 i + j], the sign
         # bit moved to bit 31 and xor-ed into a's fp32 bits (constant shifts, no select)
-        k8 = K // 8
-        bs = k0 // 8 + tl.arange(0, BK // 8)
-        bmask = bs < k8
-        byt = tl.load(p0 + e64 * N * k8 + ns[:, None] * k8 + bs[None, :], mask=nmask[:, None] & bmask[None, :],
-                      other=0).to(tl.uint32)                                  # [BN, BK/8]
-        ap = p1 + e64 * K + bs * 8
+        byt = _w_words(FMT, p0, e64, k0, K, N, ns, nmask, BK)                 # [BN, BK/8]
+        ap, bmask = _sign_a(p1, e64, k0, K, BK)
         w = _join8(_sign_w(byt, ap, bmask, 0), _sign_w(byt, ap, bmask, 1), _sign_w(byt, ap, bmask, 2),
                    _sign_w(byt, ap, bmask, 3), _sign_w(byt, ap, bmask, 4), _sign_w(byt, ap, bmask, 5),
                    _sign_w(byt, ap, bmask, 6), _sign_w(byt, ap, bmask, 7), BN, BK)
@@ -192,12 +203,9 @@ def _w_packed(FMT: tl.constexpr, p0, p1, e64, k0, K, N, ns, nmask, BK: tl.conste
     the words' block scales sf * 2^118 fp32 [BN, BK/8]); sign (bytes of 8 bits [BN, BK/8] as uint32, and 0.0,
     unused). As ``_w_tile_nk``'s loads (the same alignment rules). Packed formats only."""
     tl.static_assert(FMT != 0, "_w_packed: a packed format")
-    k8 = K // 8
-    ws = k0 // 8 + tl.arange(0, BK // 8)
+    wrd = _w_words(FMT, p0, e64, k0, K, N, ns, nmask, BK)
+    sfw = 0.0
     if FMT == 1:
-        wp = p0.to(tl.pointer_type(tl.uint32), bitcast=True)
-        wrd = tl.load(wp + e64 * N * k8 + ns[:, None] * k8 + ws[None, :], mask=nmask[:, None] & (ws < k8)[None, :],
-                      other=0)
         # the words' block scales from one [BN] load per block of the step, broadcast over its two words: a 2-D
         # scale load (or a join) here makes Triton send the decoded planes through shared memory
         k16 = K // 16
@@ -205,13 +213,10 @@ def _w_packed(FMT: tl.constexpr, p0, p1, e64, k0, K, N, ns, nmask, BK: tl.conste
         wb = tl.arange(0, BK // 8)[None, :] // 2  # block of each word within the step
         sb = tl.zeros((BN, BK // 8), tl.int32)
         for q in tl.static_range(BK // 16):
+            # the block bound as a [BN] condition (ns * 0 + ...): Triton's interpreter needs the mask a tensor
             sq = tl.load(srow + q, mask=nmask & ((ns * 0 + k0 // 16 + q) < k16), other=0).to(tl.int32)
             sb = tl.where(wb == q, sq[:, None], sb)
         sfw = _ue4m3(sb) * 3.32306998946229e+35
-    else:
-        wrd = tl.load(p0 + e64 * N * k8 + ns[:, None] * k8 + ws[None, :], mask=nmask[:, None] & (ws < k8)[None, :],
-                      other=0).to(tl.uint32)
-        sfw = 0.0
     return wrd, sfw
 
 
@@ -239,9 +244,7 @@ def _w_plane(FMT: tl.constexpr, wrd, sfw, p1, e64, k0, K, B: tl.constexpr, BN: t
             lo = _e2m1_w(wrd, 2 * B, sfw)
             hi = _e2m1_w(wrd, 2 * B + 1, sfw)
     else:
-        bs = k0 // 8 + tl.arange(0, BK // 8)
-        bmask = bs < K // 8
-        ap = p1 + e64 * K + bs * 8
+        ap, bmask = _sign_a(p1, e64, k0, K, BK)
         lo = _sign_w(wrd, ap, bmask, 2 * B)
         hi = _sign_w(wrd, ap, bmask, 2 * B + 1)
     return tl.reshape(tl.join(lo, hi), (BN, BK // 4)).to(DT)
