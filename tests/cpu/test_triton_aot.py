@@ -32,6 +32,8 @@ from tsct.kernels.triton_glu import specs
 from tsct.kernels.triton_lowbit import specs as lowbit_specs
 from tsct.kernels.triton_w4a4 import specs as w4a4_specs
 
+from _lowbit_counts import n_lowbit  # tests/cpu is on sys.path (pytest's default import mode)
+
 GEMM_KERNELS = ("glu_down_fwd", "glu_up_fwd", "glu_bwd_dz", "glu_bwd_dx_dw")
 MMA = {"sm_90a": r"HGMMA", "sm_120": r"HMMA", "sm_100a": r"UTCHMMA"}
 
@@ -102,9 +104,8 @@ def test_install_holds_every_manifest_cubin():
                 want |= keys
                 fams[name] = len(keys)
         assert set(entries) == want
-        lb = lowbit_specs.CONFIGS[arch]  # 172 low-bit variants, plus 12 per format triple with a multi-block dX / dW
-        n_lowbit = 172 + 12 * sum(lowbit_specs.dxdw_ndb(lb, fg, fu) != 1 for fg, fu, _ in lowbit_specs.AOT_FORMATS)
-        assert fams.get("w4a4", 102) == 102 and fams.get("lowbit", n_lowbit) == n_lowbit, fams
+        n_lb = n_lowbit(arch)
+        assert fams.get("w4a4", 102) == 102 and fams.get("lowbit", n_lb) == n_lb, fams
         assert {f: v["variants"] for f, v in idx["families"].items()} == fams, idx["families"]
 
 
@@ -264,8 +265,8 @@ def test_family_takes_the_generic_variant_when_a_hinted_pointer_is_misaligned(mo
 
 def test_family_jit_launch_compiles_the_consts_the_specs_allow_for_that_triton(monkeypatch):
     """A JIT launch under a Triton other than the pinned one turns off what only the pinned Triton compiles correctly
-    (the low-bit byte planes: wrong products under Triton 3.6 with mma.sync, session 17); the pinned Triton and the
-    AOT path keep them."""
+    (the low-bit byte planes: wrong products under Triton 3.6 with mma.sync, session 17); a JIT launch under the
+    pinned Triton, and one under Triton's interpreter, keep them."""
     import sys
     import types
 
@@ -276,7 +277,8 @@ def test_family_jit_launch_compiles_the_consts_the_specs_allow_for_that_triton(m
         def __getitem__(self, grid):
             return lambda *args, **kw: seen.append(kw)
 
-    for version, planes in (("3.6.0", False), (specs.TRITON_VERSION, True)):
+    for version, interp, planes in (("3.6.0", "0", False), (specs.TRITON_VERSION, "0", True), ("3.6.0", "1", True)):
+        monkeypatch.setenv("TRITON_INTERPRET", interp)
         fake = types.ModuleType("tsct_test_fake_jit")
         fake.triton = types.SimpleNamespace(__version__=version)
         fake.lowbit_up_fwd = _Jit()
@@ -286,7 +288,7 @@ def test_family_jit_launch_compiles_the_consts_the_specs_allow_for_that_triton(m
         t = torch.zeros(8, dtype=torch.bfloat16)
         fam.launch("lowbit_up_fwd", (1,), [t] + [None] * 7 + [1, 64, 8, 8],
                    dict(FMT_D=1, PLANES=True, SINGLE_K=True, BK=64), 8, 2, True, (12, 0), torch.device("cpu"))
-        assert seen[-1]["PLANES"] is planes and seen[-1]["FMT_D"] == 1 and seen[-1]["BK"] == 64, (version, seen[-1])
+        assert seen[-1]["PLANES"] is planes and seen[-1]["FMT_D"] == 1 and seen[-1]["BK"] == 64, (version, interp)
     assert LS.jit_consts("lowbit_bwd_dz", dict(FMT_D=1), "3.6.0") == dict(FMT_D=1)
     assert LS.jit_consts("lowbit_down_fwd", dict(PLANES=True, BM=64), "3.6.0") == dict(PLANES=False, BM=64)
 

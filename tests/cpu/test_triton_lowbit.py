@@ -57,11 +57,11 @@ def interp_ndb(tmp_path_factory):
     return _run_interp(tmp_path_factory, "lowbit_ndb", NDB_CFG, NDB_CASES)
 
 
-# lowbit_up_fwd and lowbit_down_fwd in byte planes (Config.planes_up_lb / planes_down_lb, on for sm_120 only): aligned
-# r in 33..64; empty experts, a two-tile expert, padding rows, odd f (37, 70, 5461), d = 80 (a last K step of 16 in
-# the planes of 64), NVFP4 gate with sign up
+# lowbit_up_fwd and lowbit_down_fwd in byte planes (Config.planes_up_lb: on for sm_120; planes_down_lb: an opt-in):
+# aligned r in 33..64 for the up kernel; empty experts, a two-tile expert, padding rows, odd f (37, 70, 5461), a last K
+# step of 16 (d = 80, NVFP4) and of 8 (d = 72, sign) in the planes of 64, NVFP4 gate with sign up
 PLANES_CFG = "planes_up_lb=1,planes_down_lb=1"
-PLANES_CASES = ["nvfp4_d80_r48", "sign_r64", "nvfp4_r64", "mixed_ns_d"]
+PLANES_CASES = ["nvfp4_d80_r48", "sign_r64", "nvfp4_r64", "mixed_ns_d", "sign_d72_r24"]
 
 
 @pytest.fixture(scope="module")

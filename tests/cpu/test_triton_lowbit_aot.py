@@ -24,6 +24,8 @@ from tsct.kernels.triton_glu import specs as glu_specs
 from tsct.kernels.triton_lowbit import glu as L
 from tsct.kernels.triton_lowbit import specs as LS
 
+from _lowbit_counts import n_lowbit  # tests/cpu is on sys.path (pytest's default import mode)
+
 CAPS = [(9, 0), (10, 0), (12, 0), (12, 1)]
 FMTS = {"nvfp4": ("nvfp4",) * 3, "sign": ("sign",) * 3, "mixed": ("nvfp4", "sign", "nvfp4")}
 # (name, T, k, E, d, r, f, gather, scatter, scales, row weight, index dtype): the bf16 cases of the GPU tests
@@ -44,16 +46,6 @@ SHAPES = [
 ]
 NEEDS = ([True] * 7, [True] + [False] * 6, [False, True, True, False, False, False, False],
          [False, False, False, True, False, False, True], [True, True, False, True, False, False, False])
-
-
-def _n_lowbit(arch: str) -> int:
-    """The low-bit family's variant count on ``arch``: 172, plus 12 (2 gathers x 3 dX / dW flag pairs x aligned or
-    not) per AOT format triple whose lowbit_bwd_dx_dw walks several d blocks (``LS.dxdw_ndb`` != 1), plus 24 (2
-    gathers x 2 scale flags x 3 BWD / row-weight modes x aligned or not) per format triple on the arches that ship
-    lowbit_down_fwd's opt-in byte-plane variants."""
-    lb = LS.CONFIGS[arch]
-    opt_in = 24 * len(LS.AOT_FORMATS) if arch in LS.OPT_IN_PLANES_DOWN else 0
-    return 172 + 12 * sum(LS.dxdw_ndb(lb, fg, fu) != 1 for fg, fu, _ in LS.AOT_FORMATS) + opt_in
 
 
 def _table(arch: str) -> set:
@@ -193,8 +185,8 @@ def test_launches_outside_the_table_are_refused_by_name(dry_run):
 def test_table_size_and_pointer_types():
     for arch in LS.AOT_ARCHS:
         specs_ = list(LS.enumerate_specs(arch))
-        # 172, plus 12 lowbit_bwd_dx_dw variants with several d blocks (NDB) per format triple whose NDB is not 1
-        assert len(specs_) == len({s.key for s in specs_}) == _n_lowbit(arch)
+        # n_lowbit: 172, plus the multi-block dX / dW and the opt-in down-plane variants where the arch has them
+        assert len(specs_) == len({s.key for s in specs_}) == n_lowbit(arch)
         for s in specs_:
             t = dict(s.types)
             c = dict(s.constexprs)
@@ -231,8 +223,7 @@ def test_installed_index_holds_the_lowbit_family():
         idx = aot.index(arch)
         assert idx is not None
         if arch in LS.AOT_ARCHS:
-            n_lowbit = _n_lowbit(arch)
-            assert idx["families"].get("lowbit", {}).get("variants") == n_lowbit, idx["families"]
+            assert idx["families"].get("lowbit", {}).get("variants") == n_lowbit(arch), idx["families"]
             keys = {k for k, e in idx["kernels"].items() if e["family"] == "lowbit"}
             assert keys == {s.key for s in LS.enumerate_specs(arch)}
 
@@ -241,7 +232,7 @@ def test_installed_index_holds_the_lowbit_family():
 # the tl.dot count). Nothing decoded is in the allowed sets: only activation planes.
 _NO_COPY = {
     "lowbit_up_fwd": (lambda c: c.get("SINGLE_K") and c["BK"] == 64, lambda c: {f"{c['BK'] // 4}x{c['BM']}xbf16"}, 4),
-    "lowbit_down_fwd": (lambda c: c["PLANES"], lambda c: set(), 8),
+    "lowbit_down_fwd": (lambda c: c["BK"] == 64, lambda c: set(), 8),
 }
 
 
@@ -252,9 +243,11 @@ def test_forward_kernels_decode_into_the_dot_operand_on_sm120(fmt, kernel):
     lowbit_down_fwd's are the opt-in ones sm_120's table ships), compiled for sm_120 by Triton on this CPU machine,
     keep no copy of a decoded factor tile in shared memory. lowbit_up_fwd's TTGIR stores only register tensors
     shaped like the z planes ([BK/4, BM] bf16) to shared memory; lowbit_down_fwd's stores none (x arrives by
-    cp.async and is read from shared memory straight into its planes). The byte-plane
-    decode (PLANES, ``_w_plane``, one dot per plane and factor) is what makes that so; the joined tile of
-    ``_w_tile_nk`` fails this test."""
+    cp.async and is read from shared memory straight into its planes); and no layout conversion (which may go
+    through shared memory) takes a decoded plane ([BN, BK/4] bf16). What does pass through shared memory besides
+    the activations: sign's packed code bytes ([BN, BK/8] i8, a layout conversion) and the outputs' epilogues.
+    The byte-plane decode (PLANES, ``_w_plane``, one dot per plane and factor) is what makes that so; the joined
+    tile of ``_w_tile_nk`` fails this test."""
     triton = pytest.importorskip("triton")
     if triton.__version__ != glu_specs.TRITON_VERSION:  # the claim is about the cubins the pinned Triton builds
         pytest.skip(f"needs Triton {glu_specs.TRITON_VERSION} (the AOT build's), found {triton.__version__}")
@@ -277,10 +270,14 @@ def test_forward_kernels_decode_into_the_dot_operand_on_sm120(fmt, kernel):
         src = ASTSource(fn=fn, signature={p: sig[p] for p in fn.arg_names}, constexprs=dict(consts), attrs=attrs)
         k = triton.compile(src, target=GPUTarget("cuda", 120, 32),
                            options=dict(num_warps=warps, num_stages=stages, num_ctas=1))
-        assert consts["PLANES"]
+        assert consts["PLANES"], "sm_120's b1 variants decode in byte planes (specs.up_planes, opt-in down_planes)"
         # every register tensor stored to shared memory, any rank or dtype
-        copies = set(re.findall(r"ttg\.local_alloc %\S+ : \(tensor<([^,>]+)", k.asm["ttgir"]))
+        ttgir = k.asm["ttgir"]
+        copies = set(re.findall(r"ttg\.local_alloc %\S+ : \(tensor<([^,>]+)", ttgir))
         assert copies <= allowed(consts), (fmt, name, consts.get("BWD"), copies)
+        plane = f"x{consts['BK'] // 4}xbf16"  # a decoded plane [BN, BK/4] (BN: the factor's rows in this kernel)
+        moved = set(re.findall(r"ttg\.convert_layout %\S+ : tensor<([^,>]+)", ttgir))
+        assert not {t for t in moved if t.endswith(plane)}, (fmt, name, moved)
         assert k.asm["ttgir"].count("tt.dot ") == n_dots, "one dot per byte plane and factor"
         found += 1
     assert found, f"no b1 {kernel} variant in the table"

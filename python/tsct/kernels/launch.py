@@ -100,7 +100,8 @@ class Family:
         jit_module: the module holding the ``@triton.jit`` functions (imported on the first JIT launch).
 
     A specs module may also define ``jit_consts(kernel, consts, triton_version) -> consts``: the constexprs a JIT
-    launch compiles with this Triton (those only the pinned Triton compiles correctly turned off).
+    launch compiles with this Triton (those only the pinned Triton compiles correctly turned off; not applied under
+    Triton's interpreter, which compiles nothing).
     """
 
     def __init__(self, name: str, specs, jit_module: str):
@@ -184,7 +185,7 @@ class Family:
                                    + ("" if mode == "aot" else "; and Triton is not importable (JIT)"))
         K = importlib.import_module(self.jit_module)
         jit_consts = getattr(self.specs, "jit_consts", None)
-        if jit_consts is not None:
+        if jit_consts is not None and os.environ.get("TRITON_INTERPRET", "0") in ("", "0"):  # the interpreter compiles nothing
             consts = jit_consts(kernel, consts, K.triton.__version__)
         dummy = next(v for v in args if isinstance(v, Tensor))
         getattr(K, kernel)[grid](*[dummy if v is None else v for v in args], **consts, num_warps=num_warps,

@@ -3,7 +3,7 @@ to catch lowering errors the interpreter cannot see (join/reshape/trans layouts,
 report shared memory and, when cuobjdump is on PATH, registers / local memory (spills).
 
     PYTHONPATH=python python -m tsct.kernels.triton_lowbit._compile_check [--arch 90|120] [--fmts nvfp4,sign,dense]
-        [--generic]
+        [--generic] [--opt-in]
 
 The variants get the AOT build's ``tt.divisibility=16`` on ``specs.KERNELS[k].hinted`` (the aligned b1 launches)
 unless ``--generic`` (the unaligned ones: other layouts, other register counts).
@@ -25,7 +25,7 @@ import triton
 
 from tsct.kernels.triton_glu import specs
 from tsct.kernels.triton_lowbit.glu import WARPS_DECODE
-from tsct.kernels.triton_lowbit.specs import OPT_IN_PLANES_DOWN, down_planes, down_planes_ok, up_dec16, up_planes
+from tsct.kernels.triton_lowbit.specs import down_planes, down_planes_shipped, up_dec16, up_planes
 
 FMT = {"dense": 0, "nvfp4": 1, "sign": 2}
 
@@ -37,12 +37,12 @@ def _ptrs(fmt: str, dt: str) -> list[str]:
 def variants(fmt: str, arch: str, opt_in: bool = False):
     """(kernel, types by param, constexprs, warps, stages) of the b1 launches (bf16, gather+scatter,
     scales, row weight, r = 64, aligned tiles), forward and backward; ``opt_in``: lowbit_down_fwd's byte-plane
-    variants where the arch's table ships them off by default (``specs.OPT_IN_PLANES_DOWN``)."""
+    variants instead of the default ones where the arch's table ships both (``specs.down_planes_shipped``)."""
     cfg = specs.CONFIGS[arch]
     dt = "*bf16"
     f = FMT[fmt]
     g = _ptrs(fmt, dt)
-    planes = down_planes(cfg, f, f, cfg.bk) or (opt_in and arch in OPT_IN_PLANES_DOWN and down_planes_ok(f, f, cfg.bk))
+    planes = down_planes_shipped(cfg, arch, f, f, cfg.bk)[-1] if opt_in else down_planes(cfg, f, f, cfg.bk)
     for bwd in (False, True):
         types = [dt, "*i64", "*i32", "*i32", *g, *g, "*fp32", "*fp32", dt,
                  "*fp32" if bwd else "*i8", "*fp32" if bwd else "*i8", "*fp32" if bwd else "*i8",
@@ -87,6 +87,7 @@ def main(argv=None) -> int:
     ap.add_argument("--arch", default="90", choices=["90", "100", "120"])
     ap.add_argument("--fmts", default="nvfp4,sign")
     ap.add_argument("--generic", action="store_true", help="no divisibility hints (the unaligned variants)")
+    ap.add_argument("--opt-in", action="store_true", help="lowbit_down_fwd's opt-in byte-plane variants where shipped")
     a = ap.parse_args(argv)
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
@@ -96,7 +97,7 @@ def main(argv=None) -> int:
     arch = {"90": "sm_90a", "100": "sm_100a", "120": "sm_120"}[a.arch]
     bad = 0
     for fmt in a.fmts.split(","):
-        for name, types, consts, warps, stages in variants(fmt, arch):
+        for name, types, consts, warps, stages in variants(fmt, arch, opt_in=a.opt_in):
             fn = getattr(K, name)
             runtime = [p for p in fn.arg_names if p not in consts]
             assert len(runtime) == len(types), (name, runtime, types)

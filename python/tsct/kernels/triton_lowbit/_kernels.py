@@ -126,6 +126,7 @@ def _w_words(FMT: tl.constexpr, p0, e64, k0, K, N, ns, nmask, BK: tl.constexpr):
     """The packed codes of W[e, k0:k0+BK, ns]^T as uint32 [BN, BK/8]: NVFP4 words of 8 codes (nibble j of word i
     is k = k0 + 8 i + j; read as 32-bit words: K % 16 == 0 keeps rows 8-byte aligned and the host keeps the codes
     16-byte aligned), sign bytes of 8 bits (bit j: k = k0 + 8 i + j). 0 outside ``nmask`` and past K."""
+    tl.static_assert(FMT != 0, "_w_words: a packed format")
     k8 = K // 8
     ws = k0 // 8 + tl.arange(0, BK // 8)
     wmask = nmask[:, None] & (ws < k8)[None, :]

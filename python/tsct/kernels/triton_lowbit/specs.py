@@ -134,7 +134,8 @@ def down_planes(cfg, fmt_g: int, fmt_u: int, bk: int) -> bool:
     """PLANES of lowbit_down_fwd: both factors decoded in byte planes where the config enables it
     (``Config.planes_down_lb``; off everywhere by default) and ``down_planes_ok``; the x tile is loaded whole and
     split into the same planes in registers (``_kernels._t_planes``). On sm_120 the TTGIR of the b1 variants then
-    stores no register tensor to shared memory at all (tests/cpu/test_triton_lowbit_aot.py)."""
+    allocates no shared memory for a register tensor (no decoded tile; sign's packed code bytes still pass one
+    layout conversion through shared memory: tests/cpu/test_triton_lowbit_aot.py)."""
     return bool(cfg.planes_down_lb) and down_planes_ok(fmt_g, fmt_u, bk)
 
 
@@ -147,11 +148,18 @@ PINNED_TRITON_ONLY: dict[str, tuple[str, ...]] = {"lowbit_up_fwd": ("PLANES",), 
 def jit_consts(kernel: str, consts: dict, triton_version: str) -> dict:
     """The constexprs a JIT launch of ``kernel`` compiles with ``triton_version`` (``launch.Family``): as given
     under the pinned Triton; else each of ``PINNED_TRITON_ONLY[kernel]`` off (the byte planes fall back to the
-    joined tile: the same values, a shared-memory copy of the decoded tile on the way)."""
+    joined tile: the same products up to fp32 summation order, a shared-memory copy of the decoded tile on the
+    way). Any other version string (a 3.9.x, an rc, a git build) counts as another Triton: slower, never wrong."""
     off = [c for c in PINNED_TRITON_ONLY.get(kernel, ()) if consts.get(c)]
     if not off or triton_version == TRITON_VERSION:
         return consts
     return {k: (False if k in off else v) for k, v in consts.items()}
+
+
+def down_planes_shipped(cfg, arch: str, fmt_g: int, fmt_u: int, bk: int) -> list[bool]:
+    """The PLANES values of lowbit_down_fwd that ``arch``'s table ships: the config's, and on the
+    ``OPT_IN_PLANES_DOWN`` arches the byte planes too where they can run."""
+    return sorted({down_planes(cfg, fmt_g, fmt_u, bk), arch in OPT_IN_PLANES_DOWN and down_planes_ok(fmt_g, fmt_u, bk)})
 
 
 def up_k(r: int, aligned: bool) -> tuple[bool, int]:
@@ -199,8 +207,7 @@ def enumerate_specs(arch: str) -> Iterator[Spec]:
             types = dict(x_ptr=D, gidx_ptr=f"*{g}" if g else UNUSED, offs_ptr="*i32", cum_ptr="*i32", g0=g0, g1=g1,
                          g2=g2, u0=u0, u1=u1, u2=u2, sg_ptr="*fp32", su_ptr="*fp32", z_ptr=D,
                          hg_ptr="*fp32" if bwd else D, hu_ptr="*fp32" if bwd else D, rw_ptr="*fp32")
-            for planes in sorted({down_planes(cfg, fg, fu, cfg.bk),
-                                  arch in OPT_IN_PLANES_DOWN and down_planes_ok(fg, fu, cfg.bk)}):
+            for planes in down_planes_shipped(cfg, arch, fg, fu, cfg.bk):
                 consts = dict(FMT_G=fg, FMT_U=fu, HAS_GATHER=g is not None, HAS_SG=s, HAS_SU=s, HAS_RW=rw, BWD=bwd,
                               PLANES=planes, BM=cfg.bm, BR=br, BK=cfg.bk, BLOCK_E=cfg.block_e)
                 out.append(_base_spec("lowbit_down_fwd", types, consts, WARPS_DECODE, cfg.stages_down_lb, aligned,
