@@ -29,9 +29,11 @@ class Result:
 
 
 def _problem(device, dtype, seed=0):
-    """A small routed problem with an empty expert, odd f and padding rows; float64 master copy."""
+    """A small routed problem with an empty expert, odd f and padding rows; float64 master copy. r = 48 and d = 64:
+    the low-bit kernels then take their b1 code paths (the up projection's rank in one K step of 64, in byte planes
+    on sm_120; a K step of 64 over d), which a first-use self-test on the user's card must run."""
     g = torch.Generator().manual_seed(seed)
-    tokens, topk, experts, d, r, f, pad = 24, 2, 5, 64, 16, 37, 3
+    tokens, topk, experts, d, r, f, pad = 24, 2, 5, 64, 48, 37, 3
     ids = torch.randint(0, experts, (tokens * topk,), generator=g)
     ids[ids == 2] = 3  # expert 2 is empty
     order = torch.argsort(ids, stable=True)

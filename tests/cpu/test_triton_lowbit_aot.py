@@ -281,3 +281,18 @@ def test_forward_kernels_decode_into_the_dot_operand_on_sm120(fmt, kernel):
         assert k.asm["ttgir"].count("tt.dot ") == n_dots, "one dot per byte plane and factor"
         found += 1
     assert found, f"no b1 {kernel} variant in the table"
+
+
+def test_first_use_selftest_shape_takes_the_sm120_byte_plane_kernels():
+    """The first-use self-test (``tsct.selftest``, run on an sm_120 card before triton-lowbit serves there) must run
+    the code the b1 shapes run: its problem's rank is one K step of 64 for the up projection, which sm_120 decodes in
+    byte planes for both packed formats, and its d is at least one K step of 64 (the opt-in down planes)."""
+    from tsct import selftest
+
+    p64, _, _ = selftest._problem(torch.device("cpu"), torch.bfloat16)
+    d, r = p64["w_gate"].shape[1:]
+    cfg = glu_specs.CONFIGS["sm_120"]
+    single, bk = LS.up_k(r, aligned=d % 16 == 0 and r % 16 == 0)
+    assert single and bk == 64, (d, r)
+    assert LS.up_planes(cfg, LS.NVFP4, single, bk) and LS.up_planes(cfg, LS.SIGN, single, bk)
+    assert d >= cfg.bk and LS.down_planes_ok(LS.NVFP4, LS.SIGN, cfg.bk)
