@@ -23,7 +23,9 @@ PLANES variant (x split into the planes in registers: ``_t_planes``; off by defa
 mma.sync); a CPU test checks the TTGIR of both. Everywhere else (lowbit_down_fwd by default, the backward kernels,
 every kernel on sm_90a, where the forward runs the CUDA kernels instead) the joined tile passes
 through a tile-sized shared-memory scratch on its way to the dot-operand register layout (Triton's
-convert_layout: STS.128 + LDSM). Per-expert / per-column factors are applied outside the dot, exactly:
+convert_layout: STS.128 + LDSM). That scratch is how the warps of a program share one decode: a backward decoding
+in the operand registers instead (NVFP4 half planes) made every warp decode the whole tile, 6-9x slower
+(bench/notes.md "Session 18"). Per-expert / per-column factors are applied outside the dot, exactly:
 
     NVFP4  W = (e2m1 * sf) / s_enc.  The tile holds e2m1 * sf * 2^-8 (<= 6 significant bits: EXACT in
            bf16), the accumulator is multiplied by 2^8 / s_enc[e] afterwards (``_w_scalar``). So the
