@@ -194,7 +194,23 @@ def _sm120_fp4(caps, gpus: Optional[list] = None, run: bool = False) -> dict[str
     return {"linked": linked, "linked_detail": why, "linked_sm121a": linked121, "linked_sm121a_detail": why121,
             "cutlass": cutlass, "gemm_backend": backend,
             "env": firstuse.env_mode()[1], "cache_file": str(firstuse.cache_file()), "status": rows,
-            "verdicts": verdicts, "kernels": [dict(k) for k in sm120_fp4.VERIFICATION]}
+            "verdicts": verdicts,
+            "kernels": [_sm120_kernel_row(k, linked, linked121, why) for k in sm120_fp4.VERIFICATION]}
+
+
+def _sm120_kernel_row(k: dict, linked: bool, linked121: bool, why: str) -> dict[str, Any]:
+    """One row of the sm_120 verification table for THIS install: the CI facts (``VERIFICATION``) plus whether the
+    library holds the kernel's cubins ("in_this_library": the OMMA check runs when a library is built with them,
+    so it is only claimed then) and whether a first-use self-test can gate it here."""
+    row = dict(k)
+    if linked:
+        row["in_this_library"] = (("yes: sm_120a + sm_121a cubins" if linked121 else "yes: sm_120a cubin")
+                                  + ", OMMA checked at build")
+    else:
+        row["in_this_library"] = f"no: {why}"
+    if k["first_use_selftest"] == "yes" and not linked:
+        row["first_use_selftest"] = "yes where linked; not here"
+    return row
 
 
 def _sm120_selftest_row(v: dict) -> dict[str, Any]:
@@ -359,11 +375,9 @@ def render(report: dict[str, Any]) -> None:
         for c in ("kernel", "role", "in this library", "host prep", "emulated", "proxy sm_90",
                   "ran on sm_120", "first-use self-test"):
             t.add_column(c, no_wrap=c == "kernel")
-        # the OMMA check runs when the library is built with the kernels, so it is only claimed then
-        here = (("yes: sm_120a + sm_121a cubins" if sm["linked_sm121a"] else "yes: sm_120a cubin")
-                + ", OMMA checked at build") if sm["linked"] else "no (built without CuTeDSL)"
         for k in sm["kernels"]:
-            t.add_row(k["kernel"], k["role"], here, k["host_prep"],
+            here = "no (why: above)" if k["in_this_library"].startswith("no:") else k["in_this_library"]
+            t.add_row(k["kernel"], k["role"], escape(here), k["host_prep"],
                       k["emulated"], k["proxy_on_sm90"], k["ran_on_sm120"], k["first_use_selftest"])
         con.print(t)
 
@@ -383,8 +397,8 @@ def _render_triton_aot(con, ta: dict[str, Any]) -> None:
 
     archs = ta["archs"]
     if not archs:
-        con.print(f"Triton AOT cubins: [yellow]none shipped[/] ({escape(ta['dir'])}): the Triton path needs "
-                  "Triton JIT")
+        con.print(f"Triton AOT cubins: [yellow]none shipped[/] ({escape(ta['dir'])}): on a GPU the Triton paths "
+                  "would need Triton installed (JIT)")
         return
     total = sum(x["variants"] for x in archs.values())
     con.print(f"Triton AOT cubins (Triton {ta['triton_version'] or '?'}): {total} in {len(archs)} archs, "

@@ -123,6 +123,48 @@ def test_arms_selection_and_bad_arguments(capsys):
     assert cli.main(SMALL_FAST + ["--formats", "int3"]) == 2
 
 
+def test_list_arms_agrees_with_the_run_on_shapes_a_format_cannot_store(capsys):
+    """d = 24 is no multiple of 16 (NVFP4's block) and r = 12 none of 8 (sign's byte): the run marks those arms
+    unavailable, and --list-arms says so too, with the same reason."""
+    assert cli.main(SMALL_FAST + ["--d", "24", "--r", "12", "--list-arms"]) == 0
+    listed = {ln.split()[0]: ln for ln in capsys.readouterr().out.splitlines() if ln.strip()}
+    assert "must be a multiple of 16 for nvfp4 (K is set by --d)" in listed["tsct-reference-nvfp4"]
+    assert "must be a multiple of 8 for sign (K is set by --r)" in listed["tsct-reference-sign"]
+    assert listed["tsct-reference-bf16"].split()[1] == "runs"
+    cfg = config.from_preset("small", d=24, r=12).resolved()
+    for fmt in ("nvfp4", "sign"):  # the shape rule is quantize_factors' own
+        with pytest.raises(ValueError) as e:
+            inputs.quantize_factors(inputs.make_dense_factors(cfg), fmt)
+        assert inputs.storage_problem(cfg, fmt) == f"cannot store the factors as {fmt}: {e.value}"
+
+
+@pytest.mark.parametrize("flag", ["--capacity-factor", "--max-seconds", "--zipf-exponent"])
+@pytest.mark.parametrize("value", ["nan", "inf", "-inf", "0"])
+def test_non_finite_or_non_positive_floats_are_refused_naming_the_flag(flag, value, capsys):
+    """nan passes a plain `<= 0` check and inf overflowed later (the capacity's ceil): both refused up front."""
+    assert cli.main(SMALL_FAST + ["--routing", "zipf", f"{flag}={value}", "--list-arms"]) == 2
+    err = capsys.readouterr().err
+    assert f"{flag} must be a finite number > 0" in err, err
+
+
+def test_an_unwritable_json_path_is_refused_before_the_run(tmp_path, capsys, monkeypatch):
+    """A --json path that cannot be written used to fail after the whole run, losing its results."""
+    from tsct.bench import runner
+
+    def no_run(*a, **k):
+        raise AssertionError("the run started although --json cannot be written")
+
+    monkeypatch.setattr(runner, "run", no_run)
+    a_file = tmp_path / "f.txt"
+    a_file.write_text("x")
+    for bad, why in ((a_file / "x.json", "is not a directory"), (tmp_path, "is a directory")):
+        assert cli.main(SMALL_FAST + ["--json", str(bad)]) == 2
+        err = capsys.readouterr().err
+        assert "--json" in err and why in err, err
+    ok = report.check_writable(tmp_path / "new" / "dir" / "r.json")  # missing directories are created later
+    assert ok.name == "r.json"
+
+
 def test_plot_without_matplotlib_is_a_clear_error(monkeypatch, capsys, tmp_path):
     import builtins
 

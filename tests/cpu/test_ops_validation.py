@@ -31,6 +31,10 @@ def call(p, **over):
     (lambda p: dict(w_down=p["w_down"].transpose(1, 2)), ValueError, r"w_down must be \[E, r, f\]"),
     (lambda p: dict(w_down=p["w_down"].bfloat16()), TypeError, r"w_down must have dtype"),
     (lambda p: dict(w_gate=p["w_gate"].numpy()), TypeError, r"w_gate must be a torch.Tensor or a tsct.quant"),
+    # an object that only looks like a container (dequantize + shape) is named as the argument, not as "obj"
+    (lambda p: dict(w_up=type("Duck", (), {"shape": p["w_up"].shape, "device": p["w_up"].device,
+                                           "dequantize": lambda self, *a, **k: p["w_up"]})()),
+     TypeError, r"w_up must be a torch.Tensor or a tsct.quant container \(NVFP4Tensor, SignTensor\), got Duck"),
     (lambda p: dict(s_gate=p["s_gate"][:, :3]), ValueError, r"s_gate must be \[E, r\]"),
     (lambda p: dict(row_weight=p["row_weight"][:-1]), ValueError, r"row_weight must be \[M\]"),
     (lambda p: dict(gather_idx=p["gather_idx"].float()), TypeError, r"gather_idx must have dtype"),

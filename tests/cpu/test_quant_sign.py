@@ -128,6 +128,10 @@ def test_rank1_fit_direct_and_huge_values():
     ab, bb = rank1_magnitude_fit(big)
     assert torch.isfinite(ab).all() and torch.isfinite(bb).all()
     assert torch.allclose(bb.unsqueeze(2) * ab.unsqueeze(1), big.abs(), rtol=1e-4)
+    # a large matrix of large finite values: sigma (~ sqrt(N K) = 362 here) times amax (1e36) overflows fp32
+    flat = quantize_sign(torch.full((1, 2048, 64), 1e36, dtype=torch.bfloat16), backend="torch")
+    deq = flat.dequantize(torch.float32)
+    assert torch.isfinite(deq).all() and torch.allclose(deq, torch.full_like(deq, 1e36), rtol=2e-2)
     with pytest.raises(ValueError, match="iters"):
         rank1_magnitude_fit(x, 0)
 

@@ -227,3 +227,9 @@ def test_bench_arms_and_probe_say_why_off_sm120():
     want_121 = "sm_121a" if sm120_fp4.kernels_linked()[0] else "compute capability 12.1"
     assert want_121 in reasons["cuda (cc 12.1)"], reasons
     assert all(k["ran_on_sm120"] == "no" for k in sm["kernels"]) and len(sm["kernels"]) == 7
+    # what this install holds is said per install, never the CI's claim (a build without the kernels says why)
+    linked, why = sm120_fp4.kernels_linked()
+    for k in sm["kernels"]:
+        assert k["in_this_library"].startswith("yes: sm_120a") if linked else k["in_this_library"] == f"no: {why}"
+        if not linked:
+            assert k["first_use_selftest"] != "yes", k

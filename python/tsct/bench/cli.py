@@ -81,12 +81,15 @@ def config_from_args(a: argparse.Namespace) -> cfgmod.BenchConfig:
 
 def _list_arms(cfg: cfgmod.BenchConfig, console: Console) -> None:
     from tsct import dispatch
-    from tsct.bench import arms, runner
+    from tsct.bench import arms, inputs, runner
 
     cap = dispatch.device_capability(cfg.torch_device)
     gmm, what = arms.grouped_mm_function()
     for s in runner.plan(cfg):
-        if s.kind == arms.TSCT:
+        storage = inputs.storage_problem(cfg, s.fmt) if s.kind in (arms.TSCT, arms.W4A4, arms.SM120_CUTLASS) else None
+        if storage is not None:  # the run would make this arm unavailable for the same reason
+            state = f"unavailable: {storage}"
+        elif s.kind == arms.TSCT:
             st = dispatch.status(s.path, cap, s.fmt)
             state = "runs" if st.ok else f"unavailable: {st.reason}"
         elif s.kind == arms.GROUPED_MM:
@@ -118,16 +121,18 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
            else Console(stderr=True, width=200, no_color=True, log_path=False))
     try:
         cfg = config_from_args(a)
+        if a.json:
+            report.check_writable(a.json)  # fail before spending device time, not after
         if a.plot:
-            report.require_matplotlib()  # fail before spending device time, not after
+            report.require_matplotlib()
     except (ValueError, report.PlotUnavailable) as e:
-        err.print(f"tsct-bench: error: {e}", markup=False, highlight=False)
+        err.print(f"tsct-bench: error: {e}", markup=False, highlight=False, soft_wrap=True)
         return 2
     if a.list_arms:
         try:
             _list_arms(cfg, out)
         except ValueError as e:
-            err.print(f"tsct-bench: error: {e}", markup=False, highlight=False)
+            err.print(f"tsct-bench: error: {e}", markup=False, highlight=False, soft_wrap=True)
             return 2
         return 0
     if cfg.device == "cpu" and cfg.preset == "b1" and not a.quiet:
@@ -138,7 +143,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     try:
         result = run(cfg, reporter=NullReporter() if a.quiet else report.RichReporter(err))
     except ValueError as e:  # e.g. an --arms pattern that matches nothing
-        err.print(f"tsct-bench: error: {e}", markup=False, highlight=False)
+        err.print(f"tsct-bench: error: {e}", markup=False, highlight=False, soft_wrap=True)
         return 2
     report.print_report(result, out)
     if a.json:

@@ -110,12 +110,10 @@ class BenchConfig:
             raise ValueError(f"--topk ({c.topk}) must not exceed --experts ({c.experts})")
         if c.routing not in ROUTINGS:
             raise ValueError(f"--routing must be one of {list(ROUTINGS)}, got {c.routing!r}")
-        if c.capacity_factor <= 0:
-            raise ValueError(f"--capacity-factor must be > 0, got {c.capacity_factor}")
-        if c.max_seconds <= 0:
-            raise ValueError(f"--max-seconds must be > 0, got {c.max_seconds}")
-        if c.zipf_exponent <= 0:
-            raise ValueError(f"--zipf-exponent must be > 0, got {c.zipf_exponent}")
+        for name in ("capacity_factor", "max_seconds", "zipf_exponent"):  # nan fails `> 0` too
+            v = getattr(c, name)
+            if not (math.isfinite(v) and v > 0):
+                raise ValueError(f"{flag(name)} must be a finite number > 0, got {v}")
         if c.copy_mb is not None and c.copy_mb < 1:
             raise ValueError(f"--copy-mb must be >= 1, got {c.copy_mb}")
         if not c.formats:

@@ -109,6 +109,24 @@ def quantize_factors(dense: Factors, fmt: str) -> Factors:
     return Factors(fmt, *ws, dense.s_gate, dense.s_up)
 
 
+def storage_problem(cfg, fmt: str) -> Optional[str]:
+    """Why the factors of ``cfg``'s shape cannot be stored as ``fmt`` (``quantize_factors``'s error, from the shapes
+    alone: no tensor is made), or None. Lets ``--list-arms`` agree with the run."""
+    if fmt not in ("nvfp4", "sign"):
+        return None
+    from tsct.quant import _backend
+    from tsct.quant.formats import NVFP4_BLOCK_SIZE, SIGN_PACK
+
+    mult = NVFP4_BLOCK_SIZE if fmt == "nvfp4" else SIGN_PACK
+    for name, shape in (("w_gate", (cfg.experts, cfg.d, cfg.r)), ("w_down", (cfg.experts, cfg.r, cfg.f))):
+        try:
+            _backend.check_factor("w", torch.empty(shape, device="meta"), mult, fmt)
+        except ValueError as e:
+            k_flag = "--d" if name != "w_down" else "--r"
+            return f"cannot store the factors as {fmt}: {fmt} {name} {list(shape)}: {e} (K is set by {k_flag})"
+    return None
+
+
 @dataclasses.dataclass
 class InputSet:
     """One set of pass inputs: token-major x, router output, and a fixed random grad_out."""

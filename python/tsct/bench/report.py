@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 from pathlib import Path
 from typing import Optional
 
@@ -198,7 +199,29 @@ def _clean(v):
     return v
 
 
+def check_writable(path) -> Path:
+    """Raise ValueError unless ``path`` can be written as a file by ``write_json`` (checked before a run, so that a
+    bad --json path does not lose the results at the end): not a directory, and its nearest existing ancestor is
+    a writable directory (missing directories are created)."""
+    p = Path(path).absolute()
+    if p.is_dir():
+        raise ValueError(f"--json: {str(path)!r} is a directory")
+    if p.exists():
+        if not os.access(p, os.W_OK):
+            raise ValueError(f"--json: {str(path)!r} is not writable")
+        return p
+    d = p.parent
+    while not d.exists():
+        d = d.parent
+    if not d.is_dir():
+        raise ValueError(f"--json: {str(path)!r} cannot be created: {str(d)!r} is not a directory")
+    if not os.access(d, os.W_OK):
+        raise ValueError(f"--json: {str(path)!r} cannot be created: {str(d)!r} is not writable")
+    return p
+
+
 def write_json(result: dict, path) -> Path:
+    """Write ``result`` as JSON (NaN / inf become null) to ``path``, creating missing parent directories."""
     p = Path(path)
     p.parent.mkdir(parents=True, exist_ok=True)
     p.write_text(json.dumps(_clean(result), indent=2, allow_nan=False) + "\n")

@@ -8,6 +8,7 @@ import torch
 from torch import Tensor
 
 from tsct import config
+from tsct.quant import is_quantized
 
 _FLOAT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 _INDEX_DTYPES = (torch.int32, torch.int64)
@@ -60,14 +61,15 @@ def validate(
         if isinstance(w, Tensor):
             check_tensor(name, w, ndim=3, dtypes=(x.dtype,), device=dev,
                          dtype_hint=" (dense factors must match x.dtype; or pass a tsct.quant container)")
-        elif hasattr(w, "dequantize") and hasattr(w, "shape"):
+        elif is_quantized(w):
             if len(w.shape) != 3:
                 raise ValueError(f"grouped_glu: {name} must have logical shape [E, K, N], got {list(w.shape)}")
             if w.device != dev:
                 raise ValueError(f"grouped_glu: {name} is on {w.device}, expected {dev} (the device of x)")
         else:
             raise TypeError(
-                f"grouped_glu: {name} must be a torch.Tensor or a tsct.quant container, got {type(w).__name__}"
+                f"grouped_glu: {name} must be a torch.Tensor or a tsct.quant container (NVFP4Tensor, SignTensor), "
+                f"got {type(w).__name__}"
             )
     shapes = {name: _factor_shape(name, w) for name, w in (("w_gate", w_gate), ("w_up", w_up), ("w_down", w_down))}
     e = offs.shape[0]

@@ -18,7 +18,7 @@ The fit (``rank1_magnitude_fit``), fixed and deterministic:
     a zero norm leaves the vector 0. Matrix-vector products are elementwise multiply + sum (not
     matmul, so TF32 settings cannot change the result). A is non-negative, so the iterates stay
     >= 0 (Perron-Frobenius) and converge to the top singular pair.
-  * The scale is split evenly: ``a = sqrt(sigma * amax) * u``, ``b = sqrt(sigma * amax) * v``
+  * The scale is split evenly: ``a = sqrt(sigma) sqrt(amax) * u``, ``b = sqrt(sigma) sqrt(amax) * v``
     (``||a|| = ||b||``; the split is a free choice, the product ``a_k b_n`` is the fit).
   * All-zero W: a = b = 0, so it decodes to signed zeros. Zero rows/columns of |W| get a[k] = 0 /
     b[n] = 0.
@@ -132,7 +132,8 @@ def rank1_magnitude_fit(x: Tensor, iters: int = DEFAULT_SIGN_ITERS) -> tuple[Ten
         a = (m * v.unsqueeze(2)).sum(dim=1)  # [B, K] = A^T v
         sigma = torch.linalg.vector_norm(a, dim=1)
         a = a / sigma.unsqueeze(1).clamp_min(tiny)
-    g = torch.sqrt(sigma * amax.reshape(bsz)).unsqueeze(1)  # sqrt(sigma_1(|x|))
+    # sqrt(sigma_1(|x|)) as a product of roots: sigma * amax overflows fp32 for large finite |x| (sigma <= sqrt(NK))
+    g = (torch.sqrt(sigma) * torch.sqrt(amax.reshape(bsz))).unsqueeze(1)
     a_out, b_out = a * g, v * g
     poisoned = ~finite.all(dim=1)  # [B, K]: column k of storage = row k of the logical W
     a_out = a_out.masked_fill(poisoned, float("nan"))

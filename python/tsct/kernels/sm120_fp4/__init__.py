@@ -39,11 +39,12 @@ KERNELS = ("tsct_nvfp4_grouped_glu_sm120", "tsct_nvfp4_grouped_rowweight_sm120",
            "tsct_sign_grouped_rowweight_sm120")
 ENV_ENABLE = "TSCT_SM120_FP4"
 
-#: design.md section 6: per kernel, how each claim was shown (details: docs/sm120.md). "ran_on_sm120" is "no"
-#: for every one: no sm_120 GPU was available.
+#: design.md section 6: per kernel, how each claim was shown in the project's CI (details: docs/sm120.md), not
+#: what this install holds (the probe says that). "ran_on_sm120" is "no" for every one: no sm_120 GPU was
+#: available.
 VERIFICATION: tuple[dict, ...] = tuple(
     {"kernel": name, "role": role,
-     "compiled": "sm_120a and sm_121a cubins, OMMA.SF.16864.F32.E2M1.E2M1.UE4M3.4X in SASS",
+     "compiled_in_ci": "sm_120a and sm_121a cubins, OMMA.SF.16864.F32.E2M1.E2M1.UE4M3.4X in SASS",
      "host_prep": prep, "emulated": "CPU (tsct.emulation)", "proxy_on_sm90": "no", "ran_on_sm120": "no",
      "first_use_selftest": "yes" if name in KERNELS else "n/a (not dispatched)"}
     for name, role, prep in (
