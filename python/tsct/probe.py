@@ -376,7 +376,7 @@ def render(report: dict[str, Any]) -> None:
                   "ran on sm_120", "first-use self-test"):
             t.add_column(c, no_wrap=c == "kernel")
         for k in sm["kernels"]:
-            here = "no (why: above)" if k["in_this_library"].startswith("no:") else k["in_this_library"]
+            here = k["in_this_library"] if sm["linked"] else "no (why: above)"
             t.add_row(k["kernel"], k["role"], escape(here), k["host_prep"],
                       k["emulated"], k["proxy_on_sm90"], k["ran_on_sm120"], k["first_use_selftest"])
         con.print(t)

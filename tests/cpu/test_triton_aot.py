@@ -262,7 +262,6 @@ def test_family_takes_the_generic_variant_when_a_hinted_pointer_is_misaligned(mo
     assert fam.backend_counts()[("aot", "zero_tail_rows")] == 4
 
 
-
 def test_family_jit_launch_compiles_the_consts_the_specs_allow_for_that_triton(monkeypatch):
     """A JIT launch under a Triton other than the pinned one turns off what only the pinned Triton compiles correctly
     (the low-bit byte planes: wrong products under Triton 3.6 with mma.sync, session 17); a JIT launch under the
@@ -291,6 +290,7 @@ def test_family_jit_launch_compiles_the_consts_the_specs_allow_for_that_triton(m
         assert seen[-1]["PLANES"] is planes and seen[-1]["FMT_D"] == 1 and seen[-1]["BK"] == 64, (version, interp)
     assert LS.jit_consts("lowbit_bwd_dz", dict(FMT_D=1), "3.6.0") == dict(FMT_D=1)
     assert LS.jit_consts("lowbit_down_fwd", dict(PLANES=True, BM=64), "3.6.0") == dict(PLANES=False, BM=64)
+
 
 # ---- dry run of glu.py's host code on the CPU -----------------------------------------------------
 

@@ -86,7 +86,7 @@ def _list_arms(cfg: cfgmod.BenchConfig, console: Console) -> None:
     cap = dispatch.device_capability(cfg.torch_device)
     gmm, what = arms.grouped_mm_function()
     for s in runner.plan(cfg):
-        storage = inputs.storage_problem(cfg, s.fmt) if s.kind in (arms.TSCT, arms.W4A4, arms.SM120_CUTLASS) else None
+        storage = inputs.storage_problem(cfg, s.fmt)  # None for the dense formats of the baselines
         if storage is not None:  # the run would make this arm unavailable for the same reason
             state = f"unavailable: {storage}"
         elif s.kind == arms.TSCT:
@@ -113,6 +113,12 @@ def _list_arms(cfg: cfgmod.BenchConfig, console: Console) -> None:
         console.print(f"{s.name:28s} {state}", markup=False, highlight=False)
 
 
+def _usage_error(err: Console, e: Exception) -> int:
+    """Print ``e`` as one unwrapped ``tsct-bench: error:`` line on stderr; the exit status for bad arguments."""
+    err.print(f"tsct-bench: error: {e}", markup=False, highlight=False, soft_wrap=True)
+    return 2
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
     a = parser().parse_args(argv)
     # Not a terminal (a log, the device tool): a fixed width that fits the table, no colour codes.
@@ -126,14 +132,12 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         if a.plot:
             report.require_matplotlib()
     except (ValueError, report.PlotUnavailable) as e:
-        err.print(f"tsct-bench: error: {e}", markup=False, highlight=False, soft_wrap=True)
-        return 2
+        return _usage_error(err, e)
     if a.list_arms:
         try:
             _list_arms(cfg, out)
         except ValueError as e:
-            err.print(f"tsct-bench: error: {e}", markup=False, highlight=False, soft_wrap=True)
-            return 2
+            return _usage_error(err, e)
         return 0
     if cfg.device == "cpu" and cfg.preset == "b1" and not a.quiet:
         err.print("tsct-bench: note: the b1 preset on the CPU takes a long time; try --preset small", markup=False)
@@ -143,8 +147,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     try:
         result = run(cfg, reporter=NullReporter() if a.quiet else report.RichReporter(err))
     except ValueError as e:  # e.g. an --arms pattern that matches nothing
-        err.print(f"tsct-bench: error: {e}", markup=False, highlight=False, soft_wrap=True)
-        return 2
+        return _usage_error(err, e)
     report.print_report(result, out)
     if a.json:
         out.print(f"wrote {report.write_json(result, a.json)}", markup=False, highlight=False)

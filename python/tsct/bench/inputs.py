@@ -104,9 +104,14 @@ def quantize_factors(dense: Factors, fmt: str) -> Factors:
             try:
                 ws.append(fns[fmt](w.detach(), backend="torch"))
             except ValueError as e:  # e.g. K % 16: say which factor and which flag sets K
-                k_flag = "--d" if name != "w_down" else "--r"
-                raise ValueError(f"{fmt} {name} {list(w.shape)}: {e} (K is set by {k_flag})") from e
+                raise ValueError(_factor_error(fmt, name, w.shape, e)) from e
     return Factors(fmt, *ws, dense.s_gate, dense.s_up)
+
+
+def _factor_error(fmt: str, name: str, shape, e: Exception) -> str:
+    """A quantizer's error on factor ``name`` of ``shape``, with the flag that sets its K."""
+    k_flag = "--d" if name != "w_down" else "--r"
+    return f"{fmt} {name} {list(shape)}: {e} (K is set by {k_flag})"
 
 
 def storage_problem(cfg, fmt: str) -> Optional[str]:
@@ -122,8 +127,7 @@ def storage_problem(cfg, fmt: str) -> Optional[str]:
         try:
             _backend.check_factor("w", torch.empty(shape, device="meta"), mult, fmt)
         except ValueError as e:
-            k_flag = "--d" if name != "w_down" else "--r"
-            return f"cannot store the factors as {fmt}: {fmt} {name} {list(shape)}: {e} (K is set by {k_flag})"
+            return f"cannot store the factors as {fmt}: {_factor_error(fmt, name, shape, e)}"
     return None
 
 
