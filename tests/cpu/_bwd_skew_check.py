@@ -12,7 +12,7 @@ dW over chunks of CH rows (workspace slots, then a fixed-order sum: ``triton_glu
 * ``repeat_*``: two runs with differently poisoned ``torch.empty`` give the same bits.
 * ``chunks_*``: two chunk sizes: the gradients that have no sum over an expert's rows (dX, d row_weight) and the
   scales' gradients (summed per row tile) are the same bits; dW differs only by the order of its fp32 sums, within
-  ``CHUNK_TOL`` (documented in ``glu._chunk_rows``'s caller, bench/notes.md).
+  ``CHUNK_TOL`` (docs/decisions/0016).
 
     TRITON_INTERPRET=1 PYTHONPATH=python:tests python tests/cpu/_bwd_skew_check.py [--json PATH] [CASE...]
 

@@ -524,7 +524,10 @@ def test_c_entry_points_reject_bad_arguments(lib):
     assert lib.tsct_nvfp4_dequantize(None, None, 0, None, 3, 0, 32, None, 1, None) == 0
     assert lib.tsct_sign_pack(None, 0, 2, 3, 0, None, None) == 0
     assert lib.tsct_sign_dequantize(None, None, None, 0, 3, 8, None, 2, None) == 0
-    assert lib.tsct_glu_bwd_dz_bf16(None, 0, 100, None, None, 0, 0, None, None, 64, 1, None, None, None) == 0
+    assert lib.tsct_glu_bwd_dz_bf16(None, 0, 100, None, None, None, 0, 0, 0, None, None, 64, 1, None, None,
+                                    None) == 0
+    assert lib.tsct_glu_bwd_dz_bf16(None, 0, 100, None, None, None, 2, 0, 2, None, None, 64, 1, None, None,
+                                    None) == 0  # no routed rows: no row tile, nothing to write
     assert lib.tsct_glu_down_fwd_nvfp4(None, 0, 64, P, None, None, 2, 0, 64, 64, *([None] * 8), 0, *([None] * 4), 3,
                                        None) == 0
     assert lib.tsct_glu_up_fwd_nvfp4(None, 0, None, None, 2, 40, 64, None, None, None, None, None, 40, 3, None) == 0
@@ -533,9 +536,9 @@ def test_c_entry_points_reject_bad_arguments(lib):
     assert lib.tsct_glu_up_fwd_sign(None, 0, None, None, 2, 40, 64, None, None, None, None, None, 40, 3, None) == 0
     assert _detail(lib) == ""
     if not torch.cuda.is_available():
-        # no rows of grad_out and no routed rows are valid arguments (dW of every expert is zeroed): they pass
-        # the checks and reach the first CUDA call, which fails here for want of a device
-        rc = lib.tsct_glu_bwd_dz_bf16(None, 0, 100, None, P, 2, 0, P, None, 64, 1, None, P, None)
+        # routed rows whose scatter indices all miss grad_out (no rows of it) are valid arguments (zero rows): they
+        # pass the checks and reach the first CUDA call, which fails here for want of a device
+        rc = lib.tsct_glu_bwd_dz_bf16(None, 0, 100, P, P, P, 2, 8, 3, P, P, 64, 1, P, P, None)
         assert rc > 0 and "tsct_glu_bwd_dz_bf16" in _detail(lib), (rc, _detail(lib))
 
 

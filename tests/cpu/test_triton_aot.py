@@ -430,6 +430,23 @@ def test_every_glu_launch_is_in_the_table(cap, monkeypatch):
     assert not missing, f"{len(missing)} launches have no variant in the {arch} table, e.g. {missing[:3]}"
 
 
+def test_chunk_size_bounds_the_workspace():
+    """The chunk rows of the backward's dW reductions: the config's (a multiple of BM), doubled until the worst case's
+    workspace (cdiv(2 M, CH) slots) fits the bound, a function of the shape only (docs/decisions/0016)."""
+    from tsct.kernels.triton_glu import glu
+
+    cfg = specs.config_for((9, 0))
+    slot = max(64 * 5461, 2 * 2048 * 64)  # b1: dWd is the largest per-expert block
+    assert glu.chunk_size(cfg, 32768, slot) == 512  # b1: 128 slots, 179 MB
+    assert glu.chunk_size(cfg, 131072, slot) == 2048  # T 65536: 128 slots
+    for m in (1, 100, 5000, 32768, 131072, 1 << 22):
+        ch = glu.chunk_size(cfg, m, slot)
+        assert ch % cfg.bm == 0 and ch >= cfg.chunk_bwd
+        assert ch >= m or -(-2 * m // ch) * slot * 4 <= cfg.ws_bwd_mib << 20, (m, ch)
+    small = specs.config_for((12, 0))
+    assert small.ws_bwd_mib < cfg.ws_bwd_mib and glu.chunk_size(small, 32768, slot) == 2048
+
+
 def test_status_reasons(monkeypatch, tmp_path):
     from tsct.kernels import triton_glu as TG
     from tsct.kernels.triton_glu import glu as glu_mod

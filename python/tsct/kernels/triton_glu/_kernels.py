@@ -499,10 +499,13 @@ def route_place(srt_ptr, rank_ptr, hist_ptr, cum_ptr, crank_ptr, order_ptr, toke
 @triton.jit
 def _find_expert(cum_ptr, pid, E, BLOCK_E: tl.constexpr):
     """Owner of item ``pid`` (a row tile, chunk or slot) under ``cum``, the non-decreasing inclusive item counts per
-    expert: the number of experts whose count is <= pid (E when pid is past the last item). Up to BLOCK_E experts
-    one vector load (``_expert_of_tile``); more, a binary search (log2 E dependent loads, not E / BLOCK_E vector
-    loads in every program)."""
-    if E <= BLOCK_E:
+    expert: the number of experts whose count is <= pid (E when pid is past the last item). A program past the last
+    item learns it from one load (the grids are upper bounds: at b1 nearly every program of the chunked kernels is
+    one); below it, up to BLOCK_E experts one vector load (``_expert_of_tile``), more a binary search (log2 E
+    dependent loads, not E / BLOCK_E vector loads in every program)."""
+    if pid >= tl.load(cum_ptr + E - 1):
+        res = pid * 0 + E
+    elif E <= BLOCK_E:
         res = _expert_of_tile(cum_ptr, pid, E, BLOCK_E)
     else:
         lo = pid * 0

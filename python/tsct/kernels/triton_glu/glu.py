@@ -602,7 +602,7 @@ class BwdPlan:
         return self.maps[0]
 
 
-def _chunk_rows(cfg: Config, m: int, slot_elems: int) -> int:
+def chunk_size(cfg: Config, m: int, slot_elems: int) -> int:
     """Rows per chunk of the chunked dW reductions: ``cfg.chunk_bwd`` (rounded to a multiple of ``cfg.bm``), doubled
     until the workspace the worst routing can need (cdiv(2 m, ch) slots of ``slot_elems`` fp32: an expert of n >= 2
     chunks has more than (n - 1) ch >= n ch / 2 rows) fits ``cfg.ws_bwd_mib`` MiB, or no expert can have two chunks
@@ -617,7 +617,7 @@ def bwd_plan(offs: Tensor, m: int, slot_elems: int, cfg: Config, cap) -> BwdPlan
     """The maps of the backward (one ``bwd_maps`` launch, no host read) and its workspace, for M = ``m`` routed rows
     and ``slot_elems`` elements per workspace slot (the largest per-expert gradient reduced through slots)."""
     e = offs.shape[0]
-    ch = _chunk_rows(cfg, m, slot_elems)
+    ch = chunk_size(cfg, m, slot_elems)
     maps = torch.empty(3, e, device=offs.device, dtype=torch.int32)
     _launch("bwd_maps", (1,), [offs, maps, e, ch], dict(BM=cfg.bm, BLOCK=specs.TILE_CUM_BLOCK), 4, 1, False, cap,
             offs.device)

@@ -82,7 +82,7 @@ class Config:
     vec_dz_t: int = 0         # with WD_T: dY rows as shifted words (w_down tiles stay plain aligned loads)
     ndb_bwd: int = 8          # d blocks per program (row tile) of glu_bwd_dx_dw (the pipelined d loop)
     # The chunked dW reductions of the backward (experts of more than one row tile, _kernels.py "backward"):
-    # rows per chunk (a multiple of bm; glu._chunk_rows doubles it until the workspace of the worst case fits
+    # rows per chunk (a multiple of bm; glu.chunk_size doubles it until the workspace of the worst case fits
     # ws_bwd_mib MiB), f slices of glu_bwd_dwd (BN = bn_bwd), warps / stages of glu_bwd_dwd.
     chunk_bwd: int = 512
     ws_bwd_mib: int = 256
