@@ -648,85 +648,115 @@ def glu_bwd_dz(
 
 
 @triton.jit
-def glu_bwd_dwd(
-    dy_ptr, sidx_ptr, offs_ptr, maps_ptr, zw_ptr, dwd_ptr, ws_ptr,
-    E, r, f, f_slice, CH,
-    HAS_SCATTER: tl.constexpr, WD_T: tl.constexpr,
-    BM: tl.constexpr, BR: tl.constexpr, BN: tl.constexpr, BLOCK_E: tl.constexpr,
-):
-    """dWd of the experts the row kernel leaves out (empty, or more than one row tile): one program per (chunk,
-    rank block, f slice) of the chunk map (``maps`` row 1): acc[ranks, slice] = (z*rw)^T dY over the chunk's row
-    tiles in order (fp32), stored to dWd (in its layout: K-major with WD_T; exact zeros for an empty expert) when
-    the chunk is its expert's only one, else to the chunk's workspace slot (``ws``: one [r*f] block per slot, in
-    dWd's element order), which ``bwd_slot_reduce`` adds up."""
-    pid = tl.program_id(0)
-    pr = tl.program_id(1)
-    fs = tl.program_id(2)
-    e = _find_expert(maps_ptr + E, pid, E, BLOCK_E)
-    if e >= E:
-        return
-    clo, chi, single, slot = _chunk_rows(offs_ptr, maps_ptr + E, maps_ptr + 2 * E, e, pid, CH)
-    n_t = (chi - clo + BM - 1) // BM
-    cols = pr * BR + tl.arange(0, BR)
-    cmask = cols < r
-    ns = tl.arange(0, BN)
-    bm = tl.arange(0, BM)
-    n_lo = fs * f_slice
-    n_hi = tl.minimum(n_lo + f_slice, f)
-    if WD_T:
-        o_tile = cols[:, None] + ns[None, :] * r          # int32 [BR, BN]: dWd's element order within an expert
-        o_step = r
-    else:
-        o_tile = cols[:, None] * f + ns[None, :]
-        o_step = 1
-    h_tile = bm[:, None] * r + cols[None, :]
-    out_base = dwd_ptr + e.to(tl.int64) * r * f
-    ws_base = ws_ptr + slot.to(tl.int64) * r * f
-    for n in range(n_lo, n_hi, BN):
-        nmask = (n + ns) < n_hi
-        acc = tl.zeros((BR, BN), dtype=tl.float32)
-        for t in range(0, n_t):
-            row0 = clo + t * BM
-            rows = row0 + bm
-            rmask = rows < chi
-            dst = _row_index(sidx_ptr, rows, rmask, HAS_SCATTER)
-            zt = tl.load(zw_ptr + row0.to(tl.int64) * r + h_tile, mask=rmask[:, None] & cmask[None, :], other=0.0)
-            dy = tl.load(dy_ptr + (dst * f)[:, None] + (n + ns)[None, :], mask=rmask[:, None] & nmask[None, :],
-                         other=0.0)
-            acc = tl.dot(tl.trans(zt), dy, acc)
-        omask = cmask[:, None] & nmask[None, :]
-        if single:
-            tl.store(out_base + n * o_step + o_tile, acc.to(dwd_ptr.dtype.element_ty), mask=omask)
-        else:
-            tl.store(ws_base + n * o_step + o_tile, acc, mask=omask)
+def _item_range(n_items, P):
+    """Items [lo, hi) of this program of P when n_items are cut into contiguous ranges (the chunked kernels: a
+    range's consecutive items mostly share a chunk, so a program looks its chunk up once per chunk)."""
+    per = (n_items + P - 1) // P
+    lo = tl.minimum(tl.program_id(0) * per, n_items)
+    return lo, tl.minimum(lo + per, n_items)
 
 
 @triton.jit
-def bwd_slot_reduce(ws_ptr, maps_ptr, out_ptr, E, S, BLOCK: tl.constexpr, BLOCK_E: tl.constexpr):
+def _chunk_of_item(offs_ptr, maps_ptr, c, cp, e, clo, chi, single, slot, E, CH, BLOCK_E: tl.constexpr):
+    """(expert, rows [clo, chi), only chunk of its expert, workspace slot) of chunk ``c``: looked up when ``c`` is not
+    ``cp`` (the chunk of the previous item), else the previous item's values."""
+    if c != cp:
+        e = _find_expert(maps_ptr + E, c, E, BLOCK_E)
+        clo, chi, single, slot = _chunk_rows(offs_ptr, maps_ptr + E, maps_ptr + 2 * E, e, c, CH)
+    return e, clo, chi, single, slot
+
+
+@triton.jit
+def glu_bwd_dwd(
+    dy_ptr, sidx_ptr, offs_ptr, maps_ptr, zw_ptr, dwd_ptr, ws_ptr,
+    E, r, f, f_slice, n_fs, CH,
+    HAS_SCATTER: tl.constexpr, WD_T: tl.constexpr,
+    BM: tl.constexpr, BR: tl.constexpr, BN: tl.constexpr, BLOCK_E: tl.constexpr,
+):
+    """dWd of the experts the row kernel leaves out (empty, or more than one row tile). Work items (chunk of the
+    chunk map (``maps`` row 1), rank block, f slice), in contiguous ranges over the programs (a bounded grid: at b1
+    there is no item, at Zipf 1.2 a few thousand): acc[ranks, slice] = (z*rw)^T dY over the chunk's row tiles in
+    order (fp32), stored to dWd (in its layout: K-major with WD_T; exact zeros for an empty expert) when the chunk is
+    its expert's only one, else to the chunk's workspace slot (``ws``: one [r*f] block per slot, in dWd's element
+    order), which ``bwd_slot_reduce`` adds up."""
+    nrb = (r + BR - 1) // BR
+    per_chunk = nrb * n_fs
+    lo, hi = _item_range(tl.load(maps_ptr + 2 * E - 1) * per_chunk, tl.num_programs(0))
+    ns = tl.arange(0, BN)
+    bm = tl.arange(0, BM)
+    cp = lo * 0 - 1
+    e = lo * 0
+    clo = e
+    chi = e
+    slot = e
+    single = cp > 0
+    for i in range(lo, hi):
+        c = i // per_chunk
+        e, clo, chi, single, slot = _chunk_of_item(offs_ptr, maps_ptr, c, cp, e, clo, chi, single, slot, E, CH,
+                                                   BLOCK_E)
+        cp = c
+        pr = (i % per_chunk) // n_fs
+        fs = i % n_fs
+        n_t = (chi - clo + BM - 1) // BM
+        cols = pr * BR + tl.arange(0, BR)
+        cmask = cols < r
+        n_lo = fs * f_slice
+        n_hi = tl.minimum(n_lo + f_slice, f)
+        if WD_T:
+            o_tile = cols[:, None] + ns[None, :] * r          # int32 [BR, BN]: dWd's element order within an expert
+            o_step = r
+        else:
+            o_tile = cols[:, None] * f + ns[None, :]
+            o_step = 1
+        h_tile = bm[:, None] * r + cols[None, :]
+        out_base = dwd_ptr + e.to(tl.int64) * r * f
+        ws_base = ws_ptr + slot.to(tl.int64) * r * f
+        for n in range(n_lo, n_hi, BN):
+            nmask = (n + ns) < n_hi
+            acc = tl.zeros((BR, BN), dtype=tl.float32)
+            for t in range(0, n_t):
+                row0 = clo + t * BM
+                rows = row0 + bm
+                rmask = rows < chi
+                dst = _row_index(sidx_ptr, rows, rmask, HAS_SCATTER)
+                zt = tl.load(zw_ptr + row0.to(tl.int64) * r + h_tile, mask=rmask[:, None] & cmask[None, :],
+                             other=0.0)
+                dy = tl.load(dy_ptr + (dst * f)[:, None] + (n + ns)[None, :], mask=rmask[:, None] & nmask[None, :],
+                             other=0.0)
+                acc = tl.dot(tl.trans(zt), dy, acc)
+            omask = cmask[:, None] & nmask[None, :]
+            if single:
+                tl.store(out_base + n * o_step + o_tile, acc.to(dwd_ptr.dtype.element_ty), mask=omask)
+            else:
+                tl.store(ws_base + n * o_step + o_tile, acc, mask=omask)
+
+
+@triton.jit
+def bwd_slot_reduce(ws_ptr, maps_ptr, out_ptr, E, S, NCB, BLOCK: tl.constexpr, BLOCK_E: tl.constexpr):
     """out[e, :S] = sum over the expert's workspace slots, in chunk order, of ws[slot, :S] (fp32, rounded once to
-    out's dtype), for the experts of several chunks (``maps`` row 2). Program (j, p): slot j, if it is its expert's
-    first; columns p*BLOCK, (p + P)*BLOCK, ... of the expert's S elements (P = programs along axis 1)."""
-    j = tl.program_id(0)
-    p = tl.program_id(1)
+    out's dtype), for the experts of several chunks (``maps`` row 2). Work items (slot, column group of NCB) in
+    contiguous ranges over the programs; an item of an expert's first slot sums columns cb*BLOCK, (cb + NCB)*BLOCK,
+    ... of the expert's S elements, the others have nothing to do."""
     scum = maps_ptr + 2 * E
-    e = _find_expert(scum, j, E, BLOCK_E)
-    if e >= E:
-        return
-    first = tl.load(scum + e - 1, mask=e > 0, other=0)
-    if j != first:
-        return
-    n = tl.load(scum + e) - first
+    lo, hi = _item_range(tl.load(scum + E - 1) * NCB, tl.num_programs(0))
     ks = tl.arange(0, BLOCK)
-    ws_e = ws_ptr + first.to(tl.int64) * S
-    out_e = out_ptr + e.to(tl.int64) * S
-    for c0 in range(p * BLOCK, S, tl.num_programs(1) * BLOCK):
-        cm = (c0 + ks) < S
-        pc = ws_e + c0 + ks
-        acc = tl.load(pc, mask=cm, other=0.0)
-        for c in range(1, n):  # the next slot: a pointer step (c * S may pass 2^31)
-            pc += S
-            acc += tl.load(pc, mask=cm, other=0.0)
-        tl.store(out_e + c0 + ks, acc.to(out_ptr.dtype.element_ty), mask=cm)
+    for i in range(lo, hi):
+        j = i // NCB
+        cb = i % NCB
+        e = _find_expert(scum, j, E, BLOCK_E)
+        first = tl.load(scum + e - 1, mask=e > 0, other=0)
+        if j == first:
+            n = tl.load(scum + e) - first
+            ws_e = ws_ptr + first.to(tl.int64) * S
+            out_e = out_ptr + e.to(tl.int64) * S
+            for c0 in range(cb * BLOCK, S, NCB * BLOCK):
+                cm = (c0 + ks) < S
+                pc = ws_e + c0 + ks
+                acc = tl.load(pc, mask=cm, other=0.0)
+                for c in range(1, n):  # the next slot: a pointer step (c * S may pass 2^31)
+                    pc += S
+                    acc += tl.load(pc, mask=cm, other=0.0)
+                tl.store(out_e + c0 + ks, acc.to(out_ptr.dtype.element_ty), mask=cm)
 
 
 @triton.jit
@@ -892,25 +922,33 @@ def glu_bwd_dw(
     E, d, r, stride_x, CH,
     HAS_GATHER: tl.constexpr, BM: tl.constexpr, BD: tl.constexpr, BR: tl.constexpr, BLOCK_E: tl.constexpr,
 ):
-    """dWg / dWu of the experts the row kernel leaves out (empty, or more than one row tile): one program per
-    (chunk, d block) of the chunk map (``maps`` row 1): X^T dhg, X^T dhu over the chunk's row tiles in order (fp32),
-    every rank block, stored to dWg / dWu (exact zeros for an empty expert) when the chunk is its expert's only one,
-    else to the chunk's workspace slots (one [d*r] block per slot in wsg / wsu, dW's element order), which
-    ``bwd_slot_reduce`` adds up. Shared by triton_lowbit (X^T dh does not involve the factors)."""
-    pid = tl.program_id(0)
-    pd = tl.program_id(1)
-    e = _find_expert(maps_ptr + E, pid, E, BLOCK_E)
-    if e >= E:
-        return
-    clo, chi, single, slot = _chunk_rows(offs_ptr, maps_ptr + E, maps_ptr + 2 * E, e, pid, CH)
-    n_t = (chi - clo + BM - 1) // BM
-    d0 = pd * BD
-    if single:
-        _dw_store(x_ptr, gidx_ptr, dhg_ptr, dhu_ptr, dwg_ptr, dwu_ptr, e.to(tl.int64) * d * r + d0 * r, clo, chi, n_t,
-                  d0, d, r, stride_x, HAS_GATHER, BM, BD, BR)
-    else:
-        _dw_store(x_ptr, gidx_ptr, dhg_ptr, dhu_ptr, wsg_ptr, wsu_ptr, slot.to(tl.int64) * d * r + d0 * r, clo, chi,
-                  n_t, d0, d, r, stride_x, HAS_GATHER, BM, BD, BR)
+    """dWg / dWu of the experts the row kernel leaves out (empty, or more than one row tile). Work items (chunk of
+    the chunk map (``maps`` row 1), d block), in contiguous ranges over the programs: X^T dhg, X^T dhu over the
+    chunk's row tiles in order (fp32), every rank block, stored to dWg / dWu (exact zeros for an empty expert) when
+    the chunk is its expert's only one, else to the chunk's workspace slots (one [d*r] block per slot in wsg / wsu,
+    dW's element order), which ``bwd_slot_reduce`` adds up. Shared by triton_lowbit (X^T dh does not involve the
+    factors)."""
+    nd = (d + BD - 1) // BD
+    lo, hi = _item_range(tl.load(maps_ptr + 2 * E - 1) * nd, tl.num_programs(0))
+    cp = lo * 0 - 1
+    e = lo * 0
+    clo = e
+    chi = e
+    slot = e
+    single = cp > 0
+    for i in range(lo, hi):
+        c = i // nd
+        e, clo, chi, single, slot = _chunk_of_item(offs_ptr, maps_ptr, c, cp, e, clo, chi, single, slot, E, CH,
+                                                   BLOCK_E)
+        cp = c
+        n_t = (chi - clo + BM - 1) // BM
+        d0 = (i % nd) * BD
+        if single:
+            _dw_store(x_ptr, gidx_ptr, dhg_ptr, dhu_ptr, dwg_ptr, dwu_ptr, e.to(tl.int64) * d * r + d0 * r, clo, chi,
+                      n_t, d0, d, r, stride_x, HAS_GATHER, BM, BD, BR)
+        else:
+            _dw_store(x_ptr, gidx_ptr, dhg_ptr, dhu_ptr, wsg_ptr, wsu_ptr, slot.to(tl.int64) * d * r + d0 * r, clo,
+                      chi, n_t, d0, d, r, stride_x, HAS_GATHER, BM, BD, BR)
 
 # ---- dW of w_gate / w_up, shared by glu_bwd_dx_dw / glu_bwd_dw and triton_lowbit's lowbit_bwd_dx_dw ---------------
 # (X^T dh does not involve the factors, so it is the same for every factor format)

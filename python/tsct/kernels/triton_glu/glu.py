@@ -586,14 +586,13 @@ class BwdPlan:
     """The backward's schedule on the device (``_kernels.py`` "backward"), made by ``bwd_plan``.
 
     maps: int32 [3, E] (``bwd_maps``): inclusive counts per expert of row tiles (the forward's tile map), of the
-    chunked dW kernels' chunks and of workspace slots. ch: rows per chunk. max_tiles / max_chunks / n_slots: upper
-    bounds of the three totals (the grids). ws: the fp32 workspace of the slots, ``n_slots * slot_elems`` elements
-    (one element when no expert can need a slot: ch >= M)."""
+    chunked dW kernels' chunks and of workspace slots. ch: rows per chunk. max_tiles / n_slots: upper bounds of the
+    row tiles (the row kernels' grid) and of the slots. ws: the fp32 workspace of the slots, ``n_slots * slot_elems``
+    elements (one element when no expert can need a slot: ch >= M)."""
 
     maps: Tensor
     ch: int
     max_tiles: int
-    max_chunks: int
     n_slots: int
     ws: Tensor
 
@@ -623,7 +622,17 @@ def bwd_plan(offs: Tensor, m: int, slot_elems: int, cfg: Config, cap) -> BwdPlan
             offs.device)
     n_slots = _cdiv(2 * m, ch) if ch < m else 0
     ws = torch.empty(max(1, n_slots * slot_elems), device=offs.device, dtype=torch.float32)
-    return BwdPlan(maps, ch, _cdiv(m, cfg.bm) + e, _cdiv(m, ch) + e, n_slots, ws)
+    return BwdPlan(maps, ch, _cdiv(m, cfg.bm) + e, n_slots, ws)
+
+
+def chunked_programs(cfg: Config, device: torch.device) -> int:
+    """Programs of the chunked dW kernels and the slot sums (``cfg.waves_chunked`` per SM): they walk contiguous
+    ranges of their work items, whose number only the device knows (none at b1, where every expert fits one row
+    tile; a grid of one program per possible item would be tens of thousands of programs that exit at once). Three
+    on the CPU (Triton's interpreter), so that a program walks several items there too."""
+    if device.type != "cuda":
+        return 3
+    return cfg.waves_chunked * _device_props(device).multi_processor_count
 
 
 def _slot_reduce(plan: BwdPlan, ws: Tensor, out: Tensor, per_expert: int, cfg: Config, cap) -> None:
@@ -631,8 +640,9 @@ def _slot_reduce(plan: BwdPlan, ws: Tensor, out: Tensor, per_expert: int, cfg: C
     (``bwd_slot_reduce``); ``out``'s expert blocks are contiguous runs of ``per_expert`` elements."""
     if plan.n_slots == 0:
         return
-    p = min(specs.SLOT_REDUCE_PROGRAMS, _cdiv(per_expert, specs.SLOT_REDUCE_BLOCK))
-    _launch("bwd_slot_reduce", (plan.n_slots, p), [ws, plan.maps, out, plan.maps.shape[1], per_expert],
+    ncb = min(specs.SLOT_REDUCE_GROUPS, _cdiv(per_expert, specs.SLOT_REDUCE_BLOCK))
+    _launch("bwd_slot_reduce", (chunked_programs(cfg, out.device),),
+            [ws, plan.maps, out, plan.maps.shape[1], per_expert, ncb],
             dict(BLOCK=specs.SLOT_REDUCE_BLOCK, BLOCK_E=cfg.block_e), specs.SLOT_REDUCE_WARPS, 1, True, cap,
             out.device)
 
@@ -648,8 +658,8 @@ def dwd_chunks(plan: BwdPlan, go: Tensor, sidx: Optional[Tensor], offs: Tensor, 
     f_slice = _cdiv(_cdiv(f, bn), n_fs) * bn
     n_fs = _cdiv(f, f_slice)
     ws = plan.ws[:max(1, plan.n_slots * r * f)]
-    _launch("glu_bwd_dwd", (plan.max_chunks, _cdiv(r, br), n_fs),
-            [go, sidx, offs, plan.maps, zw, dwd, ws, e, r, f, f_slice, plan.ch],
+    _launch("glu_bwd_dwd", (chunked_programs(cfg, go.device),),
+            [go, sidx, offs, plan.maps, zw, dwd, ws, e, r, f, f_slice, n_fs, plan.ch],
             dict(HAS_SCATTER=sidx is not None, WD_T=wd_t, BM=cfg.bm, BR=br, BN=bn, BLOCK_E=cfg.block_e),
             cfg.warps_dwd, cfg.stages_dwd, aligned, cap, go.device)
     _slot_reduce(plan, ws, dwd, r * f, cfg, cap)
@@ -663,7 +673,7 @@ def dw_chunks(plan: BwdPlan, x: Tensor, gidx: Optional[Tensor], offs: Tensor, dh
     e = offs.shape[0]
     n = plan.n_slots * d * r
     wsg, wsu = (plan.ws[:max(1, n)], plan.ws[n:n + max(1, n)]) if n else (plan.ws, plan.ws)
-    _launch("glu_bwd_dw", (plan.max_chunks, _cdiv(d, cfg.bd_bwd)),
+    _launch("glu_bwd_dw", (chunked_programs(cfg, x.device),),
             [x, gidx, offs, plan.maps, dhg, dhu, dwg, dwu, wsg, wsu, e, d, r, x.stride(0), plan.ch],
             dict(HAS_GATHER=gidx is not None, BM=cfg.bm, BD=cfg.bd_bwd, BR=br, BLOCK_E=cfg.block_e),
             cfg.warps_bwd_dxdw, cfg.stages_bwd_dxdw, aligned, cap, x.device)

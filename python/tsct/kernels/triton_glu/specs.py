@@ -89,6 +89,7 @@ class Config:
     fs_dwd: int = 16
     warps_dwd: int = 4
     stages_dwd: int = 1
+    waves_chunked: int = 4    # programs of the chunked kernels and slot sums per SM (they walk their work items)
     # glu_bwd_dz in CUDA C++ (csrc/glu/dz_bf16.cu; bf16, r = 64, K-major w_down, native library present):
     # 1 = use it instead of the Triton kernel. Only where it was timed (sm_90a: bench/notes.md "v9").
     dz_native: int = 0
@@ -263,16 +264,16 @@ KERNELS: dict[str, KernelInfo] = {
     ),
     "glu_bwd_dwd": KernelInfo(
         params=("dy_ptr", "sidx_ptr", "offs_ptr", "maps_ptr", "zw_ptr", "dwd_ptr", "ws_ptr", "E", "r", "f", "f_slice",
-                "CH"),
+                "n_fs", "CH"),
         constexprs=("HAS_SCATTER", "WD_T", "BM", "BR", "BN", "BLOCK_E"),
-        ints=("E", "r", "f", "f_slice", "CH"),
+        ints=("E", "r", "f", "f_slice", "n_fs", "CH"),
         used_if={"sidx_ptr": "HAS_SCATTER"},
         hinted=("dy_ptr", "zw_ptr", "dwd_ptr", "ws_ptr", "r"),
     ),
     "bwd_slot_reduce": KernelInfo(
-        params=("ws_ptr", "maps_ptr", "out_ptr", "E", "S"),
+        params=("ws_ptr", "maps_ptr", "out_ptr", "E", "S", "NCB"),
         constexprs=("BLOCK", "BLOCK_E"),
-        ints=("E", "S"),
+        ints=("E", "S", "NCB"),
         used_if={},
         hinted=("ws_ptr", "out_ptr", "S"),
     ),
@@ -397,8 +398,8 @@ def combine_tile(cfg: Config, ncols: int) -> tuple[int, int, int]:
 
 ZERO_TAIL_BM, ZERO_TAIL_BN = 32, 256
 TILE_CUM_BLOCK, CSR_KEYS_BLOCK = 1024, 1024
-# bwd_slot_reduce: elements per step, most programs per expert (grid axis 1), warps; glu_bwd_sred's warps
-SLOT_REDUCE_BLOCK, SLOT_REDUCE_PROGRAMS, SLOT_REDUCE_WARPS, SRED_WARPS = 1024, 64, 4, 2
+# bwd_slot_reduce: elements per step, most column groups per slot, warps; glu_bwd_sred's warps
+SLOT_REDUCE_BLOCK, SLOT_REDUCE_GROUPS, SLOT_REDUCE_WARPS, SRED_WARPS = 1024, 64, 4, 2
 # tsct.ops.sort_by_expert: rows per chunk (one program each; (E + 2) * ROUTE_B must fit int32: ops/routing.py checks
 # it against MAX_EXPERTS at import),
 # experts per step of route_rank's zeroing loop, warps of both kernels
