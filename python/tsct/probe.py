@@ -157,10 +157,10 @@ def _sm120_fp4(caps, gpus: Optional[list] = None, run: bool = False) -> dict[str
     tsct.kernels.sm120_fp4.VERIFICATION).
 
     ``run``: a GPU without a verdict gets its self-test now, in a child process
-    (``tsct.kernels.sm120_fp4.firstuse.verdict``); otherwise only known verdicts are shown (this
+    (``tsct.firstuse.verdict``); otherwise only known verdicts are shown (this
     process's, the disk cache's, or the one ``TSCT_SM120_FP4`` sets)."""
     from tsct.kernels import sm120_fp4
-    from tsct.kernels.sm120_fp4 import firstuse
+    from tsct import firstuse
 
     linked, why = sm120_fp4.kernels_linked()
     linked121, why121 = sm120_fp4.kernels_linked("sm_121a")
@@ -176,7 +176,7 @@ def _sm120_fp4(caps, gpus: Optional[list] = None, run: bool = False) -> dict[str
             if not dispatch.status(dispatch.SM120_FP4, cap, fmt).ok:
                 continue
             try:
-                v = firstuse.verdict(g["index"], fmt) if run else firstuse.peek(g["index"], fmt)
+                v = firstuse.verdict(g["index"], "sm120-fp4", fmt) if run else firstuse.peek(g["index"], "sm120-fp4", fmt)
             except Exception as exc:  # the probe reports, it does not crash
                 v = firstuse.Verdict(False, "fail", f"{type(exc).__name__}: {exc}", "probe")
             verdicts.append({"gpu": g["index"], "capability": g["capability"], "format": fmt,

@@ -1,34 +1,33 @@
-"""Crash-safe first-use self-test of the sm120-fp4 path: run in a child process, verdict cached.
+"""Crash-safe first use of a kernel family: its self-test runs in a child process, the verdict is cached.
 
-The sm120-fp4 GEMMs have never executed on an sm_120 card (docs/sm120.md). A numerical self-test in
-the user's own process cannot survive a kernel that faults: a fault kills the CUDA context, and with
-it the training run. So the first time ``impl="auto"`` would take the path in a process, dispatch
-asks ``verdict(device_index, fmt)``, which runs ``tsct.selftest.sm120_fp4_forward`` (the path's
-forward against the torch emulation of the same W4A4 math) in a CHILD process
-(``python -m tsct.kernels.sm120_fp4.selftest_child``, spawned with fork+exec by ``subprocess``, never
-a bare fork of a process with CUDA state), pinned to the parent's GPU through
-``CUDA_VISIBLE_DEVICES``. A crash, a signal or a hang only kills the child:
+A kernel family that has never executed on this compute capability (``tsct.dispatch.EXECUTED_ON``:
+the Triton families on 12.x, 10.x and any JIT arch; sm120-fp4 everywhere) may fault, hang or compute
+nonsense there. A fault kills the CUDA context, and with it the training run, so the first time a
+process would use such a path, dispatch asks ``verdict(device_index, path, fmt)``, which runs the
+path's self-test (``tsct.selftest``: forward and backward against a float64 oracle; sm120-fp4's
+forward against the emulation of its W4A4 math) in a CHILD process (``python -m tsct.selftest_child``,
+spawned with fork+exec by ``subprocess``, never a bare fork of a process with CUDA state), pinned to
+the parent's GPU through ``CUDA_VISIBLE_DEVICES``. The parent's CUDA context never runs the kernel
+before the child said "pass":
 
-    child verdict "pass"                      -> the path is used
-    "fail" (rel. error > tol, an exception)   -> the path is disabled: counted, warned (tsct.dispatch)
+    child verdict "pass"                        -> the path is used
+    "fail" (rel. error > tol, an exception)     -> the path is disabled: counted, warned (tsct.dispatch)
     died by a signal / nonzero exit, no verdict -> "crash", disabled ("self-test child died with SIGSEGV")
-    still running after the timeout (killed)  -> "timeout", disabled
-    "not-runnable" (no kernel for this GPU)   -> disabled
+    still running after the timeout (killed)    -> "timeout", disabled
+    "not-runnable" (no kernel for this GPU)     -> disabled
 
-The verdict is cached in the process (per device index and format) and on disk, in
-``<cache dir>/sm120_fp4_selftest.json`` (``cache_dir()``: ``$TSCT_CACHE_DIR``, else
-``$XDG_CACHE_HOME/tsct``, else ``~/.cache/tsct``), keyed by ``identity()``: tsct version, the native
-library (path, size, SHA-256 of its bytes: the cubins it embeds), the driver (release and CUDA driver
-API version), the GPU name and its compute capability, and the format. A new wheel, driver or GPU
-therefore re-tests; so does a change of ``TSCT_SM120_GEMM`` (the GEMM backend is part of the key, in
-the process too). An unwritable cache dir keeps the verdict in the process only (never an error).
-Verdicts are cached, failures included (delete the file to re-test), except a timeout or an
-out-of-memory failure, which only the current process remembers.
+The verdict is cached in the process (per device index, path and format) and on disk, in
+``<cache dir>/selftest.json`` (``cache_dir()``: ``$TSCT_CACHE_DIR``, else ``$XDG_CACHE_HOME/tsct``,
+else ``~/.cache/tsct``), keyed by ``identity()`` (tsct version, the native library's path, size and
+SHA-256, the driver, the GPU name and compute capability, the Triton version a JIT launch would use)
+plus path and format: a new wheel, driver, GPU or Triton re-tests. An unwritable cache dir keeps the
+verdict in the process only (never an error). Failures are cached too (delete the file to re-test),
+except a timeout or an out-of-memory failure, which only the current process remembers.
 
-``TSCT_SM120_FP4`` (read on every call): unset (or "auto") = the above; "0" = path off; "1" = path on
-WITHOUT the self-test (for developers of the kernels: a faulting kernel then takes the process down).
-``TSCT_SM120_FP4_SELFTEST_TIMEOUT``: seconds the child may run (default 300: it starts Python, imports
-torch, creates a CUDA context and runs a small problem plus its CPU emulation).
+``TSCT_SM120_FP4`` (read on every call) concerns sm120-fp4 only: unset (or "auto") = the above;
+"0" = path off; "1" = on WITHOUT the self-test (for developers of its kernels: a faulting kernel
+then takes the process down). ``TSCT_SELFTEST_TIMEOUT``: seconds a child may run (default 300: it
+starts Python, imports torch, creates a CUDA context, may JIT-compile, runs a small problem).
 """
 
 from __future__ import annotations
@@ -48,13 +47,15 @@ import time
 from pathlib import Path
 from typing import Callable, Optional
 
-ENV_TIMEOUT = "TSCT_SM120_FP4_SELFTEST_TIMEOUT"
+ENV_TIMEOUT = "TSCT_SELFTEST_TIMEOUT"
 DEFAULT_TIMEOUT_S = 300.0
-CACHE_FILE = "sm120_fp4_selftest.json"
-CACHE_SCHEMA = 1
-CHILD_MODULE = "tsct.kernels.sm120_fp4.selftest_child"
+CACHE_FILE = "selftest.json"
+CACHE_SCHEMA = 2
+CHILD_MODULE = "tsct.selftest_child"
+#: set in the child's environment: inside it, dispatch runs the path under test without asking again
+ENV_IN_CHILD = "TSCT_SELFTEST_CHILD"
 #: the child prints exactly one line starting with this, followed by the verdict as JSON
-VERDICT_MARKER = "TSCT_SM120_FP4_VERDICT "
+VERDICT_MARKER = "TSCT_SELFTEST_VERDICT "
 #: child exit statuses (selftest_child.py)
 EXIT_PASS, EXIT_FAIL, EXIT_NOT_RUNNABLE = 0, 1, 3
 
@@ -68,7 +69,7 @@ FORCED = "set by the environment"
 
 @dataclasses.dataclass(frozen=True)
 class Verdict:
-    """The first-use self-test's answer for one (GPU, format).
+    """The first-use self-test's answer for one (GPU, path, format).
 
     ok: whether the path may be used. outcome: one of ``OUTCOMES``. detail: what happened (the
     self-test's error figure, the signal, the exception). source: where the verdict came from
@@ -101,10 +102,12 @@ class ChildResult:
 Runner = Callable[[list, dict, float], ChildResult]
 
 
-def env_mode() -> tuple[str, str]:
-    """``TSCT_SM120_FP4`` as (mode, why): mode "auto" (unset, empty or "auto"), "off" ("0"), "on"
-    ("1"), or "invalid" (anything else, or a ``TSCT_SM120_GEMM`` that names no backend; the path then
-    stays off and ``why`` names the accepted values)."""
+def env_mode(path: str = "sm120-fp4") -> tuple[str, str]:
+    """How the environment sets ``path``'s first use, as (mode, why): "auto" (run the child), "off"
+    (``TSCT_SM120_FP4=0``), "on" (``=1``: no self-test), or "invalid" (another value: the path stays
+    off and ``why`` names the accepted values). Only sm120-fp4 has a switch; other paths are "auto"."""
+    if path != "sm120-fp4":
+        return "auto", "first-use self-test in a child process"
     from tsct.kernels.sm120_fp4 import ENV_ENABLE
 
     raw = os.environ.get(ENV_ENABLE)
@@ -113,16 +116,15 @@ def env_mode() -> tuple[str, str]:
         return "off", f"disabled by {ENV_ENABLE}=0"
     if v not in ("", "auto", "1"):
         return "invalid", f"{ENV_ENABLE}={raw!r} is not one of 0, 1, auto or unset: the path stays off"
-    from tsct.kernels.sm120_fp4 import cutlass_gemm
-
-    try:
-        cutlass_gemm.gemm_backend()
-    except ValueError as exc:  # a bad TSCT_SM120_GEMM keeps the path off (with the reason), never raises per call
-        return "invalid", f"{exc}: the path stays off"
     if v == "1":
         return "on", f"forced on by {ENV_ENABLE}=1 (no self-test; for kernel developers)"
     shown = f"{ENV_ENABLE}={raw.strip()}" if v else f"{ENV_ENABLE} unset"
     return "auto", f"{shown}: first-use self-test in a child process"
+
+
+def in_child() -> bool:
+    """True inside a self-test child (it runs the path under test directly)."""
+    return os.environ.get(ENV_IN_CHILD) == "1"
 
 
 # ---- where the verdicts live ----------------------------------------------------------------------
@@ -159,7 +161,7 @@ def _write_cache(path: Path, key: str, entry: dict) -> Optional[str]:
         path.parent.mkdir(parents=True, exist_ok=True)
         entries = _read_cache(path)
         entries[key] = entry
-        fd, tmp = tempfile.mkstemp(prefix=".sm120_fp4_selftest.", dir=str(path.parent))
+        fd, tmp = tempfile.mkstemp(prefix=".selftest.", dir=str(path.parent))
         try:
             with os.fdopen(fd, "w") as f:
                 json.dump({"schema": CACHE_SCHEMA, "entries": entries}, f, indent=1, sort_keys=True)
@@ -221,26 +223,31 @@ def driver_identity() -> str:
     return f"{release} (CUDA {api})"
 
 
+def _triton_version() -> str:
+    """The installed Triton's version (what a JIT launch would compile with), or "none"."""
+    try:
+        from importlib.metadata import version
+        return version("triton")
+    except Exception:  # noqa: BLE001 (not installed, or broken metadata)
+        return "none"
+
+
 def identity(device_index: int) -> dict:
     """What a cached verdict for CUDA device ``device_index`` (this process's numbering) is valid for:
-    tsct version, library identity, driver, GPU name, compute capability and the GEMM backend
-    (``TSCT_SM120_GEMM``). Queries the device's
-    properties (torch caches them); raises what torch raises for a bad index."""
+    tsct version, library identity, driver, GPU name, compute capability and the installed Triton.
+    Queries the device's properties (torch caches them); raises what torch raises for a bad index."""
     import torch
 
     import tsct
 
-    from tsct.kernels.sm120_fp4 import cutlass_gemm
-
     props = torch.cuda.get_device_properties(device_index)
-    # the GEMM backend the child inherits (TSCT_SM120_GEMM): a verdict for CuTeDSL says nothing about CUTLASS
     return {"tsct": tsct.__version__, "library": library_identity(), "driver": driver_identity(), "gpu": props.name,
-            "capability": f"{props.major}.{props.minor}", "gemm": cutlass_gemm.gemm_backend()}
+            "capability": f"{props.major}.{props.minor}", "triton": _triton_version()}
 
 
-def cache_key(ident: dict, fmt: str) -> str:
-    """Stable key of (identity, format): the first 24 hex digits of the SHA-256 of their sorted JSON."""
-    blob = json.dumps({"identity": ident, "fmt": fmt}, sort_keys=True).encode()
+def cache_key(ident: dict, path: str, fmt: str) -> str:
+    """Stable key of (identity, path, format): the first 24 hex digits of the SHA-256 of their sorted JSON."""
+    blob = json.dumps({"identity": ident, "path": path, "fmt": fmt}, sort_keys=True).encode()
     return hashlib.sha256(blob).hexdigest()[:24]
 
 
@@ -270,10 +277,10 @@ _BOOT = ("import sys; sys.path[0] = sys.argv.pop(1); "
          f"from {CHILD_MODULE} import main; raise SystemExit(main(sys.argv[1:]))")
 
 
-def child_command(fmt: str, expect: Optional[dict] = None) -> list:
-    """argv of the self-test child for ``fmt`` ("nvfp4" or "sign"), optionally told which device
+def child_command(path: str, fmt: str, expect: Optional[dict] = None) -> list:
+    """argv of the self-test child for ``path`` with ``fmt`` factors, optionally told which device
     (``{"gpu": name, "capability": "12.0"}``) it must see."""
-    argv = [sys.executable, "-c", _BOOT, _package_root(), "--fmt", fmt]
+    argv = [sys.executable, "-c", _BOOT, _package_root(), "--path", path, "--fmt", fmt]
     if expect:
         argv += ["--expect-name", expect["gpu"], "--expect-capability", expect["capability"]]
     return argv
@@ -331,15 +338,7 @@ def interpret(res: ChildResult, timeout: float) -> tuple[bool, str, str]:
 
 _lock = threading.Lock()
 _run_lock = threading.Lock()  # one child at a time: two threads asking together get one test
-_memo: dict[tuple[int, str, str], Verdict] = {}  # (device index, fmt, GEMM backend) -> verdict, this process
-
-
-def _memo_key(device_index: int, fmt: str) -> tuple[int, str, str]:
-    """The in-process key: a verdict for one GEMM backend (TSCT_SM120_GEMM) says nothing about the other.
-    Call after ``env_mode`` accepted the environment (the backend name is then valid)."""
-    from tsct.kernels.sm120_fp4 import cutlass_gemm
-
-    return (device_index, fmt, cutlass_gemm.gemm_backend())
+_memo: dict[tuple[int, str, str], Verdict] = {}  # (device index, path, fmt) -> verdict, this process
 
 
 def reset_for_tests() -> None:
@@ -349,7 +348,7 @@ def reset_for_tests() -> None:
 
 
 def timeout_s() -> float:
-    """``$TSCT_SM120_FP4_SELFTEST_TIMEOUT`` (seconds, > 0), else ``DEFAULT_TIMEOUT_S``."""
+    """``$TSCT_SELFTEST_TIMEOUT`` (seconds, > 0), else ``DEFAULT_TIMEOUT_S``."""
     raw = os.environ.get(ENV_TIMEOUT, "").strip()
     try:
         v = float(raw) if raw else DEFAULT_TIMEOUT_S
@@ -358,31 +357,31 @@ def timeout_s() -> float:
     return v if v > 0 else DEFAULT_TIMEOUT_S
 
 
-def _decided(device_index: int, fmt: str) -> Optional[Verdict]:
-    """The verdict the environment sets (TSCT_SM120_FP4 / a bad TSCT_SM120_GEMM) or this process already
-    has for (GPU, format, GEMM backend); None otherwise. No I/O."""
-    mode, why = env_mode()
+def _decided(device_index: int, path: str, fmt: str) -> Optional[Verdict]:
+    """The verdict the environment sets (``TSCT_SM120_FP4``) or this process already has for
+    (GPU, path, format); None otherwise. No I/O."""
+    mode, why = env_mode(path)
     if mode == "on":
         return Verdict(True, "forced", why, FORCED)
     if mode in ("off", "invalid"):
         return Verdict(False, "disabled", why, FORCED)
     with _lock:
-        v = _memo.get(_memo_key(device_index, fmt))
+        v = _memo.get((device_index, path, fmt))
     return None if v is None else dataclasses.replace(v, source=CACHED_PROCESS, seconds=0.0)
 
 
-def peek(device_index: int, fmt: str, *, ident: Optional[dict] = None) -> Optional[Verdict]:
+def peek(device_index: int, path: str, fmt: str, *, ident: Optional[dict] = None) -> Optional[Verdict]:
     """The verdict known without running anything: forced/disabled by the environment, this process's,
-    or the disk cache's; None if the self-test has not run for this (GPU, format). For the probe."""
-    v = _decided(device_index, fmt)
+    or the disk cache's; None if the self-test has not run for this (GPU, path, format). For the probe."""
+    v = _decided(device_index, path, fmt)
     if v is not None:
         return v
     ident = ident if ident is not None else identity(device_index)
-    key = cache_key(ident, fmt)
-    path = cache_file()
-    e = _read_cache(path).get(key)
+    key = cache_key(ident, path, fmt)
+    file = cache_file()
+    e = _read_cache(file).get(key)
     if isinstance(e, dict) and e.get("outcome") in OUTCOMES:
-        return Verdict(bool(e.get("ok")), e["outcome"], str(e.get("detail", "")), f"{CACHED_DISK} ({path})", 0.0, key)
+        return Verdict(bool(e.get("ok")), e["outcome"], str(e.get("detail", "")), f"{CACHED_DISK} ({file})", 0.0, key)
     return None
 
 
@@ -393,56 +392,63 @@ def is_transient(outcome: str, detail: str) -> bool:
     return outcome == "timeout" or (outcome == "fail" and "out of memory" in detail.lower())
 
 
-def verdict(device_index: int, fmt: str, *, runner: Optional[Runner] = None, ident: Optional[dict] = None,
-            timeout: Optional[float] = None) -> Verdict:
-    """The first-use verdict of sm120-fp4 on CUDA device ``device_index`` with ``fmt`` factors.
+def canonical_format(fmt: str) -> str:
+    """The format a self-test runs for a storage format: dense formats (bf16, fp16, fp32) test as "bf16"."""
+    return fmt if fmt in ("nvfp4", "sign", "mixed") else "bf16"
 
-    Order: ``TSCT_SM120_FP4`` (0/1 decide without a test), this process's memo, the disk cache (same
-    ``identity``), else run the child now (``runner``, default ``run_subprocess``) and store the
-    verdict in both caches (disk: best effort). ``fmt`` must be "nvfp4" or "sign" (ValueError
+
+def verdict(device_index: int, path: str, fmt: str, *, runner: Optional[Runner] = None,
+            ident: Optional[dict] = None, timeout: Optional[float] = None) -> Verdict:
+    """The first-use verdict of ``path`` on CUDA device ``device_index`` with ``fmt`` factors.
+
+    Order: the environment (``TSCT_SM120_FP4`` for sm120-fp4), this process's memo, the disk cache
+    (same ``identity``), else run the child now (``runner``, default ``run_subprocess``) and store the
+    verdict in both caches (disk: best effort). sm120-fp4 serves "nvfp4" and "sign" only (ValueError
     otherwise). Never raises for what the child does: a crash is a verdict.
     """
-    if fmt not in ("nvfp4", "sign"):
+    if path == "sm120-fp4" and fmt not in ("nvfp4", "sign"):
         raise ValueError(f"fmt must be 'nvfp4' or 'sign' (the formats sm120-fp4 serves), got {fmt!r}")
-    v = _decided(device_index, fmt)
+    fmt = canonical_format(fmt)
+    v = _decided(device_index, path, fmt)
     if v is not None:
         return v
     with _run_lock:
-        return _verdict_locked(device_index, fmt, runner, ident, timeout)
+        return _verdict_locked(device_index, path, fmt, runner, ident, timeout)
 
 
-def _verdict_locked(device_index: int, fmt: str, runner: Optional[Runner], ident: Optional[dict],
+def _verdict_locked(device_index: int, path: str, fmt: str, runner: Optional[Runner], ident: Optional[dict],
                     timeout: Optional[float]) -> Verdict:
-    v = _decided(device_index, fmt)
+    v = _decided(device_index, path, fmt)
     if v is not None:  # another thread ran it while this one waited
         return v
     ident = ident if ident is not None else identity(device_index)
-    cached = peek(device_index, fmt, ident=ident)
+    cached = peek(device_index, path, fmt, ident=ident)
+    memo = (device_index, path, fmt)
     if cached is not None:
         with _lock:
-            _memo[_memo_key(device_index, fmt)] = cached
+            _memo[memo] = cached
         return cached
-    key = cache_key(ident, fmt)
+    key = cache_key(ident, path, fmt)
     t = timeout if timeout is not None else timeout_s()
-    env = dict(os.environ, CUDA_VISIBLE_DEVICES=child_visible_devices(device_index))
+    env = dict(os.environ, CUDA_VISIBLE_DEVICES=child_visible_devices(device_index), **{ENV_IN_CHILD: "1"})
     try:
-        res = (runner or run_subprocess)(child_command(fmt, ident), env, t)
+        res = (runner or run_subprocess)(child_command(path, fmt, ident), env, t)
     except (OSError, ValueError, subprocess.SubprocessError) as exc:  # no child at all: this process only
         v = Verdict(False, "fail", f"could not start the self-test child: {type(exc).__name__}: {exc}",
                     RAN_NOW + ", not saved (the child did not start)", 0.0, key)
         with _lock:
-            _memo[_memo_key(device_index, fmt)] = v
+            _memo[memo] = v
         return v
     ok, outcome, detail = interpret(res, t)
-    path = cache_file()
+    file = cache_file()
     if is_transient(outcome, detail):  # this process only: the next process tests again
         source = RAN_NOW + ", not saved (a timeout or out-of-memory failure may not recur)"
     else:
-        err = _write_cache(path, key, {"ok": ok, "outcome": outcome, "detail": detail, "identity": ident,
-                                       "fmt": fmt, "seconds": round(res.seconds, 3),
+        err = _write_cache(file, key, {"ok": ok, "outcome": outcome, "detail": detail, "identity": ident,
+                                       "path": path, "fmt": fmt, "seconds": round(res.seconds, 3),
                                        "tested_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())})
-        source = RAN_NOW + (f", saved to {path}" if err is None else f", not saved ({err})")
+        source = RAN_NOW + (f", saved to {file}" if err is None else f", not saved ({err})")
     v = Verdict(ok, outcome, detail, source, res.seconds, key)
     with _lock:
-        _memo[_memo_key(device_index, fmt)] = v
+        _memo[memo] = v
     return v
