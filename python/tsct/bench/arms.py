@@ -320,7 +320,8 @@ def measure_arm(spec: ArmSpec, ctx: Context, fac: Factors, pass_fn: Callable[[In
                     except Exception as e:  # noqa: BLE001
                         res["reason"] = f"backward failed: {_message(e)}"
                         res["traceback"] = traceback.format_exc(limit=6)
-                if graph and dev.type == "cuda" and res["sync_free"]:  # a host sync cannot be captured
+                # a host sync cannot be captured; the bmm path captures its static layout (no host read) instead
+                if graph and dev.type == "cuda" and (res["sync_free"] or spec.path == dispatch.BMM):
                     log(f"{spec.name}: timing CUDA-graph replay")
                     gkw = dict(n_sets=len(ctx.sets), replays=max(5, min(cfg.iters, 30)))
                     try:

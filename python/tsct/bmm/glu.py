@@ -160,7 +160,7 @@ def _layout(offs: Tensor, m: int, plan: Plan) -> _Layout:
                             tile_expert.repeat_interleave(b), torch.zeros(1, dtype=torch.long, device=dev)])
     row_live = torch.zeros(rows + 1, dtype=torch.bool, device=dev)
     row_live.index_fill_(0, dest, True)
-    row_live[rows] = False
+    row_live.narrow(0, rows, 1).fill_(False)  # the dump row (no host scalar: capture-safe)
     tile_offsets = torch.cat([tile_end.new_zeros(1), tile_end.clamp(max=n)])
     return _Layout(dest, valid, row_expert, row_live, tile_expert, tile_offsets, r0, rows)
 
@@ -189,13 +189,17 @@ def _bmm_out_dtype_ok(device_type: str) -> bool:
 
 
 def _mm_into(a: Tensor, b: Tensor, o: Tensor) -> None:
-    """``o = a @ b`` batched; ``o`` fp32 or the inputs' dtype, accumulated in fp32 either way."""
+    """``o = a @ b`` batched, accumulated in fp32; ``o`` in the inputs' dtype or fp32. An fp32 ``o`` of bf16
+    inputs: ``bmm(out_dtype=fp32)`` on CUDA, the fp32 product on the CPU (the same values); a CUDA torch
+    without ``out_dtype`` rounds to bf16 first (an fp32 GEMM there would cost 4-8x)."""
     if o.dtype == a.dtype:
         torch.bmm(a, b, out=o)
     elif _bmm_out_dtype_ok(a.device.type):
         torch.bmm(a, b, out_dtype=o.dtype, out=o)
+    elif a.device.type == "cpu":
+        torch.bmm(a.to(o.dtype), b.to(o.dtype), out=o)
     else:
-        o.copy_(torch.bmm(a.float(), b.float()))
+        o.copy_(torch.bmm(a, b))
 
 
 def _mm32(a: Tensor, b: Tensor) -> Tensor:
@@ -216,7 +220,7 @@ def _project(buf: Tensor, w: Tensor, w_tiles: Optional[Tensor], lay: _Layout, pl
     """``buf @ w[expert of the row]`` for every buffer row: ``[R + 1, N]`` (fp32 or the compute dtype)."""
     e_count, n_out = w.shape[0], w.shape[2]
     out = torch.empty(lay.rows + 1, n_out, dtype=torch.float32 if fp32 else buf.dtype, device=buf.device)
-    out[lay.rows] = 0
+    out.narrow(0, lay.rows, 1).zero_()
     da, ta = _parts(buf, lay, plan, e_count)
     do, to = _parts(out, lay, plan, e_count)
     if plan.h0:
@@ -227,18 +231,21 @@ def _project(buf: Tensor, w: Tensor, w_tiles: Optional[Tensor], lay: _Layout, pl
 
 
 def _weight_grad(a_buf: Tensor, b_buf: Tensor, lay: _Layout, plan: Plan, e_count: int) -> Tensor:
-    """``sum over an expert's rows of a_row^T b_row`` per expert: ``[E, A, B]`` fp32, fixed order."""
+    """``sum over an expert's rows of a_row^T b_row`` per expert: ``[E, A, B]`` in the buffers' dtype.
+
+    The dense part is one bmm per expert (fp32 accumulation, one rounding); an expert's tiles add their
+    fp32 partial sums in tile order (``segment_reduce``), so the result is the same on every run."""
     a_dim, b_dim = a_buf.shape[1], b_buf.shape[1]
     aa, at = _parts(a_buf, lay, plan, e_count)
     ba, bt = _parts(b_buf, lay, plan, e_count)
     if plan.h0:
-        g = _mm32(aa.transpose(1, 2), ba)
+        g = torch.bmm(aa.transpose(1, 2), ba)
     else:
-        g = torch.zeros(e_count, a_dim, b_dim, dtype=torch.float32, device=a_buf.device)
+        g = torch.zeros(e_count, a_dim, b_dim, dtype=a_buf.dtype, device=a_buf.device)
     if plan.n_tiles:
         part = _mm32(at.transpose(1, 2), bt).reshape(plan.n_tiles, a_dim * b_dim)
-        g = g + torch.segment_reduce(part, "sum", offsets=lay.tile_offsets, axis=0,
-                                     unsafe=True).view(e_count, a_dim, b_dim)
+        tiles = torch.segment_reduce(part, "sum", offsets=lay.tile_offsets, axis=0, unsafe=True)
+        g = (g.float() + tiles.view(e_count, a_dim, b_dim)).to(a_buf.dtype)
     return g
 
 
@@ -253,19 +260,20 @@ def _expert_sum(v: Tensor, lay: _Layout, plan: Plan, e_count: int) -> Tensor:
 
 def combine_rows(rows_of: Tensor, rows_src: Tensor, weight: Optional[Tensor], target: Tensor, valid: Tensor,
                  num_out_rows: int) -> Tensor:
-    """``out[t] = sum over routed rows i with target[i] == t of rows_of[rows_src[i]] * weight[i]``, fp32.
+    """``out[t] = sum over routed rows i with target[i] == t of rows_of[rows_src[i]] (* weight[i])``.
 
     Deterministic: the rows are ordered by target (stable sort, ties in routed-row order) and each
-    target's segment is summed by ``torch.segment_reduce`` in that order. Rows with ``valid`` False
-    are left out. No host read.
+    target's segment is summed by ``torch.segment_reduce`` in that order, in ``rows_of``'s dtype (each
+    add rounded once: for two rows per target, as a sum in fp32 rounded at the end). Rows with ``valid``
+    False are left out. No host read.
     """
     m = target.shape[0]
     key = torch.where(valid, target, num_out_rows)
     order = torch.sort(key, stable=True).indices
     bounds = torch.searchsorted(key[order], torch.arange(num_out_rows + 1, device=key.device))
-    data = rows_of.index_select(0, rows_src[order]).float()
+    data = rows_of.index_select(0, rows_src[order])
     if weight is not None:
-        data = data * weight[order].unsqueeze(1)
+        data = (data.float() * weight[order].unsqueeze(1)).to(rows_of.dtype)
     if m == 0 or num_out_rows == 0:
         return data.new_zeros(num_out_rows, rows_of.shape[1])
     return torch.segment_reduce(data, "sum", offsets=bounds, axis=0, unsafe=True)
@@ -303,9 +311,10 @@ def _quantize_act(v: Tensor, lay: _Layout, plan: Plan, e_count: int) -> tuple[Te
 
 # ---- forward / backward --------------------------------------------------------------------------
 
-def _forward_core(x, offs, w_gate, w_up, w_down, s_gate, s_up, gather_idx, plan: Plan, activations: str,
-                  need_z: bool = False):
-    """(layout, buffer x, a, b, g, u, z in fp32, y buffer): the forward's intermediates."""
+def _forward_core(x, offs, w_gate, w_up, w_down, s_gate, s_up, row_weight, gather_idx, plan: Plan, activations: str,
+                  need_y: bool = True):
+    """(layout, buffer x, a, b, g, u, z in fp32, y buffer with the row weights applied): the forward's
+    intermediates (y only with ``need_y``)."""
     e_count = offs.shape[0]
     m = gather_idx.shape[0] if gather_idx is not None else x.shape[0]
     lay = _layout(offs, m, plan)
@@ -314,7 +323,7 @@ def _forward_core(x, offs, w_gate, w_up, w_down, s_gate, s_up, gather_idx, plan:
     x_rows = x.index_select(0, src) if src is not None else x[:m]
     xb = x.new_zeros(lay.rows + 1, x.shape[1])
     xb.index_copy_(0, lay.dest, x_rows)
-    xb[lay.rows] = 0
+    xb.narrow(0, lay.rows, 1).zero_()
     tiles = lay.tile_expert if plan.n_tiles else None
     wg_t = w_gate.index_select(0, tiles) if tiles is not None else None
     wu_t = w_up.index_select(0, tiles) if tiles is not None else None
@@ -328,14 +337,25 @@ def _forward_core(x, offs, w_gate, w_up, w_down, s_gate, s_up, gather_idx, plan:
     g = a * s_gate.float()[lay.row_expert] if s_gate is not None else a
     u = b * s_up.float()[lay.row_expert] if s_up is not None else b
     z = torch.nn.functional.silu(g) * u
-    zc = z.to(dt)
+    if not need_y:
+        return lay, xb, a, b, g, u, z, None
+    rwb = _buffer_row_weight(row_weight, lay, x.device)
     wd_t = w_down.index_select(0, tiles) if tiles is not None else None
-    if activations == "nvfp4":
-        zq, inv_z = _quantize_act(zc, lay, plan, e_count)
-        y = (_project(zq, w_down, wd_t, lay, plan, False).float() * inv_z.unsqueeze(1)).to(dt)
-    else:
-        y = _project(zc, w_down, wd_t, lay, plan, False)
+    if activations == "nvfp4":  # z is quantized as the kernel writes it; the row weight comes after
+        zq, inv_z = _quantize_act(z.to(dt), lay, plan, e_count)
+        scale = inv_z if rwb is None else inv_z * rwb
+        y = (_project(zq, w_down, wd_t, lay, plan, False).float() * scale.unsqueeze(1)).to(dt)
+    else:  # (z * w_row) @ W_down: the row weight folded into the small operand
+        y = _project((z if rwb is None else z * rwb.unsqueeze(1)).to(dt), w_down, wd_t, lay, plan, False)
     return lay, xb, a, b, g, u, z, y
+
+
+def _buffer_row_weight(row_weight: Optional[Tensor], lay: _Layout, device) -> Optional[Tensor]:
+    """The row weight of each buffer row (fp32 ``[R + 1]``; 0 for rows without a routed row), or None."""
+    if row_weight is None:
+        return None
+    rwb = torch.zeros(lay.rows + 1, dtype=torch.float32, device=device)
+    return rwb.index_copy_(0, lay.dest, torch.where(lay.valid, row_weight.float(), 0))
 
 
 def _plan_for(offs: Tensor, m: int, w_gate: Tensor, w_down: Tensor) -> Plan:
@@ -366,19 +386,13 @@ def grouped_glu_forward_saved(x, offs, w_gate, w_up, w_down, s_gate=None, s_up=N
     _check_activations(activations, w_gate.shape[1], w_gate.shape[2])
     m = gather_idx.shape[0] if gather_idx is not None else x.shape[0]
     plan = static_plan(m, offs.shape[0]) if static else _plan_for(offs, m, w_gate, w_down)
-    lay, _, _, _, _, _, _, y = _forward_core(x, offs, w_gate, w_up, w_down, s_gate, s_up, gather_idx, plan,
-                                             activations)
-    rw = row_weight.float() if row_weight is not None else None
-    rw = torch.where(lay.valid, rw, 0) if rw is not None else None
+    lay, _, _, _, _, _, _, y = _forward_core(x, offs, w_gate, w_up, w_down, s_gate, s_up, row_weight, gather_idx,
+                                             plan, activations)
     f = w_down.shape[2]
     if scatter_idx is not None:
-        tgt = _row_ids(scatter_idx, lay.valid)
-        out = combine_rows(y, lay.dest, rw, tgt, lay.valid, num_out_rows)
+        out = combine_rows(y, lay.dest, None, _row_ids(scatter_idx, lay.valid), lay.valid, num_out_rows)
     else:
-        out = y.index_select(0, lay.dest).float()
-        if rw is not None:
-            out = out * rw.unsqueeze(1)
-        out = torch.where(lay.valid.unsqueeze(1), out, 0)
+        out = torch.where(lay.valid.unsqueeze(1), y.index_select(0, lay.dest), 0)
     return out.to(x.dtype).view(-1, f), [plan.as_tensor()]
 
 
@@ -406,7 +420,8 @@ def grouped_glu_backward(grad_out, x, offs, w_gate, w_up, w_down, s_gate, s_up, 
         plan = Plan.from_tensor(saved[0])
     else:
         plan = static_plan(m, e_count) if static else _plan_for(offs, m, w_gate, w_down)
-    lay, xb, a, b, g, u, z, _ = _forward_core(x, offs, w_gate, w_up, w_down, s_gate, s_up, gather_idx, plan, "bf16")
+    lay, xb, a, b, g, u, z, _ = _forward_core(x, offs, w_gate, w_up, w_down, s_gate, s_up, row_weight, gather_idx,
+                                              plan, "bf16", need_y=False)
     dt = x.dtype
     live = lay.row_live.unsqueeze(1)
     tiles = lay.tile_expert if plan.n_tiles else None
@@ -415,14 +430,14 @@ def grouped_glu_backward(grad_out, x, offs, w_gate, w_up, w_down, s_gate, s_up, 
         dy_rows = grad_out.index_select(0, _row_ids(scatter_idx, lay.valid))
     else:
         dy_rows = grad_out[:m]
-    dyb = grad_out.new_zeros(lay.rows + 1, grad_out.shape[1])
-    dyb.index_copy_(0, lay.dest, dy_rows)
-    dyb[lay.rows] = 0
+    dyb = grad_out.new_zeros(lay.rows + 1, grad_out.shape[1], dtype=dt)
+    dyb.index_copy_(0, lay.dest, dy_rows.to(dt))
+    dyb.narrow(0, lay.rows, 1).zero_()
     rwb = torch.ones(lay.rows + 1, dtype=torch.float32, device=x.device)
     if row_weight is not None:
         rwb.index_copy_(0, lay.dest, torch.where(lay.valid, row_weight.float(), 0))
     wd_t = w_down.index_select(0, tiles) if tiles is not None else None
-    dz_raw = _project(dyb.to(dt), w_down.transpose(1, 2), wd_t.transpose(1, 2) if wd_t is not None else None,
+    dz_raw = _project(dyb, w_down.transpose(1, 2), wd_t.transpose(1, 2) if wd_t is not None else None,
                       lay, plan, True)
     dz_raw = torch.where(live, dz_raw, 0)
     zl = torch.where(live, z, 0)
@@ -432,7 +447,7 @@ def grouped_glu_backward(grad_out, x, offs, w_gate, w_up, w_down, s_gate, s_up, 
         grads[6] = torch.where(lay.valid, drw, 0)
     if needs_grad[3]:
         zw = (zl * rwb.unsqueeze(1)).to(dt)
-        grads[3] = _weight_grad(zw, dyb.to(dt), lay, plan, e_count)
+        grads[3] = _weight_grad(zw, dyb, lay, plan, e_count)
     dz = dz_raw * rwb.unsqueeze(1)
     sig = torch.sigmoid(g)
     du = torch.where(live, dz * (g * sig), 0)
@@ -451,8 +466,8 @@ def grouped_glu_backward(grad_out, x, offs, w_gate, w_up, w_down, s_gate, s_up, 
     if needs_grad[0]:
         wg_t = w_gate.index_select(0, tiles).transpose(1, 2) if tiles is not None else None
         wu_t = w_up.index_select(0, tiles).transpose(1, 2) if tiles is not None else None
-        dxb = _project(da_c, w_gate.transpose(1, 2), wg_t, lay, plan, True)
-        dxb += _project(db_c, w_up.transpose(1, 2), wu_t, lay, plan, True)
+        dxb = _project(da_c, w_gate.transpose(1, 2), wg_t, lay, plan, False)
+        dxb += _project(db_c, w_up.transpose(1, 2), wu_t, lay, plan, False)
         if gather_idx is not None:
             grads[0] = combine_rows(dxb, lay.dest, None, _row_ids(gather_idx, lay.valid), lay.valid, x.shape[0])
         else:
