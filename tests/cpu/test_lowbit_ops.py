@@ -1,4 +1,4 @@
-"""Wiring of the low-bit path into ``tsct.ops`` (issue 4), checked on the CPU.
+"""Wiring of the low-bit path into ``tsct.ops``, checked on the CPU.
 
 - the ``tsct::grouped_glu_q`` custom op pair (``tsct/ops/_library_q.py``): registration, container
   packing, fake implementations and autograd (``torch.library.opcheck``), torch.compile(fullgraph=True);

@@ -1,4 +1,4 @@
-"""The sm120-fp4 path on a machine without sm_120 (issue 5 item 3; design.md section 6).
+"""The sm120-fp4 path on a machine without sm_120 (design.md section 6).
 
 * Dispatch decisions with a patched compute capability (12,0) / (12,1) / (9,0), kernels present or
   not, TSCT_SM120_FP4 set or not; the first-use self-test (its child process faked here; the verdict
