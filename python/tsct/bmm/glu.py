@@ -50,10 +50,14 @@ TILE_ROWS = (32, 64, 128, 256)
 
 @dataclasses.dataclass(frozen=True)
 class Plan:
-    """Buffer layout: ``h0`` rows per expert for all E experts, then ``n_tiles`` tiles of ``b`` rows."""
+    """Buffer layout: ``h0`` rows per expert for all E experts, then ``n_tiles`` tiles of ``b`` rows.
+    ``fan_out`` / ``fan_in``: the most routed rows one output row / one x row receives (0: unknown, the
+    combines then use ``torch.segment_reduce``; known, they gather a ``[rows, fan, C]`` table and sum it)."""
     h0: int
     b: int
     n_tiles: int
+    fan_out: int = 0
+    fan_in: int = 0
 
     def rows(self, experts: int) -> int:
         """Padded rows of the buffer (without the one dump row for padding entries)."""
@@ -61,12 +65,11 @@ class Plan:
 
     def as_tensor(self) -> Tensor:
         """The plan as a CPU int64 tensor (how it travels from the forward to the backward)."""
-        return torch.tensor([self.h0, self.b, self.n_tiles], dtype=torch.int64)
+        return torch.tensor([self.h0, self.b, self.n_tiles, self.fan_out, self.fan_in], dtype=torch.int64)
 
     @staticmethod
     def from_tensor(t: Tensor) -> "Plan":
-        h0, b, n = (int(v) for v in t.tolist())
-        return Plan(h0, b, n)
+        return Plan(*(int(v) for v in t.tolist()))
 
 
 def _round_up(v: int, m: int) -> int:
@@ -165,6 +168,16 @@ def _layout(offs: Tensor, m: int, plan: Plan) -> _Layout:
     return _Layout(dest, valid, row_expert, row_live, tile_expert, tile_offsets, r0, rows)
 
 
+def _to_buffer(src: Tensor, idx: Optional[Tensor], lay: _Layout) -> Tensor:
+    """``[R + 1, C]``: buffer row ``dest[i]`` holds ``src[idx[i]]`` (``src[i]`` without idx); every other row
+    is exactly 0 (so no NaN or inf of another row can reach a product). A gather, not a scatter."""
+    m = lay.dest.shape[0]
+    rows = idx.long() if idx is not None else torch.arange(m, device=src.device)
+    buf_src = torch.zeros(lay.rows + 1, dtype=torch.long, device=src.device)
+    buf_src.index_copy_(0, lay.dest, torch.where(lay.valid, rows, 0))
+    return torch.where(lay.row_live.unsqueeze(1), src.index_select(0, buf_src), 0)
+
+
 def _row_ids(idx: Optional[Tensor], valid: Tensor) -> Optional[Tensor]:
     """gather/scatter indices with padding entries (never read, possibly garbage) replaced by 0."""
     if idx is None:
@@ -258,25 +271,42 @@ def _expert_sum(v: Tensor, lay: _Layout, plan: Plan, e_count: int) -> Tensor:
     return s
 
 
-def combine_rows(rows_of: Tensor, rows_src: Tensor, weight: Optional[Tensor], target: Tensor, valid: Tensor,
-                 num_out_rows: int) -> Tensor:
-    """``out[t] = sum over routed rows i with target[i] == t of rows_of[rows_src[i]] (* weight[i])``.
+def combine_rows(rows_of: Tensor, rows_src: Tensor, target: Tensor, valid: Tensor, num_out_rows: int,
+                 fan: int = 0) -> Tensor:
+    """``out[t] = sum over routed rows i with target[i] == t of rows_of[rows_src[i]]``, in ``rows_of``'s dtype.
 
-    Deterministic: the rows are ordered by target (stable sort, ties in routed-row order) and each
-    target's segment is summed by ``torch.segment_reduce`` in that order, in ``rows_of``'s dtype (each
-    add rounded once: for two rows per target, as a sum in fp32 rounded at the end). Rows with ``valid``
-    False are left out. No host read.
+    Deterministic, no host read: the rows are ordered by target (stable sort, ties in routed-row order).
+    With ``fan`` (the most rows any target receives, known from the host plan) their buffer rows go into a
+    ``[num_out_rows, fan]`` table (empty slots point at the buffer's zero dump row, the last row of
+    ``rows_of``) and one ``sum`` over it adds them in fp32 and rounds once. Without it each target's
+    segment is summed by ``torch.segment_reduce`` in that order (each add rounded). Rows with ``valid``
+    False are left out.
     """
-    m = target.shape[0]
+    m, c = target.shape[0], rows_of.shape[1]
+    dump = rows_of.shape[0] - 1
+    if m == 0 or num_out_rows == 0:
+        return rows_of.new_zeros(num_out_rows, c)
     key = torch.where(valid, target, num_out_rows)
     order = torch.sort(key, stable=True).indices
-    bounds = torch.searchsorted(key[order], torch.arange(num_out_rows + 1, device=key.device))
-    data = rows_of.index_select(0, rows_src[order])
-    if weight is not None:
-        data = (data.float() * weight[order].unsqueeze(1)).to(rows_of.dtype)
-    if m == 0 or num_out_rows == 0:
-        return data.new_zeros(num_out_rows, rows_of.shape[1])
-    return torch.segment_reduce(data, "sum", offsets=bounds, axis=0, unsafe=True)
+    skey = key[order]
+    if fan > 0:
+        rank = torch.arange(m, device=key.device) - torch.searchsorted(skey, skey)
+        slot = torch.where(skey < num_out_rows, skey * fan + rank, num_out_rows * fan)
+        table = torch.full((num_out_rows * fan + 1,), dump, dtype=torch.long, device=key.device)
+        table.index_copy_(0, slot, rows_src[order])
+        table = table[:num_out_rows * fan]
+        return rows_of.index_select(0, table).view(num_out_rows, fan, c).sum(1)
+    bounds = torch.searchsorted(skey, torch.arange(num_out_rows + 1, device=key.device))
+    return torch.segment_reduce(rows_of.index_select(0, rows_src[order]), "sum", offsets=bounds, axis=0, unsafe=True)
+
+
+def _fan(idx: Optional[Tensor], valid: Tensor, n: int) -> Tensor:
+    """The most valid routed rows any of the ``n`` rows of ``idx`` receives (a 0-dim device tensor)."""
+    if idx is None:
+        return torch.ones((), dtype=torch.long, device=valid.device)
+    cnt = torch.zeros(n + 1, dtype=torch.long, device=valid.device)
+    cnt.index_add_(0, torch.where(valid, idx.long(), n), torch.ones_like(valid, dtype=torch.long))
+    return cnt[:n].amax() if n else cnt.new_zeros(())
 
 
 # ---- activations in NVFP4 (the sm_120 W4A4 recipe) ---------------------------------------------
@@ -319,11 +349,7 @@ def _forward_core(x, offs, w_gate, w_up, w_down, s_gate, s_up, row_weight, gathe
     m = gather_idx.shape[0] if gather_idx is not None else x.shape[0]
     lay = _layout(offs, m, plan)
     dt = x.dtype
-    src = _row_ids(gather_idx, lay.valid)
-    x_rows = x.index_select(0, src) if src is not None else x[:m]
-    xb = x.new_zeros(lay.rows + 1, x.shape[1])
-    xb.index_copy_(0, lay.dest, x_rows)
-    xb.narrow(0, lay.rows, 1).zero_()
+    xb = _to_buffer(x, gather_idx, lay)
     tiles = lay.tile_expert if plan.n_tiles else None
     wg_t = w_gate.index_select(0, tiles) if tiles is not None else None
     wu_t = w_up.index_select(0, tiles) if tiles is not None else None
@@ -358,16 +384,22 @@ def _buffer_row_weight(row_weight: Optional[Tensor], lay: _Layout, device) -> Op
     return rwb.index_copy_(0, lay.dest, torch.where(lay.valid, row_weight.float(), 0))
 
 
-def _plan_for(offs: Tensor, m: int, w_gate: Tensor, w_down: Tensor) -> Plan:
-    """Host plan from the counts (one device-to-host read) in eager mode; the static plan while a CUDA
-    graph is captured or torch.compile traces."""
+def _plan_for(offs: Tensor, m: int, w_gate: Tensor, w_down: Tensor, gather_idx=None, scatter_idx=None,
+              num_out_rows=None, x_rows: int = 0) -> Plan:
+    """The host plan from the per-expert counts and the combines' fans (ONE device-to-host read) in eager
+    mode; the static plan while a CUDA graph is captured or torch.compile traces."""
     e_count = offs.shape[0]
     capturing = offs.is_cuda and torch.cuda.is_current_stream_capturing()
     if capturing or torch.compiler.is_compiling() or e_count == 0:
         return static_plan(m, e_count)
-    ends = offs.long().cpu()
+    ends = offs.long()
     counts = torch.diff(ends, prepend=ends.new_zeros(1)).clamp(min=0)
-    return plan_from_counts(counts.tolist(), w_gate.shape[1], w_gate.shape[2], w_down.shape[2])
+    valid = torch.arange(m, device=offs.device) < ends[-1]
+    fans = [_fan(scatter_idx, valid, num_out_rows or 0) if scatter_idx is not None else counts.new_zeros(()),
+            _fan(gather_idx, valid, x_rows) if gather_idx is not None else counts.new_zeros(())]
+    host = torch.cat([counts, torch.stack(fans)]).cpu().tolist()
+    plan = plan_from_counts(host[:e_count], w_gate.shape[1], w_gate.shape[2], w_down.shape[2])
+    return dataclasses.replace(plan, fan_out=max(host[e_count], 1), fan_in=max(host[e_count + 1], 1))
 
 
 def _check_activations(activations: str, d: int, r: int) -> None:
@@ -385,12 +417,13 @@ def grouped_glu_forward_saved(x, offs, w_gate, w_up, w_down, s_gate=None, s_up=N
     (a CPU int64 tensor, so the backward reads nothing from the device)."""
     _check_activations(activations, w_gate.shape[1], w_gate.shape[2])
     m = gather_idx.shape[0] if gather_idx is not None else x.shape[0]
-    plan = static_plan(m, offs.shape[0]) if static else _plan_for(offs, m, w_gate, w_down)
+    plan = static_plan(m, offs.shape[0]) if static else _plan_for(offs, m, w_gate, w_down, gather_idx, scatter_idx,
+                                                                  num_out_rows, x.shape[0])
     lay, _, _, _, _, _, _, y = _forward_core(x, offs, w_gate, w_up, w_down, s_gate, s_up, row_weight, gather_idx,
                                              plan, activations)
     f = w_down.shape[2]
     if scatter_idx is not None:
-        out = combine_rows(y, lay.dest, None, _row_ids(scatter_idx, lay.valid), lay.valid, num_out_rows)
+        out = combine_rows(y, lay.dest, _row_ids(scatter_idx, lay.valid), lay.valid, num_out_rows, plan.fan_out)
     else:
         out = torch.where(lay.valid.unsqueeze(1), y.index_select(0, lay.dest), 0)
     return out.to(x.dtype).view(-1, f), [plan.as_tensor()]
@@ -405,8 +438,8 @@ def grouped_glu_forward(x, offs, w_gate, w_up, w_down, s_gate=None, s_up=None, r
 
 
 def saved_like(x, w_gate, gather_idx, scatter_idx=None, num_out_rows=None):
-    """Fake of the saved list: the plan (CPU int64 [3])."""
-    return [torch.empty(3, dtype=torch.int64, device="cpu")]
+    """Fake of the saved list: the plan (CPU int64 [5])."""
+    return [torch.empty(5, dtype=torch.int64, device="cpu")]
 
 
 def grouped_glu_backward(grad_out, x, offs, w_gate, w_up, w_down, s_gate, s_up, row_weight, gather_idx, scatter_idx,
@@ -419,20 +452,15 @@ def grouped_glu_backward(grad_out, x, offs, w_gate, w_up, w_down, s_gate, s_up, 
     if saved:
         plan = Plan.from_tensor(saved[0])
     else:
-        plan = static_plan(m, e_count) if static else _plan_for(offs, m, w_gate, w_down)
+        plan = static_plan(m, e_count) if static else _plan_for(offs, m, w_gate, w_down, gather_idx, scatter_idx,
+                                                                num_out_rows, x.shape[0])
     lay, xb, a, b, g, u, z, _ = _forward_core(x, offs, w_gate, w_up, w_down, s_gate, s_up, row_weight, gather_idx,
                                               plan, "bf16", need_y=False)
     dt = x.dtype
     live = lay.row_live.unsqueeze(1)
     tiles = lay.tile_expert if plan.n_tiles else None
     # dY (without the row weight) on the buffer rows
-    if scatter_idx is not None:
-        dy_rows = grad_out.index_select(0, _row_ids(scatter_idx, lay.valid))
-    else:
-        dy_rows = grad_out[:m]
-    dyb = grad_out.new_zeros(lay.rows + 1, grad_out.shape[1], dtype=dt)
-    dyb.index_copy_(0, lay.dest, dy_rows.to(dt))
-    dyb.narrow(0, lay.rows, 1).zero_()
+    dyb = _to_buffer(grad_out.to(dt), scatter_idx, lay)
     rwb = torch.ones(lay.rows + 1, dtype=torch.float32, device=x.device)
     if row_weight is not None:
         rwb.index_copy_(0, lay.dest, torch.where(lay.valid, row_weight.float(), 0))
@@ -469,7 +497,7 @@ def grouped_glu_backward(grad_out, x, offs, w_gate, w_up, w_down, s_gate, s_up, 
         dxb = _project(da_c, w_gate.transpose(1, 2), wg_t, lay, plan, False)
         dxb += _project(db_c, w_up.transpose(1, 2), wu_t, lay, plan, False)
         if gather_idx is not None:
-            grads[0] = combine_rows(dxb, lay.dest, None, _row_ids(gather_idx, lay.valid), lay.valid, x.shape[0])
+            grads[0] = combine_rows(dxb, lay.dest, _row_ids(gather_idx, lay.valid), lay.valid, x.shape[0], plan.fan_in)
         else:
             grads[0] = torch.where(lay.valid.unsqueeze(1), dxb.index_select(0, lay.dest), 0)
     inputs = (x, w_gate, w_up, w_down, s_gate, s_up, row_weight)
