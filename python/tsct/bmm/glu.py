@@ -79,10 +79,12 @@ def _round_up(v: int, m: int) -> int:
 def plan_from_counts(counts: Sequence[int], d: int, r: int, f: int) -> Plan:
     """The cheapest layout for known per-expert row counts (host integers).
 
-    Cost model in bytes moved: a buffer row costs ``6 d + 4 f`` (the bf16 row written and read twice
-    for gate/up, its output row written and read once); a tile additionally costs its factors' copy,
-    written once and read once, ``4 (2 d r + r f)``. Candidates: ``h0`` in 0 and the counts' values
-    rounded up to 8 (at most 33 quantiles), tile heights ``TILE_ROWS``.
+    Cost model in bytes moved by a forward and backward: a buffer row costs ``18 d + 12 f`` (three times
+    the forward's ``6 d + 4 f``: the bf16 row written and read for gate/up, its output row written and
+    read once); a tile additionally costs its factors' copy (bf16, written and read, forward and
+    backward: ``8 (2 d r + r f)``) and its fp32 weight-gradient partial (written, read, reduced:
+    ``12 (2 d r + r f)``). Candidates: ``h0`` in 0 and the counts' values rounded up to 8 (at most 33
+    quantiles), tile heights ``TILE_ROWS``.
     """
     import numpy as np
 
@@ -90,8 +92,8 @@ def plan_from_counts(counts: Sequence[int], d: int, r: int, f: int) -> Plan:
     e = c.size
     if e == 0 or int(c.max(initial=0)) == 0:
         return Plan(0, TILE_ROWS[0], 0)
-    row = 6 * d + 4 * f
-    tile_w = 4 * (2 * d * r + r * f)
+    row = 18 * d + 12 * f
+    tile_w = 20 * (2 * d * r + r * f)
     qs = np.unique(np.quantile(c, np.linspace(0, 1, 33), method="higher").astype(np.int64))
     cands = np.unique(np.concatenate([[0], -(-qs // 8) * 8]))
     best = None
@@ -109,14 +111,15 @@ def static_plan(m: int, experts: int) -> Plan:
     """A layout that fits ANY routing of ``m`` rows over ``experts`` experts, from the shapes alone.
 
     ``h0`` = twice the mean rows per expert rounded up to 8 (at least 8, at most 256: a capacity
-    factor of 2 covers balanced routing without tiles); tile height ``b = max(h0, 64)``. Tiles needed:
+    factor of 2 covers balanced routing without tiles); tile height ``b = max(h0, 256)`` (few tiles:
+    each costs a copy of its expert's factors and a weight-gradient partial). Tiles needed:
     ``sum_e ceil((c_e - h0) / b)`` over the n experts with ``c_e > h0``, which is at most
     ``(m - n h0 + n (b - 1)) / b`` and n <= min(E, m // (h0 + 1)); the bound takes the larger end.
     """
     if experts == 0 or m == 0:
         return Plan(0, 64, 0)
     h0 = min(256, max(8, _round_up(-(-2 * m // experts), 8)))
-    b = max(h0, 64)
+    b = max(h0, 256)
     n_max = min(experts, m // (h0 + 1))
     bound = max(m // b, (m - n_max * h0 + n_max * (b - 1)) // b)
     return Plan(h0, b, max(bound, 0))
@@ -132,6 +135,8 @@ class _Layout:
     row_live: Tensor      # [R + 1] bool: the buffer row holds a routed row
     tile_expert: Tensor   # [n_tiles] int64
     tile_offsets: Tensor  # [E + 1] int64: expert e's tiles are tile_offsets[e]:tile_offsets[e+1]
+    hot_expert: Tensor    # [H] int64, H = min(E, n_tiles): the experts with tiles, in order, then E - 1 (no tiles)
+    hot_offsets: Tensor   # [H + 1] int64: hot_expert[h]'s tiles (empty segments for the padding entries)
     r0: int               # rows of the dense part (E * h0)
     rows: int             # R
 
@@ -165,7 +170,16 @@ def _layout(offs: Tensor, m: int, plan: Plan) -> _Layout:
     row_live.index_fill_(0, dest, True)
     row_live.narrow(0, rows, 1).fill_(False)  # the dump row (no host scalar: capture-safe)
     tile_offsets = torch.cat([tile_end.new_zeros(1), tile_end.clamp(max=n)])
-    return _Layout(dest, valid, row_expert, row_live, tile_expert, tile_offsets, r0, rows)
+    n_hot = min(e_count, n)
+    is_hot = nt > 0
+    hot = torch.full((n_hot + 1,), e_count, dtype=torch.long, device=dev)
+    hot.index_copy_(0, torch.where(is_hot, torch.cumsum(is_hot, 0) - 1, n_hot).clamp(max=n_hot),
+                    torch.arange(e_count, device=dev))
+    hot = hot[:n_hot]
+    nt_ext = torch.cat([nt, nt.new_zeros(1)])
+    hot_offsets = torch.cat([nt.new_zeros(1), torch.cumsum(nt_ext[hot], 0).clamp(max=n)])
+    return _Layout(dest, valid, row_expert, row_live, tile_expert, tile_offsets, hot.clamp(max=e_count - 1),
+                   hot_offsets, r0, rows)
 
 
 def _to_buffer(src: Tensor, idx: Optional[Tensor], lay: _Layout) -> Tensor:
@@ -245,19 +259,18 @@ def _project(buf: Tensor, w: Tensor, w_tiles: Optional[Tensor], lay: _Layout, pl
 
 def _project_wide(buf: Tensor, w: Tensor, w_tiles: Optional[Tensor], lay: _Layout, plan: Plan) -> Tensor:
     """``buf @ w[expert of the row]`` for a wide ``w`` (N = f): ``[R + 1, pad8(N)]`` in the buffer's dtype,
-    columns past N unset. Computed as ``(w^T @ buf^T)^T``: with few rows per expert and N in the
-    thousands, cuBLAS runs the transposed problem 3.6x faster (H200, b1, K-major w_down: 0.33 vs 1.21 ms,
-    tools/bmm_gemm_layouts.py); the rows padded to a multiple of 8 keep every row 16-byte aligned for the
-    combine's gathers at odd N (f = 5461)."""
+    columns past N unset. The rows are padded to a multiple of 8 elements so that each starts 16-byte
+    aligned at odd N (f = 5461): the combine's row gathers then run vectorized (torch.bmm writes the
+    padded rows in place: cuBLAS takes the row stride as its leading dimension)."""
     e_count, n_out = w.shape[0], w.shape[2]
     out = torch.empty(lay.rows + 1, _round_up(n_out, 8), dtype=buf.dtype, device=buf.device)
     out.narrow(0, lay.rows, 1).zero_()
     da, ta = _parts(buf, lay, plan, e_count)
     do, to = _parts(out, lay, plan, e_count)
     if plan.h0:
-        do[..., :n_out].copy_(torch.bmm(w.transpose(1, 2), da.transpose(1, 2)).transpose(1, 2))
+        torch.bmm(da, w, out=do[..., :n_out])
     if plan.n_tiles:
-        to[..., :n_out].copy_(torch.bmm(w_tiles.transpose(1, 2), ta.transpose(1, 2)).transpose(1, 2))
+        torch.bmm(ta, w_tiles, out=to[..., :n_out])
     return out
 
 
@@ -265,7 +278,9 @@ def _weight_grad(a_buf: Tensor, b_buf: Tensor, lay: _Layout, plan: Plan, e_count
     """``sum over an expert's rows of a_row^T b_row`` per expert: ``[E, A, B]`` in the buffers' dtype.
 
     The dense part is one bmm per expert (fp32 accumulation, one rounding); an expert's tiles add their
-    fp32 partial sums in tile order (``segment_reduce``), so the result is the same on every run."""
+    fp32 partial sums in tile order (``segment_reduce``), rounded once more, into its row (``index_add_``
+    whose only repeated index, the padding entries', adds exact zeros), so the result is the same on
+    every run."""
     a_dim, b_dim = a_buf.shape[1], b_buf.shape[1]
     aa, at = _parts(a_buf, lay, plan, e_count)
     ba, bt = _parts(b_buf, lay, plan, e_count)
@@ -273,10 +288,10 @@ def _weight_grad(a_buf: Tensor, b_buf: Tensor, lay: _Layout, plan: Plan, e_count
         g = torch.bmm(aa.transpose(1, 2), ba)
     else:
         g = torch.zeros(e_count, a_dim, b_dim, dtype=a_buf.dtype, device=a_buf.device)
-    if plan.n_tiles:
+    if plan.n_tiles:  # only the experts with tiles; the padding entries add exact zeros
         part = _mm32(at.transpose(1, 2), bt).reshape(plan.n_tiles, a_dim * b_dim)
-        tiles = torch.segment_reduce(part, "sum", offsets=lay.tile_offsets, axis=0, unsafe=True)
-        g = (g.float() + tiles.view(e_count, a_dim, b_dim)).to(a_buf.dtype)
+        tiles = torch.segment_reduce(part, "sum", offsets=lay.hot_offsets, axis=0, unsafe=True)
+        g.index_add_(0, lay.hot_expert, tiles.view(-1, a_dim, b_dim).to(g.dtype))
     return g
 
 
