@@ -130,10 +130,6 @@ def collect(selftests: bool = True, verify_artifacts: bool = False) -> dict[str,
                     elif dispatch.status(path, cap, fmt).ok:
                         r = selftest.grouped_glu(path, dev, dtype, fmt)
                         tests.append({"device": str(dev), **r.__dict__})
-                # explicit-only paths (in no preference list) get their self-test where they can run
-                if fmt == "nvfp4" and dispatch.status(dispatch.TRITON_W4A4, cap, fmt).ok:
-                    tests.append({"device": str(dev), **selftest.grouped_glu(dispatch.TRITON_W4A4, dev, dtype,
-                                                                             fmt).__dict__})
             tests.append({"device": str(dev), **selftest.sort_by_expert(dev).__dict__})
             if dev.type == "cuda" and native.available():
                 tests += [{"device": str(dev), **r.__dict__} for r in selftest.native_quant(dev)]
@@ -340,7 +336,7 @@ def render(report: dict[str, Any]) -> None:
         t.add_row(d["op"], d["device"], d["format"], d["path"], why)
     con.print(t)
 
-    t = Table(title="every path (impl='<path>' forces one; triton-w4a4 is never taken by 'auto')")
+    t = Table(title="every path (impl='<path>' forces one)")
     for c in ("device", "path", *dispatch.FORMATS):
         t.add_column(c)
     rows: dict = {}

@@ -340,18 +340,6 @@ def test_fake_impls_give_shapes_and_dtypes():
     assert shapes == [(12, 32), (4, 32, 16), (0,), (4, 16, 24), (0,), (4, 16), (26,)]
 
 
-def test_w4a4_fake_matches_its_saving_forward():
-    """triton-w4a4 saves hg, hu (fp32) and z * rw like triton-lowbit but no combine CSR: the op's fake says so
-    (it used to say nothing saved, which a compiled graph would have trusted)."""
-    from torch._subclasses.fake_tensor import FakeTensorMode
-
-    p, _, facs = _problem()
-    with FakeTensorMode(allow_non_fake_inputs=True):
-        y, saved = torch.ops.tsct.grouped_glu_q(*_op_args(p, facs, (None, None, None), dispatch.TRITON_W4A4))
-        assert tuple(y.shape) == (12, 24)
-        assert [(tuple(t.shape), t.dtype) for t in saved] == [((26, 16), torch.float32)] * 2 + [((26, 16), y.dtype)]
-
-
 def test_fullgraph_compile_with_packed_factors_and_masters(lowbit_on_cpu):
     fmts = ("nvfp4", "sign", "nvfp4")
     p, masters, _ = _problem(fmts, seed=5)
@@ -417,7 +405,7 @@ def test_lowbit_status_reasons(monkeypatch, tmp_path):
     monkeypatch.delenv("TSCT_TRITON_BACKEND", raising=False)
     other = tmp_path / "old"
     other.mkdir()
-    monkeypatch.setenv("TSCT_AOT_DIR", str(_fake_aot_dir(other, ["glu", "w4a4"])))
+    monkeypatch.setenv("TSCT_AOT_DIR", str(_fake_aot_dir(other, ["glu"])))
     aot._reset_for_tests()
     try:
         assert TL.aot_arch((9, 0)) is None

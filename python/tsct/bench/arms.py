@@ -23,10 +23,6 @@ the expert math and the combine inside the timed span, sync-free.
                    backward also computes the straight-through gradients of the masters (dW of the
                    decoded factors), so its forward+backward is the low-bit training step comparable
                    with the bf16 arm's (which differentiates its factors).
-    tsct-w4a4-nvfp4  the same call with impl="triton-w4a4" (NVFP4 weights AND activations on tl.dot_scaled:
-                   x and z quantized per row, both projections block-scaled; straight-through backward on
-                   the low-bit kernels). Runs from this install's cubins only: "emulated (sm_90)" on sm_90
-                   (bf16 emulation of dot_scaled), native on sm_120; elsewhere "not runnable" with the reason.
 
 Forward timing runs with autograd recording (the forward of a training step); forward+backward adds
 ``torch.autograd.grad`` of the output w.r.t. x, the router weights, every dense factor and both scales,
@@ -56,7 +52,6 @@ from tsct.bench.inputs import Factors, InputSet
 PADDED_BMM = "padded-bmm"
 GROUPED_MM = "grouped-mm"
 TSCT = "tsct"
-W4A4 = "w4a4"
 SM120_CUTLASS = "sm120-cutlass"  # the sm120-fp4 path with TSCT_SM120_GEMM=cutlass (decision 0011)
 
 RAN, REFUSED, UNAVAILABLE, ERROR = "ran", "refused", "unavailable", "error"
@@ -100,7 +95,6 @@ def all_arms(cfg: BenchConfig, dense_fmt: str) -> list[ArmSpec]:
                 if path == dispatch.TRITON_LOWBIT and fmt in ("nvfp4", "sign"):
                     specs.append(ArmSpec(f"tsct-{path}-{fmt}-ste", TSCT, path, fmt))
     if "nvfp4" in fmts:
-        specs.append(ArmSpec("tsct-w4a4-nvfp4", W4A4, W4A4, "nvfp4"))
         # the sm120-fp4 forward on the CUTLASS GEMM, to A/B against tsct-sm120-fp4-nvfp4 (CuTeDSL)
         specs.append(ArmSpec("tsct-sm120-fp4-cutlass-nvfp4", SM120_CUTLASS, dispatch.SM120_FP4, "nvfp4"))
     return specs
@@ -426,33 +420,6 @@ def tsct_arm(spec: ArmSpec, ctx: Context, log=lambda s: None) -> dict:
     return res
 
 
-def w4a4_arm(spec: ArmSpec, ctx: Context, log=lambda s: None) -> dict:
-    """The whole pass through ``tsct.ops.grouped_glu(impl="triton-w4a4")``; ``mode`` says how it ran
-    (``w4a4.runnable``: emulated on sm_90, native on sm_120)."""
-    from tsct import config as tsct_config
-    from tsct.kernels.triton_w4a4 import w4a4
-
-    ok, mode = w4a4.runnable(ctx.capability)
-    fac = ctx.formats.get(spec.fmt)
-    if not ok or not isinstance(fac, Factors):
-        res = new_result(spec)
-        res["status"] = UNAVAILABLE
-        res["reason"] = mode if not ok else (fac or f"format {spec.fmt!r} was not prepared")
-        res["mode"] = "not runnable"
-        return res
-    saved = tsct_config.check_values
-
-    def pass_fn(inp: InputSet) -> Tensor:
-        return tsct_call(inp.x, inp.ids, inp.weights, fac, ctx.cfg.experts, dispatch.TRITON_W4A4)
-
-    res = measure_arm(spec, ctx, fac, pass_fn, before_timing=lambda: setattr(tsct_config, "check_values", False),
-                      after_timing=lambda: setattr(tsct_config, "check_values", saved), log=log)
-    res["mode"] = mode.split(":")[0]
-    res["reason"] = "; ".join(filter(None, [res["reason"], mode]))
-    res["dropped_fraction"] = 0.0 if res["status"] == RAN else None
-    return res
-
-
 def sm120_cutlass_arm(spec: ArmSpec, ctx: Context, log=lambda s: None) -> dict:
     """The sm120-fp4 arm with the CUTLASS GEMM backend (``TSCT_SM120_GEMM=cutlass`` while it runs): needs
     compute capability 12.0, the CUTLASS kernel linked in (manifest "cutlass") and the path runnable;
@@ -479,7 +446,7 @@ def sm120_cutlass_arm(spec: ArmSpec, ctx: Context, log=lambda s: None) -> dict:
     return res
 
 
-RUNNERS = {PADDED_BMM: padded_bmm_arm, GROUPED_MM: grouped_mm_arm, TSCT: tsct_arm, W4A4: w4a4_arm,
+RUNNERS = {PADDED_BMM: padded_bmm_arm, GROUPED_MM: grouped_mm_arm, TSCT: tsct_arm,
            SM120_CUTLASS: sm120_cutlass_arm}
 
 

@@ -19,10 +19,9 @@ and, when the manifest has a "triton_aot" section, the cubins (no cuobjdump need
   * the manifest's archs / variants / kernel counts == the per-arch index.json files (and the
     top-level index.json), same Triton version; no cubin on disk that no index lists;
   * every cubin an index lists exists with the sha256 it records, and the PTX target its entry
-    records (``ptx_arch``) is one of AOT_PTX_TARGETS[arch] (sm_120: plain sm_120 for the bf16 kernels,
-    the family target sm_120f for W4A4; never sm_120a);
-  * ``--list-elf`` of every cubin names exactly its arch (sm_120 and sm_120f list as sm_120: they must
-    load on 12.0 and 12.1);
+    records (``ptx_arch``) is its arch directory's (plain sm_120 in sm_120: it loads on 12.0 and 12.1;
+    never sm_120a, which loads on 12.0 only);
+  * ``--list-elf`` of every cubin names exactly its arch;
   * with ``sass=True``: for every (arch, kernel) that a SASS_RULES row covers, one variant (the first
     aligned bf16 one), or every cubin with ``all_variants=True`` / ``--all-variants`` (minutes), is
     disassembled: its "code for" arch, its function, and SASS_RULES.
@@ -85,17 +84,12 @@ class SassRule:
 
 
 # Per-arch SASS expectations, checked by verify(sass=True) on the library's SASS targets and on the
-# Triton AOT cubins (target = the cubin's arch directory: sm_90a, sm_100a, sm_120 (plain sm_120 for the
-# bf16 kernels, sm_120f for W4A4: both list as sm_120); kernel = its function). Also used by
-# `triton_glu/aot_build.py --check-sass` on freshly built cubins.
+# Triton AOT cubins (target = the cubin's arch directory: sm_90a, sm_100a, sm_120; kernel = its function).
+# Also used by `triton_glu/aot_build.py --check-sass` on freshly built cubins.
 # Adding a check is one line, e.g.:
 #   SassRule(r"sm_120[af]", r"^tsctk_.*nvfp4_gemm", require=r"OMMA\.SF\.16864\.F32\.E2M1\.E2M1\.UE4M3\.4X", why="..."),
 # No no-spill rule for the Triton kernels: some variants spill by design (bench/notes.md).
 _TRITON_GEMM = r"^(glu|lowbit)_(down_fwd|up_fwd|bwd_dz|bwd_dx_dw)$"  # bf16 and low-bit (W4A16) families
-_TRITON_W4A4 = r"^w4a4_(up|down)_fwd$"  # the two W4A4 GEMMs (dot_scaled)
-# PTX targets an AOT arch directory may hold (index entries' "ptx_arch"): sm_120 holds plain sm_120
-# (bf16) and the family target sm_120f (W4A4), both load on 12.0 and 12.1; never sm_120a (12.0 only).
-AOT_PTX_TARGETS: dict[str, tuple[str, ...]] = {"sm_120": ("sm_120", "sm_120f")}
 SASS_RULES: list[SassRule] = [
     SassRule(r".*", r"^tsctk_(nvfp4|sign)_", forbid=r"\b(STL|LDL)(\.\w+)*\b",
              why="quant kernels keep their 16-element block in registers (no local-memory spills)"),
@@ -116,12 +110,6 @@ SASS_RULES: list[SassRule] = [
     SassRule(r"sm_100a", _TRITON_GEMM, require=r"\bUTCHMMA\b", why="Triton GEMMs use tcgen05 MMA on sm_100a"),
     SassRule(r"sm_120", _TRITON_GEMM, require=r"\bHMMA\.16816\.F32",
              why="Triton GEMMs use mma.sync (fp32 accumulate) on plain sm_120"),
-    # W4A4 (triton_w4a4, tl.dot_scaled; its sm_120 cubins are built as sm_120f, listed as sm_120)
-    SassRule(r"sm_90a", _TRITON_W4A4, require=r"\bHGMMA\.",
-             why="W4A4 dot_scaled is emulated on sm_90a: e2m1/UE4M3 -> bf16, then wgmma"),
-    SassRule(r"sm_120", _TRITON_W4A4, require=r"\bOMMA\.SF\.16864\.F32\.E2M1\.E2M1\.UE4M3\.4X\b",
-             forbid=r"\bHMMA\.",
-             why="W4A4 dot_scaled is the native block-scaled MMA on sm_120f (not a bf16 emulation)"),
 ]
 
 
@@ -433,9 +421,8 @@ def _verify_aot(res: dict[str, Any], man: dict, lib: Path, aot_arg, cuobjdump: s
                 continue
             listed.add(fname)
             ptx = e.get("ptx_arch")
-            if ptx is not None and ptx not in AOT_PTX_TARGETS.get(arch, (arch,)):
-                file_bad.append(f"triton AOT {arch}/{fname}: built for PTX target {ptx!r}, expected one of "
-                                f"{list(AOT_PTX_TARGETS.get(arch, (arch,)))}")
+            if ptx is not None and ptx != arch:
+                file_bad.append(f"triton AOT {arch}/{fname}: built for PTX target {ptx!r}, expected {arch!r}")
                 row["status"].add("ELF ARCH")
             path = root / arch / fname
             if not path.is_file():
