@@ -31,12 +31,6 @@ library outside its .nv_fatbin section) number exactly the manifest's kernels; w
 is disassembled: 'code for' one of the manifest's archs (sm_120a, and sm_121a since decision 0010; the
 count per arch must equal the manifest's) and ``CUTEDSL_REQUIRED_SASS`` (the NVFP4 block-scaled MMA,
 OMMA.SF.16864.F32.E2M1.E2M1.UE4M3.4X) present in every one.
-and, when the manifest has a "cutlass" section (the CUTLASS sm_120 grouped NVFP4 GEMM compiled into the
-library's own fatbinary, decision 0011): its kernels are present in the library's ``arch`` (sm_120a)
-cubins and in no other target (they are left out of the per-target comparison with manifest["kernels"],
-which lists the tsct_device kernels), and with ``sass=True`` the GEMM kernel (role "gemm") holds
-``CUTLASS_REQUIRED_SASS`` (the same OMMA). A library with CUTLASS kernels and no section is a mismatch
-(they show up as kernels "not in manifest").
 The cubins are found at ``aot_dir`` / ``--aot-dir``, else $TSCT_AOT_DIR, else next to the library
 (site-packages/<manifest triton_aot.dir> for an install, <build dir>/triton_aot for a build tree).
 ``main`` exits 0 if everything matches, 1 on a mismatch (with a report), 2 if it cannot run (no
@@ -115,8 +109,6 @@ SASS_RULES: list[SassRule] = [
 
 #: every CuTeDSL sm_120 kernel linked into the library must hold this SASS instruction (design.md section 4)
 CUTEDSL_REQUIRED_SASS = r"\bOMMA\.SF\.16864\.F32\.E2M1\.E2M1\.UE4M3\.4X\b"
-#: the CUTLASS sm_120 GEMM kernel (manifest "cutlass" section, role "gemm") must hold it too (decision 0011)
-CUTLASS_REQUIRED_SASS = CUTEDSL_REQUIRED_SASS
 _EM_CUDA = 190
 
 
@@ -601,63 +593,6 @@ def _verify_cutedsl(res: dict[str, Any], man: dict, lib: Path, cuobjdump: str, s
     return problems
 
 
-def _cutlass_kernels(man: dict) -> dict[str, set[str]]:
-    """arch -> the kernel names the manifest's "cutlass" section lists (empty without the section)."""
-    sec = man.get("cutlass") or {}
-    out: dict[str, set[str]] = {}
-    for k in sec.get("kernels", []):
-        out.setdefault(str(k.get("arch", sec.get("arch", "sm_120a"))), set()).add(str(k["name"]))
-    return out
-
-
-def _verify_cutlass(res: dict[str, Any], man: dict, elf_kernels: dict[str, set[str]],
-                    funcs_by_arch: dict[str, dict[str, str]], sass: bool) -> list[str]:
-    """The manifest's "cutlass" section against the library's fatbinary (cuobjdump's view, before the
-    CUTLASS kernels are removed from it). Fills res["cutlass"] (None without the section)."""
-    sec = man.get("cutlass")
-    if not sec:
-        res["cutlass"] = None
-        return []
-    arch = str(sec.get("arch", "sm_120a"))
-    kernels = sec.get("kernels", [])
-    gemms = [str(k["name"]) for k in kernels if k.get("role") == "gemm"]
-    info = {"arch": arch, "headers": (sec.get("headers") or {}).get("cutlass"), "kernels": len(kernels),
-            "found": 0, "gemm": len(gemms), "omma_ok": 0, "sass_checked": 0}
-    res["cutlass"] = info
-    problems = []
-    if not gemms:
-        problems.append("cutlass: the manifest's cutlass section lists no GEMM kernel (role 'gemm')")
-    have = elf_kernels.get(arch, set())
-    for k in kernels:
-        name = str(k["name"])
-        if name in have:
-            info["found"] += 1
-        else:
-            problems.append(f"cutlass: kernel {name[:100]} is not in the library's {arch} cubins")
-        others = sorted(t for t, names in elf_kernels.items() if t != arch and name in names)
-        if others:
-            problems.append(f"cutlass: kernel {name[:100]} is also in {others} (built for {arch} only)")
-    if sass:
-        funcs = funcs_by_arch.get(arch, {})
-        for name in gemms:
-            if name not in funcs:
-                continue  # reported above
-            info["sass_checked"] += 1
-            if re.search(CUTLASS_REQUIRED_SASS, funcs[name]):
-                info["omma_ok"] += 1
-            else:
-                problems.append(f"cutlass: GEMM kernel {name[:100]}: SASS lacks /{CUTLASS_REQUIRED_SASS}/ (the NVFP4 "
-                                "block-scaled MMA)")
-    return problems
-
-
-def _cutlass_summary(info: dict | None, problems: list[str], sass: bool) -> str:
-    if info is None:
-        return "; cutlass: none"
-    s = f"; cutlass: {info['found']}/{info['kernels']} {info['arch']}" + (" OMMA" if sass else "")
-    return s + (f": {_count(problems)} problems" if problems else " ok")
-
-
 def _cutedsl_summary(info: dict | None, problems: list[str], sass: bool) -> str:
     if info is None:
         return "; cutedsl: none"
@@ -711,7 +646,7 @@ def verify(lib: str | os.PathLike | None = None, manifest: str | os.PathLike | d
     """
     res: dict[str, Any] = {"ok": False, "status": "error", "library": None, "manifest": None, "cuobjdump": None,
                            "nvdisasm": None, "sass": bool(sass), "all_variants": bool(all_variants), "targets": [],
-                           "triton_aot": None, "cutedsl": None, "cutlass": None, "problems": [], "detail": "",
+                           "triton_aot": None, "cutedsl": None, "problems": [], "detail": "",
                            "build": {}}
     try:
         _verify(res, lib, manifest, cuobjdump, sass, aot_dir, all_variants)
@@ -758,12 +693,6 @@ def _verify(res: dict[str, Any], lib_arg, manifest_arg, cuobjdump_arg, sass: boo
     elf_kernels = resource_usage_kernels(run_tool(cuobjdump, ["--dump-resource-usage"], lib))
     ptx_k = ptx_kernels(run_tool(cuobjdump, ["--dump-ptx"], lib))
     funcs_by_arch = sass_functions(run_tool(cuobjdump, ["--dump-sass"], lib, env=env)) if sass else {}
-    # The CUTLASS kernels (manifest "cutlass" section) are checked on their own, then left out of the
-    # per-target comparison with manifest["kernels"] (the tsct_device kernels).
-    cutlass_problems = _verify_cutlass(res, man, elf_kernels, funcs_by_arch, sass)
-    for arch, names in _cutlass_kernels(man).items():
-        elf_kernels[arch] = elf_kernels.get(arch, set()) - names
-        funcs_by_arch[arch] = {k: v for k, v in funcs_by_arch.get(arch, {}).items() if k not in names}
 
     # --list-elf names an sm_XXf cubin "sm_XX" (cuobjdump 13.x); the dump headers keep the suffix.
     listed = sorted(set(list_elf))
@@ -806,11 +735,10 @@ def _verify(res: dict[str, Any], lib_arg, manifest_arg, cuobjdump_arg, sass: boo
 
     aot_problems = _verify_aot(res, man, lib, aot_arg, cuobjdump, sass, all_variants, env)
     cdsl_problems = _verify_cutedsl(res, man, lib, cuobjdump, sass, env)
-    everything = problems + aot_problems + cdsl_problems + cutlass_problems
+    everything = problems + aot_problems + cdsl_problems
     res.update(ok=not everything, status="mismatch" if everything else "match", targets=rows, problems=everything,
                detail=_summary(gencodes, want_kernels, sass, problems, res["triton_aot"], aot_problems)
-               + _cutedsl_summary(res.get("cutedsl"), cdsl_problems, sass)
-               + _cutlass_summary(res.get("cutlass"), cutlass_problems, sass))
+               + _cutedsl_summary(res.get("cutedsl"), cdsl_problems, sass))
 
 
 # --- the report --------------------------------------------------------------------------------
@@ -881,12 +809,6 @@ def _report(r: dict) -> int:
     else:
         print(f"\ncutedsl ({(cd.get('dsl') or {}).get('version')}, {cd['arch']}): {cd['cubins']} embedded cubins for "
               f"{cd['kernels']} kernels" + (f", OMMA.SF.16864...UE4M3.4X in {cd['omma_ok']}" if r["sass"] else ""))
-    cl = r.get("cutlass")
-    if cl is None:
-        print("cutlass: the manifest has no cutlass section (built with TSCT_CUTLASS=OFF, or AUTO without the headers)")
-    else:
-        print(f"cutlass (CUTLASS {cl['headers']}, {cl['arch']}): {cl['found']}/{cl['kernels']} kernels in the fatbinary"
-              + (f", OMMA.SF.16864...UE4M3.4X in {cl['omma_ok']}/{cl['gemm']} GEMM" if r["sass"] else ""))
     print(f"\n{r['detail']}")
     if r["problems"]:
         print("\nMISMATCH:")
