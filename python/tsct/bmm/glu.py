@@ -41,6 +41,8 @@ from typing import Optional, Sequence
 import torch
 from torch import Tensor
 
+from tsct.kernels.layout import is_kmajor
+
 __all__ = ["Plan", "plan_from_counts", "static_plan", "grouped_glu_forward", "grouped_glu_forward_saved",
            "grouped_glu_backward", "saved_like", "combine_rows"]
 
@@ -182,14 +184,16 @@ def _layout(offs: Tensor, m: int, plan: Plan) -> _Layout:
                    hot_offsets, r0, rows)
 
 
-def _to_buffer(src: Tensor, idx: Optional[Tensor], lay: _Layout) -> Tensor:
-    """``[R + 1, C]``: buffer row ``dest[i]`` holds ``src[idx[i]]`` (``src[i]`` without idx); every other row
-    is exactly 0 (so no NaN or inf of another row can reach a product). A gather, not a scatter."""
-    m = lay.dest.shape[0]
+def _to_buffer(src: Tensor, idx: Optional[Tensor], lay: _Layout, pad_cols: int = 0) -> Tensor:
+    """``[R + 1, C + pad_cols]``: buffer row ``dest[i]`` holds ``src[idx[i]]`` (``src[i]`` without idx);
+    every other row is exactly 0 (so no NaN or inf of another row can reach a product): one gather from
+    ``src`` with a zero row (and ``pad_cols`` columns, 16-byte rows at odd widths) appended."""
+    m, n = lay.dest.shape[0], src.shape[0]
     rows = idx.long() if idx is not None else torch.arange(m, device=src.device)
-    buf_src = torch.zeros(lay.rows + 1, dtype=torch.long, device=src.device)
-    buf_src.index_copy_(0, lay.dest, torch.where(lay.valid, rows, 0))
-    return torch.where(lay.row_live.unsqueeze(1), src.index_select(0, buf_src), 0)
+    buf_src = torch.full((lay.rows + 1,), n, dtype=torch.long, device=src.device)
+    buf_src.index_copy_(0, lay.dest, torch.where(lay.valid, rows, n))
+    buf_src.narrow(0, lay.rows, 1).fill_(n)
+    return torch.nn.functional.pad(src, (0, pad_cols, 0, 1)).index_select(0, buf_src)
 
 
 def _row_ids(idx: Optional[Tensor], valid: Tensor) -> Optional[Tensor]:
@@ -502,10 +506,8 @@ def grouped_glu_backward(grad_out, x, offs, w_gate, w_up, w_down, s_gate, s_up, 
     tiles = lay.tile_expert if plan.n_tiles else None
     # dY (without the row weight) on the buffer rows
     f = w_down.shape[2]
-    go = grad_out.to(dt)
-    if f % 8:  # rows 16-byte aligned for the gather (odd f); the pad columns never enter a product
-        go = torch.nn.functional.pad(go, (0, _round_up(f, 8) - f))
-    dyb = _to_buffer(go, scatter_idx, lay)[:, :f]
+    # rows 16-byte aligned for the gather at odd f; the pad columns never enter a product
+    dyb = _to_buffer(grad_out.to(dt), scatter_idx, lay, _round_up(f, 8) - f)[:, :f]
     rwb = torch.ones(lay.rows + 1, dtype=torch.float32, device=x.device)
     if row_weight is not None:
         rwb.index_copy_(0, lay.dest, torch.where(lay.valid, row_weight.float(), 0))
@@ -520,7 +522,10 @@ def grouped_glu_backward(grad_out, x, offs, w_gate, w_up, w_down, s_gate, s_up, 
         grads[6] = torch.where(lay.valid, drw, 0)
     if needs_grad[3]:
         zw = (zl * rwb.unsqueeze(1)).to(dt)
-        grads[3] = _weight_grad(zw, dyb, lay, plan, e_count)
+        if is_kmajor(w_down):  # dW^T = dY^T zw: the K-major gradient without a transposing copy
+            grads[3] = _weight_grad(dyb, zw, lay, plan, e_count).transpose(1, 2)
+        else:
+            grads[3] = _weight_grad(zw, dyb, lay, plan, e_count)
     dz = dz_raw * rwb.unsqueeze(1)
     sig = torch.sigmoid(g)
     du = torch.where(live, dz * (g * sig), 0)
