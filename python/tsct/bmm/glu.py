@@ -16,7 +16,7 @@ weight and the combine in fp32.
 Plans (``Plan``): an eager call reads the per-expert row counts on the host ONCE per forward (the
 one sync of this path; the backward reuses the plan) and picks ``h0`` and ``b`` by a byte-cost model
 (``plan_from_counts``). Under CUDA-graph capture or ``torch.compile`` no host read is possible: the
-static plan (``static_plan``) bounds the tiles from the shapes alone (docs/decisions/0016).
+static plan (``static_plan``) bounds the tiles from the shapes alone (docs/decisions/0018).
 
 Determinism: every sum over rows is fixed-order. The combine sorts the routed rows by output row
 (stable) and sums each segment with ``torch.segment_reduce`` (one thread per output element, a
