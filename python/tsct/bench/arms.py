@@ -242,7 +242,9 @@ def new_result(spec: ArmSpec) -> dict:
             "rel_l2_err": None, "max_rel_err_dequant": None, "rel_l2_err_dequant": None, "peak_mem_bytes": None,
             "storage_bytes": None, "dropped_fraction": None, "grads": None, "sync_free": None, "sync_ops": [],
             "warnings": [], "w_down_layout": spec.w_down_layout, "fwd_graph_ms": None, "fwdbwd_graph_ms": None,
-            "rates_from": None}
+            "rates_from": None,
+            # the precision of the activations in the products (tsct.dispatch.COMPUTES; bf16 for the baselines)
+            "activations": "nvfp4" if spec.path == dispatch.SM120_FP4 else "bf16"}
 
 
 def measure_arm(spec: ArmSpec, ctx: Context, fac: Factors, pass_fn: Callable[[InputSet], Tensor], *,
