@@ -47,6 +47,26 @@ _K_MULTIPLE = {"nvfp4": 16, "sign": 8}  # the contraction dim K (d for w_gate/w_
 _PACKED_FIELDS = {"nvfp4": ("codes", "block_scale", "global_scale"), "sign": ("bits", "scale_k", "scale_n")}
 
 
+# Optimizer steps taken in this process (every torch.optim optimizer; counted by a global step post-hook). A layer
+# re-quantizes its masters after any step: FSDP2 writes the gathered parameters into its unsharded tensors without
+# moving their version counters (torch.autograd._unsafe_preserve_version_counter in its all-gather copy-out), and
+# the optimizer steps the sharded parameters, not those, so neither stamp of ``quantize_master`` would see it.
+_optimizer_steps = 0
+_step_hook = None
+
+
+def _count_step(optimizer, args, kwargs) -> None:
+    global _optimizer_steps
+    _optimizer_steps += 1
+
+
+def _ensure_step_counter() -> None:
+    global _step_hook
+    if _step_hook is None:
+        from torch.optim.optimizer import register_optimizer_step_post_hook
+        _step_hook = register_optimizer_step_post_hook(_count_step)
+
+
 def compute_dtype(x: Tensor) -> torch.dtype:
     """The dtype the expert layers compute in for input ``x``: the autocast dtype of ``x``'s device type when
     autocast is on there, else ``x.dtype``."""
@@ -169,7 +189,10 @@ class GroupedGLUExperts(GLUExpertBank):
             "nvfp4" / "sign": the parameters are MASTER factors; each forward quantizes them with
             ``tsct.ops.quantize_master`` (cached per master version: once per optimizer step, also across
             micro-batches) and the op reads the packed factors, the masters receiving the straight-through
-            gradient (docs/decisions/0008). While torch.compile traces or a CUDA graph is captured, the
+            gradient (docs/decisions/0008). The cache is also dropped after every ``torch.optim`` step and on
+            ``load_state_dict`` / ``reset_parameters``, so it holds under FSDP2 too, which rewrites the
+            unsharded masters without moving their version counters; after any other write to the masters call
+            ``requantize()``. While torch.compile traces or a CUDA graph is captured, the
             quantization runs in the graph instead (``tsct.quant.fake_quantize``: the same decoded values as
             dense factors, re-quantized on every replay), since a host-side cache would freeze the factors of
             the first step. NVFP4 needs d and r multiples of 16, sign multiples of 8.
@@ -207,6 +230,10 @@ class GroupedGLUExperts(GLUExpertBank):
         super().__init__(num_experts, d, r, f, scales=scales, device=device, dtype=dtype)
         self.storage, self.impl, self.activations = storage, impl, activations
         self.frozen = False
+        self._generation = 0  # moves on load_state_dict / reset_parameters / requantize
+        self._quantized_at = None  # (optimizer steps, generation) of the last quantization
+        if storage != "bf16":
+            _ensure_step_counter()
         if frozen:
             dev = self.w_gate.device
             for name, (k, n) in zip(FACTORS, self._kn()):
@@ -214,6 +241,20 @@ class GroupedGLUExperts(GLUExpertBank):
                 for field, t in zip(_PACKED_FIELDS[storage], _empty_packed(storage, num_experts, k, n, dev)):
                     self.register_buffer(f"{name}_{field}", t)
             self.frozen = True
+
+    def reset_parameters(self) -> None:
+        super().reset_parameters()
+        self.requantize()
+
+    def requantize(self) -> None:
+        """Drop the cached packed factors: the next forward quantizes the masters again. Needed only after a
+        write to the masters that is neither an in-place op on them, a ``torch.optim`` step, ``load_state_dict``
+        nor ``reset_parameters`` (e.g. through ``.data``, or into FSDP2's sharded parameters)."""
+        self._generation = getattr(self, "_generation", 0) + 1
+
+    def _load_from_state_dict(self, *args, **kwargs):
+        super()._load_from_state_dict(*args, **kwargs)
+        self.requantize()
 
     def _kn(self) -> tuple[tuple[int, int], ...]:
         """(K, N) of each factor's logical shape."""
@@ -285,7 +326,11 @@ class GroupedGLUExperts(GLUExpertBank):
             deq = [quant.fake_quantize(v, self.storage).to(dt) for v in views]
             deq[2] = to_kmajor(deq[2])  # fake_quantize returns a contiguous [E, r, f]; keep the K-major layout
             return tuple(deq), None
-        from tsct.ops import quantize_master
+        from tsct.ops import mark_masters_updated, quantize_master
+        stamp = (_optimizer_steps, self._generation)
+        if stamp != self._quantized_at:
+            mark_masters_updated(*views)
+            self._quantized_at = stamp
         return tuple(quantize_master(v, self.storage) for v in views), views
 
     def grouped_glu(self, x: Tensor, offs: Tensor, *, row_weight: Optional[Tensor] = None,
