@@ -94,11 +94,6 @@ def _list_arms(cfg: cfgmod.BenchConfig, console: Console) -> None:
             state = "runs" if st.ok else f"unavailable: {st.reason}"
         elif s.kind == arms.GROUPED_MM:
             state = f"runs if torch accepts the shape ({what})" if gmm else f"unavailable: {what}"
-        elif s.kind == arms.W4A4:
-            from tsct.kernels.triton_w4a4 import w4a4
-
-            ok, mode = w4a4.runnable(cap)
-            state = f"runs: {mode}" if ok else f"unavailable: {mode}"
         elif s.kind == arms.SM120_CUTLASS:
             from tsct.kernels.sm120_fp4 import cutlass_gemm
 

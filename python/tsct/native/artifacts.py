@@ -90,7 +90,8 @@ class SassRule:
 # `triton_glu/aot_build.py --check-sass` on freshly built cubins.
 # Adding a check is one line, e.g.:
 #   SassRule(r"sm_120[af]", r"^tsctk_.*nvfp4_gemm", require=r"OMMA\.SF\.16864\.F32\.E2M1\.E2M1\.UE4M3\.4X", why="..."),
-# No no-spill rule for the Triton kernels: some variants spill by design (bench/notes.md).
+# No no-spill rule for the Triton kernels: some variants spill by design (generic, unaligned variants and the
+# mma.sync backward kernels on sm_120 hold their accumulators in registers; docs/performance.md).
 _TRITON_GEMM = r"^(glu|lowbit)_(down_fwd|up_fwd|bwd_dz|bwd_dx_dw)$"  # bf16 and low-bit (W4A16) families
 _TRITON_W4A4 = r"^w4a4_(up|down)_fwd$"  # the two W4A4 GEMMs (dot_scaled)
 # PTX targets an AOT arch directory may hold (index entries' "ptx_arch"): sm_120 holds plain sm_120

@@ -1,4 +1,4 @@
-"""W4A4 grouped GLU kernels on Triton's ``tl.dot_scaled`` (issue 4 item 2): NVFP4 activations x NVFP4
+"""W4A4 grouped GLU kernels on Triton's ``tl.dot_scaled``: NVFP4 activations x NVFP4
 factors, UE4M3 block scales per 16 elements, fp32 accumulation; both projections in W4A4.
 
     grouped_glu(x, offs, w_gate, w_up, w_down, s_gate, s_up, *, row_weight, gather_idx, scatter_idx,
@@ -27,7 +27,7 @@ FORMATS = ("nvfp4",)
 
 def status(capability, fmt: str) -> tuple:
     """(ok, reason) in ``tsct.dispatch``'s form: NVFP4 factors only, and only from this install's W4A4 cubins
-    (``w4a4.runnable``: sm_90a emulated, sm_120 native and never executed by us; no JIT)."""
+    (``w4a4.runnable``: sm_90a emulated, sm_120 native and never executed on an sm_120 card; no JIT)."""
     if fmt not in FORMATS:
         return False, f"storage format {fmt!r} is not served by the W4A4 path (all three factors must be NVFP4)"
     from tsct.kernels.triton_w4a4 import w4a4

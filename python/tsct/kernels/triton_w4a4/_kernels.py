@@ -1,4 +1,4 @@
-"""Triton sources of the W4A4 (NVFP4 x NVFP4) grouped GLU kernels (issue 4 item 2). Host side: ``w4a4.py``.
+"""Triton sources of the W4A4 (NVFP4 x NVFP4) grouped GLU kernels. Host side: ``w4a4.py``.
 
 NVFP4 here is decision 0002's format: E2M1 codes two per byte (even element in the LOW nibble, which
 is also ``tl.dot_scaled``'s packing), one UE4M3 block scale per 16 consecutive K elements in the

@@ -12,8 +12,8 @@ activation quantizers passed straight through (dX = dh W_hat^T through the decod
 with the bf16 x; the master of a packed factor gets dW_hat: STE, design.md section 3, decision 0008).
 
 Containers ride on ``ctx`` (their storage is never modified); tensors are ordinary autograd inputs. Not a
-``torch.library`` custom op: ``torch.compile`` graph-breaks around it (wiring it into ``tsct::grouped_glu_q``
-is the lead's, together with a dispatch entry).
+``torch.library`` custom op: ``torch.compile`` graph-breaks around a direct call; ``tsct.ops.grouped_glu(...,
+impl="triton-w4a4")`` reaches the same forward and backward through ``tsct::grouped_glu_q``.
 """
 
 from __future__ import annotations

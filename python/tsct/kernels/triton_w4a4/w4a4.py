@@ -276,7 +276,7 @@ def runnable(capability: Optional[tuple]) -> tuple[bool, str]:
     """Whether the W4A4 pass can run here, and how it would run (the label the benchmark reports).
 
     Only through this install's cubins: sm_90a (Triton's bf16 emulation of ``tl.dot_scaled``: "emulated
-    (sm_90)") and sm_120 (native OMMA, built as sm_120f; never executed by us). Triton JIT is not offered:
+    (sm_90)") and sm_120 (native OMMA, built as sm_120f; never executed on an sm_120 card). Triton JIT is not offered:
     the H200 image's Triton 3.6 crashes compiling the sm_90 emulation (decision 0005). An install whose W4A4
     cubins predate the down kernel (``w4a4_down_fwd``) is not runnable."""
     from tsct.kernels import aot
@@ -294,7 +294,7 @@ def runnable(capability: Optional[tuple]) -> tuple[bool, str]:
         return False, f"not runnable: this install's W4A4 cubins for {arch} predate the W4A4 down kernel"
     if arch == "sm_90a":
         return True, "emulated (sm_90): tl.dot_scaled lowered to bf16 HGMMA (e2m1 x UE4M3 decoded in registers)"
-    return True, "native (sm_120f OMMA.SF block-scaled MMA); not executed on an sm_120 card by us"
+    return True, "native (sm_120f OMMA.SF block-scaled MMA); not yet run on sm_120 hardware"
 
 
 def grouped_glu_forward_saved(

@@ -1,0 +1,49 @@
+"""Where the bmm path's time goes at one shape: torch profiler, CUDA kernel totals of a forward and a
+forward+backward, beside the padded bmm the benchmark runs. Usage: python tools/bmm_profile.py [--routing zipf]"""
+
+import argparse
+
+import torch
+from torch.profiler import ProfilerActivity, profile
+
+from tsct.bench import config as cfgmod
+from tsct.bench import inputs, routing
+from tsct.ops import grouped_glu, sort_by_expert
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--routing", default="softmax")
+    ap.add_argument("--rows", type=int, default=25)
+    a = ap.parse_args()
+    T, k, E, d, r, f = 16384, 2, 1024, 2048, 64, 5461
+    g = torch.Generator(device="cuda").manual_seed(0)
+    x = torch.randn(T, d, device="cuda", dtype=torch.bfloat16, generator=g).requires_grad_(True)
+    wg = (torch.randn(E, d, r, device="cuda", generator=g) / d ** .5).bfloat16().requires_grad_(True)
+    wu = (torch.randn(E, d, r, device="cuda", generator=g) / d ** .5).bfloat16().requires_grad_(True)
+    wd = (torch.randn(E, f, r, device="cuda", generator=g) / r ** .5).bfloat16().requires_grad_(True)
+    logits = torch.randn(T, E, device="cuda", generator=g)
+    if a.routing == "zipf":
+        logits = logits + 8 * torch.log(1 / torch.arange(1, E + 1, device="cuda").float()) * 1.2
+    probs, ids = torch.softmax(logits, -1).topk(k)
+
+    def step(bwd):
+        s = sort_by_expert(ids, E, probs)
+        y = grouped_glu(x, s.offs, wg, wu, wd.transpose(1, 2), row_weight=s.row_weight, gather_idx=s.token,
+                        scatter_idx=s.token, num_out_rows=T, impl="bmm")
+        if bwd:
+            y.backward(torch.ones_like(y))
+
+    for bwd in (False, True):
+        for _ in range(3):
+            step(bwd)
+        torch.cuda.synchronize()
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            step(bwd)
+            torch.cuda.synchronize()
+        print(f"== {'forward+backward' if bwd else 'forward'}")
+        print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=a.rows))
+
+
+if __name__ == "__main__":
+    main()
