@@ -193,6 +193,20 @@ def test_masters_are_quantized_once_per_optimizer_step(fmt, monkeypatch):
     assert len(calls) == 6 and not torch.equal(y0, y1)  # the step retired the cached containers
 
 
+def test_straight_through_cache_follows_loads_and_writes_the_version_counter_misses():
+    m, other = layer(GroupedGLUExperts, storage="nvfp4"), layer(GroupedGLUExperts, seed=5, storage="nvfp4")
+    x, ids, w = routing(seed=6)
+    m(x, ids, w)  # fills the cache
+    m.load_state_dict(other.state_dict())
+    assert torch.equal(m(x, ids, w), other(x, ids, w))
+    with torch.no_grad():
+        m.w_up.data.mul_(-1)  # a write the version counter of the parameter does not record
+    stale = m(x, ids, w)
+    m.requantize()
+    fresh = m(x, ids, w)
+    assert torch.equal(stale, other(x, ids, w)) and not torch.equal(fresh, stale)
+
+
 @pytest.mark.parametrize("fmt", ["nvfp4", "sign"])
 def test_freeze_keeps_the_output_and_stores_packed_buffers(fmt):
     m = layer(GroupedGLUExperts, storage=fmt)
@@ -322,7 +336,7 @@ def test_constructor_errors_name_the_argument():
         GroupedGLUExperts(E, D, R, F, activations="fp8")
     with pytest.raises(ValueError, match="frozen=True needs storage"):
         GroupedGLUExperts(E, D, R, F, frozen=True)
-    with pytest.raises(ValueError, match="needs r to be a multiple of 16"):
+    with pytest.raises(ValueError, match="needs r to be a multiple of 16 "):
         GroupedGLUExperts(E, D, 24, F, storage="nvfp4")
     GroupedGLUExperts(E, D, 24, F, storage="sign")  # 24 is a multiple of sign's 8
     with pytest.raises(ValueError, match="capacity_factor must be"):
@@ -347,16 +361,19 @@ def test_impl_and_activations_pass_through(monkeypatch):
 
     def spy(*a, **kw):
         seen.append({k: kw.get(k) for k in ("impl", "activations")})
-        return real(*a, **{k: v for k, v in kw.items() if k != "activations"})
+        return real(*a, **kw)
 
     monkeypatch.setattr(tsct.ops, "grouped_glu", spy)
     x, ids, w = routing()
-    layer(GroupedGLUExperts, impl="reference")(x, ids, w)
-    layer(GroupedGLUExperts, activations="nvfp4", storage="nvfp4")(x, ids, w)
-    assert seen == [{"impl": "reference", "activations": None}, {"impl": "auto", "activations": "nvfp4"}]
+    y_ref = layer(GroupedGLUExperts, impl="reference")(x, ids, w)
+    y_act = layer(GroupedGLUExperts, activations="nvfp4", storage="nvfp4")(x, ids, w)
+    assert seen == [{"impl": "reference", "activations": "bf16"}, {"impl": "auto", "activations": "nvfp4"}]
+    assert 0 < rel(y_act, y_ref) < 0.5  # 4-bit factors and activations: close, not equal
     monkeypatch.setattr(tsct.ops, "grouped_glu", real)
     with pytest.raises(RuntimeError):  # a forced path that cannot run here says so
         layer(GroupedGLUExperts, impl="triton-bf16")(x, ids, w)
+    with pytest.raises(ValueError, match="activations 'nvfp4' needs r to be a multiple of 16"):
+        GroupedGLUExperts(E, D, 24, F, activations="nvfp4")
 
 
 def test_autocast_computes_in_bf16_with_fp32_masters():

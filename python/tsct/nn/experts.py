@@ -200,12 +200,13 @@ class GroupedGLUExperts(GLUExpertBank):
             ``freeze``), serialised by ``state_dict``. Holds zeros until a state_dict is loaded; ``freeze()``
             turns a trained layer into this form. Needs storage "nvfp4" or "sign".
         impl: ``tsct.ops.grouped_glu``'s ``impl`` ("auto" or a path name), passed through.
-        activations: ``tsct.ops.grouped_glu``'s activation precision ("bf16" or "nvfp4"), passed through (only
-            when not "bf16", so the call also runs on a tsct without that argument).
+        activations: ``tsct.ops.grouped_glu``'s activation precision ("bf16" or "nvfp4": x and z quantized to
+            NVFP4 in the products, straight-through in the backward; needs d and r multiples of 16), passed
+            through.
 
     Raises:
         ValueError: an unknown storage, activations or impl; frozen with storage "bf16"; d or r not a multiple
-            of the format's block.
+            of the low-bit block (16 for NVFP4 factors or activations, 8 for sign factors).
     """
 
     def __init__(self, num_experts: int, d: int, r: int, f: int, *, storage: str = "bf16", frozen: bool = False,
@@ -221,12 +222,12 @@ class GroupedGLUExperts(GLUExpertBank):
         if frozen and storage == "bf16":
             raise ValueError("GroupedGLUExperts: frozen=True needs storage 'nvfp4' or 'sign' (a frozen bf16 layer is "
                              "this layer with requires_grad_(False))")
-        if storage in _K_MULTIPLE:
-            m = _K_MULTIPLE[storage]
+        m = max(_K_MULTIPLE.get(storage, 1), 16 if activations == "nvfp4" else 1)
+        if m > 1:
             for name, v in (("d", d), ("r", r)):
                 if isinstance(v, int) and v % m:
-                    raise ValueError(f"GroupedGLUExperts: storage {storage!r} needs {name} to be a multiple of {m} "
-                                     f"(the contraction dim of a factor), got {name} = {v}")
+                    raise ValueError(f"GroupedGLUExperts: storage {storage!r} with activations {activations!r} needs "
+                                     f"{name} to be a multiple of {m} (a contraction dim), got {name} = {v}")
         super().__init__(num_experts, d, r, f, scales=scales, device=device, dtype=dtype)
         self.storage, self.impl, self.activations = storage, impl, activations
         self.frozen = False
@@ -350,10 +351,9 @@ class GroupedGLUExperts(GLUExpertBank):
         s_gate, s_up = self.scales(dt)
         if row_weight is not None and row_weight.dtype not in (dt, torch.float32):
             row_weight = row_weight.float()
-        kw = {} if self.activations == "bf16" else {"activations": self.activations}
         return ops.grouped_glu(x, offs, *facs, s_gate, s_up, row_weight=row_weight, gather_idx=gather_idx,
-                               scatter_idx=scatter_idx, num_out_rows=num_out_rows, impl=self.impl, masters=masters,
-                               **kw)
+                               scatter_idx=scatter_idx, num_out_rows=num_out_rows, impl=self.impl,
+                               activations=self.activations, masters=masters)
 
     def forward(self, x: Tensor, topk_ids: Tensor, topk_weights: Optional[Tensor] = None) -> Tensor:
         """Each token's weighted sum of its top-k experts' outputs.
