@@ -192,10 +192,10 @@ class GroupedGLUExperts(GLUExpertBank):
             gradient (docs/decisions/0008). The cache is also dropped after every ``torch.optim`` step and on
             ``load_state_dict`` / ``reset_parameters``, so it holds under FSDP2 too, which rewrites the
             unsharded masters without moving their version counters; after any other write to the masters call
-            ``requantize()``. While torch.compile traces or a CUDA graph is captured, the
-            quantization runs in the graph instead (``tsct.quant.fake_quantize``: the same decoded values as
-            dense factors, re-quantized on every replay), since a host-side cache would freeze the factors of
-            the first step. NVFP4 needs d and r multiples of 16, sign multiples of 8.
+            ``requantize()``. While torch.compile traces or a CUDA graph is captured, the quantization runs in
+            the graph instead (``tsct.quant.fake_quantize``: the same decoded values as dense factors,
+            re-quantized on every replay), since a host-side cache would freeze the factors of the first step.
+            NVFP4 needs d and r multiples of 16, sign multiples of 8.
         frozen: low-bit inference: no masters, the packed factors are buffers (``w_gate_codes``, ...; see
             ``freeze``), serialised by ``state_dict``. Holds zeros until a state_dict is loaded; ``freeze()``
             turns a trained layer into this form. Needs storage "nvfp4" or "sign".
