@@ -103,12 +103,13 @@ def _ep_step(ep, x, ids, w, go):
 
 
 def check_expert_parallel(rank, world, device, *, storage="bf16", dtype=torch.float32, capacity="exact",
-                          frozen=False, tol=1e-5):
+                          frozen=False, tol=1e-5, sync_free=False):
     """ExpertParallelGLU against the single-process layer: outputs, x and router-weight gradients of this rank's
     tokens, and this rank's expert-parameter gradients (summed over every rank's tokens); twice, same bits.
 
     capacity: "exact" (host-read split sizes), "static" (max T*k slots: nothing can drop) or "tight" (a capacity that
-    drops rows; the reference drops the same rows, as ``ep.kept`` reports them)."""
+    drops rows; the reference drops the same rows, as ``ep.kept`` reports them). sync_free (CUDA, static capacity):
+    a third step, with the op's value checks off, runs under ``torch.cuda.set_sync_debug_mode("error")``."""
     e = 4 * world
     full = full_layer(e, device, storage, dtype)
     if frozen:
@@ -123,6 +124,19 @@ def check_expert_parallel(rank, world, device, *, storage="bf16", dtype=torch.fl
     again = _ep_step(ep, x, ids, w, go)
     for a, b in zip(got, again):  # deterministic
         assert torch.equal(a, b)
+    if sync_free:
+        from tsct import config
+
+        assert device.type == "cuda" and cap is not None
+        checks, config.check_values = config.check_values, False
+        torch.cuda.set_sync_debug_mode("error")  # a synchronizing call raises
+        try:
+            third = _ep_step(ep, x, ids, w, go)
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+            config.check_values = checks
+        for a, b in zip(got, third):
+            assert torch.equal(a, b)
     masks = None
     if capacity == "tight":
         masks = [None] * world

@@ -93,10 +93,11 @@ class ExpertParallelGLU(nn.Module):
             raise ValueError(f"ExpertParallelGLU.shard: E = {full.num_experts} experts do not split evenly over "
                              f"{w} ranks")
         n = full.num_experts // w
-        ref = next(full.parameters())
+        params = list(full.parameters())  # none in a frozen layer without scales: its buffers give the device
+        device = params[0].device if params else next(full.buffers()).device
         local = GroupedGLUExperts(n, full.d, full.r, full.f, storage=full.storage, frozen=full.frozen,
                                   scales=full.s_gate is not None, impl=full.impl, activations=full.activations,
-                                  device=ref.device, dtype=ref.dtype)
+                                  device=device, dtype=params[0].dtype if params else None)
         with torch.no_grad():
             local.load_state_dict({k: v[i * n:(i + 1) * n].clone() for k, v in full.state_dict().items()})
         return cls(local, group, capacity)
