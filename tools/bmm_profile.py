@@ -38,11 +38,14 @@ def main():
         for _ in range(3):
             step(bwd)
         torch.cuda.synchronize()
-        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA], record_shapes=True) as prof:
             step(bwd)
             torch.cuda.synchronize()
         print(f"== {'forward+backward' if bwd else 'forward'}")
-        print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=a.rows))
+        ka = prof.key_averages(group_by_input_shape=True)
+        for e in sorted(ka, key=lambda e: -e.device_time_total)[:a.rows]:
+            if e.key.startswith("aten::"):
+                print(f"{e.device_time_total / 1e3:8.3f} ms  x{e.count:<3d} {e.key:32s} {str(e.input_shapes)[:110]}")
 
 
 if __name__ == "__main__":

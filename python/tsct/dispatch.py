@@ -17,7 +17,7 @@ Paths (design.md section 4):
 Numerics never depend on the GPU: each path computes one activation precision (``COMPUTES``), and
 ``auto`` only chooses among the paths that compute the precision the caller asked for. The same
 request on a GPU without the NVFP4 tensor cores, or on the CPU, runs ``bmm`` with the activations
-quantized by the same recipe (docs/decisions/0017).
+quantized by the same recipe (docs/decisions/0019).
 
 A kernel family that has never executed on this compute capability (``EXECUTED_ON``) runs its first
 use in a CHILD process (``tsct.firstuse``) against a float64 oracle, forward and backward: a fault, a

@@ -188,16 +188,7 @@ def _sm120_fp4(caps, gpus: Optional[list] = None, run: bool = False) -> dict[str
                              "verdict": None if v is None else v.outcome, "ok": None if v is None else v.ok,
                              "source": "runs in a child process on first use" if v is None else v.source,
                              "detail": "" if v is None else v.detail, "seconds": 0.0 if v is None else v.seconds})
-    from tsct.kernels.sm120_fp4 import cutlass_gemm  # the CUTLASS GEMM backend (TSCT_SM120_GEMM, decision 0011)
-    cutlass = [{"device": r["device"], **dict(zip(("runnable", "reason"), cutlass_gemm.kernel_status(c)))}
-               for r, c in zip(rows, caps)]
-    try:
-        backend = (f"{cutlass_gemm.gemm_backend()} ({cutlass_gemm.ENV_GEMM}="
-                   f"{os.environ.get(cutlass_gemm.ENV_GEMM) or 'unset'}; cutedsl or cutlass)")
-    except ValueError as exc:
-        backend = f"INVALID: {exc}; the path stays off"
     return {"linked": linked, "linked_detail": why, "linked_sm121a": linked121, "linked_sm121a_detail": why121,
-            "cutlass": cutlass, "gemm_backend": backend,
             "env": firstuse.env_mode()[1], "cache_file": str(firstuse.cache_file()), "status": rows,
             "verdicts": verdicts,
             "kernels": [_sm120_kernel_row(k, linked, linked121, why) for k in sm120_fp4.VERIFICATION]}
@@ -359,10 +350,6 @@ def render(report: dict[str, Any]) -> None:
     if sm:
         con.print(f"sm120-fp4 (NVFP4 block-scaled mma.sync, CuTeDSL): {escape(sm['linked_detail'])}")
         con.print(f"  sm_121a exports (cc 12.1): {escape(sm['linked_sm121a_detail'])}")
-        con.print(f"  GEMM backend: {escape(sm['gemm_backend'])}")
-        for row in sm.get("cutlass", []):  # never executed on sm_120: a 12.0 card's first use is the first run
-            con.print(f"  CUTLASS GEMM backend (TSCT_SM120_GEMM=cutlass), {row['device']}: "
-                      + ("[green]linked[/]" if row["runnable"] else "[yellow]not runnable[/]") + f": {escape(row['reason'])}")
         for row in sm["status"]:
             con.print(f"  {row['device']}: " + ("[green]runnable[/]" if row["runnable"] else "[yellow]not runnable[/]")
                       + f": {escape(row['reason'])}")

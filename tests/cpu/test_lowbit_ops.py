@@ -406,7 +406,7 @@ def test_lowbit_status_reasons(monkeypatch, tmp_path):
     monkeypatch.delenv("TSCT_TRITON_BACKEND", raising=False)
     other = tmp_path / "old"
     other.mkdir()
-    monkeypatch.setenv("TSCT_AOT_DIR", str(_fake_aot_dir(other, ["glu", "w4a4"])))
+    monkeypatch.setenv("TSCT_AOT_DIR", str(_fake_aot_dir(other, ["glu"])))
     aot._reset_for_tests()
     try:
         assert TL.aot_arch((9, 0)) is None

@@ -54,7 +54,6 @@ from tsct.bench.inputs import Factors, InputSet
 PADDED_BMM = "padded-bmm"
 GROUPED_MM = "grouped-mm"
 TSCT = "tsct"
-SM120_CUTLASS = "sm120-cutlass"  # the sm120-fp4 path with TSCT_SM120_GEMM=cutlass (decision 0011)
 
 RAN, REFUSED, UNAVAILABLE, ERROR = "ran", "refused", "unavailable", "error"
 
@@ -96,9 +95,6 @@ def all_arms(cfg: BenchConfig, dense_fmt: str) -> list[ArmSpec]:
                     specs.append(ArmSpec(f"tsct-{path}-{fmt}-kmajor", TSCT, path, fmt, "kmajor"))
                 if path == dispatch.TRITON_LOWBIT and fmt in ("nvfp4", "sign"):
                     specs.append(ArmSpec(f"tsct-{path}-{fmt}-ste", TSCT, path, fmt))
-    if "nvfp4" in fmts:
-        # the sm120-fp4 forward on the CUTLASS GEMM, to A/B against tsct-sm120-fp4-nvfp4 (CuTeDSL)
-        specs.append(ArmSpec("tsct-sm120-fp4-cutlass-nvfp4", SM120_CUTLASS, dispatch.SM120_FP4, "nvfp4"))
     return specs
 
 
@@ -246,7 +242,9 @@ def new_result(spec: ArmSpec) -> dict:
             "rel_l2_err": None, "max_rel_err_dequant": None, "rel_l2_err_dequant": None, "peak_mem_bytes": None,
             "storage_bytes": None, "dropped_fraction": None, "grads": None, "sync_free": None, "sync_ops": [],
             "warnings": [], "w_down_layout": spec.w_down_layout, "fwd_graph_ms": None, "fwdbwd_graph_ms": None,
-            "rates_from": None}
+            "rates_from": None,
+            # the precision of the activations in the products (tsct.dispatch.COMPUTES; bf16 for the baselines)
+            "activations": "nvfp4" if spec.path == dispatch.SM120_FP4 else "bf16"}
 
 
 def measure_arm(spec: ArmSpec, ctx: Context, fac: Factors, pass_fn: Callable[[InputSet], Tensor], *,
@@ -426,34 +424,7 @@ def tsct_arm(spec: ArmSpec, ctx: Context, log=lambda s: None) -> dict:
     return res
 
 
-def sm120_cutlass_arm(spec: ArmSpec, ctx: Context, log=lambda s: None) -> dict:
-    """The sm120-fp4 arm with the CUTLASS GEMM backend (``TSCT_SM120_GEMM=cutlass`` while it runs): needs
-    compute capability 12.0, the CUTLASS kernel linked in (manifest "cutlass") and the path runnable;
-    else "unavailable" with the reason. Never executed on an sm_120 card (docs/sm120.md)."""
-    import os
-
-    from tsct.kernels.sm120_fp4 import cutlass_gemm
-
-    ok, why = cutlass_gemm.kernel_status(ctx.capability)
-    if not ok:
-        res = new_result(spec)
-        res["status"], res["reason"] = UNAVAILABLE, f"{why} (the CUTLASS backend of sm120-fp4)"
-        return res
-    saved = os.environ.get(cutlass_gemm.ENV_GEMM)
-    os.environ[cutlass_gemm.ENV_GEMM] = "cutlass"
-    try:
-        res = tsct_arm(dataclasses.replace(spec, kind=TSCT), ctx, log=log)
-    finally:
-        if saved is None:
-            os.environ.pop(cutlass_gemm.ENV_GEMM, None)
-        else:
-            os.environ[cutlass_gemm.ENV_GEMM] = saved
-    res["gemm_backend"] = "cutlass"
-    return res
-
-
-RUNNERS = {PADDED_BMM: padded_bmm_arm, GROUPED_MM: grouped_mm_arm, TSCT: tsct_arm,
-           SM120_CUTLASS: sm120_cutlass_arm}
+RUNNERS = {PADDED_BMM: padded_bmm_arm, GROUPED_MM: grouped_mm_arm, TSCT: tsct_arm}
 
 
 def run_arm(spec: ArmSpec, ctx: Context, log=lambda s: None) -> dict:

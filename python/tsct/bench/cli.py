@@ -94,13 +94,6 @@ def _list_arms(cfg: cfgmod.BenchConfig, console: Console) -> None:
             state = "runs" if st.ok else f"unavailable: {st.reason}"
         elif s.kind == arms.GROUPED_MM:
             state = f"runs if torch accepts the shape ({what})" if gmm else f"unavailable: {what}"
-        elif s.kind == arms.SM120_CUTLASS:
-            from tsct.kernels.sm120_fp4 import cutlass_gemm
-
-            ok, why = cutlass_gemm.kernel_status(cap)
-            st = dispatch.status(s.path, cap, s.fmt) if ok else None
-            state = ("runs (after the first-use self-test)" if st is not None and st.ok
-                     else f"unavailable: {why if not ok else st.reason}")
         elif s.kind in (arms.PADDED_BMM,):
             state = "runs"
         else:

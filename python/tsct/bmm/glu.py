@@ -16,7 +16,7 @@ weight and the combine in fp32.
 Plans (``Plan``): an eager call reads the per-expert row counts on the host ONCE per forward (the
 one sync of this path; the backward reuses the plan) and picks ``h0`` and ``b`` by a byte-cost model
 (``plan_from_counts``). Under CUDA-graph capture or ``torch.compile`` no host read is possible: the
-static plan (``static_plan``) bounds the tiles from the shapes alone (docs/decisions/0016).
+static plan (``static_plan``) bounds the tiles from the shapes alone (docs/decisions/0018).
 
 Determinism: every sum over rows is fixed-order. The combine sorts the routed rows by output row
 (stable) and sums each segment with ``torch.segment_reduce`` (one thread per output element, a
@@ -41,6 +41,8 @@ from typing import Optional, Sequence
 import torch
 from torch import Tensor
 
+from tsct.kernels.layout import is_kmajor
+
 __all__ = ["Plan", "plan_from_counts", "static_plan", "grouped_glu_forward", "grouped_glu_forward_saved",
            "grouped_glu_backward", "saved_like", "combine_rows"]
 
@@ -50,10 +52,14 @@ TILE_ROWS = (32, 64, 128, 256)
 
 @dataclasses.dataclass(frozen=True)
 class Plan:
-    """Buffer layout: ``h0`` rows per expert for all E experts, then ``n_tiles`` tiles of ``b`` rows."""
+    """Buffer layout: ``h0`` rows per expert for all E experts, then ``n_tiles`` tiles of ``b`` rows.
+    ``fan_out`` / ``fan_in``: the most routed rows one output row / one x row receives (0: unknown, the
+    combines then use ``torch.segment_reduce``; known, they gather a ``[rows, fan, C]`` table and sum it)."""
     h0: int
     b: int
     n_tiles: int
+    fan_out: int = 0
+    fan_in: int = 0
 
     def rows(self, experts: int) -> int:
         """Padded rows of the buffer (without the one dump row for padding entries)."""
@@ -61,12 +67,11 @@ class Plan:
 
     def as_tensor(self) -> Tensor:
         """The plan as a CPU int64 tensor (how it travels from the forward to the backward)."""
-        return torch.tensor([self.h0, self.b, self.n_tiles], dtype=torch.int64)
+        return torch.tensor([self.h0, self.b, self.n_tiles, self.fan_out, self.fan_in], dtype=torch.int64)
 
     @staticmethod
     def from_tensor(t: Tensor) -> "Plan":
-        h0, b, n = (int(v) for v in t.tolist())
-        return Plan(h0, b, n)
+        return Plan(*(int(v) for v in t.tolist()))
 
 
 def _round_up(v: int, m: int) -> int:
@@ -76,10 +81,12 @@ def _round_up(v: int, m: int) -> int:
 def plan_from_counts(counts: Sequence[int], d: int, r: int, f: int) -> Plan:
     """The cheapest layout for known per-expert row counts (host integers).
 
-    Cost model in bytes moved: a buffer row costs ``6 d + 4 f`` (the bf16 row written and read twice
-    for gate/up, its output row written and read once); a tile additionally costs its factors' copy,
-    written once and read once, ``4 (2 d r + r f)``. Candidates: ``h0`` in 0 and the counts' values
-    rounded up to 8 (at most 33 quantiles), tile heights ``TILE_ROWS``.
+    Cost model in bytes moved by a forward and backward: a buffer row costs ``18 d + 12 f`` (three times
+    the forward's ``6 d + 4 f``: the bf16 row written and read for gate/up, its output row written and
+    read once); a tile additionally costs its factors' copy (bf16, written and read, forward and
+    backward: ``8 (2 d r + r f)``) and its fp32 weight-gradient partial (written, read, reduced:
+    ``12 (2 d r + r f)``). Candidates: ``h0`` in 0 and the counts' values rounded up to 8 (at most 33
+    quantiles), tile heights ``TILE_ROWS``.
     """
     import numpy as np
 
@@ -87,8 +94,8 @@ def plan_from_counts(counts: Sequence[int], d: int, r: int, f: int) -> Plan:
     e = c.size
     if e == 0 or int(c.max(initial=0)) == 0:
         return Plan(0, TILE_ROWS[0], 0)
-    row = 6 * d + 4 * f
-    tile_w = 4 * (2 * d * r + r * f)
+    row = 18 * d + 12 * f
+    tile_w = 20 * (2 * d * r + r * f)
     qs = np.unique(np.quantile(c, np.linspace(0, 1, 33), method="higher").astype(np.int64))
     cands = np.unique(np.concatenate([[0], -(-qs // 8) * 8]))
     best = None
@@ -106,14 +113,15 @@ def static_plan(m: int, experts: int) -> Plan:
     """A layout that fits ANY routing of ``m`` rows over ``experts`` experts, from the shapes alone.
 
     ``h0`` = twice the mean rows per expert rounded up to 8 (at least 8, at most 256: a capacity
-    factor of 2 covers balanced routing without tiles); tile height ``b = max(h0, 64)``. Tiles needed:
+    factor of 2 covers balanced routing without tiles); tile height ``b = max(h0, 256)`` (few tiles:
+    each costs a copy of its expert's factors and a weight-gradient partial). Tiles needed:
     ``sum_e ceil((c_e - h0) / b)`` over the n experts with ``c_e > h0``, which is at most
     ``(m - n h0 + n (b - 1)) / b`` and n <= min(E, m // (h0 + 1)); the bound takes the larger end.
     """
     if experts == 0 or m == 0:
         return Plan(0, 64, 0)
     h0 = min(256, max(8, _round_up(-(-2 * m // experts), 8)))
-    b = max(h0, 64)
+    b = max(h0, 256)
     n_max = min(experts, m // (h0 + 1))
     bound = max(m // b, (m - n_max * h0 + n_max * (b - 1)) // b)
     return Plan(h0, b, max(bound, 0))
@@ -129,6 +137,8 @@ class _Layout:
     row_live: Tensor      # [R + 1] bool: the buffer row holds a routed row
     tile_expert: Tensor   # [n_tiles] int64
     tile_offsets: Tensor  # [E + 1] int64: expert e's tiles are tile_offsets[e]:tile_offsets[e+1]
+    hot_expert: Tensor    # [H] int64, H = min(E, n_tiles): the experts with tiles, in order, then E - 1 (no tiles)
+    hot_offsets: Tensor   # [H + 1] int64: hot_expert[h]'s tiles (empty segments for the padding entries)
     r0: int               # rows of the dense part (E * h0)
     rows: int             # R
 
@@ -162,7 +172,28 @@ def _layout(offs: Tensor, m: int, plan: Plan) -> _Layout:
     row_live.index_fill_(0, dest, True)
     row_live.narrow(0, rows, 1).fill_(False)  # the dump row (no host scalar: capture-safe)
     tile_offsets = torch.cat([tile_end.new_zeros(1), tile_end.clamp(max=n)])
-    return _Layout(dest, valid, row_expert, row_live, tile_expert, tile_offsets, r0, rows)
+    n_hot = min(e_count, n)
+    is_hot = nt > 0
+    hot = torch.full((n_hot + 1,), e_count, dtype=torch.long, device=dev)
+    hot.index_copy_(0, torch.where(is_hot, torch.cumsum(is_hot, 0) - 1, n_hot).clamp(max=n_hot),
+                    torch.arange(e_count, device=dev))
+    hot = hot[:n_hot]
+    nt_ext = torch.cat([nt, nt.new_zeros(1)])
+    hot_offsets = torch.cat([nt.new_zeros(1), torch.cumsum(nt_ext[hot], 0).clamp(max=n)])
+    return _Layout(dest, valid, row_expert, row_live, tile_expert, tile_offsets, hot.clamp(max=e_count - 1),
+                   hot_offsets, r0, rows)
+
+
+def _to_buffer(src: Tensor, idx: Optional[Tensor], lay: _Layout, pad_cols: int = 0) -> Tensor:
+    """``[R + 1, C + pad_cols]``: buffer row ``dest[i]`` holds ``src[idx[i]]`` (``src[i]`` without idx);
+    every other row is exactly 0 (so no NaN or inf of another row can reach a product): one gather from
+    ``src`` with a zero row (and ``pad_cols`` columns, 16-byte rows at odd widths) appended."""
+    m, n = lay.dest.shape[0], src.shape[0]
+    rows = idx.long() if idx is not None else torch.arange(m, device=src.device)
+    buf_src = torch.full((lay.rows + 1,), n, dtype=torch.long, device=src.device)
+    buf_src.index_copy_(0, lay.dest, torch.where(lay.valid, rows, n))
+    buf_src.narrow(0, lay.rows, 1).fill_(n)
+    return torch.nn.functional.pad(src, (0, pad_cols, 0, 1)).index_select(0, buf_src)
 
 
 def _row_ids(idx: Optional[Tensor], valid: Tensor) -> Optional[Tensor]:
@@ -230,11 +261,30 @@ def _project(buf: Tensor, w: Tensor, w_tiles: Optional[Tensor], lay: _Layout, pl
     return out
 
 
+def _project_wide(buf: Tensor, w: Tensor, w_tiles: Optional[Tensor], lay: _Layout, plan: Plan) -> Tensor:
+    """``buf @ w[expert of the row]`` for a wide ``w`` (N = f): ``[R + 1, pad8(N)]`` in the buffer's dtype,
+    columns past N unset. The rows are padded to a multiple of 8 elements so that each starts 16-byte
+    aligned at odd N (f = 5461): the combine's row gathers then run vectorized (torch.bmm writes the
+    padded rows in place: cuBLAS takes the row stride as its leading dimension)."""
+    e_count, n_out = w.shape[0], w.shape[2]
+    out = torch.empty(lay.rows + 1, _round_up(n_out, 8), dtype=buf.dtype, device=buf.device)
+    out.narrow(0, lay.rows, 1).zero_()
+    da, ta = _parts(buf, lay, plan, e_count)
+    do, to = _parts(out, lay, plan, e_count)
+    if plan.h0:
+        torch.bmm(da, w, out=do[..., :n_out])
+    if plan.n_tiles:
+        torch.bmm(ta, w_tiles, out=to[..., :n_out])
+    return out
+
+
 def _weight_grad(a_buf: Tensor, b_buf: Tensor, lay: _Layout, plan: Plan, e_count: int) -> Tensor:
     """``sum over an expert's rows of a_row^T b_row`` per expert: ``[E, A, B]`` in the buffers' dtype.
 
     The dense part is one bmm per expert (fp32 accumulation, one rounding); an expert's tiles add their
-    fp32 partial sums in tile order (``segment_reduce``), so the result is the same on every run."""
+    fp32 partial sums in tile order (``segment_reduce``), rounded once more, into its row (``index_add_``
+    whose only repeated index, the padding entries', adds exact zeros), so the result is the same on
+    every run."""
     a_dim, b_dim = a_buf.shape[1], b_buf.shape[1]
     aa, at = _parts(a_buf, lay, plan, e_count)
     ba, bt = _parts(b_buf, lay, plan, e_count)
@@ -242,10 +292,10 @@ def _weight_grad(a_buf: Tensor, b_buf: Tensor, lay: _Layout, plan: Plan, e_count
         g = torch.bmm(aa.transpose(1, 2), ba)
     else:
         g = torch.zeros(e_count, a_dim, b_dim, dtype=a_buf.dtype, device=a_buf.device)
-    if plan.n_tiles:
+    if plan.n_tiles:  # only the experts with tiles; the padding entries add exact zeros
         part = _mm32(at.transpose(1, 2), bt).reshape(plan.n_tiles, a_dim * b_dim)
-        tiles = torch.segment_reduce(part, "sum", offsets=lay.tile_offsets, axis=0, unsafe=True)
-        g = (g.float() + tiles.view(e_count, a_dim, b_dim)).to(a_buf.dtype)
+        tiles = torch.segment_reduce(part, "sum", offsets=lay.hot_offsets, axis=0, unsafe=True)
+        g.index_add_(0, lay.hot_expert, tiles.view(-1, a_dim, b_dim).to(g.dtype))
     return g
 
 
@@ -258,25 +308,50 @@ def _expert_sum(v: Tensor, lay: _Layout, plan: Plan, e_count: int) -> Tensor:
     return s
 
 
-def combine_rows(rows_of: Tensor, rows_src: Tensor, weight: Optional[Tensor], target: Tensor, valid: Tensor,
-                 num_out_rows: int) -> Tensor:
-    """``out[t] = sum over routed rows i with target[i] == t of rows_of[rows_src[i]] (* weight[i])``.
+def combine_rows(rows_of: Tensor, rows_src: Tensor, target: Tensor, valid: Tensor, num_out_rows: int,
+                 fan: int = 0, cols: Optional[int] = None) -> Tensor:
+    """``out[t] = sum over routed rows i with target[i] == t of rows_of[rows_src[i]]``, in ``rows_of``'s dtype.
 
-    Deterministic: the rows are ordered by target (stable sort, ties in routed-row order) and each
-    target's segment is summed by ``torch.segment_reduce`` in that order, in ``rows_of``'s dtype (each
-    add rounded once: for two rows per target, as a sum in fp32 rounded at the end). Rows with ``valid``
-    False are left out. No host read.
+    Deterministic, no host read: the rows are ordered by target (stable sort, ties in routed-row order).
+    With ``fan`` (the most rows any target receives, known from the host plan) their buffer rows go into a
+    ``[num_out_rows, fan]`` table (empty slots point at the buffer's zero dump row, the last row of
+    ``rows_of``) and one ``sum`` over it adds them in fp32 and rounds once. Without it each target's
+    segment is summed by ``torch.segment_reduce`` in that order (each add rounded). Rows with ``valid``
+    False are left out. ``cols``: the first columns of ``rows_of`` that hold data (default all).
     """
-    m = target.shape[0]
+    m, c = target.shape[0], (cols if cols is not None else rows_of.shape[1])
+    dump = rows_of.shape[0] - 1
+    if m == 0 or num_out_rows == 0:
+        return rows_of.new_zeros(num_out_rows, c)
     key = torch.where(valid, target, num_out_rows)
     order = torch.sort(key, stable=True).indices
-    bounds = torch.searchsorted(key[order], torch.arange(num_out_rows + 1, device=key.device))
-    data = rows_of.index_select(0, rows_src[order])
-    if weight is not None:
-        data = (data.float() * weight[order].unsqueeze(1)).to(rows_of.dtype)
-    if m == 0 or num_out_rows == 0:
-        return data.new_zeros(num_out_rows, rows_of.shape[1])
+    skey = key[order]
+    if fan > 0:
+        rank = torch.arange(m, device=key.device) - torch.searchsorted(skey, skey)
+        slot = torch.where(skey < num_out_rows, skey * fan + rank, num_out_rows * fan)
+        table = torch.full((num_out_rows * fan + 1,), dump, dtype=torch.long, device=key.device)
+        table.index_copy_(0, slot, rows_src[order])
+        t = rows_of.index_select(0, table[:num_out_rows * fan]).view(num_out_rows, fan, rows_of.shape[1])
+        if fan == 1:
+            return t[:, 0, :c].contiguous()
+        if fan == 2:  # computed in fp32, rounded once
+            return torch.add(t[:, 0, :c], t[:, 1, :c])
+        acc = t[:, 0, :c].float()
+        for s in range(1, fan):
+            acc += t[:, s, :c]
+        return acc.to(rows_of.dtype)
+    bounds = torch.searchsorted(skey, torch.arange(num_out_rows + 1, device=key.device))
+    data = rows_of.index_select(0, rows_src[order])[:, :c]
     return torch.segment_reduce(data, "sum", offsets=bounds, axis=0, unsafe=True)
+
+
+def _fan(idx: Optional[Tensor], valid: Tensor, n: int) -> Tensor:
+    """The most valid routed rows any of the ``n`` rows of ``idx`` receives (a 0-dim device tensor)."""
+    if idx is None:
+        return torch.ones((), dtype=torch.long, device=valid.device)
+    cnt = torch.zeros(n + 1, dtype=torch.long, device=valid.device)
+    cnt.index_add_(0, torch.where(valid, idx.long(), n), torch.ones_like(valid, dtype=torch.long))
+    return cnt[:n].amax() if n else cnt.new_zeros(())
 
 
 # ---- activations in NVFP4 (the sm_120 W4A4 recipe) ---------------------------------------------
@@ -319,11 +394,7 @@ def _forward_core(x, offs, w_gate, w_up, w_down, s_gate, s_up, row_weight, gathe
     m = gather_idx.shape[0] if gather_idx is not None else x.shape[0]
     lay = _layout(offs, m, plan)
     dt = x.dtype
-    src = _row_ids(gather_idx, lay.valid)
-    x_rows = x.index_select(0, src) if src is not None else x[:m]
-    xb = x.new_zeros(lay.rows + 1, x.shape[1])
-    xb.index_copy_(0, lay.dest, x_rows)
-    xb.narrow(0, lay.rows, 1).zero_()
+    xb = _to_buffer(x, gather_idx, lay)
     tiles = lay.tile_expert if plan.n_tiles else None
     wg_t = w_gate.index_select(0, tiles) if tiles is not None else None
     wu_t = w_up.index_select(0, tiles) if tiles is not None else None
@@ -344,9 +415,9 @@ def _forward_core(x, offs, w_gate, w_up, w_down, s_gate, s_up, row_weight, gathe
     if activations == "nvfp4":  # z is quantized as the kernel writes it; the row weight comes after
         zq, inv_z = _quantize_act(z.to(dt), lay, plan, e_count)
         scale = inv_z if rwb is None else inv_z * rwb
-        y = (_project(zq, w_down, wd_t, lay, plan, False).float() * scale.unsqueeze(1)).to(dt)
+        y = (_project_wide(zq, w_down, wd_t, lay, plan).float() * scale.unsqueeze(1)).to(dt)
     else:  # (z * w_row) @ W_down: the row weight folded into the small operand
-        y = _project((z if rwb is None else z * rwb.unsqueeze(1)).to(dt), w_down, wd_t, lay, plan, False)
+        y = _project_wide((z if rwb is None else z * rwb.unsqueeze(1)).to(dt), w_down, wd_t, lay, plan)
     return lay, xb, a, b, g, u, z, y
 
 
@@ -358,16 +429,22 @@ def _buffer_row_weight(row_weight: Optional[Tensor], lay: _Layout, device) -> Op
     return rwb.index_copy_(0, lay.dest, torch.where(lay.valid, row_weight.float(), 0))
 
 
-def _plan_for(offs: Tensor, m: int, w_gate: Tensor, w_down: Tensor) -> Plan:
-    """Host plan from the counts (one device-to-host read) in eager mode; the static plan while a CUDA
-    graph is captured or torch.compile traces."""
+def _plan_for(offs: Tensor, m: int, w_gate: Tensor, w_down: Tensor, gather_idx=None, scatter_idx=None,
+              num_out_rows=None, x_rows: int = 0) -> Plan:
+    """The host plan from the per-expert counts and the combines' fans (ONE device-to-host read) in eager
+    mode; the static plan while a CUDA graph is captured or torch.compile traces."""
     e_count = offs.shape[0]
     capturing = offs.is_cuda and torch.cuda.is_current_stream_capturing()
     if capturing or torch.compiler.is_compiling() or e_count == 0:
         return static_plan(m, e_count)
-    ends = offs.long().cpu()
+    ends = offs.long()
     counts = torch.diff(ends, prepend=ends.new_zeros(1)).clamp(min=0)
-    return plan_from_counts(counts.tolist(), w_gate.shape[1], w_gate.shape[2], w_down.shape[2])
+    valid = torch.arange(m, device=offs.device) < ends[-1]
+    fans = [_fan(scatter_idx, valid, num_out_rows or 0) if scatter_idx is not None else counts.new_zeros(()),
+            _fan(gather_idx, valid, x_rows) if gather_idx is not None else counts.new_zeros(())]
+    host = torch.cat([counts, torch.stack(fans)]).cpu().tolist()
+    plan = plan_from_counts(host[:e_count], w_gate.shape[1], w_gate.shape[2], w_down.shape[2])
+    return dataclasses.replace(plan, fan_out=max(host[e_count], 1), fan_in=max(host[e_count + 1], 1))
 
 
 def _check_activations(activations: str, d: int, r: int) -> None:
@@ -385,14 +462,15 @@ def grouped_glu_forward_saved(x, offs, w_gate, w_up, w_down, s_gate=None, s_up=N
     (a CPU int64 tensor, so the backward reads nothing from the device)."""
     _check_activations(activations, w_gate.shape[1], w_gate.shape[2])
     m = gather_idx.shape[0] if gather_idx is not None else x.shape[0]
-    plan = static_plan(m, offs.shape[0]) if static else _plan_for(offs, m, w_gate, w_down)
+    plan = static_plan(m, offs.shape[0]) if static else _plan_for(offs, m, w_gate, w_down, gather_idx, scatter_idx,
+                                                                  num_out_rows, x.shape[0])
     lay, _, _, _, _, _, _, y = _forward_core(x, offs, w_gate, w_up, w_down, s_gate, s_up, row_weight, gather_idx,
                                              plan, activations)
     f = w_down.shape[2]
     if scatter_idx is not None:
-        out = combine_rows(y, lay.dest, None, _row_ids(scatter_idx, lay.valid), lay.valid, num_out_rows)
+        out = combine_rows(y, lay.dest, _row_ids(scatter_idx, lay.valid), lay.valid, num_out_rows, plan.fan_out, f)
     else:
-        out = torch.where(lay.valid.unsqueeze(1), y.index_select(0, lay.dest), 0)
+        out = torch.where(lay.valid.unsqueeze(1), y.index_select(0, lay.dest)[:, :f], 0)
     return out.to(x.dtype).view(-1, f), [plan.as_tensor()]
 
 
@@ -405,8 +483,8 @@ def grouped_glu_forward(x, offs, w_gate, w_up, w_down, s_gate=None, s_up=None, r
 
 
 def saved_like(x, w_gate, gather_idx, scatter_idx=None, num_out_rows=None):
-    """Fake of the saved list: the plan (CPU int64 [3])."""
-    return [torch.empty(3, dtype=torch.int64, device="cpu")]
+    """Fake of the saved list: the plan (CPU int64 [5])."""
+    return [torch.empty(5, dtype=torch.int64, device="cpu")]
 
 
 def grouped_glu_backward(grad_out, x, offs, w_gate, w_up, w_down, s_gate, s_up, row_weight, gather_idx, scatter_idx,
@@ -419,20 +497,17 @@ def grouped_glu_backward(grad_out, x, offs, w_gate, w_up, w_down, s_gate, s_up, 
     if saved:
         plan = Plan.from_tensor(saved[0])
     else:
-        plan = static_plan(m, e_count) if static else _plan_for(offs, m, w_gate, w_down)
+        plan = static_plan(m, e_count) if static else _plan_for(offs, m, w_gate, w_down, gather_idx, scatter_idx,
+                                                                num_out_rows, x.shape[0])
     lay, xb, a, b, g, u, z, _ = _forward_core(x, offs, w_gate, w_up, w_down, s_gate, s_up, row_weight, gather_idx,
                                               plan, "bf16", need_y=False)
     dt = x.dtype
     live = lay.row_live.unsqueeze(1)
     tiles = lay.tile_expert if plan.n_tiles else None
     # dY (without the row weight) on the buffer rows
-    if scatter_idx is not None:
-        dy_rows = grad_out.index_select(0, _row_ids(scatter_idx, lay.valid))
-    else:
-        dy_rows = grad_out[:m]
-    dyb = grad_out.new_zeros(lay.rows + 1, grad_out.shape[1], dtype=dt)
-    dyb.index_copy_(0, lay.dest, dy_rows.to(dt))
-    dyb.narrow(0, lay.rows, 1).zero_()
+    f = w_down.shape[2]
+    # rows 16-byte aligned for the gather at odd f; the pad columns never enter a product
+    dyb = _to_buffer(grad_out.to(dt), scatter_idx, lay, _round_up(f, 8) - f)[:, :f]
     rwb = torch.ones(lay.rows + 1, dtype=torch.float32, device=x.device)
     if row_weight is not None:
         rwb.index_copy_(0, lay.dest, torch.where(lay.valid, row_weight.float(), 0))
@@ -447,7 +522,10 @@ def grouped_glu_backward(grad_out, x, offs, w_gate, w_up, w_down, s_gate, s_up, 
         grads[6] = torch.where(lay.valid, drw, 0)
     if needs_grad[3]:
         zw = (zl * rwb.unsqueeze(1)).to(dt)
-        grads[3] = _weight_grad(zw, dyb, lay, plan, e_count)
+        if is_kmajor(w_down):  # dW^T = dY^T zw: the K-major gradient without a transposing copy
+            grads[3] = _weight_grad(dyb, zw, lay, plan, e_count).transpose(1, 2)
+        else:
+            grads[3] = _weight_grad(zw, dyb, lay, plan, e_count)
     dz = dz_raw * rwb.unsqueeze(1)
     sig = torch.sigmoid(g)
     du = torch.where(live, dz * (g * sig), 0)
@@ -469,7 +547,7 @@ def grouped_glu_backward(grad_out, x, offs, w_gate, w_up, w_down, s_gate, s_up, 
         dxb = _project(da_c, w_gate.transpose(1, 2), wg_t, lay, plan, False)
         dxb += _project(db_c, w_up.transpose(1, 2), wu_t, lay, plan, False)
         if gather_idx is not None:
-            grads[0] = combine_rows(dxb, lay.dest, None, _row_ids(gather_idx, lay.valid), lay.valid, x.shape[0])
+            grads[0] = combine_rows(dxb, lay.dest, _row_ids(gather_idx, lay.valid), lay.valid, x.shape[0], plan.fan_in)
         else:
             grads[0] = torch.where(lay.valid.unsqueeze(1), dxb.index_select(0, lay.dest), 0)
     inputs = (x, w_gate, w_up, w_down, s_gate, s_up, row_weight)

@@ -83,7 +83,7 @@ def grouped_glu(
         activations: the precision of the activations in the products: ``"bf16"`` (default; x and z
             as given) or ``"nvfp4"`` (x and z quantized to NVFP4 per expert with one encode scale per
             expert, UE4M3 block scales per 16 along K: the recipe of the sm_120 FP4 tensor-core path,
-            docs/decisions/0017; d and r multiples of 16). The choice is the caller's, never the GPU's:
+            docs/decisions/0019; d and r multiples of 16). The choice is the caller's, never the GPU's:
             on 12.x GPUs ``auto`` runs NVFP4 activations on the tensor cores, everywhere else the same
             quantization followed by bf16 products (``bmm``); the backward is straight-through.
         masters: optional ``(w_gate, w_up, w_down)`` master factors for training packed factors with

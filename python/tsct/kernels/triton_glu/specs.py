@@ -18,7 +18,7 @@ indices are widened to int64 (the kernels widen every index anyway); BLOCK_E is 
 the combine/zero-tail column blocks come in two/one sizes whatever the shape.
 
 Kernel families: this module also holds what every family of AOT kernels shares (``KernelInfo``,
-``Spec``, ``spec_key``, ``key_file_stem``, the arch tables); another family (``triton_w4a4.specs``)
+``Spec``, ``spec_key``, ``key_file_stem``, the arch tables); another family (``triton_lowbit.specs``)
 has its own ``KERNELS`` table and passes it as ``kernels=``. One builder (``aot_build.py``) compiles
 every family into the same ``tsct/_aot/<arch>/index.json`` (kernel names never collide).
 """
@@ -141,7 +141,7 @@ ARTIFACT_ARCH: dict[tuple[int, int], str] = {
 # artifact arch -> Triton's GPUTarget capability (the sm_120 build patches Triton's "sm_120a" to "sm_120").
 TARGET_CAPABILITY: dict[str, int] = {"sm_90a": 90, "sm_100a": 100, "sm_120": 120}
 # artifact arch -> (GPUTarget capability, the PTX target the build makes Triton emit) of this family's
-# cubins. Another family may emit another target for the same artifact arch (W4A4: sm_120f).
+# cubins (a family's specs module may emit another target for the same artifact arch).
 PTX_ARCH: dict[str, tuple[int, str]] = {"sm_90a": (90, "sm_90a"), "sm_100a": (100, "sm_100a"), "sm_120": (120, "sm_120")}
 # Shared memory a block may use (opt-in maximum), bytes: the build fails a variant that needs more.
 MAX_SHARED: dict[str, int] = {"sm_90a": 232448, "sm_100a": 232448, "sm_120": 101376}
