@@ -250,7 +250,7 @@ def test_family_takes_the_generic_variant_when_a_hinted_pointer_is_misaligned(mo
 
 def test_family_jit_launch_compiles_the_consts_the_specs_allow_for_that_triton(monkeypatch):
     """A JIT launch under a Triton other than the pinned one turns off what only the pinned Triton compiles correctly
-    (the low-bit byte planes: wrong products under Triton 3.6 with mma.sync, session 17); a JIT launch under the
+    (the low-bit byte planes: wrong products under Triton 3.6 with mma.sync); a JIT launch under the
     pinned Triton, and one under Triton's interpreter, keep them."""
     import sys
     import types

@@ -109,7 +109,7 @@ def _usage_error(err: Console, e: Exception) -> int:
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     a = parser().parse_args(argv)
-    # Not a terminal (a log, the device tool): a fixed width that fits the table, no colour codes.
+    # Not a terminal (a log, a remote runner): a fixed width that fits the table, no colour codes.
     out = Console() if sys.stdout.isatty() else Console(width=200, no_color=True)
     err = (Console(stderr=True) if sys.stderr.isatty()
            else Console(stderr=True, width=200, no_color=True, log_path=False))

@@ -1,4 +1,4 @@
-"""The "sm120-fp4" path: NVFP4 block-scaled tensor-core grouped GLU on sm_120 (issue 5).
+"""The "sm120-fp4" path: NVFP4 block-scaled tensor-core grouped GLU on sm_120.
 
     status(capability, fmt) -> (ok, reason)       can it run here, and why (not); no device query
     kernel_status(capability) -> (ok, reason)     are kernels for this GPU linked (ignores the env / self-test)
