@@ -14,8 +14,6 @@
 #                                     release wheel is built this way. Unset: TSCT_CUTEDSL=AUTO looks in the build
 #                                     env only (which has no DSL), so the wheel has no CuTeDSL kernels (said below).
 #   TSCT_CUTEDSL=ON|OFF|AUTO          override (default: ON when TSCT_CUTEDSL_PYTHON is set, else AUTO)
-#   CUOBJDUMP=/path/cuobjdump         for the build-time SASS check of the CUTLASS GEMM (default: PATH, else the
-#                                     nvidia-cuda-cuobjdump wheel of PYTHON or TSCT_CUTEDSL_PYTHON)
 # The build directory build/<wheel tag> persists, so a rebuild only recompiles what changed (a build
 # with an override above uses a temporary one, so the override never sticks).
 # After the build it prints the wheel's manifest.json: which targets (cubins, PTX) and kernels it holds.
@@ -38,17 +36,7 @@ if [[ -n "${TSCT_CUTEDSL_PYTHON:-}" ]]; then
 else
   export TSCT_CUTEDSL="${TSCT_CUTEDSL:-AUTO}"
 fi
-# cuobjdump for the build-time SASS checks (CUTLASS OMMA, decision 0011): pip's isolated build env has
-# none, so pass one on: $CUOBJDUMP, PATH, else the nvidia-cuda-cuobjdump wheel of $PYTHON or the DSL's Python.
-if [[ -z "${CUOBJDUMP:-}" ]]; then
-  CUOBJDUMP=$(command -v cuobjdump || true)
-  for py in "$PYTHON" "${TSCT_CUTEDSL_PYTHON:-}"; do
-    [[ -n "$CUOBJDUMP" || -z "$py" ]] && continue
-    CUOBJDUMP=$("$py" -c "import glob, nvidia, os; print(next(p for d in nvidia.__path__ for p in sorted(glob.glob(os.path.join(d, '*', 'bin', 'cuobjdump')))))" 2>/dev/null || true)
-  done
-fi
-[[ -n "${CUOBJDUMP:-}" ]] && export CUOBJDUMP
-echo "ci/build_wheel.sh: TSCT_CUTEDSL=$TSCT_CUTEDSL TSCT_CUTEDSL_PYTHON=${TSCT_CUTEDSL_PYTHON:-<unset>} CUOBJDUMP=${CUOBJDUMP:-<none>}"
+echo "ci/build_wheel.sh: TSCT_CUTEDSL=$TSCT_CUTEDSL TSCT_CUTEDSL_PYTHON=${TSCT_CUTEDSL_PYTHON:-<unset>}"
 
 mkdir -p dist
 start=$(date +%s)
@@ -92,7 +80,4 @@ if cd:
           + ", ".join(k["name"] for k in cd["kernels"]))
 else:
     print("CuTeDSL sm_120 kernels: NOT in this wheel (set TSCT_CUTEDSL_PYTHON to a venv with nvidia-cutlass-dsl==4.8.1)")
-cl = m.get("cutlass")
-print(f"CUTLASS sm_120 grouped NVFP4 GEMM: linked ({cl['arch']}, CUTLASS {cl['headers']['cutlass']})" if cl and cl.get("linked")
-      else "CUTLASS sm_120 grouped NVFP4 GEMM: NOT in this wheel (TSCT_CUTLASS, docs/decisions/0011)")
 PY

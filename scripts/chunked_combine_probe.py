@@ -1,4 +1,4 @@
-"""Device probe (bench/notes.md "session 9"): does computing the up projection and the combine in column chunks
+"""Device probe (docs/performance.md): does computing the up projection and the combine in column chunks
 keep y in the L2 cache?
 
     python3 scripts/chunked_combine_probe.py [--fmt nvfp4|sign] [--chunks 128,256,512,1024] [--json PATH]

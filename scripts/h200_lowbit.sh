@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Device script for the wired low-bit path (issue 4: "triton-lowbit" through tsct.ops, its AOT cubins,
-# W4A4) on the lent H200. ONE call, about 5 minutes; every stage has its own timeout and log, and a
+# Device script for the wired low-bit path (issue 4: "triton-lowbit" through tsct.ops, its AOT cubins)
+# on the lent H200. ONE call, about 5 minutes; every stage has its own timeout and log, and a
 # failing stage does not stop the next ones.
 #
 #   here (no GPU):  PYTHON=/work/venv/bin/python bash ci/build_wheel.sh      # -> dist/tsct-*.whl
@@ -14,10 +14,8 @@
 #                cubins only (TSCT_TRITON_BACKEND=aot inside the test) and JIT; quantize_master; CUDA graph
 #   3 aot        tests/gpu/test_triton_lowbit_gpu.py with TSCT_TRITON_BACKEND=aot (the kernel suite on the
 #                cubins built with Triton 3.9, nothing JITs; the b1_pad cases left out for time, b1 runs)
-#   4 w4a4       tests/gpu/test_triton_w4a4_gpu.py with TSCT_TRITON_BACKEND=aot (fp32 quantizer variants now
-#                ship; b1 up-projection timing -> $OUT/w4a4_b1.json)
-#   5 bench      tsct-bench --preset b1, arms padded-bmm, tsct-triton-* and tsct-w4a4-nvfp4 ("emulated
-#                (sm_90)"), formats bf16,nvfp4,sign -> $OUT/bench_b1_lowbit.json
+#   5 bench      tsct-bench --preset b1, arms padded-bmm and tsct-triton-*, formats bf16,nvfp4,sign
+#                -> $OUT/bench_b1_lowbit.json
 #   6 jit        tests/gpu/test_triton_lowbit_gpu.py with TSCT_TRITON_BACKEND=jit on three small cases that
 #                take the new host rules (rank block 64 for r 16/24/32, multi-K up for the generic d=40 launch)
 #                through the image's Triton (the full suite passed through JIT before those rules)
@@ -28,9 +26,9 @@ mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 OUT
 unset PYTHONPATH TSCT_TRITON_BACKEND
 ROOT=$(pwd)
-STAGES=${STAGES:-"install probe ops aot w4a4 gpu bench perf jit"}
+STAGES=${STAGES:-"install probe ops aot gpu bench perf jit"}
 T_INSTALL=${T_INSTALL:-45}; T_PROBE=${T_PROBE:-30}; T_OPS=${T_OPS:-140}; T_AOT=${T_AOT:-130}
-T_W4A4=${T_W4A4:-50}; T_BENCH=${T_BENCH:-110}; T_JIT=${T_JIT:-60}
+T_BENCH=${T_BENCH:-110}; T_JIT=${T_JIT:-60}
 T_GPU=${T_GPU:-120}; T_PERF=${T_PERF:-90}   # the defaults sum past 600 s: pick STAGES for one call
 declare -A RC
 t_start=$(date +%s)
@@ -81,18 +79,15 @@ stage ops "$T_OPS" bash -c "pytest_run '$ROOT/tests/gpu/test_lowbit_ops_gpu.py'"
 # 3. the kernel suite on the AOT cubins only
 stage aot "$T_AOT" env TSCT_TRITON_BACKEND=aot bash -c "pytest_run '$ROOT/tests/gpu/test_triton_lowbit_gpu.py' -k 'not b1_pad'"
 
-# 4. W4A4 on its cubins
-stage w4a4 "$T_W4A4" env TSCT_TRITON_BACKEND=aot bash -c "pytest_run '$ROOT/tests/gpu/test_triton_w4a4_gpu.py'"
-
 # 4b. the rest of the GPU suite on the wheel: bf16 AOT cubins, native quantizers, sm_120 path pieces that run
 #     on sm_90 (grouped quantizer, emulated-MMA forward, the child-process first-use self-test machinery)
 stage gpu "$T_GPU" bash -c "TSCT_GPU_LOG='$OUT/firstuse.txt' pytest_run '$ROOT/tests/gpu/test_triton_aot_gpu.py' \
   '$ROOT/tests/gpu/test_native_quant.py' '$ROOT/tests/gpu/test_sm120_quant_rows_gpu.py' \
   '$ROOT/tests/gpu/test_sm120_fp4_emulated_gpu.py' '$ROOT/tests/gpu/test_sm120_firstuse_gpu.py'"
 
-# 5. b1 benchmark: bf16 vs nvfp4 vs sign (whole expert pass), W4A4 forward labelled emulated
+# 5. b1 benchmark: bf16 vs nvfp4 vs sign (whole expert pass)
 stage bench "$T_BENCH" bash -c "cd /tmp && python3 -m tsct.bench --preset b1 \
-  --arms 'padded-bmm,tsct-triton-*,tsct-w4a4-*,tsct-sm120-*' --formats bf16,nvfp4,sign --iters 30 --max-seconds 3 \
+  --arms 'padded-bmm,tsct-triton-*,tsct-sm120-*' --formats bf16,nvfp4,sign --iters 30 --max-seconds 3 \
   --json '$OUT/bench_b1_lowbit.json'"
 tail -n 40 "$OUT/bench.log"
 
@@ -105,7 +100,7 @@ stage jit "$T_JIT" env TSCT_TRITON_BACKEND=jit bash -c "pytest_run '$ROOT/tests/
 
 echo "== summary ($(( $(date +%s) - t_start )) s) =="
 rc=0
-for s in install probe ops aot w4a4 gpu bench perf jit; do
+for s in install probe ops aot gpu bench perf jit; do
   echo "  $s: ${RC[$s]:-not run}"
   [[ "${RC[$s]:-}" == rc=0* || "${RC[$s]:-}" == skipped ]] || rc=1
 done

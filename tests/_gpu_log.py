@@ -1,5 +1,5 @@
-"""The GPU tests' result lines: printed, and appended to ``$TSCT_GPU_LOG`` when set (the device tool
-returns that one file)."""
+"""The GPU tests' result lines: printed, and appended to ``$TSCT_GPU_LOG`` when set (one file that
+collects the results of a GPU run, e.g. on a remote machine)."""
 
 import os
 

@@ -3,10 +3,10 @@ import torch
 
 
 def pytest_collection_modifyitems(config, items):
-    """GPU tests run through the device tool; on a machine without CUDA they skip with a reason."""
+    """Tests marked ``gpu`` need a CUDA GPU; on a machine without CUDA they skip with a reason."""
     if torch.cuda.is_available():
         return
-    skip = pytest.mark.skip(reason="needs a CUDA GPU (run tests/gpu through the device tool)")
+    skip = pytest.mark.skip(reason="needs a CUDA GPU (pytest -m gpu tests/gpu on a GPU machine)")
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)

@@ -3,7 +3,7 @@
 // kernel (triton_lowbit lowbit_down_fwd) is latency-bound on the H200 (ncu: DRAM 23 %, 25 % occupancy): its decoded
 // tiles pass through shared memory to reach the wgmma operand layout and each step waits on its own wgmma. Here the
 // codes are decoded straight into mma.sync A fragments. Entry points tsct_glu_down_fwd_{nvfp4,sign} (tsct.h);
-// caller python/tsct/kernels/triton_lowbit/glu.py; measurements bench/notes.md "CUDA low-bit projections".
+// caller python/tsct/kernels/triton_lowbit/glu.py; measurements docs/performance.md.
 //
 //   hg = (x_rows @ W_gate_hat[e]),  hu = (x_rows @ W_up_hat[e])          fp32 [M, 64]  (W_hat = e2m1 * sf / s_enc)
 //   z  = silu(hg * s_gate[e]) * (hu * s_up[e]) [* row_weight]           x.dtype [M, 64]

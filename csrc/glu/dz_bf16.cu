@@ -1,7 +1,7 @@
 // glu_bwd_dz for bf16, r = 64, w_down K-major: the backward GEMM pair of the grouped GLU's up
 // projection, in CUDA C++ because Triton cannot realign rows that start at 2-byte offsets (odd f).
 // Entry point tsct_glu_bwd_dz_bf16 (tsct.h); caller python/tsct/kernels/triton_glu/glu.py; measurements
-// bench/notes.md "v9".
+// docs/performance.md.
 //
 //   dz_part[s, i, k] = sum_{n in slice s} dy[sidx[i], n] * wd_e[n, k]      (fp32, one f-slice each)
 //   dwd_e[n, k]      = sum_{i in e} dy[sidx[i], n] * zw[i, k]               (bf16, K-major [E, f, 64]; only for an

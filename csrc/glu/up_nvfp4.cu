@@ -2,7 +2,7 @@
 // grouped GLU's up projection into a padded y, in CUDA C++ (the Triton kernel lowbit_up_fwd is latency-bound on
 // the H200: ncu DRAM 37 %, 17 % occupancy).
 // Entry point tsct_glu_up_fwd_nvfp4 (tsct.h); caller python/tsct/kernels/triton_lowbit/glu.py; measurements
-// bench/notes.md "CUDA low-bit projections".
+// docs/performance.md.
 //
 //   y[i, n] = (z[i] @ W_down_hat[e])[n] * row_weight[i]     bf16 [M, ldy]; n in [f, ldy): zero weights (0 if finite)
 //
@@ -15,7 +15,7 @@
 // the z fragments loaded from shared memory every step (NTILE = 4 n8 tiles of rows, 8 above 32 rows). The bf16
 // result goes through a shared tile of YSEG steps so that y leaves as whole YSEG x 128-byte row segments (512 B:
 // longer runs of the scattered y rows were worth 0.027 ms at b1; one buffer, so that 4 CTAs still fit an SM, and
-// one more barrier per segment; bench/notes.md session 15).
+// one more barrier per segment; docs/performance.md).
 //
 // Needs: sm_80+ (cp.async, bf16 mma.sync) and SMEM_BYTES of shared memory per block.
 #include <cuda_bf16.h>
@@ -35,9 +35,9 @@
 #define RANK 64  // r = K
 #define FN 64    // columns of y per step
 #define ST 4     // code pipeline stages
-#define YSEG 4   // steps of y staged per store: 512-byte row segments (bench/notes.md session 15: -0.027 ms at b1)
+#define YSEG 4   // steps of y staged per store: 512-byte row segments (-0.027 ms at b1 on the H200, docs/performance.md)
 #define YLD (YSEG * FN + 8)  // y staging row stride (elements): + 16 B, conflict-free stmatrix and 16-byte reads
-#define MINB 4   // CTAs per SM (<= 128 registers; bench/notes.md: 5 CTAs / 96 registers was slower in sessions 9 and 15)
+#define MINB 4   // CTAs per SM (<= 128 registers; 5 CTAs / 96 registers measured slower, docs/performance.md)
 
 namespace {
 

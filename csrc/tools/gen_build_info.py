@@ -12,13 +12,13 @@ It reads each object's ``.nv_fatbin`` section (nvcc embeds one fatbinary per obj
 points per target (ELF symbols with STO_CUDA_ENTRY, PTX ``.entry`` lines), and fails the build if
 the targets found differ from the requested gencode list. With ``--triton-aot`` it adds a
 "triton_aot" section from the Triton AOT build's index (python/tsct/kernels/triton_glu/aot_build.py,
-every kernel family: the bf16 GLU and W4A4): the Triton version, and per arch the number of cubins
-and the kernels with their variant counts;
-the cubins themselves ship in tsct/_aot/<arch>/. With ``--cutedsl`` it adds a "cutedsl" section from
-cutedsl/build.py's index (the CuTeDSL sm_120 kernels linked into the library, docs/decisions/0009;
-given once per arch, sm_120a and sm_121a, decision 0010): DSL dist and version, "arch" (the first
-index's), "archs" (all), and per kernel its name, arch, entry, parameters and threads. The JSON is written to manifest.json and,
-as a C string, into build_info.cpp, so ``tsct_build_info()`` returns the same text.
+every kernel family: the bf16 GLU and the low-bit GLU): the Triton version, and per arch the number
+of cubins and the kernels with their variant counts; the cubins themselves ship in tsct/_aot/<arch>/.
+With ``--cutedsl`` it adds a "cutedsl" section from cutedsl/build.py's index (the CuTeDSL sm_120
+kernels linked into the library, docs/decisions/0009; given once per arch, sm_120a and sm_121a,
+decision 0010): DSL dist and version, "arch" (the first index's), "archs" (all), and per kernel its
+name, arch, entry, parameters and threads. The JSON is written to manifest.json and, as a C string,
+into build_info.cpp, so ``tsct_build_info()`` returns the same text.
 
 Only the standard library is used (it runs under whatever Python drives the build).
 """

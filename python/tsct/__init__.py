@@ -3,6 +3,7 @@
 Public API:
     tsct.ops.grouped_glu   the expert pass (design.md section 2)
     tsct.quant             NVFP4 and sign factor formats, STE fake-quant
+    tsct.nn                expert layers (modules) on the op, the padded-bmm layer, expert parallelism
     tsct-probe             what this install can run here, and why (``python -m tsct.probe``)
     tsct-bench             the benchmark (``python -m tsct.bench``)
 
@@ -16,6 +17,6 @@ try:  # the commit an installed wheel was built from (CMakeLists.txt); absent in
 except ImportError:
     pass
 
-from tsct import ops, quant  # noqa: E402  (light modules: no device query, no native load)
+from tsct import nn, ops, quant  # noqa: E402  (light modules: no device query, no native load)
 
-__all__ = ["ops", "quant", "__version__"]
+__all__ = ["nn", "ops", "quant", "__version__"]

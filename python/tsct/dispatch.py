@@ -1,38 +1,35 @@
-"""The dispatch table: (compute capability, storage format, built artifacts) -> path. One place.
+"""The dispatch table: (compute capability, storage format, activation precision, built artifacts) -> path.
 
-``impl="auto"`` walks the preference list of the caller's (arch class, storage format) and takes the
-first path whose ``status`` says it can run; every step past the first is a counted fallback with
-its reason (``fallback_counts()``), warned once per (path, reason) per process. ``impl=<path>``
-forces a path and raises ``RuntimeError`` with the reason if it cannot run.
+``impl="auto"`` walks the preference list of the caller's (arch class, storage format, activations)
+and takes the first path whose ``status`` says it can run; every step past the first is a counted
+fallback with its reason (``fallback_counts()``), warned once per (path, reason) per process.
+``impl=<path>`` forces a path and raises ``RuntimeError`` with the reason if it cannot run.
 
 Paths (design.md section 4):
-    reference      pure torch (tsct.reference), CPU and any GPU
-    triton-bf16    Triton grouped GEMM + fused GLU, bf16/fp16 factors     (issue 3; AOT cubins for sm_90a/sm_100a/sm_120, JIT otherwise)
-    triton-lowbit  Triton with NVFP4 / sign factors decoded in registers  (issue 4; AOT cubins for uniform nvfp4 / sign, JIT otherwise)
-    sm120-fp4      NVFP4 block-scaled mma.sync on sm_120 (CuTeDSL, tsct.kernels.sm120_fp4) (issue 5; 12.0 with
-                   the sm_120a exports, 12.1 with the sm_121a exports; NVFP4 or sign factors)
-    triton-w4a4    NVFP4 weights AND activations on tl.dot_scaled (issue 4 item 2; tsct.kernels.triton_w4a4): only
-                   when asked for (impl="triton-w4a4", in no preference list): the 4-bit activations change the
-                   result (a different op numerically), native OMMA on sm_120 (never executed), emulated on sm_90;
-                   runs from the shipped cubins only. Its first-use self-test (off sm_90) compares with the torch
-                   model of its quantize-then-multiply math, not with the dense reference.
+    reference      pure torch, per expert, fp32: the oracle; only when forced (``impl="reference"``)
+    bmm            factors decoded to bf16, rows laid out per expert, torch.bmm (tsct.bmm): CPU and any GPU;
+                   the last resort of every row; bf16 or NVFP4 activations
+    triton-bf16    Triton grouped GEMM + fused GLU, bf16/fp16 factors (AOT cubins for sm_90a/sm_100a/sm_120)
+    triton-lowbit  Triton with NVFP4 / sign factors decoded in registers, bf16 activations
+    sm120-fp4      NVFP4 block-scaled mma.sync on 12.0 / 12.1 (CuTeDSL, tsct.kernels.sm120_fp4): NVFP4
+                   activations, so only when the caller asks for them (``activations="nvfp4"``)
 
-sm120-fp4 has never executed on an sm_120 card, and a kernel that faults would kill the caller's
-CUDA context, so its first-use self-test runs in a CHILD process (``tsct.kernels.sm120_fp4.firstuse``):
-on the first ``auto`` (or forced) use in a process the child runs the path against the torch emulation
-on the same GPU; "pass" lets the path run, a numerical failure, a crash (signal, exit without a
-verdict) or a timeout disables it with the usual counted, warned fallback, the reason saying what
-happened. The verdict is cached in the process and on disk (``firstuse.cache_file()``), keyed by tsct
-version, library bytes, driver, GPU name and compute capability. ``TSCT_SM120_FP4=0`` turns the path
-off, ``=1`` turns it on WITHOUT the self-test (for kernel developers), unset = the above.
+Numerics never depend on the GPU: each path computes one activation precision (``COMPUTES``), and
+``auto`` only chooses among the paths that compute the precision the caller asked for. The same
+request on a GPU without the NVFP4 tensor cores, or on the CPU, runs ``bmm`` with the activations
+quantized by the same recipe (docs/decisions/0019).
 
-A path that is not ready stays out of ``auto`` (its status says why) rather than landing broken.
+A kernel family that has never executed on this compute capability (``EXECUTED_ON``) runs its first
+use in a CHILD process (``tsct.firstuse``) against a float64 oracle, forward and backward: a fault, a
+hang or a wrong answer there disables the path for this GPU (counted, warned, cached on disk) and the
+caller's CUDA context never runs the untested kernel.
 """
 
 from __future__ import annotations
 
 import collections
 import dataclasses
+import functools
 import threading
 import warnings
 from typing import Callable, Optional
@@ -42,16 +39,26 @@ import torch
 from tsct import config
 
 REFERENCE = "reference"
+BMM = "bmm"
 TRITON_BF16 = "triton-bf16"
 TRITON_LOWBIT = "triton-lowbit"
 SM120_FP4 = "sm120-fp4"
-TRITON_W4A4 = "triton-w4a4"
-PATHS = (REFERENCE, TRITON_BF16, TRITON_LOWBIT, SM120_FP4, TRITON_W4A4)
+PATHS = (REFERENCE, BMM, TRITON_BF16, TRITON_LOWBIT, SM120_FP4)
 
-FORMATS = ("bf16", "nvfp4", "sign")  # storage formats with a row in the table; others use reference
+FORMATS = ("bf16", "nvfp4", "sign")  # storage formats with a row in the table; others use bmm
+ACTIVATIONS = ("bf16", "nvfp4")
+
+#: the activation precision each path computes (the ``activations=`` values it serves)
+COMPUTES: dict[str, frozenset] = {
+    REFERENCE: frozenset({"bf16"}),
+    BMM: frozenset({"bf16", "nvfp4"}),
+    TRITON_BF16: frozenset({"bf16"}),
+    TRITON_LOWBIT: frozenset({"bf16"}),
+    SM120_FP4: frozenset({"nvfp4"}),
+}
 
 # Exact compute capability -> arch class. Anything not listed is "unknown": no artifact was built
-# for it, so only the reference path runs (a (10,3) part cannot load sm_100a cubins, for example).
+# for it, so only bmm runs (a (10,3) part cannot load sm_100a cubins, for example).
 ARCH_CLASSES: dict[tuple[int, int], str] = {
     (8, 0): "sm80", (8, 6): "sm80", (8, 7): "sm80", (8, 9): "sm80",
     (9, 0): "sm90",
@@ -60,39 +67,21 @@ ARCH_CLASSES: dict[tuple[int, int], str] = {
     (12, 1): "sm120",  # covered by the sm_120f family target
 }
 
-_DENSE_GPU = [TRITON_BF16, REFERENCE]
-_LOWBIT_GPU = [TRITON_LOWBIT, REFERENCE]
-_LOWBIT_SM120 = [SM120_FP4, TRITON_LOWBIT, REFERENCE]
-# (arch class, storage format) -> paths in order of preference. Missing rows (cpu, unknown, fp32
-# factors) mean [REFERENCE].
+_DENSE_GPU = [TRITON_BF16, BMM]
+_LOWBIT_GPU = [TRITON_LOWBIT, BMM]
+# (arch class, storage format) -> paths in order of preference, bf16 activations. Missing rows
+# (cpu, unknown, fp32 factors) mean [BMM].
 TABLE: dict[tuple[str, str], list[str]] = {
-    ("cpu", "bf16"): [REFERENCE],
-    ("cpu", "nvfp4"): [REFERENCE],
-    ("cpu", "sign"): [REFERENCE],
-    ("sm80", "bf16"): _DENSE_GPU,
-    ("sm80", "fp16"): _DENSE_GPU,
-    ("sm80", "nvfp4"): _LOWBIT_GPU,
-    ("sm80", "sign"): _LOWBIT_GPU,
-    ("sm90", "bf16"): _DENSE_GPU,
-    ("sm90", "fp16"): _DENSE_GPU,
-    ("sm90", "nvfp4"): _LOWBIT_GPU,
-    ("sm90", "sign"): _LOWBIT_GPU,
-    ("sm100", "bf16"): _DENSE_GPU,
-    ("sm100", "fp16"): _DENSE_GPU,
-    ("sm100", "nvfp4"): _LOWBIT_GPU,
-    ("sm100", "sign"): _LOWBIT_GPU,
-    ("sm120", "bf16"): _DENSE_GPU,
-    ("sm120", "fp16"): _DENSE_GPU,
-    ("sm120", "nvfp4"): _LOWBIT_SM120,
-    ("sm120", "sign"): _LOWBIT_SM120,
-    # packed and dense factors together, or NVFP4 with sign: only the Triton low-bit path reads them
-    ("sm80", "mixed"): _LOWBIT_GPU,
-    ("sm90", "mixed"): _LOWBIT_GPU,
-    ("sm100", "mixed"): _LOWBIT_GPU,
-    ("sm120", "mixed"): _LOWBIT_GPU,
-    ("unknown", "bf16"): [REFERENCE],
-    ("unknown", "nvfp4"): [REFERENCE],
-    ("unknown", "sign"): [REFERENCE],
+    **{(cls, fmt): list(_DENSE_GPU) for cls in ("sm80", "sm90", "sm100", "sm120") for fmt in ("bf16", "fp16")},
+    # packed factors; "mixed" = packed and dense together, or NVFP4 with sign: only triton-lowbit reads them
+    **{(cls, fmt): list(_LOWBIT_GPU) for cls in ("sm80", "sm90", "sm100", "sm120")
+       for fmt in ("nvfp4", "sign", "mixed")},
+    **{(cls, fmt): [BMM] for cls in ("cpu", "unknown") for fmt in FORMATS},
+}
+# The same with NVFP4 activations: the tensor-core path on 12.x, bmm (same recipe) everywhere.
+TABLE_NVFP4_ACTIVATIONS: dict[tuple[str, str], list[str]] = {
+    ("sm120", "nvfp4"): [SM120_FP4, BMM],
+    ("sm120", "sign"): [SM120_FP4, BMM],
 }
 
 
@@ -103,8 +92,16 @@ def arch_class(capability: Optional[tuple[int, int]]) -> str:
     return ARCH_CLASSES.get(tuple(capability), "unknown")
 
 
-def preferences(capability: Optional[tuple[int, int]], fmt: str) -> list[str]:
-    return list(TABLE.get((arch_class(capability), fmt), [REFERENCE]))
+def preferences(capability: Optional[tuple[int, int]], fmt: str, activations: str = "bf16") -> list[str]:
+    """The paths ``auto`` tries, in order, for this capability, storage format and activation precision."""
+    _check_activations(activations)
+    table = TABLE if activations == "bf16" else TABLE_NVFP4_ACTIVATIONS
+    return list(table.get((arch_class(capability), fmt), [BMM]))
+
+
+def _check_activations(activations: str) -> None:
+    if activations not in ACTIVATIONS:
+        raise ValueError(f"grouped_glu: activations must be one of {list(ACTIVATIONS)}, got {activations!r}")
 
 
 # ---- path status ---------------------------------------------------------------------------------
@@ -119,10 +116,8 @@ def _reference_status(capability, fmt) -> Status:
     return Status(True, "pure torch; runs everywhere")
 
 
-def _not_built(issue: int, what: str) -> Callable:
-    def status(capability, fmt) -> Status:
-        return Status(False, f"{what} is not in this build of tsct (tracked in issue {issue})")
-    return status
+def _bmm_status(capability, fmt) -> Status:
+    return Status(True, "torch.bmm on factors decoded to bf16; runs everywhere")
 
 
 def _triton_bf16_status(capability, fmt) -> Status:
@@ -135,27 +130,20 @@ def _triton_lowbit_status(capability, fmt) -> Status:
     return Status(*triton_lowbit.status(capability, fmt))
 
 
-def _triton_w4a4_status(capability, fmt) -> Status:
-    from tsct.kernels import triton_w4a4
-    return Status(*triton_w4a4.status(capability, fmt))
-
-
 def _sm120_fp4_status(capability, fmt) -> Status:
     from tsct.kernels import sm120_fp4
     return Status(*sm120_fp4.status(capability, fmt))
 
 
-# path -> status(capability, fmt). Later paths replace their entry when their kernels land.
+_PURE_TORCH = (REFERENCE, BMM)  # no kernels of their own: no first-use test, CPU and any GPU
+
+# path -> status(capability, fmt)
 _STATUS: dict[str, Callable[[Optional[tuple[int, int]], str], Status]] = {
     REFERENCE: _reference_status,
+    BMM: _bmm_status,
     TRITON_BF16: _triton_bf16_status,
-    # tsct.ops routes packed factors through the tsct::grouped_glu_q custom op (ops/_library_q.py)
     TRITON_LOWBIT: _triton_lowbit_status,
-    # Never executed on an sm_120 card: behind the crash-safe (child process) first-use self-test.
     SM120_FP4: _sm120_fp4_status,
-    # Explicit only (impl="triton-w4a4"; in no TABLE row): 4-bit activations change the numbers (~17 %
-    # vs the dense reference at b1), and it is emulated on sm_90, never executed on sm_120.
-    TRITON_W4A4: _triton_w4a4_status,
 }
 
 
@@ -164,7 +152,7 @@ def status(path: str, capability: Optional[tuple[int, int]], fmt: str) -> Status
     if path not in _STATUS:
         raise ValueError(f"grouped_glu: impl={path!r} is not a path; expected 'auto' or one of {list(PATHS)}")
     st = _STATUS[path](capability, fmt)  # "not in this build" outranks "needs a GPU"
-    if st.ok and path != REFERENCE and capability is None:
+    if st.ok and path not in _PURE_TORCH and capability is None:
         return Status(False, "needs a CUDA GPU")
     return st
 
@@ -195,24 +183,28 @@ def reset_fallback_counts() -> None:
         _warned.clear()
 
 
-def decide(capability: Optional[tuple[int, int]], fmt: str, *, first_use_checks: bool = False) -> Decision:
-    """What ``impl="auto"`` takes for this capability and storage format.
+def decide(capability: Optional[tuple[int, int]], fmt: str, activations: str = "bf16", *,
+           first_use_checks: bool = False) -> Decision:
+    """What ``impl="auto"`` takes for this capability, storage format and activation precision.
 
     With ``first_use_checks`` (as ``select`` calls it) a path never executed on this arch class
-    runs its first-use self-test; without, nothing runs and nothing is counted (the probe's view).
+    runs its first-use self-test (in a child process); without, nothing runs and nothing is counted
+    (the probe's view).
     """
     skipped = []
-    for path in preferences(capability, fmt):
+    for path in preferences(capability, fmt, activations):
         st = status(path, capability, fmt)
         if st.ok and first_use_checks and capability is not None:
             st = _first_use_check(path, capability, fmt)
         if st.ok:
+            table = TABLE if activations == "bf16" else TABLE_NVFP4_ACTIVATIONS
             if skipped:
                 reason = f"fallback: {skipped[0][0]} unavailable ({skipped[0][1]})"
             elif arch_class(capability) == "unknown":
                 reason = f"compute capability {capability[0]}.{capability[1]} has no built artifacts"
-            elif (arch_class(capability), fmt) not in TABLE:
-                reason = f"no fast path for storage format {fmt!r}"
+            elif (arch_class(capability), fmt) not in table:
+                reason = (f"no fast path for storage format {fmt!r}" if activations == "bf16" else
+                          "NVFP4 activations: quantized by the tensor-core path's recipe, bf16 products")
             else:
                 reason = "first choice"
             return Decision(path, reason, tuple(skipped))
@@ -221,60 +213,44 @@ def decide(capability: Optional[tuple[int, int]], fmt: str, *, first_use_checks:
 
 
 # Where each path's tests have run on real hardware (by arch class). Anywhere else, the first use
-# in a process runs a small self-test against float64 and disables the path if it disagrees.
+# runs a self-test in a child process (tsct.firstuse) and disables the path if it fails.
+_ALL_CLASSES = frozenset({"cpu", "sm80", "sm90", "sm100", "sm120", "unknown"})
 EXECUTED_ON: dict[str, frozenset] = {
-    REFERENCE: frozenset({"cpu", "sm80", "sm90", "sm100", "sm120", "unknown"}),
-    TRITON_BF16: frozenset({"sm90"}),  # tests/gpu/test_triton_glu.py on an H200 (2026-11-29)
-    TRITON_LOWBIT: frozenset({"sm90"}),  # tests/gpu/test_triton_lowbit_gpu.py on an H200 (2026-11-29, JIT)
+    REFERENCE: _ALL_CLASSES,
+    BMM: _ALL_CLASSES,  # torch.bmm and torch's own kernels only
+    TRITON_BF16: frozenset({"sm90"}),  # tests/gpu on an H200
+    TRITON_LOWBIT: frozenset({"sm90"}),  # tests/gpu on an H200
     SM120_FP4: frozenset(),
-    TRITON_W4A4: frozenset({"sm90"}),  # tests/gpu/test_triton_w4a4_gpu.py on an H200 (emulated dot_scaled, 2026-11-29)
 }
 _first_use: dict[tuple[str, str, str], Status] = {}  # (path, arch class, fmt) -> self-test verdict
-_in_selftest: set = set()
 
 
 def _first_use_check(path: str, capability, fmt: str) -> Status:
+    """The first-use verdict of ``path`` on the current CUDA device (run in a child process now, or
+    cached in the process / on disk, or set by the environment: ``tsct.firstuse``)."""
+    from tsct import firstuse
+
     cls = arch_class(capability)
     key = (path, cls, fmt)
-    if cls in EXECUTED_ON.get(path, frozenset()) or key in _in_selftest:
+    if cls in EXECUTED_ON.get(path, frozenset()) or firstuse.in_child():
         return Status(True, "")
-    if path == SM120_FP4:
-        return _sm120_first_use(key, fmt)
-    if key not in _first_use:
-        from tsct import selftest
-        _in_selftest.add(key)
-        try:
-            dev = torch.device("cuda", torch.cuda.current_device())
-            res = selftest.grouped_glu(path, dev, torch.bfloat16,
-                                       fmt if fmt in FORMATS or fmt == "mixed" else "bf16")
-        finally:
-            _in_selftest.discard(key)
-        _first_use[key] = Status(res.ok, f"first-use self-test on {cls} {'passed' if res.ok else 'FAILED'}: {res.detail}")
-    return _first_use[key]
-
-
-def _sm120_first_use(key: tuple[str, str, str], fmt: str) -> Status:
-    """sm120-fp4's verdict for the current CUDA device: from its child-process self-test (run now,
-    or cached in the process / on disk) or forced by TSCT_SM120_FP4 (tsct.kernels.sm120_fp4.firstuse)."""
-    from tsct.kernels.sm120_fp4 import firstuse
-
-    v = firstuse.verdict(torch.cuda.current_device(), fmt)
+    v = firstuse.verdict(torch.cuda.current_device(), path, fmt)
     # no v.source here: the reason keys the fallback counter and must not change once the verdict is cached
     if v.outcome == "forced":
-        st = Status(True, f"first-use self-test on {key[1]} skipped: {v.detail}")
+        st = Status(True, f"first-use self-test on {cls} skipped: {v.detail}")
     else:
         word = "passed" if v.ok else "FAILED"
         where = ""
         if not v.ok and v.outcome not in ("disabled", "not-runnable"):
             where = (" (not cached: the next process tests again)" if firstuse.is_transient(v.outcome, v.detail)
                      else f" (verdict cached in {firstuse.cache_file()}: delete it to test again)")
-        st = Status(v.ok, f"first-use self-test on {key[1]} {word}: {v.outcome}: {v.detail}{where}")
+        st = Status(v.ok, f"first-use self-test on {cls} {word}: {v.outcome}: {v.detail}{where}")
     _first_use[key] = st
     return st
 
 
 def first_use_results() -> dict[tuple[str, str, str], Status]:
-    """Verdicts of the first-use self-tests run in this process."""
+    """Verdicts of the first-use self-tests asked for in this process."""
     return dict(_first_use)
 
 
@@ -290,21 +266,28 @@ def _count(wanted: str, taken: str, why: str) -> None:
 
 
 @torch.compiler.assume_constant_result
-def select(impl: str, capability: Optional[tuple[int, int]], fmt: str) -> str:
-    """Resolve ``impl`` for one call. Counts (and warns once) when auto falls back.
+def select(impl: str, capability: Optional[tuple[int, int]], fmt: str, activations: str = "bf16") -> str:
+    """Resolve ``impl`` for one call to a path name. Counts (and warns once) when auto falls back.
 
+    A forced path must compute the requested activation precision (``COMPUTES``), else ValueError.
     Under torch.compile this runs once at trace time and its answer is baked into the graph
     (``assume_constant_result``); the counters then count traces, not calls.
     """
+    _check_activations(activations)
     if impl != "auto":
         st = status(impl, capability, fmt)
+        if activations not in COMPUTES[impl]:
+            raise ValueError(f"grouped_glu: impl={impl!r} computes {'/'.join(sorted(COMPUTES[impl]))} activations, "
+                             f"not activations={activations!r}"
+                             + ("; pass activations='nvfp4'" if impl == SM120_FP4 else
+                                "; impl='bmm' or 'auto' serve activations='nvfp4' everywhere"))
         if st.ok and capability is not None:
             st = _first_use_check(impl, capability, fmt)
         if not st.ok:
             where = "CPU" if capability is None else f"compute capability {capability[0]}.{capability[1]}"
             raise RuntimeError(f"grouped_glu: impl={impl!r} cannot run on {where} with {fmt} factors: {st.reason}")
         return impl
-    dec = decide(capability, fmt, first_use_checks=True)
+    dec = decide(capability, fmt, activations, first_use_checks=True)
     if dec.skipped:
         _count(dec.skipped[0][0], dec.path, dec.skipped[0][1])
     return dec.path
@@ -317,8 +300,43 @@ def device_capability(device: torch.device) -> Optional[tuple[int, int]]:
     return tuple(torch.cuda.get_device_capability(device))
 
 
-# path -> module with forward(...) / backward(...). Imported lazily so `import tsct` stays light.
-def implementation(path: str):
+# ---- what the custom op carries --------------------------------------------------------------------
+
+def impl_key(path: str, activations: str = "bf16", static: bool = False) -> str:
+    """The string the custom op carries for one call: the path, plus bmm's variant
+    (``"bmm/nvfp4-act"`` for NVFP4 activations, ``"/static"`` for the capture-safe layout)."""
+    if path != BMM:
+        return path
+    return path + ("/nvfp4-act" if activations == "nvfp4" else "") + ("/static" if static else "")
+
+
+class _BmmVariant:
+    """tsct.bmm with its activations / static options bound (what ``implementation`` returns for a key)."""
+
+    def __init__(self, activations: str, static: bool):
+        from tsct import bmm
+        self._bmm, self._kw = bmm, dict(activations=activations, static=static)
+        self.saved_like = bmm.saved_like
+
+    def grouped_glu_forward(self, *args):
+        return self._bmm.grouped_glu_forward(*args, **self._kw)
+
+    def grouped_glu_forward_saved(self, *args):
+        return self._bmm.grouped_glu_forward_saved(*args, **self._kw)
+
+    def grouped_glu_backward(self, *args, saved=None):
+        return self._bmm.grouped_glu_backward(*args, saved=saved, **self._kw)
+
+
+@functools.lru_cache(maxsize=None)
+def implementation(key: str):
+    """The module (or bound variant) with ``grouped_glu_forward`` / ``grouped_glu_backward`` for an
+    ``impl_key``. Imported lazily so ``import tsct`` stays light."""
+    path, *opts = key.split("/")
+    if path == BMM and set(opts) <= {"nvfp4-act", "static"}:
+        return _BmmVariant("nvfp4" if "nvfp4-act" in opts else "bf16", "static" in opts)
+    if opts:
+        raise RuntimeError(f"path key {key!r} has no implementation in this build")
     if path == REFERENCE:
         from tsct import reference
         return reference
@@ -331,7 +349,4 @@ def implementation(path: str):
     if path == SM120_FP4:
         from tsct.kernels import sm120_fp4
         return sm120_fp4
-    if path == TRITON_W4A4:
-        from tsct.kernels import triton_w4a4
-        return triton_w4a4
     raise RuntimeError(f"path {path!r} has no implementation in this build")

@@ -28,7 +28,7 @@ from typing import Any, Optional
 import torch
 
 import tsct
-from tsct import dispatch, selftest
+from tsct import dispatch, firstuse, selftest
 
 OPS = ("grouped_glu",)  # ops with a dispatch table (sort_by_expert has a self-test row, no table)
 
@@ -102,10 +102,11 @@ def collect(selftests: bool = True, verify_artifacts: bool = False) -> dict[str,
     for op in OPS:
         for cap in caps:
             for fmt in dispatch.FORMATS:
-                dec = dispatch.decide(cap, fmt)
-                decisions.append({"op": op, "device": "cpu" if cap is None else f"cuda (cc {cap[0]}.{cap[1]})",
-                                  "format": fmt, "path": dec.path, "reason": dec.reason,
-                                  "skipped": [{"path": p, "why": w} for p, w in dec.skipped]})
+                for act in dispatch.ACTIVATIONS:
+                    dec = dispatch.decide(cap, fmt, act)
+                    decisions.append({"op": op, "device": "cpu" if cap is None else f"cuda (cc {cap[0]}.{cap[1]})",
+                                      "format": fmt, "activations": act, "path": dec.path, "reason": dec.reason,
+                                      "skipped": [{"path": p, "why": w} for p, w in dec.skipped]})
     report["dispatch"] = decisions
     # every path (auto's or explicit-only), per device and storage format: can it run here, and why not
     report["paths"] = [{"device": "cpu" if cap is None else f"cuda (cc {cap[0]}.{cap[1]})", "path": path,
@@ -121,19 +122,23 @@ def collect(selftests: bool = True, verify_artifacts: bool = False) -> dict[str,
             cap = dispatch.device_capability(dev)
             dtype = torch.float32 if dev.type == "cpu" else torch.bfloat16
             for fmt in dispatch.FORMATS:
-                for path in dispatch.preferences(cap, fmt):
+                paths = dict.fromkeys(dispatch.preferences(cap, fmt) + dispatch.preferences(cap, fmt, "nvfp4"))
+                for path in paths:
                     if path == dispatch.SM120_FP4:
                         # a self-test row only where a test ran (now or cached), not where the env forced it
                         tests += [_sm120_selftest_row(v) for v in report["sm120_fp4"]["verdicts"]
                                   if v["gpu"] == (dev.index or 0) and v["format"] == fmt
                                   and v["verdict"] not in (None, "forced")]
-                    elif dispatch.status(path, cap, fmt).ok:
-                        r = selftest.grouped_glu(path, dev, dtype, fmt)
+                    elif not dispatch.status(path, cap, fmt).ok:
+                        continue
+                    elif dev.type == "cuda" and dispatch.arch_class(cap) not in dispatch.EXECUTED_ON[path]:
+                        # never executed on this GPU: the self-test runs in a child process, as on first use
+                        v = firstuse.verdict(dev.index or 0, path, fmt)
+                        tests.append({"device": str(dev), "name": f"grouped_glu[{path}, {fmt} factors] (child process)",
+                                      "ok": v.ok, "detail": v.describe(), "seconds": v.seconds})
+                    else:
+                        r = selftest.grouped_glu(path, dev, dtype, fmt, backward=True)
                         tests.append({"device": str(dev), **r.__dict__})
-                # explicit-only paths (in no preference list) get their self-test where they can run
-                if fmt == "nvfp4" and dispatch.status(dispatch.TRITON_W4A4, cap, fmt).ok:
-                    tests.append({"device": str(dev), **selftest.grouped_glu(dispatch.TRITON_W4A4, dev, dtype,
-                                                                             fmt).__dict__})
             tests.append({"device": str(dev), **selftest.sort_by_expert(dev).__dict__})
             if dev.type == "cuda" and native.available():
                 tests += [{"device": str(dev), **r.__dict__} for r in selftest.native_quant(dev)]
@@ -157,10 +162,10 @@ def _sm120_fp4(caps, gpus: Optional[list] = None, run: bool = False) -> dict[str
     tsct.kernels.sm120_fp4.VERIFICATION).
 
     ``run``: a GPU without a verdict gets its self-test now, in a child process
-    (``tsct.kernels.sm120_fp4.firstuse.verdict``); otherwise only known verdicts are shown (this
+    (``tsct.firstuse.verdict``); otherwise only known verdicts are shown (this
     process's, the disk cache's, or the one ``TSCT_SM120_FP4`` sets)."""
     from tsct.kernels import sm120_fp4
-    from tsct.kernels.sm120_fp4 import firstuse
+    from tsct import firstuse
 
     linked, why = sm120_fp4.kernels_linked()
     linked121, why121 = sm120_fp4.kernels_linked("sm_121a")
@@ -176,23 +181,14 @@ def _sm120_fp4(caps, gpus: Optional[list] = None, run: bool = False) -> dict[str
             if not dispatch.status(dispatch.SM120_FP4, cap, fmt).ok:
                 continue
             try:
-                v = firstuse.verdict(g["index"], fmt) if run else firstuse.peek(g["index"], fmt)
+                v = firstuse.verdict(g["index"], "sm120-fp4", fmt) if run else firstuse.peek(g["index"], "sm120-fp4", fmt)
             except Exception as exc:  # the probe reports, it does not crash
                 v = firstuse.Verdict(False, "fail", f"{type(exc).__name__}: {exc}", "probe")
             verdicts.append({"gpu": g["index"], "capability": g["capability"], "format": fmt,
                              "verdict": None if v is None else v.outcome, "ok": None if v is None else v.ok,
                              "source": "runs in a child process on first use" if v is None else v.source,
                              "detail": "" if v is None else v.detail, "seconds": 0.0 if v is None else v.seconds})
-    from tsct.kernels.sm120_fp4 import cutlass_gemm  # the CUTLASS GEMM backend (TSCT_SM120_GEMM, decision 0011)
-    cutlass = [{"device": r["device"], **dict(zip(("runnable", "reason"), cutlass_gemm.kernel_status(c)))}
-               for r, c in zip(rows, caps)]
-    try:
-        backend = (f"{cutlass_gemm.gemm_backend()} ({cutlass_gemm.ENV_GEMM}="
-                   f"{os.environ.get(cutlass_gemm.ENV_GEMM) or 'unset'}; cutedsl or cutlass)")
-    except ValueError as exc:
-        backend = f"INVALID: {exc}; the path stays off"
     return {"linked": linked, "linked_detail": why, "linked_sm121a": linked121, "linked_sm121a_detail": why121,
-            "cutlass": cutlass, "gemm_backend": backend,
             "env": firstuse.env_mode()[1], "cache_file": str(firstuse.cache_file()), "status": rows,
             "verdicts": verdicts,
             "kernels": [_sm120_kernel_row(k, linked, linked121, why) for k in sm120_fp4.VERIFICATION]}
@@ -333,14 +329,14 @@ def render(report: dict[str, Any]) -> None:
                   + "".join(f"\n    - {escape(str(p))}" for p in vr.get("problems") or []))
 
     t = Table(title="dispatch (impl='auto')")
-    for c in ("op", "device", "format", "path", "why"):
+    for c in ("op", "device", "format", "activations", "path", "why"):
         t.add_column(c)
     for d in report["dispatch"]:
         why = d["reason"] + "".join(f"\n  {s['path']}: {s['why']}" for s in d["skipped"])
-        t.add_row(d["op"], d["device"], d["format"], d["path"], why)
+        t.add_row(d["op"], d["device"], d["format"], d.get("activations", "bf16"), d["path"], why)
     con.print(t)
 
-    t = Table(title="every path (impl='<path>' forces one; triton-w4a4 is never taken by 'auto')")
+    t = Table(title="every path (impl='<path>' forces one; 'reference' is never taken by 'auto')")
     for c in ("device", "path", *dispatch.FORMATS):
         t.add_column(c)
     rows: dict = {}
@@ -354,10 +350,6 @@ def render(report: dict[str, Any]) -> None:
     if sm:
         con.print(f"sm120-fp4 (NVFP4 block-scaled mma.sync, CuTeDSL): {escape(sm['linked_detail'])}")
         con.print(f"  sm_121a exports (cc 12.1): {escape(sm['linked_sm121a_detail'])}")
-        con.print(f"  GEMM backend: {escape(sm['gemm_backend'])}")
-        for row in sm.get("cutlass", []):  # never executed on sm_120: a 12.0 card's first use is the first run
-            con.print(f"  CUTLASS GEMM backend (TSCT_SM120_GEMM=cutlass), {row['device']}: "
-                      + ("[green]linked[/]" if row["runnable"] else "[yellow]not runnable[/]") + f": {escape(row['reason'])}")
         for row in sm["status"]:
             con.print(f"  {row['device']}: " + ("[green]runnable[/]" if row["runnable"] else "[yellow]not runnable[/]")
                       + f": {escape(row['reason'])}")

@@ -2,7 +2,7 @@
 
 Used by ``tsct-probe`` and, for paths never executed on their hardware (sm_120), by dispatch on
 first use in a process (design.md section 4). ``sm120_fp4_forward`` is the exception to "in the
-process": dispatch and the probe run it in a child process (``tsct.kernels.sm120_fp4.firstuse``),
+process": dispatch and the probe run it in a child process (``tsct.firstuse``),
 because its kernels have never executed anywhere and a fault would kill the caller's CUDA context.
 Each test returns a ``Result`` and never raises for a numerical disagreement: the caller decides what
 a failure means.
@@ -66,22 +66,24 @@ def _expected(p64, idx, expert_of_row):
     return out
 
 
-def grouped_glu(path: str, device: torch.device, dtype: torch.dtype = torch.bfloat16, fmt: str = "bf16") -> Result:
+def grouped_glu(path: str, device: torch.device, dtype: torch.dtype = torch.bfloat16, fmt: str = "bf16",
+                backward: bool = False) -> Result:
     """Run ``grouped_glu(impl=path)`` on a small problem and compare with float64.
 
     ``fmt`` "nvfp4"/"sign" quantizes the factors first ("mixed": NVFP4 gate and down, sign up); the
     expectation then uses the dequantized factors (same math), so the tolerance stays the compute dtype's.
+    With ``backward`` the gradients of x, the scales, the row weights and (dense factors only) the
+    factors are compared too, against float64 autograd of the same oracle (tolerance 1.5x the forward's).
     """
     if path == "sm120-fp4":  # W4A4: its own problem (K % 64) and oracle (the emulation of the same math)
         return sm120_fp4_forward(device, fmt=fmt if fmt in ("nvfp4", "sign") else "nvfp4")
-    if path == "triton-w4a4":  # 4-bit activations: the oracle is the model of its quantize-then-multiply math
-        return w4a4_forward(device)
     from tsct import quant
     from tsct.ops import grouped_glu as op
 
     t0 = time.perf_counter()
     # the storage format of the factors ("bf16" = dense factors, run in `dtype`) and the compute dtype
-    name = f"grouped_glu[{path}, {'dense' if fmt == 'bf16' else fmt} factors, {str(dtype).replace('torch.', '')}]"
+    name = (f"grouped_glu[{path}, {'dense' if fmt == 'bf16' else fmt} factors, {str(dtype).replace('torch.', '')}"
+            f"{', forward and backward' if backward else ''}]")
     try:
         p64, idx, eor = _problem(device, dtype)
         p = {k: v.to(device, dtype) for k, v in p64.items()}
@@ -91,53 +93,51 @@ def grouped_glu(path: str, device: torch.device, dtype: torch.dtype = torch.bflo
             facs = [quant.quantize(w, q) for w, q in zip(facs, fmts)]
             for k, w in zip(("w_gate", "w_up", "w_down"), facs):
                 p64[k] = quant.dequantize(w, dtype=torch.float32).double().cpu()
+        grad_names = ["x", "s_gate", "s_up", "row_weight"] + (["w_gate", "w_up", "w_down"] if fmt == "bf16" else [])
+        if backward:
+            for k in grad_names:
+                p64[k].requires_grad_(True)
+            for k in ("x", "s_gate", "s_up", "row_weight"):
+                p[k].requires_grad_(True)
+            if fmt == "bf16":
+                for w in facs:
+                    w.requires_grad_(True)
         ix = {k: (v.to(device) if torch.is_tensor(v) else v) for k, v in idx.items()}
         y = op(p["x"], ix["offs"], *facs, p["s_gate"], p["s_up"], row_weight=p["row_weight"],
                gather_idx=ix["gather_idx"], scatter_idx=ix["scatter_idx"], num_out_rows=ix["num_out_rows"],
                impl=path)
         want = _expected(p64, idx, eor)
-        got = y.double().cpu()
+        got = y.detach().double().cpu()
         if not torch.isfinite(got).all():
             return Result(name, False, "non-finite output", time.perf_counter() - t0)
-        err = ((got - want).norm() / want.norm()).item()
+        err = ((got - want.detach()).norm() / want.detach().norm()).item()
         tol = _TOL[dtype]
-        return Result(name, err < tol, f"rel err {err:.2e} (tol {tol:.0e})", time.perf_counter() - t0)
-    except Exception as exc:  # a self-test reports, it does not crash the probe
-        return Result(name, False, f"{type(exc).__name__}: {exc}", time.perf_counter() - t0)
-
-
-def w4a4_forward(device: torch.device, seed: int = 0) -> Result:
-    """``grouped_glu(impl="triton-w4a4")`` on a small routed problem (NVFP4 factors, d = 64, r = 32, f = 40,
-    an empty expert, padding rows) against ``triton_w4a4.emulation.w4a4_full_model`` (x and z quantized per
-    row to NVFP4, then the products in float64): rel-Frobenius error < 2e-2 (bf16 output rounding; the
-    4-bit activation error is in both). A float64 dense reference would differ by ~15 % by design."""
-    from tsct import quant
-    from tsct.kernels.triton_w4a4 import emulation
-    from tsct.ops import grouped_glu as op
-
-    t0 = time.perf_counter()
-    name = "grouped_glu[triton-w4a4, nvfp4 factors and activations, bfloat16]"
-    try:
-        g = torch.Generator().manual_seed(seed)
-        e, d, r, f = 4, 64, 32, 40
-        counts = torch.tensor([7, 0, 12, 5])
-        m = int(counts.sum()) + 3  # 3 padding rows
-        offs = counts.cumsum(0).to(torch.int32)
-        x = torch.randn(m, d, generator=g).to(torch.bfloat16)
-        facs = [quant.quantize_nvfp4(torch.randn(e, k, n, generator=g) / k ** 0.5, backend="torch")
-                for k, n in ((d, r), (d, r), (r, f))]
-        sg, su = torch.rand(e, r, generator=g) + 0.5, torch.rand(e, r, generator=g) + 0.5
-        rw = torch.rand(m, generator=g)
-        want = emulation.w4a4_full_model(x.float(), offs, *facs, sg, su, rw).double()
-        want[int(offs[-1]):] = 0
-        dev = lambda t: t.to(device)  # noqa: E731
-        y = op(dev(x), dev(offs), *[w.to(device) for w in facs], dev(sg), dev(su), row_weight=dev(rw),
-               impl="triton-w4a4")
-        got = y.double().cpu()
-        if not torch.isfinite(got).all():
-            return Result(name, False, "non-finite output", time.perf_counter() - t0)
-        err = ((got - want).norm() / want.norm()).item()
-        return Result(name, err < 2e-2, f"rel err vs the W4A4 model {err:.2e} (tol 2e-02)", time.perf_counter() - t0)
+        if err >= tol or not backward:
+            return Result(name, err < tol, f"rel err {err:.2e} (tol {tol:.0e})", time.perf_counter() - t0)
+        g = torch.Generator().manual_seed(3)
+        go64 = torch.randn(want.shape, generator=g, dtype=torch.float64)
+        y.backward(go64.to(device, dtype))
+        (want * go64).sum().backward()
+        have = {"x": p["x"], "s_gate": p["s_gate"], "s_up": p["s_up"], "row_weight": p["row_weight"]}
+        if fmt == "bf16":
+            have.update(w_gate=facs[0], w_up=facs[1], w_down=facs[2])
+        worst = ("", 0.0)
+        valid = int(idx["offs"][-1])
+        for k, t in have.items():
+            gd, gw = t.grad, p64[k].grad
+            if gd is None or not torch.isfinite(gd).all():
+                return Result(name, False, f"gradient of {k} missing or non-finite", time.perf_counter() - t0)
+            gd = gd.double().cpu()
+            if k == "row_weight":  # padding rows: exact zeros
+                if gd[valid:].abs().max() != 0:
+                    return Result(name, False, "padding rows got a row-weight gradient", time.perf_counter() - t0)
+                gd, gw = gd[:valid], gw[:valid]
+            e = ((gd - gw).norm() / gw.norm().clamp_min(1e-30)).item()
+            worst = max(worst, (k, e), key=lambda kv: kv[1])
+        gtol = 1.5 * tol
+        ok = worst[1] < gtol
+        return Result(name, ok, f"rel err {err:.2e} (tol {tol:.0e}); worst gradient {worst[0]} {worst[1]:.2e} "
+                      f"(tol {gtol:.0e})", time.perf_counter() - t0)
     except Exception as exc:  # a self-test reports, it does not crash the probe
         return Result(name, False, f"{type(exc).__name__}: {exc}", time.perf_counter() - t0)
 

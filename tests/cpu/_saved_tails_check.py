@@ -1,8 +1,7 @@
 """The saving forwards' outputs are defined on padding rows (rows at or past offs[-1], design.md section 2).
 
 ``grouped_glu_forward_saved`` of the Triton paths returns, besides the output, the tensors its backward reads
-(hg, hu fp32 [M, r], z * row_weight [M, r]; with scatter_idx on the bf16 / low-bit paths also the combine's
-CSR). They are outputs of the custom ops (``tsct::grouped_glu``, ``tsct::grouped_glu_q``), so every row must
+(hg, hu fp32 [M, r], z * row_weight [M, r]; with scatter_idx also the combine's CSR). They are outputs of the custom ops (``tsct::grouped_glu``, ``tsct::grouped_glu_q``), so every row must
 be defined: torch.library.opcheck's AOT-dispatch checks compare two runs' outputs. Run in a subprocess under
 Triton's interpreter, fp32 (tests/cpu/test_triton_glu_interp.py):
 
@@ -29,8 +28,6 @@ import torch  # noqa: E402
 from tsct import quant  # noqa: E402
 from tsct.kernels.triton_glu import glu as G  # noqa: E402
 from tsct.kernels.triton_lowbit import glu as L  # noqa: E402
-from tsct.kernels.triton_w4a4 import emulation as EM  # noqa: E402
-from tsct.kernels.triton_w4a4 import w4a4 as W  # noqa: E402
 from tsct.ops import _library_q as Q  # noqa: E402  (importing tsct.ops registers the custom ops)
 from _glu_oracle import make_problem  # noqa: E402
 
@@ -131,12 +128,6 @@ def _q_opcheck(impl: str) -> str:
     return ""
 
 
-def w4a4_direct(gather: bool) -> str:
-    p, valid = _lowbit_problem(gather)
-    runs = _saving_runs(W.grouped_glu_forward_saved, _args(p, *_nvfp4(p)))
-    return _check_saved(runs, valid, 0)  # no CSR: this path's backward builds its own
-
-
 def tile_cum_kernel() -> str:
     """The Triton tile_cum in ZERO mode (what a GPU's saving forward launches; on the CPU ``_tile_cum`` uses torch
     ops), run by the interpreter: the tile map equals torch's, the padding rows of the three word arrays are 0 and
@@ -177,14 +168,10 @@ CASES = {
     "lowbit_saved_gather_scatter": lambda: lowbit_direct(True),
     "lowbit_saved_no_gather": lambda: lowbit_direct(False),
     "lowbit_opcheck": lambda: _q_opcheck("triton-lowbit"),
-    "w4a4_saved_gather_scatter": lambda: w4a4_direct(True),
-    "w4a4_saved_no_gather": lambda: w4a4_direct(False),
-    "w4a4_opcheck": lambda: _q_opcheck("triton-w4a4"),
 }
 
 
 def main() -> int:
-    EM.patch_interpreter_e4m3_scales()  # the W4A4 kernels' UE4M3 scales under Triton 3.9's interpreter
     argv = sys.argv[1:]
     out = None
     if "--json" in argv:

@@ -1,10 +1,12 @@
-"""The dispatch table: exact capabilities, formats, forced paths and counted fallbacks."""
+"""The dispatch table: exact capabilities, formats, activation precision, forced paths, counted fallbacks."""
 
 import warnings
 
 import pytest
 
-from tsct import dispatch
+from tsct import dispatch, firstuse
+
+CAPS = [None, (8, 0), (9, 0), (10, 0), (12, 0), (12, 1), (13, 0), (7, 5)]
 
 
 @pytest.mark.parametrize("cap,cls", [
@@ -16,27 +18,52 @@ def test_arch_class_is_exact(cap, cls):
     assert dispatch.arch_class(cap) == cls
 
 
-def test_every_class_and_format_has_a_row_ending_in_reference():
-    for cls in ("cpu", "sm80", "sm90", "sm100", "sm120", "unknown"):
-        for fmt in dispatch.FORMATS:
-            prefs = dispatch.TABLE[(cls, fmt)]
-            assert prefs[-1] == dispatch.REFERENCE
+def test_every_row_ends_in_bmm_and_reference_is_never_automatic():
+    for table in (dispatch.TABLE, dispatch.TABLE_NVFP4_ACTIVATIONS):
+        for key, prefs in table.items():
+            assert prefs[-1] == dispatch.BMM, key
+            assert dispatch.REFERENCE not in prefs, key
             assert set(prefs) <= set(dispatch.PATHS)
+    for cap in CAPS:
+        for fmt in (*dispatch.FORMATS, "fp16", "fp32", "mixed"):
+            for act in dispatch.ACTIVATIONS:
+                assert dispatch.preferences(cap, fmt, act)[-1] == dispatch.BMM
 
 
-def test_sm120_prefers_tensor_core_path_for_lowbit():
-    assert dispatch.preferences((12, 0), "nvfp4")[0] == dispatch.SM120_FP4
-    assert dispatch.preferences((12, 1), "sign")[0] == dispatch.SM120_FP4
-    assert dispatch.SM120_FP4 not in dispatch.preferences((9, 0), "nvfp4")
+@pytest.mark.parametrize("cap", CAPS)
+@pytest.mark.parametrize("fmt", ["bf16", "fp16", "fp32", "nvfp4", "sign", "mixed"])
+@pytest.mark.parametrize("act", ["bf16", "nvfp4"])
+def test_auto_never_changes_the_activation_precision(cap, fmt, act):
+    """Every path auto may take for a request computes the requested activations, on every GPU and the CPU."""
+    for path in dispatch.preferences(cap, fmt, act):
+        assert act in dispatch.COMPUTES[path], (cap, fmt, act, path)
 
 
-def test_cpu_and_unknown_decide_reference_without_fallback():
+def test_nvfp4_activations_take_the_tensor_cores_only_on_12x():
+    for cap in ((12, 0), (12, 1)):
+        for fmt in ("nvfp4", "sign"):
+            assert dispatch.preferences(cap, fmt, "nvfp4")[0] == dispatch.SM120_FP4
+            assert dispatch.SM120_FP4 not in dispatch.preferences(cap, fmt, "bf16")
+    for cap in ((8, 0), (9, 0), (10, 0), (13, 0), None):
+        assert dispatch.preferences(cap, "nvfp4", "nvfp4") == [dispatch.BMM]
+
+
+def test_cpu_and_unknown_decide_bmm_without_fallback():
     d = dispatch.decide(None, "bf16")
-    assert d.path == "reference" and not d.skipped
+    assert d.path == "bmm" and not d.skipped
     d = dispatch.decide((13, 0), "nvfp4")
-    assert d.path == "reference" and "13.0 has no built artifacts" in d.reason
+    assert d.path == "bmm" and "13.0 has no built artifacts" in d.reason
     d = dispatch.decide((9, 0), "fp32")
-    assert d.path == "reference" and "no fast path for storage format 'fp32'" in d.reason
+    assert d.path == "bmm" and "no fast path for storage format 'fp32'" in d.reason
+    d = dispatch.decide((9, 0), "nvfp4", "nvfp4")
+    assert d.path == "bmm" and "NVFP4 activations" in d.reason
+
+
+def test_unknown_activation_precision_is_refused():
+    with pytest.raises(ValueError, match="activations must be one of"):
+        dispatch.select("auto", None, "bf16", "fp8")
+    with pytest.raises(ValueError, match="activations must be one of"):
+        dispatch.preferences((9, 0), "bf16", "int4")
 
 
 def test_fallback_is_counted_and_warned_once(monkeypatch):
@@ -46,46 +73,92 @@ def test_fallback_is_counted_and_warned_once(monkeypatch):
     with warnings.catch_warnings(record=True) as w:
         warnings.simplefilter("always")
         for _ in range(3):
-            assert dispatch.select("auto", (9, 0), "bf16") == "reference"
+            assert dispatch.select("auto", (9, 0), "bf16") == "bmm"
     assert sum("artifact missing" in str(x.message) for x in w) == 1
-    assert dispatch.fallback_counts() == {("triton-bf16", "reference", "test: artifact missing"): 3}
+    assert dispatch.fallback_counts() == {("triton-bf16", "bmm", "test: artifact missing"): 3}
     dispatch.reset_fallback_counts()
 
 
 def test_forced_path_fails_loudly():
     with pytest.raises(RuntimeError, match=r"impl='sm120-fp4' cannot run on compute capability 9.0"):
-        dispatch.select("sm120-fp4", (9, 0), "nvfp4")
+        dispatch.select("sm120-fp4", (9, 0), "nvfp4", "nvfp4")
     with pytest.raises(RuntimeError, match="needs a CUDA GPU"):
         dispatch.select("triton-bf16", None, "bf16")
     assert dispatch.select("reference", (12, 0), "nvfp4") == "reference"
+    assert dispatch.select("bmm", None, "sign", "nvfp4") == "bmm"
 
 
-def test_first_use_selftest_failure_disables_path(monkeypatch):
-    """A path never executed on this arch runs a self-test once; if it disagrees, auto falls back."""
-    from tsct import selftest
+def test_forced_path_must_compute_the_requested_activations():
+    with pytest.raises(ValueError, match="impl='sm120-fp4' computes nvfp4 activations.*pass activations='nvfp4'"):
+        dispatch.select("sm120-fp4", (12, 0), "nvfp4")
+    for path in ("triton-bf16", "triton-lowbit", "reference"):
+        with pytest.raises(ValueError, match=f"impl='{path}' computes bf16 activations"):
+            dispatch.select(path, (9, 0), "nvfp4", "nvfp4")
 
+
+def _fake_verdicts(monkeypatch, ok_for):
+    calls = []
+
+    def fake(device_index, path, fmt, **kw):
+        calls.append((path, fmt))
+        ok = ok_for(path, fmt)
+        return firstuse.Verdict(ok, "pass" if ok else "crash", "rel err 1e-3" if ok else "self-test child died "
+                                "with SIGSEGV", "test")
+
+    monkeypatch.setattr(firstuse, "verdict", fake)
+    monkeypatch.setattr(dispatch.torch.cuda, "current_device", lambda: 0)
+    return calls
+
+
+def test_first_use_failure_in_the_child_disables_path(monkeypatch):
+    """A path never executed on this arch asks the child-process self-test once; a crash there falls back."""
     dispatch.reset_fallback_counts()
     monkeypatch.setattr(dispatch, "_first_use", {})
     monkeypatch.setitem(dispatch._STATUS, dispatch.TRITON_BF16, lambda cap, fmt: dispatch.Status(True, "built"))
-    calls = []
-
-    def fake_selftest(path, dev, dtype, fmt):
-        calls.append(path)
-        return selftest.Result(path, False, "rel err 3.1e-01 (tol 2e-02)", 0.0)
-
-    monkeypatch.setattr(selftest, "grouped_glu", fake_selftest)
-    monkeypatch.setattr(dispatch.torch.cuda, "current_device", lambda: 0)
+    calls = _fake_verdicts(monkeypatch, lambda path, fmt: False)
     with warnings.catch_warnings(record=True) as w:
         warnings.simplefilter("always")
-        assert dispatch.select("auto", (12, 0), "bf16") == "reference"
-        assert dispatch.select("auto", (12, 0), "bf16") == "reference"
-    assert calls == ["triton-bf16"]  # once per process, not per call
+        assert dispatch.select("auto", (12, 0), "bf16") == "bmm"
+        assert dispatch.select("auto", (12, 0), "bf16") == "bmm"
+    assert calls == [("triton-bf16", "bf16")] * 2  # firstuse memoizes; dispatch asks per call
     (key, n), = dispatch.fallback_counts().items()
-    assert key[:2] == ("triton-bf16", "reference") and "self-test on sm120 FAILED" in key[2] and n == 2
+    assert key[:2] == ("triton-bf16", "bmm") and "self-test on sm120 FAILED: crash" in key[2] and n == 2
     assert sum("FAILED" in str(x.message) for x in w) == 1
     with pytest.raises(RuntimeError, match="first-use self-test on sm120 FAILED"):
         dispatch.select("triton-bf16", (12, 0), "bf16")
     dispatch.reset_fallback_counts()
+
+
+def test_no_child_where_the_path_has_executed_or_for_pure_torch(monkeypatch):
+    monkeypatch.setitem(dispatch._STATUS, dispatch.TRITON_BF16, lambda cap, fmt: dispatch.Status(True, "built"))
+    calls = _fake_verdicts(monkeypatch, lambda path, fmt: True)
+    assert dispatch.select("auto", (9, 0), "bf16") == "triton-bf16"
+    assert dispatch.select("bmm", (12, 0), "bf16") == "bmm"
+    assert dispatch.select("auto", (13, 0), "bf16") == "bmm"
+    assert calls == []
+    assert dispatch.select("auto", (10, 0), "bf16") == "triton-bf16"
+    assert calls == [("triton-bf16", "bf16")]
+
+
+def test_inside_the_child_dispatch_does_not_ask_again(monkeypatch):
+    monkeypatch.setitem(dispatch._STATUS, dispatch.TRITON_BF16, lambda cap, fmt: dispatch.Status(True, "built"))
+    calls = _fake_verdicts(monkeypatch, lambda path, fmt: False)
+    monkeypatch.setenv(firstuse.ENV_IN_CHILD, "1")
+    assert dispatch.select("triton-bf16", (12, 0), "bf16") == "triton-bf16"
+    assert calls == []
+
+
+def test_impl_keys_and_implementations():
+    assert dispatch.impl_key("bmm") == "bmm"
+    assert dispatch.impl_key("bmm", "nvfp4", static=True) == "bmm/nvfp4-act/static"
+    assert dispatch.impl_key("triton-bf16", "bf16", static=True) == "triton-bf16"
+    v = dispatch.implementation("bmm/nvfp4-act/static")
+    assert v._kw == {"activations": "nvfp4", "static": True}
+    assert dispatch.implementation("bmm")._kw == {"activations": "bf16", "static": False}
+    with pytest.raises(RuntimeError, match="no implementation"):
+        dispatch.implementation("triton-bf16/static")
+    with pytest.raises(ValueError, match="not a path"):
+        dispatch.status("triton-w4a4", (9, 0), "nvfp4")
 
 
 def test_fallback_under_fullgraph_compile(monkeypatch):
@@ -96,26 +169,13 @@ def test_fallback_under_fullgraph_compile(monkeypatch):
 
     torch._dynamo.reset()
     dispatch.reset_fallback_counts()
-    monkeypatch.setitem(dispatch.TABLE, ("cpu", "fp32"), [dispatch.TRITON_BF16, dispatch.REFERENCE])
+    monkeypatch.setitem(dispatch.TABLE, ("cpu", "fp32"), [dispatch.TRITON_BF16, dispatch.BMM])
     p = make_problem(tokens=8, topk=2, experts=3, d=16, r=4, f=7, gather=False)
     fn = torch.compile(lambda x: grouped_glu(x, p["offs"], p["w_gate"], p["w_up"], p["w_down"]), fullgraph=True)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         y = fn(p["x"])
     ref = grouped_glu(p["x"], p["offs"], p["w_gate"], p["w_up"], p["w_down"], impl="reference")
-    assert torch.equal(y, ref)
-    assert any(k[:2] == ("triton-bf16", "reference") for k in dispatch.fallback_counts())
+    torch.testing.assert_close(y, ref, rtol=1e-5, atol=1e-6)
+    assert any(k[:2] == ("triton-bf16", "bmm") for k in dispatch.fallback_counts())
     dispatch.reset_fallback_counts()
-
-
-def test_w4a4_is_explicit_only():
-    """triton-w4a4 has a status and an implementation but is in no preference list (auto never takes it)."""
-    from tsct import dispatch
-
-    assert dispatch.TRITON_W4A4 in dispatch.PATHS
-    for key, prefs in dispatch.TABLE.items():
-        assert dispatch.TRITON_W4A4 not in prefs, key
-    st = dispatch.status(dispatch.TRITON_W4A4, (9, 0), "sign")
-    assert not st.ok and "NVFP4" in st.reason
-    assert not dispatch.status(dispatch.TRITON_W4A4, None, "nvfp4").ok
-    assert dispatch.implementation(dispatch.TRITON_W4A4).__name__ == "tsct.kernels.triton_w4a4"

@@ -1,4 +1,4 @@
-"""Wiring of the low-bit path into ``tsct.ops`` (issue 4), checked on the CPU.
+"""Wiring of the low-bit path into ``tsct.ops``, checked on the CPU.
 
 - the ``tsct::grouped_glu_q`` custom op pair (``tsct/ops/_library_q.py``): registration, container
   packing, fake implementations and autograd (``torch.library.opcheck``), torch.compile(fullgraph=True);
@@ -157,7 +157,8 @@ def test_ste_gradients_reach_the_masters(request, route):
     sg = p["s_gate"].clone().requires_grad_(True)
     rw = p["row_weight"].clone().requires_grad_(True)
     y = grouped_glu(x, p["offs"], *facs, sg, p["s_up"], row_weight=rw, gather_idx=p["gather_idx"],
-                    scatter_idx=p["scatter_idx"], num_out_rows=p["num_out_rows"], masters=ms)
+                    scatter_idx=p["scatter_idx"], num_out_rows=p["num_out_rows"], masters=ms,
+                    impl="reference" if route == "reference" else "auto")
     go = torch.randn_like(y)
     y.backward(go)
     y_ref, x_ref, leaves, sg_ref, rw_ref = _grads_dense(p, facs, None)
@@ -340,18 +341,6 @@ def test_fake_impls_give_shapes_and_dtypes():
     assert shapes == [(12, 32), (4, 32, 16), (0,), (4, 16, 24), (0,), (4, 16), (26,)]
 
 
-def test_w4a4_fake_matches_its_saving_forward():
-    """triton-w4a4 saves hg, hu (fp32) and z * rw like triton-lowbit but no combine CSR: the op's fake says so
-    (it used to say nothing saved, which a compiled graph would have trusted)."""
-    from torch._subclasses.fake_tensor import FakeTensorMode
-
-    p, _, facs = _problem()
-    with FakeTensorMode(allow_non_fake_inputs=True):
-        y, saved = torch.ops.tsct.grouped_glu_q(*_op_args(p, facs, (None, None, None), dispatch.TRITON_W4A4))
-        assert tuple(y.shape) == (12, 24)
-        assert [(tuple(t.shape), t.dtype) for t in saved] == [((26, 16), torch.float32)] * 2 + [((26, 16), y.dtype)]
-
-
 def test_fullgraph_compile_with_packed_factors_and_masters(lowbit_on_cpu):
     fmts = ("nvfp4", "sign", "nvfp4")
     p, masters, _ = _problem(fmts, seed=5)
@@ -417,7 +406,7 @@ def test_lowbit_status_reasons(monkeypatch, tmp_path):
     monkeypatch.delenv("TSCT_TRITON_BACKEND", raising=False)
     other = tmp_path / "old"
     other.mkdir()
-    monkeypatch.setenv("TSCT_AOT_DIR", str(_fake_aot_dir(other, ["glu", "w4a4"])))
+    monkeypatch.setenv("TSCT_AOT_DIR", str(_fake_aot_dir(other, ["glu"])))
     aot._reset_for_tests()
     try:
         assert TL.aot_arch((9, 0)) is None
@@ -432,10 +421,9 @@ def test_auto_takes_triton_lowbit_on_gpu_arches(monkeypatch, cap, fmt):
     monkeypatch.setitem(dispatch._STATUS, dispatch.TRITON_LOWBIT, lambda c, f: dispatch.Status(True, "built"))
     monkeypatch.setitem(dispatch._STATUS, dispatch.SM120_FP4, lambda c, f: dispatch.Status(False, "test: not built"))
     dec = dispatch.decide(cap, fmt)
-    assert dec.path == dispatch.TRITON_LOWBIT
-    assert dec.skipped == (((dispatch.SM120_FP4, "test: not built"),) if cap[0] == 12 and fmt != "mixed" else ())
-    assert dispatch.decide(None, fmt).path == dispatch.REFERENCE
-    assert dispatch.decide((13, 0), fmt).path == dispatch.REFERENCE
+    assert dec.path == dispatch.TRITON_LOWBIT and dec.skipped == ()  # bf16 activations: sm120-fp4 is not a candidate
+    assert dispatch.decide(None, fmt).path == dispatch.BMM
+    assert dispatch.decide((13, 0), fmt).path == dispatch.BMM
 
 
 def test_implementation_and_executed_on():
@@ -448,26 +436,27 @@ def test_implementation_and_executed_on():
 
 
 def test_first_use_selftest_runs_off_sm90_with_the_storage_format(monkeypatch):
-    from tsct import selftest
+    """Off sm_90 the first use of triton-lowbit asks tsct.firstuse (a child process) per storage format."""
+    from tsct import firstuse
 
     dispatch.reset_fallback_counts()
     monkeypatch.setattr(dispatch, "_first_use", {})
     monkeypatch.setitem(dispatch._STATUS, dispatch.TRITON_LOWBIT, lambda c, f: dispatch.Status(True, "built"))
-    monkeypatch.setitem(dispatch._STATUS, dispatch.SM120_FP4, lambda c, f: dispatch.Status(False, "not built"))
     calls = []
 
-    def fake(path, dev, dtype, fmt):
+    def fake(device_index, path, fmt, **kw):
         calls.append((path, fmt))
-        return selftest.Result(path, fmt != "sign", "rel err 1e-3" if fmt != "sign" else "rel err 0.4", 0.0)
+        ok = fmt != "sign"
+        return firstuse.Verdict(ok, "pass" if ok else "fail", "rel err 1e-3" if ok else "rel err 0.4", "test")
 
-    monkeypatch.setattr(selftest, "grouped_glu", fake)
+    monkeypatch.setattr(firstuse, "verdict", fake)
     monkeypatch.setattr(dispatch.torch.cuda, "current_device", lambda: 0)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         assert dispatch.select("auto", (9, 0), "nvfp4") == dispatch.TRITON_LOWBIT  # executed there: no test
         assert calls == []
         assert dispatch.select("auto", (10, 0), "nvfp4") == dispatch.TRITON_LOWBIT
-        assert dispatch.select("auto", (10, 0), "sign") == dispatch.REFERENCE  # self-test failed: disabled
+        assert dispatch.select("auto", (10, 0), "sign") == dispatch.BMM  # self-test failed: disabled
         assert dispatch.select("auto", (10, 0), "mixed") == dispatch.TRITON_LOWBIT
     assert calls == [(dispatch.TRITON_LOWBIT, "nvfp4"), (dispatch.TRITON_LOWBIT, "sign"),
                      (dispatch.TRITON_LOWBIT, "mixed")]  # the mix is self-tested as a mix

@@ -1,5 +1,5 @@
 """tsct-probe (tsct.probe.main) on a machine without a GPU: the JSON report's sections, the rendered
-text (self-test names such as "grouped_glu[reference, dense factors, float32]" are not eaten as rich markup),
+text (self-test names such as "grouped_glu[bmm, dense factors, float32]" are not eaten as rich markup),
 the Triton AOT listing per arch and kernel (from the index files; nothing loaded), exit status 0."""
 
 from __future__ import annotations
@@ -31,7 +31,8 @@ def test_json_report_sections(capsys):
     if NO_GPU:
         assert rep["gpus"] == [] and rep["cuda_available"] is False
     cpu = [d for d in rep["dispatch"] if d["device"] == "cpu"]
-    assert cpu and all(d["path"] == "reference" for d in cpu), cpu
+    assert cpu and all(d["path"] == "bmm" for d in cpu), cpu
+    assert {d["activations"] for d in cpu} == {"bf16", "nvfp4"}
     assert {d["format"] for d in cpu} >= {"bf16"}
 
     art = rep["artifacts"]
@@ -109,6 +110,6 @@ def test_render_with_selftests(capsys):
     out = capsys.readouterr().out
     assert "self-tests against float64" in out
     for fmt in ("dense", "nvfp4", "sign"):
-        assert f"grouped_glu[reference, {fmt} factors, float32]" in out, out
+        assert f"grouped_glu[bmm, {fmt} factors, float32, forward and backward]" in out, out
     assert "sort_by_expert vs stable argsort" in out and "bit-exact (torch sort)" in out, out
     assert "FAIL" not in out

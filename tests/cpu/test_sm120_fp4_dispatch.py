@@ -1,4 +1,4 @@
-"""The sm120-fp4 path on a machine without sm_120 (issue 5 item 3; design.md section 6).
+"""The sm120-fp4 path on a machine without sm_120 (design.md section 6).
 
 * Dispatch decisions with a patched compute capability (12,0) / (12,1) / (9,0), kernels present or
   not, TSCT_SM120_FP4 set or not; the first-use self-test (its child process faked here; the verdict
@@ -23,7 +23,7 @@ from tsct import dispatch, quant, selftest
 from tsct.emulation import grouped_glu_w4a4, plan
 from tsct.emulation.grouped_glu import GluFactors
 from tsct.kernels import sm120_fp4
-from tsct.kernels.sm120_fp4 import firstuse
+from tsct import firstuse
 from tsct.kernels.sm120_fp4 import glu as sglu
 from tsct.kernels.sm120_fp4.emulated import emulated_gemm, emulated_sign_gemm
 from tsct.emulation import grouped_glu_w4a4_sign
@@ -153,7 +153,7 @@ def test_status_without_kernels_or_with_env_off(monkeypatch):
     monkeypatch.setenv(sm120_fp4.ENV_ENABLE, "0")
     st = dispatch.status(dispatch.SM120_FP4, (12, 0), "nvfp4")
     assert not st.ok and "TSCT_SM120_FP4=0" in st.reason
-    dec = dispatch.decide((12, 0), "nvfp4")
+    dec = dispatch.decide((12, 0), "nvfp4", "nvfp4")
     assert dec.path != dispatch.SM120_FP4 and dec.skipped[0][0] == dispatch.SM120_FP4
 
 
@@ -169,12 +169,12 @@ def test_manifest_without_cutedsl_section(monkeypatch):
 
 
 def test_decide_sm120_first_choice_when_linked_and_enabled(linked):
-    dec = dispatch.decide((12, 0), "nvfp4")
+    dec = dispatch.decide((12, 0), "nvfp4", "nvfp4")
     assert dec.path == dispatch.SM120_FP4 and dec.reason == "first choice"
-    assert dispatch.decide((12, 1), "nvfp4").skipped[0][0] == dispatch.SM120_FP4  # no sm_121a exports here
+    assert dispatch.decide((12, 1), "nvfp4", "nvfp4").skipped[0][0] == dispatch.SM120_FP4  # no sm_121a exports here
     assert dispatch.decide((9, 0), "nvfp4").path != dispatch.SM120_FP4
     assert dispatch.decide((12, 0), "bf16").path != dispatch.SM120_FP4
-    assert dispatch.decide((12, 0), "sign").path == dispatch.SM120_FP4
+    assert dispatch.decide((12, 0), "sign", "nvfp4").path == dispatch.SM120_FP4
     assert dispatch.implementation(dispatch.SM120_FP4) is sm120_fp4
     assert callable(sm120_fp4.grouped_glu_forward) and callable(sm120_fp4.grouped_glu_backward)
 
@@ -194,13 +194,13 @@ def test_first_use_selftest_disables_and_counts(linked, monkeypatch):
     monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
     monkeypatch.setattr(dispatch, "_first_use", {})
     with pytest.warns(RuntimeWarning, match="sm120-fp4 unavailable"):
-        path = dispatch.select("auto", (12, 0), "nvfp4")
+        path = dispatch.select("auto", (12, 0), "nvfp4", "nvfp4")
     assert path != dispatch.SM120_FP4 and len(calls) == 1
     counts = dispatch.fallback_counts()
     assert any(k[0] == dispatch.SM120_FP4 and "first-use self-test on sm120 FAILED: fail: rel err" in k[2]
                for k in counts), counts
     with pytest.raises(RuntimeError, match="FAILED"):
-        dispatch.select(dispatch.SM120_FP4, (12, 0), "nvfp4")
+        dispatch.select(dispatch.SM120_FP4, (12, 0), "nvfp4", "nvfp4")
     assert len(calls) == 1
 
 

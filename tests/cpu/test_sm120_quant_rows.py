@@ -1,4 +1,4 @@
-"""Grouped activation quantizer (sm_120 fp4 path, issue 5 item 2) on the CPU.
+"""Grouped activation quantizer (the sm_120 fp4 path) on the CPU.
 
 * The CUDA kernel's per-item code (csrc/quant/rows_grouped_impl.cuh), compiled for the host
   (csrc/tools/host_rows_grouped.cpp), against the torch reference, bit for bit: codes, every byte of

@@ -30,7 +30,6 @@ from tsct.kernels import aot, launch
 from tsct.kernels.layout import to_kmajor
 from tsct.kernels.triton_glu import specs
 from tsct.kernels.triton_lowbit import specs as lowbit_specs
-from tsct.kernels.triton_w4a4 import specs as w4a4_specs
 
 from _lowbit_counts import n_lowbit  # tests/cpu is on sys.path (pytest's default import mode)
 
@@ -90,22 +89,20 @@ def test_install_holds_every_manifest_cubin():
             assert e["num_ctas"] == 1 and 1 <= e["num_warps"] <= 32
             assert e["shared"] <= specs.MAX_SHARED[arch]
             names = [p["name"] for p in e["params"]]
-            fam_name, fam = next((n, f) for n, f in (("glu", specs), ("w4a4", w4a4_specs), ("lowbit", lowbit_specs))
+            fam_name, fam = next((n, f) for n, f in (("glu", specs), ("lowbit", lowbit_specs))
                                  if e["kernel"] in f.KERNELS)
             assert names == list(fam.KERNELS[e["kernel"]].params) + list(specs.SCRATCH_PARAMS), key
             assert e["family"] == fam_name and e["ptx_arch"] == fam.PTX_ARCH[arch][1], key
         assert counts == info["kernels"]
-        # the index holds exactly the tables' specializations (bf16 family, + W4A4 / low-bit on their arches)
+        # the index holds exactly the tables' specializations (bf16 family, + low-bit on its arches)
         want = {s.key for s in specs.enumerate_specs(arch)}
         fams = {"glu": len(want)}
-        for name, fs in (("w4a4", w4a4_specs), ("lowbit", lowbit_specs)):
-            if arch in fs.AOT_ARCHS:
-                keys = {s.key for s in fs.enumerate_specs(arch)}
-                want |= keys
-                fams[name] = len(keys)
+        if arch in lowbit_specs.AOT_ARCHS:
+            keys = {s.key for s in lowbit_specs.enumerate_specs(arch)}
+            want |= keys
+            fams["lowbit"] = len(keys)
         assert set(entries) == want
-        n_lb = n_lowbit(arch)
-        assert fams.get("w4a4", 102) == 102 and fams.get("lowbit", n_lb) == n_lb, fams
+        assert fams.get("lowbit", n_lowbit(arch)) == n_lowbit(arch), fams
         assert {f: v["variants"] for f, v in idx["families"].items()} == fams, idx["families"]
 
 
@@ -140,17 +137,6 @@ def test_cubins_have_the_arch_matrix_instructions():
                 assert MMA[arch] in sass, f"{arch} {e['key']}: no {MMA[arch]} in the SASS"
                 if arch == "sm_120":
                     assert "code for sm_120a" not in sass  # plain sm_120: loads on 12.0 and 12.1
-    # W4A4 (built as sm_120f on sm_120): the native block-scaled MMA; sm_90a: the bf16 emulation on wgmma
-    need = {"sm_90a": "HGMMA.64x64x16.F32.BF16", "sm_120": "OMMA.SF.16864.F32.E2M1.E2M1.UE4M3.4X"}
-    for arch in set(sec["archs"]) & set(w4a4_specs.AOT_ARCHS):
-        sample = [e for e in aot.index(arch)["kernels"].values() if e["kernel"] == "w4a4_up_fwd"]
-        assert len(sample) == 24
-        for e in (next(e for e in sample if e["aligned"] and "bf16" in e["key"]),
-                  next(e for e in sample if not e["aligned"] and "fp16" in e["key"])):
-            sass = subprocess.run([exe, "-sass", str(aot.aot_dir() / arch / e["file"])], check=True,
-                                  capture_output=True, text=True).stdout
-            assert f"code for {arch}" in sass and need[arch] in sass, (arch, e["file"])
-            assert "HMMA." not in sass, (arch, e["file"])
 
 
 def test_pack_args_layout():
@@ -264,7 +250,7 @@ def test_family_takes_the_generic_variant_when_a_hinted_pointer_is_misaligned(mo
 
 def test_family_jit_launch_compiles_the_consts_the_specs_allow_for_that_triton(monkeypatch):
     """A JIT launch under a Triton other than the pinned one turns off what only the pinned Triton compiles correctly
-    (the low-bit byte planes: wrong products under Triton 3.6 with mma.sync, session 17); a JIT launch under the
+    (the low-bit byte planes: wrong products under Triton 3.6 with mma.sync); a JIT launch under the
     pinned Triton, and one under Triton's interpreter, keep them."""
     import sys
     import types

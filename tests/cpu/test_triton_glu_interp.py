@@ -7,10 +7,10 @@ strides. Three times: with the shipped tile config, with d blocks of 16 in group
 backward's pipelined single-tile d loop (NDB) runs several and partial groups on these small shapes,
 and with one d block per program (NDB 1: what glu.py launches for few large experts).
 
-Also ``tests/cpu/_saved_tails_check.py`` (one more subprocess, ~10 s): the saving forwards of the three Triton
-paths (triton-bf16, triton-lowbit, triton-w4a4) leave no row of their saved tensors undefined (padding rows of
-hg, hu, z*rw zero under a poisoned ``torch.empty``, the same bits in two runs), and ``torch.library.opcheck`` of
-the custom op passes for each path with padding rows (its dynamic-shape AOT-dispatch check compares two runs).
+Also ``tests/cpu/_saved_tails_check.py`` (one more subprocess, ~10 s): the saving forwards of the two Triton
+paths (triton-bf16, triton-lowbit) leave no row of their saved tensors undefined (padding rows of hg, hu, z*rw
+zero under a poisoned ``torch.empty``, the same bits in two runs), and ``torch.library.opcheck`` of the custom
+op passes for each path with padding rows (its dynamic-shape AOT-dispatch check compares two runs).
 """
 
 from __future__ import annotations
@@ -42,8 +42,7 @@ def test_interpreter_check_passes(cfg):
 
 
 SAVED_CASES = ["bf16_saved_gather_scatter", "bf16_saved_no_gather", "bf16_opcheck", "lowbit_saved_gather_scatter",
-               "lowbit_saved_no_gather", "lowbit_opcheck", "w4a4_saved_gather_scatter", "w4a4_saved_no_gather",
-               "w4a4_opcheck", "tile_cum_zero_kernel"]
+               "lowbit_saved_no_gather", "lowbit_opcheck", "tile_cum_zero_kernel"]
 
 
 @pytest.fixture(scope="module")

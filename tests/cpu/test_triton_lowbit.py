@@ -1,4 +1,4 @@
-"""CPU checks of the Triton low-bit grouped GLU (path "triton-lowbit", issue 4).
+"""CPU checks of the Triton low-bit grouped GLU (path "triton-lowbit").
 
 The kernels run under Triton's interpreter in fp32 (the interpreter is trusted for fp32 dots only,
 design.md section 5) in ONE subprocess (TRITON_INTERPRET must be set before Triton is imported, and

@@ -239,7 +239,7 @@ _NO_COPY = {
 @pytest.mark.parametrize("kernel", sorted(_NO_COPY))
 @pytest.mark.parametrize("fmt", ["nvfp4", "sign"])
 def test_forward_kernels_decode_into_the_dot_operand_on_sm120(fmt, kernel):
-    """issue 4, deliverable 1: the forward kernels' b1 variants in byte planes (packed factors, r = 64, K steps of 64;
+    """The forward kernels' b1 variants in byte planes (packed factors, r = 64, K steps of 64;
     lowbit_down_fwd's are the opt-in ones sm_120's table ships), compiled for sm_120 by Triton on this CPU machine,
     keep no copy of a decoded factor tile in shared memory. lowbit_up_fwd's TTGIR stores only register tensors
     shaped like the z planes ([BK/4, BM] bf16) to shared memory; lowbit_down_fwd's stores none (x arrives by

@@ -1,4 +1,4 @@
-"""``tsct.ops.grouped_glu`` with packed factors on a CUDA GPU: the wired "triton-lowbit" path (issue 4).
+"""``tsct.ops.grouped_glu`` with packed factors on a CUDA GPU: the wired "triton-lowbit" path.
 
 - ``impl="auto"`` takes triton-lowbit for NVFP4 / sign / mixed factors (and the launches happen);
 - forward and all gradients through the ``tsct::grouped_glu_q`` custom op against ``tsct.reference`` on the

@@ -8,7 +8,7 @@ the same positions). The kernels' outputs are poisoned (0xA5) before each launch
 byte cannot pass. Also: the public tsct.quant API with backend="native", unaligned inputs (the
 scalar-load path), a side stream, empty tensors, and the b1 factor shapes.
 
-Run (through the device tool):  pytest -s -m gpu tests/gpu/test_native_quant.py
+Run on a GPU machine:  pytest -s -m gpu tests/gpu/test_native_quant.py
 Each case prints one line "[PASS|FAIL] ..."; set TSCT_GPU_LOG=path to also append them to a file.
 """
 

@@ -1,6 +1,6 @@
 """The sm120-fp4 first-use self-test machinery end to end on a real CUDA device that is NOT sm_120
 (the H200 here): the parent initialises CUDA, the verdict runs the REAL child module
-(``tsct.kernels.sm120_fp4.selftest_child``) in a subprocess pinned to the parent's device, and
+(``tsct.selftest_child``) in a subprocess pinned to the parent's device, and
 
 * without ``--force`` the child answers the clean "not-runnable" verdict (no sm120-fp4 kernel for this
   compute capability), exit status 3, recorded in the on-disk cache; the child saw the same GPU;
@@ -21,7 +21,7 @@ import pytest
 import torch
 from _gpu_log import log
 
-from tsct.kernels.sm120_fp4 import firstuse
+from tsct import firstuse
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
 
@@ -54,7 +54,7 @@ def _parent_still_works(a, want):
 def test_real_child_says_not_runnable_and_parent_survives(parent_cuda, fmt):
     idx, a, want = parent_cuda
     ident = firstuse.identity(idx)
-    v = firstuse.verdict(idx, fmt)  # the real runner, the real child command, this device pinned
+    v = firstuse.verdict(idx, "sm120-fp4", fmt)  # the real runner, the real child command, this device pinned
     alive = _parent_still_works(a, want)
     log(f"[{'PASS' if v.outcome == 'not-runnable' and alive else 'FAIL'}] sm120-fp4 first-use child on "
         f"{ident['gpu']} (cc {ident['capability']}), {fmt}: {v.outcome} in {v.seconds:.1f} s ({v.detail}); "
@@ -66,14 +66,14 @@ def test_real_child_says_not_runnable_and_parent_survives(parent_cuda, fmt):
     entry = json.loads(firstuse.cache_file().read_text())["entries"][v.key]
     assert entry["outcome"] == "not-runnable" and entry["identity"] == ident
     firstuse.reset_for_tests()
-    assert firstuse.verdict(idx, fmt).source.startswith(firstuse.CACHED_DISK)
+    assert firstuse.verdict(idx, "sm120-fp4", fmt).source.startswith(firstuse.CACHED_DISK)
 
 
 def test_forced_child_fails_cleanly_on_this_gpu(parent_cuda):
     idx, a, want = parent_cuda
     ident = firstuse.identity(idx)
     env = dict(os.environ, CUDA_VISIBLE_DEVICES=firstuse.child_visible_devices(idx))
-    res = firstuse.run_subprocess(firstuse.child_command("nvfp4", ident) + ["--force"], env, firstuse.timeout_s())
+    res = firstuse.run_subprocess(firstuse.child_command("sm120-fp4", "nvfp4", ident) + ["--force"], env, firstuse.timeout_s())
     ok, outcome, detail = firstuse.interpret(res, firstuse.timeout_s())
     alive = _parent_still_works(a, want)
     clean = outcome == "fail" and res.returncode == firstuse.EXIT_FAIL

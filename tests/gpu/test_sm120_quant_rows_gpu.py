@@ -8,7 +8,7 @@ entries, per-expert column scale, one 300-row expert, E = 0) and the b1 shape (M
 E = 1024, K = 2048, bf16). Outputs are poisoned (0xA5) before each launch. Also: a CUDA-graph
 capture (no host sync inside), a side stream, and an unaligned x (scalar loads).
 
-Runs on any CUDA GPU (the kernel is built for every gencode); the lead runs it on an H200.
+Runs on any CUDA GPU (the kernel is built for every gencode); it has run on an H200.
     pytest -s -m gpu tests/gpu/test_sm120_quant_rows_gpu.py     (TSCT_GPU_LOG=path appends the lines)
 """
 

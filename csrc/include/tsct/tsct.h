@@ -20,15 +20,16 @@
 extern "C" {
 #endif
 
-#define TSCT_ABI_VERSION 8 /* 2: the Triton AOT launcher (tsct_triton_*); 3: the grouped activation quantizer
+#define TSCT_ABI_VERSION 9 /* 2: the Triton AOT launcher (tsct_triton_*); 3: the grouped activation quantizer
                               (tsct_nvfp4_quantize_rows_grouped) and the sm_120 CuTeDSL entries (tsct_sm120_*);
-                              4: the CUTLASS sm_120 grouped NVFP4 GEMM (tsct_cutlass_*);
+                              4: the CUTLASS C++ sm_120 grouped NVFP4 GEMM entries;
                               5: the grouped GLU backward kernel tsct_glu_bwd_dz_bf16;
                               6: the low-bit grouped GLU projections tsct_glu_{down,up}_fwd_{nvfp4,sign};
                               tsct_kernel_smem_bytes; 7: tsct_glu_down_fwd_{nvfp4,sign} take s_gate / s_up
-                              in bf16 or fp32 (scales_bf16); tsct_stream_capture_id; 8: tsct_glu_bwd_dz_bf16
-                              on the row tiles of a tile map (tile_cum, max_tiles), dW only for experts of at
-                              most 64 rows */
+                              in bf16 or fp32 (scales_bf16); tsct_stream_capture_id;
+                              8: the CUTLASS C++ entries of 4 removed (docs/retired.md);
+                              9: tsct_glu_bwd_dz_bf16 on the row tiles of a tile map (tile_cum, max_tiles),
+                              dW only for experts of at most 64 rows */
 
 /* The library is built with -fvisibility=hidden; only declarations marked TSCT_API are exported
  * (and csrc/exports.map lists the same names). */
@@ -248,38 +249,6 @@ TSCT_API int tsct_triton_launch(void* handle, unsigned grid_x, unsigned grid_y, 
 /* Registers, max threads per block and local (spill) bytes of the kernel on the current device
  * (cudaFuncGetAttributes; also proves the device can load the cubin). */
 TSCT_API int tsct_triton_kernel_info(void* handle, int* num_regs, int* max_threads_per_block, int* local_bytes);
-
-/* ---- sm_120 NVFP4 grouped GEMM on CUTLASS C++ (csrc/cutlass/, decisions 0007, 0011) ----
- * A second implementation of the grouped W4A4 GEMM, to A/B against the CuTeDSL kernels. Linked in when
- * the library was built with TSCT_CUTLASS=ON (or AUTO with the pinned headers); else every entry but
- * tsct_cutlass_built returns TSCT_ERR_NOT_BUILT. One sm_120a cubin (compute capability 12.0 only).
- * NOT executed on any GPU yet (docs/sm120.md). Operand conventions (swap AB, per-group device arrays,
- * alignment rules): csrc/cutlass/tsct_cutlass.h; the host preparation is
- * python/tsct/kernels/sm120_fp4/cutlass_gemm.py.
- *   out_e[M_e, N] = alpha[e] * dequant(x_e)[M_e, K] @ dequant(w_e)[N, K]^T   (fp32 accumulate, bf16 out) */
-/* *built = 1 if the CUTLASS kernel is linked in (host only: no CUDA call). */
-TSCT_API int tsct_cutlass_built(int* built);
-/* Workspace bytes for num_groups groups on a device with sm_count SMs (sm_count <= 0: the current
- * device's; the run must then get the same sm_count). Host only (no launch) when sm_count > 0. */
-TSCT_API int tsct_cutlass_nvfp4_grouped_sm120_workspace(int64_t num_groups, int sm_count, uint64_t* bytes);
-/* Runs the grouped GEMM on `stream`. All per-group arrays are DEVICE arrays of length G = num_groups:
- * problem_nmk int32 [G, 3] = (N, M_e, K); ptr_w, ptr_w_sf, ptr_x, ptr_x_sf, ptr_out uint64 [G] addresses;
- * alpha fp32 [G]. workspace: >= the queried bytes, 256-byte aligned. The current device must be compute
- * capability 12.0: anything else returns cudaErrorNoKernelImageForDevice with the detail naming the
- * device's capability (no launch); no device returns the CUDA error of the query. The device is checked
- * first; then num_groups == 0 returns 0 without a launch. */
-TSCT_API int tsct_cutlass_nvfp4_grouped_sm120_bf16(int64_t num_groups, const int32_t* problem_nmk,
-                                                   const uint64_t* ptr_w, const uint64_t* ptr_w_sf,
-                                                   const uint64_t* ptr_x, const uint64_t* ptr_x_sf,
-                                                   const uint64_t* ptr_out, const float* alpha, void* workspace,
-                                                   uint64_t workspace_bytes, int sm_count, void* stream);
-/* Host only: the compiled configuration, out[0..n) = { tile M, tile N, tile K, pipeline stages, shared-memory
- * bytes of one CTA, sizeof(problem shape), 1 if a problem shape is int32 {M, N, K}, CUTLASS_MAJOR*100 +
- * CUTLASS_MINOR, threads per CTA, prep workspace bytes for one group }. */
-TSCT_API int tsct_cutlass_nvfp4_grouped_sm120_config(int64_t* out, int n);
-/* Host only: byte offsets CUTLASS's scale-factor layout (Sm1xxBlockScaledConfig) gives scale (row, k/16) of
- * the problem (m, n, k): which = 0: SFA rows [0, m); 1: SFB rows [0, n); out row-major [rows, k/16]. */
-TSCT_API int tsct_cutlass_nvfp4_sf_offsets_sm120(int which, int m, int n, int k, int64_t* out);
 
 #ifdef __cplusplus
 }

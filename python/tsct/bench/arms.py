@@ -23,10 +23,8 @@ the expert math and the combine inside the timed span, sync-free.
                    backward also computes the straight-through gradients of the masters (dW of the
                    decoded factors), so its forward+backward is the low-bit training step comparable
                    with the bf16 arm's (which differentiates its factors).
-    tsct-w4a4-nvfp4  the same call with impl="triton-w4a4" (NVFP4 weights AND activations on tl.dot_scaled:
-                   x and z quantized per row, both projections block-scaled; straight-through backward on
-                   the low-bit kernels). Runs from this install's cubins only: "emulated (sm_90)" on sm_90
-                   (bf16 emulation of dot_scaled), native on sm_120; elsewhere "not runnable" with the reason.
+    tsct-bmm-<fmt>  the bmm path (factors decoded to bf16 once per call, rows laid out per expert, torch.bmm;
+                   exact: no row is dropped): the fallback of every GPU and the CPU path.
 
 Forward timing runs with autograd recording (the forward of a training step); forward+backward adds
 ``torch.autograd.grad`` of the output w.r.t. x, the router weights, every dense factor and both scales,
@@ -56,8 +54,6 @@ from tsct.bench.inputs import Factors, InputSet
 PADDED_BMM = "padded-bmm"
 GROUPED_MM = "grouped-mm"
 TSCT = "tsct"
-W4A4 = "w4a4"
-SM120_CUTLASS = "sm120-cutlass"  # the sm120-fp4 path with TSCT_SM120_GEMM=cutlass (decision 0011)
 
 RAN, REFUSED, UNAVAILABLE, ERROR = "ran", "refused", "unavailable", "error"
 
@@ -74,11 +70,11 @@ class ArmSpec:
 
 
 def _path_serves_format(path: str, fmt: str) -> bool:
-    """Whether some row of the dispatch table sends ``fmt`` factors to ``path`` (reference serves all)."""
-    table = getattr(dispatch, "TABLE", None)
-    if path == dispatch.REFERENCE or table is None:
+    """Whether some row of the dispatch tables sends ``fmt`` factors to ``path`` (reference and bmm serve all)."""
+    if path in (dispatch.REFERENCE, dispatch.BMM):
         return True
-    return any(path in prefs for (_, f), prefs in table.items() if f == fmt)
+    rows = {**dispatch.TABLE, **dispatch.TABLE_NVFP4_ACTIVATIONS}.items()
+    return any(path in prefs for (_, f), prefs in rows if f == fmt)
 
 
 def all_arms(cfg: BenchConfig, dense_fmt: str) -> list[ArmSpec]:
@@ -99,10 +95,6 @@ def all_arms(cfg: BenchConfig, dense_fmt: str) -> list[ArmSpec]:
                     specs.append(ArmSpec(f"tsct-{path}-{fmt}-kmajor", TSCT, path, fmt, "kmajor"))
                 if path == dispatch.TRITON_LOWBIT and fmt in ("nvfp4", "sign"):
                     specs.append(ArmSpec(f"tsct-{path}-{fmt}-ste", TSCT, path, fmt))
-    if "nvfp4" in fmts:
-        specs.append(ArmSpec("tsct-w4a4-nvfp4", W4A4, W4A4, "nvfp4"))
-        # the sm120-fp4 forward on the CUTLASS GEMM, to A/B against tsct-sm120-fp4-nvfp4 (CuTeDSL)
-        specs.append(ArmSpec("tsct-sm120-fp4-cutlass-nvfp4", SM120_CUTLASS, dispatch.SM120_FP4, "nvfp4"))
     return specs
 
 
@@ -171,10 +163,13 @@ def tsct_call(x: Tensor, ids: Tensor, weights: Tensor, fac: Factors, experts: in
     ``masters``: master factors of packed ones (straight-through gradients, ``tsct.ops.grouped_glu``)."""
     from tsct.ops import grouped_glu, sort_by_expert
 
+    from tsct import dispatch
+
     s = sort_by_expert(ids, experts, weights)
+    act = "nvfp4" if impl == dispatch.SM120_FP4 else "bf16"  # the tensor-core path computes NVFP4 activations
     return grouped_glu(x, s.offs, fac.w_gate, fac.w_up, fac.w_down, fac.s_gate, fac.s_up, row_weight=s.row_weight,
                        gather_idx=s.token, scatter_idx=s.token, num_out_rows=x.shape[0], impl=impl,
-                       masters=masters)
+                       activations=act, masters=masters)
 
 
 class _WithMasters:
@@ -247,7 +242,9 @@ def new_result(spec: ArmSpec) -> dict:
             "rel_l2_err": None, "max_rel_err_dequant": None, "rel_l2_err_dequant": None, "peak_mem_bytes": None,
             "storage_bytes": None, "dropped_fraction": None, "grads": None, "sync_free": None, "sync_ops": [],
             "warnings": [], "w_down_layout": spec.w_down_layout, "fwd_graph_ms": None, "fwdbwd_graph_ms": None,
-            "rates_from": None}
+            "rates_from": None,
+            # the precision of the activations in the products (tsct.dispatch.COMPUTES; bf16 for the baselines)
+            "activations": "nvfp4" if spec.path == dispatch.SM120_FP4 else "bf16"}
 
 
 def measure_arm(spec: ArmSpec, ctx: Context, fac: Factors, pass_fn: Callable[[InputSet], Tensor], *,
@@ -321,7 +318,8 @@ def measure_arm(spec: ArmSpec, ctx: Context, fac: Factors, pass_fn: Callable[[In
                     except Exception as e:  # noqa: BLE001
                         res["reason"] = f"backward failed: {_message(e)}"
                         res["traceback"] = traceback.format_exc(limit=6)
-                if graph and dev.type == "cuda" and res["sync_free"]:  # a host sync cannot be captured
+                # a host sync cannot be captured; the bmm path captures its static layout (no host read) instead
+                if graph and dev.type == "cuda" and (res["sync_free"] or spec.path == dispatch.BMM):
                     log(f"{spec.name}: timing CUDA-graph replay")
                     gkw = dict(n_sets=len(ctx.sets), replays=max(5, min(cfg.iters, 30)))
                     try:
@@ -426,61 +424,7 @@ def tsct_arm(spec: ArmSpec, ctx: Context, log=lambda s: None) -> dict:
     return res
 
 
-def w4a4_arm(spec: ArmSpec, ctx: Context, log=lambda s: None) -> dict:
-    """The whole pass through ``tsct.ops.grouped_glu(impl="triton-w4a4")``; ``mode`` says how it ran
-    (``w4a4.runnable``: emulated on sm_90, native on sm_120)."""
-    from tsct import config as tsct_config
-    from tsct.kernels.triton_w4a4 import w4a4
-
-    ok, mode = w4a4.runnable(ctx.capability)
-    fac = ctx.formats.get(spec.fmt)
-    if not ok or not isinstance(fac, Factors):
-        res = new_result(spec)
-        res["status"] = UNAVAILABLE
-        res["reason"] = mode if not ok else (fac or f"format {spec.fmt!r} was not prepared")
-        res["mode"] = "not runnable"
-        return res
-    saved = tsct_config.check_values
-
-    def pass_fn(inp: InputSet) -> Tensor:
-        return tsct_call(inp.x, inp.ids, inp.weights, fac, ctx.cfg.experts, dispatch.TRITON_W4A4)
-
-    res = measure_arm(spec, ctx, fac, pass_fn, before_timing=lambda: setattr(tsct_config, "check_values", False),
-                      after_timing=lambda: setattr(tsct_config, "check_values", saved), log=log)
-    res["mode"] = mode.split(":")[0]
-    res["reason"] = "; ".join(filter(None, [res["reason"], mode]))
-    res["dropped_fraction"] = 0.0 if res["status"] == RAN else None
-    return res
-
-
-def sm120_cutlass_arm(spec: ArmSpec, ctx: Context, log=lambda s: None) -> dict:
-    """The sm120-fp4 arm with the CUTLASS GEMM backend (``TSCT_SM120_GEMM=cutlass`` while it runs): needs
-    compute capability 12.0, the CUTLASS kernel linked in (manifest "cutlass") and the path runnable;
-    else "unavailable" with the reason. Never executed on an sm_120 card (docs/sm120.md)."""
-    import os
-
-    from tsct.kernels.sm120_fp4 import cutlass_gemm
-
-    ok, why = cutlass_gemm.kernel_status(ctx.capability)
-    if not ok:
-        res = new_result(spec)
-        res["status"], res["reason"] = UNAVAILABLE, f"{why} (the CUTLASS backend of sm120-fp4)"
-        return res
-    saved = os.environ.get(cutlass_gemm.ENV_GEMM)
-    os.environ[cutlass_gemm.ENV_GEMM] = "cutlass"
-    try:
-        res = tsct_arm(dataclasses.replace(spec, kind=TSCT), ctx, log=log)
-    finally:
-        if saved is None:
-            os.environ.pop(cutlass_gemm.ENV_GEMM, None)
-        else:
-            os.environ[cutlass_gemm.ENV_GEMM] = saved
-    res["gemm_backend"] = "cutlass"
-    return res
-
-
-RUNNERS = {PADDED_BMM: padded_bmm_arm, GROUPED_MM: grouped_mm_arm, TSCT: tsct_arm, W4A4: w4a4_arm,
-           SM120_CUTLASS: sm120_cutlass_arm}
+RUNNERS = {PADDED_BMM: padded_bmm_arm, GROUPED_MM: grouped_mm_arm, TSCT: tsct_arm}
 
 
 def run_arm(spec: ArmSpec, ctx: Context, log=lambda s: None) -> dict:

@@ -101,18 +101,6 @@ def _list_arms(cfg: cfgmod.BenchConfig, console: Console) -> None:
             state = "runs" if st.ok else f"unavailable: {st.reason}"
         elif s.kind == arms.GROUPED_MM:
             state = f"runs if torch accepts the shape ({what})" if gmm else f"unavailable: {what}"
-        elif s.kind == arms.W4A4:
-            from tsct.kernels.triton_w4a4 import w4a4
-
-            ok, mode = w4a4.runnable(cap)
-            state = f"runs: {mode}" if ok else f"unavailable: {mode}"
-        elif s.kind == arms.SM120_CUTLASS:
-            from tsct.kernels.sm120_fp4 import cutlass_gemm
-
-            ok, why = cutlass_gemm.kernel_status(cap)
-            st = dispatch.status(s.path, cap, s.fmt) if ok else None
-            state = ("runs (after the first-use self-test)" if st is not None and st.ok
-                     else f"unavailable: {why if not ok else st.reason}")
         elif s.kind in (arms.PADDED_BMM,):
             state = "runs"
         else:
@@ -153,7 +141,7 @@ def _sweep(cfg: cfgmod.BenchConfig, axes: dict, a: argparse.Namespace, out: Cons
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     a = parser().parse_args(argv)
-    # Not a terminal (a log, the device tool): a fixed width that fits the table, no colour codes.
+    # Not a terminal (a log, a remote runner): a fixed width that fits the table, no colour codes.
     out = Console() if sys.stdout.isatty() else Console(width=200, no_color=True)
     err = (Console(stderr=True) if sys.stderr.isatty()
            else Console(stderr=True, width=200, no_color=True, log_path=False))

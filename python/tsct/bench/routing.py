@@ -15,6 +15,9 @@ import dataclasses
 import torch
 from torch import Tensor
 
+# the padded bmm's placement lives with the layer that runs it; the benchmark times the same code
+from tsct.nn.capacity import Capacity, capacity_slots, expert_counts, sort_key  # noqa: F401
+
 
 def route(tokens: int, experts: int, topk: int, *, routing: str = "softmax", zipf_exponent: float = 1.2,
           generator: torch.Generator, device, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
@@ -66,18 +69,6 @@ class Sorted:
         return self.flat_ids[self.order]
 
 
-def expert_counts(flat_ids: Tensor, experts: int) -> Tensor:
-    """int32 ``[E]`` rows per expert; equals ``torch.bincount(flat_ids, minlength=E)`` but sync-free on CUDA."""
-    counts = torch.zeros(experts, dtype=torch.int32, device=flat_ids.device)
-    return counts.scatter_add_(0, flat_ids, torch.ones_like(flat_ids, dtype=torch.int32))
-
-
-def sort_key(flat_ids: Tensor, experts: int) -> Tensor:
-    """The expert ids in the narrowest integer type that holds them (int16 up to 32767 experts): the
-    same stable order, but the radix sort makes 2 passes instead of 8 for int64 ids."""
-    return flat_ids.to(torch.int16) if experts <= (1 << 15) - 1 else flat_ids
-
-
 def sort_by_expert(ids: Tensor, experts: int) -> Sorted:
     """Stable argsort of the flattened ids, offs = int32 cumsum of the per-expert counts. Sync-free."""
     k = ids.shape[1]
@@ -90,39 +81,3 @@ def sort_by_expert(ids: Tensor, experts: int) -> Sorted:
 def inverse_permutation(order: Tensor) -> Tensor:
     """``inv`` with ``inv[order[i]] = i`` (scatter, sync-free)."""
     return torch.empty_like(order).scatter_(0, order, torch.arange(order.numel(), device=order.device))
-
-
-@dataclasses.dataclass
-class Capacity:
-    """Placement of the routed rows in a capacity-padded ``[E, C]`` grid (token-major row order).
-
-    slot:   [M] int64, e*C + (rank of the row among its expert's rows, in token order); dropped rows
-            (rank >= C) point at slot 0 and have ``keep`` 0
-    keep:   [M] bool, the row fits in its expert's capacity
-    src:    [E*C] int64, token feeding each slot; empty slots read token 0 (their output is never
-            combined, so they cost compute but not correctness, like the zero rows of a zero-filled buffer)
-    """
-
-    slot: Tensor
-    keep: Tensor
-    src: Tensor
-
-
-def capacity_slots(ids: Tensor, experts: int, capacity: int) -> Capacity:
-    """Sync-free capacity assignment: rows beyond an expert's capacity are dropped, earlier tokens first."""
-    t, k = ids.shape
-    m = t * k
-    dev = ids.device
-    flat = ids.reshape(-1)
-    order = torch.argsort(sort_key(flat, experts), stable=True)
-    counts = expert_counts(flat, experts).to(torch.int64)
-    starts = torch.cumsum(counts, 0) - counts
-    sorted_e = flat[order]
-    rank_sorted = torch.arange(m, device=dev) - starts[sorted_e]
-    rank = torch.empty_like(rank_sorted).scatter_(0, order, rank_sorted)
-    keep = rank < capacity
-    dump = experts * capacity  # one extra slot that absorbs the dropped rows
-    slot = torch.where(keep, flat * capacity + rank, torch.full_like(rank, dump))
-    token = torch.div(torch.arange(m, device=dev), k, rounding_mode="floor")
-    src = torch.zeros(dump + 1, dtype=torch.int64, device=dev).scatter_(0, slot, token)[:dump]
-    return Capacity(slot=torch.where(keep, slot, torch.zeros_like(slot)), keep=keep, src=src)

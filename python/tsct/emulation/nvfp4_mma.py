@@ -20,8 +20,8 @@ Emulates ``cutedsl/tsct_cutedsl/nvfp4_gemm_sm120.py`` (``mma.sync.aligned.m16n8k
   +1.0 / -1.0), B block scales are UE4M3 1.0 (0x38), and the epilogue applies the per-column scale
   first: ``y_p = acc_p * col_scale[p, e, n] * alpha[p, e]``.
 
-Pure torch, any device, no CuTeDSL. Used as the oracle for the kernel's math on CPU (and, on the
-H200, against the Triton W4A4 path), never as a fast path.
+Pure torch, any device, no CuTeDSL. Used as the oracle for the kernel's math (on the CPU, and on the
+H200 against the since retired Triton W4A4 kernels, docs/retired.md), never as a fast path.
 """
 
 from __future__ import annotations

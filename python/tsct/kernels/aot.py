@@ -1,10 +1,11 @@
 """Run-time side of the Triton kernels compiled ahead of time (docs/decisions/0005-triton-aot.md).
 
 The wheel ships ``tsct/_aot/<arch>/*.cubin`` with ``index.json`` per arch (written at build time by
-``tsct/kernels/triton_glu/aot_build.py``; one index for every kernel family: triton_glu, triton_w4a4). This module picks the arch for a device, looks a
-specialization key up in the index, packs the arguments by the recorded parameter list and launches
-through the native library (``tsct_triton_load`` / ``tsct_triton_launch``). It needs no Triton and no
-compiler; importing it loads nothing and touches no GPU.
+``tsct/kernels/triton_glu/aot_build.py``; one index for every kernel family: triton_glu, triton_lowbit).
+This module picks the arch for a device, looks a specialization key up in the index, packs the
+arguments by the recorded parameter list and launches through the native library (``tsct_triton_load``
+/ ``tsct_triton_launch``). It needs no Triton and no compiler; importing it loads nothing and touches
+no GPU.
 
     artifact_arch(capability) -> "sm_90a" | "sm_100a" | "sm_120" | None   (exact table)
     aot_dir() -> Path                        $TSCT_AOT_DIR, else tsct/_aot of the installed package

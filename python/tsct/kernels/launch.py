@@ -13,7 +13,7 @@ and whether the caller's shapes allow the aligned variants. ``Family.launch`` th
 
 Host cost matters: at b1 one eager forward makes ~6 launches and the GPU work is ~0.85 ms on an H200,
 so a launch must cost microseconds, not the ~100 us that building the key string and ctypes cells per
-call took (bench/notes.md, "Host time"). The key is resolved once per *launch signature* (kernel,
+call took (docs/performance.md). The key is resolved once per *launch signature* (kernel,
 arch, argument dtypes / None-ness, constexprs, warps, stages, aligned) and cached; a cached launch
 checks the hinted pointers' alignment, reads the data pointers and packs them with a precompiled
 ``struct`` layout (``AotKernel.launch``).

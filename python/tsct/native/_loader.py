@@ -22,11 +22,12 @@ from typing import Any
 
 LIB_NAME = "libtsct_kernels.so"
 MANIFEST_NAME = "manifest.json"
-ABI_VERSION = 8  # 2: the Triton AOT launcher (tsct_triton_*); 3: tsct_nvfp4_quantize_rows_grouped, tsct_sm120_*;
-#                   4: the CUTLASS sm_120 grouped NVFP4 GEMM (tsct_cutlass_*); 5: tsct_glu_bwd_dz_bf16;
+ABI_VERSION = 9  # 2: the Triton AOT launcher (tsct_triton_*); 3: tsct_nvfp4_quantize_rows_grouped, tsct_sm120_*;
+#                   4: the CUTLASS C++ sm_120 grouped NVFP4 GEMM entries; 5: tsct_glu_bwd_dz_bf16;
 #                   6: tsct_glu_{down,up}_fwd_{nvfp4,sign}, tsct_kernel_smem_bytes; 7: bf16 s_gate / s_up for
-#                   tsct_glu_down_fwd_{nvfp4,sign} (scales_bf16); tsct_stream_capture_id; 8: tsct_glu_bwd_dz_bf16 on
-#                   the row tiles of a tile map (tile_cum, max_tiles; dW only for experts of <= 64 rows)
+#                   tsct_glu_down_fwd_{nvfp4,sign} (scales_bf16); tsct_stream_capture_id; 8: 4's entries removed;
+#                   9: tsct_glu_bwd_dz_bf16 on the row tiles of a tile map (tile_cum, max_tiles; dW only for experts
+#                   of <= 64 rows)
 ENV_VAR = "TSCT_NATIVE_LIB"
 
 # Name -> (restype, argtypes) of every entry point in csrc/include/tsct/tsct.h.
@@ -89,18 +90,6 @@ _SIGNATURES: dict[str, tuple[Any, list[Any]]] = {
     "tsct_triton_launch": (c_int, [c_void_p, ctypes.c_uint, ctypes.c_uint, ctypes.c_uint, c_void_p, c_void_p, c_int]),
     # handle, num_regs*, max_threads_per_block*, local_bytes*
     "tsct_triton_kernel_info": (c_int, [c_void_p, ctypes.POINTER(c_int), ctypes.POINTER(c_int), ctypes.POINTER(c_int)]),
-    # CUTLASS sm_120 grouped NVFP4 GEMM (csrc/cutlass, tsct.kernels.sm120_fp4.cutlass_gemm): built*
-    "tsct_cutlass_built": (c_int, [ctypes.POINTER(c_int)]),
-    # num_groups, sm_count, bytes*
-    "tsct_cutlass_nvfp4_grouped_sm120_workspace": (c_int, [c_int64, c_int, ctypes.POINTER(ctypes.c_uint64)]),
-    # num_groups, problem_nmk, ptr_w, ptr_w_sf, ptr_x, ptr_x_sf, ptr_out, alpha, workspace, workspace_bytes,
-    # sm_count, stream
-    "tsct_cutlass_nvfp4_grouped_sm120_bf16": (c_int, [c_int64, c_void_p, c_void_p, c_void_p, c_void_p, c_void_p,
-                                                      c_void_p, c_void_p, c_void_p, ctypes.c_uint64, c_int, c_void_p]),
-    # out (int64*), n
-    "tsct_cutlass_nvfp4_grouped_sm120_config": (c_int, [ctypes.POINTER(c_int64), c_int]),
-    # which, m, n, k, out (int64*)
-    "tsct_cutlass_nvfp4_sf_offsets_sm120": (c_int, [c_int, c_int, c_int, c_int, ctypes.POINTER(c_int64)]),
 }
 
 

@@ -19,10 +19,9 @@ and, when the manifest has a "triton_aot" section, the cubins (no cuobjdump need
   * the manifest's archs / variants / kernel counts == the per-arch index.json files (and the
     top-level index.json), same Triton version; no cubin on disk that no index lists;
   * every cubin an index lists exists with the sha256 it records, and the PTX target its entry
-    records (``ptx_arch``) is one of AOT_PTX_TARGETS[arch] (sm_120: plain sm_120 for the bf16 kernels,
-    the family target sm_120f for W4A4; never sm_120a);
-  * ``--list-elf`` of every cubin names exactly its arch (sm_120 and sm_120f list as sm_120: they must
-    load on 12.0 and 12.1);
+    records (``ptx_arch``) is its arch directory's (plain sm_120 in sm_120: it loads on 12.0 and 12.1;
+    never sm_120a, which loads on 12.0 only);
+  * ``--list-elf`` of every cubin names exactly its arch;
   * with ``sass=True``: for every (arch, kernel) that a SASS_RULES row covers, one variant (the first
     aligned bf16 one), or every cubin with ``all_variants=True`` / ``--all-variants`` (minutes), is
     disassembled: its "code for" arch, its function, and SASS_RULES.
@@ -32,12 +31,6 @@ library outside its .nv_fatbin section) number exactly the manifest's kernels; w
 is disassembled: 'code for' one of the manifest's archs (sm_120a, and sm_121a since decision 0010; the
 count per arch must equal the manifest's) and ``CUTEDSL_REQUIRED_SASS`` (the NVFP4 block-scaled MMA,
 OMMA.SF.16864.F32.E2M1.E2M1.UE4M3.4X) present in every one.
-and, when the manifest has a "cutlass" section (the CUTLASS sm_120 grouped NVFP4 GEMM compiled into the
-library's own fatbinary, decision 0011): its kernels are present in the library's ``arch`` (sm_120a)
-cubins and in no other target (they are left out of the per-target comparison with manifest["kernels"],
-which lists the tsct_device kernels), and with ``sass=True`` the GEMM kernel (role "gemm") holds
-``CUTLASS_REQUIRED_SASS`` (the same OMMA). A library with CUTLASS kernels and no section is a mismatch
-(they show up as kernels "not in manifest").
 The cubins are found at ``aot_dir`` / ``--aot-dir``, else $TSCT_AOT_DIR, else next to the library
 (site-packages/<manifest triton_aot.dir> for an install, <build dir>/triton_aot for a build tree).
 ``main`` exits 0 if everything matches, 1 on a mismatch (with a report), 2 if it cannot run (no
@@ -85,17 +78,13 @@ class SassRule:
 
 
 # Per-arch SASS expectations, checked by verify(sass=True) on the library's SASS targets and on the
-# Triton AOT cubins (target = the cubin's arch directory: sm_90a, sm_100a, sm_120 (plain sm_120 for the
-# bf16 kernels, sm_120f for W4A4: both list as sm_120); kernel = its function). Also used by
-# `triton_glu/aot_build.py --check-sass` on freshly built cubins.
+# Triton AOT cubins (target = the cubin's arch directory: sm_90a, sm_100a, sm_120; kernel = its function).
+# Also used by `triton_glu/aot_build.py --check-sass` on freshly built cubins.
 # Adding a check is one line, e.g.:
 #   SassRule(r"sm_120[af]", r"^tsctk_.*nvfp4_gemm", require=r"OMMA\.SF\.16864\.F32\.E2M1\.E2M1\.UE4M3\.4X", why="..."),
-# No no-spill rule for the Triton kernels: some variants spill by design (bench/notes.md).
+# No no-spill rule for the Triton kernels: some variants spill by design (generic, unaligned variants and the
+# mma.sync backward kernels on sm_120 hold their accumulators in registers; docs/performance.md).
 _TRITON_GEMM = r"^(glu|lowbit)_(down_fwd|up_fwd|bwd_dz|bwd_dx_dw)$"  # bf16 and low-bit (W4A16) families
-_TRITON_W4A4 = r"^w4a4_(up|down)_fwd$"  # the two W4A4 GEMMs (dot_scaled)
-# PTX targets an AOT arch directory may hold (index entries' "ptx_arch"): sm_120 holds plain sm_120
-# (bf16) and the family target sm_120f (W4A4), both load on 12.0 and 12.1; never sm_120a (12.0 only).
-AOT_PTX_TARGETS: dict[str, tuple[str, ...]] = {"sm_120": ("sm_120", "sm_120f")}
 SASS_RULES: list[SassRule] = [
     SassRule(r".*", r"^tsctk_(nvfp4|sign)_", forbid=r"\b(STL|LDL)(\.\w+)*\b",
              why="quant kernels keep their 16-element block in registers (no local-memory spills)"),
@@ -116,19 +105,11 @@ SASS_RULES: list[SassRule] = [
     SassRule(r"sm_100a", _TRITON_GEMM, require=r"\bUTCHMMA\b", why="Triton GEMMs use tcgen05 MMA on sm_100a"),
     SassRule(r"sm_120", _TRITON_GEMM, require=r"\bHMMA\.16816\.F32",
              why="Triton GEMMs use mma.sync (fp32 accumulate) on plain sm_120"),
-    # W4A4 (triton_w4a4, tl.dot_scaled; its sm_120 cubins are built as sm_120f, listed as sm_120)
-    SassRule(r"sm_90a", _TRITON_W4A4, require=r"\bHGMMA\.",
-             why="W4A4 dot_scaled is emulated on sm_90a: e2m1/UE4M3 -> bf16, then wgmma"),
-    SassRule(r"sm_120", _TRITON_W4A4, require=r"\bOMMA\.SF\.16864\.F32\.E2M1\.E2M1\.UE4M3\.4X\b",
-             forbid=r"\bHMMA\.",
-             why="W4A4 dot_scaled is the native block-scaled MMA on sm_120f (not a bf16 emulation)"),
 ]
 
 
 #: every CuTeDSL sm_120 kernel linked into the library must hold this SASS instruction (design.md section 4)
 CUTEDSL_REQUIRED_SASS = r"\bOMMA\.SF\.16864\.F32\.E2M1\.E2M1\.UE4M3\.4X\b"
-#: the CUTLASS sm_120 GEMM kernel (manifest "cutlass" section, role "gemm") must hold it too (decision 0011)
-CUTLASS_REQUIRED_SASS = CUTEDSL_REQUIRED_SASS
 _EM_CUDA = 190
 
 
@@ -433,9 +414,8 @@ def _verify_aot(res: dict[str, Any], man: dict, lib: Path, aot_arg, cuobjdump: s
                 continue
             listed.add(fname)
             ptx = e.get("ptx_arch")
-            if ptx is not None and ptx not in AOT_PTX_TARGETS.get(arch, (arch,)):
-                file_bad.append(f"triton AOT {arch}/{fname}: built for PTX target {ptx!r}, expected one of "
-                                f"{list(AOT_PTX_TARGETS.get(arch, (arch,)))}")
+            if ptx is not None and ptx != arch:
+                file_bad.append(f"triton AOT {arch}/{fname}: built for PTX target {ptx!r}, expected {arch!r}")
                 row["status"].add("ELF ARCH")
             path = root / arch / fname
             if not path.is_file():
@@ -614,63 +594,6 @@ def _verify_cutedsl(res: dict[str, Any], man: dict, lib: Path, cuobjdump: str, s
     return problems
 
 
-def _cutlass_kernels(man: dict) -> dict[str, set[str]]:
-    """arch -> the kernel names the manifest's "cutlass" section lists (empty without the section)."""
-    sec = man.get("cutlass") or {}
-    out: dict[str, set[str]] = {}
-    for k in sec.get("kernels", []):
-        out.setdefault(str(k.get("arch", sec.get("arch", "sm_120a"))), set()).add(str(k["name"]))
-    return out
-
-
-def _verify_cutlass(res: dict[str, Any], man: dict, elf_kernels: dict[str, set[str]],
-                    funcs_by_arch: dict[str, dict[str, str]], sass: bool) -> list[str]:
-    """The manifest's "cutlass" section against the library's fatbinary (cuobjdump's view, before the
-    CUTLASS kernels are removed from it). Fills res["cutlass"] (None without the section)."""
-    sec = man.get("cutlass")
-    if not sec:
-        res["cutlass"] = None
-        return []
-    arch = str(sec.get("arch", "sm_120a"))
-    kernels = sec.get("kernels", [])
-    gemms = [str(k["name"]) for k in kernels if k.get("role") == "gemm"]
-    info = {"arch": arch, "headers": (sec.get("headers") or {}).get("cutlass"), "kernels": len(kernels),
-            "found": 0, "gemm": len(gemms), "omma_ok": 0, "sass_checked": 0}
-    res["cutlass"] = info
-    problems = []
-    if not gemms:
-        problems.append("cutlass: the manifest's cutlass section lists no GEMM kernel (role 'gemm')")
-    have = elf_kernels.get(arch, set())
-    for k in kernels:
-        name = str(k["name"])
-        if name in have:
-            info["found"] += 1
-        else:
-            problems.append(f"cutlass: kernel {name[:100]} is not in the library's {arch} cubins")
-        others = sorted(t for t, names in elf_kernels.items() if t != arch and name in names)
-        if others:
-            problems.append(f"cutlass: kernel {name[:100]} is also in {others} (built for {arch} only)")
-    if sass:
-        funcs = funcs_by_arch.get(arch, {})
-        for name in gemms:
-            if name not in funcs:
-                continue  # reported above
-            info["sass_checked"] += 1
-            if re.search(CUTLASS_REQUIRED_SASS, funcs[name]):
-                info["omma_ok"] += 1
-            else:
-                problems.append(f"cutlass: GEMM kernel {name[:100]}: SASS lacks /{CUTLASS_REQUIRED_SASS}/ (the NVFP4 "
-                                "block-scaled MMA)")
-    return problems
-
-
-def _cutlass_summary(info: dict | None, problems: list[str], sass: bool) -> str:
-    if info is None:
-        return "; cutlass: none"
-    s = f"; cutlass: {info['found']}/{info['kernels']} {info['arch']}" + (" OMMA" if sass else "")
-    return s + (f": {_count(problems)} problems" if problems else " ok")
-
-
 def _cutedsl_summary(info: dict | None, problems: list[str], sass: bool) -> str:
     if info is None:
         return "; cutedsl: none"
@@ -724,7 +647,7 @@ def verify(lib: str | os.PathLike | None = None, manifest: str | os.PathLike | d
     """
     res: dict[str, Any] = {"ok": False, "status": "error", "library": None, "manifest": None, "cuobjdump": None,
                            "nvdisasm": None, "sass": bool(sass), "all_variants": bool(all_variants), "targets": [],
-                           "triton_aot": None, "cutedsl": None, "cutlass": None, "problems": [], "detail": "",
+                           "triton_aot": None, "cutedsl": None, "problems": [], "detail": "",
                            "build": {}}
     try:
         _verify(res, lib, manifest, cuobjdump, sass, aot_dir, all_variants)
@@ -771,12 +694,6 @@ def _verify(res: dict[str, Any], lib_arg, manifest_arg, cuobjdump_arg, sass: boo
     elf_kernels = resource_usage_kernels(run_tool(cuobjdump, ["--dump-resource-usage"], lib))
     ptx_k = ptx_kernels(run_tool(cuobjdump, ["--dump-ptx"], lib))
     funcs_by_arch = sass_functions(run_tool(cuobjdump, ["--dump-sass"], lib, env=env)) if sass else {}
-    # The CUTLASS kernels (manifest "cutlass" section) are checked on their own, then left out of the
-    # per-target comparison with manifest["kernels"] (the tsct_device kernels).
-    cutlass_problems = _verify_cutlass(res, man, elf_kernels, funcs_by_arch, sass)
-    for arch, names in _cutlass_kernels(man).items():
-        elf_kernels[arch] = elf_kernels.get(arch, set()) - names
-        funcs_by_arch[arch] = {k: v for k, v in funcs_by_arch.get(arch, {}).items() if k not in names}
 
     # --list-elf names an sm_XXf cubin "sm_XX" (cuobjdump 13.x); the dump headers keep the suffix.
     listed = sorted(set(list_elf))
@@ -819,11 +736,10 @@ def _verify(res: dict[str, Any], lib_arg, manifest_arg, cuobjdump_arg, sass: boo
 
     aot_problems = _verify_aot(res, man, lib, aot_arg, cuobjdump, sass, all_variants, env)
     cdsl_problems = _verify_cutedsl(res, man, lib, cuobjdump, sass, env)
-    everything = problems + aot_problems + cdsl_problems + cutlass_problems
+    everything = problems + aot_problems + cdsl_problems
     res.update(ok=not everything, status="mismatch" if everything else "match", targets=rows, problems=everything,
                detail=_summary(gencodes, want_kernels, sass, problems, res["triton_aot"], aot_problems)
-               + _cutedsl_summary(res.get("cutedsl"), cdsl_problems, sass)
-               + _cutlass_summary(res.get("cutlass"), cutlass_problems, sass))
+               + _cutedsl_summary(res.get("cutedsl"), cdsl_problems, sass))
 
 
 # --- the report --------------------------------------------------------------------------------
@@ -894,12 +810,6 @@ def _report(r: dict) -> int:
     else:
         print(f"\ncutedsl ({(cd.get('dsl') or {}).get('version')}, {cd['arch']}): {cd['cubins']} embedded cubins for "
               f"{cd['kernels']} kernels" + (f", OMMA.SF.16864...UE4M3.4X in {cd['omma_ok']}" if r["sass"] else ""))
-    cl = r.get("cutlass")
-    if cl is None:
-        print("cutlass: the manifest has no cutlass section (built with TSCT_CUTLASS=OFF, or AUTO without the headers)")
-    else:
-        print(f"cutlass (CUTLASS {cl['headers']}, {cl['arch']}): {cl['found']}/{cl['kernels']} kernels in the fatbinary"
-              + (f", OMMA.SF.16864...UE4M3.4X in {cl['omma_ok']}/{cl['gemm']} GEMM" if r["sass"] else ""))
     print(f"\n{r['detail']}")
     if r["problems"]:
         print("\nMISMATCH:")

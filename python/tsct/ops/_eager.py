@@ -4,7 +4,7 @@ The custom ops (``tsct::grouped_glu``, ``tsct::grouped_glu_q``) are what torch.c
 ``opcheck`` and other dispatcher-level tools see. A plain eager call on CUDA tensors gains nothing from
 that layer but pays for it on every call (schema defaults, pytree flattening, the aliasing check, the
 redispatch: ~0.2-0.4 ms of host time per forward + backward on the H200's host, where the whole b1
-forward is ~0.85 ms of GPU time; bench/notes.md "Host time"). So such a call runs the SAME forward and
+forward is ~0.85 ms of GPU time; docs/performance.md). So such a call runs the SAME forward and
 backward functions through a ``torch.autograd.Function`` instead; everything else keeps the ops.
 """
 

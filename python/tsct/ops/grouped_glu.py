@@ -1,8 +1,8 @@
 """Public entry point of the expert pass: validate, pick a path, call the custom op.
 
 Two custom ops carry the call: ``tsct::grouped_glu`` (``_library.py``) when every factor is a dense
-tensor or the path is ``reference`` (which decodes packed factors to dense first), and
-``tsct::grouped_glu_q`` (``_library_q.py``) when a kernel path (triton-lowbit, sm120-fp4, triton-w4a4)
+tensor or the path is ``bmm`` or ``reference`` (which decode packed factors to dense first), and
+``tsct::grouped_glu_q`` (``_library_q.py``) when a kernel path (triton-lowbit, sm120-fp4)
 reads packed factors itself. Both work under ``torch.compile(fullgraph=True)``.
 """
 
@@ -42,6 +42,7 @@ def grouped_glu(
     scatter_idx: Optional[Tensor] = None,
     num_out_rows: Optional[int] = None,
     impl: str = "auto",
+    activations: str = "bf16",
     masters: Optional[Sequence[Optional[Tensor]]] = None,
 ) -> Tensor:
     """Dual-latent GLU over experts (design.md section 2), differentiable in every float input.
@@ -74,12 +75,17 @@ def grouped_glu(
             ``out[scatter_idx[i]]``; the sum is deterministic (same bits every run).
         num_out_rows: number of output rows with ``scatter_idx`` (T, the token count); an int (numpy
             and 0-dim torch integers are accepted).
-        impl: ``"auto"`` (pick by compute capability, storage format and built artifacts, see
-            ``tsct.dispatch``) or a path name from ``tsct.dispatch.PATHS`` to force it:
-            "reference", "triton-bf16", "triton-lowbit", "sm120-fp4" (12.0 / 12.1 GPUs, NVFP4 or sign
-            factors; auto takes it after its first-use self-test) or "triton-w4a4" (NVFP4 factors only;
-            it also quantizes the ACTIVATIONS x and z to NVFP4, so its results differ from the others
-            by the 4-bit activation error, ~15 % at b1: auto never takes it).
+        impl: ``"auto"`` (pick by compute capability, storage format, activation precision and built
+            artifacts, see ``tsct.dispatch``) or a path name from ``tsct.dispatch.PATHS`` to force it:
+            "bmm" (factors decoded to bf16, ``torch.bmm``; CPU and any GPU: what auto falls back to),
+            "reference" (the per-expert float oracle; slow), "triton-bf16", "triton-lowbit",
+            "sm120-fp4" (12.0 / 12.1 GPUs, NVFP4 or sign factors, ``activations="nvfp4"`` only).
+        activations: the precision of the activations in the products: ``"bf16"`` (default; x and z
+            as given) or ``"nvfp4"`` (x and z quantized to NVFP4 per expert with one encode scale per
+            expert, UE4M3 block scales per 16 along K: the recipe of the sm_120 FP4 tensor-core path,
+            docs/decisions/0019; d and r multiples of 16). The choice is the caller's, never the GPU's:
+            on 12.x GPUs ``auto`` runs NVFP4 activations on the tensor cores, everywhere else the same
+            quantization followed by bf16 products (``bmm``); the backward is straight-through.
         masters: optional ``(w_gate, w_up, w_down)`` master factors for training packed factors with
             the straight-through estimator (None entries allowed; a master only for a packed factor).
             Each master is a float tensor of its factor's logical shape; the forward reads the packed
@@ -113,15 +119,21 @@ def grouped_glu(
     facs = (w_gate, w_up, w_down)
     ms = _check_masters(facs, masters)
     fmt = _storage_format(facs)
-    path = dispatch.select(impl, dispatch.device_capability(x.device), fmt)
+    if not isinstance(activations, str):
+        raise TypeError(f"grouped_glu: activations must be a str ('bf16' or 'nvfp4'), got {type(activations).__name__}")
+    if activations == "nvfp4" and (d % 16 or r % 16):
+        raise ValueError(f"grouped_glu: activations='nvfp4' quantizes rows in blocks of 16 along K: d = {d} and "
+                         f"r = {r} must be multiples of 16")
+    path = dispatch.select(impl, dispatch.device_capability(x.device), fmt, activations)
     packed = any(quant.is_quantized(w) for w in facs)
-    if path == dispatch.REFERENCE or not packed:
-        if packed:  # decode; a master's STE gradient is the decoded factor's gradient
+    if path in (dispatch.REFERENCE, dispatch.BMM) or not packed:
+        if packed:  # decode once per call; a master's STE gradient is the decoded factor's gradient
             facs = tuple(_DecodedWithMaster.apply(quant.dequantize(w, dtype=x.dtype), mt) if mt is not None
                          else (quant.dequantize(w, dtype=x.dtype) if quant.is_quantized(w) else w)
                          for w, mt in zip(facs, ms))
+        key = dispatch.impl_key(path, activations, static=path == dispatch.BMM and _static_shapes_needed(x))
         return grouped_glu_op(x, offs, *facs, s_gate, s_up, row_weight, gather_idx, scatter_idx, num_out_rows,
-                              path)
+                              key)
     tags, storages, carriers = [], [], []
     for name, w, mt in zip(("w_gate", "w_up", "w_down"), facs, ms):
         tag, storage = _library_q.pack_factor(name, w)
@@ -130,6 +142,12 @@ def grouped_glu(
         carriers.append(w if tag == "dense" else mt)
     return _library_q.grouped_glu_q(x, offs, *carriers, *storages, ",".join(tags), s_gate, s_up, row_weight,
                                        gather_idx, scatter_idx, num_out_rows, path)
+
+
+def _static_shapes_needed(x: Tensor) -> bool:
+    """A CUDA graph is being captured or torch.compile traces: no host read is possible, so the bmm
+    path lays rows out by its static bound (``tsct.bmm.static_plan``)."""
+    return torch.compiler.is_compiling() or (x.is_cuda and torch.cuda.is_current_stream_capturing())
 
 
 def _as_int(name: str, v):

@@ -1,4 +1,4 @@
-"""The "sm120-fp4" path: NVFP4 block-scaled tensor-core grouped GLU on sm_120 (issue 5).
+"""The "sm120-fp4" path: NVFP4 block-scaled tensor-core grouped GLU on sm_120.
 
     status(capability, fmt) -> (ok, reason)       can it run here, and why (not); no device query
     kernel_status(capability) -> (ok, reason)     are kernels for this GPU linked (ignores the env / self-test)
@@ -14,11 +14,11 @@ Signatures are those of ``tsct.ops._library_q`` (the custom op for quantized fac
 factors (any block-scale layout; converted to what the kernels read) or sign factors (all three of one
 format; d and r multiples of 64). Forward: the grouped activation
 quantizer (CUDA, every arch) + the CuTeDSL sm_120a GEMMs linked into libtsct_kernels.so
-(``glu.py``). Backward: the triton-lowbit backward (decoded factors, STE; needs Triton JIT).
+(``glu.py``). Backward: the triton-lowbit backward (decoded factors, STE), else the bmm one.
 
 NOT executed on any GPU: no sm_120 card exists here (docs/sm120.md). A kernel that faults would kill the
 caller's CUDA context, so the first use in a process runs the self-test (``tsct.selftest.sm120_fp4_forward``)
-in a CHILD process (``firstuse.py``; the child is ``selftest_child.py``), caches the verdict in the process
+in a CHILD process (``tsct.firstuse``; the child is ``tsct.selftest_child``), caches the verdict in the process
 and on disk, and dispatch disables the path (counted, warned) on a numerical failure, a crash or a timeout.
 ``TSCT_SM120_FP4``: unset = that; "0" = off; "1" = on without the self-test (kernel developers only).
 Kernels per compute capability: 12.0 -> the sm_120a exports, 12.1 -> the sm_121a exports (``..._sm121``;
@@ -117,7 +117,7 @@ def status(capability: Optional[tuple[int, int]], fmt: str) -> tuple[bool, str]:
     not "0". "Runnable" is before the first-use self-test (``firstuse.verdict``, run by dispatch),
     which may still disable the path. No device query.
     """
-    from tsct.kernels.sm120_fp4 import firstuse
+    from tsct import firstuse
 
     if fmt not in FORMATS:
         return False, f"storage format {fmt!r} is not served by sm120-fp4 (NVFP4 or sign factors, all three alike)"
@@ -129,7 +129,7 @@ def status(capability: Optional[tuple[int, int]], fmt: str) -> tuple[bool, str]:
         return False, mode_why
     gate = mode_why if mode == "on" else ("never executed on an sm_120/sm_121 card before (docs/sm120.md): a "
                                           "first-use self-test in a child process decides")
-    return True, f"{why}; forward W4A4, backward via triton-lowbit (Triton JIT); {gate}"
+    return True, f"{why}; forward W4A4 (NVFP4 activations), backward via triton-lowbit or bmm; {gate}"
 
 
 def grouped_glu_forward(x, offs, w_gate, w_up, w_down, s_gate=None, s_up=None, row_weight=None, gather_idx=None,
@@ -142,20 +142,23 @@ def grouped_glu_forward(x, offs, w_gate, w_up, w_down, s_gate=None, s_up=None, r
 
 def grouped_glu_backward(grad_out, x, offs, w_gate, w_up, w_down, s_gate, s_up, row_weight, gather_idx,
                          scatter_idx, num_out_rows, needs_grad):
-    """Gradients of (x, w_gate, w_up, w_down, s_gate, s_up, row_weight) by the triton-lowbit backward:
-    through the DECODED factors with bf16 activations (straight-through for the fp4 quantization of
-    x and z in the forward; STE for the factors, docs/decisions/0008). Needs Triton (JIT)."""
-    from tsct import dispatch
+    """Gradients of (x, w_gate, w_up, w_down, s_gate, s_up, row_weight) through the DECODED factors with
+    bf16 activations (straight-through for the fp4 quantization of x and z in the forward; STE for the
+    factors, docs/decisions/0008): by the triton-lowbit backward where it can run (after its own
+    first-use check), else by the bmm path's backward on the decoded factors (the same math)."""
+    from tsct import bmm, dispatch, quant
     from tsct.kernels import triton_lowbit
 
     cap = dispatch.device_capability(x.device)
     st = dispatch.status(dispatch.TRITON_LOWBIT, cap, "nvfp4")
     if st.ok and cap is not None:  # triton-lowbit never ran on sm_120 either: its own first-use self-test
         st = dispatch._first_use_check(dispatch.TRITON_LOWBIT, cap, "nvfp4")
-    if not st.ok:
-        raise RuntimeError(f"sm120-fp4 backward: it runs the triton-lowbit backward, which cannot run here: {st.reason}")
-    return triton_lowbit.grouped_glu_backward(grad_out, x, offs, w_gate, w_up, w_down, s_gate, s_up, row_weight,
-                                              gather_idx, scatter_idx, num_out_rows, needs_grad)
+    if st.ok:
+        return triton_lowbit.grouped_glu_backward(grad_out, x, offs, w_gate, w_up, w_down, s_gate, s_up, row_weight,
+                                                  gather_idx, scatter_idx, num_out_rows, needs_grad)
+    dense = [quant.dequantize(w, dtype=x.dtype) for w in (w_gate, w_up, w_down)]
+    return bmm.grouped_glu_backward(grad_out, x, offs, *dense, s_gate, s_up, row_weight, gather_idx, scatter_idx,
+                                    num_out_rows, needs_grad)
 
 
 def quantize_rows_grouped(*args, **kwargs):

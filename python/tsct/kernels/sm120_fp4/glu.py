@@ -148,10 +148,6 @@ def forward(x: Tensor, offs: Tensor, w_gate, w_up, w_down, s_gate: Optional[Tens
     if all(isinstance(w, SignTensor) for w in (w_gate, w_up, w_down)):
         return forward_sign(x, offs, w_gate, w_up, w_down, s_gate, s_up, row_weight, gather_idx, scatter_idx,
                             num_out_rows, gemm=gemm, quant_backend=quant_backend)
-    from tsct.kernels.sm120_fp4 import cutlass_gemm
-    if gemm is None and cutlass_gemm.gemm_backend() == "cutlass":  # TSCT_SM120_GEMM=cutlass (decision 0011)
-        return cutlass_gemm.forward(x, offs, w_gate, w_up, w_down, s_gate, s_up, row_weight, gather_idx, scatter_idx,
-                                    num_out_rows, quant_backend=quant_backend)
     if gemm is None:
         from tsct import native
         gemm = native.sm120_nvfp4_grouped
@@ -163,16 +159,16 @@ def forward(x: Tensor, offs: Tensor, w_gate, w_up, w_down, s_gate: Optional[Tens
     alpha1 = _plan.alpha_from_encode_scales(xq.s_enc).contiguous()
     z = torch.zeros(m, ops.r, dtype=torch.bfloat16, device=dev)  # padding rows stay 0
     p1 = la.plan1
-    gemm("glu", xq.codes, ops.gu_codes, xq.sfa, xq.sfa_offsets, ops.gu_sfb, z, offs,
-                               p1.tile_expert, p1.tile_row, alpha1, la.ep0, la.ep1)
+    gemm("glu", xq.codes, ops.gu_codes, xq.sfa, xq.sfa_offsets, ops.gu_sfb, z, offs, p1.tile_expert, p1.tile_row,
+         alpha1, la.ep0, la.ep1)
     p2 = la.plan2
     zq = quantize_rows_grouped(z, offs, m_alloc=p2.a_rows, backend=quant_backend)
     alpha2 = _plan.alpha_from_encode_scales(zq.s_enc, ops.s_enc_down).contiguous()
     rw = (row_weight.float() if row_weight is not None else torch.ones(m, dtype=torch.float32, device=dev))
     rw = rw.reshape(m, 1).contiguous()
     y = torch.zeros(m, ops.f, dtype=torch.bfloat16, device=dev)
-    gemm("row_weight", zq.codes, ops.down_codes, zq.sfa, zq.sfa_offsets, ops.down_sfb, y, offs,
-                               p2.tile_expert, p2.tile_row, alpha2, rw, rw)
+    gemm("row_weight", zq.codes, ops.down_codes, zq.sfa, zq.sfa_offsets, ops.down_sfb, y, offs, p2.tile_expert,
+         p2.tile_row, alpha2, rw, rw)
     if scatter_idx is not None:
         y = combine_rows(y, scatter_idx, offs, num_out_rows)
     return y.to(x.dtype)

@@ -1,10 +1,9 @@
 """The grouped activation quantizer of the sm_120 fp4 path: routed rows -> NVFP4 per expert.
 
-The A operand of the grouped block-scaled GEMMs (CuTeDSL ``tsct_nvfp4_grouped_*_sm120``, CUTLASS
-``tsct_cutlass_nvfp4_grouped_sm120_bf16``): routed rows sorted by expert (``offs`` = int32 cumulative
-END offsets, as ``torch.nn.functional.grouped_mm``), each expert's rows quantized as one NVFP4 matrix
-(E2M1 codes, UE4M3 block scales per 16 along K; TransformerEngine's reference recipe,
-docs/decisions/0002) with
+The A operand of the grouped block-scaled GEMMs (CuTeDSL ``tsct_nvfp4_grouped_*_sm120``): routed rows
+sorted by expert (``offs`` = int32 cumulative END offsets, as ``torch.nn.functional.grouped_mm``), each
+expert's rows quantized as one NVFP4 matrix (E2M1 codes, UE4M3 block scales per 16 along K;
+TransformerEngine's reference recipe, docs/decisions/0002) with
 
 * codes ``[m_alloc, K/2]`` at the routed row (rows past ``offs[-1]`` and past M are 0);
 * block scales in ONE flat buffer, expert e's ``[pad128(m_e), Kbp]`` block in the swizzled_128x4 layout
@@ -14,7 +13,7 @@ docs/decisions/0002) with
 * the second-level scale: ONE fp32 encode scale per EXPERT, ``s_enc[e] = min(2688 / amax_e, FLT_MAX)``.
 
 Why per expert (docs/sm120.md): the grouped GEMMs' epilogue takes one scalar per group
-(``alpha[e] = 1 / (s_enc_x[e] * s_enc_w[e])``, CuTeDSL ``alpha [E]``, CUTLASS per-group alpha), the
+(``alpha[e] = 1 / (s_enc_x[e] * s_enc_w[e])``, CuTeDSL ``alpha [E]``), the
 factors already carry one per expert, and the amax costs one pass with one atomic per (warp,
 expert). Per tensor would let one expert's outlier flatten every other expert's block scales to
 UE4M3's subnormal range; per row would need a per-row vector in every epilogue and a per-row amax

@@ -1,4 +1,4 @@
-"""Triton grouped dual-latent GLU: the "triton-bf16" path (design.md sections 2 and 4, issue 3).
+"""Triton grouped dual-latent GLU: the "triton-bf16" path (design.md sections 2 and 4).
 
 Public functions (the same signatures and semantics as ``tsct.reference``):
 

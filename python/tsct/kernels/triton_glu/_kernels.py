@@ -23,7 +23,7 @@ row order through a CSR built with a stable sort: deterministic for any top-k.
 All row offsets are int64 (M * f may pass 2^31).
 Rows of odd length (w_down, dY, y, out at f = 5461) are only 2-byte aligned: the aligned launches read
 w_down (and, with VEC, dY) as shifted 8-byte words (``_ld_words`` / ``_words_to_tile``), write y with a
-16-byte padded stride and read it back with vector loads (bench/notes.md, issue 3, v4-v6).
+16-byte padded stride and read it back with vector loads (docs/performance.md).
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Compile the Triton kernel families ahead of time: cubins + one JSON index per arch.
 
-    python aot_build.py --out DIR [--archs sm_90a,sm_100a,sm_120] [--families glu,w4a4] [--jobs N]
+    python aot_build.py --out DIR [--archs sm_90a,sm_100a,sm_120] [--families glu,lowbit] [--jobs N]
                         [--cache-dir DIR] [--check-sass]
 
 Run by CMake at wheel-build time (option TSCT_TRITON_AOT) with the build environment's Python, which
@@ -10,8 +10,6 @@ has the pinned Triton (pyproject.toml [build-system].requires); needs no GPU and
 A *family* is a kernel module, its variant table and its PTX target per arch (``FAMILIES``):
 
   glu    triton_glu/_kernels.py, triton_glu/specs.py     (bf16 / fp16 grouped GLU, fwd + bwd)
-  w4a4   triton_w4a4/_kernels.py, triton_w4a4/specs.py   (NVFP4 quantizer + up-projection; only its
-                                                          specs.AOT_ARCHS; sm_120 emitted as sm_120f)
   lowbit triton_lowbit/_kernels.py, triton_lowbit/specs.py (W4A16 / sign-A16 GLU, fwd + bwd; uses the
                                                           glu family's helpers and weight-free kernels)
 
@@ -33,8 +31,7 @@ family's.
 
 PTX targets: Triton names every capability >= 90 "sm_XXa"; the build patches that name per compile
 job to the family's ``specs.PTX_ARCH[arch]``: plain sm_120 for the bf16 kernels (an sm_120a cubin
-would not load on 12.1 parts; bf16 mma.sync needs no arch-specific feature), sm_120f for W4A4
-(plain sm_120 has no block-scaled MMA: ptxas rejects dot_scaled).
+would not load on 12.1 parts; bf16 mma.sync needs no arch-specific feature).
 
 Incremental: Triton's own cache (``--cache-dir``, default ``DIR.cache``, never shipped) keys on the
 kernel source but not on the patched arch name, so each (family, PTX target) has its own cache
@@ -87,7 +84,6 @@ specs = _load("_tsct_aot_specs", _HERE / "specs.py", alias="tsct.kernels.triton_
 # build has always used for the bf16 family (the module name is part of what Triton compiles).
 FAMILIES: dict[str, tuple[Path, str, str]] = {
     "glu": (_HERE, "_tsct_aot_specs", "_tsct_aot_kernels"),
-    "w4a4": (_KERNELS_DIR / "triton_w4a4", "_tsct_w4a4_specs", "_tsct_w4a4_kernels"),
     "lowbit": (_KERNELS_DIR / "triton_lowbit", "_tsct_lowbit_specs", "_tsct_lowbit_kernels"),
 }
 _BOOL_PREFIXES = ("HAS_", "DO_", "BWD", "SINGLE_")  # constexprs passed to Triton as bool
@@ -121,7 +117,7 @@ def _init_worker() -> None:
         return ptx.get(capability) or orig(capability)
 
     nvc.sm_arch_from_capability = sm_arch
-    # triton_glu/_kernels.py keeps its build-time module name; W4A4 imports its helpers by package name
+    # triton_glu/_kernels.py keeps its build-time module name; low-bit imports its helpers by package name
     glu_k = _load(FAMILIES["glu"][2], _HERE / "_kernels.py", alias="tsct.kernels.triton_glu._kernels")
     mods = {"glu": glu_k}
     for fam, (d, _, kname) in FAMILIES.items():

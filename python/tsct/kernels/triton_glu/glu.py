@@ -54,7 +54,7 @@ def _config(cap: tuple[int, int]) -> Config:
 
 
 # The CUDA C++ kernels of the native library that the dispatch takes instead of a Triton kernel, by the Config switch
-# that enables each (decisions 0013, 0014): on only where they have run (bench/notes.md).
+# that enables each (decisions 0013, 0014): on only where they have run (docs/performance.md).
 NATIVE_SWITCHES = (
     ("bf16 backward dz (r 64, K-major w_down)", ("dz_native",)),
     ("NVFP4 down + up projections (r 64)", ("down_native_lb", "up_native_lb")),

@@ -18,7 +18,7 @@ indices are widened to int64 (the kernels widen every index anyway); BLOCK_E is 
 the combine/zero-tail column blocks come in two/one sizes whatever the shape.
 
 Kernel families: this module also holds what every family of AOT kernels shares (``KernelInfo``,
-``Spec``, ``spec_key``, ``key_file_stem``, the arch tables); another family (``triton_w4a4.specs``)
+``Spec``, ``spec_key``, ``key_file_stem``, the arch tables); another family (``triton_lowbit.specs``)
 has its own ``KERNELS`` table and passes it as ``kernels=``. One builder (``aot_build.py``) compiles
 every family into the same ``tsct/_aot/<arch>/index.json`` (kernel names never collide).
 """
@@ -38,7 +38,7 @@ TRITON_VERSION = "3.9.0"  # the pinned Triton of the AOT build (pyproject.toml [
 @dataclasses.dataclass
 class Config:
     """Tile sizes. Chosen from the sm_90 resource report of Triton 3.9 (registers, spills, shared
-    memory; bench/notes.md) and the H200 timings. ``TSCT_TRITON_GLU_CFG="bn_bwd=64,warps_up=4"``
+    memory; docs/performance.md) and the H200 timings. ``TSCT_TRITON_GLU_CFG="bn_bwd=64,warps_up=4"``
     overrides fields (experiments; an override that leaves the AOT table falls back to JIT)."""
 
     bm: int = 64          # rows per tile (forward tile map and backward row loop); ~32 rows/expert at b1
@@ -56,7 +56,7 @@ class Config:
     warps_bwd_epi: int = 8
     warps_bwd_dxdw: int = 4
     # combine_rows past 256 columns: BN columns x NB blocks per program (one program per target row up to 6144
-    # columns: fewer dependent index loads; H200 sweep of session 13, bench/notes.md)
+    # columns: fewer dependent index loads; an H200 sweep, docs/performance.md)
     bn_combine: int = 2048
     nb_combine: int = 3
     warps_combine: int = 4
@@ -66,7 +66,7 @@ class Config:
     stages_bwd_dz: int = 1
     stages_bwd_dxdw: int = 3  # bf16 (the NDB d loop is pipelined); the low-bit kernel has its own
     # VEC: w_down / dY rows read as 8-byte words and shifted in registers (_kernels._ld_words), aligned
-    # launches only (bench/notes.md, issue 3 versions v4-v6).
+    # launches only (docs/performance.md).
     vec_up: int = 1
     bn_up_vec: int = 64
     stages_up_vec: int = 1    # the VEC variants prefetch by hand (Triton's cp.async staging of the
@@ -91,7 +91,7 @@ class Config:
     stages_dwd: int = 1
     waves_chunked: int = 4    # programs of the chunked kernels and slot sums per SM (they walk their work items)
     # glu_bwd_dz in CUDA C++ (csrc/glu/dz_bf16.cu; bf16, r = 64, K-major w_down, native library present):
-    # 1 = use it instead of the Triton kernel. Only where it was timed (sm_90a: bench/notes.md "v9").
+    # 1 = use it instead of the Triton kernel. Only where it was timed (sm_90a: docs/performance.md).
     dz_native: int = 0
     fs_dz_native: int = 2     # its f slices (partial sums reduced in order by glu_bwd_epi)
     # the low-bit kernels (triton_lowbit): their decode makes other tiles win than the bf16 kernels'
@@ -102,14 +102,14 @@ class Config:
     planes_up_lb: int = 0
     # lowbit_down_fwd likewise (triton_lowbit.specs.down_planes; the x tile split into planes in registers): no
     # shared-memory copy on sm_120 either, but 1.66x (NVFP4) / 1.12x (sign) slower on the H200 with mma.sync
-    # (bench/notes.md "Session 17"), so off everywhere; sm_120's table ships it for an opt-in (OPT_IN_PLANES_DOWN)
+    # (docs/performance.md), so off everywhere; sm_120's table ships it for an opt-in (OPT_IN_PLANES_DOWN)
     planes_down_lb: int = 0
     stages_down_lb: int = 4
     # lowbit_down_fwd in CUDA C++ (csrc/glu/down_nvfp4.cu: NVFP4 w_gate and w_up, bf16 x, r = 64, d % 64 == 0,
-    # native library present): 1 = use it instead of the Triton kernel. Only where it ran (bench/notes.md).
+    # native library present): 1 = use it instead of the Triton kernel. Only where it ran (docs/performance.md).
     down_native_lb: int = 0
     up_native_lb: int = 0     # lowbit_up_fwd in CUDA C++ (csrc/glu/up_nvfp4.cu: NVFP4 w_down, r = 64, padded y)
-    sign_native_lb: int = 0   # the same two CUDA kernels for sign factors too (first ran on the H200 in session 9)
+    sign_native_lb: int = 0   # the same two CUDA kernels for sign factors too (run on the H200)
     stages_dxdw_lb: int = 1
     # d blocks per program of lowbit_bwd_dx_dw when experts average <= bm rows (as ndb_bwd); with a sign w_gate or
     # w_up: ndb_dxdw_sign_lb (the multi-block variant holds both paths: 161 registers against 128 for sign, one CTA
@@ -148,7 +148,7 @@ ARTIFACT_ARCH: dict[tuple[int, int], str] = {
 # artifact arch -> Triton's GPUTarget capability (the sm_120 build patches Triton's "sm_120a" to "sm_120").
 TARGET_CAPABILITY: dict[str, int] = {"sm_90a": 90, "sm_100a": 100, "sm_120": 120}
 # artifact arch -> (GPUTarget capability, the PTX target the build makes Triton emit) of this family's
-# cubins. Another family may emit another target for the same artifact arch (W4A4: sm_120f).
+# cubins (a family's specs module may emit another target for the same artifact arch).
 PTX_ARCH: dict[str, tuple[int, str]] = {"sm_90a": (90, "sm_90a"), "sm_100a": (100, "sm_100a"), "sm_120": (120, "sm_120")}
 # Shared memory a block may use (opt-in maximum), bytes: the build fails a variant that needs more.
 MAX_SHARED: dict[str, int] = {"sm_90a": 232448, "sm_100a": 232448, "sm_120": 101376}
@@ -160,8 +160,8 @@ MAX_SHARED: dict[str, int] = {"sm_90a": 232448, "sm_100a": 232448, "sm_120": 101
 CONFIGS: dict[str, Config] = {
     "sm_90a": Config(dz_native=1, down_native_lb=1, up_native_lb=1, sign_native_lb=1),
     "sm_100a": Config(),  # the CUDA dz fits sm_100 (99 KB shared memory) but has not run there
-    # ~99 KB of shared memory per block: fewer stages. Every field the H200 sweep of session 5 changed
-    # stays at its previous value here (nothing has been timed on an sm_120 card; bench/notes.md "v8")
+    # ~99 KB of shared memory per block: fewer stages. Every field an H200 sweep changed
+    # stays at its previous value here (nothing has been timed on an sm_120 card; docs/performance.md);
     # 16 GB of device memory: a smaller bound on the backward's reduction workspace
     "sm_120": Config(stages_down=2, stages_up=2, bn_up_t=128, warps_up_t=4, stages_up_t=2, stages_dz_t=2, fs_bwd=8,
                      stages_bwd_dxdw=1, warps_up_lb=8, stages_down_lb=2, stages_dxdw_lb=1,

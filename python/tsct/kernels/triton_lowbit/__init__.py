@@ -1,4 +1,4 @@
-"""Triton grouped dual-latent GLU with low-bit factors: the "triton-lowbit" path (issue 4, W4A16 / sign-A16).
+"""Triton grouped dual-latent GLU with low-bit factors: the "triton-lowbit" path (W4A16 / sign-A16).
 
 Each factor (``w_gate``, ``w_up`` ``[E, d, r]``; ``w_down`` ``[E, r, f]``) may be an ``NVFP4Tensor``, a
 ``SignTensor`` or a dense tensor, in any mix; packed factors are read as packed bytes and decoded in

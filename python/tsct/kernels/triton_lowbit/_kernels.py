@@ -1,4 +1,4 @@
-"""Triton sources of the low-bit grouped GLU (path "triton-lowbit", issue 4): W4A16 / sign-A16.
+"""Triton sources of the low-bit grouped GLU (path "triton-lowbit"): W4A16 / sign-A16.
 
 Same schedule, tiles and notation as ``tsct.kernels.triton_glu._kernels`` (read that docstring
 first); the difference is how a factor tile reaches ``tl.dot``. Each factor has a constexpr format
@@ -25,7 +25,7 @@ every kernel on sm_90a, where the forward runs the CUDA kernels instead) the joi
 through a tile-sized shared-memory scratch on its way to the dot-operand register layout (Triton's
 convert_layout: STS.128 + LDSM). That scratch is how the warps of a program share one decode: a backward decoding
 in the operand registers instead (NVFP4 half planes) made every warp decode the whole tile, 6-9x slower
-(bench/notes.md "Session 18"). Per-expert / per-column factors are applied outside the dot, exactly:
+(docs/performance.md). Per-expert / per-column factors are applied outside the dot, exactly:
 
     NVFP4  W = (e2m1 * sf) / s_enc.  The tile holds e2m1 * sf * 2^-8 (<= 6 significant bits: EXACT in
            bf16), the accumulator is multiplied by 2^8 / s_enc[e] afterwards (``_w_scalar``). So the
@@ -237,7 +237,7 @@ def _w_plane(FMT: tl.constexpr, wrd, sfw, p1, e64, k0, K, B: tl.constexpr, BN: t
     rounded to DT; DEC16: NVFP4 decoded straight to bf16): the two codes of byte B of each word (NVFP4) or bits
     2B, 2B + 1 of each byte (sign). Only a join of two and a reshape, from inputs loaded as ``_w_packed`` does: on
     sm_120, Triton 3.9 then computes the plane in the mma.sync operand registers, with no shared-memory copy
-    (bench/notes.md "Session 16": the eight-way join of ``_w_tile_nk``, a 2-D scale load or BK = 128 bring one
+    (docs/performance.md: the eight-way join of ``_w_tile_nk``, a 2-D scale load or BK = 128 bring one
     back)."""
     if FMT == 1:
         if DEC16 and DT == tl.bfloat16:  # the byte's two nibbles spread 16 bits apart: one _e2m1_pair
@@ -324,7 +324,7 @@ def lowbit_down_fwd(
     byte-plane dots per factor, the x tile loaded whole (cp.async) and split into the same planes in registers
     (``_t_planes``; reading x plane by plane from global memory was 3x slower on the H200): no shared-memory copy
     of a decoded tile on sm_120, but 1.66x (NVFP4) / 1.12x (sign) the joined tile's time on an H200 running
-    mma.sync (bench/notes.md "Session 17")."""
+    mma.sync (docs/performance.md)."""
     pid = tl.program_id(0)
     pr = tl.program_id(1)
     e = _expert_of_tile(cum_ptr, pid, E, BLOCK_E)

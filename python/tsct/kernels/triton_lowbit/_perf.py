@@ -1,5 +1,5 @@
 """Device harness: the b1 whole pass of the low-bit path (and bf16 for comparison), timed and profiled per
-kernel, for bench/notes.md ("Low-bit" section). Needs a CUDA GPU; not part of the test suite.
+kernel, for docs/performance.md. Needs a CUDA GPU; not part of the test suite.
 
     python3 -m tsct.kernels.triton_lowbit._perf --label new --fmts nvfp4,sign,bf16 --json out.json
 

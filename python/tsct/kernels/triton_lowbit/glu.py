@@ -339,7 +339,7 @@ def down_forward(x: Tensor, offs: Tensor, w_gate, w_up, s_gate: Optional[Tensor]
                  s_up: Optional[Tensor] = None, gather_idx: Optional[Tensor] = None) -> Tensor:
     """The latent alone: ``z = silu(x W_gate s_g) * (x W_up s_u)``, ``[M, r]`` in x.dtype, for the rows of
     each expert (rows at or past ``offs[-1]`` are left unwritten). The first kernel of
-    ``grouped_glu_forward``; the W4A4 benchmark arm feeds it to ``triton_w4a4`` (forward only)."""
+    ``grouped_glu_forward``."""
     e, d, r, _, m = _dims(x, offs, w_gate, w_gate, gather_idx)
     z = torch.empty(m, r, device=x.device, dtype=x.dtype)
     if e == 0 or m == 0 or d == 0 or r == 0:

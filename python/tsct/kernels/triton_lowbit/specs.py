@@ -121,7 +121,7 @@ def up_planes(cfg, fmt: int, single_k: bool, bk: int) -> bool:
 
 
 # Arches whose table also ships lowbit_down_fwd's byte-plane variants (``down_planes``), off by default there, for
-# ``TSCT_TRITON_GLU_CFG=planes_down_lb=1`` on the card itself (the H200 cannot time sm_120; bench/notes.md "Session 17")
+# ``TSCT_TRITON_GLU_CFG=planes_down_lb=1`` on the card itself (the H200 cannot time sm_120; docs/performance.md)
 OPT_IN_PLANES_DOWN: tuple[str, ...] = ("sm_120",)
 
 
@@ -141,7 +141,7 @@ def down_planes(cfg, fmt_g: int, fmt_u: int, bk: int) -> bool:
 
 # Constexprs whose code only the pinned Triton (TRITON_VERSION, the AOT build's) is known to compile correctly: Triton
 # 3.6 JIT with mma.sync (an H200 with DISABLE_MMA_V3=1, the sm_120 proxy) computes wrong products in both byte-plane
-# kernels, while Triton 3.9's mma.sync cubins pass the GPU suites (bench/notes.md "Session 17").
+# kernels, while Triton 3.9's mma.sync cubins pass the GPU suites (docs/performance.md).
 PINNED_TRITON_ONLY: dict[str, tuple[str, ...]] = {"lowbit_up_fwd": ("PLANES",), "lowbit_down_fwd": ("PLANES",)}
 
 

@@ -1,0 +1,182 @@
+"""Expert parallelism for ``GroupedGLUExperts`` on torch.distributed: experts sharded over the ranks of a process
+group, tokens dispatched to their experts' ranks and the results combined back with ``all_to_all_single``.
+
+No communication layer of tsct's own: the exchanges are torch's functional collectives
+(``torch.distributed._functional_collectives.all_to_all_single[_autograd]``, what torchtitan's expert
+parallelism uses), so NCCL on GPUs and gloo on CPUs serve it, and autograd runs the reverse exchanges in the
+backward. How this fits FSDP2, torchtitan and Megatron: docs/distributed.md.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+import torch.distributed as dist
+from torch import Tensor, nn
+from torch.distributed import _functional_collectives as funcol
+
+from tsct.nn.experts import GroupedGLUExperts, compute_dtype
+
+__all__ = ["ExpertParallelGLU"]
+
+
+def _wait(t: Tensor) -> Tensor:
+    """A collective's result as a plain tensor (no autograd involved: counts)."""
+    return torch.ops._c10d_functional.wait_tensor(t)
+
+
+class ExpertParallelGLU(nn.Module):
+    """E = W * L dual-latent GLU experts sharded over the W ranks of ``group``: rank i holds experts
+    ``[i*L, (i+1)*L)`` as a ``GroupedGLUExperts`` of L experts.
+
+    ``forward(x, topk_ids, topk_weights)`` has the single-process layer's signature and result: every rank passes
+    its own tokens and router output (global expert ids) and gets its tokens' combined ``[T, f]`` output. In it:
+
+    1. sort the routed rows by global expert (``tsct.ops.sort_by_expert``); the rows for rank j are one
+       contiguous block;
+    2. exchange the per-expert row counts with ``all_to_all_single`` (on the device);
+    3. exchange the rows with ``all_to_all_single`` (autograd: the backward sends the gradients back);
+    4. run the local experts with ``grouped_glu`` straight on the receive buffer: a second ``sort_by_expert`` of
+       the received rows' local expert ids gives the op its gather/scatter order, and unused slots of the
+       buffer are padding rows (zero output, zero gradient);
+    5. send the results back with ``all_to_all_single`` and sum each token's k rows times its router weights
+       (fp32), as the single-process layer does.
+
+    Args:
+        experts: this rank's L experts (any storage; ``shard`` makes them from a full layer).
+        group: the expert-parallel process group (default: the world).
+        capacity: None: exact exchange, every routed row is sent; the split sizes of the row exchange are read on
+            the host once per forward (one device-to-host copy, as torchtitan's ``ExpertParallel`` does).
+            An int C: a static receive capacity; every rank sends exactly C row slots to every rank (rows past
+            the C-th for one destination are DROPPED: zero output, like a capacity factor; unused slots carry
+            zeros), so the split sizes are static and the step reads nothing on the host. ``T * k`` can never
+            drop; ``ceil(cf * T * k / W)`` is the usual capacity-factor sizing.
+
+    Attributes set by each forward (device tensors, read only when the caller reads them):
+        kept: ``[T, k]`` bool, the routed rows that reached their expert (an id outside ``[0, E)``, or a row past
+            the capacity, did not).
+        dropped: 0-d int64, rows dropped for capacity on this rank.
+
+    Deterministic: the same inputs give the same bits on every run (the exchanges move data, every sum runs in
+    a fixed order). Every rank of the group must call forward (and backward) together, as with any collective.
+    """
+
+    def __init__(self, experts: GroupedGLUExperts, group: Optional[dist.ProcessGroup] = None,
+                 capacity: Optional[int] = None):
+        super().__init__()
+        if not isinstance(experts, GroupedGLUExperts):
+            raise TypeError(f"ExpertParallelGLU: experts must be a GroupedGLUExperts, got {type(experts).__name__}")
+        if capacity is not None and (isinstance(capacity, bool) or not isinstance(capacity, int) or capacity < 1):
+            raise ValueError(f"ExpertParallelGLU: capacity must be a positive int or None, got {capacity!r}")
+        self.experts = experts
+        self.group = group if group is not None else dist.group.WORLD
+        self.world_size = dist.get_world_size(self.group)
+        self.rank = dist.get_rank(self.group)
+        self.num_experts = experts.num_experts * self.world_size
+        self.capacity = capacity
+        self.kept: Optional[Tensor] = None
+        self.dropped: Optional[Tensor] = None
+
+    @classmethod
+    def shard(cls, full: GroupedGLUExperts, group: Optional[dist.ProcessGroup] = None,
+              capacity: Optional[int] = None) -> "ExpertParallelGLU":
+        """This rank's share of a full layer (same E, storage, impl, activations, frozen form): experts
+        ``[rank*L, (rank+1)*L)``, every parameter and packed buffer sliced along E (copied).
+
+        Raises:
+            ValueError: E is not a multiple of the group's size.
+        """
+        group = group if group is not None else dist.group.WORLD
+        w, i = dist.get_world_size(group), dist.get_rank(group)
+        if full.num_experts % w:
+            raise ValueError(f"ExpertParallelGLU.shard: E = {full.num_experts} experts do not split evenly over "
+                             f"{w} ranks")
+        n = full.num_experts // w
+        params = list(full.parameters())  # none in a frozen layer without scales: its buffers give the device
+        device = params[0].device if params else next(full.buffers()).device
+        local = GroupedGLUExperts(n, full.d, full.r, full.f, storage=full.storage, frozen=full.frozen,
+                                  scales=full.s_gate is not None, impl=full.impl, activations=full.activations,
+                                  device=device, dtype=params[0].dtype if params else None)
+        with torch.no_grad():
+            local.load_state_dict({k: v[i * n:(i + 1) * n].clone() for k, v in full.state_dict().items()})
+        return cls(local, group, capacity)
+
+    def forward(self, x: Tensor, topk_ids: Tensor, topk_weights: Optional[Tensor] = None) -> Tensor:
+        """``[T, d]`` tokens and their ``[T, k]`` global expert ids and router weights in, ``[T, f]`` out (the
+        compute dtype); as ``GroupedGLUExperts.forward`` over all E experts, less the dropped rows."""
+        from tsct.ops import sort_by_expert
+
+        local = self.experts
+        local._check_routing(x, topk_ids, topk_weights)
+        w_, n_local, e_all = self.world_size, local.num_experts, self.num_experts
+        t, k = topk_ids.shape
+        m, d, dev = t * k, local.d, x.device
+        x = x.to(compute_dtype(x))
+
+        # 1. the routed rows by global expert; rank j's rows are sorted rows [rank_start[j], rank_end[j])
+        s = sort_by_expert(topk_ids, e_all)
+        offs = s.offs.to(torch.int64)
+        counts = torch.diff(offs, prepend=offs.new_zeros(1))
+        rank_end = offs.view(w_, n_local)[:, -1]
+        rank_start = rank_end - counts.view(w_, n_local).sum(1)
+        row = torch.arange(m, device=dev)
+        expert = torch.searchsorted(offs, row, right=True)  # E for the rows of ids outside [0, E)
+        valid = expert < e_all
+        dest = torch.clamp(expert // n_local, max=w_ - 1)
+        rank_in_dest = row - rank_start[dest]
+        cap = self.capacity
+        if cap is not None:
+            kept = valid & (rank_in_dest < cap)
+            # rows of each expert that fit in its rank's first C slots
+            first = (offs - counts)
+            limit = rank_start.repeat_interleave(n_local) + cap
+            sent_counts = torch.clamp(torch.minimum(offs, limit) - first, min=0)
+            slot_sorted = torch.where(kept, dest * cap + rank_in_dest, w_ * cap)
+        else:
+            kept = valid
+            sent_counts = counts
+            slot_sorted = torch.where(valid, row, offs[-1])  # dump: the slot past the sent rows
+
+        # 2. counts: recv_counts[j, l] = rows rank j sends to local expert l
+        recv_counts = _wait(funcol.all_to_all_single(sent_counts, None, None, self.group)).view(w_, n_local)
+        if cap is not None:
+            send_sizes = recv_sizes = [cap] * w_
+            block_size = torch.full((w_,), cap, dtype=torch.int64, device=dev)
+        else:
+            sizes = torch.cat([rank_end - rank_start, recv_counts.sum(1)]).tolist()  # the one host read
+            send_sizes, recv_sizes = sizes[:w_], sizes[w_:]
+            block_size = recv_counts.sum(1)
+        n_send = sum(send_sizes)
+
+        # 3. rows to their experts' ranks: token-major routed row i goes to slot slot_of[i] (dropped: a dump slot)
+        slot_of = torch.empty_like(slot_sorted).scatter_(0, s.order, slot_sorted)
+        x_rows = x.unsqueeze(1).expand(t, k, d).reshape(m, d)
+        send = x_rows.new_zeros(n_send + 1, d).index_copy(0, slot_of, x_rows)[:n_send]
+        recv = funcol.all_to_all_single_autograd(send, recv_sizes, send_sizes, self.group)
+
+        # 4. local experts on the receive buffer: received row p of source block j belongs to local expert l if it
+        # lies in segment (j, l); segment (j, L) is the block's unused tail (padding rows, id L)
+        n_recv = sum(recv_sizes)
+        block_start = torch.cumsum(block_size, 0) - block_size
+        seg_end = torch.cat([block_start.unsqueeze(1) + torch.cumsum(recv_counts, 1),
+                             (block_start + block_size).unsqueeze(1)], 1).reshape(-1)
+        seg = torch.searchsorted(seg_end, torch.arange(n_recv, device=dev), right=True)
+        key = torch.remainder(seg, n_local + 1).unsqueeze(1)
+        so = sort_by_expert(key, n_local)
+        y = local.grouped_glu(recv, so.offs, gather_idx=so.token, scatter_idx=so.token, num_out_rows=n_recv)
+
+        # 5. results back, each token's k rows summed with its router weights (dropped rows read the zero row)
+        back = funcol.all_to_all_single_autograd(y, send_sizes, recv_sizes, self.group)
+        back = torch.cat([back, back.new_zeros(1, back.shape[1])])
+        y_rows = back.index_select(0, slot_of).float()
+        if topk_weights is not None:
+            y_rows = y_rows * topk_weights.reshape(m, 1).float()
+        kept_tok = torch.empty_like(kept).scatter_(0, s.order, kept)
+        self.kept = kept_tok.view(t, k)
+        self.dropped = (valid & ~kept).sum()
+        return y_rows.view(t, k, local.f).sum(1).to(x.dtype)
+
+    def extra_repr(self) -> str:
+        return (f"num_experts={self.num_experts}, world_size={self.world_size}, rank={self.rank}, "
+                f"capacity={self.capacity}")

@@ -1,0 +1,174 @@
+"""The bmm path on the CPU: outputs and every gradient against the float64 oracle on edge shapes, both
+layouts (host plan and static bound), skewed routing, determinism, torch.compile, NVFP4 activations."""
+
+import random
+
+import pytest
+import torch
+
+from _bmm_cases import CASES, check_against_oracle, problem, run_op, skew
+from _glu_oracle import make_problem, rel_err
+from tsct import bmm, quant
+from tsct.bmm import glu as B
+from tsct.ops import grouped_glu
+
+
+@pytest.fixture(params=["host", "static"])
+def layout(request, monkeypatch):
+    """Run the op with the host plan (eager default) or the static bound (what capture / compile use)."""
+    if request.param == "static":
+        monkeypatch.setattr(B, "_plan_for", lambda offs, m, *a: B.static_plan(m, offs.shape[0]))
+    return request.param
+
+
+@pytest.mark.parametrize("name", [c[0] for c in CASES])
+def test_matches_the_float64_oracle(name, layout):
+    check_against_oracle(problem(name), 1e-5)
+
+
+@pytest.mark.parametrize("hot", [0, 3])
+def test_skewed_routing_matches_the_oracle(hot, layout):
+    p = skew(problem(dict(tokens=64, topk=2, experts=9, d=16, r=16, f=23, pad_rows=2)), hot)
+    check_against_oracle(p, 1e-5)
+
+
+def test_bf16_within_bf16_tolerance():
+    check_against_oracle(problem("softmax-top2", dtype=torch.bfloat16), 2e-2)
+
+
+def test_many_experts():
+    p = make_problem(tokens=150, topk=2, experts=2048, d=16, r=16, f=11, pad_rows=3)
+    check_against_oracle(p, 1e-5)
+
+
+def test_bitwise_repeatable(layout):
+    p = problem("top6-many-empty")
+    y1, g1, _ = run_op(p)
+    y2, g2, _ = run_op(p)
+    assert torch.equal(y1, y2)
+    for k in g1:
+        assert torch.equal(g1[k], g2[k]), k
+
+
+def test_empty_experts_get_exact_zero_gradients_even_with_nan_factors():
+    p = problem("top6-many-empty")
+    for k in ("w_gate", "w_up", "w_down"):
+        p[k][1] = float("nan")  # expert 1 is empty
+    _, g, _ = run_op(p)
+    for k in ("w_gate", "w_up", "w_down", "s_gate", "s_up"):
+        assert torch.equal(g[k][1], torch.zeros_like(g[k][1])), k
+        assert torch.isfinite(g[k][0]).all(), k
+    assert torch.isfinite(g["x"]).all()
+
+
+def test_static_bound_covers_every_routing():
+    """The static plan's tile bound is never exceeded (random and adversarial count vectors)."""
+    rng = random.Random(0)
+    for _ in range(300):
+        e = rng.choice([1, 2, 7, 64, 1024])
+        m = rng.randint(0, 5000)
+        plan = B.static_plan(m, e)
+        cuts = sorted(rng.randint(0, m) for _ in range(e - 1))
+        counts = [b - a for a, b in zip([0] + cuts, cuts + [m])]
+        for c in (counts, [m] + [0] * (e - 1), [plan.h0 + 1] * min(e, m // (plan.h0 + 1)) + [0] * e):
+            need = sum(-(-max(0, ci - plan.h0) // plan.b) for ci in c[:e])
+            assert need <= plan.n_tiles, (m, e, plan, c[:8])
+
+
+def test_host_plan_is_exact_for_its_counts():
+    counts = [0, 5, 300, 1, 0, 17, 64, 2000]
+    plan = B.plan_from_counts(counts, d=2048, r=64, f=5461)
+    need = sum(-(-max(0, c - plan.h0) // plan.b) for c in counts)
+    assert plan.n_tiles == need
+    assert plan.rows(len(counts)) >= sum(counts)
+    # balanced routing: one dense part, no tiles (a padded bmm without dropped rows)
+    bal = B.plan_from_counts([30, 32, 29, 31] * 256, d=2048, r=64, f=5461)
+    assert bal.n_tiles == 0 and bal.h0 == 32
+
+
+def test_compile_fullgraph_uses_the_static_layout():
+    torch._dynamo.reset()
+    p = problem("softmax-top2")
+    fn = torch.compile(lambda x, wg: grouped_glu(x, p["offs"], wg, p["w_up"], p["w_down"], p["s_gate"], p["s_up"],
+                                                   row_weight=p["row_weight"], gather_idx=p["gather_idx"],
+                                                   scatter_idx=p["scatter_idx"], num_out_rows=p["num_out_rows"],
+                                                   impl="bmm"), fullgraph=True)
+    x = p["x"].clone().requires_grad_(True)
+    wg = p["w_gate"].clone().requires_grad_(True)
+    y = fn(x, wg)
+    y.sum().backward()
+    y2, g, _ = run_op(p)
+    assert rel_err(y.detach(), y2) < 1e-6
+    torch._dynamo.reset()
+
+
+def test_opcheck():
+    from tsct.ops import _library
+
+    p = problem("softmax-top2")
+    args = (p["x"], p["offs"], p["w_gate"], p["w_up"], p["w_down"], p["s_gate"], p["s_up"], p["row_weight"],
+            p["gather_idx"], p["scatter_idx"], p["num_out_rows"])
+    for key in ("bmm", "bmm/static"):
+        torch.library.opcheck(_library.grouped_glu_saving_op, (*args, key),
+                              test_utils=("test_schema", "test_faketensor"))
+
+
+# ---- NVFP4 activations -------------------------------------------------------------------------
+
+def _w4a4_oracle(p, facs):
+    """x and z quantized to NVFP4 per expert (one encode scale per expert, ``tsct.quant.quantize_nvfp4`` on
+    each expert's rows), products of the dequantized values in float64, z rounded to bf16 before its
+    quantization (the tensor-core path writes it so). ``facs``: the factors as the path reads them (bf16)."""
+    xs = p["x"][p["gather_idx"].clamp(max=p["x"].shape[0] - 1)] if p["gather_idx"] is not None else p["x"]
+    wg, wu, wd = (w.double() for w in facs)
+    bounds = [0] + p["offs"].tolist()
+    y = torch.zeros(xs.shape[0], wd.shape[2], dtype=torch.float64)
+
+    def q(v):
+        return quant.dequantize(quant.quantize_nvfp4(v.t().unsqueeze(0), backend="torch"),
+                                dtype=torch.float32)[0].t().double()
+
+    for e in range(len(bounds) - 1):
+        lo, hi = bounds[e], bounds[e + 1]
+        if hi > lo:
+            xe = q(xs[lo:hi].float())
+            g = (xe @ wg[e]) * p["s_gate"][e].double()
+            u = (xe @ wu[e]) * p["s_up"][e].double()
+            z = (torch.nn.functional.silu(g) * u).to(torch.bfloat16).float()
+            y[lo:hi] = (q(z) @ wd[e]) * p["row_weight"][lo:hi, None].double()
+    out = torch.zeros(p["num_out_rows"], wd.shape[2], dtype=torch.float64)
+    return out.index_add_(0, p["scatter_idx"][:bounds[-1]], y[:bounds[-1]])
+
+
+@pytest.mark.parametrize("fmt", ["bf16", "nvfp4", "sign"])
+def test_nvfp4_activations_follow_the_recipe(fmt, layout):
+    """Against the oracle on the factors decoded to bf16, as the bmm path reads them. (Decoding rounds an
+    NVFP4 factor to bf16, 2^-9 relative; through z's 4-bit quantization that moves the result by a few
+    percent against exact fp4 x fp4 products: docs/decisions/0019.)"""
+    p = problem(dict(tokens=40, topk=2, experts=5, d=64, r=32, f=40, empty=(2,), pad_rows=3), dtype=torch.bfloat16)
+    facs = [p[k] for k in ("w_gate", "w_up", "w_down")]
+    if fmt != "bf16":
+        facs = [quant.quantize(w, fmt, backend="torch") for w in facs]
+    kw = dict(row_weight=p["row_weight"], gather_idx=p["gather_idx"], scatter_idx=p["scatter_idx"],
+              num_out_rows=p["num_out_rows"])
+    y4 = grouped_glu(p["x"], p["offs"], *facs, p["s_gate"], p["s_up"], activations="nvfp4", **kw)
+    y16 = grouped_glu(p["x"], p["offs"], *facs, p["s_gate"], p["s_up"], **kw)
+    read = [quant.dequantize(w, dtype=torch.bfloat16) if quant.is_quantized(w) else w for w in facs]
+    want = _w4a4_oracle({k: (v.float() if torch.is_tensor(v) and v.is_floating_point() else v)
+                         for k, v in p.items()}, read)
+    assert rel_err(y4.float(), want) < 1e-2
+    assert rel_err(y16.float(), want) > 3e-2  # the 4-bit activations are really there
+
+
+def test_nvfp4_activations_refuse_odd_k():
+    p = problem("softmax-top2")
+    with pytest.raises(ValueError, match="multiples of 16"):
+        grouped_glu(p["x"][:, :30], p["offs"], p["w_gate"][:, :30], p["w_up"][:, :30], p["w_down"],
+                    activations="nvfp4", gather_idx=p["gather_idx"])
+    with pytest.raises(ValueError, match="activations must be one of"):
+        grouped_glu(p["x"], p["offs"], p["w_gate"], p["w_up"], p["w_down"], activations="fp8",
+                    gather_idx=p["gather_idx"])
+
+
+def test_forward_backward_module_api():
+    assert bmm.grouped_glu_forward is B.grouped_glu_forward
