@@ -369,16 +369,16 @@ def test_installed_package_records_its_build_commit():
 # ---- --sweep ---------------------------------------------------------------------------------------------
 
 def test_sweep_runs_each_point_once_and_writes_json_and_plot(tmp_path):
-    """A tiny sweep on the CPU (padded bmm and the reference path): the shared base point runs once, every point
-    carries its shape's bytes floor, the padded bmm its dropped fraction (a capacity that drops rows here), and the
-    plot is written with the note that an arm dropping rows is not comparable."""
+    """A tiny sweep on the CPU (padded bmm, the reference and bmm paths): the shared base point runs once, every point
+    carries its shape's bytes floor, the padded bmm its dropped fraction (a capacity that drops rows here; the exact
+    arms drop none), and the plot is written with the note that an arm dropping rows is not comparable."""
     from tsct.bench import sweep
 
     out = tmp_path / "sw.json"
     png = tmp_path / "sw.png"
     argv = ["--preset", "small", "--device", "cpu", "--tokens", "64", "--d", "64", "--f", "40", "--experts", "8",
             "--warmup", "1", "--iters", "2", "--min-iters", "1", "--copy-mb", "1", "--quiet", "--capacity-factor",
-            "0.5", "--arms", "padded-bmm,tsct-reference-*", "--formats", "bf16", "--sweep", "experts=4,8",
+            "0.5", "--arms", "padded-bmm,tsct-reference-*,tsct-bmm-*", "--formats", "bf16", "--sweep", "experts=4,8",
             "--sweep", "routing=softmax,zipf1.5", "--json", str(out)]
     if _has_matplotlib():
         argv += ["--plot", str(png)]
@@ -394,10 +394,10 @@ def test_sweep_runs_each_point_once_and_writes_json_and_plot(tmp_path):
         assert (c["routing"], c["zipf_exponent"] if c["routing"] == "zipf" else None) == \
             sweep._routing_value(p["values"]["routing"])
         arms_ = {a["name"]: a for a in p["result"]["arms"]}
-        assert set(arms_) == {"padded-bmm", "tsct-reference-bf16"}
+        assert set(arms_) == {"padded-bmm", "tsct-reference-bf16", "tsct-bmm-bf16"}
         assert all(a["status"] == "ran" for a in arms_.values()), arms_
         assert arms_["padded-bmm"]["dropped_fraction"] > 0  # capacity factor 0.5: rows dropped
-        assert arms_["tsct-reference-bf16"]["dropped_fraction"] == 0.0
+        assert arms_["tsct-reference-bf16"]["dropped_fraction"] == 0.0 == arms_["tsct-bmm-bf16"]["dropped_fraction"]
     xs, by_arm, floors = sweep.series(res, "routing")
     assert xs == ["softmax", "zipf1.5"] and all(f > 0 for f in floors)
     assert all(v is not None for v in by_arm["padded-bmm"]["dropped"])
