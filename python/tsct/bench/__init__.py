@@ -12,7 +12,7 @@ JSON (schema_version 1): {schema_version, tsct_version, git_commit, git {commit,
 device {type, name, capability, sm_count, memory_bytes, l2_cache_bytes, driver, torch, cuda}, host,
 config (every parameter, plus routed_rows, capacity, input_sets_used), copy_bandwidth_GBps, copy,
 bytes_floor, floor_ms, factor_bytes_bf16, params_per_expert, flops_fwd, expert_rows, auto_paths,
-fallbacks, arms: [{name, kind, path, format, status: ran|refused|unavailable|error, reason,
+triton_aot {arch, proxy: the proxy build's record or null (docs/decisions/0016)}, fallbacks, arms: [{name, kind, path, format, status: ran|refused|unavailable|error, reason,
 fwd_ms {median, p10, p90, n}, fwdbwd_ms {...}, fwd_graph_ms {...} | null, fwdbwd_graph_ms {...} | null,
 bytes, pct_of_floor, pct_of_copy_bw, achieved_GBps, tflops {fwd, fwdbwd}, rates_from: graph|eager, max_rel_err, rel_l2_err, max_rel_err_dequant, rel_l2_err_dequant, nonfinite,
 peak_mem_bytes, storage_bytes, dropped_fraction, grads, sync_free, sync_ops, warnings}]}.

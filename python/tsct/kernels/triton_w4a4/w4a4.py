@@ -74,8 +74,9 @@ def _capability(device: torch.device) -> tuple:
 
 
 def _config(cap) -> specs.Config:
-    from tsct.kernels.triton_glu.specs import ARTIFACT_ARCH
-    return dataclasses.replace(specs.CONFIGS.get(ARTIFACT_ARCH.get(tuple(cap), ""), specs.CONFIGS["sm_90a"]))
+    from tsct.kernels import aot
+    from tsct.kernels.triton_glu.specs import table_arch
+    return dataclasses.replace(specs.CONFIGS.get(table_arch(aot.artifact_arch(tuple(cap))) or "", specs.CONFIGS["sm_90a"]))
 
 
 FAMILY = launch.Family("triton-w4a4", specs, "tsct.kernels.triton_w4a4._kernels")
@@ -284,6 +285,9 @@ def runnable(capability: Optional[tuple]) -> tuple[bool, str]:
     if capability is None:
         return False, "not runnable: needs a CUDA GPU"
     arch = aot.artifact_arch(capability)
+    if aot.proxy(arch) is not None:
+        return False, (f"not runnable: this install is a proxy build ({arch}, docs/decisions/0016) without W4A4: "
+                       "its sm_120 kernels are the block-scaled OMMA, which this GPU lacks")
     if arch not in specs.AOT_ARCHS:
         return False, (f"not runnable: the W4A4 kernels ship cubins for {', '.join(specs.AOT_ARCHS)} only "
                        f"(compute capability {capability[0]}.{capability[1]})")
