@@ -1,4 +1,4 @@
-"""GPU checks of the W4A4 kernels (issue 4 item 2) on their AOT cubins (scripts/h200_w4a4.sh).
+"""GPU checks of the W4A4 kernels (issue 4 item 2) on their AOT cubins (scripts/gpu_suite.sh w4a4).
 
 On the H200 (sm_90a) ``tl.dot_scaled`` runs Triton's bf16 emulation (exact e2m1 * UE4M3 products, fp32
 HGMMA accumulation); the cubins were built with Triton 3.9 on the CPU machine (Triton 3.6, the H200

@@ -27,14 +27,19 @@ target=GPUTarget("cuda", cc, 32))`` with an explicit signature and, for aligned 
 Every family goes into the same per-arch index (kernel names never collide; the build checks).
 An entry holds the kernel name, family, ptx_arch, file, num_warps, num_ctas, num_stages, shared bytes,
 the parameter list in launch order (including Triton's trailing global/profile scratch pointers), the
-constexprs, the alignment flag and the cubin's sha256. The build fails if a variant needs scratch
-memory, more than one CTA, or more shared memory than its arch allows, or if its PTX target is not the
-family's.
+constexprs, the alignment flag, the cubin's sha256 and the TTGIR's (``ttgir_sha256``). The build fails if a
+variant needs scratch memory, more than one CTA, or more shared memory than its arch allows, or if its PTX
+target is not the family's.
 
 PTX targets: Triton names every capability >= 90 "sm_XXa"; the build patches that name per compile
 job to the family's ``specs.PTX_ARCH[arch]``: plain sm_120 for the bf16 kernels (an sm_120a cubin
 would not load on 12.1 parts; bf16 mma.sync needs no arch-specific feature), sm_120f for W4A4
 (plain sm_120 has no block-scaled MMA: ptxas rejects dot_scaled).
+
+Proxies (``specs.PROXIES``, docs/decisions/0016): ``--archs sm_120_proxy_sm90`` (alone) compiles sm_120's table of
+the proxy's families (glu, lowbit) with sm_120's GPUTarget, so the TTGIR, tiles and the 101,376-byte limit are
+sm_120's, while LLVM and ptxas emit plain sm_90 (mma.sync; no wgmma can be emitted) so that an H200 loads them. Its
+index.json records ``"proxy"``; ``tsct.kernels.aot`` then serves compute capability 9.0 from it with sm_120's tiles.
 
 Incremental: Triton's own cache (``--cache-dir``, default ``DIR.cache``, never shipped) keys on the
 kernel source but not on the patched arch name, so each (family, PTX target) has its own cache
@@ -225,6 +230,8 @@ def _compile(family: str, arch: str, spec, cache_dir: str) -> dict:
         "aligned": spec.aligned,
         "hinted": hinted,
         "sha256": hashlib.sha256(cubin).hexdigest(),
+        # the TTGIR's hash: a proxy's variant has its proxied arch's TTGIR (decision 0016), which two indexes show
+        "ttgir_sha256": hashlib.sha256(k.asm["ttgir"].encode()).hexdigest(),
         "compile_s": round(time.perf_counter() - t0, 3),
         "_cubin": cubin,
     }

@@ -76,7 +76,8 @@ def _capability(device: torch.device) -> tuple:
 def _config(cap) -> specs.Config:
     from tsct.kernels import aot
     from tsct.kernels.triton_glu.specs import table_arch
-    return dataclasses.replace(specs.CONFIGS.get(table_arch(aot.artifact_arch(tuple(cap))) or "", specs.CONFIGS["sm_90a"]))
+    arch = table_arch(aot.artifact_arch(tuple(cap))) or ""
+    return dataclasses.replace(specs.CONFIGS.get(arch, specs.CONFIGS["sm_90a"]))
 
 
 FAMILY = launch.Family("triton-w4a4", specs, "tsct.kernels.triton_w4a4._kernels")
