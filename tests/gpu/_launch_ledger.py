@@ -8,7 +8,7 @@ Inert unless ``TSCT_LAUNCH_LEDGER`` names a file. Per test: its outcome and the 
 launched, by wrapping ``tsct.kernels.aot.AotKernel.launch`` (loading a cubin without launching it does not count).
 At the end of the session the file gets this session's tests and the
 totals per kernel: {"aot", "jit", "native", "variants": [keys launched], "failed_tests": [ids of failing tests that
-launched it]}; a file that already exists is merged into (counts add up, so several pytest runs of one stage, e.g.
+launched its cubins]}; a file that already exists is merged into (counts add up, so several pytest runs of one stage, e.g.
 with different ``TSCT_TRITON_GLU_CFG``, give one ledger). ``scripts/proxy_verdicts.py`` turns it into the per-kernel
 verdicts of the sm_120 proxy stage (``scripts/gpu_suite.sh proxy``, docs/decisions/0016).
 """
@@ -86,8 +86,8 @@ def pytest_runtest_logreport(report):
 
 
 def _kernel_totals(tests: dict, variants) -> dict:
-    """{kernel: {"aot", "jit", "native", "variants" (a set of spec keys), "failed_tests"}} of the tests' launches and
-    the launched variant keys."""
+    """{kernel: {"aot", "jit", "native", "variants" (a set of spec keys), "failed_tests" (failing tests that launched
+    the kernel's cubins)}} of the tests' launches and the launched variant keys."""
     out: dict = {}
 
     def row(kernel):
@@ -98,7 +98,7 @@ def _kernel_totals(tests: dict, variants) -> dict:
             backend, kernel = label.split(":", 1)
             k = row(kernel)
             k[backend] = k.get(backend, 0) + n
-            if t["outcome"] == "failed" and nodeid not in k["failed_tests"]:
+            if t["outcome"] == "failed" and backend == "aot" and nodeid not in k["failed_tests"]:
                 k["failed_tests"].append(nodeid)
     for key in variants:
         row(key.split("|", 1)[0])["variants"].add(key)
