@@ -249,16 +249,19 @@ PY
 
 stage_proxy() {
   cuobjdump_env
-  # 1. this install is the sm_120 proxy build, the probe says so, and the artifacts match its manifest
-  step proxy-check 90 bash -c "python3 -c \"
+  # 1. this install is the sm_120 proxy build, its artifacts match its manifest, and the probe says so; the probe's
+  #    self-tests (each path against float64, the first-use self-test's problem included) run through the proxy
+  step proxy-check 30 python3 - <<'PY'
 import sys, torch
 from tsct.kernels import aot
 arch = aot.artifact_arch(tuple(torch.cuda.get_device_capability()))
 p = aot.proxy(arch) if arch else None
-print('Triton cubins for this GPU:', arch, p)
-sys.exit(0 if p else 'not a proxy build: build the wheel with TSCT_TRITON_AOT_ARCHS=sm_120_proxy_sm90')
-\" && tsct-probe --no-selftest > '$OUT/proxy_probe.txt' 2>&1 \
-    && grep -E 'PROXY|proxy' '$OUT/proxy_probe.txt' | head -n 8 && python3 -m tsct.native.artifacts"
+print("Triton cubins for this GPU:", arch, p)
+sys.exit(0 if p else "not a proxy build: build the wheel with TSCT_TRITON_AOT_ARCHS=sm_120_proxy_sm90")
+PY
+  step proxy-artifacts 60 python3 -m tsct.native.artifacts
+  step proxy-probe 90 bash -c "tsct-probe > '$OUT/proxy_probe.txt' 2>&1; r=\$?; \
+    grep -E 'PROXY|proxy|pass|FAIL' '$OUT/proxy_probe.txt' | cut -c1-160 | head -n 24; exit \$r"
   # 2. the GPU suite through the proxy cubins, nothing JITs (the jit tests and b1_pad in low-bit left out); a ledger of
   #    every launch per test (tests/gpu/_launch_ledger.py): the per-kernel verdicts come from it
   local L="$OUT/proxy_ledger.json"
@@ -272,13 +275,13 @@ sys.exit(0 if p else 'not a proxy build: build the wheel with TSCT_TRITON_AOT_AR
   #    and the ledger counts any JIT launch apart)
   step proxy-ops 90 "${LEDGER[@]}" bash -c "pyt -p _launch_ledger '$T/test_lowbit_ops_gpu.py' \
     -k 'not jit and not dense_gate'"
-  # 4. sm_120's opt-in byte-plane down projection (TSCT_TRITON_GLU_CFG=planes_down_lb=1, shipped in its table)
-  step proxy-planes-down 60 "${LEDGER[@]}" TSCT_TRITON_BACKEND=aot TSCT_TRITON_GLU_CFG=planes_down_lb=1 bash -c \
-    "pyt -p _launch_ledger '$T/test_triton_lowbit_gpu.py' -k '(b1 and not b1_pad) or f37_empty or top4_f129 or r100'"
-  # 5. b1 through the proxy cubins: the whole pass, % of this H200's bytes floor, labelled PROXY
+  # 4. b1 through the proxy cubins: the whole pass, % of this H200's bytes floor, labelled PROXY
   step proxy-bench 90 env TSCT_TRITON_BACKEND=aot TSCT_BENCH_GIT_COMMIT="${COMMIT:-unknown}" tsct-bench --preset b1 \
     --arms 'tsct-triton-bf16-*,tsct-triton-lowbit-nvfp4,tsct-triton-lowbit-sign' --formats bf16,nvfp4,sign \
     --iters 10 --max-seconds 1 --json "$OUT/proxy_b1.json"
+  # 5. sm_120's opt-in byte-plane down projection (TSCT_TRITON_GLU_CFG=planes_down_lb=1, shipped in its table)
+  step proxy-planes-down 60 "${LEDGER[@]}" TSCT_TRITON_BACKEND=aot TSCT_TRITON_GLU_CFG=planes_down_lb=1 bash -c \
+    "pyt -p _launch_ledger '$T/test_triton_lowbit_gpu.py' -k '(b1 and not b1_pad) or f37_empty or top4_f129 or r100'"
   # 6. the per-kernel verdicts and the record for tsct.kernels.sm120_proxy.RUNS
   step proxy-verdicts 30 python3 "$ROOT/scripts/proxy_verdicts.py" "$L" --bench "$OUT/proxy_b1.json" \
     --out "$OUT/proxy_verdicts.txt"
