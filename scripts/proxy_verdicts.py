@@ -1,6 +1,7 @@
 """The sm_120 proxy stage's per-kernel verdicts, from its launch ledger (``scripts/gpu_suite.sh proxy``).
 
     python3 scripts/proxy_verdicts.py LEDGER.json [--bench proxy_b1.json] [--out FILE]
+    PYTHONPATH=python python3 scripts/proxy_verdicts.py --update-docs     (after a record joined RUNS)
 
 LEDGER.json is what tests/gpu/_launch_ledger.py wrote during the stage's pytest runs. Prints (and writes to
 --out): the sessions' outcomes; per kernel of sm_120's Triton families the launches through the proxy cubins
@@ -9,6 +10,8 @@ cubin ("jit", "native": not evidence for sm_120), and the failing tests that lau
 tsct-bench labelled PROXY with their share of this H200's bytes floor; and the record to append to
 ``tsct.kernels.sm120_proxy.RUNS`` (docs/decisions/0016), whose ``verdict()`` the probe and docs/sm120.md show.
 Exit status 1 when the ledger is not from a proxy install or a test failed.
+``--update-docs`` rewrites the verdict table of docs/sm120.md (between its sm120-proxy-table markers) from
+``sm120_proxy.rows()``; tests/cpu/test_sm120_proxy.py keeps the two equal.
 """
 
 from __future__ import annotations
@@ -18,6 +21,10 @@ import datetime
 import json
 import pprint
 import sys
+from pathlib import Path
+
+DOC = Path(__file__).resolve().parents[1] / "docs" / "sm120.md"
+MARK, END = "<!-- sm120-proxy-table -->", "<!-- /sm120-proxy-table -->"
 
 
 def record(ledger: dict, evidence: str) -> dict:
@@ -88,14 +95,36 @@ def report(ledger: dict, bench: dict | None, rec: dict) -> tuple[str, bool]:
     return "\n".join(lines) + "\n", ok
 
 
+def doc_table() -> str:
+    """The markdown verdict table of docs/sm120.md, from ``sm120_proxy.rows()``."""
+    from tsct.kernels import sm120_proxy
+
+    lines = ["| kernel | family | logic run on an H200 proxy? |", "| --- | --- | --- |"]
+    lines += [f"| `{r['kernel']}` | {r['family']} | {r['proxy_on_sm90']} |" for r in sm120_proxy.rows()]
+    return "\n".join(lines)
+
+
+def update_docs(path: Path = DOC) -> None:
+    text = path.read_text()
+    head, rest = text.split(MARK, 1)
+    _, tail = rest.split(END, 1)
+    path.write_text(f"{head}{MARK}\n{doc_table()}\n{END}{tail}")
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("ledger")
+    ap.add_argument("ledger", nargs="?")
+    ap.add_argument("--update-docs", action="store_true", help="rewrite docs/sm120.md's verdict table and exit")
     ap.add_argument("--bench", default=None, help="tsct-bench --json of the stage's b1 run")
     ap.add_argument("--out", default=None)
     ap.add_argument("--evidence", default="docs/evidence/{date}_h200_sm120_proxy_{commit}.log",
                     help="where the stage's log will be committed ({date}, {commit} filled in)")
     args = ap.parse_args(argv)
+    if args.update_docs:
+        update_docs()
+        return 0
+    if not args.ledger:
+        ap.error("a ledger (or --update-docs) is needed")
     ledger = json.load(open(args.ledger))
     bench = None
     if args.bench:

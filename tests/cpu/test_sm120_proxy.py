@@ -281,8 +281,14 @@ def test_verdict_table_covers_every_sm120_kernel_and_feeds_verification(monkeypa
         sm120_proxy.verdict("x", "nope")
 
 
-def test_docs_table_is_the_verdict_table():
-    text = (ROOT / "docs" / "sm120.md").read_text()
+def test_docs_table_is_the_verdict_table(tmp_path):
+    """docs/sm120.md's table is sm120_proxy.rows() (``scripts/proxy_verdicts.py --update-docs`` writes it)."""
+    verdicts = _load("_tsct_test_proxy_verdicts", ROOT / "scripts" / "proxy_verdicts.py")
+    doc = tmp_path / "sm120.md"
+    doc.write_text((ROOT / "docs" / "sm120.md").read_text())
+    verdicts.update_docs(doc)
+    assert doc.read_text() == (ROOT / "docs" / "sm120.md").read_text()
+    text = doc.read_text()
     body = text.split("<!-- sm120-proxy-table -->")[1].split("<!-- /sm120-proxy-table -->")[0]
     got = [tuple(c.strip().strip("`") for c in line.strip().strip("|").split("|"))
            for line in body.strip().splitlines()[2:]]
