@@ -1,13 +1,13 @@
 """The sm_120 proxy build (docs/decisions/0017), checked without a GPU.
 
 - the proxy's variant table is sm_120's, key for key, compiled with sm_120's GPUTarget and shared-memory limit for
-  plain sm_90 (glu and low-bit families; W4A4 left out); a small real build (pinned Triton): the same keys, warps,
+  plain sm_90 (glu and low-bit families); a small real build (pinned Triton): the same keys, warps,
   stages, shared bytes and TTGIR as the sm_120 build, sm_90 PTX and ELF, HMMA and no HGMMA, and the artifact check
   accepts it as a proxy (and refuses a manifest that does not say so); a proxy never builds with release arches;
 - a proxy install serves compute capability 9.0 with sm_120's tile config (no CUDA C++ kernel replaces a Triton
   one), and every launch of the host code at the GPU-test shapes finds its key in the proxy's table; an index
   that does not say "proxy" is not one;
-- never mistaken for a release: the manifest's "proxy_build", the probe's banner, the artifact summary, W4A4's reason;
+- never mistaken for a release: the manifest's "proxy_build", the probe's banner, the artifact summary;
 - the per-kernel verdicts: one table (``tsct.kernels.sm120_proxy``) behind VERIFICATION, the probe and docs/sm120.md;
   the stage's launch ledger turns into a RUNS record and verdicts (scripts/proxy_verdicts.py).
 """
@@ -49,7 +49,7 @@ def _load_aot_build():
     saved = sys.modules[name]
     try:
         mod = _load("_tsct_test_aot_build", AOT_BUILD)
-        mod.family_specs("lowbit"), mod.family_specs("w4a4")  # loaded now, against the build's own specs copy
+        mod.family_specs("lowbit")  # loaded now, against the build's own specs copy
     finally:
         sys.modules[name] = saved
     return mod
@@ -72,7 +72,6 @@ def test_proxy_table_is_sm120s_for_sm90():
         fs = aot_build.family_specs(fam)
         keys = [s.key for s in fs.enumerate_specs(specs.table_arch(PROXY))]
         assert keys == [s.key for s in fs.enumerate_specs("sm_120")]
-    assert PROXY not in aot_build.family_archs("w4a4")
 
 
 def _build(tmp_path, *args):
@@ -158,7 +157,6 @@ def test_a_proxy_install_serves_9_0_with_sm120s_config(proxy_install):
     from tsct import dispatch
     from tsct.kernels import triton_glu, triton_lowbit
     from tsct.kernels.triton_glu import glu as G
-    from tsct.kernels.triton_w4a4 import w4a4
 
     assert aot.artifact_arch((9, 0)) == PROXY and aot.proxy(PROXY)["of"] == "sm_120"
     assert aot.artifact_arch((12, 0)) == "sm_120" and aot.artifact_arch((10, 0)) == "sm_100a"
@@ -168,9 +166,7 @@ def test_a_proxy_install_serves_9_0_with_sm120s_config(proxy_install):
     assert not any(getattr(cfg, k) for _, keys in G.NATIVE_SWITCHES for k in keys)
     assert triton_glu.status((9, 0), "bf16") == (True, f"AOT cubins for {PROXY}")  # no "backward dz: CUDA"
     assert triton_lowbit.aot_arch((9, 0)) == PROXY
-    ok, why = w4a4.runnable((9, 0))
-    assert not ok and "proxy build" in why
-    assert not dispatch.status(dispatch.TRITON_W4A4, (9, 0), "nvfp4").ok
+    assert not dispatch.status(dispatch.SM120_FP4, (9, 0), "nvfp4").ok
 
 
 def test_an_index_without_the_proxy_record_is_not_a_proxy(tmp_path, monkeypatch):
@@ -255,17 +251,14 @@ def test_probe_says_proxy(proxy_install, capsys):
 
 def test_verdict_table_covers_every_sm120_kernel_and_feeds_verification(monkeypatch):
     from tsct.kernels import sm120_fp4
-    from tsct.kernels.triton_w4a4 import specs as WS
 
     rows = sm120_proxy.rows()
     by = {r["kernel"]: r for r in rows}
     assert len(by) == len(rows)
     cutedsl = {v["kernel"] for v in sm120_fp4.VERIFICATION}
-    assert set(by) >= set(specs.KERNELS) | set(LS.KERNELS) | set(WS.KERNELS) | cutedsl
+    assert set(by) >= set(specs.KERNELS) | set(LS.KERNELS) | cutedsl
     for v in sm120_fp4.VERIFICATION:
         assert v["proxy_on_sm90"] == by[v["kernel"]]["proxy_on_sm90"] == sm120_proxy.NOT_PROXIED["cutedsl"]
-    assert by["tsct_cutlass_nvfp4_grouped_sm120_bf16"]["proxy_on_sm90"].startswith("no:")
-    assert all(by[k]["proxy_on_sm90"].startswith("no:") for k in WS.KERNELS)
     run = {"date": "2026-12-05", "commit": "abc1234", "device": "NVIDIA H200", "evidence": "bench/results/x.log",
            "suite": "300 passed", "kernels": {"glu_down_fwd": {"aot": 10, "variants": 3, "jit": 0, "native": 0,
                                                                "failed_tests": []},
@@ -296,6 +289,7 @@ def test_docs_table_is_the_verdict_table(tmp_path):
 
 
 def test_ledger_turns_into_verdicts(tmp_path):
+    before = sm120_proxy.RUNS
     ledger_mod = _load("_tsct_test_ledger", ROOT / "tests" / "gpu" / "_launch_ledger.py")
     verdicts = _load("_tsct_test_proxy_verdicts", ROOT / "scripts" / "proxy_verdicts.py")
     key = next(s.key for s in specs.enumerate_specs("sm_120") if s.kernel == "glu_down_fwd")
@@ -315,7 +309,7 @@ def test_ledger_turns_into_verdicts(tmp_path):
     assert not ok and "record for tsct.kernels.sm120_proxy.RUNS" in text
     assert re.search(r"glu_down_fwd\s+glu\s+3\s+1 of 144", text), text
     assert "logic run on an H200 proxy" in text and "FAILED on the H200 proxy" in text
-    assert sm120_proxy.RUNS == ()  # report() restores the table
+    assert sm120_proxy.RUNS == before  # report() restores the table
 
 
 def test_launch_ledger_plugin_records_and_merges(tmp_path):
