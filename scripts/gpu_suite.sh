@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The GPU suite: one device script whose stages are chosen by name. Run on the GPU machine from the repo root,
-# with a wheel built on the CPU machine carried in (device tool: carry ["dist"], or the WHEEL_DIR):
+# with a wheel built on the CPU machine carried in (carry ["dist"], or the WHEEL_DIR, to the GPU machine):
 #
 #   bash scripts/gpu_suite.sh STAGE [STAGE ...]       e.g. `bash scripts/gpu_suite.sh probe aot lowbit bench`
 #   bash scripts/gpu_suite.sh --list                  the stages and what each checks
