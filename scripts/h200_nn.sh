@@ -2,7 +2,7 @@
 # Device script for tsct.nn: the expert layers' GPU tests and the training A/B of examples/train_moe_lm.py.
 # Runs from the repo root with the wheel built on the CPU machine carried in dist/:
 #
-#   bash scripts/h200_nn.sh                                  # device tool: carry ["dist"]; about 8 minutes
+#   bash scripts/h200_nn.sh                                  # on the GPU machine with dist/ carried; about 8 minutes
 #   STAGES=train TRAIN_BUDGET=220 bash scripts/h200_nn.sh    # the training A/B only (about 4 minutes)
 #   STAGES=ep bash scripts/h200_nn.sh                        # on a 2-GPU machine: EP and FSDP2 over NCCL
 #

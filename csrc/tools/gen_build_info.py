@@ -13,12 +13,13 @@ points per target (ELF symbols with STO_CUDA_ENTRY, PTX ``.entry`` lines), and f
 the targets found differ from the requested gencode list. With ``--triton-aot`` it adds a
 "triton_aot" section from the Triton AOT build's index (python/tsct/kernels/triton_glu/aot_build.py,
 every kernel family: the bf16 GLU and the low-bit GLU): the Triton version, and per arch the number
-of cubins and the kernels with their variant counts; the cubins themselves ship in tsct/_aot/<arch>/.
-With ``--cutedsl`` it adds a "cutedsl" section from cutedsl/build.py's index (the CuTeDSL sm_120
-kernels linked into the library, docs/decisions/0009; given once per arch, sm_120a and sm_121a,
-decision 0010): DSL dist and version, "arch" (the first index's), "archs" (all), and per kernel its
-name, arch, entry, parameters and threads. The JSON is written to manifest.json and, as a C string,
-into build_info.cpp, so ``tsct_build_info()`` returns the same text.
+of cubins and the kernels with their variant counts (and a proxy arch's "proxy" record, with a top-level
+"proxy_build" line: docs/decisions/0017); the cubins themselves ship in tsct/_aot/<arch>/. With
+``--cutedsl`` it adds a "cutedsl" section from cutedsl/build.py's index (the CuTeDSL sm_120 kernels linked
+into the library, docs/decisions/0009; given once per arch, sm_120a and sm_121a, decision 0010): DSL dist
+and version, "arch" (the first index's), "archs" (all), and per kernel its name, arch, entry, parameters
+and threads. The JSON is written to manifest.json and, as a C string, into build_info.cpp, so
+``tsct_build_info()`` returns the same text.
 
 Only the standard library is used (it runs under whatever Python drives the build).
 """
@@ -175,8 +176,13 @@ def main(argv: list[str] | None = None) -> int:
         info["triton_aot"] = {
             "dir": "tsct/_aot",
             "triton_version": aot["triton_version"],
-            "archs": {a: {"variants": v["variants"], "kernels": v["kernels"]} for a, v in sorted(aot["archs"].items())},
+            "archs": {a: {k: v[k] for k in ("variants", "kernels", "proxy") if k in v}
+                      for a, v in sorted(aot["archs"].items())},
         }
+        proxies = sorted(a for a, v in aot["archs"].items() if v.get("proxy"))
+        if proxies:  # a development build (docs/decisions/0016): said at the top, so nobody ships it as a release
+            info["proxy_build"] = (f"NOT A RELEASE: Triton AOT arch {', '.join(proxies)} is a proxy "
+                                   f"({'; '.join(aot['archs'][a]['proxy']['note'] for a in proxies)})")
     if args.cutedsl:
         idxs = [json.load(open(p)) for p in args.cutedsl]
         if len({json.dumps(i["dsl"], sort_keys=True) for i in idxs}) != 1:

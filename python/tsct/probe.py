@@ -114,6 +114,8 @@ def collect(selftests: bool = True, verify_artifacts: bool = False) -> dict[str,
                        for cap in caps for path in dispatch.PATHS for fmt in dispatch.FORMATS]
     # sm120-fp4's self-test runs in a child process (a faulting kernel must not take the probe down)
     report["sm120_fp4"] = _sm120_fp4(caps, gpus, run=selftests)
+    from tsct.kernels import sm120_proxy  # per sm_120 kernel: run on the H200 proxy, or why not (decision 0017)
+    report["sm120_proxy"] = sm120_proxy.rows()
 
     tests = []
     if selftests:
@@ -236,7 +238,9 @@ def _triton_aot(man: Optional[dict], gpus: list[dict]) -> dict[str, Any]:
     caps: dict[str, list[str]] = {}
     for (major, minor), arch in sorted(specs.ARTIFACT_ARCH.items()):
         caps.setdefault(arch, []).append(f"{major}.{minor}")
-    order = {a: specs.TARGET_CAPABILITY.get(a, 10 ** 6) for a in set(caps) | set(sec_archs)}
+    for name, p in specs.PROXIES.items():  # a proxy build (decision 0017) serves its capability in place of a release
+        caps[name] = [f"{p.capability[0]}.{p.capability[1]}"]
+    order = {a: specs.TARGET_CAPABILITY.get(specs.table_arch(a), 10 ** 6) for a in set(caps) | set(sec_archs)}
     archs: dict[str, Any] = {}
     version = sec.get("triton_version")
     for arch in sorted(order, key=lambda a: (order[a], a)):
@@ -253,16 +257,20 @@ def _triton_aot(man: Optional[dict], gpus: list[dict]) -> dict[str, Any]:
             continue
         archs[arch] = {"variants": sum(counts.values()), "kernels": dict(sorted(counts.items())),
                        "capabilities": caps.get(arch, []), "source": source,
-                       "manifest_variants": (sec_archs.get(arch) or {}).get("variants")}
+                       "manifest_variants": (sec_archs.get(arch) or {}).get("variants"),
+                       "proxy": aot.proxy(arch) or (sec_archs.get(arch) or {}).get("proxy")}
     loads = []
     for g in gpus:
         cap = tuple(int(v) for v in g["capability"].split("."))
         arch = aot.artifact_arch(cap)
         shipped = bool(arch and archs.get(arch, {}).get("source") == "index")
         loads.append({"gpu": g["index"], "capability": g["capability"], "arch": arch, "shipped": shipped,
-                      "variants": archs[arch]["variants"] if shipped else 0})
+                      "variants": archs[arch]["variants"] if shipped else 0,
+                      "proxy": archs[arch]["proxy"] if shipped else None})
+    proxy = {a: x["proxy"] for a, x in archs.items() if x["proxy"]}
     return {"dir": str(aot.aot_dir()), "triton_version": version, "in_manifest": bool(sec), "archs": archs,
-            "backend": os.environ.get("TSCT_TRITON_BACKEND", "auto").strip().lower() or "auto", "gpus": loads}
+            "backend": os.environ.get("TSCT_TRITON_BACKEND", "auto").strip().lower() or "auto", "gpus": loads,
+            "proxy": proxy}
 
 
 def _verify_artifacts() -> dict[str, Any]:
@@ -292,6 +300,9 @@ def render(report: dict[str, Any]) -> None:
     con.print(f"[bold]tsct {v['tsct']}[/]  python {v['python']}  torch {v['torch']} (CUDA {v['torch_cuda']})  "
               f"triton {v['triton'] or '-'}  cutlass-dsl {v['nvidia-cutlass-dsl'] or '-'}  "
               f"driver {drv['release'] or '-'} (CUDA {drv['cuda_driver_api'] or '-'})")
+    for arch, p in (report["artifacts"]["triton_aot"].get("proxy") or {}).items():
+        con.print(f"[bold red]PROXY BUILD, NOT A RELEASE[/]: the Triton cubins are {escape(arch)}: "
+                  f"{escape(str(p.get('note') or p))}")
     if report["gpus"]:
         t = Table(title="GPUs")
         for c in ("index", "name", "capability", "arch_class", "sms", "memory_GiB"):
@@ -321,6 +332,10 @@ def render(report: dict[str, Any]) -> None:
         con.print("CUDA C++ GLU kernels the dispatch takes instead of Triton ones (on only where they have run):")
         for arch, ks in a["native_glu"].items():
             con.print(f"  {arch}: {'; '.join(ks) or 'none'}")
+        for arch, p in (a["triton_aot"].get("proxy") or {}).items():
+            cc = ".".join(map(str, p.get("capability") or ()))
+            con.print(f"  [bold red]proxy[/]: on cc {cc} this install runs {arch} with {p.get('of')}'s config "
+                      f"({p.get('of')}: {'; '.join(a['native_glu'].get(p.get('of'), [])) or 'none'})")
     if "verify" in a:
         vr = a["verify"]
         st = vr.get("status") or ("match" if vr.get("ok") else "error")
@@ -373,6 +388,16 @@ def render(report: dict[str, Any]) -> None:
                       k["emulated"], k["proxy_on_sm90"], k["ran_on_sm120"], k["first_use_selftest"])
         con.print(t)
 
+    if report.get("sm120_proxy"):
+        t = Table(title="sm_120 kernels on the H200 proxy (sm_120's cubins' source, tiles and TTGIR assembled "
+                        "for sm_90; decision 0017; docs/sm120.md; the CuTeDSL rows as above)")
+        for c in ("kernel", "family", "logic run on an H200 proxy?"):
+            t.add_column(c, no_wrap=c == "kernel")
+        for r in report["sm120_proxy"]:
+            if r["family"] != "cutedsl":
+                t.add_row(r["kernel"], r["family"], escape(r["proxy_on_sm90"]))
+        con.print(t)
+
     if report["selftests"]:
         t = Table(title="self-tests against float64 / the torch reference")
         for c in ("device", "test", "result", "detail", "s"):
@@ -411,6 +436,9 @@ def _render_triton_aot(con, ta: dict[str, Any]) -> None:
     for g in ta["gpus"]:
         if g["shipped"]:
             how = f"would load {g['arch']} ({g['variants']} cubins)"
+            if g.get("proxy"):
+                how += (f" [bold red]PROXY[/]: {g['proxy'].get('of')}'s kernels and tiles assembled for "
+                        f"{g['proxy'].get('ptx')}, in place of this GPU's release cubins")
             if ta["backend"] == "jit":
                 how += ", but TSCT_TRITON_BACKEND=jit uses Triton JIT instead"
         elif g["arch"]:

@@ -1,7 +1,7 @@
 """tsct-bench on a CUDA GPU: the CUDA-graph replay timing (``measure.time_graph``) and what the run
 records with it.
 
-    python3 -m pytest -q tests/gpu/test_bench_gpu.py          (from an installed wheel: scripts/h200_lowbit.sh)
+    python3 -m pytest -q tests/gpu/test_bench_gpu.py          (from an installed wheel: scripts/gpu_suite.sh all)
 """
 
 from __future__ import annotations

@@ -8,7 +8,7 @@
   install ships the "lowbit" family; then JIT (``=jit``) of the same for comparison;
 - quantize_master across optimizer steps; CUDA graph capture of the whole call.
 
-    python3 -m pytest -q tests/gpu/test_lowbit_ops_gpu.py          (scripts/h200_lowbit.sh)
+    python3 -m pytest -q tests/gpu/test_lowbit_ops_gpu.py          (scripts/gpu_suite.sh lowbit-ops)
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
 Needs an install that ships cubins for this GPU's arch (the wheel; a source tree has none). The
 correctness suite proper is tests/gpu/test_triton_glu.py run with TSCT_TRITON_BACKEND=aot
-(scripts/h200_aot.sh); this file adds what is AOT-specific:
+(scripts/gpu_suite.sh aot); this file adds what is AOT-specific:
 
 - every cubin of this arch's index loads on the device (cudaFuncGetAttributes through the library);
 - the launches really go through the AOT backend, not Triton JIT;

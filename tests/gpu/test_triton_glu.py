@@ -8,7 +8,7 @@ bit for bit (determinism). Tolerance 1e-2: bf16 operands with fp32 accumulation 
 
 Run on the device machine: ``PYTHONPATH=python python3 -m pytest -q tests/gpu/test_triton_glu.py`` (Triton JIT);
 from an installed wheel with ``TSCT_TRITON_BACKEND=aot`` the same tests run the ahead-of-time cubins
-(scripts/h200_aot.sh).
+(scripts/gpu_suite.sh aot).
 """
 
 from __future__ import annotations

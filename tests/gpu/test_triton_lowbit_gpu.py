@@ -1,6 +1,6 @@
 """The Triton low-bit grouped GLU (path "triton-lowbit") against tsct.reference on the DEQUANTIZED factors,
 on a CUDA GPU, bf16 activations. 96 passed on an H200 through Triton 3.6 JIT (2026-11-29,
-docs/evidence/2026-11-29_h200_lowbit_full.log); scripts/h200_lowbit.sh runs it again on the AOT cubins
+archive/2026-12:docs/evidence/2026-11-29_h200_lowbit_full.log); scripts/gpu_suite.sh lowbit runs it again on the AOT cubins
 (TSCT_TRITON_BACKEND=aot: every launch of these cases has a variant, tests/cpu/test_triton_lowbit_aot.py)
 and through JIT.
 
@@ -9,7 +9,7 @@ the factors quantized to NVFP4 / sign / a mix. The reference runs in fp32 on the
 fp32 (same math), so the bf16 tolerance of the dense path applies. Factor-slot gradients are the
 gradients w.r.t. the decoded factors (the STE gradient of the masters).
 
-    python3 -m pytest -q tests/gpu/test_triton_lowbit_gpu.py      (scripts/h200_lowbit.sh)
+    python3 -m pytest -q tests/gpu/test_triton_lowbit_gpu.py      (scripts/gpu_suite.sh lowbit)
 """
 
 from __future__ import annotations

@@ -113,7 +113,8 @@ def table(result: dict, compact: bool = False) -> Table:
     """The main columns; ``compact`` for narrow terminals (the JSON always has everything)."""
     cfg = result["config"]
     title = (f"tsct-bench {cfg['preset']}: T={cfg['tokens']} k={cfg['topk']} E={cfg['experts']} d={cfg['d']} "
-             f"r={cfg['r']} f={cfg['f']} {cfg['dtype']} {cfg['routing']} routing, {result['device'].get('name')}")
+             f"r={cfg['r']} f={cfg['f']} {cfg['dtype']} {cfg['routing']} routing, {result['device'].get('name')}"
+             + _proxy_label(result))
     caption = (f"copy {result['copy_bandwidth_GBps']:.0f} GB/s (measured now); bf16 bytes floor "
                f"{_bytes(result['bytes_floor'])} = {result['floor_ms']:.3f} ms at that rate. "
                f"Times: median {'' if compact else '(p10-p90) '}ms "
@@ -144,6 +145,15 @@ def table(result: dict, compact: bool = False) -> Table:
             row += [_bytes(a.get("storage_bytes"), "-"), _num(a.get("dropped_fraction"), ".2%") if ran else "-"]
         t.add_row(*row)
     return t
+
+
+def _proxy_label(result: dict) -> str:
+    """" (PROXY: ...)" when the Triton arms ran a proxy build's cubins (docs/decisions/0017), else ""."""
+    p = (result.get("triton_aot") or {}).get("proxy")
+    if not p:
+        return ""
+    return (f" (PROXY: the tsct Triton arms ran {p.get('of')}'s kernels assembled for {p.get('ptx')}, "
+            f"not this GPU's release cubins)")
 
 
 def _graph_cell(a: dict) -> str:
@@ -277,7 +287,7 @@ def plot(result: dict, path) -> Path:
     ax.set_ylabel("ms (median, whole expert pass)")
     cfg = result["config"]
     ax.set_title(f"{cfg['preset']}: T={cfg['tokens']} k={cfg['topk']} E={cfg['experts']} d={cfg['d']} r={cfg['r']} "
-                 f"f={cfg['f']} {cfg['dtype']}, {result['device'].get('name')}", fontsize=9)
+                 f"f={cfg['f']} {cfg['dtype']}, {result['device'].get('name')}" + _proxy_label(result), fontsize=9)
     ax.legend(fontsize=8)
     fig.tight_layout()
     p = Path(path)

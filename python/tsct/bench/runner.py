@@ -134,9 +134,19 @@ def run(cfg: BenchConfig, reporter=None) -> dict:
         "flops_fwd": counts.useful_flops(cfg.routed_rows, cfg.d, cfg.r, cfg.f),
         "expert_rows": _expert_row_stats(sets[0].ids, cfg.experts),
         "auto_paths": {fmt: _auto(capability, fmt) for fmt in formats},
+        "triton_aot": _triton_aot(capability),
         "fallbacks": _fallbacks(),
         "arms": results,
     }
+
+
+def _triton_aot(capability) -> dict:
+    """The Triton cubins this run launched from: {"arch", "proxy"}; "proxy" is the record of a proxy build
+    (docs/decisions/0017: another arch's kernels assembled for this GPU), whose times are labelled as such."""
+    from tsct.kernels import aot
+
+    arch = aot.artifact_arch(capability)
+    return {"arch": arch, "proxy": aot.proxy(arch) if arch else None}
 
 
 def _auto(capability, fmt) -> Optional[str]:

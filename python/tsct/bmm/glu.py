@@ -455,9 +455,28 @@ def _check_activations(activations: str, d: int, r: int) -> None:
                          f"r = {r} must be multiples of 16")
 
 
+def _cpu_fp32(*ts):
+    """On the CPU, 16-bit operands in fp32: the CPU's bf16 GEMMs are slower than its fp32 ones (and the
+    products of bf16 values accumulated in fp32 are the same numbers up to the final rounding)."""
+    return [t.float() if (t is not None and t.is_floating_point() and t.dtype != torch.float32) else t for t in ts]
+
+
 def grouped_glu_forward_saved(x, offs, w_gate, w_up, w_down, s_gate=None, s_up=None, row_weight=None,
                               gather_idx=None, scatter_idx=None, num_out_rows=None, *, activations: str = "bf16",
                               static: bool = False):
+    """(out, [plan]): the forward (``grouped_glu_forward``) and the layout plan its backward reuses
+    (a CPU int64 tensor, so the backward reads nothing from the device)."""
+    if x.device.type == "cpu" and x.dtype != torch.float32 and activations == "bf16":
+        out, saved = _forward_saved(*_cpu_fp32(x, offs, w_gate, w_up, w_down, s_gate, s_up, row_weight), gather_idx,
+                                    scatter_idx, num_out_rows, activations=activations, static=static)
+        return out.to(x.dtype), saved
+    return _forward_saved(x, offs, w_gate, w_up, w_down, s_gate, s_up, row_weight, gather_idx, scatter_idx,
+                          num_out_rows, activations=activations, static=static)
+
+
+def _forward_saved(x, offs, w_gate, w_up, w_down, s_gate=None, s_up=None, row_weight=None,
+                   gather_idx=None, scatter_idx=None, num_out_rows=None, *, activations: str = "bf16",
+                   static: bool = False):
     """(out, [plan]): the forward (``grouped_glu_forward``) and the layout plan its backward reuses
     (a CPU int64 tensor, so the backward reads nothing from the device)."""
     _check_activations(activations, w_gate.shape[1], w_gate.shape[2])
@@ -489,6 +508,19 @@ def saved_like(x, w_gate, gather_idx, scatter_idx=None, num_out_rows=None):
 
 def grouped_glu_backward(grad_out, x, offs, w_gate, w_up, w_down, s_gate, s_up, row_weight, gather_idx, scatter_idx,
                          num_out_rows, needs_grad, saved=None, *, activations: str = "bf16", static: bool = False):
+    """Gradients of (x, w_gate, w_up, w_down, s_gate, s_up, row_weight) (``_backward``), in each input's dtype;
+    on the CPU computed from fp32 copies of 16-bit inputs, as the forward."""
+    if x.device.type == "cpu" and x.dtype != torch.float32:
+        inputs = (x, w_gate, w_up, w_down, s_gate, s_up, row_weight)
+        grads = _backward(*_cpu_fp32(grad_out, x), offs, *_cpu_fp32(w_gate, w_up, w_down, s_gate, s_up, row_weight),
+                          gather_idx, scatter_idx, num_out_rows, needs_grad, saved, static=static)
+        return [g.to(t.dtype) if g is not None else None for g, t in zip(grads, inputs)]
+    return _backward(grad_out, x, offs, w_gate, w_up, w_down, s_gate, s_up, row_weight, gather_idx, scatter_idx,
+                     num_out_rows, needs_grad, saved, static=static)
+
+
+def _backward(grad_out, x, offs, w_gate, w_up, w_down, s_gate, s_up, row_weight, gather_idx, scatter_idx,
+              num_out_rows, needs_grad, saved=None, *, static: bool = False):
     """Gradients of (x, w_gate, w_up, w_down, s_gate, s_up, row_weight), the reference's formulas
     (``tsct.reference.grouped_glu_backward``) on the padded buffer. ``activations`` does not enter:
     the activation quantization is straight-through. Gradients in each input's dtype."""

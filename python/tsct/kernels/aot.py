@@ -7,7 +7,8 @@ arguments by the recorded parameter list and launches through the native library
 / ``tsct_triton_launch``). It needs no Triton and no compiler; importing it loads nothing and touches
 no GPU.
 
-    artifact_arch(capability) -> "sm_90a" | "sm_100a" | "sm_120" | None   (exact table)
+    artifact_arch(capability) -> "sm_90a" | "sm_100a" | "sm_120" | None   (exact table; or a proxy arch)
+    proxy(arch) -> dict | None               the "proxy" record of an installed proxy arch (docs/decisions/0017)
     aot_dir() -> Path                        $TSCT_AOT_DIR, else tsct/_aot of the installed package
     index(arch) -> dict | None               the arch's index.json (cached), None if absent
     available(capability) -> bool            cubins for this capability are shipped (no GPU touched)
@@ -25,7 +26,7 @@ import threading
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
-from tsct.kernels.triton_glu.specs import ARTIFACT_ARCH
+from tsct.kernels.triton_glu.specs import ARTIFACT_ARCH, PROXIES
 
 ENV_DIR = "TSCT_AOT_DIR"
 
@@ -36,10 +37,24 @@ generation = 0  # bumped by _reset_for_tests: caches built on the index (tsct.ke
 
 
 def artifact_arch(capability: Optional[tuple[int, int]]) -> Optional[str]:
-    """Exact: sm_90a only on 9.0, sm_100a only on 10.0, sm_120 on 12.0 and 12.1; else None."""
+    """Exact: sm_90a only on 9.0, sm_100a only on 10.0, sm_120 on 12.0 and 12.1; else None. An install built
+    as a proxy (``specs.PROXIES``: its index.json says "proxy") serves the proxy's capability instead: on 9.0
+    "sm_120_proxy_sm90", sm_120's kernels assembled for sm_90 (docs/decisions/0017)."""
     if capability is None:
         return None
-    return ARTIFACT_ARCH.get(tuple(capability))
+    cap = tuple(capability)
+    for name, p in PROXIES.items():
+        if p.capability == cap and proxy(name) is not None:
+            return name
+    return ARTIFACT_ARCH.get(cap)
+
+
+def proxy(arch: str) -> Optional[dict]:
+    """The "proxy" record of ``arch``'s index.json when this install holds that arch as a proxy build (the arch
+    it proxies, the target it was assembled for, the capability it loads on), else None. Reads the index only."""
+    idx = index(arch) if arch in PROXIES else None
+    rec = idx.get("proxy") if isinstance(idx, dict) else None
+    return rec if isinstance(rec, dict) else None
 
 
 def aot_dir() -> Path:
@@ -51,6 +66,10 @@ def aot_dir() -> Path:
 
 def index(arch: str) -> Optional[dict]:
     """The parsed ``<aot_dir>/<arch>/index.json``, or None when this build has no cubins for ``arch``."""
+    try:  # every launch asks (artifact_arch): a hit needs no lock
+        return _indexes[arch]
+    except KeyError:
+        pass
     with _lock:
         if arch not in _indexes:
             p = aot_dir() / arch / "index.json"
@@ -225,7 +244,7 @@ def kernel(arch: str, key: str) -> Optional[AotKernel]:
 def summary() -> dict:
     """{arch: {kernel name: variants}} of the cubins this install ships (reads the index files only)."""
     out = {}
-    for arch in sorted(set(ARTIFACT_ARCH.values())):
+    for arch in sorted(set(ARTIFACT_ARCH.values()) | set(PROXIES)):
         idx = index(arch)
         if idx:
             counts: dict[str, int] = {}

@@ -20,8 +20,9 @@ and, when the manifest has a "triton_aot" section, the cubins (no cuobjdump need
     top-level index.json), same Triton version; no cubin on disk that no index lists;
   * every cubin an index lists exists with the sha256 it records, and the PTX target its entry
     records (``ptx_arch``) is its arch directory's (plain sm_120 in sm_120: it loads on 12.0 and 12.1;
-    never sm_120a, which loads on 12.0 only);
-  * ``--list-elf`` of every cubin names exactly its arch;
+    never sm_120a, which loads on 12.0 only), or for a proxy arch (docs/decisions/0017) the target its
+    index's "proxy" record names;
+  * ``--list-elf`` of every cubin names exactly its arch (a proxy's: the target it was assembled for);
   * with ``sass=True``: for every (arch, kernel) that a SASS_RULES row covers, one variant (the first
     aligned bf16 one), or every cubin with ``all_variants=True`` / ``--all-variants`` (minutes), is
     disassembled: its "code for" arch, its function, and SASS_RULES.
@@ -105,6 +106,8 @@ SASS_RULES: list[SassRule] = [
     SassRule(r"sm_100a", _TRITON_GEMM, require=r"\bUTCHMMA\b", why="Triton GEMMs use tcgen05 MMA on sm_100a"),
     SassRule(r"sm_120", _TRITON_GEMM, require=r"\bHMMA\.16816\.F32",
              why="Triton GEMMs use mma.sync (fp32 accumulate) on plain sm_120"),
+    SassRule(r"sm_120_proxy_sm90", _TRITON_GEMM, require=r"\bHMMA\.16816\.F32", forbid=r"\bHGMMA\.",
+             why="the sm_120 proxy (decision 0017): sm_120's mma.sync kernels assembled for plain sm_90, no wgmma"),
 ]
 
 
@@ -250,6 +253,21 @@ def _listed_name(target: str) -> str:
     return target[:-1] if target.endswith("f") else target
 
 
+def elf_arch(arch: str, index: dict | None = None) -> str:
+    """The SASS arch the cubins of an AOT arch directory are for, as cuobjdump names it ("code for", --list-elf):
+    the directory's name, or for a proxy (its index.json has a "proxy" record, docs/decisions/0017) the
+    target it was assembled for (sm_120_proxy_sm90: sm_90)."""
+    ptx = ((index or {}).get("proxy") or {}).get("ptx")
+    return _listed_name(str(ptx) if ptx else arch)
+
+
+def proxy_archs(aot_section: dict | None) -> dict[str, dict]:
+    """{arch: its "proxy" record} of a manifest's triton_aot section: the archs that are proxies (development
+    builds of another arch's kernels for a GPU we have, decision 0017), empty for a release build."""
+    archs = (aot_section or {}).get("archs")
+    return {a: v["proxy"] for a, v in (archs or {}).items() if isinstance(v, dict) and v.get("proxy")}
+
+
 def _run_each(tool: str, args: list[str], paths: list[Path], env: dict[str, str] | None = None
               ) -> list[tuple[str | None, str | None]]:
     """run_tool on each path, a few at a time: (stdout, None) or (None, why it failed)."""
@@ -331,7 +349,7 @@ def _verify_aot(res: dict[str, Any], man: dict, lib: Path, aot_arg, cuobjdump: s
     want_archs: dict[str, dict] = sec["archs"]
     info: dict[str, Any] = {"dir": str(root), "triton_version": sec.get("triton_version"), "all_variants": all_variants,
                             "cubins": sum(int(a.get("variants") or 0) for a in want_archs.values()),
-                            "sass_checked": 0, "archs": []}
+                            "sass_checked": 0, "archs": [], "proxy": proxy_archs(sec)}
     res["triton_aot"] = info
     problems: list[str] = []
     if not root.is_dir():
@@ -358,8 +376,8 @@ def _verify_aot(res: dict[str, Any], man: dict, lib: Path, aot_arg, cuobjdump: s
     if extra:
         problems.append(f"triton AOT: directories not in the manifest: {extra}")
 
-    elf_jobs: list[tuple[dict, str, Path]] = []    # (row, arch, cubin)
-    sass_jobs: list[tuple[dict, str, dict, Path]] = []  # (row, arch, entry, cubin)
+    elf_jobs: list[tuple[dict, str, Path]] = []    # (row, expected --list-elf name, cubin)
+    sass_jobs: list[tuple[dict, str, dict, Path, str]] = []  # (row, arch, entry, cubin, its SASS arch)
     per_arch: dict[str, list[str]] = {}
     for arch in sorted(want_archs):
         want = want_archs[arch] if isinstance(want_archs[arch], dict) else {}
@@ -379,6 +397,12 @@ def _verify_aot(res: dict[str, Any], man: dict, lib: Path, aot_arg, cuobjdump: s
             row["status"].add("NO INDEX")
             continue
         row["cubins_index"] = len(entries)
+        elf = elf_arch(arch, idx)
+        row["elf_arch"] = elf
+        if bool(idx.get("proxy")) != (arch in proxy_archs(sec)):
+            bad.append(f"triton AOT {arch}: the index and the manifest disagree on whether it is a proxy")
+            row["status"].add("INDEX")
+        ptx_ok = (str(idx["proxy"].get("ptx")),) if idx.get("proxy") else (arch,)
         if idx.get("arch", arch) != arch:
             bad.append(f"triton AOT {arch}: {idx_path} says arch {idx.get('arch')}")
             row["status"].add("INDEX")
@@ -414,8 +438,9 @@ def _verify_aot(res: dict[str, Any], man: dict, lib: Path, aot_arg, cuobjdump: s
                 continue
             listed.add(fname)
             ptx = e.get("ptx_arch")
-            if ptx is not None and ptx != arch:
-                file_bad.append(f"triton AOT {arch}/{fname}: built for PTX target {ptx!r}, expected {arch!r}")
+            if ptx is not None and ptx not in ptx_ok:
+                file_bad.append(f"triton AOT {arch}/{fname}: built for PTX target {ptx!r}, expected one of "
+                                f"{list(ptx_ok)}")
                 row["status"].add("ELF ARCH")
             path = root / arch / fname
             if not path.is_file():
@@ -430,7 +455,7 @@ def _verify_aot(res: dict[str, Any], man: dict, lib: Path, aot_arg, cuobjdump: s
                 row["status"].add("SHA256")
             else:
                 row["sha256_ok"] += 1
-            elf_jobs.append((row, arch, path))
+            elf_jobs.append((row, elf, path))
         bad += _capped(file_bad)
         stray = sorted(p.name for p in (root / arch).glob("*.cubin") if p.name not in listed)
         if stray:
@@ -448,17 +473,18 @@ def _verify_aot(res: dict[str, Any], man: dict, lib: Path, aot_arg, cuobjdump: s
                     picks = [next((e for e in es if e.get("aligned") and "*bf16" in str(e.get("key", ""))), es[0])]
                 else:
                     picks = []
-                sass_jobs += [(row, arch, e, root / arch / str(e["file"])) for e in picks]
+                sass_jobs += [(row, arch, e, root / arch / str(e["file"]), elf) for e in picks]
 
     # --list-elf of every present cubin: exactly one ELF, of its arch
     elf_bad: dict[str, list[str]] = {}
-    for (row, arch, path), (out, err) in zip(elf_jobs, _run_each(cuobjdump, ["--list-elf"], [j[2] for j in elf_jobs])):
+    for (row, elf, path), (out, err) in zip(elf_jobs, _run_each(cuobjdump, ["--list-elf"], [j[2] for j in elf_jobs])):
         got = parse_list(out) if out is not None else None
-        if got == [_listed_name(arch)]:
+        if got == [elf]:
             row["elf_ok"] += 1
             continue
+        arch = row["arch"]
         elf_bad.setdefault(arch, []).append(
-            f"triton AOT {arch}/{path.name}: " + (err or f"--list-elf shows {got}, expected ['{_listed_name(arch)}']"))
+            f"triton AOT {arch}/{path.name}: " + (err or f"--list-elf shows {got}, expected ['{elf}']"))
         row["status"].add("ELF ARCH")
     for arch, lines in elf_bad.items():
         per_arch[arch] += _capped(lines)
@@ -466,7 +492,7 @@ def _verify_aot(res: dict[str, Any], man: dict, lib: Path, aot_arg, cuobjdump: s
     # SASS: the arch of the code, the function, SASS_RULES
     sass_bad: dict[str, list[str]] = {}
     outs = _run_each(cuobjdump, ["--dump-sass"], [j[3] for j in sass_jobs], env=env)
-    for (row, arch, e, path), (out, err) in zip(sass_jobs, outs):
+    for (row, arch, e, path, elf), (out, err) in zip(sass_jobs, outs):
         row["sass_checked"] += 1
         info["sass_checked"] += 1
         lines = sass_bad.setdefault(arch, [])
@@ -476,8 +502,8 @@ def _verify_aot(res: dict[str, Any], man: dict, lib: Path, aot_arg, cuobjdump: s
             row["status"].add("NO SASS")
             continue
         codes, funcs = cubin_sass(out)
-        if not codes or set(codes) != {arch}:
-            lines.append(f"{where}: SASS is 'code for' {sorted(set(codes))}, expected {arch}")
+        if not codes or set(codes) != {elf}:
+            lines.append(f"{where}: SASS is 'code for' {sorted(set(codes))}, expected {elf}")
             row["status"].add("ELF ARCH")
         fn = str(e.get("function") or e.get("kernel") or "")
         if fn not in funcs:
@@ -620,6 +646,8 @@ def _summary(gencodes: list[str], want: dict[str, set[str]], sass: bool, lib_pro
     s += f"; triton AOT: {aot['cubins']} cubins, {n} arch{'s' if n != 1 else ''}" + _verdict(aot_problems, sass)
     if sass and aot.get("sass_checked"):
         s += f" ({aot['sass_checked']} disassembled)"
+    for arch, p in sorted((aot.get("proxy") or {}).items()):
+        s += f"; PROXY BUILD, not a release: {arch} = {p.get('of')}'s kernels assembled for {p.get('ptx')}"
     return s
 
 
@@ -792,6 +820,8 @@ def _report(r: dict) -> int:
         print("\ntriton AOT: the manifest has no triton_aot section (built with TSCT_TRITON_AOT=OFF?)")
     else:
         print(f"\ntriton AOT: {aot['dir']} (Triton {aot['triton_version']})")
+        for arch, p in sorted((aot.get("proxy") or {}).items()):
+            print(f"PROXY BUILD (not a release): {arch}: {p.get('note') or p}")
         print(f"{'arch':<12} {'cubins (manifest / index)':>26} {'present':>8} {'sha256':>7} {'elf arch':>9} "
               f"{'SASS':>5}  status")
         for row in aot["archs"]:

@@ -30,6 +30,8 @@ from __future__ import annotations
 
 from typing import Optional
 
+from tsct.kernels import sm120_proxy
+
 __all__ = ["status", "kernel_status", "grouped_glu_forward", "grouped_glu_backward", "quantize_rows_grouped",
            "FORMATS", "KERNELS", "ENV_ENABLE", "VERIFICATION", "ARCH_FOR_CAPABILITY", "kernel_names", "kernels_linked"]
 
@@ -41,11 +43,12 @@ ENV_ENABLE = "TSCT_SM120_FP4"
 
 #: design.md section 6: per kernel, how each claim was shown in the project's CI (details: docs/sm120.md), not
 #: what this install holds (the probe says that). "ran_on_sm120" is "no" for every one: no sm_120 GPU was
-#: available.
+#: available; "proxy_on_sm90" comes from the one table of H200-proxy verdicts (``tsct.kernels.sm120_proxy``).
 VERIFICATION: tuple[dict, ...] = tuple(
     {"kernel": name, "role": role,
      "compiled_in_ci": "sm_120a and sm_121a cubins, OMMA.SF.16864.F32.E2M1.E2M1.UE4M3.4X in SASS",
-     "host_prep": prep, "emulated": "CPU (tsct.emulation)", "proxy_on_sm90": "no", "ran_on_sm120": "no",
+     "host_prep": prep, "emulated": "CPU (tsct.emulation)", "proxy_on_sm90": sm120_proxy.verdict(name, "cutedsl"),
+     "ran_on_sm120": "no",
      "first_use_selftest": "yes" if name in KERNELS else "n/a (not dispatched)"}
     for name, role, prep in (
         ("tsct_nvfp4_grouped_glu_sm120", "fwd gate/up + GLU", "CPU tests"),

@@ -25,13 +25,18 @@ target=GPUTarget("cuda", cc, 32))`` with an explicit signature and, for aligned 
 Every family goes into the same per-arch index (kernel names never collide; the build checks).
 An entry holds the kernel name, family, ptx_arch, file, num_warps, num_ctas, num_stages, shared bytes,
 the parameter list in launch order (including Triton's trailing global/profile scratch pointers), the
-constexprs, the alignment flag and the cubin's sha256. The build fails if a variant needs scratch
-memory, more than one CTA, or more shared memory than its arch allows, or if its PTX target is not the
-family's.
+constexprs, the alignment flag, the cubin's sha256 and the TTGIR's (``ttgir_sha256``). The build fails if a
+variant needs scratch memory, more than one CTA, or more shared memory than its arch allows, or if its PTX
+target is not the family's.
 
 PTX targets: Triton names every capability >= 90 "sm_XXa"; the build patches that name per compile
 job to the family's ``specs.PTX_ARCH[arch]``: plain sm_120 for the bf16 kernels (an sm_120a cubin
 would not load on 12.1 parts; bf16 mma.sync needs no arch-specific feature).
+
+Proxies (``specs.PROXIES``, docs/decisions/0017): ``--archs sm_120_proxy_sm90`` (alone) compiles sm_120's table of
+the proxy's families (glu, lowbit) with sm_120's GPUTarget, so the TTGIR, tiles and the 101,376-byte limit are
+sm_120's, while LLVM and ptxas emit plain sm_90 (mma.sync; no wgmma can be emitted) so that an H200 loads them. Its
+index.json records ``"proxy"``; ``tsct.kernels.aot`` then serves compute capability 9.0 from it with sm_120's tiles.
 
 Incremental: Triton's own cache (``--cache-dir``, default ``DIR.cache``, never shipped) keys on the
 kernel source but not on the patched arch name, so each (family, PTX target) has its own cache
@@ -96,9 +101,35 @@ def family_specs(family: str):
 
 
 def family_archs(family: str) -> tuple[str, ...]:
-    """The arches a family ships cubins for (default: all of its PTX_ARCH table)."""
+    """The arches a family ships cubins for (default: all of its PTX_ARCH table), and the proxies
+    (``specs.PROXIES``) that hold it and proxy one of those arches."""
     fs = family_specs(family)
-    return tuple(getattr(fs, "AOT_ARCHS", None) or fs.PTX_ARCH)
+    archs = tuple(getattr(fs, "AOT_ARCHS", None) or fs.PTX_ARCH)
+    return archs + tuple(a for a, p in specs.PROXIES.items() if family in p.families and p.of in archs)
+
+
+def target(family: str, arch: str) -> tuple[int, str, int]:
+    """(Triton's GPUTarget capability, the PTX / ptxas arch to emit, the shared-memory limit in bytes) of a
+    family's cubins for an artifact arch: a proxy compiles its ``of`` arch (capability, limit) to its own PTX
+    target (docs/decisions/0017)."""
+    fs = family_specs(family)
+    p = specs.PROXIES.get(arch)
+    if p is not None:
+        return fs.PTX_ARCH[p.of][0], p.ptx, specs.MAX_SHARED[p.of]
+    cap, ptx = fs.PTX_ARCH[arch]
+    return cap, ptx, specs.MAX_SHARED[arch]
+
+
+def proxy_info(arch: str) -> dict | None:
+    """What a proxy's index records about it (None for a release arch)."""
+    p = specs.PROXIES.get(arch)
+    if p is None:
+        return None
+    return {"of": p.of, "ptx": p.ptx, "capability": list(p.capability), "max_shared": specs.MAX_SHARED[p.of],
+            "families": list(p.families),
+            "note": f"{p.of}'s variant table and TTGIR compiled for {p.ptx}: runs {p.of}'s kernel logic on compute "
+                    f"capability {p.capability[0]}.{p.capability[1]}; a development build, not a release "
+                    "(docs/decisions/0017)"}
 
 
 _state: dict = {}
@@ -117,6 +148,16 @@ def _init_worker() -> None:
         return ptx.get(capability) or orig(capability)
 
     nvc.sm_arch_from_capability = sm_arch
+    # Triton's make_ptx sets the PTX .target to sm_<capability>; a proxy job's LLVM and ptxas emit another arch
+    # (Proxy.ptx), so its .target must name that one (for every other job this changes nothing)
+    orig_ptx = nvc.CUDABackend.make_ptx
+
+    def make_ptx(self, src, metadata, opt, capability):
+        out = orig_ptx(self, src, metadata, opt, capability)
+        want = ptx.get(capability)
+        return re.sub(r"^(\.target\s+)\S+", rf"\g<1>{want}", out, count=1, flags=re.M) if want else out
+
+    nvc.CUDABackend.make_ptx = make_ptx
     # triton_glu/_kernels.py keeps its build-time module name; low-bit imports its helpers by package name
     glu_k = _load(FAMILIES["glu"][2], _HERE / "_kernels.py", alias="tsct.kernels.triton_glu._kernels")
     mods = {"glu": glu_k}
@@ -132,7 +173,7 @@ def _compile(family: str, arch: str, spec, cache_dir: str) -> dict:
     from triton.compiler import ASTSource
 
     fs = family_specs(family)
-    cap, ptx_arch = fs.PTX_ARCH[arch]
+    cap, ptx_arch, max_shared = target(family, arch)
     os.environ["TRITON_CACHE_DIR"] = cache_dir  # read by Triton at each compile
     _state["ptx"].clear()
     _state["ptx"][cap] = ptx_arch
@@ -158,8 +199,8 @@ def _compile(family: str, arch: str, spec, cache_dir: str) -> dict:
         problems.append(f"needs scratch memory ({md.global_scratch_size}, {md.profile_scratch_size})")
     if md.num_ctas != 1 or getattr(md, "launch_cooperative_grid", False) or getattr(md, "launch_pdl", False):
         problems.append("needs a cluster / cooperative / PDL launch")
-    if md.shared > specs.MAX_SHARED[arch]:
-        problems.append(f"needs {md.shared} bytes of shared memory (> {specs.MAX_SHARED[arch]})")
+    if md.shared > max_shared:
+        problems.append(f"needs {md.shared} bytes of shared memory (> {max_shared})")
     m = re.search(r"^\.target\s+(\S+)", k.asm.get("ptx", ""), re.M)
     if m is None or m.group(1) != ptx_arch:
         problems.append(f"PTX target {m and m.group(1)}, expected {ptx_arch} (stale Triton cache?)")
@@ -185,6 +226,8 @@ def _compile(family: str, arch: str, spec, cache_dir: str) -> dict:
         "aligned": spec.aligned,
         "hinted": hinted,
         "sha256": hashlib.sha256(cubin).hexdigest(),
+        # the TTGIR's hash: a proxy's variant has its proxied arch's TTGIR (decision 0017), which two indexes show
+        "ttgir_sha256": hashlib.sha256(k.asm["ttgir"].encode()).hexdigest(),
         "compile_s": round(time.perf_counter() - t0, 3),
         "_cubin": cubin,
     }
@@ -224,7 +267,7 @@ def check_sass(out: Path, archs: list[str]) -> dict:
             per[key] = {"code_for": codes[0] if codes else None,
                         "ops": dict(collections.Counter(_OP.findall(text)).most_common())}
             bad += [f"{a} {key} ({kn}): {what}" for kn, what in artifacts.rule_failures(a, funcs)]
-            if set(codes) != {a}:
+            if set(codes) != {artifacts.elf_arch(a, idx)}:
                 bad.append(f"{a} {key}: SASS is 'code for' {sorted(set(codes))}")
         (out / a / "sass_summary.json").write_text(json.dumps(per, indent=1, sort_keys=True) + "\n")
         report[a] = per
@@ -256,8 +299,12 @@ def main(argv: list[str] | None = None) -> int:
                          f"{specs.TRITON_VERSION} (pyproject.toml [build-system].requires)")
     archs = [a for a in args.archs.replace(";", ",").split(",") if a]
     for a in archs:
-        if a not in specs.PTX_ARCH:
-            raise SystemExit(f"aot_build: unknown arch {a!r}; expected some of {list(specs.PTX_ARCH)}")
+        if a not in specs.PTX_ARCH and a not in specs.PROXIES:
+            raise SystemExit(f"aot_build: unknown arch {a!r}; expected some of {list(specs.PTX_ARCH)} "
+                             f"or a proxy {list(specs.PROXIES)}")
+    if any(a in specs.PROXIES for a in archs) and len(archs) > 1:
+        # a proxy replaces a release arch at run time: an install holds proxy cubins alone, never mixed
+        raise SystemExit(f"aot_build: a proxy arch builds alone, got {archs}")
     families = [f for f in args.families.replace(";", ",").split(",") if f]
     for f in families:
         if f not in FAMILIES:
@@ -276,9 +323,11 @@ def main(argv: list[str] | None = None) -> int:
         for a in archs:
             if a not in family_archs(f):
                 continue
-            cdir = cache / f / fs.PTX_ARCH[a][1]
+            # Triton's cache keys on the capability, not the emitted arch: a proxy has a directory of its own
+            cdir = cache / f / (a if a in specs.PROXIES else fs.PTX_ARCH[a][1])
             cdir.mkdir(parents=True, exist_ok=True)
-            jobs += [(f, a, s, str(cdir)) for s in list(fs.enumerate_specs(a))[: args.limit or None]]
+            table = list(fs.enumerate_specs(specs.table_arch(a)))  # a proxy: its ``of`` arch's table, key for key
+            jobs += [(f, a, s, str(cdir)) for s in table[: args.limit or None]]
     t0 = time.time()
     results: dict[str, dict[str, dict]] = {a: {} for a in archs}
     if args.jobs <= 1:
@@ -310,14 +359,18 @@ def main(argv: list[str] | None = None) -> int:
             entries[key] = r
             fam = fams.setdefault(r["family"], {"ptx_arch": r["ptx_arch"], "variants": 0})
             fam["variants"] += 1
-        index = {"arch": a, "target": f"cuda:{specs.PTX_ARCH[a][0]}:32", "triton_version": triton.__version__,
-                 "families": fams, "kernels": entries}
+        index = {"arch": a, "target": f"cuda:{specs.PTX_ARCH[specs.table_arch(a)][0]}:32",
+                 "triton_version": triton.__version__, "families": fams, "kernels": entries}
+        if proxy_info(a):
+            index["proxy"] = proxy_info(a)
         (d / "index.json").write_text(json.dumps(index, indent=1, sort_keys=True) + "\n")
         per_kernel: dict[str, int] = {}
         for r in entries.values():
             per_kernel[r["kernel"]] = per_kernel.get(r["kernel"], 0) + 1
         summary["archs"][a] = {"variants": len(entries), "kernels": dict(sorted(per_kernel.items())),
                                "bytes": sum((d / r["file"]).stat().st_size for r in entries.values())}
+        if proxy_info(a):
+            summary["archs"][a]["proxy"] = proxy_info(a)
     (out / "index.json").write_text(json.dumps(summary, indent=1, sort_keys=True) + "\n")
     total = sum(len(v) for v in results.values())
     per_fam = collections.Counter(j[0] for j in jobs)

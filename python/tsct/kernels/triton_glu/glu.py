@@ -50,7 +50,11 @@ CONFIG = dataclasses.replace(_CONFIGS[specs.DEFAULT_ARCH_CONFIG], dz_native=0, d
 
 
 def _config(cap: tuple[int, int]) -> Config:
-    return _CONFIGS.get(specs.ARTIFACT_ARCH.get(cap, ""), CONFIG)
+    """The tile config of the arch whose cubins this install runs on ``cap``: a proxy install (decision 0017)
+    runs the proxied arch's (sm_120's on 9.0, so its Triton kernels, not sm_90's CUDA ones)."""
+    from tsct.kernels import aot
+
+    return _CONFIGS.get(specs.table_arch(aot.artifact_arch(cap)) or "", CONFIG)
 
 
 # The CUDA C++ kernels of the native library that the dispatch takes instead of a Triton kernel, by the Config switch

@@ -170,8 +170,42 @@ CONFIGS: dict[str, Config] = {
 DEFAULT_ARCH_CONFIG = "sm_90a"  # JIT on any other arch (sm_80, ...) uses these tiles
 
 
+@dataclasses.dataclass(frozen=True)
+class Proxy:
+    """An artifact arch that runs another arch's kernels on a GPU we have (docs/decisions/0017).
+
+    The build compiles ``of``'s variant table (same keys: tiles, warps, stages) from the same TTGIR (Triton's
+    target capability of ``of``) and checks each variant against ``of``'s shared-memory limit, but lets LLVM
+    and ptxas emit ``ptx`` instead, so the cubins load on ``capability``. At run time an install whose
+    ``<proxy>/index.json`` says ``"proxy"`` serves that capability in place of its release arch, with
+    ``of``'s tile config (so the dispatch takes the Triton kernels ``of`` runs, never that GPU's CUDA ones).
+    A development build (``TSCT_TRITON_AOT_ARCHS=<proxy>``), never a release: the probe and the artifact
+    check say "proxy"."""
+
+    of: str                        # the arch whose table and TTGIR it compiles
+    ptx: str                       # the PTX target and ptxas arch it emits instead
+    capability: tuple[int, int]    # the GPU that loads it
+    families: tuple[str, ...]      # the kernel families (aot_build.FAMILIES) it can hold
+
+
+# sm_120 on an H200: sm_120's Triton kernels are bf16 mma.sync (HMMA.16816), cp.async and ldmatrix, all of
+# which sm_90 executes; plain sm_90 (not sm_90a) has no wgmma, so ptxas cannot emit any. W4A4 is left out:
+# its tl.dot_scaled is sm_120's block-scaled OMMA, which sm_90 lacks.
+PROXIES: dict[str, Proxy] = {
+    "sm_120_proxy_sm90": Proxy(of="sm_120", ptx="sm_90", capability=(9, 0), families=("glu", "lowbit")),
+}
+
+
+def table_arch(arch: Optional[str]) -> Optional[str]:
+    """The arch whose variant table and tile config an artifact arch uses: ``Proxy.of`` for a proxy, else
+    ``arch`` itself (None stays None)."""
+    p = PROXIES.get(arch) if arch is not None else None
+    return p.of if p is not None else arch
+
+
 def config_for(capability: Optional[tuple[int, int]]) -> Config:
-    """A fresh copy of the tile config of an arch (JIT-only arches get the sm_90a tiles)."""
+    """A fresh copy of the release tile config of a capability (JIT-only arches get the sm_90a tiles; the host
+    code asks ``tsct.kernels.aot.artifact_arch`` instead, which also knows a proxy install)."""
     arch = ARTIFACT_ARCH.get(tuple(capability)) if capability is not None else None
     return dataclasses.replace(CONFIGS[arch or DEFAULT_ARCH_CONFIG])
 

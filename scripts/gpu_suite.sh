@@ -1,0 +1,330 @@
+#!/usr/bin/env bash
+# The GPU suite: one device script whose stages are chosen by name. Run on the GPU machine from the repo root,
+# with a wheel built on the CPU machine carried in (carry ["dist"], or the WHEEL_DIR, to the GPU machine):
+#
+#   bash scripts/gpu_suite.sh STAGE [STAGE ...]       e.g. `bash scripts/gpu_suite.sh probe aot lowbit bench`
+#   bash scripts/gpu_suite.sh --list                  the stages and what each checks
+#
+# First the newest $WHEEL_DIR/tsct-*.whl (default dist/) is installed into the image's python (no deps, no index:
+# torch and Triton are the image's; NO_INSTALL=1 skips it), then OVERLAY files ("python/tsct/a.py ..." from this
+# tree) are copied over the installed package (a Python-only change without a new wheel). Tests run from /tmp, so
+# `import tsct` is the installed wheel, never python/ of the checkout (stage glu-jit excepted: it is the source
+# tree's JIT run). Each step has a timeout and a log in $OUT (default /tmp/tsct_out; the last $TAIL lines are
+# shown); a failing step does not stop the next ones; a summary comes last, exit status 1 if any step failed,
+# 2 for an unknown stage, 3 if the install failed.
+#
+# Knobs: OUT, WHEEL_DIR, NO_INSTALL, OVERLAY, TAIL; COMMIT (recorded by tsct-bench); CFG (TSCT_TRITON_GLU_CFG of the
+# test, sweep and bench steps, e.g. CFG=down_native_lb=0,up_native_lb=0); ARMS, FORMATS (bench); CFGS, SWEEP_ARMS
+# (sweep); GLU_K (pytest -k of stage glu); T_<STEP> (seconds, the step's timeout: T_LOWBIT=200 ...).
+set -u -o pipefail
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+OUT=${OUT:-/tmp/tsct_out}
+mkdir -p "$OUT"
+export PYTHONUNBUFFERED=1 OUT ROOT
+unset PYTHONPATH TSCT_TRITON_BACKEND TSCT_TRITON_GLU_CFG
+CFG=${CFG-}
+declare -A RC
+ORDER=()
+t_start=$(date +%s)
+
+# step NAME DEFAULT_TIMEOUT CMD...: run CMD in /tmp under a timeout (T_<NAME> overrides it), log to $OUT/NAME.log
+step() {
+  local name=$1 t=$2; shift 2
+  local var="T_$(echo "$name" | tr 'a-z-' 'A-Z_')"
+  t=${!var:-$t}
+  local t0=$(date +%s)
+  echo "== $name ($(date +%T), timeout ${t}s)"
+  (cd /tmp && timeout --kill-after=10 "$t" "$@") >"$OUT/$name.log" 2>&1
+  local r=$?
+  RC[$name]="rc=$r $(( $(date +%s) - t0 ))s$([[ $r == 124 || $r == 137 ]] && echo ' TIMEOUT')"
+  ORDER+=("$name")
+  grep -E "^\[(PASS|FAIL|INFO)\]|^(FAILED|ERROR)|[0-9]+ (passed|failed|deselected)|Error" "$OUT/$name.log" \
+    | tail -n "${TAIL:-12}"
+  echo "== $name: ${RC[$name]}"
+}
+# pytest from /tmp: the installed wheel is imported, and the repo's conftest / rootdir settings are not used
+pyt() { python3 -m pytest -q -p no:cacheprovider --tb=short -rfEs --rootdir=/tmp --durations=5 "$@"; }
+export -f pyt
+T="$ROOT/tests/gpu"
+
+describe() {
+  cat <<'EOF'
+probe          tsct-probe --verify-artifacts (text, cuobjdump from the image's Triton if none on PATH) and --json
+all            every GPU test (pytest -m gpu tests/gpu), result lines to $OUT/gpu_tests.log
+cpu            the torch-version-sensitive CPU tests under the image's torch (compile, reference, quant API, dispatch)
+aot            the wheel's Triton cubins load on this GPU (smoke); test_triton_aot_gpu.py; the Triton GLU suite
+               (test_triton_glu.py) with TSCT_TRITON_BACKEND=aot
+glu            test_triton_glu.py -k "$GLU_K" (default all) on the cubins + test_bench_gpu.py
+glu-jit        test_triton_glu.py from the source tree through the image's Triton JIT (PYTHONPATH=python; no install)
+kbench         the b1 kernel harness (tsct.kernels.triton_glu._bench: per-kernel profile, graph, host) -> kbench_b1.json
+lowbit-ops     test_lowbit_ops_gpu.py: auto takes triton-lowbit, fwd/bwd vs the reference with STE masters,
+               torch.compile fullgraph, AOT-only and JIT, quantize_master, CUDA graph
+lowbit         test_triton_lowbit_gpu.py on the cubins (TSCT_TRITON_BACKEND=aot; b1_pad left out for time)
+lowbit-jit     test_triton_lowbit_gpu.py through JIT on three small cases (rank block 64 at r 16/24/32, multi-K up)
+native-dz      test_glu_dz_native_gpu.py: the CUDA glu_bwd_dz against fp32 torch (edge shapes, slices, bits)
+native-lowbit  test_glu_lowbit_native_gpu.py: the CUDA low-bit projections against fp64 torch and the Triton kernels
+sm120          the sm120-fp4 pieces that run on sm_90: library / manifest / status smoke and native_quant self-test,
+               the grouped activation quantizer bit-exact, the forward with the MMA emulated, the probe's reasons,
+               the linked CuTeDSL entry on sm_90 failing cleanly in a child process (context intact), the
+               first-use self-test machinery (test_sm120_firstuse_gpu.py)
+proxy          the sm_120 proxy build (docs/decisions/0017; a wheel built with TSCT_TRITON_AOT_ARCHS=sm_120_proxy_sm90,
+               WHEEL_DIR=dist-proxy): checks it is one, runs the GPU suite through it (bf16 and low-bit, fwd and bwd,
+               b1 and the edge shapes; test_sm120_proxy_gpu.py first) with a launch ledger, the opt-in byte-plane
+               down projection, b1 timing labelled PROXY, and the per-kernel verdicts -> proxy_verdicts.txt
+bench          tsct-bench --preset b1, arms $ARMS (default padded-bmm,tsct-bmm-*,tsct-triton-*,tsct-sm120-*),
+               formats $FORMATS (default bf16,nvfp4,sign) -> bench_b1.json and bench_b1.png (matplotlib permitting)
+perf           device time per kernel and CUDA-graph replay of the b1 passes (triton_lowbit._perf) -> perf.json
+sweep          scripts/pass_profile.py sweep: per-kernel device time for each config in $CFGS -> sweep.json
+hostprof       scripts/pass_profile.py host: host issue time per eager call and its cProfile tables
+EOF
+}
+
+install_wheel() {
+  local whl
+  whl=$(ls -t "$ROOT/${WHEEL_DIR:-dist}"/tsct-*.whl 2>/dev/null | head -n 1)
+  [[ -n "$whl" ]] || { echo "no ${WHEEL_DIR:-dist}/tsct-*.whl: build it (ci/build_wheel.sh) and carry it"; exit 3; }
+  nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,temperature.gpu --format=csv >"$OUT/gpu.txt" 2>&1
+  python3 -m pip install --no-deps --no-index --force-reinstall "$whl" >"$OUT/install.log" 2>&1 \
+    || { tail -n 20 "$OUT/install.log"; echo "install of $whl failed"; exit 3; }
+  local sp
+  sp=$(cd /tmp && python3 -c "import os, tsct; print(os.path.dirname(tsct.__file__))")
+  for f in ${OVERLAY:-}; do
+    local rel=${f#python/tsct/}
+    mkdir -p "$sp/$(dirname "$rel")" && cp "$ROOT/$f" "$sp/$rel" && echo "overlay $rel"
+  done
+  (cd /tmp && python3 - <<'PY') 2>&1 | tee "$OUT/versions.txt"
+import importlib.util, json, sys, torch, tsct
+from tsct import native
+from tsct.kernels import aot
+cap = tuple(torch.cuda.get_device_capability())
+tv = importlib.util.find_spec("triton") and __import__("triton").__version__
+arch = aot.artifact_arch(cap)
+print("python", sys.version.split()[0], "| torch", torch.__version__, "| triton (image)", tv, "| tsct", tsct.__file__,
+      getattr(tsct, "__git_commit__", "?"))
+print("device", torch.cuda.get_device_name(), cap, "| native:", native.available(), native.load_error() or "",
+      "| Triton cubins:", arch, sum(aot.summary().get(arch, {}).values()) if arch else 0,
+      "| PROXY BUILD: " + json.dumps(aot.proxy(arch)) if arch and aot.proxy(arch) else "")
+PY
+}
+
+cuobjdump_env() {  # the artifact check needs cuobjdump: PATH, else the one the image's Triton bundles
+  command -v cuobjdump >/dev/null && return
+  local c
+  c=$(cd /tmp && python3 -c "import os, triton
+print(os.path.join(os.path.dirname(triton.__file__), 'backends', 'nvidia', 'bin', 'cuobjdump'))" 2>/dev/null)
+  [[ -n "$c" && -x "$c" ]] && export CUOBJDUMP="$c"
+}
+
+stage_probe() {
+  cuobjdump_env
+  step probe 90 bash -c "tsct-probe --verify-artifacts > '$OUT/probe.txt' 2>&1; r=\$?; tail -n 25 '$OUT/probe.txt'; \
+    tsct-probe --json > '$OUT/probe.json' 2>/dev/null; exit \$r"
+}
+
+stage_all() {
+  step all 300 env TSCT_GPU_LOG="$OUT/gpu_tests.log" bash -c "pyt -s -m gpu '$T'"
+}
+
+stage_cpu() {
+  local C="$ROOT/tests/cpu"
+  step cpu 200 bash -c "pyt '$C/test_compile.py' '$C/test_ops_reference.py' '$C/test_quant_api.py' \
+    '$C/test_dispatch.py'"
+}
+
+stage_aot() {
+  step aot-smoke 60 python3 - <<'PY'
+import importlib.util, torch, tsct
+from tsct import native
+from tsct.kernels import aot
+from tsct.kernels.triton_glu import status
+cap = torch.cuda.get_device_capability()
+print("tsct", tsct.__file__, "| torch", torch.__version__, "| triton",
+      (importlib.util.find_spec("triton") and __import__("triton").__version__), "| capability", cap)
+print("native:", native.available(), native.load_error() or "", "| abi", native.build_info()["abi_version"])
+print("AOT arch:", aot.artifact_arch(cap), "| status:", status(cap, "bf16"))
+print("shipped:", aot.summary())
+idx = aot.index(aot.artifact_arch(cap))
+k = aot.kernel(aot.artifact_arch(cap), next(iter(idx["kernels"])))
+print("first cubin on this GPU:", k.entry["kernel"], k.info())
+PY
+  step aot-tests 120 env TSCT_TRITON_BACKEND=aot bash -c "pyt -s '$T/test_triton_aot_gpu.py'"
+  step aot-glu 240 env TSCT_TRITON_BACKEND=aot TSCT_TRITON_GLU_CFG="$CFG" bash -c "pyt '$T/test_triton_glu.py'"
+}
+
+stage_glu() {
+  step glu 240 env TSCT_TRITON_BACKEND=aot TSCT_TRITON_GLU_CFG="$CFG" bash -c \
+    "pyt '$T/test_triton_glu.py' -k '${GLU_K:-}' '$T/test_bench_gpu.py'"
+}
+
+stage_glu-jit() {
+  step glu-jit 300 env PYTHONPATH="$ROOT/python" bash -c "cd '$ROOT' && pyt tests/gpu/test_triton_glu.py"
+}
+
+stage_kbench() {
+  step kbench 120 python3 -m tsct.kernels.triton_glu._bench --no-baseline --json "$OUT/kbench_b1.json" \
+    ${BENCH_VARIANTS:+--variants "$BENCH_VARIANTS"}
+}
+
+stage_lowbit-ops() {
+  step lowbit-ops 160 env TSCT_TRITON_GLU_CFG="$CFG" bash -c "pyt '$T/test_lowbit_ops_gpu.py'"
+}
+
+stage_lowbit() {
+  step lowbit 240 env TSCT_TRITON_BACKEND=aot TSCT_TRITON_GLU_CFG="$CFG" bash -c \
+    "pyt '$T/test_triton_lowbit_gpu.py' -k 'not b1_pad'"
+}
+
+stage_lowbit-jit() {
+  step lowbit-jit 90 env TSCT_TRITON_BACKEND=jit bash -c \
+    "pyt '$T/test_triton_lowbit_gpu.py' -k 'f37_empty or one_row_experts or top4_f129'"
+}
+
+
+stage_native-dz() {
+  step native-dz 120 bash -c "pyt '$T/test_glu_dz_native_gpu.py'"
+}
+
+stage_native-lowbit() {
+  step native-lowbit 120 env TSCT_TRITON_GLU_CFG="$CFG" bash -c "pyt '$T/test_glu_lowbit_native_gpu.py'"
+}
+
+stage_sm120() {
+  step sm120-smoke 90 python3 - <<'PY'
+import torch, tsct
+from tsct import dispatch, native, selftest
+from tsct.kernels import sm120_fp4
+cap = torch.cuda.get_device_capability()
+print("tsct", tsct.__file__, "| torch", torch.__version__, "| capability", cap)
+print("native:", native.available(), native.load_error() or "", "| abi", native.build_info()["abi_version"])
+cd = native.build_info().get("cutedsl")
+print("cutedsl in manifest:", None if cd is None else (cd["dsl"], cd["arch"], [k["name"] for k in cd["kernels"]]))
+print("tsct_sm120_built:", native.sm120_built())
+for k in ("tsctk_nvfp4_rows_amax_bf16", "tsctk_nvfp4_rows_quantize_bf16", "tsctk_nvfp4_rows_finalize"):
+    print("kernel_available", k, native.kernel_available(k))
+print("sm120-fp4 status here:", dispatch.status(dispatch.SM120_FP4, cap, "nvfp4"))
+print("auto for nvfp4 here:", dispatch.decide(cap, "nvfp4"))
+for r in selftest.native_quant(torch.device("cuda")):
+    print(("[PASS]" if r.ok else "[FAIL]"), r.name, r.detail)
+    assert r.ok, r
+assert cd is not None and native.sm120_built(), "the wheel has no CuTeDSL kernels"
+PY
+  step sm120-quant-rows 150 env TSCT_GPU_LOG="$OUT/quant_rows.txt" bash -c "pyt -s '$T/test_sm120_quant_rows_gpu.py'"
+  step sm120-emulated 120 env TSCT_GPU_LOG="$OUT/fp4_emulated.txt" bash -c \
+    "pyt -s '$T/test_sm120_fp4_emulated_gpu.py' '$T/test_native_quant.py'"
+  step sm120-firstuse 120 env TSCT_GPU_LOG="$OUT/firstuse.txt" bash -c "pyt -s '$T/test_sm120_firstuse_gpu.py'"
+  step sm120-probe 60 bash -c "tsct-probe --no-selftest > '$OUT/sm120_probe.txt' 2>&1; r=\$?; \
+    grep -E 'sm120-fp4|cc 9.0|cutedsl' '$OUT/sm120_probe.txt' | head -n 12; exit \$r"
+  # the linked CuTeDSL entry on a non-sm_120 GPU: an error (no kernel image), not a crash; the context stays usable
+  step sm120-entry 60 python3 - <<'PY'
+import torch
+from tsct import native
+from tsct.emulation import plan
+dev = torch.device("cuda")
+e, m, k, n = 2, 40, 64, 128
+offs = torch.tensor([15, 40], dtype=torch.int32, device=dev)
+x = torch.randn(m, k, device=dev, dtype=torch.bfloat16)
+codes, sfa, sfo, s_enc = native.nvfp4_quantize_rows_grouped(x, offs, m_alloc=m + 31)
+p = plan.make_plan(offs, m, n, k, tile_m=32, tile_n=128)
+b = torch.zeros(e, n, k // 2, dtype=torch.uint8, device=dev)
+sfb = torch.zeros(e, plan.sfb_bytes(1, n, k), dtype=torch.uint8, device=dev)
+c = torch.zeros(m, n // 2, dtype=torch.bfloat16, device=dev)
+ep = torch.ones(e, n // 2, device=dev)
+try:
+    native.sm120_nvfp4_grouped("glu", codes, b, sfa, sfo, sfb, c, offs, p.tile_expert, p.tile_row,
+                               torch.ones(e, device=dev), ep, ep)
+    torch.cuda.synchronize()
+    raise SystemExit(f"UNEXPECTED: the sm_120a kernel launched on {torch.cuda.get_device_capability()}")
+except RuntimeError as err:
+    print("expected error:", str(err)[:300])
+y = native.nvfp4_quantize_rows_grouped(x, offs)[0]  # the context must still work
+torch.cuda.synchronize()
+print("CUDA context usable afterwards:", bool(y.numel()))
+PY
+}
+
+stage_proxy() {
+  cuobjdump_env
+  # 1. this install is the sm_120 proxy build, its artifacts match its manifest, and the probe says so; the probe's
+  #    self-tests (each path against float64, the first-use self-test's problem included) run through the proxy
+  step proxy-check 30 python3 - <<'PY'
+import sys, torch
+from tsct.kernels import aot
+arch = aot.artifact_arch(tuple(torch.cuda.get_device_capability()))
+p = aot.proxy(arch) if arch else None
+print("Triton cubins for this GPU:", arch, p)
+sys.exit(0 if p else "not a proxy build: build the wheel with TSCT_TRITON_AOT_ARCHS=sm_120_proxy_sm90")
+PY
+  step proxy-artifacts 60 python3 -m tsct.native.artifacts
+  step proxy-probe 90 bash -c "tsct-probe > '$OUT/proxy_probe.txt' 2>&1; r=\$?; \
+    grep -E 'PROXY|proxy|pass|FAIL' '$OUT/proxy_probe.txt' | cut -c1-160 | head -n 24; exit \$r"
+  # 2. the GPU suite through the proxy cubins, nothing JITs (the jit tests and b1_pad in low-bit left out); a ledger of
+  #    every launch per test (tests/gpu/_launch_ledger.py): the per-kernel verdicts come from it
+  local L="$OUT/proxy_ledger.json"
+  rm -f "$L"
+  local LEDGER=(env TSCT_LAUNCH_LEDGER="$L" PYTHONPATH="$T")
+  step proxy-suite 300 "${LEDGER[@]}" TSCT_TRITON_BACKEND=aot bash -c "pyt -p _launch_ledger \
+    '$T/test_sm120_proxy_gpu.py' '$T/test_triton_glu.py' '$T/test_triton_lowbit_gpu.py' \
+    '$T/test_sort_by_expert_gpu.py' '$T/test_triton_aot_gpu.py' \
+    -k 'not jit and not (b1_pad and (nvfp4 or sign or mixed))'"
+  # 3. the op through tsct.ops (auto mode, as users call it; the dense-gate mix has no cubins and would JIT: left out,
+  #    and the ledger counts any JIT launch apart)
+  step proxy-ops 90 "${LEDGER[@]}" bash -c "pyt -p _launch_ledger '$T/test_lowbit_ops_gpu.py' \
+    -k 'not jit and not dense_gate'"
+  # 4. b1 through the proxy cubins: the whole pass, % of this H200's bytes floor, labelled PROXY
+  step proxy-bench 90 env TSCT_TRITON_BACKEND=aot TSCT_BENCH_GIT_COMMIT="${COMMIT:-unknown}" tsct-bench --preset b1 \
+    --arms 'tsct-triton-bf16-*,tsct-triton-lowbit-nvfp4,tsct-triton-lowbit-sign' --formats bf16,nvfp4,sign \
+    --iters 10 --max-seconds 1 --json "$OUT/proxy_b1.json"
+  # 5. sm_120's opt-in byte-plane down projection (TSCT_TRITON_GLU_CFG=planes_down_lb=1, shipped in its table)
+  step proxy-planes-down 60 "${LEDGER[@]}" TSCT_TRITON_BACKEND=aot TSCT_TRITON_GLU_CFG=planes_down_lb=1 bash -c \
+    "pyt -p _launch_ledger '$T/test_triton_lowbit_gpu.py' -k '(b1 and not b1_pad) or f37_empty or top4_f129 or r100'"
+  # 6. the per-kernel verdicts and the record for tsct.kernels.sm120_proxy.RUNS
+  step proxy-verdicts 30 python3 "$ROOT/scripts/proxy_verdicts.py" "$L" --bench "$OUT/proxy_b1.json" \
+    --out "$OUT/proxy_verdicts.txt"
+  cat "$OUT/proxy_verdicts.txt" 2>/dev/null | head -n 40
+}
+
+stage_bench() {
+  step bench 200 env TSCT_TRITON_GLU_CFG="$CFG" TSCT_BENCH_GIT_COMMIT="${COMMIT:-unknown}" python3 -m tsct.bench \
+    --preset b1 --arms "${ARMS:-padded-bmm,tsct-bmm-*,tsct-triton-*,tsct-sm120-*}" \
+    --formats "${FORMATS:-bf16,nvfp4,sign}" --iters 30 --max-seconds 3 --json "$OUT/bench_b1.json" \
+    $(python3 -c "import matplotlib" 2>/dev/null && echo --plot "$OUT/bench_b1.png")
+  tail -n 30 "$OUT/bench.log"
+}
+
+stage_perf() {
+  step perf 200 python3 -m tsct.kernels.triton_lowbit._perf --label wheel --fmts "${FORMATS:-bf16,nvfp4,sign}" \
+    --json "$OUT/perf.json"
+}
+
+stage_sweep() {
+  step sweep 150 python3 "$ROOT/scripts/pass_profile.py" sweep --arms "${SWEEP_ARMS:-nvfp4,sign}" \
+    --cfgs "${CFGS:-down_native_lb=0,up_native_lb=0;}" --json "$OUT/sweep.json"
+}
+
+stage_hostprof() {
+  step hostprof 150 python3 "$ROOT/scripts/pass_profile.py" host --arms "${SWEEP_ARMS:-nvfp4,sign,bf16-kmajor}" \
+    --n 30 --top 40
+}
+
+if [[ $# == 0 || $1 == --list || $1 == -h || $1 == --help ]]; then
+  awk 'NR > 1 && /^#/ { print; next } NR > 1 { exit }' "$0"
+  echo
+  describe
+  [[ $# == 0 ]] && exit 2 || exit 0
+fi
+for s in "$@"; do
+  declare -F "stage_$s" >/dev/null || { echo "unknown stage '$s'; stages:"; describe | grep -oE '^[a-z0-9-]+'; exit 2; }
+done
+if [[ -z ${NO_INSTALL:-} && " $* " != " glu-jit " ]]; then
+  install_wheel
+fi
+for s in "$@"; do
+  "stage_$s"
+done
+echo "== summary ($(( $(date +%s) - t_start )) s, logs in $OUT) =="
+rc=0
+for s in "${ORDER[@]}"; do
+  echo "  $s: ${RC[$s]}"
+  [[ "${RC[$s]}" == rc=0* ]] || rc=1
+done
+exit $rc
