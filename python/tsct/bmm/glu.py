@@ -48,6 +48,11 @@ __all__ = ["Plan", "plan_from_counts", "static_plan", "grouped_glu_forward", "gr
 
 #: tile heights the eager plan chooses from
 TILE_ROWS = (32, 64, 128, 256)
+#: what having any tiles costs in the eager plan's model, as bytes: the tile part launches ~35 more kernels
+#: per forward and backward (tile tables, factor gathers, tile products, partial sums), ~0.9 ms of host
+#: time at the ~25 us per launch measured on the H200's host; counted here as 1 GB (~0.25 ms at its copy
+#: rate), so a few overflowing rows go into a taller dense part instead
+TILE_PART_BYTES = 1 << 30
 
 
 @dataclasses.dataclass(frozen=True)
@@ -85,8 +90,8 @@ def plan_from_counts(counts: Sequence[int], d: int, r: int, f: int) -> Plan:
     the forward's ``6 d + 4 f``: the bf16 row written and read for gate/up, its output row written and
     read once); a tile additionally costs its factors' copy (bf16, written and read, forward and
     backward: ``8 (2 d r + r f)``) and its fp32 weight-gradient partial (written, read, reduced:
-    ``12 (2 d r + r f)``). Candidates: ``h0`` in 0 and the counts' values rounded up to 8 (at most 33
-    quantiles), tile heights ``TILE_ROWS``.
+    ``12 (2 d r + r f)``); a plan with tiles costs ``TILE_PART_BYTES`` more. Candidates: ``h0`` in 0 and
+    the counts' values rounded up to 8 (at most 33 quantiles), tile heights ``TILE_ROWS``.
     """
     import numpy as np
 
@@ -101,7 +106,7 @@ def plan_from_counts(counts: Sequence[int], d: int, r: int, f: int) -> Plan:
     over = np.clip(c[None, :] - cands[:, None], 0, None)                       # [K, E]
     b = np.asarray(TILE_ROWS, dtype=np.int64)
     nt = (-(-over[:, None, :] // b[None, :, None])).sum(2)                      # [K, len(TILE_ROWS)]
-    cost = e * cands[:, None] * row + nt * (b[None, :] * row + tile_w)
+    cost = e * cands[:, None] * row + nt * (b[None, :] * row + tile_w) + np.where(nt > 0, TILE_PART_BYTES, 0)
     k, j = np.unravel_index(int(np.argmin(cost)), cost.shape)                   # first minimum: smallest h0, b
     return Plan(int(cands[k]), int(b[j]), int(nt[k, j]))
 
@@ -124,59 +129,90 @@ def static_plan(m: int, experts: int) -> Plan:
 
 # ---- layout ------------------------------------------------------------------------------------
 
-@dataclasses.dataclass
 class _Layout:
-    dest: Tensor          # [M] int64 buffer row of each routed row; the dump row R for padding rows
-    valid: Tensor         # [M] bool: routed row (before offs[-1])
-    row_expert: Tensor    # [R + 1] int64 expert of each buffer row (0 for the dump row)
-    row_live: Tensor      # [R + 1] bool: the buffer row holds a routed row
-    tile_expert: Tensor   # [n_tiles] int64
-    tile_offsets: Tensor  # [E + 1] int64: expert e's tiles are tile_offsets[e]:tile_offsets[e+1]
-    hot_expert: Tensor    # [H] int64, H = min(E, n_tiles): the experts with tiles, in order, then E - 1 (no tiles)
-    hot_offsets: Tensor   # [H + 1] int64: hot_expert[h]'s tiles (empty segments for the padding entries)
-    r0: int               # rows of the dense part (E * h0)
-    rows: int             # R
+    """Where each routed row sits in the buffer (``_layout``). ``dest`` and ``valid`` are computed at once; the
+    per-buffer-row and per-tile tables only when first used (the forward of bf16 activations needs
+    ``row_expert`` and ``tile_expert``; the rest serve the backward), so an eager forward launches fewer
+    kernels (its host time is what it waits for: ~25 us per launch on the H200's host)."""
+
+    def __init__(self, offs: Tensor, m: int, plan: Plan):
+        dev = offs.device
+        e_count = offs.shape[0]
+        h0, b, n = plan.h0, plan.b, plan.n_tiles
+        self.plan, self.e_count = plan, e_count
+        self.r0 = e_count * h0
+        self.rows = self.r0 + n * b
+        ends = offs.long()
+        counts = torch.diff(ends, prepend=ends.new_zeros(1))
+        start = ends - counts
+        i = torch.arange(m, device=dev)
+        e = torch.searchsorted(ends, i, right=True)
+        self.valid = e < e_count                                          # [M] bool: a routed row
+        e.clamp_(max=e_count - 1)
+        # row i of expert e, j = i - start[e]: dense row e*h0 + j (j < h0), else row j - h0 of e's tiles
+        base = torch.arange(0, self.r0, h0, device=dev) - start if h0 else None
+        if n:
+            self.nt = (counts - h0).clamp_(min=0).add_(b - 1).div_(b, rounding_mode="floor")
+            self.tile_end = torch.cumsum(self.nt, 0)
+            tile_base = (self.tile_end - self.nt).mul_(b).add_(self.r0 - h0).sub_(start)
+            if base is None:
+                dest = i + tile_base[e]
+            else:
+                dest = i + torch.where(i - start[e] < h0, base[e], tile_base[e])
+        else:
+            dest = i + base[e] if base is not None else torch.full_like(i, self.rows)
+        # rows past offs[-1], and (only for offsets the checks would refuse) rows past the tile bound: the dump row
+        self.dest = torch.where(self.valid, dest, self.rows).clamp_(max=self.rows)   # [M] int64
+
+    @functools.cached_property
+    def tile_expert(self) -> Tensor:
+        """[n_tiles] int64: the expert of each tile."""
+        n = self.plan.n_tiles
+        t = torch.arange(n, device=self.dest.device)
+        return torch.searchsorted(self.tile_end, t, right=True).clamp_(max=max(self.e_count - 1, 0))
+
+    @functools.cached_property
+    def row_expert(self) -> Tensor:
+        """[R + 1] int64: the expert of each buffer row (0 for the dump row)."""
+        dev, h0, b = self.dest.device, self.plan.h0, self.plan.b
+        parts = [torch.arange(self.r0, device=dev).div_(h0, rounding_mode="floor")] if h0 else []
+        if self.plan.n_tiles:
+            parts.append(self.tile_expert.repeat_interleave(b))
+        parts.append(torch.zeros(1, dtype=torch.long, device=dev))
+        return torch.cat(parts)
+
+    @functools.cached_property
+    def row_live(self) -> Tensor:
+        """[R + 1] bool: the buffer row holds a routed row."""
+        live = torch.zeros(self.rows + 1, dtype=torch.bool, device=self.dest.device)
+        live.index_fill_(0, self.dest, True)
+        live.narrow(0, self.rows, 1).fill_(False)  # the dump row (no host scalar: capture-safe)
+        return live
+
+    @functools.cached_property
+    def tile_offsets(self) -> Tensor:
+        """[E + 1] int64: expert e's tiles are tile_offsets[e]:tile_offsets[e+1]."""
+        return torch.cat([self.tile_end.new_zeros(1), self.tile_end.clamp(max=self.plan.n_tiles)])
+
+    @functools.cached_property
+    def hot(self) -> tuple[Tensor, Tensor]:
+        """(hot_expert [H], hot_offsets [H + 1]), H = min(E, n_tiles): the experts with tiles in order, then
+        E - 1 with empty segments (padding entries), and each one's tiles."""
+        e_count, n, nt = self.e_count, self.plan.n_tiles, self.nt
+        dev = nt.device
+        n_hot = min(e_count, n)
+        is_hot = nt > 0
+        hot = torch.full((n_hot + 1,), e_count, dtype=torch.long, device=dev)
+        hot.index_copy_(0, torch.where(is_hot, torch.cumsum(is_hot, 0) - 1, n_hot).clamp(max=n_hot),
+                        torch.arange(e_count, device=dev))
+        hot = hot[:n_hot]
+        nt_ext = torch.cat([nt, nt.new_zeros(1)])
+        offsets = torch.cat([nt.new_zeros(1), torch.cumsum(nt_ext[hot], 0).clamp(max=n)])
+        return hot.clamp(max=e_count - 1), offsets
 
 
 def _layout(offs: Tensor, m: int, plan: Plan) -> _Layout:
-    dev = offs.device
-    e_count = offs.shape[0]
-    h0, b, n = plan.h0, plan.b, plan.n_tiles
-    r0 = e_count * h0
-    rows = r0 + n * b
-    ends = offs.long()
-    starts = torch.cat([ends.new_zeros(1), ends[:-1]])
-    counts = ends - starts
-    i = torch.arange(m, device=dev)
-    e = torch.searchsorted(ends, i, right=True)
-    valid = e < e_count
-    e = e.clamp(max=e_count - 1)
-    j = i - starts[e]
-    nt = torch.div(torch.clamp(counts - h0, min=0) + (b - 1), b, rounding_mode="floor")
-    tile_end = torch.cumsum(nt, 0)
-    jo = torch.clamp(j - h0, min=0)
-    tile = tile_end[e] - nt[e] + torch.div(jo, b, rounding_mode="floor")
-    dest = torch.where(j < h0, e * h0 + j, r0 + tile * b + jo % b)
-    # rows past offs[-1], and (only for offsets the checks would refuse) a tile past the bound: dump row
-    dest = torch.where(valid & ((j < h0) | (tile < n)), dest, rows)
-    t = torch.arange(n, device=dev)
-    tile_expert = torch.searchsorted(tile_end, t, right=True).clamp(max=max(e_count - 1, 0))
-    row_expert = torch.cat([torch.arange(e_count, device=dev).repeat_interleave(h0),
-                            tile_expert.repeat_interleave(b), torch.zeros(1, dtype=torch.long, device=dev)])
-    row_live = torch.zeros(rows + 1, dtype=torch.bool, device=dev)
-    row_live.index_fill_(0, dest, True)
-    row_live.narrow(0, rows, 1).fill_(False)  # the dump row (no host scalar: capture-safe)
-    tile_offsets = torch.cat([tile_end.new_zeros(1), tile_end.clamp(max=n)])
-    n_hot = min(e_count, n)
-    is_hot = nt > 0
-    hot = torch.full((n_hot + 1,), e_count, dtype=torch.long, device=dev)
-    hot.index_copy_(0, torch.where(is_hot, torch.cumsum(is_hot, 0) - 1, n_hot).clamp(max=n_hot),
-                    torch.arange(e_count, device=dev))
-    hot = hot[:n_hot]
-    nt_ext = torch.cat([nt, nt.new_zeros(1)])
-    hot_offsets = torch.cat([nt.new_zeros(1), torch.cumsum(nt_ext[hot], 0).clamp(max=n)])
-    return _Layout(dest, valid, row_expert, row_live, tile_expert, tile_offsets, hot.clamp(max=e_count - 1),
-                   hot_offsets, r0, rows)
+    return _Layout(offs, m, plan)
 
 
 def _to_buffer(src: Tensor, idx: Optional[Tensor], lay: _Layout, pad_cols: int = 0) -> Tensor:
@@ -186,8 +222,8 @@ def _to_buffer(src: Tensor, idx: Optional[Tensor], lay: _Layout, pad_cols: int =
     m, n = lay.dest.shape[0], src.shape[0]
     rows = idx.long() if idx is not None else torch.arange(m, device=src.device)
     buf_src = torch.full((lay.rows + 1,), n, dtype=torch.long, device=src.device)
-    buf_src.index_copy_(0, lay.dest, torch.where(lay.valid, rows, n))
-    buf_src.narrow(0, lay.rows, 1).fill_(n)
+    buf_src.index_copy_(0, lay.dest, rows)  # padding entries all land in the dump row ...
+    buf_src.narrow(0, lay.rows, 1).fill_(n)  # ... which then reads the zero row
     return torch.nn.functional.pad(src, (0, pad_cols, 0, 1)).index_select(0, buf_src)
 
 
@@ -217,7 +253,28 @@ def _bmm_out_dtype_ok(device_type: str) -> bool:
 def _mm_into(a: Tensor, b: Tensor, o: Tensor) -> None:
     """``o = a @ b`` batched, accumulated in fp32; ``o`` in the inputs' dtype or fp32. An fp32 ``o`` of bf16
     inputs: ``bmm(out_dtype=fp32)`` on CUDA, the fp32 product on the CPU (the same values); a CUDA torch
-    without ``out_dtype`` rounds to bf16 first (an fp32 GEMM there would cost 4-8x)."""
+    without ``out_dtype`` rounds to bf16 first (an fp32 GEMM there would cost 4-8x).
+
+    M and N not multiples of 8 (f = 5461) are split into a part of a multiple of 8 and a remainder of at
+    most 7, and so is K when ``o`` is fp32 (the remainder's product added in fp32): cuBLAS takes its
+    unaligned kernels for the whole product otherwise (measured on the H200 at b1: the wide projection
+    1.17 ms). The same split on every device, so the summation order does not depend on it."""
+    m, k, n = a.shape[1], a.shape[2], b.shape[2]
+    if n % 8 and n > 8:
+        n8 = n - n % 8
+        _mm_into(a, b[..., :n8], o[..., :n8])
+        _mm_into(a, b[..., n8:], o[..., n8:])
+        return
+    if m % 8 and m > 8:
+        m8 = m - m % 8
+        _mm_into(a[:, :m8], b, o[:, :m8])
+        _mm_into(a[:, m8:], b, o[:, m8:])
+        return
+    if k % 8 and k > 8 and o.dtype == torch.float32:
+        k8 = k - k % 8
+        _mm_into(a[..., :k8], b[:, :k8], o)
+        o.add_(_mm32(a[..., k8:], b[:, k8:]))
+        return
     if o.dtype == a.dtype:
         torch.bmm(a, b, out=o)
     elif _bmm_out_dtype_ok(a.device.type):
@@ -267,9 +324,9 @@ def _project_wide(buf: Tensor, w: Tensor, w_tiles: Optional[Tensor], lay: _Layou
     da, ta = _parts(buf, lay, plan, e_count)
     do, to = _parts(out, lay, plan, e_count)
     if plan.h0:
-        torch.bmm(da, w, out=do[..., :n_out])
+        _mm_into(da, w, do[..., :n_out])
     if plan.n_tiles:
-        torch.bmm(ta, w_tiles, out=to[..., :n_out])
+        _mm_into(ta, w_tiles, to[..., :n_out])
     return out
 
 
@@ -284,13 +341,14 @@ def _weight_grad(a_buf: Tensor, b_buf: Tensor, lay: _Layout, plan: Plan, e_count
     aa, at = _parts(a_buf, lay, plan, e_count)
     ba, bt = _parts(b_buf, lay, plan, e_count)
     if plan.h0:
-        g = torch.bmm(aa.transpose(1, 2), ba)
+        g = torch.empty(e_count, a_dim, b_dim, dtype=a_buf.dtype, device=a_buf.device)
+        _mm_into(aa.transpose(1, 2), ba, g)
     else:
         g = torch.zeros(e_count, a_dim, b_dim, dtype=a_buf.dtype, device=a_buf.device)
     if plan.n_tiles:  # only the experts with tiles; the padding entries add exact zeros
         part = _mm32(at.transpose(1, 2), bt).reshape(plan.n_tiles, a_dim * b_dim)
-        tiles = torch.segment_reduce(part, "sum", offsets=lay.hot_offsets, axis=0, unsafe=True)
-        g.index_add_(0, lay.hot_expert, tiles.view(-1, a_dim, b_dim).to(g.dtype))
+        tiles = torch.segment_reduce(part, "sum", offsets=lay.hot[1], axis=0, unsafe=True)
+        g.index_add_(0, lay.hot[0], tiles.view(-1, a_dim, b_dim).to(g.dtype))
     return g
 
 
@@ -323,7 +381,7 @@ def combine_rows(rows_of: Tensor, rows_src: Tensor, target: Tensor, valid: Tenso
     skey = key[order]
     if fan > 0:
         rank = torch.arange(m, device=key.device) - torch.searchsorted(skey, skey)
-        slot = torch.where(skey < num_out_rows, skey * fan + rank, num_out_rows * fan)
+        slot = (skey * fan + rank).clamp_(max=num_out_rows * fan)  # padding rows (key T): the spare slot
         table = torch.full((num_out_rows * fan + 1,), dump, dtype=torch.long, device=key.device)
         table.index_copy_(0, slot, rows_src[order])
         t = rows_of.index_select(0, table[:num_out_rows * fan]).view(num_out_rows, fan, rows_of.shape[1])
@@ -338,17 +396,6 @@ def combine_rows(rows_of: Tensor, rows_src: Tensor, target: Tensor, valid: Tenso
     bounds = torch.searchsorted(skey, torch.arange(num_out_rows + 1, device=key.device))
     data = rows_of.index_select(0, rows_src[order])[:, :c]
     return torch.segment_reduce(data, "sum", offsets=bounds, axis=0, unsafe=True)
-
-
-def _fan(idx: Optional[Tensor], valid: Tensor, n: int) -> Tensor:
-    """The most valid routed rows any of the ``n`` rows of ``idx`` receives (a 0-dim device tensor). Entries
-    outside ``[0, n)`` are not counted (the value check that runs in the same host read reports them)."""
-    if idx is None:
-        return torch.ones((), dtype=torch.long, device=valid.device)
-    cnt = torch.zeros(n + 1, dtype=torch.long, device=valid.device)
-    v = idx.long()
-    cnt.index_add_(0, torch.where(valid & (v >= 0) & (v < n), v, n), torch.ones_like(valid, dtype=torch.long))
-    return cnt[:n].amax() if n else cnt.new_zeros(())
 
 
 # ---- activations in NVFP4 (the sm_120 W4A4 recipe) ---------------------------------------------
@@ -402,8 +449,8 @@ def _forward_core(x, offs, w_gate, w_up, w_down, s_gate, s_up, row_weight, gathe
     else:
         a = _project(xb, w_gate, wg_t, lay, plan, True)
         b = _project(xb, w_up, wu_t, lay, plan, True)
-    g = a * s_gate.float()[lay.row_expert] if s_gate is not None else a
-    u = b * s_up.float()[lay.row_expert] if s_up is not None else b
+    g = a * s_gate[lay.row_expert] if s_gate is not None else a
+    u = b * s_up[lay.row_expert] if s_up is not None else b
     z = torch.nn.functional.silu(g) * u
     if not need_y:
         return lay, xb, a, b, g, u, z, None
@@ -438,16 +485,10 @@ def _plan_for(offs: Tensor, m: int, w_gate: Tensor, w_down: Tensor, gather_idx=N
     capturing = offs.is_cuda and torch.cuda.is_current_stream_capturing()
     if capturing or torch.compiler.is_compiling() or e_count == 0:
         return static_plan(m, e_count)
-    check = config.check_values
-    valid = torch.arange(m, device=offs.device) < offs[-1]
-    zero = offs.new_zeros((), dtype=torch.long)
-    parts = [_validate.value_facts(offs, m, gather_idx, scatter_idx) if check else offs.long(),
-             torch.stack([_fan(scatter_idx, valid, num_out_rows or 0) if scatter_idx is not None else zero,
-                          _fan(gather_idx, valid, x_rows) if gather_idx is not None else zero])]
-    host = torch.cat(parts).tolist()
-    facts, (fan_out, fan_in) = host[:-2], host[-2:]
-    if check:
-        _validate.check_value_facts(facts, m, x_rows, num_out_rows)
+    facts = _validate.routing_facts(offs, m, gather_idx, x_rows, scatter_idx, num_out_rows).tolist()
+    if config.check_values:
+        _validate.check_routing_facts(facts, m, x_rows, num_out_rows)
+    fan_in, fan_out = facts[-4], facts[-1]
     ends = facts[:e_count]
     counts = [max(b - a, 0) for a, b in zip([0] + ends[:-1], ends)]
     plan = plan_from_counts(counts, w_gate.shape[1], w_gate.shape[2], w_down.shape[2])
@@ -575,8 +616,8 @@ def _backward(grad_out, x, offs, w_gate, w_up, w_down, s_gate, s_up, row_weight,
         grads[4] = _expert_sum(torch.where(live, dg * a, 0), lay, plan, e_count)
     if needs_grad[5] and s_up is not None:
         grads[5] = _expert_sum(torch.where(live, du * b, 0), lay, plan, e_count)
-    da = dg * s_gate.float()[lay.row_expert] if s_gate is not None else dg
-    db = du * s_up.float()[lay.row_expert] if s_up is not None else du
+    da = dg * s_gate[lay.row_expert] if s_gate is not None else dg
+    db = du * s_up[lay.row_expert] if s_up is not None else du
     da_c, db_c = da.to(dt), db.to(dt)
     if needs_grad[1]:
         grads[1] = _weight_grad(xb, da_c, lay, plan, e_count)

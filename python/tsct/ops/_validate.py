@@ -12,7 +12,6 @@ from tsct.quant import is_quantized
 
 _FLOAT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 _INDEX_DTYPES = (torch.int32, torch.int64)
-_I64 = torch.iinfo(torch.int64)
 
 
 def _shape(t) -> tuple:
@@ -163,9 +162,9 @@ def _assert_values_async(offs, m, gather_idx, t_rows, scatter_idx, num_out_rows)
 def check_index_values(offs, m, gather_idx, t_rows, scatter_idx, num_out_rows, *, deferred: bool = False) -> None:
     """The value checks of ``grouped_glu`` (``tsct.config.check_values``): ``offs`` non-negative,
     non-decreasing, ``offs[-1] <= M``; ``gather_idx[:offs[-1]]`` in ``[0, x rows)``, ``scatter_idx[:offs[-1]]``
-    in ``[0, num_out_rows)``. Eager: one host read (``value_facts``). Compiling or capturing: device-side
-    asserts. ``deferred``: the caller reads ``value_facts`` with its own host read and checks them with
-    ``check_value_facts`` (one sync per call instead of two). Raises ValueError naming the argument."""
+    in ``[0, num_out_rows)``. Eager: one host read (``routing_facts``). Compiling or capturing: device-side
+    asserts. ``deferred``: the caller reads ``routing_facts`` with its own host read and checks them with
+    ``check_routing_facts`` (one sync per call instead of two). Raises ValueError naming the argument."""
     if not config.check_values or not _has_values(offs):
         return
     if not _values_readable(offs):
@@ -174,25 +173,31 @@ def check_index_values(offs, m, gather_idx, t_rows, scatter_idx, num_out_rows, *
         _check_values(offs, m, gather_idx, t_rows, scatter_idx, num_out_rows)
 
 
-def value_facts(offs: Tensor, m: int, gather_idx: Optional[Tensor], scatter_idx: Optional[Tensor]) -> Tensor:
-    """``[E + 4]`` int64 on ``offs``' device, computed without a host read: ``offs``, then the smallest and
-    largest entry of ``gather_idx[:offs[-1]]`` and of ``scatter_idx[:offs[-1]]`` (``(int64 max, int64 min)``
-    for an absent index or no routed row)."""
+def routing_facts(offs: Tensor, m: int, gather_idx: Optional[Tensor], t_rows: int, scatter_idx: Optional[Tensor],
+                  num_out_rows: Optional[int]) -> Tensor:
+    """``[E + 6]`` int64 on ``offs``' device, computed without a host read: ``offs``, then for ``gather_idx``
+    (bound: the rows of x) and ``scatter_idx`` (bound: ``num_out_rows``) over the routed rows (``[:offs[-1]]``):
+    how many entries are below 0, how many at or above the bound, and the most routed rows one row of the
+    bound receives (its fan; 0 for an absent index). One ``index_add_`` of counts per index."""
     o = offs.long()
     parts = [o]
     valid = torch.arange(m, device=offs.device) < o[-1] if (m and o.numel()) else None
-    for idx in (gather_idx, scatter_idx):
+    ones = o.new_ones(()).expand(m)
+    for idx, bound in ((gather_idx, t_rows), (scatter_idx, num_out_rows)):
         if idx is None or valid is None:
-            parts.append(o.new_tensor([_I64.max, _I64.min]))
+            parts.append(o.new_zeros(3))
             continue
-        v = idx.long()
-        parts.append(torch.stack([torch.where(valid, v, _I64.max).amin(), torch.where(valid, v, _I64.min).amax()]))
+        # slots: 0 padding row, 1 below 0, 2 .. bound + 1 the rows of the bound, bound + 2 at or above it
+        slot = torch.where(valid, idx.long().clamp(-1, bound) + 2, 0)
+        cnt = o.new_zeros(bound + 3).index_add_(0, slot, ones)
+        fan = cnt[2:bound + 2].amax() if bound else cnt[0] * 0
+        parts.append(torch.stack([cnt[1], cnt[bound + 2], fan]))
     return torch.cat(parts)
 
 
-def check_value_facts(facts, m: int, t_rows: int, num_out_rows: Optional[int]) -> None:
-    """Check ``value_facts`` read on the host (a list of ints); ValueError naming the argument."""
-    o, (g_lo, g_hi, s_lo, s_hi) = facts[:-4], facts[-4:]
+def check_routing_facts(facts, m: int, t_rows: int, num_out_rows: Optional[int]) -> None:
+    """Check ``routing_facts`` read on the host (a list of ints); ValueError naming the argument."""
+    o, g, sc = facts[:-6], facts[-6:-3], facts[-3:]
     if o:
         if o[0] < 0:
             raise ValueError(f"grouped_glu: offs must be non-negative end offsets, offs[0] = {o[0]}")
@@ -202,10 +207,12 @@ def check_value_facts(facts, m: int, t_rows: int, num_out_rows: Optional[int]) -
                                  f"offs[{i - 1}] = {o[i - 1]}")
         if o[-1] > m:
             raise ValueError(f"grouped_glu: offs[-1] = {o[-1]} exceeds M = {m} routed rows")
-    for name, lo, hi, bound in (("gather_idx", g_lo, g_hi, t_rows), ("scatter_idx", s_lo, s_hi, num_out_rows)):
-        if lo <= hi and (lo < 0 or hi >= bound):
-            raise ValueError(f"grouped_glu: {name}[:offs[-1]] must lie in [0, {bound}), found values in [{lo}, {hi}]")
+    for name, (below, above, _), bound in (("gather_idx", g, t_rows), ("scatter_idx", sc, num_out_rows)):
+        if below or above:
+            raise ValueError(f"grouped_glu: {name}[:offs[-1]] must lie in [0, {bound}), found {below} entries below 0 "
+                             f"and {above} at or above {bound}")
 
 
 def _check_values(offs, m, gather_idx, t_rows, scatter_idx, num_out_rows) -> None:
-    check_value_facts(value_facts(offs, m, gather_idx, scatter_idx).tolist(), m, t_rows, num_out_rows)
+    facts = routing_facts(offs, m, gather_idx, t_rows, scatter_idx, num_out_rows).tolist()
+    check_routing_facts(facts, m, t_rows, num_out_rows)
