@@ -38,6 +38,7 @@ import dataclasses
 import functools
 from typing import Optional, Sequence
 
+import numpy as np
 import torch
 from torch import Tensor
 
@@ -93,19 +94,19 @@ def plan_from_counts(counts: Sequence[int], d: int, r: int, f: int) -> Plan:
     ``12 (2 d r + r f)``); a plan with tiles costs ``TILE_PART_BYTES`` more. Candidates: ``h0`` in 0 and
     the counts' values rounded up to 8 (at most 33 quantiles), tile heights ``TILE_ROWS``.
     """
-    import numpy as np
-
     c = np.asarray(counts, dtype=np.int64)
     e = c.size
     if e == 0 or int(c.max(initial=0)) == 0:
         return Plan(0, TILE_ROWS[0], 0)
     row = 18 * d + 12 * f
     tile_w = 20 * (2 * d * r + r * f)
-    qs = np.unique(np.quantile(c, np.linspace(0, 1, 33), method="higher").astype(np.int64))
-    cands = np.unique(np.concatenate([[0], -(-qs // 8) * 8]))
-    over = np.clip(c[None, :] - cands[:, None], 0, None)                       # [K, E]
+    vals, mult = np.unique(c, return_counts=True)                               # V distinct counts: V <= E
+    pos = np.ceil(np.linspace(0, 1, 33) * (e - 1)).astype(np.int64)             # the 33 "higher" quantiles
+    qs = vals[np.searchsorted(np.cumsum(mult), pos, side="right")]
+    cands = np.unique(np.concatenate([[0], -(-qs // 8) * 8]))                  # K <= 33 heights
+    over = np.clip(vals[None, :] - cands[:, None], 0, None)                    # [K, V]
     b = np.asarray(TILE_ROWS, dtype=np.int64)
-    nt = (-(-over[:, None, :] // b[None, :, None])).sum(2)                      # [K, len(TILE_ROWS)]
+    nt = ((-(-over[:, None, :] // b[None, :, None])) * mult).sum(2)             # [K, len(TILE_ROWS)]
     cost = e * cands[:, None] * row + nt * (b[None, :] * row + tile_w) + np.where(nt > 0, TILE_PART_BYTES, 0)
     k, j = np.unravel_index(int(np.argmin(cost)), cost.shape)                   # first minimum: smallest h0, b
     return Plan(int(cands[k]), int(b[j]), int(nt[k, j]))
@@ -143,8 +144,7 @@ class _Layout:
         self.r0 = e_count * h0
         self.rows = self.r0 + n * b
         ends = offs.long()
-        counts = torch.diff(ends, prepend=ends.new_zeros(1))
-        start = ends - counts
+        start = torch.cat([ends.new_zeros(1), ends[:-1]])
         i = torch.arange(m, device=dev)
         e = torch.searchsorted(ends, i, right=True)
         self.valid = e < e_count                                          # [M] bool: a routed row
@@ -152,7 +152,7 @@ class _Layout:
         # row i of expert e, j = i - start[e]: dense row e*h0 + j (j < h0), else row j - h0 of e's tiles
         base = torch.arange(0, self.r0, h0, device=dev) - start if h0 else None
         if n:
-            self.nt = (counts - h0).clamp_(min=0).add_(b - 1).div_(b, rounding_mode="floor")
+            self.nt = (ends - start).sub_(h0).clamp_(min=0).add_(b - 1).div_(b, rounding_mode="floor")
             self.tile_end = torch.cumsum(self.nt, 0)
             tile_base = (self.tile_end - self.nt).mul_(b).add_(self.r0 - h0).sub_(start)
             if base is None:
@@ -220,18 +220,11 @@ def _to_buffer(src: Tensor, idx: Optional[Tensor], lay: _Layout, pad_cols: int =
     every other row is exactly 0 (so no NaN or inf of another row can reach a product): one gather from
     ``src`` with a zero row (and ``pad_cols`` columns, 16-byte rows at odd widths) appended."""
     m, n = lay.dest.shape[0], src.shape[0]
-    rows = idx.long() if idx is not None else torch.arange(m, device=src.device)
-    buf_src = torch.full((lay.rows + 1,), n, dtype=torch.long, device=src.device)
+    rows = idx if idx is not None else torch.arange(m, device=src.device)
+    buf_src = torch.full((lay.rows + 1,), n, dtype=rows.dtype, device=src.device)
     buf_src.index_copy_(0, lay.dest, rows)  # padding entries all land in the dump row ...
     buf_src.narrow(0, lay.rows, 1).fill_(n)  # ... which then reads the zero row
     return torch.nn.functional.pad(src, (0, pad_cols, 0, 1)).index_select(0, buf_src)
-
-
-def _row_ids(idx: Optional[Tensor], valid: Tensor) -> Optional[Tensor]:
-    """gather/scatter indices with padding entries (never read, possibly garbage) replaced by 0."""
-    if idx is None:
-        return None
-    return torch.where(valid, idx.long(), 0)
 
 
 # ---- products ----------------------------------------------------------------------------------
@@ -377,8 +370,7 @@ def combine_rows(rows_of: Tensor, rows_src: Tensor, target: Tensor, valid: Tenso
     if m == 0 or num_out_rows == 0:
         return rows_of.new_zeros(num_out_rows, c)
     key = torch.where(valid, target, num_out_rows)
-    order = torch.sort(key, stable=True).indices
-    skey = key[order]
+    skey, order = torch.sort(key, stable=True)
     if fan > 0:
         rank = torch.arange(m, device=key.device) - torch.searchsorted(skey, skey)
         slot = (skey * fan + rank).clamp_(max=num_out_rows * fan)  # padding rows (key T): the spare slot
@@ -393,7 +385,7 @@ def combine_rows(rows_of: Tensor, rows_src: Tensor, target: Tensor, valid: Tenso
         for s in range(1, fan):
             acc += t[:, s, :c]
         return acc.to(rows_of.dtype)
-    bounds = torch.searchsorted(skey, torch.arange(num_out_rows + 1, device=key.device))
+    bounds = torch.searchsorted(skey, torch.arange(num_out_rows + 1, device=key.device, dtype=skey.dtype))
     data = rows_of.index_select(0, rows_src[order])[:, :c]
     return torch.segment_reduce(data, "sum", offsets=bounds, axis=0, unsafe=True)
 
@@ -489,8 +481,7 @@ def _plan_for(offs: Tensor, m: int, w_gate: Tensor, w_down: Tensor, gather_idx=N
     if config.check_values:
         _validate.check_routing_facts(facts, m, x_rows, num_out_rows)
     fan_in, fan_out = facts[-4], facts[-1]
-    ends = facts[:e_count]
-    counts = [max(b - a, 0) for a, b in zip([0] + ends[:-1], ends)]
+    counts = np.diff(np.asarray(facts[:e_count], dtype=np.int64), prepend=0).clip(0)
     plan = plan_from_counts(counts, w_gate.shape[1], w_gate.shape[2], w_down.shape[2])
     return dataclasses.replace(plan, fan_out=max(fan_out, 1), fan_in=max(fan_in, 1))
 
@@ -535,7 +526,7 @@ def _forward_saved(x, offs, w_gate, w_up, w_down, s_gate=None, s_up=None, row_we
                                              plan, activations)
     f = w_down.shape[2]
     if scatter_idx is not None:
-        out = combine_rows(y, lay.dest, _row_ids(scatter_idx, lay.valid), lay.valid, num_out_rows, plan.fan_out, f)
+        out = combine_rows(y, lay.dest, scatter_idx, lay.valid, num_out_rows, plan.fan_out, f)
     else:
         out = torch.where(lay.valid.unsqueeze(1), y.index_select(0, lay.dest)[:, :f], 0)
     return out.to(x.dtype).view(-1, f), [plan.as_tensor()]
@@ -630,7 +621,7 @@ def _backward(grad_out, x, offs, w_gate, w_up, w_down, s_gate, s_up, row_weight,
         dxb = _project(da_c, w_gate.transpose(1, 2), wg_t, lay, plan, False)
         dxb += _project(db_c, w_up.transpose(1, 2), wu_t, lay, plan, False)
         if gather_idx is not None:
-            grads[0] = combine_rows(dxb, lay.dest, _row_ids(gather_idx, lay.valid), lay.valid, x.shape[0], plan.fan_in)
+            grads[0] = combine_rows(dxb, lay.dest, gather_idx, lay.valid, x.shape[0], plan.fan_in)
         else:
             grads[0] = torch.where(lay.valid.unsqueeze(1), dxb.index_select(0, lay.dest), 0)
     inputs = (x, w_gate, w_up, w_down, s_gate, s_up, row_weight)

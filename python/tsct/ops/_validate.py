@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Optional
 
+import numpy as np
 import torch
 from torch import Tensor
 
@@ -188,7 +189,7 @@ def routing_facts(offs: Tensor, m: int, gather_idx: Optional[Tensor], t_rows: in
             parts.append(o.new_zeros(3))
             continue
         # slots: 0 padding row, 1 below 0, 2 .. bound + 1 the rows of the bound, bound + 2 at or above it
-        slot = torch.where(valid, idx.long().clamp(-1, bound) + 2, 0)
+        slot = torch.where(valid, idx.clamp(-1, bound) + 2, 0)
         cnt = o.new_zeros(bound + 3).index_add_(0, slot, ones)
         fan = cnt[2:bound + 2].amax() if bound else cnt[0] * 0
         parts.append(torch.stack([cnt[1], cnt[bound + 2], fan]))
@@ -201,10 +202,11 @@ def check_routing_facts(facts, m: int, t_rows: int, num_out_rows: Optional[int])
     if o:
         if o[0] < 0:
             raise ValueError(f"grouped_glu: offs must be non-negative end offsets, offs[0] = {o[0]}")
-        for i in range(1, len(o)):
-            if o[i] < o[i - 1]:
-                raise ValueError(f"grouped_glu: offs must be non-decreasing, offs[{i}] = {o[i]} < "
-                                 f"offs[{i - 1}] = {o[i - 1]}")
+        dec = np.flatnonzero(np.diff(np.asarray(o, dtype=np.int64)) < 0)
+        if dec.size:
+            i = int(dec[0]) + 1
+            raise ValueError(f"grouped_glu: offs must be non-decreasing, offs[{i}] = {o[i]} < "
+                             f"offs[{i - 1}] = {o[i - 1]}")
         if o[-1] > m:
             raise ValueError(f"grouped_glu: offs[-1] = {o[-1]} exceeds M = {m} routed rows")
     for name, (below, above, _), bound in (("gather_idx", g, t_rows), ("scatter_idx", sc, num_out_rows)):
