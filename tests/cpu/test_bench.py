@@ -41,7 +41,8 @@ def test_small_run_lists_every_arm_with_plausible_figures(small_run):
     expected |= {f"tsct-{p}-{f}" for p in dispatch.PATHS for f in ("bf16", "nvfp4", "sign")
                  if arms._path_serves_format(p, f)}
     expected |= {"tsct-triton-lowbit-nvfp4-ste", "tsct-triton-lowbit-sign-ste"}  # packed factors + masters
-    expected |= {"tsct-triton-bf16-bf16-kmajor"}  # the same w_down values stored K-major (decision 0012)
+    # the same w_down values stored K-major (decision 0012)
+    expected |= {"tsct-triton-bf16-bf16-kmajor", "tsct-bmm-bf16-kmajor"}
     assert set(by_name) == expected
     for a in res["arms"]:
         assert a["status"] in ("ran", "refused", "unavailable", "error"), a
@@ -378,7 +379,7 @@ def test_sweep_runs_each_point_once_and_writes_json_and_plot(tmp_path):
     png = tmp_path / "sw.png"
     argv = ["--preset", "small", "--device", "cpu", "--tokens", "64", "--d", "64", "--f", "40", "--experts", "8",
             "--warmup", "1", "--iters", "2", "--min-iters", "1", "--copy-mb", "1", "--quiet", "--capacity-factor",
-            "0.5", "--arms", "padded-bmm,tsct-reference-*,tsct-bmm-*", "--formats", "bf16", "--sweep", "experts=4,8",
+            "0.5", "--arms", "padded-bmm,tsct-reference-*,tsct-bmm-bf16", "--formats", "bf16", "--sweep", "experts=4,8",
             "--sweep", "routing=softmax,zipf1.5", "--json", str(out)]
     if _has_matplotlib():
         argv += ["--plot", str(png)]

@@ -17,8 +17,9 @@ the expert math and the combine inside the timed span, sync-free.
                    sorted router weights). w_down row-major ([E, r, f] contiguous). With nvfp4 / sign
                    factors on a GPU, "triton-lowbit" is the W4A16 path auto takes (packed bytes decoded in
                    registers).
-    tsct-triton-bf16-<fmt>-kmajor  the same with the same values of w_down stored K-major (the transpose of
-                   a contiguous [E, f, r], nn.Linear's layout; decision 0012): the fast layout at odd f.
+    tsct-{triton-bf16,bmm}-<fmt>-kmajor  the same with the same values of w_down stored K-major (the transpose
+                   of a contiguous [E, f, r], nn.Linear's and tsct.nn's layout; decision 0012): the fast layout at
+                   odd f (16-byte aligned rows for the kernels and for cuBLAS).
     tsct-triton-lowbit-<fmt>-ste  the same call with the dense bf16 factors as MASTERS (masters=...): the
                    backward also computes the straight-through gradients of the masters (dW of the
                    decoded factors), so its forward+backward is the low-bit training step comparable
@@ -91,7 +92,7 @@ def all_arms(cfg: BenchConfig, dense_fmt: str) -> list[ArmSpec]:
         for fmt in fmts:
             if _path_serves_format(path, fmt):
                 specs.append(ArmSpec(f"tsct-{path}-{fmt}", TSCT, path, fmt))
-                if path == dispatch.TRITON_BF16 and fmt == dense_fmt:
+                if path in (dispatch.TRITON_BF16, dispatch.BMM) and fmt == dense_fmt:
                     specs.append(ArmSpec(f"tsct-{path}-{fmt}-kmajor", TSCT, path, fmt, "kmajor"))
                 if path == dispatch.TRITON_LOWBIT and fmt in ("nvfp4", "sign"):
                     specs.append(ArmSpec(f"tsct-{path}-{fmt}-ste", TSCT, path, fmt))

@@ -132,10 +132,11 @@ def grouped_glu(
     packed = any(quant.is_quantized(w) for w in facs)
     if path in (dispatch.REFERENCE, dispatch.BMM) or not packed:
         if packed:  # decode once per call; a master's STE gradient is the decoded factor's gradient
-            # in storage order (K contiguous): torch.bmm takes the transposed view without a copy
-            facs = tuple(_DecodedWithMaster.apply(quant.dequantize(w, dtype=x.dtype, contiguous=False), mt)
+            # bmm: in storage order (K contiguous), torch.bmm takes the transposed view without a copy
+            cont = path != dispatch.BMM
+            facs = tuple(_DecodedWithMaster.apply(quant.dequantize(w, dtype=x.dtype, contiguous=cont), mt)
                          if mt is not None else
-                         (quant.dequantize(w, dtype=x.dtype, contiguous=False) if quant.is_quantized(w) else w)
+                         (quant.dequantize(w, dtype=x.dtype, contiguous=cont) if quant.is_quantized(w) else w)
                          for w, mt in zip(facs, ms))
         key = dispatch.impl_key(path, activations, static=static)
         return grouped_glu_op(x, offs, *facs, s_gate, s_up, row_weight, gather_idx, scatter_idx, num_out_rows,
