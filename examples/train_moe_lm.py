@@ -178,7 +178,7 @@ def make_experts(cfg: Config, arm: str):
 
     args = (cfg.experts, cfg.d, cfg.r, cfg.f)
     if arm == "exact":
-        return lambda: PaddedBmmGLUExperts(*args, capacity_factor=None)
+        return lambda: PaddedBmmGLUExperts(*args, capacity_factor=None, intermediates="fp32")
     if arm == "padded-bmm":
         return lambda: PaddedBmmGLUExperts(*args, capacity_factor=cfg.capacity_factor)
     storage = {"tsct-bf16": "bf16", "tsct-nvfp4-ste": "nvfp4", "tsct-sign-ste": "sign"}[arm]
