@@ -8,6 +8,7 @@ the state_dict keys, so an A/B is a one-line change::
     experts = GroupedGLUExperts(E, d, r, f)            # tsct
     experts = PaddedBmmGLUExperts(E, d, r, f)          # padded bmm, capacity factor 2 (drops rows)
     experts = PaddedBmmGLUExperts(E, d, r, f, capacity_factor=None)   # padded bmm that drops nothing
+    experts = PaddedBmmGLUExperts(E, d, r, f, capacity_factor=None, intermediates="fp32")  # the oracle's math
     y = experts(x, topk_ids, topk_weights)              # x [T, d] -> y [T, f]
 
 The layers return the combined FFN-width output ``[T, f]``; the shared down-projection ``[f, d]`` that follows
