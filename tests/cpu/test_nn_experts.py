@@ -157,6 +157,30 @@ def test_grouped_and_dropless_padded_bmm_agree_in_bf16():
     assert rel(ya, yb) < 1e-2
 
 
+def test_fp32_intermediates_compute_the_float_oracles_math_under_autocast():
+    """The exact layer of the training A/B: under bf16 autocast, the operands rounded to bf16 and everything after them
+    in fp32 gives tsct's float oracle (impl="reference") to fp32 rounding, output and every gradient; the "compute"
+    intermediates (bf16 products and elementwise results, a bf16 backward) are a bf16 rounding away."""
+    x, ids, w = routing(seed=14)
+    go = torch.randn(T, F, generator=torch.Generator().manual_seed(15))
+
+    def run(m):
+        xx, ww = x.clone().requires_grad_(True), w.clone().requires_grad_(True)
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            y = m(xx, ids, ww)
+        (y.float() * go).sum().backward()
+        return [y, xx.grad, ww.grad] + [p.grad for p in m.parameters()]
+
+    want = run(layer(GroupedGLUExperts, impl="reference"))
+    assert want[0].dtype == torch.bfloat16
+    exact = run(layer(PaddedBmmGLUExperts, capacity_factor=None, intermediates="fp32"))
+    usual = run(layer(PaddedBmmGLUExperts, capacity_factor=None))
+    for name, a, b, c in zip(("y", "x", "topk_weights") + NAMES, exact, usual, want):
+        assert rel(a, c) < 1e-4, name
+        assert 1e-3 < rel(b, c) < 2e-2, name
+    assert "intermediates='fp32'" in repr(layer(PaddedBmmGLUExperts, intermediates="fp32"))
+
+
 # ---- low-bit storage ------------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("fmt", ["nvfp4", "sign"])
@@ -341,6 +365,8 @@ def test_constructor_errors_name_the_argument():
     GroupedGLUExperts(E, D, 24, F, storage="sign")  # 24 is a multiple of sign's 8
     with pytest.raises(ValueError, match="capacity_factor must be"):
         PaddedBmmGLUExperts(E, D, R, F, capacity_factor=0)
+    with pytest.raises(ValueError, match="intermediates must be one of"):
+        PaddedBmmGLUExperts(E, D, R, F, intermediates="bf16")
     with pytest.raises(TypeError, match="num_experts must be an int"):
         GroupedGLUExperts(8.0, D, R, F)
     m = layer(GroupedGLUExperts)

@@ -1,5 +1,6 @@
 """examples/train_moe_lm.py on the CPU: a tiny configuration trains every arm for a few steps and writes its JSON;
-two runs with the same seed give the same losses."""
+two runs with the same seed give the same losses; the gate pairs tsct-bf16 with the exact layer on its own
+trajectory and fails a layer whose gradient is wrong; the replicate arm starts one part in a million away."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import pathlib
 import sys
 
 import pytest
+import torch
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 
@@ -47,7 +49,15 @@ def test_tiny_run_writes_the_curves_of_every_arm_and_repeats_bit_for_bit(lm, tmp
     drop = res["arms"]["padded-bmm"]["dropped_fraction"]
     assert len(drop) == 4 and all(0 <= v < 1 for v in drop)
     assert set(res["gaps"]) == set(lm.ARMS) - {"exact"}
-    assert res["gate"]["arm"] == "tsct-bf16" and res["gate"]["pass"] in (True, False)
+    assert "intermediates='fp32'" in res["arms"]["exact"]["layer"]
+    gate, paired = res["gate"], res["arms"]["tsct-bf16"]["paired"]
+    assert gate["arm"] == "tsct-bf16" and gate["reference"] == "exact" and gate["threshold"] == 0.01
+    assert len(paired["val_loss_exact_layer"]) == len(paired["grad_rel_error"]) == 2
+    # fp32 on the CPU: the two layers compute the same numbers up to the order of fp32 sums
+    assert gate["pass"] is True
+    assert gate["paired_val_max_abs_rel_gap"] < 1e-5 and gate["paired_grad_max_rel_error"] < 1e-4
+    assert gate["noise_band"] == res["gaps"]["exact-replicate"]["max_abs_rel_gap"]
+    assert gate["trajectory_max_abs_rel_gap"] == res["gaps"]["tsct-bf16"]["max_abs_rel_gap"]
     png = path.with_suffix(".png")
     assert png.exists() == (importlib.util.find_spec("matplotlib") is not None)
 
@@ -63,3 +73,40 @@ def test_arguments_are_checked(lm, tmp_path, capsys):
     assert "unknown ['tsct-fp8']" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         lm.main(["--preset", "cpu"])  # no --out
+
+
+def test_gate_fails_a_layer_with_a_wrong_gradient(lm, tmp_path, monkeypatch):
+    """s_up detached: the forward is right (the validation loss through the exact layer agrees), the gradient is not."""
+    from tsct.nn import GroupedGLUExperts
+
+    class NoScaleGradient(GroupedGLUExperts):
+        def scales(self, dtype):
+            s_gate, s_up = super().scales(dtype)
+            return s_gate, s_up.detach()
+
+    real = lm.make_experts
+
+    def make(cfg, arm):
+        if arm == "tsct-bf16":
+            return lambda: NoScaleGradient(cfg.experts, cfg.d, cfg.r, cfg.f)
+        return real(cfg, arm)
+
+    monkeypatch.setattr(lm, "make_experts", make)
+    out = tmp_path / "o"
+    argv = ["--preset", "cpu", "--steps", "2", "--eval-every", "2", "--arms", "tsct-bf16", "--out", str(out)]
+    assert lm.main(argv + ["--require-gate"]) == 1
+    (path,) = out.glob("*.json")
+    gate = json.loads(path.read_text())["gate"]
+    assert gate["pass"] is False and gate["paired_val_max_abs_rel_gap"] < 1e-5
+    assert gate["paired_grad_max_rel_error"] == pytest.approx(1.0)  # no gradient at all for s_up
+    assert gate["trajectory_max_abs_rel_gap"] is None and gate["noise_band"] is None  # no exact arm run
+
+
+def test_replicate_arm_starts_one_part_in_a_million_away(lm):
+    cfg = lm.Config(**lm.PRESETS["cpu"])
+    exact, tsct, rep = (lm.Arm(cfg, arm, 4).model for arm in ("exact", "tsct-bf16", "exact-replicate"))
+    for (name, p), q, r in zip(exact.named_parameters(), tsct.parameters(), rep.parameters()):
+        assert torch.equal(p, q), name  # the arms share their initial weights
+        if p.abs().max() > 0:
+            d = ((r - p).norm() / p.norm()).item()
+            assert 1e-7 < d < 1e-5, (name, d)

@@ -86,6 +86,31 @@ def test_grouped_layer_matches_the_padded_bmm_in_fp32():
         assert torch.equal(a, b)
 
 
+def test_exact_layer_under_autocast_is_the_float_oracle_and_the_grouped_layer_is_within_bf16_of_it():
+    """The training A/B's pair under bf16 autocast: the exact layer (fp32 intermediates; its fp32 bmm must not be
+    autocast back to bf16, and TF32 is exact for bf16 operands) against impl="reference", and the grouped layer on
+    the kernel path against the exact layer, per gradient tensor (what the A/B's gate checks)."""
+    x, ids, w = routing(seed=3)
+    go = torch.randn(T, F, device=DEV)
+
+    def under_autocast(m):  # the forward under autocast, the backward outside it (as torch recommends)
+        forward = m.forward
+
+        def autocast_forward(*args):
+            with torch.autocast("cuda", dtype=torch.bfloat16):
+                return forward(*args)
+
+        m.forward = autocast_forward
+        return run(m, x.float(), ids, w, go)
+
+    exact = under_autocast(layer(PaddedBmmGLUExperts, capacity_factor=None, intermediates="fp32"))
+    oracle = under_autocast(layer(impl="reference"))
+    grouped = under_autocast(layer())
+    for name, a, b, c in zip(("y", "x.grad", "w.grad") + NAMES, exact, oracle, grouped):
+        assert rel(a, b) < 1e-4, (name, rel(a, b))
+        assert rel(c, a) < TOL, (name, rel(c, a))
+
+
 @pytest.mark.parametrize("fmt", ["nvfp4", "sign"])
 def test_straight_through_layer_on_the_low_bit_kernels(fmt):
     m = layer(storage=fmt)

@@ -9,10 +9,11 @@
 How they fit FSDP2, torchtitan and Megatron: docs/distributed.md.
 """
 
-from tsct.nn.experts import ACTIVATIONS, STORAGES, GLUExpertBank, GroupedGLUExperts, PaddedBmmGLUExperts, compute_dtype
+from tsct.nn.experts import (ACTIVATIONS, INTERMEDIATES, STORAGES, GLUExpertBank, GroupedGLUExperts,
+                             PaddedBmmGLUExperts, compute_dtype)
 
-__all__ = ["ACTIVATIONS", "STORAGES", "GLUExpertBank", "GroupedGLUExperts", "PaddedBmmGLUExperts", "compute_dtype",
-           "ExpertParallelGLU"]
+__all__ = ["ACTIVATIONS", "INTERMEDIATES", "STORAGES", "GLUExpertBank", "GroupedGLUExperts", "PaddedBmmGLUExperts",
+           "compute_dtype", "ExpertParallelGLU"]
 
 
 def __getattr__(name):

@@ -8,6 +8,7 @@ the state_dict keys, so an A/B is a one-line change::
     experts = GroupedGLUExperts(E, d, r, f)            # tsct
     experts = PaddedBmmGLUExperts(E, d, r, f)          # padded bmm, capacity factor 2 (drops rows)
     experts = PaddedBmmGLUExperts(E, d, r, f, capacity_factor=None)   # padded bmm that drops nothing
+    experts = PaddedBmmGLUExperts(E, d, r, f, capacity_factor=None, intermediates="fp32")  # the oracle's math
     y = experts(x, topk_ids, topk_weights)              # x [T, d] -> y [T, f]
 
 The layers return the combined FFN-width output ``[T, f]``; the shared down-projection ``[f, d]`` that follows
@@ -22,11 +23,13 @@ Parameters (plain 3-D tensors, so FSDP2 shards them along E like any other):
 
 Precision: the layers compute in the autocast dtype when autocast is on for the input's device, else in
 ``x.dtype``; the parameters (any float dtype, e.g. fp32 masters) are cast to it in the forward. The router
-weights and the combine stay in fp32.
+weights and the combine stay in fp32. ``PaddedBmmGLUExperts(intermediates="fp32")`` keeps everything after the
+operands in fp32 (the float oracle's math, ``tsct.reference``).
 """
 
 from __future__ import annotations
 
+import contextlib
 import math
 from typing import Optional
 
@@ -36,12 +39,15 @@ from torch import Tensor, nn
 from tsct import config, quant
 from tsct.nn.capacity import capacity_slots, expert_counts
 
-__all__ = ["GLUExpertBank", "GroupedGLUExperts", "PaddedBmmGLUExperts", "STORAGES", "ACTIVATIONS", "compute_dtype"]
+__all__ = ["GLUExpertBank", "GroupedGLUExperts", "PaddedBmmGLUExperts", "STORAGES", "ACTIVATIONS", "INTERMEDIATES",
+           "compute_dtype"]
 
 #: factor storage of ``GroupedGLUExperts``
 STORAGES = ("bf16", "nvfp4", "sign")
 #: activation precision passed to ``tsct.ops.grouped_glu``
 ACTIVATIONS = ("bf16", "nvfp4")
+#: precision of ``PaddedBmmGLUExperts``' products and elementwise results
+INTERMEDIATES = ("compute", "fp32")
 FACTORS = ("w_gate", "w_up", "w_down")
 _K_MULTIPLE = {"nvfp4": 16, "sign": 8}  # the contraction dim K (d for w_gate/w_up, r for w_down) must divide
 _PACKED_FIELDS = {"nvfp4": ("codes", "block_scale", "global_scale"), "sign": ("bits", "scale_k", "scale_n")}
@@ -485,6 +491,16 @@ class PaddedBmmGLUExperts(GLUExpertBank):
         num_experts, d, r, f, scales, device, dtype: as ``GLUExpertBank`` (the same parameters as
             ``GroupedGLUExperts``).
         capacity_factor: C / (T * k / E), > 0; or None (drop nothing).
+        intermediates: the precision after the operands, which are always x, the factors and the scales in the
+            compute dtype (``compute_dtype``).
+            "compute": every product and every elementwise result in the compute dtype (under bf16 autocast
+            ``torch.bmm`` rounds g and u to bf16, then g * s, silu(g), z and y are bf16 too, forward and
+            backward): what MoE code runs today.
+            "fp32": the products accumulated and kept in fp32, GLU, router weights and combine in fp32, one
+            rounding of the output: the math of tsct's float oracle (``tsct.reference``), whatever autocast
+            says. The products of 16-bit operands are exact in fp32 (and in TF32), so an fp32 GEMM gives the
+            oracle's numbers up to the order of its sums. With ``capacity_factor=None`` this is the exact
+            layer that ``GroupedGLUExperts`` is compared with (examples/train_moe_lm.py).
 
     After each forward, ``dropped_fraction`` holds the fraction of routed rows dropped (a 0-d fp32 tensor on
     the device, read without a host sync only when the caller reads it).
@@ -494,14 +510,17 @@ class PaddedBmmGLUExperts(GLUExpertBank):
     """
 
     def __init__(self, num_experts: int, d: int, r: int, f: int, *, capacity_factor: Optional[float] = 2.0,
-                 scales: bool = True, device=None, dtype=None):
+                 intermediates: str = "compute", scales: bool = True, device=None, dtype=None):
+        if intermediates not in INTERMEDIATES:
+            raise ValueError(f"PaddedBmmGLUExperts: intermediates must be one of {list(INTERMEDIATES)}, got "
+                             f"{intermediates!r}")
         if capacity_factor is not None:
             if isinstance(capacity_factor, bool) or not isinstance(capacity_factor, (int, float)) \
                     or not math.isfinite(capacity_factor) or capacity_factor <= 0:
                 raise ValueError(f"PaddedBmmGLUExperts: capacity_factor must be a finite number > 0 or None, got "
                                  f"{capacity_factor!r}")
         super().__init__(num_experts, d, r, f, scales=scales, device=device, dtype=dtype)
-        self.capacity_factor = capacity_factor
+        self.capacity_factor, self.intermediates = capacity_factor, intermediates
         self.dropped_fraction: Optional[Tensor] = None
 
     def capacity(self, topk_ids: Tensor) -> int:
@@ -518,16 +537,20 @@ class PaddedBmmGLUExperts(GLUExpertBank):
         self._check_routing(x, topk_ids, topk_weights)
         e, c, (t, k) = self.num_experts, self.capacity(topk_ids), topk_ids.shape
         dt = compute_dtype(x)
-        wg, wu, wd = (v.to(dt) for v in self.factor_views())
-        s_gate, s_up = self.scales(dt)
+        it = torch.float32 if self.intermediates == "fp32" else dt  # the dtype of everything after the operands
+        # operands rounded to the compute dtype first (as every path computes them), then held in ``it``
+        wg, wu, wd = (v.to(dt).to(it) for v in self.factor_views())
+        s_gate, s_up = (s.to(it) if s is not None else None for s in self.scales(dt))
         cap = capacity_slots(topk_ids, e, c)
-        xbuf = x.to(dt).index_select(0, cap.src).view(e, c, self.d)
-        g = torch.bmm(xbuf, wg)
-        u = torch.bmm(xbuf, wu)
-        if s_gate is not None:
-            g = g * s_gate.unsqueeze(1)
-            u = u * s_up.unsqueeze(1)
-        ybuf = torch.bmm(nn.functional.silu(g) * u, wd).view(e * c, self.f)
+        # autocast would cast bmm's fp32 operands back to the autocast dtype
+        with torch.autocast(x.device.type, enabled=False) if it != dt else contextlib.nullcontext():
+            xbuf = x.to(dt).to(it).index_select(0, cap.src).view(e, c, self.d)
+            g = torch.bmm(xbuf, wg)
+            u = torch.bmm(xbuf, wu)
+            if s_gate is not None:
+                g = g * s_gate.unsqueeze(1)
+                u = u * s_up.unsqueeze(1)
+            ybuf = torch.bmm(nn.functional.silu(g) * u, wd).view(e * c, self.f)
         keep = cap.keep.to(torch.float32)
         w = keep if topk_weights is None else topk_weights.reshape(-1).float() * keep  # dropped rows weigh 0
         y = ybuf.index_select(0, cap.slot).float() * w.unsqueeze(1)
@@ -535,4 +558,4 @@ class PaddedBmmGLUExperts(GLUExpertBank):
         return y.view(t, k, self.f).sum(1).to(dt)
 
     def extra_repr(self) -> str:
-        return super().extra_repr() + f", capacity_factor={self.capacity_factor}"
+        return super().extra_repr() + f", capacity_factor={self.capacity_factor}, intermediates={self.intermediates!r}"

@@ -19,12 +19,25 @@ an independent float64 per-row implementation (tests/_glu_oracle.py).
 
 from __future__ import annotations
 
+import contextlib
+import functools
 from typing import Optional, Sequence
 
 import torch
 from torch import Tensor
 
 __all__ = ["grouped_glu_forward", "grouped_glu_backward"]
+
+
+def _fp32_whatever_autocast(fn):
+    """Run ``fn`` with autocast off on its first argument's device: the oracle computes in fp32 whatever the
+    caller's autocast says (a bf16 autocast would otherwise run its fp32 matmuls in bf16)."""
+    @functools.wraps(fn)
+    def wrapped(first: Tensor, *args, **kwargs):
+        dev = first.device.type
+        with torch.autocast(dev, enabled=False) if dev in ("cpu", "cuda") else contextlib.nullcontext():
+            return fn(first, *args, **kwargs)
+    return wrapped
 
 
 def _deterministic_combine(y: Tensor, scatter_idx: Tensor, num_out_rows: int) -> Tensor:
@@ -66,6 +79,7 @@ def _host_bounds(offs: Tensor, m: int) -> list[int]:
     return bounds
 
 
+@_fp32_whatever_autocast
 def grouped_glu_forward(
     x: Tensor,
     offs: Tensor,
@@ -81,7 +95,7 @@ def grouped_glu_forward(
 ) -> Tensor:
     """Reference forward. Inputs are already validated (``tsct.ops``); factors are dense tensors.
 
-    Computes in fp32 whatever the input dtype and returns ``x.dtype``: ``[num_out_rows, f]`` with
+    Computes in fp32 whatever the input dtype (and autocast) and returns ``x.dtype``: ``[num_out_rows, f]`` with
     ``scatter_idx``, else ``[M, f]`` (M = len(gather_idx) or x.shape[0]). Differentiable by torch
     autograd in every tensor argument.
     """
@@ -119,6 +133,7 @@ def grouped_glu_forward(
     return y.to(out_dtype)
 
 
+@_fp32_whatever_autocast
 def grouped_glu_backward(
     grad_out: Tensor,
     x: Tensor,
