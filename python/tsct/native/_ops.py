@@ -307,16 +307,20 @@ def fp8_dequantize(codes: Tensor, scale_n: Tensor, out_dtype: torch.dtype = torc
     return out
 
 
-def _ternary_scales(scale_k, scale_n, b: int, n: int, k: int, device) -> tuple:
+def _ternary_scales(first: str, t: Tensor, scale_k, scale_n, b: int, n: int, k: int) -> tuple:
+    """Check the scales (types, dtypes, shapes, then devices: ``t``, named ``first``, on CUDA and the scales with
+    it); returns them contiguous."""
     scale_n = _tensor("scale_n", scale_n)
     _dtype("scale_n", scale_n, (torch.float32,))
     _shape("scale_n", scale_n, (b, n), "fp32 scale over N per matrix")
-    _cuda("scale_n", scale_n, device)
     if scale_k is not None:
         scale_k = _tensor("scale_k", scale_k)
         _dtype("scale_k", scale_k, (torch.float32,))
         _shape("scale_k", scale_k, (b, k), "fp32 scale over K per matrix, or None")
-        _cuda("scale_k", scale_k, device)
+    _cuda(first, t)
+    _cuda("scale_n", scale_n, t.device)
+    if scale_k is not None:
+        _cuda("scale_k", scale_k, t.device)
         scale_k = scale_k.contiguous()
     return scale_k, scale_n.contiguous()
 
@@ -341,8 +345,7 @@ def ternary_pack(x: Tensor, scale_k: Tensor | None, scale_n: Tensor) -> Tensor:
     b, n, k = x.shape
     if k % 4:
         raise ValueError(f"x: K={k} (last dimension) must be a multiple of 4 for ternary packing")
-    _cuda("x", x)
-    scale_k, scale_n = _ternary_scales(scale_k, scale_n, b, n, k, x.device)
+    scale_k, scale_n = _ternary_scales("x", x, scale_k, scale_n, b, n, k)
     x = x.contiguous()
     codes = _empty((b, n, k // 4), torch.uint8, x.device)
     _call("tsct_ternary_pack", x.device, _ptr(x), DTYPES[x.dtype], b, n, k,
@@ -372,8 +375,7 @@ def ternary_dequantize(codes: Tensor, scale_k: Tensor | None, scale_n: Tensor,
         raise ValueError(f"codes must be [B, N, K // 4], got shape {list(codes.shape)}")
     b, n, kbytes = codes.shape
     k = kbytes * 4
-    _cuda("codes", codes)
-    scale_k, scale_n = _ternary_scales(scale_k, scale_n, b, n, k, codes.device)
+    scale_k, scale_n = _ternary_scales("codes", codes, scale_k, scale_n, b, n, k)
     codes = codes.contiguous()
     out = _empty((b, n, k), out_dtype, codes.device)
     _call("tsct_ternary_dequantize", codes.device, _ptr(codes), None if scale_k is None else _ptr(scale_k),
