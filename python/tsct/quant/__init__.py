@@ -23,6 +23,7 @@ from tsct.quant.api import (
     dequantize,
     fake_quantize,
     is_quantized,
+    k_multiple,
     quantize,
     storage_format,
 )
@@ -47,6 +48,7 @@ __all__ = [
     "fake_quantize",
     "formats",
     "is_quantized",
+    "k_multiple",
     "layout",
     "native_fallback_counts",
     "quantize",

@@ -32,7 +32,7 @@ from tsct.quant.sign import SignTensor, quantize_sign
 from tsct.quant.ternary import TernaryTensor, quantize_ternary
 
 __all__ = ["FORMATS", "QuantizedTensor", "quantize", "dequantize", "to_layout", "is_quantized", "storage_format",
-           "fake_quantize"]
+           "fake_quantize", "k_multiple"]
 
 #: Packed formats this package quantizes to.
 FORMATS = ("nvfp4", "sign", "fp8", "ternary")
@@ -53,6 +53,12 @@ def _check_format(fmt) -> str:
     if not isinstance(fmt, str) or fmt not in FORMATS:
         raise ValueError(f"fmt must be one of {list(FORMATS)}, got {fmt!r}")
     return fmt
+
+
+def k_multiple(fmt: str) -> int:
+    """The multiple the contraction dim K of a factor must be to store it as ``fmt``: 16 (nvfp4), 8 (sign),
+    1 (fp8), 4 (ternary). ValueError for an unknown format."""
+    return _FORMAT_TABLE[_check_format(fmt)][2]
 
 
 def quantize(w: Tensor, fmt: str, *, backend: str = "auto", **options) -> QuantizedTensor:
@@ -131,7 +137,7 @@ def fake_quantize(w: Tensor, fmt: str, *, backend: str = "auto") -> Tensor:
     ``backend`` as in ``quantize_nvfp4``.
     """
     _check_format(fmt)
-    _backend.check_factor("w", w, _FORMAT_TABLE[fmt][2], fmt)
+    _backend.check_factor("w", w, k_multiple(fmt), fmt)
     _backend.check_backend(backend)
     return _StraightThrough.apply(w, fmt, backend)
 
