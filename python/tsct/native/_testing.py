@@ -274,8 +274,9 @@ def check_fp8(runner, w: Tensor, scale_factor: float = 1.0) -> tuple[dict, dict]
                                   .dequantize(dt, backend="torch"))
         results[f"decode_{str(dt).split('.')[-1]}"] = bitwise_mismatch(out, exp)
     mag = codes_ref & 0x7F
-    return results, {"elements": x.numel(), "nan_codes": int((mag == 0x7F).sum()), "max_codes": int((mag == 0x7E).sum()),
-                     "subnormal_codes": int(((mag > 0) & (mag < 8)).sum()), "zero_codes": int((mag == 0).sum())}
+    return results, {"elements": x.numel(), "nan_codes": int((mag == 0x7F).sum()),
+                     "max_codes": int((mag == 0x7E).sum()), "subnormal_codes": int(((mag > 0) & (mag < 8)).sum()),
+                     "zero_codes": int((mag == 0).sum())}
 
 
 def check_ternary(runner, w: Tensor, scaling: str = "absmean") -> tuple[dict, dict]:
@@ -483,7 +484,8 @@ class HostRunner:
         x, scale_n = x.contiguous(), scale_n.contiguous()
         b, n, k = x.shape
         codes = self._poisoned((b, n, k), torch.uint8)
-        self.lib.tsct_host_fp8_quantize(self._p(x), DTYPES[x.dtype], b, n, k, self._p(scale_n), self._p(codes), int(vec))
+        self.lib.tsct_host_fp8_quantize(self._p(x), DTYPES[x.dtype], b, n, k, self._p(scale_n), self._p(codes),
+                                        int(vec))
         return codes
 
     def fp8_dequantize(self, codes, scale_n, out_dtype=torch.bfloat16, vec: bool = True):
