@@ -76,6 +76,11 @@ bench          tsct-bench --preset b1, arms $ARMS (default padded-bmm,tsct-bmm-*
 perf           device time per kernel and CUDA-graph replay of the b1 passes (triton_lowbit._perf) -> perf.json
 sweep          scripts/pass_profile.py sweep: per-kernel device time for each config in $CFGS -> sweep.json
 hostprof       scripts/pass_profile.py host: host issue time per eager call and its cProfile tables
+bwd            the backward at scale and the bmm path on the wheel: test_bwd_scale_gpu.py (skew, E 16384, T 65536,
+               bits twice, two chunk sizes), test_glu_dz_native_gpu.py, test_bmm_gpu.py
+bmmprof        tools/bmm_profile.py: the bmm path's eager calls (host read, kernels, device time) and its decode
+scale          tsct-bench --sweep $SWEEP (default all) at b1, arms $ARMS (default padded-bmm,tsct-triton-*),
+               formats $FORMATS (default bf16,nvfp4) -> sweep.json and sweep.png
 EOF
 }
 
@@ -304,6 +309,23 @@ stage_sweep() {
 stage_hostprof() {
   step hostprof 150 python3 "$ROOT/scripts/pass_profile.py" host --arms "${SWEEP_ARMS:-nvfp4,sign,bf16-kmajor}" \
     --n 30 --top 40
+}
+
+stage_bwd() {
+  step bwd 330 bash -c "pyt '$T/test_bwd_scale_gpu.py' '$T/test_glu_dz_native_gpu.py' '$T/test_bmm_gpu.py'"
+}
+
+stage_bmmprof() {
+  step bmmprof 150 python3 "$ROOT/tools/bmm_profile.py"
+}
+
+stage_scale() {
+  local sweeps=()
+  for a in ${SWEEP:-all}; do sweeps+=(--sweep "$a"); done
+  step scale 560 env TSCT_BENCH_GIT_COMMIT="${COMMIT:-unknown}" python3 -m tsct.bench --preset b1 "${sweeps[@]}" \
+    --arms "${ARMS:-padded-bmm,tsct-triton-*}" --formats "${FORMATS:-bf16,nvfp4}" --iters 20 --max-seconds 1.5 \
+    --json "$OUT/sweep.json" $(python3 -c "import matplotlib" 2>/dev/null && echo --plot "$OUT/sweep.png")
+  tail -n 40 "$OUT/scale.log"
 }
 
 if [[ $# == 0 || $1 == --list || $1 == -h || $1 == --help ]]; then

@@ -4,19 +4,24 @@
 // docs/performance.md.
 //
 //   dz_part[s, i, k] = sum_{n in slice s} dy[sidx[i], n] * wd_e[n, k]      (fp32, one f-slice each)
-//   dwd_e[n, k]      = sum_{i in e} dy[sidx[i], n] * zw[i, k]               (bf16, K-major [E, f, 64])
+//   dwd_e[n, k]      = sum_{i in e} dy[sidx[i], n] * zw[i, k]               (bf16, K-major [E, f, 64]; only for an
+//                                                                           expert of at most 64 rows)
 //
-// One CTA per (expert, f-slice), walking the slice in 64-column steps ("items"; an expert with more than
-// 64 rows has one item per (step, 64-row chunk)). Per item: the 16-byte chunks that cover each gathered
-// dY row segment (start aligned down to 8 elements) and the w_down tile are copied with cp.async into a
-// 4-stage ring; each row is then realigned in place (its 8 threads are 8 lanes of one warp: read, syncwarp,
-// write; a 16-bit funnel shift for odd offsets), one step ahead of its use, so one __syncthreads per step
-// suffices; both products run on mma.sync m16n8k16 (bf16 in, fp32 accumulate). dz accumulates over the
-// slice in registers and is stored once (one writer per element: the caller sums the slices in a fixed
-// order, so the result is deterministic); the dW tile is rounded once to bf16, staged in a double buffer
-// and stored with 16-byte writes one step later. Each thread owns fixed (row, chunk) pairs, so a row's
-// pointer and shift (sidx*f mod 8, the same at every step) are computed once.
-// Needs: sm_80+ (cp.async, ldmatrix, bf16 mma.sync) and SMEM_BYTES of shared memory per block (not sm_120).
+// One CTA per (row tile of the tile map, f-slice), like the forward: tile j of expert e holds rows
+// [offs[e-1] + 64 (j - tile_cum[e-1]), ...) (at most 64), so one expert with many rows spreads over the
+// whole GPU. The CTA walks its slice in 64-column steps. Per step: the 16-byte chunks that cover each
+// gathered dY row segment (start aligned down to 8 elements) and the w_down tile are copied with cp.async
+// into a 4-stage ring; each row is then realigned in place (its 8 threads are 8 lanes of one warp: read,
+// syncwarp, write; a 16-bit funnel shift for odd offsets), one step ahead of its use, so one __syncthreads
+// per step suffices; both products run on mma.sync m16n8k16 (bf16 in, fp32 accumulate). dz accumulates over
+// the slice in registers and is stored once (one writer per element: the caller sums the slices in a fixed
+// order, so the result is deterministic). dW needs a sum over all of an expert's rows: a tile that is its
+// expert's only one (at most 64 rows, ~all experts at b1) has them all and computes it in the same steps
+// (rounded once to bf16, staged in a double buffer, stored with 16-byte writes one step later); every
+// other expert's dW (empty, or more than 64 rows) is left to the caller (the chunked Triton kernels). Each
+// thread owns fixed (row, chunk) pairs, so a row's pointer and shift (sidx*f mod 8, the same at every
+// step) are computed once.
+// Needs: sm_80+ (cp.async, ldmatrix, bf16 mma.sync) and SMEM_BYTES of shared memory per block.
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 #include <stdint.h>
@@ -29,7 +34,7 @@
 
 #define NT 256   // threads per CTA (8 warps)
 #define ST 4     // pipeline stages (raw dY + w_down tiles), >= 3
-#define MINB 2   // CTAs per SM on sm_90 (registers <= 128, shared memory 2 x 109 KB)
+#define MINB 2   // CTAs per SM on sm_90 (registers <= 128, shared memory 2 x 99 KB)
 #define LD 72    // padded smem row stride (elements) of every 64-wide tile: conflict-free ldmatrix
 #define TILE_EL (64 * LD)
 #define MAX_SLICES 16
@@ -49,6 +54,7 @@ struct DzParams {
   const bf16* dy;
   const long long* sidx;
   const int* offs;
+  const int* tile_cum;
   const bf16* wd;
   const bf16* zw;
   float* ws;
@@ -58,62 +64,71 @@ struct DzParams {
   int M, E, f, S, nsteps;
 };
 
-// raw[ST] + wd[ST] + zs[2] + os[2] tiles, shifts [ST][64]
-static constexpr int SMEM_BYTES = (2 * ST + 4) * TILE_EL * 2 + ST * 64 * 4;
+// raw[ST] + wd[ST] + zs + os[2] tiles
+static constexpr int SMEM_BYTES = (2 * ST + 3) * TILE_EL * 2;
 
-// Shared state of one CTA's walk over its items.
+// One CTA's work: expert e, f-slice sl, rows [start, start + R) (1 <= R <= 64), steps [stepbeg, stepbeg + nitems);
+// do_dw: the tile holds all of the expert's rows.
 struct Walk {
-  int e, sl, start, R, nch, stepbeg, nitems;
+  int e, sl, start, R, stepbeg, nitems;
+  bool do_dw;
 };
 
-// MULTI: the expert has more than 64 rows (one item per (step, chunk)); the fast path (at most 64 rows,
-// the common case at ~32 rows per expert) keeps the row pointers and shifts in registers.
-template <bool MULTI>
+// The number of entries of the non-decreasing cum[0:E] that are <= pid (the expert owning row tile pid; E past
+// the last tile): a k-ary search with the CTA's NT threads (each round narrows the range NT-fold: two rounds up to
+// NT^2 experts), every thread gets the answer.
+__device__ __forceinline__ int tile_expert(const int* cum, int E, int pid) {
+  int lo = 0, n = E;
+  while (n > 0) {
+    const int step = (n + NT - 1) / NT;
+    const int first = threadIdx.x * step;  // thread t probes the last entry of segment t of [lo, lo + n)
+    const bool le = first < n && __ldg(cum + lo + min(first + step, n) - 1) <= pid;
+    const int c = __syncthreads_count(le);
+    if (step == 1) return lo + c;
+    if (c * step >= n) return lo + n;
+    lo += c * step;
+    n = min(step, n - c * step);
+  }
+  return lo;
+}
+
 __device__ __forceinline__ void dz_body(const DzParams& p, const Walk& w, unsigned char* smem) {
   bf16* raw = reinterpret_cast<bf16*>(smem);  // [ST][64 rows][LD] dY rows, realigned in place
   bf16* wdb = raw + ST * TILE_EL;              // [ST][64 n][LD] w_down tiles (k contiguous)
-  bf16* zs = wdb + ST * TILE_EL;               // [2][64 rows][LD] zw chunk
-  bf16* os = zs + 2 * TILE_EL;                 // [2][64 n][LD] dW staging
-  int* sshift = reinterpret_cast<int*>(os + 2 * TILE_EL);  // [ST][64] (MULTI only)
+  bf16* zs = wdb + ST * TILE_EL;               // [64 rows][LD] zw
+  bf16* os = zs + TILE_EL;                     // [2][64 n][LD] dW staging
 
   const int f = p.f;
   const int tid = threadIdx.x;
   const int lane = tid & 31;
   const int warp = tid >> 5;
   const size_t ebase = (size_t)w.e * 64 * (size_t)f;
-  const int nch = w.nch;
-  const bool do_dw = p.dwd != nullptr;  // CTA-uniform
+  const bool do_dw = w.do_dw;  // CTA-uniform
 
   // thread -> (rows r0, r0 + 32; chunk j); lane 7 of each row group also takes chunk 8
   const int r0 = tid >> 3, j = tid & 7;
   // wd tile: thread -> (cols wc, wc + 32; chunk j)
   const int wc = tid >> 3;
 
-  // row state for chunk c: aligned-down element index of the row's slice start, and its shift
+  // row state: aligned-down element index of the row's start, and its shift
   long long rb[2];
   int sh[2];
   bool rv[2];
-  auto rows_for_chunk = [&](int c) {
 #pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      const int row = c * 64 + r0 + 32 * h;
-      long long tok = -1;
-      if (row < w.R) tok = p.sidx ? __ldg(p.sidx + w.start + row) : (long long)(w.start + row);
-      rv[h] = tok >= 0 && tok < p.T;  // a bad index gives a zero row, never an out-of-bounds read
-      const long long g = rv[h] ? tok * (long long)f : 0;
-      sh[h] = (int)(g & 7);
-      rb[h] = g - sh[h];
-    }
-  };
-  if (!MULTI) rows_for_chunk(0);
+  for (int h = 0; h < 2; ++h) {
+    const int row = r0 + 32 * h;
+    long long tok = -1;
+    if (row < w.R) tok = p.sidx ? __ldg(p.sidx + w.start + row) : (long long)(w.start + row);
+    rv[h] = tok >= 0 && tok < p.T;  // a bad index gives a zero row, never an out-of-bounds read
+    const long long g = rv[h] ? tok * (long long)f : 0;
+    sh[h] = (int)(g & 7);
+    rb[h] = g - sh[h];
+  }
 
-  auto item_step = [&](int it) { return MULTI ? w.stepbeg + it / nch : w.stepbeg + it; };
-  auto item_chunk = [&](int it) { return MULTI ? it % nch : 0; };
-
-  // async loads of item `it` into stage it % ST (always commits a group)
+  // async loads of step `it` into stage it % ST (always commits a group)
   auto issue = [&](int it) {
     if (it < w.nitems) {
-      const int c0 = item_step(it) * 64;
+      const int c0 = (w.stepbeg + it) * 64;
       const int ncols = min(64, f - c0);
       const int stg = it % ST;
       bf16* rbuf = raw + stg * TILE_EL;
@@ -124,16 +139,13 @@ __device__ __forceinline__ void dz_body(const DzParams& p, const Walk& w, unsign
         const bf16* src = p.wd + ebase + (size_t)min(n, f - 1) * 64 + j * 8;
         cp_async16(smem_u32(wbuf + (wc + 32 * h) * LD + j * 8), src, n < f ? 16 : 0);
       }
-      if (MULTI) rows_for_chunk(item_chunk(it));
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
-        if (MULTI && j == 0) sshift[stg * 64 + r0 + 32 * h] = rv[h] ? sh[h] : -1;
         if (rv[h]) {
           const long long a0 = rb[h] + c0;
 #pragma unroll
           for (int q = 0; q < 2; ++q) {
-            const int jj = j + 8 * q;  // chunk 8 only for lane j == 0 (q == 1)
-            if (q == 0 || j == 0) {
+            if (q == 0 || j == 0) {  // chunk 8 only for lane j == 0 (q == 1)
               const int cj = q == 0 ? j : 8;
               if (8 * cj < sh[h] + ncols) {
                 const long long a = a0 + 8 * cj;
@@ -142,7 +154,6 @@ __device__ __forceinline__ void dz_body(const DzParams& p, const Walk& w, unsign
                            rem >= 8 ? 16 : (int)rem * 2);
               }
             }
-            (void)jj;
           }
         }
       }
@@ -150,13 +161,12 @@ __device__ __forceinline__ void dz_body(const DzParams& p, const Walk& w, unsign
     cp_commit();
   };
 
-  // realign item `it`'s rows in place (this thread's rows, chunk j), zero-masked past Rc / ncols
+  // realign step `it`'s rows in place (this thread's rows, chunk j), zero-masked past R / ncols
   auto realign = [&](int it) {
-    const int c0 = item_step(it) * 64;
+    const int c0 = (w.stepbeg + it) * 64;
     const int ncols = min(64, f - c0);
     const int stg = it % ST;
-    const int Rc = MULTI ? min(64, w.R - item_chunk(it) * 64) : w.R;
-    const int Rc16 = (Rc + 15) & ~15;
+    const int R16 = (w.R + 15) & ~15;
     uint32_t* rb32 = reinterpret_cast<uint32_t*>(raw + stg * TILE_EL);
     uint4 o[2];
     const int nv = ncols - j * 8;
@@ -164,8 +174,8 @@ __device__ __forceinline__ void dz_body(const DzParams& p, const Walk& w, unsign
     for (int h = 0; h < 2; ++h) {
       const int row = r0 + 32 * h;
       o[h] = make_uint4(0, 0, 0, 0);
-      const int s = MULTI ? sshift[stg * 64 + row] : (rv[h] ? sh[h] : -1);  // -1: zero row
-      if (row < Rc && nv > 0 && s >= 0) {
+      const int s = rv[h] ? sh[h] : -1;  // -1: zero row
+      if (row < w.R && nv > 0 && s >= 0) {
         const uint32_t* q = rb32 + row * (LD / 2) + (s >> 1) + j * 4;
         const uint32_t x0 = q[0], x1 = q[1], x2 = q[2], x3 = q[3], x4 = q[4];
         const int b = (s & 1) * 16;
@@ -188,19 +198,7 @@ __device__ __forceinline__ void dz_body(const DzParams& p, const Walk& w, unsign
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
       const int row = r0 + 32 * h;
-      if (row < Rc16) *reinterpret_cast<uint4*>(rb32 + row * (LD / 2) + j * 4) = o[h];
-    }
-  };
-
-  auto load_zw = [&](int c, bf16* dst) {
-    const int Rc = min(64, w.R - c * 64);
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      const int row = r0 + 32 * h;
-      uint4 v = make_uint4(0, 0, 0, 0);
-      if (row < Rc)
-        v = __ldg(reinterpret_cast<const uint4*>(p.zw + (size_t)(w.start + c * 64 + row) * 64 + j * 8));
-      *reinterpret_cast<uint4*>(dst + row * LD + j * 8) = v;
+      if (row < R16) *reinterpret_cast<uint4*>(rb32 + row * (LD / 2) + j * 4) = o[h];
     }
   };
 
@@ -217,8 +215,16 @@ __device__ __forceinline__ void dz_body(const DzParams& p, const Walk& w, unsign
     }
   };
 
-  // prologue: items 0 .. ST-2 in flight; item 0 realigned; zw of item 0
-  load_zw(0, zs);
+  // prologue: steps 0 .. ST-2 in flight; step 0 realigned; the tile's zw
+  if (do_dw) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int row = r0 + 32 * h;
+      uint4 v = make_uint4(0, 0, 0, 0);
+      if (row < w.R) v = __ldg(reinterpret_cast<const uint4*>(p.zw + (size_t)(w.start + row) * 64 + j * 8));
+      *reinterpret_cast<uint4*>(zs + row * LD + j * 8) = v;
+    }
+  }
 #pragma unroll
   for (int q = 0; q < ST - 1; ++q) issue(q);
   cp_wait<ST - 2>();
@@ -229,6 +235,7 @@ __device__ __forceinline__ void dz_body(const DzParams& p, const Walk& w, unsign
   const int g = lane >> 2, t = lane & 3;    // mma fragment coords
   const int h2 = warp >> 2, nq = warp & 3;  // dz: m-tiles {h2, h2+2}, k cols nq*16 .. +15
   const int mq = warp & 3, kh = warp >> 2;  // dW: n tile mq*16 .. +15, k cols kh*32 .. +31
+  const int nmt = (w.R + 15) >> 4;
 
   float accz[2][2][4];
   float accw[4][4];
@@ -243,35 +250,20 @@ __device__ __forceinline__ void dz_body(const DzParams& p, const Walk& w, unsign
   int pend_b = 0;
 
   for (int it = 0; it < w.nitems; ++it) {
-    const int step = item_step(it);
-    const int c = item_chunk(it);
-    const int c0 = step * 64;
+    const int c0 = (w.stepbeg + it) * 64;
     const int ncols = min(64, f - c0);
-    const int Rc = MULTI ? min(64, w.R - c * 64) : w.R;
-    const int nmt = (Rc + 15) >> 4;
     const int stg = it % ST;
 
-    cp_wait<ST - 3>();  // this thread's copies of item it + 1 landed
-    __syncthreads();    // ... everyone's; item it realigned; item it - 1 fully consumed
+    cp_wait<ST - 3>();  // this thread's copies of step it + 1 landed
+    __syncthreads();    // ... everyone's; step it realigned; step it - 1 fully consumed
     if (pend_c0 >= 0) {
       store_dw(pend_b, pend_c0);
       pend_c0 = -1;
     }
-    if (it + 1 < w.nitems) {
-      realign(it + 1);
-      if (MULTI && nch > 1) load_zw(item_chunk(it + 1), zs + ((it + 1) & 1) * TILE_EL);
-    }
+    if (it + 1 < w.nitems) realign(it + 1);
     issue(it + ST - 1);
 
-    // ---- dz: accz[rows, k] (+)= dY[rows, n] @ wd[n, k]
-    if (MULTI) {
-#pragma unroll
-      for (int a = 0; a < 2; ++a)
-#pragma unroll
-        for (int b = 0; b < 2; ++b)
-#pragma unroll
-          for (int q = 0; q < 4; ++q) accz[a][b][q] = 0.f;
-    }
+    // ---- dz: accz[rows, k] += dY[rows, n] @ wd[n, k]
     const uint32_t rs = smem_u32(raw + stg * TILE_EL);
     {
       const uint32_t wb_s = smem_u32(wdb + stg * TILE_EL);
@@ -296,41 +288,15 @@ __device__ __forceinline__ void dz_body(const DzParams& p, const Walk& w, unsign
         }
       }
     }
-    if (MULTI) {  // CTA-private read-modify-write of this chunk's workspace rows
-#pragma unroll
-      for (int mi = 0; mi < 2; ++mi) {
-        const int mt = h2 + 2 * mi;
-#pragma unroll
-        for (int hf = 0; hf < 2; ++hf) {
-          const int rl = mt * 16 + g + hf * 8;
-          if (rl < Rc) {
-            float* dst = p.ws + ((size_t)w.sl * p.M + w.start + c * 64 + rl) * 64;
-#pragma unroll
-            for (int nt = 0; nt < 2; ++nt) {
-              float2* d2 = reinterpret_cast<float2*>(dst + nq * 16 + nt * 8 + 2 * t);
-              float2 v = make_float2(accz[mi][nt][2 * hf], accz[mi][nt][2 * hf + 1]);
-              if (step != w.stepbeg) {
-                const float2 o = *d2;
-                v.x += o.x;
-                v.y += o.y;
-              }
-              *d2 = v;
-            }
-          }
-        }
-      }
-    }
 
-    // ---- dW: accw[n, k] (+)= dY^T[n, rows] @ zw[rows, k]
+    // ---- dW: accw[n, k] = dY^T[n, rows] @ zw[rows, k]
     if (!do_dw) continue;
-    if (c == 0) {
 #pragma unroll
-      for (int a = 0; a < 4; ++a)
+    for (int a = 0; a < 4; ++a)
 #pragma unroll
-        for (int q = 0; q < 4; ++q) accw[a][q] = 0.f;
-    }
+      for (int q = 0; q < 4; ++q) accw[a][q] = 0.f;
     {
-      const uint32_t zs_s = smem_u32(zs + (MULTI ? (it & 1) * TILE_EL : 0));
+      const uint32_t zs_s = smem_u32(zs);
 #pragma unroll
       for (int kc = 0; kc < 4; ++kc) {
         if (kc < nmt) {
@@ -348,7 +314,7 @@ __device__ __forceinline__ void dz_body(const DzParams& p, const Walk& w, unsign
         }
       }
     }
-    if (c == nch - 1) {  // stage the bf16 tile; stored after the next barrier
+    {  // stage the bf16 tile; stored after the next barrier
       bf16* ob = os + (it & 1) * TILE_EL;
 #pragma unroll
       for (int nt = 0; nt < 4; ++nt) {
@@ -365,20 +331,19 @@ __device__ __forceinline__ void dz_body(const DzParams& p, const Walk& w, unsign
   __syncthreads();
   if (pend_c0 >= 0) store_dw(pend_b, pend_c0);
 
-  if (!MULTI) {  // this slice's dz partial (plain stores, one writer per element)
+  // this slice's dz partial (plain stores, one writer per element)
 #pragma unroll
-    for (int mi = 0; mi < 2; ++mi) {
-      const int mt = h2 + 2 * mi;
+  for (int mi = 0; mi < 2; ++mi) {
+    const int mt = h2 + 2 * mi;
 #pragma unroll
-      for (int hf = 0; hf < 2; ++hf) {
-        const int rl = mt * 16 + g + hf * 8;
-        if (rl < w.R) {
-          float* dst = p.ws + ((size_t)w.sl * p.M + w.start + rl) * 64;
+    for (int hf = 0; hf < 2; ++hf) {
+      const int rl = mt * 16 + g + hf * 8;
+      if (rl < w.R) {
+        float* dst = p.ws + ((size_t)w.sl * p.M + w.start + rl) * 64;
 #pragma unroll
-          for (int nt = 0; nt < 2; ++nt)
-            *reinterpret_cast<float2*>(dst + nq * 16 + nt * 8 + 2 * t) =
-                make_float2(accz[mi][nt][2 * hf], accz[mi][nt][2 * hf + 1]);
-        }
+        for (int nt = 0; nt < 2; ++nt)
+          *reinterpret_cast<float2*>(dst + nq * 16 + nt * 8 + 2 * t) =
+              make_float2(accz[mi][nt][2 * hf], accz[mi][nt][2 * hf + 1]);
       }
     }
   }
@@ -388,34 +353,22 @@ __device__ __forceinline__ void dz_body(const DzParams& p, const Walk& w, unsign
 
 extern "C" __global__ void __launch_bounds__(NT, MINB) tsctk_glu_bwd_dz_bf16(DzParams p) {
   extern __shared__ __align__(128) unsigned char smem[];
-  Walk w;
   const int S = p.S;
-  w.e = blockIdx.x / S;
-  w.sl = blockIdx.x - w.e * S;
-  w.start = w.e ? __ldg(p.offs + w.e - 1) : 0;
-  w.R = __ldg(p.offs + w.e) - w.start;
+  const int tile = blockIdx.x / S;
+  Walk w;
+  w.sl = blockIdx.x - tile * S;
+  w.e = tile_expert(p.tile_cum, p.E, tile);
+  if (w.e >= p.E) return;  // past the last row tile (the grid is an upper bound)
+  const int lo = w.e ? __ldg(p.offs + w.e - 1) : 0;
+  const int hi = __ldg(p.offs + w.e);
+  const int before = w.e ? __ldg(p.tile_cum + w.e - 1) : 0;
+  w.start = lo + (tile - before) * 64;
+  w.R = min(64, hi - w.start);
+  w.do_dw = p.dwd != nullptr && hi - lo <= 64;
   w.stepbeg = (int)((long long)w.sl * p.nsteps / S);
-  const int stepend = (int)((long long)(w.sl + 1) * p.nsteps / S);
-  if (w.R <= 0) {  // empty expert: exact zeros of dW over the slice's columns
-    if (!p.dwd) return;
-    const long long cb = (long long)w.stepbeg * 64;
-    const long long ce = min((long long)p.f, (long long)stepend * 64);
-    const long long n16 = (ce - cb) * 8;
-    const size_t ebase = (size_t)w.e * 64 * (size_t)p.f;
-    for (long long idx = threadIdx.x; idx < n16; idx += NT)
-      *reinterpret_cast<uint4*>(p.dwd + ebase + (size_t)(cb + (idx >> 3)) * 64 + (idx & 7) * 8) =
-          make_uint4(0, 0, 0, 0);
-    return;
-  }
-  w.nch = (w.R + 63) >> 6;
-  w.nitems = (stepend - w.stepbeg) * w.nch;
-  if (w.nch == 1)
-    dz_body<false>(p, w, smem);
-  else
-    dz_body<true>(p, w, smem);
+  w.nitems = (int)((long long)(w.sl + 1) * p.nsteps / S) - w.stepbeg;
+  dz_body(p, w, smem);
 }
-
-
 
 namespace tsct {
 const KernelEntry kGluKernels[] = {
@@ -425,19 +378,19 @@ const KernelEntry kGluKernels[] = {
 }  // namespace tsct
 
 extern "C" int tsct_glu_bwd_dz_bf16(const void* grad_out, int64_t grad_rows, int64_t f, const int64_t* scatter_idx,
-                                    const int32_t* offs, int64_t num_experts, int64_t m, const void* w_down_t,
-                                    const void* zw, int64_t r, int64_t slices, float* dz_part, void* dw_down_t,
-                                    void* stream) {
+                                    const int32_t* offs, const int32_t* tile_cum, int64_t num_experts, int64_t m,
+                                    int64_t max_tiles, const void* w_down_t, const void* zw, int64_t r, int64_t slices,
+                                    float* dz_part, void* dw_down_t, void* stream) {
   static const char* fn = "tsct_glu_bwd_dz_bf16";
   tsct::clear_error_detail();
   if (r != 64)
     return tsct::fail(TSCT_ERR_BAD_ARGUMENT, "%s: r=%lld, only r = 64 is built", fn, (long long)r);
-  if (grad_rows < 0 || f <= 0 || num_experts < 0 || m < 0 || f > INT32_MAX || m > INT32_MAX ||
+  if (grad_rows < 0 || f <= 0 || num_experts < 0 || m < 0 || max_tiles < 0 || f > INT32_MAX || m > INT32_MAX ||
       num_experts > INT32_MAX)
     return tsct::fail(TSCT_ERR_BAD_ARGUMENT,
-                      "%s: bad sizes (grad_rows=%lld, f=%lld, num_experts=%lld, m=%lld; need f >= 1, the others "
-                      ">= 0, f, m and num_experts < 2^31)", fn, (long long)grad_rows, (long long)f,
-                      (long long)num_experts, (long long)m);
+                      "%s: bad sizes (grad_rows=%lld, f=%lld, num_experts=%lld, m=%lld, max_tiles=%lld; need f >= 1, "
+                      "the others >= 0, f, m and num_experts < 2^31)", fn, (long long)grad_rows, (long long)f,
+                      (long long)num_experts, (long long)m, (long long)max_tiles);
   const int64_t nsteps = (f + 63) / 64;
   if (slices < 1 || slices > MAX_SLICES || slices > nsteps)
     return tsct::fail(TSCT_ERR_BAD_ARGUMENT, "%s: slices=%lld, need 1 <= slices <= min(16, ceil(f / 64) = %lld)", fn,
@@ -445,16 +398,15 @@ extern "C" int tsct_glu_bwd_dz_bf16(const void* grad_out, int64_t grad_rows, int
   int64_t total;
   if (!tsct::checked_mul3(grad_rows, f, 2, &total) || !tsct::checked_mul3(num_experts, f, 128, &total))
     return tsct::fail(TSCT_ERR_BAD_ARGUMENT, "%s: sizes overflow int64", fn);
-  if (num_experts * slices > INT32_MAX)
-    return tsct::fail(TSCT_ERR_BAD_ARGUMENT, "%s: num_experts * slices exceeds the grid", fn);
-  if (nsteps * ((m + 63) / 64) > INT32_MAX)
-    return tsct::fail(TSCT_ERR_BAD_ARGUMENT, "%s: ceil(f/64) * ceil(m/64) exceeds the work counter", fn);
-  if (num_experts == 0) return 0;  // with m == 0 every expert is empty: the kernel still zeroes dW
-  if ((grad_rows > 0 && !grad_out) || !offs || !w_down_t || (m > 0 && (!zw || !dz_part)))
-    return tsct::fail(TSCT_ERR_BAD_ARGUMENT, "%s: null pointer (grad_out=%p, offs=%p, w_down_t=%p, zw=%p, dz_part=%p)",
-                      fn, grad_out, (const void*)offs, w_down_t, zw, (void*)dz_part);
-  if (((uintptr_t)scatter_idx & 7) || ((uintptr_t)offs & 3))
-    return tsct::fail(TSCT_ERR_BAD_ARGUMENT, "%s: scatter_idx must be 8-byte and offs 4-byte aligned", fn);
+  if (max_tiles > INT32_MAX / slices)
+    return tsct::fail(TSCT_ERR_BAD_ARGUMENT, "%s: max_tiles * slices exceeds the grid", fn);
+  if (num_experts == 0 || m == 0 || max_tiles == 0) return 0;  // no row tile: nothing to write
+  if ((grad_rows > 0 && !grad_out) || !offs || !tile_cum || !w_down_t || !zw || !dz_part)
+    return tsct::fail(TSCT_ERR_BAD_ARGUMENT,
+                      "%s: null pointer (grad_out=%p, offs=%p, tile_cum=%p, w_down_t=%p, zw=%p, dz_part=%p)", fn,
+                      grad_out, (const void*)offs, (const void*)tile_cum, w_down_t, zw, (void*)dz_part);
+  if (((uintptr_t)scatter_idx & 7) || ((uintptr_t)offs & 3) || ((uintptr_t)tile_cum & 3))
+    return tsct::fail(TSCT_ERR_BAD_ARGUMENT, "%s: scatter_idx must be 8-byte, offs and tile_cum 4-byte aligned", fn);
   const uintptr_t any = (uintptr_t)grad_out | (uintptr_t)w_down_t | (uintptr_t)zw | (uintptr_t)dz_part |
                         (uintptr_t)dw_down_t;
   if (any & 15)
@@ -466,6 +418,7 @@ extern "C" int tsct_glu_bwd_dz_bf16(const void* grad_out, int64_t grad_rows, int
   p.dy = static_cast<const bf16*>(grad_out);
   p.sidx = reinterpret_cast<const long long*>(scatter_idx);
   p.offs = offs;
+  p.tile_cum = tile_cum;
   p.wd = static_cast<const bf16*>(w_down_t);
   p.zw = static_cast<const bf16*>(zw);
   p.ws = dz_part;
@@ -477,7 +430,7 @@ extern "C" int tsct_glu_bwd_dz_bf16(const void* grad_out, int64_t grad_rows, int
   p.f = static_cast<int>(f);
   p.S = static_cast<int>(slices);
   p.nsteps = static_cast<int>(nsteps);
-  tsctk_glu_bwd_dz_bf16<<<static_cast<unsigned>(num_experts * slices), NT, SMEM_BYTES,
+  tsctk_glu_bwd_dz_bf16<<<static_cast<unsigned>(max_tiles * slices), NT, SMEM_BYTES,
                           static_cast<cudaStream_t>(stream)>>>(p);
   return tsct::check_launch(fn);
 }

@@ -6,9 +6,8 @@ from tsct.kernels.triton_lowbit import specs as LS
 
 def n_lowbit(arch: str) -> int:
     """172 (2 gathers x 2 scale flags x 3 BWD / row-weight modes x aligned or not = 24 down-projection variants per
-    format triple, plus the up / dz / dX-dW ones), plus 12 (2 gathers x 3 dX / dW flag pairs x aligned or not) per
-    AOT format triple whose lowbit_bwd_dx_dw walks several d blocks (``LS.dxdw_ndb`` != 1), plus 24 per format
-    triple on the arches that also ship lowbit_down_fwd's opt-in byte-plane variants (``LS.OPT_IN_PLANES_DOWN``)."""
-    lb = LS.CONFIGS[arch]
+    format triple, plus the up / dz / dX-dW ones: lowbit_bwd_dx_dw has one d-block count per triple, ``LS.dxdw_ndb``),
+    plus 24 per format triple on the arches that also ship lowbit_down_fwd's opt-in byte-plane variants
+    (``LS.OPT_IN_PLANES_DOWN``)."""
     opt_in = 24 * len(LS.AOT_FORMATS) if arch in LS.OPT_IN_PLANES_DOWN else 0
-    return 172 + 12 * sum(LS.dxdw_ndb(lb, fg, fu) != 1 for fg, fu, _ in LS.AOT_FORMATS) + opt_in
+    return 172 + opt_in

@@ -370,3 +370,70 @@ def test_installed_package_records_its_build_commit():
         pytest.skip("tsct imported from a source checkout: tsct-bench asks git there")
     assert re.fullmatch(r"[0-9a-f]{40}|unknown", tsct.__git_commit__), tsct.__git_commit__
     assert tsct._build_dirty in (True, False, None)
+
+
+# ---- --sweep ---------------------------------------------------------------------------------------------
+
+def test_sweep_runs_each_point_once_and_writes_json_and_plot(tmp_path):
+    """A tiny sweep on the CPU (padded bmm, the reference and bmm paths): the shared base point runs once, every point
+    carries its shape's bytes floor, the padded bmm its dropped fraction (a capacity that drops rows here; the exact
+    arms drop none), and the plot is written with the note that an arm dropping rows is not comparable."""
+    from tsct.bench import sweep
+
+    out = tmp_path / "sw.json"
+    png = tmp_path / "sw.png"
+    argv = ["--preset", "small", "--device", "cpu", "--tokens", "64", "--d", "64", "--f", "40", "--experts", "8",
+            "--warmup", "1", "--iters", "2", "--min-iters", "1", "--copy-mb", "1", "--quiet", "--capacity-factor",
+            "0.5", "--arms", "padded-bmm,tsct-reference-*,tsct-bmm-*", "--formats", "bf16", "--sweep", "experts=4,8",
+            "--sweep", "routing=softmax,zipf1.5", "--json", str(out)]
+    if _has_matplotlib():
+        argv += ["--plot", str(png)]
+    assert cli.main(argv) == 0
+    res = json.loads(out.read_text())
+    assert res["sweep_schema_version"] == 1 and res["kind"] == "sweep"
+    assert res["axes"] == {"experts": [4, 8], "routing": ["softmax", "zipf1.5"]}
+    assert [p["axes"] for p in res["points"]] == [["experts"], ["experts", "routing"], ["routing"]]
+    for p in res["points"]:
+        c = p["result"]["config"]
+        assert (c["tokens"], c["experts"], c["d"], c["r"], c["f"]) == (64, p["values"]["experts"], 64, 16, 40)
+        assert p["result"]["bytes_floor"] == counts.bytes_floor(64, c["experts"], 64, 16, 40)
+        assert (c["routing"], c["zipf_exponent"] if c["routing"] == "zipf" else None) == \
+            sweep._routing_value(p["values"]["routing"])
+        arms_ = {a["name"]: a for a in p["result"]["arms"]}
+        assert set(arms_) == {"padded-bmm", "tsct-reference-bf16", "tsct-bmm-bf16"}
+        assert all(a["status"] == "ran" for a in arms_.values()), arms_
+        assert arms_["padded-bmm"]["dropped_fraction"] > 0  # capacity factor 0.5: rows dropped
+        assert arms_["tsct-reference-bf16"]["dropped_fraction"] == 0.0 == arms_["tsct-bmm-bf16"]["dropped_fraction"]
+    xs, by_arm, floors = sweep.series(res, "routing")
+    assert xs == ["softmax", "zipf1.5"] and all(f > 0 for f in floors)
+    assert all(v is not None for v in by_arm["padded-bmm"]["dropped"])
+    if _has_matplotlib():
+        assert png.read_bytes()[:4] == b"\x89PNG"
+
+
+def _has_matplotlib() -> bool:
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+@pytest.mark.parametrize("spec, words", [("depth=1,2", "unknown axis 'depth'"), ("routing=zipfx", "zipf<exponent>"),
+                                         ("routing=zipf-1", "zipf<exponent>"), ("r=16,big", "must be integers"),
+                                         ("experts=0", ">= 1"), ("tokens=", "no values")])
+def test_sweep_axes_are_checked_naming_the_item(spec, words, capsys):
+    assert cli.main(["--preset", "small", "--device", "cpu", "--sweep", spec]) == 2
+    assert words in capsys.readouterr().err
+
+
+def test_sweep_plan_defaults_and_shared_base_point():
+    from tsct.bench import sweep
+
+    base = config.from_preset("small", device="cpu").resolved()
+    axes = sweep.parse_axes(["all"])
+    assert axes == sweep.AXES
+    pts = sweep.plan(base, {"experts": (4, 8, 16), "r": (8, 16)})
+    assert len(pts) == 4  # E=8 and r=16 are the base point: run once, listed on both axes
+    shared = [p for p in pts if len(p["axes"]) == 2]
+    assert len(shared) == 1 and shared[0]["cfg"].experts == 8 and shared[0]["cfg"].r == 16

@@ -123,7 +123,7 @@ def test_kernel_smem_bytes(lib_path):
     """The shared memory each entry point launches its kernel with comes from the library's registry (the
     dispatch compares it with the device's opt-in maximum): the values tsct.h documents for the GLU kernels, 0 for
     the grid-stride quant kernels; an unknown name is an error naming it."""
-    documented = {"tsctk_glu_bwd_dz_bf16": 111616, "tsctk_glu_down_fwd_nvfp4": 71680, "tsctk_glu_down_fwd_sign": 71680,
+    documented = {"tsctk_glu_bwd_dz_bf16": 101376, "tsctk_glu_down_fwd_nvfp4": 71680, "tsctk_glu_down_fwd_sign": 71680,
                   "tsctk_glu_up_fwd_nvfp4": 53248, "tsctk_glu_up_fwd_sign": 53248}
     header = HEADER.read_text()
     for name in sorted(KERNELS):
@@ -468,21 +468,24 @@ def test_c_entry_points_reject_bad_arguments(lib):
         (lib.tsct_ternary_pack, (P, 0, 1, 4, 16, P, None, P, None), "null pointer"),
         (lib.tsct_ternary_dequantize, (P, None, P, 1, 4, 16, P, 7, None), "out_dtype=7"),
         (lib.tsct_ternary_dequantize, (P, None, P, 1, 4, 16, None, 0, None), "null pointer"),
-        # grad_out, grad_rows, f, scatter_idx, offs, E, m, w_down_t, zw, r, slices, dz_part, dw_down_t, stream
-        (lib.tsct_glu_bwd_dz_bf16, (P, 8, 100, None, P, 2, 8, P, P, 32, 1, P, P, None), "only r = 64"),
-        (lib.tsct_glu_bwd_dz_bf16, (P, 8, 100, None, P, 2, 8, P, P, 64, 3, P, P, None), "slices=3"),
-        (lib.tsct_glu_bwd_dz_bf16, (P, 8, 100, None, P, 2, 8, P, P, 64, 0, P, P, None), "slices=0"),
-        (lib.tsct_glu_bwd_dz_bf16, (P, 8, 0, None, P, 2, 8, P, P, 64, 1, P, P, None), "f=0"),
-        (lib.tsct_glu_bwd_dz_bf16, (P, -1, 100, None, P, 2, 8, P, P, 64, 1, P, P, None), "grad_rows=-1"),
-        (lib.tsct_glu_bwd_dz_bf16, (P, 8, 1 << 31, None, P, 2, 8, P, P, 64, 1, P, P, None), "< 2^31"),
-        (lib.tsct_glu_bwd_dz_bf16, (P, 1 << 40, 1 << 30, None, P, 2, 8, P, P, 64, 1, P, P, None), "overflow"),
-        (lib.tsct_glu_bwd_dz_bf16, (P, 8, 100, None, None, 2, 8, P, P, 64, 1, P, P, None), "null pointer"),
-        (lib.tsct_glu_bwd_dz_bf16, (ctypes.c_void_p(0x1002), 8, 100, None, P, 2, 8, P, P, 64, 1, P, P, None),
+        # grad_out, grad_rows, f, scatter_idx, offs, tile_cum, E, m, max_tiles, w_down_t, zw, r, slices, dz_part,
+        # dw_down_t, stream
+        (lib.tsct_glu_bwd_dz_bf16, (P, 8, 100, None, P, P, 2, 8, 4, P, P, 32, 1, P, P, None), "only r = 64"),
+        (lib.tsct_glu_bwd_dz_bf16, (P, 8, 100, None, P, P, 2, 8, 4, P, P, 64, 3, P, P, None), "slices=3"),
+        (lib.tsct_glu_bwd_dz_bf16, (P, 8, 100, None, P, P, 2, 8, 4, P, P, 64, 0, P, P, None), "slices=0"),
+        (lib.tsct_glu_bwd_dz_bf16, (P, 8, 0, None, P, P, 2, 8, 4, P, P, 64, 1, P, P, None), "f=0"),
+        (lib.tsct_glu_bwd_dz_bf16, (P, -1, 100, None, P, P, 2, 8, 4, P, P, 64, 1, P, P, None), "grad_rows=-1"),
+        (lib.tsct_glu_bwd_dz_bf16, (P, 8, 100, None, P, P, 2, 8, -1, P, P, 64, 1, P, P, None), "max_tiles=-1"),
+        (lib.tsct_glu_bwd_dz_bf16, (P, 8, 1 << 31, None, P, P, 2, 8, 4, P, P, 64, 1, P, P, None), "< 2^31"),
+        (lib.tsct_glu_bwd_dz_bf16, (P, 1 << 40, 1 << 30, None, P, P, 2, 8, 4, P, P, 64, 1, P, P, None), "overflow"),
+        (lib.tsct_glu_bwd_dz_bf16, (P, 8, 100, None, None, P, 2, 8, 4, P, P, 64, 1, P, P, None), "null pointer"),
+        (lib.tsct_glu_bwd_dz_bf16, (P, 8, 100, None, P, None, 2, 8, 4, P, P, 64, 1, P, P, None), "null pointer"),
+        (lib.tsct_glu_bwd_dz_bf16, (ctypes.c_void_p(0x1002), 8, 100, None, P, P, 2, 8, 4, P, P, 64, 1, P, P, None),
          "16-byte aligned"),
-        (lib.tsct_glu_bwd_dz_bf16, (P, 8, 100, ctypes.c_void_p(0x1004), P, 2, 8, P, P, 64, 1, P, P, None),
+        (lib.tsct_glu_bwd_dz_bf16, (P, 8, 100, ctypes.c_void_p(0x1004), P, P, 2, 8, 4, P, P, 64, 1, P, P, None),
          "scatter_idx must be 8-byte"),
-        (lib.tsct_glu_bwd_dz_bf16, (P, 8, (1 << 31) - 1, None, P, 2, 1 << 30, P, P, 64, 1, P, P, None),
-         "work counter"),
+        (lib.tsct_glu_bwd_dz_bf16, (P, 8, 100, None, P, P, 2, 8, 1 << 30, P, P, 64, 2, P, P, None),
+         "exceeds the grid"),
         # x, x_rows, stride_x, gather_idx, offs, tile_cum, E, m, d, r, gate codes/scales/s_enc, up codes/scales/s_enc,
         # s_gate, s_up, scales_bf16, row_weight, z, hg, hu, max_tiles, stream
         (lib.tsct_glu_down_fwd_nvfp4, (P, 8, 64, None, P, P, 2, 8, 64, 32, P, P, P, P, P, P, None, None, 0, None, P,
@@ -531,7 +534,10 @@ def test_c_entry_points_reject_bad_arguments(lib):
     assert lib.tsct_fp8_dequantize(None, None, 2, 0, 7, None, 1, None) == 0
     assert lib.tsct_ternary_pack(None, 1, 0, 3, 8, None, None, None, None) == 0
     assert lib.tsct_ternary_dequantize(None, None, None, 2, 3, 0, None, 0, None) == 0
-    assert lib.tsct_glu_bwd_dz_bf16(None, 0, 100, None, None, 0, 0, None, None, 64, 1, None, None, None) == 0
+    assert lib.tsct_glu_bwd_dz_bf16(None, 0, 100, None, None, None, 0, 0, 0, None, None, 64, 1, None, None,
+                                    None) == 0
+    assert lib.tsct_glu_bwd_dz_bf16(None, 0, 100, None, None, None, 2, 0, 2, None, None, 64, 1, None, None,
+                                    None) == 0  # no routed rows: no row tile, nothing to write
     assert lib.tsct_glu_down_fwd_nvfp4(None, 0, 64, P, None, None, 2, 0, 64, 64, *([None] * 8), 0, *([None] * 4), 3,
                                        None) == 0
     assert lib.tsct_glu_up_fwd_nvfp4(None, 0, None, None, 2, 40, 64, None, None, None, None, None, 40, 3, None) == 0
@@ -540,9 +546,9 @@ def test_c_entry_points_reject_bad_arguments(lib):
     assert lib.tsct_glu_up_fwd_sign(None, 0, None, None, 2, 40, 64, None, None, None, None, None, 40, 3, None) == 0
     assert _detail(lib) == ""
     if not torch.cuda.is_available():
-        # no rows of grad_out and no routed rows are valid arguments (dW of every expert is zeroed): they pass
-        # the checks and reach the first CUDA call, which fails here for want of a device
-        rc = lib.tsct_glu_bwd_dz_bf16(None, 0, 100, None, P, 2, 0, P, None, 64, 1, None, P, None)
+        # routed rows whose scatter indices all miss grad_out (no rows of it) are valid arguments (zero rows): they
+        # pass the checks and reach the first CUDA call, which fails here for want of a device
+        rc = lib.tsct_glu_bwd_dz_bf16(None, 0, 100, P, P, P, 2, 8, 3, P, P, 64, 1, P, P, None)
         assert rc > 0 and "tsct_glu_bwd_dz_bf16" in _detail(lib), (rc, _detail(lib))
 
 
@@ -618,19 +624,32 @@ def test_glu_bwd_dz_wrapper_rejects_bad_input(lib):
     bf = torch.bfloat16
     go, offs = torch.zeros(8, 100, dtype=bf), torch.tensor([3, 8], dtype=torch.int32)
     wd, zw = torch.zeros(2, 100, 64, dtype=bf), torch.zeros(8, 64, dtype=bf)
-    dz = native.glu_bwd_dz_bf16
+    cum = torch.tensor([1, 2], dtype=torch.int32)
+    t = dict(tile_cum=cum, max_tiles=3)
+
+    def dz(*args, **kw):
+        return native.glu_bwd_dz_bf16(*args, **{**t, **kw})
+
     with pytest.raises(TypeError, match="grad_out must have dtype"):
         dz(go.float(), offs, wd, zw, slices=1)
     with pytest.raises(TypeError, match="offs must have dtype"):
         dz(go, offs.long(), wd, zw, slices=1)
+    with pytest.raises(TypeError, match="tile_cum must have dtype"):
+        dz(go, offs, wd, zw, slices=1, tile_cum=cum.long())
     with pytest.raises(TypeError, match="zw must be a torch.Tensor"):
         dz(go, offs, wd, None, slices=1)
     with pytest.raises(ValueError, match=r"w_down_t must have shape \[2, 100, 64\]"):
         dz(go, offs, torch.zeros(2, 64, 100, dtype=bf), zw, slices=1)
     with pytest.raises(ValueError, match=r"zw must have shape \[8, 64\]"):
         dz(go, offs, wd, torch.zeros(8, 32, dtype=bf), slices=1)
+    with pytest.raises(ValueError, match=r"tile_cum must have shape \[2\]"):
+        dz(go, offs, wd, zw, slices=1, tile_cum=cum[:1])
+    with pytest.raises(ValueError, match=r"dw_out must have shape \[2, 100, 64\]"):
+        dz(go, offs, wd, zw, slices=1, dw_out=torch.zeros(2, 64, 100, dtype=bf))
     with pytest.raises(ValueError, match=r"slices must be an int in \[1, min\(16, ceil\(f/64\) = 2\)\]"):
         dz(go, offs, wd, zw, slices=3)
+    with pytest.raises(ValueError, match="max_tiles must be an int >= 0"):
+        dz(go, offs, wd, zw, slices=1, max_tiles=-1)
     with pytest.raises(ValueError, match="grad_out has 4 rows < M=8 and no scatter_idx"):
         dz(go[:4], offs, wd, zw, slices=1)
     with pytest.raises(ValueError, match=r"scatter_idx must have shape \[8\]"):

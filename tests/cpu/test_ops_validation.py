@@ -141,7 +141,7 @@ def test_value_checks_can_be_turned_off(p, monkeypatch):
     def boom(*a, **k):
         raise AssertionError("value check ran")
 
-    monkeypatch.setattr(_validate, "_check_values", boom)
+    monkeypatch.setattr(_validate, "check_value_facts", boom)
     monkeypatch.setattr(tsct.config, "check_values", False)
     y = call(p)
     assert y.shape == (8, 9)

@@ -277,3 +277,18 @@ def test_auto_on_cuda_without_native_is_a_counted_warned_fallback(monkeypatch):
     with pytest.raises(RuntimeError, match="backend='native' cannot run"):
         _backend.resolve("native", cuda, "quantize_sign")
     quant.reset_native_fallback_counts()
+
+
+@pytest.mark.parametrize("fmt", ["nvfp4", "sign"])
+@pytest.mark.parametrize("shape", [(3, 64, 40), (64, 24)])
+def test_dequantize_in_storage_order_is_the_same_values_without_a_copy(fmt, shape):
+    """``contiguous=False``: the same values, as the transposed view of a K-contiguous decode (the bmm path
+    hands it to torch.bmm as it is)."""
+    w = torch.randn(*shape) * torch.linspace(0.1, 3.0, shape[-1])
+    q = quant.quantize(w, fmt)
+    dense = quant.dequantize(q, torch.bfloat16)
+    view = quant.dequantize(q, torch.bfloat16, contiguous=False)
+    assert dense.is_contiguous() and view.shape == dense.shape
+    assert view.stride(-2) == 1 and view.stride(-1) == shape[-2]  # K (dim -2) contiguous
+    assert torch.equal(view, dense)
+    assert torch.equal(quant.dequantize(w, torch.bfloat16, contiguous=False), w.bfloat16())

@@ -296,7 +296,7 @@ _CASES = [
     ("r32_gather_only", 96, 2, 5, 96, 48, 257, True, False, torch.float32, torch.float32, torch.int64,
      torch.bfloat16),
     ("one_scale", 32, 2, 4, 64, 32, 64, False, True, torch.float32, None, torch.int64, torch.bfloat16),
-    # ~256 rows per expert: the dX/dW kernel keeps one d block per program (NDB 1)
+    # ~256 rows per expert: experts of several row tiles (their dW through the chunked kernels)
     ("few_large_experts", 512, 2, 4, 128, 32, 40, True, True, torch.float32, torch.float32, torch.int64,
      torch.bfloat16),
 ]
@@ -356,6 +356,83 @@ def test_every_glu_launch_has_an_aot_variant(cap, monkeypatch):
             assert wd_t == ({"glu_up_fwd", "glu_bwd_dz"} if kmajor_aligned else set()), (name, wd_t)
 
 
+@pytest.mark.parametrize("cap", [(9, 0), (10, 0), (12, 0)], ids=lambda c: f"sm{c[0]}{c[1]}")
+def test_every_glu_launch_is_in_the_table(cap, monkeypatch):
+    """The same dry run against the AOT table itself (``specs.enumerate_specs``; no install needed), with a skewed
+    routing (one expert holding most rows, empty experts) and chunks of one row tile, so that the backward's chunked
+    dW kernels, their workspace slots and the slot sums launch too."""
+    from tsct.kernels.triton_glu import glu
+
+    arch = aot.artifact_arch(cap)
+    table = {s.key for s in specs.enumerate_specs(arch)}
+    launched, missing = [], []
+
+    class _Rec:
+        def __init__(self, key):
+            self.key = key
+
+        def launch(self, grid, values, stream):
+            assert len(values) == len(specs.KERNELS[self.key.split("|")[0]].params), self.key
+            assert all(int(g) >= 0 for g in grid), (self.key, grid)
+            launched.append(self.key)
+
+    def kernel(arch_, key):
+        if key in table:
+            return _Rec(key)
+        missing.append(key)
+        return None
+
+    monkeypatch.setenv("TSCT_TRITON_BACKEND", "aot")
+    monkeypatch.setattr(glu, "_capability", lambda dev: cap)
+    monkeypatch.setattr(launch, "current_stream", lambda dev: 0)
+    monkeypatch.setattr(aot, "kernel", kernel)
+    monkeypatch.setattr(aot, "index", lambda arch_: {"kernels": {}})
+    monkeypatch.setattr(glu._CONFIGS[arch], "chunk_bwd", 64)
+    g = torch.Generator().manual_seed(1)
+    for (name, T, k, E, d, r, f, gather, scatter, s_dt, rw_dt, idx_dt, dt) in _CASES:
+        m = T * k
+        counts = torch.zeros(E, dtype=torch.int64)
+        counts[E // 2] = m - (E - 1) // 2  # most rows in one expert, every other expert empty
+        counts[1::2][: (E - 1) // 2] = 1
+        offs = counts.cumsum(0).to(torch.int32)
+        x = torch.randn(T if gather else m, d, generator=g).to(dt)
+        wg, wu, wd = torch.randn(E, d, r).to(dt), torch.randn(E, d, r).to(dt), torch.randn(E, r, f).to(dt)
+        sg = torch.rand(E, r).to(s_dt) if s_dt else None
+        su = (torch.rand(E, r).to(s_dt) if s_dt else None) if name != "one_scale" else None
+        rw = torch.rand(m).to(rw_dt) if rw_dt else None
+        tok = torch.arange(m) // k
+        gi = tok.to(idx_dt) if gather else None
+        si = tok.to(idx_dt) if scatter else None
+        n_out = T if scatter else None
+        go = torch.randn(T if scatter else m, f).to(dt)
+        for w_down in (wd, to_kmajor(wd)):
+            launched.clear()
+            _, saved = glu.grouped_glu_forward_saved(x, offs, wg, wu, w_down, sg, su, rw, gi, si, n_out)
+            for need in ([True] * 7, [True] + [False] * 6, [False, True, True, True, False, False, False]):
+                glu.grouped_glu_backward(go, x, offs, wg, wu, w_down, sg, su, rw, gi, si, n_out, need, saved=saved)
+            names = {kk.split("|")[0] for kk in launched}
+            want = {"bwd_maps", "glu_bwd_dz", "glu_bwd_dwd", "glu_bwd_epi", "glu_bwd_dx_dw", "glu_bwd_dw"}
+            assert names >= want | ({"bwd_slot_reduce"} if m > 64 else set()), (name, names)
+    assert not missing, f"{len(missing)} launches have no variant in the {arch} table, e.g. {missing[:3]}"
+
+
+def test_chunk_size_bounds_the_workspace():
+    """The chunk rows of the backward's dW reductions: the config's (a multiple of BM), doubled until the worst case's
+    workspace (cdiv(2 M, CH) slots) fits the bound, a function of the shape only (docs/decisions/0016)."""
+    from tsct.kernels.triton_glu import glu
+
+    cfg = specs.config_for((9, 0))
+    slot = max(64 * 5461, 2 * 2048 * 64)  # b1: dWd is the largest per-expert block
+    assert glu.chunk_size(cfg, 32768, slot) == 512  # b1: 128 slots, 179 MB
+    assert glu.chunk_size(cfg, 131072, slot) == 2048  # T 65536: 128 slots
+    for m in (1, 100, 5000, 32768, 131072, 1 << 22):
+        ch = glu.chunk_size(cfg, m, slot)
+        assert ch % cfg.bm == 0 and ch >= cfg.chunk_bwd
+        assert ch >= m or -(-2 * m // ch) * slot * 4 <= cfg.ws_bwd_mib << 20, (m, ch)
+    small = specs.config_for((12, 0))
+    assert small.ws_bwd_mib < cfg.ws_bwd_mib and glu.chunk_size(small, 32768, slot) == 2048
+
+
 def test_status_reasons(monkeypatch, tmp_path):
     from tsct.kernels import triton_glu as TG
     from tsct.kernels.triton_glu import glu as glu_mod
@@ -389,7 +466,7 @@ def test_status_reasons(monkeypatch, tmp_path):
 
 def test_cuda_dz_only_where_timed(monkeypatch):
     """The CUDA glu_bwd_dz (decision 0013) is on for sm_90a only: JIT arches get sm_90a's tiles without it
-    (sm_86 / sm_89 lack its 109 KB of shared memory), and the sm_100a / sm_120 tables leave it off."""
+    (sm_86 / sm_89 lack its 99 KB of shared memory), and the sm_100a / sm_120 tables leave it off."""
     from tsct.kernels.triton_glu import glu, specs
 
     assert specs.CONFIGS["sm_90a"].dz_native == 1

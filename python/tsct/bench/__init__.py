@@ -6,7 +6,8 @@ Usage: ``tsct-bench [--preset b1|small] [--json FILE] [--plot FILE.png] ...`` (`
 Modules: ``config`` (presets, BenchConfig), ``counts`` (bytes / FLOP formulas), ``routing`` (router
 outputs, sync-free sort and capacity placement), ``inputs`` (factors, formats, input sets), ``measure``
 (timing, copy bandwidth, peak memory, machine facts), ``arms`` (the passes and their shared
-measurement), ``runner`` (one run), ``report`` (table, JSON, plot), ``cli`` (argparse).
+measurement), ``runner`` (one run), ``report`` (table, JSON, plot), ``sweep`` (``--sweep``: runs over one varied
+axis at a time, their JSON and plot), ``cli`` (argparse).
 
 JSON (schema_version 1): {schema_version, tsct_version, git_commit, git {commit, dirty, source}, date (UTC ISO 8601),
 device {type, name, capability, sm_count, memory_bytes, l2_cache_bytes, driver, torch, cuda}, host,

@@ -8,12 +8,13 @@ from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 from typing import Optional, Sequence
 
 from rich.console import Console
 
 from tsct.bench import config as cfgmod
-from tsct.bench import report
+from tsct.bench import report, sweep
 
 
 def _csv(s: str) -> tuple:
@@ -57,6 +58,12 @@ def parser() -> argparse.ArgumentParser:
     g.add_argument("--formats", type=_csv,
                    help="factor storage formats of the tsct arms (default bf16,nvfp4,sign,fp8,ternary)")
     g.add_argument("--no-backward", action="store_true", help="time the forward only")
+    g.add_argument("--sweep", action="append", metavar="AXIS[=V,...]",
+                   help="cost as work grows: vary one axis at a time around the other flags' config and run every "
+                        "selected arm at each point; axes experts (256,1024,4096,16384), tokens (4096,16384,65536), "
+                        "routing (softmax,zipf1.0,zipf1.2,zipf1.5), r (16,32,64,128), or 'all'; repeatable. Writes "
+                        "the JSON (--json, else bench/results/<date>_<device>_sweep_<commit>.json) and the plot "
+                        "(--plot, else the same name .png when matplotlib is installed)")
     g = p.add_argument_group("output")
     g.add_argument("--json", metavar="FILE", help="write the full results as JSON")
     g.add_argument("--plot", metavar="FILE.png", help="bar chart of forward and forward+backward times (matplotlib)")
@@ -108,6 +115,31 @@ def _usage_error(err: Console, e: Exception) -> int:
     return 2
 
 
+def _sweep(cfg: cfgmod.BenchConfig, axes: dict, a: argparse.Namespace, out: Console, err: Console) -> int:
+    """``--sweep``: run the points, print the summary, write the JSON and the plot (``tsct.bench.sweep``)."""
+    from tsct.bench.runner import NullReporter
+
+    try:
+        result = sweep.run_sweep(cfg, axes, reporter=NullReporter() if a.quiet else report.RichReporter(err))
+    except ValueError as e:  # e.g. an --arms pattern that matches nothing
+        return _usage_error(err, e)
+    out.print(sweep.summary_table(result))
+    stem = Path("bench") / "results" / sweep.default_stem(result)
+    path = a.json or str(stem.with_suffix(".json"))
+    out.print(f"wrote {report.write_json(result, path)}", markup=False, highlight=False)
+    plot = a.plot
+    if plot is None:
+        try:
+            report.require_matplotlib()
+            plot = str(Path(path).with_suffix(".png"))
+        except report.PlotUnavailable as e:
+            err.print(f"tsct-bench: note: no plot: {e}", markup=False, highlight=False)
+    if plot:
+        out.print(f"wrote {sweep.plot(result, plot)}", markup=False, highlight=False)
+    failed = any(r["status"] == "error" for p in result["points"] for r in p["result"]["arms"])
+    return 1 if failed else 0
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
     a = parser().parse_args(argv)
     # Not a terminal (a log, a remote runner): a fixed width that fits the table, no colour codes.
@@ -116,12 +148,15 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
            else Console(stderr=True, width=200, no_color=True, log_path=False))
     try:
         cfg = config_from_args(a)
+        axes = sweep.parse_axes(a.sweep) if a.sweep else None
         if a.json:
             report.check_writable(a.json)  # fail before spending device time, not after
         if a.plot:
             report.require_matplotlib()
     except (ValueError, report.PlotUnavailable) as e:
         return _usage_error(err, e)
+    if axes is not None and not a.list_arms:
+        return _sweep(cfg, axes, a, out, err)
     if a.list_arms:
         try:
             _list_arms(cfg, out)

@@ -98,33 +98,28 @@ def plan_from_counts(counts: Sequence[int], d: int, r: int, f: int) -> Plan:
     tile_w = 20 * (2 * d * r + r * f)
     qs = np.unique(np.quantile(c, np.linspace(0, 1, 33), method="higher").astype(np.int64))
     cands = np.unique(np.concatenate([[0], -(-qs // 8) * 8]))
-    best = None
-    for h0 in cands.tolist():
-        over = np.clip(c - h0, 0, None)
-        for b in TILE_ROWS:
-            nt = int((-(-over // b)).sum())
-            cost = e * h0 * row + nt * (b * row + tile_w)
-            if best is None or cost < best[0]:
-                best = (cost, Plan(int(h0), b, nt))
-    return best[1]
+    over = np.clip(c[None, :] - cands[:, None], 0, None)                       # [K, E]
+    b = np.asarray(TILE_ROWS, dtype=np.int64)
+    nt = (-(-over[:, None, :] // b[None, :, None])).sum(2)                      # [K, len(TILE_ROWS)]
+    cost = e * cands[:, None] * row + nt * (b[None, :] * row + tile_w)
+    k, j = np.unravel_index(int(np.argmin(cost)), cost.shape)                   # first minimum: smallest h0, b
+    return Plan(int(cands[k]), int(b[j]), int(nt[k, j]))
 
 
 def static_plan(m: int, experts: int) -> Plan:
     """A layout that fits ANY routing of ``m`` rows over ``experts`` experts, from the shapes alone.
 
-    ``h0`` = twice the mean rows per expert rounded up to 8 (at least 8, at most 256: a capacity
-    factor of 2 covers balanced routing without tiles); tile height ``b = max(h0, 256)`` (few tiles:
-    each costs a copy of its expert's factors and a weight-gradient partial). Tiles needed:
-    ``sum_e ceil((c_e - h0) / b)`` over the n experts with ``c_e > h0``, which is at most
-    ``(m - n h0 + n (b - 1)) / b`` and n <= min(E, m // (h0 + 1)); the bound takes the larger end.
+    ``h0`` = twice the mean rows per expert rounded up to 8 (at least 8, at most 256: a capacity factor
+    of 2 covers balanced routing without tiles), tiles of ``b = h0`` rows. Tiles needed:
+    ``sum_e ceil((c_e - h0) / h0) = sum_e (ceil(c_e / h0) - 1) <= sum_e (c_e - 1) / h0 < m / h0`` over
+    the experts with ``c_e > h0``, so ``m // h0`` tiles hold every routing and the buffer has at most
+    ``E h0 + m`` rows. (Taller tiles need more rows for the same bound: the worst case is many experts
+    with ``h0 + 1`` rows, one tile each, so the tile count bound stays ~``m / h0`` whatever ``b`` is.)
     """
     if experts == 0 or m == 0:
         return Plan(0, 64, 0)
     h0 = min(256, max(8, _round_up(-(-2 * m // experts), 8)))
-    b = max(h0, 256)
-    n_max = min(experts, m // (h0 + 1))
-    bound = max(m // b, (m - n_max * h0 + n_max * (b - 1)) // b)
-    return Plan(h0, b, max(bound, 0))
+    return Plan(h0, h0, m // h0)
 
 
 # ---- layout ------------------------------------------------------------------------------------
@@ -346,11 +341,13 @@ def combine_rows(rows_of: Tensor, rows_src: Tensor, target: Tensor, valid: Tenso
 
 
 def _fan(idx: Optional[Tensor], valid: Tensor, n: int) -> Tensor:
-    """The most valid routed rows any of the ``n`` rows of ``idx`` receives (a 0-dim device tensor)."""
+    """The most valid routed rows any of the ``n`` rows of ``idx`` receives (a 0-dim device tensor). Entries
+    outside ``[0, n)`` are not counted (the value check that runs in the same host read reports them)."""
     if idx is None:
         return torch.ones((), dtype=torch.long, device=valid.device)
     cnt = torch.zeros(n + 1, dtype=torch.long, device=valid.device)
-    cnt.index_add_(0, torch.where(valid, idx.long(), n), torch.ones_like(valid, dtype=torch.long))
+    v = idx.long()
+    cnt.index_add_(0, torch.where(valid & (v >= 0) & (v < n), v, n), torch.ones_like(valid, dtype=torch.long))
     return cnt[:n].amax() if n else cnt.new_zeros(())
 
 
@@ -431,20 +428,30 @@ def _buffer_row_weight(row_weight: Optional[Tensor], lay: _Layout, device) -> Op
 
 def _plan_for(offs: Tensor, m: int, w_gate: Tensor, w_down: Tensor, gather_idx=None, scatter_idx=None,
               num_out_rows=None, x_rows: int = 0) -> Plan:
-    """The host plan from the per-expert counts and the combines' fans (ONE device-to-host read) in eager
-    mode; the static plan while a CUDA graph is captured or torch.compile traces."""
+    """The host plan from the per-expert counts and the combines' fans in eager mode, with the index-value
+    checks of ``tsct.config.check_values`` (``tsct.ops`` defers them to this read): ONE device-to-host read.
+    The static plan while a CUDA graph is captured or torch.compile traces."""
+    from tsct import config
+    from tsct.ops import _validate
+
     e_count = offs.shape[0]
     capturing = offs.is_cuda and torch.cuda.is_current_stream_capturing()
     if capturing or torch.compiler.is_compiling() or e_count == 0:
         return static_plan(m, e_count)
-    ends = offs.long()
-    counts = torch.diff(ends, prepend=ends.new_zeros(1)).clamp(min=0)
-    valid = torch.arange(m, device=offs.device) < ends[-1]
-    fans = [_fan(scatter_idx, valid, num_out_rows or 0) if scatter_idx is not None else counts.new_zeros(()),
-            _fan(gather_idx, valid, x_rows) if gather_idx is not None else counts.new_zeros(())]
-    host = torch.cat([counts, torch.stack(fans)]).cpu().tolist()
-    plan = plan_from_counts(host[:e_count], w_gate.shape[1], w_gate.shape[2], w_down.shape[2])
-    return dataclasses.replace(plan, fan_out=max(host[e_count], 1), fan_in=max(host[e_count + 1], 1))
+    check = config.check_values
+    valid = torch.arange(m, device=offs.device) < offs[-1]
+    zero = offs.new_zeros((), dtype=torch.long)
+    parts = [_validate.value_facts(offs, m, gather_idx, scatter_idx) if check else offs.long(),
+             torch.stack([_fan(scatter_idx, valid, num_out_rows or 0) if scatter_idx is not None else zero,
+                          _fan(gather_idx, valid, x_rows) if gather_idx is not None else zero])]
+    host = torch.cat(parts).tolist()
+    facts, (fan_out, fan_in) = host[:-2], host[-2:]
+    if check:
+        _validate.check_value_facts(facts, m, x_rows, num_out_rows)
+    ends = facts[:e_count]
+    counts = [max(b - a, 0) for a, b in zip([0] + ends[:-1], ends)]
+    plan = plan_from_counts(counts, w_gate.shape[1], w_gate.shape[2], w_down.shape[2])
+    return dataclasses.replace(plan, fan_out=max(fan_out, 1), fan_in=max(fan_in, 1))
 
 
 def _check_activations(activations: str, d: int, r: int) -> None:
@@ -558,6 +565,8 @@ def _backward(grad_out, x, offs, w_gate, w_up, w_down, s_gate, s_up, row_weight,
             grads[3] = _weight_grad(dyb, zw, lay, plan, e_count).transpose(1, 2)
         else:
             grads[3] = _weight_grad(zw, dyb, lay, plan, e_count)
+        del zw
+    del dyb  # [R, f]: the largest buffer, freed before the other gradients are allocated (peak memory)
     dz = dz_raw * rwb.unsqueeze(1)
     sig = torch.sigmoid(g)
     du = torch.where(live, dz * (g * sig), 0)
@@ -573,6 +582,7 @@ def _backward(grad_out, x, offs, w_gate, w_up, w_down, s_gate, s_up, row_weight,
         grads[1] = _weight_grad(xb, da_c, lay, plan, e_count)
     if needs_grad[2]:
         grads[2] = _weight_grad(xb, db_c, lay, plan, e_count)
+    del xb, a, b, g, u, z, zl, dz_raw, dz, sig, du, dg, da, db
     if needs_grad[0]:
         wg_t = w_gate.index_select(0, tiles).transpose(1, 2) if tiles is not None else None
         wu_t = w_up.index_select(0, tiles).transpose(1, 2) if tiles is not None else None

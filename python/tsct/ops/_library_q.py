@@ -387,8 +387,8 @@ def quantize_master(master: Tensor, fmt: str, *, layout: str = "linear", backend
 
     Returns:
         An ``NVFP4Tensor`` / ``SignTensor`` / ``FP8Tensor`` / ``TernaryTensor``. The same object while the master
-        is unchanged; a new one as soon as the master changes: an in-place update on the tensor (``p.add_``, ``p.copy_``) moves its
-        version counter, and every ``torch.optim`` step (fused or not) is seen through a global step
+        is unchanged; a new one as soon as the master changes: an in-place update on the tensor (``p.add_``,
+        ``p.copy_``) moves its version counter, and every ``torch.optim`` step (fused or not) is seen through a global step
         post-hook registered on the first call, so a cached container never outlives an optimizer step.
         Writes that bypass both (through ``p.data``, ``vector_to_parameters``) are invisible: call
         ``tsct.ops.mark_masters_updated(p)`` after them. Pass the container to ``tsct.ops.grouped_glu``

@@ -12,6 +12,7 @@ from tsct.quant import is_quantized
 
 _FLOAT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 _INDEX_DTYPES = (torch.int32, torch.int64)
+_I64 = torch.iinfo(torch.int64)
 
 
 def _shape(t) -> tuple:
@@ -47,7 +48,7 @@ def validate(
     scatter_idx: Optional[Tensor],
     num_out_rows: Optional[int],
 ) -> tuple[int, int, int, int, int]:
-    """Check shapes, dtypes and devices (always) and index values (``tsct.config.check_values``).
+    """Check shapes, dtypes and devices (no host read; the index values: ``check_index_values``).
 
     Returns (M, E, d, r, f). Raises TypeError for a wrong type/dtype, ValueError for a wrong shape,
     device or value; the message starts with ``grouped_glu: <argument>``.
@@ -118,11 +119,6 @@ def validate(
         if not isinstance(num_out_rows, int) or isinstance(num_out_rows, bool) or num_out_rows < 0:
             raise ValueError(f"grouped_glu: num_out_rows must be a non-negative int, got {num_out_rows!r}")
 
-    if config.check_values and _has_values(offs):
-        if _values_readable(offs):
-            _check_values(offs, m, gather_idx, t_rows, scatter_idx, num_out_rows)
-        else:
-            _assert_values_async(offs, m, gather_idx, t_rows, scatter_idx, num_out_rows)
     return m, e, d, r, f
 
 
@@ -164,23 +160,52 @@ def _assert_values_async(offs, m, gather_idx, t_rows, scatter_idx, num_out_rows)
                             "gather_idx/scatter_idx in range (value check under torch.compile / CUDA graph)")
 
 
-def _check_values(offs, m, gather_idx, t_rows, scatter_idx, num_out_rows) -> None:
-    # One batched host transfer instead of one per check.
-    o = offs.to("cpu", torch.int64)
-    if o.numel():
-        if int(o[0]) < 0:
-            raise ValueError(f"grouped_glu: offs must be non-negative end offsets, offs[0] = {int(o[0])}")
-        dec = (o[1:] < o[:-1]).nonzero()
-        if dec.numel():
-            i = int(dec[0]) + 1
-            raise ValueError(f"grouped_glu: offs must be non-decreasing, offs[{i}] = {int(o[i])} < offs[{i-1}] = {int(o[i-1])}")
-        if int(o[-1]) > m:
-            raise ValueError(f"grouped_glu: offs[-1] = {int(o[-1])} exceeds M = {m} routed rows")
-    valid = int(o[-1]) if o.numel() else 0
-    for name, idx, bound in (("gather_idx", gather_idx, t_rows), ("scatter_idx", scatter_idx, num_out_rows)):
-        if idx is None or valid == 0:
+def check_index_values(offs, m, gather_idx, t_rows, scatter_idx, num_out_rows, *, deferred: bool = False) -> None:
+    """The value checks of ``grouped_glu`` (``tsct.config.check_values``): ``offs`` non-negative,
+    non-decreasing, ``offs[-1] <= M``; ``gather_idx[:offs[-1]]`` in ``[0, x rows)``, ``scatter_idx[:offs[-1]]``
+    in ``[0, num_out_rows)``. Eager: one host read (``value_facts``). Compiling or capturing: device-side
+    asserts. ``deferred``: the caller reads ``value_facts`` with its own host read and checks them with
+    ``check_value_facts`` (one sync per call instead of two). Raises ValueError naming the argument."""
+    if not config.check_values or not _has_values(offs):
+        return
+    if not _values_readable(offs):
+        _assert_values_async(offs, m, gather_idx, t_rows, scatter_idx, num_out_rows)
+    elif not deferred:
+        _check_values(offs, m, gather_idx, t_rows, scatter_idx, num_out_rows)
+
+
+def value_facts(offs: Tensor, m: int, gather_idx: Optional[Tensor], scatter_idx: Optional[Tensor]) -> Tensor:
+    """``[E + 4]`` int64 on ``offs``' device, computed without a host read: ``offs``, then the smallest and
+    largest entry of ``gather_idx[:offs[-1]]`` and of ``scatter_idx[:offs[-1]]`` (``(int64 max, int64 min)``
+    for an absent index or no routed row)."""
+    o = offs.long()
+    parts = [o]
+    valid = torch.arange(m, device=offs.device) < o[-1] if (m and o.numel()) else None
+    for idx in (gather_idx, scatter_idx):
+        if idx is None or valid is None:
+            parts.append(o.new_tensor([_I64.max, _I64.min]))
             continue
-        v = idx[:valid]
-        lo, hi = (int(a) for a in torch.stack([v.min(), v.max()]).cpu())
-        if lo < 0 or hi >= bound:
+        v = idx.long()
+        parts.append(torch.stack([torch.where(valid, v, _I64.max).amin(), torch.where(valid, v, _I64.min).amax()]))
+    return torch.cat(parts)
+
+
+def check_value_facts(facts, m: int, t_rows: int, num_out_rows: Optional[int]) -> None:
+    """Check ``value_facts`` read on the host (a list of ints); ValueError naming the argument."""
+    o, (g_lo, g_hi, s_lo, s_hi) = facts[:-4], facts[-4:]
+    if o:
+        if o[0] < 0:
+            raise ValueError(f"grouped_glu: offs must be non-negative end offsets, offs[0] = {o[0]}")
+        for i in range(1, len(o)):
+            if o[i] < o[i - 1]:
+                raise ValueError(f"grouped_glu: offs must be non-decreasing, offs[{i}] = {o[i]} < "
+                                 f"offs[{i - 1}] = {o[i - 1]}")
+        if o[-1] > m:
+            raise ValueError(f"grouped_glu: offs[-1] = {o[-1]} exceeds M = {m} routed rows")
+    for name, lo, hi, bound in (("gather_idx", g_lo, g_hi, t_rows), ("scatter_idx", s_lo, s_hi, num_out_rows)):
+        if lo <= hi and (lo < 0 or hi >= bound):
             raise ValueError(f"grouped_glu: {name}[:offs[-1]] must lie in [0, {bound}), found values in [{lo}, {hi}]")
+
+
+def _check_values(offs, m, gather_idx, t_rows, scatter_idx, num_out_rows) -> None:
+    check_value_facts(value_facts(offs, m, gather_idx, scatter_idx).tolist(), m, t_rows, num_out_rows)

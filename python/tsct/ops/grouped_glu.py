@@ -17,7 +17,7 @@ from torch import Tensor
 from tsct import dispatch
 from tsct.ops._library import grouped_glu_op
 from tsct.ops import _library_q
-from tsct.ops._validate import validate
+from tsct.ops._validate import check_index_values, validate
 
 Factor = Union[Tensor, "tsct.quant.NVFP4Tensor", "tsct.quant.SignTensor", "tsct.quant.FP8Tensor",  # noqa: F821
                "tsct.quant.TernaryTensor"]  # noqa: F821
@@ -132,13 +132,19 @@ def grouped_glu(
         raise ValueError(f"grouped_glu: activations='nvfp4' quantizes rows in blocks of 16 along K: d = {d} and "
                          f"r = {r} must be multiples of 16")
     path = dispatch.select(impl, dispatch.device_capability(x.device), fmt, activations)
+    static = path == dispatch.BMM and _static_shapes_needed(x)
+    # an eager bmm call reads its layout plan on the host anyway: the values are checked in that one read
+    check_index_values(offs, m, gather_idx, x.shape[0], scatter_idx, num_out_rows,
+                       deferred=path == dispatch.BMM and not static)
     packed = any(quant.is_quantized(w) for w in facs)
     if path in (dispatch.REFERENCE, dispatch.BMM) or not packed:
         if packed:  # decode once per call; a master's STE gradient is the decoded factor's gradient
-            facs = tuple(_DecodedWithMaster.apply(quant.dequantize(w, dtype=x.dtype), mt) if mt is not None
-                         else (quant.dequantize(w, dtype=x.dtype) if quant.is_quantized(w) else w)
+            # in storage order (K contiguous): torch.bmm takes the transposed view without a copy
+            facs = tuple(_DecodedWithMaster.apply(quant.dequantize(w, dtype=x.dtype, contiguous=False), mt)
+                         if mt is not None else
+                         (quant.dequantize(w, dtype=x.dtype, contiguous=False) if quant.is_quantized(w) else w)
                          for w, mt in zip(facs, ms))
-        key = dispatch.impl_key(path, activations, static=path == dispatch.BMM and _static_shapes_needed(x))
+        key = dispatch.impl_key(path, activations, static=static)
         return grouped_glu_op(x, offs, *facs, s_gate, s_up, row_weight, gather_idx, scatter_idx, num_out_rows,
                               key)
     tags, storages, carriers = [], [], []

@@ -68,14 +68,17 @@ def quantize(w: Tensor, fmt: str, *, backend: str = "auto", **options) -> Quanti
     return _FORMAT_TABLE[fmt][1](w, backend=backend, **options)
 
 
-def dequantize(container, dtype: torch.dtype = torch.bfloat16, backend: str = "auto") -> Tensor:
-    """Decode a container to a contiguous tensor of its logical shape in ``dtype``.
+def dequantize(container, dtype: torch.dtype = torch.bfloat16, backend: str = "auto", *,
+               contiguous: bool = True) -> Tensor:
+    """Decode a container to a tensor of its logical shape in ``dtype``: contiguous, or with
+    ``contiguous=False`` the transposed view of the K-contiguous decode (no transposing copy; for GEMMs
+    that take either operand order, e.g. ``torch.bmm``).
 
     A plain tensor (reference storage) is returned as ``t.to(dtype)``, so callers can decode every
     factor the same way.
     """
     if isinstance(container, _CONTAINERS):
-        return container.dequantize(dtype, backend)
+        return container.dequantize(dtype, backend, contiguous=contiguous)
     if isinstance(container, Tensor):
         _backend.check_float_dtype("dtype", dtype)
         _backend.check_backend(backend)

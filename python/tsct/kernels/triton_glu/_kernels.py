@@ -13,10 +13,11 @@ Schedules (no host reads of offs; every grid is sized by an upper bound):
                     it from offs and one writes it for the up kernel); a program finds its expert by
                     counting ``cum <= pid`` and exits if pid is past the last tile. Grid =
                     cdiv(M, BM) + E tiles, an upper bound of sum_e cdiv(m_e, BM).
-  backward kernels  one program per expert (times a rank block or a d block), looping over the
-                    expert's row tiles: per-expert reductions (dW, ds) stay in one program, in a
-                    fixed order, so they are deterministic and need no atomics; an empty expert
-                    writes exact zeros.
+  backward kernels  the per-row work (dz, the GLU backward, dX) on the same tile map, one program per
+                    row tile (times a rank block, f slice or d block), so one expert with many rows
+                    spreads over the GPU; the per-expert reductions (dW, d s) are cut into row tiles
+                    or chunks of rows whose partial sums are added in a fixed order afterwards:
+                    deterministic, no atomics, exact zeros for an empty expert (section "backward").
 Combines (forward [M, f] -> [T, f] and dX [M, d] -> [T, d]) sum each target's rows in increasing
 row order through a CSR built with a stable sort: deterministic for any top-k.
 All row offsets are int64 (M * f may pass 2^31).
@@ -482,25 +483,114 @@ def route_place(srt_ptr, rank_ptr, hist_ptr, cum_ptr, crank_ptr, order_ptr, toke
 
 
 # ---- backward -----------------------------------------------------------------------------------
+# Row kernels (glu_bwd_dz, glu_bwd_epi, glu_bwd_dx_dw) run one program per row tile of the forward's tile map
+# (``maps`` row 0); an expert's reductions over rows (dW, d s) are made in a fixed order and never depend on how
+# the GPU schedules the programs:
+#   d s       each row tile writes its partial sums ([tiles, r]); glu_bwd_sred adds an expert's tiles in order.
+#   dW        an expert of one row tile (at b1 almost all of them) gets its dW from the row kernel that already
+#             holds its tile (glu_bwd_dz: dWd; glu_bwd_dx_dw: dWg, dWu). Every other expert (empty, or more than
+#             one tile) is cut into chunks of CH rows (``maps`` row 1: chunks per expert, an empty expert one
+#             chunk of no rows); glu_bwd_dwd / glu_bwd_dw sum a chunk's row tiles in order; an expert of one
+#             chunk stores its dW directly (exact zeros when empty), an expert of several chunks stores each
+#             chunk's fp32 sum in a workspace slot (``maps`` row 2: slots per expert) and bwd_slot_reduce adds the
+#             slots in chunk order. The result depends on CH (a host choice from the shape: glu._chunk_rows) and
+#             on nothing else.
+
+@triton.jit
+def _find_expert(cum_ptr, pid, E, BLOCK_E: tl.constexpr):
+    """Owner of item ``pid`` (a row tile, chunk or slot) under ``cum``, the non-decreasing inclusive item counts per
+    expert: the number of experts whose count is <= pid (E when pid is past the last item). A program past the last
+    item learns it from one load (the grids are upper bounds: at b1 nearly every program of the chunked kernels is
+    one); below it, up to BLOCK_E experts one vector load (``_expert_of_tile``), more a binary search (log2 E
+    dependent loads, not E / BLOCK_E vector loads in every program)."""
+    if pid >= tl.load(cum_ptr + E - 1):
+        res = pid * 0 + E
+    elif E <= BLOCK_E:
+        res = _expert_of_tile(cum_ptr, pid, E, BLOCK_E)
+    else:
+        lo = pid * 0
+        hi = lo + E
+        while lo < hi:
+            mid = (lo + hi) // 2
+            le = tl.load(cum_ptr + mid) <= pid
+            lo = tl.where(le, mid + 1, lo)
+            hi = tl.where(le, hi, mid)
+        res = lo
+    return res
+
+
+@triton.jit
+def _tile_rows(offs_ptr, cum_ptr, e, pid, BM: tl.constexpr):
+    """First row of row tile ``pid`` of expert ``e`` (tile map ``cum``), the end of the expert's rows, and whether
+    the tile is the expert's only one (it then holds all the expert's rows: its dW needs no other program)."""
+    lo, hi = _expert_bounds(offs_ptr, e)
+    before = tl.load(cum_ptr + e - 1, mask=e > 0, other=0)
+    return lo + (pid - before) * BM, hi, (hi - lo) <= BM
+
+
+@triton.jit
+def _chunk_rows(offs_ptr, ccum_ptr, scum_ptr, e, pid, CH):
+    """Rows [clo, chi) of chunk ``pid`` of expert ``e`` (chunk map ``ccum``, CH rows per chunk; an empty expert has
+    one chunk of no rows), whether it is the expert's only chunk, and its workspace slot (``scum``: only experts of
+    several chunks have slots)."""
+    lo, hi = _expert_bounds(offs_ptr, e)
+    c = pid - tl.load(ccum_ptr + e - 1, mask=e > 0, other=0)
+    clo = lo + c * CH
+    chi = tl.minimum(clo + CH, hi)
+    single = (hi - lo) <= CH
+    slot = tl.load(scum_ptr + e - 1, mask=e > 0, other=0) + c
+    return clo, chi, single, slot
+
+
+@triton.jit
+def bwd_maps(offs_ptr, maps_ptr, E, CH, BM: tl.constexpr, BLOCK: tl.constexpr):
+    """One program: the backward's three maps from offs, int32 [3, E], each the inclusive cumulative count over
+    the experts of (row m_e = offs[e] - offs[e-1], clamped at 0):
+      row 0  row tiles cdiv(m_e, BM)                                         (the forward's tile map)
+      row 1  chunks of the chunked dW kernels: 1 if m_e == 0, 0 if m_e <= BM (the row kernels' dW), else cdiv(m_e, CH)
+      row 2  workspace slots: cdiv(m_e, CH) if that is >= 2, else 0."""
+    pid = tl.program_id(0)
+    ct = pid * 0
+    cc = pid * 0
+    cs = pid * 0
+    for start in range(0, E, BLOCK):
+        idx = start + tl.arange(0, BLOCK)
+        m = idx < E
+        hi = tl.load(offs_ptr + idx, mask=m, other=0)
+        lo = tl.load(offs_ptr + idx - 1, mask=m & (idx > 0), other=0)
+        n = tl.where(m, tl.maximum(hi - lo, 0), 0)
+        t = (n + BM - 1) // BM
+        k = (n + CH - 1) // CH
+        c = tl.where(m, tl.where(n == 0, 1, tl.where(n <= BM, 0, k)), 0)
+        s = tl.where(k >= 2, k, 0)
+        tl.store(maps_ptr + idx, tl.cumsum(t, axis=0) + ct, mask=m)
+        tl.store(maps_ptr + E + idx, tl.cumsum(c, axis=0) + cc, mask=m)
+        tl.store(maps_ptr + 2 * E + idx, tl.cumsum(s, axis=0) + cs, mask=m)
+        ct += tl.sum(t, axis=0)
+        cc += tl.sum(c, axis=0)
+        cs += tl.sum(s, axis=0)
+
 
 @triton.jit
 def glu_bwd_dz(
-    dy_ptr, sidx_ptr, offs_ptr, wd_ptr, zw_ptr, part_ptr, dwd_ptr,
-    M, r, f, f_slice,
+    dy_ptr, sidx_ptr, offs_ptr, cum_ptr, wd_ptr, zw_ptr, part_ptr, dwd_ptr,
+    E, M, r, f, f_slice,
     HAS_SCATTER: tl.constexpr, DO_DWD: tl.constexpr, VEC: tl.constexpr, WD_T: tl.constexpr,
-    BM: tl.constexpr, BR: tl.constexpr, BN: tl.constexpr,
+    BM: tl.constexpr, BR: tl.constexpr, BN: tl.constexpr, BLOCK_E: tl.constexpr,
 ):
-    """One program per (expert, rank block, f slice): part[fs, rows, ranks] = dY[:, slice] Wd[:, slice]^T
-    for each row tile of the expert, and dWd[e][ranks, slice] = (z*rw)^T dY[:, slice] (inside the f
-    loop for a one-tile expert, else in a second pass over the tiles; exact zeros for an empty one).
+    """One program per (row tile, rank block, f slice): part[fs, rows, ranks] = dY[rows, slice] Wd[e][:, slice]^T,
+    and, for the expert whose only tile this is (DO_DWD), dWd[e][ranks, slice] = (z*rw)^T dY[:, slice] in the same
+    f loop (other experts: glu_bwd_dwd).
     VEC (aligned launches): dY rows (and, unless WD_T, w_down rows) read as shifted 8-byte words
     (``_ld_rows``). WD_T (aligned launches): w_down and dWd are K-major (``glu_up_fwd``): their
     [BR, BN] tiles are contiguous along the ranks (16-byte vectors, pipelined loads, vector stores)."""
-    e = tl.program_id(0)
+    pid = tl.program_id(0)
     pr = tl.program_id(1)
     fs = tl.program_id(2)
-    lo, hi = _expert_bounds(offs_ptr, e)
-    n_tiles = (hi - lo + BM - 1) // BM
+    e = _find_expert(cum_ptr, pid, E, BLOCK_E)
+    if e >= E:
+        return
+    row0, hi, one = _tile_rows(offs_ptr, cum_ptr, e, pid, BM)
     cols = pr * BR + tl.arange(0, BR)
     cmask = cols < r
     ns = tl.arange(0, BN)
@@ -518,162 +608,267 @@ def glu_bwd_dz(
         wd_step = 1
     wd_rows = wd_off + cols.to(tl.int64) * f              # int64 [BR]: row starts (VEC)
     h_tile = bm[:, None] * r + cols[None, :]              # int32 [BM, BR]
-    part_base = part_ptr + fs.to(tl.int64) * M * r
-    for t in range(0, n_tiles):
-        row0 = lo + t * BM
-        rows = row0 + bm
-        rmask = rows < hi
-        hmask = rmask[:, None] & cmask[None, :]
-        dst = _row_index(sidx_ptr, rows, rmask, HAS_SCATTER)
-        dy_row = dst * f
-        zw = tl.load(zw_ptr + row0.to(tl.int64) * r + h_tile, mask=hmask, other=0.0)
-        dz = tl.zeros((BM, BR), dtype=tl.float32)
-        if VEC:  # prefetch: the next step's words are in flight while this one is shifted and multiplied
-            ylo_next, yhi_next = _ld_words(dy_ptr, dy_row + n_lo, n_hi - n_lo, rmask, BN)
-            if not WD_T:
-                wlo_next, whi_next = _ld_words(wd_ptr, wd_rows + n_lo, n_hi - n_lo, cmask, BN)
+    rows = row0 + bm
+    rmask = rows < hi
+    hmask = rmask[:, None] & cmask[None, :]
+    dst = _row_index(sidx_ptr, rows, rmask, HAS_SCATTER)
+    dy_row = dst * f
+    zw = tl.load(zw_ptr + row0.to(tl.int64) * r + h_tile, mask=hmask, other=0.0)
+    dz = tl.zeros((BM, BR), dtype=tl.float32)
+    if VEC:  # prefetch: the next step's words are in flight while this one is shifted and multiplied
+        ylo_next, yhi_next = _ld_words(dy_ptr, dy_row + n_lo, n_hi - n_lo, rmask, BN)
+        if not WD_T:
+            wlo_next, whi_next = _ld_words(wd_ptr, wd_rows + n_lo, n_hi - n_lo, cmask, BN)
+    for n in range(n_lo, n_hi, BN):
+        nmask = (n + ns) < n_hi
+        wmask = cmask[:, None] & nmask[None, :]
+        if VEC:
+            ylo = ylo_next
+            yhi = yhi_next
+            n2 = n + BN
+            ylo_next, yhi_next = _ld_words(dy_ptr, dy_row + n2, n_hi - n2, rmask, BN)
+            dy = _words_to_tile(ylo, yhi, dy_row + n, n_hi - n, dy_ptr.dtype.element_ty, BN, True)
+            if WD_T:  # aligned tiles: plain (pipelined) loads; only dY needs the words
+                wd = tl.load(wd_base + n * wd_step + wd_tile, mask=wmask, other=0.0)
+            else:
+                wlo = wlo_next
+                whi = whi_next
+                wlo_next, whi_next = _ld_words(wd_ptr, wd_rows + n2, n_hi - n2, cmask, BN)
+                wd = _words_to_tile(wlo, whi, wd_rows + n, n_hi - n, wd_ptr.dtype.element_ty, BN, True)
+        else:
+            dy = tl.load(dy_ptr + dy_row[:, None] + (n + ns)[None, :], mask=rmask[:, None] & nmask[None, :],
+                         other=0.0)
+            wd = tl.load(wd_base + n * wd_step + wd_tile, mask=wmask, other=0.0)
+        dz = tl.dot(dy, tl.trans(wd), dz)
+        if DO_DWD:
+            if one:
+                dwd = tl.dot(tl.trans(zw), dy)
+                tl.store(dwd_base + n * wd_step + wd_tile, dwd.to(dwd_ptr.dtype.element_ty), mask=wmask)
+    tl.store(part_ptr + fs.to(tl.int64) * M * r + row0.to(tl.int64) * r + h_tile, dz, mask=hmask)
+
+
+@triton.jit
+def _item_range(n_items, P):
+    """Items [lo, hi) of this program of P when n_items are cut into contiguous ranges (the chunked kernels: a
+    range's consecutive items mostly share a chunk, so a program looks its chunk up once per chunk)."""
+    per = (n_items + P - 1) // P
+    lo = tl.minimum(tl.program_id(0) * per, n_items)
+    return lo, tl.minimum(lo + per, n_items)
+
+
+@triton.jit
+def _chunk_of_item(offs_ptr, maps_ptr, c, cp, e, clo, chi, single, slot, E, CH, BLOCK_E: tl.constexpr):
+    """(expert, rows [clo, chi), only chunk of its expert, workspace slot) of chunk ``c``: looked up when ``c`` is not
+    ``cp`` (the chunk of the previous item), else the previous item's values."""
+    if c != cp:
+        e = _find_expert(maps_ptr + E, c, E, BLOCK_E)
+        clo, chi, single, slot = _chunk_rows(offs_ptr, maps_ptr + E, maps_ptr + 2 * E, e, c, CH)
+    return e, clo, chi, single, slot
+
+
+@triton.jit
+def glu_bwd_dwd(
+    dy_ptr, sidx_ptr, offs_ptr, maps_ptr, zw_ptr, dwd_ptr, ws_ptr,
+    E, r, f, f_slice, n_fs, CH,
+    HAS_SCATTER: tl.constexpr, WD_T: tl.constexpr,
+    BM: tl.constexpr, BR: tl.constexpr, BN: tl.constexpr, BLOCK_E: tl.constexpr,
+):
+    """dWd of the experts the row kernel leaves out (empty, or more than one row tile). Work items (chunk of the
+    chunk map (``maps`` row 1), rank block, f slice), in contiguous ranges over the programs (a bounded grid: at b1
+    there is no item, at Zipf 1.2 a few thousand): acc[ranks, slice] = (z*rw)^T dY over the chunk's row tiles in
+    order (fp32), stored to dWd (in its layout: K-major with WD_T; exact zeros for an empty expert) when the chunk is
+    its expert's only one, else to the chunk's workspace slot (``ws``: one [r*f] block per slot, in dWd's element
+    order), which ``bwd_slot_reduce`` adds up."""
+    nrb = (r + BR - 1) // BR
+    per_chunk = nrb * n_fs
+    lo, hi = _item_range(tl.load(maps_ptr + 2 * E - 1) * per_chunk, tl.num_programs(0))
+    ns = tl.arange(0, BN)
+    bm = tl.arange(0, BM)
+    cp = lo * 0 - 1
+    e = lo * 0
+    clo = e
+    chi = e
+    slot = e
+    single = cp > 0
+    for i in range(lo, hi):
+        c = i // per_chunk
+        e, clo, chi, single, slot = _chunk_of_item(offs_ptr, maps_ptr, c, cp, e, clo, chi, single, slot, E, CH,
+                                                   BLOCK_E)
+        cp = c
+        pr = (i % per_chunk) // n_fs
+        fs = i % n_fs
+        n_t = (chi - clo + BM - 1) // BM
+        cols = pr * BR + tl.arange(0, BR)
+        cmask = cols < r
+        n_lo = fs * f_slice
+        n_hi = tl.minimum(n_lo + f_slice, f)
+        if WD_T:
+            o_tile = cols[:, None] + ns[None, :] * r          # int32 [BR, BN]: dWd's element order within an expert
+            o_step = r
+        else:
+            o_tile = cols[:, None] * f + ns[None, :]
+            o_step = 1
+        h_tile = bm[:, None] * r + cols[None, :]
+        out_base = dwd_ptr + e.to(tl.int64) * r * f
+        ws_base = ws_ptr + slot.to(tl.int64) * r * f
         for n in range(n_lo, n_hi, BN):
             nmask = (n + ns) < n_hi
-            wmask = cmask[:, None] & nmask[None, :]
-            if VEC:
-                ylo = ylo_next
-                yhi = yhi_next
-                n2 = n + BN
-                ylo_next, yhi_next = _ld_words(dy_ptr, dy_row + n2, n_hi - n2, rmask, BN)
-                dy = _words_to_tile(ylo, yhi, dy_row + n, n_hi - n, dy_ptr.dtype.element_ty, BN, True)
-                if WD_T:  # aligned tiles: plain (pipelined) loads; only dY needs the words
-                    wd = tl.load(wd_base + n * wd_step + wd_tile, mask=wmask, other=0.0)
-                else:
-                    wlo = wlo_next
-                    whi = whi_next
-                    wlo_next, whi_next = _ld_words(wd_ptr, wd_rows + n2, n_hi - n2, cmask, BN)
-                    wd = _words_to_tile(wlo, whi, wd_rows + n, n_hi - n, wd_ptr.dtype.element_ty, BN, True)
-            else:
-                dy = tl.load(dy_ptr + dy_row[:, None] + (n + ns)[None, :], mask=rmask[:, None] & nmask[None, :],
+            acc = tl.zeros((BR, BN), dtype=tl.float32)
+            for t in range(0, n_t):
+                row0 = clo + t * BM
+                rows = row0 + bm
+                rmask = rows < chi
+                dst = _row_index(sidx_ptr, rows, rmask, HAS_SCATTER)
+                zt = tl.load(zw_ptr + row0.to(tl.int64) * r + h_tile, mask=rmask[:, None] & cmask[None, :],
                              other=0.0)
-                wd = tl.load(wd_base + n * wd_step + wd_tile, mask=wmask, other=0.0)
-            dz = tl.dot(dy, tl.trans(wd), dz)
-            if DO_DWD:
-                if n_tiles == 1:
-                    dwd = tl.dot(tl.trans(zw), dy)
-                    tl.store(dwd_base + n * wd_step + wd_tile, dwd.to(dwd_ptr.dtype.element_ty), mask=wmask)
-        tl.store(part_base + row0.to(tl.int64) * r + h_tile, dz, mask=hmask)
-    if DO_DWD:
-        if n_tiles != 1:  # zero or several row tiles: dWd = sum over tiles of (z*rw)^T dY
-            for n in range(n_lo, n_hi, BN):
-                nmask = (n + ns) < n_hi
-                acc = tl.zeros((BR, BN), dtype=tl.float32)
-                for t in range(0, n_tiles):
-                    row0 = lo + t * BM
-                    rows = row0 + bm
-                    rmask = rows < hi
-                    dst = _row_index(sidx_ptr, rows, rmask, HAS_SCATTER)
-                    zt = tl.load(zw_ptr + row0.to(tl.int64) * r + h_tile, mask=rmask[:, None] & cmask[None, :],
-                                 other=0.0)
-                    if VEC:
-                        dy = _ld_rows(dy_ptr, dst * f + n, n_hi - n, rmask, BN)
-                    else:
-                        dy = tl.load(dy_ptr + (dst * f)[:, None] + (n + ns)[None, :],
-                                     mask=rmask[:, None] & nmask[None, :], other=0.0)
-                    acc = tl.dot(tl.trans(zt), dy, acc)
-                tl.store(dwd_base + n * wd_step + wd_tile, acc.to(dwd_ptr.dtype.element_ty),
-                         mask=cmask[:, None] & nmask[None, :])
+                dy = tl.load(dy_ptr + (dst * f)[:, None] + (n + ns)[None, :], mask=rmask[:, None] & nmask[None, :],
+                             other=0.0)
+                acc = tl.dot(tl.trans(zt), dy, acc)
+            omask = cmask[:, None] & nmask[None, :]
+            if single:
+                tl.store(out_base + n * o_step + o_tile, acc.to(dwd_ptr.dtype.element_ty), mask=omask)
+            else:
+                tl.store(ws_base + n * o_step + o_tile, acc, mask=omask)
+
+
+@triton.jit
+def bwd_slot_reduce(ws_ptr, maps_ptr, out_ptr, E, S, NCB, BLOCK: tl.constexpr, BLOCK_E: tl.constexpr):
+    """out[e, :S] = sum over the expert's workspace slots, in chunk order, of ws[slot, :S] (fp32, rounded once to
+    out's dtype), for the experts of several chunks (``maps`` row 2). Work items (slot, column group of NCB) in
+    contiguous ranges over the programs; an item of an expert's first slot sums columns cb*BLOCK, (cb + NCB)*BLOCK,
+    ... of the expert's S elements, the others have nothing to do."""
+    scum = maps_ptr + 2 * E
+    lo, hi = _item_range(tl.load(scum + E - 1) * NCB, tl.num_programs(0))
+    ks = tl.arange(0, BLOCK)
+    for i in range(lo, hi):
+        j = i // NCB
+        cb = i % NCB
+        e = _find_expert(scum, j, E, BLOCK_E)
+        first = tl.load(scum + e - 1, mask=e > 0, other=0)
+        if j == first:
+            n = tl.load(scum + e) - first
+            ws_e = ws_ptr + first.to(tl.int64) * S
+            out_e = out_ptr + e.to(tl.int64) * S
+            for c0 in range(cb * BLOCK, S, NCB * BLOCK):
+                cm = (c0 + ks) < S
+                pc = ws_e + c0 + ks
+                acc = tl.load(pc, mask=cm, other=0.0)
+                for c in range(1, n):  # the next slot: a pointer step (c * S may pass 2^31)
+                    pc += S
+                    acc += tl.load(pc, mask=cm, other=0.0)
+                tl.store(out_e + c0 + ks, acc.to(out_ptr.dtype.element_ty), mask=cm)
 
 
 @triton.jit
 def glu_bwd_epi(
-    hg_ptr, hu_ptr, part_ptr, offs_ptr, sg_ptr, su_ptr, rw_ptr, dhg_ptr, dhu_ptr, dsg_ptr, dsu_ptr, drw_ptr,
-    M, r, n_fs, part_stride,
+    hg_ptr, hu_ptr, part_ptr, offs_ptr, cum_ptr, sg_ptr, su_ptr, rw_ptr, dhg_ptr, dhu_ptr, dsgp_ptr, dsup_ptr,
+    drw_ptr, E, M, r, n_fs, part_stride,
     HAS_SG: tl.constexpr, HAS_SU: tl.constexpr, HAS_RW: tl.constexpr,
-    BM: tl.constexpr, BR: tl.constexpr,
+    BM: tl.constexpr, BR: tl.constexpr, BLOCK_E: tl.constexpr,
 ):
-    """One program per (expert, rank block): dz0 = sum of the f-slice partials (fixed order), then the
-    GLU backward: d rw (this rank block's part), dhg = dg*sg, dhu = du*su, and d sg, d su summed over
-    the expert's rows in a fixed order (exact zeros for an empty expert)."""
-    e = tl.program_id(0)
+    """One program per (row tile, rank block): dz0 = sum of the f-slice partials (fixed order), then the GLU
+    backward: d rw (this rank block's part), dhg = dg*sg, dhu = du*su, and (HAS_SG) the tile's partial sums of
+    d sg, d su over its rows ([tiles, r], summed per expert by glu_bwd_sred)."""
+    pid = tl.program_id(0)
     pr = tl.program_id(1)
-    lo, hi = _expert_bounds(offs_ptr, e)
-    n_tiles = (hi - lo + BM - 1) // BM
+    e = _find_expert(cum_ptr, pid, E, BLOCK_E)
+    if e >= E:
+        return
+    row0, hi, one = _tile_rows(offs_ptr, cum_ptr, e, pid, BM)
     cols = pr * BR + tl.arange(0, BR)
     cmask = cols < r
     bm = tl.arange(0, BM)
-    h_tile = bm[:, None] * r + cols[None, :]
+    rows = row0 + bm
+    rmask = rows < hi
+    hmask = rmask[:, None] & cmask[None, :]
+    h_off = row0.to(tl.int64) * r + bm[:, None] * r + cols[None, :]
+    hg = tl.load(hg_ptr + h_off, mask=hmask, other=0.0)
+    hu = tl.load(hu_ptr + h_off, mask=hmask, other=0.0)
+    dz0 = tl.zeros((BM, BR), dtype=tl.float32)
+    pp = part_ptr + h_off
+    for i in range(0, n_fs):  # the f-slice partials, always in the same order
+        dz0 += tl.load(pp, mask=hmask, other=0.0)
+        pp += part_stride
+    g = hg
+    u = hu
     if HAS_SG:
         sg = tl.load(sg_ptr + e * r + cols, mask=cmask, other=0.0).to(tl.float32)
+        g = hg * sg[None, :]
     if HAS_SU:
         su = tl.load(su_ptr + e * r + cols, mask=cmask, other=0.0).to(tl.float32)
-    dsg = tl.zeros((BR,), dtype=tl.float32)
-    dsu = tl.zeros((BR,), dtype=tl.float32)
-    for t in range(0, n_tiles):
-        row0 = lo + t * BM
-        rows = row0 + bm
-        rmask = rows < hi
-        hmask = rmask[:, None] & cmask[None, :]
-        h_off = row0.to(tl.int64) * r + h_tile
-        hg = tl.load(hg_ptr + h_off, mask=hmask, other=0.0)
-        hu = tl.load(hu_ptr + h_off, mask=hmask, other=0.0)
-        dz0 = tl.zeros((BM, BR), dtype=tl.float32)
-        pp = part_ptr + h_off
-        for i in range(0, n_fs):  # the f-slice partials, always in the same order
-            dz0 += tl.load(pp, mask=hmask, other=0.0)
-            pp += part_stride
-        g = hg
-        u = hu
-        if HAS_SG:
-            g = hg * sg[None, :]
-        if HAS_SU:
-            u = hu * su[None, :]
-        sig = tl.sigmoid(g)
-        silu_g = g * sig
-        tl.store(drw_ptr + pr.to(tl.int64) * M + rows, tl.sum(dz0 * (silu_g * u), axis=1), mask=rmask)
-        if HAS_RW:
-            dz0 = dz0 * tl.load(rw_ptr + rows, mask=rmask, other=0.0).to(tl.float32)[:, None]
-        dg = dz0 * u * sig * (1.0 + g * (1.0 - sig))
-        du = dz0 * silu_g
-        dsg += tl.sum(dg * hg, axis=0)
-        dsu += tl.sum(du * hu, axis=0)
-        if HAS_SG:
-            dg = dg * sg[None, :]
-        if HAS_SU:
-            du = du * su[None, :]
-        tl.store(dhg_ptr + h_off, dg.to(dhg_ptr.dtype.element_ty), mask=hmask)
-        tl.store(dhu_ptr + h_off, du.to(dhu_ptr.dtype.element_ty), mask=hmask)
-    tl.store(dsg_ptr + e * r + cols, dsg, mask=cmask)
-    tl.store(dsu_ptr + e * r + cols, dsu, mask=cmask)
+        u = hu * su[None, :]
+    sig = tl.sigmoid(g)
+    silu_g = g * sig
+    tl.store(drw_ptr + pr.to(tl.int64) * M + rows, tl.sum(dz0 * (silu_g * u), axis=1), mask=rmask)
+    if HAS_RW:
+        dz0 = dz0 * tl.load(rw_ptr + rows, mask=rmask, other=0.0).to(tl.float32)[:, None]
+    dg = dz0 * u * sig * (1.0 + g * (1.0 - sig))
+    du = dz0 * silu_g
+    if HAS_SG:
+        p_off = pid.to(tl.int64) * r + cols
+        tl.store(dsgp_ptr + p_off, tl.sum(dg * hg, axis=0), mask=cmask)
+        tl.store(dsup_ptr + p_off, tl.sum(du * hu, axis=0), mask=cmask)
+        dg = dg * sg[None, :]
+    if HAS_SU:
+        du = du * su[None, :]
+    tl.store(dhg_ptr + h_off, dg.to(dhg_ptr.dtype.element_ty), mask=hmask)
+    tl.store(dhu_ptr + h_off, du.to(dhu_ptr.dtype.element_ty), mask=hmask)
+
+
+@triton.jit
+def glu_bwd_sred(dsgp_ptr, dsup_ptr, cum_ptr, dsg_ptr, dsu_ptr, E, r, BR: tl.constexpr):
+    """One program per (expert, rank block): d sg[e], d su[e] = the sums of the expert's row-tile partials
+    (glu_bwd_epi) in tile order; exact zeros for an empty expert."""
+    e = tl.program_id(0)
+    pr = tl.program_id(1)
+    cols = pr * BR + tl.arange(0, BR)
+    cmask = cols < r
+    t0 = tl.load(cum_ptr + e - 1, mask=e > 0, other=0)
+    t1 = tl.load(cum_ptr + e)
+    accg = tl.zeros((BR,), dtype=tl.float32)
+    accu = tl.zeros((BR,), dtype=tl.float32)
+    pg = dsgp_ptr + t0.to(tl.int64) * r + cols
+    pu = dsup_ptr + t0.to(tl.int64) * r + cols
+    for t in range(t0, t1):
+        accg += tl.load(pg, mask=cmask, other=0.0)
+        accu += tl.load(pu, mask=cmask, other=0.0)
+        pg += r
+        pu += r
+    tl.store(dsg_ptr + e * r + cols, accg, mask=cmask)
+    tl.store(dsu_ptr + e * r + cols, accu, mask=cmask)
 
 
 @triton.jit
 def glu_bwd_dx_dw(
-    x_ptr, gidx_ptr, offs_ptr, wg_ptr, wu_ptr, dhg_ptr, dhu_ptr, dx_ptr, dwg_ptr, dwu_ptr,
-    d, r, stride_x,
+    x_ptr, gidx_ptr, offs_ptr, cum_ptr, wg_ptr, wu_ptr, dhg_ptr, dhu_ptr, dx_ptr, dwg_ptr, dwu_ptr,
+    E, d, r, stride_x,
     HAS_GATHER: tl.constexpr, DO_DX: tl.constexpr, DO_DW: tl.constexpr,
-    BM: tl.constexpr, BD: tl.constexpr, BR: tl.constexpr, NDB: tl.constexpr,
+    BM: tl.constexpr, BD: tl.constexpr, BR: tl.constexpr, NDB: tl.constexpr, BLOCK_E: tl.constexpr,
 ):
-    """One program per (expert, NDB d blocks): dWg/dWu[e][dblk, :] = X^T dhg / X^T dhu over the
-    expert's rows (zeros for an empty expert), and dx_routed[rows, dblk] = dhg Wg^T + dhu Wu^T.
-    An expert of one row tile whose rank fits one block (b1: ~32 rows, r = 64) loads dhg / dhu once
-    and walks its d blocks in one loop whose loads Triton pipelines; others take the general path."""
-    e = tl.program_id(0)
+    """One program per (row tile, NDB d blocks): dx_routed[rows, dblk] = dhg Wg^T + dhu Wu^T, and, for the expert
+    whose only tile this is (DO_DW), dWg/dWu[e][dblk, :] = X^T dhg / X^T dhu (other experts: glu_bwd_dw). A rank
+    that fits one block (b1: r = 64) loads dhg / dhu once and walks the d blocks in one loop whose loads Triton
+    pipelines; a larger one takes the per-block path over its rank blocks."""
+    pid = tl.program_id(0)
     pd = tl.program_id(1)
-    lo, hi = _expert_bounds(offs_ptr, e)
-    n_tiles = (hi - lo + BM - 1) // BM
+    e = _find_expert(cum_ptr, pid, E, BLOCK_E)
+    if e >= E:
+        return
+    row0, hi, one = _tile_rows(offs_ptr, cum_ptr, e, pid, BM)
     dl = tl.arange(0, BD)
     bm = tl.arange(0, BM)
     rs = tl.arange(0, BR)
     h_tile = bm[:, None] * r + rs[None, :]     # int32 [BM, BR]
     d_lo = pd * BD * NDB
     d_hi = tl.minimum(d_lo + BD * NDB, d)
-    if NDB > 1:
-        fast = (n_tiles == 1) & (r <= BR)
-    else:
-        fast = n_tiles < 0  # never: one d block per program takes the general path
-    if fast:
-        rmask, src, rm, hg, hu = _one_tile_dh(gidx_ptr, dhg_ptr, dhu_ptr, lo, hi, r, h_tile, HAS_GATHER, BM, BR)
-        w_e = e.to(tl.int64) * d * r
+    w_e = e.to(tl.int64) * d * r
+    if r <= BR:
+        rmask, src, rm, hg, hu = _one_tile_dh(gidx_ptr, dhg_ptr, dhu_ptr, row0, hi, r, h_tile, HAS_GATHER, BM, BR)
         for d0 in range(d_lo, d_hi, BD):
             dm = (d0 + dl) < d
             if DO_DW:
-                _dw_one_tile(x_ptr, src, rmask, rm, hg, hu, dwg_ptr, dwu_ptr, w_e, d0, d, r, stride_x, BD, BR)
+                if one:
+                    _dw_one_tile(x_ptr, src, rmask, rm, hg, hu, dwg_ptr, dwu_ptr, w_e, d0, d, r, stride_x, BD, BR)
             if DO_DX:
                 wt_off = w_e + d0 * r + dl[None, :] * r + rs[:, None]
                 tmask = rm[:, None] & dm[None, :]
@@ -681,57 +876,88 @@ def glu_bwd_dx_dw(
                 wuT = tl.load(wu_ptr + wt_off, mask=tmask, other=0.0)
                 acc = tl.dot(hg, wgT)
                 acc = tl.dot(hu, wuT, acc)
-                tl.store(dx_ptr + lo.to(tl.int64) * d + d0 + bm[:, None] * d + dl[None, :],
+                tl.store(dx_ptr + row0.to(tl.int64) * d + d0 + bm[:, None] * d + dl[None, :],
                          acc.to(dx_ptr.dtype.element_ty), mask=rmask[:, None] & dm[None, :])
     else:
         for d0 in range(d_lo, d_hi, BD):
-            _dx_dw_block(x_ptr, gidx_ptr, wg_ptr, wu_ptr, dhg_ptr, dhu_ptr, dx_ptr, dwg_ptr, dwu_ptr, e, lo, hi,
-                         n_tiles, d0, d, r, stride_x, h_tile, HAS_GATHER, DO_DX, DO_DW, BM, BD, BR)
+            if DO_DW:
+                if one:
+                    _dw_store(x_ptr, gidx_ptr, dhg_ptr, dhu_ptr, dwg_ptr, dwu_ptr, w_e + d0 * r, row0, hi, 1, d0, d,
+                              r, stride_x, HAS_GATHER, BM, BD, BR)
+            if DO_DX:
+                _dx_block(wg_ptr, wu_ptr, dhg_ptr, dhu_ptr, dx_ptr, w_e + d0 * r, row0, hi, d0, d, r, BM, BD, BR)
 
 
 @triton.jit
-def _dx_dw_block(x_ptr, gidx_ptr, wg_ptr, wu_ptr, dhg_ptr, dhu_ptr, dx_ptr, dwg_ptr, dwu_ptr, e, lo, hi, n_tiles, d0,
-                 d, r, stride_x, h_tile,
-                 HAS_GATHER: tl.constexpr, DO_DX: tl.constexpr, DO_DW: tl.constexpr,
-                 BM: tl.constexpr, BD: tl.constexpr, BR: tl.constexpr):
-    """``glu_bwd_dx_dw`` for one d block [d0, d0 + BD), any number of row tiles and rank blocks."""
+def _dx_block(wg_ptr, wu_ptr, dhg_ptr, dhu_ptr, dx_ptr, w_base, row0, hi, d0, d, r, BM: tl.constexpr,
+              BD: tl.constexpr, BR: tl.constexpr):
+    """dx_routed[row0 + i, d0:d0 + BD] = dhg Wg^T + dhu Wu^T for the rows row0 + i < hi of one row tile, over every
+    rank block; ``w_base``: int64 offset of [e, d0, 0] in the factors."""
     dl = tl.arange(0, BD)
     dm = (d0 + dl) < d
     bm = tl.arange(0, BM)
     rs = tl.arange(0, BR)
-    w_base = e.to(tl.int64) * d * r + d0 * r
-    if DO_DW:
-        _dw_tiles(x_ptr, gidx_ptr, dhg_ptr, dhu_ptr, dwg_ptr, dwu_ptr, w_base, lo, hi, n_tiles, d0, d, r, stride_x,
-                  h_tile, HAS_GATHER, BM, BD, BR)
-    if DO_DX:
-        wt_tile = dl[None, :] * r + rs[:, None]    # int32 [BR, BD]: W^T block
-        dx_tile = bm[:, None] * d + dl[None, :]    # int32 [BM, BD]
-        for t in range(0, n_tiles):
-            row0 = lo + t * BM
-            rmask = (row0 + bm) < hi
-            h_row = row0.to(tl.int64) * r
-            acc = tl.zeros((BM, BD), dtype=tl.float32)
-            for rb in range(0, r, BR):
-                rm = (rb + rs) < r
-                hmask = rmask[:, None] & rm[None, :]
-                hg = tl.load(dhg_ptr + h_row + rb + h_tile, mask=hmask, other=0.0)
-                hu = tl.load(dhu_ptr + h_row + rb + h_tile, mask=hmask, other=0.0)
-                tmask = rm[:, None] & dm[None, :]
-                wgT = tl.load(wg_ptr + w_base + rb + wt_tile, mask=tmask, other=0.0)
-                wuT = tl.load(wu_ptr + w_base + rb + wt_tile, mask=tmask, other=0.0)
-                acc = tl.dot(hg, wgT, acc)
-                acc = tl.dot(hu, wuT, acc)
-            tl.store(dx_ptr + row0.to(tl.int64) * d + d0 + dx_tile, acc.to(dx_ptr.dtype.element_ty),
-                     mask=rmask[:, None] & dm[None, :])
+    rmask = (row0 + bm) < hi
+    wt_tile = dl[None, :] * r + rs[:, None]    # int32 [BR, BD]: W^T block
+    h_tile = bm[:, None] * r + rs[None, :]
+    h_row = row0.to(tl.int64) * r
+    acc = tl.zeros((BM, BD), dtype=tl.float32)
+    for rb in range(0, r, BR):
+        rm = (rb + rs) < r
+        hmask = rmask[:, None] & rm[None, :]
+        hg = tl.load(dhg_ptr + h_row + rb + h_tile, mask=hmask, other=0.0)
+        hu = tl.load(dhu_ptr + h_row + rb + h_tile, mask=hmask, other=0.0)
+        tmask = rm[:, None] & dm[None, :]
+        wgT = tl.load(wg_ptr + w_base + rb + wt_tile, mask=tmask, other=0.0)
+        wuT = tl.load(wu_ptr + w_base + rb + wt_tile, mask=tmask, other=0.0)
+        acc = tl.dot(hg, wgT, acc)
+        acc = tl.dot(hu, wuT, acc)
+    tl.store(dx_ptr + row0.to(tl.int64) * d + d0 + bm[:, None] * d + dl[None, :], acc.to(dx_ptr.dtype.element_ty),
+             mask=rmask[:, None] & dm[None, :])
 
-# ---- dW of w_gate / w_up, shared by glu_bwd_dx_dw and triton_lowbit's lowbit_bwd_dx_dw ----------------------
+
+@triton.jit
+def glu_bwd_dw(
+    x_ptr, gidx_ptr, offs_ptr, maps_ptr, dhg_ptr, dhu_ptr, dwg_ptr, dwu_ptr, wsg_ptr, wsu_ptr,
+    E, d, r, stride_x, CH,
+    HAS_GATHER: tl.constexpr, BM: tl.constexpr, BD: tl.constexpr, BR: tl.constexpr, BLOCK_E: tl.constexpr,
+):
+    """dWg / dWu of the experts the row kernel leaves out (empty, or more than one row tile). Work items (chunk of
+    the chunk map (``maps`` row 1), d block), in contiguous ranges over the programs: X^T dhg, X^T dhu over the
+    chunk's row tiles in order (fp32), every rank block, stored to dWg / dWu (exact zeros for an empty expert) when
+    the chunk is its expert's only one, else to the chunk's workspace slots (one [d*r] block per slot in wsg / wsu,
+    dW's element order), which ``bwd_slot_reduce`` adds up. Shared by triton_lowbit (X^T dh does not involve the
+    factors)."""
+    nd = (d + BD - 1) // BD
+    lo, hi = _item_range(tl.load(maps_ptr + 2 * E - 1) * nd, tl.num_programs(0))
+    cp = lo * 0 - 1
+    e = lo * 0
+    clo = e
+    chi = e
+    slot = e
+    single = cp > 0
+    for i in range(lo, hi):
+        c = i // nd
+        e, clo, chi, single, slot = _chunk_of_item(offs_ptr, maps_ptr, c, cp, e, clo, chi, single, slot, E, CH,
+                                                   BLOCK_E)
+        cp = c
+        n_t = (chi - clo + BM - 1) // BM
+        d0 = (i % nd) * BD
+        if single:
+            _dw_store(x_ptr, gidx_ptr, dhg_ptr, dhu_ptr, dwg_ptr, dwu_ptr, e.to(tl.int64) * d * r + d0 * r, clo, chi,
+                      n_t, d0, d, r, stride_x, HAS_GATHER, BM, BD, BR)
+        else:
+            _dw_store(x_ptr, gidx_ptr, dhg_ptr, dhu_ptr, wsg_ptr, wsu_ptr, slot.to(tl.int64) * d * r + d0 * r, clo,
+                      chi, n_t, d0, d, r, stride_x, HAS_GATHER, BM, BD, BR)
+
+# ---- dW of w_gate / w_up, shared by glu_bwd_dx_dw / glu_bwd_dw and triton_lowbit's lowbit_bwd_dx_dw ---------------
 # (X^T dh does not involve the factors, so it is the same for every factor format)
 
 @triton.jit
 def _one_tile_dh(gidx_ptr, dhg_ptr, dhu_ptr, lo, hi, r, h_tile, HAS_GATHER: tl.constexpr, BM: tl.constexpr,
                  BR: tl.constexpr):
-    """An expert of one row tile (rows [lo, hi), hi - lo <= BM) whose rank fits one block (r <= BR): its row mask,
-    source rows of x, rank mask and dhg / dhu tiles [BM, BR] (0 outside the masks)."""
+    """A row tile starting at row ``lo`` (its rows < hi) whose rank fits one block (r <= BR): its row mask, source
+    rows of x, rank mask and dhg / dhu tiles [BM, BR] (0 outside the masks)."""
     bm = tl.arange(0, BM)
     rs = tl.arange(0, BR)
     rows = lo + bm
@@ -761,14 +987,16 @@ def _dw_one_tile(x_ptr, src, rmask, rm, hg, hu, dwg_ptr, dwu_ptr, w_e, d0, d, r,
 
 
 @triton.jit
-def _dw_tiles(x_ptr, gidx_ptr, dhg_ptr, dhu_ptr, dwg_ptr, dwu_ptr, w_base, lo, hi, n_tiles, d0, d, r, stride_x, h_tile,
+def _dw_store(x_ptr, gidx_ptr, dhg_ptr, dhu_ptr, outg_ptr, outu_ptr, o_base, lo, hi, n_tiles, d0, d, r, stride_x,
               HAS_GATHER: tl.constexpr, BM: tl.constexpr, BD: tl.constexpr, BR: tl.constexpr):
-    """dWg / dWu[e][d0:d0 + BD, :] = X^T dhg / X^T dhu over the expert's ``n_tiles`` row tiles in order (fp32 sums;
-    exact zeros for an empty expert), rank block by rank block; ``w_base``: int64 offset of [e, d0, 0]."""
+    """outg / outu[o_base + i*r + k] = (X^T dhg / X^T dhu)[d0 + i, k] over rows [lo, hi) in ``n_tiles`` row tiles
+    in order (fp32 sums, rounded once to the output's dtype; exact zeros for no rows), rank block by rank block;
+    ``o_base``: int64 offset of [e, d0, 0] of dW (or of a workspace slot's block at d0)."""
     dl = tl.arange(0, BD)
     dm = (d0 + dl) < d
     bm = tl.arange(0, BM)
     rs = tl.arange(0, BR)
+    h_tile = bm[:, None] * r + rs[None, :]     # int32 [BM, BR]
     w_tile = dl[:, None] * r + rs[None, :]     # int32 [BD, BR]
     for rb in range(0, r, BR):
         rm = (rb + rs) < r
@@ -789,5 +1017,5 @@ def _dw_tiles(x_ptr, gidx_ptr, dhg_ptr, dhu_ptr, dwg_ptr, dwu_ptr, w_base, lo, h
             accg = tl.dot(xT, hg, accg)
             accu = tl.dot(xT, hu, accu)
         wmask = dm[:, None] & rm[None, :]
-        tl.store(dwg_ptr + w_base + rb + w_tile, accg.to(dwg_ptr.dtype.element_ty), mask=wmask)
-        tl.store(dwu_ptr + w_base + rb + w_tile, accu.to(dwu_ptr.dtype.element_ty), mask=wmask)
+        tl.store(outg_ptr + o_base + rb + w_tile, accg.to(outg_ptr.dtype.element_ty), mask=wmask)
+        tl.store(outu_ptr + o_base + rb + w_tile, accu.to(outu_ptr.dtype.element_ty), mask=wmask)

@@ -10,8 +10,9 @@ product (the latent z, dhg, dhu, z*rw) and the routed rows before a combine (y, 
 x.dtype; each combine sums in fp32 and rounds once more. float32 inputs run too (the matrix products
 then use TF32 on the GPU).
 
-Determinism: no atomics. Per-expert reductions run inside one program in a fixed order; combines sum
-each target's rows in increasing row order (a stable sort), so every run gives the same bits.
+Determinism: no atomics. Per-expert reductions (dW, d s) are summed over row tiles or chunks of rows in a
+fixed order (``BwdPlan``; the chunk size is a function of the shape); combines sum each target's rows in
+increasing row order (a stable sort), so every run gives the same bits.
 
 Launches: every kernel goes through ``_launch`` with its runtime parameters in the order of
 ``specs.KERNELS`` and its constexprs, so the same grids and arguments feed either the ahead-of-time
@@ -139,9 +140,9 @@ def _wd_layout(w_down: Tensor, aligned: bool) -> tuple[Tensor, bool]:
 def _native_dz(cfg: Config, wd_t: bool, r: int, dtype: torch.dtype, go: Tensor, zw: Tensor) -> bool:
     """Whether glu_bwd_dz runs as the CUDA kernel (csrc/glu/dz_bf16.cu): enabled for the arch
     (``Config.dz_native``), bf16, r = 64, K-major w_down (``wd_t``: only on aligned launches, so
-    grad_out is 16-byte aligned already), 16-byte aligned contiguous zw, on a GPU with the native
-    library loaded and the kernel's shared memory."""
-    if not (cfg.dz_native and wd_t and r == 64 and dtype == torch.bfloat16 and go.is_cuda):
+    grad_out is 16-byte aligned already), 16-byte aligned contiguous zw, row tiles of the kernel's 64 rows
+    (``cfg.bm``: the tile map is shared), on a GPU with the native library loaded and the kernel's shared memory."""
+    if not (cfg.dz_native and wd_t and r == 64 and dtype == torch.bfloat16 and go.is_cuda and cfg.bm == 64):
         return False
     if zw.data_ptr() % 16 or not zw.is_contiguous():
         return False
@@ -584,6 +585,138 @@ def _forward(
     return y, saved
 
 
+@dataclasses.dataclass(frozen=True)
+class BwdPlan:
+    """The backward's schedule on the device (``_kernels.py`` "backward"), made by ``bwd_plan``.
+
+    maps: int32 [3, E] (``bwd_maps``): inclusive counts per expert of row tiles (the forward's tile map), of the
+    chunked dW kernels' chunks and of workspace slots. ch: rows per chunk. max_tiles / n_slots: upper bounds of the
+    row tiles (the row kernels' grid) and of the slots. ws: the fp32 workspace of the slots, ``n_slots * slot_elems``
+    elements (one element when no expert can need a slot: ch >= M)."""
+
+    maps: Tensor
+    ch: int
+    max_tiles: int
+    n_slots: int
+    ws: Tensor
+
+    @property
+    def cum(self) -> Tensor:
+        return self.maps[0]
+
+
+def chunk_size(cfg: Config, m: int, slot_elems: int) -> int:
+    """Rows per chunk of the chunked dW reductions: ``cfg.chunk_bwd`` (rounded to a multiple of ``cfg.bm``), doubled
+    until the workspace the worst routing can need (cdiv(2 m, ch) slots of ``slot_elems`` fp32: an expert of n >= 2
+    chunks has more than (n - 1) ch >= n ch / 2 rows) fits ``cfg.ws_bwd_mib`` MiB, or no expert can have two chunks
+    (ch >= m). A function of the shape only, so the bits of dW depend on nothing the device decides."""
+    ch = max(cfg.bm, cfg.chunk_bwd // cfg.bm * cfg.bm)
+    while ch < m and _cdiv(2 * m, ch) * slot_elems * 4 > cfg.ws_bwd_mib << 20:
+        ch *= 2
+    return ch
+
+
+def bwd_plan(offs: Tensor, m: int, slot_elems: int, cfg: Config, cap) -> BwdPlan:
+    """The maps of the backward (one ``bwd_maps`` launch, no host read) and its workspace, for M = ``m`` routed rows
+    and ``slot_elems`` elements per workspace slot (the largest per-expert gradient reduced through slots)."""
+    e = offs.shape[0]
+    ch = chunk_size(cfg, m, slot_elems)
+    maps = torch.empty(3, e, device=offs.device, dtype=torch.int32)
+    _launch("bwd_maps", (1,), [offs, maps, e, ch], dict(BM=cfg.bm, BLOCK=specs.TILE_CUM_BLOCK), 4, 1, False, cap,
+            offs.device)
+    n_slots = _cdiv(2 * m, ch) if ch < m else 0
+    ws = torch.empty(max(1, n_slots * slot_elems), device=offs.device, dtype=torch.float32)
+    return BwdPlan(maps, ch, _cdiv(m, cfg.bm) + e, n_slots, ws)
+
+
+def chunked_programs(cfg: Config, device: torch.device) -> int:
+    """Programs of the chunked dW kernels and the slot sums (``cfg.waves_chunked`` per SM): they walk contiguous
+    ranges of their work items, whose number only the device knows (none at b1, where every expert fits one row
+    tile; a grid of one program per possible item would be tens of thousands of programs that exit at once). Three
+    on the CPU (Triton's interpreter), so that a program walks several items there too."""
+    if device.type != "cuda":
+        return 3
+    return cfg.waves_chunked * _device_props(device).multi_processor_count
+
+
+def _slot_reduce(plan: BwdPlan, ws: Tensor, out: Tensor, per_expert: int, cfg: Config, cap) -> None:
+    """out[e] = the sum of expert e's workspace slots in chunk order, for the experts of several chunks
+    (``bwd_slot_reduce``); ``out``'s expert blocks are contiguous runs of ``per_expert`` elements."""
+    if plan.n_slots == 0:
+        return
+    ncb = min(specs.SLOT_REDUCE_GROUPS, _cdiv(per_expert, specs.SLOT_REDUCE_BLOCK))
+    _launch("bwd_slot_reduce", (chunked_programs(cfg, out.device),),
+            [ws, plan.maps, out, plan.maps.shape[1], per_expert, ncb],
+            dict(BLOCK=specs.SLOT_REDUCE_BLOCK, BLOCK_E=cfg.block_e), specs.SLOT_REDUCE_WARPS, 1, True, cap,
+            out.device)
+
+
+def dwd_chunks(plan: BwdPlan, go: Tensor, sidx: Optional[Tensor], offs: Tensor, zw: Tensor, dwd: Tensor, wd_t: bool,
+               r: int, f: int, br: int, cfg: Config, aligned: bool, cap) -> None:
+    """dW_down of the experts the dz row kernel leaves out (empty, or more than one row tile): ``glu_bwd_dwd`` over
+    the chunk map, then ``bwd_slot_reduce`` for the experts of several chunks. ``dwd``: [E, r, f], each expert's
+    block contiguous (row-major, or K-major with ``wd_t``). Shared by triton_lowbit (dWd does not involve w_down)."""
+    e = offs.shape[0]
+    bn = cfg.bn_bwd
+    n_fs = max(1, min(cfg.fs_dwd, _cdiv(f, bn)))
+    f_slice = _cdiv(_cdiv(f, bn), n_fs) * bn
+    n_fs = _cdiv(f, f_slice)
+    ws = plan.ws[:max(1, plan.n_slots * r * f)]
+    _launch("glu_bwd_dwd", (chunked_programs(cfg, go.device),),
+            [go, sidx, offs, plan.maps, zw, dwd, ws, e, r, f, f_slice, n_fs, plan.ch],
+            dict(HAS_SCATTER=sidx is not None, WD_T=wd_t, BM=cfg.bm, BR=br, BN=bn, BLOCK_E=cfg.block_e),
+            cfg.warps_dwd, cfg.stages_dwd, aligned, cap, go.device)
+    _slot_reduce(plan, ws, dwd, r * f, cfg, cap)
+
+
+def dw_chunks(plan: BwdPlan, x: Tensor, gidx: Optional[Tensor], offs: Tensor, dhg: Tensor, dhu: Tensor, dwg: Tensor,
+              dwu: Tensor, d: int, r: int, br: int, cfg: Config, aligned: bool, cap) -> None:
+    """dW_gate / dW_up of the experts the dX row kernel leaves out: ``glu_bwd_dw`` over the chunk map, then
+    ``bwd_slot_reduce`` of both for the experts of several chunks. Shared by triton_lowbit (X^T dh does not involve
+    the factors)."""
+    e = offs.shape[0]
+    n = plan.n_slots * d * r
+    wsg, wsu = (plan.ws[:max(1, n)], plan.ws[n:n + max(1, n)]) if n else (plan.ws, plan.ws)
+    _launch("glu_bwd_dw", (chunked_programs(cfg, x.device),),
+            [x, gidx, offs, plan.maps, dhg, dhu, dwg, dwu, wsg, wsu, e, d, r, x.stride(0), plan.ch],
+            dict(HAS_GATHER=gidx is not None, BM=cfg.bm, BD=cfg.bd_bwd, BR=br, BLOCK_E=cfg.block_e),
+            cfg.warps_bwd_dxdw, cfg.stages_bwd_dxdw, aligned, cap, x.device)
+    _slot_reduce(plan, wsg, dwg, d * r, cfg, cap)
+    _slot_reduce(plan, wsu, dwu, d * r, cfg, cap)
+
+
+def bwd_epilogue(plan: BwdPlan, hg: Tensor, hu: Tensor, part: Tensor, offs: Tensor, sg: Optional[Tensor],
+                 su: Optional[Tensor], rw: Optional[Tensor], dtype: torch.dtype, want_ds: bool, cfg: Config,
+                 cap) -> tuple[Tensor, Tensor, Optional[Tensor], Optional[Tensor], Tensor]:
+    """The GLU backward on the row tiles (``glu_bwd_epi``: the f-slice partials of dz summed in order) and, when
+    ``want_ds``, the per-expert sums of the scales' gradients (``glu_bwd_sred``). Returns dhg, dhu ([M, r],
+    ``dtype``), d s_gate, d s_up (fp32 [E, r], or None) and d row_weight (fp32 [M]; padding rows 0). Reads only
+    [M, r] buffers, so r alone decides the aligned variant. Shared by triton_lowbit."""
+    e = offs.shape[0]
+    m, r = hg.shape
+    al = r % 16 == 0
+    br = specs.rank_block(cfg, r, al)
+    nrb = _cdiv(r, br)
+    dev = hg.device
+    has_s = sg is not None
+    dhg = torch.empty(m, r, device=dev, dtype=dtype)
+    dhu = torch.empty(m, r, device=dev, dtype=dtype)
+    dsp = torch.empty(2, plan.max_tiles, r, device=dev, dtype=torch.float32) if has_s else None
+    drw = torch.zeros(nrb, m, device=dev, dtype=torch.float32)  # padding rows stay 0
+    _launch("glu_bwd_epi", (plan.max_tiles, nrb),
+            [hg, hu, part, offs, plan.cum, sg, su, rw, dhg, dhu, dsp[0] if has_s else None,
+             dsp[1] if has_s else None, drw, e, m, r, part.shape[0], m * r],
+            dict(HAS_SG=has_s, HAS_SU=has_s, HAS_RW=rw is not None, BM=cfg.bm, BR=br, BLOCK_E=cfg.block_e),
+            cfg.warps_bwd_epi, 3, al, cap, dev)
+    dsg = dsu = None
+    if has_s and want_ds:
+        dsg = torch.empty(e, r, device=dev, dtype=torch.float32)
+        dsu = torch.empty(e, r, device=dev, dtype=torch.float32)
+        _launch("glu_bwd_sred", (e, nrb), [dsp[0], dsp[1], plan.cum, dsg, dsu, e, r], dict(BR=br),
+                specs.SRED_WARPS, 1, False, cap, dev)
+    return dhg, dhu, dsg, dsu, (drw[0] if nrb == 1 else drw.sum(0))
+
+
 def grouped_glu_backward(
     grad_out: Tensor,
     x: Tensor,
@@ -634,28 +767,30 @@ def grouped_glu_backward(
     nrb = _cdiv(r, br)
 
     do_dwd = want[3]
+    # the schedule: tile map, chunk map, slots (one launch), and the slots' workspace for dWd then dWg / dWu
+    plan = bwd_plan(offs, m, max(r * f if do_dwd else 0, 2 * d * r if want[1] or want[2] else 0), cfg, cap)
     if saved:
         hg, hu, zw = saved[:3]
     else:  # 1. recompute hg, hu (fp32) and z*rw (x.dtype): the forward's down kernel in backward mode
         cum = torch.empty(e, device=dev, dtype=torch.int32)  # written by the kernel, not read after it
-        max_tiles = _cdiv(m, bm) + e
         hg = torch.empty(m, r, device=dev, dtype=torch.float32)
         hu = torch.empty(m, r, device=dev, dtype=torch.float32)
         zw = torch.empty(m, r, device=dev, dtype=dtype)
-        _launch("glu_down_fwd", (max_tiles, nrb),
+        _launch("glu_down_fwd", (plan.max_tiles, nrb),
                 [x, gidx, offs, cum, w_gate, w_up, sg, su, zw, hg, hu, rw, e, m, d, r, x.stride(0)],
                 dict(HAS_GATHER=gidx is not None, HAS_SG=has_s, HAS_SU=has_s, HAS_RW=rw is not None, BWD=True,
                      BM=bm, BR=br, BK=bk, BLOCK_E=cfg.block_e),
                 cfg.warps_down, cfg.stages_down, al, cap, dev)
-    # 2. dz0 partials over f slices (and dWd): the CUDA kernel where the config enables it and the
-    # launch fits it, else one Triton program per (expert, rank block, f slice)
+    # 2. dz0 partials over f slices on the row tiles (and dWd of the one-tile experts): the CUDA kernel where the
+    # config enables it and the launch fits it, else one Triton program per (row tile, rank block, f slice)
     if _native_dz(cfg, wd_t, r, dtype, go, zw):
         from tsct import native
 
         n_fs = max(1, min(cfg.fs_dz_native, _cdiv(f, 64)))
-        part, dwd_t = native.glu_bwd_dz_bf16(go, offs, w_down.transpose(1, 2), zw, slices=n_fs,
-                                             scatter_idx=sidx, compute_dw=do_dwd)
-        dwd = dwd_t.transpose(1, 2) if dwd_t is not None else None  # K-major, as w_down
+        dwd_t = torch.empty_like(w_down).transpose(1, 2) if do_dwd else None  # [E, f, r] view of a K-major dWd
+        part = native.glu_bwd_dz_bf16(go, offs, w_down.transpose(1, 2), zw, slices=n_fs, scatter_idx=sidx,
+                                      tile_cum=plan.cum, max_tiles=plan.max_tiles, dw_out=dwd_t)
+        dwd = dwd_t.transpose(1, 2) if do_dwd else None  # K-major, as w_down
         FAMILY.count("native", "glu_bwd_dz")
     else:
         bn = cfg.bn_bwd
@@ -666,41 +801,37 @@ def grouped_glu_backward(
         # dWd in w_down's layout (K-major stays K-major: the gradient a K-major parameter accumulates as is)
         dwd = torch.empty_like(w_down) if do_dwd else None
         vec_dz = specs.dz_vec(cfg, al, wd_t, dtype.itemsize)
-        _launch("glu_bwd_dz", (e, nrb, n_fs), [go, sidx, offs, w_down, zw, part, dwd, m, r, f, f_slice],
-                dict(HAS_SCATTER=sidx is not None, DO_DWD=do_dwd, VEC=vec_dz, WD_T=wd_t, BM=bm, BR=br, BN=bn),
+        _launch("glu_bwd_dz", (plan.max_tiles, nrb, n_fs),
+                [go, sidx, offs, plan.cum, w_down, zw, part, dwd, e, m, r, f, f_slice],
+                dict(HAS_SCATTER=sidx is not None, DO_DWD=do_dwd, VEC=vec_dz, WD_T=wd_t, BM=bm, BR=br, BN=bn,
+                     BLOCK_E=cfg.block_e),
                 *specs.dz_warps_stages(cfg, vec_dz, wd_t), al, cap, dev)
-    # 3. the GLU backward per expert: dhg, dhu, d rw, d sg, d su
-    dhg = torch.empty(m, r, device=dev, dtype=dtype)
-    dhu = torch.empty(m, r, device=dev, dtype=dtype)
-    dsg = torch.empty(e, r, device=dev, dtype=torch.float32)
-    dsu = torch.empty(e, r, device=dev, dtype=torch.float32)
-    drw = torch.zeros(nrb, m, device=dev, dtype=torch.float32)  # padding rows stay 0
-    _launch("glu_bwd_epi", (e, nrb),
-            [hg, hu, part, offs, sg, su, rw, dhg, dhu, dsg, dsu, drw, m, r, n_fs, m * r],
-            dict(HAS_SG=has_s, HAS_SU=has_s, HAS_RW=rw is not None, BM=bm, BR=br),
-            cfg.warps_bwd_epi, 3, al, cap, dev)
-    if do_dwd:
+    if do_dwd:  # the other experts' dWd, chunked
+        dwd_chunks(plan, go, sidx, offs, zw, dwd, wd_t, r, f, br, cfg, al, cap)
         res[3] = dwd
+    # 3. the GLU backward on the row tiles: dhg, dhu, d rw; d sg, d su summed per expert
+    dhg, dhu, dsg, dsu, drw = bwd_epilogue(plan, hg, hu, part, offs, sg, su, rw, dtype, want[4] or want[5], cfg, cap)
     if want[4]:
         res[4] = dsg.to(s_gate.dtype)
     if want[5]:
         res[5] = dsu.to(s_up.dtype)
     if want[6]:
-        res[6] = (drw[0] if nrb == 1 else drw.sum(0)).to(row_weight.dtype)
+        res[6] = drw.to(row_weight.dtype)
 
+    # 4. dX on the row tiles (and dWg / dWu of the one-tile experts), then the other experts' dWg / dWu, chunked
     do_dx, do_dw = want[0], want[1] or want[2]
     if do_dx or do_dw:
         dwg = torch.empty_like(w_gate) if do_dw else None
         dwu = torch.empty_like(w_up) if do_dw else None
         dx_rows = torch.empty(m, d, device=dev, dtype=dtype) if do_dx else None
-        bd = cfg.bd_bwd
-        # several d blocks per program only when most experts fit one row tile (b1: ~32 rows each); few
-        # large experts keep one program per (expert, d block), or the grid would shrink by ndb
-        ndb = cfg.ndb_bwd if m <= e * bm else 1
-        _launch("glu_bwd_dx_dw", (e, _cdiv(d, bd * ndb)),
-                [x, gidx, offs, w_gate, w_up, dhg, dhu, dx_rows, dwg, dwu, d, r, x.stride(0)],
-                dict(HAS_GATHER=gidx is not None, DO_DX=do_dx, DO_DW=do_dw, BM=bm, BD=bd, BR=br, NDB=ndb),
+        bd, ndb = cfg.bd_bwd, cfg.ndb_bwd
+        _launch("glu_bwd_dx_dw", (plan.max_tiles, _cdiv(d, bd * ndb)),
+                [x, gidx, offs, plan.cum, w_gate, w_up, dhg, dhu, dx_rows, dwg, dwu, e, d, r, x.stride(0)],
+                dict(HAS_GATHER=gidx is not None, DO_DX=do_dx, DO_DW=do_dw, BM=bm, BD=bd, BR=br, NDB=ndb,
+                     BLOCK_E=cfg.block_e),
                 cfg.warps_bwd_dxdw, cfg.stages_bwd_dxdw, al, cap, dev)
+        if do_dw:
+            dw_chunks(plan, x, gidx, offs, dhg, dhu, dwg, dwu, d, r, br, cfg, al, cap)
         if do_dx:
             if gather_idx is not None:
                 res[0] = _combine(dx_rows, gather_idx, offs, x.shape[0], cfg, cap,

@@ -80,9 +80,16 @@ class Config:
     warps_dz_t: int = 4
     stages_dz_t: int = 1
     vec_dz_t: int = 0         # with WD_T: dY rows as shifted words (w_down tiles stay plain aligned loads)
-    ndb_bwd: int = 8          # d blocks per program of glu_bwd_dx_dw when experts average <= bm rows (the
-                              # pipelined single-tile loop); 1 otherwise (glu.py: few large experts keep
-                              # one program per d block, else the grid would shrink by ndb_bwd)
+    ndb_bwd: int = 8          # d blocks per program (row tile) of glu_bwd_dx_dw (the pipelined d loop)
+    # The chunked dW reductions of the backward (experts of more than one row tile, _kernels.py "backward"):
+    # rows per chunk (a multiple of bm; glu.chunk_size doubles it until the workspace of the worst case fits
+    # ws_bwd_mib MiB), f slices of glu_bwd_dwd (BN = bn_bwd), warps / stages of glu_bwd_dwd.
+    chunk_bwd: int = 512
+    ws_bwd_mib: int = 256
+    fs_dwd: int = 16
+    warps_dwd: int = 4
+    stages_dwd: int = 1
+    waves_chunked: int = 4    # programs of the chunked kernels and slot sums per SM (they walk their work items)
     # glu_bwd_dz in CUDA C++ (csrc/glu/dz_bf16.cu; bf16, r = 64, K-major w_down, native library present):
     # 1 = use it instead of the Triton kernel. Only where it was timed (sm_90a: docs/performance.md).
     dz_native: int = 0
@@ -152,12 +159,13 @@ MAX_SHARED: dict[str, int] = {"sm_90a": 232448, "sm_100a": 232448, "sm_120": 101
 # fit per SM. Not measured on an sm_120 card (design.md section 6).
 CONFIGS: dict[str, Config] = {
     "sm_90a": Config(dz_native=1, down_native_lb=1, up_native_lb=1, sign_native_lb=1),
-    "sm_100a": Config(),  # the CUDA dz fits sm_100 (109 KB shared memory) but has not run there
+    "sm_100a": Config(),  # the CUDA dz fits sm_100 (99 KB shared memory) but has not run there
     # ~99 KB of shared memory per block: fewer stages. Every field an H200 sweep changed
-    # stays at its previous value here (nothing has been timed on an sm_120 card; docs/performance.md)
+    # stays at its previous value here (nothing has been timed on an sm_120 card; docs/performance.md);
+    # 16 GB of device memory: a smaller bound on the backward's reduction workspace
     "sm_120": Config(stages_down=2, stages_up=2, bn_up_t=128, warps_up_t=4, stages_up_t=2, stages_dz_t=2, fs_bwd=8,
                      stages_bwd_dxdw=1, warps_up_lb=8, stages_down_lb=2, stages_dxdw_lb=1,
-                     ndb_dxdw_lb=1, planes_up_lb=1),
+                     ndb_dxdw_lb=1, planes_up_lb=1, ws_bwd_mib=64),
 }
 DEFAULT_ARCH_CONFIG = "sm_90a"  # JIT on any other arch (sm_80, ...) uses these tiles
 
@@ -273,30 +281,68 @@ KERNELS: dict[str, KernelInfo] = {
         used_if={"w_ptr": "HAS_W", "rw_ptr": "HAS_W"},
         hinted=(),
     ),
+    "bwd_maps": KernelInfo(
+        params=("offs_ptr", "maps_ptr", "E", "CH"),
+        constexprs=("BM", "BLOCK"),
+        ints=("E", "CH"),
+        used_if={},
+        hinted=(),
+    ),
     "glu_bwd_dz": KernelInfo(
-        params=("dy_ptr", "sidx_ptr", "offs_ptr", "wd_ptr", "zw_ptr", "part_ptr", "dwd_ptr", "M", "r", "f",
-                "f_slice"),
-        constexprs=("HAS_SCATTER", "DO_DWD", "VEC", "WD_T", "BM", "BR", "BN"),
-        ints=("M", "r", "f", "f_slice"),
+        params=("dy_ptr", "sidx_ptr", "offs_ptr", "cum_ptr", "wd_ptr", "zw_ptr", "part_ptr", "dwd_ptr", "E", "M", "r",
+                "f", "f_slice"),
+        constexprs=("HAS_SCATTER", "DO_DWD", "VEC", "WD_T", "BM", "BR", "BN", "BLOCK_E"),
+        ints=("E", "M", "r", "f", "f_slice"),
         used_if={"sidx_ptr": "HAS_SCATTER", "dwd_ptr": "DO_DWD"},
         hinted=("dy_ptr", "wd_ptr", "zw_ptr", "part_ptr", "dwd_ptr", "r"),
     ),
+    "glu_bwd_dwd": KernelInfo(
+        params=("dy_ptr", "sidx_ptr", "offs_ptr", "maps_ptr", "zw_ptr", "dwd_ptr", "ws_ptr", "E", "r", "f", "f_slice",
+                "n_fs", "CH"),
+        constexprs=("HAS_SCATTER", "WD_T", "BM", "BR", "BN", "BLOCK_E"),
+        ints=("E", "r", "f", "f_slice", "n_fs", "CH"),
+        used_if={"sidx_ptr": "HAS_SCATTER"},
+        hinted=("dy_ptr", "zw_ptr", "dwd_ptr", "ws_ptr", "r"),
+    ),
+    "bwd_slot_reduce": KernelInfo(
+        params=("ws_ptr", "maps_ptr", "out_ptr", "E", "S", "NCB"),
+        constexprs=("BLOCK", "BLOCK_E"),
+        ints=("E", "S", "NCB"),
+        used_if={},
+        hinted=("ws_ptr", "out_ptr", "S"),
+    ),
     "glu_bwd_epi": KernelInfo(
-        params=("hg_ptr", "hu_ptr", "part_ptr", "offs_ptr", "sg_ptr", "su_ptr", "rw_ptr", "dhg_ptr", "dhu_ptr",
-                "dsg_ptr", "dsu_ptr", "drw_ptr", "M", "r", "n_fs", "part_stride"),
-        constexprs=("HAS_SG", "HAS_SU", "HAS_RW", "BM", "BR"),
-        ints=("M", "r", "n_fs", "part_stride"),
-        used_if={"sg_ptr": "HAS_SG", "su_ptr": "HAS_SU", "rw_ptr": "HAS_RW"},
+        params=("hg_ptr", "hu_ptr", "part_ptr", "offs_ptr", "cum_ptr", "sg_ptr", "su_ptr", "rw_ptr", "dhg_ptr",
+                "dhu_ptr", "dsgp_ptr", "dsup_ptr", "drw_ptr", "E", "M", "r", "n_fs", "part_stride"),
+        constexprs=("HAS_SG", "HAS_SU", "HAS_RW", "BM", "BR", "BLOCK_E"),
+        ints=("E", "M", "r", "n_fs", "part_stride"),
+        used_if={"sg_ptr": "HAS_SG", "su_ptr": "HAS_SU", "rw_ptr": "HAS_RW", "dsgp_ptr": "HAS_SG",
+                 "dsup_ptr": "HAS_SG"},
         hinted=("hg_ptr", "hu_ptr", "part_ptr", "dhg_ptr", "dhu_ptr", "r", "part_stride"),
     ),
+    "glu_bwd_sred": KernelInfo(
+        params=("dsgp_ptr", "dsup_ptr", "cum_ptr", "dsg_ptr", "dsu_ptr", "E", "r"),
+        constexprs=("BR",),
+        ints=("E", "r"),
+        used_if={},
+        hinted=(),
+    ),
     "glu_bwd_dx_dw": KernelInfo(
-        params=("x_ptr", "gidx_ptr", "offs_ptr", "wg_ptr", "wu_ptr", "dhg_ptr", "dhu_ptr", "dx_ptr", "dwg_ptr",
-                "dwu_ptr", "d", "r", "stride_x"),
-        constexprs=("HAS_GATHER", "DO_DX", "DO_DW", "BM", "BD", "BR", "NDB"),
-        ints=("d", "r", "stride_x"),
+        params=("x_ptr", "gidx_ptr", "offs_ptr", "cum_ptr", "wg_ptr", "wu_ptr", "dhg_ptr", "dhu_ptr", "dx_ptr",
+                "dwg_ptr", "dwu_ptr", "E", "d", "r", "stride_x"),
+        constexprs=("HAS_GATHER", "DO_DX", "DO_DW", "BM", "BD", "BR", "NDB", "BLOCK_E"),
+        ints=("E", "d", "r", "stride_x"),
         used_if={"gidx_ptr": "HAS_GATHER", "dx_ptr": "DO_DX", "dwg_ptr": "DO_DW", "dwu_ptr": "DO_DW"},
         hinted=("x_ptr", "wg_ptr", "wu_ptr", "dhg_ptr", "dhu_ptr", "dx_ptr", "dwg_ptr", "dwu_ptr", "d", "r",
                 "stride_x"),
+    ),
+    "glu_bwd_dw": KernelInfo(
+        params=("x_ptr", "gidx_ptr", "offs_ptr", "maps_ptr", "dhg_ptr", "dhu_ptr", "dwg_ptr", "dwu_ptr", "wsg_ptr",
+                "wsu_ptr", "E", "d", "r", "stride_x", "CH"),
+        constexprs=("HAS_GATHER", "BM", "BD", "BR", "BLOCK_E"),
+        ints=("E", "d", "r", "stride_x", "CH"),
+        used_if={"gidx_ptr": "HAS_GATHER"},
+        hinted=("x_ptr", "dhg_ptr", "dhu_ptr", "dwg_ptr", "dwu_ptr", "wsg_ptr", "wsu_ptr", "d", "r", "stride_x"),
     ),
 }
 
@@ -386,6 +432,8 @@ def combine_tile(cfg: Config, ncols: int) -> tuple[int, int, int]:
 
 ZERO_TAIL_BM, ZERO_TAIL_BN = 32, 256
 TILE_CUM_BLOCK, CSR_KEYS_BLOCK = 1024, 1024
+# bwd_slot_reduce: elements per step, most column groups per slot, warps; glu_bwd_sred's warps
+SLOT_REDUCE_BLOCK, SLOT_REDUCE_GROUPS, SLOT_REDUCE_WARPS, SRED_WARPS = 1024, 64, 4, 2
 # tsct.ops.sort_by_expert: rows per chunk (one program each; (E + 2) * ROUTE_B must fit int32: ops/routing.py checks
 # it against MAX_EXPERTS at import),
 # experts per step of route_rank's zeroing loop, warps of both kernels
@@ -492,25 +540,50 @@ def enumerate_specs(arch: str) -> Iterator[Spec]:
                                                          ptr_ptr="*i64"),
                                      dict(HAS_W=wt is not None, B=ROUTE_B), ROUTE_WARPS, 1, False))
         for sc, dwd, br, wd_t in itertools.product(IDX, (False, True), brs, wd_ts):
-            types = dict(dy_ptr=D, sidx_ptr=f"*{sc}" if sc else UNUSED, offs_ptr="*i32", wd_ptr=D, zw_ptr=D,
-                         part_ptr="*fp32", dwd_ptr=D)
+            types = dict(dy_ptr=D, sidx_ptr=f"*{sc}" if sc else UNUSED, offs_ptr="*i32", cum_ptr="*i32", wd_ptr=D,
+                         zw_ptr=D, part_ptr="*fp32", dwd_ptr=D)
             vec = dz_vec(cfg, aligned, wd_t)
             consts = dict(HAS_SCATTER=sc is not None, DO_DWD=dwd, VEC=vec, WD_T=wd_t, BM=cfg.bm, BR=br,
-                          BN=cfg.bn_bwd)
+                          BN=cfg.bn_bwd, BLOCK_E=cfg.block_e)
             out.append(_spec("glu_bwd_dz", types, consts, *dz_warps_stages(cfg, vec, wd_t), aligned))
+        # the chunked dWd of the experts of more than one row tile (also the low-bit path's, row-major)
+        for sc, br, wd_t in itertools.product(IDX, brs, wd_ts):
+            types = dict(dy_ptr=D, sidx_ptr=f"*{sc}" if sc else UNUSED, offs_ptr="*i32", maps_ptr="*i32", zw_ptr=D,
+                         dwd_ptr=D, ws_ptr="*fp32")
+            consts = dict(HAS_SCATTER=sc is not None, WD_T=wd_t, BM=cfg.bm, BR=br, BN=cfg.bn_bwd, BLOCK_E=cfg.block_e)
+            out.append(_spec("glu_bwd_dwd", types, consts, cfg.warps_dwd, cfg.stages_dwd, aligned))
+        # the epilogue reads [M, r] buffers only: r decides its alignment (glu.bwd_epilogue), every BR of both rules
         for st, rw, br in itertools.product(scale_types, (False, True), brs):
             s = st is not None
-            types = dict(hg_ptr="*fp32", hu_ptr="*fp32", part_ptr="*fp32", offs_ptr="*i32", sg_ptr=st or UNUSED,
-                         su_ptr=st or UNUSED, rw_ptr="*fp32", dhg_ptr=D, dhu_ptr=D, dsg_ptr="*fp32", dsu_ptr="*fp32",
-                         drw_ptr="*fp32")
-            consts = dict(HAS_SG=s, HAS_SU=s, HAS_RW=rw, BM=cfg.bm, BR=br)
+            types = dict(hg_ptr="*fp32", hu_ptr="*fp32", part_ptr="*fp32", offs_ptr="*i32", cum_ptr="*i32",
+                         sg_ptr=st or UNUSED, su_ptr=st or UNUSED, rw_ptr="*fp32", dhg_ptr=D, dhu_ptr=D,
+                         dsgp_ptr="*fp32", dsup_ptr="*fp32", drw_ptr="*fp32")
+            consts = dict(HAS_SG=s, HAS_SU=s, HAS_RW=rw, BM=cfg.bm, BR=br, BLOCK_E=cfg.block_e)
             # glu.py launches the epilogue with Triton's default num_stages (3)
             out.append(_spec("glu_bwd_epi", types, consts, cfg.warps_bwd_epi, 3, aligned))
-        for g, (dx, dw), br, ndb in itertools.product(IDX, _DXDW, brs, sorted({1, cfg.ndb_bwd})):
-            types = dict(x_ptr=D, gidx_ptr=f"*{g}" if g else UNUSED, offs_ptr="*i32", wg_ptr=D, wu_ptr=D,
-                         dhg_ptr=D, dhu_ptr=D, dx_ptr=D, dwg_ptr=D, dwu_ptr=D)
-            consts = dict(HAS_GATHER=g is not None, DO_DX=dx, DO_DW=dw, BM=cfg.bm, BD=cfg.bd_bwd, BR=br, NDB=ndb)
+        for g, (dx, dw), br in itertools.product(IDX, _DXDW, brs):
+            types = dict(x_ptr=D, gidx_ptr=f"*{g}" if g else UNUSED, offs_ptr="*i32", cum_ptr="*i32", wg_ptr=D,
+                         wu_ptr=D, dhg_ptr=D, dhu_ptr=D, dx_ptr=D, dwg_ptr=D, dwu_ptr=D)
+            consts = dict(HAS_GATHER=g is not None, DO_DX=dx, DO_DW=dw, BM=cfg.bm, BD=cfg.bd_bwd, BR=br,
+                          NDB=cfg.ndb_bwd, BLOCK_E=cfg.block_e)
             out.append(_spec("glu_bwd_dx_dw", types, consts, cfg.warps_bwd_dxdw, cfg.stages_bwd_dxdw, aligned))
+        # the chunked dWg / dWu (also the low-bit path's)
+        for g, br in itertools.product(IDX, brs):
+            types = dict(x_ptr=D, gidx_ptr=f"*{g}" if g else UNUSED, offs_ptr="*i32", maps_ptr="*i32", dhg_ptr=D,
+                         dhu_ptr=D, dwg_ptr=D, dwu_ptr=D, wsg_ptr="*fp32", wsu_ptr="*fp32")
+            consts = dict(HAS_GATHER=g is not None, BM=cfg.bm, BD=cfg.bd_bwd, BR=br, BLOCK_E=cfg.block_e)
+            out.append(_spec("glu_bwd_dw", types, consts, cfg.warps_bwd_dxdw, cfg.stages_bwd_dxdw, aligned))
+        if aligned:  # the slot sum runs on the fresh workspace and gradients (aligned; a generic variant when not)
+            for a in (True, False):
+                out.append(_spec("bwd_slot_reduce", dict(ws_ptr="*fp32", maps_ptr="*i32", out_ptr=D),
+                                 dict(BLOCK=SLOT_REDUCE_BLOCK, BLOCK_E=cfg.block_e), SLOT_REDUCE_WARPS, 1, a))
+        if aligned and dt == DTYPES[0]:  # dtype-free: once per arch
+            out.append(_spec("bwd_maps", dict(offs_ptr="*i32", maps_ptr="*i32"),
+                             dict(BM=cfg.bm, BLOCK=TILE_CUM_BLOCK), 4, 1, False))
+            for br in sorted({rank_block(cfg, r, a) for r in (1, 16, 17, 32, 33, 64, 4096) for a in (True, False)}):
+                out.append(_spec("glu_bwd_sred", dict(dsgp_ptr="*fp32", dsup_ptr="*fp32", cum_ptr="*i32",
+                                                      dsg_ptr="*fp32", dsu_ptr="*fp32"),
+                                 dict(BR=br), SRED_WARPS, 1, False))
         for s in out:
             if s.key not in seen:
                 seen.add(s.key)

@@ -56,12 +56,13 @@ def variants(fmt: str, arch: str, opt_in: bool = False):
                 PLANES=up_planes(cfg, f, True, 64), BM=cfg.bm, BN=cfg.bn_up, BK=64,
                 BLOCK_E=cfg.block_e),
            cfg.warps_up_lb, cfg.stages_up)
-    yield ("lowbit_bwd_dz", [dt, "*i64", "*i32", *g, dt, "*fp32", dt, "i32", "i32", "i32", "i32"],
-           dict(FMT_D=f, HAS_SCATTER=True, DO_DWD=False, BM=cfg.bm, BR=64, BN=cfg.bn_bwd),
+    yield ("lowbit_bwd_dz", [dt, "*i64", "*i32", "*i32", *g, dt, "*fp32", dt, "i32", "i32", "i32", "i32", "i32"],
+           dict(FMT_D=f, HAS_SCATTER=True, DO_DWD=False, BM=cfg.bm, BR=64, BN=cfg.bn_bwd, BLOCK_E=cfg.block_e),
            WARPS_DECODE, cfg.stages_bwd_dz)
-    yield ("lowbit_bwd_dx_dw", [dt, "*i64", "*i32", *g, *g, dt, dt, dt, "*i8", "*i8", "i32", "i32", "i32"],
+    yield ("lowbit_bwd_dx_dw", [dt, "*i64", "*i32", "*i32", *g, *g, dt, dt, dt, "*i8", "*i8", "i32", "i32", "i32",
+                                "i32"],
            dict(FMT_G=f, FMT_U=f, HAS_GATHER=True, DO_DX=True, DO_DW=False, BM=cfg.bm, BD=cfg.bd_bwd, BR=64,
-                NDB=cfg.ndb_dxdw_sign_lb if fmt == "sign" else cfg.ndb_dxdw_lb),
+                NDB=cfg.ndb_dxdw_sign_lb if fmt == "sign" else cfg.ndb_dxdw_lb, BLOCK_E=cfg.block_e),
            WARPS_DECODE, cfg.stages_dxdw_lb)
 
 

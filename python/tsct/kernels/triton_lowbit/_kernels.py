@@ -46,8 +46,8 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from tsct.kernels.triton_glu._kernels import (_dw_one_tile, _dw_tiles, _expert_bounds, _expert_of_tile,
-                                             _one_tile_dh, _row_index)
+from tsct.kernels.triton_glu._kernels import (_dw_one_tile, _dw_store, _expert_bounds, _expert_of_tile,
+                                             _find_expert, _one_tile_dh, _row_index, _tile_rows)
 
 DENSE, NVFP4, SIGN = 0, 1, 2
 
@@ -452,24 +452,29 @@ def lowbit_up_fwd(
 
 
 # ---- backward -----------------------------------------------------------------------------------
+# The bf16 kernels' schedule (triton_glu/_kernels.py "backward"): these two row kernels run on the row tiles of the
+# tile map and give dW only to an expert whose only tile they hold; the other experts' dW (X^T dh, (z*rw)^T dY: no
+# factor involved) come from the bf16 family's chunked kernels (glu_bwd_dwd, glu_bwd_dw, bwd_slot_reduce).
 
 @triton.jit
 def lowbit_bwd_dz(
-    dy_ptr, sidx_ptr, offs_ptr, d0, d1, d2, zw_ptr, part_ptr, dwd_ptr,
-    M, r, f, f_slice,
+    dy_ptr, sidx_ptr, offs_ptr, cum_ptr, d0, d1, d2, zw_ptr, part_ptr, dwd_ptr,
+    E, M, r, f, f_slice,
     FMT_D: tl.constexpr, HAS_SCATTER: tl.constexpr, DO_DWD: tl.constexpr,
-    BM: tl.constexpr, BR: tl.constexpr, BN: tl.constexpr,
+    BM: tl.constexpr, BR: tl.constexpr, BN: tl.constexpr, BLOCK_E: tl.constexpr,
 ):
-    """``triton_glu.glu_bwd_dz`` with w_down in any format: part[fs, rows, ranks] = dY[:, slice] Wd_hat^T.
-    dWd (DO_DWD) is the gradient w.r.t. the DECODED factor, (z*rw)^T dY, dense [E, r, f]: the STE
-    gradient of a master factor (glu.py). Sign: b[n] scales dY's columns before the dot; NVFP4:
-    1/s_enc scales each partial."""
-    e = tl.program_id(0)
+    """``triton_glu.glu_bwd_dz`` with w_down in any format: part[fs, rows, ranks] = dY[rows, slice] Wd_hat^T for
+    one (row tile, rank block, f slice). dWd (DO_DWD, the expert whose only tile this is) is the gradient w.r.t.
+    the DECODED factor, (z*rw)^T dY, dense [E, r, f]: the STE gradient of a master factor (glu.py). Sign: b[n]
+    scales dY's columns before the dot; NVFP4: 1/s_enc scales each partial."""
+    pid = tl.program_id(0)
     pr = tl.program_id(1)
     fs = tl.program_id(2)
+    e = _find_expert(cum_ptr, pid, E, BLOCK_E)
+    if e >= E:
+        return
+    row0, hi, one = _tile_rows(offs_ptr, cum_ptr, e, pid, BM)
     e64 = e.to(tl.int64)
-    lo, hi = _expert_bounds(offs_ptr, e)
-    n_tiles = (hi - lo + BM - 1) // BM
     cols = pr * BR + tl.arange(0, BR)
     cmask = cols < r
     ns = tl.arange(0, BN)
@@ -479,134 +484,113 @@ def lowbit_bwd_dz(
     dwd_base = dwd_ptr + e64 * r * f
     wd_tile = cols[:, None] * f + ns[None, :]             # int32 [BR, BN] (dense dWd)
     h_tile = bm[:, None] * r + cols[None, :]              # int32 [BM, BR]
-    part_base = part_ptr + fs.to(tl.int64) * M * r
-    for t in range(0, n_tiles):
-        row0 = lo + t * BM
-        rows = row0 + bm
-        rmask = rows < hi
-        hmask = rmask[:, None] & cmask[None, :]
-        dst = _row_index(sidx_ptr, rows, rmask, HAS_SCATTER)
-        dy_row = dst * f
-        zw = tl.load(zw_ptr + row0.to(tl.int64) * r + h_tile, mask=hmask, other=0.0)
-        dz = tl.zeros((BR, BM), dtype=tl.float32)  # swapped: dz^T = Wd[ranks, slice] (decoded, A) @ dY^T
-        for n in range(n_lo, n_hi, BN):
-            nmask = (n + ns) < n_hi
-            dy = tl.load(dy_ptr + dy_row[:, None] + (n + ns)[None, :], mask=rmask[:, None] & nmask[None, :], other=0.0)
-            w = _w_tile(FMT_D, d0, d1, e64, pr * BR, r, f, n + ns, nmask, BR, BN, dy.dtype)  # [BR, BN]
-            dys = _w_cols(FMT_D, dy, d2, e64, f, n + ns, nmask).to(dy.dtype)
-            dz = tl.dot(w, tl.trans(dys), dz)
-            if DO_DWD:
-                if n_tiles == 1:
-                    dwd = tl.dot(tl.trans(zw), dy)
-                    tl.store(dwd_base + n + wd_tile, dwd.to(dwd_ptr.dtype.element_ty),
-                             mask=cmask[:, None] & nmask[None, :])
-        dz = _w_scalar(FMT_D, tl.trans(dz), d2, e)
-        tl.store(part_base + row0.to(tl.int64) * r + h_tile, dz, mask=hmask)
-    if DO_DWD:
-        if n_tiles != 1:  # zero or several row tiles: dWd = sum over tiles of (z*rw)^T dY
-            for n in range(n_lo, n_hi, BN):
-                nmask = (n + ns) < n_hi
-                acc = tl.zeros((BR, BN), dtype=tl.float32)
-                for t in range(0, n_tiles):
-                    row0 = lo + t * BM
-                    rows = row0 + bm
-                    rmask = rows < hi
-                    dst = _row_index(sidx_ptr, rows, rmask, HAS_SCATTER)
-                    zt = tl.load(zw_ptr + row0.to(tl.int64) * r + h_tile, mask=rmask[:, None] & cmask[None, :],
-                                 other=0.0)
-                    dy = tl.load(dy_ptr + (dst * f)[:, None] + (n + ns)[None, :],
-                                 mask=rmask[:, None] & nmask[None, :], other=0.0)
-                    acc = tl.dot(tl.trans(zt), dy, acc)
-                tl.store(dwd_base + n + wd_tile, acc.to(dwd_ptr.dtype.element_ty), mask=cmask[:, None] & nmask[None, :])
+    rows = row0 + bm
+    rmask = rows < hi
+    hmask = rmask[:, None] & cmask[None, :]
+    dst = _row_index(sidx_ptr, rows, rmask, HAS_SCATTER)
+    dy_row = dst * f
+    zw = tl.load(zw_ptr + row0.to(tl.int64) * r + h_tile, mask=hmask, other=0.0)
+    dz = tl.zeros((BR, BM), dtype=tl.float32)  # swapped: dz^T = Wd[ranks, slice] (decoded, A) @ dY^T
+    for n in range(n_lo, n_hi, BN):
+        nmask = (n + ns) < n_hi
+        dy = tl.load(dy_ptr + dy_row[:, None] + (n + ns)[None, :], mask=rmask[:, None] & nmask[None, :], other=0.0)
+        w = _w_tile(FMT_D, d0, d1, e64, pr * BR, r, f, n + ns, nmask, BR, BN, dy.dtype)  # [BR, BN]
+        dys = _w_cols(FMT_D, dy, d2, e64, f, n + ns, nmask).to(dy.dtype)
+        dz = tl.dot(w, tl.trans(dys), dz)
+        if DO_DWD:
+            if one:
+                dwd = tl.dot(tl.trans(zw), dy)
+                tl.store(dwd_base + n + wd_tile, dwd.to(dwd_ptr.dtype.element_ty), mask=cmask[:, None] & nmask[None, :])
+    dz = _w_scalar(FMT_D, tl.trans(dz), d2, e)
+    tl.store(part_ptr + fs.to(tl.int64) * M * r + row0.to(tl.int64) * r + h_tile, dz, mask=hmask)
 
 
 @triton.jit
 def lowbit_bwd_dx_dw(
-    x_ptr, gidx_ptr, offs_ptr, g0, g1, g2, u0, u1, u2, dhg_ptr, dhu_ptr, dx_ptr, dwg_ptr, dwu_ptr,
-    d, r, stride_x,
+    x_ptr, gidx_ptr, offs_ptr, cum_ptr, g0, g1, g2, u0, u1, u2, dhg_ptr, dhu_ptr, dx_ptr, dwg_ptr, dwu_ptr,
+    E, d, r, stride_x,
     FMT_G: tl.constexpr, FMT_U: tl.constexpr,
     HAS_GATHER: tl.constexpr, DO_DX: tl.constexpr, DO_DW: tl.constexpr,
-    BM: tl.constexpr, BD: tl.constexpr, BR: tl.constexpr, NDB: tl.constexpr,
+    BM: tl.constexpr, BD: tl.constexpr, BR: tl.constexpr, NDB: tl.constexpr, BLOCK_E: tl.constexpr,
 ):
     """``triton_glu.glu_bwd_dx_dw`` with w_gate / w_up in any format: dx_routed = dhg Wg_hat^T + dhu Wu_hat^T
-    (decoded in registers); dWg / dWu (DO_DW) are the dense gradients w.r.t. the decoded factors
-    (X^T dh), the STE gradients of master factors. One program per (expert, NDB d blocks); as in the bf16
-    kernel, an expert of one row tile whose rank fits one block (b1: ~32 rows, r = 64) loads dhg / dhu (and
-    their sign column scales) once and walks its d blocks in one loop; others take the general path."""
-    e = tl.program_id(0)
+    (decoded in registers) for one (row tile, NDB d blocks); dWg / dWu (DO_DW, the expert whose only tile this is)
+    are the dense gradients w.r.t. the decoded factors (X^T dh), the STE gradients of master factors. As in the bf16
+    kernel, a rank that fits one block (r = 64) loads dhg / dhu (and their sign column scales) once and walks the d
+    blocks in one loop; a larger one, or NDB 1, takes the per-block path over its rank blocks."""
+    pid = tl.program_id(0)
     pd = tl.program_id(1)
+    e = _find_expert(cum_ptr, pid, E, BLOCK_E)
+    if e >= E:
+        return
+    row0, hi, one = _tile_rows(offs_ptr, cum_ptr, e, pid, BM)
     e64 = e.to(tl.int64)
-    lo, hi = _expert_bounds(offs_ptr, e)
-    n_tiles = (hi - lo + BM - 1) // BM
     dl = tl.arange(0, BD)
     bm = tl.arange(0, BM)
     rs = tl.arange(0, BR)
     h_tile = bm[:, None] * r + rs[None, :]     # int32 [BM, BR]
-    if NDB == 1:  # one d block per program: the per-block body only (no second path's registers)
-        _lowbit_dx_dw_block(x_ptr, gidx_ptr, g0, g1, g2, u0, u1, u2, dhg_ptr, dhu_ptr, dx_ptr, dwg_ptr, dwu_ptr,
-                            e, lo, hi, n_tiles, pd * BD, d, r, stride_x, h_tile, FMT_G, FMT_U, HAS_GATHER, DO_DX,
-                            DO_DW, BM, BD, BR)
-        return
     d_lo = pd * BD * NDB
     d_hi = tl.minimum(d_lo + BD * NDB, d)
-    fast = (n_tiles == 1) & (r <= BR)
-    if fast:
-        rmask, src, rm, hg, hu = _one_tile_dh(gidx_ptr, dhg_ptr, dhu_ptr, lo, hi, r, h_tile, HAS_GATHER, BM, BR)
+    if NDB == 1:  # one d block per program: the per-block body only (sign: no second path's registers)
+        if DO_DW:
+            if one:
+                _dw_store(x_ptr, gidx_ptr, dhg_ptr, dhu_ptr, dwg_ptr, dwu_ptr, e64 * d * r + d_lo * r, row0, hi, 1,
+                          d_lo, d, r, stride_x, HAS_GATHER, BM, BD, BR)
+        if DO_DX:
+            _lowbit_dx_block(g0, g1, g2, u0, u1, u2, dhg_ptr, dhu_ptr, dx_ptr, e, row0, hi, d_lo, d, r, h_tile,
+                             FMT_G, FMT_U, BM, BD, BR)
+    elif r <= BR:
+        rmask, src, rm, hg, hu = _one_tile_dh(gidx_ptr, dhg_ptr, dhu_ptr, row0, hi, r, h_tile, HAS_GATHER, BM, BR)
         if DO_DX:
             hgs = tl.trans(_w_cols(FMT_G, hg, g2, e64, r, rs, rm).to(hg.dtype))  # [BR, BM]
             hus = tl.trans(_w_cols(FMT_U, hu, u2, e64, r, rs, rm).to(hu.dtype))
         for d0 in range(d_lo, d_hi, BD):
             dm = (d0 + dl) < d
             if DO_DW:
-                _dw_one_tile(x_ptr, src, rmask, rm, hg, hu, dwg_ptr, dwu_ptr, e64 * d * r, d0, d, r, stride_x, BD, BR)
+                if one:
+                    _dw_one_tile(x_ptr, src, rmask, rm, hg, hu, dwg_ptr, dwu_ptr, e64 * d * r, d0, d, r, stride_x,
+                                 BD, BR)
             if DO_DX:
                 wg = _w_tile(FMT_G, g0, g1, e64, d0, d, r, rs, rm, BD, BR, hg.dtype)   # [BD, BR]
                 wu = _w_tile(FMT_U, u0, u1, e64, d0, d, r, rs, rm, BD, BR, hu.dtype)
                 acc = tl.trans(_w_scalar(FMT_G, tl.dot(wg, hgs), g2, e) + _w_scalar(FMT_U, tl.dot(wu, hus), u2, e))
-                tl.store(dx_ptr + lo.to(tl.int64) * d + d0 + bm[:, None] * d + dl[None, :],
+                tl.store(dx_ptr + row0.to(tl.int64) * d + d0 + bm[:, None] * d + dl[None, :],
                          acc.to(dx_ptr.dtype.element_ty), mask=rmask[:, None] & dm[None, :])
     else:
         for d0 in range(d_lo, d_hi, BD):
-            _lowbit_dx_dw_block(x_ptr, gidx_ptr, g0, g1, g2, u0, u1, u2, dhg_ptr, dhu_ptr, dx_ptr, dwg_ptr, dwu_ptr,
-                                e, lo, hi, n_tiles, d0, d, r, stride_x, h_tile, FMT_G, FMT_U,
-                                HAS_GATHER, DO_DX, DO_DW, BM, BD, BR)
+            if DO_DW:
+                if one:
+                    _dw_store(x_ptr, gidx_ptr, dhg_ptr, dhu_ptr, dwg_ptr, dwu_ptr, e64 * d * r + d0 * r, row0, hi, 1,
+                              d0, d, r, stride_x, HAS_GATHER, BM, BD, BR)
+            if DO_DX:
+                _lowbit_dx_block(g0, g1, g2, u0, u1, u2, dhg_ptr, dhu_ptr, dx_ptr, e, row0, hi, d0, d, r, h_tile,
+                                 FMT_G, FMT_U, BM, BD, BR)
 
 
 @triton.jit
-def _lowbit_dx_dw_block(x_ptr, gidx_ptr, g0, g1, g2, u0, u1, u2, dhg_ptr, dhu_ptr, dx_ptr, dwg_ptr, dwu_ptr, e, lo,
-                        hi, n_tiles, d0, d, r, stride_x, h_tile,
-                        FMT_G: tl.constexpr, FMT_U: tl.constexpr,
-                        HAS_GATHER: tl.constexpr, DO_DX: tl.constexpr, DO_DW: tl.constexpr,
-                        BM: tl.constexpr, BD: tl.constexpr, BR: tl.constexpr):
-    """``lowbit_bwd_dx_dw`` for one d block [d0, d0 + BD), any number of row tiles and rank blocks."""
+def _lowbit_dx_block(g0, g1, g2, u0, u1, u2, dhg_ptr, dhu_ptr, dx_ptr, e, row0, hi, d0, d, r, h_tile,
+                     FMT_G: tl.constexpr, FMT_U: tl.constexpr, BM: tl.constexpr, BD: tl.constexpr, BR: tl.constexpr):
+    """dx_routed[row0 + i, d0:d0 + BD] for the rows row0 + i < hi of one row tile, over every rank block."""
     e64 = e.to(tl.int64)
     dl = tl.arange(0, BD)
     dm = (d0 + dl) < d
     bm = tl.arange(0, BM)
     rs = tl.arange(0, BR)
-    w_base = e64 * d * r + d0 * r
-    if DO_DW:
-        _dw_tiles(x_ptr, gidx_ptr, dhg_ptr, dhu_ptr, dwg_ptr, dwu_ptr, w_base, lo, hi, n_tiles, d0, d, r, stride_x,
-                  h_tile, HAS_GATHER, BM, BD, BR)
-    if DO_DX:
-        dx_tile = bm[:, None] * d + dl[None, :]    # int32 [BM, BD]
-        for t in range(0, n_tiles):
-            row0 = lo + t * BM
-            rmask = (row0 + bm) < hi
-            h_row = row0.to(tl.int64) * r
-            accg = tl.zeros((BD, BM), dtype=tl.float32)  # swapped: dx^T = W[dblk, ranks] (decoded, A) @ dh^T
-            accu = tl.zeros((BD, BM), dtype=tl.float32)
-            for rb in range(0, r, BR):
-                rm = (rb + rs) < r
-                hmask = rmask[:, None] & rm[None, :]
-                hg = tl.load(dhg_ptr + h_row + rb + h_tile, mask=hmask, other=0.0)
-                hu = tl.load(dhu_ptr + h_row + rb + h_tile, mask=hmask, other=0.0)
-                wg = _w_tile(FMT_G, g0, g1, e64, d0, d, r, rb + rs, rm, BD, BR, hg.dtype)   # [BD, BR]
-                wu = _w_tile(FMT_U, u0, u1, e64, d0, d, r, rb + rs, rm, BD, BR, hu.dtype)
-                hgs = _w_cols(FMT_G, hg, g2, e64, r, rb + rs, rm).to(hg.dtype)
-                hus = _w_cols(FMT_U, hu, u2, e64, r, rb + rs, rm).to(hu.dtype)
-                accg = tl.dot(wg, tl.trans(hgs), accg)
-                accu = tl.dot(wu, tl.trans(hus), accu)
-            acc = tl.trans(_w_scalar(FMT_G, accg, g2, e) + _w_scalar(FMT_U, accu, u2, e))
-            tl.store(dx_ptr + row0.to(tl.int64) * d + d0 + dx_tile, acc.to(dx_ptr.dtype.element_ty),
-                     mask=rmask[:, None] & dm[None, :])
+    rmask = (row0 + bm) < hi
+    h_row = row0.to(tl.int64) * r
+    accg = tl.zeros((BD, BM), dtype=tl.float32)  # swapped: dx^T = W[dblk, ranks] (decoded, A) @ dh^T
+    accu = tl.zeros((BD, BM), dtype=tl.float32)
+    for rb in range(0, r, BR):
+        rm = (rb + rs) < r
+        hmask = rmask[:, None] & rm[None, :]
+        hg = tl.load(dhg_ptr + h_row + rb + h_tile, mask=hmask, other=0.0)
+        hu = tl.load(dhu_ptr + h_row + rb + h_tile, mask=hmask, other=0.0)
+        wg = _w_tile(FMT_G, g0, g1, e64, d0, d, r, rb + rs, rm, BD, BR, hg.dtype)   # [BD, BR]
+        wu = _w_tile(FMT_U, u0, u1, e64, d0, d, r, rb + rs, rm, BD, BR, hu.dtype)
+        hgs = _w_cols(FMT_G, hg, g2, e64, r, rb + rs, rm).to(hg.dtype)
+        hus = _w_cols(FMT_U, hu, u2, e64, r, rb + rs, rm).to(hu.dtype)
+        accg = tl.dot(wg, tl.trans(hgs), accg)
+        accu = tl.dot(wu, tl.trans(hus), accu)
+    acc = tl.trans(_w_scalar(FMT_G, accg, g2, e) + _w_scalar(FMT_U, accu, u2, e))
+    tl.store(dx_ptr + row0.to(tl.int64) * d + d0 + bm[:, None] * d + dl[None, :], acc.to(dx_ptr.dtype.element_ty),
+             mask=rmask[:, None] & dm[None, :])

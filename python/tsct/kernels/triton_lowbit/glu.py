@@ -412,68 +412,63 @@ def grouped_glu_backward(
     sg, su = G._scales_in(s_gate, s_up, dtype)  # glu_bwd_epi and _down read them as given
     rw = G._f32(row_weight)
     gidx, sidx = G._i64(gather_idx), G._i64(scatter_idx)
-    has_s = sg is not None
     bm, br = cfg.bm, LS.rank_block(cfg)
     nrb = G._cdiv(r, br)
     aligned = _aligned(x, d, r, pg, pu, pd)
 
+    do_dwd = want[3]
+    do_dx, do_dw = want[0], want[1] or want[2]
+    # the schedule (the bf16 path's: tile map, chunk map, slots) and the slots' workspace
+    plan = G.bwd_plan(offs, m, max(r * f if do_dwd else 0, 2 * d * r if do_dw else 0), cfg, cap)
     if saved:
         hg, hu, zw = saved[:3]
     else:  # 1. recompute hg, hu (fp32, second-level scales applied) and z*rw
-        cum = G._tile_cum(offs, bm)
-        max_tiles = G._cdiv(m, bm) + e
         hg = torch.empty(m, r, device=dev, dtype=torch.float32)
         hu = torch.empty(m, r, device=dev, dtype=torch.float32)
         zw = torch.empty(m, r, device=dev, dtype=dtype)
-        _down(x, gidx, offs, cum, max_tiles, fg, pg, fu, pu, sg, su, rw, zw, hg, hu, m, cfg, aligned, cap)
-    # 2. dz0 partials over f slices (and dWd_hat)
-    do_dwd = want[3]
+        _down(x, gidx, offs, plan.cum, plan.max_tiles, fg, pg, fu, pu, sg, su, rw, zw, hg, hu, m, cfg, aligned, cap)
+    # 2. dz0 partials over f slices on the row tiles (and dWd_hat of the one-tile experts), then the other
+    #    experts' dWd_hat (no factor involved: the bf16 family's chunked kernels on dense tensors)
     bn = cfg.bn_bwd
     n_fs = max(1, min(cfg.fs_bwd, G._cdiv(f, bn)))
     f_slice = G._cdiv(G._cdiv(f, bn), n_fs) * bn
     n_fs = G._cdiv(f, f_slice)
     part = torch.empty(n_fs, m, r, device=dev, dtype=torch.float32)
     dwd = torch.empty((e, r, f), device=dev, dtype=wdtype(w_down)) if do_dwd else None
-    _launch("lowbit_bwd_dz", (e, nrb, n_fs), [go, sidx, offs, *pd, zw, part, dwd, m, r, f, f_slice],
-            dict(FMT_D=fd, HAS_SCATTER=sidx is not None, DO_DWD=do_dwd, BM=bm, BR=br, BN=bn),
+    _launch("lowbit_bwd_dz", (plan.max_tiles, nrb, n_fs), [go, sidx, offs, plan.cum, *pd, zw, part, dwd, e, m, r, f,
+                                                           f_slice],
+            dict(FMT_D=fd, HAS_SCATTER=sidx is not None, DO_DWD=do_dwd, BM=bm, BR=br, BN=bn, BLOCK_E=cfg.block_e),
             WARPS_DECODE, cfg.stages_bwd_dz, aligned, cap, dev)
-    # 3. the GLU backward per expert: the bf16 path's weight-free kernel, unchanged, with the bf16
-    #    family's rank-block rule (its AOT table); it reads only [m, r] buffers, so r decides alignment
-    al_epi = r % 16 == 0
-    br_epi = specs.rank_block(cfg, r, al_epi)
-    nrb_epi = G._cdiv(r, br_epi)
-    dhg = torch.empty(m, r, device=dev, dtype=dtype)
-    dhu = torch.empty(m, r, device=dev, dtype=dtype)
-    dsg = torch.empty(e, r, device=dev, dtype=torch.float32)
-    dsu = torch.empty(e, r, device=dev, dtype=torch.float32)
-    drw = torch.zeros(nrb_epi, m, device=dev, dtype=torch.float32)
-    G._launch("glu_bwd_epi", (e, nrb_epi),
-              [hg, hu, part, offs, sg, su, rw, dhg, dhu, dsg, dsu, drw, m, r, n_fs, m * r],
-              dict(HAS_SG=has_s, HAS_SU=has_s, HAS_RW=rw is not None, BM=bm, BR=br_epi),
-              cfg.warps_bwd_epi, 3, al_epi, cap, dev)
+    al_dense = G._aligned(d, r, x.stride(0), x)  # the chunked kernels read only dense tensors
     if do_dwd:
+        G.dwd_chunks(plan, go, sidx, offs, zw, dwd, False, r, f, specs.rank_block(cfg, r, al_dense), cfg, al_dense,
+                     cap)
         res[3] = dwd
+    # 3. the GLU backward on the row tiles: the bf16 path's weight-free kernels
+    dhg, dhu, dsg, dsu, drw = G.bwd_epilogue(plan, hg, hu, part, offs, sg, su, rw, dtype, want[4] or want[5], cfg,
+                                             cap)
     if want[4]:
         res[4] = dsg.to(s_gate.dtype)
     if want[5]:
         res[5] = dsu.to(s_up.dtype)
     if want[6]:
-        res[6] = (drw[0] if nrb_epi == 1 else drw.sum(0)).to(row_weight.dtype)
-    # 4. dX through the decoded factors; dWg_hat, dWu_hat
-    do_dx, do_dw = want[0], want[1] or want[2]
+        res[6] = drw.to(row_weight.dtype)
+    # 4. dX through the decoded factors on the row tiles (and dWg_hat, dWu_hat of the one-tile experts), then the
+    #    other experts' dWg_hat, dWu_hat, chunked
     if do_dx or do_dw:
         dwg = torch.empty((e, d, r), device=dev, dtype=wdtype(w_gate)) if do_dw else None
         dwu = torch.empty((e, d, r), device=dev, dtype=wdtype(w_up)) if do_dw else None
         dx_rows = torch.empty(m, d, device=dev, dtype=dtype) if do_dx else None
         bd = cfg.bd_bwd
-        # several d blocks per program only when most experts fit one row tile (b1: ~32 rows each), as in the
-        # bf16 path (glu.grouped_glu_backward)
-        ndb = LS.dxdw_ndb(cfg, fg, fu) if m <= e * bm else 1
-        _launch("lowbit_bwd_dx_dw", (e, G._cdiv(d, bd * ndb)),
-                [x, gidx, offs, *pg, *pu, dhg, dhu, dx_rows, dwg, dwu, d, r, x.stride(0)],
+        ndb = LS.dxdw_ndb(cfg, fg, fu)
+        _launch("lowbit_bwd_dx_dw", (plan.max_tiles, G._cdiv(d, bd * ndb)),
+                [x, gidx, offs, plan.cum, *pg, *pu, dhg, dhu, dx_rows, dwg, dwu, e, d, r, x.stride(0)],
                 dict(FMT_G=fg, FMT_U=fu, HAS_GATHER=gidx is not None, DO_DX=do_dx, DO_DW=do_dw, BM=bm, BD=bd,
-                     BR=br, NDB=ndb),
+                     BR=br, NDB=ndb, BLOCK_E=cfg.block_e),
                 WARPS_DECODE, cfg.stages_dxdw_lb, aligned, cap, dev)
+        if do_dw:
+            G.dw_chunks(plan, x, gidx, offs, dhg, dhu, dwg, dwu, d, r, specs.rank_block(cfg, r, al_dense), cfg,
+                        al_dense, cap)
         if do_dx:
             if gather_idx is not None:
                 res[0] = G._combine(dx_rows, gather_idx, offs, x.shape[0], cfg, cap,

@@ -69,18 +69,18 @@ KERNELS: dict[str, KernelInfo] = {
         hinted=("z_ptr", "d0", "y_ptr", "r"),
     ),
     "lowbit_bwd_dz": KernelInfo(
-        params=("dy_ptr", "sidx_ptr", "offs_ptr", "d0", "d1", "d2", "zw_ptr", "part_ptr", "dwd_ptr", "M", "r", "f",
-                "f_slice"),
-        constexprs=("FMT_D", "HAS_SCATTER", "DO_DWD", "BM", "BR", "BN"),
-        ints=("M", "r", "f", "f_slice"),
+        params=("dy_ptr", "sidx_ptr", "offs_ptr", "cum_ptr", "d0", "d1", "d2", "zw_ptr", "part_ptr", "dwd_ptr", "E",
+                "M", "r", "f", "f_slice"),
+        constexprs=("FMT_D", "HAS_SCATTER", "DO_DWD", "BM", "BR", "BN", "BLOCK_E"),
+        ints=("E", "M", "r", "f", "f_slice"),
         used_if={"sidx_ptr": "HAS_SCATTER", "d1": "FMT_D", "d2": "FMT_D", "dwd_ptr": "DO_DWD"},
         hinted=("dy_ptr", "d0", "zw_ptr", "part_ptr", "dwd_ptr", "r"),
     ),
     "lowbit_bwd_dx_dw": KernelInfo(
-        params=("x_ptr", "gidx_ptr", "offs_ptr", "g0", "g1", "g2", "u0", "u1", "u2", "dhg_ptr", "dhu_ptr", "dx_ptr",
-                "dwg_ptr", "dwu_ptr", "d", "r", "stride_x"),
-        constexprs=("FMT_G", "FMT_U", "HAS_GATHER", "DO_DX", "DO_DW", "BM", "BD", "BR", "NDB"),
-        ints=("d", "r", "stride_x"),
+        params=("x_ptr", "gidx_ptr", "offs_ptr", "cum_ptr", "g0", "g1", "g2", "u0", "u1", "u2", "dhg_ptr", "dhu_ptr",
+                "dx_ptr", "dwg_ptr", "dwu_ptr", "E", "d", "r", "stride_x"),
+        constexprs=("FMT_G", "FMT_U", "HAS_GATHER", "DO_DX", "DO_DW", "BM", "BD", "BR", "NDB", "BLOCK_E"),
+        ints=("E", "d", "r", "stride_x"),
         used_if={"gidx_ptr": "HAS_GATHER", "g1": "FMT_G", "g2": "FMT_G", "u1": "FMT_U", "u2": "FMT_U",
                  "dx_ptr": "DO_DX", "dwg_ptr": "DO_DW", "dwu_ptr": "DO_DW"},
         hinted=("x_ptr", "g0", "u0", "dhg_ptr", "dhu_ptr", "dx_ptr", "dwg_ptr", "dwu_ptr", "d", "r", "stride_x"),
@@ -179,8 +179,8 @@ def factor_types(fmt: int, dtype: str) -> tuple[str, str, str]:
 
 
 def dxdw_ndb(cfg, fmt_g: int, fmt_u: int) -> int:
-    """d blocks per program of lowbit_bwd_dx_dw when the experts average at most BM rows (``glu.py``; else 1): sign
-    factors keep one (``Config.ndb_dxdw_sign_lb``), the others take ``Config.ndb_dxdw_lb``."""
+    """d blocks per program (row tile) of lowbit_bwd_dx_dw: sign factors keep one (``Config.ndb_dxdw_sign_lb``), the
+    others take ``Config.ndb_dxdw_lb``."""
     return cfg.ndb_dxdw_sign_lb if SIGN in (fmt_g, fmt_u) else cfg.ndb_dxdw_lb
 
 
@@ -190,10 +190,9 @@ _DXDW = ((True, False), (False, True), (True, True))
 
 def enumerate_specs(arch: str) -> Iterator[Spec]:
     """Every specialization ``glu.py`` launches on ``arch`` for the AOT_FORMATS and AOT_DTYPES (module
-    docstring): 172 per arch, plus 12 per format triple whose ``dxdw_ndb`` is not 1 (lowbit_bwd_dx_dw's multi-block
-    variants; sm_90a / sm_100a: 184, NVFP4 factors only; the mixed triple shares its up / dz variants with uniform
-    NVFP4; 148 before the up kernel's Y_PAD flag), plus 72 on the OPT_IN_PLANES_DOWN arches (lowbit_down_fwd's
-    byte-plane variants: 24 per format triple, all three packed)."""
+    docstring): 172 per arch (lowbit_bwd_dx_dw with one d-block count per format triple, ``dxdw_ndb``; the mixed
+    triple shares its up / dz variants with uniform NVFP4), plus 72 on the OPT_IN_PLANES_DOWN arches
+    (lowbit_down_fwd's byte-plane variants: 24 per format triple, all three packed)."""
     cfg = CONFIGS[arch]
     br = rank_block(cfg)
     seen = set()
@@ -220,15 +219,16 @@ def enumerate_specs(arch: str) -> Iterator[Spec]:
                           BN=cfg.bn_up, BK=bk, BLOCK_E=cfg.block_e)
             out.append(_base_spec("lowbit_up_fwd", types, consts, cfg.warps_up_lb, cfg.stages_up, aligned, KERNELS))
         for sc, dwd in itertools.product(_IDX, (False, True)):
-            types = dict(dy_ptr=D, sidx_ptr=f"*{sc}" if sc else UNUSED, offs_ptr="*i32", d0=d0, d1=d1, d2=d2,
-                         zw_ptr=D, part_ptr="*fp32", dwd_ptr=D)
-            consts = dict(FMT_D=fd, HAS_SCATTER=sc is not None, DO_DWD=dwd, BM=cfg.bm, BR=br, BN=cfg.bn_bwd)
+            types = dict(dy_ptr=D, sidx_ptr=f"*{sc}" if sc else UNUSED, offs_ptr="*i32", cum_ptr="*i32", d0=d0, d1=d1,
+                         d2=d2, zw_ptr=D, part_ptr="*fp32", dwd_ptr=D)
+            consts = dict(FMT_D=fd, HAS_SCATTER=sc is not None, DO_DWD=dwd, BM=cfg.bm, BR=br, BN=cfg.bn_bwd,
+                          BLOCK_E=cfg.block_e)
             out.append(_base_spec("lowbit_bwd_dz", types, consts, WARPS_DECODE, cfg.stages_bwd_dz, aligned, KERNELS))
-        for g, (dx, dw), ndb in itertools.product(_IDX, _DXDW, sorted({1, dxdw_ndb(cfg, fg, fu)})):
-            types = dict(x_ptr=D, gidx_ptr=f"*{g}" if g else UNUSED, offs_ptr="*i32", g0=g0, g1=g1, g2=g2, u0=u0,
-                         u1=u1, u2=u2, dhg_ptr=D, dhu_ptr=D, dx_ptr=D, dwg_ptr=D, dwu_ptr=D)
+        for g, (dx, dw) in itertools.product(_IDX, _DXDW):
+            types = dict(x_ptr=D, gidx_ptr=f"*{g}" if g else UNUSED, offs_ptr="*i32", cum_ptr="*i32", g0=g0, g1=g1,
+                         g2=g2, u0=u0, u1=u1, u2=u2, dhg_ptr=D, dhu_ptr=D, dx_ptr=D, dwg_ptr=D, dwu_ptr=D)
             consts = dict(FMT_G=fg, FMT_U=fu, HAS_GATHER=g is not None, DO_DX=dx, DO_DW=dw, BM=cfg.bm,
-                          BD=cfg.bd_bwd, BR=br, NDB=ndb)
+                          BD=cfg.bd_bwd, BR=br, NDB=dxdw_ndb(cfg, fg, fu), BLOCK_E=cfg.block_e)
             out.append(_base_spec("lowbit_bwd_dx_dw", types, consts, WARPS_DECODE, cfg.stages_dxdw_lb, aligned,
                                   KERNELS))
         for s in out:

@@ -1,0 +1,138 @@
+"""Device time of the whole expert pass, forward and forward+backward, on the backward's edge shapes (CUDA graph
+replay, as tsct-bench's "graph" column), for whichever tsct is on the path: run it once per tree / native library /
+config to compare schedules (scripts/h200_bwd_scale.sh).
+
+The pass is tsct-bench's tsct arm (``tsct.ops.sort_by_expert``, then one ``tsct.ops.grouped_glu`` with gather and
+combine fused; forward+backward adds ``torch.autograd.grad`` w.r.t. x, the router weights, the dense factors and both
+scales; packed NVFP4 factors: x, router weights and scales), on tsct-bench's inputs (``tsct.bench.routing.route``,
+factors N(0, 1/K), scales U(0.5, 1.5)). Only APIs that every tsct version since the sort kernels has are used, so an
+older tree runs it unchanged.
+
+    PYTHONPATH=<tree>/python python3 scripts/bwd_scale_timing.py --label new --json OUT.json [--shapes b1,b1_zipf12]
+        [--arms bf16-kmajor,nvfp4]
+
+Prints one line per (shape, arm): forward / forward+backward ms (median of 20 replays) and the expert rows
+(max, empty experts).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import time
+
+import torch
+
+SHAPES = {  # name: (T, E, routing, zipf exponent); k = 2, d = 2048, r = 64, f = 5461 (b1)
+    "b1": (16384, 1024, "softmax", None),
+    "b1_zipf12": (16384, 1024, "zipf", 1.2),
+    "e256": (16384, 256, "softmax", None),
+    "t65536": (65536, 1024, "softmax", None),
+    "b1_zipf15": (16384, 1024, "zipf", 1.5),
+    "e16384": (16384, 16384, "softmax", None),
+}
+ARMS = ("bf16-kmajor", "nvfp4")
+K, D, R, F = 2, 2048, 64, 5461
+
+
+def make(shape: str, dev: torch.device, seed: int = 0):
+    from tsct.bench import routing
+
+    T, E, rt, a = SHAPES[shape]
+    g = torch.Generator(device=dev).manual_seed(seed)
+    ids, w = routing.route(T, E, K, routing=rt, zipf_exponent=a or 1.2, generator=g, device=dev,
+                           dtype=torch.bfloat16)
+    x = torch.randn(T, D, generator=g, device=dev).bfloat16()
+    wg = (torch.randn(E, D, R, generator=g, device=dev) * D ** -0.5).bfloat16()
+    wu = (torch.randn(E, D, R, generator=g, device=dev) * D ** -0.5).bfloat16()
+    wd = (torch.randn(E, R, F, generator=g, device=dev) * R ** -0.5).bfloat16()
+    sg = (0.5 + torch.rand(E, R, generator=g, device=dev)).bfloat16()
+    su = (0.5 + torch.rand(E, R, generator=g, device=dev)).bfloat16()
+    go = torch.randn(T, F, generator=g, device=dev).bfloat16()
+    counts = torch.bincount(ids.flatten(), minlength=E)
+    rows = {"max": int(counts.max()), "empty": int((counts == 0).sum()), "mean": float(counts.float().mean())}
+    return x, ids, w, (wg, wu, wd, sg, su), go, rows
+
+
+def factors(arm: str, dense):
+    from tsct import quant
+    from tsct.kernels.layout import to_kmajor
+
+    wg, wu, wd, sg, su = dense
+    if arm == "bf16-kmajor":
+        return [wg.clone().requires_grad_(), wu.clone().requires_grad_(), to_kmajor(wd).requires_grad_(),
+                sg.clone().requires_grad_(), su.clone().requires_grad_()], "triton-bf16"
+    if arm == "nvfp4":
+        q = [quant.quantize(t, "nvfp4", backend="torch") for t in (wg, wu, wd)]  # as tsct-bench: linear scales
+        return q + [sg.clone().requires_grad_(), su.clone().requires_grad_()], "triton-lowbit"
+    raise ValueError(f"unknown arm {arm!r}; arms: {', '.join(ARMS)}")
+
+
+def time_arm(shape: str, arm: str, inputs, dev: torch.device, replays: int) -> dict:
+    from tsct.bench import measure
+    from tsct.ops import grouped_glu, sort_by_expert
+
+    x0, ids, w0, dense, go, rows = inputs
+    fac, impl = factors(arm, dense)
+    x = x0.clone().requires_grad_()
+    w = w0.clone().requires_grad_()
+    leaves = [x, w] + [t for t in fac if isinstance(t, torch.Tensor) and t.requires_grad]
+    E = dense[0].shape[0]
+
+    def fwd(_i=0):
+        s = sort_by_expert(ids, E, w)
+        return grouped_glu(x, s.offs, fac[0], fac[1], fac[2], fac[3], fac[4], row_weight=s.row_weight,
+                           gather_idx=s.token, scatter_idx=s.token, num_out_rows=x.shape[0], impl=impl)
+
+    def fwdbwd(_i=0):
+        return torch.autograd.grad(fwd(), leaves, go)
+
+    res = {"shape": shape, "arm": arm, "impl": impl, "rows": rows}
+    t0 = time.time()
+    res["fwd_ms"] = measure.time_graph(fwd, dev, replays=replays)["median"]
+    res["fwdbwd_ms"] = measure.time_graph(fwdbwd, dev, replays=replays)["median"]
+    res["seconds"] = round(time.time() - t0, 1)
+    return res
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--label", required=True)
+    p.add_argument("--json")
+    p.add_argument("--shapes", default="b1,b1_zipf12,e256,t65536")
+    p.add_argument("--arms", default=",".join(ARMS))
+    p.add_argument("--replays", type=int, default=20)
+    a = p.parse_args()
+    import tsct
+    from tsct import native
+
+    dev = torch.device("cuda")
+    out = {"label": a.label, "tsct_file": tsct.__file__, "native": native.available(),
+           "native_error": None if native.available() else str(native.load_error()),
+           "cfg": os.environ.get("TSCT_TRITON_GLU_CFG", ""), "backend": os.environ.get("TSCT_TRITON_BACKEND", "auto"),
+           "device": torch.cuda.get_device_name(dev), "results": []}
+    print(f"[{a.label}] tsct {tsct.__file__} native={out['native']} cfg={out['cfg']!r}", flush=True)
+    for shape in a.shapes.split(","):
+        inputs = make(shape, dev)
+        for arm in a.arms.split(","):
+            try:
+                r = time_arm(shape, arm, inputs, dev, a.replays)
+            except Exception as e:  # noqa: BLE001  (recorded; the other points still run)
+                r = {"shape": shape, "arm": arm, "error": f"{type(e).__name__}: {e}"[:400]}
+            out["results"].append(r)
+            if "error" in r:
+                print(f"[{a.label}] {shape:10s} {arm:12s} ERROR {r['error']}", flush=True)
+            else:
+                print(f"[{a.label}] {shape:10s} {arm:12s} fwd {r['fwd_ms']:7.3f} ms  fwd+bwd {r['fwdbwd_ms']:7.3f} ms  "
+                      f"(max rows {r['rows']['max']}, empty {r['rows']['empty']}; {r['seconds']} s)", flush=True)
+        del inputs
+        torch.cuda.empty_cache()
+    if a.json:
+        with open(a.json, "w") as fh:
+            json.dump(out, fh, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
