@@ -731,9 +731,13 @@ def test_host_fp8_scaled_and_scalar_tail(host, case, factor):
     assert T.bitwise_mismatch(out, host.fp8_dequantize(codes, ref.scale_n, torch.bfloat16)) is None
 
 
-@pytest.mark.parametrize("scaling", ["absmean", "rank1"])
+# the rank-1 scaling (scale_k given) on every case but the two large ones, whose power iteration costs seconds
+TERNARY_CASES = [(c, sc) for c in CASES + T.ternary_cases() for sc in ("absmean", "rank1")
+                 if sc == "absmean" or c.name not in ("normal_wdown", "normal_wgate")]
+
+
 @pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: str(d).split(".")[-1])
-@pytest.mark.parametrize("case", CASES + T.ternary_cases(), ids=lambda c: c.name)
+@pytest.mark.parametrize("case,scaling", TERNARY_CASES, ids=lambda v: v if isinstance(v, str) else v.name)
 def test_host_ternary_matches_torch(host, case, dtype, scaling):
     w = T.make_case(case, dtype)
     _assert_ok(f"host ternary {scaling} {case.name} {dtype}", *T.check_ternary(host, w, scaling))
