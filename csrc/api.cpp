@@ -68,8 +68,9 @@ unsigned grid_blocks(int64_t items) {
 namespace {
 // The registry row of a kernel, or null.
 const tsct::KernelEntry* find_kernel(const char* name) {
-  const tsct::KernelEntry* const tables[] = {tsct::kNvfp4Kernels, tsct::kSignKernels, tsct::kRowsGroupedKernels,
-                                               tsct::kGluKernels, tsct::kGluLowbitKernels,
+  const tsct::KernelEntry* const tables[] = {tsct::kNvfp4Kernels,      tsct::kSignKernels,  tsct::kFp8Kernels,
+                                               tsct::kTernaryKernels,    tsct::kRowsGroupedKernels,
+                                               tsct::kGluKernels,        tsct::kGluLowbitKernels,
                                                tsct::kGluUpLowbitKernels};
   for (const tsct::KernelEntry* table : tables)
     for (const tsct::KernelEntry* e = table; e->name; ++e)

@@ -1,4 +1,5 @@
-// Exact NVFP4 / UE4M3 / E2M1 / sign arithmetic (docs/decisions/0002-nvfp4-recipe.md).
+// Exact NVFP4 / UE4M3 / E2M1 / sign arithmetic (docs/decisions/0002-nvfp4-recipe.md), FP8 (0020-fp8-format.md)
+// and ternary (0021-ternary-format.md).
 //
 // Everything here is __host__ __device__ so the same source runs in the CUDA kernels and in the
 // host harness (csrc/tools/host_reference.cpp) that the CPU tests compare against the torch
@@ -26,7 +27,11 @@ namespace fmt {
 
 constexpr int kNvfp4Block = 16;   // K elements per UE4M3 scale
 constexpr int kSignPack = 8;      // sign bits per byte
+constexpr int kTernaryPack = 4;   // 2-bit ternary codes per byte
 constexpr uint8_t kUe4m3Nan = 0x7F;
+constexpr uint8_t kFp8NanCode = 0x7F;  // the E4M3 code of a non-finite input
+// 2-bit ternary codes: two's complement for 0, +1, -1; the remaining pattern marks a non-finite input.
+constexpr uint32_t kTernaryZero = 0u, kTernaryPlus = 1u, kTernaryNan = 2u, kTernaryMinus = 3u;
 
 TSCT_HD uint32_t f2u(float f) {
 #if defined(__CUDA_ARCH__)
@@ -171,6 +176,31 @@ TSCT_HD float nvfp4_decode(uint8_t code, float sfv, float s_enc) {
 // w_hat = (+-1 * a) * b; bit set = negative.
 TSCT_HD float sign_decode(bool negative, float a, float b) {
   return mul_rn(mul_rn(negative ? -1.0f : 1.0f, a), b);
+}
+
+// FP8 code of x with its column's decode scale: E4M3 of x / scale (RNE, saturating); NaN code if x is
+// not finite (E4M3 has no inf; saturating an inf would hide it).
+TSCT_HD uint8_t fp8_encode(float x, float scale) {
+  return is_finite(x) ? e4m3_from_f32(div_rn(x, scale)) : kFp8NanCode;
+}
+
+// x_hat = e4m3(code) * scale (NaN codes give NaN).
+TSCT_HD float fp8_decode(uint8_t code, float scale) { return mul_rn(e4m3_to_f32(code), scale); }
+
+// Ternary code of x for the scale gamma (BitNet b1.58 RoundClip(x / gamma, -1, 1), round half to even):
+// NaN code for a non-finite x; 0 if gamma == 0 or |x / gamma| <= 1/2; else the sign of x / gamma.
+TSCT_HD uint32_t ternary_encode(float x, float gamma) {
+  if (!is_finite(x)) return kTernaryNan;
+  const float y = div_rn(x, gamma);
+  if (gamma == 0.0f || !(abs_f(y) > 0.5f)) return kTernaryZero;
+  return y < 0.0f ? kTernaryMinus : kTernaryPlus;
+}
+
+// w_hat = (q * a) * b, q = 0 / +1 / -1 / NaN by code (a = 1 for the absmean scaling: (q * 1) * b = q * b).
+TSCT_HD float ternary_decode(uint32_t code, float a, float b) {
+  const float q = code == kTernaryPlus ? 1.0f : code == kTernaryMinus ? -1.0f : code == kTernaryZero ? 0.0f
+                                                                             : u2f(0x7FC00000u);
+  return mul_rn(mul_rn(q, a), b);
 }
 
 // --- element types --------------------------------------------------------------------------

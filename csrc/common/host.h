@@ -39,6 +39,8 @@ struct KernelEntry {
 // Defined next to the kernels (nvfp4.cu, sign.cu); nullptr-terminated.
 extern const KernelEntry kNvfp4Kernels[];
 extern const KernelEntry kSignKernels[];
+extern const KernelEntry kFp8Kernels[];      // quant/fp8.cu
+extern const KernelEntry kTernaryKernels[];  // quant/ternary.cu
 extern const KernelEntry kRowsGroupedKernels[];  // rows_grouped.cu
 extern const KernelEntry kGluKernels[];          // glu/dz_bf16.cu
 extern const KernelEntry kGluLowbitKernels[];    // glu/down_nvfp4.cu

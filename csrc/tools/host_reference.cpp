@@ -9,8 +9,10 @@
 #include "quant/quant_impl.cuh"
 #include "tsct/tsct.h"
 
+using tsct::quant::Fp8Args;
 using tsct::quant::Nvfp4Args;
 using tsct::quant::SignArgs;
+using tsct::quant::TernaryArgs;
 
 namespace {
 
@@ -96,6 +98,78 @@ int tsct_host_sign_dequantize(const uint8_t* bits, const float* a, const float* 
   const int64_t items = batch * n * s.kbytes;
   for_dtype(out_dtype, [&](auto tag) {
     for (int64_t t = 0; t < items; ++t) tsct::quant::sign_dequantize_item<decltype(tag)>(s, t);
+  });
+  return 0;
+}
+
+int tsct_host_fp8_quantize(const void* x, int x_dtype, int64_t batch, int64_t n, int64_t k, const float* scale_n,
+                           uint8_t* codes, int vec) {
+  Fp8Args a = {};
+  a.x = x;
+  a.scale_n = scale_n;
+  a.codes = codes;
+  a.batch = batch;
+  a.n = n;
+  a.k = k;
+  a.kc = (k + 15) / 16;
+  a.vec = vec && k % 16 == 0;  // the full-chunk branch, with scalar accesses on the host
+  const int64_t items = batch * n * a.kc;
+  for_dtype(x_dtype, [&](auto tag) {
+    for (int64_t t = 0; t < items; ++t) tsct::quant::fp8_quantize_item<decltype(tag)>(a, t);
+  });
+  return 0;
+}
+
+int tsct_host_fp8_dequantize(const uint8_t* codes, const float* scale_n, int64_t batch, int64_t n, int64_t k, void* out,
+                             int out_dtype, int vec) {
+  Fp8Args a = {};
+  a.codes = const_cast<uint8_t*>(codes);
+  a.scale_n = scale_n;
+  a.out = out;
+  a.batch = batch;
+  a.n = n;
+  a.k = k;
+  a.kc = (k + 15) / 16;
+  a.vec = vec && k % 16 == 0;
+  const int64_t items = batch * n * a.kc;
+  for_dtype(out_dtype, [&](auto tag) {
+    for (int64_t t = 0; t < items; ++t) tsct::quant::fp8_dequantize_item<decltype(tag)>(a, t);
+  });
+  return 0;
+}
+
+int tsct_host_ternary_pack(const void* x, int x_dtype, int64_t batch, int64_t n, int64_t k, const float* scale_k,
+                           const float* scale_n, uint8_t* codes) {
+  TernaryArgs s = {};
+  s.x = x;
+  s.scale_k = scale_k;
+  s.scale_n = scale_n;
+  s.codes = codes;
+  s.batch = batch;
+  s.n = n;
+  s.k = k;
+  s.kbytes = k / 4;
+  const int64_t items = batch * n * s.kbytes;
+  for_dtype(x_dtype, [&](auto tag) {
+    for (int64_t t = 0; t < items; ++t) tsct::quant::ternary_pack_item<decltype(tag)>(s, t);
+  });
+  return 0;
+}
+
+int tsct_host_ternary_dequantize(const uint8_t* codes, const float* scale_k, const float* scale_n, int64_t batch,
+                                 int64_t n, int64_t k, void* out, int out_dtype) {
+  TernaryArgs s = {};
+  s.codes = const_cast<uint8_t*>(codes);
+  s.scale_k = scale_k;
+  s.scale_n = scale_n;
+  s.out = out;
+  s.batch = batch;
+  s.n = n;
+  s.k = k;
+  s.kbytes = k / 4;
+  const int64_t items = batch * n * s.kbytes;
+  for_dtype(out_dtype, [&](auto tag) {
+    for (int64_t t = 0; t < items; ++t) tsct::quant::ternary_dequantize_item<decltype(tag)>(s, t);
   });
   return 0;
 }

@@ -11,6 +11,8 @@ Paths (design.md section 4):
                    the last resort of every row; bf16 or NVFP4 activations
     triton-bf16    Triton grouped GEMM + fused GLU, bf16/fp16 factors (AOT cubins for sm_90a/sm_100a/sm_120)
     triton-lowbit  Triton with NVFP4 / sign factors decoded in registers, bf16 activations
+FP8 and ternary factors have no in-kernel decode yet: every row sends them to ``bmm`` (decoded to bf16 once
+per call), never to a kernel that cannot read them; so does any mix of factors that includes one of them.
     sm120-fp4      NVFP4 block-scaled mma.sync on 12.0 / 12.1 (CuTeDSL, tsct.kernels.sm120_fp4): NVFP4
                    activations, so only when the caller asks for them (``activations="nvfp4"``)
 
@@ -45,7 +47,11 @@ TRITON_LOWBIT = "triton-lowbit"
 SM120_FP4 = "sm120-fp4"
 PATHS = (REFERENCE, BMM, TRITON_BF16, TRITON_LOWBIT, SM120_FP4)
 
-FORMATS = ("bf16", "nvfp4", "sign")  # storage formats with a row in the table; others use bmm
+FORMATS = ("bf16", "nvfp4", "sign", "fp8", "ternary")  # storage formats with a row in the table; others use bmm
+#: formats every path reads only after decoding them to dense factors (no kernel decodes them in registers)
+DECODED_FORMATS = ("fp8", "ternary")
+#: the format of a mix of factors that includes a DECODED_FORMATS one ("mixed" is the mix triton-lowbit reads)
+MIXED_DECODED = "mixed-decoded"
 ACTIVATIONS = ("bf16", "nvfp4")
 
 #: the activation precision each path computes (the ``activations=`` values it serves)
@@ -70,13 +76,14 @@ ARCH_CLASSES: dict[tuple[int, int], str] = {
 _DENSE_GPU = [TRITON_BF16, BMM]
 _LOWBIT_GPU = [TRITON_LOWBIT, BMM]
 # (arch class, storage format) -> paths in order of preference, bf16 activations. Missing rows
-# (cpu, unknown, fp32 factors) mean [BMM].
+# (cpu, unknown, fp32 factors) mean [BMM]. FP8 / ternary rows are bmm until a kernel decodes them.
 TABLE: dict[tuple[str, str], list[str]] = {
     **{(cls, fmt): list(_DENSE_GPU) for cls in ("sm80", "sm90", "sm100", "sm120") for fmt in ("bf16", "fp16")},
     # packed factors; "mixed" = packed and dense together, or NVFP4 with sign: only triton-lowbit reads them
     **{(cls, fmt): list(_LOWBIT_GPU) for cls in ("sm80", "sm90", "sm100", "sm120")
        for fmt in ("nvfp4", "sign", "mixed")},
     **{(cls, fmt): [BMM] for cls in ("cpu", "unknown") for fmt in FORMATS},
+    **{(cls, fmt): [BMM] for cls in ("sm80", "sm90", "sm100", "sm120") for fmt in (*DECODED_FORMATS, MIXED_DECODED)},
 }
 # The same with NVFP4 activations: the tensor-core path on 12.x, bmm (same recipe) everywhere.
 TABLE_NVFP4_ACTIVATIONS: dict[tuple[str, str], list[str]] = {
@@ -200,6 +207,8 @@ def decide(capability: Optional[tuple[int, int]], fmt: str, activations: str = "
             table = TABLE if activations == "bf16" else TABLE_NVFP4_ACTIVATIONS
             if skipped:
                 reason = f"fallback: {skipped[0][0]} unavailable ({skipped[0][1]})"
+            elif fmt in (*DECODED_FORMATS, MIXED_DECODED) and arch_class(capability) not in ("cpu", "unknown"):
+                reason = f"no kernel decodes {fmt} factors yet: decoded to bf16 once per call, torch.bmm"
             elif arch_class(capability) == "unknown":
                 reason = f"compute capability {capability[0]}.{capability[1]} has no built artifacts"
             elif (arch_class(capability), fmt) not in table:

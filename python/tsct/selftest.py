@@ -143,7 +143,8 @@ def grouped_glu(path: str, device: torch.device, dtype: torch.dtype = torch.bflo
 
 
 def native_quant(device: torch.device) -> list[Result]:
-    """CUDA quantize/decode kernels against the torch reference, bit for bit, on a small random input."""
+    """CUDA quantize/decode kernels (NVFP4, sign, FP8, ternary) against the torch reference, bit for bit, on a small
+    random input."""
     from tsct import quant
 
     out = []
@@ -176,6 +177,18 @@ def native_quant(device: torch.device) -> list[Result]:
     except Exception as exc:
         out.append(Result("sign pack+decode native vs torch", False, f"{type(exc).__name__}: {exc}",
                           time.perf_counter() - t0))
+    for fmt, opts in (("fp8", {}), ("ternary", {"scaling": "absmean"}), ("ternary", {"scaling": "rank1"})):
+        t0 = time.perf_counter()
+        name = f"{fmt} quantize+decode native vs torch" + (f" [{opts['scaling']}]" if opts else "")
+        try:
+            a = quant.quantize(w, fmt, backend="native", **opts)
+            b = quant.quantize(w, fmt, backend="torch", **opts)
+            same = torch.equal(a.codes.view(torch.uint8), b.codes.view(torch.uint8)) and torch.equal(
+                quant.dequantize(a, backend="native").view(torch.int16),
+                quant.dequantize(b, backend="torch").view(torch.int16))
+            out.append(Result(name, same, "bit-exact" if same else "MISMATCH", time.perf_counter() - t0))
+        except Exception as exc:
+            out.append(Result(name, False, f"{type(exc).__name__}: {exc}", time.perf_counter() - t0))
     return out
 
 

@@ -37,9 +37,11 @@ def test_small_preset_runs_end_to_end_through_the_cli(small_run):
 def test_small_run_lists_every_arm_with_plausible_figures(small_run):
     _, res = small_run
     by_name = {a["name"]: a for a in res["arms"]}
-    expected = {"padded-bmm", "grouped-mm", "tsct-reference-bf16", "tsct-reference-nvfp4", "tsct-reference-sign"}
-    expected |= {f"tsct-{p}-{f}" for p in dispatch.PATHS for f in ("bf16", "nvfp4", "sign")
+    expected = {"padded-bmm", "grouped-mm", "tsct-reference-bf16", "tsct-reference-nvfp4", "tsct-reference-sign",
+                "tsct-reference-fp8", "tsct-reference-ternary", "tsct-bmm-fp8", "tsct-bmm-ternary"}
+    expected |= {f"tsct-{p}-{f}" for p in dispatch.PATHS for f in ("bf16", "nvfp4", "sign", "fp8", "ternary")
                  if arms._path_serves_format(p, f)}
+    assert not any(n.startswith("tsct-triton") and n.endswith(("-fp8", "-ternary")) for n in expected)  # bmm only
     expected |= {"tsct-triton-lowbit-nvfp4-ste", "tsct-triton-lowbit-sign-ste"}  # packed factors + masters
     # the same w_down values stored K-major (decision 0012)
     expected |= {"tsct-triton-bf16-bf16-kmajor", "tsct-bmm-bf16-kmajor"}
@@ -64,7 +66,7 @@ def test_small_run_lists_every_arm_with_plausible_figures(small_run):
     assert by_name["padded-bmm"]["max_rel_err"] < 5e-2
     assert 0.0 <= by_name["padded-bmm"]["dropped_fraction"] < 0.05
     # low-bit: close to the reference of its own dequantized factors; further from bf16 (quantization error)
-    for fmt in ("nvfp4", "sign"):
+    for fmt in ("nvfp4", "sign", "fp8", "ternary"):
         a = by_name[f"tsct-reference-{fmt}"]
         assert a["max_rel_err_dequant"] < 1e-2
         assert a["max_rel_err"] > a["max_rel_err_dequant"]
@@ -128,6 +130,10 @@ def test_list_arms_agrees_with_the_run_on_shapes_a_format_cannot_store(capsys):
     assert "must be a multiple of 16 for nvfp4 (K is set by --d)" in listed["tsct-reference-nvfp4"]
     assert "must be a multiple of 8 for sign (K is set by --r)" in listed["tsct-reference-sign"]
     assert listed["tsct-reference-bf16"].split()[1] == "runs"
+    assert listed["tsct-reference-fp8"].split()[1] == "runs" and listed["tsct-reference-ternary"].split()[1] == "runs"
+    assert cli.main(SMALL_FAST + ["--d", "22", "--list-arms"]) == 0
+    listed = {ln.split()[0]: ln for ln in capsys.readouterr().out.splitlines() if ln.strip()}
+    assert "must be a multiple of 4 for ternary (K is set by --d)" in listed["tsct-bmm-ternary"]
     cfg = config.from_preset("small", d=24, r=12).resolved()
     for fmt in ("nvfp4", "sign"):  # the shape rule is quantize_factors' own
         with pytest.raises(ValueError) as e:

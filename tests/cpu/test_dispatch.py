@@ -25,13 +25,13 @@ def test_every_row_ends_in_bmm_and_reference_is_never_automatic():
             assert dispatch.REFERENCE not in prefs, key
             assert set(prefs) <= set(dispatch.PATHS)
     for cap in CAPS:
-        for fmt in (*dispatch.FORMATS, "fp16", "fp32", "mixed"):
+        for fmt in (*dispatch.FORMATS, "fp16", "fp32", "mixed", dispatch.MIXED_DECODED):
             for act in dispatch.ACTIVATIONS:
                 assert dispatch.preferences(cap, fmt, act)[-1] == dispatch.BMM
 
 
 @pytest.mark.parametrize("cap", CAPS)
-@pytest.mark.parametrize("fmt", ["bf16", "fp16", "fp32", "nvfp4", "sign", "mixed"])
+@pytest.mark.parametrize("fmt", ["bf16", "fp16", "fp32", "nvfp4", "sign", "mixed", "fp8", "ternary", "mixed-decoded"])
 @pytest.mark.parametrize("act", ["bf16", "nvfp4"])
 def test_auto_never_changes_the_activation_precision(cap, fmt, act):
     """Every path auto may take for a request computes the requested activations, on every GPU and the CPU."""

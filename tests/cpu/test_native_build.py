@@ -34,11 +34,13 @@ import tsct
 import tsct.native as native
 from tsct.native import _loader
 from tsct.native import _testing as T
+from tsct.quant import quantize_fp8
 
 REPO = Path(__file__).resolve().parents[2]
 HEADER = REPO / "csrc" / "include" / "tsct" / "tsct.h"
 REQUIRED_TARGETS = ("sm_90a", "sm_100a", "sm_120a")
 KERNELS = {f"tsctk_{op}_{dt}" for op in ("nvfp4_quantize", "nvfp4_dequantize", "sign_pack", "sign_dequantize",
+                                         "fp8_quantize", "fp8_dequantize", "ternary_pack", "ternary_dequantize",
                                          "nvfp4_rows_amax", "nvfp4_rows_quantize")
            for dt in ("f32", "bf16", "f16")} | {"tsctk_nvfp4_rows_finalize", "tsctk_glu_bwd_dz_bf16",
                                                   "tsctk_glu_down_fwd_nvfp4", "tsctk_glu_up_fwd_nvfp4",
@@ -455,6 +457,17 @@ def test_c_entry_points_reject_bad_arguments(lib):
         (lib.tsct_sign_pack, (P, -1, 1, 4, 16, P, None), "w_dtype=-1"),
         (lib.tsct_sign_dequantize, (P, P, None, 1, 4, 16, P, 0, None), "null pointer"),
         (lib.tsct_sign_dequantize, (P, P, P, 1, 4, 16, P, 9, None), "out_dtype=9"),
+        (lib.tsct_fp8_quantize, (P, 3, 1, 4, 16, P, P, None), "x_dtype=3"),
+        (lib.tsct_fp8_quantize, (P, 0, 1, -4, 16, P, P, None), "negative size"),
+        (lib.tsct_fp8_quantize, (P, 0, 1, 4, 16, None, P, None), "null pointer"),
+        (lib.tsct_fp8_quantize, (P, 0, 1 << 40, 1 << 40, 16, P, P, None), "overflows"),
+        (lib.tsct_fp8_dequantize, (P, P, 1, 4, 17, P, 5, None), "out_dtype=5"),
+        (lib.tsct_fp8_dequantize, (P, P, 1, 4, 17, None, 0, None), "null pointer"),
+        (lib.tsct_ternary_pack, (P, 0, 1, 4, 18, None, P, P, None), "multiple of 4"),
+        (lib.tsct_ternary_pack, (P, 4, 1, 4, 16, None, P, P, None), "x_dtype=4"),
+        (lib.tsct_ternary_pack, (P, 0, 1, 4, 16, P, None, P, None), "null pointer"),
+        (lib.tsct_ternary_dequantize, (P, None, P, 1, 4, 16, P, 7, None), "out_dtype=7"),
+        (lib.tsct_ternary_dequantize, (P, None, P, 1, 4, 16, None, 0, None), "null pointer"),
         # grad_out, grad_rows, f, scatter_idx, offs, tile_cum, E, m, max_tiles, w_down_t, zw, r, slices, dz_part,
         # dw_down_t, stream
         (lib.tsct_glu_bwd_dz_bf16, (P, 8, 100, None, P, P, 2, 8, 4, P, P, 32, 1, P, P, None), "only r = 64"),
@@ -517,6 +530,10 @@ def test_c_entry_points_reject_bad_arguments(lib):
     assert lib.tsct_nvfp4_dequantize(None, None, 0, None, 3, 0, 32, None, 1, None) == 0
     assert lib.tsct_sign_pack(None, 0, 2, 3, 0, None, None) == 0
     assert lib.tsct_sign_dequantize(None, None, None, 0, 3, 8, None, 2, None) == 0
+    assert lib.tsct_fp8_quantize(None, 0, 2, 3, 0, None, None, None) == 0
+    assert lib.tsct_fp8_dequantize(None, None, 2, 0, 7, None, 1, None) == 0
+    assert lib.tsct_ternary_pack(None, 1, 0, 3, 8, None, None, None, None) == 0
+    assert lib.tsct_ternary_dequantize(None, None, None, 2, 3, 0, None, 0, None) == 0
     assert lib.tsct_glu_bwd_dz_bf16(None, 0, 100, None, None, None, 0, 0, 0, None, None, 64, 1, None, None,
                                     None) == 0
     assert lib.tsct_glu_bwd_dz_bf16(None, 0, 100, None, None, None, 2, 0, 2, None, None, 64, 1, None, None,
@@ -587,6 +604,18 @@ def test_wrappers_reject_bad_input(lib):
         native.sign_dequantize(bits, torch.ones(1, 16), torch.ones(2, 2))
     with pytest.raises(ValueError, match="bits must be a CUDA tensor"):
         native.sign_dequantize(bits, torch.ones(1, 16), torch.ones(1, 2))
+    with pytest.raises(ValueError, match="scale_n must have shape"):
+        native.fp8_quantize(torch.zeros(2, 3, 7), torch.ones(2, 4))
+    with pytest.raises(ValueError, match="x must be a CUDA tensor"):
+        native.fp8_quantize(torch.zeros(2, 3, 7), torch.ones(2, 3))
+    with pytest.raises(TypeError, match="codes must have dtype"):
+        native.fp8_dequantize(torch.zeros(2, 3, 7, dtype=torch.int8), torch.ones(2, 3))
+    with pytest.raises(ValueError, match="multiple of 4"):
+        native.ternary_pack(torch.zeros(1, 2, 6), None, torch.ones(1, 2))
+    with pytest.raises(ValueError, match="scale_k must have shape"):
+        native.ternary_dequantize(torch.zeros(1, 2, 2, dtype=torch.uint8), torch.ones(1, 7), torch.ones(1, 2))
+    with pytest.raises(ValueError, match="codes must be a CUDA tensor"):
+        native.ternary_dequantize(torch.zeros(1, 2, 2, dtype=torch.uint8), None, torch.ones(1, 2))
     with pytest.raises(TypeError, match="name must be a str"):
         native.kernel_available(3)
 
@@ -679,6 +708,39 @@ def test_host_nvfp4_scaled_s_enc(host, case, factor):
 def test_host_sign_matches_torch(host, case, dtype):
     w = T.make_case(case, dtype)
     _assert_ok(f"host sign {case.name} {dtype}", *T.check_sign(host, w))
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: str(d).split(".")[-1])
+@pytest.mark.parametrize("case", CASES + T.fp8_cases(), ids=lambda c: c.name)
+def test_host_fp8_matches_torch(host, case, dtype):
+    w = T.make_case(case, dtype)
+    _assert_ok(f"host fp8 {case.name} {dtype}", *T.check_fp8(host, w))
+
+
+@pytest.mark.parametrize("factor", [16.0, 1e-4, 2.0 ** 20])
+@pytest.mark.parametrize("case", [c for c in CASES if c.name in ("normal_pad", "heavy_tailed", "saturate")]
+                         + T.fp8_cases()[:1], ids=lambda c: c.name)
+def test_host_fp8_scaled_and_scalar_tail(host, case, factor):
+    """Scales off the recipe (codes saturating at 448, deep subnormals, zeros), and the scalar (unaligned) branch."""
+    w = T.make_case(case, torch.bfloat16)
+    _assert_ok(f"host fp8 {case.name} scale*{factor}", *T.check_fp8(host, w, factor))
+    x, ref = T.storage(w), quantize_fp8(w, backend="torch")
+    codes = host.fp8_quantize(x, ref.scale_n, vec=False)
+    assert T.bitwise_mismatch(codes, ref.codes.view(torch.uint8)) is None
+    out = host.fp8_dequantize(codes, ref.scale_n, torch.bfloat16, vec=False)
+    assert T.bitwise_mismatch(out, host.fp8_dequantize(codes, ref.scale_n, torch.bfloat16)) is None
+
+
+# the rank-1 scaling (scale_k given) on every case but the two large ones, whose power iteration costs seconds
+TERNARY_CASES = [(c, sc) for c in CASES + T.ternary_cases() for sc in ("absmean", "rank1")
+                 if sc == "absmean" or c.name not in ("normal_wdown", "normal_wgate")]
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: str(d).split(".")[-1])
+@pytest.mark.parametrize("case,scaling", TERNARY_CASES, ids=lambda v: v if isinstance(v, str) else v.name)
+def test_host_ternary_matches_torch(host, case, dtype, scaling):
+    w = T.make_case(case, dtype)
+    _assert_ok(f"host ternary {scaling} {case.name} {dtype}", *T.check_ternary(host, w, scaling))
 
 
 def _e4m3_check(host, bits: torch.Tensor):

@@ -34,7 +34,8 @@ def call(p, **over):
     # an object that only looks like a container (dequantize + shape) is named as the argument, not as "obj"
     (lambda p: dict(w_up=type("Duck", (), {"shape": p["w_up"].shape, "device": p["w_up"].device,
                                            "dequantize": lambda self, *a, **k: p["w_up"]})()),
-     TypeError, r"w_up must be a torch.Tensor or a tsct.quant container \(NVFP4Tensor, SignTensor\), got Duck"),
+     TypeError, r"w_up must be a torch.Tensor or a tsct.quant container "
+                r"\(NVFP4Tensor, SignTensor, FP8Tensor, TernaryTensor\), got Duck"),
     (lambda p: dict(s_gate=p["s_gate"][:, :3]), ValueError, r"s_gate must be \[E, r\]"),
     (lambda p: dict(row_weight=p["row_weight"][:-1]), ValueError, r"row_weight must be \[M\]"),
     (lambda p: dict(gather_idx=p["gather_idx"].float()), TypeError, r"gather_idx must have dtype"),

@@ -4,10 +4,20 @@ import pytest
 import torch
 
 from tsct import quant
-from tsct.quant import dequantize, fake_quantize, is_quantized, quantize, quantize_nvfp4, quantize_sign, storage_format
+from tsct.quant import (
+    dequantize,
+    fake_quantize,
+    is_quantized,
+    quantize,
+    quantize_fp8,
+    quantize_nvfp4,
+    quantize_sign,
+    quantize_ternary,
+    storage_format,
+)
 
 
-@pytest.mark.parametrize("fmt", ["nvfp4", "sign"])
+@pytest.mark.parametrize("fmt", ["nvfp4", "sign", "fp8", "ternary"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_fake_quantize_forward_is_dequantize_of_quantize(fmt, dtype):
     g = torch.Generator().manual_seed(70)
@@ -18,7 +28,7 @@ def test_fake_quantize_forward_is_dequantize_of_quantize(fmt, dtype):
     assert not torch.equal(y, w)  # it does quantize
 
 
-@pytest.mark.parametrize("fmt", ["nvfp4", "sign"])
+@pytest.mark.parametrize("fmt", ["nvfp4", "sign", "fp8", "ternary"])
 def test_ste_gradient_is_identity(fmt):
     g = torch.Generator().manual_seed(71)
     w = torch.randn(2, 48, 5, generator=g).requires_grad_()
@@ -35,7 +45,8 @@ def test_fake_quantize_under_torch_compile_fullgraph():
     x = torch.randn(4, 32, generator=g)
 
     def f(w, x):
-        return (x @ fake_quantize(w, "nvfp4")[0]).square().sum() + fake_quantize(w, "sign").sum()
+        return ((x @ fake_quantize(w, "nvfp4")[0]).square().sum() + fake_quantize(w, "sign").sum()
+                + (x @ fake_quantize(w, "fp8")[1]).square().sum() + (x @ fake_quantize(w, "ternary")[0]).sum())
 
     torch._dynamo.reset()
     cf = torch.compile(f, fullgraph=True, backend="aot_eager")
@@ -55,6 +66,9 @@ def test_fake_quantize_validation():
     with pytest.raises(ValueError, match="multiple of 16"):
         fake_quantize(w, "nvfp4")
     assert fake_quantize(w, "sign").shape == (24, 4)  # 24 % 8 == 0
+    assert fake_quantize(w[:7], "fp8").shape == (7, 4)  # any K
+    with pytest.raises(ValueError, match="multiple of 4"):
+        fake_quantize(w[:10], "ternary")
     with pytest.raises(ValueError, match="backend"):
         fake_quantize(w, "sign", backend="gpu")
 
@@ -62,9 +76,9 @@ def test_fake_quantize_validation():
 def test_is_quantized_storage_format_and_dequantize_of_tensors():
     g = torch.Generator().manual_seed(74)
     w = torch.randn(2, 32, 4, generator=g)
-    qn, qs = quantize_nvfp4(w), quantize_sign(w)
-    assert is_quantized(qn) and is_quantized(qs) and not is_quantized(w) and not is_quantized(None)
-    assert storage_format(qn) == "nvfp4" and storage_format(qs) == "sign"
+    qn, qs, q8, qt = quantize_nvfp4(w), quantize_sign(w), quantize_fp8(w), quantize_ternary(w)
+    assert all(is_quantized(q) for q in (qn, qs, q8, qt)) and not is_quantized(w) and not is_quantized(None)
+    assert [storage_format(q) for q in (qn, qs, q8, qt)] == ["nvfp4", "sign", "fp8", "ternary"]
     assert [storage_format(w.to(d)) for d in (torch.bfloat16, torch.float16, torch.float32)] == ["bf16", "fp16", "fp32"]
     with pytest.raises(TypeError, match="obj"):
         storage_format(w.to(torch.int8))
@@ -74,9 +88,29 @@ def test_is_quantized_storage_format_and_dequantize_of_tensors():
     assert torch.equal(dequantize(qn, torch.float32), qn.dequantize(torch.float32))
     with pytest.raises(TypeError, match="container"):
         dequantize("w")
-    assert set(quant.FORMATS) == {"nvfp4", "sign"} and set(quant.LAYOUTS) == {"linear", "swizzled_128x4"}
+    assert set(quant.FORMATS) == {"nvfp4", "sign", "fp8", "ternary"}
+    assert set(quant.LAYOUTS) == {"linear", "swizzled_128x4"}
     assert quantize(w, "nvfp4", layout="swizzled_128x4").layout == "swizzled_128x4"
     assert quantize(w, "sign", iters=4).bits.shape == (2, 4, 4)
+    assert quantize(w, "ternary", scaling="rank1").scale_k.shape == (2, 32)
+    assert torch.equal(dequantize(q8, torch.float32), q8.dequantize(torch.float32))
+    assert torch.equal(dequantize(qt, torch.float32), qt.dequantize(torch.float32))
+
+
+@pytest.mark.parametrize("fmt", ["nvfp4", "sign", "fp8", "ternary"])
+def test_containers_serialize_with_torch_save(fmt, tmp_path):
+    """A container is a plain dataclass of tensors: ``torch.save`` / ``torch.load`` give the same bytes back."""
+    g = torch.Generator().manual_seed(78)
+    w = torch.randn(2, 32, 6, generator=g)
+    opts = {"scaling": "rank1"} if fmt == "ternary" else {}
+    q = quantize(w, fmt, **opts)
+    torch.save(q, tmp_path / "q.pt")
+    r = torch.load(tmp_path / "q.pt", weights_only=False)
+    assert type(r) is type(q) and r.shape == q.shape
+    for name in type(q)._STORAGE:
+        a, b = getattr(q, name), getattr(r, name)
+        assert a.dtype == b.dtype and torch.equal(a.view(torch.uint8), b.view(torch.uint8)), name
+    assert torch.equal(r.dequantize(torch.float32), q.dequantize(torch.float32))
 
 
 # ---- backend wiring (no GPU here: a stand-in for tsct.native, written from the C ABI contract) ----
@@ -122,6 +156,32 @@ class _FakeNative:
         return ((torch.where(neg, -1.0, 1.0) * a.unsqueeze(1)) * b.unsqueeze(2)).to(out_dtype)
 
 
+    def fp8_quantize(self, x, scale_n):
+        self.calls.append(("fp8_quantize", tuple(x.shape), x.is_contiguous()))
+        q = (x.float() / scale_n.unsqueeze(2)).to(torch.float8_e4m3fn).view(torch.uint8)
+        return q.masked_fill(~torch.isfinite(x), 0x7F)
+
+    def fp8_dequantize(self, codes, scale_n, out_dtype):
+        self.calls.append(("fp8_dequantize", tuple(codes.shape), codes.dtype, out_dtype))
+        return (codes.view(torch.float8_e4m3fn).float() * scale_n.unsqueeze(2)).to(out_dtype)
+
+    def ternary_pack(self, x, scale_k, scale_n):
+        self.calls.append(("ternary_pack", tuple(x.shape), x.is_contiguous(), scale_k is None))
+        gamma = scale_n.unsqueeze(2) if scale_k is None else scale_k.unsqueeze(1) * scale_n.unsqueeze(2)
+        y = x.float() / gamma
+        c = torch.where((gamma == 0) | (y.abs() <= 0.5), 0, torch.where(y < 0, 3, 1))
+        c = torch.where(torch.isfinite(x), c, 2).view(*x.shape[:-1], -1, 4)
+        return (c << torch.tensor([0, 2, 4, 6])).sum(-1).to(torch.uint8)
+
+    def ternary_dequantize(self, codes, scale_k, scale_n, out_dtype):
+        self.calls.append(("ternary_dequantize", tuple(codes.shape), scale_k is None, out_dtype))
+        c = ((codes.unsqueeze(-1) >> torch.tensor([0, 2, 4, 6], dtype=torch.uint8)) & 3).flatten(-2).long()
+        q = torch.tensor([0.0, 1.0, float("nan"), -1.0])[c]
+        if scale_k is not None:
+            q = q * scale_k.unsqueeze(1)
+        return (q * scale_n.unsqueeze(2)).to(out_dtype)
+
+
 @pytest.fixture
 def fake_native(monkeypatch):
     import sys
@@ -161,6 +221,27 @@ def test_native_sign_wiring_and_auto_picks_native(fake_native):
     d = dequantize(a, torch.float32)
     assert fake_native.calls[-1] == ("sign_dequantize", (1, 6, 5), torch.float32)
     assert d.shape == (40, 6) and torch.equal(d, t.dequantize(torch.float32, backend="torch"))
+
+
+@pytest.mark.parametrize("scaling", ["absmean", "rank1"])
+def test_native_fp8_and_ternary_wiring(fake_native, scaling):
+    g = torch.Generator().manual_seed(79)
+    w = torch.randn(3, 40, 6, generator=g).to(torch.bfloat16)
+    w[1, 7, 2] = float("nan")
+    a8, t8 = quantize_fp8(w, backend="native"), quantize_fp8(w, backend="torch")
+    assert fake_native.calls[0] == ("fp8_quantize", (3, 6, 40), True)
+    assert torch.equal(a8.codes.view(torch.uint8), t8.codes.view(torch.uint8)) and torch.equal(a8.scale_n, t8.scale_n)
+    d8 = a8.dequantize(torch.float16, backend="native")
+    assert fake_native.calls[-1] == ("fp8_dequantize", (3, 6, 40), torch.uint8, torch.float16)
+    assert d8.shape == w.shape and d8.is_contiguous()
+    assert torch.equal(d8.nan_to_num(7.0), t8.dequantize(torch.float16, backend="torch").nan_to_num(7.0))
+    at = quantize_ternary(w, scaling=scaling, backend="native")
+    tt = quantize_ternary(w, scaling=scaling, backend="torch")
+    assert fake_native.calls[-1] == ("ternary_pack", (3, 6, 40), True, scaling == "absmean")
+    assert torch.equal(at.codes, tt.codes) and torch.equal(at.scale_n, tt.scale_n)
+    dt = at.dequantize(torch.float32, backend="native")
+    assert fake_native.calls[-1] == ("ternary_dequantize", (3, 6, 10), scaling == "absmean", torch.float32)
+    assert torch.equal(dt.nan_to_num(7.0), tt.dequantize(torch.float32, backend="torch").nan_to_num(7.0))
 
 
 def test_auto_is_torch_under_torch_compile(fake_native):

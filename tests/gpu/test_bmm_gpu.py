@@ -1,5 +1,6 @@
 """The bmm path on a CUDA GPU: the oracle on edge shapes, many experts, CUDA-graph capture, torch.compile,
-bitwise repeatability, NVFP4 / sign factors decoded by the native kernels; and a first-use child that faults:
+bitwise repeatability, NVFP4 / sign / FP8 / ternary factors decoded by the native kernels (auto sends FP8 and
+ternary here on every GPU); and a first-use child that faults:
 the parent's CUDA context stays usable and the op answers through bmm."""
 
 import sys
@@ -44,7 +45,7 @@ def test_many_experts_against_the_reference(experts):
         assert rel_err(a, b) < 2e-2, k
 
 
-@pytest.mark.parametrize("fmt", ["nvfp4", "sign"])
+@pytest.mark.parametrize("fmt", ["nvfp4", "sign", "fp8", "ternary"])
 def test_packed_factors_decoded_once(fmt):
     p = problem("softmax-top2", dtype=torch.bfloat16, device=DEV)
     facs = [quant.quantize(p[k], fmt) for k in ("w_gate", "w_up", "w_down")]
@@ -54,6 +55,25 @@ def test_packed_factors_decoded_once(fmt):
     dense = [quant.dequantize(w) for w in facs]
     y_ref = grouped_glu(p["x"], p["offs"], *dense, p["s_gate"], p["s_up"], impl="reference", **kw)
     assert rel_err(y, y_ref) < 2e-2
+
+
+@pytest.mark.parametrize("fmts", [("fp8",) * 3, ("ternary",) * 3, ("fp8", "nvfp4", "ternary")])
+def test_auto_takes_bmm_for_fp8_and_ternary_without_a_fallback(fmts):
+    """No kernel decodes FP8 / ternary: auto's first choice is bmm (nothing counted as a fallback), the factors are
+    quantized and decoded by the native kernels (no torch fallback counted), and the result is bmm's on the
+    decoded factors, bit for bit."""
+    dispatch.reset_fallback_counts()
+    quant.reset_native_fallback_counts()
+    p = problem("softmax-top2", dtype=torch.bfloat16, device=DEV)
+    facs = [quant.quantize(p[k], f) for k, f in zip(("w_gate", "w_up", "w_down"), fmts)]
+    kw = dict(row_weight=p["row_weight"], gather_idx=p["gather_idx"], scatter_idx=p["scatter_idx"],
+              num_out_rows=p["num_out_rows"])
+    y = grouped_glu(p["x"], p["offs"], *facs, p["s_gate"], p["s_up"], **kw)
+    dense = [quant.dequantize(w) for w in facs]
+    assert torch.equal(y, grouped_glu(p["x"], p["offs"], *dense, p["s_gate"], p["s_up"], impl="bmm", **kw))
+    assert not dispatch.fallback_counts() and not quant.native_fallback_counts()
+    with pytest.raises(RuntimeError, match="impl='triton-lowbit' cannot run"):
+        grouped_glu(p["x"], p["offs"], *facs, p["s_gate"], p["s_up"], impl="triton-lowbit", **kw)
 
 
 def test_bitwise_repeatable():

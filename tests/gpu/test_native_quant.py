@@ -8,6 +8,9 @@ the same positions). The kernels' outputs are poisoned (0xA5) before each launch
 byte cannot pass. Also: the public tsct.quant API with backend="native", unaligned inputs (the
 scalar-load path), a side stream, empty tensors, and the b1 factor shapes.
 
+Also FP8 and ternary (decisions 0020, 0021): the same case matrix plus their own (odd K, exact ties), codes and
+decodes bitwise, scales off the recipe, the public API, unaligned pointers, empty tensors, the b1 banks.
+
 Run on a GPU machine:  pytest -s -m gpu tests/gpu/test_native_quant.py
 Each case prints one line "[PASS|FAIL] ..."; set TSCT_GPU_LOG=path to also append them to a file.
 """
@@ -191,4 +194,114 @@ def test_b1_shapes_and_timing(name, shape):
            "decode": T.bitwise_mismatch(da, db)}
     _assert_ok(f"gpu {name} {list(shape)}", res,
                {"quantize_ms_torch": f"{t_torch:.2f}", "quantize_ms_native": f"{t_native:.2f}",
+                "decode_ms_torch": f"{td_torch:.2f}", "decode_ms_native": f"{td_native:.2f}"})
+
+
+# ---- FP8 (docs/decisions/0020) and ternary (0021) -------------------------------------------------------
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: str(d).split(".")[-1])
+@pytest.mark.parametrize("case", CASES + T.fp8_cases(), ids=lambda c: c.name)
+def test_fp8_matches_reference(case, dtype):
+    w = T.make_case(case, dtype).cuda()
+    _assert_ok(f"gpu fp8 {case.name} {str(dtype)[6:]}", *T.check_fp8(native, w))
+
+
+@pytest.mark.parametrize("factor", [16.0, 1e-4, 2.0 ** 20])
+@pytest.mark.parametrize("case", [c for c in CASES if c.name in ("normal_pad", "heavy_tailed", "saturate")],
+                         ids=lambda c: c.name)
+def test_fp8_scaled(case, factor):
+    """Scales off the recipe: codes saturating at 448, deep in the E4M3 subnormals, flushed to zero."""
+    w = T.make_case(case, torch.bfloat16).cuda()
+    _assert_ok(f"gpu fp8 {case.name} scale*{factor}", *T.check_fp8(native, w, factor))
+
+
+@pytest.mark.parametrize("scaling", ["absmean", "rank1"])
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: str(d).split(".")[-1])
+@pytest.mark.parametrize("case", CASES + T.ternary_cases(), ids=lambda c: c.name)
+def test_ternary_matches_reference(case, dtype, scaling):
+    w = T.make_case(case, dtype).cuda()
+    _assert_ok(f"gpu ternary {scaling} {case.name} {str(dtype)[6:]}", *T.check_ternary(native, w, scaling))
+
+
+@pytest.mark.parametrize("case", [c for c in CASES if c.name in ("normal_wdown", "nonfinite", "heavy_tailed")]
+                         + T.fp8_cases()[:1], ids=lambda c: c.name)
+def test_fp8_ternary_public_api_native_backend(case):
+    """tsct.quant with backend="native" gives the same containers and decodes as backend="torch" on the GPU, and
+    the scales computed on the GPU equal the CPU's (fp8: a max and a division; ternary absmean: a float64 sum
+    rounded once, so equal unless the two float64 sums round apart, which is logged)."""
+    w = T.make_case(case, torch.bfloat16).cuda()
+    res, stats = {}, {"shape": list(w.shape)}
+    a, b = tq.quantize_fp8(w, backend="torch"), tq.quantize_fp8(w, backend="native")
+    res["fp8_codes"] = T.bitwise_mismatch(T.as_bytes(a.codes), T.as_bytes(b.codes))
+    res["fp8_scale"] = T.bitwise_mismatch(a.scale_n, b.scale_n)
+    res["fp8_scale_cpu"] = T.bitwise_mismatch(a.scale_n, tq.quantize_fp8(w.cpu(), backend="torch").scale_n)
+    for dt in DTYPES:
+        res[f"fp8_decode_{str(dt)[6:]}"] = T.bitwise_mismatch(a.dequantize(dt, backend="torch"),
+                                                             b.dequantize(dt, backend="native"))
+    if w.shape[-2] % 4 == 0:
+        for scaling in ("absmean", "rank1"):
+            ta = tq.quantize_ternary(w, scaling=scaling, backend="torch")
+            tb = tq.quantize_ternary(w, scaling=scaling, backend="native")
+            res[f"ternary_{scaling}_codes"] = T.bitwise_mismatch(ta.codes, tb.codes)
+            res[f"ternary_{scaling}_decode"] = T.bitwise_mismatch(ta.dequantize(torch.bfloat16, backend="torch"),
+                                                                  tb.dequantize(torch.bfloat16, backend="native"))
+        cpu = tq.quantize_ternary(w.cpu(), backend="torch").scale_n
+        gpu = tq.quantize_ternary(w, backend="torch").scale_n.cpu()
+        stats["absmean_cpu_gpu_differ"] = int((cpu.view(torch.int32) != gpu.view(torch.int32)).sum())
+        ulps = (cpu.view(torch.int32).long() - gpu.view(torch.int32).long()).abs().max().item() if cpu.numel() else 0
+        assert ulps <= 1, f"CPU and GPU absmean scales differ by {ulps} ulp"
+    _assert_ok(f"gpu fp8/ternary api {case.name}", res, stats)
+
+
+def test_fp8_ternary_unaligned_and_empty():
+    """Pointers 1 element off 16-byte alignment (the FP8 kernels' scalar branch; ternary is scalar throughout) and
+    empty tensors (no launch)."""
+    res = {}
+    for dt in DTYPES:
+        w = T.make_case(CASES[2], dt).cuda()  # normal_pad [4, 48, 130]
+        x = T.storage(w)
+        ref = tq.quantize_fp8(w, backend="torch")
+        res[f"fp8_q_{str(dt)[6:]}"] = T.bitwise_mismatch(native.fp8_quantize(_offset_copy(x, 1), ref.scale_n),
+                                                         T.as_bytes(ref.codes))
+        out = native.fp8_dequantize(_offset_copy(T.as_bytes(ref.codes), 1), ref.scale_n, dt)
+        res[f"fp8_dq_{str(dt)[6:]}"] = T.bitwise_mismatch(out, ref.dequantize(dt, backend="torch").transpose(-1, -2))
+        tr = tq.quantize_ternary(w, scaling="rank1", backend="torch")
+        res[f"ter_p_{str(dt)[6:]}"] = T.bitwise_mismatch(
+            native.ternary_pack(_offset_copy(x, 1), _offset_copy(tr.scale_k, 1), tr.scale_n), tr.codes)
+        out = native.ternary_dequantize(_offset_copy(tr.codes, 1), tr.scale_k, _offset_copy(tr.scale_n, 1), dt)
+        res[f"ter_dq_{str(dt)[6:]}"] = T.bitwise_mismatch(out, tr.dequantize(dt, backend="torch").transpose(-1, -2))
+    dev = torch.device("cuda")
+    for b, n, k in [(0, 4, 32), (2, 0, 32), (2, 4, 0)]:
+        x = torch.empty(b, n, k, device=dev)
+        c = native.fp8_quantize(x, torch.ones(b, n, device=dev))
+        assert native.fp8_dequantize(c, torch.ones(b, n, device=dev)).shape == (b, n, k)
+        t = native.ternary_pack(x, None, torch.ones(b, n, device=dev))
+        assert native.ternary_dequantize(t, None, torch.ones(b, n, device=dev)).shape == (b, n, k)
+    torch.cuda.synchronize()
+    _assert_ok("gpu fp8/ternary unaligned, empty", res, {})
+
+
+@pytest.mark.parametrize("fmt", ["fp8", "ternary"])
+@pytest.mark.parametrize("name,shape", [("b1_w_down", (1024, 64, 5461)), ("b1_w_gate", (1024, 2048, 64))])
+def test_fp8_ternary_b1_shapes_and_timing(fmt, name, shape):
+    """The b1 factor banks: bitwise equal to torch, the storage, and how long each path takes (informational)."""
+    g = torch.Generator(device="cuda").manual_seed(1)
+    w = (torch.randn(shape, generator=g, device="cuda") * 0.02).to(torch.bfloat16)
+
+    def timed(fn):
+        fn()
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        r = fn()
+        torch.cuda.synchronize()
+        return r, (time.perf_counter() - t0) * 1e3
+
+    a, t_torch = timed(lambda: tq.quantize(w, fmt, backend="torch"))
+    b, t_native = timed(lambda: tq.quantize(w, fmt, backend="native"))
+    da, td_torch = timed(lambda: a.dequantize(torch.bfloat16, backend="torch"))
+    db, td_native = timed(lambda: b.dequantize(torch.bfloat16, backend="native"))
+    store = T.as_bytes(a.codes) if fmt == "fp8" else a.codes
+    res = {"codes": T.bitwise_mismatch(store, T.as_bytes(b.codes) if fmt == "fp8" else b.codes),
+           "scale_n": T.bitwise_mismatch(a.scale_n, b.scale_n), "decode": T.bitwise_mismatch(da, db)}
+    _assert_ok(f"gpu {fmt} {name} {list(shape)}", res,
+               {"nbytes": a.nbytes, "quantize_ms_torch": f"{t_torch:.2f}", "quantize_ms_native": f"{t_native:.2f}",
                 "decode_ms_torch": f"{td_torch:.2f}", "decode_ms_native": f"{td_native:.2f}"})

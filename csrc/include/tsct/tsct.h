@@ -9,7 +9,8 @@
  *  - the return value is 0 on success, else a cudaError_t (positive) or a TSCT_ERR_* code (negative);
  *    tsct_error_string() names it. Launch errors are checked right after the launch.
  *  - dtype codes: TSCT_F32, TSCT_BF16, TSCT_F16.
- * Formats and arithmetic: docs/decisions/0002-nvfp4-recipe.md (bit-exact with python/tsct/quant).
+ * Formats and arithmetic: docs/decisions/0002-nvfp4-recipe.md, 0020-fp8-format.md, 0021-ternary-format.md
+ * (bit-exact with python/tsct/quant).
  */
 #ifndef TSCT_TSCT_H_
 #define TSCT_TSCT_H_
@@ -20,7 +21,7 @@
 extern "C" {
 #endif
 
-#define TSCT_ABI_VERSION 9 /* 2: the Triton AOT launcher (tsct_triton_*); 3: the grouped activation quantizer
+#define TSCT_ABI_VERSION 10 /* 2: the Triton AOT launcher (tsct_triton_*); 3: the grouped activation quantizer
                               (tsct_nvfp4_quantize_rows_grouped) and the sm_120 CuTeDSL entries (tsct_sm120_*);
                               4: the CUTLASS C++ sm_120 grouped NVFP4 GEMM entries;
                               5: the grouped GLU backward kernel tsct_glu_bwd_dz_bf16;
@@ -29,7 +30,8 @@ extern "C" {
                               in bf16 or fp32 (scales_bf16); tsct_stream_capture_id;
                               8: the CUTLASS C++ entries of 4 removed (docs/retired.md);
                               9: tsct_glu_bwd_dz_bf16 on the row tiles of a tile map (tile_cum, max_tiles),
-                              dW only for experts of at most 64 rows */
+                              dW only for experts of at most 64 rows;
+                              10: the FP8 and ternary formats (tsct_fp8_*, tsct_ternary_*) */
 
 /* The library is built with -fvisibility=hidden; only declarations marked TSCT_API are exported
  * (and csrc/exports.map lists the same names). */
@@ -78,6 +80,23 @@ TSCT_API int tsct_sign_pack(const void* w, int w_dtype, int64_t batch, int64_t n
 /* Sign decode: out[b, n, k] = (+-1 * a[b, k]) * scale_n[b, n]; a: [batch, k] fp32, scale_n: [batch, n] fp32. */
 TSCT_API int tsct_sign_dequantize(const uint8_t* bits, const float* a, const float* scale_n, int64_t batch, int64_t n,
                                   int64_t k, void* out, int out_dtype, void* stream);
+/* FP8 quantize: codes [batch, n, k] E4M3 bytes = E4M3(x / scale_n[b, n]), round to nearest even, saturating at
+ * +-448; 0x7F for a non-finite x. scale_n: [batch, n] fp32 decode scales (the caller's: amax / 448 per row, see
+ * 0020). Any k. */
+TSCT_API int tsct_fp8_quantize(const void* x, int x_dtype, int64_t batch, int64_t n, int64_t k, const float* scale_n,
+                               uint8_t* codes, void* stream);
+/* FP8 decode: out[b, n, k] = e4m3(codes[b, n, k]) * scale_n[b, n], then out_dtype (RNE). */
+TSCT_API int tsct_fp8_dequantize(const uint8_t* codes, const float* scale_n, int64_t batch, int64_t n, int64_t k,
+                                 void* out, int out_dtype, void* stream);
+/* Ternary pack: codes [batch, n, k/4], element 4i+j in bits 2j..2j+1 of byte i; 2-bit code of x for
+ * gamma = scale_k[b, k] * scale_n[b, n] (scale_k null: gamma = scale_n[b, n]): 0b10 if x is not finite, else
+ * 0b00 if gamma == 0 or |x / gamma| <= 1/2, else 0b01 (x / gamma > 0) or 0b11. k % 4 == 0. */
+TSCT_API int tsct_ternary_pack(const void* x, int x_dtype, int64_t batch, int64_t n, int64_t k, const float* scale_k,
+                               const float* scale_n, uint8_t* codes, void* stream);
+/* Ternary decode: out[b, n, k] = (q * scale_k[b, k]) * scale_n[b, n] (scale_k null: q * scale_n[b, n]),
+ * q = 0 / +1 / NaN / -1 for codes 0b00 / 0b01 / 0b10 / 0b11, then out_dtype (RNE). */
+TSCT_API int tsct_ternary_dequantize(const uint8_t* codes, const float* scale_k, const float* scale_n, int64_t batch,
+                                     int64_t n, int64_t k, void* out, int out_dtype, void* stream);
 
 /* NVFP4 quantize of routed activation rows grouped by expert: the A operand of the sm_120 grouped
  * block-scaled GEMMs (docs/sm120.md, "activation quantizer"). Recipe 0002, with ONE encode scale per

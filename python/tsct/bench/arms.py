@@ -29,7 +29,7 @@ the expert math and the combine inside the timed span, sync-free.
 
 Forward timing runs with autograd recording (the forward of a training step); forward+backward adds
 ``torch.autograd.grad`` of the output w.r.t. x, the router weights, every dense factor and both scales,
-with a fixed random grad_out. Packed (nvfp4 / sign) factors hold no master weights, so their arms
+with a fixed random grad_out. Packed (nvfp4 / sign / fp8 / ternary) factors hold no master weights, so their arms
 differentiate x, router weights and scales only (listed in the arm's ``grads``), except the "-ste" arms,
 which pass the dense factors as masters and differentiate them too.
 """
@@ -66,7 +66,7 @@ class ArmSpec:
     name: str
     kind: str                 # PADDED_BMM / GROUPED_MM / TSCT
     path: Optional[str]       # tsct path for TSCT arms, else the kind
-    fmt: str                  # storage format of the factors: "bf16"/"fp16"/"fp32" (dense), "nvfp4", "sign"
+    fmt: str                  # storage format of the factors: "bf16"/"fp16"/"fp32" (dense), or a tsct.quant format
     w_down_layout: str = "rowmajor"   # dense w_down: "rowmajor" ([E, r, f] contiguous) or "kmajor" (decision 0012)
 
 

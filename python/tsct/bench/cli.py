@@ -55,7 +55,8 @@ def parser() -> argparse.ArgumentParser:
     g.add_argument("--copy-mb", type=int, help="MiB copied to measure bandwidth (default 1024 on cuda, 64 on cpu)")
     g.add_argument("--arms", type=_csv, help="comma-separated arm names or fnmatch patterns (default: all); "
                                              "see --list-arms")
-    g.add_argument("--formats", type=_csv, help="factor storage formats of the tsct arms (default bf16,nvfp4,sign)")
+    g.add_argument("--formats", type=_csv,
+                   help="factor storage formats of the tsct arms (default bf16,nvfp4,sign,fp8,ternary)")
     g.add_argument("--no-backward", action="store_true", help="time the forward only")
     g.add_argument("--sweep", action="append", metavar="AXIS[=V,...]",
                    help="cost as work grows: vary one axis at a time around the other flags' config and run every "

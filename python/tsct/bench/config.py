@@ -27,7 +27,7 @@ DTYPES: dict[str, torch.dtype] = {"bf16": torch.bfloat16, "fp16": torch.float16,
 DTYPE_ALIASES = {"bfloat16": "bf16", "float16": "fp16", "half": "fp16", "float32": "fp32", "float": "fp32"}
 
 #: factor storage formats; "bf16" means dense factors in the compute dtype (see ``dense_format``)
-FORMATS = ("bf16", "nvfp4", "sign")
+FORMATS = ("bf16", "nvfp4", "sign", "fp8", "ternary")
 ROUTINGS = ("softmax", "zipf")
 
 

@@ -24,7 +24,7 @@ SCALE_NAMES = ("s_gate", "s_up")
 class Factors:
     """One storage format of the expert bank. ``w_*`` are tensors (dense) or tsct.quant containers."""
 
-    fmt: str                  # "bf16" / "fp16" / "fp32" for dense (tsct.quant.storage_format), "nvfp4", "sign"
+    fmt: str                  # "bf16" / "fp16" / "fp32" for dense (tsct.quant.storage_format), or a packed format
     w_gate: object
     w_up: object
     w_down: object
@@ -95,14 +95,13 @@ def quantize_factors(dense: Factors, fmt: str) -> Factors:
     """
     from tsct import quant
 
-    fns = {"nvfp4": quant.quantize_nvfp4, "sign": quant.quantize_sign}
-    if fmt not in fns:
+    if fmt not in quant.FORMATS:
         raise ValueError(f"no quantizer for format {fmt!r}")
     ws = []
     with torch.no_grad():
         for name, w in zip(("w_gate", "w_up", "w_down"), dense.factors()):
             try:
-                ws.append(fns[fmt](w.detach(), backend="torch"))
+                ws.append(quant.quantize(w.detach(), fmt, backend="torch"))
             except ValueError as e:  # e.g. K % 16: say which factor and which flag sets K
                 raise ValueError(_factor_error(fmt, name, w.shape, e)) from e
     return Factors(fmt, *ws, dense.s_gate, dense.s_up)
@@ -117,12 +116,12 @@ def _factor_error(fmt: str, name: str, shape, e: Exception) -> str:
 def storage_problem(cfg, fmt: str) -> Optional[str]:
     """Why the factors of ``cfg``'s shape cannot be stored as ``fmt`` (``quantize_factors``'s error, from the shapes
     alone: no tensor is made), or None. Lets ``--list-arms`` agree with the run."""
-    if fmt not in ("nvfp4", "sign"):
-        return None
+    from tsct import quant
     from tsct.quant import _backend
-    from tsct.quant.formats import NVFP4_BLOCK_SIZE, SIGN_PACK
 
-    mult = NVFP4_BLOCK_SIZE if fmt == "nvfp4" else SIGN_PACK
+    if fmt not in quant.FORMATS:
+        return None
+    mult = quant.k_multiple(fmt)
     for name, shape in (("w_gate", (cfg.experts, cfg.d, cfg.r)), ("w_down", (cfg.experts, cfg.r, cfg.f))):
         try:
             _backend.check_factor("w", torch.empty(shape, device="meta"), mult, fmt)

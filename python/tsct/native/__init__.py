@@ -31,6 +31,10 @@ Kernels (CUDA tensors; see each docstring for shapes, dtypes and errors):
         the same with 1-bit sign factors
     sign_pack(w) -> bits
     sign_dequantize(bits, a, b, out_dtype=torch.bfloat16) -> Tensor
+    fp8_quantize(x, scale_n) -> codes
+    fp8_dequantize(codes, scale_n, out_dtype=torch.bfloat16) -> Tensor
+    ternary_pack(x, scale_k, scale_n) -> codes
+    ternary_dequantize(codes, scale_k, scale_n, out_dtype=torch.bfloat16) -> Tensor
     stream_capture_id(stream) -> int the CUDA graph capture underway on a stream (0: none)
 """
 
@@ -44,6 +48,8 @@ from tsct.native._loader import (
 )
 from tsct.native._ops import (
     GLU_DOWN_TILE,
+    fp8_dequantize,
+    fp8_quantize,
     GLU_DZ_TILE,
     glu_bwd_dz_bf16,
     glu_down_fwd_lowbit,
@@ -60,6 +66,8 @@ from tsct.native._ops import (
     sm120_sign_grouped,
     stream_capture_id,
     swizzled_scale_numel,
+    ternary_dequantize,
+    ternary_pack,
 )
 
 __all__ = [
@@ -68,6 +76,8 @@ __all__ = [
     "NativeUnavailableError",
     "available",
     "build_info",
+    "fp8_dequantize",
+    "fp8_quantize",
     "glu_bwd_dz_bf16",
     "glu_down_fwd_lowbit",
     "glu_up_fwd_lowbit",
@@ -86,4 +96,6 @@ __all__ = [
     "sm120_sign_grouped",
     "stream_capture_id",
     "swizzled_scale_numel",
+    "ternary_dequantize",
+    "ternary_pack",
 ]

@@ -22,12 +22,13 @@ from typing import Any
 
 LIB_NAME = "libtsct_kernels.so"
 MANIFEST_NAME = "manifest.json"
-ABI_VERSION = 9  # 2: the Triton AOT launcher (tsct_triton_*); 3: tsct_nvfp4_quantize_rows_grouped, tsct_sm120_*;
+ABI_VERSION = 10  # 2: the Triton AOT launcher (tsct_triton_*); 3: tsct_nvfp4_quantize_rows_grouped, tsct_sm120_*;
 #                   4: the CUTLASS C++ sm_120 grouped NVFP4 GEMM entries; 5: tsct_glu_bwd_dz_bf16;
 #                   6: tsct_glu_{down,up}_fwd_{nvfp4,sign}, tsct_kernel_smem_bytes; 7: bf16 s_gate / s_up for
 #                   tsct_glu_down_fwd_{nvfp4,sign} (scales_bf16); tsct_stream_capture_id; 8: 4's entries removed;
 #                   9: tsct_glu_bwd_dz_bf16 on the row tiles of a tile map (tile_cum, max_tiles; dW only for experts
-#                   of <= 64 rows)
+#                   of <= 64 rows);
+#                   10: tsct_fp8_{quantize,dequantize}, tsct_ternary_{pack,dequantize}
 ENV_VAR = "TSCT_NATIVE_LIB"
 
 # Name -> (restype, argtypes) of every entry point in csrc/include/tsct/tsct.h.
@@ -83,6 +84,15 @@ _SIGNATURES: dict[str, tuple[Any, list[Any]]] = {
     "tsct_sign_pack": (c_int, [c_void_p, c_int, c_int64, c_int64, c_int64, c_void_p, c_void_p]),
     # bits, a, scale_n, batch, n, k, out, out_dtype, stream
     "tsct_sign_dequantize": (c_int, [c_void_p, c_void_p, c_void_p, c_int64, c_int64, c_int64, c_void_p, c_int, c_void_p]),
+    # x, x_dtype, batch, n, k, scale_n, codes, stream
+    "tsct_fp8_quantize": (c_int, [c_void_p, c_int, c_int64, c_int64, c_int64, c_void_p, c_void_p, c_void_p]),
+    # codes, scale_n, batch, n, k, out, out_dtype, stream
+    "tsct_fp8_dequantize": (c_int, [c_void_p, c_void_p, c_int64, c_int64, c_int64, c_void_p, c_int, c_void_p]),
+    # x, x_dtype, batch, n, k, scale_k (nullable), scale_n, codes, stream
+    "tsct_ternary_pack": (c_int, [c_void_p, c_int, c_int64, c_int64, c_int64, c_void_p, c_void_p, c_void_p, c_void_p]),
+    # codes, scale_k (nullable), scale_n, batch, n, k, out, out_dtype, stream
+    "tsct_ternary_dequantize": (c_int, [c_void_p, c_void_p, c_void_p, c_int64, c_int64, c_int64, c_void_p, c_int,
+                                        c_void_p]),
     # Triton AOT (tsct.kernels.aot): cache_key, image, image_size, function, num_params, shared_bytes, block_x, handle*
     "tsct_triton_load": (c_int, [c_char_p, c_char_p, ctypes.c_uint64, c_char_p, c_int, ctypes.c_uint, ctypes.c_uint,
                                  ctypes.POINTER(c_void_p)]),

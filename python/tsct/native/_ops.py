@@ -4,7 +4,7 @@ Every wrapper validates its inputs (TypeError / ValueError naming the argument),
 contiguous, allocates the outputs with torch on the inputs' device, and calls the library under
 ``torch.cuda.device(device)`` on ``torch.cuda.current_stream(device)``. A non-zero return becomes a
 RuntimeError naming the C function, its error string and detail. Formats:
-docs/decisions/0002-nvfp4-recipe.md.
+docs/decisions/0002-nvfp4-recipe.md, 0020-fp8-format.md, 0021-ternary-format.md.
 """
 
 from __future__ import annotations
@@ -248,6 +248,138 @@ def sign_dequantize(bits: Tensor, a: Tensor, b: Tensor, out_dtype: torch.dtype =
     bits, a, b = bits.contiguous(), a.contiguous(), b.contiguous()
     out = _empty((nb, n, k), out_dtype, bits.device)
     _call("tsct_sign_dequantize", bits.device, _ptr(bits), _ptr(a), _ptr(b), nb, n, k, _ptr(out), odt)
+    return out
+
+
+def fp8_quantize(x: Tensor, scale_n: Tensor) -> Tensor:
+    """FP8-quantize with given per-row decode scales (``tsct_fp8_quantize``; docs/decisions/0020-fp8-format.md).
+
+    Args:
+        x: [B, N, K] float32 / bfloat16 / float16, CUDA; any K.
+        scale_n: float32 [B, N] on x's device: the decode scale of each row (amax / 448, or 1).
+    Returns:
+        uint8 [B, N, K]: E4M3 bytes of x / scale_n (RNE, saturating at +-448; 0x7F for nan / inf).
+    Raises:
+        TypeError / ValueError naming the bad argument; RuntimeError from the kernel or loader.
+    """
+    x = _tensor("x", x)
+    scale_n = _tensor("scale_n", scale_n)
+    _dtype("x", x, tuple(DTYPES))
+    if x.dim() != 3:
+        raise ValueError(f"x must be [B, N, K], got shape {list(x.shape)}")
+    b, n, k = x.shape
+    _dtype("scale_n", scale_n, (torch.float32,))
+    _shape("scale_n", scale_n, (b, n), "one fp32 decode scale per row")
+    _cuda("x", x)
+    _cuda("scale_n", scale_n, x.device)
+    x, scale_n = x.contiguous(), scale_n.contiguous()
+    codes = _empty((b, n, k), torch.uint8, x.device)
+    _call("tsct_fp8_quantize", x.device, _ptr(x), DTYPES[x.dtype], b, n, k, _ptr(scale_n), _ptr(codes))
+    return codes
+
+
+def fp8_dequantize(codes: Tensor, scale_n: Tensor, out_dtype: torch.dtype = torch.bfloat16) -> Tensor:
+    """Decode FP8 (``tsct_fp8_dequantize``): out[i, n, k] = e4m3(codes[i, n, k]) * scale_n[i, n], then RNE.
+
+    Args:
+        codes: uint8 (or float8_e4m3fn) [B, N, K], CUDA.
+        scale_n: float32 [B, N], same device.
+        out_dtype: torch.float32, torch.bfloat16 or torch.float16.
+    Returns:
+        [B, N, K] of out_dtype (NaN where the code is 0x7F / 0xFF).
+    Raises:
+        TypeError / ValueError naming the bad argument; RuntimeError from the kernel or loader.
+    """
+    codes = _tensor("codes", codes)
+    scale_n = _tensor("scale_n", scale_n)
+    odt = _out_dtype(out_dtype)
+    _dtype("codes", codes, (torch.uint8, torch.float8_e4m3fn))
+    if codes.dim() != 3:
+        raise ValueError(f"codes must be [B, N, K], got shape {list(codes.shape)}")
+    b, n, k = codes.shape
+    _dtype("scale_n", scale_n, (torch.float32,))
+    _shape("scale_n", scale_n, (b, n), "one fp32 decode scale per row")
+    _cuda("codes", codes)
+    _cuda("scale_n", scale_n, codes.device)
+    codes, scale_n = codes.contiguous().view(torch.uint8), scale_n.contiguous()
+    out = _empty((b, n, k), out_dtype, codes.device)
+    _call("tsct_fp8_dequantize", codes.device, _ptr(codes), _ptr(scale_n), b, n, k, _ptr(out), odt)
+    return out
+
+
+def _ternary_scales(first: str, t: Tensor, scale_k, scale_n, b: int, n: int, k: int) -> tuple:
+    """Check the scales (types, dtypes, shapes, then devices: ``t``, named ``first``, on CUDA and the scales with
+    it); returns them contiguous."""
+    scale_n = _tensor("scale_n", scale_n)
+    _dtype("scale_n", scale_n, (torch.float32,))
+    _shape("scale_n", scale_n, (b, n), "fp32 scale over N per matrix")
+    if scale_k is not None:
+        scale_k = _tensor("scale_k", scale_k)
+        _dtype("scale_k", scale_k, (torch.float32,))
+        _shape("scale_k", scale_k, (b, k), "fp32 scale over K per matrix, or None")
+    _cuda(first, t)
+    _cuda("scale_n", scale_n, t.device)
+    if scale_k is not None:
+        _cuda("scale_k", scale_k, t.device)
+        scale_k = scale_k.contiguous()
+    return scale_k, scale_n.contiguous()
+
+
+def ternary_pack(x: Tensor, scale_k: Tensor | None, scale_n: Tensor) -> Tensor:
+    """Encode and pack ternary codes (``tsct_ternary_pack``; docs/decisions/0021-ternary-format.md).
+
+    Args:
+        x: [B, N, K] float32 / bfloat16 / float16, CUDA; K % 4 == 0.
+        scale_k: float32 [B, K] (the rank-1 scaling's a) or None (absmean scaling), same device.
+        scale_n: float32 [B, N], same device. gamma = scale_k[k] * scale_n[n] (or scale_n[n]).
+    Returns:
+        uint8 [B, N, K // 4]: element 4i+j in bits 2j..2j+1 of byte i; 0b00 = 0, 0b01 = +1, 0b11 = -1
+        (|x / gamma| > 1/2 and gamma != 0), 0b10 = a nan / inf input.
+    Raises:
+        TypeError / ValueError naming the bad argument; RuntimeError from the kernel or loader.
+    """
+    x = _tensor("x", x)
+    _dtype("x", x, tuple(DTYPES))
+    if x.dim() != 3:
+        raise ValueError(f"x must be [B, N, K], got shape {list(x.shape)}")
+    b, n, k = x.shape
+    if k % 4:
+        raise ValueError(f"x: K={k} (last dimension) must be a multiple of 4 for ternary packing")
+    scale_k, scale_n = _ternary_scales("x", x, scale_k, scale_n, b, n, k)
+    x = x.contiguous()
+    codes = _empty((b, n, k // 4), torch.uint8, x.device)
+    _call("tsct_ternary_pack", x.device, _ptr(x), DTYPES[x.dtype], b, n, k,
+          None if scale_k is None else _ptr(scale_k), _ptr(scale_n), _ptr(codes))
+    return codes
+
+
+def ternary_dequantize(codes: Tensor, scale_k: Tensor | None, scale_n: Tensor,
+                       out_dtype: torch.dtype = torch.bfloat16) -> Tensor:
+    """Decode ternary codes (``tsct_ternary_dequantize``): out[i, n, k] = (q * scale_k[i, k]) * scale_n[i, n]
+    (scale_k None: q * scale_n[i, n]), q = 0 / +1 / -1 / NaN, then RNE.
+
+    Args:
+        codes: uint8 [B, N, K // 4], CUDA.
+        scale_k: float32 [B, K] or None, same device.
+        scale_n: float32 [B, N], same device.
+        out_dtype: torch.float32, torch.bfloat16 or torch.float16.
+    Returns:
+        [B, N, K] of out_dtype.
+    Raises:
+        TypeError / ValueError naming the bad argument; RuntimeError from the kernel or loader.
+    """
+    codes = _tensor("codes", codes)
+    odt = _out_dtype(out_dtype)
+    _dtype("codes", codes, (torch.uint8,))
+    if codes.dim() != 3:
+        raise ValueError(f"codes must be [B, N, K // 4], got shape {list(codes.shape)}")
+    b, n, kbytes = codes.shape
+    k = kbytes * 4
+    scale_k, scale_n = _ternary_scales("codes", codes, scale_k, scale_n, b, n, k)
+    codes = codes.contiguous()
+    out = _empty((b, n, k), out_dtype, codes.device)
+    _call("tsct_ternary_dequantize", codes.device, _ptr(codes), None if scale_k is None else _ptr(scale_k),
+          _ptr(scale_n), b, n, k, _ptr(out), odt)
     return out
 
 

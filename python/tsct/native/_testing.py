@@ -254,6 +254,96 @@ def check_sign(runner, w: Tensor) -> tuple[dict, dict]:
                      "nan_scale_k": int(torch.isnan(ref.scale_k).sum())}
 
 
+def check_fp8(runner, w: Tensor, scale_factor: float = 1.0) -> tuple[dict, dict]:
+    """FP8 quantize / decode with `runner` against ``quantize_fp8(backend="torch")`` on w's device.
+    scale_factor != 1 scales the column scales (codes saturating at 448, or deep in the E4M3 subnormals),
+    compared against the torch encoder on the same scales."""
+    from tsct.quant import fp8 as ref_mod
+    from tsct.quant.formats import e4m3_encode
+
+    ref = ref_mod.quantize_fp8(w, backend="torch")
+    x = storage(w)
+    scale, codes_ref = ref.scale_n, as_bytes(ref.codes)
+    if scale_factor != 1.0:
+        scale = scale * scale_factor
+        codes_ref = e4m3_encode(torch.div(x.float(), scale.unsqueeze(2)))
+    results: dict[str, str | None] = {"codes": bitwise_mismatch(runner.fp8_quantize(x, scale), codes_ref)}
+    for dt in OUT_DTYPES:
+        out = runner.fp8_dequantize(codes_ref, scale, dt)
+        exp = _logical_to_storage(ref_mod.FP8Tensor(codes_ref.view(torch.float8_e4m3fn), scale, ref.shape)
+                                  .dequantize(dt, backend="torch"))
+        results[f"decode_{str(dt).split('.')[-1]}"] = bitwise_mismatch(out, exp)
+    mag = codes_ref & 0x7F
+    return results, {"elements": x.numel(), "nan_codes": int((mag == 0x7F).sum()),
+                     "max_codes": int((mag == 0x7E).sum()), "subnormal_codes": int(((mag > 0) & (mag < 8)).sum()),
+                     "zero_codes": int((mag == 0).sum())}
+
+
+def check_ternary(runner, w: Tensor, scaling: str = "absmean") -> tuple[dict, dict]:
+    """Ternary pack / decode with `runner` against ``quantize_ternary(backend="torch")`` on w's device (the scales
+    are the torch reference's: the kernels encode, pack and decode)."""
+    from tsct.quant.formats import unpack_2bit
+    from tsct.quant.ternary import quantize_ternary
+
+    ref = quantize_ternary(w, scaling=scaling, backend="torch")
+    x = storage(w)
+    results: dict[str, str | None] = {"codes": bitwise_mismatch(runner.ternary_pack(x, ref.scale_k, ref.scale_n),
+                                                                ref.codes)}
+    for dt in OUT_DTYPES:
+        out = runner.ternary_dequantize(ref.codes, ref.scale_k, ref.scale_n, dt)
+        exp = _logical_to_storage(ref.dequantize(dt, backend="torch"))
+        results[f"decode_{str(dt).split('.')[-1]}"] = bitwise_mismatch(out, exp)
+    c = unpack_2bit(ref.codes)
+    return results, {"elements": x.numel(), "zero": int((c == 0).sum()), "plus": int((c == 1).sum()),
+                     "minus": int((c == 3).sum()), "nan": int((c == 2).sum())}
+
+
+def _fp8_ties(shape):
+    """Columns whose amax is 448 (scale 1): x / scale lands exactly on E4M3 values and on the midpoints between
+    neighbours (ties to even), in the normal and subnormal ranges, and just above 448 (saturation)."""
+    def make(dtype, g):
+        *lead, k, n = shape
+        codes = torch.arange(0, 0x7F, dtype=torch.int32).to(torch.uint8).view(torch.float8_e4m3fn).float()
+        mids = (codes[:-1] + codes[1:]) / 2
+        pool = torch.cat([codes, mids, -codes, -mids, torch.tensor([464.0, -464.0, 2.0 ** -10, -(2.0 ** -10)])])
+        if dtype == torch.float16:  # f16 cannot hold 2^-10 * ... below 2^-24; keep what it can
+            pool = pool[pool.abs() >= 2.0 ** -24]
+        idx = torch.randint(0, pool.numel(), (*lead, k, n), generator=g)
+        x = pool[idx]
+        x[..., 0, :] = 448.0  # amax 448 -> scale 1 in every column
+        return x.to(dtype)
+    return make
+
+
+def _ternary_ties(shape):
+    """Columns with absmean c exactly and elements at c/2 (|y| = 0.5: rounds to 0), 3c/2, c and 0."""
+    def make(dtype, g):
+        *lead, k, n = shape
+        c = torch.exp2(torch.randint(-6, 6, (*lead, 1, n), generator=g).float())
+        unit = torch.tensor([0.5, 1.5, 1.0, 1.0])  # mean 1
+        base = unit.repeat(k // 4)[torch.randperm(k, generator=g)].reshape(k, 1)
+        sign = torch.where(torch.rand((*lead, k, n), generator=g) < 0.5, -1.0, 1.0)
+        return (base * c * sign).to(dtype)
+    return make
+
+
+def fp8_cases() -> list[Case]:
+    """FP8 cases beyond ``quant_cases()``: K not a multiple of 16 (the scalar tail), and exact ties."""
+    return [
+        Case("fp8_odd_k", (3, 37, 21), _normal((3, 37, 21))),
+        Case("fp8_k20", (2, 20, 5461), _normal((2, 20, 5461), 1e-3)),
+        Case("fp8_ties", (2, 64, 48), _fp8_ties((2, 64, 48))),
+    ]
+
+
+def ternary_cases() -> list[Case]:
+    """Ternary cases beyond ``quant_cases()``: K a multiple of 4 only, and exact ties at |y| = 1/2."""
+    return [
+        Case("ternary_k36", (3, 36, 50), _normal((3, 36, 50))),
+        Case("ternary_ties", (2, 64, 40), _ternary_ties((2, 64, 40))),
+    ]
+
+
 def summary(tag: str, results: dict, stats: dict) -> str:
     """One line per case for the test log: which checks passed, and what the case exercised."""
     bad = [k for k, v in results.items() if v is not None]
@@ -318,7 +408,7 @@ def build_host_reference(repo_root, out_dir) -> str:
 
 
 class HostRunner:
-    """tsct.native's four kernel wrappers, run by the host harness on CPU tensors."""
+    """tsct.native's quant kernel wrappers (NVFP4, sign, FP8, ternary), run by the host harness on CPU tensors."""
 
     def __init__(self, path: str):
         import ctypes
@@ -330,6 +420,11 @@ class HostRunner:
         lib.tsct_host_nvfp4_dequantize.argtypes = [c_void_p, c_void_p, c_int, c_void_p, c_int64, c_int64, c_int64, c_void_p, c_int]
         lib.tsct_host_sign_pack.argtypes = [c_void_p, c_int, c_int64, c_int64, c_int64, c_void_p]
         lib.tsct_host_sign_dequantize.argtypes = [c_void_p, c_void_p, c_void_p, c_int64, c_int64, c_int64, c_void_p, c_int]
+        lib.tsct_host_fp8_quantize.argtypes = [c_void_p, c_int, c_int64, c_int64, c_int64, c_void_p, c_void_p, c_int]
+        lib.tsct_host_fp8_dequantize.argtypes = [c_void_p, c_void_p, c_int64, c_int64, c_int64, c_void_p, c_int, c_int]
+        lib.tsct_host_ternary_pack.argtypes = [c_void_p, c_int, c_int64, c_int64, c_int64, c_void_p, c_void_p, c_void_p]
+        lib.tsct_host_ternary_dequantize.argtypes = [c_void_p, c_void_p, c_void_p, c_int64, c_int64, c_int64, c_void_p,
+                                                     c_int]
         lib.tsct_host_e4m3_from_f32.argtypes = [c_void_p, c_int64, c_void_p]
         self.lib = lib
 
@@ -381,6 +476,48 @@ class HostRunner:
         out = self._poisoned((nb, n, kb * 8), out_dtype)
         self.lib.tsct_host_sign_dequantize(self._p(bits), self._p(a), self._p(b_), nb, n, kb * 8, self._p(out),
                                            DTYPES[out_dtype])
+        return out
+
+    def fp8_quantize(self, x, scale_n, vec: bool = True):
+        from tsct.native._ops import DTYPES
+
+        x, scale_n = x.contiguous(), scale_n.contiguous()
+        b, n, k = x.shape
+        codes = self._poisoned((b, n, k), torch.uint8)
+        self.lib.tsct_host_fp8_quantize(self._p(x), DTYPES[x.dtype], b, n, k, self._p(scale_n), self._p(codes),
+                                        int(vec))
+        return codes
+
+    def fp8_dequantize(self, codes, scale_n, out_dtype=torch.bfloat16, vec: bool = True):
+        from tsct.native._ops import DTYPES
+
+        codes, scale_n = codes.contiguous().view(torch.uint8), scale_n.contiguous()
+        b, n, k = codes.shape
+        out = self._poisoned((b, n, k), out_dtype)
+        self.lib.tsct_host_fp8_dequantize(self._p(codes), self._p(scale_n), b, n, k, self._p(out), DTYPES[out_dtype],
+                                          int(vec))
+        return out
+
+    def ternary_pack(self, x, scale_k, scale_n):
+        from tsct.native._ops import DTYPES
+
+        x, scale_n = x.contiguous(), scale_n.contiguous()
+        sk = self._ct.c_void_p(None) if scale_k is None else self._p(scale_k.contiguous())
+        b, n, k = x.shape
+        codes = self._poisoned((b, n, k // 4), torch.uint8)
+        self.lib.tsct_host_ternary_pack(self._p(x), DTYPES[x.dtype], b, n, k, sk, self._p(scale_n), self._p(codes))
+        return codes
+
+    def ternary_dequantize(self, codes, scale_k, scale_n, out_dtype=torch.bfloat16):
+        from tsct.native._ops import DTYPES
+
+        codes, scale_n = codes.contiguous(), scale_n.contiguous()
+        scale_k = None if scale_k is None else scale_k.contiguous()
+        sk = self._ct.c_void_p(None) if scale_k is None else self._p(scale_k)
+        b, n, kb = codes.shape
+        out = self._poisoned((b, n, kb * 4), out_dtype)
+        self.lib.tsct_host_ternary_dequantize(self._p(codes), sk, self._p(scale_n), b, n, kb * 4, self._p(out),
+                                              DTYPES[out_dtype])
         return out
 
     def e4m3_from_f32(self, v: Tensor) -> Tensor:

@@ -87,7 +87,7 @@ class SassRule:
 # mma.sync backward kernels on sm_120 hold their accumulators in registers; docs/performance.md).
 _TRITON_GEMM = r"^(glu|lowbit)_(down_fwd|up_fwd|bwd_dz|bwd_dx_dw)$"  # bf16 and low-bit (W4A16) families
 SASS_RULES: list[SassRule] = [
-    SassRule(r".*", r"^tsctk_(nvfp4|sign)_", forbid=r"\b(STL|LDL)(\.\w+)*\b",
+    SassRule(r".*", r"^tsctk_(nvfp4|sign|fp8|ternary)_", forbid=r"\b(STL|LDL)(\.\w+)*\b",
              why="quant kernels keep their 16-element block in registers (no local-memory spills)"),
     SassRule(r"sm_(80|90a|100a|120a|120f|120)", r"^tsctk_glu_bwd_dz_bf16$", require=r"\bHMMA\.16816\.F32\.BF16\b",
              forbid=r"\b(STL|LDL)(\.\w+)*\b",

@@ -380,14 +380,15 @@ def quantize_master(master: Tensor, fmt: str, *, layout: str = "linear", backend
             parameter: views of the same parameter with the same shape and strides are the same master,
             and the parameter's optimizer step retires its containers). Read under ``torch.no_grad``;
             never modified.
-        fmt: "nvfp4" (K % 16 == 0) or "sign" (K % 8 == 0).
+        fmt: "nvfp4" (K % 16 == 0), "sign" (K % 8 == 0), "fp8" (any K) or "ternary" (K % 4 == 0; absmean
+            scales).
         layout: NVFP4 block-scale layout ("linear": what the Triton low-bit path reads).
         backend: as ``tsct.quant.quantize``.
 
     Returns:
-        An ``NVFP4Tensor`` / ``SignTensor``. The same object while the master is unchanged; a new one as
-        soon as the master changes: an in-place update on the tensor (``p.add_``, ``p.copy_``) moves its
-        version counter, and every ``torch.optim`` step (fused or not) is seen through a global step
+        An ``NVFP4Tensor`` / ``SignTensor`` / ``FP8Tensor`` / ``TernaryTensor``. The same object while the master
+        is unchanged; a new one as soon as the master changes: an in-place update on the tensor (``p.add_``,
+        ``p.copy_``) moves its version counter, and every ``torch.optim`` step (fused or not) is seen through a global step
         post-hook registered on the first call, so a cached container never outlives an optimizer step.
         Writes that bypass both (through ``p.data``, ``vector_to_parameters``) are invisible: call
         ``tsct.ops.mark_masters_updated(p)`` after them. Pass the container to ``tsct.ops.grouped_glu``

@@ -69,8 +69,8 @@ def validate(
                 raise ValueError(f"grouped_glu: {name} is on {w.device}, expected {dev} (the device of x)")
         else:
             raise TypeError(
-                f"grouped_glu: {name} must be a torch.Tensor or a tsct.quant container (NVFP4Tensor, SignTensor), "
-                f"got {type(w).__name__}"
+                f"grouped_glu: {name} must be a torch.Tensor or a tsct.quant container (NVFP4Tensor, SignTensor, "
+                f"FP8Tensor, TernaryTensor), got {type(w).__name__}"
             )
     shapes = {name: _factor_shape(name, w) for name, w in (("w_gate", w_gate), ("w_up", w_up), ("w_down", w_down))}
     e = offs.shape[0]

@@ -19,13 +19,18 @@ from tsct.ops._library import grouped_glu_op
 from tsct.ops import _library_q
 from tsct.ops._validate import check_index_values, validate
 
-Factor = Union[Tensor, "tsct.quant.NVFP4Tensor", "tsct.quant.SignTensor"]  # noqa: F821
+Factor = Union[Tensor, "tsct.quant.NVFP4Tensor", "tsct.quant.SignTensor", "tsct.quant.FP8Tensor",  # noqa: F821
+               "tsct.quant.TernaryTensor"]  # noqa: F821
 
 
 def _storage_format(factors) -> str:
+    """The one format of the three factors; "mixed" for a mix the low-bit kernels read (dense, NVFP4, sign),
+    ``dispatch.MIXED_DECODED`` for a mix with an FP8 or ternary factor (decoded before any kernel)."""
     from tsct import quant
     fmts = {quant.storage_format(w) for w in factors}
-    return fmts.pop() if len(fmts) == 1 else "mixed"
+    if len(fmts) == 1:
+        return fmts.pop()
+    return dispatch.MIXED_DECODED if fmts & set(dispatch.DECODED_FORMATS) else "mixed"
 
 
 def grouped_glu(
@@ -61,7 +66,7 @@ def grouped_glu(
             ``offs[-1]`` are padding: zero output and zero gradient, and their entries of
             ``gather_idx``/``scatter_idx``/``row_weight`` are never read. Empty experts are fine.
         w_gate, w_up: ``[E, d, r]`` down-projections, ``x.dtype``, or a ``tsct.quant`` container
-            (NVFP4Tensor / SignTensor) of that logical shape.
+            (NVFP4Tensor / SignTensor / FP8Tensor / TernaryTensor) of that logical shape.
         w_down: ``[E, r, f]`` up-projection, likewise. ``f`` may be any size (e.g. 5461). Any strides;
             a K-major ``w_down`` (``w_down.transpose(1, 2).is_contiguous()``: stored as ``[E, f, r]``
             like ``nn.Linear.weight``) is read in place by triton-bf16 and is its fast layout when f is
@@ -106,7 +111,9 @@ def grouped_glu(
 
     Packed factors: the reference path decodes them to ``x.dtype``; the "triton-lowbit" path (sm_80+
     GPUs; ``impl="auto"`` takes it for NVFP4 / sign / mixed factors) reads the packed bytes and decodes
-    in registers. Without ``masters`` a packed factor gets no gradient (frozen low-bit weights; dX,
+    in registers. FP8 and ternary factors (and mixes with them) are decoded to bf16 once per call and run
+    on ``bmm`` (or ``reference``) on every device: no kernel decodes them yet, and forcing one is a
+    RuntimeError. Without ``masters`` a packed factor gets no gradient (frozen low-bit weights; dX,
     scales and row weights still get theirs). Two ways to train low-bit factors (decision 0008):
     ``masters=`` with containers from ``quantize_master`` (packed bytes in the forward and dX), or
     dense factors from ``tsct.quant.fake_quantize(master, fmt)`` (bf16 bytes, any path).

@@ -1,7 +1,8 @@
 """What every packed factor container shares: logical shape accessors, storage bytes, moves.
 
 A subclass is a frozen dataclass whose storage tensors are named in ``_STORAGE`` (the first one
-defines the device) and whose ``shape`` field is the LOGICAL ``(E, K, N)`` or ``(K, N)``.
+defines the device; a later one may be None where the format makes it optional) and whose ``shape``
+field is the LOGICAL ``(E, K, N)`` or ``(K, N)``.
 """
 
 from __future__ import annotations
@@ -64,11 +65,15 @@ class PackedFactor:
     @property
     def nbytes(self) -> int:
         """Bytes of storage, padding and scales included."""
-        return sum(getattr(self, f).numel() * getattr(self, f).element_size() for f in self._STORAGE)
+        return sum(t.numel() * t.element_size() for t in self._tensors().values())
+
+    def _tensors(self) -> dict:
+        """{name: tensor} of the storage tensors present (optional ones that are None left out)."""
+        return {f: getattr(self, f) for f in self._STORAGE if getattr(self, f) is not None}
 
     def replace(self, **changes):
         return dataclasses.replace(self, **changes)
 
     def to(self, device, non_blocking: bool = False):
         """The same container on ``device`` (tensors moved bit for bit)."""
-        return self.replace(**{f: getattr(self, f).to(device, non_blocking=non_blocking) for f in self._STORAGE})
+        return self.replace(**{f: t.to(device, non_blocking=non_blocking) for f, t in self._tensors().items()})

@@ -1,8 +1,11 @@
-"""The number formats, as data: E2M1 (FP4), UE4M3 block scales, NVFP4 constants, sign bits.
+"""The number formats, as data: E2M1 (FP4), UE4M3 block scales, NVFP4 constants, sign bits, E4M3 (FP8)
+codes, ternary codes.
 
-What NVFP4 *is* lives here; the container and quantizer live in ``nvfp4.py`` / ``sign.py``, the
-block-scale layouts in ``layout.py``. The exact arithmetic (rounding, clamping, non-finite inputs) is
-``docs/decisions/0002-nvfp4-recipe.md``; the CUDA kernels in ``csrc/quant/`` match it bit for bit.
+What each format *is* lives here; the containers and quantizers live in ``nvfp4.py`` / ``sign.py`` /
+``fp8.py`` / ``ternary.py``, the block-scale layouts in ``layout.py``. The exact arithmetic (rounding,
+clamping, non-finite inputs) is ``docs/decisions/0002-nvfp4-recipe.md`` (NVFP4, sign),
+``0020-fp8-format.md`` and ``0021-ternary-format.md``; the CUDA kernels in ``csrc/quant/`` match it bit
+for bit.
 
 Sources:
   * E2M1: OCP Microscaling Formats (MX) Specification v1.0, the FP4 (E2M1) element type: 1 sign
@@ -13,6 +16,10 @@ Sources:
   * The second-level fp32 scale and its 448 * 6 constant: TransformerEngine's NVFP4 reference
     quantizer (not torchao's nvfp4, which also clamps the block scale to >= 2**-6).
   * Sign bits: LittleBit (1-bit factors, W ~ diag(a) sign(W) diag(b)); bit layout is ours (0002).
+  * E4M3 codes of the fp8 format: the same OCP E4M3 ("fn") as the UE4M3 scale, with its sign bit;
+    the encoder is torch's ``.to(torch.float8_e4m3fn)`` (round to nearest even, saturating at +-448).
+  * Ternary codes {-1, 0, +1}: BitNet b1.58 (Ma et al. 2024, arXiv:2402.17764); the 2-bit code and
+    its packing are ours (0021).
 
 Codes and bits are plain ``torch.uint8`` tensors; everything here is pure torch and runs on any
 device.
@@ -43,6 +50,19 @@ __all__ = [
     "unpack_nibbles",
     "pack_bits",
     "unpack_bits",
+    "E4M3_DTYPE",
+    "E4M3_MAX",
+    "FP8_NAN_CODE",
+    "e4m3_encode",
+    "e4m3_decode",
+    "TERNARY_PACK",
+    "TERNARY_ZERO",
+    "TERNARY_PLUS",
+    "TERNARY_MINUS",
+    "TERNARY_NAN",
+    "ternary_decode",
+    "pack_2bit",
+    "unpack_2bit",
 ]
 
 # --- E2M1 (FP4) -------------------------------------------------------------------------------
@@ -73,6 +93,24 @@ FLOAT32_MAX: float = torch.finfo(torch.float32).max
 # --- sign -------------------------------------------------------------------------------------
 #: Sign bits per byte, along K: element 8i+j is bit j of byte i (LSB first); 1 = negative.
 SIGN_PACK: int = 8
+
+# --- E4M3 codes (fp8 format) -------------------------------------------------------------------
+#: The code dtype: OCP E4M3 "fn" (bias 7, no inf, S.1111.111 is NaN, max normal 448).
+E4M3_DTYPE: torch.dtype = torch.float8_e4m3fn
+E4M3_MAX: float = 448.0
+#: The code of a non-finite input (E4M3 NaN, sign 0): E4M3 has no inf, and saturating an inf to 448
+#: would hide it.
+FP8_NAN_CODE: int = 0x7F
+
+# --- ternary codes ----------------------------------------------------------------------------
+#: Ternary codes per byte, along K: element 4i+j is bits 2j..2j+1 of byte i (the lowest pair first).
+TERNARY_PACK: int = 4
+#: The 2-bit codes: two's complement for -1, 0, +1; the pattern two's complement reads as -2 marks a
+#: non-finite input (decodes to NaN). An all-zero byte is four zeros.
+TERNARY_ZERO: int = 0b00
+TERNARY_PLUS: int = 0b01
+TERNARY_MINUS: int = 0b11
+TERNARY_NAN: int = 0b10
 
 
 def _check_uint8(name: str, t: Tensor) -> None:
@@ -151,3 +189,57 @@ def unpack_bits(packed: Tensor) -> Tensor:
         raise ValueError("packed must have at least one dim")
     shifts = torch.arange(SIGN_PACK, dtype=torch.uint8, device=packed.device)
     return ((packed.unsqueeze(-1) >> shifts) & 1).to(torch.bool).flatten(-2)
+
+
+def e4m3_encode(y: Tensor) -> Tensor:
+    """E4M3 code bytes (uint8) of ``y``: round to nearest even, subnormals kept, ``|y| > 448`` saturating
+    to +-448 (0x7E | sign), signed zeros kept; a non-finite element (nan, +-inf) gives FP8_NAN_CODE.
+
+    The finite part is torch's cast ``y.to(torch.float8_e4m3fn)`` (RNE with saturation on CPU and CUDA);
+    the CUDA encoder (``csrc/common/formats.cuh``, ``e4m3_from_f32``) is checked against it on every
+    fp32 input. Pass fp32 (a wider dtype would round twice).
+    """
+    if not isinstance(y, Tensor):
+        raise TypeError(f"y must be a torch.Tensor, got {type(y).__name__}")
+    if not y.is_floating_point():
+        raise TypeError(f"y must be a floating-point tensor, got {y.dtype}")
+    codes = y.to(E4M3_DTYPE).view(torch.uint8)
+    return codes.masked_fill(~torch.isfinite(y), FP8_NAN_CODE)
+
+
+def e4m3_decode(codes: Tensor) -> Tensor:
+    """Float32 value of each E4M3 code (uint8 or float8_e4m3fn); 0x7F / 0xFF are NaN."""
+    if isinstance(codes, Tensor) and codes.dtype == E4M3_DTYPE:
+        return codes.float()
+    _check_uint8("codes", codes)
+    return codes.view(E4M3_DTYPE).float()
+
+
+def ternary_decode(codes: Tensor) -> Tensor:
+    """Float32 value of each 2-bit ternary code (uint8, bits above 1 ignored): 0b00 -> 0, 0b01 -> +1,
+    0b11 -> -1, 0b10 -> NaN."""
+    _check_uint8("codes", codes)
+    table = torch.tensor([0.0, 1.0, float("nan"), -1.0], dtype=torch.float32, device=codes.device)
+    return table[(codes & 0x3).long()]
+
+
+def pack_2bit(codes: Tensor) -> Tensor:
+    """Pack 2-bit codes ``[..., K]`` (K % 4 == 0) four per byte into ``[..., K/4]``: element 4i+j in bits
+    2j..2j+1 of byte i."""
+    _check_uint8("codes", codes)
+    if codes.dim() == 0 or codes.shape[-1] % TERNARY_PACK:
+        raise ValueError(f"codes: the last dim must be a multiple of 4, got shape {list(codes.shape)}")
+    c = codes.unflatten(-1, (-1, TERNARY_PACK)) & 0x3
+    out = c[..., 0].contiguous()  # row-major whatever the input strides (kernels read codes K-contiguous)
+    for j in range(1, TERNARY_PACK):
+        out |= c[..., j] << (2 * j)
+    return out
+
+
+def unpack_2bit(packed: Tensor) -> Tensor:
+    """Inverse of pack_2bit: ``[..., K/4]`` bytes to ``[..., K]`` 2-bit codes."""
+    _check_uint8("packed", packed)
+    if packed.dim() == 0:
+        raise ValueError("packed must have at least one dim")
+    shifts = torch.arange(0, 8, 2, dtype=torch.uint8, device=packed.device)
+    return ((packed.unsqueeze(-1) >> shifts) & 0x3).flatten(-2)

@@ -109,11 +109,12 @@ def _dequantize_torch(bits: Tensor, a: Tensor, b: Tensor) -> Tensor:
     return (s * a.unsqueeze(1)) * b.unsqueeze(2)
 
 
-def rank1_magnitude_fit(x: Tensor, iters: int = DEFAULT_SIGN_ITERS) -> tuple[Tensor, Tensor]:
+def rank1_magnitude_fit(x: Tensor, iters: int = DEFAULT_SIGN_ITERS, *, poison: bool = True) -> tuple[Tensor, Tensor]:
     """Rank-1 fit of ``|x|`` for x ``[B, N, K]`` (storage orientation): returns (a [B, K], b [B, N]) fp32.
 
     ``|x[b, n, k]| ~ a[b, k] * b[b, n]``; the procedure, zero and non-finite handling are in the module
-    docstring.
+    docstring. ``poison=False`` leaves out the last step (a[k] = NaN for the K rows holding a non-finite
+    element): the ternary format marks such elements with their own code instead (decision 0021).
     """
     _check_iters(iters)
     bsz, n, k = x.shape
@@ -138,8 +139,9 @@ def rank1_magnitude_fit(x: Tensor, iters: int = DEFAULT_SIGN_ITERS) -> tuple[Ten
     # sqrt(sigma_1(|x|)) as a product of roots: sigma * amax overflows fp32 for large finite |x| (sigma <= sqrt(NK))
     g = (torch.sqrt(sigma) * torch.sqrt(amax.reshape(bsz))).unsqueeze(1)
     a_out, b_out = a * g, v * g
-    poisoned = ~finite.all(dim=1)  # [B, K]: column k of storage = row k of the logical W
-    a_out = a_out.masked_fill(poisoned, float("nan"))
+    if poison:
+        poisoned = ~finite.all(dim=1)  # [B, K]: column k of storage = row k of the logical W
+        a_out = a_out.masked_fill(poisoned, float("nan"))
     return a_out, b_out
 
 
