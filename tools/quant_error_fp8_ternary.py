@@ -9,7 +9,7 @@ sign format uses (tsct.quant.sign.rank1_magnitude_fit).
 
 Errors per matrix, averaged over the experts: relative Frobenius ||W - W_hat|| / ||W|| and the max
 |W - W_hat| / max |W|, and the bulk error: the median over the K rows of each row's relative error (what the
-rows without outliers see). The decisions (docs/decisions/0020, 0021) quote this script's output.
+rows without outliers see). The decisions (docs/decisions/0021, 0022) quote this script's output.
 Usage: PYTHONPATH=python python tools/quant_error_fp8_ternary.py [--experts 4] [--seed 0]
 """
 

@@ -1,5 +1,5 @@
 // FP8 (E4M3 codes, one fp32 decode scale per column) quantize / decode kernels and their C entry points
-// (tsct.h; format: docs/decisions/0020-fp8-format.md). The scales come from the caller (torch: a max and one
+// (tsct.h; format: docs/decisions/0021-fp8-format.md). The scales come from the caller (torch: a max and one
 // division per column); the kernels encode and decode, bit-exact with python/tsct/quant/fp8.py.
 #include <cuda_runtime.h>
 

@@ -1,5 +1,5 @@
 // Ternary (2-bit codes, 4 per byte along K) pack / decode kernels and their C entry points (tsct.h; format:
-// docs/decisions/0021-ternary-format.md). The scales come from the caller (torch: the absmean, or the rank-1
+// docs/decisions/0022-ternary-format.md). The scales come from the caller (torch: the absmean, or the rank-1
 // fit of the sign format); the kernels encode, pack and decode, bit-exact with python/tsct/quant/ternary.py.
 #include <cuda_runtime.h>
 

@@ -1,7 +1,7 @@
 """FP8 factors against the format definition, which this file writes down INDEPENDENTLY.
 
 E4M3 (OCP, "fn"): 1 sign, 4 exponent (bias 7), 3 mantissa; S.1111.111 is NaN; no inf; max 448.
-The format (docs/decisions/0020-fp8-format.md): per column n of each expert (K elements), scale =
+The format (docs/decisions/0021-fp8-format.md): per column n of each expert (K elements), scale =
 fp32(amax / 448) over the finite elements (1 if that is 0); code = the E4M3 value nearest to x / scale,
 ties to the even mantissa, |x / scale| above 448 saturating to 448, signed zeros kept; nan and +-inf get
 the NaN code 0x7F. Decode: e4m3(code) * scale in fp32. Storage: codes [E, N, K] (K contiguous), scales [E, N].

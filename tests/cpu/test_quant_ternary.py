@@ -1,7 +1,7 @@
 """Ternary factors against the format definition, which this file writes down INDEPENDENTLY.
 
 BitNet b1.58 (arXiv:2402.17764): q = RoundClip(W / gamma, -1, 1) = max(-1, min(1, round(W / gamma))),
-decoded q * gamma. Here (docs/decisions/0021-ternary-format.md): gamma per output column per expert =
+decoded q * gamma. Here (docs/decisions/0022-ternary-format.md): gamma per output column per expert =
 mean |W| over the column's finite elements ("absmean"), or gamma[k, n] = a[k] * b[n] from the sign format's
 rank-1 fit ("rank1"). round() is half to even, so |y| = 1/2 gives 0 and 3/2 gives +-2 -> +-1. gamma = 0
 gives 0. 2-bit codes 00 = 0, 01 = +1, 11 = -1, 10 = NaN (a nan / inf input); element 4i+j of a row is in bits
@@ -142,7 +142,7 @@ def test_rank1_scaling_matches_its_definition():
 
 
 def test_rank1_cuts_the_error_on_outlier_rows():
-    """Factors whose K rows differ in magnitude: the rank-1 scaling beats the column absmean (decision 0021)."""
+    """Factors whose K rows differ in magnitude: the rank-1 scaling beats the column absmean (decision 0022)."""
     g = torch.Generator().manual_seed(94)
     w = torch.randn(4, 256, 16, generator=g)
     w[:, :4] *= 30.0

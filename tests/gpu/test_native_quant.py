@@ -8,7 +8,7 @@ the same positions). The kernels' outputs are poisoned (0xA5) before each launch
 byte cannot pass. Also: the public tsct.quant API with backend="native", unaligned inputs (the
 scalar-load path), a side stream, empty tensors, and the b1 factor shapes.
 
-Also FP8 and ternary (decisions 0020, 0021): the same case matrix plus their own (odd K, exact ties), codes and
+Also FP8 and ternary (decisions 0021, 0022): the same case matrix plus their own (odd K, exact ties), codes and
 decodes bitwise, scales off the recipe, the public API, unaligned pointers, empty tensors, the b1 banks.
 
 Run on a GPU machine:  pytest -s -m gpu tests/gpu/test_native_quant.py
@@ -197,7 +197,7 @@ def test_b1_shapes_and_timing(name, shape):
                 "decode_ms_torch": f"{td_torch:.2f}", "decode_ms_native": f"{td_native:.2f}"})
 
 
-# ---- FP8 (docs/decisions/0020) and ternary (0021) -------------------------------------------------------
+# ---- FP8 (docs/decisions/0021) and ternary (0022) -------------------------------------------------------
 @pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: str(d).split(".")[-1])
 @pytest.mark.parametrize("case", CASES + T.fp8_cases(), ids=lambda c: c.name)
 def test_fp8_matches_reference(case, dtype):

@@ -9,7 +9,7 @@
  *  - the return value is 0 on success, else a cudaError_t (positive) or a TSCT_ERR_* code (negative);
  *    tsct_error_string() names it. Launch errors are checked right after the launch.
  *  - dtype codes: TSCT_F32, TSCT_BF16, TSCT_F16.
- * Formats and arithmetic: docs/decisions/0002-nvfp4-recipe.md, 0020-fp8-format.md, 0021-ternary-format.md
+ * Formats and arithmetic: docs/decisions/0002-nvfp4-recipe.md, 0021-fp8-format.md, 0022-ternary-format.md
  * (bit-exact with python/tsct/quant).
  */
 #ifndef TSCT_TSCT_H_
@@ -82,7 +82,7 @@ TSCT_API int tsct_sign_dequantize(const uint8_t* bits, const float* a, const flo
                                   int64_t k, void* out, int out_dtype, void* stream);
 /* FP8 quantize: codes [batch, n, k] E4M3 bytes = E4M3(x / scale_n[b, n]), round to nearest even, saturating at
  * +-448; 0x7F for a non-finite x. scale_n: [batch, n] fp32 decode scales (the caller's: amax / 448 per row, see
- * 0020). Any k. */
+ * 0021). Any k. */
 TSCT_API int tsct_fp8_quantize(const void* x, int x_dtype, int64_t batch, int64_t n, int64_t k, const float* scale_n,
                                uint8_t* codes, void* stream);
 /* FP8 decode: out[b, n, k] = e4m3(codes[b, n, k]) * scale_n[b, n], then out_dtype (RNE). */

@@ -4,7 +4,7 @@ Every wrapper validates its inputs (TypeError / ValueError naming the argument),
 contiguous, allocates the outputs with torch on the inputs' device, and calls the library under
 ``torch.cuda.device(device)`` on ``torch.cuda.current_stream(device)``. A non-zero return becomes a
 RuntimeError naming the C function, its error string and detail. Formats:
-docs/decisions/0002-nvfp4-recipe.md, 0020-fp8-format.md, 0021-ternary-format.md.
+docs/decisions/0002-nvfp4-recipe.md, 0021-fp8-format.md, 0022-ternary-format.md.
 """
 
 from __future__ import annotations
@@ -252,7 +252,7 @@ def sign_dequantize(bits: Tensor, a: Tensor, b: Tensor, out_dtype: torch.dtype =
 
 
 def fp8_quantize(x: Tensor, scale_n: Tensor) -> Tensor:
-    """FP8-quantize with given per-row decode scales (``tsct_fp8_quantize``; docs/decisions/0020-fp8-format.md).
+    """FP8-quantize with given per-row decode scales (``tsct_fp8_quantize``; docs/decisions/0021-fp8-format.md).
 
     Args:
         x: [B, N, K] float32 / bfloat16 / float16, CUDA; any K.
@@ -326,7 +326,7 @@ def _ternary_scales(first: str, t: Tensor, scale_k, scale_n, b: int, n: int, k: 
 
 
 def ternary_pack(x: Tensor, scale_k: Tensor | None, scale_n: Tensor) -> Tensor:
-    """Encode and pack ternary codes (``tsct_ternary_pack``; docs/decisions/0021-ternary-format.md).
+    """Encode and pack ternary codes (``tsct_ternary_pack``; docs/decisions/0022-ternary-format.md).
 
     Args:
         x: [B, N, K] float32 / bfloat16 / float16, CUDA; K % 4 == 0.

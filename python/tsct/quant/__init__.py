@@ -6,12 +6,12 @@ Where things are (torchao mx_formats split):
     layout.py    NVFP4 block-scale layouts: "linear" (storage) and "swizzled_128x4" (tensor cores)
     nvfp4.py     NVFP4Tensor + quantize_nvfp4 (TransformerEngine NVFP4 reference recipe)
     sign.py      SignTensor + quantize_sign (LittleBit-style sign bits with a rank-1 scale fit)
-    fp8.py       FP8Tensor + quantize_fp8 (E4M3 codes, one fp32 scale per output column; decision 0020)
-    ternary.py   TernaryTensor + quantize_ternary (BitNet b1.58 codes, absmean or rank-1 scales; 0021)
+    fp8.py       FP8Tensor + quantize_fp8 (E4M3 codes, one fp32 scale per output column; decision 0021)
+    ternary.py   TernaryTensor + quantize_ternary (BitNet b1.58 codes, absmean or rank-1 scales; 0022)
     api.py       quantize / dequantize / to_layout / is_quantized / storage_format / fake_quantize
     _backend.py  torch vs native (CUDA, ``tsct.native``) backend choice; native is imported lazily
 
-The exact arithmetic is docs/decisions/0002-nvfp4-recipe.md, 0020 and 0021; a reader's page is docs/formats.md.
+The exact arithmetic is docs/decisions/0002-nvfp4-recipe.md, 0021 and 0022; a reader's page is docs/formats.md.
 Importing this package loads no native library and queries no device.
 """
 

@@ -4,7 +4,7 @@ codes, ternary codes.
 What each format *is* lives here; the containers and quantizers live in ``nvfp4.py`` / ``sign.py`` /
 ``fp8.py`` / ``ternary.py``, the block-scale layouts in ``layout.py``. The exact arithmetic (rounding,
 clamping, non-finite inputs) is ``docs/decisions/0002-nvfp4-recipe.md`` (NVFP4, sign),
-``0020-fp8-format.md`` and ``0021-ternary-format.md``; the CUDA kernels in ``csrc/quant/`` match it bit
+``0021-fp8-format.md`` and ``0022-ternary-format.md``; the CUDA kernels in ``csrc/quant/`` match it bit
 for bit.
 
 Sources:
@@ -19,7 +19,7 @@ Sources:
   * E4M3 codes of the fp8 format: the same OCP E4M3 ("fn") as the UE4M3 scale, with its sign bit;
     the encoder is torch's ``.to(torch.float8_e4m3fn)`` (round to nearest even, saturating at +-448).
   * Ternary codes {-1, 0, +1}: BitNet b1.58 (Ma et al. 2024, arXiv:2402.17764); the 2-bit code and
-    its packing are ours (0021).
+    its packing are ours (0022).
 
 Codes and bits are plain ``torch.uint8`` tensors; everything here is pure torch and runs on any
 device.

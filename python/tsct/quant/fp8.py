@@ -1,9 +1,9 @@
 """FP8 factors: the ``FP8Tensor`` container and its quantizer / decoder.
 
-Format (``formats.py``; decision ``docs/decisions/0020-fp8-format.md``): one OCP E4M3 ("fn") code per
+Format (``formats.py``; decision ``docs/decisions/0021-fp8-format.md``): one OCP E4M3 ("fn") code per
 element, stored K-contiguous (``[E, N, K]``, one byte each), and one fp32 scale per output column per
 expert, ``scale_n = amax / 448`` over the column's K elements. Per-column scaling was measured against
-MX-style blocks of 32 along K with E8M0 scales and kept (0020): equal or lower error on every factor
+MX-style blocks of 32 along K with E8M0 scales and kept (0021): equal or lower error on every factor
 tried, and the scale sits on the GEMM's output (``x @ W = (x @ E4M3) * scale_n``) as the sign format's
 ``b`` does, so an FP8 or bf16 tensor-core kernel reads the codes unscaled.
 
@@ -97,7 +97,7 @@ def quantize_fp8(w: Tensor, *, backend: str = "auto") -> FP8Tensor:
     """Quantize a factor ``w`` (logical ``[E, K, N]`` or ``[K, N]``; float32/bfloat16/float16) to FP8.
 
     One E4M3 code per element and one fp32 decode scale per output column per expert (the recipe in the
-    module docstring; decision 0020). K may be any size. ``backend``: "torch" (pure torch, any device),
+    module docstring; decision 0021). K may be any size. ``backend``: "torch" (pure torch, any device),
     "native" (CUDA kernels; RuntimeError if they cannot run) or "auto" (native on CUDA when available).
     Both give the same bytes.
 

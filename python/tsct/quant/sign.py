@@ -114,7 +114,7 @@ def rank1_magnitude_fit(x: Tensor, iters: int = DEFAULT_SIGN_ITERS, *, poison: b
 
     ``|x[b, n, k]| ~ a[b, k] * b[b, n]``; the procedure, zero and non-finite handling are in the module
     docstring. ``poison=False`` leaves out the last step (a[k] = NaN for the K rows holding a non-finite
-    element): the ternary format marks such elements with their own code instead (decision 0021).
+    element): the ternary format marks such elements with their own code instead (decision 0022).
     """
     _check_iters(iters)
     bsz, n, k = x.shape

@@ -4,7 +4,7 @@ Source: BitNet b1.58 (Ma et al., "The Era of 1-bit LLMs: All Large Language Mode
 arXiv:2402.17764): ``W_q = RoundClip(W / gamma, -1, 1)`` with ``gamma`` the absmean of ``|W|`` and
 ``RoundClip(y) = max(-1, min(1, round(y)))``; decoded as ``W_q * gamma``. The paper takes one gamma per
 matrix; here, per output column per expert. The exact arithmetic, the 2-bit code and the packing are
-``docs/decisions/0021-ternary-format.md``.
+``docs/decisions/0022-ternary-format.md``.
 
 Two scalings (``scaling=``):
   * "absmean" (default; BitNet b1.58): ``gamma[n]`` = mean of |W[:, n]| over the column's finite
@@ -12,7 +12,7 @@ Two scalings (``scaling=``):
   * "rank1": ``gamma[k, n] = a[k] * b[n]``, the rank-1 fit of |W| the sign format uses
     (``tsct.quant.sign.rank1_magnitude_fit``), stored as ``scale_k [E, K]`` and ``scale_n [E, N]``;
     decode ``(q * a[k]) * b[n]``. It cuts the relative error by a third or more on factors whose K
-    rows differ in magnitude (outlier rows, low-rank factors), at 4 bytes per K row (0021).
+    rows differ in magnitude (outlier rows, low-rank factors), at 4 bytes per K row (0022).
 
 Codes (``formats.py``): 2 bits, two's complement ``0b00 = 0``, ``0b01 = +1``, ``0b11 = -1``;
 ``0b10`` marks a non-finite input and decodes to NaN. Four per byte along K: element 4i+j in bits
