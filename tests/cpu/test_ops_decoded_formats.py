@@ -32,7 +32,8 @@ FORMAT_SETS = [("fp8",) * 3, ("ternary",) * 3, ("fp8", "ternary", "nvfp4"), ("de
 def test_packed_factors_equal_their_decoded_values(fmts, impl):
     p = _problem()
     facs = [p[n] if f == "dense" else quant.quantize(p[n], f, backend="torch") for n, f in zip(NAMES, fmts)]
-    dense = [quant.dequantize(w, torch.float32, contiguous=False) for w in facs]  # what the op decodes: same strides
+    # what the op decodes, with the same strides: storage order for bmm, contiguous for the reference
+    dense = [quant.dequantize(w, torch.float32, contiguous=impl == "reference") for w in facs]
     y = _call(p, facs, impl=impl)
     assert torch.equal(y, _call(p, dense, impl="bmm" if impl == "auto" else impl))
     args = {**p, **dict(zip(NAMES, dense))}
@@ -93,7 +94,7 @@ def test_ste_through_masters_on_bmm(fmt):
                     masters=ms)
     go = torch.randn_like(y)
     y.backward(go)
-    leaves = [quant.dequantize(w, torch.float32).requires_grad_(True) for w in facs]
+    leaves = [quant.dequantize(w, torch.float32, contiguous=False).detach().requires_grad_(True) for w in facs]
     xr = p["x"].clone().requires_grad_(True)
     yr = grouped_glu(xr, p["offs"], *leaves, p["s_gate"], p["s_up"], row_weight=p["row_weight"],
                      gather_idx=p["gather_idx"], scatter_idx=p["scatter_idx"], num_out_rows=p["num_out_rows"],
