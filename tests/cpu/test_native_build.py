@@ -9,7 +9,7 @@
   Python wrappers (TypeError / ValueError naming the argument);
 * the kernels' arithmetic: csrc/quant/quant_impl.cuh (the per-item code the CUDA kernels run) is
   compiled for the host (csrc/tools/host_reference.cpp) and compared bit for bit with the torch
-  reference tsct.quant on the case matrix of tsct.native._testing. The GPU run of the same
+  reference tsct.quant on the case matrix of tests/_native_cases.py. The GPU run of the same
   comparison is tests/gpu/test_native_quant.py.
 
 A missing library fails these tests (the wheel must ship it); set TSCT_EXPECT_NATIVE=0 for an
@@ -33,7 +33,7 @@ import torch
 import tsct
 import tsct.native as native
 from tsct.native import _loader
-from tsct.native import _testing as T
+import _native_cases as T
 
 REPO = Path(__file__).resolve().parents[2]
 HEADER = REPO / "csrc" / "include" / "tsct" / "tsct.h"
