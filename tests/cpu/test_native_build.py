@@ -140,7 +140,7 @@ def test_kernel_smem_bytes(lib_path):
 def cuobjdump() -> str:
     from tsct.native import artifacts
 
-    tool = artifacts.find_tool("cuobjdump", "CUOBJDUMP")
+    tool = artifacts.find_tool("cuobjdump")
     if tool is None:
         pytest.skip("cuobjdump not found (pip install nvidia-cuda-cuobjdump)")
     return tool
@@ -149,7 +149,7 @@ def cuobjdump() -> str:
 def test_check_artifacts_match(lib_path, cuobjdump):
     from tsct.native import artifacts
 
-    sass = artifacts.find_tool("nvdisasm", "NVDISASM") is not None
+    sass = artifacts.find_tool("nvdisasm") is not None
     r = artifacts.verify(lib=lib_path, cuobjdump=cuobjdump, sass=sass)
     assert r["ok"] and r["status"] == "match" and r["problems"] == [], r
     assert r["library"] == lib_path and r["cuobjdump"] == cuobjdump
@@ -316,7 +316,7 @@ def test_check_artifacts_aot_wrong_arch(lib_path, cuobjdump, tmp_path):
     m = json.loads(json.dumps(m))
     m["triton_aot"] = {"dir": sec["dir"], "triton_version": sec["triton_version"],
                        "archs": {"sm_90a": {"variants": 2, "kernels": {"combine_rows": 1, "glu_up_fwd": 1}}}}
-    sass = artifacts.find_tool("nvdisasm", "NVDISASM") is not None
+    sass = artifacts.find_tool("nvdisasm") is not None
     r = artifacts.verify(lib=lib_path, manifest=m, cuobjdump=cuobjdump, aot_dir=tmp_path, sass=sass)
     assert not r["ok"], r
     for e in (up, comb):

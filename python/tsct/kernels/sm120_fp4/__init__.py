@@ -113,6 +113,25 @@ def kernel_status(capability: Optional[tuple[int, int]]) -> tuple[bool, str]:
     return True, why
 
 
+def env_mode() -> tuple[str, str]:
+    """How ``TSCT_SM120_FP4`` (``tsct.config.sm120_fp4``, read on every call) sets this path's first use, as
+    (mode, why): "auto" (unset or "auto": the self-test in a child process decides), "off" ("0"), "on" ("1": no
+    self-test; for developers of its kernels) or "invalid" (another value: the path stays off and ``why`` names
+    the accepted values)."""
+    from tsct import config
+
+    raw = config.sm120_fp4()
+    v = (raw or "").strip().lower()
+    if v == "0":
+        return "off", f"disabled by {ENV_ENABLE}=0"
+    if v not in ("", "auto", "1"):
+        return "invalid", f"{ENV_ENABLE}={raw!r} is not one of 0, 1, auto or unset: the path stays off"
+    if v == "1":
+        return "on", f"forced on by {ENV_ENABLE}=1 (no self-test; for kernel developers)"
+    shown = f"{ENV_ENABLE}={raw.strip()}" if v else f"{ENV_ENABLE} unset"
+    return "auto", f"{shown}: first-use self-test in a child process"
+
+
 def status(capability: Optional[tuple[int, int]], fmt: str) -> tuple[bool, str]:
     """Whether this path can run for a compute capability and a storage format, and why (not).
 
@@ -120,14 +139,12 @@ def status(capability: Optional[tuple[int, int]], fmt: str) -> tuple[bool, str]:
     not "0". "Runnable" is before the first-use self-test (``firstuse.verdict``, run by dispatch),
     which may still disable the path. No device query.
     """
-    from tsct import firstuse
-
     if fmt not in FORMATS:
         return False, f"storage format {fmt!r} is not served by sm120-fp4 (NVFP4 or sign factors, all three alike)"
     ok, why = kernel_status(capability)
     if not ok:
         return False, why
-    mode, mode_why = firstuse.env_mode()
+    mode, mode_why = env_mode()
     if mode in ("off", "invalid"):
         return False, mode_why
     gate = mode_why if mode == "on" else ("never executed on an sm_120/sm_121 card before (docs/sm120.md): a "
