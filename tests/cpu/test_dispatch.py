@@ -5,6 +5,7 @@ import warnings
 import pytest
 
 from tsct import dispatch, firstuse
+from tsct.ops import _select
 
 CAPS = [None, (8, 0), (9, 0), (10, 0), (12, 0), (12, 1), (13, 0), (7, 5)]
 
@@ -118,25 +119,25 @@ def test_first_use_failure_in_the_child_disables_path(monkeypatch):
     calls = _fake_verdicts(monkeypatch, lambda path, fmt: False)
     with warnings.catch_warnings(record=True) as w:
         warnings.simplefilter("always")
-        assert dispatch.select("auto", (12, 0), "bf16") == "bmm"
-        assert dispatch.select("auto", (12, 0), "bf16") == "bmm"
+        assert _select.select("auto", (12, 0), "bf16") == "bmm"
+        assert _select.select("auto", (12, 0), "bf16") == "bmm"
     assert calls == [("triton-bf16", "bf16")] * 2  # firstuse memoizes; dispatch asks per call
     (key, n), = dispatch.fallback_counts().items()
     assert key[:2] == ("triton-bf16", "bmm") and "self-test on sm120 FAILED: crash" in key[2] and n == 2
     assert sum("FAILED" in str(x.message) for x in w) == 1
     with pytest.raises(RuntimeError, match="first-use self-test on sm120 FAILED"):
-        dispatch.select("triton-bf16", (12, 0), "bf16")
+        _select.select("triton-bf16", (12, 0), "bf16")
     dispatch.reset_fallback_counts()
 
 
 def test_no_child_where_the_path_has_executed_or_for_pure_torch(monkeypatch):
     monkeypatch.setitem(dispatch._STATUS, dispatch.TRITON_BF16, lambda cap, fmt: dispatch.Status(True, "built"))
     calls = _fake_verdicts(monkeypatch, lambda path, fmt: True)
-    assert dispatch.select("auto", (9, 0), "bf16") == "triton-bf16"
-    assert dispatch.select("bmm", (12, 0), "bf16") == "bmm"
-    assert dispatch.select("auto", (13, 0), "bf16") == "bmm"
+    assert _select.select("auto", (9, 0), "bf16") == "triton-bf16"
+    assert _select.select("bmm", (12, 0), "bf16") == "bmm"
+    assert _select.select("auto", (13, 0), "bf16") == "bmm"
     assert calls == []
-    assert dispatch.select("auto", (10, 0), "bf16") == "triton-bf16"
+    assert _select.select("auto", (10, 0), "bf16") == "triton-bf16"
     assert calls == [("triton-bf16", "bf16")]
 
 
@@ -144,7 +145,7 @@ def test_inside_the_child_dispatch_does_not_ask_again(monkeypatch):
     monkeypatch.setitem(dispatch._STATUS, dispatch.TRITON_BF16, lambda cap, fmt: dispatch.Status(True, "built"))
     calls = _fake_verdicts(monkeypatch, lambda path, fmt: False)
     monkeypatch.setenv(firstuse.ENV_IN_CHILD, "1")
-    assert dispatch.select("triton-bf16", (12, 0), "bf16") == "triton-bf16"
+    assert _select.select("triton-bf16", (12, 0), "bf16") == "triton-bf16"
     assert calls == []
 
 

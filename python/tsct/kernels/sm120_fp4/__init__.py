@@ -136,7 +136,7 @@ def status(capability: Optional[tuple[int, int]], fmt: str) -> tuple[bool, str]:
     """Whether this path can run for a compute capability and a storage format, and why (not).
 
     Runnable = NVFP4 or sign factors, a 12.0 / 12.1 GPU with its kernels linked, and ``TSCT_SM120_FP4``
-    not "0". "Runnable" is before the first-use self-test (``firstuse.verdict``, run by dispatch),
+    not "0". "Runnable" is before the first-use self-test (``firstuse.verdict``, asked for by tsct.ops),
     which may still disable the path. No device query.
     """
     if fmt not in FORMATS:
@@ -165,14 +165,17 @@ def grouped_glu_backward(grad_out, x, offs, w_gate, w_up, w_down, s_gate, s_up, 
     """Gradients of (x, w_gate, w_up, w_down, s_gate, s_up, row_weight) through the DECODED factors with
     bf16 activations (straight-through for the fp4 quantization of x and z in the forward; STE for the
     factors, docs/decisions/0008): by the triton-lowbit backward where it can run (after its own
-    first-use check), else by the bmm path's backward on the decoded factors (the same math)."""
+    first-use verdict), else by the bmm path's backward on the decoded factors (the same math)."""
     from tsct import bmm, dispatch, quant
     from tsct.kernels import triton_lowbit
 
     cap = dispatch.device_capability(x.device)
     st = dispatch.status(dispatch.TRITON_LOWBIT, cap, "nvfp4")
-    if st.ok and cap is not None:  # triton-lowbit never ran on sm_120 either: its own first-use self-test
-        st = dispatch._first_use_check(dispatch.TRITON_LOWBIT, cap, "nvfp4")
+    if st.ok and dispatch.needs_first_use(dispatch.TRITON_LOWBIT, cap):
+        # triton-lowbit never ran on sm_120 either: its own first-use verdict (asked for by tsct.ops before
+        # this backward runs, dispatch.BACKWARD_VIA); none asked for (a direct call): the bmm backward
+        st = dispatch.first_use_status(dispatch.TRITON_LOWBIT, cap, "nvfp4") or dispatch.Status(
+            False, "no first-use verdict of triton-lowbit in this process")
     if st.ok:
         return triton_lowbit.grouped_glu_backward(grad_out, x, offs, w_gate, w_up, w_down, s_gate, s_up, row_weight,
                                                   gather_idx, scatter_idx, num_out_rows, needs_grad)
