@@ -180,3 +180,38 @@ def test_fallback_under_fullgraph_compile(monkeypatch):
     torch.testing.assert_close(y, ref, rtol=1e-5, atol=1e-6)
     assert any(k[:2] == ("triton-bf16", "bmm") for k in dispatch.fallback_counts())
     dispatch.reset_fallback_counts()
+
+
+def test_select_leaves_a_pending_path_uncounted(monkeypatch):
+    """dispatch.select returns a path that still needs its first-use verdict without counting; with a failing
+    verdict for it the same call falls back and counts once."""
+    dispatch.reset_fallback_counts()
+    monkeypatch.setitem(dispatch._STATUS, dispatch.TRITON_BF16, lambda cap, fmt: dispatch.Status(True, "built"))
+    assert dispatch.needs_first_use(dispatch.TRITON_BF16, (12, 0))
+    assert not dispatch.needs_first_use(dispatch.TRITON_BF16, (9, 0)) and not dispatch.needs_first_use("bmm", (12, 0))
+    assert dispatch.select("auto", (12, 0), "bf16") == dispatch.TRITON_BF16 and not dispatch.fallback_counts()
+    failed = {dispatch.TRITON_BF16: dispatch.Status(False, "self-test FAILED")}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        assert dispatch.select("auto", (12, 0), "bf16", first_use=failed) == dispatch.BMM
+    assert dispatch.fallback_counts() == {(dispatch.TRITON_BF16, dispatch.BMM, "self-test FAILED"): 1}
+    with pytest.raises(RuntimeError, match="self-test FAILED"):
+        dispatch.select(dispatch.TRITON_BF16, (12, 0), "bf16", first_use=failed)
+    dispatch.reset_fallback_counts()
+
+
+def test_the_backward_verdict_is_asked_for_by_the_ops_layer(monkeypatch):
+    """sm120-fp4's backward reads triton-lowbit's verdict from dispatch; tsct.ops asks for it before the backward."""
+    import torch
+
+    monkeypatch.setattr(dispatch, "_first_use", {})
+    monkeypatch.setitem(dispatch._STATUS, dispatch.TRITON_LOWBIT, lambda cap, fmt: dispatch.Status(True, "built"))
+    monkeypatch.setattr(dispatch, "device_capability", lambda device: (12, 0))
+    calls = _fake_verdicts(monkeypatch, lambda path, fmt: False)
+    assert dispatch.first_use_status(dispatch.TRITON_LOWBIT, (12, 0), "nvfp4") is None
+    _select.before_backward(dispatch.TRITON_BF16, torch.device("cpu"))  # no BACKWARD_VIA entry: nothing asked
+    assert calls == []
+    _select.before_backward(dispatch.SM120_FP4, torch.device("cpu"))
+    assert calls == [(dispatch.TRITON_LOWBIT, "nvfp4")]
+    st = dispatch.first_use_status(dispatch.TRITON_LOWBIT, (12, 0), "nvfp4")
+    assert not st.ok and "FAILED: crash" in st.reason
