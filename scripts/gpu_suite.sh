@@ -56,7 +56,7 @@ aot            the wheel's Triton cubins load on this GPU (smoke); test_triton_a
                (test_triton_glu.py) with TSCT_TRITON_BACKEND=aot
 glu            test_triton_glu.py -k "$GLU_K" (default all) on the cubins + test_bench_gpu.py
 glu-jit        test_triton_glu.py from the source tree through the image's Triton JIT (PYTHONPATH=python; no install)
-kbench         the b1 kernel harness (tsct.kernels.triton_glu._bench: per-kernel profile, graph, host) -> kbench_b1.json
+kbench         the b1 kernel harness (tools/triton_glu_bench.py: per-kernel profile, graph, host) -> kbench_b1.json
 lowbit-ops     test_lowbit_ops_gpu.py: auto takes triton-lowbit, fwd/bwd vs the reference with STE masters,
                torch.compile fullgraph, AOT-only and JIT, quantize_master, CUDA graph
 lowbit         test_triton_lowbit_gpu.py on the cubins (TSCT_TRITON_BACKEND=aot; b1_pad left out for time)
@@ -73,7 +73,7 @@ proxy          the sm_120 proxy build (docs/decisions/0017; a wheel built with T
                down projection, b1 timing labelled PROXY, and the per-kernel verdicts -> proxy_verdicts.txt
 bench          tsct-bench --preset b1, arms $ARMS (default padded-bmm,tsct-bmm-*,tsct-triton-*,tsct-sm120-*),
                formats $FORMATS (default bf16,nvfp4,sign) -> bench_b1.json and bench_b1.png (matplotlib permitting)
-perf           device time per kernel and CUDA-graph replay of the b1 passes (triton_lowbit._perf) -> perf.json
+perf           device time per kernel and CUDA-graph replay of the b1 passes (tools/triton_lowbit_perf.py) -> perf.json
 sweep          scripts/pass_profile.py sweep: per-kernel device time for each config in $CFGS -> sweep.json
 hostprof       scripts/pass_profile.py host: host issue time per eager call and its cProfile tables
 bwd            the backward at scale and the bmm path on the wheel: test_bwd_scale_gpu.py (skew, E 16384, T 65536,
@@ -166,7 +166,7 @@ stage_glu-jit() {
 }
 
 stage_kbench() {
-  step kbench 120 python3 -m tsct.kernels.triton_glu._bench --no-baseline --json "$OUT/kbench_b1.json" \
+  step kbench 120 python3 "$ROOT/tools/triton_glu_bench.py" --no-baseline --json "$OUT/kbench_b1.json" \
     ${BENCH_VARIANTS:+--variants "$BENCH_VARIANTS"}
 }
 
@@ -297,7 +297,7 @@ stage_bench() {
 }
 
 stage_perf() {
-  step perf 200 python3 -m tsct.kernels.triton_lowbit._perf --label wheel --fmts "${FORMATS:-bf16,nvfp4,sign}" \
+  step perf 200 python3 "$ROOT/tools/triton_lowbit_perf.py" --label wheel --fmts "${FORMATS:-bf16,nvfp4,sign}" \
     --json "$OUT/perf.json"
 }
 

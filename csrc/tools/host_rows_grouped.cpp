@@ -1,7 +1,7 @@
 // Host build of the grouped activation quantizer's per-item code (quant/rows_grouped_impl.cuh) for
 // the CPU tests: the same steps as tsct_nvfp4_quantize_rows_grouped (memset, amax, finalize,
 // quantize) in plain loops, host pointers, no stream. Not part of the library. Compiled by
-// tsct.native._testing.build_host_rows_grouped (same flags as host_reference.cpp).
+// tests/_native_cases.py build_host_rows_grouped (same flags as host_reference.cpp).
 #include <string.h>
 
 #include "quant/rows_grouped_impl.cuh"

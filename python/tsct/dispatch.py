@@ -24,7 +24,10 @@ quantized by the same recipe (docs/decisions/0019).
 A kernel family that has never executed on this compute capability (``EXECUTED_ON``) runs its first
 use in a CHILD process (``tsct.firstuse``) against a float64 oracle, forward and backward: a fault, a
 hang or a wrong answer there disables the path for this GPU (counted, warned, cached on disk) and the
-caller's CUDA context never runs the untested kernel.
+caller's CUDA context never runs the untested kernel. This module only holds the table and selects:
+``tsct.ops`` asks for the verdict of a path ``select`` returned when ``needs_first_use`` says so, and
+selects again with it (``tsct.ops._select``). Nothing here imports the layers above it (ops,
+firstuse, selftest, nn, bench; tests/cpu/test_import_graph.py).
 """
 
 from __future__ import annotations
@@ -34,7 +37,7 @@ import dataclasses
 import functools
 import threading
 import warnings
-from typing import Callable, Optional
+from typing import Callable, Mapping, Optional
 
 import torch
 
@@ -191,18 +194,18 @@ def reset_fallback_counts() -> None:
 
 
 def decide(capability: Optional[tuple[int, int]], fmt: str, activations: str = "bf16", *,
-           first_use_checks: bool = False) -> Decision:
+           first_use: Optional[Mapping[str, Status]] = None) -> Decision:
     """What ``impl="auto"`` takes for this capability, storage format and activation precision.
 
-    With ``first_use_checks`` (as ``select`` calls it) a path never executed on this arch class
-    runs its first-use self-test (in a child process); without, nothing runs and nothing is counted
-    (the probe's view).
+    ``first_use``: first-use verdicts the caller obtained (``tsct.ops._select``), by path; a path that
+    ``needs_first_use`` and has a failing verdict there is skipped with the verdict's reason. Without
+    (the probe's view) nothing is skipped for want of a verdict. Nothing runs, nothing is counted.
     """
     skipped = []
     for path in preferences(capability, fmt, activations):
         st = status(path, capability, fmt)
-        if st.ok and first_use_checks and capability is not None:
-            st = _first_use_check(path, capability, fmt)
+        if st.ok and first_use is not None and path in first_use and needs_first_use(path, capability):
+            st = first_use[path]
         if st.ok:
             table = TABLE if activations == "bf16" else TABLE_NVFP4_ACTIVATIONS
             if skipped:
@@ -222,7 +225,7 @@ def decide(capability: Optional[tuple[int, int]], fmt: str, activations: str = "
 
 
 # Where each path's tests have run on real hardware (by arch class). Anywhere else, the first use
-# runs a self-test in a child process (tsct.firstuse) and disables the path if it fails.
+# runs a self-test in a child process (tsct.firstuse, asked for by tsct.ops) and disables the path if it fails.
 _ALL_CLASSES = frozenset({"cpu", "sm80", "sm90", "sm100", "sm120", "unknown"})
 EXECUTED_ON: dict[str, frozenset] = {
     REFERENCE: _ALL_CLASSES,
@@ -231,36 +234,35 @@ EXECUTED_ON: dict[str, frozenset] = {
     TRITON_LOWBIT: frozenset({"sm90"}),  # tests/gpu on an H200
     SM120_FP4: frozenset(),
 }
+#: a path whose backward runs another path's kernels where that one may run: (path, storage format) whose
+#: first-use verdict the backward reads (``first_use_status``); tsct.ops asks for it before the backward runs
+BACKWARD_VIA: dict[str, tuple[str, str]] = {SM120_FP4: (TRITON_LOWBIT, "nvfp4")}
 _first_use: dict[tuple[str, str, str], Status] = {}  # (path, arch class, fmt) -> self-test verdict
 
 
-def _first_use_check(path: str, capability, fmt: str) -> Status:
-    """The first-use verdict of ``path`` on the current CUDA device (run in a child process now, or
-    cached in the process / on disk, or set by the environment: ``tsct.firstuse``)."""
-    from tsct import firstuse
+def needs_first_use(path: str, capability: Optional[tuple[int, int]]) -> bool:
+    """Whether using ``path`` on a GPU of ``capability`` needs its first-use verdict: a GPU of an arch
+    class the path's kernels never executed on (``EXECUTED_ON``)."""
+    return capability is not None and arch_class(capability) not in EXECUTED_ON.get(path, frozenset())
 
-    cls = arch_class(capability)
-    key = (path, cls, fmt)
-    if cls in EXECUTED_ON.get(path, frozenset()) or firstuse.in_child():
-        return Status(True, "")
-    v = firstuse.verdict(torch.cuda.current_device(), path, fmt)
-    # no v.source here: the reason keys the fallback counter and must not change once the verdict is cached
-    if v.outcome == "forced":
-        st = Status(True, f"first-use self-test on {cls} skipped: {v.detail}")
-    else:
-        word = "passed" if v.ok else "FAILED"
-        where = ""
-        if not v.ok and v.outcome not in ("disabled", "not-runnable"):
-            where = (" (not cached: the next process tests again)" if firstuse.is_transient(v.outcome, v.detail)
-                     else f" (verdict cached in {firstuse.cache_file()}: delete it to test again)")
-        st = Status(v.ok, f"first-use self-test on {cls} {word}: {v.outcome}: {v.detail}{where}")
-    _first_use[key] = st
+
+def record_first_use(path: str, capability: tuple[int, int], fmt: str, st: Status) -> Status:
+    """Keep the first-use verdict tsct.ops obtained for (path, arch class of ``capability``, fmt)."""
+    with _lock:
+        _first_use[(path, arch_class(capability), fmt)] = st
     return st
+
+
+def first_use_status(path: str, capability: Optional[tuple[int, int]], fmt: str) -> Optional[Status]:
+    """The last first-use verdict recorded for (path, arch class, fmt) in this process; None if none was."""
+    with _lock:
+        return _first_use.get((path, arch_class(capability), fmt))
 
 
 def first_use_results() -> dict[tuple[str, str, str], Status]:
     """Verdicts of the first-use self-tests asked for in this process."""
-    return dict(_first_use)
+    with _lock:
+        return dict(_first_use)
 
 
 def _count(wanted: str, taken: str, why: str) -> None:
@@ -275,14 +277,20 @@ def _count(wanted: str, taken: str, why: str) -> None:
 
 
 @torch.compiler.assume_constant_result
-def select(impl: str, capability: Optional[tuple[int, int]], fmt: str, activations: str = "bf16") -> str:
+def select(impl: str, capability: Optional[tuple[int, int]], fmt: str, activations: str = "bf16", *,
+           first_use: Optional[Mapping[str, Status]] = None) -> str:
     """Resolve ``impl`` for one call to a path name. Counts (and warns once) when auto falls back.
 
-    A forced path must compute the requested activation precision (``COMPUTES``), else ValueError.
+    ``first_use``: the first-use verdicts obtained for this call, by path (see ``decide``). A returned
+    path that ``needs_first_use`` and has no verdict in ``first_use`` is pending: nothing is counted,
+    and the caller asks for its verdict and selects again with it (``tsct.ops._select.select``). A
+    forced path must compute the requested activation precision (``COMPUTES``), else ValueError; one
+    that cannot run (its status, or a failing verdict) raises RuntimeError.
     Under torch.compile this runs once at trace time and its answer is baked into the graph
     (``assume_constant_result``); the counters then count traces, not calls.
     """
     _check_activations(activations)
+    first_use = first_use or {}
     if impl != "auto":
         st = status(impl, capability, fmt)
         if activations not in COMPUTES[impl]:
@@ -290,14 +298,15 @@ def select(impl: str, capability: Optional[tuple[int, int]], fmt: str, activatio
                              f"not activations={activations!r}"
                              + ("; pass activations='nvfp4'" if impl == SM120_FP4 else
                                 "; impl='bmm' or 'auto' serve activations='nvfp4' everywhere"))
-        if st.ok and capability is not None:
-            st = _first_use_check(impl, capability, fmt)
+        if st.ok and impl in first_use and needs_first_use(impl, capability):
+            st = first_use[impl]
         if not st.ok:
             where = "CPU" if capability is None else f"compute capability {capability[0]}.{capability[1]}"
             raise RuntimeError(f"grouped_glu: impl={impl!r} cannot run on {where} with {fmt} factors: {st.reason}")
         return impl
-    dec = decide(capability, fmt, activations, first_use_checks=True)
-    if dec.skipped:
+    dec = decide(capability, fmt, activations, first_use=first_use)
+    pending = needs_first_use(dec.path, capability) and dec.path not in first_use
+    if dec.skipped and not pending:
         _count(dec.skipped[0][0], dec.path, dec.skipped[0][1])
     return dec.path
 

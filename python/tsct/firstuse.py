@@ -3,7 +3,8 @@
 A kernel family that has never executed on this compute capability (``tsct.dispatch.EXECUTED_ON``:
 the Triton families on 12.x, 10.x and any JIT arch; sm120-fp4 everywhere) may fault, hang or compute
 nonsense there. A fault kills the CUDA context, and with it the training run, so the first time a
-process would use such a path, dispatch asks ``verdict(device_index, path, fmt)``, which runs the
+process would use such a path, tsct.ops (``tsct.ops._select``, after ``tsct.dispatch.select`` returned it)
+asks ``verdict(device_index, path, fmt)``, which runs the
 path's self-test (``tsct.selftest``: forward and backward against a float64 oracle; sm120-fp4's
 forward against the emulation of its W4A4 math) in a CHILD process (``python -m tsct.selftest_child``,
 spawned with fork+exec by ``subprocess``, never a bare fork of a process with CUDA state), pinned to
@@ -24,7 +25,7 @@ plus path and format: a new wheel, driver, GPU or Triton re-tests. An unwritable
 verdict in the process only (never an error). Failures are cached too (delete the file to re-test),
 except a timeout or an out-of-memory failure, which only the current process remembers.
 
-``TSCT_SM120_FP4`` (read on every call) concerns sm120-fp4 only: unset (or "auto") = the above;
+``TSCT_SM120_FP4`` (read on every call, ``tsct.config``) concerns sm120-fp4 only: unset or "auto" = the above;
 "0" = path off; "1" = on WITHOUT the self-test (for developers of its kernels: a faulting kernel
 then takes the process down). ``TSCT_SELFTEST_TIMEOUT``: seconds a child may run (default 300: it
 starts Python, imports torch, creates a CUDA context, may JIT-compile, runs a small problem).
@@ -47,13 +48,15 @@ import time
 from pathlib import Path
 from typing import Callable, Optional
 
-ENV_TIMEOUT = "TSCT_SELFTEST_TIMEOUT"
-DEFAULT_TIMEOUT_S = 300.0
+from tsct import config
+
+ENV_TIMEOUT = "TSCT_SELFTEST_TIMEOUT"  # read by config.selftest_timeout
+DEFAULT_TIMEOUT_S = config.DEFAULT_SELFTEST_TIMEOUT_S
 CACHE_FILE = "selftest.json"
 CACHE_SCHEMA = 2
 CHILD_MODULE = "tsct.selftest_child"
-#: set in the child's environment: inside it, dispatch runs the path under test without asking again
-ENV_IN_CHILD = "TSCT_SELFTEST_CHILD"
+#: set in the child's environment: inside it, tsct.ops runs the path under test without asking again
+ENV_IN_CHILD = config.ENV_SELFTEST_CHILD
 #: the child prints exactly one line starting with this, followed by the verdict as JSON
 VERDICT_MARKER = "TSCT_SELFTEST_VERDICT "
 #: child exit statuses (selftest_child.py)
@@ -105,39 +108,25 @@ Runner = Callable[[list, dict, float], ChildResult]
 def env_mode(path: str = "sm120-fp4") -> tuple[str, str]:
     """How the environment sets ``path``'s first use, as (mode, why): "auto" (run the child), "off"
     (``TSCT_SM120_FP4=0``), "on" (``=1``: no self-test), or "invalid" (another value: the path stays
-    off and ``why`` names the accepted values). Only sm120-fp4 has a switch; other paths are "auto"."""
+    off and ``why`` names the accepted values). Only sm120-fp4 has a switch (``sm120_fp4.env_mode``);
+    other paths are "auto"."""
     if path != "sm120-fp4":
         return "auto", "first-use self-test in a child process"
-    from tsct.kernels.sm120_fp4 import ENV_ENABLE
+    from tsct.kernels import sm120_fp4
 
-    raw = os.environ.get(ENV_ENABLE)
-    v = (raw or "").strip().lower()
-    if v == "0":
-        return "off", f"disabled by {ENV_ENABLE}=0"
-    if v not in ("", "auto", "1"):
-        return "invalid", f"{ENV_ENABLE}={raw!r} is not one of 0, 1, auto or unset: the path stays off"
-    if v == "1":
-        return "on", f"forced on by {ENV_ENABLE}=1 (no self-test; for kernel developers)"
-    shown = f"{ENV_ENABLE}={raw.strip()}" if v else f"{ENV_ENABLE} unset"
-    return "auto", f"{shown}: first-use self-test in a child process"
+    return sm120_fp4.env_mode()
 
 
 def in_child() -> bool:
     """True inside a self-test child (it runs the path under test directly)."""
-    return os.environ.get(ENV_IN_CHILD) == "1"
+    return config.in_selftest_child()
 
 
 # ---- where the verdicts live ----------------------------------------------------------------------
 
 def cache_dir() -> Path:
     """``$TSCT_CACHE_DIR``, else ``$XDG_CACHE_HOME/tsct``, else ``~/.cache/tsct`` (not created here)."""
-    d = os.environ.get("TSCT_CACHE_DIR")
-    if d:
-        return Path(d).expanduser()
-    xdg = os.environ.get("XDG_CACHE_HOME")
-    if xdg:
-        return Path(xdg).expanduser() / "tsct"
-    return Path.home() / ".cache" / "tsct"
+    return config.cache_dir()
 
 
 def cache_file() -> Path:
@@ -259,7 +248,7 @@ def child_visible_devices(device_index: int, parent_value: Optional[str] = None)
     environment), or the index itself when the parent's list is unset or shorter."""
     if device_index < 0:
         raise ValueError(f"device_index must be >= 0, got {device_index}")
-    cur = os.environ.get("CUDA_VISIBLE_DEVICES") if parent_value is None else parent_value
+    cur = config.cuda_visible_devices() if parent_value is None else parent_value
     if cur is not None and cur.strip():
         toks = [t.strip() for t in cur.split(",") if t.strip()]
         if device_index < len(toks):
@@ -349,12 +338,7 @@ def reset_for_tests() -> None:
 
 def timeout_s() -> float:
     """``$TSCT_SELFTEST_TIMEOUT`` (seconds, > 0), else ``DEFAULT_TIMEOUT_S``."""
-    raw = os.environ.get(ENV_TIMEOUT, "").strip()
-    try:
-        v = float(raw) if raw else DEFAULT_TIMEOUT_S
-    except ValueError:
-        v = DEFAULT_TIMEOUT_S
-    return v if v > 0 else DEFAULT_TIMEOUT_S
+    return config.selftest_timeout()
 
 
 def _decided(device_index: int, path: str, fmt: str) -> Optional[Verdict]:

@@ -18,7 +18,6 @@ import ctypes
 import dataclasses
 import importlib.metadata
 import json
-import os
 import platform
 import shutil
 import subprocess
@@ -28,7 +27,7 @@ from typing import Any, Optional
 import torch
 
 import tsct
-from tsct import dispatch, firstuse, selftest
+from tsct import config, dispatch, firstuse, selftest
 
 OPS = ("grouped_glu",)  # ops with a dispatch table (sort_by_expert has a self-test row, no table)
 
@@ -269,7 +268,7 @@ def _triton_aot(man: Optional[dict], gpus: list[dict]) -> dict[str, Any]:
                       "proxy": archs[arch]["proxy"] if shipped else None})
     proxy = {a: x["proxy"] for a, x in archs.items() if x["proxy"]}
     return {"dir": str(aot.aot_dir()), "triton_version": version, "in_manifest": bool(sec), "archs": archs,
-            "backend": os.environ.get("TSCT_TRITON_BACKEND", "auto").strip().lower() or "auto", "gpus": loads,
+            "backend": config.triton_backend(), "gpus": loads,
             "proxy": proxy}
 
 

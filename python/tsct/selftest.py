@@ -1,9 +1,8 @@
 """Small self-tests of each runnable path against an independent float64 computation.
 
-Used by ``tsct-probe`` and, for paths never executed on their hardware (sm_120), by dispatch on
-first use in a process (design.md section 4). ``sm120_fp4_forward`` is the exception to "in the
-process": dispatch and the probe run it in a child process (``tsct.firstuse``),
-because its kernels have never executed anywhere and a fault would kill the caller's CUDA context.
+Used by ``tsct-probe`` and, for paths never executed on their hardware (sm_120), on first use in a
+process (design.md section 4): tsct.ops and the probe run them in a child process (``tsct.firstuse``),
+because a kernel that faults there would kill the caller's CUDA context.
 Each test returns a ``Result`` and never raises for a numerical disagreement: the caller decides what
 a failure means.
 """

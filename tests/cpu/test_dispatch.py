@@ -5,6 +5,7 @@ import warnings
 import pytest
 
 from tsct import dispatch, firstuse
+from tsct.ops import _select
 
 CAPS = [None, (8, 0), (9, 0), (10, 0), (12, 0), (12, 1), (13, 0), (7, 5)]
 
@@ -118,25 +119,25 @@ def test_first_use_failure_in_the_child_disables_path(monkeypatch):
     calls = _fake_verdicts(monkeypatch, lambda path, fmt: False)
     with warnings.catch_warnings(record=True) as w:
         warnings.simplefilter("always")
-        assert dispatch.select("auto", (12, 0), "bf16") == "bmm"
-        assert dispatch.select("auto", (12, 0), "bf16") == "bmm"
+        assert _select.select("auto", (12, 0), "bf16") == "bmm"
+        assert _select.select("auto", (12, 0), "bf16") == "bmm"
     assert calls == [("triton-bf16", "bf16")] * 2  # firstuse memoizes; dispatch asks per call
     (key, n), = dispatch.fallback_counts().items()
     assert key[:2] == ("triton-bf16", "bmm") and "self-test on sm120 FAILED: crash" in key[2] and n == 2
     assert sum("FAILED" in str(x.message) for x in w) == 1
     with pytest.raises(RuntimeError, match="first-use self-test on sm120 FAILED"):
-        dispatch.select("triton-bf16", (12, 0), "bf16")
+        _select.select("triton-bf16", (12, 0), "bf16")
     dispatch.reset_fallback_counts()
 
 
 def test_no_child_where_the_path_has_executed_or_for_pure_torch(monkeypatch):
     monkeypatch.setitem(dispatch._STATUS, dispatch.TRITON_BF16, lambda cap, fmt: dispatch.Status(True, "built"))
     calls = _fake_verdicts(monkeypatch, lambda path, fmt: True)
-    assert dispatch.select("auto", (9, 0), "bf16") == "triton-bf16"
-    assert dispatch.select("bmm", (12, 0), "bf16") == "bmm"
-    assert dispatch.select("auto", (13, 0), "bf16") == "bmm"
+    assert _select.select("auto", (9, 0), "bf16") == "triton-bf16"
+    assert _select.select("bmm", (12, 0), "bf16") == "bmm"
+    assert _select.select("auto", (13, 0), "bf16") == "bmm"
     assert calls == []
-    assert dispatch.select("auto", (10, 0), "bf16") == "triton-bf16"
+    assert _select.select("auto", (10, 0), "bf16") == "triton-bf16"
     assert calls == [("triton-bf16", "bf16")]
 
 
@@ -144,7 +145,7 @@ def test_inside_the_child_dispatch_does_not_ask_again(monkeypatch):
     monkeypatch.setitem(dispatch._STATUS, dispatch.TRITON_BF16, lambda cap, fmt: dispatch.Status(True, "built"))
     calls = _fake_verdicts(monkeypatch, lambda path, fmt: False)
     monkeypatch.setenv(firstuse.ENV_IN_CHILD, "1")
-    assert dispatch.select("triton-bf16", (12, 0), "bf16") == "triton-bf16"
+    assert _select.select("triton-bf16", (12, 0), "bf16") == "triton-bf16"
     assert calls == []
 
 
@@ -179,3 +180,38 @@ def test_fallback_under_fullgraph_compile(monkeypatch):
     torch.testing.assert_close(y, ref, rtol=1e-5, atol=1e-6)
     assert any(k[:2] == ("triton-bf16", "bmm") for k in dispatch.fallback_counts())
     dispatch.reset_fallback_counts()
+
+
+def test_select_leaves_a_pending_path_uncounted(monkeypatch):
+    """dispatch.select returns a path that still needs its first-use verdict without counting; with a failing
+    verdict for it the same call falls back and counts once."""
+    dispatch.reset_fallback_counts()
+    monkeypatch.setitem(dispatch._STATUS, dispatch.TRITON_BF16, lambda cap, fmt: dispatch.Status(True, "built"))
+    assert dispatch.needs_first_use(dispatch.TRITON_BF16, (12, 0))
+    assert not dispatch.needs_first_use(dispatch.TRITON_BF16, (9, 0)) and not dispatch.needs_first_use("bmm", (12, 0))
+    assert dispatch.select("auto", (12, 0), "bf16") == dispatch.TRITON_BF16 and not dispatch.fallback_counts()
+    failed = {dispatch.TRITON_BF16: dispatch.Status(False, "self-test FAILED")}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        assert dispatch.select("auto", (12, 0), "bf16", first_use=failed) == dispatch.BMM
+    assert dispatch.fallback_counts() == {(dispatch.TRITON_BF16, dispatch.BMM, "self-test FAILED"): 1}
+    with pytest.raises(RuntimeError, match="self-test FAILED"):
+        dispatch.select(dispatch.TRITON_BF16, (12, 0), "bf16", first_use=failed)
+    dispatch.reset_fallback_counts()
+
+
+def test_the_backward_verdict_is_asked_for_by_the_ops_layer(monkeypatch):
+    """sm120-fp4's backward reads triton-lowbit's verdict from dispatch; tsct.ops asks for it before the backward."""
+    import torch
+
+    monkeypatch.setattr(dispatch, "_first_use", {})
+    monkeypatch.setitem(dispatch._STATUS, dispatch.TRITON_LOWBIT, lambda cap, fmt: dispatch.Status(True, "built"))
+    monkeypatch.setattr(dispatch, "device_capability", lambda device: (12, 0))
+    calls = _fake_verdicts(monkeypatch, lambda path, fmt: False)
+    assert dispatch.first_use_status(dispatch.TRITON_LOWBIT, (12, 0), "nvfp4") is None
+    _select.before_backward(dispatch.TRITON_BF16, torch.device("cpu"))  # no BACKWARD_VIA entry: nothing asked
+    assert calls == []
+    _select.before_backward(dispatch.SM120_FP4, torch.device("cpu"))
+    assert calls == [(dispatch.TRITON_LOWBIT, "nvfp4")]
+    st = dispatch.first_use_status(dispatch.TRITON_LOWBIT, (12, 0), "nvfp4")
+    assert not st.ok and "FAILED: crash" in st.reason

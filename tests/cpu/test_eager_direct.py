@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from tsct import config, dispatch, quant
-from tsct.ops import _eager, _library, _library_q, grouped_glu
+from tsct.ops import _eager, _library, _library_q, _select, grouped_glu
 from _glu_oracle import make_problem
 
 GRAD_NAMES = ("x", "w_gate", "w_up", "w_down", "s_gate", "s_up", "row_weight")
@@ -74,7 +74,7 @@ class _DecodingPath:
 
 def _run_q(p, direct, monkeypatch):
     monkeypatch.setattr(_eager, "direct_ok", lambda *a: direct)
-    monkeypatch.setattr(dispatch, "select", lambda impl, cap, fmt, activations="bf16": dispatch.TRITON_LOWBIT)
+    monkeypatch.setattr(_select, "select", lambda impl, cap, fmt, activations="bf16": dispatch.TRITON_LOWBIT)
     monkeypatch.setattr(dispatch, "implementation", lambda path: _DecodingPath)
     master = p["w_gate"].detach().clone().requires_grad_()
     wq = quant.quantize_nvfp4(master.detach(), backend="torch")
@@ -130,7 +130,7 @@ def test_direct_inference_runs_the_plain_forward(monkeypatch):
 def test_quantized_direct_inference_runs_the_plain_forward(monkeypatch):
     p = make_problem(tokens=16, topk=2, experts=4, d=32, r=16, f=24, gather=True, dtype=torch.float32, seed=11)
     monkeypatch.setattr(_eager, "direct_ok", lambda *a: True)
-    monkeypatch.setattr(dispatch, "select", lambda impl, cap, fmt, activations="bf16": dispatch.TRITON_LOWBIT)
+    monkeypatch.setattr(_select, "select", lambda impl, cap, fmt, activations="bf16": dispatch.TRITON_LOWBIT)
     monkeypatch.setattr(dispatch, "implementation", lambda path: _DecodingPath)
     seen = []
     monkeypatch.setattr(_library_q, "_forward_plain", lambda *a, real=_library_q._forward_plain: seen.append(1) or real(*a))

@@ -18,6 +18,7 @@ import torch
 from tsct import dispatch
 from tsct.kernels import sm120_fp4
 from tsct import firstuse
+from tsct.ops import _select
 
 IDENT = {"tsct": "0.1.0", "library": "/x/libtsct_kernels.so 123 sha256:ab", "driver": "615.00 (CUDA 12.9)",
          "gpu": "NVIDIA GeForce RTX 5060 Ti", "capability": "12.0"}
@@ -258,8 +259,8 @@ def sm120_here(monkeypatch):
 def test_auto_takes_sm120_when_the_child_passes(sm120_here, monkeypatch):
     run = FakeRunner()
     monkeypatch.setattr(firstuse, "run_subprocess", run)
-    assert dispatch.select("auto", (12, 0), "nvfp4", "nvfp4") == dispatch.SM120_FP4
-    assert dispatch.select("auto", (12, 0), "nvfp4", "nvfp4") == dispatch.SM120_FP4
+    assert _select.select("auto", (12, 0), "nvfp4", "nvfp4") == dispatch.SM120_FP4
+    assert _select.select("auto", (12, 0), "nvfp4", "nvfp4") == dispatch.SM120_FP4
     assert len(run.calls) == 1 and not dispatch.fallback_counts()
     (key, st), = dispatch.first_use_results().items()
     assert key == (dispatch.SM120_FP4, "sm120", "nvfp4") and st.ok and "passed" in st.reason
@@ -269,13 +270,13 @@ def test_crashing_child_disables_with_counted_warning(sm120_here, monkeypatch):
     run = FakeRunner(returncode=-11, stdout="", stderr="")
     monkeypatch.setattr(firstuse, "run_subprocess", run)
     with pytest.warns(RuntimeWarning, match="self-test child died with SIGSEGV"):
-        path = dispatch.select("auto", (12, 0), "sign", "nvfp4")
+        path = _select.select("auto", (12, 0), "sign", "nvfp4")
     assert path != dispatch.SM120_FP4
-    dispatch.select("auto", (12, 0), "sign", "nvfp4")
+    _select.select("auto", (12, 0), "sign", "nvfp4")
     (wanted, taken, why), n = next(iter(dispatch.fallback_counts().items()))
     assert wanted == dispatch.SM120_FP4 and taken == path and n == 2 and "FAILED: crash" in why
     with pytest.raises(RuntimeError, match="SIGSEGV"):
-        dispatch.select(dispatch.SM120_FP4, (12, 0), "sign", "nvfp4")
+        _select.select(dispatch.SM120_FP4, (12, 0), "sign", "nvfp4")
     assert len(run.calls) == 1
 
 
@@ -283,7 +284,7 @@ def test_forced_on_skips_the_child(sm120_here, monkeypatch):
     run = FakeRunner(returncode=-11, stdout="")
     monkeypatch.setattr(firstuse, "run_subprocess", run)
     monkeypatch.setenv(sm120_fp4.ENV_ENABLE, "1")
-    assert dispatch.select("auto", (12, 0), "nvfp4", "nvfp4") == dispatch.SM120_FP4 and not run.calls
+    assert _select.select("auto", (12, 0), "nvfp4", "nvfp4") == dispatch.SM120_FP4 and not run.calls
 
 
 def test_twelve_one_needs_sm121a_exports(monkeypatch):

@@ -24,6 +24,7 @@ from tsct import dispatch, quant
 from tsct import reference as R
 from tsct.ops import _library_q as Q
 from tsct.ops import grouped_glu, quantize_master
+from tsct.ops import _select
 from _glu_oracle import make_problem
 
 NAMES = ("w_gate", "w_up", "w_down")
@@ -453,11 +454,11 @@ def test_first_use_selftest_runs_off_sm90_with_the_storage_format(monkeypatch):
     monkeypatch.setattr(dispatch.torch.cuda, "current_device", lambda: 0)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        assert dispatch.select("auto", (9, 0), "nvfp4") == dispatch.TRITON_LOWBIT  # executed there: no test
+        assert _select.select("auto", (9, 0), "nvfp4") == dispatch.TRITON_LOWBIT  # executed there: no test
         assert calls == []
-        assert dispatch.select("auto", (10, 0), "nvfp4") == dispatch.TRITON_LOWBIT
-        assert dispatch.select("auto", (10, 0), "sign") == dispatch.BMM  # self-test failed: disabled
-        assert dispatch.select("auto", (10, 0), "mixed") == dispatch.TRITON_LOWBIT
+        assert _select.select("auto", (10, 0), "nvfp4") == dispatch.TRITON_LOWBIT
+        assert _select.select("auto", (10, 0), "sign") == dispatch.BMM  # self-test failed: disabled
+        assert _select.select("auto", (10, 0), "mixed") == dispatch.TRITON_LOWBIT
     assert calls == [(dispatch.TRITON_LOWBIT, "nvfp4"), (dispatch.TRITON_LOWBIT, "sign"),
                      (dispatch.TRITON_LOWBIT, "mixed")]  # the mix is self-tested as a mix
     dispatch.reset_fallback_counts()

@@ -9,7 +9,7 @@
   Python wrappers (TypeError / ValueError naming the argument);
 * the kernels' arithmetic: csrc/quant/quant_impl.cuh (the per-item code the CUDA kernels run) is
   compiled for the host (csrc/tools/host_reference.cpp) and compared bit for bit with the torch
-  reference tsct.quant on the case matrix of tsct.native._testing. The GPU run of the same
+  reference tsct.quant on the case matrix of tests/_native_cases.py. The GPU run of the same
   comparison is tests/gpu/test_native_quant.py.
 
 A missing library fails these tests (the wheel must ship it); set TSCT_EXPECT_NATIVE=0 for an
@@ -33,7 +33,7 @@ import torch
 import tsct
 import tsct.native as native
 from tsct.native import _loader
-from tsct.native import _testing as T
+import _native_cases as T
 from tsct.quant import quantize_fp8
 
 REPO = Path(__file__).resolve().parents[2]
@@ -142,7 +142,7 @@ def test_kernel_smem_bytes(lib_path):
 def cuobjdump() -> str:
     from tsct.native import artifacts
 
-    tool = artifacts.find_tool("cuobjdump", "CUOBJDUMP")
+    tool = artifacts.find_tool("cuobjdump")
     if tool is None:
         pytest.skip("cuobjdump not found (pip install nvidia-cuda-cuobjdump)")
     return tool
@@ -151,7 +151,7 @@ def cuobjdump() -> str:
 def test_check_artifacts_match(lib_path, cuobjdump):
     from tsct.native import artifacts
 
-    sass = artifacts.find_tool("nvdisasm", "NVDISASM") is not None
+    sass = artifacts.find_tool("nvdisasm") is not None
     r = artifacts.verify(lib=lib_path, cuobjdump=cuobjdump, sass=sass)
     assert r["ok"] and r["status"] == "match" and r["problems"] == [], r
     assert r["library"] == lib_path and r["cuobjdump"] == cuobjdump
@@ -318,7 +318,7 @@ def test_check_artifacts_aot_wrong_arch(lib_path, cuobjdump, tmp_path):
     m = json.loads(json.dumps(m))
     m["triton_aot"] = {"dir": sec["dir"], "triton_version": sec["triton_version"],
                        "archs": {"sm_90a": {"variants": 2, "kernels": {"combine_rows": 1, "glu_up_fwd": 1}}}}
-    sass = artifacts.find_tool("nvdisasm", "NVDISASM") is not None
+    sass = artifacts.find_tool("nvdisasm") is not None
     r = artifacts.verify(lib=lib_path, manifest=m, cuobjdump=cuobjdump, aot_dir=tmp_path, sass=sass)
     assert not r["ok"], r
     for e in (up, comb):

@@ -24,6 +24,7 @@ from tsct.emulation import grouped_glu_w4a4, plan
 from tsct.emulation.grouped_glu import GluFactors
 from tsct.kernels import sm120_fp4
 from tsct import firstuse
+from tsct.ops import _select
 from tsct.kernels.sm120_fp4 import glu as sglu
 from tsct.kernels.sm120_fp4.emulated import emulated_gemm, emulated_sign_gemm
 from tsct.emulation import grouped_glu_w4a4_sign
@@ -194,13 +195,13 @@ def test_first_use_selftest_disables_and_counts(linked, monkeypatch):
     monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
     monkeypatch.setattr(dispatch, "_first_use", {})
     with pytest.warns(RuntimeWarning, match="sm120-fp4 unavailable"):
-        path = dispatch.select("auto", (12, 0), "nvfp4", "nvfp4")
+        path = _select.select("auto", (12, 0), "nvfp4", "nvfp4")
     assert path != dispatch.SM120_FP4 and len(calls) == 1
     counts = dispatch.fallback_counts()
     assert any(k[0] == dispatch.SM120_FP4 and "first-use self-test on sm120 FAILED: fail: rel err" in k[2]
                for k in counts), counts
     with pytest.raises(RuntimeError, match="FAILED"):
-        dispatch.select(dispatch.SM120_FP4, (12, 0), "nvfp4", "nvfp4")
+        _select.select(dispatch.SM120_FP4, (12, 0), "nvfp4", "nvfp4")
     assert len(calls) == 1
 
 

@@ -16,7 +16,7 @@ import torch
 
 from tsct.emulation import plan, quantize_rows_grouped as emu_quantize
 from tsct.kernels.sm120_fp4.quant_rows import quantize_rows_grouped, quantize_rows_grouped_torch
-from tsct.native import _testing as T
+import _native_cases as T
 from tsct.quant import quantize_nvfp4
 from tsct.quant.layout import swizzle_offsets
 

@@ -1,6 +1,6 @@
 """The Triton grouped GLU (path "triton-bf16") under Triton's interpreter on the CPU, in fp32.
 
-Runs ``tsct.kernels.triton_glu._interp_check`` in a subprocess (TRITON_INTERPRET must be set before
+Runs ``tools/triton_glu_interp_check.py`` in a subprocess (TRITON_INTERPRET must be set before
 Triton is imported): every case's forward and seven gradients against ``tsct.reference`` (rel. err
 < 1e-5), including a K-major w_down (WD_T kernels, decision 0012) whose dW_down must keep w_down's
 strides. Three times: with the shipped tile config, with d blocks of 16 in groups of 3 so that the
@@ -32,7 +32,7 @@ ROOT = Path(__file__).resolve().parents[2]
 def test_interpreter_check_passes(cfg):
     env = dict(os.environ, TRITON_INTERPRET="1", TSCT_TRITON_GLU_CFG=cfg,
                PYTHONPATH=str(ROOT / "python") + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    p = subprocess.run([sys.executable, "-m", "tsct.kernels.triton_glu._interp_check"], env=env, cwd=ROOT,
+    p = subprocess.run([sys.executable, str(ROOT / "tools" / "triton_glu_interp_check.py")], env=env, cwd=ROOT,
                        capture_output=True, text=True, timeout=900)
     assert p.returncode == 0, f"rc {p.returncode}:\n{p.stdout[-3000:]}\n{p.stderr[-3000:]}"
     for case in ("basic", "multi_tile", "empty_and_one", "r300_d100_f5", "top4", "untouched_targets", "kmajor_wd",

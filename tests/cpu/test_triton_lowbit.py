@@ -2,7 +2,7 @@
 
 The kernels run under Triton's interpreter in fp32 (the interpreter is trusted for fp32 dots only,
 design.md section 5) in ONE subprocess (TRITON_INTERPRET must be set before Triton is imported, and
-other tests in this process may already have imported it): ``tsct.kernels.triton_lowbit._interp_check``
+other tests in this process may already have imported it): ``tools/triton_lowbit_interp_check.py``
 writes the relative errors of every case, forward and all seven gradients, against ``tsct.reference``
 on the dequantized factors; the tests below assert on them. Plus pure-Python checks of ``status`` and
 of the autograd wrapper's argument checks. About 40 s.
@@ -34,7 +34,7 @@ def _run_interp(tmp_path_factory, name: str, cfg: str = "", cases=()) -> dict:
     out = tmp_path_factory.mktemp(name) / "res.json"
     env = dict(os.environ, TRITON_INTERPRET="1", TSCT_TRITON_GLU_CFG=cfg,
                PYTHONPATH=str(ROOT / "python") + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    p = subprocess.run([sys.executable, "-m", "tsct.kernels.triton_lowbit._interp_check", "--json", str(out),
+    p = subprocess.run([sys.executable, str(ROOT / "tools" / "triton_lowbit_interp_check.py"), "--json", str(out),
                         *cases], env=env, cwd=ROOT, capture_output=True, text=True, timeout=900)
     if not out.exists():
         pytest.fail(f"interpreter check crashed (rc {p.returncode}):\n{p.stdout[-3000:]}\n{p.stderr[-5000:]}")

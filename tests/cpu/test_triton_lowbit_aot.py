@@ -25,6 +25,7 @@ from tsct.kernels.triton_lowbit import glu as L
 from tsct.kernels.triton_lowbit import specs as LS
 
 from _lowbit_counts import n_lowbit  # tests/cpu is on sys.path (pytest's default import mode)
+import _tools
 
 CAPS = [(9, 0), (10, 0), (12, 0), (12, 1)]
 FMTS = {"nvfp4": ("nvfp4",) * 3, "sign": ("sign",) * 3, "mixed": ("nvfp4", "sign", "nvfp4")}
@@ -255,7 +256,7 @@ def test_forward_kernels_decode_into_the_dot_operand_on_sm120(fmt, kernel):
     from triton.compiler import ASTSource
 
     from tsct.kernels.triton_lowbit import _kernels as K
-    from tsct.kernels.triton_lowbit._compile_check import variants
+    variants = _tools.load("triton_lowbit_compile_check").variants
 
     pick, allowed, n_dots = _NO_COPY[kernel]
     found = 0

@@ -1,6 +1,6 @@
 """The CUDA quantize / decode kernels (libtsct_kernels.so) against the torch reference, bit for bit.
 
-Every case of tsct.native._testing.quant_cases() (normal, Student-t heavy tails spanning 10^+-30,
+Every case of tests/_native_cases.py quant_cases() (normal, Student-t heavy tails spanning 10^+-30,
 all-zero matrix, zero / -0.0 blocks, exact E2M1 ties, bf16 subnormals, nan/inf, values at the dtype
 maximum; N = 5461, padded K/16, 2-D, batch > 1) in float32 / bfloat16 / float16, both block-scale
 layouts: codes and block-scale bytes equal, and decodes to f32 / bf16 / f16 equal bitwise (NaN at
@@ -26,7 +26,7 @@ from _gpu_log import log
 import tsct.native as native
 import tsct.quant as tq
 from tsct.native import _ops
-from tsct.native import _testing as T
+import _native_cases as T
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
 

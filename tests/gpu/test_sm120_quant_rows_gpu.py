@@ -2,7 +2,7 @@
 torch reference (tsct.kernels.sm120_fp4.quant_rows.quantize_rows_grouped_torch), BIT FOR BIT:
 codes, every byte of the per-expert swizzled scale buffer (padding included), sfa_offsets, s_enc.
 
-Cases: tsct.native._testing.rows_grouped_cases() (random, Student-t heavy tails, nan/inf/+-0 blocks,
+Cases: tests/_native_cases.py rows_grouped_cases() (random, Student-t heavy tails, nan/inf/+-0 blocks,
 empty experts, all experts empty, padding rows and the m_alloc tail, gather with never-read padding
 entries, per-expert column scale, one 300-row expert, E = 0) and the b1 shape (M = 32768 gathered rows,
 E = 1024, K = 2048, bf16). Outputs are poisoned (0xA5) before each launch. Also: a CUDA-graph
@@ -22,7 +22,7 @@ from _gpu_log import log
 
 from tsct.kernels.sm120_fp4.quant_rows import quantize_rows_grouped, quantize_rows_grouped_torch
 from tsct.native import _ops
-from tsct.native import _testing as T
+import _native_cases as T
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
 

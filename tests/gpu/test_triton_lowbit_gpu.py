@@ -183,6 +183,8 @@ def test_nvfp4_tile_decode_exhaustive():
     """The NVFP4 tile decoder, every E2M1 code at every nibble position under every UE4M3 block scale: the
     bf16 pair decoder and the fp32 decoder both give the exact values' bits (Triton JIT; the interpreter
     gets the bf16 one's multiplies wrong)."""
-    from tsct.kernels.triton_lowbit._decode_check import check_tile_decode
+    import _tools
+
+    check_tile_decode = _tools.load("triton_lowbit_decode_check").check_tile_decode
 
     assert check_tile_decode("cuda") == 0.0

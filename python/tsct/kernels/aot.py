@@ -20,12 +20,12 @@ from __future__ import annotations
 
 import ctypes
 import json
-import os
 import struct
 import threading
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
+from tsct import config
 from tsct.kernels.triton_glu.specs import ARTIFACT_ARCH, PROXIES
 
 ENV_DIR = "TSCT_AOT_DIR"
@@ -58,9 +58,9 @@ def proxy(arch: str) -> Optional[dict]:
 
 
 def aot_dir() -> Path:
-    env = os.environ.get(ENV_DIR)
-    if env:
-        return Path(env).expanduser()
+    env = config.aot_dir()
+    if env is not None:
+        return env
     return Path(__file__).resolve().parent.parent / "_aot"
 
 

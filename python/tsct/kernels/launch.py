@@ -24,19 +24,20 @@ from __future__ import annotations
 import collections
 import importlib
 import importlib.util
-import os
 import threading
 from typing import Any, Callable, Optional, Sequence
 
 import torch
 from torch import Tensor
 
+from tsct import config
+
 BACKEND_ENV = "TSCT_TRITON_BACKEND"
 
 
 def backend_mode() -> str:
     """``TSCT_TRITON_BACKEND``: "auto" (default), "aot" or "jit"; anything else raises ValueError."""
-    mode = os.environ.get(BACKEND_ENV, "auto").strip().lower() or "auto"
+    mode = config.triton_backend()
     if mode not in ("auto", "aot", "jit"):
         raise ValueError(f"{BACKEND_ENV}={mode!r}: expected auto, aot or jit")
     return mode
@@ -185,7 +186,7 @@ class Family:
                                    + ("" if mode == "aot" else "; and Triton is not importable (JIT)"))
         K = importlib.import_module(self.jit_module)
         jit_consts = getattr(self.specs, "jit_consts", None)
-        if jit_consts is not None and os.environ.get("TRITON_INTERPRET", "0") in ("", "0"):  # the interpreter compiles nothing
+        if jit_consts is not None and not config.triton_interpret():  # the interpreter compiles nothing
             consts = jit_consts(kernel, consts, K.triton.__version__)
         dummy = next(v for v in args if isinstance(v, Tensor))
         getattr(K, kernel)[grid](*[dummy if v is None else v for v in args], **consts, num_warps=num_warps,

@@ -20,6 +20,8 @@ from ctypes import c_char_p, c_int, c_int32, c_int64, c_void_p
 from pathlib import Path
 from typing import Any
 
+from tsct import config
+
 LIB_NAME = "libtsct_kernels.so"
 MANIFEST_NAME = "manifest.json"
 ABI_VERSION = 10  # 2: the Triton AOT launcher (tsct_triton_*); 3: tsct_nvfp4_quantize_rows_grouped, tsct_sm120_*;
@@ -120,7 +122,7 @@ def _package_lib_dir() -> Path:
 
 def _candidate() -> Path:
     """The library file that would be loaded (it may not exist)."""
-    env = os.environ.get(ENV_VAR)
+    env = config.native_lib()
     if env:
         p = Path(env).expanduser()
         return p / LIB_NAME if p.is_dir() else p
@@ -137,7 +139,7 @@ def _open() -> ctypes.CDLL:
     global _lib_path_loaded
     path = _candidate()
     if not path.is_file():
-        where = f"${ENV_VAR}={os.environ[ENV_VAR]!r}" if os.environ.get(ENV_VAR) else "the tsct package"
+        where = f"${ENV_VAR}={config.native_lib()!r}" if config.native_lib() else "the tsct package"
         raise NativeUnavailableError(
             f"{LIB_NAME} not found at {path} (looked in {where}); this tsct install has no native kernels "
             "(built with TSCT_BUILD_CUDA=OFF, or from a source tree without pip install)")

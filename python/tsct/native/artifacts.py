@@ -129,13 +129,30 @@ def _executable(path: str | None) -> bool:
     return bool(path) and os.path.isfile(path) and os.access(path, os.X_OK)
 
 
-def find_tool(name: str, env: str, explicit: str | None = None) -> str | None:
-    """`explicit` (a path or a name on PATH; if given, nothing else is tried), else $env, PATH, and
-    the nvidia-cuda-* PyPI wheels in site-packages. None if not found."""
+def _config():
+    """tsct.config (every environment variable tsct reads): imported when this module is tsct.native.artifacts;
+    loaded from its file when this file runs without the package (ci/check_artifacts.py, the AOT build's
+    --check-sass), so that nothing imports tsct or torch there (both files use the standard library only)."""
+    if __package__ == "tsct.native":
+        from tsct import config
+        return config
+    name = "_tsct_config_standalone"
+    if name not in sys.modules:
+        spec = importlib.util.spec_from_file_location(name, Path(__file__).resolve().parents[1] / "config.py")
+        mod = importlib.util.module_from_spec(spec)
+        sys.modules[name] = mod
+        spec.loader.exec_module(mod)
+    return sys.modules[name]
+
+
+def find_tool(name: str, explicit: str | None = None) -> str | None:
+    """`name` ("cuobjdump" or "nvdisasm"): `explicit` (a path or a name on PATH; if given, nothing else is
+    tried), else $CUOBJDUMP / $NVDISASM (``tsct.config.tool_path``), PATH, and the nvidia-cuda-* PyPI wheels
+    in site-packages. None if not found."""
     if explicit:
         cand = explicit if os.sep in explicit else (shutil.which(explicit) or explicit)
         return cand if _executable(cand) else None
-    for cand in (os.environ.get(env), shutil.which(name)):
+    for cand in (_config().tool_path(name), shutil.which(name)):
         if _executable(cand):
             return cand
     for site in _site_dirs():
@@ -149,7 +166,7 @@ def find_tool(name: str, env: str, explicit: str | None = None) -> str | None:
 def find_library(explicit: str | os.PathLike | None = None) -> Path | None:
     """`explicit` (the .so or its directory), else $TSCT_NATIVE_LIB, else tsct/_lib in the installed
     package (located without importing it). The path may not exist; None if tsct is not installed."""
-    for cand in (explicit, os.environ.get("TSCT_NATIVE_LIB")):
+    for cand in (explicit, _config().native_lib()):
         if cand:
             p = Path(cand).expanduser()
             return p / LIB_NAME if p.is_dir() else p
@@ -308,7 +325,7 @@ def find_aot_dir(explicit: str | os.PathLike | None, lib: Path, section: dict | 
     """`explicit`, else $TSCT_AOT_DIR, else next to the library: site-packages/<section["dir"]> for an
     install (tsct/_lib/libtsct_kernels.so -> tsct/_aot), <dir of the .so>/triton_aot for a build tree.
     The directory may not exist."""
-    for cand in (explicit, os.environ.get("TSCT_AOT_DIR")):
+    for cand in (explicit, _config().aot_dir()):
         if cand:
             return Path(cand).expanduser()
     rel = str((section or {}).get("dir") or "tsct/_aot")
@@ -695,7 +712,7 @@ def _verify(res: dict[str, Any], lib_arg, manifest_arg, cuobjdump_arg, sass: boo
     man, res["manifest"] = _load_manifest(manifest_arg, lib)
     res["build"] = {k: man.get(k) for k in ("version", "nvcc_version", "built_at")}
 
-    cuobjdump = find_tool("cuobjdump", "CUOBJDUMP", cuobjdump_arg)
+    cuobjdump = find_tool("cuobjdump", cuobjdump_arg)
     if cuobjdump is None:
         where = (f"{cuobjdump_arg!r} is not an executable" if cuobjdump_arg
                  else "not on PATH, $CUOBJDUMP or in site-packages")
@@ -703,13 +720,13 @@ def _verify(res: dict[str, Any], lib_arg, manifest_arg, cuobjdump_arg, sass: boo
     res["cuobjdump"] = cuobjdump
     env = None
     if sass:
-        nvdisasm = find_tool("nvdisasm", "NVDISASM")
+        nvdisasm = find_tool("nvdisasm")
         if nvdisasm is None:
             raise _CannotRun(f"the SASS check needs nvdisasm (not on PATH, $NVDISASM or in site-packages); "
                              f"get it with `{NVDISASM_HINT}`")
         res["nvdisasm"] = nvdisasm
-        env = dict(os.environ, PATH=os.path.dirname(nvdisasm) + os.pathsep + os.environ.get("PATH", ""),
-                   NVDISASM_PATH=os.path.dirname(nvdisasm))
+        env = dict(os.environ, NVDISASM_PATH=os.path.dirname(nvdisasm))  # the child's: ours, nvdisasm's dir first
+        env["PATH"] = os.path.dirname(nvdisasm) + os.pathsep + env.get("PATH", "")
 
     gencodes = [str(g) for g in man["gencodes"]]
     want_sass = [g for g in gencodes if g.startswith("sm_")]

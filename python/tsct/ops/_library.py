@@ -18,7 +18,7 @@ from torch import Tensor
 
 from tsct import dispatch
 from tsct.kernels.layout import is_kmajor
-from tsct.ops import _eager
+from tsct.ops import _eager, _select
 
 _N_GRADS = 7  # x, w_gate, w_up, w_down, s_gate, s_up, row_weight
 
@@ -155,6 +155,7 @@ def fake_grads(inputs, needs_grad, x: Tensor) -> list[Tensor]:
 
 def _backward_impl(grad_out, x, offs, w_gate, w_up, w_down, s_gate, s_up, row_weight, gather_idx, scatter_idx,
                    num_out_rows, impl, needs_grad, saved) -> list[Tensor]:
+    _select.before_backward(impl, x.device)
     mod = dispatch.implementation(impl)
     args = (grad_out, x, offs, w_gate, w_up, w_down, s_gate, s_up, row_weight, gather_idx, scatter_idx,
             num_out_rows, needs_grad)

@@ -63,7 +63,7 @@ from torch import Tensor
 from torch.utils.weak import WeakIdKeyDictionary
 
 from tsct import dispatch
-from tsct.ops import _eager
+from tsct.ops import _eager, _select
 from tsct.ops._library import _no_double_backward, backward_outputs, fake_grads, path_forward
 
 __all__ = ["grouped_glu_q_op", "grouped_glu_q_backward_op", "pack_factor", "unpack_factor", "quantize_master",
@@ -220,6 +220,7 @@ def grouped_glu_q_backward_op(
 def _backward_impl(grad_out, x, offs, w_gate, w_up, w_down, q_gate, q_up, q_down, formats, s_gate, s_up, row_weight,
                    gather_idx, scatter_idx, num_out_rows, impl, needs_grad, saved) -> list[Tensor]:
     _, facs = _factors(formats, (w_gate, w_up, w_down), (q_gate, q_up, q_down))
+    _select.before_backward(impl, x.device)
     mod = dispatch.implementation(impl)
     args = (grad_out, x, offs, *facs, s_gate, s_up, row_weight, gather_idx, scatter_idx, num_out_rows, needs_grad)
     grads = list(mod.grouped_glu_backward(*args, saved=saved) if saved else mod.grouped_glu_backward(*args))

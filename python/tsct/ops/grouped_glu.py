@@ -16,7 +16,7 @@ from torch import Tensor
 
 from tsct import dispatch
 from tsct.ops._library import grouped_glu_op
-from tsct.ops import _library_q
+from tsct.ops import _library_q, _select
 from tsct.ops._validate import check_index_values, validate
 
 Factor = Union[Tensor, "tsct.quant.NVFP4Tensor", "tsct.quant.SignTensor", "tsct.quant.FP8Tensor",  # noqa: F821
@@ -131,7 +131,7 @@ def grouped_glu(
     if activations == "nvfp4" and (d % 16 or r % 16):
         raise ValueError(f"grouped_glu: activations='nvfp4' quantizes rows in blocks of 16 along K: d = {d} and "
                          f"r = {r} must be multiples of 16")
-    path = dispatch.select(impl, dispatch.device_capability(x.device), fmt, activations)
+    path = _select.select(impl, dispatch.device_capability(x.device), fmt, activations)
     static = path == dispatch.BMM and _static_shapes_needed(x)
     # an eager bmm call reads its layout plan on the host anyway: the values are checked in that one read
     check_index_values(offs, m, gather_idx, x.shape[0], scatter_idx, num_out_rows,

@@ -9,13 +9,13 @@ from __future__ import annotations
 
 import functools
 import operator
-import os
 import warnings
 from typing import NamedTuple, Optional
 
 import torch
 from torch import Tensor
 
+from tsct import config
 from tsct.kernels.triton_glu import specs as _route_specs
 from tsct.ops import _eager
 
@@ -222,7 +222,7 @@ def _kernels_serve(device: torch.device) -> bool:
     (a self-test reads results on the host)."""
     from tsct import dispatch
     cap = dispatch.device_capability(device)
-    if cap is None or not _serves(tuple(cap), os.environ.get("TSCT_TRITON_BACKEND", "")):
+    if cap is None or not _serves(tuple(cap), config.triton_backend()):
         return False
     cls = dispatch.arch_class(tuple(cap))
     if cls in dispatch.EXECUTED_ON[dispatch.TRITON_BF16]:

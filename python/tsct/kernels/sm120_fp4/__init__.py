@@ -113,21 +113,38 @@ def kernel_status(capability: Optional[tuple[int, int]]) -> tuple[bool, str]:
     return True, why
 
 
+def env_mode() -> tuple[str, str]:
+    """How ``TSCT_SM120_FP4`` (``tsct.config.sm120_fp4``, read on every call) sets this path's first use, as
+    (mode, why): "auto" (unset or "auto": the self-test in a child process decides), "off" ("0"), "on" ("1": no
+    self-test; for developers of its kernels) or "invalid" (another value: the path stays off and ``why`` names
+    the accepted values)."""
+    from tsct import config
+
+    raw = config.sm120_fp4()
+    v = (raw or "").strip().lower()
+    if v == "0":
+        return "off", f"disabled by {ENV_ENABLE}=0"
+    if v not in ("", "auto", "1"):
+        return "invalid", f"{ENV_ENABLE}={raw!r} is not one of 0, 1, auto or unset: the path stays off"
+    if v == "1":
+        return "on", f"forced on by {ENV_ENABLE}=1 (no self-test; for kernel developers)"
+    shown = f"{ENV_ENABLE}={raw.strip()}" if v else f"{ENV_ENABLE} unset"
+    return "auto", f"{shown}: first-use self-test in a child process"
+
+
 def status(capability: Optional[tuple[int, int]], fmt: str) -> tuple[bool, str]:
     """Whether this path can run for a compute capability and a storage format, and why (not).
 
     Runnable = NVFP4 or sign factors, a 12.0 / 12.1 GPU with its kernels linked, and ``TSCT_SM120_FP4``
-    not "0". "Runnable" is before the first-use self-test (``firstuse.verdict``, run by dispatch),
+    not "0". "Runnable" is before the first-use self-test (``firstuse.verdict``, asked for by tsct.ops),
     which may still disable the path. No device query.
     """
-    from tsct import firstuse
-
     if fmt not in FORMATS:
         return False, f"storage format {fmt!r} is not served by sm120-fp4 (NVFP4 or sign factors, all three alike)"
     ok, why = kernel_status(capability)
     if not ok:
         return False, why
-    mode, mode_why = firstuse.env_mode()
+    mode, mode_why = env_mode()
     if mode in ("off", "invalid"):
         return False, mode_why
     gate = mode_why if mode == "on" else ("never executed on an sm_120/sm_121 card before (docs/sm120.md): a "
@@ -148,14 +165,17 @@ def grouped_glu_backward(grad_out, x, offs, w_gate, w_up, w_down, s_gate, s_up, 
     """Gradients of (x, w_gate, w_up, w_down, s_gate, s_up, row_weight) through the DECODED factors with
     bf16 activations (straight-through for the fp4 quantization of x and z in the forward; STE for the
     factors, docs/decisions/0008): by the triton-lowbit backward where it can run (after its own
-    first-use check), else by the bmm path's backward on the decoded factors (the same math)."""
+    first-use verdict), else by the bmm path's backward on the decoded factors (the same math)."""
     from tsct import bmm, dispatch, quant
     from tsct.kernels import triton_lowbit
 
     cap = dispatch.device_capability(x.device)
     st = dispatch.status(dispatch.TRITON_LOWBIT, cap, "nvfp4")
-    if st.ok and cap is not None:  # triton-lowbit never ran on sm_120 either: its own first-use self-test
-        st = dispatch._first_use_check(dispatch.TRITON_LOWBIT, cap, "nvfp4")
+    if st.ok and dispatch.needs_first_use(dispatch.TRITON_LOWBIT, cap):
+        # triton-lowbit never ran on sm_120 either: its own first-use verdict (asked for by tsct.ops before
+        # this backward runs, dispatch.BACKWARD_VIA); none asked for (a direct call): the bmm backward
+        st = dispatch.first_use_status(dispatch.TRITON_LOWBIT, cap, "nvfp4") or dispatch.Status(
+            False, "no first-use verdict of triton-lowbit in this process")
     if st.ok:
         return triton_lowbit.grouped_glu_backward(grad_out, x, offs, w_gate, w_up, w_down, s_gate, s_up, row_weight,
                                                   gather_idx, scatter_idx, num_out_rows, needs_grad)

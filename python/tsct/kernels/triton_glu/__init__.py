@@ -20,7 +20,6 @@ Importing this package imports neither Triton nor torch's CUDA; nothing touches 
 from __future__ import annotations
 
 import importlib.util
-import os
 from typing import Optional
 
 __all__ = ["grouped_glu_forward", "grouped_glu_forward_saved", "grouped_glu_backward", "saved_like", "status"]
@@ -39,7 +38,9 @@ def status(capability: Optional[tuple[int, int]], fmt: str) -> tuple[bool, str]:
     from tsct.kernels import aot
 
     arch = aot.artifact_arch(capability)
-    mode = os.environ.get("TSCT_TRITON_BACKEND", "auto").strip().lower() or "auto"
+    from tsct import config
+
+    mode = config.triton_backend()
     if mode != "jit" and arch is not None and aot.available(capability):
         return True, f"AOT cubins for {arch}{_native_dz_note(capability)}"
     if mode == "aot":

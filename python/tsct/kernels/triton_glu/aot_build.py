@@ -239,7 +239,7 @@ _OP = re.compile(r"^\s+/\*[0-9a-f]{4,}\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Za-z0-9_.]
 
 
 def _cuobjdump(artifacts) -> str:
-    exe = artifacts.find_tool("cuobjdump", "CUOBJDUMP")
+    exe = artifacts.find_tool("cuobjdump")
     if exe is None:
         spec = importlib.util.find_spec("triton")
         cand = Path(spec.origin).parent / "backends" / "nvidia" / "bin" / "cuobjdump" if spec and spec.origin else None

@@ -24,13 +24,13 @@ gets a ones partner) so the AOT table stays small (specs.py).
 from __future__ import annotations
 
 import dataclasses
-import os
 import threading
 from typing import Any, Optional, Sequence
 
 import torch
 from torch import Tensor
 
+from tsct import config
 from tsct.kernels import launch
 from tsct.kernels.layout import is_kmajor
 from tsct.kernels.triton_glu import specs
@@ -41,8 +41,8 @@ __all__ = ["grouped_glu_forward", "grouped_glu_forward_saved", "grouped_glu_back
 
 # ---- tile configs (specs.py: one table per arch, shared with the AOT build) ----------------------
 
-_ENV_CFG = os.environ.get("TSCT_TRITON_GLU_CFG", "")
-_CONFIGS: dict[str, Config] = {a: dataclasses.replace(c).update(_ENV_CFG) for a, c in specs.CONFIGS.items()}
+_CONFIGS: dict[str, Config] = {a: dataclasses.replace(c).update(config.triton_glu_cfg)
+                               for a, c in specs.CONFIGS.items()}
 # every arch without AOT cubins (JIT: sm_80, sm_86, sm_89, ...) gets sm_90a's tiles, but not its CUDA dz:
 # that kernel was timed on sm_90 only and needs more shared memory than sm_86 / sm_89 have (decision 0013)
 CONFIG = dataclasses.replace(_CONFIGS[specs.DEFAULT_ARCH_CONFIG], dz_native=0, down_native_lb=0,

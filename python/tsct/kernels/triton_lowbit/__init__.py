@@ -32,7 +32,6 @@ Importing this package imports neither Triton nor torch's CUDA.
 from __future__ import annotations
 
 import importlib.util
-import os
 from typing import Optional
 
 __all__ = ["grouped_glu_forward", "grouped_glu_forward_saved", "saved_like", "grouped_glu_backward", "grouped_glu", "status", "FORMATS"]
@@ -49,7 +48,9 @@ def status(capability: Optional[tuple[int, int]], fmt: str) -> tuple[bool, str]:
         return False, "needs a CUDA GPU"
     if tuple(capability) < (8, 0):
         return False, f"needs compute capability 8.0 or newer, got {capability[0]}.{capability[1]}"
-    mode = os.environ.get("TSCT_TRITON_BACKEND", "auto").strip().lower() or "auto"
+    from tsct import config
+
+    mode = config.triton_backend()
     arch = aot_arch(capability)
     if mode != "jit" and arch is not None and fmt in AOT_FORMATS:
         return True, f"AOT cubins for {arch}"

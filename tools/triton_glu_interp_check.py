@@ -5,7 +5,7 @@ weights and garbage indices, empty and one-row experts, multi-tile experts, r > 
 projection, several rank blocks), f not a multiple of 8, top-4, targets no row reaches, a K-major
 w_down (WD_T).
 
-    TRITON_INTERPRET=1 PYTHONPATH=python python -m tsct.kernels.triton_glu._interp_check
+    TRITON_INTERPRET=1 PYTHONPATH=python python tools/triton_glu_interp_check.py
 
 Exit status 1 if any relative error exceeds 1e-5 (fp32: seen ~1e-7 on 2026-11-29, Triton 3.9).
 """

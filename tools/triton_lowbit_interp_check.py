@@ -2,7 +2,7 @@
 trusted for fp32 dots, design.md section 5): x fp32, packed factors decoded in-kernel to fp32, against
 ``tsct.reference`` on ``tsct.quant.dequantize``'d factors (fp32). Same math, so a tight tolerance.
 
-    TRITON_INTERPRET=1 PYTHONPATH=python python -m tsct.kernels.triton_lowbit._interp_check [--json PATH] [CASE...]
+    TRITON_INTERPRET=1 PYTHONPATH=python python tools/triton_lowbit_interp_check.py [--json PATH] [CASE...]
 
 Cases: each format for all three factors, and mixes (nvfp4 gate/up + sign down, dense + packed);
 gather/scatter on and off, scales/row weight on and off, padding rows (NaN row weights, garbage
@@ -28,7 +28,7 @@ import triton.language as tl  # noqa: E402
 from tsct import quant  # noqa: E402
 from tsct import reference as R  # noqa: E402
 from tsct.kernels.triton_lowbit import glu as L  # noqa: E402
-from tsct.kernels.triton_lowbit._decode_check import check_tile_decode  # noqa: E402
+from triton_lowbit_decode_check import check_tile_decode  # noqa: E402  (a sibling in tools/)
 from tsct.kernels.triton_lowbit._kernels import _e2m1, _ue4m3  # noqa: E402
 
 TOL = 2e-5  # fp32, same math; only accumulation order and the place of 1/s_enc and b[n] differ

@@ -2,7 +2,7 @@
 to catch lowering errors the interpreter cannot see (join/reshape/trans layouts, bf16 dots) and to
 report shared memory and, when cuobjdump is on PATH, registers / local memory (spills).
 
-    PYTHONPATH=python python -m tsct.kernels.triton_lowbit._compile_check [--arch 90|120] [--fmts nvfp4,sign,dense]
+    PYTHONPATH=python python tools/triton_lowbit_compile_check.py [--arch 90|120] [--fmts nvfp4,sign,dense]
         [--generic] [--opt-in]
 
 The variants get the AOT build's ``tt.divisibility=16`` on ``specs.KERNELS[k].hinted`` (the aligned b1 launches)

@@ -1,7 +1,7 @@
 """Device harness: the b1 whole pass of the low-bit path (and bf16 for comparison), timed and profiled per
 kernel, for docs/performance.md. Needs a CUDA GPU; not part of the test suite.
 
-    python3 -m tsct.kernels.triton_lowbit._perf --label new --fmts nvfp4,sign,bf16 --json out.json
+    python3 tools/triton_lowbit_perf.py --label new --fmts nvfp4,sign,bf16 --json out.json
 
 The pass is tsct-bench's (``tsct.bench.arms.tsct_call``: sort by expert, ``tsct.ops.grouped_glu`` with
 gather, row weights and the fused combine; fwd+bwd = that plus autograd.grad of x, router weights and the

@@ -3,7 +3,7 @@
 ``quant_cases()`` is the case matrix the CUDA quantize/decode kernels are checked on against the
 torch reference (``tsct.quant`` with ``backend="torch"``): logical factors ``[E, K, N]`` / ``[K, N]``
 (K = contraction dim, stored K-contiguous), built on the CPU with a seeded generator so every run
-and every machine sees the same values. Not a public API.
+and every machine sees the same values. Kept with the tests, outside the installed package.
 """
 
 from __future__ import annotations

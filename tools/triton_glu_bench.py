@@ -7,7 +7,7 @@ all factors, both scales and the router weights). Medians of triton.testing.do_b
 the L2 between runs), eager and CUDA-graph replay, plus the padded bmm (capacity 64) baseline and
 a per-kernel breakdown from torch.profiler.
 
-    PYTHONPATH=python python3 -m tsct.kernels.triton_glu._bench [--json PATH]
+    PYTHONPATH=python python3 tools/triton_glu_bench.py [--json PATH]
 """
 
 from __future__ import annotations

@@ -1,0 +1,63 @@
+"""Path selection for one call: the dispatch table's choice, gated by first-use self-tests.
+
+``tsct.dispatch`` is the table and the selection only; the first-use verdict of a path whose kernels never
+executed on this arch class (``dispatch.needs_first_use``) is asked for here, after ``dispatch.select``
+returned that path, from ``tsct.firstuse`` (a self-test in a child process, memoized in the process and
+on disk), and the selection runs again with it: a failing verdict makes ``auto`` fall back (counted,
+warned) and a forced ``impl`` raise. Inside a self-test child the path under test runs without asking.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+
+from tsct import dispatch, firstuse
+
+
+def first_use(path: str, capability: tuple[int, int], fmt: str) -> dispatch.Status:
+    """The first-use verdict of ``path`` on the current CUDA device as a dispatch status (run in a child
+    process now, or cached in the process / on disk, or set by the environment: ``tsct.firstuse``), recorded
+    in ``dispatch.first_use_results()``. No child for a path that executed on this arch class."""
+    cls = dispatch.arch_class(capability)
+    if not dispatch.needs_first_use(path, capability) or firstuse.in_child():
+        return dispatch.Status(True, "")
+    v = firstuse.verdict(torch.cuda.current_device(), path, fmt)
+    # no v.source here: the reason keys the fallback counter and must not change once the verdict is cached
+    if v.outcome == "forced":
+        st = dispatch.Status(True, f"first-use self-test on {cls} skipped: {v.detail}")
+    else:
+        word = "passed" if v.ok else "FAILED"
+        where = ""
+        if not v.ok and v.outcome not in ("disabled", "not-runnable"):
+            where = (" (not cached: the next process tests again)" if firstuse.is_transient(v.outcome, v.detail)
+                     else f" (verdict cached in {firstuse.cache_file()}: delete it to test again)")
+        st = dispatch.Status(v.ok, f"first-use self-test on {cls} {word}: {v.outcome}: {v.detail}{where}")
+    return dispatch.record_first_use(path, capability, fmt, st)
+
+
+@torch.compiler.assume_constant_result
+def select(impl: str, capability: Optional[tuple[int, int]], fmt: str, activations: str = "bf16") -> str:
+    """``dispatch.select`` for one call, with the first-use verdict of each path it returns that needs one:
+    the path to run. Counts (and warns once) when auto falls back; raises what ``dispatch.select`` raises
+    (a forced path that cannot run, or whose self-test failed: RuntimeError). Under torch.compile this runs
+    once at trace time (``assume_constant_result``)."""
+    verdicts: dict[str, dispatch.Status] = {}
+    path = dispatch.select(impl, capability, fmt, activations, first_use=verdicts)
+    while dispatch.needs_first_use(path, capability) and path not in verdicts:
+        verdicts[path] = first_use(path, capability, fmt)
+        path = dispatch.select(impl, capability, fmt, activations, first_use=verdicts)
+    return path
+
+
+def before_backward(impl_key: str, device: torch.device) -> None:
+    """Ask for the first-use verdict a path's backward reads when it runs another path's kernels
+    (``dispatch.BACKWARD_VIA``: sm120-fp4's backward on triton-lowbit), where that path can run here."""
+    via = dispatch.BACKWARD_VIA.get(impl_key)
+    if via is None:
+        return
+    path, fmt = via
+    cap = dispatch.device_capability(device)
+    if dispatch.status(path, cap, fmt).ok:
+        first_use(path, cap, fmt)
