@@ -17,7 +17,8 @@ Sources:
     quantizer (not torchao's nvfp4, which also clamps the block scale to >= 2**-6).
   * Sign bits: LittleBit (1-bit factors, W ~ diag(a) sign(W) diag(b)); bit layout is ours (0002).
   * E4M3 codes of the fp8 format: the same OCP E4M3 ("fn") as the UE4M3 scale, with its sign bit;
-    the encoder is torch's ``.to(torch.float8_e4m3fn)`` (round to nearest even, saturating at +-448).
+    the encoder is torch's ``.to(torch.float8_e4m3fn)`` (round to nearest even) after a clamp to +-448
+    (``e4m3_encode``: saturating on every device).
   * Ternary codes {-1, 0, +1}: BitNet b1.58 (Ma et al. 2024, arXiv:2402.17764); the 2-bit code and
     its packing are ours (0022).
 
@@ -195,15 +196,17 @@ def e4m3_encode(y: Tensor) -> Tensor:
     """E4M3 code bytes (uint8) of ``y``: round to nearest even, subnormals kept, ``|y| > 448`` saturating
     to +-448 (0x7E | sign), signed zeros kept; a non-finite element (nan, +-inf) gives FP8_NAN_CODE.
 
-    The finite part is torch's cast ``y.to(torch.float8_e4m3fn)`` (RNE with saturation on CPU and CUDA);
-    the CUDA encoder (``csrc/common/formats.cuh``, ``e4m3_from_f32``) is checked against it on every
-    fp32 input. Pass fp32 (a wider dtype would round twice).
+    The finite part is torch's cast ``y.to(torch.float8_e4m3fn)`` (RNE) of ``y`` clamped to +-448 first:
+    torch's own cast saturates on the CPU but gives NaN past 448 on CUDA (torch 2.11, measured on the
+    H200), so the clamp makes the encoding the same on every device. The CUDA encoder
+    (``csrc/common/formats.cuh``, ``e4m3_from_f32``) is checked against it on every fp32 input. Pass fp32
+    (a wider dtype would round twice).
     """
     if not isinstance(y, Tensor):
         raise TypeError(f"y must be a torch.Tensor, got {type(y).__name__}")
     if not y.is_floating_point():
         raise TypeError(f"y must be a floating-point tensor, got {y.dtype}")
-    codes = y.to(E4M3_DTYPE).view(torch.uint8)
+    codes = y.clamp(-448.0, 448.0).to(E4M3_DTYPE).view(torch.uint8)
     return codes.masked_fill(~torch.isfinite(y), FP8_NAN_CODE)
 
 
