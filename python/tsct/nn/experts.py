@@ -526,9 +526,10 @@ class PaddedBmmGLUExperts(GLUExpertBank):
             says. The products of 16-bit operands are exact in fp32 (and in TF32), so an fp32 GEMM gives the
             oracle's numbers up to the order of its sums. With ``capacity_factor=None`` this is the exact
             layer that ``GroupedGLUExperts`` is compared with (examples/train_moe_lm.py).
-            "tensor-core": as "fp32", but every product's operands rounded to the compute dtype as a bf16
-            tensor-core GEMM takes them: z before the down projection, and in the backward the gradients of
-            the two down-projection products (dg * s_gate, du * s_up) before they are multiplied again. The
+            "tensor-core": as "fp32", but rounded where tsct's bf16 GPU kernels round: the row weight folded
+            into z and the product rounded to the compute dtype as the w_down product's operand, each routed
+            row's y rounded before the fp32 combine, and in the backward the gradients of the w_gate and w_up
+            products (dg * s_gate, du * s_up) before they are multiplied again. The
             same math with the roundings every bf16 GPU kernel makes: the gap between it and "fp32" is the
             rounding noise a GPU implementation is measured against (examples/train_moe_lm.py).
 
@@ -573,6 +574,8 @@ class PaddedBmmGLUExperts(GLUExpertBank):
         wg, wu, wd = (v.to(dt).to(it) for v in self.factor_views())
         s_gate, s_up = (s.to(it) if s is not None else None for s in self.scales(dt))
         cap = capacity_slots(topk_ids, e, c)
+        keep = cap.keep.to(torch.float32)
+        w = keep if topk_weights is None else topk_weights.reshape(-1).float() * keep  # dropped rows weigh 0
         # autocast would cast bmm's fp32 operands back to the autocast dtype
         with torch.autocast(x.device.type, enabled=False) if it != dt else contextlib.nullcontext():
             xbuf = x.to(dt).to(it).index_select(0, cap.src).view(e, c, self.d)
@@ -584,12 +587,18 @@ class PaddedBmmGLUExperts(GLUExpertBank):
                 g = g * s_gate.unsqueeze(1)
                 u = u * s_up.unsqueeze(1)
             z = nn.functional.silu(g) * u
-            if tc:  # the down projection's operand
-                z = _RoundValue.apply(z, dt)
-            ybuf = torch.bmm(z, wd).view(e * c, self.f)
-        keep = cap.keep.to(torch.float32)
-        w = keep if topk_weights is None else topk_weights.reshape(-1).float() * keep  # dropped rows weigh 0
-        y = ybuf.index_select(0, cap.slot).float() * w.unsqueeze(1)
+            if tc:  # as the kernels: the row weight folded into z, rounded as the w_down product's operand, and
+                # each routed row's y written in the compute dtype before the fp32 combine
+                slot = torch.where(cap.keep, cap.slot, e * c)  # dropped rows: a spare slot
+                wbuf = torch.zeros(e * c + 1, dtype=it, device=x.device).index_put((slot,), w)[:e * c]
+                z = _RoundValue.apply(z * wbuf.view(e, c, 1), dt)
+                ybuf = _RoundValue.apply(torch.bmm(z, wd), dt).view(e * c, self.f)
+            else:
+                ybuf = torch.bmm(z, wd).view(e * c, self.f)
+        if tc:
+            y = ybuf.index_select(0, cap.slot).float() * keep.unsqueeze(1)
+        else:
+            y = ybuf.index_select(0, cap.slot).float() * w.unsqueeze(1)
         self.dropped_fraction = (1.0 - keep.mean()).detach() if keep.numel() else keep.new_zeros(())
         return y.view(t, k, self.f).sum(1).to(dt)
 
