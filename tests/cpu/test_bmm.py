@@ -184,3 +184,20 @@ def test_kmajor_w_down_matches_the_oracle(name, layout):
     p["w_down"] = to_kmajor(p["w_down"])
     _, grads = check_against_oracle(p, 1e-5)
     assert grads["w_down"].shape == p["w_down"].shape
+
+
+@pytest.mark.parametrize("mkn", [(16, 64, 5461), (5461, 48, 64), (40, 5461, 64), (16, 64, 24)])
+@pytest.mark.parametrize("out_dtype", [torch.float32, torch.bfloat16])
+def test_product_split_at_multiples_of_8_is_the_product(mkn, out_dtype):
+    """The CUDA-only split of a product at a multiple of 8 (N, else M, else K for fp32 outputs) computes the same
+    product (run here on the CPU; a product that needs no split is left alone)."""
+    m, k, n = mkn
+    g = torch.Generator().manual_seed(3)
+    a, b = torch.randn(3, m, k, generator=g).bfloat16(), torch.randn(3, k, n, generator=g).bfloat16()
+    o = torch.full((3, m, n), float("nan"), dtype=out_dtype)
+    split = B._mm_split(a, b, o)
+    assert split == (n % 8 != 0 or m % 8 != 0 or (k % 8 != 0 and out_dtype == torch.float32))
+    if split:
+        want = a.double() @ b.double()
+        assert torch.isfinite(o).all()
+        assert (o.double() - want).norm() / want.norm() < (1e-6 if out_dtype == torch.float32 else 4e-3)
