@@ -30,6 +30,7 @@ SHAPES = {  # name: (T, E, routing, zipf exponent); k = 2, d = 2048, r = 64, f =
     "e256": (16384, 256, "softmax", None),
     "t65536": (65536, 1024, "softmax", None),
     "b1_zipf15": (16384, 1024, "zipf", 1.5),
+    "e4096": (16384, 4096, "softmax", None),
     "e16384": (16384, 16384, "softmax", None),
 }
 ARMS = ("bf16-kmajor", "nvfp4")

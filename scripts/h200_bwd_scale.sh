@@ -1,9 +1,12 @@
 #!/usr/bin/env bash
 # Device script for the backward at scale (docs/decisions/0016), from the repo root on the lent H200, through Triton
-# JIT from the source tree (no wheel needed). Carry: build/native (the native library of this tree, C ABI 8:
+# JIT from the source tree (no wheel needed). Carry: build/native (the native library of this tree:
 # scripts/build_native.sh; without it the bf16 K-major backward runs the Triton dz) and, for the old schedule,
-# build/old_tree (a tree of the commit before the change: `git archive <commit> python | tar -x -C build/old_tree`).
-# About 7 minutes with every stage; logs and JSON to $OUT.
+# build/old_tree (a tree of the commit before the change: `git archive <commit> python | tar -x -C build/old_tree`)
+# with, optionally, build/old_native (that commit's native library, its C ABI: the old tree then runs its CUDA dz;
+# without it the old tree runs the Triton dz). About 7 minutes with the default stages and shapes; logs and JSON to
+# $OUT. SHAPES (the timer's, default b1,b1_zipf12,e256,t65536; also e4096, e16384, b1_zipf15) and T_TIME (seconds
+# per timing step, default 200) for the time stage.
 #
 #   STAGES="tests time" bash scripts/h200_bwd_scale.sh          (the default stages)
 #   STAGES="chunks" bash scripts/h200_bwd_scale.sh              (the chunk-size / f-slice sweep, ~4 minutes)
@@ -13,9 +16,10 @@
 #         twice, two chunk sizes, the hot expert's backward against the same rows spread evenly) and
 #         tests/gpu/test_glu_dz_native_gpu.py (the CUDA dz on row tiles; skipped without build/native)
 # time    scripts/bwd_scale_timing.py, graph-replay ms of the whole pass (tsct-bench's tsct arm), forward and
-#         forward+backward, bf16 K-major and NVFP4, at b1, b1 Zipf 1.2, E 256, T 65536: "old" (build/old_tree, no
-#         native library: its Triton dz), "new" (this tree with build/native: the CUDA dz on row tiles), "new-tdz"
-#         (this tree, dz_native=0: the Triton dz on row tiles, the A/B for the sm_90 dispatch); then a table
+#         forward+backward, bf16 K-major and NVFP4, at $SHAPES: "old" (build/old_tree with build/old_native if
+#         carried, else no native library: its Triton dz), "new" (this tree with build/native: the CUDA dz on row
+#         tiles), "new-tdz" (this tree, dz_native=0: the Triton dz on row tiles, the A/B for the sm_90 dispatch);
+#         then a table
 # chunks  the same timer at b1 Zipf 1.2 and 1.5 over Config.chunk_bwd (256, 512, 1024, 2048) and fs_dwd (8, 16, 32)
 set -u -o pipefail
 OUT=${OUT:-/tmp/tsct_out}
@@ -49,13 +53,16 @@ if [[ " $STAGES " == *" tests "* ]]; then
 fi
 if [[ " $STAGES " == *" time "* ]]; then
   SHAPES=${SHAPES:-b1,b1_zipf12,e256,t65536}
+  T_TIME=${T_TIME:-200}
+  OLD_NATIVE=/nonexistent
+  [[ -f "$ROOT/build/old_native/libtsct_kernels.so" ]] && OLD_NATIVE="$ROOT/build/old_native"
   if [[ -d "$ROOT/build/old_tree/python" ]]; then
-    step time_old 200 env PYTHONPATH="$ROOT/build/old_tree/python" TSCT_NATIVE_LIB=/nonexistent python3 "$timer" \
-      --label old --shapes "$SHAPES" --json "$OUT/time_old.json"
+    step time_old "$T_TIME" env PYTHONPATH="$ROOT/build/old_tree/python" TSCT_NATIVE_LIB="$OLD_NATIVE" python3 \
+      "$timer" --label old --shapes "$SHAPES" --json "$OUT/time_old.json"
   fi
-  step time_new 150 "${new_env[@]}" python3 "$timer" --label new --shapes "$SHAPES" --json "$OUT/time_new.json"
+  step time_new "$T_TIME" "${new_env[@]}" python3 "$timer" --label new --shapes "$SHAPES" --json "$OUT/time_new.json"
   if [[ -n $NATIVE ]]; then
-    step time_new_tdz 120 "${new_env[@]}" TSCT_TRITON_GLU_CFG=dz_native=0 python3 "$timer" --label new-tdz \
+    step time_new_tdz "$T_TIME" "${new_env[@]}" TSCT_TRITON_GLU_CFG=dz_native=0 python3 "$timer" --label new-tdz \
       --shapes "$SHAPES" --arms bf16-kmajor --json "$OUT/time_new_tdz.json"
   fi
   python3 - "$OUT" <<'EOF'

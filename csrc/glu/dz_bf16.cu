@@ -5,22 +5,24 @@
 //
 //   dz_part[s, i, k] = sum_{n in slice s} dy[sidx[i], n] * wd_e[n, k]      (fp32, one f-slice each)
 //   dwd_e[n, k]      = sum_{i in e} dy[sidx[i], n] * zw[i, k]               (bf16, K-major [E, f, 64]; only for an
-//                                                                           expert of at most 64 rows)
+//                                                                           expert of at most 64 rows, 0 if empty)
 //
-// One CTA per (row tile of the tile map, f-slice), like the forward: tile j of expert e holds rows
-// [offs[e-1] + 64 (j - tile_cum[e-1]), ...) (at most 64), so one expert with many rows spreads over the
-// whole GPU. The CTA walks its slice in 64-column steps. Per step: the 16-byte chunks that cover each
-// gathered dY row segment (start aligned down to 8 elements) and the w_down tile are copied with cp.async
+// One CTA per (row tile, f-slice), the tiles numbered expert-major as the Triton backward's (_kernels.py "backward"):
+// tile e < E is expert e's first (rows [offs[e-1], ...), at most 64; none for an empty expert), found without a
+// search (at b1 every tile is one); tile E + j is the j-th further tile of the experts of more than 64 rows, found
+// by a search of xtile_cum (inclusive counts per expert of the tiles past its first). So one expert with many rows
+// spreads over the whole GPU. The CTA walks its slice in 64-column steps. Per step: the 16-byte chunks that cover
+// each gathered dY row segment (start aligned down to 8 elements) and the w_down tile are copied with cp.async
 // into a 4-stage ring; each row is then realigned in place (its 8 threads are 8 lanes of one warp: read,
 // syncwarp, write; a 16-bit funnel shift for odd offsets), one step ahead of its use, so one __syncthreads
 // per step suffices; both products run on mma.sync m16n8k16 (bf16 in, fp32 accumulate). dz accumulates over
 // the slice in registers and is stored once (one writer per element: the caller sums the slices in a fixed
-// order, so the result is deterministic). dW needs a sum over all of an expert's rows: a tile that is its
-// expert's only one (at most 64 rows, ~all experts at b1) has them all and computes it in the same steps
-// (rounded once to bf16, staged in a double buffer, stored with 16-byte writes one step later); every
-// other expert's dW (empty, or more than 64 rows) is left to the caller (the chunked Triton kernels). Each
-// thread owns fixed (row, chunk) pairs, so a row's pointer and shift (sidx*f mod 8, the same at every
-// step) are computed once.
+// order, so the result is deterministic). dW needs a sum over all of an expert's rows: the first tile of an
+// expert of at most 64 rows (~all experts at b1) has them all and computes it in the same steps (rounded once
+// to bf16, staged in a double buffer, stored with 16-byte writes one step later; an empty expert's tile reads no
+// w_down and stores zeros); every other expert's dW (more than 64 rows) is left to the caller (the chunked
+// Triton kernels). Each thread owns fixed (row, chunk) pairs, so a row's pointer and shift (sidx*f mod 8, the
+// same at every step) are computed once.
 // Needs: sm_80+ (cp.async, ldmatrix, bf16 mma.sync) and SMEM_BYTES of shared memory per block.
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
@@ -54,7 +56,7 @@ struct DzParams {
   const bf16* dy;
   const long long* sidx;
   const int* offs;
-  const int* tile_cum;
+  const int* xtile_cum;
   const bf16* wd;
   const bf16* zw;
   float* ws;
@@ -67,16 +69,16 @@ struct DzParams {
 // raw[ST] + wd[ST] + zs + os[2] tiles
 static constexpr int SMEM_BYTES = (2 * ST + 3) * TILE_EL * 2;
 
-// One CTA's work: expert e, f-slice sl, rows [start, start + R) (1 <= R <= 64), steps [stepbeg, stepbeg + nitems);
-// do_dw: the tile holds all of the expert's rows.
+// One CTA's work: expert e, f-slice sl, rows [start, start + R) (0 <= R <= 64; 0: an empty expert's tile, do_dw),
+// steps [stepbeg, stepbeg + nitems); do_dw: the tile holds all of the expert's rows.
 struct Walk {
   int e, sl, start, R, stepbeg, nitems;
   bool do_dw;
 };
 
-// The number of entries of the non-decreasing cum[0:E] that are <= pid (the expert owning row tile pid; E past
-// the last tile): a k-ary search with the CTA's NT threads (each round narrows the range NT-fold: two rounds up to
-// NT^2 experts), every thread gets the answer.
+// The number of entries of the non-decreasing cum[0:E] that are <= pid (the expert owning further row tile pid;
+// E past the last one): a k-ary search with the CTA's NT threads (each round narrows the range NT-fold: two rounds
+// up to NT^2 experts), every thread gets the answer.
 __device__ __forceinline__ int tile_expert(const int* cum, int E, int pid) {
   int lo = 0, n = E;
   while (n > 0) {
@@ -137,7 +139,7 @@ __device__ __forceinline__ void dz_body(const DzParams& p, const Walk& w, unsign
       for (int h = 0; h < 2; ++h) {
         const int n = c0 + wc + 32 * h;
         const bf16* src = p.wd + ebase + (size_t)min(n, f - 1) * 64 + j * 8;
-        cp_async16(smem_u32(wbuf + (wc + 32 * h) * LD + j * 8), src, n < f ? 16 : 0);
+        cp_async16(smem_u32(wbuf + (wc + 32 * h) * LD + j * 8), src, n < f && w.R > 0 ? 16 : 0);  // 0: zero-fill
       }
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
@@ -357,14 +359,21 @@ extern "C" __global__ void __launch_bounds__(NT, MINB) tsctk_glu_bwd_dz_bf16(DzP
   const int tile = blockIdx.x / S;
   Walk w;
   w.sl = blockIdx.x - tile * S;
-  w.e = tile_expert(p.tile_cum, p.E, tile);
-  if (w.e >= p.E) return;  // past the last row tile (the grid is an upper bound)
+  int t = 0;  // the tile's index within its expert
+  if (tile < p.E) {
+    w.e = tile;
+  } else {
+    const int j = tile - p.E;
+    if (j >= __ldg(p.xtile_cum + p.E - 1)) return;  // past the last further tile (the grid is an upper bound)
+    w.e = tile_expert(p.xtile_cum, p.E, j);
+    t = j + 1 - (w.e ? __ldg(p.xtile_cum + w.e - 1) : 0);
+  }
   const int lo = w.e ? __ldg(p.offs + w.e - 1) : 0;
   const int hi = __ldg(p.offs + w.e);
-  const int before = w.e ? __ldg(p.tile_cum + w.e - 1) : 0;
-  w.start = lo + (tile - before) * 64;
-  w.R = min(64, hi - w.start);
+  w.start = lo + t * 64;
+  w.R = max(0, min(64, hi - w.start));
   w.do_dw = p.dwd != nullptr && hi - lo <= 64;
+  if (w.R == 0 && !w.do_dw) return;  // an empty expert's tile without dW: nothing to write
   w.stepbeg = (int)((long long)w.sl * p.nsteps / S);
   w.nitems = (int)((long long)(w.sl + 1) * p.nsteps / S) - w.stepbeg;
   dz_body(p, w, smem);
@@ -378,7 +387,7 @@ const KernelEntry kGluKernels[] = {
 }  // namespace tsct
 
 extern "C" int tsct_glu_bwd_dz_bf16(const void* grad_out, int64_t grad_rows, int64_t f, const int64_t* scatter_idx,
-                                    const int32_t* offs, const int32_t* tile_cum, int64_t num_experts, int64_t m,
+                                    const int32_t* offs, const int32_t* xtile_cum, int64_t num_experts, int64_t m,
                                     int64_t max_tiles, const void* w_down_t, const void* zw, int64_t r, int64_t slices,
                                     float* dz_part, void* dw_down_t, void* stream) {
   static const char* fn = "tsct_glu_bwd_dz_bf16";
@@ -401,12 +410,13 @@ extern "C" int tsct_glu_bwd_dz_bf16(const void* grad_out, int64_t grad_rows, int
   if (max_tiles > INT32_MAX / slices)
     return tsct::fail(TSCT_ERR_BAD_ARGUMENT, "%s: max_tiles * slices exceeds the grid", fn);
   if (num_experts == 0 || m == 0 || max_tiles == 0) return 0;  // no row tile: nothing to write
-  if ((grad_rows > 0 && !grad_out) || !offs || !tile_cum || !w_down_t || !zw || !dz_part)
+  if ((grad_rows > 0 && !grad_out) || !offs || !xtile_cum || !w_down_t || !zw || !dz_part)
     return tsct::fail(TSCT_ERR_BAD_ARGUMENT,
-                      "%s: null pointer (grad_out=%p, offs=%p, tile_cum=%p, w_down_t=%p, zw=%p, dz_part=%p)", fn,
-                      grad_out, (const void*)offs, (const void*)tile_cum, w_down_t, zw, (void*)dz_part);
-  if (((uintptr_t)scatter_idx & 7) || ((uintptr_t)offs & 3) || ((uintptr_t)tile_cum & 3))
-    return tsct::fail(TSCT_ERR_BAD_ARGUMENT, "%s: scatter_idx must be 8-byte, offs and tile_cum 4-byte aligned", fn);
+                      "%s: null pointer (grad_out=%p, offs=%p, xtile_cum=%p, w_down_t=%p, zw=%p, dz_part=%p)", fn,
+                      grad_out, (const void*)offs, (const void*)xtile_cum, w_down_t, zw, (void*)dz_part);
+  if (((uintptr_t)scatter_idx & 7) || ((uintptr_t)offs & 3) || ((uintptr_t)xtile_cum & 3))
+    return tsct::fail(TSCT_ERR_BAD_ARGUMENT, "%s: scatter_idx must be 8-byte, offs and xtile_cum 4-byte aligned",
+                      fn);
   const uintptr_t any = (uintptr_t)grad_out | (uintptr_t)w_down_t | (uintptr_t)zw | (uintptr_t)dz_part |
                         (uintptr_t)dw_down_t;
   if (any & 15)
@@ -418,7 +428,7 @@ extern "C" int tsct_glu_bwd_dz_bf16(const void* grad_out, int64_t grad_rows, int
   p.dy = static_cast<const bf16*>(grad_out);
   p.sidx = reinterpret_cast<const long long*>(scatter_idx);
   p.offs = offs;
-  p.tile_cum = tile_cum;
+  p.xtile_cum = xtile_cum;
   p.wd = static_cast<const bf16*>(w_down_t);
   p.zw = static_cast<const bf16*>(zw);
   p.ws = dz_part;

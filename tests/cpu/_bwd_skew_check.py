@@ -4,7 +4,8 @@ The backward of both Triton families runs its per-row work on the row tiles of t
 dW over chunks of CH rows (workspace slots, then a fixed-order sum: ``triton_glu/_kernels.py`` "backward"). Cases:
 
 * ``maps_*``: the ``bwd_maps`` kernel against the same counts made with torch, E past one block of experts.
-* ``oracle_*``: one expert with almost all rows, many empty experts, one-row experts; every gradient against the
+* ``oracle_*``: one expert with almost all rows, many empty experts, one-row experts, or (``*one_tile*``) every
+  expert one row tile or empty, as at b1 (the row kernels' per-expert dW, no chunk); every gradient against the
   float64 oracle (``tests/_glu_oracle.py``, autograd through one routed row at a time), at chunk sizes of one, two
   and eight row tiles (several workspace slots, a few, none) and with the experts found by binary search (a block
   of experts smaller than E); ``torch.empty`` poisoned with NaN, so an element no kernel writes fails the check.
@@ -127,6 +128,7 @@ def lowbit(args, fmts):
 
 HOT = [0, 0, 0, 290, 1, 0, 2, 0, 0, 3]                                    # one expert of 5 row tiles, empty ones
 MANY_EMPTY = [0] * 13 + [200] + [0] * 9 + [1, 70, 0, 0, 65, 0, 64] + [0] * 10  # 40 experts, mostly empty
+ONE_TILE = [5, 64, 0, 31, 1, 0, 17, 64, 2, 40, 0, 9]                       # every expert one row tile or empty (b1)
 ORACLE = {
     # name: (counts, problem kwargs, family, factor formats, chunk rows, block of experts)
     "oracle_hot_ch64": (HOT, {}, G, None, 64, None),
@@ -136,6 +138,9 @@ ORACLE = {
     "oracle_hot_r80": (HOT, dict(r=80, d=48, f=21), G, None, 64, None),
     "oracle_lowbit_nvfp4_ch64": (HOT, {}, L, ("nvfp4",) * 3, 64, None),
     "oracle_lowbit_mixed_bsearch": (MANY_EMPTY, dict(f=37), L, ("nvfp4", "sign", "nvfp4"), 64, 8),
+    "oracle_one_tile": (ONE_TILE, {}, G, None, 64, 4),
+    "oracle_one_tile_r80_nogather": (ONE_TILE, dict(r=80, d=48, f=21, gather=False), G, None, 64, None),
+    "oracle_lowbit_one_tile": (ONE_TILE, dict(f=37), L, ("sign", "nvfp4", "nvfp4"), 64, None),
 }
 
 
@@ -179,10 +184,11 @@ def check_maps() -> tuple[bool, str]:
     plan = G.bwd_plan(offs, int(offs[-1]) + 5, 64, cfg, (0, 0))
     t = -(-counts // bm)
     k = -(-counts // plan.ch)
-    c = torch.where(counts == 0, 1, torch.where(counts <= bm, 0, k))
+    c = torch.where(counts <= bm, 0, k)
     s = torch.where(k >= 2, k, 0)
-    want = torch.stack([t.cumsum(0), c.cumsum(0), s.cumsum(0)]).to(torch.int32)
-    ok = torch.equal(plan.maps, want) and plan.max_tiles >= int(want[0, -1])
+    x = (t - 1).clamp(min=0)
+    want = torch.stack([t.cumsum(0), c.cumsum(0), s.cumsum(0), x.cumsum(0)]).to(torch.int32)
+    ok = torch.equal(plan.maps, want) and plan.max_tiles >= int(want[0, -1]) and plan.max_tiles >= 2500 + int(x.sum())
     ok = ok and plan.n_slots >= int(want[2, -1]) and plan.ch % bm == 0 and plan.ch >= ch
     return ok, f"ch={plan.ch} tiles={int(want[0, -1])}/{plan.max_tiles} chunks={int(want[1, -1])} " \
                f"slots={int(want[2, -1])}/{plan.n_slots}"

@@ -468,7 +468,7 @@ def test_c_entry_points_reject_bad_arguments(lib):
         (lib.tsct_ternary_pack, (P, 0, 1, 4, 16, P, None, P, None), "null pointer"),
         (lib.tsct_ternary_dequantize, (P, None, P, 1, 4, 16, P, 7, None), "out_dtype=7"),
         (lib.tsct_ternary_dequantize, (P, None, P, 1, 4, 16, None, 0, None), "null pointer"),
-        # grad_out, grad_rows, f, scatter_idx, offs, tile_cum, E, m, max_tiles, w_down_t, zw, r, slices, dz_part,
+        # grad_out, grad_rows, f, scatter_idx, offs, xtile_cum, E, m, max_tiles, w_down_t, zw, r, slices, dz_part,
         # dw_down_t, stream
         (lib.tsct_glu_bwd_dz_bf16, (P, 8, 100, None, P, P, 2, 8, 4, P, P, 32, 1, P, P, None), "only r = 64"),
         (lib.tsct_glu_bwd_dz_bf16, (P, 8, 100, None, P, P, 2, 8, 4, P, P, 64, 3, P, P, None), "slices=3"),
@@ -625,7 +625,7 @@ def test_glu_bwd_dz_wrapper_rejects_bad_input(lib):
     go, offs = torch.zeros(8, 100, dtype=bf), torch.tensor([3, 8], dtype=torch.int32)
     wd, zw = torch.zeros(2, 100, 64, dtype=bf), torch.zeros(8, 64, dtype=bf)
     cum = torch.tensor([1, 2], dtype=torch.int32)
-    t = dict(tile_cum=cum, max_tiles=3)
+    t = dict(xtile_cum=cum, max_tiles=3)
 
     def dz(*args, **kw):
         return native.glu_bwd_dz_bf16(*args, **{**t, **kw})
@@ -634,16 +634,16 @@ def test_glu_bwd_dz_wrapper_rejects_bad_input(lib):
         dz(go.float(), offs, wd, zw, slices=1)
     with pytest.raises(TypeError, match="offs must have dtype"):
         dz(go, offs.long(), wd, zw, slices=1)
-    with pytest.raises(TypeError, match="tile_cum must have dtype"):
-        dz(go, offs, wd, zw, slices=1, tile_cum=cum.long())
+    with pytest.raises(TypeError, match="xtile_cum must have dtype"):
+        dz(go, offs, wd, zw, slices=1, xtile_cum=cum.long())
     with pytest.raises(TypeError, match="zw must be a torch.Tensor"):
         dz(go, offs, wd, None, slices=1)
     with pytest.raises(ValueError, match=r"w_down_t must have shape \[2, 100, 64\]"):
         dz(go, offs, torch.zeros(2, 64, 100, dtype=bf), zw, slices=1)
     with pytest.raises(ValueError, match=r"zw must have shape \[8, 64\]"):
         dz(go, offs, wd, torch.zeros(8, 32, dtype=bf), slices=1)
-    with pytest.raises(ValueError, match=r"tile_cum must have shape \[2\]"):
-        dz(go, offs, wd, zw, slices=1, tile_cum=cum[:1])
+    with pytest.raises(ValueError, match=r"xtile_cum must have shape \[2\]"):
+        dz(go, offs, wd, zw, slices=1, xtile_cum=cum[:1])
     with pytest.raises(ValueError, match=r"dw_out must have shape \[2, 100, 64\]"):
         dz(go, offs, wd, zw, slices=1, dw_out=torch.zeros(2, 64, 100, dtype=bf))
     with pytest.raises(ValueError, match=r"slices must be an int in \[1, min\(16, ceil\(f/64\) = 2\)\]"):

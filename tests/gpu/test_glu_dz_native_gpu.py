@@ -98,8 +98,9 @@ CASES = [
 
 
 def tile_map(counts):
-    """(tile_cum int32 [E] on the GPU, max_tiles): 64-row tiles per expert, the grid bound cdiv(M, 64) + E."""
-    tiles = [-(-c // 64) for c in counts]
+    """(xtile_cum int32 [E] on the GPU, max_tiles): 64-row tiles per expert past its first, the grid bound
+    cdiv(M, 64) + E."""
+    tiles = [max(-(-c // 64) - 1, 0) for c in counts]
     return (torch.tensor(tiles).cumsum(0).to(torch.int32).to(DEV),
             -(-sum(counts) // 64) + len(counts) + 3)  # + 3: programs past the last tile must exit
 
@@ -118,13 +119,13 @@ def test_dz_native_matches_fp32_reference(case, poisoned_outputs):
     p, counts, mv, bad = make(T, f, counts, pad, scatter, bad, seed=len(name))
     dz_ref, dw_ref = reference(p, counts, mv, bad)
     cum, max_tiles = tile_map(counts)
-    one_tile = [0 < c <= 64 for c in counts]
+    one_tile = [c <= 64 for c in counts]  # dW of the experts of at most one tile (zeros for an empty one)
     nsteps = -(-f // 64)
     for slices in sorted({min(s, nsteps) for s in (1, 2, 4, 16)}):
         poison()
         dw = torch.full((len(counts), f, R), -23131, dtype=torch.int16, device=DEV).view(torch.bfloat16)
         part = native.glu_bwd_dz_bf16(p["grad_out"], p["offs"], p["w_down_t"], p["zw"], slices=slices,
-                                      tile_cum=cum, max_tiles=max_tiles, scatter_idx=p["scatter_idx"], dw_out=dw)
+                                      xtile_cum=cum, max_tiles=max_tiles, scatter_idx=p["scatter_idx"], dw_out=dw)
         torch.cuda.synchronize()
         assert part.shape == (slices, mv + pad, R)
         dz = part[:, :mv].sum(0)
@@ -141,7 +142,7 @@ def test_dz_native_matches_fp32_reference(case, poisoned_outputs):
                 assert (dw[e].view(torch.int16) == -23131).all(), f"expert {e} ({c} rows): dW must be left untouched"
         dw2 = torch.empty_like(dw)
         part2 = native.glu_bwd_dz_bf16(p["grad_out"], p["offs"], p["w_down_t"], p["zw"], slices=slices,
-                                       tile_cum=cum, max_tiles=max_tiles, scatter_idx=p["scatter_idx"], dw_out=dw2)
+                                       xtile_cum=cum, max_tiles=max_tiles, scatter_idx=p["scatter_idx"], dw_out=dw2)
         assert torch.equal(part2[:, :mv].view(torch.int32), part[:, :mv].view(torch.int32)), "not deterministic"
         for e in range(len(counts)):
             if one_tile[e]:
@@ -153,7 +154,7 @@ def test_dz_native_without_dw_writes_only_dz():
     dz_ref, _ = reference(p, counts, mv, bad)
     cum, max_tiles = tile_map(counts)
     poison()
-    part = native.glu_bwd_dz_bf16(p["grad_out"], p["offs"], p["w_down_t"], p["zw"], slices=1, tile_cum=cum,
+    part = native.glu_bwd_dz_bf16(p["grad_out"], p["offs"], p["w_down_t"], p["zw"], slices=1, xtile_cum=cum,
                                   max_tiles=max_tiles, scatter_idx=p["scatter_idx"])
     assert rel(part[0, :mv], dz_ref) < TOL
 

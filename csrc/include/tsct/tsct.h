@@ -21,7 +21,7 @@
 extern "C" {
 #endif
 
-#define TSCT_ABI_VERSION 10 /* 2: the Triton AOT launcher (tsct_triton_*); 3: the grouped activation quantizer
+#define TSCT_ABI_VERSION 11 /* 2: the Triton AOT launcher (tsct_triton_*); 3: the grouped activation quantizer
                               (tsct_nvfp4_quantize_rows_grouped) and the sm_120 CuTeDSL entries (tsct_sm120_*);
                               4: the CUTLASS C++ sm_120 grouped NVFP4 GEMM entries;
                               5: the grouped GLU backward kernel tsct_glu_bwd_dz_bf16;
@@ -31,7 +31,9 @@ extern "C" {
                               8: the CUTLASS C++ entries of 4 removed (docs/retired.md);
                               9: tsct_glu_bwd_dz_bf16 on the row tiles of a tile map (tile_cum, max_tiles),
                               dW only for experts of at most 64 rows;
-                              10: the FP8 and ternary formats (tsct_fp8_*, tsct_ternary_*) */
+                              10: the FP8 and ternary formats (tsct_fp8_*, tsct_ternary_*);
+                              11: tsct_glu_bwd_dz_bf16 on expert-major row tiles (xtile_cum: tiles past each
+                              expert's first), dW also for an empty expert (zeros) */
 
 /* The library is built with -fvisibility=hidden; only declarations marked TSCT_API are exported
  * (and csrc/exports.map lists the same names). */
@@ -127,22 +129,25 @@ TSCT_API int tsct_nvfp4_quantize_rows_grouped(const void* x, int x_dtype, int64_
  * glu_bwd_dz, rewritten in CUDA because odd f leaves dY rows 2-byte aligned):
  *   dz_part[s, i, k] = sum_{n in f-slice s} grad_out[sidx(i), n] * w_down_t[e(i), n, k]   fp32 [slices, m, 64]
  *   dw_down_t[e, n, k] = sum_{i in expert e} grad_out[sidx(i), n] * zw[i, k]              bf16 [E, f, 64]
- * One CTA per (row tile, f-slice) of the tile map: tile_cum int32 [num_experts] holds the inclusive counts of
- * 64-row tiles per expert (sum of ceil(rows_e / 64)) and max_tiles >= its last entry (the grid's bound, e.g.
- * ceil(m / 64) + num_experts). dw_down_t is written only for the experts of 1 to 64 rows (their one tile holds all
- * their rows); the other experts' blocks (empty, or more than 64 rows) are left as they are: the caller reduces
- * them over row chunks. grad_out: bf16 [grad_rows, f]; scatter_idx: int64 [m] (routed row i reads grad_out row
- * scatter_idx[i]; an index outside [0, grad_rows) reads a zero row) or NULL (row i reads row i); offs: int32
- * [num_experts] cumulative END offsets (non-decreasing, offs[E-1] <= m); w_down_t: bf16 [E, f, 64]; zw: bf16
- * [m, 64] (z times the row weight). Slice s covers the 64-column steps [s*n/S, (s+1)*n/S) of n = ceil(f/64); the
- * caller sums the slices (fixed order: deterministic). Rows at or past offs[E-1] are not written; dw_down_t may be
- * NULL (not computed). r must be 64, 1 <= slices <= min(16, ceil(f/64)), max_tiles * slices < 2^31; grad_out,
- * w_down_t, zw, dz_part, dw_down_t 16-byte aligned, scatter_idx 8-byte, offs and tile_cum 4-byte; grad_out may be
- * NULL when grad_rows == 0; nothing is launched when m, num_experts or max_tiles is 0. Needs 101,376 bytes of
+ * One CTA per (row tile, f-slice), the tiles numbered expert-major: tile e < num_experts is expert e's first
+ * (none of its rows for an empty expert), tile num_experts + j the j-th tile past the experts' first ones;
+ * xtile_cum int32 [num_experts] holds the inclusive counts per expert of its 64-row tiles past the first (sum of
+ * max(ceil(rows_e / 64) - 1, 0)) and max_tiles >= num_experts + its last entry (the grid's bound, e.g.
+ * ceil(m / 64) + num_experts). dw_down_t is written only for the experts of 0 to 64 rows (their first tile holds
+ * all their rows; zeros for an empty expert, whose w_down is not read); the other experts' blocks (more than 64
+ * rows) are left as they are: the caller reduces them over row chunks. grad_out: bf16 [grad_rows, f];
+ * scatter_idx: int64 [m] (routed row i reads grad_out row scatter_idx[i]; an index outside [0, grad_rows) reads a
+ * zero row) or NULL (row i reads row i); offs: int32 [num_experts] cumulative END offsets (non-decreasing,
+ * offs[E-1] <= m); w_down_t: bf16 [E, f, 64]; zw: bf16 [m, 64] (z times the row weight). Slice s covers the
+ * 64-column steps [s*n/S, (s+1)*n/S) of n = ceil(f/64); the caller sums the slices (fixed order: deterministic).
+ * Rows at or past offs[E-1] are not written; dw_down_t may be NULL (not computed). r must be 64,
+ * 1 <= slices <= min(16, ceil(f/64)), max_tiles * slices < 2^31; grad_out, w_down_t, zw, dz_part, dw_down_t
+ * 16-byte aligned, scatter_idx 8-byte, offs and xtile_cum 4-byte; grad_out may be NULL when grad_rows == 0;
+ * nothing is launched when m, num_experts or max_tiles is 0. Needs 101,376 bytes of
  * shared memory per block (sm_80, sm_90, sm_100, sm_120): else cudaErrorInvalidConfiguration with a detail.
  * Stream-ordered, no host sync. */
 TSCT_API int tsct_glu_bwd_dz_bf16(const void* grad_out, int64_t grad_rows, int64_t f, const int64_t* scatter_idx,
-                                  const int32_t* offs, const int32_t* tile_cum, int64_t num_experts, int64_t m,
+                                  const int32_t* offs, const int32_t* xtile_cum, int64_t num_experts, int64_t m,
                                   int64_t max_tiles, const void* w_down_t, const void* zw, int64_t r, int64_t slices,
                                   float* dz_part, void* dw_down_t, void* stream);
 

@@ -24,13 +24,14 @@ from tsct import config
 
 LIB_NAME = "libtsct_kernels.so"
 MANIFEST_NAME = "manifest.json"
-ABI_VERSION = 10  # 2: the Triton AOT launcher (tsct_triton_*); 3: tsct_nvfp4_quantize_rows_grouped, tsct_sm120_*;
+ABI_VERSION = 11  # 2: the Triton AOT launcher (tsct_triton_*); 3: tsct_nvfp4_quantize_rows_grouped, tsct_sm120_*;
 #                   4: the CUTLASS C++ sm_120 grouped NVFP4 GEMM entries; 5: tsct_glu_bwd_dz_bf16;
 #                   6: tsct_glu_{down,up}_fwd_{nvfp4,sign}, tsct_kernel_smem_bytes; 7: bf16 s_gate / s_up for
 #                   tsct_glu_down_fwd_{nvfp4,sign} (scales_bf16); tsct_stream_capture_id; 8: 4's entries removed;
 #                   9: tsct_glu_bwd_dz_bf16 on the row tiles of a tile map (tile_cum, max_tiles; dW only for experts
 #                   of <= 64 rows);
-#                   10: tsct_fp8_{quantize,dequantize}, tsct_ternary_{pack,dequantize}
+#                   10: tsct_fp8_{quantize,dequantize}, tsct_ternary_{pack,dequantize};
+#                   11: tsct_glu_bwd_dz_bf16 on expert-major row tiles (xtile_cum), dW also for empty experts
 ENV_VAR = "TSCT_NATIVE_LIB"
 
 # Name -> (restype, argtypes) of every entry point in csrc/include/tsct/tsct.h.
@@ -51,7 +52,7 @@ _SIGNATURES: dict[str, tuple[Any, list[Any]]] = {
     "tsct_nvfp4_quantize_rows_grouped": (c_int, [c_void_p, c_int, c_int64, c_int64, c_void_p, c_void_p, c_int64, c_int64,
                                                  c_void_p, c_int64, c_void_p, c_void_p, c_int64, c_void_p, c_void_p,
                                                  c_void_p]),
-    # grad_out, grad_rows, f, scatter_idx, offs, tile_cum, num_experts, m, max_tiles, w_down_t, zw, r, slices, dz_part,
+    # grad_out, grad_rows, f, scatter_idx, offs, xtile_cum, num_experts, m, max_tiles, w_down_t, zw, r, slices, dz_part,
     # dw_down_t, stream
     "tsct_glu_bwd_dz_bf16": (c_int, [c_void_p, c_int64, c_int64, c_void_p, c_void_p, c_void_p, c_int64, c_int64,
                                      c_int64, c_void_p, c_void_p, c_int64, c_int64, c_void_p, c_void_p, c_void_p]),

@@ -520,7 +520,7 @@ def nvfp4_quantize_rows_grouped(
 
 
 GLU_DZ_RANK = 64  # the only rank tsct_glu_bwd_dz_bf16 is built for
-GLU_DZ_TILE = 64  # rows per row tile of its tile map (tile_cum)
+GLU_DZ_TILE = 64  # rows per row tile (xtile_cum counts tiles of this many rows)
 GLU_DZ_MAX_SLICES = 16
 
 
@@ -531,7 +531,7 @@ def glu_bwd_dz_bf16(
     zw: Tensor,
     *,
     slices: int,
-    tile_cum: Tensor,
+    xtile_cum: Tensor,
     max_tiles: int,
     scatter_idx: Tensor | None = None,
     dw_out: Tensor | None = None,
@@ -542,13 +542,16 @@ def glu_bwd_dz_bf16(
     dY_i = ``grad_out[scatter_idx[i]]`` (or ``grad_out[i]`` without ``scatter_idx``)::
 
         dz_part[s, i, :] = dY_i[cols of slice s] @ w_down_t[e][cols of slice s]   (fp32; dz = dz_part.sum(0))
-        dw_out[e]        = sum_i dY_i^T zw[i]            (fp32 sum, rounded once; experts of 1 to 64 rows only)
+        dw_out[e]        = sum_i dY_i^T zw[i]            (fp32 sum, rounded once; experts of 0 to 64 rows only)
 
-    One CTA per (row tile of ``GLU_DZ_TILE`` rows, f slice): an expert's rows spread over the GPU whatever their
-    number. The f columns are cut into ``slices`` contiguous runs of 64-column steps; summing the slices in index
-    order gives the same bits on every run (no atomics). dW needs all of an expert's rows, so only an expert whose
-    one tile holds them all (1 to 64 rows) gets it here; the blocks of the other experts (empty, or more than 64
-    rows) are left untouched for the caller (``triton_glu.glu.dwd_chunks``). bf16 mma.sync, fp32 accumulation.
+    One CTA per (row tile of ``GLU_DZ_TILE`` rows, f slice), the tiles numbered expert-major (the Triton backward's
+    schedule): tile e < E is expert e's first, found without a search; tile E + j the j-th tile past the experts'
+    first ones (``xtile_cum``): an expert's rows spread over the GPU whatever their number. The f columns are cut
+    into ``slices`` contiguous runs of 64-column steps; summing the slices in index order gives the same bits on
+    every run (no atomics). dW needs all of an expert's rows, so only an expert whose first tile holds them all
+    (0 to 64 rows: zeros for an empty one, whose w_down is not read) gets it here; the blocks of the other experts
+    (more than 64 rows) are left untouched for the caller (``triton_glu.glu.dwd_chunks``). bf16 mma.sync, fp32
+    accumulation.
 
     Args:
         grad_out: bfloat16 [T, f], contiguous, CUDA, 16-byte aligned (the op's output gradient).
@@ -557,18 +560,19 @@ def glu_bwd_dz_bf16(
         w_down_t: bfloat16 [E, f, 64] contiguous (the K-major w_down ``[E, 64, f]`` transposed back).
         zw: bfloat16 [M, 64] contiguous: the latent z times the row weight.
         slices: 1 <= slices <= min(16, ceil(f / 64)).
-        tile_cum: int32 [E] contiguous: inclusive counts of ``GLU_DZ_TILE``-row tiles per expert (the tile map,
-            row 0 of the backward's maps). max_tiles: an upper bound of its last entry (ceil(M / 64) + E).
+        xtile_cum: int32 [E] contiguous: inclusive counts per expert of its ``GLU_DZ_TILE``-row tiles past the first
+            (max(ceil(rows / 64) - 1, 0); row 3 of the backward's maps). max_tiles: an upper bound of E plus its
+            last entry (ceil(M / 64) + E).
         scatter_idx: optional int64 [M]; an index outside [0, T) reads a zero row.
         dw_out: optional bfloat16 [E, f, 64], contiguous, 16-byte aligned (``dw_out.transpose(1, 2)`` is the
-            K-major gradient of w_down): receives dW of the experts of 1 to 64 rows; None skips dW.
+            K-major gradient of w_down): receives dW of the experts of 0 to 64 rows; None skips dW.
     Returns:
         dz_part: float32 [slices, M, 64]; rows at or past offs[-1] are not written.
     Raises:
         TypeError / ValueError naming the bad argument; RuntimeError from the kernel (e.g. a device with
         less than 99 KB of shared memory per block) or the loader.
     """
-    named = [("grad_out", grad_out), ("offs", offs), ("w_down_t", w_down_t), ("zw", zw), ("tile_cum", tile_cum)]
+    named = [("grad_out", grad_out), ("offs", offs), ("w_down_t", w_down_t), ("zw", zw), ("xtile_cum", xtile_cum)]
     if scatter_idx is not None:
         named.append(("scatter_idx", scatter_idx))
     if dw_out is not None:
@@ -578,7 +582,7 @@ def glu_bwd_dz_bf16(
     for name, t in (("grad_out", grad_out), ("w_down_t", w_down_t), ("zw", zw)):
         _dtype(name, t, (torch.bfloat16,))
     _dtype("offs", offs, (torch.int32,))
-    _dtype("tile_cum", tile_cum, (torch.int32,))
+    _dtype("xtile_cum", xtile_cum, (torch.int32,))
     if grad_out.dim() != 2 or w_down_t.dim() != 3 or zw.dim() != 2 or offs.dim() != 1:
         raise ValueError(f"expected grad_out [T, f], w_down_t [E, f, 64], zw [M, 64], offs [E]; got "
                          f"{list(grad_out.shape)}, {list(w_down_t.shape)}, {list(zw.shape)}, {list(offs.shape)}")
@@ -586,7 +590,7 @@ def glu_bwd_dz_bf16(
     e, m = offs.shape[0], zw.shape[0]
     _shape("w_down_t", w_down_t, (e, f, GLU_DZ_RANK), "[E, f, 64]: E from offs, f from grad_out")
     _shape("zw", zw, (m, GLU_DZ_RANK), "[M, 64]")
-    _shape("tile_cum", tile_cum, (e,), "[E]: one count per expert")
+    _shape("xtile_cum", xtile_cum, (e,), "[E]: one count per expert")
     if dw_out is not None:
         _dtype("dw_out", dw_out, (torch.bfloat16,))
         _shape("dw_out", dw_out, (e, f, GLU_DZ_RANK), "[E, f, 64], as w_down_t")
@@ -594,7 +598,7 @@ def glu_bwd_dz_bf16(
     if not isinstance(slices, int) or not 1 <= slices <= min(GLU_DZ_MAX_SLICES, max(nsteps, 1)):
         raise ValueError(f"slices must be an int in [1, min(16, ceil(f/64) = {nsteps})], got {slices!r}")
     if not isinstance(max_tiles, int) or max_tiles < 0:
-        raise ValueError(f"max_tiles must be an int >= 0 (an upper bound of tile_cum[-1]), got {max_tiles!r}")
+        raise ValueError(f"max_tiles must be an int >= 0 (an upper bound of E + xtile_cum[-1]), got {max_tiles!r}")
     if scatter_idx is not None:
         _dtype("scatter_idx", scatter_idx, (torch.int64,))
         _shape("scatter_idx", scatter_idx, (m,), "one target row per routed row")
@@ -604,14 +608,14 @@ def glu_bwd_dz_bf16(
         _cuda(name, t, grad_out.device)
         if not t.is_contiguous():
             raise ValueError(f"{name} must be contiguous")
-        if name not in ("offs", "scatter_idx", "tile_cum") and t.data_ptr() % 16:
+        if name not in ("offs", "scatter_idx", "xtile_cum") and t.data_ptr() % 16:
             raise ValueError(f"{name} must be 16-byte aligned (data_ptr % 16 == 0)")
     dz_part = _empty((slices, m, GLU_DZ_RANK), torch.float32, grad_out.device)
     if e == 0 or m == 0 or f == 0 or max_tiles == 0:
         return dz_part
     null = ctypes.c_void_p(None)
     _call("tsct_glu_bwd_dz_bf16", grad_out.device, _ptr(grad_out), t_rows, f,
-          _ptr(scatter_idx) if scatter_idx is not None else null, _ptr(offs), _ptr(tile_cum), e, m, max_tiles,
+          _ptr(scatter_idx) if scatter_idx is not None else null, _ptr(offs), _ptr(xtile_cum), e, m, max_tiles,
           _ptr(w_down_t), _ptr(zw), GLU_DZ_RANK, slices, _ptr(dz_part), _ptr(dw_out) if dw_out is not None else null)
     return dz_part
 

@@ -483,18 +483,19 @@ def route_place(srt_ptr, rank_ptr, hist_ptr, cum_ptr, crank_ptr, order_ptr, toke
 
 
 # ---- backward -----------------------------------------------------------------------------------
-# Row kernels (glu_bwd_dz, glu_bwd_epi, glu_bwd_dx_dw) run one program per row tile of the forward's tile map
-# (``maps`` row 0); an expert's reductions over rows (dW, d s) are made in a fixed order and never depend on how
-# the GPU schedules the programs:
+# Row kernels (glu_bwd_dz, glu_bwd_epi, glu_bwd_dx_dw) run one program per row tile, numbered expert-major
+# (``_bwd_tile``): program e < E holds expert e's first row tile, found without a search (at b1 every tile there
+# is), programs E, E + 1, ... the further tiles of the experts of several tiles (``maps`` row 3). An expert's
+# reductions over rows (dW, d s) are made in a fixed order and never depend on how the GPU schedules the programs:
 #   d s       each row tile writes its partial sums ([tiles, r]); glu_bwd_sred adds an expert's tiles in order.
-#   dW        an expert of one row tile (at b1 almost all of them) gets its dW from the row kernel that already
-#             holds its tile (glu_bwd_dz: dWd; glu_bwd_dx_dw: dWg, dWu). Every other expert (empty, or more than
-#             one tile) is cut into chunks of CH rows (``maps`` row 1: chunks per expert, an empty expert one
-#             chunk of no rows); glu_bwd_dwd / glu_bwd_dw sum a chunk's row tiles in order; an expert of one
-#             chunk stores its dW directly (exact zeros when empty), an expert of several chunks stores each
-#             chunk's fp32 sum in a workspace slot (``maps`` row 2: slots per expert) and bwd_slot_reduce adds the
-#             slots in chunk order. The result depends on CH (a host choice from the shape: glu._chunk_rows) and
-#             on nothing else.
+#   dW        an expert of at most one row tile (at b1 almost all of them; exact zeros for an empty one) gets its dW
+#             from the row kernel that holds its first tile (glu_bwd_dz: dWd; glu_bwd_dx_dw: dWg, dWu), in the same
+#             loop as the rest of that tile's work, as a per-expert kernel would. Every expert of several tiles is
+#             cut into chunks of CH rows (``maps`` row 1: chunks per expert); glu_bwd_dwd / glu_bwd_dw sum a
+#             chunk's row tiles in order; an expert of one chunk stores its dW directly, an expert of several
+#             chunks stores each chunk's fp32 sum in a workspace slot (``maps`` row 2: slots per expert) and
+#             bwd_slot_reduce adds the slots in chunk order. The result depends on CH (a host choice from the
+#             shape: glu.chunk_size) and on nothing else.
 
 @triton.jit
 def _find_expert(cum_ptr, pid, E, BLOCK_E: tl.constexpr):
@@ -520,19 +521,32 @@ def _find_expert(cum_ptr, pid, E, BLOCK_E: tl.constexpr):
 
 
 @triton.jit
-def _tile_rows(offs_ptr, cum_ptr, e, pid, BM: tl.constexpr):
-    """First row of row tile ``pid`` of expert ``e`` (tile map ``cum``), the end of the expert's rows, and whether
-    the tile is the expert's only one (it then holds all the expert's rows: its dW needs no other program)."""
+def _bwd_tile(xcum_ptr, pid, E, BLOCK_E: tl.constexpr):
+    """(expert, tile index within the expert) of backward row program ``pid``: program e < E holds expert e's first
+    row tile (a tile of no rows for an empty expert), no search; program E + j the j-th further tile, under ``xcum``
+    (the inclusive counts per expert of the tiles past its first, ``bwd_maps`` row 3). Expert E past the last one."""
+    if pid < E:
+        e = pid
+        t = pid * 0
+    else:
+        j = pid - E
+        e = _find_expert(xcum_ptr, j, E, BLOCK_E)
+        t = j + 1 - tl.load(xcum_ptr + e - 1, mask=e > 0, other=0)
+    return e, t
+
+
+@triton.jit
+def _bwd_rows(offs_ptr, e, t, BM: tl.constexpr):
+    """First row of tile ``t`` of expert ``e`` (e < E), the end of the expert's rows, and whether the expert has at
+    most one tile (that tile then holds all its rows, none for an empty expert: its dW needs no other program)."""
     lo, hi = _expert_bounds(offs_ptr, e)
-    before = tl.load(cum_ptr + e - 1, mask=e > 0, other=0)
-    return lo + (pid - before) * BM, hi, (hi - lo) <= BM
+    return lo + t * BM, hi, (hi - lo) <= BM
 
 
 @triton.jit
 def _chunk_rows(offs_ptr, ccum_ptr, scum_ptr, e, pid, CH):
-    """Rows [clo, chi) of chunk ``pid`` of expert ``e`` (chunk map ``ccum``, CH rows per chunk; an empty expert has
-    one chunk of no rows), whether it is the expert's only chunk, and its workspace slot (``scum``: only experts of
-    several chunks have slots)."""
+    """Rows [clo, chi) of chunk ``pid`` of expert ``e`` (chunk map ``ccum``, CH rows per chunk), whether it is the
+    expert's only chunk, and its workspace slot (``scum``: only experts of several chunks have slots)."""
     lo, hi = _expert_bounds(offs_ptr, e)
     c = pid - tl.load(ccum_ptr + e - 1, mask=e > 0, other=0)
     clo = lo + c * CH
@@ -544,15 +558,17 @@ def _chunk_rows(offs_ptr, ccum_ptr, scum_ptr, e, pid, CH):
 
 @triton.jit
 def bwd_maps(offs_ptr, maps_ptr, E, CH, BM: tl.constexpr, BLOCK: tl.constexpr):
-    """One program: the backward's three maps from offs, int32 [3, E], each the inclusive cumulative count over
+    """One program: the backward's four maps from offs, int32 [4, E], each the inclusive cumulative count over
     the experts of (row m_e = offs[e] - offs[e-1], clamped at 0):
-      row 0  row tiles cdiv(m_e, BM)                                         (the forward's tile map)
-      row 1  chunks of the chunked dW kernels: 1 if m_e == 0, 0 if m_e <= BM (the row kernels' dW), else cdiv(m_e, CH)
-      row 2  workspace slots: cdiv(m_e, CH) if that is >= 2, else 0."""
+      row 0  row tiles cdiv(m_e, BM)                       (the forward's tile map: the low-bit recompute's)
+      row 1  chunks of the chunked dW kernels: 0 if m_e <= BM (the row kernels' dW), else cdiv(m_e, CH)
+      row 2  workspace slots: cdiv(m_e, CH) if that is >= 2, else 0
+      row 3  row tiles past the expert's first, max(cdiv(m_e, BM) - 1, 0)  (the backward row kernels' tile map)"""
     pid = tl.program_id(0)
     ct = pid * 0
     cc = pid * 0
     cs = pid * 0
+    cx = pid * 0
     for start in range(0, E, BLOCK):
         idx = start + tl.arange(0, BLOCK)
         m = idx < E
@@ -561,38 +577,45 @@ def bwd_maps(offs_ptr, maps_ptr, E, CH, BM: tl.constexpr, BLOCK: tl.constexpr):
         n = tl.where(m, tl.maximum(hi - lo, 0), 0)
         t = (n + BM - 1) // BM
         k = (n + CH - 1) // CH
-        c = tl.where(m, tl.where(n == 0, 1, tl.where(n <= BM, 0, k)), 0)
+        c = tl.where(n <= BM, 0, k)
         s = tl.where(k >= 2, k, 0)
+        x = tl.maximum(t - 1, 0)
         tl.store(maps_ptr + idx, tl.cumsum(t, axis=0) + ct, mask=m)
         tl.store(maps_ptr + E + idx, tl.cumsum(c, axis=0) + cc, mask=m)
         tl.store(maps_ptr + 2 * E + idx, tl.cumsum(s, axis=0) + cs, mask=m)
+        tl.store(maps_ptr + 3 * E + idx, tl.cumsum(x, axis=0) + cx, mask=m)
         ct += tl.sum(t, axis=0)
         cc += tl.sum(c, axis=0)
         cs += tl.sum(s, axis=0)
+        cx += tl.sum(x, axis=0)
 
 
 @triton.jit
 def glu_bwd_dz(
-    dy_ptr, sidx_ptr, offs_ptr, cum_ptr, wd_ptr, zw_ptr, part_ptr, dwd_ptr,
+    dy_ptr, sidx_ptr, offs_ptr, xcum_ptr, wd_ptr, zw_ptr, part_ptr, dwd_ptr,
     E, M, r, f, f_slice,
     HAS_SCATTER: tl.constexpr, DO_DWD: tl.constexpr, VEC: tl.constexpr, WD_T: tl.constexpr,
     BM: tl.constexpr, BR: tl.constexpr, BN: tl.constexpr, BLOCK_E: tl.constexpr,
 ):
     """One program per (row tile, rank block, f slice): part[fs, rows, ranks] = dY[rows, slice] Wd[e][:, slice]^T,
-    and, for the expert whose only tile this is (DO_DWD), dWd[e][ranks, slice] = (z*rw)^T dY[:, slice] in the same
-    f loop (other experts: glu_bwd_dwd).
+    and, for an expert of at most one tile (DO_DWD), dWd[e][ranks, slice] = (z*rw)^T dY[:, slice] in the same f loop
+    (exact zeros for an empty expert, whose w_down is not read; other experts: glu_bwd_dwd).
     VEC (aligned launches): dY rows (and, unless WD_T, w_down rows) read as shifted 8-byte words
     (``_ld_rows``). WD_T (aligned launches): w_down and dWd are K-major (``glu_up_fwd``): their
     [BR, BN] tiles are contiguous along the ranks (16-byte vectors, pipelined loads, vector stores)."""
     pid = tl.program_id(0)
     pr = tl.program_id(1)
     fs = tl.program_id(2)
-    e = _find_expert(cum_ptr, pid, E, BLOCK_E)
+    e, t = _bwd_tile(xcum_ptr, pid, E, BLOCK_E)
     if e >= E:
         return
-    row0, hi, one = _tile_rows(offs_ptr, cum_ptr, e, pid, BM)
+    row0, hi, one = _bwd_rows(offs_ptr, e, t, BM)
+    if not DO_DWD:
+        if row0 >= hi:  # an empty expert's tile: nothing to do without dWd
+            return
     cols = pr * BR + tl.arange(0, BR)
     cmask = cols < r
+    wcmask = cols < tl.where(row0 < hi, r, 0)             # w_down is read only for a tile with rows
     ns = tl.arange(0, BN)
     bm = tl.arange(0, BM)
     n_lo = fs * f_slice
@@ -618,10 +641,11 @@ def glu_bwd_dz(
     if VEC:  # prefetch: the next step's words are in flight while this one is shifted and multiplied
         ylo_next, yhi_next = _ld_words(dy_ptr, dy_row + n_lo, n_hi - n_lo, rmask, BN)
         if not WD_T:
-            wlo_next, whi_next = _ld_words(wd_ptr, wd_rows + n_lo, n_hi - n_lo, cmask, BN)
+            wlo_next, whi_next = _ld_words(wd_ptr, wd_rows + n_lo, n_hi - n_lo, wcmask, BN)
     for n in range(n_lo, n_hi, BN):
         nmask = (n + ns) < n_hi
         wmask = cmask[:, None] & nmask[None, :]
+        wlmask = wcmask[:, None] & nmask[None, :]
         if VEC:
             ylo = ylo_next
             yhi = yhi_next
@@ -629,16 +653,16 @@ def glu_bwd_dz(
             ylo_next, yhi_next = _ld_words(dy_ptr, dy_row + n2, n_hi - n2, rmask, BN)
             dy = _words_to_tile(ylo, yhi, dy_row + n, n_hi - n, dy_ptr.dtype.element_ty, BN, True)
             if WD_T:  # aligned tiles: plain (pipelined) loads; only dY needs the words
-                wd = tl.load(wd_base + n * wd_step + wd_tile, mask=wmask, other=0.0)
+                wd = tl.load(wd_base + n * wd_step + wd_tile, mask=wlmask, other=0.0)
             else:
                 wlo = wlo_next
                 whi = whi_next
-                wlo_next, whi_next = _ld_words(wd_ptr, wd_rows + n2, n_hi - n2, cmask, BN)
+                wlo_next, whi_next = _ld_words(wd_ptr, wd_rows + n2, n_hi - n2, wcmask, BN)
                 wd = _words_to_tile(wlo, whi, wd_rows + n, n_hi - n, wd_ptr.dtype.element_ty, BN, True)
         else:
             dy = tl.load(dy_ptr + dy_row[:, None] + (n + ns)[None, :], mask=rmask[:, None] & nmask[None, :],
                          other=0.0)
-            wd = tl.load(wd_base + n * wd_step + wd_tile, mask=wmask, other=0.0)
+            wd = tl.load(wd_base + n * wd_step + wd_tile, mask=wlmask, other=0.0)
         dz = tl.dot(dy, tl.trans(wd), dz)
         if DO_DWD:
             if one:
@@ -673,12 +697,11 @@ def glu_bwd_dwd(
     HAS_SCATTER: tl.constexpr, WD_T: tl.constexpr,
     BM: tl.constexpr, BR: tl.constexpr, BN: tl.constexpr, BLOCK_E: tl.constexpr,
 ):
-    """dWd of the experts the row kernel leaves out (empty, or more than one row tile). Work items (chunk of the
-    chunk map (``maps`` row 1), rank block, f slice), in contiguous ranges over the programs (a bounded grid: at b1
-    there is no item, at Zipf 1.2 a few thousand): acc[ranks, slice] = (z*rw)^T dY over the chunk's row tiles in
-    order (fp32), stored to dWd (in its layout: K-major with WD_T; exact zeros for an empty expert) when the chunk is
-    its expert's only one, else to the chunk's workspace slot (``ws``: one [r*f] block per slot, in dWd's element
-    order), which ``bwd_slot_reduce`` adds up."""
+    """dWd of the experts the row kernel leaves out (more than one row tile). Work items (chunk of the chunk map
+    (``maps`` row 1), rank block, f slice), in contiguous ranges over the programs (a bounded grid: at b1 there is no
+    item, at Zipf 1.2 a few thousand): acc[ranks, slice] = (z*rw)^T dY over the chunk's row tiles in order (fp32),
+    stored to dWd (in its layout: K-major with WD_T) when the chunk is its expert's only one, else to the chunk's
+    workspace slot (``ws``: one [r*f] block per slot, in dWd's element order), which ``bwd_slot_reduce`` adds up."""
     nrb = (r + BR - 1) // BR
     per_chunk = nrb * n_fs
     lo, hi = _item_range(tl.load(maps_ptr + 2 * E - 1) * per_chunk, tl.num_programs(0))
@@ -761,20 +784,23 @@ def bwd_slot_reduce(ws_ptr, maps_ptr, out_ptr, E, S, NCB, BLOCK: tl.constexpr, B
 
 @triton.jit
 def glu_bwd_epi(
-    hg_ptr, hu_ptr, part_ptr, offs_ptr, cum_ptr, sg_ptr, su_ptr, rw_ptr, dhg_ptr, dhu_ptr, dsgp_ptr, dsup_ptr,
+    hg_ptr, hu_ptr, part_ptr, offs_ptr, xcum_ptr, sg_ptr, su_ptr, rw_ptr, dhg_ptr, dhu_ptr, dsgp_ptr, dsup_ptr,
     drw_ptr, E, M, r, n_fs, part_stride,
     HAS_SG: tl.constexpr, HAS_SU: tl.constexpr, HAS_RW: tl.constexpr,
     BM: tl.constexpr, BR: tl.constexpr, BLOCK_E: tl.constexpr,
 ):
     """One program per (row tile, rank block): dz0 = sum of the f-slice partials (fixed order), then the GLU
     backward: d rw (this rank block's part), dhg = dg*sg, dhu = du*su, and (HAS_SG) the tile's partial sums of
-    d sg, d su over its rows ([tiles, r], summed per expert by glu_bwd_sred)."""
+    d sg, d su over its rows ([tiles, r] by program id, summed per expert by glu_bwd_sred; none for an empty
+    expert's tile)."""
     pid = tl.program_id(0)
     pr = tl.program_id(1)
-    e = _find_expert(cum_ptr, pid, E, BLOCK_E)
+    e, t = _bwd_tile(xcum_ptr, pid, E, BLOCK_E)
     if e >= E:
         return
-    row0, hi, one = _tile_rows(offs_ptr, cum_ptr, e, pid, BM)
+    row0, hi, one = _bwd_rows(offs_ptr, e, t, BM)
+    if row0 >= hi:  # an empty expert's tile: no rows
+        return
     cols = pr * BR + tl.arange(0, BR)
     cmask = cols < r
     bm = tl.arange(0, BM)
@@ -816,45 +842,52 @@ def glu_bwd_epi(
 
 
 @triton.jit
-def glu_bwd_sred(dsgp_ptr, dsup_ptr, cum_ptr, dsg_ptr, dsu_ptr, E, r, BR: tl.constexpr):
+def glu_bwd_sred(dsgp_ptr, dsup_ptr, offs_ptr, xcum_ptr, dsg_ptr, dsu_ptr, E, r, BR: tl.constexpr):
     """One program per (expert, rank block): d sg[e], d su[e] = the sums of the expert's row-tile partials
-    (glu_bwd_epi) in tile order; exact zeros for an empty expert."""
+    (glu_bwd_epi, by program id: its first tile's at e, its further tiles' at E + xcum[e-1] ...) in tile order;
+    exact zeros for an empty expert."""
     e = tl.program_id(0)
     pr = tl.program_id(1)
     cols = pr * BR + tl.arange(0, BR)
     cmask = cols < r
-    t0 = tl.load(cum_ptr + e - 1, mask=e > 0, other=0)
-    t1 = tl.load(cum_ptr + e)
+    lo, hi = _expert_bounds(offs_ptr, e)
+    x0 = tl.load(xcum_ptr + e - 1, mask=e > 0, other=0)
+    x1 = tl.load(xcum_ptr + e)
     accg = tl.zeros((BR,), dtype=tl.float32)
     accu = tl.zeros((BR,), dtype=tl.float32)
-    pg = dsgp_ptr + t0.to(tl.int64) * r + cols
-    pu = dsup_ptr + t0.to(tl.int64) * r + cols
-    for t in range(t0, t1):
-        accg += tl.load(pg, mask=cmask, other=0.0)
-        accu += tl.load(pu, mask=cmask, other=0.0)
-        pg += r
-        pu += r
+    if hi > lo:
+        p_off = e.to(tl.int64) * r + cols
+        accg += tl.load(dsgp_ptr + p_off, mask=cmask, other=0.0)
+        accu += tl.load(dsup_ptr + p_off, mask=cmask, other=0.0)
+        pg = dsgp_ptr + (E + x0).to(tl.int64) * r + cols
+        pu = dsup_ptr + (E + x0).to(tl.int64) * r + cols
+        for t in range(x0, x1):
+            accg += tl.load(pg, mask=cmask, other=0.0)
+            accu += tl.load(pu, mask=cmask, other=0.0)
+            pg += r
+            pu += r
     tl.store(dsg_ptr + e * r + cols, accg, mask=cmask)
     tl.store(dsu_ptr + e * r + cols, accu, mask=cmask)
 
 
 @triton.jit
 def glu_bwd_dx_dw(
-    x_ptr, gidx_ptr, offs_ptr, cum_ptr, wg_ptr, wu_ptr, dhg_ptr, dhu_ptr, dx_ptr, dwg_ptr, dwu_ptr,
+    x_ptr, gidx_ptr, offs_ptr, xcum_ptr, wg_ptr, wu_ptr, dhg_ptr, dhu_ptr, dx_ptr, dwg_ptr, dwu_ptr,
     E, d, r, stride_x,
     HAS_GATHER: tl.constexpr, DO_DX: tl.constexpr, DO_DW: tl.constexpr,
     BM: tl.constexpr, BD: tl.constexpr, BR: tl.constexpr, NDB: tl.constexpr, BLOCK_E: tl.constexpr,
 ):
-    """One program per (row tile, NDB d blocks): dx_routed[rows, dblk] = dhg Wg^T + dhu Wu^T, and, for the expert
-    whose only tile this is (DO_DW), dWg/dWu[e][dblk, :] = X^T dhg / X^T dhu (other experts: glu_bwd_dw). A rank
-    that fits one block (b1: r = 64) loads dhg / dhu once and walks the d blocks in one loop whose loads Triton
-    pipelines; a larger one takes the per-block path over its rank blocks."""
+    """One program per (row tile, NDB d blocks): dx_routed[rows, dblk] = dhg Wg^T + dhu Wu^T, and, for an expert of
+    at most one tile (DO_DW), dWg/dWu[e][dblk, :] = X^T dhg / X^T dhu (exact zeros for an empty expert, whose factors
+    are not read; other experts: glu_bwd_dw). A rank that fits one block (b1: r = 64) loads dhg / dhu once and walks
+    the d blocks in one loop (``_dx_dw_loop``) whose loads Triton pipelines: the loop with dW or the one without is
+    chosen once per program, not per d block; a larger one takes the per-block path over its rank blocks."""
     pid = tl.program_id(0)
     pd = tl.program_id(1)
-    e = _find_expert(cum_ptr, pid, E, BLOCK_E)
+    e, t = _bwd_tile(xcum_ptr, pid, E, BLOCK_E)
     if e >= E:
         return
-    row0, hi, one = _tile_rows(offs_ptr, cum_ptr, e, pid, BM)
+    row0, hi, one = _bwd_rows(offs_ptr, e, t, BM)
     dl = tl.arange(0, BD)
     bm = tl.arange(0, BM)
     rs = tl.arange(0, BR)
@@ -862,22 +895,20 @@ def glu_bwd_dx_dw(
     d_lo = pd * BD * NDB
     d_hi = tl.minimum(d_lo + BD * NDB, d)
     w_e = e.to(tl.int64) * d * r
+    live = row0 < hi                           # the tile has rows (else only an empty expert's zero dW)
     if r <= BR:
         rmask, src, rm, hg, hu = _one_tile_dh(gidx_ptr, dhg_ptr, dhu_ptr, row0, hi, r, h_tile, HAS_GATHER, BM, BR)
-        for d0 in range(d_lo, d_hi, BD):
-            dm = (d0 + dl) < d
-            if DO_DW:
-                if one:
-                    _dw_one_tile(x_ptr, src, rmask, rm, hg, hu, dwg_ptr, dwu_ptr, w_e, d0, d, r, stride_x, BD, BR)
-            if DO_DX:
-                wt_off = w_e + d0 * r + dl[None, :] * r + rs[:, None]
-                tmask = rm[:, None] & dm[None, :]
-                wgT = tl.load(wg_ptr + wt_off, mask=tmask, other=0.0)
-                wuT = tl.load(wu_ptr + wt_off, mask=tmask, other=0.0)
-                acc = tl.dot(hg, wgT)
-                acc = tl.dot(hu, wuT, acc)
-                tl.store(dx_ptr + row0.to(tl.int64) * d + d0 + bm[:, None] * d + dl[None, :],
-                         acc.to(dx_ptr.dtype.element_ty), mask=rmask[:, None] & dm[None, :])
+        if DO_DW:
+            if one:
+                rm_w = rs < tl.where(live, r, 0)  # an empty expert's factors are not read
+                _dx_dw_loop(x_ptr, wg_ptr, wu_ptr, dx_ptr, dwg_ptr, dwu_ptr, src, rmask, rm_w, hg, hu, w_e, row0,
+                            d_lo, d_hi, d, r, stride_x, DO_DX, True, BM, BD, BR)
+            elif DO_DX:
+                _dx_dw_loop(x_ptr, wg_ptr, wu_ptr, dx_ptr, dwg_ptr, dwu_ptr, src, rmask, rm, hg, hu, w_e, row0,
+                            d_lo, d_hi, d, r, stride_x, True, False, BM, BD, BR)
+        elif live:
+            _dx_dw_loop(x_ptr, wg_ptr, wu_ptr, dx_ptr, dwg_ptr, dwu_ptr, src, rmask, rm, hg, hu, w_e, row0,
+                        d_lo, d_hi, d, r, stride_x, DO_DX, False, BM, BD, BR)
     else:
         for d0 in range(d_lo, d_hi, BD):
             if DO_DW:
@@ -885,7 +916,34 @@ def glu_bwd_dx_dw(
                     _dw_store(x_ptr, gidx_ptr, dhg_ptr, dhu_ptr, dwg_ptr, dwu_ptr, w_e + d0 * r, row0, hi, 1, d0, d,
                               r, stride_x, HAS_GATHER, BM, BD, BR)
             if DO_DX:
-                _dx_block(wg_ptr, wu_ptr, dhg_ptr, dhu_ptr, dx_ptr, w_e + d0 * r, row0, hi, d0, d, r, BM, BD, BR)
+                if live:
+                    _dx_block(wg_ptr, wu_ptr, dhg_ptr, dhu_ptr, dx_ptr, w_e + d0 * r, row0, hi, d0, d, r, BM, BD, BR)
+
+
+@triton.jit
+def _dx_dw_loop(x_ptr, wg_ptr, wu_ptr, dx_ptr, dwg_ptr, dwu_ptr, src, rmask, rm_w, hg, hu, w_e, row0, d_lo, d_hi, d,
+                r, stride_x, DX: tl.constexpr, DW: tl.constexpr, BM: tl.constexpr, BD: tl.constexpr,
+                BR: tl.constexpr):
+    """``glu_bwd_dx_dw``'s d loop over [d_lo, d_hi) for one row tile whose rank fits one block (``_one_tile_dh``'s
+    rmask, src, hg, hu): dx_routed (DX; the factors read under ``rm_w``, the rank mask) and the expert's dWg / dWu
+    (DW: this tile holds all its rows), with no branch in the loop, so that Triton pipelines every load of it."""
+    dl = tl.arange(0, BD)
+    bm = tl.arange(0, BM)
+    rs = tl.arange(0, BR)
+    rm = rs < r
+    for d0 in range(d_lo, d_hi, BD):
+        dm = (d0 + dl) < d
+        if DW:
+            _dw_one_tile(x_ptr, src, rmask, rm, hg, hu, dwg_ptr, dwu_ptr, w_e, d0, d, r, stride_x, BD, BR)
+        if DX:
+            wt_off = w_e + d0 * r + dl[None, :] * r + rs[:, None]
+            tmask = rm_w[:, None] & dm[None, :]
+            wgT = tl.load(wg_ptr + wt_off, mask=tmask, other=0.0)
+            wuT = tl.load(wu_ptr + wt_off, mask=tmask, other=0.0)
+            acc = tl.dot(hg, wgT)
+            acc = tl.dot(hu, wuT, acc)
+            tl.store(dx_ptr + row0.to(tl.int64) * d + d0 + bm[:, None] * d + dl[None, :],
+                     acc.to(dx_ptr.dtype.element_ty), mask=rmask[:, None] & dm[None, :])
 
 
 @triton.jit
@@ -922,12 +980,11 @@ def glu_bwd_dw(
     E, d, r, stride_x, CH,
     HAS_GATHER: tl.constexpr, BM: tl.constexpr, BD: tl.constexpr, BR: tl.constexpr, BLOCK_E: tl.constexpr,
 ):
-    """dWg / dWu of the experts the row kernel leaves out (empty, or more than one row tile). Work items (chunk of
-    the chunk map (``maps`` row 1), d block), in contiguous ranges over the programs: X^T dhg, X^T dhu over the
-    chunk's row tiles in order (fp32), every rank block, stored to dWg / dWu (exact zeros for an empty expert) when
-    the chunk is its expert's only one, else to the chunk's workspace slots (one [d*r] block per slot in wsg / wsu,
-    dW's element order), which ``bwd_slot_reduce`` adds up. Shared by triton_lowbit (X^T dh does not involve the
-    factors)."""
+    """dWg / dWu of the experts the row kernel leaves out (more than one row tile). Work items (chunk of the chunk
+    map (``maps`` row 1), d block), in contiguous ranges over the programs: X^T dhg, X^T dhu over the chunk's row
+    tiles in order (fp32), every rank block, stored to dWg / dWu when the chunk is its expert's only one, else to the
+    chunk's workspace slots (one [d*r] block per slot in wsg / wsu, dW's element order), which ``bwd_slot_reduce``
+    adds up. Shared by triton_lowbit (X^T dh does not involve the factors)."""
     nd = (d + BD - 1) // BD
     lo, hi = _item_range(tl.load(maps_ptr + 2 * E - 1) * nd, tl.num_programs(0))
     cp = lo * 0 - 1

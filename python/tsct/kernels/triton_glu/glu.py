@@ -589,9 +589,11 @@ def _forward(
 class BwdPlan:
     """The backward's schedule on the device (``_kernels.py`` "backward"), made by ``bwd_plan``.
 
-    maps: int32 [3, E] (``bwd_maps``): inclusive counts per expert of row tiles (the forward's tile map), of the
-    chunked dW kernels' chunks and of workspace slots. ch: rows per chunk. max_tiles / n_slots: upper bounds of the
-    row tiles (the row kernels' grid) and of the slots. ws: the fp32 workspace of the slots, ``n_slots * slot_elems``
+    maps: int32 [4, E] (``bwd_maps``): inclusive counts per expert of row tiles (the forward's tile map), of the
+    chunked dW kernels' chunks, of workspace slots and of row tiles past the expert's first (the backward row
+    kernels' map: program e < E holds expert e's first tile, program E + j the j-th further tile). ch: rows per
+    chunk. max_tiles / n_slots: upper bounds of the row programs (E + cdiv(M, BM), the row kernels' grid) and of the
+    slots. ws: the fp32 workspace of the slots, ``n_slots * slot_elems``
     elements (one element when no expert can need a slot: ch >= M)."""
 
     maps: Tensor
@@ -603,6 +605,10 @@ class BwdPlan:
     @property
     def cum(self) -> Tensor:
         return self.maps[0]
+
+    @property
+    def xcum(self) -> Tensor:
+        return self.maps[3]
 
 
 def chunk_size(cfg: Config, m: int, slot_elems: int) -> int:
@@ -621,7 +627,7 @@ def bwd_plan(offs: Tensor, m: int, slot_elems: int, cfg: Config, cap) -> BwdPlan
     and ``slot_elems`` elements per workspace slot (the largest per-expert gradient reduced through slots)."""
     e = offs.shape[0]
     ch = chunk_size(cfg, m, slot_elems)
-    maps = torch.empty(3, e, device=offs.device, dtype=torch.int32)
+    maps = torch.empty(4, e, device=offs.device, dtype=torch.int32)
     _launch("bwd_maps", (1,), [offs, maps, e, ch], dict(BM=cfg.bm, BLOCK=specs.TILE_CUM_BLOCK), 4, 1, False, cap,
             offs.device)
     n_slots = _cdiv(2 * m, ch) if ch < m else 0
@@ -632,8 +638,8 @@ def bwd_plan(offs: Tensor, m: int, slot_elems: int, cfg: Config, cap) -> BwdPlan
 def chunked_programs(cfg: Config, device: torch.device) -> int:
     """Programs of the chunked dW kernels and the slot sums (``cfg.waves_chunked`` per SM): they walk contiguous
     ranges of their work items, whose number only the device knows (none at b1, where every expert fits one row
-    tile; a grid of one program per possible item would be tens of thousands of programs that exit at once). Three
-    on the CPU (Triton's interpreter), so that a program walks several items there too."""
+    tile or is empty; a grid of one program per possible item would be tens of thousands of programs that exit at
+    once). Three on the CPU (Triton's interpreter), so that a program walks several items there too."""
     if device.type != "cuda":
         return 3
     return cfg.waves_chunked * _device_props(device).multi_processor_count
@@ -653,7 +659,7 @@ def _slot_reduce(plan: BwdPlan, ws: Tensor, out: Tensor, per_expert: int, cfg: C
 
 def dwd_chunks(plan: BwdPlan, go: Tensor, sidx: Optional[Tensor], offs: Tensor, zw: Tensor, dwd: Tensor, wd_t: bool,
                r: int, f: int, br: int, cfg: Config, aligned: bool, cap) -> None:
-    """dW_down of the experts the dz row kernel leaves out (empty, or more than one row tile): ``glu_bwd_dwd`` over
+    """dW_down of the experts the dz row kernel leaves out (more than one row tile): ``glu_bwd_dwd`` over
     the chunk map, then ``bwd_slot_reduce`` for the experts of several chunks. ``dwd``: [E, r, f], each expert's
     block contiguous (row-major, or K-major with ``wd_t``). Shared by triton_lowbit (dWd does not involve w_down)."""
     e = offs.shape[0]
@@ -704,7 +710,7 @@ def bwd_epilogue(plan: BwdPlan, hg: Tensor, hu: Tensor, part: Tensor, offs: Tens
     dsp = torch.empty(2, plan.max_tiles, r, device=dev, dtype=torch.float32) if has_s else None
     drw = torch.zeros(nrb, m, device=dev, dtype=torch.float32)  # padding rows stay 0
     _launch("glu_bwd_epi", (plan.max_tiles, nrb),
-            [hg, hu, part, offs, plan.cum, sg, su, rw, dhg, dhu, dsp[0] if has_s else None,
+            [hg, hu, part, offs, plan.xcum, sg, su, rw, dhg, dhu, dsp[0] if has_s else None,
              dsp[1] if has_s else None, drw, e, m, r, part.shape[0], m * r],
             dict(HAS_SG=has_s, HAS_SU=has_s, HAS_RW=rw is not None, BM=cfg.bm, BR=br, BLOCK_E=cfg.block_e),
             cfg.warps_bwd_epi, 3, al, cap, dev)
@@ -712,7 +718,7 @@ def bwd_epilogue(plan: BwdPlan, hg: Tensor, hu: Tensor, part: Tensor, offs: Tens
     if has_s and want_ds:
         dsg = torch.empty(e, r, device=dev, dtype=torch.float32)
         dsu = torch.empty(e, r, device=dev, dtype=torch.float32)
-        _launch("glu_bwd_sred", (e, nrb), [dsp[0], dsp[1], plan.cum, dsg, dsu, e, r], dict(BR=br),
+        _launch("glu_bwd_sred", (e, nrb), [dsp[0], dsp[1], offs, plan.xcum, dsg, dsu, e, r], dict(BR=br),
                 specs.SRED_WARPS, 1, False, cap, dev)
     return dhg, dhu, dsg, dsu, (drw[0] if nrb == 1 else drw.sum(0))
 
@@ -789,7 +795,7 @@ def grouped_glu_backward(
         n_fs = max(1, min(cfg.fs_dz_native, _cdiv(f, 64)))
         dwd_t = torch.empty_like(w_down).transpose(1, 2) if do_dwd else None  # [E, f, r] view of a K-major dWd
         part = native.glu_bwd_dz_bf16(go, offs, w_down.transpose(1, 2), zw, slices=n_fs, scatter_idx=sidx,
-                                      tile_cum=plan.cum, max_tiles=plan.max_tiles, dw_out=dwd_t)
+                                      xtile_cum=plan.xcum, max_tiles=plan.max_tiles, dw_out=dwd_t)
         dwd = dwd_t.transpose(1, 2) if do_dwd else None  # K-major, as w_down
         FAMILY.count("native", "glu_bwd_dz")
     else:
@@ -802,7 +808,7 @@ def grouped_glu_backward(
         dwd = torch.empty_like(w_down) if do_dwd else None
         vec_dz = specs.dz_vec(cfg, al, wd_t, dtype.itemsize)
         _launch("glu_bwd_dz", (plan.max_tiles, nrb, n_fs),
-                [go, sidx, offs, plan.cum, w_down, zw, part, dwd, e, m, r, f, f_slice],
+                [go, sidx, offs, plan.xcum, w_down, zw, part, dwd, e, m, r, f, f_slice],
                 dict(HAS_SCATTER=sidx is not None, DO_DWD=do_dwd, VEC=vec_dz, WD_T=wd_t, BM=bm, BR=br, BN=bn,
                      BLOCK_E=cfg.block_e),
                 *specs.dz_warps_stages(cfg, vec_dz, wd_t), al, cap, dev)
@@ -826,7 +832,7 @@ def grouped_glu_backward(
         dx_rows = torch.empty(m, d, device=dev, dtype=dtype) if do_dx else None
         bd, ndb = cfg.bd_bwd, cfg.ndb_bwd
         _launch("glu_bwd_dx_dw", (plan.max_tiles, _cdiv(d, bd * ndb)),
-                [x, gidx, offs, plan.cum, w_gate, w_up, dhg, dhu, dx_rows, dwg, dwu, e, d, r, x.stride(0)],
+                [x, gidx, offs, plan.xcum, w_gate, w_up, dhg, dhu, dx_rows, dwg, dwu, e, d, r, x.stride(0)],
                 dict(HAS_GATHER=gidx is not None, DO_DX=do_dx, DO_DW=do_dw, BM=bm, BD=bd, BR=br, NDB=ndb,
                      BLOCK_E=cfg.block_e),
                 cfg.warps_bwd_dxdw, cfg.stages_bwd_dxdw, al, cap, dev)

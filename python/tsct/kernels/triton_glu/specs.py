@@ -289,7 +289,7 @@ KERNELS: dict[str, KernelInfo] = {
         hinted=(),
     ),
     "glu_bwd_dz": KernelInfo(
-        params=("dy_ptr", "sidx_ptr", "offs_ptr", "cum_ptr", "wd_ptr", "zw_ptr", "part_ptr", "dwd_ptr", "E", "M", "r",
+        params=("dy_ptr", "sidx_ptr", "offs_ptr", "xcum_ptr", "wd_ptr", "zw_ptr", "part_ptr", "dwd_ptr", "E", "M", "r",
                 "f", "f_slice"),
         constexprs=("HAS_SCATTER", "DO_DWD", "VEC", "WD_T", "BM", "BR", "BN", "BLOCK_E"),
         ints=("E", "M", "r", "f", "f_slice"),
@@ -312,7 +312,7 @@ KERNELS: dict[str, KernelInfo] = {
         hinted=("ws_ptr", "out_ptr", "S"),
     ),
     "glu_bwd_epi": KernelInfo(
-        params=("hg_ptr", "hu_ptr", "part_ptr", "offs_ptr", "cum_ptr", "sg_ptr", "su_ptr", "rw_ptr", "dhg_ptr",
+        params=("hg_ptr", "hu_ptr", "part_ptr", "offs_ptr", "xcum_ptr", "sg_ptr", "su_ptr", "rw_ptr", "dhg_ptr",
                 "dhu_ptr", "dsgp_ptr", "dsup_ptr", "drw_ptr", "E", "M", "r", "n_fs", "part_stride"),
         constexprs=("HAS_SG", "HAS_SU", "HAS_RW", "BM", "BR", "BLOCK_E"),
         ints=("E", "M", "r", "n_fs", "part_stride"),
@@ -321,14 +321,14 @@ KERNELS: dict[str, KernelInfo] = {
         hinted=("hg_ptr", "hu_ptr", "part_ptr", "dhg_ptr", "dhu_ptr", "r", "part_stride"),
     ),
     "glu_bwd_sred": KernelInfo(
-        params=("dsgp_ptr", "dsup_ptr", "cum_ptr", "dsg_ptr", "dsu_ptr", "E", "r"),
+        params=("dsgp_ptr", "dsup_ptr", "offs_ptr", "xcum_ptr", "dsg_ptr", "dsu_ptr", "E", "r"),
         constexprs=("BR",),
         ints=("E", "r"),
         used_if={},
         hinted=(),
     ),
     "glu_bwd_dx_dw": KernelInfo(
-        params=("x_ptr", "gidx_ptr", "offs_ptr", "cum_ptr", "wg_ptr", "wu_ptr", "dhg_ptr", "dhu_ptr", "dx_ptr",
+        params=("x_ptr", "gidx_ptr", "offs_ptr", "xcum_ptr", "wg_ptr", "wu_ptr", "dhg_ptr", "dhu_ptr", "dx_ptr",
                 "dwg_ptr", "dwu_ptr", "E", "d", "r", "stride_x"),
         constexprs=("HAS_GATHER", "DO_DX", "DO_DW", "BM", "BD", "BR", "NDB", "BLOCK_E"),
         ints=("E", "d", "r", "stride_x"),
@@ -540,7 +540,7 @@ def enumerate_specs(arch: str) -> Iterator[Spec]:
                                                          ptr_ptr="*i64"),
                                      dict(HAS_W=wt is not None, B=ROUTE_B), ROUTE_WARPS, 1, False))
         for sc, dwd, br, wd_t in itertools.product(IDX, (False, True), brs, wd_ts):
-            types = dict(dy_ptr=D, sidx_ptr=f"*{sc}" if sc else UNUSED, offs_ptr="*i32", cum_ptr="*i32", wd_ptr=D,
+            types = dict(dy_ptr=D, sidx_ptr=f"*{sc}" if sc else UNUSED, offs_ptr="*i32", xcum_ptr="*i32", wd_ptr=D,
                          zw_ptr=D, part_ptr="*fp32", dwd_ptr=D)
             vec = dz_vec(cfg, aligned, wd_t)
             consts = dict(HAS_SCATTER=sc is not None, DO_DWD=dwd, VEC=vec, WD_T=wd_t, BM=cfg.bm, BR=br,
@@ -555,14 +555,14 @@ def enumerate_specs(arch: str) -> Iterator[Spec]:
         # the epilogue reads [M, r] buffers only: r decides its alignment (glu.bwd_epilogue), every BR of both rules
         for st, rw, br in itertools.product(scale_types, (False, True), brs):
             s = st is not None
-            types = dict(hg_ptr="*fp32", hu_ptr="*fp32", part_ptr="*fp32", offs_ptr="*i32", cum_ptr="*i32",
+            types = dict(hg_ptr="*fp32", hu_ptr="*fp32", part_ptr="*fp32", offs_ptr="*i32", xcum_ptr="*i32",
                          sg_ptr=st or UNUSED, su_ptr=st or UNUSED, rw_ptr="*fp32", dhg_ptr=D, dhu_ptr=D,
                          dsgp_ptr="*fp32", dsup_ptr="*fp32", drw_ptr="*fp32")
             consts = dict(HAS_SG=s, HAS_SU=s, HAS_RW=rw, BM=cfg.bm, BR=br, BLOCK_E=cfg.block_e)
             # glu.py launches the epilogue with Triton's default num_stages (3)
             out.append(_spec("glu_bwd_epi", types, consts, cfg.warps_bwd_epi, 3, aligned))
         for g, (dx, dw), br in itertools.product(IDX, _DXDW, brs):
-            types = dict(x_ptr=D, gidx_ptr=f"*{g}" if g else UNUSED, offs_ptr="*i32", cum_ptr="*i32", wg_ptr=D,
+            types = dict(x_ptr=D, gidx_ptr=f"*{g}" if g else UNUSED, offs_ptr="*i32", xcum_ptr="*i32", wg_ptr=D,
                          wu_ptr=D, dhg_ptr=D, dhu_ptr=D, dx_ptr=D, dwg_ptr=D, dwu_ptr=D)
             consts = dict(HAS_GATHER=g is not None, DO_DX=dx, DO_DW=dw, BM=cfg.bm, BD=cfg.bd_bwd, BR=br,
                           NDB=cfg.ndb_bwd, BLOCK_E=cfg.block_e)
@@ -581,7 +581,8 @@ def enumerate_specs(arch: str) -> Iterator[Spec]:
             out.append(_spec("bwd_maps", dict(offs_ptr="*i32", maps_ptr="*i32"),
                              dict(BM=cfg.bm, BLOCK=TILE_CUM_BLOCK), 4, 1, False))
             for br in sorted({rank_block(cfg, r, a) for r in (1, 16, 17, 32, 33, 64, 4096) for a in (True, False)}):
-                out.append(_spec("glu_bwd_sred", dict(dsgp_ptr="*fp32", dsup_ptr="*fp32", cum_ptr="*i32",
+                out.append(_spec("glu_bwd_sred", dict(dsgp_ptr="*fp32", dsup_ptr="*fp32", offs_ptr="*i32",
+                                                      xcum_ptr="*i32",
                                                       dsg_ptr="*fp32", dsu_ptr="*fp32"),
                                  dict(BR=br), SRED_WARPS, 1, False))
         for s in out:

@@ -46,8 +46,8 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from tsct.kernels.triton_glu._kernels import (_dw_one_tile, _dw_store, _expert_bounds, _expert_of_tile,
-                                             _find_expert, _one_tile_dh, _row_index, _tile_rows)
+from tsct.kernels.triton_glu._kernels import (_bwd_rows, _bwd_tile, _dw_one_tile, _dw_store, _expert_bounds,
+                                             _expert_of_tile, _one_tile_dh, _row_index)
 
 DENSE, NVFP4, SIGN = 0, 1, 2
 
@@ -452,28 +452,32 @@ def lowbit_up_fwd(
 
 
 # ---- backward -----------------------------------------------------------------------------------
-# The bf16 kernels' schedule (triton_glu/_kernels.py "backward"): these two row kernels run on the row tiles of the
-# tile map and give dW only to an expert whose only tile they hold; the other experts' dW (X^T dh, (z*rw)^T dY: no
-# factor involved) come from the bf16 family's chunked kernels (glu_bwd_dwd, glu_bwd_dw, bwd_slot_reduce).
+# The bf16 kernels' schedule (triton_glu/_kernels.py "backward"): these two row kernels run on the expert-major row
+# tiles and give dW to an expert of at most one tile (exact zeros for an empty one); the other experts' dW (X^T dh,
+# (z*rw)^T dY: no factor involved) come from the bf16 family's chunked kernels (glu_bwd_dwd, glu_bwd_dw,
+# bwd_slot_reduce).
 
 @triton.jit
 def lowbit_bwd_dz(
-    dy_ptr, sidx_ptr, offs_ptr, cum_ptr, d0, d1, d2, zw_ptr, part_ptr, dwd_ptr,
+    dy_ptr, sidx_ptr, offs_ptr, xcum_ptr, d0, d1, d2, zw_ptr, part_ptr, dwd_ptr,
     E, M, r, f, f_slice,
     FMT_D: tl.constexpr, HAS_SCATTER: tl.constexpr, DO_DWD: tl.constexpr,
     BM: tl.constexpr, BR: tl.constexpr, BN: tl.constexpr, BLOCK_E: tl.constexpr,
 ):
     """``triton_glu.glu_bwd_dz`` with w_down in any format: part[fs, rows, ranks] = dY[rows, slice] Wd_hat^T for
-    one (row tile, rank block, f slice). dWd (DO_DWD, the expert whose only tile this is) is the gradient w.r.t.
+    one (row tile, rank block, f slice). dWd (DO_DWD, an expert of at most one tile) is the gradient w.r.t.
     the DECODED factor, (z*rw)^T dY, dense [E, r, f]: the STE gradient of a master factor (glu.py). Sign: b[n]
     scales dY's columns before the dot; NVFP4: 1/s_enc scales each partial."""
     pid = tl.program_id(0)
     pr = tl.program_id(1)
     fs = tl.program_id(2)
-    e = _find_expert(cum_ptr, pid, E, BLOCK_E)
+    e, t = _bwd_tile(xcum_ptr, pid, E, BLOCK_E)
     if e >= E:
         return
-    row0, hi, one = _tile_rows(offs_ptr, cum_ptr, e, pid, BM)
+    row0, hi, one = _bwd_rows(offs_ptr, e, t, BM)
+    if not DO_DWD:
+        if row0 >= hi:  # an empty expert's tile: nothing to do without dWd
+            return
     e64 = e.to(tl.int64)
     cols = pr * BR + tl.arange(0, BR)
     cmask = cols < r
@@ -481,6 +485,7 @@ def lowbit_bwd_dz(
     bm = tl.arange(0, BM)
     n_lo = fs * f_slice
     n_hi = tl.minimum(n_lo + f_slice, f)
+    n_w = tl.where(row0 < hi, n_hi, 0)                    # w_down is decoded only for a tile with rows
     dwd_base = dwd_ptr + e64 * r * f
     wd_tile = cols[:, None] * f + ns[None, :]             # int32 [BR, BN] (dense dWd)
     h_tile = bm[:, None] * r + cols[None, :]              # int32 [BM, BR]
@@ -494,8 +499,8 @@ def lowbit_bwd_dz(
     for n in range(n_lo, n_hi, BN):
         nmask = (n + ns) < n_hi
         dy = tl.load(dy_ptr + dy_row[:, None] + (n + ns)[None, :], mask=rmask[:, None] & nmask[None, :], other=0.0)
-        w = _w_tile(FMT_D, d0, d1, e64, pr * BR, r, f, n + ns, nmask, BR, BN, dy.dtype)  # [BR, BN]
-        dys = _w_cols(FMT_D, dy, d2, e64, f, n + ns, nmask).to(dy.dtype)
+        w = _w_tile(FMT_D, d0, d1, e64, pr * BR, r, f, n + ns, (n + ns) < n_w, BR, BN, dy.dtype)
+        dys = _w_cols(FMT_D, dy, d2, e64, f, n + ns, (n + ns) < n_w).to(dy.dtype)
         dz = tl.dot(w, tl.trans(dys), dz)
         if DO_DWD:
             if one:
@@ -507,23 +512,28 @@ def lowbit_bwd_dz(
 
 @triton.jit
 def lowbit_bwd_dx_dw(
-    x_ptr, gidx_ptr, offs_ptr, cum_ptr, g0, g1, g2, u0, u1, u2, dhg_ptr, dhu_ptr, dx_ptr, dwg_ptr, dwu_ptr,
+    x_ptr, gidx_ptr, offs_ptr, xcum_ptr, g0, g1, g2, u0, u1, u2, dhg_ptr, dhu_ptr, dx_ptr, dwg_ptr, dwu_ptr,
     E, d, r, stride_x,
     FMT_G: tl.constexpr, FMT_U: tl.constexpr,
     HAS_GATHER: tl.constexpr, DO_DX: tl.constexpr, DO_DW: tl.constexpr,
     BM: tl.constexpr, BD: tl.constexpr, BR: tl.constexpr, NDB: tl.constexpr, BLOCK_E: tl.constexpr,
 ):
     """``triton_glu.glu_bwd_dx_dw`` with w_gate / w_up in any format: dx_routed = dhg Wg_hat^T + dhu Wu_hat^T
-    (decoded in registers) for one (row tile, NDB d blocks); dWg / dWu (DO_DW, the expert whose only tile this is)
-    are the dense gradients w.r.t. the decoded factors (X^T dh), the STE gradients of master factors. As in the bf16
-    kernel, a rank that fits one block (r = 64) loads dhg / dhu (and their sign column scales) once and walks the d
-    blocks in one loop; a larger one, or NDB 1, takes the per-block path over its rank blocks."""
+    (decoded in registers) for one (row tile, NDB d blocks); dWg / dWu (DO_DW, an expert of at most one tile; zeros
+    for an empty one, whose factors are not decoded) are the dense gradients w.r.t. the decoded factors (X^T dh), the
+    STE gradients of master factors. As in the bf16 kernel, a rank that fits one block (r = 64) loads dhg / dhu (and
+    their sign column scales) once and walks the d blocks in one loop; a larger one, or NDB 1, takes the per-block
+    path over its rank blocks."""
     pid = tl.program_id(0)
     pd = tl.program_id(1)
-    e = _find_expert(cum_ptr, pid, E, BLOCK_E)
+    e, t = _bwd_tile(xcum_ptr, pid, E, BLOCK_E)
     if e >= E:
         return
-    row0, hi, one = _tile_rows(offs_ptr, cum_ptr, e, pid, BM)
+    row0, hi, one = _bwd_rows(offs_ptr, e, t, BM)
+    if not DO_DW:
+        if row0 >= hi:  # an empty expert's tile: nothing to do without dW
+            return
+    live = row0 < hi
     e64 = e.to(tl.int64)
     dl = tl.arange(0, BD)
     bm = tl.arange(0, BM)
@@ -537,10 +547,12 @@ def lowbit_bwd_dx_dw(
                 _dw_store(x_ptr, gidx_ptr, dhg_ptr, dhu_ptr, dwg_ptr, dwu_ptr, e64 * d * r + d_lo * r, row0, hi, 1,
                           d_lo, d, r, stride_x, HAS_GATHER, BM, BD, BR)
         if DO_DX:
-            _lowbit_dx_block(g0, g1, g2, u0, u1, u2, dhg_ptr, dhu_ptr, dx_ptr, e, row0, hi, d_lo, d, r, h_tile,
-                             FMT_G, FMT_U, BM, BD, BR)
+            if live:
+                _lowbit_dx_block(g0, g1, g2, u0, u1, u2, dhg_ptr, dhu_ptr, dx_ptr, e, row0, hi, d_lo, d, r, h_tile,
+                                 FMT_G, FMT_U, BM, BD, BR)
     elif r <= BR:
         rmask, src, rm, hg, hu = _one_tile_dh(gidx_ptr, dhg_ptr, dhu_ptr, row0, hi, r, h_tile, HAS_GATHER, BM, BR)
+        rm_w = rs < tl.where(live, r, 0)  # an empty expert's factors are not decoded
         if DO_DX:
             hgs = tl.trans(_w_cols(FMT_G, hg, g2, e64, r, rs, rm).to(hg.dtype))  # [BR, BM]
             hus = tl.trans(_w_cols(FMT_U, hu, u2, e64, r, rs, rm).to(hu.dtype))
@@ -551,8 +563,8 @@ def lowbit_bwd_dx_dw(
                     _dw_one_tile(x_ptr, src, rmask, rm, hg, hu, dwg_ptr, dwu_ptr, e64 * d * r, d0, d, r, stride_x,
                                  BD, BR)
             if DO_DX:
-                wg = _w_tile(FMT_G, g0, g1, e64, d0, d, r, rs, rm, BD, BR, hg.dtype)   # [BD, BR]
-                wu = _w_tile(FMT_U, u0, u1, e64, d0, d, r, rs, rm, BD, BR, hu.dtype)
+                wg = _w_tile(FMT_G, g0, g1, e64, d0, d, r, rs, rm_w, BD, BR, hg.dtype)   # [BD, BR]
+                wu = _w_tile(FMT_U, u0, u1, e64, d0, d, r, rs, rm_w, BD, BR, hu.dtype)
                 acc = tl.trans(_w_scalar(FMT_G, tl.dot(wg, hgs), g2, e) + _w_scalar(FMT_U, tl.dot(wu, hus), u2, e))
                 tl.store(dx_ptr + row0.to(tl.int64) * d + d0 + bm[:, None] * d + dl[None, :],
                          acc.to(dx_ptr.dtype.element_ty), mask=rmask[:, None] & dm[None, :])
@@ -563,8 +575,9 @@ def lowbit_bwd_dx_dw(
                     _dw_store(x_ptr, gidx_ptr, dhg_ptr, dhu_ptr, dwg_ptr, dwu_ptr, e64 * d * r + d0 * r, row0, hi, 1,
                               d0, d, r, stride_x, HAS_GATHER, BM, BD, BR)
             if DO_DX:
-                _lowbit_dx_block(g0, g1, g2, u0, u1, u2, dhg_ptr, dhu_ptr, dx_ptr, e, row0, hi, d0, d, r, h_tile,
-                                 FMT_G, FMT_U, BM, BD, BR)
+                if live:
+                    _lowbit_dx_block(g0, g1, g2, u0, u1, u2, dhg_ptr, dhu_ptr, dx_ptr, e, row0, hi, d0, d, r, h_tile,
+                                     FMT_G, FMT_U, BM, BD, BR)
 
 
 @triton.jit

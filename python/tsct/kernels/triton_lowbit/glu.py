@@ -435,7 +435,7 @@ def grouped_glu_backward(
     n_fs = G._cdiv(f, f_slice)
     part = torch.empty(n_fs, m, r, device=dev, dtype=torch.float32)
     dwd = torch.empty((e, r, f), device=dev, dtype=wdtype(w_down)) if do_dwd else None
-    _launch("lowbit_bwd_dz", (plan.max_tiles, nrb, n_fs), [go, sidx, offs, plan.cum, *pd, zw, part, dwd, e, m, r, f,
+    _launch("lowbit_bwd_dz", (plan.max_tiles, nrb, n_fs), [go, sidx, offs, plan.xcum, *pd, zw, part, dwd, e, m, r, f,
                                                            f_slice],
             dict(FMT_D=fd, HAS_SCATTER=sidx is not None, DO_DWD=do_dwd, BM=bm, BR=br, BN=bn, BLOCK_E=cfg.block_e),
             WARPS_DECODE, cfg.stages_bwd_dz, aligned, cap, dev)
@@ -462,7 +462,7 @@ def grouped_glu_backward(
         bd = cfg.bd_bwd
         ndb = LS.dxdw_ndb(cfg, fg, fu)
         _launch("lowbit_bwd_dx_dw", (plan.max_tiles, G._cdiv(d, bd * ndb)),
-                [x, gidx, offs, plan.cum, *pg, *pu, dhg, dhu, dx_rows, dwg, dwu, e, d, r, x.stride(0)],
+                [x, gidx, offs, plan.xcum, *pg, *pu, dhg, dhu, dx_rows, dwg, dwu, e, d, r, x.stride(0)],
                 dict(FMT_G=fg, FMT_U=fu, HAS_GATHER=gidx is not None, DO_DX=do_dx, DO_DW=do_dw, BM=bm, BD=bd,
                      BR=br, NDB=ndb, BLOCK_E=cfg.block_e),
                 WARPS_DECODE, cfg.stages_dxdw_lb, aligned, cap, dev)

@@ -69,7 +69,7 @@ KERNELS: dict[str, KernelInfo] = {
         hinted=("z_ptr", "d0", "y_ptr", "r"),
     ),
     "lowbit_bwd_dz": KernelInfo(
-        params=("dy_ptr", "sidx_ptr", "offs_ptr", "cum_ptr", "d0", "d1", "d2", "zw_ptr", "part_ptr", "dwd_ptr", "E",
+        params=("dy_ptr", "sidx_ptr", "offs_ptr", "xcum_ptr", "d0", "d1", "d2", "zw_ptr", "part_ptr", "dwd_ptr", "E",
                 "M", "r", "f", "f_slice"),
         constexprs=("FMT_D", "HAS_SCATTER", "DO_DWD", "BM", "BR", "BN", "BLOCK_E"),
         ints=("E", "M", "r", "f", "f_slice"),
@@ -77,7 +77,7 @@ KERNELS: dict[str, KernelInfo] = {
         hinted=("dy_ptr", "d0", "zw_ptr", "part_ptr", "dwd_ptr", "r"),
     ),
     "lowbit_bwd_dx_dw": KernelInfo(
-        params=("x_ptr", "gidx_ptr", "offs_ptr", "cum_ptr", "g0", "g1", "g2", "u0", "u1", "u2", "dhg_ptr", "dhu_ptr",
+        params=("x_ptr", "gidx_ptr", "offs_ptr", "xcum_ptr", "g0", "g1", "g2", "u0", "u1", "u2", "dhg_ptr", "dhu_ptr",
                 "dx_ptr", "dwg_ptr", "dwu_ptr", "E", "d", "r", "stride_x"),
         constexprs=("FMT_G", "FMT_U", "HAS_GATHER", "DO_DX", "DO_DW", "BM", "BD", "BR", "NDB", "BLOCK_E"),
         ints=("E", "d", "r", "stride_x"),
@@ -219,13 +219,13 @@ def enumerate_specs(arch: str) -> Iterator[Spec]:
                           BN=cfg.bn_up, BK=bk, BLOCK_E=cfg.block_e)
             out.append(_base_spec("lowbit_up_fwd", types, consts, cfg.warps_up_lb, cfg.stages_up, aligned, KERNELS))
         for sc, dwd in itertools.product(_IDX, (False, True)):
-            types = dict(dy_ptr=D, sidx_ptr=f"*{sc}" if sc else UNUSED, offs_ptr="*i32", cum_ptr="*i32", d0=d0, d1=d1,
+            types = dict(dy_ptr=D, sidx_ptr=f"*{sc}" if sc else UNUSED, offs_ptr="*i32", xcum_ptr="*i32", d0=d0, d1=d1,
                          d2=d2, zw_ptr=D, part_ptr="*fp32", dwd_ptr=D)
             consts = dict(FMT_D=fd, HAS_SCATTER=sc is not None, DO_DWD=dwd, BM=cfg.bm, BR=br, BN=cfg.bn_bwd,
                           BLOCK_E=cfg.block_e)
             out.append(_base_spec("lowbit_bwd_dz", types, consts, WARPS_DECODE, cfg.stages_bwd_dz, aligned, KERNELS))
         for g, (dx, dw) in itertools.product(_IDX, _DXDW):
-            types = dict(x_ptr=D, gidx_ptr=f"*{g}" if g else UNUSED, offs_ptr="*i32", cum_ptr="*i32", g0=g0, g1=g1,
+            types = dict(x_ptr=D, gidx_ptr=f"*{g}" if g else UNUSED, offs_ptr="*i32", xcum_ptr="*i32", g0=g0, g1=g1,
                          g2=g2, u0=u0, u1=u1, u2=u2, dhg_ptr=D, dhu_ptr=D, dx_ptr=D, dwg_ptr=D, dwu_ptr=D)
             consts = dict(FMT_G=fg, FMT_U=fu, HAS_GATHER=g is not None, DO_DX=dx, DO_DW=dw, BM=cfg.bm,
                           BD=cfg.bd_bwd, BR=br, NDB=dxdw_ndb(cfg, fg, fu), BLOCK_E=cfg.block_e)
