@@ -353,7 +353,9 @@ def test_every_glu_launch_has_an_aot_variant(cap, monkeypatch):
             assert not scatter or any(kk.startswith("csr_keys|") for kk in launched), name
             wd_t = {kk.split("|")[0] for kk in launched if "WD_T=1" in kk}
             kmajor_aligned = not wd.is_contiguous() and d % 16 == 0 and r % 16 == 0
-            assert wd_t == ({"glu_up_fwd", "glu_bwd_dz"} if kmajor_aligned else set()), (name, wd_t)
+            # the chunked dW_down of experts with several row tiles writes the K-major layout too
+            want = {"glu_up_fwd", "glu_bwd_dz"} | ({"glu_bwd_dwd"} & names)
+            assert wd_t == (want if kmajor_aligned else set()), (name, wd_t)
 
 
 @pytest.mark.parametrize("cap", [(9, 0), (10, 0), (12, 0)], ids=lambda c: f"sm{c[0]}{c[1]}")

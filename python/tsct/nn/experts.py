@@ -47,7 +47,7 @@ STORAGES = ("bf16", "nvfp4", "sign")
 #: activation precision passed to ``tsct.ops.grouped_glu``
 ACTIVATIONS = ("bf16", "nvfp4")
 #: precision of ``PaddedBmmGLUExperts``' products and elementwise results
-INTERMEDIATES = ("compute", "fp32")
+INTERMEDIATES = ("compute", "fp32", "tensor-core")
 FACTORS = ("w_gate", "w_up", "w_down")
 _K_MULTIPLE = {"nvfp4": 16, "sign": 8}  # the contraction dim K (d for w_gate/w_up, r for w_down) must divide
 _PACKED_FIELDS = {"nvfp4": ("codes", "block_scale", "global_scale"), "sign": ("bits", "scale_k", "scale_n")}
@@ -478,6 +478,31 @@ def _check_counts_within(counts: Tensor, capacity: int) -> None:
                             "GroupedGLUExperts.forward_counts: num_tokens_per_expert must lie in [0, C]")
 
 
+class _RoundValue(torch.autograd.Function):
+    """Forward: ``x`` rounded to ``dtype`` (held in x's dtype); backward: the gradient unchanged."""
+
+    @staticmethod
+    def forward(ctx, x: Tensor, dtype: torch.dtype) -> Tensor:
+        return x.to(dtype).to(x.dtype)
+
+    @staticmethod
+    def backward(ctx, grad: Tensor):
+        return grad, None
+
+
+class _RoundGrad(torch.autograd.Function):
+    """Forward: ``x`` unchanged; backward: the gradient rounded to ``dtype`` (held in its dtype)."""
+
+    @staticmethod
+    def forward(ctx, x: Tensor, dtype: torch.dtype) -> Tensor:
+        ctx.dtype = dtype
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, grad: Tensor):
+        return grad.to(ctx.dtype).to(grad.dtype), None
+
+
 class PaddedBmmGLUExperts(GLUExpertBank):
     """The same experts as a capacity-padded ``torch.bmm``: the layer MoE code runs today, for A/B comparisons.
 
@@ -501,6 +526,12 @@ class PaddedBmmGLUExperts(GLUExpertBank):
             says. The products of 16-bit operands are exact in fp32 (and in TF32), so an fp32 GEMM gives the
             oracle's numbers up to the order of its sums. With ``capacity_factor=None`` this is the exact
             layer that ``GroupedGLUExperts`` is compared with (examples/train_moe_lm.py).
+            "tensor-core": as "fp32", but rounded where tsct's bf16 GPU kernels round: the row weight folded
+            into z and the product rounded to the compute dtype as the w_down product's operand, each routed
+            row's y rounded before the fp32 combine, and in the backward the gradients of the w_gate and w_up
+            products (dg * s_gate, du * s_up) before they are multiplied again. The
+            same math with the roundings every bf16 GPU kernel makes: the gap between it and "fp32" is the
+            rounding noise a GPU implementation is measured against (examples/train_moe_lm.py).
 
     After each forward, ``dropped_fraction`` holds the fraction of routed rows dropped (a 0-d fp32 tensor on
     the device, read without a host sync only when the caller reads it).
@@ -537,23 +568,37 @@ class PaddedBmmGLUExperts(GLUExpertBank):
         self._check_routing(x, topk_ids, topk_weights)
         e, c, (t, k) = self.num_experts, self.capacity(topk_ids), topk_ids.shape
         dt = compute_dtype(x)
-        it = torch.float32 if self.intermediates == "fp32" else dt  # the dtype of everything after the operands
+        it = dt if self.intermediates == "compute" else torch.float32  # the dtype of everything after the operands
+        tc = self.intermediates == "tensor-core"
         # operands rounded to the compute dtype first (as every path computes them), then held in ``it``
         wg, wu, wd = (v.to(dt).to(it) for v in self.factor_views())
         s_gate, s_up = (s.to(it) if s is not None else None for s in self.scales(dt))
         cap = capacity_slots(topk_ids, e, c)
+        keep = cap.keep.to(torch.float32)
+        w = keep if topk_weights is None else topk_weights.reshape(-1).float() * keep  # dropped rows weigh 0
         # autocast would cast bmm's fp32 operands back to the autocast dtype
         with torch.autocast(x.device.type, enabled=False) if it != dt else contextlib.nullcontext():
             xbuf = x.to(dt).to(it).index_select(0, cap.src).view(e, c, self.d)
             g = torch.bmm(xbuf, wg)
             u = torch.bmm(xbuf, wu)
+            if tc:  # their gradients are operands of dX and dW
+                g, u = _RoundGrad.apply(g, dt), _RoundGrad.apply(u, dt)
             if s_gate is not None:
                 g = g * s_gate.unsqueeze(1)
                 u = u * s_up.unsqueeze(1)
-            ybuf = torch.bmm(nn.functional.silu(g) * u, wd).view(e * c, self.f)
-        keep = cap.keep.to(torch.float32)
-        w = keep if topk_weights is None else topk_weights.reshape(-1).float() * keep  # dropped rows weigh 0
-        y = ybuf.index_select(0, cap.slot).float() * w.unsqueeze(1)
+            z = nn.functional.silu(g) * u
+            if tc:  # as the kernels: the row weight folded into z, rounded as the w_down product's operand, and
+                # each routed row's y written in the compute dtype before the fp32 combine
+                slot = torch.where(cap.keep, cap.slot, e * c)  # dropped rows: a spare slot
+                wbuf = torch.zeros(e * c + 1, dtype=it, device=x.device).index_put((slot,), w)[:e * c]
+                z = _RoundValue.apply(z * wbuf.view(e, c, 1), dt)
+                ybuf = _RoundValue.apply(torch.bmm(z, wd), dt).view(e * c, self.f)
+            else:
+                ybuf = torch.bmm(z, wd).view(e * c, self.f)
+        if tc:
+            y = ybuf.index_select(0, cap.slot).float() * keep.unsqueeze(1)
+        else:
+            y = ybuf.index_select(0, cap.slot).float() * w.unsqueeze(1)
         self.dropped_fraction = (1.0 - keep.mean()).detach() if keep.numel() else keep.new_zeros(())
         return y.view(t, k, self.f).sum(1).to(dt)
 

@@ -71,6 +71,35 @@ class PackedFactor:
         """{name: tensor} of the storage tensors present (optional ones that are None left out)."""
         return {f: getattr(self, f) for f in self._STORAGE if getattr(self, f) is not None}
 
+    def dequantize(self, dtype: torch.dtype = torch.bfloat16, backend: str = "auto", *,
+                   contiguous: bool = True) -> Tensor:
+        """Decode to a tensor of the logical shape (the format's value in fp32, then ``dtype``, rounding to
+        nearest even): contiguous, or with ``contiguous=False`` the transposed view of the decode in storage
+        order (``[E, N, K]``, K contiguous; no transposing copy: what a GEMM that takes either operand order
+        wants). ``backend``: "native" (the CUDA kernels), "torch", or "auto" (``tsct.quant._backend``)."""
+        from tsct.quant import _backend
+
+        _backend.check_float_dtype("dtype", dtype)
+        which = _backend.resolve(backend, self.device, f"{type(self).__name__}.dequantize")
+        if which == "native":
+            out = self._decode_native(_backend.native(), dtype).transpose(-1, -2)
+        else:
+            out = torch.empty((self.batch, self.n, self.k), dtype=dtype, device=self.device).transpose(-1, -2)
+            step = _backend.chunk_rows(self.batch, self.n * self.k)
+            for e0 in range(0, self.batch, step):
+                e1 = min(e0 + step, self.batch)
+                out[e0:e1].copy_(self._decode_torch(e0, e1).transpose(-1, -2))
+        out = out.contiguous() if contiguous else out
+        return out.reshape(self.shape)  # a view for (K, N): the batch dimension is 1
+
+    def _decode_native(self, lib, dtype: torch.dtype) -> Tensor:
+        """``[E, N, K]`` in ``dtype`` by the native decode kernel (``lib``: ``tsct.native``)."""
+        raise NotImplementedError
+
+    def _decode_torch(self, e0: int, e1: int) -> Tensor:
+        """``[e1 - e0, N, K]`` fp32 values of experts ``e0:e1``, in torch."""
+        raise NotImplementedError
+
     def replace(self, **changes):
         return dataclasses.replace(self, **changes)
 

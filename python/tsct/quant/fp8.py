@@ -60,24 +60,12 @@ class FP8Tensor(PackedFactor):
             ("scale_n", self.scale_n, torch.float32, (self.batch, self.n)),
         ])
 
-    def dequantize(self, dtype: torch.dtype = torch.bfloat16, backend: str = "auto", *,
-                   contiguous: bool = True) -> Tensor:
-        """Decode to a tensor of the logical shape: ``e4m3(code) * scale_n[n]`` in fp32, then ``dtype``; contiguous, or
-        with ``contiguous=False`` the transposed view of the decode in storage order (``NVFP4Tensor.dequantize``)."""
-        _backend.check_float_dtype("dtype", dtype)
-        which = _backend.resolve(backend, self.device, "FP8Tensor.dequantize")
-        if which == "native":
-            out = _backend.native().fp8_dequantize(self.codes.view(torch.uint8), self.scale_n, dtype)
-            out = out.transpose(-1, -2)
-        else:
-            out = torch.empty((self.batch, self.n, self.k), dtype=dtype, device=self.device).transpose(-1, -2)
-            step = _backend.chunk_rows(self.batch, self.n * self.k)
-            for e0 in range(0, self.batch, step):
-                e1 = min(e0 + step, self.batch)
-                x = e4m3_decode(self.codes[e0:e1]) * self.scale_n[e0:e1].unsqueeze(2)
-                out[e0:e1].copy_(x.transpose(-1, -2))  # the cast to dtype rounds to nearest even
-        out = out.contiguous() if contiguous else out
-        return out.reshape(self.shape)  # a view for (K, N): the batch dimension is 1
+    def _decode_native(self, lib, dtype: torch.dtype) -> Tensor:
+        """``e4m3(code) * scale_n[n]`` in fp32, then ``dtype`` (``PackedFactor.dequantize``)."""
+        return lib.fp8_dequantize(self.codes.view(torch.uint8), self.scale_n, dtype)
+
+    def _decode_torch(self, e0: int, e1: int) -> Tensor:
+        return e4m3_decode(self.codes[e0:e1]) * self.scale_n[e0:e1].unsqueeze(2)
 
     def __repr__(self) -> str:
         return (f"FP8Tensor(shape={list(self.shape)}, device={self.device}, "

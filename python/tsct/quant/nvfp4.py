@@ -83,29 +83,15 @@ class NVFP4Tensor(PackedFactor):
         np_, kbp = swizzled_shape(self.n, kb)
         return (self.batch, np_ * kbp)
 
-    def dequantize(self, dtype: torch.dtype = torch.bfloat16, backend: str = "auto", *,
-                   contiguous: bool = True) -> Tensor:
-        """Decode to a tensor of the logical shape, ``(e2m1 * sf) / s_enc`` in fp32, then ``dtype``: contiguous, or
-        with ``contiguous=False`` the transposed view of the decode in storage order (K contiguous; no
-        transposing copy: what a GEMM that takes either operand order wants)."""
-        _backend.check_float_dtype("dtype", dtype)
-        which = _backend.resolve(backend, self.device, "NVFP4Tensor.dequantize")
-        if which == "native":
-            out = _backend.native().nvfp4_dequantize(self.codes, self.block_scale, self.layout, self.global_scale,
-                                                     self.k, dtype)
-            out = out.transpose(-1, -2)
-        else:
-            scales = self.block_scale
-            if self.layout == SWIZZLED_128X4:
-                scales = to_linear(scales, self.n, self.k // NVFP4_BLOCK_SIZE)
-            out = torch.empty((self.batch, self.n, self.k), dtype=dtype, device=self.device).transpose(-1, -2)
-            step = _backend.chunk_rows(self.batch, self.n * self.k)
-            for e0 in range(0, self.batch, step):
-                e1 = min(e0 + step, self.batch)
-                x = _dequantize_blocks_torch(self.codes[e0:e1], scales[e0:e1], self.global_scale[e0:e1])
-                out[e0:e1].copy_(x.transpose(-1, -2))  # the cast to dtype rounds to nearest even
-        out = out.contiguous() if contiguous else out
-        return out.reshape(self.shape)  # a view for (K, N): the batch dimension is 1
+    def _decode_native(self, lib, dtype: torch.dtype) -> Tensor:
+        """``(e2m1 * sf) / s_enc`` in fp32, then ``dtype`` (``PackedFactor.dequantize``)."""
+        return lib.nvfp4_dequantize(self.codes, self.block_scale, self.layout, self.global_scale, self.k, dtype)
+
+    def _decode_torch(self, e0: int, e1: int) -> Tensor:
+        scales = self.block_scale[e0:e1]
+        if self.layout == SWIZZLED_128X4:
+            scales = to_linear(scales, self.n, self.k // NVFP4_BLOCK_SIZE)
+        return _dequantize_blocks_torch(self.codes[e0:e1], scales, self.global_scale[e0:e1])
 
     def __repr__(self) -> str:
         return (f"NVFP4Tensor(shape={list(self.shape)}, layout={self.layout!r}, device={self.device}, "

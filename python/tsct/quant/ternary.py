@@ -88,28 +88,16 @@ class TernaryTensor(PackedFactor):
         """"rank1" when it carries ``scale_k``, else "absmean"."""
         return "absmean" if self.scale_k is None else "rank1"
 
-    def dequantize(self, dtype: torch.dtype = torch.bfloat16, backend: str = "auto", *,
-                   contiguous: bool = True) -> Tensor:
-        """Decode to a tensor of the logical shape: ``q * scale_n[n]`` (absmean) or ``(q * scale_k[k]) * scale_n[n]``
-        (rank1) in fp32, then ``dtype``; NaN codes give NaN. Contiguous, or with ``contiguous=False`` the transposed
-        view of the decode in storage order (``NVFP4Tensor.dequantize``)."""
-        _backend.check_float_dtype("dtype", dtype)
-        which = _backend.resolve(backend, self.device, "TernaryTensor.dequantize")
-        if which == "native":
-            out = _backend.native().ternary_dequantize(self.codes, self.scale_k, self.scale_n, dtype)
-            out = out.transpose(-1, -2)
-        else:
-            out = torch.empty((self.batch, self.n, self.k), dtype=dtype, device=self.device).transpose(-1, -2)
-            step = _backend.chunk_rows(self.batch, self.n * self.k)
-            for e0 in range(0, self.batch, step):
-                e1 = min(e0 + step, self.batch)
-                x = ternary_decode(unpack_2bit(self.codes[e0:e1]))
-                if self.scale_k is not None:
-                    x = x * self.scale_k[e0:e1].unsqueeze(1)
-                x = x * self.scale_n[e0:e1].unsqueeze(2)
-                out[e0:e1].copy_(x.transpose(-1, -2))
-        out = out.contiguous() if contiguous else out
-        return out.reshape(self.shape)  # a view for (K, N): the batch dimension is 1
+    def _decode_native(self, lib, dtype: torch.dtype) -> Tensor:
+        """``q * scale_n[n]`` (absmean) or ``(q * scale_k[k]) * scale_n[n]`` (rank1) in fp32, then ``dtype``; NaN
+        codes give NaN (``PackedFactor.dequantize``)."""
+        return lib.ternary_dequantize(self.codes, self.scale_k, self.scale_n, dtype)
+
+    def _decode_torch(self, e0: int, e1: int) -> Tensor:
+        x = ternary_decode(unpack_2bit(self.codes[e0:e1]))
+        if self.scale_k is not None:
+            x = x * self.scale_k[e0:e1].unsqueeze(1)
+        return x * self.scale_n[e0:e1].unsqueeze(2)
 
     def __repr__(self) -> str:
         return (f"TernaryTensor(shape={list(self.shape)}, scaling={self.scaling!r}, device={self.device}, "
