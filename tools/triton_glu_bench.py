@@ -30,7 +30,7 @@ T, K, E, D, R, F = 16384, 2, 1024, 2048, 64, 5461
 class _Op(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, offs, wg, wu, wd, sg, su, rw, gi, si, n_out):
-        # as the custom op (ops/_library.py) does: the forward saves hg, hu, z*rw for the backward
+        # as the custom op (ops/_function.py) does: the forward saves hg, hu, z*rw for the backward
         out, saved = TG.grouped_glu_forward_saved(x, offs, wg, wu, wd, sg, su, rw, gi, si, n_out)
         ctx.save_for_backward(x, offs, wg, wu, wd, sg, su, rw, gi, si, *saved)
         ctx.n_out = n_out

@@ -144,11 +144,11 @@ def check_ste() -> dict:
 
 
 def check_op() -> dict:
-    """The same kernels behind the ``tsct::grouped_glu_q`` custom op (what ``tsct.ops.grouped_glu`` calls for
+    """The same kernels behind the ``tsct::grouped_glu`` custom op (what ``tsct.ops.grouped_glu`` calls for
     packed factors on a GPU; auto never picks this path on the CPU, so the op is called directly with
-    ``impl="triton-lowbit"``): containers packed to (carrier, storage, tag) and rebuilt in the op; masters
+    ``impl="triton-lowbit"``): containers packed to (tag, storage, carrier) and rebuilt in the op; masters
     as carriers get the STE gradient through the op's registered autograd; a swizzled NVFP4 factor."""
-    from tsct.ops import _library_q as Q
+    from tsct.ops import _function as F
 
     args = make(T=16, k=2, E=3, d=32, r=16, f=24, fmts=("nvfp4", "sign", "nvfp4"), seed=4)
     args[4] = quant.to_layout(args[4], "swizzled_128x4")
@@ -156,9 +156,10 @@ def check_op() -> dict:
     masters = [torch.randn(3, 32, 16, requires_grad=True), None, torch.randn(3, 16, 24, requires_grad=True)]
     x = args[0].clone().requires_grad_(True)
     rw = args[7].clone().requires_grad_(True)
-    tags, storages = zip(*(Q.pack_factor(n, w) for n, w in zip(("w_gate", "w_up", "w_down"), args[2:5])))
-    out, _saved = torch.ops.tsct.grouped_glu_q(x, args[1], *masters, *storages, ",".join(tags), args[5], args[6],
-                                               rw, args[8], args[9], args[10], "triton-lowbit")
+    routing = F.Routing(args[1], args[8], args[9], args[10], rw)
+    inputs, call = F.encode(x, tuple(args[2:5]), masters, args[5], args[6], routing, "triton-lowbit")
+    tags = tuple(call.formats.split(","))
+    out, _saved = torch.ops.tsct.grouped_glu(*F._op_args(inputs, call))
     go = torch.randn_like(out)
     out.backward(go)
     want = R.grouped_glu_backward(go, *ref_args, [True] * 7)

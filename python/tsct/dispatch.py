@@ -56,6 +56,8 @@ DECODED_FORMATS = ("fp8", "ternary")
 #: the format of a mix of factors that includes a DECODED_FORMATS one ("mixed" is the mix triton-lowbit reads)
 MIXED_DECODED = "mixed-decoded"
 ACTIVATIONS = ("bf16", "nvfp4")
+#: paths whose kernels read packed factors (NVFP4 / sign) themselves; every other path gets them decoded
+READS_PACKED = frozenset({TRITON_LOWBIT, SM120_FP4})
 
 #: the activation precision each path computes (the ``activations=`` values it serves)
 COMPUTES: dict[str, frozenset] = {

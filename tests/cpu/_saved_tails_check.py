@@ -1,7 +1,7 @@
 """The saving forwards' outputs are defined on padding rows (rows at or past offs[-1], design.md section 2).
 
 ``grouped_glu_forward_saved`` of the Triton paths returns, besides the output, the tensors its backward reads
-(hg, hu fp32 [M, r], z * row_weight [M, r]; with scatter_idx also the combine's CSR). They are outputs of the custom ops (``tsct::grouped_glu``, ``tsct::grouped_glu_q``), so every row must
+(hg, hu fp32 [M, r], z * row_weight [M, r]; with scatter_idx also the combine's CSR). They are outputs of the custom ops (``tsct::grouped_glu``), so every row must
 be defined: torch.library.opcheck's AOT-dispatch checks compare two runs' outputs. Run in a subprocess under
 Triton's interpreter, fp32 (tests/cpu/test_triton_glu_interp.py):
 
@@ -28,7 +28,7 @@ import torch  # noqa: E402
 from tsct import quant  # noqa: E402
 from tsct.kernels.triton_glu import glu as G  # noqa: E402
 from tsct.kernels.triton_lowbit import glu as L  # noqa: E402
-from tsct.ops import _library_q as Q  # noqa: E402  (importing tsct.ops registers the custom ops)
+from tsct.ops import _function as F  # noqa: E402  (importing tsct.ops registers the custom ops)
 from _glu_oracle import make_problem  # noqa: E402
 
 _EMPTY = torch.empty
@@ -121,10 +121,9 @@ def lowbit_direct(gather: bool) -> str:
 def _q_opcheck(impl: str) -> str:
     p, _ = _lowbit_problem(True)
     facs = _nvfp4(p)
-    tags, storages = zip(*(Q.pack_factor(n, w) for n, w in zip(("w_gate", "w_up", "w_down"), facs)))
-    args = (p["x"].requires_grad_(), p["offs"], None, None, None, *storages, ",".join(tags), p["s_gate"], p["s_up"],
-            p["row_weight"], p["gather_idx"], p["scatter_idx"], p["num_out_rows"], impl)
-    torch.library.opcheck(torch.ops.tsct.grouped_glu_q.default, args)
+    routing = F.Routing(p["offs"], p["gather_idx"], p["scatter_idx"], p["num_out_rows"], p["row_weight"])
+    args = F.op_args(p["x"].requires_grad_(), facs, (None,) * 3, p["s_gate"], p["s_up"], routing, impl)
+    torch.library.opcheck(torch.ops.tsct.grouped_glu.default, args)
     return ""
 
 

@@ -103,14 +103,14 @@ def test_compile_fullgraph_uses_the_static_layout():
 
 
 def test_opcheck():
-    from tsct.ops import _library
+    from tsct.ops import _function as F
 
     p = problem("softmax-top2")
-    args = (p["x"], p["offs"], p["w_gate"], p["w_up"], p["w_down"], p["s_gate"], p["s_up"], p["row_weight"],
-            p["gather_idx"], p["scatter_idx"], p["num_out_rows"])
+    routing = F.Routing(p["offs"], p["gather_idx"], p["scatter_idx"], p["num_out_rows"], p["row_weight"])
     for key in ("bmm", "bmm/static"):
-        torch.library.opcheck(_library.grouped_glu_saving_op, (*args, key),
-                              test_utils=("test_schema", "test_faketensor"))
+        args = F.op_args(p["x"], (p["w_gate"], p["w_up"], p["w_down"]), (None,) * 3, p["s_gate"], p["s_up"],
+                         routing, key)
+        torch.library.opcheck(torch.ops.tsct.grouped_glu.default, args, test_utils=("test_schema", "test_faketensor"))
 
 
 # ---- NVFP4 activations -------------------------------------------------------------------------

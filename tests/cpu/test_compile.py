@@ -52,8 +52,11 @@ def test_fullgraph_compile_matches_eager():
 def test_opcheck():
     """torch.library's own consistency checks of the schema, fake implementation and autograd."""
     p = make_problem(tokens=8, topk=2, experts=3, d=16, r=4, f=7)
-    args = (p["x"].requires_grad_(), p["offs"], p["w_gate"].requires_grad_(), p["w_up"], p["w_down"], p["s_gate"],
-            p["s_up"], p["row_weight"], p["gather_idx"], p["scatter_idx"], 8, "reference")
+    from tsct.ops import _function as F
+
+    routing = F.Routing(p["offs"], p["gather_idx"], p["scatter_idx"], 8, p["row_weight"])
+    args = F.op_args(p["x"].requires_grad_(), (p["w_gate"].requires_grad_(), p["w_up"], p["w_down"]), (None,) * 3,
+                     p["s_gate"], p["s_up"], routing, "reference")
     torch.library.opcheck(torch.ops.tsct.grouped_glu.default, args)
 
 
@@ -111,15 +114,18 @@ def test_fullgraph_compile_with_a_kmajor_w_down():
 def test_backward_op_returns_each_gradient_in_its_inputs_layout():
     """Direct call of the backward op with a K-major w_down: dW_down comes back with w_down's strides
     (as the fake says), the others contiguous; opcheck's fake-vs-real checks pass for that input."""
+    from tsct.ops import _function as F
+
     p = make_problem(tokens=8, topk=2, experts=3, d=16, r=4, f=7)
     wd = to_kmajor(p["w_down"])
-    out, saved = torch.ops.tsct.grouped_glu(p["x"], p["offs"], p["w_gate"], p["w_up"], wd, p["s_gate"], p["s_up"],
-                                            p["row_weight"], p["gather_idx"], p["scatter_idx"], 8, "reference")
-    grads = torch.ops.tsct.grouped_glu_backward(torch.ones_like(out), p["x"], p["offs"], p["w_gate"], p["w_up"], wd,
-                                                p["s_gate"], p["s_up"], p["row_weight"], p["gather_idx"],
-                                                p["scatter_idx"], 8, "reference", [True] * 7, saved)
+    routing = F.Routing(p["offs"], p["gather_idx"], p["scatter_idx"], 8, p["row_weight"])
+
+    def args(x, w_down):
+        return F.op_args(x, (p["w_gate"], p["w_up"], w_down), (None,) * 3, p["s_gate"], p["s_up"], routing,
+                         "reference")
+
+    out, saved = torch.ops.tsct.grouped_glu(*args(p["x"], wd))
+    grads = torch.ops.tsct.grouped_glu_backward(torch.ones_like(out), *args(p["x"], wd), [True] * 7, saved)
     assert grads[3].stride() == wd.stride() and grads[3].shape == wd.shape
     assert all(g.is_contiguous() for i, g in enumerate(grads) if i != 3)
-    args = (p["x"].requires_grad_(), p["offs"], p["w_gate"], p["w_up"], wd.requires_grad_(), p["s_gate"],
-            p["s_up"], p["row_weight"], p["gather_idx"], p["scatter_idx"], 8, "reference")
-    torch.library.opcheck(torch.ops.tsct.grouped_glu.default, args)
+    torch.library.opcheck(torch.ops.tsct.grouped_glu.default, args(p["x"].requires_grad_(), wd.requires_grad_()))

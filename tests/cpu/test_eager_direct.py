@@ -1,4 +1,5 @@
-"""Plain eager calls skip the custom ops' dispatcher (tsct.ops._eager): same functions, same results.
+"""Plain eager calls apply the one Function without the custom ops' dispatcher (tsct.ops._function): same
+functions, same results.
 
 On the CPU the direct route is switched on by hand (it is CUDA-only in use) and checked against the op
 route bit for bit: forward, every gradient, the STE gradient to a master through the quantized op, and
@@ -9,7 +10,7 @@ import pytest
 import torch
 
 from tsct import config, dispatch, quant
-from tsct.ops import _eager, _library, _library_q, _select, grouped_glu
+from tsct.ops import _eager, _function, _select, grouped_glu
 from _glu_oracle import make_problem
 
 GRAD_NAMES = ("x", "w_gate", "w_up", "w_down", "s_gate", "s_up", "row_weight")
@@ -30,8 +31,8 @@ def test_direct_route_equals_the_op_route_bitwise(monkeypatch):
     p = make_problem(tokens=24, topk=2, experts=6, d=32, r=8, f=37, empty=(2,), gather=True, dtype=torch.float32,
                      seed=5)
     calls = []
-    real = _library._forward_impl
-    monkeypatch.setattr(_library, "_forward_impl", lambda *a: calls.append(1) or real(*a))
+    real = _function.forward
+    monkeypatch.setattr(_function, "forward", lambda *a: calls.append(1) or real(*a))
     y_op, g_op = _run(p, False, monkeypatch)
     y_d, g_d = _run(p, True, monkeypatch)
     assert len(calls) == 2  # both routes ran the same forward function
@@ -46,7 +47,7 @@ def test_direct_route_is_taken_and_fails_double_backward_by_name(monkeypatch):
     x = p["x"].clone().requires_grad_()
     y = grouped_glu(x, p["offs"], p["w_gate"], p["w_up"], p["w_down"], gather_idx=p["gather_idx"],
                     scatter_idx=p["scatter_idx"], num_out_rows=p["num_out_rows"], impl="reference")
-    assert "EagerGlu" in type(y.grad_fn).__name__
+    assert type(y.grad_fn).__name__ == "GroupedGLUBackward"
     g, = torch.autograd.grad(y.square().sum(), x, create_graph=True)
     assert g.abs().sum() > 0
     with pytest.raises(RuntimeError, match="double backward .* is not supported"):
@@ -55,7 +56,7 @@ def test_direct_route_is_taken_and_fails_double_backward_by_name(monkeypatch):
 
 class _DecodingPath:
     """A stand-in quantized path for the CPU: decodes the containers, runs the reference (the
-    interface of tsct.ops._library_q's module docstring)."""
+    path interface: rebuilt containers in, gradients w.r.t. the decoded factors out)."""
 
     @staticmethod
     def _dense(facs, dtype):
@@ -92,7 +93,7 @@ def test_quantized_direct_route_equals_the_op_route(monkeypatch):
                      seed=7)
     a, name_op = _run_q(p, False, monkeypatch)
     b, name_d = _run_q(p, True, monkeypatch)
-    assert "EagerGluQ" in name_d and "EagerGluQ" not in name_op
+    assert name_d == "GroupedGLUBackward" and "GroupedGLU" not in name_op
     for n, u, v in zip(("y", "x", "master", "row_weight"), a, b):
         assert u.abs().sum() > 0 and torch.equal(u, v), n
 
@@ -123,7 +124,7 @@ def test_direct_inference_runs_the_plain_forward(monkeypatch):
     assert calls == ["plain"] and y_inf.grad_fn is None
     x = p["x"].clone().requires_grad_()
     y_train = grouped_glu(x, *args[1:], **kw)
-    assert "EagerGlu" in type(y_train.grad_fn).__name__
+    assert type(y_train.grad_fn).__name__ == "GroupedGLUBackward"
     assert torch.equal(y_inf, y_train.detach())
 
 
@@ -133,12 +134,13 @@ def test_quantized_direct_inference_runs_the_plain_forward(monkeypatch):
     monkeypatch.setattr(_select, "select", lambda impl, cap, fmt, activations="bf16": dispatch.TRITON_LOWBIT)
     monkeypatch.setattr(dispatch, "implementation", lambda path: _DecodingPath)
     seen = []
-    monkeypatch.setattr(_library_q, "_forward_plain", lambda *a, real=_library_q._forward_plain: seen.append(1) or real(*a))
+    monkeypatch.setattr(_function, "forward",
+                        lambda inputs, call, save=True, real=_function.forward: seen.append(save) or real(inputs, call, save))
     wq = quant.quantize_nvfp4(p["w_gate"], backend="torch")
     kw = dict(row_weight=p["row_weight"], gather_idx=p["gather_idx"], scatter_idx=p["scatter_idx"],
               num_out_rows=p["num_out_rows"])
     with torch.no_grad():
         y = grouped_glu(p["x"], p["offs"], wq, p["w_up"], p["w_down"], p["s_gate"], p["s_up"], **kw)
-    assert seen == [1] and y.grad_fn is None
+    assert seen == [False] and y.grad_fn is None
     y2 = grouped_glu(p["x"].clone().requires_grad_(), p["offs"], wq, p["w_up"], p["w_down"], p["s_gate"], p["s_up"], **kw)
-    assert "EagerGluQ" in type(y2.grad_fn).__name__ and torch.equal(y, y2.detach())
+    assert type(y2.grad_fn).__name__ == "GroupedGLUBackward" and torch.equal(y, y2.detach())

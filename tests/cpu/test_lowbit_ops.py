@@ -1,13 +1,13 @@
 """Wiring of the low-bit path into ``tsct.ops``, checked on the CPU.
 
-- the ``tsct::grouped_glu_q`` custom op pair (``tsct/ops/_library_q.py``): registration, container
-  packing, fake implementations and autograd (``torch.library.opcheck``), torch.compile(fullgraph=True);
+- the ``tsct::grouped_glu`` custom op pair with packed factor slots (``tsct/ops/_function.py``,
+  ``tsct/ops/_factors.py``): registration, container packing, fake implementations and autograd (``torch.library.opcheck``), torch.compile(fullgraph=True);
 - the generic plug-in contract: ``dispatch.implementation(path)`` receives rebuilt containers. A CPU
   stand-in path (decode, then ``tsct.reference``) is installed in the dispatch table for these tests;
   the real Triton kernels behind the same op run in tests/cpu/test_triton_lowbit.py (interpreter) and
   tests/gpu/test_lowbit_ops_gpu.py;
 - training with the straight-through estimator: masters receive the gradient w.r.t. the decoded factor,
-  dX uses the decoded factors, on the q op and on the reference path; ``quantize_master`` caches one
+  dX uses the decoded factors, through the packed factor slots and on the reference path; ``quantize_master`` caches one
   container per master version and ``grouped_glu`` refuses a stale one;
 - dispatch: the triton-lowbit status, auto's choice per arch, the first-use self-test elsewhere.
 """
@@ -22,7 +22,8 @@ import torch
 
 from tsct import dispatch, quant
 from tsct import reference as R
-from tsct.ops import _library_q as Q
+from tsct.ops import _factors
+from tsct.ops import _function as F
 from tsct.ops import grouped_glu, quantize_master
 from tsct.ops import _select
 from _glu_oracle import make_problem
@@ -81,31 +82,37 @@ def _call(p, facs, masters=None, x=None, **kw):
 # ---- the op ------------------------------------------------------------------------------------------
 
 def test_ops_are_registered_with_list_storage():
-    fwd = str(torch.ops.tsct.grouped_glu_q.default._schema)
-    bwd = str(torch.ops.tsct.grouped_glu_q_backward.default._schema)
-    for name in ("q_gate", "q_up", "q_down"):
-        assert f"Tensor[] {name}" in fwd and f"Tensor[] {name}" in bwd
+    fwd = str(torch.ops.tsct.grouped_glu.default._schema)
+    bwd = str(torch.ops.tsct.grouped_glu_backward.default._schema)
+    for name in ("w_gate", "w_up", "w_down"):
+        assert f"Tensor? {name}" in fwd and f"Tensor? {name}" in bwd
+    assert "Tensor?[] storage" in fwd and "Tensor?[] storage" in bwd
     assert "str formats" in fwd and "str impl" in fwd and "bool[] needs_grad" in bwd and "Tensor[] saved" in bwd
     assert fwd.endswith("-> (Tensor, Tensor[])") and bwd.endswith("-> Tensor[]")
 
 
-@pytest.mark.parametrize("fmt", ["dense", "nvfp4", "nvfp4-swizzled_128x4", "sign"])
+@pytest.mark.parametrize("fmt", ["dense", "nvfp4", "nvfp4-swizzled_128x4", "sign", "fp8", "ternary", "ternary-rank1"])
 def test_pack_unpack_round_trip(fmt):
     w = torch.randn(3, 32, 40)
     if fmt == "dense":
         c = w
-    elif fmt == "sign":
-        c = quant.quantize_sign(w, backend="torch")
-    else:
+    elif fmt.startswith("nvfp4"):
         c = quant.quantize_nvfp4(w, layout="linear" if fmt == "nvfp4" else "swizzled_128x4", backend="torch")
-    tag, storage = Q.pack_factor("w_down", c)
-    assert tag == fmt
-    back = Q.unpack_factor("w_down", tag, c if fmt == "dense" else None, storage)
+    elif fmt == "ternary-rank1":
+        c = quant.quantize_ternary(w, scaling="rank1", backend="torch")
+    else:
+        c = quant.quantize(w, fmt, backend="torch")
+    tag, storage = _factors.pack("w_down", c)
+    assert tag == fmt.replace("-rank1", "")
+    back = _factors.unpack("w_down", tag, c if fmt == "dense" else None, storage)
     if fmt == "dense":
-        assert back is c and storage == []
+        assert back is c and storage == ()
         return
     assert type(back) is type(c) and back.shape == (3, 32, 40) == tuple(c.shape)
-    for name in c._STORAGE:  # never copied (NVFP4 block scales travel as a uint8 view)
+    for name in c._STORAGE:  # never copied (float8 tensors travel as a uint8 view); an absent one stays None
+        if getattr(c, name) is None:
+            assert getattr(back, name) is None
+            continue
         assert getattr(back, name).data_ptr() == getattr(c, name).data_ptr()
         assert getattr(back, name).dtype == getattr(c, name).dtype
     assert torch.equal(quant.dequantize(back, torch.float32), quant.dequantize(c, torch.float32))
@@ -114,15 +121,17 @@ def test_pack_unpack_round_trip(fmt):
 
 
 def test_pack_rejects_other_types():
-    with pytest.raises(TypeError, match="w_gate must be a torch.Tensor, NVFP4Tensor or SignTensor"):
-        Q.pack_factor("w_gate", [1, 2])
-    with pytest.raises(ValueError, match="unknown format tag 'fp8'"):
-        Q.unpack_factor("w_up", "fp8", None, [torch.zeros(1, 2, 3, dtype=torch.uint8)] * 3)
+    with pytest.raises(TypeError, match="w_gate must be a torch.Tensor, NVFP4Tensor, SignTensor, FP8Tensor or"):
+        _factors.pack("w_gate", [1, 2])
+    with pytest.raises(ValueError, match="unknown format tag 'int4'"):
+        _factors.unpack("w_up", "int4", None, [torch.zeros(1, 2, 3, dtype=torch.uint8)] * 3)
+    with pytest.raises(ValueError, match="format 'sign' carries 3 storage tensors, got 2"):
+        _factors.unpack("w_up", "sign", None, [torch.zeros(1, 2, 3, dtype=torch.uint8)] * 2)
 
 
 @pytest.mark.parametrize("fmts", [("nvfp4",) * 3, ("sign",) * 3, ("nvfp4", "sign", "dense")],
                          ids=["nvfp4", "sign", "mixed"])
-def test_auto_routes_packed_factors_through_the_q_op(lowbit_on_cpu, fmts):
+def test_auto_routes_packed_factors_through_the_op_as_containers(lowbit_on_cpu, fmts):
     p, _, facs = _problem(fmts)
     y = _call(p, facs)
     want = R.grouped_glu_forward(p["x"], p["offs"], *(_dq(w, torch.float32) for w in facs), p["s_gate"],
@@ -308,20 +317,20 @@ def test_data_writes_need_mark_masters_updated():
 
 # ---- torch.library checks and torch.compile -----------------------------------------------------------
 
-def _op_args(p, facs, carriers, impl):
-    tags, storages = zip(*(Q.pack_factor(n, w) for n, w in zip(NAMES, facs)))
-    return (p["x"], p["offs"], *carriers, *storages, ",".join(tags), p["s_gate"], p["s_up"], p["row_weight"],
-            p["gather_idx"], p["scatter_idx"], p["num_out_rows"], impl)
+def _op_args(p, facs, masters, impl):
+    routing = F.Routing(p["offs"], p["gather_idx"], p["scatter_idx"], p["num_out_rows"], p["row_weight"])
+    return F.op_args(p["x"], facs, masters, p["s_gate"], p["s_up"], routing, impl)
 
 
-def test_opcheck_q_op(lowbit_on_cpu):
+def test_opcheck_with_packed_factors(lowbit_on_cpu):
     """torch.library's own checks of schema, fake implementation, autograd registration and dynamic
     shapes, for a packed/dense mix with a master and a dense leaf."""
     p, masters, facs = _problem(("nvfp4", "sign", "dense"))
     p["x"] = p["x"].requires_grad_(True)
-    carriers = (masters[0].clone().requires_grad_(True), None, facs[2].clone().requires_grad_(True))
-    args = _op_args(p, [facs[0], facs[1], carriers[2]], carriers, dispatch.TRITON_LOWBIT)
-    torch.library.opcheck(torch.ops.tsct.grouped_glu_q.default, args)
+    leaf = facs[2].clone().requires_grad_(True)
+    args = _op_args(p, [facs[0], facs[1], leaf], (masters[0].clone().requires_grad_(True), None, None),
+                    dispatch.TRITON_LOWBIT)
+    torch.library.opcheck(torch.ops.tsct.grouped_glu.default, args)
 
 
 def test_fake_impls_give_shapes_and_dtypes():
@@ -329,13 +338,13 @@ def test_fake_impls_give_shapes_and_dtypes():
 
     p, masters, facs = _problem(("sign", "nvfp4", "nvfp4"))
     with FakeTensorMode(allow_non_fake_inputs=True):
-        y, saved = torch.ops.tsct.grouped_glu_q(*_op_args(p, facs, (None, None, None), dispatch.TRITON_LOWBIT))
+        y, saved = torch.ops.tsct.grouped_glu(*_op_args(p, facs, (None, None, None), dispatch.TRITON_LOWBIT))
         assert tuple(y.shape) == (12, 24) and y.dtype == torch.float32
         # triton-lowbit saves hg, hu (fp32) and z * rw ([M, r] = [26, 16]) for its backward, and with scatter_idx
         # the combine's CSR (order [M], ptr [num_out_rows + 1], int64) for the dX combine
         assert [(tuple(t.shape), t.dtype) for t in saved] == ([((26, 16), torch.float32)] * 2 + [((26, 16), y.dtype)]
                                                               + [((26,), torch.int64), ((13,), torch.int64)])
-        grads = torch.ops.tsct.grouped_glu_q_backward(
+        grads = torch.ops.tsct.grouped_glu_backward(
             torch.empty(12, 24), *_op_args(p, facs, (masters[0], None, masters[2]), dispatch.TRITON_LOWBIT),
             [True, True, False, True, False, True, True], saved)
         shapes = [tuple(g.shape) for g in grads]
@@ -465,7 +474,7 @@ def test_first_use_selftest_runs_off_sm90_with_the_storage_format(monkeypatch):
 
 
 @pytest.mark.parametrize("fmt", ["nvfp4", "sign", "mixed"])
-def test_selftest_runs_the_lowbit_path_through_the_q_op(lowbit_on_cpu, fmt):
+def test_selftest_runs_the_lowbit_path_through_the_op(lowbit_on_cpu, fmt):
     from tsct import selftest
 
     res = selftest.grouped_glu(dispatch.TRITON_LOWBIT, torch.device("cpu"), torch.float32, fmt)

@@ -1,11 +1,11 @@
 """When an eager call may skip the torch.library dispatcher (``tsct.config.eager_direct``).
 
-The custom ops (``tsct::grouped_glu``, ``tsct::grouped_glu_q``) are what torch.compile, FakeTensor,
+The custom ops (``tsct::grouped_glu``, ``tsct::sort_by_expert``) are what torch.compile, FakeTensor,
 ``opcheck`` and other dispatcher-level tools see. A plain eager call on CUDA tensors gains nothing from
 that layer but pays for it on every call (schema defaults, pytree flattening, the aliasing check, the
 redispatch: ~0.2-0.4 ms of host time per forward + backward on the H200's host, where the whole b1
 forward is ~0.85 ms of GPU time; docs/performance.md). So such a call runs the SAME forward and
-backward functions through a ``torch.autograd.Function`` instead; everything else keeps the ops.
+backward functions without them (``tsct.ops._function.GroupedGLU.apply``); everything else keeps the ops.
 """
 
 from __future__ import annotations

@@ -1,9 +1,9 @@
-"""Public entry point of the expert pass: validate, pick a path, call the custom op.
+"""Public entry point of the expert pass: validate, pick a path, call the one Function (``tsct.ops._function``).
 
-Two custom ops carry the call: ``tsct::grouped_glu`` (``_library.py``) when every factor is a dense
-tensor or the path is ``bmm`` or ``reference`` (which decode packed factors to dense first), and
-``tsct::grouped_glu_q`` (``_library_q.py``) when a kernel path (triton-lowbit, sm120-fp4)
-reads packed factors itself. Both work under ``torch.compile(fullgraph=True)``.
+Every factor format (dense, NVFP4, sign, FP8, ternary) and every path go through the same
+``torch.autograd.Function`` and, where the dispatcher must see the call (torch.compile, FakeTensor, the
+CPU), the same custom-op pair ``tsct::grouped_glu`` / ``tsct::grouped_glu_backward``; both work under
+``torch.compile(fullgraph=True)``.
 """
 
 from __future__ import annotations
@@ -15,8 +15,7 @@ import torch
 from torch import Tensor
 
 from tsct import dispatch
-from tsct.ops._library import grouped_glu_op
-from tsct.ops import _library_q, _select
+from tsct.ops import _function, _masters, _select
 from tsct.ops._validate import check_index_values, validate
 
 Factor = Union[Tensor, "tsct.quant.NVFP4Tensor", "tsct.quant.SignTensor", "tsct.quant.FP8Tensor",  # noqa: F821
@@ -121,8 +120,6 @@ def grouped_glu(
     num_out_rows = _as_int("num_out_rows", num_out_rows)
     m, e, d, r, f = validate(x, offs, w_gate, w_up, w_down, s_gate, s_up, row_weight, gather_idx, scatter_idx,
                              num_out_rows)
-    from tsct import quant
-
     facs = (w_gate, w_up, w_down)
     ms = _check_masters(facs, masters)
     fmt = _storage_format(facs)
@@ -136,26 +133,9 @@ def grouped_glu(
     # an eager bmm call reads its layout plan on the host anyway: the values are checked in that one read
     check_index_values(offs, m, gather_idx, x.shape[0], scatter_idx, num_out_rows,
                        deferred=path == dispatch.BMM and not static)
-    packed = any(quant.is_quantized(w) for w in facs)
-    if path in (dispatch.REFERENCE, dispatch.BMM) or not packed:
-        if packed:  # decode once per call; a master's STE gradient is the decoded factor's gradient
-            # bmm: in storage order (K contiguous), torch.bmm takes the transposed view without a copy
-            cont = path != dispatch.BMM
-            facs = tuple(_DecodedWithMaster.apply(quant.dequantize(w, dtype=x.dtype, contiguous=cont), mt)
-                         if mt is not None else
-                         (quant.dequantize(w, dtype=x.dtype, contiguous=cont) if quant.is_quantized(w) else w)
-                         for w, mt in zip(facs, ms))
-        key = dispatch.impl_key(path, activations, static=static)
-        return grouped_glu_op(x, offs, *facs, s_gate, s_up, row_weight, gather_idx, scatter_idx, num_out_rows,
-                              key)
-    tags, storages, carriers = [], [], []
-    for name, w, mt in zip(("w_gate", "w_up", "w_down"), facs, ms):
-        tag, storage = _library_q.pack_factor(name, w)
-        tags.append(tag)
-        storages.append(storage)
-        carriers.append(w if tag == "dense" else mt)
-    return _library_q.grouped_glu_q(x, offs, *carriers, *storages, ",".join(tags), s_gate, s_up, row_weight,
-                                       gather_idx, scatter_idx, num_out_rows, path)
+    key = dispatch.impl_key(path, activations, static=static)
+    routing = _function.Routing(offs, gather_idx, scatter_idx, num_out_rows, row_weight)
+    return _function.grouped_glu(x, facs, ms, s_gate, s_up, routing, key)
 
 
 def _static_shapes_needed(x: Tensor) -> bool:
@@ -188,19 +168,6 @@ def _check_masters(facs, masters) -> tuple:
                          f"{len(masters)} entries")
     for name, w, mt in zip(("w_gate", "w_up", "w_down"), facs, masters):
         if mt is not None:
-            _library_q.check_master(name, w, mt)
+            _masters.check_master(name, w, mt)
     return tuple(masters)
 
-
-class _DecodedWithMaster(torch.autograd.Function):
-    """Forward: the decoded factor (the master is not read). Backward: the decoded factor's gradient goes
-    to the master, in the master's dtype (straight-through estimator on the reference path)."""
-
-    @staticmethod
-    def forward(ctx, decoded: Tensor, master: Tensor) -> Tensor:
-        ctx.master_dtype = master.dtype
-        return decoded
-
-    @staticmethod
-    def backward(ctx, grad: Tensor):
-        return None, grad.to(ctx.master_dtype)

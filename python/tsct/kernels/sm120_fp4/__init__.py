@@ -9,7 +9,7 @@
     quantize_rows_grouped(...)                    the activation quantizer (quant_rows.py)
     VERIFICATION                                  per sm_120 kernel: how it is verified (design.md section 6)
 
-Signatures are those of ``tsct.ops._library_q`` (the custom op for quantized factors): factors are
+Signatures are the path interface of ``tsct.ops._function`` (packed factors rebuilt as containers): factors are
 ``tsct.quant`` containers of logical shape ``[E, d, r]`` / ``[E, r, f]``; this path serves NVFP4
 factors (any block-scale layout; converted to what the kernels read) or sign factors (all three of one
 format; d and r multiples of 64). Forward: the grouped activation

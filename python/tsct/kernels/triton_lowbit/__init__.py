@@ -15,8 +15,8 @@ Public functions:
     grouped_glu(x, offs, w_gate, w_up, w_down, s_gate=None, s_up=None, *, row_weight=None,
                 gather_idx=None, scatter_idx=None, num_out_rows=None, masters=None) -> Tensor
         differentiable wrapper (torch.autograd.Function, graph-breaks under torch.compile): kept for
-        direct use; ``tsct.ops.grouped_glu`` reaches this path through the ``tsct::grouped_glu_q``
-        custom op instead (``tsct/ops/_library_q.py``), which traces under torch.compile.
+        direct use; ``tsct.ops.grouped_glu`` reaches this path through the ``tsct::grouped_glu``
+        custom op instead (``tsct/ops/_function.py``), which traces under torch.compile.
     status(capability, fmt) -> (ok, reason)
 
 Dispatch: ``impl="auto"`` takes this path for NVFP4 / sign / mixed factors on sm_80, sm_90, sm_100 and

@@ -13,8 +13,8 @@ row_weight, masters) are ordinary autograd inputs.
 * A packed factor without a master gets no gradient (frozen low-bit weights).
 
 Not a ``torch.library`` custom op: ``torch.compile`` graph-breaks around it. ``tsct.ops.grouped_glu``
-reaches the same kernels through the ``tsct::grouped_glu_q`` custom op (``tsct/ops/_library_q.py``: the
-containers' storage tensors as ``list[Tensor]`` plus format tags, masters as gradient carriers), which
+reaches the same kernels through the ``tsct::grouped_glu`` custom op (``tsct/ops/_function.py``: the
+containers' storage tensors plus format tags, masters as gradient carriers), which
 traces; prefer it. This wrapper stays for direct use of the kernels and their tests.
 """
 

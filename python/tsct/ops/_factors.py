@@ -1,0 +1,105 @@
+"""How a factor crosses the custom op: a format tag, its storage tensors and a gradient carrier.
+
+A custom op takes tensors, not containers, so each factor slot (w_gate, w_up, w_down) travels as
+
+    tag       "dense" | "nvfp4" (linear block scales) | "nvfp4-swizzled_128x4" | "sign" | "fp8" | "ternary"
+    storage   the container's storage tensors in its ``_STORAGE`` order, never copied (dense: none; an
+              optional one, such as an absmean ternary factor's ``scale_k``, as None); float8 tensors as their
+              raw bytes (a uint8 view: float8 tensors trip torch.library's CPU checks)
+    carrier   the tensor that receives the slot's gradient: a dense factor itself (also what the forward
+              reads), a packed factor's MASTER (never read: it receives the straight-through gradient,
+              the gradient w.r.t. the DECODED factor), or None (a frozen packed factor)
+
+``pack`` and ``unpack`` are inverses; ``unpack`` rebuilds the container (logical shape ``[E, K, N]`` from
+the first storage tensor ``[E, N, K / values per byte]``) and runs on fake tensors too.
+"""
+
+from __future__ import annotations
+
+from typing import Optional, Sequence
+
+import torch
+from torch import Tensor
+
+__all__ = ["FACTOR_TAGS", "pack", "unpack", "split", "storage_count", "out_features"]
+
+#: the format tags a factor slot may carry
+FACTOR_TAGS = ("dense", "nvfp4", "nvfp4-swizzled_128x4", "sign", "fp8", "ternary")
+#: storage tensors that cross the op as raw bytes: (format, field)
+_RAW_BYTES = {("nvfp4", "block_scale"), ("fp8", "codes")}
+
+
+def _classes() -> dict:
+    from tsct import quant
+    return {"nvfp4": quant.NVFP4Tensor, "sign": quant.SignTensor, "fp8": quant.FP8Tensor,
+            "ternary": quant.TernaryTensor}
+
+
+def _values_per_byte() -> dict:
+    from tsct.quant.formats import SIGN_PACK, TERNARY_PACK
+    return {"nvfp4": 2, "sign": SIGN_PACK, "fp8": 1, "ternary": TERNARY_PACK}
+
+
+def _fmt(tag: str) -> str:
+    return tag.split("-", 1)[0]
+
+
+def pack(name: str, w) -> tuple[str, tuple[Optional[Tensor], ...]]:
+    """``(tag, storage)`` of one factor: ("dense", ()) for a Tensor (it travels as its own carrier), else the
+    container's format tag and storage tensors. TypeError naming ``name`` for anything else."""
+    if isinstance(w, Tensor):
+        return "dense", ()
+    for fmt, cls in _classes().items():
+        if isinstance(w, cls):
+            tag = f"{fmt}-{w.layout}" if fmt == "nvfp4" and w.layout != "linear" else fmt
+            storage = tuple(getattr(w, f) for f in cls._STORAGE)
+            return tag, tuple(t.view(torch.uint8) if (fmt, f) in _RAW_BYTES else t
+                              for f, t in zip(cls._STORAGE, storage))
+    raise TypeError(f"grouped_glu: {name} must be a torch.Tensor, NVFP4Tensor, SignTensor, FP8Tensor or "
+                    f"TernaryTensor, got {type(w).__name__}")
+
+
+def storage_count(tag: str) -> int:
+    """How many storage tensors a slot of format ``tag`` carries. ValueError for an unknown tag."""
+    if tag not in FACTOR_TAGS:
+        raise ValueError(f"grouped_glu: unknown format tag {tag!r}; expected one of {list(FACTOR_TAGS)}")
+    return 0 if tag == "dense" else len(_classes()[_fmt(tag)]._STORAGE)
+
+
+def unpack(name: str, tag: str, carrier: Optional[Tensor], storage: Sequence[Optional[Tensor]]):
+    """The factor a path receives: the dense carrier, or the rebuilt container."""
+    if storage_count(tag) != len(storage):
+        raise ValueError(f"grouped_glu: {name}: format {tag!r} carries {storage_count(tag)} storage tensors, "
+                         f"got {len(storage)}")
+    if tag == "dense":
+        if carrier is None:
+            raise ValueError(f"grouped_glu: {name}: a dense factor travels as its carrier, which is None")
+        return carrier
+    fmt = _fmt(tag)
+    cls = _classes()[fmt]
+    fields = {f: (t.view(torch.float8_e4m3fn) if (fmt, f) in _RAW_BYTES else t) for f, t in zip(cls._STORAGE, storage)}
+    e, n, kb = storage[0].shape
+    if fmt == "nvfp4":
+        fields["layout"] = "linear" if tag == "nvfp4" else tag[len("nvfp4-"):]
+    return cls(**fields, shape=(e, _values_per_byte()[fmt] * kb, n))
+
+
+def split(formats: str, storage: Sequence[Optional[Tensor]]) -> list[tuple[str, list]]:
+    """``formats`` ("<gate>,<up>,<down>") and the flat storage of the three slots -> (tag, storage) per slot."""
+    tags = formats.split(",")
+    if len(tags) != 3:
+        raise ValueError(f"grouped_glu: formats must be '<gate>,<up>,<down>', got {formats!r}")
+    out, at = [], 0
+    for tag in tags:
+        k = storage_count(tag)
+        out.append((tag, list(storage[at:at + k])))
+        at += k
+    if at != len(storage):
+        raise ValueError(f"grouped_glu: formats {formats!r} carry {at} storage tensors, got {len(storage)}")
+    return out
+
+
+def out_features(tag: str, carrier: Optional[Tensor], storage: Sequence[Optional[Tensor]]):
+    """N of a factor from its slot (f for w_down): the carrier's last dim, or dim 1 of its first storage
+    tensor (``[E, N, ...]``)."""
+    return carrier.shape[2] if tag == "dense" else storage[0].shape[1]
