@@ -30,6 +30,9 @@ def _entry(rank, world, backend, init, check):
     dist.init_process_group(backend, init_method=init, rank=rank, world_size=world)
     try:
         check(rank, world, device)
+        # every rank done before any tears down: a gloo rank that exits while a peer still reads from it makes the
+        # peer's transport thread throw (Connection closed by peer) and abort its process
+        dist.barrier()
     finally:
         dist.destroy_process_group()
 
