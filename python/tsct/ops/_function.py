@@ -234,44 +234,48 @@ def _none_like(needs):
     return [None] * len(needs) if isinstance(needs, list) else None
 
 
+def _setup_context(ctx, inputs, output):
+    diff, (offs, gather_idx, scatter_idx, num_out_rows, formats, storage, impl) = inputs[:7], inputs[7:]
+    ctx.save_for_backward(*diff, offs, gather_idx, scatter_idx, *storage, *output[1])
+    ctx.num_out_rows, ctx.formats, ctx.impl, ctx.n_storage = num_out_rows, formats, impl, len(storage)
+
+
+def _backward(ctx, grad_out, *_saved_grads):
+    n = len(Inputs._fields)
+    needs = Inputs(*ctx.needs_input_grad[:n])
+    others = tuple(_none_like(need) for need in ctx.needs_input_grad[n:])
+    if not any(needs):
+        return (None,) * n + others
+    it = iter(ctx.saved_tensors)
+    inputs = Inputs(*islice(it, n))
+    routing = Routing(next(it), next(it), next(it), ctx.num_out_rows, inputs.row_weight)
+    call = Call(routing, ctx.formats, tuple(islice(it, ctx.n_storage)), ctx.impl)
+    saved = list(it)
+    if _eager.direct_ok(inputs.x, grad_out) and not torch.is_grad_enabled():
+        grads = backward(grad_out.contiguous(), inputs, call, needs, saved)
+    else:  # the op (what a trace records); under create_graph its formula refuses a second derivative by name
+        grads = backward_op(grad_out.contiguous(), *_op_args(inputs, call), list(needs), saved)
+    return (*(g if need else None for g, need in zip(grads, needs)), *others)
+
+
 class GroupedGLU(torch.autograd.Function):
-    """The expert pass's one autograd formula. Its parameters are the custom op's, and ``setup_context``
-    and ``backward`` are also registered as the op's formula: ``GroupedGLU.apply`` (plain eager calls)
-    and ``forward_op`` (everything else) save, name and compute the gradients with the same code. Returns
-    ``(out, saved)`` like the op."""
+    """The expert pass's one autograd formula for plain eager calls: its parameters are the custom op's, and
+    ``_setup_context`` / ``_backward`` are also registered as the op's formula, so ``GroupedGLU.apply`` and
+    ``forward_op`` (everything else) save, name and compute the gradients with the same code. Returns ``(out,
+    saved)`` like the op. The forward takes ``ctx`` (no ``setup_context`` method) because torch's ``apply`` binds
+    the arguments of a Function that defines one through ``inspect.signature`` on every call (~70 us of host time
+    here; the direct route exists to save such costs)."""
 
     @staticmethod
-    def forward(x, w_gate, w_up, w_down, s_gate, s_up, row_weight, offs, gather_idx, scatter_idx, num_out_rows,
-                formats, storage, impl):
-        return forward(*_records(x, w_gate, w_up, w_down, s_gate, s_up, row_weight, offs, gather_idx, scatter_idx,
-                                 num_out_rows, formats, storage, impl))
+    def forward(ctx, *args):
+        output = forward(*_records(*args))
+        _setup_context(ctx, args, output)
+        return output
 
-    @staticmethod
-    def setup_context(ctx, inputs, output):
-        diff, (offs, gather_idx, scatter_idx, num_out_rows, formats, storage, impl) = inputs[:7], inputs[7:]
-        ctx.save_for_backward(*diff, offs, gather_idx, scatter_idx, *storage, *output[1])
-        ctx.num_out_rows, ctx.formats, ctx.impl, ctx.n_storage = num_out_rows, formats, impl, len(storage)
-
-    @staticmethod
-    def backward(ctx, grad_out, *_saved_grads):
-        n = len(Inputs._fields)
-        needs = Inputs(*ctx.needs_input_grad[:n])
-        others = tuple(_none_like(need) for need in ctx.needs_input_grad[n:])
-        if not any(needs):
-            return (None,) * n + others
-        it = iter(ctx.saved_tensors)
-        inputs = Inputs(*islice(it, n))
-        routing = Routing(next(it), next(it), next(it), ctx.num_out_rows, inputs.row_weight)
-        call = Call(routing, ctx.formats, tuple(islice(it, ctx.n_storage)), ctx.impl)
-        saved = list(it)
-        if _eager.direct_ok(inputs.x, grad_out) and not torch.is_grad_enabled():
-            grads = backward(grad_out.contiguous(), inputs, call, needs, saved)
-        else:  # the op (what a trace records); under create_graph its formula refuses a second derivative by name
-            grads = backward_op(grad_out.contiguous(), *_op_args(inputs, call), list(needs), saved)
-        return (*(g if need else None for g, need in zip(grads, needs)), *others)
+    backward = staticmethod(_backward)
 
 
-forward_op.register_autograd(GroupedGLU.backward, setup_context=GroupedGLU.setup_context)
+forward_op.register_autograd(_backward, setup_context=_setup_context)
 
 
 def encode(x: Tensor, factors: tuple, masters: tuple, s_gate: Optional[Tensor], s_up: Optional[Tensor],
