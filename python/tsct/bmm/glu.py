@@ -611,8 +611,10 @@ def _backward(grad_out, x, offs, w_gate, w_up, w_down, s_gate, s_up, row_weight,
         grads[4] = _expert_sum(torch.where(live, dg * a, 0), lay, plan, e_count)
     if needs_grad[5] and s_up is not None:
         grads[5] = _expert_sum(torch.where(live, du * b, 0), lay, plan, e_count)
-    da = dg * s_gate[lay.row_expert] if s_gate is not None else dg
-    db = du * s_up[lay.row_expert] if s_up is not None else du
+    # masked again: an empty expert's buffer rows hold dg = 0, and 0 * a NaN / inf scale of that expert would
+    # reach its factor gradients (which must be exact zeros)
+    da = torch.where(live, dg * s_gate[lay.row_expert], 0) if s_gate is not None else dg
+    db = torch.where(live, du * s_up[lay.row_expert], 0) if s_up is not None else du
     da_c, db_c = da.to(dt), db.to(dt)
     if needs_grad[1]:
         grads[1] = _weight_grad(xb, da_c, lay, plan, e_count)
