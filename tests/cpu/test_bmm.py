@@ -50,15 +50,34 @@ def test_bitwise_repeatable(layout):
         assert torch.equal(g1[k], g2[k]), k
 
 
-def test_empty_experts_get_exact_zero_gradients_even_with_nan_factors():
+@pytest.mark.parametrize("nan", [("w_gate", "w_up", "w_down"), ("s_gate", "s_up")])
+def test_empty_experts_get_exact_zero_gradients_even_with_nan_factors(nan, layout):
     p = problem("top6-many-empty")
-    for k in ("w_gate", "w_up", "w_down"):
+    for k in nan:
         p[k][1] = float("nan")  # expert 1 is empty
     _, g, _ = run_op(p)
     for k in ("w_gate", "w_up", "w_down", "s_gate", "s_up"):
         assert torch.equal(g[k][1], torch.zeros_like(g[k][1])), k
         assert torch.isfinite(g[k][0]).all(), k
     assert torch.isfinite(g["x"]).all()
+
+
+@pytest.mark.parametrize("zero", ["E", "d", "r", "f"])
+@pytest.mark.parametrize("impl,act", [("bmm", "bf16"), ("bmm", "nvfp4"), ("reference", "bf16")])
+def test_zero_sizes_give_exact_zeros(zero, impl, act, layout):
+    """No experts, or d, r or f = 0: every output and gradient is an exact zero of its input's shape (E = 0: every
+    row is padding; d or r = 0: empty contractions; f = 0: an empty output), on both paths and both layouts."""
+    p = problem(dict(tokens=8, topk=2, experts=4, d=16, r=16, f=9, pad_rows=2))
+    keep = {"E": ("offs", "w_gate", "w_up", "w_down", "s_gate", "s_up"), "d": ("x", "w_gate", "w_up"),
+            "r": ("w_gate", "w_up", "w_down", "s_gate", "s_up"), "f": ("w_down",)}[zero]
+    axis = {"E": 0, "d": 1, "r": -1, "f": -1}[zero]
+    for k in keep:
+        ax = 1 if (zero == "r" and k == "w_down") else axis
+        p[k] = p[k].narrow(ax, 0, 0)
+    y, g, _ = run_op(p, impl=impl, activations=act)
+    assert y.shape == (p["num_out_rows"], p["w_down"].shape[2]) and torch.equal(y, torch.zeros_like(y))
+    for k, v in g.items():
+        assert v.shape == p[k].shape and torch.equal(v, torch.zeros_like(v)), k
 
 
 def test_static_bound_covers_every_routing():

@@ -380,6 +380,50 @@ def test_constructor_errors_name_the_argument():
         m(x, ids[:5], w)
 
 
+@pytest.mark.parametrize("cls", [GroupedGLUExperts, PaddedBmmGLUExperts])
+def test_forward_argument_errors_name_the_argument(cls):
+    m = layer(cls)
+    x, ids, w = routing()
+    who = cls.__name__
+    for args, exc, msg in [
+        ((x.tolist(), ids, w), TypeError, "x must be a torch.Tensor, got list"),
+        ((x.long(), ids, w), TypeError, "x must be a floating-point tensor, got torch.int64"),
+        ((x, ids.float(), w), TypeError, "topk_ids must be an integer tensor, got torch.float32"),
+        ((x, ids.bool(), w), TypeError, "topk_ids must be an integer tensor, got torch.bool"),
+        ((x, ids, (w * 10).long()), TypeError, "topk_weights must be a floating-point tensor, got torch.int64"),
+        ((x, ids, w.numpy()), TypeError, "topk_weights must be a torch.Tensor, got ndarray"),
+    ]:
+        with pytest.raises(exc, match=f"{who}: {msg}"):
+            m(*args)
+
+
+def test_padded_bmm_refuses_ids_outside_the_experts():
+    """GroupedGLUExperts drops a choice with an id outside [0, E) (a padding row); the padded bmm has no padding
+    rows, so it says so instead of failing inside an index op."""
+    m = layer(PaddedBmmGLUExperts)
+    x, ids, w = routing()
+    for bad, seen in ((-1, r"\[-1, 7\]"), (E, r"\[0, 8\]")):
+        ids_bad = ids.clone()
+        ids_bad[3, 1] = bad
+        with pytest.raises(ValueError, match=r"PaddedBmmGLUExperts: topk_ids must lie in \[0, E = 8\) .*found values "
+                                             r"in " + seen):
+            m(x, ids_bad, w)
+
+
+@pytest.mark.parametrize("cls", [GroupedGLUExperts, PaddedBmmGLUExperts])
+def test_no_tokens_give_an_empty_output_and_zero_gradients(cls):
+    m = layer(cls)
+    x, ids, w = routing()
+    x0, w0 = x[:0].requires_grad_(), w[:0].requires_grad_()
+    y = m(x0, ids[:0], w0)
+    assert y.shape == (0, F)
+    y.sum().backward()
+    assert x0.grad.shape == (0, D) and w0.grad.shape == (0, K)
+    for n in NAMES:
+        g = getattr(m, n).grad
+        assert g is None or torch.equal(g, torch.zeros_like(g)), n
+
+
 # ---- what passes through to the op ------------------------------------------------------------------------
 
 def test_impl_and_activations_pass_through(monkeypatch):

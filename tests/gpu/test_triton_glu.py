@@ -243,6 +243,31 @@ def test_deterministic(c: Case):
             assert torch.equal(a, b), f"{name} differs between runs"
 
 
+@pytest.mark.parametrize("impl", ["triton-bf16", "bmm"])
+def test_empty_experts_ignore_nan_factors_and_scales(impl):
+    """NaN in every factor and scale of the empty experts: the output and every other expert's gradients stay
+    finite, and the empty experts' gradients are exact zeros (through the op, both GPU paths)."""
+    from tsct.ops import grouped_glu
+
+    c = next(c for c in CASES if c.name == "f37_empty")
+    p = make_inputs(c, seed=11)
+    empty = torch.diff(p["offs"], prepend=p["offs"].new_zeros(1)) == 0
+    leaves = {}
+    for n in ("w_gate", "w_up", "w_down", "s_gate", "s_up"):
+        t = p[n].detach().clone()
+        t[empty] = float("nan")
+        leaves[n] = t.requires_grad_()
+    poison()
+    y = grouped_glu(p["x"], p["offs"], *(leaves[n] for n in ("w_gate", "w_up", "w_down", "s_gate", "s_up")),
+                    row_weight=p["row_weight"], gather_idx=p["gather_idx"], scatter_idx=p["scatter_idx"],
+                    num_out_rows=p["num_out_rows"], impl=impl)
+    assert torch.isfinite(y).all()
+    y.backward(torch.randn_like(y))
+    for n, t in leaves.items():
+        assert torch.equal(t.grad[empty], torch.zeros_like(t.grad[empty])), n
+        assert torch.isfinite(t.grad[~empty]).all() and t.grad[~empty].abs().sum() > 0, n
+
+
 def test_needs_grad_subset():
     c = CASES[2]
     p = make_inputs(c, seed=5)

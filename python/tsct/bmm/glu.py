@@ -345,7 +345,7 @@ def _weight_grad(a_buf: Tensor, b_buf: Tensor, lay: _Layout, plan: Plan, e_count
     if plan.n_tiles:  # only the experts with tiles; the padding entries add exact zeros
         part = _mm32(at.transpose(1, 2), bt).reshape(plan.n_tiles, a_dim * b_dim)
         tiles = torch.segment_reduce(part, "sum", offsets=lay.hot[1], axis=0, unsafe=True)
-        g.index_add_(0, lay.hot[0], tiles.view(-1, a_dim, b_dim).to(g.dtype))
+        g.index_add_(0, lay.hot[0], tiles.view(tiles.shape[0], a_dim, b_dim).to(g.dtype))
     return g
 
 
@@ -398,6 +398,8 @@ def combine_rows(rows_of: Tensor, rows_src: Tensor, target: Tensor, valid: Tenso
 
 def _expert_amax(v: Tensor, lay: _Layout, plan: Plan, e_count: int) -> Tensor:
     """max |v| over each expert's live buffer rows (finite values only): ``[E]`` fp32."""
+    if v.shape[1] == 0:  # K = 0 (d or r): nothing to scale; amax refuses an empty reduction
+        return v.new_zeros(e_count, dtype=torch.float32)
     row = torch.where(torch.isfinite(v), v.abs(), 0).amax(1).float()
     row = torch.where(lay.row_live, row, 0)
     ra, rt = _parts(row.unsqueeze(1), lay, plan, e_count)
@@ -509,6 +511,9 @@ def grouped_glu_forward_saved(x, offs, w_gate, w_up, w_down, s_gate=None, s_up=N
                               static: bool = False):
     """(out, [plan]): the forward (``grouped_glu_forward``) and the layout plan its backward reuses
     (a CPU int64 tensor, so the backward reads nothing from the device)."""
+    if offs.shape[0] == 0:  # no experts: every row is padding (the layout's tables index expert 0)
+        rows = num_out_rows if scatter_idx is not None else (gather_idx if gather_idx is not None else x).shape[0]
+        return x.new_zeros(rows, w_down.shape[2]), [static_plan(0, 0).as_tensor()]
     if x.device.type == "cpu" and x.dtype != torch.float32 and activations == "bf16":
         out, saved = _forward_saved(*_cpu_fp32(x, offs, w_gate, w_up, w_down, s_gate, s_up, row_weight), gather_idx,
                                     scatter_idx, num_out_rows, activations=activations, static=static)
@@ -533,7 +538,7 @@ def _forward_saved(x, offs, w_gate, w_up, w_down, s_gate=None, s_up=None, row_we
         out = combine_rows(y, lay.dest, scatter_idx, lay.valid, num_out_rows, plan.fan_out, f)
     else:
         out = torch.where(lay.valid.unsqueeze(1), y.index_select(0, lay.dest)[:, :f], 0)
-    return out.to(x.dtype).view(-1, f), [plan.as_tensor()]
+    return out.to(x.dtype).view(out.shape[0], f), [plan.as_tensor()]
 
 
 def grouped_glu_forward(x, offs, w_gate, w_up, w_down, s_gate=None, s_up=None, row_weight=None, gather_idx=None,
@@ -553,8 +558,10 @@ def grouped_glu_backward(grad_out, x, offs, w_gate, w_up, w_down, s_gate, s_up, 
                          num_out_rows, needs_grad, saved=None, *, activations: str = "bf16", static: bool = False):
     """Gradients of (x, w_gate, w_up, w_down, s_gate, s_up, row_weight) (``_backward``), in each input's dtype;
     on the CPU computed from fp32 copies of 16-bit inputs, as the forward."""
+    inputs = (x, w_gate, w_up, w_down, s_gate, s_up, row_weight)
+    if offs.shape[0] == 0:  # no experts: every row is padding, every gradient zero
+        return [torch.zeros_like(t) if (t is not None and need) else None for t, need in zip(inputs, needs_grad)]
     if x.device.type == "cpu" and x.dtype != torch.float32:
-        inputs = (x, w_gate, w_up, w_down, s_gate, s_up, row_weight)
         grads = _backward(*_cpu_fp32(grad_out, x), offs, *_cpu_fp32(w_gate, w_up, w_down, s_gate, s_up, row_weight),
                           gather_idx, scatter_idx, num_out_rows, needs_grad, saved, static=static)
         return [g.to(t.dtype) if g is not None else None for g, t in zip(grads, inputs)]
@@ -611,8 +618,10 @@ def _backward(grad_out, x, offs, w_gate, w_up, w_down, s_gate, s_up, row_weight,
         grads[4] = _expert_sum(torch.where(live, dg * a, 0), lay, plan, e_count)
     if needs_grad[5] and s_up is not None:
         grads[5] = _expert_sum(torch.where(live, du * b, 0), lay, plan, e_count)
-    da = dg * s_gate[lay.row_expert] if s_gate is not None else dg
-    db = du * s_up[lay.row_expert] if s_up is not None else du
+    # masked again: an empty expert's buffer rows hold dg = 0, and 0 * a NaN / inf scale of that expert would
+    # reach its factor gradients (which must be exact zeros)
+    da = torch.where(live, dg * s_gate[lay.row_expert], 0) if s_gate is not None else dg
+    db = torch.where(live, du * s_up[lay.row_expert], 0) if s_up is not None else du
     da_c, db_c = da.to(dt), db.to(dt)
     if needs_grad[1]:
         grads[1] = _weight_grad(xb, da_c, lay, plan, e_count)

@@ -163,15 +163,23 @@ class GLUExpertBank(nn.Module):
 
     def _check_routing(self, x: Tensor, topk_ids: Tensor, topk_weights: Optional[Tensor]) -> None:
         who = type(self).__name__
-        if not isinstance(x, Tensor) or x.dim() != 2 or x.shape[1] != self.d:
+        for name, t in (("x", x), ("topk_ids", topk_ids), ("topk_weights", topk_weights)):
+            if t is None and name == "topk_weights":
+                continue
+            if not isinstance(t, Tensor):
+                raise TypeError(f"{who}: {name} must be a torch.Tensor, got {type(t).__name__}")
+            want_float = name != "topk_ids"
+            if t.dtype.is_complex or t.dtype == torch.bool or t.dtype.is_floating_point != want_float:
+                kind = "a floating-point" if want_float else "an integer"
+                raise TypeError(f"{who}: {name} must be {kind} tensor, got {t.dtype}")
+        if x.dim() != 2 or x.shape[1] != self.d:
             what = list(x.shape) if isinstance(x, Tensor) else type(x).__name__
             raise ValueError(f"{who}: x must be [T, d] with d = {self.d}, got {what}")
-        if not isinstance(topk_ids, Tensor) or topk_ids.dim() != 2 or topk_ids.shape[0] != x.shape[0]:
-            what = list(topk_ids.shape) if isinstance(topk_ids, Tensor) else type(topk_ids).__name__
+        if topk_ids.dim() != 2 or topk_ids.shape[0] != x.shape[0]:
+            what = list(topk_ids.shape)
             raise ValueError(f"{who}: topk_ids must be [T, k] with T = x.shape[0] = {x.shape[0]}, got {what}")
-        if topk_weights is not None and (not isinstance(topk_weights, Tensor)
-                                         or topk_weights.shape != topk_ids.shape):
-            what = list(topk_weights.shape) if isinstance(topk_weights, Tensor) else type(topk_weights).__name__
+        if topk_weights is not None and topk_weights.shape != topk_ids.shape:
+            what = list(topk_weights.shape)
             raise ValueError(f"{who}: topk_weights must have topk_ids' shape {list(topk_ids.shape)}, got {what}")
 
     def extra_repr(self) -> str:
@@ -365,13 +373,19 @@ class GroupedGLUExperts(GLUExpertBank):
         """Each token's weighted sum of its top-k experts' outputs.
 
         Args:
-            x: ``[T, d]`` token-major input (float).
+            x: ``[T, d]`` token-major input; its compute dtype (``compute_dtype``) must be float32, bfloat16 or
+                float16.
             topk_ids: ``[T, k]`` integer expert ids; an id outside ``[0, E)`` (e.g. -1) drops that choice.
             topk_weights: optional ``[T, k]`` router weights (bf16 / fp16 / fp32; gradients reach them).
 
         Returns:
             ``[T, f]`` in the compute dtype: ``sum_j topk_weights[t, j] * expert_{topk_ids[t, j]}(x[t])``.
             Deterministic (same bits every run); sync-free on CUDA with ``tsct.config.check_values`` off.
+
+        Raises:
+            TypeError: an argument that is not a tensor, a non-float ``x`` or ``topk_weights``, non-integer
+                ``topk_ids`` (the message names it); ``tsct.ops.grouped_glu``'s for another float dtype.
+            ValueError: ``x`` not ``[T, d]``, ``topk_ids`` / ``topk_weights`` not ``[T, k]``.
         """
         from tsct.ops import sort_by_expert
 
@@ -461,21 +475,25 @@ def _empty_packed(fmt: str, e: int, k: int, n: int, device) -> tuple[Tensor, Ten
     return torch.zeros(e, n, k // 8, **u8), torch.zeros(e, k, **f32), torch.zeros(e, n, **f32)
 
 
-def _check_counts_within(counts: Tensor, capacity: int) -> None:
-    """``0 <= counts <= capacity`` (``tsct.config.check_values``): a host read in an eager call, a device-side
-    assert while torch.compile traces or a CUDA graph is captured (as ``tsct.ops.grouped_glu`` checks ``offs``)."""
+def _check_within(t: Tensor, hi: int, what: str) -> None:
+    """``0 <= t <= hi`` (``tsct.config.check_values``): a host read in an eager call, a device-side assert while
+    torch.compile traces or a CUDA graph is captured (as ``tsct.ops.grouped_glu`` checks ``offs``). ``what``
+    starts the ValueError's message ("<layer>: <argument> must lie in ...")."""
     from tsct.ops._validate import _values_readable
 
-    if not config.check_values or counts.device.type == "meta" or counts.numel() == 0:
+    if not config.check_values or t.device.type == "meta" or t.numel() == 0:
         return
-    if _values_readable(counts):
-        lo, hi = (int(v) for v in torch.stack([counts.min(), counts.max()]).cpu())
-        if lo < 0 or hi > capacity:
-            raise ValueError(f"GroupedGLUExperts.forward_counts: num_tokens_per_expert must lie in [0, C = "
-                             f"{capacity}] (the slots per expert of x), found values in [{lo}, {hi}]")
+    if _values_readable(t):
+        lo, top = (int(v) for v in torch.stack([t.min(), t.max()]).cpu())
+        if lo < 0 or top > hi:
+            raise ValueError(f"{what}, found values in [{lo}, {top}]")
     else:
-        torch._assert_async(((counts >= 0) & (counts <= capacity)).all(),
-                            "GroupedGLUExperts.forward_counts: num_tokens_per_expert must lie in [0, C]")
+        torch._assert_async(((t >= 0) & (t <= hi)).all(), what)
+
+
+def _check_counts_within(counts: Tensor, capacity: int) -> None:
+    _check_within(counts, capacity, f"GroupedGLUExperts.forward_counts: num_tokens_per_expert must lie in [0, C = "
+                                     f"{capacity}] (the slots per expert of x)")
 
 
 class _RoundValue(torch.autograd.Function):
@@ -564,8 +582,13 @@ class PaddedBmmGLUExperts(GLUExpertBank):
 
     def forward(self, x: Tensor, topk_ids: Tensor, topk_weights: Optional[Tensor] = None) -> Tensor:
         """As ``GroupedGLUExperts.forward`` (``[T, d]`` and the router's ``[T, k]`` ids and weights in, ``[T, f]``
-        out), except that rows past an expert's capacity are dropped and ids must lie in ``[0, E)``."""
+        out, the same TypeError / ValueError), except that rows past an expert's capacity are dropped and ids must
+        lie in ``[0, E)``: with ``tsct.config.check_values`` another id is a ValueError (one host read in an eager
+        call, a device-side assert under torch.compile or CUDA-graph capture)."""
         self._check_routing(x, topk_ids, topk_weights)
+        _check_within(topk_ids, self.num_experts - 1,
+                      f"PaddedBmmGLUExperts: topk_ids must lie in [0, E = {self.num_experts}) (this layer has no "
+                      "padding rows; GroupedGLUExperts drops such choices)")
         e, c, (t, k) = self.num_experts, self.capacity(topk_ids), topk_ids.shape
         dt = compute_dtype(x)
         it = dt if self.intermediates == "compute" else torch.float32  # the dtype of everything after the operands
@@ -578,7 +601,10 @@ class PaddedBmmGLUExperts(GLUExpertBank):
         w = keep if topk_weights is None else topk_weights.reshape(-1).float() * keep  # dropped rows weigh 0
         # autocast would cast bmm's fp32 operands back to the autocast dtype
         with torch.autocast(x.device.type, enabled=False) if it != dt else contextlib.nullcontext():
-            xbuf = x.to(dt).to(it).index_select(0, cap.src).view(e, c, self.d)
+            xin = x.to(dt).to(it)
+            if t == 0:  # the empty slots read row 0: give them a zero row
+                xin = nn.functional.pad(xin, (0, 0, 0, 1))
+            xbuf = xin.index_select(0, cap.src).view(e, c, self.d)
             g = torch.bmm(xbuf, wg)
             u = torch.bmm(xbuf, wu)
             if tc:  # their gradients are operands of dX and dW

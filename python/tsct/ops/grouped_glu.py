@@ -81,7 +81,7 @@ def grouped_glu(
             and 0-dim torch integers are accepted).
         impl: ``"auto"`` (pick by compute capability, storage format, activation precision and built
             artifacts, see ``tsct.dispatch``) or a path name from ``tsct.dispatch.PATHS`` to force it:
-            "bmm" (factors decoded to bf16, ``torch.bmm``; CPU and any GPU: what auto falls back to),
+            "bmm" (factors decoded to ``x.dtype``, ``torch.bmm``; CPU and any GPU: what auto falls back to),
             "reference" (the per-expert float oracle; slow), "triton-bf16", "triton-lowbit",
             "sm120-fp4" (12.0 / 12.1 GPUs, NVFP4 or sign factors, ``activations="nvfp4"`` only).
         activations: the precision of the activations in the products: ``"bf16"`` (default; x and z
@@ -103,14 +103,22 @@ def grouped_glu(
         ``[num_out_rows, f]`` with ``scatter_idx``, else ``[M, f]``; dtype ``x.dtype``.
 
     Raises:
-        TypeError: an argument of the wrong type or dtype (the message names it).
-        ValueError: a wrong shape or device, an unknown ``impl``, or (with ``tsct.config.check_values``)
-            offsets that decrease or exceed M, or indices out of range.
-        RuntimeError: a forced ``impl`` that cannot run here, with the reason.
+        TypeError: an argument of the wrong type or dtype (the message names it), a master that is not a float
+            tensor.
+        ValueError: a wrong shape or device; ``scatter_idx`` without ``num_out_rows`` or the reverse; an unknown
+            ``impl`` or ``activations``; ``activations="nvfp4"`` with d or r not a multiple of 16; a master for a
+            dense factor, of another shape or device than its factor, or a container that ``quantize_master``
+            made from another tensor or an older state of it; with ``tsct.config.check_values`` (``offs`` also
+            without it on the reference path) negative or decreasing ``offs``, ``offs[-1] > M``, or ``gather_idx`` /
+            ``scatter_idx`` entries of routed rows outside ``[0, x.shape[0])`` / ``[0, num_out_rows)``. While
+            torch.compile traces or a CUDA graph is captured those value checks are device-side asserts (a
+            RuntimeError on the CPU).
+        RuntimeError: a forced ``impl`` that cannot run here, with the reason; a second derivative
+            (``create_graph=True`` through the backward).
 
     Packed factors: the reference path decodes them to ``x.dtype``; the "triton-lowbit" path (sm_80+
     GPUs; ``impl="auto"`` takes it for NVFP4 / sign / mixed factors) reads the packed bytes and decodes
-    in registers. FP8 and ternary factors (and mixes with them) are decoded to bf16 once per call and run
+    in registers. FP8 and ternary factors (and mixes with them) are decoded to ``x.dtype`` once per call and run
     on ``bmm`` (or ``reference``) on every device: no kernel decodes them yet, and forcing one is a
     RuntimeError. Without ``masters`` a packed factor gets no gradient (frozen low-bit weights; dX,
     scales and row weights still get theirs). Two ways to train low-bit factors (decision 0008):

@@ -91,26 +91,26 @@ def sort_by_expert(topk_ids: Tensor, num_experts: int, topk_weights: Optional[Te
     version counter (``.data``, DLPack) is not seen (docs/decisions/0015-routing-and-side-stream.md).
     """
     if not isinstance(topk_ids, Tensor):
-        raise TypeError(f"topk_ids must be a torch.Tensor, got {type(topk_ids).__name__}")
+        raise TypeError(f"sort_by_expert: topk_ids must be a torch.Tensor, got {type(topk_ids).__name__}")
     if topk_ids.dtype.is_floating_point or topk_ids.dtype.is_complex or topk_ids.dtype == torch.bool:
-        raise TypeError(f"topk_ids must be an integer tensor, got dtype {topk_ids.dtype}")
+        raise TypeError(f"sort_by_expert: topk_ids must be an integer tensor, got dtype {topk_ids.dtype}")
     if topk_ids.dim() != 2:
-        raise ValueError(f"topk_ids must be 2-D [T, k], got shape {tuple(topk_ids.shape)}")
+        raise ValueError(f"sort_by_expert: topk_ids must be 2-D [T, k], got shape {tuple(topk_ids.shape)}")
     if isinstance(num_experts, bool):
-        raise TypeError("num_experts must be an int, got bool")
+        raise TypeError("sort_by_expert: num_experts must be an int, got bool")
     try:
         num_experts = operator.index(num_experts)  # ints, numpy integers, 0-d integer tensors
     except TypeError:
-        raise TypeError(f"num_experts must be an int, got {type(num_experts).__name__}") from None
+        raise TypeError(f"sort_by_expert: num_experts must be an int, got {type(num_experts).__name__}") from None
     if not 1 <= num_experts <= MAX_EXPERTS:
-        raise ValueError(f"num_experts must be in [1, {MAX_EXPERTS}], got {num_experts}")
+        raise ValueError(f"sort_by_expert: num_experts must be in [1, {MAX_EXPERTS}], got {num_experts}")
     if topk_weights is not None:
         if not isinstance(topk_weights, Tensor) or topk_weights.dtype not in _WEIGHT_DTYPES:
             what = topk_weights.dtype if isinstance(topk_weights, Tensor) else type(topk_weights).__name__
-            raise TypeError(f"topk_weights must be a bfloat16, float16 or float32 tensor, got {what}")
+            raise TypeError(f"sort_by_expert: topk_weights must be a bfloat16, float16 or float32 tensor, got {what}")
         if topk_weights.shape != topk_ids.shape or topk_weights.device != topk_ids.device:
-            raise ValueError(f"topk_weights must match topk_ids ({tuple(topk_ids.shape)} on {topk_ids.device}), "
-                             f"got {tuple(topk_weights.shape)} on {topk_weights.device}")
+            raise ValueError(f"sort_by_expert: topk_weights must match topk_ids ({tuple(topk_ids.shape)} on "
+                             f"{topk_ids.device}), got {tuple(topk_weights.shape)} on {topk_weights.device}")
     if _eager.direct_ok(topk_ids, topk_weights):  # a plain eager CUDA call skips the dispatcher's host time
         if topk_weights is not None and topk_weights.requires_grad and torch.is_grad_enabled():
             out = _SortByExpert.apply(topk_ids, num_experts, topk_weights)
