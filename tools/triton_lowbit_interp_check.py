@@ -4,7 +4,8 @@ trusted for fp32 dots, design.md section 5): x fp32, packed factors decoded in-k
 
     TRITON_INTERPRET=1 PYTHONPATH=python python tools/triton_lowbit_interp_check.py [--json PATH] [CASE...]
 
-Cases: each format for all three factors, and mixes (nvfp4 gate/up + sign down, dense + packed);
+Cases: each format (nvfp4, sign, fp8, ternary absmean / rank-1) for all three factors, and mixes (nvfp4
+gate/up + sign down, dense + packed, fp8 + ternary + nvfp4);
 gather/scatter on and off, scales/row weight on and off, padding rows (NaN row weights, garbage
 indices), empty and one-row experts, multi-tile experts, odd f (37), r > 128 (multi-K up kernel), a
 swizzled-layout NVFP4 factor (converted, counted). Forward and all seven gradients (factor slots: the
@@ -29,7 +30,7 @@ from tsct import quant  # noqa: E402
 from tsct import reference as R  # noqa: E402
 from tsct.kernels.triton_lowbit import glu as L  # noqa: E402
 from triton_lowbit_decode_check import check_tile_decode  # noqa: E402  (a sibling in tools/)
-from tsct.kernels.triton_lowbit._kernels import _e2m1, _ue4m3  # noqa: E402
+from tsct.kernels.triton_lowbit._kernels import _e2m1, _ternary_w, _ue4m3  # noqa: E402
 
 TOL = 2e-5  # fp32, same math; only accumulation order and the place of 1/s_enc and b[n] differ
 
@@ -53,6 +54,11 @@ def make(T, k, E, d, r, f, fmts=("nvfp4", "nvfp4", "nvfp4"), pad=3, gather=True,
             facs.append(w)
         elif fmt == "nvfp4":
             facs.append(quant.quantize_nvfp4(w, layout="swizzled_128x4" if swizzle else "linear", backend="torch"))
+        elif fmt == "fp8":
+            facs.append(quant.quantize_fp8(w, backend="torch"))
+        elif fmt in ("ternary", "ternary_r1"):
+            facs.append(quant.quantize_ternary(w, scaling="rank1" if fmt == "ternary_r1" else "absmean",
+                                               backend="torch"))
         else:
             facs.append(quant.quantize_sign(w, backend="torch"))
     sg = 1 + 0.1 * torch.randn(E, r, generator=g) if scales else None
@@ -76,7 +82,7 @@ def rel(a, b):
     return float((a - b).norm() / b.norm().clamp_min(1e-30))
 
 
-N, S, D = "nvfp4", "sign", "dense"
+N, S, D, F8, T, T1 = "nvfp4", "sign", "dense", "fp8", "ternary", "ternary_r1"
 CASES = {
     "nvfp4_basic": dict(T=24, k=2, E=4, d=32, r=16, f=40),
     "sign_basic": dict(T=24, k=2, E=4, d=32, r=16, f=40, fmts=(S, S, S)),
@@ -93,31 +99,48 @@ CASES = {
     "nvfp4_r144_multik": dict(T=10, k=2, E=2, d=32, r=144, f=19, pad=2, fmts=(N, S, N)),
     "swizzled_nvfp4": dict(T=16, k=2, E=3, d=32, r=16, f=24, swizzle=True),
     "f5461_sign_nvfp4": dict(T=6, k=2, E=2, d=16, r=16, f=5461, counts=[12, 0], fmts=(S, N, N), pad=1),
+    "fp8_basic": dict(T=24, k=2, E=4, d=32, r=16, f=37, counts=[10, 0, 37, 1], fmts=(F8, F8, F8)),
+    "fp8_d37_r20_nogs": dict(T=16, k=2, E=3, d=37, r=20, f=29, counts=[0, 20, 12], fmts=(F8, F8, F8), gather=False,
+                             scatter=False),
+    "fp8_r64_f5461": dict(T=8, k=2, E=3, d=64, r=64, f=5461, counts=[0, 14, 2], fmts=(F8, F8, F8), pad=1),
+    "ternary_basic": dict(T=24, k=2, E=4, d=32, r=16, f=37, counts=[0, 12, 35, 1], fmts=(T, T, T)),
+    "ternary_r1_d72_r24": dict(T=16, k=2, E=3, d=72, r=24, f=29, counts=[5, 0, 27], fmts=(T1, T1, T1)),
+    "ternary_r144_multik": dict(T=10, k=2, E=2, d=32, r=144, f=19, pad=2, fmts=(T, T1, T)),
+    "mixed_f8_t_n": dict(T=20, k=2, E=3, d=32, r=16, f=21, counts=[0, 30, 10], fmts=(F8, T, N)),
+    "mixed_t1_d_f8": dict(T=20, k=2, E=3, d=48, r=32, f=37, fmts=(T1, D, F8), scales=False),
 }
 
 
 @triton.jit
-def _decode_all(src, out_a, out_b):
+def _decode_all(src, out_a, out_b, out_t):
     i = tl.arange(0, 256)
     b = tl.load(src + i).to(tl.int32)
     tl.store(out_a + i, _e2m1(b & 15))
     tl.store(out_b + i, _ue4m3(b))
+    for j in tl.static_range(4):
+        tl.store(out_t + 4 * i + j, _ternary_w(b, j))
 
 
 def check_decode() -> float:
-    """Exhaustive: the in-kernel E2M1 (16 codes) and UE4M3 (256 bytes) decoders against tsct.quant's
-    tables; NaN where torch has NaN. Returns 0.0 when all match bit for bit (NaN == NaN), else inf."""
+    """Exhaustive: the in-kernel E2M1 (16 codes), E4M3 (256 bytes: the NVFP4 block scales and the fp8 codes) and
+    ternary (256 bytes of 4 codes) decoders against tsct.quant's tables; NaN where torch has NaN. Returns 0.0 when
+    all match bit for bit (NaN == NaN), else inf."""
     from tsct.quant import formats
 
     src = torch.arange(256, dtype=torch.int32).to(torch.uint8)
     a = torch.empty(256)
     b = torch.empty(256)
-    _decode_all[(1,)](src, a, b)
+    t = torch.empty(256 * 4)
+    _decode_all[(1,)](src, a, b, t)
     want_a = formats.e2m1_decode(src & 15)
     want_b = src.view(torch.float8_e4m3fn).float()
-    ok = torch.equal(a.view(torch.int32), want_a.view(torch.int32))
-    nan = want_b.isnan()
-    ok = ok and torch.equal(b.isnan(), nan) and torch.equal(b[~nan].view(torch.int32), want_b[~nan].view(torch.int32))
+    want_t = formats.ternary_decode(formats.unpack_2bit(src.reshape(1, 1, 256))).reshape(-1).float()
+
+    def same(got, want):
+        nan = want.isnan()
+        return torch.equal(got.isnan(), nan) and torch.equal(got[~nan].view(torch.int32), want[~nan].view(torch.int32))
+
+    ok = torch.equal(a.view(torch.int32), want_a.view(torch.int32)) and same(b, want_b) and same(t, want_t)
     return 0.0 if ok else float("inf")
 
 
