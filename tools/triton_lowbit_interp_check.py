@@ -166,15 +166,16 @@ def check_ste() -> dict:
     return errs
 
 
-def check_op() -> dict:
+def check_op(fmts=("nvfp4", "sign", "nvfp4"), tags_want=("nvfp4", "sign", "nvfp4-swizzled_128x4")) -> dict:
     """The same kernels behind the ``tsct::grouped_glu`` custom op (what ``tsct.ops.grouped_glu`` calls for
     packed factors on a GPU; auto never picks this path on the CPU, so the op is called directly with
     ``impl="triton-lowbit"``): containers packed to (tag, storage, carrier) and rebuilt in the op; masters
-    as carriers get the STE gradient through the op's registered autograd; a swizzled NVFP4 factor."""
+    as carriers get the STE gradient through the op's registered autograd; an NVFP4 w_down swizzled."""
     from tsct.ops import _function as F
 
-    args = make(T=16, k=2, E=3, d=32, r=16, f=24, fmts=("nvfp4", "sign", "nvfp4"), seed=4)
-    args[4] = quant.to_layout(args[4], "swizzled_128x4")
+    args = make(T=16, k=2, E=3, d=32, r=16, f=24, fmts=fmts, seed=4)
+    if fmts[2] == "nvfp4":
+        args[4] = quant.to_layout(args[4], "swizzled_128x4")
     ref_args = dequantized(args)
     masters = [torch.randn(3, 32, 16, requires_grad=True), None, torch.randn(3, 16, 24, requires_grad=True)]
     x = args[0].clone().requires_grad_(True)
@@ -188,8 +189,7 @@ def check_op() -> dict:
     want = R.grouped_glu_backward(go, *ref_args, [True] * 7)
     return {"op_fwd": rel(out.detach(), R.grouped_glu_forward(*ref_args)), "op_x": rel(x.grad, want[0]),
             "op_master_gate": rel(masters[0].grad, want[1]), "op_master_down": rel(masters[2].grad, want[3]),
-            "op_row_weight": rel(rw.grad, want[6]), "op_tags_ok": 0.0 if tags == ("nvfp4", "sign",
-                                                                                  "nvfp4-swizzled_128x4") else 1.0}
+            "op_row_weight": rel(rw.grad, want[6]), "op_tags_ok": 0.0 if tags == tags_want else 1.0}
 
 
 def run(names):
@@ -246,7 +246,8 @@ def main(argv) -> int:
                                     "tile_fp32": check_tile_decode("cpu", dtypes=(torch.float32,))}
         res["ste_autograd"] = check_ste()
         res["custom_op"] = check_op()
-        for k in ("decode_exhaustive", "ste_autograd", "custom_op"):
+        res["custom_op_fp8_ternary"] = check_op(("fp8", "ternary_r1", "ternary"), ("fp8", "ternary", "ternary"))
+        for k in ("decode_exhaustive", "ste_autograd", "custom_op", "custom_op_fp8_ternary"):
             print(f"{k:22s} " + " ".join(f"{a}={b:.1e}" for a, b in res[k].items()), flush=True)
     if path:
         with open(path, "w") as fh:
