@@ -120,8 +120,8 @@ def up_dec16(cfg, bk: int) -> bool:
 def up_planes(cfg, fmt: int, single_k: bool, bk: int) -> bool:
     """PLANES of lowbit_up_fwd: a packed w_down decoded in byte planes where the arch's config enables it
     (``Config.planes_up_lb``: sm_120), NVFP4 or sign, and the rank is one K step of 64 (aligned r in 33..64; the
-    TTGIR then holds no shared-memory copy of the decoded tile, tests/cpu/test_triton_lowbit_aot.py; at BK = 128 it still
-    does)."""
+    TTGIR then holds no shared-memory copy of the decoded tile, tests/cpu/test_triton_lowbit_aot.py; at BK = 128 it
+    still does)."""
     return bool(cfg.planes_up_lb) and fmt in PLANE_FORMATS and single_k and bk == 64
 
 
