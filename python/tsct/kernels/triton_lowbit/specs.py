@@ -186,9 +186,10 @@ def factor_types(fmt: int, dtype: str) -> tuple[str, str, str]:
 
 
 def dxdw_ndb(cfg, fmt_g: int, fmt_u: int) -> int:
-    """d blocks per program (row tile) of lowbit_bwd_dx_dw: sign factors keep one (``Config.ndb_dxdw_sign_lb``), the
-    others take ``Config.ndb_dxdw_lb``."""
-    return cfg.ndb_dxdw_sign_lb if SIGN in (fmt_g, fmt_u) else cfg.ndb_dxdw_lb
+    """d blocks per program (row tile) of lowbit_bwd_dx_dw: factors with a column scale (sign, fp8, ternary: the
+    kernel holds dh scaled by it beside dh, sign's register count) keep ``Config.ndb_dxdw_sign_lb``, the others take
+    ``Config.ndb_dxdw_lb``."""
+    return cfg.ndb_dxdw_sign_lb if max(fmt_g, fmt_u) >= SIGN else cfg.ndb_dxdw_lb
 
 
 _IDX = (None, "i64")
