@@ -192,6 +192,24 @@ def check_op(fmts=("nvfp4", "sign", "nvfp4"), tags_want=("nvfp4", "sign", "nvfp4
             "op_row_weight": rel(rw.grad, want[6]), "op_tags_ok": 0.0 if tags == tags_want else 1.0}
 
 
+def check_nan_codes() -> dict:
+    """A non-finite element of an fp8 / ternary (absmean, rank-1) w_down gets the format's NaN code: the forward is
+    NaN exactly where the reference on the dequantized factors is (that expert's rows, that column; mask mismatch:
+    inf) and matches it elsewhere (the relative error)."""
+    errs = {}
+    for fmt, opts in (("fp8", {}), ("ternary", {"scaling": "absmean"}), ("ternary_r1", {"scaling": "rank1"})):
+        args = make(T=16, k=2, E=3, d=32, r=16, f=24, counts=[0, 20, 12], fmts=("fp8", "ternary", "nvfp4"), seed=6)
+        w = torch.randn(3, 16, 24, generator=torch.Generator().manual_seed(7)) / 4
+        w[1, 3, 5] = float("nan")
+        args[4] = quant.quantize(w, fmt.split("_")[0], backend="torch", **opts)
+        ref = R.grouped_glu_forward(*dequantized(args))
+        out = L.grouped_glu_forward(*args)
+        nan = ref.isnan()
+        same = bool(nan.any()) and torch.equal(out.isnan(), nan)
+        errs[fmt] = rel(out[~nan], ref[~nan]) if same else float("inf")
+    return errs
+
+
 def run(names):
     results = {}
     for name in names:
@@ -247,7 +265,8 @@ def main(argv) -> int:
         res["ste_autograd"] = check_ste()
         res["custom_op"] = check_op()
         res["custom_op_fp8_ternary"] = check_op(("fp8", "ternary_r1", "ternary"), ("fp8", "ternary", "ternary"))
-        for k in ("decode_exhaustive", "ste_autograd", "custom_op", "custom_op_fp8_ternary"):
+        res["nan_codes"] = check_nan_codes()
+        for k in ("decode_exhaustive", "ste_autograd", "custom_op", "custom_op_fp8_ternary", "nan_codes"):
             print(f"{k:22s} " + " ".join(f"{a}={b:.1e}" for a, b in res[k].items()), flush=True)
     if path:
         with open(path, "w") as fh:

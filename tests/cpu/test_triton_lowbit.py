@@ -106,6 +106,13 @@ def test_decoders_exhaustive(interp):
     assert res["tile_fp32"] == 0.0         # the NVFP4 tile decoder, every code at every position and scale
 
 
+def test_nan_codes(interp):
+    """fp8 / ternary NaN codes decode to NaN in the kernels exactly where the reference's decode puts them."""
+    errs = interp["results"]["nan_codes"]
+    assert set(errs) == {"fp8", "ternary", "ternary_r1"}
+    assert all(v < interp["tol"] for v in errs.values()), errs
+
+
 def test_ste_autograd(interp):
     errs = interp["results"]["ste_autograd"]
     assert errs and all(v < interp["tol"] for v in errs.values()), errs

@@ -205,6 +205,24 @@ def test_ste_masters_decoded_formats(fmt):
         assert TG.rel_err(m.grad, ref_grads[1 + i]) < TOL, i
 
 
+@pytest.mark.parametrize("fmt", ["fp8", "ternary", "ternary_r1"])
+def test_nan_codes_decode_to_nan(fmt):
+    """A non-finite master element gets the format's NaN code (fp8 0x7F, ternary 0b10; rank-1 ternary keeps its
+    scale_k finite): the kernels' decode gives NaN exactly where the reference on the dequantized factors does
+    (the outputs of that expert's rows in that column), and the same values elsewhere."""
+    c = TG.CASES[2]  # f37_empty: expert 1 has 30 rows
+    p = TG.make_inputs(c, seed=13)
+    p["w_down"] = p["w_down"].clone()
+    p["w_down"][1, 3, 5] = float("nan")
+    q = _quantize(p, fmt)
+    ref = R.grouped_glu_forward(*TG.args_of(_deq(q), fp32=True))
+    out = TL.grouped_glu_forward(*TG.args_of(q))
+    nan = ref.isnan()
+    assert nan.any() and not nan.all()
+    assert torch.equal(out.isnan(), nan)
+    assert TG.rel_err(out[~nan], ref[~nan]) < TOL
+
+
 def test_status():
     assert TL.status((9, 0), "nvfp4")[0]
     assert TL.status((9, 0), "fp8")[0] and TL.status((9, 0), "ternary")[0]

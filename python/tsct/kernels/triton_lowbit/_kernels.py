@@ -128,9 +128,9 @@ def _sign_w(byt, ap, bmask, J: tl.constexpr):
 
 @triton.jit
 def _ternary_w(byt, J: tl.constexpr):
-    """Bit pair J of each ternary byte (int32) -> fp32 {-1, 0, +1}, NaN for the code 0b10: the low bit gives the
-    magnitude's fp32 bits (1.0), the high bit the sign."""
-    c = (byt >> (2 * J)) & 3
+    """Bit pair J of each ternary byte (an integer 0..255) -> fp32 {-1, 0, +1}, NaN for the code 0b10: the low bit
+    gives the magnitude's fp32 bits (1.0), the high bit the sign (bit 31 of a uint32: no signed shift overflow)."""
+    c = ((byt >> (2 * J)) & 3).to(tl.uint32)
     v = (((c & 1) * 0x3F800000) | ((c >> 1) << 31)).to(tl.float32, bitcast=True)
     return tl.where(c == 2, float("nan"), v)
 
