@@ -2,7 +2,8 @@
 to catch lowering errors the interpreter cannot see (join/reshape/trans layouts, bf16 dots) and to
 report shared memory and, when cuobjdump is on PATH, registers / local memory (spills).
 
-    PYTHONPATH=python python tools/triton_lowbit_compile_check.py [--arch 90|120] [--fmts nvfp4,sign,dense]
+    PYTHONPATH=python python tools/triton_lowbit_compile_check.py [--arch 90|120]
+        [--fmts nvfp4,sign,dense,fp8,ternary,ternary_r1]
         [--generic] [--opt-in]
 
 The variants get the AOT build's ``tt.divisibility=16`` on ``specs.KERNELS[k].hinted`` (the aligned b1 launches)
@@ -25,13 +26,15 @@ import triton
 
 from tsct.kernels.triton_glu import specs
 from tsct.kernels.triton_lowbit.glu import WARPS_DECODE
-from tsct.kernels.triton_lowbit.specs import down_planes, down_planes_shipped, up_dec16, up_planes
+from tsct.kernels.triton_lowbit.specs import (down_planes, down_planes_shipped, dxdw_ndb, factor_types, up_dec16,
+                                              up_planes)
 
-FMT = {"dense": 0, "nvfp4": 1, "sign": 2}
+# "ternary": the absmean scaling, "ternary_r1": the rank-1 one
+FMT = {"dense": 0, "nvfp4": 1, "sign": 2, "fp8": 3, "ternary": 4, "ternary_r1": 5}
 
 
 def _ptrs(fmt: str, dt: str) -> list[str]:
-    return {"dense": [dt, "*i8", "*i8"], "nvfp4": ["*u8", "*u8", "*fp32"], "sign": ["*u8", "*fp32", "*fp32"]}[fmt]
+    return list(factor_types(FMT[fmt], dt.lstrip("*")))
 
 
 def variants(fmt: str, arch: str, opt_in: bool = False):
@@ -62,7 +65,7 @@ def variants(fmt: str, arch: str, opt_in: bool = False):
     yield ("lowbit_bwd_dx_dw", [dt, "*i64", "*i32", "*i32", *g, *g, dt, dt, dt, "*i8", "*i8", "i32", "i32", "i32",
                                 "i32"],
            dict(FMT_G=f, FMT_U=f, HAS_GATHER=True, DO_DX=True, DO_DW=False, BM=cfg.bm, BD=cfg.bd_bwd, BR=64,
-                NDB=cfg.ndb_dxdw_sign_lb if fmt == "sign" else cfg.ndb_dxdw_lb, BLOCK_E=cfg.block_e),
+                NDB=dxdw_ndb(cfg, f, f), BLOCK_E=cfg.block_e),
            WARPS_DECODE, cfg.stages_dxdw_lb)
 
 

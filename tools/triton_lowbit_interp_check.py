@@ -4,7 +4,8 @@ trusted for fp32 dots, design.md section 5): x fp32, packed factors decoded in-k
 
     TRITON_INTERPRET=1 PYTHONPATH=python python tools/triton_lowbit_interp_check.py [--json PATH] [CASE...]
 
-Cases: each format for all three factors, and mixes (nvfp4 gate/up + sign down, dense + packed);
+Cases: each format (nvfp4, sign, fp8, ternary absmean / rank-1) for all three factors, and mixes (nvfp4
+gate/up + sign down, dense + packed, fp8 + ternary + nvfp4);
 gather/scatter on and off, scales/row weight on and off, padding rows (NaN row weights, garbage
 indices), empty and one-row experts, multi-tile experts, odd f (37), r > 128 (multi-K up kernel), a
 swizzled-layout NVFP4 factor (converted, counted). Forward and all seven gradients (factor slots: the
@@ -29,7 +30,7 @@ from tsct import quant  # noqa: E402
 from tsct import reference as R  # noqa: E402
 from tsct.kernels.triton_lowbit import glu as L  # noqa: E402
 from triton_lowbit_decode_check import check_tile_decode  # noqa: E402  (a sibling in tools/)
-from tsct.kernels.triton_lowbit._kernels import _e2m1, _ue4m3  # noqa: E402
+from tsct.kernels.triton_lowbit._kernels import _e2m1, _ternary_w, _ue4m3  # noqa: E402
 
 TOL = 2e-5  # fp32, same math; only accumulation order and the place of 1/s_enc and b[n] differ
 
@@ -53,6 +54,11 @@ def make(T, k, E, d, r, f, fmts=("nvfp4", "nvfp4", "nvfp4"), pad=3, gather=True,
             facs.append(w)
         elif fmt == "nvfp4":
             facs.append(quant.quantize_nvfp4(w, layout="swizzled_128x4" if swizzle else "linear", backend="torch"))
+        elif fmt == "fp8":
+            facs.append(quant.quantize_fp8(w, backend="torch"))
+        elif fmt in ("ternary", "ternary_r1"):
+            facs.append(quant.quantize_ternary(w, scaling="rank1" if fmt == "ternary_r1" else "absmean",
+                                               backend="torch"))
         else:
             facs.append(quant.quantize_sign(w, backend="torch"))
     sg = 1 + 0.1 * torch.randn(E, r, generator=g) if scales else None
@@ -76,7 +82,7 @@ def rel(a, b):
     return float((a - b).norm() / b.norm().clamp_min(1e-30))
 
 
-N, S, D = "nvfp4", "sign", "dense"
+N, S, D, F8, T, T1 = "nvfp4", "sign", "dense", "fp8", "ternary", "ternary_r1"
 CASES = {
     "nvfp4_basic": dict(T=24, k=2, E=4, d=32, r=16, f=40),
     "sign_basic": dict(T=24, k=2, E=4, d=32, r=16, f=40, fmts=(S, S, S)),
@@ -93,31 +99,48 @@ CASES = {
     "nvfp4_r144_multik": dict(T=10, k=2, E=2, d=32, r=144, f=19, pad=2, fmts=(N, S, N)),
     "swizzled_nvfp4": dict(T=16, k=2, E=3, d=32, r=16, f=24, swizzle=True),
     "f5461_sign_nvfp4": dict(T=6, k=2, E=2, d=16, r=16, f=5461, counts=[12, 0], fmts=(S, N, N), pad=1),
+    "fp8_basic": dict(T=24, k=2, E=4, d=32, r=16, f=37, counts=[10, 0, 37, 1], fmts=(F8, F8, F8)),
+    "fp8_d37_r20_nogs": dict(T=16, k=2, E=3, d=37, r=20, f=29, counts=[0, 20, 12], fmts=(F8, F8, F8), gather=False,
+                             scatter=False),
+    "fp8_r64_f5461": dict(T=8, k=2, E=3, d=64, r=64, f=5461, counts=[0, 14, 2], fmts=(F8, F8, F8), pad=1),
+    "ternary_basic": dict(T=24, k=2, E=4, d=32, r=16, f=37, counts=[0, 12, 35, 1], fmts=(T, T, T)),
+    "ternary_r1_d72_r24": dict(T=16, k=2, E=3, d=72, r=24, f=29, counts=[5, 0, 27], fmts=(T1, T1, T1)),
+    "ternary_r144_multik": dict(T=10, k=2, E=2, d=32, r=144, f=19, pad=2, fmts=(T, T1, T)),
+    "mixed_f8_t_n": dict(T=20, k=2, E=3, d=32, r=16, f=21, counts=[0, 30, 10], fmts=(F8, T, N)),
+    "mixed_t1_d_f8": dict(T=20, k=2, E=3, d=48, r=32, f=37, fmts=(T1, D, F8), scales=False),
 }
 
 
 @triton.jit
-def _decode_all(src, out_a, out_b):
+def _decode_all(src, out_a, out_b, out_t):
     i = tl.arange(0, 256)
     b = tl.load(src + i).to(tl.int32)
     tl.store(out_a + i, _e2m1(b & 15))
     tl.store(out_b + i, _ue4m3(b))
+    for j in tl.static_range(4):
+        tl.store(out_t + 4 * i + j, _ternary_w(b, j))
 
 
 def check_decode() -> float:
-    """Exhaustive: the in-kernel E2M1 (16 codes) and UE4M3 (256 bytes) decoders against tsct.quant's
-    tables; NaN where torch has NaN. Returns 0.0 when all match bit for bit (NaN == NaN), else inf."""
+    """Exhaustive: the in-kernel E2M1 (16 codes), E4M3 (256 bytes: the NVFP4 block scales and the fp8 codes) and
+    ternary (256 bytes of 4 codes) decoders against tsct.quant's tables; NaN where torch has NaN. Returns 0.0 when
+    all match bit for bit (NaN == NaN), else inf."""
     from tsct.quant import formats
 
     src = torch.arange(256, dtype=torch.int32).to(torch.uint8)
     a = torch.empty(256)
     b = torch.empty(256)
-    _decode_all[(1,)](src, a, b)
+    t = torch.empty(256 * 4)
+    _decode_all[(1,)](src, a, b, t)
     want_a = formats.e2m1_decode(src & 15)
     want_b = src.view(torch.float8_e4m3fn).float()
-    ok = torch.equal(a.view(torch.int32), want_a.view(torch.int32))
-    nan = want_b.isnan()
-    ok = ok and torch.equal(b.isnan(), nan) and torch.equal(b[~nan].view(torch.int32), want_b[~nan].view(torch.int32))
+    want_t = formats.ternary_decode(formats.unpack_2bit(src.reshape(1, 1, 256))).reshape(-1).float()
+
+    def same(got, want):
+        nan = want.isnan()
+        return torch.equal(got.isnan(), nan) and torch.equal(got[~nan].view(torch.int32), want[~nan].view(torch.int32))
+
+    ok = torch.equal(a.view(torch.int32), want_a.view(torch.int32)) and same(b, want_b) and same(t, want_t)
     return 0.0 if ok else float("inf")
 
 
@@ -143,15 +166,16 @@ def check_ste() -> dict:
     return errs
 
 
-def check_op() -> dict:
+def check_op(fmts=("nvfp4", "sign", "nvfp4"), tags_want=("nvfp4", "sign", "nvfp4-swizzled_128x4")) -> dict:
     """The same kernels behind the ``tsct::grouped_glu`` custom op (what ``tsct.ops.grouped_glu`` calls for
     packed factors on a GPU; auto never picks this path on the CPU, so the op is called directly with
     ``impl="triton-lowbit"``): containers packed to (tag, storage, carrier) and rebuilt in the op; masters
-    as carriers get the STE gradient through the op's registered autograd; a swizzled NVFP4 factor."""
+    as carriers get the STE gradient through the op's registered autograd; an NVFP4 w_down swizzled."""
     from tsct.ops import _function as F
 
-    args = make(T=16, k=2, E=3, d=32, r=16, f=24, fmts=("nvfp4", "sign", "nvfp4"), seed=4)
-    args[4] = quant.to_layout(args[4], "swizzled_128x4")
+    args = make(T=16, k=2, E=3, d=32, r=16, f=24, fmts=fmts, seed=4)
+    if fmts[2] == "nvfp4":
+        args[4] = quant.to_layout(args[4], "swizzled_128x4")
     ref_args = dequantized(args)
     masters = [torch.randn(3, 32, 16, requires_grad=True), None, torch.randn(3, 16, 24, requires_grad=True)]
     x = args[0].clone().requires_grad_(True)
@@ -165,8 +189,25 @@ def check_op() -> dict:
     want = R.grouped_glu_backward(go, *ref_args, [True] * 7)
     return {"op_fwd": rel(out.detach(), R.grouped_glu_forward(*ref_args)), "op_x": rel(x.grad, want[0]),
             "op_master_gate": rel(masters[0].grad, want[1]), "op_master_down": rel(masters[2].grad, want[3]),
-            "op_row_weight": rel(rw.grad, want[6]), "op_tags_ok": 0.0 if tags == ("nvfp4", "sign",
-                                                                                  "nvfp4-swizzled_128x4") else 1.0}
+            "op_row_weight": rel(rw.grad, want[6]), "op_tags_ok": 0.0 if tags == tags_want else 1.0}
+
+
+def check_nan_codes() -> dict:
+    """A non-finite element of an fp8 / ternary (absmean, rank-1) w_down gets the format's NaN code: the forward is
+    NaN exactly where the reference on the dequantized factors is (that expert's rows, that column; mask mismatch:
+    inf) and matches it elsewhere (the relative error)."""
+    errs = {}
+    for fmt, opts in (("fp8", {}), ("ternary", {"scaling": "absmean"}), ("ternary_r1", {"scaling": "rank1"})):
+        args = make(T=16, k=2, E=3, d=32, r=16, f=24, counts=[0, 20, 12], fmts=("fp8", "ternary", "nvfp4"), seed=6)
+        w = torch.randn(3, 16, 24, generator=torch.Generator().manual_seed(7)) / 4
+        w[1, 3, 5] = float("nan")
+        args[4] = quant.quantize(w, fmt.split("_")[0], backend="torch", **opts)
+        ref = R.grouped_glu_forward(*dequantized(args))
+        out = L.grouped_glu_forward(*args)
+        nan = ref.isnan()
+        same = bool(nan.any()) and torch.equal(out.isnan(), nan)
+        errs[fmt] = rel(out[~nan], ref[~nan]) if same else float("inf")
+    return errs
 
 
 def run(names):
@@ -223,7 +264,9 @@ def main(argv) -> int:
                                     "tile_fp32": check_tile_decode("cpu", dtypes=(torch.float32,))}
         res["ste_autograd"] = check_ste()
         res["custom_op"] = check_op()
-        for k in ("decode_exhaustive", "ste_autograd", "custom_op"):
+        res["custom_op_fp8_ternary"] = check_op(("fp8", "ternary_r1", "ternary"), ("fp8", "ternary", "ternary"))
+        res["nan_codes"] = check_nan_codes()
+        for k in ("decode_exhaustive", "ste_autograd", "custom_op", "custom_op_fp8_ternary", "nan_codes"):
             print(f"{k:22s} " + " ".join(f"{a}={b:.1e}" for a, b in res[k].items()), flush=True)
     if path:
         with open(path, "w") as fh:

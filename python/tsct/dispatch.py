@@ -10,9 +10,10 @@ Paths (design.md section 4):
     bmm            factors decoded to bf16, rows laid out per expert, torch.bmm (tsct.bmm): CPU and any GPU;
                    the last resort of every row; bf16 or NVFP4 activations
     triton-bf16    Triton grouped GEMM + fused GLU, bf16/fp16 factors (AOT cubins for sm_90a/sm_100a/sm_120)
-    triton-lowbit  Triton with NVFP4 / sign factors decoded in registers, bf16 activations
-FP8 and ternary factors have no in-kernel decode yet: every row sends them to ``bmm`` (decoded to bf16 once
-per call), never to a kernel that cannot read them; so does any mix of factors that includes one of them.
+    triton-lowbit  Triton with NVFP4 / sign factors decoded in registers, bf16 activations; FP8 and ternary
+                   factors (and mixes with them) too, but only when forced (``FORCED_ONLY``): those
+                   kernels have not run on a GPU yet, so every ``auto`` row sends them to ``bmm``
+                   (decoded to bf16 once per call)
     sm120-fp4      NVFP4 block-scaled mma.sync on 12.0 / 12.1 (CuTeDSL, tsct.kernels.sm120_fp4): NVFP4
                    activations, so only when the caller asks for them (``activations="nvfp4"``)
 
@@ -51,13 +52,18 @@ SM120_FP4 = "sm120-fp4"
 PATHS = (REFERENCE, BMM, TRITON_BF16, TRITON_LOWBIT, SM120_FP4)
 
 FORMATS = ("bf16", "nvfp4", "sign", "fp8", "ternary")  # storage formats with a row in the table; others use bmm
-#: formats every path reads only after decoding them to dense factors (no kernel decodes them in registers)
+#: formats ``auto`` runs only after decoding them to dense factors (``bmm``); triton-lowbit decodes them in
+#: registers when forced (``FORCED_ONLY``)
 DECODED_FORMATS = ("fp8", "ternary")
 #: the format of a mix of factors that includes a DECODED_FORMATS one ("mixed" is the mix triton-lowbit reads)
 MIXED_DECODED = "mixed-decoded"
 ACTIVATIONS = ("bf16", "nvfp4")
-#: paths whose kernels read packed factors (NVFP4 / sign) themselves; every other path gets them decoded
+#: paths whose kernels read packed factors themselves; every other path gets them decoded
 READS_PACKED = frozenset({TRITON_LOWBIT, SM120_FP4})
+#: path -> storage formats it serves only when forced (``impl=<path>``), never from ``auto``: its kernels read
+#: them, but have not run on a GPU for them yet. ``preferences`` leaves these (path, format) pairs out of every
+#: row; a row for them moves into ``TABLE`` once the GPU tests pass (tests/gpu/test_triton_lowbit_gpu.py).
+FORCED_ONLY: dict[str, frozenset] = {TRITON_LOWBIT: frozenset({*DECODED_FORMATS, MIXED_DECODED})}
 
 #: the activation precision each path computes (the ``activations=`` values it serves)
 COMPUTES: dict[str, frozenset] = {
@@ -81,7 +87,7 @@ ARCH_CLASSES: dict[tuple[int, int], str] = {
 _DENSE_GPU = [TRITON_BF16, BMM]
 _LOWBIT_GPU = [TRITON_LOWBIT, BMM]
 # (arch class, storage format) -> paths in order of preference, bf16 activations. Missing rows
-# (cpu, unknown, fp32 factors) mean [BMM]. FP8 / ternary rows are bmm until a kernel decodes them.
+# (cpu, unknown, fp32 factors) mean [BMM]. FP8 / ternary rows are bmm while FORCED_ONLY holds them.
 TABLE: dict[tuple[str, str], list[str]] = {
     **{(cls, fmt): list(_DENSE_GPU) for cls in ("sm80", "sm90", "sm100", "sm120") for fmt in ("bf16", "fp16")},
     # packed factors; "mixed" = packed and dense together, or NVFP4 with sign: only triton-lowbit reads them
@@ -108,7 +114,7 @@ def preferences(capability: Optional[tuple[int, int]], fmt: str, activations: st
     """The paths ``auto`` tries, in order, for this capability, storage format and activation precision."""
     _check_activations(activations)
     table = TABLE if activations == "bf16" else TABLE_NVFP4_ACTIVATIONS
-    return list(table.get((arch_class(capability), fmt), [BMM]))
+    return [p for p in table.get((arch_class(capability), fmt), [BMM]) if fmt not in FORCED_ONLY.get(p, ())]
 
 
 def _check_activations(activations: str) -> None:
@@ -213,7 +219,8 @@ def decide(capability: Optional[tuple[int, int]], fmt: str, activations: str = "
             if skipped:
                 reason = f"fallback: {skipped[0][0]} unavailable ({skipped[0][1]})"
             elif fmt in (*DECODED_FORMATS, MIXED_DECODED) and arch_class(capability) not in ("cpu", "unknown"):
-                reason = f"no kernel decodes {fmt} factors yet: decoded to bf16 once per call, torch.bmm"
+                reason = (f"{fmt} factors: decoded to bf16 once per call, torch.bmm (triton-lowbit decodes them "
+                          f"in registers only when forced: impl='triton-lowbit')")
             elif arch_class(capability) == "unknown":
                 reason = f"compute capability {capability[0]}.{capability[1]} has no built artifacts"
             elif (arch_class(capability), fmt) not in table:

@@ -378,7 +378,7 @@ def is_transient(outcome: str, detail: str) -> bool:
 
 def canonical_format(fmt: str) -> str:
     """The format a self-test runs for a storage format: dense formats (bf16, fp16, fp32) test as "bf16"."""
-    return fmt if fmt in ("nvfp4", "sign", "mixed") else "bf16"
+    return fmt if fmt in ("nvfp4", "sign", "mixed", "fp8", "ternary", "mixed-decoded") else "bf16"
 
 
 def verdict(device_index: int, path: str, fmt: str, *, runner: Optional[Runner] = None,

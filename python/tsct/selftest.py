@@ -69,7 +69,8 @@ def grouped_glu(path: str, device: torch.device, dtype: torch.dtype = torch.bflo
                 backward: bool = False) -> Result:
     """Run ``grouped_glu(impl=path)`` on a small problem and compare with float64.
 
-    ``fmt`` "nvfp4"/"sign" quantizes the factors first ("mixed": NVFP4 gate and down, sign up); the
+    ``fmt`` "nvfp4"/"sign"/"fp8"/"ternary" quantizes the factors first ("mixed": NVFP4 gate and down, sign up;
+    "mixed-decoded": fp8 gate, ternary up, NVFP4 down); the
     expectation then uses the dequantized factors (same math), so the tolerance stays the compute dtype's.
     With ``backward`` the gradients of x, the scales, the row weights and (dense factors only) the
     factors are compared too, against float64 autograd of the same oracle (tolerance 1.5x the forward's).
@@ -88,7 +89,8 @@ def grouped_glu(path: str, device: torch.device, dtype: torch.dtype = torch.bflo
         p = {k: v.to(device, dtype) for k, v in p64.items()}
         facs = [p["w_gate"], p["w_up"], p["w_down"]]
         if fmt != "bf16":
-            fmts = ("nvfp4", "sign", "nvfp4") if fmt == "mixed" else (fmt,) * 3  # "mixed": NVFP4 + sign
+            mixes = {"mixed": ("nvfp4", "sign", "nvfp4"), "mixed-decoded": ("fp8", "ternary", "nvfp4")}
+            fmts = mixes.get(fmt, (fmt,) * 3)
             facs = [quant.quantize(w, q) for w, q in zip(facs, fmts)]
             for k, w in zip(("w_gate", "w_up", "w_down"), facs):
                 p64[k] = quant.dequantize(w, dtype=torch.float32).double().cpu()

@@ -394,7 +394,7 @@ def test_lowbit_status_reasons(monkeypatch, tmp_path):
     monkeypatch.delenv("TSCT_TRITON_BACKEND", raising=False)
     aot._reset_for_tests()
     try:
-        for fmt in ("nvfp4", "sign"):
+        for fmt in ("nvfp4", "sign", "fp8", "ternary"):
             assert TL.status((9, 0), fmt) == (True, "AOT cubins for sm_90a")
             assert dispatch.status(dispatch.TRITON_LOWBIT, (9, 0), fmt) == dispatch.Status(True, "AOT cubins for sm_90a")
         assert not TL.status(None, "nvfp4")[0] and not TL.status((7, 5), "sign")[0]
@@ -403,7 +403,7 @@ def test_lowbit_status_reasons(monkeypatch, tmp_path):
         assert ok == (why == "Triton JIT")
         monkeypatch.setenv("TSCT_TRITON_BACKEND", "aot")
         ok, why = TL.status((9, 0), "mixed")
-        assert not ok and "cover uniform nvfp4 / sign factors only" in why
+        assert not ok and "cover uniform nvfp4 / sign / fp8 / ternary factors only" in why
         ok, why = TL.status((12, 0), "nvfp4")  # this fake install has no sm_120 cubins
         assert not ok and "no AOT cubins of the Triton low-bit kernels for compute capability 12.0" in why
         assert TL.status((9, 0), "sign") == (True, "AOT cubins for sm_90a")

@@ -1,5 +1,6 @@
 """FP8 and ternary factors through ``tsct.ops.grouped_glu``: decoded for the ``bmm`` and ``reference`` paths, sent to
-``bmm`` by every dispatch row (no kernel decodes them yet), refused by the kernel paths, trained through masters."""
+``bmm`` by every dispatch row (triton-lowbit reads them only when forced: ``dispatch.FORCED_ONLY``), refused by the
+other kernel paths, trained through masters."""
 
 from __future__ import annotations
 
@@ -60,11 +61,27 @@ def test_every_row_sends_them_to_bmm(cap, fmt, act):
     d = dispatch.decide(cap, fmt, act)
     assert d.path == dispatch.BMM and not d.skipped
     if cap in GPU_CAPS:
-        assert "no kernel decodes" in d.reason
+        assert "decoded to bf16 once per call" in d.reason and "only when forced" in d.reason
 
 
 @pytest.mark.parametrize("fmt", ["fp8", "ternary", dispatch.MIXED_DECODED])
-@pytest.mark.parametrize("path", [dispatch.TRITON_BF16, dispatch.TRITON_LOWBIT, dispatch.SM120_FP4])
+def test_triton_lowbit_takes_them_only_when_forced(monkeypatch, fmt):
+    """Where triton-lowbit can run, auto still takes bmm for them and ``impl="triton-lowbit"`` takes the kernels."""
+    ok = dispatch.Status(True, "runs here")
+    monkeypatch.setitem(dispatch._STATUS, dispatch.TRITON_LOWBIT, lambda cap, f: ok)
+    assert fmt in dispatch.FORCED_ONLY[dispatch.TRITON_LOWBIT]
+    for cap in GPU_CAPS:
+        assert dispatch.TRITON_LOWBIT not in dispatch.preferences(cap, fmt)
+        assert dispatch.select("auto", cap, fmt, first_use={dispatch.TRITON_LOWBIT: ok}) == dispatch.BMM
+        assert dispatch.select(dispatch.TRITON_LOWBIT, cap, fmt, first_use={dispatch.TRITON_LOWBIT: ok}) == \
+            dispatch.TRITON_LOWBIT
+    from tsct.kernels import triton_lowbit
+    _, why = triton_lowbit.status((9, 0), fmt)
+    assert "not served" not in why, why
+
+
+@pytest.mark.parametrize("fmt", ["fp8", "ternary", dispatch.MIXED_DECODED])
+@pytest.mark.parametrize("path", [dispatch.TRITON_BF16, dispatch.SM120_FP4])
 def test_kernel_paths_refuse_them(fmt, path):
     for cap in GPU_CAPS:
         st = dispatch.status(path, cap, fmt)
@@ -74,7 +91,7 @@ def test_kernel_paths_refuse_them(fmt, path):
         dispatch.select(path, (9, 0), fmt, act)
 
 
-def test_forcing_a_kernel_path_on_the_op_is_a_clear_error():
+def test_forcing_a_kernel_path_on_the_cpu_is_a_clear_error():
     p = _problem()
     facs = [quant.quantize(p[n], "ternary") for n in NAMES]
     with pytest.raises(RuntimeError, match="impl='triton-lowbit' cannot run"):

@@ -25,7 +25,8 @@ ROOT = Path(__file__).resolve().parents[2]
 CASES = ["nvfp4_basic", "sign_basic", "sign_r64", "nvfp4_r64",
          "nvfp4_nogs", "sign_nogs_noscales", "mixed_ns_d", "mixed_dd_n",
          "empty_one_multitile", "nvfp4_d80_r48", "sign_d72_r24", "nvfp4_r144_multik", "swizzled_nvfp4",
-         "f5461_sign_nvfp4"]
+         "f5461_sign_nvfp4", "fp8_basic", "fp8_d37_r20_nogs", "fp8_r64_f5461", "ternary_basic", "ternary_r1_d72_r24",
+         "ternary_r144_multik", "mixed_f8_t_n", "mixed_t1_d_f8"]
 
 
 def _run_interp(tmp_path_factory, name: str, cfg: str = "", cases=()) -> dict:
@@ -47,9 +48,10 @@ def interp(tmp_path_factory):
 
 
 # lowbit_bwd_dx_dw with several d blocks per program across several programs (partial groups at the end of d),
-# for NVFP4, sign and mixed factors; the default tiles cover d <= 512 in one program
+# for NVFP4, sign, fp8, ternary and mixed factors; the default tiles cover d <= 512 in one program
 NDB_CFG = "bd_bwd=16,ndb_dxdw_lb=3,ndb_dxdw_sign_lb=2"
-NDB_CASES = ["nvfp4_d80_r48", "sign_d72_r24", "empty_one_multitile", "mixed_ns_d", "nvfp4_basic"]
+NDB_CASES = ["nvfp4_d80_r48", "sign_d72_r24", "empty_one_multitile", "mixed_ns_d", "nvfp4_basic", "ternary_r1_d72_r24",
+             "fp8_d37_r20_nogs"]
 
 
 @pytest.fixture(scope="module")
@@ -100,8 +102,15 @@ def test_interpreter_case(interp, case):
 
 def test_decoders_exhaustive(interp):
     res = interp["results"]["decode_exhaustive"]
-    assert res["mismatch"] == 0.0          # E2M1 and UE4M3 element decoders, every byte
+    assert res["mismatch"] == 0.0          # E2M1, E4M3 and ternary element decoders, every byte
     assert res["tile_fp32"] == 0.0         # the NVFP4 tile decoder, every code at every position and scale
+
+
+def test_nan_codes(interp):
+    """fp8 / ternary NaN codes decode to NaN in the kernels exactly where the reference's decode puts them."""
+    errs = interp["results"]["nan_codes"]
+    assert set(errs) == {"fp8", "ternary", "ternary_r1"}
+    assert all(v < interp["tol"] for v in errs.values()), errs
 
 
 def test_ste_autograd(interp):
@@ -109,9 +118,10 @@ def test_ste_autograd(interp):
     assert errs and all(v < interp["tol"] for v in errs.values()), errs
 
 
-def test_custom_op_runs_the_kernels(interp):
+@pytest.mark.parametrize("which", ["custom_op", "custom_op_fp8_ternary"])
+def test_custom_op_runs_the_kernels(interp, which):
     """tsct::grouped_glu_q with impl="triton-lowbit": containers rebuilt in the op, masters' STE grads."""
-    errs = interp["results"]["custom_op"]
+    errs = interp["results"][which]
     assert errs.pop("op_tags_ok") == 0.0
     assert set(errs) == {"op_fwd", "op_x", "op_master_gate", "op_master_down", "op_row_weight"}
     assert all(v < interp["tol"] for v in errs.values()), errs

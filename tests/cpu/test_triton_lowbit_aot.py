@@ -28,7 +28,8 @@ from _lowbit_counts import n_lowbit  # tests/cpu is on sys.path (pytest's defaul
 import _tools
 
 CAPS = [(9, 0), (10, 0), (12, 0), (12, 1)]
-FMTS = {"nvfp4": ("nvfp4",) * 3, "sign": ("sign",) * 3, "mixed": ("nvfp4", "sign", "nvfp4")}
+FMTS = {"nvfp4": ("nvfp4",) * 3, "sign": ("sign",) * 3, "mixed": ("nvfp4", "sign", "nvfp4"), "fp8": ("fp8",) * 3,
+        "ternary": ("ternary",) * 3}
 # (name, T, k, E, d, r, f, gather, scatter, scales, row weight, index dtype): the bf16 cases of the GPU tests
 SHAPES = [
     ("b1_small", 256, 2, 64, 2048, 64, 5461, True, True, True, True, torch.int64),
@@ -120,13 +121,19 @@ def _container(fmt, e, k, n, g):
         return quant.NVFP4Tensor(torch.randint(0, 256, (e, n, k // 2), generator=g, dtype=torch.uint8),
                                  torch.ones(e, n, k // 16).to(torch.float8_e4m3fn), torch.ones(e), "linear",
                                  (e, k, n))
+    if fmt == "fp8":
+        codes = torch.randint(0, 256, (e, n, k), generator=g, dtype=torch.uint8)
+        return quant.FP8Tensor(codes.view(torch.float8_e4m3fn), torch.ones(e, n), (e, k, n))
+    if fmt == "ternary":  # absmean scaling (the one with cubins)
+        return quant.TernaryTensor(torch.randint(0, 256, (e, n, k // 4), generator=g, dtype=torch.uint8), None,
+                                   torch.ones(e, n), (e, k, n))
     return quant.SignTensor(torch.randint(0, 256, (e, n, k // 8), generator=g, dtype=torch.uint8),
                             torch.ones(e, k), torch.ones(e, n), (e, k, n))
 
 
 def _valid(shape, fmt) -> bool:
     d, r = shape[4], shape[5]
-    need = 16 if "nvfp4" in FMTS[fmt] else 8
+    need = {"nvfp4": 16, "sign": 8, "ternary": 4, "fp8": 1}[FMTS[fmt][0]] if fmt != "mixed" else 16
     return d % need == 0 and r % need == 0
 
 
@@ -186,7 +193,8 @@ def test_launches_outside_the_table_are_refused_by_name(dry_run):
 def test_table_size_and_pointer_types():
     for arch in LS.AOT_ARCHS:
         specs_ = list(LS.enumerate_specs(arch))
-        # n_lowbit: 172, plus the multi-block dX / dW and the opt-in down-plane variants where the arch has them
+        # n_lowbit: 172 for NVFP4 / sign, 68 per uniform fp8 / ternary triple, plus the multi-block dX / dW and the
+        # opt-in down-plane variants where the arch has them
         assert len(specs_) == len({s.key for s in specs_}) == n_lowbit(arch)
         for s in specs_:
             t = dict(s.types)

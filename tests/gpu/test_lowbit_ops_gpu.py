@@ -1,6 +1,7 @@
 """``tsct.ops.grouped_glu`` with packed factors on a CUDA GPU: the wired "triton-lowbit" path.
 
-- ``impl="auto"`` takes triton-lowbit for NVFP4 / sign / mixed factors (and the launches happen);
+- ``impl="auto"`` takes triton-lowbit for NVFP4 / sign / mixed factors (and the launches happen); fp8 / ternary
+  factors (and mixes with them) run there only when forced (``dispatch.FORCED_ONLY``; auto takes bmm);
 - forward and all gradients through the ``tsct::grouped_glu_q`` custom op against ``tsct.reference`` on the
   DEQUANTIZED factors in fp32 (same math), with masters receiving the STE gradient;
 - torch.compile(fullgraph=True): forward and backward equal eager;
@@ -32,7 +33,10 @@ DEV = torch.device("cuda")
 CAP = tuple(torch.cuda.get_device_capability())
 TOL = 1e-2  # rel Frobenius, bf16 activations vs fp32 on the same decoded factors (the dense path's tolerance)
 FMTS = {"nvfp4": ("nvfp4",) * 3, "sign": ("sign",) * 3, "mixed": ("nvfp4", "sign", "nvfp4"),
-        "dense_gate": ("dense", "nvfp4", "sign")}
+        "dense_gate": ("dense", "nvfp4", "sign"), "fp8": ("fp8",) * 3, "ternary": ("ternary",) * 3,
+        "mixed_decoded": ("fp8", "ternary", "nvfp4")}
+AUTO_FMTS = ("nvfp4", "sign", "mixed", "dense_gate")  # the formats auto sends to triton-lowbit
+DECODED_FMTS = ("fp8", "ternary", "mixed_decoded")  # triton-lowbit only when forced
 NAMES = ("w_gate", "w_up", "w_down")
 
 # the CUDA projections (Config.down_native_lb / up_native_lb, decision 0014) replace the two forward Triton
@@ -120,11 +124,19 @@ CASES = [  # (T, k, E, d, r, f)
 
 
 @pytest.mark.parametrize("case", CASES, ids=lambda c: "x".join(map(str, c)))
-@pytest.mark.parametrize("fmt", list(FMTS))
+@pytest.mark.parametrize("fmt", [*AUTO_FMTS, *DECODED_FMTS])
 def test_forward_backward_vs_reference_with_masters(case, fmt):
     p, ms, facs = problem(*case, fmt, seed=sum(case))
     go = torch.randn(case[0], case[5], device=DEV).to(torch.bfloat16)
-    y, grads = train_call(p, facs, ms, go)
+    kw = {}
+    if fmt in DECODED_FMTS:  # forced; auto stays on bmm for them
+        want = "mixed-decoded" if fmt == "mixed_decoded" else fmt
+        assert dispatch.decide(CAP, want).path == dispatch.BMM
+        kw = dict(impl="triton-lowbit")
+    before = sum(L.launch_counts().values())
+    y, grads = train_call(p, facs, ms, go, **kw)
+    torch.cuda.synchronize()
+    assert sum(L.launch_counts().values()) >= before + 4  # down, up, dz, dx-dw of this package ran
     want_y, want = ref_grads(p, facs, go)
     assert rel(y, want_y) < TOL
     for name, g, w in zip(("x",) + NAMES + ("s_gate", "s_up", "row_weight"), grads, want):
@@ -170,7 +182,7 @@ def _has_lowbit_cubins():
 
 
 @pytest.mark.skipif(not _has_lowbit_cubins(), reason="this install has no 'lowbit' AOT cubins for this GPU")
-@pytest.mark.parametrize("fmt", ["nvfp4", "sign", "mixed"])
+@pytest.mark.parametrize("fmt", ["nvfp4", "sign", "mixed", "fp8", "ternary"])
 @pytest.mark.parametrize("case", [(16384, 2, 1024, 2048, 64, 5461), (50, 2, 6, 64, 16, 37), (12, 1, 8, 40, 24, 100)],
                          ids=["b1", "f37", "d40_r24"])
 def test_aot_cubins_only(monkeypatch, fmt, case):

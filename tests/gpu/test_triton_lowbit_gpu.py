@@ -5,9 +5,9 @@ archive/2026-12:docs/evidence/2026-11-29_h200_lowbit_full.log); scripts/gpu_suit
 and through JIT.
 
 Same harness as tests/gpu/test_triton_glu.py (its cases, NaN-poisoned allocator, determinism), with
-the factors quantized to NVFP4 / sign / a mix. The reference runs in fp32 on the factors decoded to
-fp32 (same math), so the bf16 tolerance of the dense path applies. Factor-slot gradients are the
-gradients w.r.t. the decoded factors (the STE gradient of the masters).
+the factors quantized to NVFP4 / sign / fp8 / ternary (absmean, rank-1) / mixes. The reference runs in fp32 on
+the factors decoded to fp32 (same math), so the bf16 tolerance of the dense path applies. Factor-slot gradients
+are the gradients w.r.t. the decoded factors (the STE gradient of the masters).
 
     python3 -m pytest -q tests/gpu/test_triton_lowbit_gpu.py      (scripts/gpu_suite.sh lowbit)
 """
@@ -43,12 +43,17 @@ _spec.loader.exec_module(TG)  # reuse its Case list, input maker and helpers (no
 DEV = TG.DEV
 TOL = 1e-2
 NAMES = TG.NAMES
-FMTS = {"nvfp4": ("nvfp4",) * 3, "sign": ("sign",) * 3, "mixed": ("nvfp4", "sign", "nvfp4")}
+# "ternary_r1": ternary with the rank-1 scaling; "mixed_decoded": fp8 gate, rank-1 ternary up, NVFP4 down
+FMTS = {"nvfp4": ("nvfp4",) * 3, "sign": ("sign",) * 3, "mixed": ("nvfp4", "sign", "nvfp4"), "fp8": ("fp8",) * 3,
+        "ternary": ("ternary",) * 3, "ternary_r1": ("ternary_r1",) * 3,
+        "mixed_decoded": ("fp8", "ternary_r1", "nvfp4")}
+_K_MULTIPLE = {"nvfp4": 16, "sign": 8, "fp8": 1, "ternary": 4, "ternary_r1": 4}
+DECODED = ("fp8", "ternary", "ternary_r1", "mixed_decoded")  # run only when forced (tsct.dispatch.FORCED_ONLY)
 
 
 def _ok(c, fmt):
     k_gate, k_down = c.d, c.r
-    need = 16 if "nvfp4" in FMTS[fmt] else 8
+    need = max(_K_MULTIPLE[f] for f in FMTS[fmt])
     return c.dtype == torch.bfloat16 and k_gate % need == 0 and k_down % need == 0
 
 
@@ -58,7 +63,10 @@ CASES = [(c, fmt) for c in TG.CASES if c.name not in ("d4096_r4096",) for fmt in
 def _quantize(p: dict, fmt: str) -> dict:
     q = dict(p)
     for key, f in zip(("w_gate", "w_up", "w_down"), FMTS[fmt]):
-        q[key] = quant.quantize(p[key].float(), f)
+        if f == "ternary_r1":
+            q[key] = quant.quantize(p[key].float(), "ternary", scaling="rank1")
+        else:
+            q[key] = quant.quantize(p[key].float(), f)
     return q
 
 
@@ -174,8 +182,50 @@ def test_ste_masters():
     assert TG.rel_err(masters[2].grad, ref_grads[3]) < TOL
 
 
+@pytest.mark.parametrize("fmt", ["fp8", "ternary", "mixed_decoded"])
+def test_ste_masters_decoded_formats(fmt):
+    """fp8 / ternary factors through the autograd wrapper: masters get the dequantized factors' dW (STE)."""
+    from tsct.kernels.triton_lowbit import autograd as A
+
+    c = TG.CASES[2]
+    p = TG.make_inputs(c, seed=11)
+    q = _quantize(p, fmt)
+    masters = [p[n].float().clone().requires_grad_(True) for n in ("w_gate", "w_up", "w_down")]
+    x = p["x"].clone().requires_grad_(True)
+    out = A.grouped_glu(x, p["offs"], q["w_gate"], q["w_up"], q["w_down"], p["s_gate"], p["s_up"],
+                        row_weight=p["row_weight"], gather_idx=p["gather_idx"], scatter_idx=p["scatter_idx"],
+                        num_out_rows=p["num_out_rows"], masters=masters)
+    go = torch.randn_like(out)
+    out.backward(go)
+    ref_args = TG.args_of(_deq(q), fp32=True)
+    assert TG.rel_err(out, R.grouped_glu_forward(*ref_args)) < TOL
+    ref_grads = R.grouped_glu_backward(go.float(), *ref_args, [True] * 7)
+    assert TG.rel_err(x.grad, ref_grads[0]) < TOL
+    for i, m in enumerate(masters):
+        assert TG.rel_err(m.grad, ref_grads[1 + i]) < TOL, i
+
+
+@pytest.mark.parametrize("fmt", ["fp8", "ternary", "ternary_r1"])
+def test_nan_codes_decode_to_nan(fmt):
+    """A non-finite master element gets the format's NaN code (fp8 0x7F, ternary 0b10; rank-1 ternary keeps its
+    scale_k finite): the kernels' decode gives NaN exactly where the reference on the dequantized factors does
+    (the outputs of that expert's rows in that column), and the same values elsewhere."""
+    c = TG.CASES[2]  # f37_empty: expert 1 has 30 rows
+    p = TG.make_inputs(c, seed=13)
+    p["w_down"] = p["w_down"].clone()
+    p["w_down"][1, 3, 5] = float("nan")
+    q = _quantize(p, fmt)
+    ref = R.grouped_glu_forward(*TG.args_of(_deq(q), fp32=True))
+    out = TL.grouped_glu_forward(*TG.args_of(q))
+    nan = ref.isnan()
+    assert nan.any() and not nan.all()
+    assert torch.equal(out.isnan(), nan)
+    assert TG.rel_err(out[~nan], ref[~nan]) < TOL
+
+
 def test_status():
     assert TL.status((9, 0), "nvfp4")[0]
+    assert TL.status((9, 0), "fp8")[0] and TL.status((9, 0), "ternary")[0]
     assert not TL.status((7, 5), "nvfp4")[0]
 
 

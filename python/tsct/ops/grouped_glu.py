@@ -23,8 +23,8 @@ Factor = Union[Tensor, "tsct.quant.NVFP4Tensor", "tsct.quant.SignTensor", "tsct.
 
 
 def _storage_format(factors) -> str:
-    """The one format of the three factors; "mixed" for a mix the low-bit kernels read (dense, NVFP4, sign),
-    ``dispatch.MIXED_DECODED`` for a mix with an FP8 or ternary factor (decoded before any kernel)."""
+    """The one format of the three factors; "mixed" for a mix of dense, NVFP4 and sign factors,
+    ``dispatch.MIXED_DECODED`` for a mix with an FP8 or ternary factor (auto decodes it for bmm)."""
     from tsct import quant
     fmts = {quant.storage_format(w) for w in factors}
     if len(fmts) == 1:
@@ -118,9 +118,10 @@ def grouped_glu(
 
     Packed factors: the reference path decodes them to ``x.dtype``; the "triton-lowbit" path (sm_80+
     GPUs; ``impl="auto"`` takes it for NVFP4 / sign / mixed factors) reads the packed bytes and decodes
-    in registers. FP8 and ternary factors (and mixes with them) are decoded to ``x.dtype`` once per call and run
-    on ``bmm`` (or ``reference``) on every device: no kernel decodes them yet, and forcing one is a
-    RuntimeError. Without ``masters`` a packed factor gets no gradient (frozen low-bit weights; dX,
+    in registers. FP8 and ternary factors (and mixes with them): ``auto`` decodes them to ``x.dtype`` once per
+    call and runs ``bmm`` on every device; ``impl="triton-lowbit"`` reads them packed and decodes in registers
+    (``dispatch.FORCED_ONLY``: opt-in until its GPU tests for them have run). Without ``masters`` a packed factor
+    gets no gradient (frozen low-bit weights; dX,
     scales and row weights still get theirs). Two ways to train low-bit factors (decision 0008):
     ``masters=`` with containers from ``quantize_master`` (packed bytes in the forward and dX), or
     dense factors from ``tsct.quant.fake_quantize(master, fmt)`` (bf16 bytes, any path).

@@ -1,9 +1,10 @@
-"""Triton grouped dual-latent GLU with low-bit factors: the "triton-lowbit" path (W4A16 / sign-A16).
+"""Triton grouped dual-latent GLU with low-bit factors: the "triton-lowbit" path (W4A16 / sign-A16 / W8A16 /
+ternary-A16).
 
 Each factor (``w_gate``, ``w_up`` ``[E, d, r]``; ``w_down`` ``[E, r, f]``) may be an ``NVFP4Tensor``, a
-``SignTensor`` or a dense tensor, in any mix; packed factors are read as packed bytes and decoded in
-registers (``_kernels.py``), activations stay in x.dtype (bf16). Same schedule, tiles, determinism,
-sync-freedom and padding/empty-expert rules as ``tsct.kernels.triton_glu``, whose weight-free kernels
+``SignTensor``, an ``FP8Tensor``, a ``TernaryTensor`` or a dense tensor, in any mix; packed factors are read as
+packed bytes and decoded in registers (``_kernels.py``), activations stay in x.dtype (bf16). Same schedule, tiles,
+determinism, sync-freedom and padding/empty-expert rules as ``tsct.kernels.triton_glu``, whose weight-free kernels
 (combines, padding zeroing, the GLU backward epilogue) are reused unchanged.
 
 Public functions:
@@ -21,11 +22,13 @@ Public functions:
 
 Dispatch: ``impl="auto"`` takes this path for NVFP4 / sign / mixed factors on sm_80, sm_90, sm_100 and
 sm_120 (before the reference path; on sm_120 after "sm120-fp4" when that is built). Executed on an
-H200 (sm_90); elsewhere the first use in a process runs ``tsct.selftest`` against float64.
+H200 (sm_90); elsewhere the first use in a process runs ``tsct.selftest`` against float64. FP8 and ternary
+factors (and mixes with them) only when forced (``impl="triton-lowbit"``; ``dispatch.FORCED_ONLY``): auto sends
+them to bmm until these kernels have run on a GPU.
 
 Build state: AOT cubins (family "lowbit", ``specs.py``) for sm_90a, sm_100a and sm_120, bf16
-activations, uniform NVFP4 / uniform sign factors and the NVFP4-sign-NVFP4 mix; anything else (fp16
-activations, other mixes, other arches) runs through Triton JIT when it is importable.
+activations, uniform NVFP4 / sign / fp8 / absmean-ternary factors and the NVFP4-sign-NVFP4 mix; anything else
+(fp16 activations, rank-1 ternary, other mixes, other arches) runs through Triton JIT when it is importable.
 Importing this package imports neither Triton nor torch's CUDA.
 """
 
@@ -36,8 +39,9 @@ from typing import Optional
 
 __all__ = ["grouped_glu_forward", "grouped_glu_forward_saved", "saved_like", "grouped_glu_backward", "grouped_glu", "status", "FORMATS"]
 
-#: storage formats this path serves ("mixed": packed and dense factors together)
-FORMATS = ("nvfp4", "sign", "mixed", "bf16", "fp16")
+#: storage formats this path serves ("mixed": packed and dense factors together; "mixed-decoded": a mix with an fp8
+#: or ternary factor, ``dispatch.MIXED_DECODED``)
+FORMATS = ("nvfp4", "sign", "mixed", "bf16", "fp16", "fp8", "ternary", "mixed-decoded")
 
 
 def status(capability: Optional[tuple[int, int]], fmt: str) -> tuple[bool, str]:
@@ -58,16 +62,17 @@ def status(capability: Optional[tuple[int, int]], fmt: str) -> tuple[bool, str]:
         if arch is None:
             return False, (f"TSCT_TRITON_BACKEND=aot but this install has no AOT cubins of the Triton low-bit "
                            f"kernels for compute capability {capability[0]}.{capability[1]}")
-        return False, (f"TSCT_TRITON_BACKEND=aot but the low-bit AOT cubins cover uniform nvfp4 / sign factors "
-                       f"only, not {fmt!r}")
+        return False, (f"TSCT_TRITON_BACKEND=aot but the low-bit AOT cubins cover uniform nvfp4 / sign / fp8 / "
+                       f"ternary factors only, not {fmt!r}")
     if importlib.util.find_spec("triton") is None:
         return False, (f"no AOT cubins of the Triton low-bit kernels for {fmt!r} factors on compute capability "
                        f"{capability[0]}.{capability[1]} and Triton is not importable (JIT)")
     return True, "Triton JIT"
 
 
-#: storage formats the AOT cubins serve (the uniform format triples of ``specs.AOT_FORMATS``)
-AOT_FORMATS = ("nvfp4", "sign")
+#: storage formats the AOT cubins serve (the uniform format triples of ``specs.AOT_FORMATS``; ternary: the absmean
+#: scaling, a rank-1 ternary factor runs through JIT)
+AOT_FORMATS = ("nvfp4", "sign", "fp8", "ternary")
 
 
 def aot_arch(capability: Optional[tuple[int, int]]) -> Optional[str]:

@@ -1,4 +1,4 @@
-"""Triton sources of the low-bit grouped GLU (path "triton-lowbit"): W4A16 / sign-A16.
+"""Triton sources of the low-bit grouped GLU (path "triton-lowbit"): W4A16 / sign-A16 / W8A16 / ternary-A16.
 
 Same schedule, tiles and notation as ``tsct.kernels.triton_glu._kernels`` (read that docstring
 first); the difference is how a factor tile reaches ``tl.dot``. Each factor has a constexpr format
@@ -10,6 +10,11 @@ stored K-contiguous):
                      UE4M3 bytes u8 [E, N, K/16] (linear layout), p2 = s_enc f32 [E]
     FMT 2  sign      p0 = bits u8 [E, N, K/8] (k%8 = bit, 1 = negative), p1 = a f32 [E, K],
                      p2 = b f32 [E, N]
+    FMT 3  fp8       p0 = E4M3 ("fn") codes as raw bytes u8 [E, N, K], p2 = scale_n f32 [E, N]
+                     (docs/decisions/0021-fp8-format.md; p1 unread)
+    FMT 4  ternary   p0 = 2-bit codes u8 [E, N, K/4] (k%4 = bit pair, 00 = 0, 01 = +1, 11 = -1, 10 = NaN),
+                     p2 = scale_n f32 [E, N] (absmean scaling; p1 unread; docs/decisions/0022-ternary-format.md)
+    FMT 5  ternary   as FMT 4 with the rank-1 scaling: p1 = scale_k f32 [E, K]
 
 Decode happens in registers (``_w_tile``): the packed words / bytes of a [BN, BK] tile are loaded,
 expanded with constant shifts and masks into fp32 bit patterns (no selects, no conversions: 4-5
@@ -35,6 +40,11 @@ in the operand registers instead (NVFP4 half planes) made every warp decode the 
            dot dtype (the reference rounds (+-a)*b once: same error size); b[n] multiplies the
            accumulator's columns (``_w_cols``), or, for the transposed product dY @ W^T, the
            columns of the left operand before the dot.
+    fp8    W = e4m3 * scale_n[n].  The tile holds e4m3 (decoded by bits, ``_ue4m3``: exact in bf16, no fp8
+           conversion instruction, so any arch and Triton's interpreter); scale_n is sign's b (``_w_cols``).
+    ternary  W = q * scale_n[n] (FMT 4) or (q * scale_k[k]) * scale_n[n] (FMT 5), q in {-1, 0, +1}. The tile
+           holds q (exact) or q * scale_k[k] (rounded once, as sign's +-a); scale_n is sign's b (``_w_cols``).
+    A NaN code (fp8 0x7F / 0xFF, ternary 0b10) decodes to NaN in the tile, as the reference's decode.
 
 Everything else (the GLU epilogue, row weights, gather, int64 row offsets, empty experts, padding)
 is the bf16 kernels' code, unchanged. The weight-free backward kernel (``glu_bwd_epi``) and the
@@ -49,7 +59,7 @@ import triton.language as tl
 from tsct.kernels.triton_glu._kernels import (_bwd_rows, _bwd_tile, _dw_one_tile, _dw_store, _expert_bounds,
                                              _expert_of_tile, _one_tile_dh, _row_index)
 
-DENSE, NVFP4, SIGN = 0, 1, 2
+DENSE, NVFP4, SIGN, FP8, TERNARY, TERNARY_R1 = 0, 1, 2, 3, 4, 5
 
 
 # ---- decode helpers ------------------------------------------------------------------------------
@@ -117,6 +127,21 @@ def _sign_w(byt, ap, bmask, J: tl.constexpr):
 
 
 @triton.jit
+def _ternary_w(byt, J: tl.constexpr):
+    """Bit pair J of each ternary byte (an integer 0..255) -> fp32 {-1, 0, +1}, NaN for the code 0b10: the low bit
+    gives the magnitude's fp32 bits (1.0), the high bit the sign (bit 31 of a uint32: no signed shift overflow)."""
+    c = ((byt >> (2 * J)) & 3).to(tl.uint32)
+    v = (((c & 1) * 0x3F800000) | ((c >> 1) << 31)).to(tl.float32, bitcast=True)
+    return tl.where(c == 2, float("nan"), v)
+
+
+@triton.jit
+def _join4(v0, v1, v2, v3, BN: tl.constexpr, BK: tl.constexpr):
+    """[BN, BK/4] x 4 (element j of group i) -> [BN, BK] with k = 4 i + j (register-only join/reshape)."""
+    return tl.reshape(tl.join(tl.join(v0, v2), tl.join(v1, v3)), (BN, BK))
+
+
+@triton.jit
 def _join8(v0, v1, v2, v3, v4, v5, v6, v7, BN: tl.constexpr, BK: tl.constexpr):
     """[BN, BK/8] x 8 (element j of group i) -> [BN, BK] with k = 8 i + j (register-only join/reshape)."""
     t = tl.join(tl.join(tl.join(v0, v4), tl.join(v2, v6)), tl.join(tl.join(v1, v5), tl.join(v3, v7)))
@@ -158,9 +183,10 @@ def _w_tile_nk(FMT: tl.constexpr, p0, p1, e64, k0, K, N, ns, nmask, BK: tl.const
     """Tile W[e, k0:k0+BK, ns]^T as [BN, BK] in DT, the dtype of the product (storage order; masked
     entries 0): dense as stored, then DT; NVFP4 as e2m1*sf*2^-8 (no 2^8/s_enc: ``_w_scalar``; exact in
     bf16 and fp32, so decoding straight to bf16 (``_e2m1_pair``) gives the bits of decoding to fp32 and
-    rounding); sign as +-a[k] rounded once to DT (no b[n]: ``_w_cols``).
+    rounding); sign as +-a[k] rounded once to DT (no b[n]: ``_w_cols``); fp8 as e4m3 (exact; no scale_n:
+    ``_w_cols``); ternary as q (FMT 4, exact) or q * scale_k[k] (FMT 5, rounded once; no scale_n).
     NVFP4 reads the codes as uint32 words: their base must be 4-byte aligned (``glu._factor_args``).
-    k0 is a multiple of BK, and BK of 16 (NVFP4) or 8 (sign)."""
+    k0 is a multiple of BK, and BK of 16 (NVFP4), 8 (sign) or 4 (ternary)."""
     ks = k0 + tl.arange(0, BK)
     kmask = ks < K
     if FMT == 0:
@@ -189,7 +215,7 @@ def _w_tile_nk(FMT: tl.constexpr, p0, p1, e64, k0, K, N, ns, nmask, BK: tl.const
             w = _join8(_e2m1_w(wrd, 0, sfw), _e2m1_w(wrd, 1, sfw), _e2m1_w(wrd, 2, sfw), _e2m1_w(wrd, 3, sfw),
                        _e2m1_w(wrd, 4, sfw), _e2m1_w(wrd, 5, sfw), _e2m1_w(wrd, 6, sfw), _e2m1_w(wrd, 7, sfw),
                        BN, BK)
-    else:
+    elif FMT == 2:
         # one byte of 8 sign bits per 8 k (LSB first); element j of byte i: +-a[k0 + 8 i + j], the sign
         # bit moved to bit 31 and xor-ed into a's fp32 bits (constant shifts, no select)
         byt = _w_words(FMT, p0, e64, k0, K, N, ns, nmask, BK)                 # [BN, BK/8]
@@ -197,6 +223,20 @@ def _w_tile_nk(FMT: tl.constexpr, p0, p1, e64, k0, K, N, ns, nmask, BK: tl.const
         w = _join8(_sign_w(byt, ap, bmask, 0), _sign_w(byt, ap, bmask, 1), _sign_w(byt, ap, bmask, 2),
                    _sign_w(byt, ap, bmask, 3), _sign_w(byt, ap, bmask, 4), _sign_w(byt, ap, bmask, 5),
                    _sign_w(byt, ap, bmask, 6), _sign_w(byt, ap, bmask, 7), BN, BK)
+    elif FMT == 3:
+        # one E4M3 byte per element, in k order: decoded by its bits (``_ue4m3``, exact)
+        byt = tl.load(p0 + e64 * N * K + ns[:, None] * K + ks[None, :], mask=nmask[:, None] & kmask[None, :],
+                      other=0)
+        w = _ue4m3(byt.to(tl.int32))
+    else:
+        # one byte of 4 two-bit codes per 4 k; element j of byte i: k = k0 + 4 i + j
+        k4 = K // 4
+        bs = k0 // 4 + tl.arange(0, BK // 4)
+        byt = tl.load(p0 + e64 * N * k4 + ns[:, None] * k4 + bs[None, :], mask=nmask[:, None] & (bs < k4)[None, :],
+                      other=0).to(tl.int32)                                   # [BN, BK/4]
+        w = _join4(_ternary_w(byt, 0), _ternary_w(byt, 1), _ternary_w(byt, 2), _ternary_w(byt, 3), BN, BK)
+        if FMT == 5:  # the rank-1 scaling's scale_k[k] (0 past K: those codes are 0 there too)
+            w = w * tl.load(p1 + e64 * K + ks, mask=kmask, other=0.0)[None, :]
     return w.to(DT)
 
 
@@ -204,8 +244,8 @@ def _w_tile_nk(FMT: tl.constexpr, p0, p1, e64, k0, K, N, ns, nmask, BK: tl.const
 def _w_packed(FMT: tl.constexpr, p0, p1, e64, k0, K, N, ns, nmask, BK: tl.constexpr, BN: tl.constexpr):
     """The packed storage of W[e, k0:k0+BK, ns]^T for ``_w_plane``: NVFP4 (uint32 words [BN, BK/8] of 8 codes,
     the words' block scales sf * 2^118 fp32 [BN, BK/8]); sign (bytes of 8 bits [BN, BK/8] as uint32, and 0.0,
-    unused). As ``_w_tile_nk``'s loads (the same alignment rules). Packed formats only."""
-    tl.static_assert(FMT != 0, "_w_packed: a packed format")
+    unused). As ``_w_tile_nk``'s loads (the same alignment rules). NVFP4 and sign only (``specs.up_planes``)."""
+    tl.static_assert(FMT == 1 or FMT == 2, "_w_packed: NVFP4 or sign")
     wrd = _w_words(FMT, p0, e64, k0, K, N, ns, nmask, BK)
     sfw = 0.0
     if FMT == 1:
@@ -301,8 +341,8 @@ def _w_scalar(FMT: tl.constexpr, acc, p2, e):
 
 @triton.jit
 def _w_cols(FMT: tl.constexpr, t, p2, e64, N, ns, nmask):
-    """sign: t[:, j] * b[e, ns[j]] (columns over the factor's N); else t."""
-    if FMT == 2:
+    """sign, fp8, ternary: t[:, j] * scale_n[e, ns[j]] (sign's b; columns over the factor's N); else t."""
+    if FMT >= 2:
         t = t * tl.load(p2 + e64 * N + ns, mask=nmask, other=0.0)[None, :]
     return t
 

@@ -1,7 +1,8 @@
 """Host side of the low-bit grouped GLU (path "triton-lowbit"): factors read packed, decoded in registers.
 
 Signatures and semantics as ``tsct.reference`` / ``tsct.kernels.triton_glu``, except that each of
-``w_gate``, ``w_up``, ``w_down`` may be an ``NVFP4Tensor``, a ``SignTensor`` or a dense tensor (any mix).
+``w_gate``, ``w_up``, ``w_down`` may be an ``NVFP4Tensor``, a ``SignTensor``, an ``FP8Tensor``, a
+``TernaryTensor`` or a dense tensor (any mix).
 The result equals the reference run on ``tsct.quant.dequantize``'d factors (same math; the tests
 check it in fp32 with the interpreter and in bf16 on the GPU).
 
@@ -50,8 +51,8 @@ from tsct.kernels.triton_lowbit import specs as LS
 __all__ = ["grouped_glu_forward", "grouped_glu_forward_saved", "saved_like", "grouped_glu_backward", "down_forward", "factor_format", "layout_conversions", "launch_counts",
            "backend_counts"]
 
-DENSE, NVFP4, SIGN = LS.DENSE, LS.NVFP4, LS.SIGN
-_FMT_NAMES = {DENSE: "dense", NVFP4: "nvfp4", SIGN: "sign"}
+DENSE, NVFP4, SIGN, FP8, TERNARY, TERNARY_R1 = LS.DENSE, LS.NVFP4, LS.SIGN, LS.FP8, LS.TERNARY, LS.TERNARY_R1
+_FMT_NAMES = {DENSE: "dense", NVFP4: "nvfp4", SIGN: "sign", FP8: "fp8", TERNARY: "ternary", TERNARY_R1: "ternary"}
 # Warps of the kernels that decode (the bf16 tiles otherwise): specs.WARPS_DECODE (8; 4 spill on sm_90).
 WARPS_DECODE = LS.WARPS_DECODE
 
@@ -80,15 +81,21 @@ def backend_counts() -> dict[tuple[str, str], int]:
 
 
 def factor_format(w) -> int:
-    from tsct.quant import NVFP4Tensor, SignTensor
+    """The kernels' FMT constexpr of a factor (``specs``: DENSE .. TERNARY_R1); TypeError for anything else."""
+    from tsct.quant import FP8Tensor, NVFP4Tensor, SignTensor, TernaryTensor
 
     if isinstance(w, NVFP4Tensor):
         return NVFP4
     if isinstance(w, SignTensor):
         return SIGN
+    if isinstance(w, FP8Tensor):
+        return FP8
+    if isinstance(w, TernaryTensor):
+        return TERNARY if w.scale_k is None else TERNARY_R1
     if isinstance(w, Tensor):
         return DENSE
-    raise TypeError(f"a factor must be a torch.Tensor, NVFP4Tensor or SignTensor, got {type(w).__name__}")
+    raise TypeError(f"a factor must be a torch.Tensor, NVFP4Tensor, SignTensor, FP8Tensor or TernaryTensor, got "
+                    f"{type(w).__name__}")
 
 
 def _factor_shape(w) -> tuple[int, int, int]:
@@ -115,6 +122,11 @@ def _factor_args(name: str, w, dtype: torch.dtype) -> tuple[int, list]:
             codes = codes.clone()
         return fmt, [codes, w.block_scale.view(torch.uint8).reshape(b, n, k // 16).contiguous(),
                      w.global_scale.contiguous()]
+    if fmt == FP8:  # E4M3 codes as their raw bytes (decoded by bits in the kernels)
+        return fmt, [w.codes.view(torch.uint8).contiguous(), None, w.scale_n.contiguous()]
+    if fmt in (TERNARY, TERNARY_R1):
+        scale_k = None if fmt == TERNARY else w.scale_k.contiguous()  # the rank-1 scaling's
+        return fmt, [w.codes.contiguous(), scale_k, w.scale_n.contiguous()]
     return fmt, [w.bits.contiguous(), w.scale_k.contiguous(), w.scale_n.contiguous()]
 
 
@@ -251,7 +263,8 @@ def grouped_glu_forward(
     num_out_rows: Optional[int] = None,
 ) -> Tensor:
     """Forward: ``[num_out_rows, f]`` with ``scatter_idx``, else ``[M, f]``; dtype x.dtype. Factors may
-    be dense tensors, NVFP4Tensor (linear block scales preferred) or SignTensor, in any mix."""
+    be dense tensors, NVFP4Tensor (linear block scales preferred), SignTensor, FP8Tensor or TernaryTensor, in
+    any mix."""
     return _forward(x, offs, w_gate, w_up, w_down, s_gate, s_up, row_weight, gather_idx, scatter_idx, num_out_rows,
                     save=False)[0]
 

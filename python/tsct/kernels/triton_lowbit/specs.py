@@ -11,8 +11,9 @@ registering ``triton_glu/specs.py`` as ``tsct.kernels.triton_glu.specs``).
 Which variants ship (per arch; everything else runs through Triton JIT when it is importable, else the
 launch raises naming the missing key):
   * activations bf16 only (fp16 activations: JIT);
-  * factor formats: uniform NVFP4 (FMT 1,1,1), uniform sign (2,2,2), and the GPU tests' mix
-    NVFP4 gate / sign up / NVFP4 down (1,2,1); every other mix (dense + packed...): JIT;
+  * factor formats: uniform NVFP4 (FMT 1,1,1), uniform sign (2,2,2), the GPU tests' mix
+    NVFP4 gate / sign up / NVFP4 down (1,2,1), uniform fp8 (3,3,3) and uniform absmean ternary (4,4,4);
+    rank-1 ternary (5) and every other mix (dense + packed...): JIT;
   * every flag combination the host code uses (gather/scatter absent or int64, scales, row weight,
     the backward's gradient subsets, Y_PAD of the up kernel = scatter given), aligned and generic launches.
 Host rules that keep the table small (exact): the rank block of the four low-bit kernels is always
@@ -42,9 +43,13 @@ PTX_ARCH: dict[str, tuple[int, str]] = {"sm_90a": (90, "sm_90a"), "sm_100a": (10
                                         "sm_120": (120, "sm_120")}
 AOT_ARCHS: tuple[str, ...] = ("sm_90a", "sm_100a", "sm_120")
 
-DENSE, NVFP4, SIGN = 0, 1, 2
+# factor formats (the kernels' FMT constexprs; _kernels.py): TERNARY is the absmean scaling, TERNARY_R1 the rank-1 one
+DENSE, NVFP4, SIGN, FP8, TERNARY, TERNARY_R1 = 0, 1, 2, 3, 4, 5
+#: the formats the byte-plane variants decode (``_kernels._w_plane``)
+PLANE_FORMATS = (NVFP4, SIGN)
 #: format triples (gate, up, down) with cubins
-AOT_FORMATS: tuple[tuple[int, int, int], ...] = ((NVFP4, NVFP4, NVFP4), (SIGN, SIGN, SIGN), (NVFP4, SIGN, NVFP4))
+AOT_FORMATS: tuple[tuple[int, int, int], ...] = ((NVFP4, NVFP4, NVFP4), (SIGN, SIGN, SIGN), (NVFP4, SIGN, NVFP4),
+                                                 (FP8, FP8, FP8), (TERNARY, TERNARY, TERNARY))
 AOT_DTYPES: tuple[str, ...] = ("bf16",)
 # Warps of the kernels that decode: with 4 warps the decode temporaries push the sm_90 down / dz / dx
 # kernels to 255 registers plus stack spills (Triton 3.9 + ptxas, cuobjdump); with 8 they fit.
@@ -114,10 +119,10 @@ def up_dec16(cfg, bk: int) -> bool:
 
 def up_planes(cfg, fmt: int, single_k: bool, bk: int) -> bool:
     """PLANES of lowbit_up_fwd: a packed w_down decoded in byte planes where the arch's config enables it
-    (``Config.planes_up_lb``: sm_120) and the rank is one K step of 64 (aligned r in 33..64; the TTGIR then
-    holds no shared-memory copy of the decoded tile, tests/cpu/test_triton_lowbit_aot.py; at BK = 128 it still
-    does)."""
-    return bool(cfg.planes_up_lb) and fmt != DENSE and single_k and bk == 64
+    (``Config.planes_up_lb``: sm_120), NVFP4 or sign, and the rank is one K step of 64 (aligned r in 33..64; the
+    TTGIR then holds no shared-memory copy of the decoded tile, tests/cpu/test_triton_lowbit_aot.py; at BK = 128 it
+    still does)."""
+    return bool(cfg.planes_up_lb) and fmt in PLANE_FORMATS and single_k and bk == 64
 
 
 # Arches whose table also ships lowbit_down_fwd's byte-plane variants (``down_planes``), off by default there, for
@@ -126,8 +131,8 @@ OPT_IN_PLANES_DOWN: tuple[str, ...] = ("sm_120",)
 
 
 def down_planes_ok(fmt_g: int, fmt_u: int, bk: int) -> bool:
-    """lowbit_down_fwd can run in byte planes: w_gate and w_up both packed, a K step of 64 over d."""
-    return fmt_g != DENSE and fmt_u != DENSE and bk == 64
+    """lowbit_down_fwd can run in byte planes: w_gate and w_up both NVFP4 or sign, a K step of 64 over d."""
+    return fmt_g in PLANE_FORMATS and fmt_u in PLANE_FORMATS and bk == 64
 
 
 def down_planes(cfg, fmt_g: int, fmt_u: int, bk: int) -> bool:
@@ -175,13 +180,16 @@ def factor_types(fmt: int, dtype: str) -> tuple[str, str, str]:
         return "*" + dtype, UNUSED, UNUSED
     if fmt == NVFP4:
         return "*u8", "*u8", "*fp32"
+    if fmt in (FP8, TERNARY):
+        return "*u8", UNUSED, "*fp32"
     return "*u8", "*fp32", "*fp32"
 
 
 def dxdw_ndb(cfg, fmt_g: int, fmt_u: int) -> int:
-    """d blocks per program (row tile) of lowbit_bwd_dx_dw: sign factors keep one (``Config.ndb_dxdw_sign_lb``), the
-    others take ``Config.ndb_dxdw_lb``."""
-    return cfg.ndb_dxdw_sign_lb if SIGN in (fmt_g, fmt_u) else cfg.ndb_dxdw_lb
+    """d blocks per program (row tile) of lowbit_bwd_dx_dw: factors with a column scale (sign, fp8, ternary: the
+    kernel holds dh scaled by it beside dh, sign's register count) keep ``Config.ndb_dxdw_sign_lb``, the others take
+    ``Config.ndb_dxdw_lb``."""
+    return cfg.ndb_dxdw_sign_lb if max(fmt_g, fmt_u) >= SIGN else cfg.ndb_dxdw_lb
 
 
 _IDX = (None, "i64")
@@ -190,9 +198,9 @@ _DXDW = ((True, False), (False, True), (True, True))
 
 def enumerate_specs(arch: str) -> Iterator[Spec]:
     """Every specialization ``glu.py`` launches on ``arch`` for the AOT_FORMATS and AOT_DTYPES (module
-    docstring): 172 per arch (lowbit_bwd_dx_dw with one d-block count per format triple, ``dxdw_ndb``; the mixed
-    triple shares its up / dz variants with uniform NVFP4), plus 72 on the OPT_IN_PLANES_DOWN arches
-    (lowbit_down_fwd's byte-plane variants: 24 per format triple, all three packed)."""
+    docstring): 308 per arch (lowbit_bwd_dx_dw with one d-block count per format triple, ``dxdw_ndb``; the mixed
+    triple shares its up / dz variants with uniform NVFP4; 68 of them for each of uniform fp8 and ternary), plus 72
+    on the OPT_IN_PLANES_DOWN arches (lowbit_down_fwd's byte-plane variants: 24 per NVFP4 / sign triple)."""
     cfg = CONFIGS[arch]
     br = rank_block(cfg)
     seen = set()
