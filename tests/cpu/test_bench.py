@@ -41,7 +41,9 @@ def test_small_run_lists_every_arm_with_plausible_figures(small_run):
                 "tsct-reference-fp8", "tsct-reference-ternary", "tsct-bmm-fp8", "tsct-bmm-ternary"}
     expected |= {f"tsct-{p}-{f}" for p in dispatch.PATHS for f in ("bf16", "nvfp4", "sign", "fp8", "ternary")
                  if arms._path_serves_format(p, f)}
-    assert not any(n.startswith("tsct-triton") and n.endswith(("-fp8", "-ternary")) for n in expected)  # bmm only
+    # triton-lowbit reads fp8 / ternary only when forced (dispatch.FORCED_ONLY): measured, never chosen by auto
+    assert {"tsct-triton-lowbit-fp8", "tsct-triton-lowbit-ternary"} <= expected
+    assert not any(n.startswith("tsct-triton-bf16") and n.endswith(("-fp8", "-ternary")) for n in expected)
     expected |= {"tsct-triton-lowbit-nvfp4-ste", "tsct-triton-lowbit-sign-ste"}  # packed factors + masters
     # the same w_down values stored K-major (decision 0012)
     expected |= {"tsct-triton-bf16-bf16-kmajor", "tsct-bmm-bf16-kmajor"}

@@ -71,8 +71,9 @@ class ArmSpec:
 
 
 def _path_serves_format(path: str, fmt: str) -> bool:
-    """Whether some row of the dispatch tables sends ``fmt`` factors to ``path`` (reference and bmm serve all)."""
-    if path in (dispatch.REFERENCE, dispatch.BMM):
+    """Whether some row of the dispatch tables sends ``fmt`` factors to ``path`` (reference and bmm serve all), or
+    the path serves them when forced (``dispatch.FORCED_ONLY``: measured before ``auto`` may take them)."""
+    if path in (dispatch.REFERENCE, dispatch.BMM) or fmt in dispatch.FORCED_ONLY.get(path, ()):
         return True
     rows = {**dispatch.TABLE, **dispatch.TABLE_NVFP4_ACTIVATIONS}.items()
     return any(path in prefs for (_, f), prefs in rows if f == fmt)
