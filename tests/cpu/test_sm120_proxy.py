@@ -332,6 +332,21 @@ def test_shipped_fingerprints_come_from_the_installed_index(proxy_install):
     assert "unknown whether of this source" in sm120_proxy.verdict("glu_down_fwd", "glu")
 
 
+def test_without_an_index_or_triton_the_source_is_unknown(tmp_path, monkeypatch):
+    """A source checkout with no cubins built and no Triton cannot fingerprint its source: the verdict says so."""
+    monkeypatch.setenv("TSCT_AOT_DIR", str(tmp_path))
+    monkeypatch.setitem(sys.modules, "triton", None)  # import triton raises ImportError
+    aot._reset_for_tests()
+    try:
+        key, why = sm120_proxy.shipped_source("glu_down_fwd")
+        assert key is None and "Triton is not importable" in why
+        v = sm120_proxy.verdict("glu_down_fwd", "glu")
+        assert v.startswith("logic run on an H200 proxy (2026-12-04") and v.endswith(f"; unknown whether of this "
+                                                                                    f"source: {why}")
+    finally:
+        aot._reset_for_tests()
+
+
 def test_source_fingerprints_of_the_recorded_run():
     """The 2026-12-04 run (commit b713935) against this source, fingerprinted from the source: the forward bf16
     kernels, combine and routing are the source that ran; the backward and low-bit kernels changed since."""
