@@ -6,10 +6,13 @@
 LEDGER.json is what tests/gpu/_launch_ledger.py wrote during the stage's pytest runs. Prints (and writes to
 --out): the sessions' outcomes; per kernel of sm_120's Triton families the launches through the proxy cubins
 ("aot"), the distinct variants launched against the sm_120 table's count, launches that did not use a proxy
-cubin ("jit", "native": not evidence for sm_120), and the failing tests that launched it; the b1 times of
+cubin ("jit", "native": not evidence for sm_120), the failing tests that launched it, and the fingerprint of the
+source the proxy cubins were built from (the installed proxy index's "sources", ``tsct.kernels.source_key``: a
+later verdict counts the run only for a kernel whose source still has it); the b1 times of
 tsct-bench labelled PROXY with their share of this H200's bytes floor; and the record to append to
 ``tsct.kernels.sm120_proxy.RUNS`` (docs/decisions/0017), whose ``verdict()`` the probe and docs/sm120.md show.
-Exit status 1 when the ledger is not from a proxy install or a test failed.
+Exit status 1 when the ledger is not from a proxy install, a test failed or a launched kernel has no source
+fingerprint.
 ``--update-docs`` rewrites the verdict table of docs/sm120.md (between its sm120-proxy-table markers) from
 ``sm120_proxy.rows()``; tests/cpu/test_sm120_proxy.py keeps the two equal.
 """
@@ -27,8 +30,17 @@ DOC = Path(__file__).resolve().parents[1] / "docs" / "sm120.md"
 MARK, END = "<!-- sm120-proxy-table -->", "<!-- /sm120-proxy-table -->"
 
 
-def record(ledger: dict, evidence: str) -> dict:
-    """The ``sm120_proxy.RUNS`` entry of one stage's ledger."""
+def installed_sources(arch: str | None) -> dict[str, str]:
+    """{kernel: source fingerprint} the installed index of ``arch`` (the proxy the stage ran) recorded at build time."""
+    from tsct.kernels import aot
+
+    idx = aot.index(arch) if arch else None
+    return dict((idx or {}).get("sources") or {})
+
+
+def record(ledger: dict, evidence: str, sources: dict[str, str]) -> dict:
+    """The ``sm120_proxy.RUNS`` entry of one stage's ledger; ``sources``: {kernel: source fingerprint} of the cubins
+    it launched (``installed_sources``), None for a kernel without one."""
     outcomes: dict[str, int] = {}
     for s in ledger["sessions"]:
         for k, n in s["outcomes"].items():
@@ -39,7 +51,8 @@ def record(ledger: dict, evidence: str) -> dict:
         "evidence": evidence.format(date=datetime.date.today().isoformat(), commit=commit),
         "suite": ", ".join(f"{n} {k}" for k, n in sorted(outcomes.items())),
         "kernels": {k: {"aot": v["aot"], "variants": len(v["variants"]), "jit": v["jit"], "native": v["native"],
-                        "failed_tests": v["failed_tests"]} for k, v in sorted(ledger["kernels"].items())},
+                        "failed_tests": v["failed_tests"], "source": sources.get(k)}
+                    for k, v in sorted(ledger["kernels"].items())},
     }
 
 
@@ -56,14 +69,19 @@ def report(ledger: dict, bench: dict | None, rec: dict) -> tuple[str, bool]:
     for s in ledger["sessions"]:
         lines.append(f"session {s['env']} exit {s['exitstatus']}: {s['outcomes']}")
         ok &= s["exitstatus"] == 0
+    unkeyed = sorted(k for k, v in rec["kernels"].items() if v["aot"] and not v.get("source"))
+    if unkeyed:
+        lines.append(f"NO SOURCE FINGERPRINT in the installed {ledger.get('aot_arch')} index for {', '.join(unkeyed)}: "
+                     "the record cannot say which source ran (a wheel built before the index recorded them?)")
+        ok = False
     lines.append("")
     lines.append(f"{'kernel':<18} {'family':<7} {'aot launches':>12} {'variants':>12} {'jit':>6} {'native':>6}  "
-                 "failed tests")
+                 f"{'source':<16}  failed tests")
     for fam in sm120_proxy.PROXY_FAMILIES:
         for k, n in sm120_proxy.table_variants(fam).items():
             v = rec["kernels"].get(k, {"aot": 0, "variants": 0, "jit": 0, "native": 0, "failed_tests": []})
             lines.append(f"{k:<18} {fam:<7} {v['aot']:>12} {v['variants']:>5} of {n:<4} {v['jit']:>6} "
-                         f"{v['native']:>6}  " + (", ".join(v["failed_tests"]) or "-"))
+                         f"{v['native']:>6}  {v.get('source') or '-':<16}  " + (", ".join(v["failed_tests"]) or "-"))
     if bench:
         floor = bench.get("floor_ms")
         label = "PROXY" if (bench.get("triton_aot") or {}).get("proxy") else "NOT A PROXY RUN"
@@ -132,7 +150,7 @@ def main(argv: list[str] | None = None) -> int:
             bench = json.load(open(args.bench))
         except (OSError, ValueError) as e:
             print(f"no b1 result ({e})", file=sys.stderr)
-    text, ok = report(ledger, bench, record(ledger, args.evidence))
+    text, ok = report(ledger, bench, record(ledger, args.evidence, installed_sources(ledger.get("aot_arch"))))
     if args.out:
         with open(args.out, "w") as f:
             f.write(text)

@@ -103,6 +103,15 @@ def test_a_proxy_build_is_sm120s_variants_assembled_for_sm90(tmp_path):
         assert (e["ptx_arch"], r["ptx_arch"]) == ("sm_90", "sm_120") and e["sha256"] != r["sha256"]
     top = json.loads((prx / "index.json").read_text())
     assert top["archs"][PROXY]["proxy"] == b["proxy"]
+    # each index records the source fingerprint of its kernels, the same on every arch and equal to the package's
+    from tsct.kernels.source_key import source_keys
+    from tsct.kernels.triton_glu import _kernels as glu_kernels
+    from tsct.kernels.triton_lowbit import _kernels as lowbit_kernels
+
+    names = {e["kernel"] for e in b["kernels"].values()}  # the first variant of each family
+    want = {**source_keys(glu_kernels, names & set(specs.KERNELS)),
+            **source_keys(lowbit_kernels, names & set(LS.KERNELS))}
+    assert a["sources"] == b["sources"] == want and len(want) == 2
 
     # the artifact check on the proxy's cubins: ELF sm_90, SASS rules of the proxy arch
     exe = Path(importlib.util.find_spec("triton").origin).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
@@ -144,8 +153,10 @@ def proxy_install(tmp_path, monkeypatch):
     kernels = {s.key: _entry(s) for s in [*specs.enumerate_specs("sm_120"), *LS.enumerate_specs("sm_120")]}
     (tmp_path / PROXY).mkdir()
     rec = aot_build.proxy_info(PROXY)
+    sources = {k: f"{i:016x}" for i, k in enumerate([*specs.KERNELS, *LS.KERNELS])}
     (tmp_path / PROXY / "index.json").write_text(json.dumps({"arch": PROXY, "proxy": rec, "kernels": kernels,
-                                                             "families": {"glu": {}, "lowbit": {}}}))
+                                                             "families": {"glu": {}, "lowbit": {}},
+                                                             "sources": sources}))
     monkeypatch.setenv("TSCT_AOT_DIR", str(tmp_path))
     monkeypatch.delenv("TSCT_TRITON_BACKEND", raising=False)
     aot._reset_for_tests()
@@ -261,21 +272,145 @@ def test_verdict_table_covers_every_sm120_kernel_and_feeds_verification(monkeypa
         assert v["proxy_on_sm90"] == by[v["kernel"]]["proxy_on_sm90"] == sm120_proxy.NOT_PROXIED["cutedsl"]
     run = {"date": "2026-12-05", "commit": "abc1234", "device": "NVIDIA H200", "evidence": "bench/results/x.log",
            "suite": "300 passed", "kernels": {"glu_down_fwd": {"aot": 10, "variants": 3, "jit": 0, "native": 0,
-                                                               "failed_tests": []},
+                                                               "failed_tests": [], "source": "a" * 16},
                                               "lowbit_up_fwd": {"aot": 5, "variants": 2, "jit": 0, "native": 0,
-                                                                "failed_tests": ["t.py::test_x"]}}}
+                                                                "failed_tests": ["t.py::test_x"], "source": "b" * 16}}}
     monkeypatch.setattr(sm120_proxy, "RUNS", (run,))
+    monkeypatch.setattr(sm120_proxy, "shipped_source", lambda k: ({"glu_down_fwd": "a" * 16, "lowbit_up_fwd": "b" * 16,
+                                                                   "glu_bwd_dz": "c" * 16}[k], ""))
     n = sm120_proxy.table_variants("glu")["glu_down_fwd"]
     assert sm120_proxy.verdict("glu_down_fwd", "glu") == (f"logic run on an H200 proxy (2026-12-05: 10 launches, 3 of "
                                                           f"{n} variants; bench/results/x.log)")
     assert sm120_proxy.verdict("lowbit_up_fwd", "lowbit").startswith("FAILED on the H200 proxy")
-    assert sm120_proxy.verdict("glu_bwd_dz", "glu") == "in the proxy build, not launched by the proxy stage's suite"
+    assert sm120_proxy.verdict("glu_bwd_dz", "glu") == ("in the proxy build; no proxy run launched it (the latest: "
+                                                        "2026-12-05, commit abc1234)")
     with pytest.raises(ValueError, match="family"):
         sm120_proxy.verdict("x", "nope")
 
 
+def test_a_run_counts_only_for_the_source_it_ran(monkeypatch):
+    """Equal fingerprints: "logic run"; a changed one: the run was of an earlier source, this one has not run; an
+    older run of this very source still counts; an unknown fingerprint is said to be unknown."""
+    k = {"aot": 7, "variants": 2, "jit": 0, "native": 0, "failed_tests": []}
+    old = {"date": "2026-12-01", "commit": "1111111", "evidence": "old.log",
+           "kernels": {"glu_up_fwd": {**k, "source": "1" * 16}, "glu_bwd_dz": {**k, "source": "1" * 16}}}
+    new = {"date": "2026-12-05", "commit": "2222222", "evidence": "new.log",
+           "kernels": {"glu_up_fwd": {**k, "source": "2" * 16}, "glu_bwd_dz": {**k, "source": "2" * 16},
+                       "glu_bwd_epi": dict(k)}}
+    monkeypatch.setattr(sm120_proxy, "RUNS", (old, new))
+    shipped = {"glu_up_fwd": "2" * 16, "glu_bwd_dz": "3" * 16, "glu_bwd_epi": "4" * 16}
+    monkeypatch.setattr(sm120_proxy, "shipped_source", lambda n: (shipped.get(n), "" if n in shipped else "why"))
+    v = {name: sm120_proxy.verdict(name, "glu") for name in ("glu_up_fwd", "glu_bwd_dz", "glu_bwd_epi", "glu_down_fwd")}
+    assert v["glu_up_fwd"].startswith("logic run on an H200 proxy (2026-12-05: 7 launches")
+    assert "new.log" in v["glu_up_fwd"]
+    assert v["glu_bwd_dz"] == ("source changed since its proxy run: the H200 proxy ran an earlier source of this "
+                               "kernel (2026-12-05, commit 2222222: 7 launches; new.log); this source has not run on "
+                               "the proxy")
+    assert v["glu_bwd_epi"].endswith("; unknown whether of this source: the run of 2026-12-05 recorded no source "
+                                     "fingerprint") and v["glu_bwd_epi"].startswith("logic run on an H200 proxy")
+    assert v["glu_down_fwd"].startswith("in the proxy build; no proxy run launched it")
+    shipped["glu_bwd_dz"] = "1" * 16  # reverted to the source of the older run: that run counts again
+    assert sm120_proxy.verdict("glu_bwd_dz", "glu").startswith("logic run on an H200 proxy (2026-12-01:")
+    del shipped["glu_up_fwd"]
+    assert sm120_proxy.verdict("glu_up_fwd", "glu").endswith("; unknown whether of this source: why")
+
+
+def test_shipped_fingerprints_come_from_the_installed_index(proxy_install):
+    """An install's fingerprints are its index's "sources" (no Triton, no source needed); an index without them makes
+    every fingerprint unknown, not computed from whatever source is around."""
+    assert sm120_proxy.shipped_source("glu_up_fwd") == (f"{list(specs.KERNELS).index('glu_up_fwd'):016x}", "")
+    assert aot.sources()["lowbit_up_fwd"] == f"{len(specs.KERNELS) + list(LS.KERNELS).index('lowbit_up_fwd'):016x}"
+    verdicts = _load("_tsct_test_proxy_verdicts", ROOT / "scripts" / "proxy_verdicts.py")
+    assert verdicts.installed_sources(PROXY) == aot.sources() and verdicts.installed_sources(None) == {}
+    idx = json.loads((proxy_install / PROXY / "index.json").read_text())
+    del idx["sources"]
+    (proxy_install / PROXY / "index.json").write_text(json.dumps(idx))
+    aot._reset_for_tests()
+    assert aot.sources() == {}
+    key, why = sm120_proxy.shipped_source("glu_up_fwd")
+    assert key is None and "record no source fingerprints" in why
+    assert "unknown whether of this source" in sm120_proxy.verdict("glu_down_fwd", "glu")
+
+
+def test_without_an_index_or_triton_the_source_is_unknown(tmp_path, monkeypatch):
+    """A source checkout with no cubins built and no Triton cannot fingerprint its source: the verdict says so."""
+    monkeypatch.setenv("TSCT_AOT_DIR", str(tmp_path))
+    monkeypatch.setitem(sys.modules, "triton", None)  # import triton raises ImportError
+    aot._reset_for_tests()
+    try:
+        key, why = sm120_proxy.shipped_source("glu_down_fwd")
+        assert key is None and "Triton is not importable" in why
+        v = sm120_proxy.verdict("glu_down_fwd", "glu")
+        assert v.startswith("logic run on an H200 proxy (2026-12-04") and v.endswith(f"; unknown whether of this "
+                                                                                    f"source: {why}")
+    finally:
+        aot._reset_for_tests()
+
+
+def test_source_fingerprints_of_the_recorded_run():
+    """The 2026-12-04 run (commit b713935) against this source, fingerprinted from the source: the forward bf16
+    kernels, combine and routing are the source that ran; the backward and low-bit kernels changed since."""
+    pytest.importorskip("triton")
+    from tsct.kernels.source_key import source_keys
+    from tsct.kernels.triton_glu import _kernels as glu_kernels
+    from tsct.kernels.triton_lowbit import _kernels as lowbit_kernels
+
+    now = {**source_keys(glu_kernels, specs.KERNELS), **source_keys(lowbit_kernels, LS.KERNELS)}
+    (run,) = [r for r in sm120_proxy.RUNS if r["commit"] == "b713935"]
+    ran = {k: v["source"] for k, v in run["kernels"].items()}
+    same = {"glu_down_fwd", "glu_up_fwd", "combine_rows", "zero_tail_rows", "tile_cum", "csr_keys", "route_rank",
+            "route_place"}
+    assert {k for k in ran if ran[k] == now[k]} == same
+    assert ran["glu_bwd_dz"] != now["glu_bwd_dz"] and ran["lowbit_down_fwd"] != now["lowbit_down_fwd"]
+
+
+def test_source_key_covers_the_source_and_nothing_else(tmp_path, monkeypatch):
+    """The kernel's text, its jit callees' (transitively) and constexpr globals: an edit of any changes the key;
+    moving the kernel down the file or loading it under another module name does not."""
+    pytest.importorskip("triton")
+    from tsct.kernels.source_key import source_key
+
+    body = ("import triton\nimport triton.language as tl\nSCALE = tl.constexpr({scale})\n\n"
+            "@triton.jit\ndef _leaf(x):\n    return x * {leaf}\n\n"
+            "@triton.jit\ndef _mid(x):\n    return _leaf(x) + SCALE\n\n"
+            "@triton.jit\ndef kern(p, n, BLOCK: tl.constexpr):\n    i = tl.arange(0, BLOCK)\n"
+            "    tl.store(p + i, _mid(tl.load(p + i, mask=i < n)), mask=i < n)\n")
+
+    def key(name, text):
+        path = tmp_path / f"{name}.py"
+        path.write_text(text)
+        return source_key(getattr(_load(name, path), "kern"))
+
+    base = key("_sk_a", body.format(scale=2, leaf=3))
+    assert len(base) == 16 and int(base, 16) >= 0
+    assert key("_sk_b", "# moved down\n\n\n" + body.format(scale=2, leaf=3)) == base
+    assert key("_sk_c", body.format(scale=2, leaf=4)) != base  # a callee's callee
+    assert key("_sk_d", body.format(scale=5, leaf=3)) != base  # a constexpr global
+    with pytest.raises(TypeError, match="jit"):
+        source_key(lambda: 0)
+
+
+def test_the_build_fingerprints_what_the_package_does():
+    """aot_build.py loads the kernel modules under its own names; the fingerprints it records are the package's."""
+    pytest.importorskip("triton")
+    from tsct.kernels.source_key import source_keys
+    from tsct.kernels.triton_glu import _kernels as glu_kernels
+    from tsct.kernels.triton_lowbit import _kernels as lowbit_kernels
+
+    names = ("tsct.kernels.triton_glu._kernels", "tsct.kernels.triton_glu.specs")
+    saved = {n: sys.modules[n] for n in names}
+    try:
+        built = aot_build.source_keys(["glu", "lowbit"])
+    finally:
+        sys.modules.update(saved)
+    assert built == {**source_keys(glu_kernels, specs.KERNELS), **source_keys(lowbit_kernels, LS.KERNELS)}
+
+
 def test_docs_table_is_the_verdict_table(tmp_path):
-    """docs/sm120.md's table is sm120_proxy.rows() (``scripts/proxy_verdicts.py --update-docs`` writes it)."""
+    """docs/sm120.md's table is sm120_proxy.rows() (``scripts/proxy_verdicts.py --update-docs`` writes it), the
+    verdicts of this source: needs its fingerprints (an installed index that records them, or Triton)."""
+    if sm120_proxy.shipped_source("glu_down_fwd")[0] is None:
+        pytest.skip(f"this source's fingerprints are unknown here: {sm120_proxy.shipped_source('glu_down_fwd')[1]}")
     verdicts = _load("_tsct_test_proxy_verdicts", ROOT / "scripts" / "proxy_verdicts.py")
     doc = tmp_path / "sm120.md"
     doc.write_text((ROOT / "docs" / "sm120.md").read_text())
@@ -288,8 +423,9 @@ def test_docs_table_is_the_verdict_table(tmp_path):
     assert got == [(r["kernel"], r["family"], r["proxy_on_sm90"]) for r in sm120_proxy.rows()]
 
 
-def test_ledger_turns_into_verdicts(tmp_path):
+def test_ledger_turns_into_verdicts(tmp_path, monkeypatch):
     before = sm120_proxy.RUNS
+    monkeypatch.setattr(sm120_proxy, "shipped_source", lambda k: ("f" * 16, ""))
     ledger_mod = _load("_tsct_test_ledger", ROOT / "tests" / "gpu" / "_launch_ledger.py")
     verdicts = _load("_tsct_test_proxy_verdicts", ROOT / "scripts" / "proxy_verdicts.py")
     key = next(s.key for s in specs.enumerate_specs("sm_120") if s.kernel == "glu_down_fwd")
@@ -302,12 +438,15 @@ def test_ledger_turns_into_verdicts(tmp_path):
               "tsct": "0.1.0", "commit": "0123456789abcdef",
               "sessions": [{"argv": [], "exitstatus": 1, "env": {}, "outcomes": {"passed": 1, "failed": 1}}],
               "kernels": {k: {**v, "variants": sorted(v["variants"])} for k, v in totals.items()}, "tests": tests}
-    rec = verdicts.record(ledger, "bench/results/{date}_h200_sm120_proxy_{commit}.log")
+    rec = verdicts.record(ledger, "bench/results/{date}_h200_sm120_proxy_{commit}.log",
+                          {"glu_down_fwd": "f" * 16, "glu_up_fwd": "f" * 16, "bwd_maps": "e" * 16})
     assert rec["commit"] == "0123456" and rec["evidence"].endswith("_h200_sm120_proxy_0123456.log")
+    assert [rec["kernels"][k]["source"] for k in ("glu_down_fwd", "lowbit_up_fwd")] == ["f" * 16, None]
     assert rec["suite"] == "1 failed, 1 passed" and rec["kernels"]["glu_down_fwd"]["variants"] == 1
     text, ok = verdicts.report(ledger, None, rec)
     assert not ok and "record for tsct.kernels.sm120_proxy.RUNS" in text
-    assert re.search(r"glu_down_fwd\s+glu\s+3\s+1 of 144", text), text
+    assert re.search(r"glu_down_fwd\s+glu\s+3\s+1 of 144\s+0\s+0\s+f{16}", text), text
+    assert "NO SOURCE FINGERPRINT" not in text  # lowbit_up_fwd only JIT-launched: no proxy cubin, no fingerprint
     assert "logic run on an H200 proxy" in text and "FAILED on the H200 proxy" in text
     assert sm120_proxy.RUNS == before  # report() restores the table
 

@@ -13,6 +13,7 @@ no GPU.
     index(arch) -> dict | None               the arch's index.json (cached), None if absent
     available(capability) -> bool            cubins for this capability are shipped (no GPU touched)
     kernel(arch, key) -> AotKernel | None    the entry for a specialization key (not loaded yet)
+    sources() -> {kernel: fingerprint} | None  the kernel sources the installed cubins were built from
     pack_args(params, values) -> (array, keepalive)   Triton's ABI: one pointer per parameter
 """
 
@@ -252,3 +253,18 @@ def summary() -> dict:
                 counts[e["kernel"]] = counts.get(e["kernel"], 0) + 1
             out[arch] = dict(sorted(counts.items()))
     return out
+
+
+def sources() -> Optional[dict[str, str]]:
+    """{kernel name: source fingerprint} (``tsct.kernels.source_key``, recorded by the AOT build as the index's
+    "sources") over the installed arch indexes, a proxy's first; {} when the installed indexes predate the
+    fingerprints; None when this install has no arch index at all (a source checkout). Reads the index files only."""
+    out: dict[str, str] = {}
+    seen = False
+    for arch in (*PROXIES, *sorted(set(ARTIFACT_ARCH.values()))):
+        idx = index(arch)
+        if idx:
+            seen = True
+            for k, v in (idx.get("sources") or {}).items():
+                out.setdefault(k, v)
+    return out if seen else None

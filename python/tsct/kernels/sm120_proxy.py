@@ -4,22 +4,35 @@ The one table behind the probe's sm_120 table, ``tsct.kernels.sm120_fp4.VERIFICA
 docs/sm120.md (section "The H200 proxy", kept equal to ``rows()`` by tests/cpu/test_sm120_proxy.py).
 
     RUNS                      the proxy stage's runs (``scripts/gpu_suite.sh proxy``): date, commit, device,
-                              evidence, the suite's outcome, per kernel the launches through the proxy cubins
+                              evidence, the suite's outcome, per kernel the launches through the proxy cubins and
+                              the fingerprint of the kernel source they were built from
     NOT_PROXIED               kernel families no proxy of this kind can run, and why
-    verdict(kernel, family)   "logic run on an H200 proxy (...)", "not run on the proxy yet", "no: <why>", ...
+    shipped_source(kernel)    (fingerprint of this install's source of the kernel, or None; why it is unknown)
+    verdict(kernel, family)   "logic run on an H200 proxy (...)", "source changed since its proxy run: ...",
+                              "not run on the proxy yet", "no: <why>", ...
     rows()                    one row per sm_120 kernel: kernel, family, proxy_on_sm90
+
+A run counts for a kernel only if it ran this source of it: each record holds per kernel the fingerprint
+(``tsct.kernels.source_key``: the kernel's text and that of every jit function it calls, transitively, plus the
+constexpr globals they read; no line numbers, arch or Triton version) of the proxy cubins it launched, and
+``verdict`` compares it with the fingerprint of the kernel as shipped: equal, "logic run on an H200 proxy";
+different, the run was of an earlier source and this one has not run on the proxy. The shipped fingerprint is the
+one the AOT build recorded in the installed arch index (``tsct.kernels.aot.sources()``: no Triton, no source
+needed); in a source checkout without built cubins it is computed from the source when Triton is importable, and
+is otherwise unknown, which the verdict says.
 
 What "logic run on an H200 proxy" means, and no more (design.md section 6): the kernel's sm_120 variants (same
 source, pinned Triton, tiles, warps, stages, TTGIR and 101,376-byte shared-memory limit) were assembled for sm_90 and
 passed the GPU suite on an H200. It does not mean the sm_120 cubin ran: its LLVM and ptxas output differ, and so do
 the SM count, shared memory per SM, L2 and bandwidth (the decision lists what differs).
 
-Importing this module imports neither torch nor Triton.
+Importing this module imports neither torch nor Triton (a source checkout without cubins imports Triton on the first
+verdict of a proxy family, to fingerprint the source).
 """
 
 from __future__ import annotations
 
-__all__ = ["RUNS", "NOT_PROXIED", "PROXY_FAMILIES", "verdict", "rows", "table_variants"]
+__all__ = ["RUNS", "NOT_PROXIED", "PROXY_FAMILIES", "shipped_source", "verdict", "rows", "table_variants"]
 
 #: the Triton families the proxy build holds (``specs.PROXIES["sm_120_proxy_sm90"].families``)
 PROXY_FAMILIES = ("glu", "lowbit")
@@ -32,63 +45,143 @@ NOT_PROXIED: dict[str, str] = {
 
 #: Proxy-stage runs, newest last. Each: {"date", "commit" (of the wheel), "device", "evidence" (the committed log),
 #: "suite" (pytest's summary), "kernels": {kernel: {"aot": launches through the proxy cubins, "variants": distinct
-#: variants launched, "jit": ..., "native": ..., "failed_tests": [test ids that launched it and failed]}}}: the record
-#: ``scripts/proxy_verdicts.py`` prints from the stage's launch ledger.
+#: variants launched, "jit": ..., "native": ..., "failed_tests": [test ids that launched it and failed], "source": the
+#: source fingerprint of the proxy cubins (their index's "sources")}}}: the record ``scripts/proxy_verdicts.py`` prints
+#: from the stage's launch ledger. The 2026-12-04 run's fingerprints were computed afterwards from commit b713935's
+#: tree (``source_key`` on its kernel modules, Triton 3.9), the source its wheel was built from.
 RUNS: tuple[dict, ...] = (
     {'date': '2026-12-04', 'commit': 'b713935', 'device': 'NVIDIA H200',
      'evidence': 'bench/results/2026-12-04_h200_sm120_proxy_b713935.log',
      'suite': '260 passed, 3 skipped',
      'kernels': {
-         'glu_down_fwd': {'aot': 315, 'variants': 30, 'jit': 0, 'native': 0, 'failed_tests': []},
-         'glu_up_fwd': {'aot': 170, 'variants': 18, 'jit': 0, 'native': 0, 'failed_tests': []},
-         'combine_rows': {'aot': 745, 'variants': 4, 'jit': 0, 'native': 0, 'failed_tests': []},
-         'zero_tail_rows': {'aot': 161, 'variants': 2, 'jit': 0, 'native': 0, 'failed_tests': []},
-         'tile_cum': {'aot': 556, 'variants': 2, 'jit': 0, 'native': 0, 'failed_tests': []},
-         'csr_keys': {'aot': 720, 'variants': 2, 'jit': 0, 'native': 0, 'failed_tests': []},
-         'route_rank': {'aot': 52, 'variants': 2, 'jit': 0, 'native': 0, 'failed_tests': []},
-         'route_place': {'aot': 52, 'variants': 4, 'jit': 0, 'native': 0, 'failed_tests': []},
-         'glu_bwd_dz': {'aot': 160, 'variants': 15, 'jit': 0, 'native': 0, 'failed_tests': []},
-         'glu_bwd_epi': {'aot': 448, 'variants': 12, 'jit': 0, 'native': 0, 'failed_tests': []},
-         'glu_bwd_dx_dw': {'aot': 158, 'variants': 13, 'jit': 0, 'native': 0, 'failed_tests': []},
-         'lowbit_down_fwd': {'aot': 556, 'variants': 20, 'jit': 0, 'native': 0, 'failed_tests': []},
-         'lowbit_up_fwd': {'aot': 296, 'variants': 20, 'jit': 0, 'native': 0, 'failed_tests': []},
-         'lowbit_bwd_dz': {'aot': 288, 'variants': 7, 'jit': 0, 'native': 0, 'failed_tests': []},
-         'lowbit_bwd_dx_dw': {'aot': 288, 'variants': 11, 'jit': 0, 'native': 0, 'failed_tests': []},
+         'glu_down_fwd': {'aot': 315, 'variants': 30, 'jit': 0, 'native': 0, 'failed_tests': [],
+                          'source': 'c5a0a225608df89d'},
+         'glu_up_fwd': {'aot': 170, 'variants': 18, 'jit': 0, 'native': 0, 'failed_tests': [],
+                        'source': 'e916da95730f92e7'},
+         'combine_rows': {'aot': 745, 'variants': 4, 'jit': 0, 'native': 0, 'failed_tests': [],
+                          'source': '900fcb176222429c'},
+         'zero_tail_rows': {'aot': 161, 'variants': 2, 'jit': 0, 'native': 0, 'failed_tests': [],
+                            'source': '3ca19f5790771e7d'},
+         'tile_cum': {'aot': 556, 'variants': 2, 'jit': 0, 'native': 0, 'failed_tests': [],
+                      'source': '4686e05faba7ea99'},
+         'csr_keys': {'aot': 720, 'variants': 2, 'jit': 0, 'native': 0, 'failed_tests': [],
+                      'source': '6322dadaadcab201'},
+         'route_rank': {'aot': 52, 'variants': 2, 'jit': 0, 'native': 0, 'failed_tests': [],
+                        'source': '7ae970344c25b689'},
+         'route_place': {'aot': 52, 'variants': 4, 'jit': 0, 'native': 0, 'failed_tests': [],
+                         'source': '66b9094d263bad19'},
+         'glu_bwd_dz': {'aot': 160, 'variants': 15, 'jit': 0, 'native': 0, 'failed_tests': [],
+                        'source': '1daa1f3d6b944a8a'},
+         'glu_bwd_epi': {'aot': 448, 'variants': 12, 'jit': 0, 'native': 0, 'failed_tests': [],
+                         'source': '7eeab449b99c97ec'},
+         'glu_bwd_dx_dw': {'aot': 158, 'variants': 13, 'jit': 0, 'native': 0, 'failed_tests': [],
+                           'source': '1e9f1b0089a90c82'},
+         'lowbit_down_fwd': {'aot': 556, 'variants': 20, 'jit': 0, 'native': 0, 'failed_tests': [],
+                             'source': 'e9c04914f9e82a37'},
+         'lowbit_up_fwd': {'aot': 296, 'variants': 20, 'jit': 0, 'native': 0, 'failed_tests': [],
+                           'source': 'e3c934049c95923c'},
+         'lowbit_bwd_dz': {'aot': 288, 'variants': 7, 'jit': 0, 'native': 0, 'failed_tests': [],
+                           'source': '1ca333d31ea6131e'},
+         'lowbit_bwd_dx_dw': {'aot': 288, 'variants': 11, 'jit': 0, 'native': 0, 'failed_tests': [],
+                              'source': '1e384e8cca14ecda'},
      }},
 )
 
 
-def table_variants(family: str) -> dict[str, int]:
-    """{kernel: variants} of sm_120's AOT table for a proxy family ("glu" or "lowbit"): what the proxy build holds."""
+def _family_specs(family: str):
     from tsct.kernels.triton_glu import specs as glu_specs
     from tsct.kernels.triton_lowbit import specs as lowbit_specs
 
-    fs = {"glu": glu_specs, "lowbit": lowbit_specs}[family]
+    return {"glu": glu_specs, "lowbit": lowbit_specs}[family]
+
+
+def table_variants(family: str) -> dict[str, int]:
+    """{kernel: variants} of sm_120's AOT table for a proxy family ("glu" or "lowbit"): what the proxy build holds."""
+    fs = _family_specs(family)
     out: dict[str, int] = {k: 0 for k in fs.KERNELS}
     for s in fs.enumerate_specs("sm_120"):
         out[s.kernel] += 1
     return out
 
 
+_shipped: dict = {}  # {"generation": tsct.kernels.aot.generation, "keys": {kernel: fingerprint}, "why": str}
+
+
+def _source_keys_from_source() -> tuple[dict[str, str], str]:
+    """Fingerprints of the proxy families' kernels computed from this checkout's source (imports Triton)."""
+    import importlib
+
+    try:
+        importlib.import_module("triton")
+    except ImportError:
+        return {}, "no AOT index is installed and Triton is not importable to fingerprint the source"
+    from tsct.kernels.source_key import source_keys
+
+    out: dict[str, str] = {}
+    for fam, mod in (("glu", "tsct.kernels.triton_glu._kernels"), ("lowbit", "tsct.kernels.triton_lowbit._kernels")):
+        out.update(source_keys(importlib.import_module(mod), _family_specs(fam).KERNELS))
+    return out, "the source has no such kernel"
+
+
+def shipped_source(kernel: str) -> tuple[str | None, str]:
+    """(fingerprint, "") of this install's source of the Triton kernel ``kernel`` (``tsct.kernels.source_key``), or
+    (None, why it is unknown). Taken from the installed AOT indexes (recorded at build time); with no index installed
+    (a source checkout without built cubins), computed from the source if Triton is importable. Cached per
+    ``tsct.kernels.aot`` index generation."""
+    from tsct.kernels import aot
+
+    if _shipped.get("generation") != aot.generation:
+        keys = aot.sources()
+        if keys is None:
+            keys, why = _source_keys_from_source()
+        elif keys:
+            why = "the installed AOT indexes record no fingerprint of this kernel"
+        else:
+            why = "the installed AOT indexes record no source fingerprints (built before they were recorded)"
+        _shipped.clear()
+        _shipped.update(generation=aot.generation, keys=keys, why=why)
+    key = _shipped["keys"].get(kernel)
+    return (key, "") if key else (None, _shipped["why"])
+
+
+def _ran(run: dict, k: dict, n: int) -> str:
+    if k.get("failed_tests"):
+        return (f"FAILED on the H200 proxy ({run['date']}, {run['evidence']}): "
+                + ", ".join(k["failed_tests"][:3]) + ("..." if len(k["failed_tests"]) > 3 else ""))
+    return (f"logic run on an H200 proxy ({run['date']}: {k['aot']} launches, {k['variants']} of {n} variants; "
+            f"{run['evidence']})")
+
+
 def verdict(kernel: str, family: str) -> str:
-    """How far ``kernel`` (of ``family``: "glu", "lowbit", "cutedsl") has run on the H200 proxy."""
+    """How far ``kernel`` (of ``family``: "glu", "lowbit", "cutedsl") has run on the H200 proxy, in this source.
+
+    The newest run that launched the kernel with the fingerprint of this install's source of it (``shipped_source``)
+    gives "logic run on an H200 proxy (...)" or "FAILED on the H200 proxy (...)". If runs launched it but none with
+    this source: "source changed since its proxy run: ..." naming the newest such run. If the fingerprint of this
+    source (or of the run) is unknown, the newest run's verdict with the reason it may not be this source's."""
     if family in NOT_PROXIED:
         return NOT_PROXIED[family]
     if family not in PROXY_FAMILIES:
         raise ValueError(f"family must be one of {PROXY_FAMILIES + tuple(NOT_PROXIED)}, got {family!r}")
-    for run in reversed(RUNS):
-        k = run["kernels"].get(kernel)
-        if not k or not k.get("aot"):
-            continue
-        n = table_variants(family).get(kernel, 0)
-        if k.get("failed_tests"):
-            return (f"FAILED on the H200 proxy ({run['date']}, {run['evidence']}): "
-                    + ", ".join(k["failed_tests"][:3]) + ("..." if len(k["failed_tests"]) > 3 else ""))
-        return (f"logic run on an H200 proxy ({run['date']}: {k['aot']} launches, {k['variants']} of {n} variants; "
-                f"{run['evidence']})")
-    if RUNS:
-        return "in the proxy build, not launched by the proxy stage's suite"
-    return "in the proxy build (sm_120_proxy_sm90); not run on the proxy yet"
+    launched = [(run, k) for run in reversed(RUNS) if (k := run["kernels"].get(kernel)) and k.get("aot")]
+    if not launched:
+        if RUNS:
+            last = RUNS[-1]
+            return f"in the proxy build; no proxy run launched it (the latest: {last['date']}, commit {last['commit']})"
+        return "in the proxy build (sm_120_proxy_sm90); not run on the proxy yet"
+    n = table_variants(family).get(kernel, 0)
+    now, why = shipped_source(kernel)
+    for run, k in launched:
+        if now is not None and k.get("source") == now:
+            return _ran(run, k, n)
+    run, k = launched[0]
+    if now is None or not k.get("source"):
+        why = why or f"the run of {run['date']} recorded no source fingerprint"
+        return f"{_ran(run, k, n)}; unknown whether of this source: {why}"
+    failed = ", FAILED" if k.get("failed_tests") else ""
+    return (f"source changed since its proxy run: the H200 proxy ran an earlier source of this kernel "
+            f"({run['date']}, commit {run['commit']}: {k['aot']} launches{failed}; {run['evidence']}); "
+            "this source has not run on the proxy")
 
 
 def rows() -> list[dict]:

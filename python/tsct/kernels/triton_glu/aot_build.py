@@ -19,13 +19,17 @@ target=GPUTarget("cuda", cc, 32))`` with an explicit signature and, for aligned 
 ``tt.divisibility=16`` on the parameters in ``specs.KERNELS[k].hinted``, and writes
 
     DIR/<arch>/<kernel>_<hash16>.cubin
-    DIR/<arch>/index.json     {"arch", "target", "triton_version", "families", "kernels": {spec key: entry}}
+    DIR/<arch>/index.json     {"arch", "target", "triton_version", "families", "kernels": {spec key: entry},
+                               "sources": {kernel: source fingerprint}}
     DIR/index.json            {"triton_version", "archs": {arch: {"variants": n, "kernels": {name: n}, "bytes"}}}
 
 Every family goes into the same per-arch index (kernel names never collide; the build checks).
 An entry holds the kernel name, family, ptx_arch, file, num_warps, num_ctas, num_stages, shared bytes,
 the parameter list in launch order (including Triton's trailing global/profile scratch pointers), the
-constexprs, the alignment flag, the cubin's sha256 and the TTGIR's (``ttgir_sha256``). The build fails if a
+constexprs, the alignment flag, the cubin's sha256 and the TTGIR's (``ttgir_sha256``). "sources" holds, per kernel
+name, ``tsct.kernels.source_key`` of the source it was compiled from (the kernel and its jit callees; the same on
+every arch), so an install can tell which source its cubins are without Triton or the source (the sm_120 proxy
+verdicts compare it with the source a proxy run launched, ``tsct.kernels.sm120_proxy``). The build fails if a
 variant needs scratch memory, more than one CTA, or more shared memory than its arch allows, or if its PTX
 target is not the family's.
 
@@ -158,13 +162,28 @@ def _init_worker() -> None:
         return re.sub(r"^(\.target\s+)\S+", rf"\g<1>{want}", out, count=1, flags=re.M) if want else out
 
     nvc.CUDABackend.make_ptx = make_ptx
-    # triton_glu/_kernels.py keeps its build-time module name; low-bit imports its helpers by package name
-    glu_k = _load(FAMILIES["glu"][2], _HERE / "_kernels.py", alias="tsct.kernels.triton_glu._kernels")
-    mods = {"glu": glu_k}
+    _state.update(triton=triton, kernels=_kernel_modules())
+
+
+def _kernel_modules() -> dict:
+    """{family: its loaded kernels module} (imports Triton). triton_glu/_kernels.py keeps its build-time module
+    name; low-bit imports its helpers by package name."""
+    if "kernels" in _state:
+        return _state["kernels"]
+    mods = {"glu": _load(FAMILIES["glu"][2], _HERE / "_kernels.py", alias="tsct.kernels.triton_glu._kernels")}
     for fam, (d, _, kname) in FAMILIES.items():
         if fam != "glu":
             mods[fam] = _load(kname, d / "_kernels.py")
-    _state.update(triton=triton, kernels=mods)
+    _state["kernels"] = mods
+    return mods
+
+
+def source_keys(families) -> dict[str, str]:
+    """{kernel: source fingerprint} of the families' kernels (``tsct.kernels.source_key``: the kernel's source and
+    its jit callees, independent of arch, variant and Triton version); an arch index records them as "sources"."""
+    sk = sys.modules.get("_tsct_aot_source_key") or _load("_tsct_aot_source_key", _KERNELS_DIR / "source_key.py")
+    mods = _kernel_modules()
+    return {k: v for f in families for k, v in sk.source_keys(mods[f], family_specs(f).KERNELS).items()}
 
 
 def _compile(family: str, arch: str, spec, cache_dir: str) -> dict:
@@ -345,6 +364,7 @@ def main(argv: list[str] | None = None) -> int:
                     print(f"aot_build: {n}/{len(jobs)} compiled ({time.time() - t0:.0f} s)", flush=True)
 
     summary = {"triton_version": triton.__version__, "archs": {}}
+    sources = source_keys(families)
     for a in archs:
         d = out / a
         if d.exists():
@@ -360,7 +380,8 @@ def main(argv: list[str] | None = None) -> int:
             fam = fams.setdefault(r["family"], {"ptx_arch": r["ptx_arch"], "variants": 0})
             fam["variants"] += 1
         index = {"arch": a, "target": f"cuda:{specs.PTX_ARCH[specs.table_arch(a)][0]}:32",
-                 "triton_version": triton.__version__, "families": fams, "kernels": entries}
+                 "triton_version": triton.__version__, "families": fams, "kernels": entries,
+                 "sources": {k: sources[k] for k in sorted({r["kernel"] for r in entries.values()})}}
         if proxy_info(a):
             index["proxy"] = proxy_info(a)
         (d / "index.json").write_text(json.dumps(index, indent=1, sort_keys=True) + "\n")
