@@ -96,8 +96,9 @@ def bf16_direct(gather: bool) -> str:
 
 def bf16_opcheck() -> str:
     p, _ = _problem(True)
-    args = (p["x"].requires_grad_(), *_args(p, p["w_gate"].requires_grad_(), p["w_up"], p["w_down"])[1:],
-            "triton-bf16")
+    routing = F.Routing(p["offs"], p["gather_idx"], p["scatter_idx"], p["num_out_rows"], p["row_weight"])
+    facs = (p["w_gate"].requires_grad_(), p["w_up"], p["w_down"])
+    args = F.op_args(p["x"].requires_grad_(), facs, (None,) * 3, p["s_gate"], p["s_up"], routing, "triton-bf16")
     torch.library.opcheck(torch.ops.tsct.grouped_glu.default, args)
     return ""
 
