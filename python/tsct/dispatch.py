@@ -12,8 +12,8 @@ Paths (design.md section 4):
     triton-bf16    Triton grouped GEMM + fused GLU, bf16/fp16 factors (AOT cubins for sm_90a/sm_100a/sm_120)
     triton-lowbit  Triton with NVFP4 / sign factors decoded in registers, bf16 activations; FP8 and ternary
                    factors (and mixes with them) too, but only when forced (``FORCED_ONLY``): those
-                   kernels have not run on a GPU yet, so every ``auto`` row sends them to ``bmm``
-                   (decoded to bf16 once per call)
+                   kernels have not yet passed the whole GPU suite, so every ``auto`` row sends them to
+                   ``bmm`` (decoded to bf16 once per call)
     sm120-fp4      NVFP4 block-scaled mma.sync on 12.0 / 12.1 (CuTeDSL, tsct.kernels.sm120_fp4): NVFP4
                    activations, so only when the caller asks for them (``activations="nvfp4"``)
 
@@ -61,7 +61,7 @@ ACTIVATIONS = ("bf16", "nvfp4")
 #: paths whose kernels read packed factors themselves; every other path gets them decoded
 READS_PACKED = frozenset({TRITON_LOWBIT, SM120_FP4})
 #: path -> storage formats it serves only when forced (``impl=<path>``), never from ``auto``: its kernels read
-#: them, but have not run on a GPU for them yet. ``preferences`` leaves these (path, format) pairs out of every
+#: them, but have not yet passed the whole GPU suite for them. ``preferences`` leaves these (path, format) pairs out of every
 #: row; a row for them moves into ``TABLE`` once the GPU tests pass (tests/gpu/test_triton_lowbit_gpu.py).
 FORCED_ONLY: dict[str, frozenset] = {TRITON_LOWBIT: frozenset({*DECODED_FORMATS, MIXED_DECODED})}
 

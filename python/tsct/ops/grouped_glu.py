@@ -120,7 +120,7 @@ def grouped_glu(
     GPUs; ``impl="auto"`` takes it for NVFP4 / sign / mixed factors) reads the packed bytes and decodes
     in registers. FP8 and ternary factors (and mixes with them): ``auto`` decodes them to ``x.dtype`` once per
     call and runs ``bmm`` on every device; ``impl="triton-lowbit"`` reads them packed and decodes in registers
-    (``dispatch.FORCED_ONLY``: opt-in until its GPU tests for them have run). Without ``masters`` a packed factor
+    (``dispatch.FORCED_ONLY``: opt-in until they pass the whole GPU suite). Without ``masters`` a packed factor
     gets no gradient (frozen low-bit weights; dX,
     scales and row weights still get theirs). Two ways to train low-bit factors (decision 0008):
     ``masters=`` with containers from ``quantize_master`` (packed bytes in the forward and dX), or
