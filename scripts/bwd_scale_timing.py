@@ -12,7 +12,8 @@ older tree runs it unchanged.
         [--arms bf16-kmajor,nvfp4]
 
 Prints one line per (shape, arm): forward / forward+backward ms (median of 20 replays) and the expert rows
-(max, empty experts).
+(max, empty experts). ``--profile``: also the device time per kernel of one eager forward+backward (torch.profiler,
+mean of 5 passes), printed and kept in the JSON (where the time of an edge shape goes).
 """
 
 from __future__ import annotations
@@ -70,7 +71,22 @@ def factors(arm: str, dense):
     raise ValueError(f"unknown arm {arm!r}; arms: {', '.join(ARMS)}")
 
 
-def time_arm(shape: str, arm: str, inputs, dev: torch.device, replays: int) -> dict:
+def kernel_table(fn, iters: int = 5) -> list[dict]:
+    """Device ms per kernel name of one call of ``fn`` (mean of ``iters``; torch.profiler), largest first."""
+    from torch.profiler import ProfilerActivity, profile
+
+    fn()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(iters):
+            fn()
+        torch.cuda.synchronize()
+    rows = [dict(name=ev.key[:80], ms=round(ev.device_time_total / iters / 1e3, 4), calls=ev.count // iters)
+            for ev in prof.key_averages() if (getattr(ev, "device_time_total", 0) or 0) > 0]
+    return sorted(rows, key=lambda r: -r["ms"])
+
+
+def time_arm(shape: str, arm: str, inputs, dev: torch.device, replays: int, profile: bool = False) -> dict:
     from tsct.bench import measure
     from tsct.ops import grouped_glu, sort_by_expert
 
@@ -93,6 +109,8 @@ def time_arm(shape: str, arm: str, inputs, dev: torch.device, replays: int) -> d
     t0 = time.time()
     res["fwd_ms"] = measure.time_graph(fwd, dev, replays=replays)["median"]
     res["fwdbwd_ms"] = measure.time_graph(fwdbwd, dev, replays=replays)["median"]
+    if profile:
+        res["kernels"] = kernel_table(fwdbwd)
     res["seconds"] = round(time.time() - t0, 1)
     return res
 
@@ -104,6 +122,7 @@ def main() -> int:
     p.add_argument("--shapes", default="b1,b1_zipf12,e256,t65536")
     p.add_argument("--arms", default=",".join(ARMS))
     p.add_argument("--replays", type=int, default=20)
+    p.add_argument("--profile", action="store_true", help="also the device time per kernel of forward+backward")
     a = p.parse_args()
     import tsct
     from tsct import native
@@ -118,7 +137,7 @@ def main() -> int:
         inputs = make(shape, dev)
         for arm in a.arms.split(","):
             try:
-                r = time_arm(shape, arm, inputs, dev, a.replays)
+                r = time_arm(shape, arm, inputs, dev, a.replays, a.profile)
             except Exception as e:  # noqa: BLE001  (recorded; the other points still run)
                 r = {"shape": shape, "arm": arm, "error": f"{type(e).__name__}: {e}"[:400]}
             out["results"].append(r)
@@ -127,6 +146,8 @@ def main() -> int:
             else:
                 print(f"[{a.label}] {shape:10s} {arm:12s} fwd {r['fwd_ms']:7.3f} ms  fwd+bwd {r['fwdbwd_ms']:7.3f} ms  "
                       f"(max rows {r['rows']['max']}, empty {r['rows']['empty']}; {r['seconds']} s)", flush=True)
+                for k in r.get("kernels", [])[:14]:
+                    print(f"      {k['ms']:8.4f} ms  x{k['calls']:<3d} {k['name']}", flush=True)
         del inputs
         torch.cuda.empty_cache()
     if a.json:

@@ -758,28 +758,29 @@ def glu_bwd_dwd(
 def bwd_slot_reduce(ws_ptr, maps_ptr, out_ptr, E, S, NCB, BLOCK: tl.constexpr, BLOCK_E: tl.constexpr):
     """out[e, :S] = sum over the expert's workspace slots, in chunk order, of ws[slot, :S] (fp32, rounded once to
     out's dtype), for the experts of several chunks (``maps`` row 2). Work items (slot, column group of NCB) in
-    contiguous ranges over the programs; an item of an expert's first slot sums columns cb*BLOCK, (cb + NCB)*BLOCK,
-    ... of the expert's S elements, the others have nothing to do."""
+    contiguous ranges over the programs; the n slots x NCB groups of an expert share its column blocks of BLOCK
+    elements round robin (item k * NCB + cb of the expert, k its slot, takes blocks k * NCB + cb, + n * NCB, ...), so
+    a hot expert's reduction spreads over as many items as it has slots times NCB; every element still sums the
+    slots in chunk order."""
     scum = maps_ptr + 2 * E
     lo, hi = _item_range(tl.load(scum + E - 1) * NCB, tl.num_programs(0))
     ks = tl.arange(0, BLOCK)
     for i in range(lo, hi):
         j = i // NCB
-        cb = i % NCB
         e = _find_expert(scum, j, E, BLOCK_E)
         first = tl.load(scum + e - 1, mask=e > 0, other=0)
-        if j == first:
-            n = tl.load(scum + e) - first
-            ws_e = ws_ptr + first.to(tl.int64) * S
-            out_e = out_ptr + e.to(tl.int64) * S
-            for c0 in range(cb * BLOCK, S, NCB * BLOCK):
-                cm = (c0 + ks) < S
-                pc = ws_e + c0 + ks
-                acc = tl.load(pc, mask=cm, other=0.0)
-                for c in range(1, n):  # the next slot: a pointer step (c * S may pass 2^31)
-                    pc += S
-                    acc += tl.load(pc, mask=cm, other=0.0)
-                tl.store(out_e + c0 + ks, acc.to(out_ptr.dtype.element_ty), mask=cm)
+        n = tl.load(scum + e) - first
+        unit = (j - first) * NCB + i % NCB
+        ws_e = ws_ptr + first.to(tl.int64) * S
+        out_e = out_ptr + e.to(tl.int64) * S
+        for c0 in range(unit * BLOCK, S, n * NCB * BLOCK):
+            cm = (c0 + ks) < S
+            pc = ws_e + c0 + ks
+            acc = tl.load(pc, mask=cm, other=0.0)
+            for c in range(1, n):  # the next slot: a pointer step (c * S may pass 2^31)
+                pc += S
+                acc += tl.load(pc, mask=cm, other=0.0)
+            tl.store(out_e + c0 + ks, acc.to(out_ptr.dtype.element_ty), mask=cm)
 
 
 @triton.jit

@@ -663,7 +663,7 @@ def dwd_chunks(plan: BwdPlan, go: Tensor, sidx: Optional[Tensor], offs: Tensor, 
     the chunk map, then ``bwd_slot_reduce`` for the experts of several chunks. ``dwd``: [E, r, f], each expert's
     block contiguous (row-major, or K-major with ``wd_t``). Shared by triton_lowbit (dWd does not involve w_down)."""
     e = offs.shape[0]
-    bn = cfg.bn_bwd
+    bn = cfg.bn_dwd
     n_fs = max(1, min(cfg.fs_dwd, _cdiv(f, bn)))
     f_slice = _cdiv(_cdiv(f, bn), n_fs) * bn
     n_fs = _cdiv(f, f_slice)

@@ -83,10 +83,11 @@ class Config:
     ndb_bwd: int = 8          # d blocks per program (row tile) of glu_bwd_dx_dw (the pipelined d loop)
     # The chunked dW reductions of the backward (experts of more than one row tile, _kernels.py "backward"):
     # rows per chunk (a multiple of bm; glu.chunk_size doubles it until the workspace of the worst case fits
-    # ws_bwd_mib MiB), f slices of glu_bwd_dwd (BN = bn_bwd), warps / stages of glu_bwd_dwd.
+    # ws_bwd_mib MiB), f slices and f step of glu_bwd_dwd, warps / stages of glu_bwd_dwd.
     chunk_bwd: int = 512
     ws_bwd_mib: int = 256
     fs_dwd: int = 16
+    bn_dwd: int = 64
     warps_dwd: int = 4
     stages_dwd: int = 1
     waves_chunked: int = 4    # programs of the chunked kernels and slot sums per SM (they walk their work items)
@@ -158,7 +159,10 @@ MAX_SHARED: dict[str, int] = {"sm_90a": 232448, "sm_100a": 232448, "sm_120": 101
 # SMs) with two pipeline stages in the d loop so the down kernel stays well under 99 KB and two CTAs
 # fit per SM. Not measured on an sm_120 card (design.md section 6).
 CONFIGS: dict[str, Config] = {
-    "sm_90a": Config(dz_native=1, down_native_lb=1, up_native_lb=1, sign_native_lb=1),
+    # the chunked dW kernels: 16 programs per SM and 8-warp glu_bwd_dwd (H200, Zipf 1.2 / 1.5, T 65536, E 256:
+    # 3-8 % less forward+backward than 4 and 4; docs/performance.md)
+    "sm_90a": Config(dz_native=1, down_native_lb=1, up_native_lb=1, sign_native_lb=1, waves_chunked=16,
+                     warps_dwd=8),
     "sm_100a": Config(),  # the CUDA dz fits sm_100 (99 KB shared memory) but has not run there
     # ~99 KB of shared memory per block: fewer stages. Every field an H200 sweep changed
     # stays at its previous value here (nothing has been timed on an sm_120 card; docs/performance.md);
@@ -550,7 +554,7 @@ def enumerate_specs(arch: str) -> Iterator[Spec]:
         for sc, br, wd_t in itertools.product(IDX, brs, wd_ts):
             types = dict(dy_ptr=D, sidx_ptr=f"*{sc}" if sc else UNUSED, offs_ptr="*i32", maps_ptr="*i32", zw_ptr=D,
                          dwd_ptr=D, ws_ptr="*fp32")
-            consts = dict(HAS_SCATTER=sc is not None, WD_T=wd_t, BM=cfg.bm, BR=br, BN=cfg.bn_bwd, BLOCK_E=cfg.block_e)
+            consts = dict(HAS_SCATTER=sc is not None, WD_T=wd_t, BM=cfg.bm, BR=br, BN=cfg.bn_dwd, BLOCK_E=cfg.block_e)
             out.append(_spec("glu_bwd_dwd", types, consts, cfg.warps_dwd, cfg.stages_dwd, aligned))
         # the epilogue reads [M, r] buffers only: r decides its alignment (glu.bwd_epilogue), every BR of both rules
         for st, rw, br in itertools.product(scale_types, (False, True), brs):
