@@ -167,6 +167,15 @@ def run_lowbit(triples=LS.AOT_FORMATS) -> None:
         mis = views == "all"
         wg, wu = container(names[0], E, d, r, mis), container(names[1], E, d, r, mis)
         _run(L, rt, wg, wu, container(names[2], E, r, f, mis), r)
+    # views off a 16-byte boundary at every rank block and K step (the host code copies them: no generic launch
+    # of an always-aligned triple, whatever the rank)
+    for (fg, fu, fd), views, (d, r, f, _), indexed in itertools.product(
+            triples, ("all", "grad_out"), LOWBIT_SHAPES[:6], (False, True)):
+        names = [FORMAT_NAMES[q] for q in (fg, fu, fd)]
+        rt = _routing(torch.bfloat16, d, f, "fp32", True, indexed, indexed, views)
+        mis = views == "all"
+        wg, wu = container(names[0], E, d, r, mis), container(names[1], E, d, r, mis)
+        _run(L, rt, wg, wu, container(names[2], E, r, f, mis), r)
 
 
 def ledger(cap: tuple[int, int], monkeypatch) -> set[str]:
