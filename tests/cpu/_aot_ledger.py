@@ -148,7 +148,7 @@ def run_glu() -> None:
     for dtype, scales, idx_dtype, n_out in itertools.product((torch.bfloat16, torch.float16), ("lone", "none"),
                                                              (torch.int32, torch.int64), (T, 1 << 15)):
         rt = _routing(dtype, 32, 40, scales, False, True, True, None, n_out=n_out, idx_dtype=idx_dtype)
-        wg, wu, wd = torch.randn(E, 32, 64).to(dtype), torch.randn(E, 32, 64).to(dtype), torch.randn(E, 64, 40).to(dtype)
+        wg, wu, wd = (torch.randn(shape).to(dtype) for shape in ((E, 32, 64), (E, 32, 64), (E, 64, 40)))
         _run(G, rt, wg, wu, wd, 64)
     # sort_by_expert on the GPU: ids of any integer dtype, router weights of each accepted dtype or none
     for idt, wdt in itertools.product((torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64),
