@@ -5,12 +5,14 @@ from tsct.kernels.triton_lowbit import specs as LS
 
 
 def n_lowbit(arch: str) -> int:
-    """172 for the NVFP4 / sign triples (2 gathers x 2 scale flags x 3 BWD / row-weight modes x aligned or not = 24
-    down-projection variants per format triple, plus the up / dz / dX-dW ones: lowbit_bwd_dx_dw has one d-block count
-    per triple, ``LS.dxdw_ndb``), plus 68 per uniform fp8 / ternary triple (24 down, 24 up, 8 dz, 12 dX-dW: a w_down
-    format of its own shares no up / dz variant), plus 24 per NVFP4 / sign triple on the arches that also ship
-    lowbit_down_fwd's opt-in byte-plane variants (``LS.OPT_IN_PLANES_DOWN``)."""
+    """For the NVFP4 / sign triples: 2 gathers x 2 scale flags x 3 BWD / row-weight modes = 12 down-projection variants
+    per triple and alignment, 2 row weights x 5 K steps x 2 Y_PAD aligned + 2 x 2 generic up-projection and 2 x 2 x 2 dz
+    ones per w_down format, 2 gathers x 3 gradient subsets x 2 alignments dX-dW ones per triple (one d-block count each,
+    ``LS.dxdw_ndb``); the ``LS.always_aligned`` triples (uniform NVFP4 and the NVFP4-sign-NVFP4 mix, whose up / dz
+    variants are uniform NVFP4's) have no generic ones: 128. Plus 68 per uniform fp8 / ternary triple (24 down, 24 up,
+    8 dz, 12 dX-dW: a w_down format of its own shares no up / dz variant), plus lowbit_down_fwd's opt-in byte-plane
+    variants on ``LS.OPT_IN_PLANES_DOWN`` arches: 12 per NVFP4 / sign triple and alignment it can launch."""
     decoded = sum(1 for t in LS.AOT_FORMATS if set(t) <= {LS.FP8, LS.TERNARY})
-    planes = sum(1 for t in LS.AOT_FORMATS if set(t) <= {LS.NVFP4, LS.SIGN})
-    opt_in = 24 * planes if arch in LS.OPT_IN_PLANES_DOWN else 0
-    return 172 + 68 * decoded + opt_in
+    planes = [t for t in LS.AOT_FORMATS if set(t) <= {LS.NVFP4, LS.SIGN}]
+    opt_in = sum(12 if LS.always_aligned(*t) else 24 for t in planes) if arch in LS.OPT_IN_PLANES_DOWN else 0
+    return 128 + 68 * decoded + opt_in

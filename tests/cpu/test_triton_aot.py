@@ -9,6 +9,8 @@
 - the argument packer lays out Triton's ABI for an index entry;
 - a dry run of glu.py's host code (CPU tensors, launches recorded instead of run) finds an AOT
   variant for every launch of the GPU test shapes on every arch, with the right argument count;
+- the launch ledger of both families' host code over every input class it tells apart is exactly the tables the
+  build compiles (``_aot_ledger``);
 - the status reasons of path "triton-bf16".
 """
 
@@ -31,7 +33,8 @@ from tsct.kernels.layout import to_kmajor
 from tsct.kernels.triton_glu import specs
 from tsct.kernels.triton_lowbit import specs as lowbit_specs
 
-from _lowbit_counts import n_lowbit  # tests/cpu is on sys.path (pytest's default import mode)
+import _aot_ledger  # tests/cpu is on sys.path (pytest's default import mode)
+from _lowbit_counts import n_lowbit
 
 GEMM_KERNELS = ("glu_down_fwd", "glu_up_fwd", "glu_bwd_dz", "glu_bwd_dx_dw")
 MMA = {"sm_90a": r"HGMMA", "sm_120": r"HMMA", "sm_100a": r"UTCHMMA"}
@@ -416,6 +419,30 @@ def test_every_glu_launch_is_in_the_table(cap, monkeypatch):
             want = {"bwd_maps", "glu_bwd_dz", "glu_bwd_dwd", "glu_bwd_epi", "glu_bwd_dx_dw", "glu_bwd_dw"}
             assert names >= want | ({"bwd_slot_reduce"} if m > 64 else set()), (name, names)
     assert not missing, f"{len(missing)} launches have no variant in the {arch} table, e.g. {missing[:3]}"
+
+
+@pytest.mark.parametrize("cap", [(9, 0), (10, 0), (12, 0)], ids=lambda c: f"sm{c[0]}{c[1]}")
+def test_the_tables_are_exactly_what_the_host_code_launches(cap, monkeypatch):
+    """The launch ledger (``_aot_ledger``: the host code of both families and the router's sort, dry-run over the
+    product of every input class they tell apart) against the tables the AOT build compiles for the arch: every key
+    the host code requests is compiled (no launch of a supported input falls back to JIT), and every compiled key is
+    requested (no cubin the dispatch cannot select)."""
+    from tsct import config
+
+    if config.triton_glu_cfg:
+        pytest.skip("TSCT_TRITON_GLU_CFG changes the tile configs the host code launches with, not the tables")
+    arch = aot.artifact_arch(cap)
+    table = {s.key for s in specs.enumerate_specs(arch)} | {s.key for s in lowbit_specs.enumerate_specs(arch)}
+    if arch == "sm_100a" and _aot_ledger.triton_config(arch) == _aot_ledger.triton_config("sm_90a"):
+        # the host code launches the same Triton keys where the tile configs differ only in the CUDA kernels taken
+        # instead of some launches: the same ledger as sm_90a's (checked there), so the same tables
+        other = {s.key for f in (specs, lowbit_specs) for s in f.enumerate_specs("sm_90a")}
+        assert table == other
+        return
+    launched = _aot_ledger.ledger(cap, monkeypatch)
+    missing, unused = sorted(launched - table), sorted(table - launched)
+    assert not missing, f"{len(missing)} launches have no variant in the {arch} tables, e.g. {missing[:3]}"
+    assert not unused, f"{len(unused)} variants of the {arch} tables are never launched, e.g. {unused[:3]}"
 
 
 def test_chunk_size_bounds_the_workspace():

@@ -104,11 +104,24 @@ def _factor_shape(w) -> tuple[int, int, int]:
     return (w.batch, w.k, w.n)
 
 
+def _dense16(t: Optional[Tensor]) -> Optional[Tensor]:
+    """``t`` contiguous, with its rows packed (row stride = row length) and 16-byte aligned: ``t`` itself when it
+    is, else a copy (exact). A view at an odd offset (a slice of a larger buffer, the gradient of a torch.cat)
+    would otherwise run the generic variants, which the AOT table leaves out where the formats make every shape
+    aligned (``specs.always_aligned``)."""
+    if t is None:
+        return None
+    if t.is_contiguous() and t.data_ptr() % 16 == 0 and (t.dim() < 2 or t.stride(-2) == t.shape[-1]):
+        return t
+    return torch.empty(t.shape, dtype=t.dtype, device=t.device).copy_(t)
+
+
 def _factor_args(name: str, w, dtype: torch.dtype) -> tuple[int, list]:
-    """(FMT, [p0, p1, p2]) of one factor, as ``_kernels.py`` reads it."""
+    """(FMT, [p0, p1, p2]) of one factor, as ``_kernels.py`` reads it: each tensor contiguous and 16-byte aligned
+    (``_dense16``; the kernels read NVFP4 codes as 32-bit words)."""
     fmt = factor_format(w)
     if fmt == DENSE:
-        return fmt, [w.to(dtype).contiguous(), None, None]
+        return fmt, [_dense16(w.to(dtype)), None, None]
     if fmt == NVFP4:
         if w.layout != "linear":
             from tsct.quant import to_layout
@@ -117,17 +130,14 @@ def _factor_args(name: str, w, dtype: torch.dtype) -> tuple[int, list]:
             with _lock:
                 _conversions[name] += 1
         b, n, k = w.batch, w.n, w.k
-        codes = w.codes.contiguous()
-        if codes.data_ptr() % 16:  # the kernels read the codes as 32-bit words (a view at an odd offset)
-            codes = codes.clone()
-        return fmt, [codes, w.block_scale.view(torch.uint8).reshape(b, n, k // 16).contiguous(),
-                     w.global_scale.contiguous()]
-    if fmt == FP8:  # E4M3 codes as their raw bytes (decoded by bits in the kernels)
-        return fmt, [w.codes.view(torch.uint8).contiguous(), None, w.scale_n.contiguous()]
-    if fmt in (TERNARY, TERNARY_R1):
-        scale_k = None if fmt == TERNARY else w.scale_k.contiguous()  # the rank-1 scaling's
-        return fmt, [w.codes.contiguous(), scale_k, w.scale_n.contiguous()]
-    return fmt, [w.bits.contiguous(), w.scale_k.contiguous(), w.scale_n.contiguous()]
+        p = [w.codes, w.block_scale.view(torch.uint8).reshape(b, n, k // 16), w.global_scale]
+    elif fmt == FP8:  # E4M3 codes as their raw bytes (decoded by bits in the kernels)
+        p = [w.codes.view(torch.uint8), None, w.scale_n]
+    elif fmt in (TERNARY, TERNARY_R1):
+        p = [w.codes, None if fmt == TERNARY else w.scale_k, w.scale_n]  # scale_k: the rank-1 scaling's
+    else:
+        p = [w.bits, w.scale_k, w.scale_n]
+    return fmt, [_dense16(t) for t in p]
 
 
 def _launch(kernel: str, grid: tuple, args: Sequence[Any], consts: dict, num_warps: int, num_stages: int,
@@ -310,7 +320,7 @@ def _forward(x, offs, w_gate, w_up, w_down, s_gate, s_up, row_weight, gather_idx
     dev = x.device
     cap = G._capability(dev)
     cfg = G._config(cap)
-    x = x.contiguous()
+    x = _dense16(x)
     offs = offs.contiguous()
     fg, pg = _factor_args("w_gate", w_gate, dtype)
     fu, pu = _factor_args("w_up", w_up, dtype)
@@ -359,7 +369,7 @@ def down_forward(x: Tensor, offs: Tensor, w_gate, w_up, s_gate: Optional[Tensor]
         return z.zero_()
     cap = G._capability(x.device)
     cfg = G._config(cap)
-    x = x.contiguous()
+    x = _dense16(x)
     fg, pg = _factor_args("w_gate", w_gate, x.dtype)
     fu, pu = _factor_args("w_up", w_up, x.dtype)
     sg, su = G._scales_in(s_gate, s_up, x.dtype)
@@ -416,9 +426,9 @@ def grouped_glu_backward(
         return res
     cap = G._capability(dev)
     cfg = G._config(cap)
-    x = x.contiguous()
+    x = _dense16(x)
     offs = offs.contiguous()
-    go = grad_out.to(dtype).contiguous()
+    go = _dense16(grad_out.to(dtype))
     fg, pg = _factor_args("w_gate", w_gate, dtype)
     fu, pu = _factor_args("w_up", w_up, dtype)
     fd, pd = _factor_args("w_down", w_down, dtype)

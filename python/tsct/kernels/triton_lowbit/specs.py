@@ -15,7 +15,9 @@ launch raises naming the missing key):
     NVFP4 gate / sign up / NVFP4 down (1,2,1), uniform fp8 (3,3,3) and uniform absmean ternary (4,4,4);
     rank-1 ternary (5) and every other mix (dense + packed...): JIT;
   * every flag combination the host code uses (gather/scatter absent or int64, scales, row weight,
-    the backward's gradient subsets, Y_PAD of the up kernel = scatter given), aligned and generic launches.
+    the backward's gradient subsets, Y_PAD of the up kernel = scatter given), aligned and generic launches;
+    generic ones only for the triples that can launch them (``always_aligned``: an NVFP4 w_down with an NVFP4
+    w_gate or w_up makes d and r multiples of 16, and the host code copies a tensor at an odd offset).
 Host rules that keep the table small (exact): the rank block of the four low-bit kernels is always
 ``Config.br_max`` (64; masked below), the up-projection does the whole rank in one K step when the
 launch is aligned and r <= 128 (BK 16/32/64/128) and loops BK 64 otherwise (as the bf16 family);
@@ -30,6 +32,7 @@ tiles needs no block-scaled MMA; a plain sm_120 cubin loads on 12.0 and 12.1).
 from __future__ import annotations
 
 import itertools
+import math
 from typing import Iterator
 
 from tsct.kernels.triton_glu.specs import (  # noqa: F401  (re-exported: one format for every family)
@@ -51,6 +54,18 @@ PLANE_FORMATS = (NVFP4, SIGN)
 AOT_FORMATS: tuple[tuple[int, int, int], ...] = ((NVFP4, NVFP4, NVFP4), (SIGN, SIGN, SIGN), (NVFP4, SIGN, NVFP4),
                                                  (FP8, FP8, FP8), (TERNARY, TERNARY, TERNARY))
 AOT_DTYPES: tuple[str, ...] = ("bf16",)
+#: the K multiple each format's container guarantees (``tsct.quant``): NVFP4 16, sign 8, ternary 4, FP8 and dense 1
+K_MULTIPLE: dict[int, int] = {DENSE: 1, NVFP4: 16, SIGN: 8, FP8: 1, TERNARY: 4, TERNARY_R1: 4}
+
+
+def always_aligned(fmt_g: int, fmt_u: int, fmt_d: int) -> bool:
+    """Every launch of this format triple is aligned, so its generic variants are never launched: d (the K of w_gate
+    and w_up) and r (the K of w_down) are multiples of 16 by the formats, and ``glu._dense16`` gives the kernels
+    contiguous, 16-byte aligned x, grad_out and factor storage (a copy where the caller's is a view at an odd
+    offset). True for an NVFP4 w_down with an NVFP4 w_gate or w_up."""
+    return math.lcm(K_MULTIPLE[fmt_g], K_MULTIPLE[fmt_u]) % 16 == 0 and K_MULTIPLE[fmt_d] % 16 == 0
+
+
 # Warps of the kernels that decode: with 4 warps the decode temporaries push the sm_90 down / dz / dx
 # kernels to 255 registers plus stack spills (Triton 3.9 + ptxas, cuobjdump); with 8 they fit.
 WARPS_DECODE = 8
@@ -198,13 +213,16 @@ _DXDW = ((True, False), (False, True), (True, True))
 
 def enumerate_specs(arch: str) -> Iterator[Spec]:
     """Every specialization ``glu.py`` launches on ``arch`` for the AOT_FORMATS and AOT_DTYPES (module
-    docstring): 308 per arch (lowbit_bwd_dx_dw with one d-block count per format triple, ``dxdw_ndb``; the mixed
-    triple shares its up / dz variants with uniform NVFP4; 68 of them for each of uniform fp8 and ternary), plus 72
-    on the OPT_IN_PLANES_DOWN arches (lowbit_down_fwd's byte-plane variants: 24 per NVFP4 / sign triple)."""
+    docstring): 264 per arch (lowbit_bwd_dx_dw with one d-block count per format triple, ``dxdw_ndb``; the mixed
+    triple shares its up / dz variants with uniform NVFP4; no generic variants for the ``always_aligned`` triples,
+    uniform NVFP4 and the mix; 68 for each of uniform fp8 and ternary), plus 48 on the OPT_IN_PLANES_DOWN arches
+    (lowbit_down_fwd's byte-plane variants: 24 for uniform sign, 12 for each always aligned triple)."""
     cfg = CONFIGS[arch]
     br = rank_block(cfg)
     seen = set()
     for dt, (fg, fu, fd), aligned in itertools.product(AOT_DTYPES, AOT_FORMATS, (True, False)):
+        if not aligned and always_aligned(fg, fu, fd):
+            continue
         D = "*" + dt
         g0, g1, g2 = factor_types(fg, dt)
         u0, u1, u2 = factor_types(fu, dt)
