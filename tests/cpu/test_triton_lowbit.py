@@ -4,8 +4,8 @@ The kernels run under Triton's interpreter in fp32 (the interpreter is trusted f
 design.md section 5) in ONE subprocess (TRITON_INTERPRET must be set before Triton is imported, and
 other tests in this process may already have imported it): ``tools/triton_lowbit_interp_check.py``
 writes the relative errors of every case, forward and all seven gradients, against ``tsct.reference``
-on the dequantized factors; the tests below assert on them. Plus pure-Python checks of ``status`` and
-of the autograd wrapper's argument checks. About 40 s.
+on the dequantized factors; the tests below assert on them. Plus pure-Python checks of ``status`` (the
+argument checks of ``masters`` are the front door's: tests/cpu/test_lowbit_ops.py). About 40 s.
 """
 
 from __future__ import annotations
@@ -17,7 +17,6 @@ import sys
 from pathlib import Path
 
 import pytest
-import torch
 
 pytest.importorskip("triton")
 
@@ -113,17 +112,12 @@ def test_nan_codes(interp):
     assert all(v < interp["tol"] for v in errs.values()), errs
 
 
-def test_ste_autograd(interp):
-    errs = interp["results"]["ste_autograd"]
-    assert errs and all(v < interp["tol"] for v in errs.values()), errs
-
-
 @pytest.mark.parametrize("which", ["custom_op", "custom_op_fp8_ternary"])
 def test_custom_op_runs_the_kernels(interp, which):
-    """tsct::grouped_glu_q with impl="triton-lowbit": containers rebuilt in the op, masters' STE grads."""
+    """tsct::grouped_glu with impl="triton-lowbit": containers rebuilt in the op, masters' STE grads."""
     errs = interp["results"][which]
     assert errs.pop("op_tags_ok") == 0.0
-    assert set(errs) == {"op_fwd", "op_x", "op_master_gate", "op_master_down", "op_row_weight"}
+    assert set(errs) == {"op_fwd", "op_x", "op_master_gate", "op_master_down", "op_s_gate", "op_row_weight"}
     assert all(v < interp["tol"] for v in errs.values()), errs
 
 
@@ -160,20 +154,3 @@ def test_status_refuses_aot(monkeypatch, no_cubins):
     monkeypatch.setenv("TSCT_TRITON_BACKEND", "aot")
     ok, why = TL.status((9, 0), "nvfp4")
     assert not ok and "AOT" in why
-
-
-def test_wrapper_argument_checks():
-    from tsct import quant
-    from tsct.kernels.triton_lowbit import autograd as A
-
-    wg = torch.randn(2, 16, 16)
-    q = quant.quantize_nvfp4(wg, backend="torch")
-    x = torch.randn(4, 16)
-    offs = torch.tensor([2, 4], dtype=torch.int32)
-    wd = torch.randn(2, 16, 8)
-    with pytest.raises(ValueError, match="dense"):
-        A.grouped_glu(x, offs, q, q, wd, masters=(None, None, torch.randn(2, 16, 8)))
-    with pytest.raises(ValueError, match="shape"):
-        A.grouped_glu(x, offs, q, q, wd, masters=(torch.randn(2, 16, 8), None, None))
-    with pytest.raises(TypeError):
-        A.grouped_glu(x, offs, "nope", q, wd)
