@@ -10,17 +10,12 @@ argument checks of ``masters`` are the front door's: tests/cpu/test_lowbit_ops.p
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
-from pathlib import Path
-
 import pytest
+
+import _interp
 
 pytest.importorskip("triton")
 
-ROOT = Path(__file__).resolve().parents[2]
 CASES = ["nvfp4_basic", "sign_basic", "sign_r64", "nvfp4_r64",
          "nvfp4_nogs", "sign_nogs_noscales", "mixed_ns_d", "mixed_dd_n",
          "empty_one_multitile", "nvfp4_d80_r48", "sign_d72_r24", "nvfp4_r144_multik", "swizzled_nvfp4",
@@ -29,16 +24,10 @@ CASES = ["nvfp4_basic", "sign_basic", "sign_r64", "nvfp4_r64",
 
 
 def _run_interp(tmp_path_factory, name: str, cfg: str = "", cases=()) -> dict:
-    """The interpreter check in a subprocess (TRITON_INTERPRET must be set before Triton is imported), with the
-    Triton GLU config override ``cfg`` (TSCT_TRITON_GLU_CFG) on ``cases`` (all when empty) -> its JSON."""
+    """The interpreter check with the Triton GLU config override ``cfg`` (TSCT_TRITON_GLU_CFG) on ``cases`` (all
+    when empty) -> its JSON."""
     out = tmp_path_factory.mktemp(name) / "res.json"
-    env = dict(os.environ, TRITON_INTERPRET="1", TSCT_TRITON_GLU_CFG=cfg,
-               PYTHONPATH=str(ROOT / "python") + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    p = subprocess.run([sys.executable, str(ROOT / "tools" / "triton_lowbit_interp_check.py"), "--json", str(out),
-                        *cases], env=env, cwd=ROOT, capture_output=True, text=True, timeout=900)
-    if not out.exists():
-        pytest.fail(f"interpreter check crashed (rc {p.returncode}):\n{p.stdout[-3000:]}\n{p.stderr[-5000:]}")
-    return json.loads(out.read_text())
+    return _interp.run_json("tools/triton_lowbit_interp_check.py", out, *cases, cfg=cfg)
 
 
 @pytest.fixture(scope="module")
