@@ -55,6 +55,24 @@ def make_problem(*, tokens, topk, experts, d, r, f, dtype=torch.float32, device=
     return p
 
 
+def problem_with_counts(counts, *, d, r, f, seed=0):
+    """fp32 inputs of the op with ``counts[e]`` routed rows for expert e, already sorted (no gather / scatter):
+    ``(offs, x, w_gate, w_up, w_down, s_gate, s_up, row_weight)``, drawn from torch's global generator seeded with
+    ``seed``."""
+    torch.manual_seed(seed)
+    offs = torch.tensor(counts, dtype=torch.int32).cumsum(0).to(torch.int32)
+    m = int(offs[-1])
+    e = len(counts)
+    x = torch.randn(m, d)
+    w_gate = torch.randn(e, d, r) / d ** 0.5
+    w_up = torch.randn(e, d, r) / d ** 0.5
+    w_down = torch.randn(e, r, f) / r ** 0.5
+    s_gate = 1 + 0.1 * torch.randn(e, r)
+    s_up = 1 + 0.1 * torch.randn(e, r)
+    rw = torch.rand(m)
+    return offs, x, w_gate, w_up, w_down, s_gate, s_up, rw
+
+
 def oracle_forward(x, offs, w_gate, w_up, w_down, s_gate, s_up, row_weight, gather_idx, scatter_idx,
                    num_out_rows, expert_of_row):
     """float64, one routed row at a time; differentiable by autograd."""

@@ -8,11 +8,8 @@
 //      (warp, expert) on the uint32 bits (non-negative floats order like their bits);
 //   3. finalize (one thread): amax -> s_enc in place, sfa_offsets (prefix sum over experts);
 //   4. quantize: one thread per (row of m_alloc, block).
-#include <cuda_runtime.h>
-
-#include "common/host.h"
+#include "quant/entry.cuh"
 #include "quant/rows_grouped_impl.cuh"
-#include "tsct/tsct.h"
 
 using tsct::quant::RowsGroupedArgs;
 
@@ -42,21 +39,17 @@ __device__ void rows_amax_body(RowsGroupedArgs a, int64_t items) {
 
 }  // namespace
 
-#define TSCT_ROWS_KERNELS(SUFFIX, T)                                                                     \
+#define TSCT_ROWS_AMAX_KERNEL(SUFFIX, T)                                                                  \
   extern "C" __global__ void __launch_bounds__(tsct::kThreads)                                           \
       tsctk_nvfp4_rows_amax_##SUFFIX(RowsGroupedArgs a, int64_t items) {                                  \
     rows_amax_body<T>(a, items);                                                                          \
-  }                                                                                                       \
-  extern "C" __global__ void __launch_bounds__(tsct::kThreads)                                           \
-      tsctk_nvfp4_rows_quantize_##SUFFIX(RowsGroupedArgs a, int64_t items) {                              \
-    for (int64_t t = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; t < items;                          \
-         t += int64_t(gridDim.x) * blockDim.x)                                                            \
-      tsct::quant::rows_quantize_item<T>(a, t);                                                           \
   }
 
-TSCT_ROWS_KERNELS(f32, float)
-TSCT_ROWS_KERNELS(bf16, __nv_bfloat16)
-TSCT_ROWS_KERNELS(f16, __half)
+TSCT_ROWS_AMAX_KERNEL(f32, float)
+TSCT_ROWS_AMAX_KERNEL(bf16, __nv_bfloat16)
+TSCT_ROWS_AMAX_KERNEL(f16, __half)
+// tsctk_nvfp4_rows_quantize_{f32,bf16,f16}
+TSCT_ITEM_KERNELS(nvfp4_rows_quantize, RowsGroupedArgs, rows_quantize_item)
 
 extern "C" __global__ void tsctk_nvfp4_rows_finalize(RowsGroupedArgs a) {
   if (blockIdx.x == 0 && threadIdx.x == 0) tsct::quant::rows_finalize(a);
@@ -64,21 +57,14 @@ extern "C" __global__ void tsctk_nvfp4_rows_finalize(RowsGroupedArgs a) {
 
 namespace tsct {
 const KernelEntry kRowsGroupedKernels[] = {
-    {"tsctk_nvfp4_rows_amax_f32", (const void*)tsctk_nvfp4_rows_amax_f32},
-    {"tsctk_nvfp4_rows_amax_bf16", (const void*)tsctk_nvfp4_rows_amax_bf16},
-    {"tsctk_nvfp4_rows_amax_f16", (const void*)tsctk_nvfp4_rows_amax_f16},
-    {"tsctk_nvfp4_rows_quantize_f32", (const void*)tsctk_nvfp4_rows_quantize_f32},
-    {"tsctk_nvfp4_rows_quantize_bf16", (const void*)tsctk_nvfp4_rows_quantize_bf16},
-    {"tsctk_nvfp4_rows_quantize_f16", (const void*)tsctk_nvfp4_rows_quantize_f16},
+    TSCT_KERNEL_ENTRIES(nvfp4_rows_amax),
+    TSCT_KERNEL_ENTRIES(nvfp4_rows_quantize),
     {"tsctk_nvfp4_rows_finalize", (const void*)tsctk_nvfp4_rows_finalize},
     {nullptr, nullptr},
 };
 }  // namespace tsct
 
-namespace {
-bool aligned(const void* p, uintptr_t to) { return (reinterpret_cast<uintptr_t>(p) % to) == 0; }
-using Kernel = void (*)(RowsGroupedArgs, int64_t);
-}  // namespace
+using tsct::quant::aligned;
 
 extern "C" int tsct_nvfp4_quantize_rows_grouped(const void* x, int x_dtype, int64_t x_rows, int64_t k,
                                                 const int64_t* gather_idx, const int32_t* offs, int64_t num_experts,
@@ -92,10 +78,7 @@ extern "C" int tsct_nvfp4_quantize_rows_grouped(const void* x, int x_dtype, int6
                       "%s: bad sizes (x_rows=%lld, k=%lld, num_experts=%lld, m=%lld, m_alloc=%lld, sfa_bytes=%lld; "
                       "need all >= 0 and m_alloc >= m)", fn, (long long)x_rows, (long long)k, (long long)num_experts,
                       (long long)m, (long long)m_alloc, (long long)sfa_bytes);
-  if (k % tsct::fmt::kNvfp4Block != 0)
-    return tsct::fail(TSCT_ERR_BAD_ARGUMENT, "%s: k=%lld is not a multiple of 16", fn, (long long)k);
-  if (x_dtype != TSCT_F32 && x_dtype != TSCT_BF16 && x_dtype != TSCT_F16)
-    return tsct::fail(TSCT_ERR_BAD_ARGUMENT, "%s: x_dtype=%d is not a tsct_dtype (0 f32, 1 bf16, 2 f16)", fn, x_dtype);
+  if (int rc = tsct::quant::check_k_and_dtype(fn, k, tsct::fmt::kNvfp4Block, x_dtype, "x_dtype")) return rc;
   if (!gather_idx && x_rows < m)
     return tsct::fail(TSCT_ERR_BAD_ARGUMENT, "%s: x has %lld rows < m=%lld and no gather_idx", fn, (long long)x_rows,
                       (long long)m);
@@ -126,23 +109,18 @@ extern "C" int tsct_nvfp4_quantize_rows_grouped(const void* x, int x_dtype, int6
     if (cudaError_t e = cudaMemsetAsync(sfa, 0, sfa_bytes, st))
       return tsct::fail(static_cast<int>(e), "%s: cudaMemsetAsync(sfa): %s", fn, cudaGetErrorString(e));
   }
-  const Kernel amax = x_dtype == TSCT_F32 ? tsctk_nvfp4_rows_amax_f32
-                      : x_dtype == TSCT_BF16 ? tsctk_nvfp4_rows_amax_bf16 : tsctk_nvfp4_rows_amax_f16;
-  const Kernel quant = x_dtype == TSCT_F32 ? tsctk_nvfp4_rows_quantize_f32
-                       : x_dtype == TSCT_BF16 ? tsctk_nvfp4_rows_quantize_bf16 : tsctk_nvfp4_rows_quantize_f16;
   const int64_t amax_items = m * a.kb;
   if (amax_items > 0 && num_experts > 0) {
-    amax<<<tsct::grid_blocks(amax_items), tsct::kThreads, 0, st>>>(a, amax_items);
-    if (int rc = tsct::check_launch(fn)) return rc;
+    if (int rc = tsct::quant::launch_items(fn, x_dtype, a, amax_items, stream, tsctk_nvfp4_rows_amax_f32,
+                                           tsctk_nvfp4_rows_amax_bf16, tsctk_nvfp4_rows_amax_f16))
+      return rc;
   }
   if (num_experts > 0) {
     tsctk_nvfp4_rows_finalize<<<1, 32, 0, st>>>(a);
     if (int rc = tsct::check_launch(fn)) return rc;
   }
   const int64_t items = m_alloc * a.kb;
-  if (items > 0) {
-    quant<<<tsct::grid_blocks(items), tsct::kThreads, 0, st>>>(a, items);
-    if (int rc = tsct::check_launch(fn)) return rc;
-  }
-  return 0;
+  if (items == 0) return 0;
+  return tsct::quant::launch_items(fn, x_dtype, a, items, stream, tsctk_nvfp4_rows_quantize_f32,
+                                   tsctk_nvfp4_rows_quantize_bf16, tsctk_nvfp4_rows_quantize_f16);
 }

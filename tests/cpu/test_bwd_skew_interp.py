@@ -8,17 +8,12 @@ two chunk sizes (dW within the documented fp32 tolerance, the other gradients th
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
-from pathlib import Path
-
 import pytest
+
+import _interp
 
 pytest.importorskip("triton")
 
-ROOT = Path(__file__).resolve().parents[2]
 CASES = ["oracle_hot_ch64", "oracle_hot_ch128_bsearch", "oracle_hot_ch512", "oracle_many_empty_nogather",
          "oracle_hot_r80", "oracle_lowbit_nvfp4_ch64", "oracle_lowbit_mixed_bsearch", "oracle_one_tile",
          "oracle_one_tile_r80_nogather", "oracle_lowbit_one_tile", "maps_e2500", "repeat_bf16",
@@ -28,13 +23,7 @@ CASES = ["oracle_hot_ch64", "oracle_hot_ch128_bsearch", "oracle_hot_ch512", "ora
 @pytest.fixture(scope="module")
 def results(tmp_path_factory):
     out = tmp_path_factory.mktemp("bwd_skew") / "res.json"
-    env = dict(os.environ, TRITON_INTERPRET="1", TSCT_TRITON_GLU_CFG="", PYTHONPATH=os.pathsep.join(
-        [str(ROOT / "python"), str(ROOT / "tests"), os.environ.get("PYTHONPATH", "")]))
-    p = subprocess.run([sys.executable, str(ROOT / "tests" / "cpu" / "_bwd_skew_check.py"), "--json", str(out)],
-                       env=env, cwd=ROOT, capture_output=True, text=True, timeout=1200)
-    if not out.exists():
-        pytest.fail(f"skew check crashed (rc {p.returncode}):\n{p.stdout[-3000:]}\n{p.stderr[-5000:]}")
-    return {r["name"]: r for r in json.loads(out.read_text())}
+    return {r["name"]: r for r in _interp.run_json("tests/cpu/_bwd_skew_check.py", out, cfg="", timeout=1200)}
 
 
 @pytest.mark.parametrize("case", CASES)

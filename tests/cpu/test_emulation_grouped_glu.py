@@ -2,6 +2,7 @@
 
 import torch
 
+from _glu_oracle import problem_with_counts
 from tsct.emulation import plan
 from tsct.emulation.grouped_glu import (dequantize_rows_grouped, grouped_glu_w4a4, prepare_glu_factors,
                                         quantize_rows_grouped)
@@ -9,24 +10,9 @@ from tsct.emulation.nvfp4_mma import grouped_gemm_emulated
 from tsct.reference.glu import grouped_glu_forward
 
 
-def _problem(counts, d=128, r=64, f=75, seed=0):
-    torch.manual_seed(seed)
-    offs = torch.tensor(counts, dtype=torch.int32).cumsum(0).to(torch.int32)
-    m = int(offs[-1])
-    e = len(counts)
-    x = torch.randn(m, d)
-    w_gate = torch.randn(e, d, r) / d ** 0.5
-    w_up = torch.randn(e, d, r) / d ** 0.5
-    w_down = torch.randn(e, r, f) / r ** 0.5
-    s_gate = 1 + 0.1 * torch.randn(e, r)
-    s_up = 1 + 0.1 * torch.randn(e, r)
-    rw = torch.rand(m)
-    return offs, x, w_gate, w_up, w_down, s_gate, s_up, rw
-
-
 def test_each_kernel_matches_reference_on_dequantized_operands():
     counts = [32, 0, 7, 40, 0, 1]
-    offs, x, wg, wu, wd, sg, su, rw = _problem(counts)
+    offs, x, wg, wu, wd, sg, su, rw = problem_with_counts(counts, d=128, r=64, f=75)
     fac = prepare_glu_factors(wg, wu, wd)
     y, mid = grouped_glu_w4a4(x, offs, fac, sg, su, rw, return_intermediates=True)
     xd = dequantize_rows_grouped(mid["xq"], offs)
@@ -53,7 +39,7 @@ def test_each_kernel_matches_reference_on_dequantized_operands():
 
 def test_w4a4_error_vs_bf16_reference():
     counts = [32, 0, 17, 40, 3, 0, 36]
-    offs, x, wg, wu, wd, sg, su, rw = _problem(counts, d=256, r=64, f=96, seed=1)
+    offs, x, wg, wu, wd, sg, su, rw = problem_with_counts(counts, d=256, r=64, f=96, seed=1)
     fac = prepare_glu_factors(wg, wu, wd)
     y = grouped_glu_w4a4(x, offs, fac, sg, su, rw)
     ref = grouped_glu_forward(x.bfloat16(), offs, wg.bfloat16(), wu.bfloat16(), wd.bfloat16(), sg.bfloat16(),
@@ -71,7 +57,7 @@ def test_w4a4_error_vs_bf16_reference():
 
 def test_glu_epilogue_pairs_interleaved_rows():
     # one expert, identity-like check: the GLU epilogue pairs B row 2j (gate) with 2j+1 (up)
-    offs, x, wg, wu, wd, sg, su, rw = _problem([5], d=64, r=64, f=32)
+    offs, x, wg, wu, wd, sg, su, rw = problem_with_counts([5], d=64, r=64, f=32)
     fac = prepare_glu_factors(wg, wu, wd)
     xq = quantize_rows_grouped(x, offs, 32)
     p = plan.make_plan(offs, 5, 128, 64, tile_m=32, tile_n=128)

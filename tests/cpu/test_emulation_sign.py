@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from _glu_oracle import problem_with_counts
 from tsct.emulation import plan
 from tsct.emulation.grouped_glu import dequantize_rows_grouped
 from tsct.emulation.nvfp4_mma import (E2M1_MINUS_ONE, E2M1_PLUS_ONE, UE4M3_ONE, decode_codes, expand_sign_byte,
@@ -116,24 +117,9 @@ def test_sign_gemm_matches_dequantized_factor(counts, epilogue):
     assert torch.count_nonzero(y[m:]) == 0
 
 
-def _glu_problem(counts, d, r, f, seed):
-    torch.manual_seed(seed)
-    offs = _offs(counts)
-    m = int(offs[-1])
-    e = len(counts)
-    x = torch.randn(m, d)
-    w_gate = torch.randn(e, d, r) / d ** 0.5
-    w_up = torch.randn(e, d, r) / d ** 0.5
-    w_down = torch.randn(e, r, f) / r ** 0.5
-    s_gate = 1 + 0.1 * torch.randn(e, r)
-    s_up = 1 + 0.1 * torch.randn(e, r)
-    rw = torch.rand(m)
-    return offs, x, w_gate, w_up, w_down, s_gate, s_up, rw
-
-
 def test_sign_glu_kernels_match_reference_on_dequantized_factors():
     counts = [32, 0, 7, 40, 0, 1]
-    offs, x, wg, wu, wd, sg, su, rw = _glu_problem(counts, d=128, r=64, f=75, seed=0)
+    offs, x, wg, wu, wd, sg, su, rw = problem_with_counts(counts, d=128, r=64, f=75, seed=0)
     fac = prepare_sign_glu_factors(wg, wu, wd)
     m, d = x.shape
     r = 64
@@ -176,7 +162,7 @@ def test_sign_glu_kernels_match_reference_on_dequantized_factors():
 
 def test_w4a4_sign_error_vs_bf16():
     counts = [32, 0, 17, 40, 3, 0, 36]
-    offs, x, wg, wu, wd, sg, su, rw = _glu_problem(counts, d=256, r=64, f=96, seed=1)
+    offs, x, wg, wu, wd, sg, su, rw = problem_with_counts(counts, d=256, r=64, f=96, seed=1)
     fac = prepare_sign_glu_factors(wg, wu, wd)
     y = grouped_glu_w4a4_sign(x, offs, fac, sg, su, rw).float()
     bf = torch.bfloat16

@@ -115,7 +115,11 @@ def test_build_info_matches_manifest(lib_path):
 def test_kernel_registry_matches_manifest(lib_path):
     names = set()
     for src in (REPO / "csrc").glob("*/*.cu"):
-        names |= set(re.findall(r'\{"(tsctk_\w+)",', src.read_text()))
+        text = src.read_text()
+        names |= set(re.findall(r'\{"(tsctk_\w+)",', text))
+        # TSCT_KERNEL_ENTRIES(op): the rows of tsctk_<op>_f32 / _bf16 / _f16 (csrc/quant/entry.cuh)
+        names |= {f"tsctk_{op}_{dt}" for op in re.findall(r"\bTSCT_KERNEL_ENTRIES\((\w+)\)", text)
+                  for dt in ("f32", "bf16", "f16")}
     assert names == KERNELS  # tsct_kernel_available's table names every kernel the library holds
 
 

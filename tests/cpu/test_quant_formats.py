@@ -1,4 +1,4 @@
-"""tsct.quant.formats against the format definitions, which this file writes down INDEPENDENTLY.
+"""tsct.quant.formats against the format definitions, written down INDEPENDENTLY in tests/_format_values.py.
 
 E2M1 (OCP MX spec): 1 sign bit, 2 exponent bits (bias 1), 1 mantissa bit, no inf/nan.
 E4M3 (OCP, "fn"): 1 sign, 4 exponent (bias 7), 3 mantissa; S.1111.111 is NaN; no inf; max 448.
@@ -10,6 +10,7 @@ import math
 import pytest
 import torch
 
+from _format_values import e2m1_value, e4m3_value
 from tsct.quant.formats import (
     e2m1_decode,
     e2m1_encode_rne,
@@ -18,26 +19,6 @@ from tsct.quant.formats import (
     unpack_bits,
     unpack_nibbles,
 )
-
-
-def e2m1_value(code: int) -> float:
-    """Value of a 4-bit E2M1 code from its bit fields."""
-    sign = -1.0 if code & 0b1000 else 1.0
-    exp = (code >> 1) & 0b11
-    man = code & 0b1
-    mag = man * 0.5 if exp == 0 else (1.0 + man / 2.0) * 2.0 ** (exp - 1)
-    return sign * mag
-
-
-def e4m3_value(byte: int) -> float:
-    """Value of an E4M3 (fn) byte from its bit fields."""
-    sign = -1.0 if byte & 0x80 else 1.0
-    exp = (byte >> 3) & 0xF
-    man = byte & 0x7
-    if exp == 0xF and man == 0x7:
-        return math.nan
-    mag = (man / 8.0) * 2.0 ** -6 if exp == 0 else (1.0 + man / 8.0) * 2.0 ** (exp - 7)
-    return sign * mag
 
 
 POS_MAGS = [e2m1_value(c) for c in range(8)]

@@ -1,4 +1,4 @@
-"""FP8 factors against the format definition, which this file writes down INDEPENDENTLY.
+"""FP8 factors against the format definition, written down INDEPENDENTLY here and in tests/_format_values.py.
 
 E4M3 (OCP, "fn"): 1 sign, 4 exponent (bias 7), 3 mantissa; S.1111.111 is NaN; no inf; max 448.
 The format (docs/decisions/0021-fp8-format.md): per column n of each expert (K elements), scale =
@@ -13,19 +13,9 @@ import math
 import pytest
 import torch
 
+from _format_values import e4m3_value
 from tsct.quant import FP8Tensor, quantize_fp8
 from tsct.quant.formats import e4m3_decode, e4m3_encode
-
-
-def e4m3_value(byte: int) -> float:
-    """Value of an E4M3 (fn) byte from its bit fields."""
-    sign = -1.0 if byte & 0x80 else 1.0
-    exp = (byte >> 3) & 0xF
-    man = byte & 0x7
-    if exp == 0xF and man == 0x7:
-        return math.nan
-    mag = (man / 8.0) * 2.0 ** -6 if exp == 0 else (1.0 + man / 8.0) * 2.0 ** (exp - 7)
-    return sign * mag
 
 
 MAGS = torch.tensor([e4m3_value(b) for b in range(0x7F)], dtype=torch.float64)  # 0 .. 448, increasing

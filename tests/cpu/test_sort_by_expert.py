@@ -4,18 +4,12 @@ interpreter (``tests/cpu/_route_check.py`` in a subprocess, TRITON_INTERPRET=1).
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-from pathlib import Path
-
 import pytest
 import torch
 
+import _interp
 import tsct
 from tsct.ops import sort_by_expert
-
-ROOT = Path(__file__).resolve().parents[2]
 
 
 def _expected(ids: torch.Tensor, e: int):
@@ -135,10 +129,7 @@ def test_custom_op_compiles_and_passes_opcheck():
 
 def test_kernels_under_the_interpreter():
     pytest.importorskip("triton")
-    env = dict(os.environ, TRITON_INTERPRET="1",
-               PYTHONPATH=str(ROOT / "python") + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    p = subprocess.run([sys.executable, str(ROOT / "tests" / "cpu" / "_route_check.py")], env=env, cwd=ROOT,
-                       capture_output=True, text=True, timeout=900)
-    assert p.returncode == 0, f"rc {p.returncode}:\n{p.stdout[-3000:]}\n{p.stderr[-3000:]}"
+    p = _interp.run("tests/cpu/_route_check.py")
+    _interp.assert_ok(p)
     # eight routing cases, the linked CSR ("links") and the empty input ("T0"): one line each
     assert p.stdout.count(" ok") == 10 and "differs" not in p.stdout, p.stdout

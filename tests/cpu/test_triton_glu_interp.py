@@ -15,26 +15,17 @@ op passes for each path with padding rows (its dynamic-shape AOT-dispatch check 
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
-from pathlib import Path
-
 import pytest
 
-pytest.importorskip("triton")
+import _interp
 
-ROOT = Path(__file__).resolve().parents[2]
+pytest.importorskip("triton")
 
 
 @pytest.mark.parametrize("cfg", ["", "bd_bwd=16,ndb_bwd=3", "ndb_bwd=1"], ids=["shipped", "bd16_ndb3", "ndb1"])
 def test_interpreter_check_passes(cfg):
-    env = dict(os.environ, TRITON_INTERPRET="1", TSCT_TRITON_GLU_CFG=cfg,
-               PYTHONPATH=str(ROOT / "python") + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    p = subprocess.run([sys.executable, str(ROOT / "tools" / "triton_glu_interp_check.py")], env=env, cwd=ROOT,
-                       capture_output=True, text=True, timeout=900)
-    assert p.returncode == 0, f"rc {p.returncode}:\n{p.stdout[-3000:]}\n{p.stderr[-3000:]}"
+    p = _interp.run("tools/triton_glu_interp_check.py", cfg=cfg)
+    _interp.assert_ok(p)
     for case in ("basic", "multi_tile", "empty_and_one", "r300_d100_f5", "top4", "untouched_targets", "kmajor_wd",
                  "kmajor_wd_multi", "kmajor_wd_r160", "saved_csr"):
         assert f"\n{case} " in "\n" + p.stdout, f"case {case} did not run:\n{p.stdout}"
@@ -48,13 +39,7 @@ SAVED_CASES = ["bf16_saved_gather_scatter", "bf16_saved_no_gather", "bf16_opchec
 @pytest.fixture(scope="module")
 def saved_tails(tmp_path_factory):
     out = tmp_path_factory.mktemp("saved_tails") / "res.json"
-    env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=os.pathsep.join(
-        [str(ROOT / "python"), str(ROOT / "tests"), os.environ.get("PYTHONPATH", "")]))
-    p = subprocess.run([sys.executable, str(ROOT / "tests" / "cpu" / "_saved_tails_check.py"), "--json", str(out)],
-                       env=env, cwd=ROOT, capture_output=True, text=True, timeout=900)
-    if not out.exists():
-        pytest.fail(f"saved-tails check crashed (rc {p.returncode}):\n{p.stdout[-3000:]}\n{p.stderr[-5000:]}")
-    return {r["name"]: r for r in json.loads(out.read_text())}
+    return {r["name"]: r for r in _interp.run_json("tests/cpu/_saved_tails_check.py", out)}
 
 
 @pytest.mark.parametrize("case", SAVED_CASES)

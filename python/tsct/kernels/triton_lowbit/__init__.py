@@ -13,12 +13,10 @@ Public functions:
                         gather_idx, scatter_idx, num_out_rows) -> Tensor
     grouped_glu_backward(grad_out, x, offs, w_gate, w_up, w_down, s_gate, s_up, row_weight,
                          gather_idx, scatter_idx, num_out_rows, needs_grad) -> list of 7
-    grouped_glu(x, offs, w_gate, w_up, w_down, s_gate=None, s_up=None, *, row_weight=None,
-                gather_idx=None, scatter_idx=None, num_out_rows=None, masters=None) -> Tensor
-        differentiable wrapper (torch.autograd.Function, graph-breaks under torch.compile): kept for
-        direct use; ``tsct.ops.grouped_glu`` reaches this path through the ``tsct::grouped_glu``
-        custom op instead (``tsct/ops/_function.py``), which traces under torch.compile.
     status(capability, fmt) -> (ok, reason)
+
+The differentiable entry (STE to master factors included) is ``tsct.ops.grouped_glu(..., impl="triton-lowbit",
+masters=...)``: one ``torch.autograd.Function`` over the ``tsct::grouped_glu`` custom op (``tsct/ops/_function.py``).
 
 Dispatch: ``impl="auto"`` takes this path for NVFP4 / sign / mixed factors on sm_80, sm_90, sm_100 and
 sm_120 (before the reference path; on sm_120 after "sm120-fp4" when that is built). Executed on an
@@ -37,7 +35,7 @@ from __future__ import annotations
 import importlib.util
 from typing import Optional
 
-__all__ = ["grouped_glu_forward", "grouped_glu_forward_saved", "saved_like", "grouped_glu_backward", "grouped_glu", "status", "FORMATS"]
+__all__ = ["grouped_glu_forward", "grouped_glu_forward_saved", "saved_like", "grouped_glu_backward", "status", "FORMATS"]
 
 #: storage formats this path serves ("mixed": packed and dense factors together; "mixed-decoded": a mix with an fp8
 #: or ternary factor, ``dispatch.MIXED_DECODED``)
@@ -105,8 +103,3 @@ def saved_like(*args, **kwargs):
 def grouped_glu_backward(*args, **kwargs):
     from tsct.kernels.triton_lowbit import glu
     return glu.grouped_glu_backward(*args, **kwargs)
-
-
-def grouped_glu(*args, **kwargs):
-    from tsct.kernels.triton_lowbit import autograd
-    return autograd.grouped_glu(*args, **kwargs)
