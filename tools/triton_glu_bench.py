@@ -204,25 +204,18 @@ def main(argv=None):
 
     variants = []
     from tsct.kernels.triton_glu import glu as _glu
-    cfg = _glu._config(tuple(torch.cuda.get_device_capability()))  # the config this device's launches read
     for spec in filter(None, (v.strip() for v in a.variants.split(";"))):
-        saved = dict(vars(cfg))
         try:
-            cfg.update(spec)
-            with torch.no_grad():
-                gv = graph_of(lambda: expert_pass(x, ids, wts, p))
-                tf = bench(gv.replay)
-            gv2 = graph_of(fb_direct)
-            tfb = bench(gv2.replay)
+            with _glu.overridden(spec):
+                with torch.no_grad():
+                    gv = graph_of(lambda: expert_pass(x, ids, wts, p))
+                    tf = bench(gv.replay)
+                gv2 = graph_of(fb_direct)
+                tfb = bench(gv2.replay)
             variants.append(dict(spec=spec, fwd_graph_ms=tf, fwd_bwd_graph_ms=tfb))
             del gv, gv2
         except Exception as exc:  # a variant that fails to compile or run is reported, not fatal
             variants.append(dict(spec=spec, error=repr(exc)[:200]))
-        finally:
-            for key in list(vars(cfg)):
-                delattr(cfg, key)
-            for key, val in saved.items():
-                setattr(cfg, key, val)
     res["variants"] = variants
 
     if not a.no_baseline:

@@ -160,17 +160,13 @@ def check_saved_csr() -> bool:
 def check_experts_past_one_block() -> bool:
     """More experts than BLOCK_E (the step of the kernels' scans over experts): the down kernel's tile map formed
     from offs (_kernels._tile_of_offs) carries across blocks; forward and backward against the reference."""
-    saved_block_e = G.CONFIG.block_e
-    G.CONFIG.block_e = 4
-    try:
+    with G.overridden("block_e=4"):
         args = make(T=60, k=2, E=11, d=32, r=16, f=24, counts=[3, 0, 0, 90, 1, 0, 0, 0, 2, 0, 24], seed=7)
         out = G.grouped_glu_forward(*args)
         go = torch.randn_like(out)
         errs = [rel(out, R.grouped_glu_forward(*args))]
         errs += [rel(a, b) for a, b in zip(G.grouped_glu_backward(go, *args, [True] * 7),
                                            R.grouped_glu_backward(go, *args, [True] * 7)) if b is not None]
-    finally:
-        G.CONFIG.block_e = saved_block_e
     err = max(errs) if all(math.isfinite(e) for e in errs) else math.inf
     print(f"{'experts_past_block':20s} max rel err {err:.2e}")
     return err < 1e-5

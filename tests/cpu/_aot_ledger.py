@@ -196,12 +196,11 @@ def ledger(cap: tuple[int, int], monkeypatch) -> set[str]:
     monkeypatch.setattr(aot, "kernel", lambda arch, key: _Rec(key))
     monkeypatch.setattr(aot, "index", lambda arch: {"kernels": {}})
     arch = aot.artifact_arch(cap)
-    cfg = G._CONFIGS[arch]
-    monkeypatch.setattr(cfg, "chunk_bwd", CHUNK)
+    monkeypatch.setitem(G._CONFIGS, arch, G._CONFIGS[arch].update(f"chunk_bwd={CHUNK}"))
     run_glu()
     run_lowbit()
     if arch in LS.OPT_IN_PLANES_DOWN:  # the opt-in byte-plane down projection its table ships
-        monkeypatch.setattr(cfg, "planes_down_lb", 1)
+        monkeypatch.setitem(G._CONFIGS, arch, G._CONFIGS[arch].update("planes_down_lb=1"))
         run_lowbit([t for t in LS.AOT_FORMATS if set(t[:2]) <= set(LS.PLANE_FORMATS)])
     return keys
 

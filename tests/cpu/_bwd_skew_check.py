@@ -97,15 +97,13 @@ def oracle_grads(args, expert_of_row, go):
 
 def run_backward(fam, args, go, ch=None, block_e=None, fval=float("nan")):
     """The family's backward with ``torch.empty`` poisoned (``fval``), with CONFIG.chunk_bwd / block_e set."""
-    saved = (G.CONFIG.chunk_bwd, G.CONFIG.block_e)
-    G.CONFIG.chunk_bwd = ch or saved[0]
-    G.CONFIG.block_e = block_e or saved[1]
-    torch.empty = _poisoned(fval)
-    try:
-        return fam.grouped_glu_backward(go, *args, [True] * 7)
-    finally:
-        torch.empty = _EMPTY
-        G.CONFIG.chunk_bwd, G.CONFIG.block_e = saved
+    spec = ",".join(f"{k}={v}" for k, v in (("chunk_bwd", ch), ("block_e", block_e)) if v)
+    with G.overridden(spec):
+        torch.empty = _poisoned(fval)
+        try:
+            return fam.grouped_glu_backward(go, *args, [True] * 7)
+        finally:
+            torch.empty = _EMPTY
 
 
 def _decoded(args):

@@ -392,7 +392,7 @@ def test_every_glu_launch_is_in_the_table(cap, monkeypatch):
     monkeypatch.setattr(launch, "current_stream", lambda dev: 0)
     monkeypatch.setattr(aot, "kernel", kernel)
     monkeypatch.setattr(aot, "index", lambda arch_: {"kernels": {}})
-    monkeypatch.setattr(glu._CONFIGS[arch], "chunk_bwd", 64)
+    monkeypatch.setitem(glu._CONFIGS, arch, glu._CONFIGS[arch].update("chunk_bwd=64"))
     g = torch.Generator().manual_seed(1)
     for (name, T, k, E, d, r, f, gather, scatter, s_dt, rw_dt, idx_dt, dt) in _CASES:
         m = T * k
@@ -487,7 +487,7 @@ def test_status_reasons(monkeypatch, tmp_path):
         ok, why = TG.status((12, 0), "bf16")
         assert not ok and "no AOT cubins" in why
         assert TG.status((9, 0), "fp16") == (True, "AOT cubins for sm_90a" + dz)
-        monkeypatch.setattr(glu_mod._CONFIGS["sm_90a"], "dz_native", 0)
+        monkeypatch.setitem(glu_mod._CONFIGS, "sm_90a", glu_mod._CONFIGS["sm_90a"].update("dz_native=0"))
         assert TG.status((9, 0), "bf16") == (True, "AOT cubins for sm_90a")
     finally:
         aot._reset_for_tests()

@@ -23,6 +23,7 @@ gets a ones partner) so the AOT table stays small (specs.py).
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import threading
 from typing import Any, Optional, Sequence
@@ -37,16 +38,32 @@ from tsct.kernels.triton_glu import specs
 from tsct.kernels.triton_glu.specs import Config
 
 __all__ = ["grouped_glu_forward", "grouped_glu_forward_saved", "grouped_glu_backward", "saved_like", "Config",
-           "CONFIG", "backend_counts"]
+           "CONFIG", "backend_counts", "overridden"]
 
 # ---- tile configs (specs.py: one table per arch, shared with the AOT build) ----------------------
 
-_CONFIGS: dict[str, Config] = {a: dataclasses.replace(c).update(config.triton_glu_cfg)
-                               for a, c in specs.CONFIGS.items()}
+_CONFIGS: dict[str, Config] = {a: c.update(config.triton_glu_cfg) for a, c in specs.CONFIGS.items()}
 # every arch without AOT cubins (JIT: sm_80, sm_86, sm_89, ...) gets sm_90a's tiles, but not its CUDA dz:
 # that kernel was timed on sm_90 only and needs more shared memory than sm_86 / sm_89 have (decision 0013)
 CONFIG = dataclasses.replace(_CONFIGS[specs.DEFAULT_ARCH_CONFIG], dz_native=0, down_native_lb=0,
                              up_native_lb=0, sign_native_lb=0)
+
+
+@contextlib.contextmanager
+def overridden(spec: str):
+    """Within the ``with`` block, every arch's tile config (and the JIT-only arches') with ``spec`` applied
+    (``TSCT_TRITON_GLU_CFG``'s syntax, ``Config.update``): kernel development, tests. Not thread-safe; restored on
+    exit. Raises ValueError for a bad item before anything changes."""
+    global CONFIG
+    saved = dict(_CONFIGS), CONFIG
+    changed = {a: c.update(spec) for a, c in _CONFIGS.items()}, CONFIG.update(spec)
+    _CONFIGS.update(changed[0])
+    CONFIG = changed[1]
+    try:
+        yield
+    finally:
+        _CONFIGS.update(saved[0])
+        CONFIG = saved[1]
 
 
 def _config(cap: tuple[int, int]) -> Config:

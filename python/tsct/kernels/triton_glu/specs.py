@@ -35,11 +35,12 @@ TRITON_VERSION = "3.9.0"  # the pinned Triton of the AOT build (pyproject.toml [
 # ---- tile configs per arch ------------------------------------------------------------------------
 
 
-@dataclasses.dataclass
+@dataclasses.dataclass(frozen=True)
 class Config:
-    """Tile sizes. Chosen from the sm_90 resource report of Triton 3.9 (registers, spills, shared
-    memory; docs/performance.md) and the H200 timings. ``TSCT_TRITON_GLU_CFG="bn_bwd=64,warps_up=4"``
-    overrides fields (experiments; an override that leaves the AOT table falls back to JIT)."""
+    """Tile sizes of one arch (frozen: ``CONFIGS`` is the table the AOT build and the host code share). Chosen
+    from the sm_90 resource report of Triton 3.9 (registers, spills, shared memory; docs/performance.md) and the
+    H200 timings. ``TSCT_TRITON_GLU_CFG="bn_bwd=64,warps_up=4"`` overrides fields (kernel development: ``update``
+    makes the changed copy; an override that leaves the AOT table falls back to JIT)."""
 
     bm: int = 64          # rows per tile (forward tile map and backward row loop); ~32 rows/expert at b1
     br_max: int = 64      # rank block of the down projection / backward main kernel
@@ -119,10 +120,11 @@ class Config:
     ndb_dxdw_sign_lb: int = 1
 
     def update(self, spec: str) -> "Config":
-        """Apply "name=int,name=int" (TSCT_TRITON_GLU_CFG's syntax; "" changes nothing).
+        """A copy with "name=int,name=int" applied (TSCT_TRITON_GLU_CFG's syntax; "" changes nothing).
 
         Raises ValueError naming the item when it is not NAME=INT or NAME is not a field."""
         names = {f.name for f in dataclasses.fields(self)}
+        changes = {}
         for item in filter(None, (t.strip() for t in spec.split(","))):
             key, sep, val = item.partition("=")
             if key not in names:
@@ -134,8 +136,8 @@ class Config:
                 value = None
             if value is None:
                 raise ValueError(f"Triton GLU config override {item!r}: expected {key}=<integer>")
-            setattr(self, key, value)
-        return self
+            changes[key] = value
+        return dataclasses.replace(self, **changes)
 
 
 # Exact compute capability -> AOT artifact arch (the directory under tsct/_aot). sm_90a / sm_100a
@@ -208,10 +210,10 @@ def table_arch(arch: Optional[str]) -> Optional[str]:
 
 
 def config_for(capability: Optional[tuple[int, int]]) -> Config:
-    """A fresh copy of the release tile config of a capability (JIT-only arches get the sm_90a tiles; the host
-    code asks ``tsct.kernels.aot.artifact_arch`` instead, which also knows a proxy install)."""
+    """The release tile config of a capability (JIT-only arches get the sm_90a tiles; the host code asks
+    ``tsct.kernels.aot.artifact_arch`` instead, which also knows a proxy install)."""
     arch = ARTIFACT_ARCH.get(tuple(capability)) if capability is not None else None
-    return dataclasses.replace(CONFIGS[arch or DEFAULT_ARCH_CONFIG])
+    return CONFIGS[arch or DEFAULT_ARCH_CONFIG]
 
 
 # ---- kernels: parameters, which ones each flag enables, which ones an aligned launch hints --------
