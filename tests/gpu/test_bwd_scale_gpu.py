@@ -145,15 +145,15 @@ def test_against_reference_and_deterministic(c, fmt):
             assert (g[empty] == 0).all(), f"{name}: empty experts' gradients must be exact zeros"
 
 
-def test_chunk_size_changes_only_dw_rounding(monkeypatch):
+def test_chunk_size_changes_only_dw_rounding():
     c = _case("hot_expert_kmajor")
     p, _, _, runs, go = results(c)
-    cfg = G._config(torch.cuda.get_device_capability())
-    monkeypatch.setattr(cfg, "chunk_bwd", 64)  # the hot expert in 254 chunks instead of 32
-    monkeypatch.setattr(cfg, "ws_bwd_mib", 1024)  # room for the 513 slots of 1.4 MB that chunks of 64 rows may need
-    assert G.chunk_size(cfg, p["gather_idx"].shape[0], c.r * c.f) == 64
-    _, saved = TGK.grouped_glu_forward_saved(*TG.args_of(p))
-    grads = TGK.grouped_glu_backward(go, *TG.args_of(p), [True] * 7, saved=saved)
+    # the hot expert in 254 chunks instead of 32; room for the 513 slots of 1.4 MB that chunks of 64 rows may need
+    with G.overridden("chunk_bwd=64,ws_bwd_mib=1024"):
+        cfg = G._config(torch.cuda.get_device_capability())
+        assert G.chunk_size(cfg, p["gather_idx"].shape[0], c.r * c.f) == 64
+        _, saved = TGK.grouped_glu_forward_saved(*TG.args_of(p))
+        grads = TGK.grouped_glu_backward(go, *TG.args_of(p), [True] * 7, saved=saved)
     base = runs[0][1]
     for i in (0, 4, 5, 6):
         assert torch.equal(grads[i], base[i]), f"{TG.NAMES[i]} depends on the chunk size"
