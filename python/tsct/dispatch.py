@@ -9,7 +9,7 @@ Paths (design.md section 4):
     reference      pure torch, per expert, fp32: the oracle; only when forced (``impl="reference"``)
     bmm            factors decoded to bf16, rows laid out per expert, torch.bmm (tsct.bmm): CPU and any GPU;
                    the last resort of every row; bf16 or NVFP4 activations
-    triton-bf16    Triton grouped GEMM + fused GLU, bf16/fp16 factors (AOT cubins for sm_90a/sm_100a/sm_120)
+    triton-bf16    Triton grouped GEMM + fused GLU, bf16/fp16 factors (AOT cubins for sm_90a/sm_120)
     triton-lowbit  Triton with NVFP4 / sign factors decoded in registers, bf16 activations; FP8 and ternary
                    factors (and mixes with them) too, but only when forced (``FORCED_ONLY``): those
                    kernels have not yet passed the whole GPU suite, so every ``auto`` row sends them to

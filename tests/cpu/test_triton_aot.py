@@ -63,6 +63,23 @@ def test_artifact_arch_is_exact():
     assert aot.artifact_arch(None) is None
 
 
+def test_release_arches_are_the_build_default_and_sm100a_stays_buildable():
+    """A default build compiles ``specs.RELEASE_ARCHS`` (the CMake default and the documented one agree); sm_100a is
+    not among them (10.0 runs the Triton paths through JIT) but keeps its tables, so TSCT_TRITON_AOT_ARCHS=sm_100a
+    still builds it."""
+    import re
+    from pathlib import Path
+
+    from tsct import config
+
+    cmake = (Path(__file__).resolve().parents[2] / "CMakeLists.txt").read_text()
+    default = re.search(r'set\(TSCT_TRITON_AOT_ARCHS "([^"]*)" CACHE', cmake).group(1)
+    assert default.split(";") == list(specs.RELEASE_ARCHS) == ["sm_90a", "sm_120"]
+    assert next(v.default for v in config.BUILD_AND_TOOL_VARIABLES if v.name == "TSCT_TRITON_AOT_ARCHS") == default
+    assert "sm_100a" in specs.PTX_ARCH and "sm_100a" in lowbit_specs.AOT_ARCHS and "sm_100a" in specs.CONFIGS
+    assert aot.artifact_arch((10, 0)) == "sm_100a"  # an install built with it loads it there
+
+
 def test_config_overrides_apply_and_bad_ones_name_the_item():
     cfg = specs.config_for((9, 0)).update(" stages_dz_t=3, warps_up_lb=2 ,")
     assert (cfg.stages_dz_t, cfg.warps_up_lb) == (3, 2)
@@ -76,7 +93,7 @@ def test_config_overrides_apply_and_bad_ones_name_the_item():
 def test_install_holds_every_manifest_cubin():
     sec = _aot_section()
     assert sec["triton_version"] == specs.TRITON_VERSION
-    assert set(sec["archs"]) == {"sm_90a", "sm_100a", "sm_120"}
+    assert set(sec["archs"]) == set(specs.RELEASE_ARCHS)  # a default build
     for arch, info in sec["archs"].items():
         idx = aot.index(arch)
         assert idx is not None, f"{aot.aot_dir() / arch / 'index.json'} missing"

@@ -12,7 +12,7 @@ Public functions (the same signatures and semantics as ``tsct.reference``):
 Kernels live in ``_kernels.py`` (Triton sources), the host side in ``glu.py`` (allocation, the
 device-side schedule, launches), the table of launched specializations and per-arch tiles in
 ``specs.py``, the wheel-build AOT compiler in ``aot_build.py``. At run time the kernels come from the
-ahead-of-time cubins shipped for sm_90a / sm_100a / sm_120 (``tsct.kernels.aot``, no Triton needed),
+ahead-of-time cubins shipped for sm_90a / sm_120 (``tsct.kernels.aot``, no Triton needed; sm_100a when built),
 else from Triton JIT when it is importable (``TSCT_TRITON_BACKEND=aot|jit|auto`` forces one).
 Importing this package imports neither Triton nor torch's CUDA; nothing touches a GPU.
 """

@@ -141,7 +141,8 @@ class Config:
 
 
 # Exact compute capability -> AOT artifact arch (the directory under tsct/_aot). sm_90a / sm_100a
-# cubins load only on exactly 9.0 / 10.0; the plain sm_120 cubin loads on 12.0 and 12.1.
+# cubins load only on exactly 9.0 / 10.0; the plain sm_120 cubin loads on 12.0 and 12.1. An install without an
+# arch's directory runs the Triton paths there through JIT (or falls back to bmm without Triton).
 ARTIFACT_ARCH: dict[tuple[int, int], str] = {
     (9, 0): "sm_90a",
     (10, 0): "sm_100a",
@@ -174,6 +175,10 @@ CONFIGS: dict[str, Config] = {
                      ndb_dxdw_lb=1, planes_up_lb=1, ws_bwd_mib=64),
 }
 DEFAULT_ARCH_CONFIG = "sm_90a"  # JIT on any other arch (sm_80, ...) uses these tiles
+# The arches a default build compiles (CMake TSCT_TRITON_AOT_ARCHS, aot_build.py --archs): not sm_100a, whose Triton
+# kernels never ran (10.0 JITs with sm_100a's tiles; ``TSCT_TRITON_AOT_ARCHS=sm_90a;sm_100a;sm_120`` still builds
+# them: docs/decisions/0005, the build's cost)
+RELEASE_ARCHS: tuple[str, ...] = ("sm_90a", "sm_120")
 
 
 @dataclasses.dataclass(frozen=True)

@@ -24,7 +24,7 @@ H200 (sm_90); elsewhere the first use in a process runs ``tsct.selftest`` agains
 factors (and mixes with them) only when forced (``impl="triton-lowbit"``; ``dispatch.FORCED_ONLY``): auto sends
 them to bmm until these kernels have run on a GPU.
 
-Build state: AOT cubins (family "lowbit", ``specs.py``) for sm_90a, sm_100a and sm_120, bf16
+Build state: AOT cubins (family "lowbit", ``specs.py``) for sm_90a and sm_120 (sm_100a when built), bf16
 activations, uniform NVFP4 / sign / fp8 / absmean-ternary factors and the NVFP4-sign-NVFP4 mix; anything else
 (fp16 activations, rank-1 ternary, other mixes, other arches) runs through Triton JIT when it is importable.
 Importing this package imports neither Triton nor torch's CUDA.

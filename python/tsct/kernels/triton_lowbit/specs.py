@@ -25,7 +25,7 @@ scales / row weights fp32 and int64 indices as in ``triton_glu.glu``. The weight
 low-bit host launches (``glu_bwd_epi``, ``combine_rows``, ``zero_tail_rows``) are the bf16 family's,
 from its table.
 
-Arches: sm_90a, sm_100a and plain sm_120 like the bf16 family (bf16 ``mma.sync`` / wgmma on decoded
+Arches: sm_90a, sm_100a (built only when asked) and plain sm_120 like the bf16 family (bf16 ``mma.sync`` / wgmma on decoded
 tiles needs no block-scaled MMA; a plain sm_120 cubin loads on 12.0 and 12.1).
 """
 
