@@ -300,7 +300,8 @@ def test_family_jit_launch_compiles_the_consts_the_specs_allow_for_that_triton(m
 
 # ---- dry run of glu.py's host code on the CPU -----------------------------------------------------
 
-# the shapes of tests/gpu/test_triton_glu.py (name, T, k, E, d, r, f, gather, scatter, scales, rw, idx, dtype)
+# the shapes of tests/gpu/test_triton_glu.py (name, T, k, E, d, r, f, gather, scatter, scales, rw, idx, dtype); its
+# fp16 cases have no cubins (JIT: tests/cpu/test_dispatch_no_cubins.py)
 _CASES = [
     ("b1_small", 256, 2, 64, 2048, 64, 5461, True, True, torch.float32, torch.float32, torch.int64, torch.bfloat16),
     ("bf16scales_i32", 64, 2, 16, 2048, 64, 5461, True, True, torch.bfloat16, torch.bfloat16, torch.int32,
@@ -310,7 +311,6 @@ _CASES = [
     ("nogather", 100, 2, 4, 128, 32, 200, False, False, torch.float32, torch.float32, torch.int64, torch.bfloat16),
     ("d16_r16_noscales", 64, 2, 8, 16, 16, 72, True, True, None, None, torch.int64, torch.bfloat16),
     ("r4096", 40, 2, 3, 256, 4096, 96, True, True, torch.float32, torch.float32, torch.int64, torch.bfloat16),
-    ("fp16", 128, 2, 16, 256, 64, 5461, True, True, torch.float16, torch.float16, torch.int64, torch.float16),
     ("r100_d200", 64, 2, 6, 200, 100, 333, True, True, torch.float32, torch.float32, torch.int64, torch.bfloat16),
     ("r128", 32, 2, 4, 64, 128, 64, True, True, torch.float32, None, torch.int64, torch.bfloat16),
     ("r32_gather_only", 96, 2, 5, 96, 48, 257, True, False, torch.float32, torch.float32, torch.int64,
@@ -443,7 +443,9 @@ def test_the_tables_are_exactly_what_the_host_code_launches(cap, monkeypatch):
     """The launch ledger (``_aot_ledger``: the host code of both families and the router's sort, dry-run over the
     product of every input class they tell apart) against the tables the AOT build compiles for the arch: every key
     the host code requests is compiled (no launch of a supported input falls back to JIT), and every compiled key is
-    requested (no cubin the dispatch cannot select)."""
+    requested (no cubin the dispatch cannot select). The ledger covers the activation dtypes and factor formats that
+    get cubins (``specs.AOT_DTYPES``, ``triton_lowbit.specs.AOT_FORMATS``); the others run through JIT, and without
+    it the status sends ``auto`` to bmm (tests/cpu/test_dispatch_no_cubins.py)."""
     from tsct import config
 
     if config.triton_glu_cfg:
@@ -503,7 +505,10 @@ def test_status_reasons(monkeypatch, tmp_path):
         monkeypatch.setenv("TSCT_TRITON_BACKEND", "aot")
         ok, why = TG.status((12, 0), "bf16")
         assert not ok and "no AOT cubins" in why
-        assert TG.status((9, 0), "fp16") == (True, "AOT cubins for sm_90a" + dz)
+        assert TG.status((9, 0), "bf16", "bf16") == (True, "AOT cubins for sm_90a" + dz)
+        ok, why = TG.status((9, 0), "fp16", "fp16")  # no fp16 cubins
+        assert not ok and why == ("TSCT_TRITON_BACKEND=aot but this install has no cubin for fp16 activations "
+                                  "(Triton JIT runs them)")
         monkeypatch.setitem(glu_mod._CONFIGS, "sm_90a", glu_mod._CONFIGS["sm_90a"].update("dz_native=0"))
         assert TG.status((9, 0), "bf16") == (True, "AOT cubins for sm_90a")
     finally:
