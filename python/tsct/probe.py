@@ -445,7 +445,8 @@ def _render_triton_aot(con, ta: dict[str, Any]) -> None:
                    "else bmm")
         else:
             shipped = ", ".join(c for x in archs.values() for c in x["capabilities"])
-            how = f"[yellow]has no AOT cubins[/] (this install's cubins serve {shipped}): Triton JIT if installed, else bmm"
+            how = (f"[yellow]has no AOT cubins[/] (this install's cubins serve {shipped}): Triton JIT if installed, "
+                   "else bmm")
         con.print(f"  GPU {g['gpu']} (cc {g['capability']}) {how}")
 
 
