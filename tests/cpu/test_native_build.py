@@ -281,10 +281,10 @@ def test_check_artifacts_aot_tampered_index(lib_path, cuobjdump, tmp_path, capsy
     # a cubin that no index lists, and a manifest that disagrees with the index
     (tmp_path / "sm_120" / "stray.cubin").write_bytes(b"\x7fELF")
     m2 = json.loads(json.dumps(m))
-    m2["triton_aot"]["archs"]["sm_100a"]["variants"] += 1
+    m2["triton_aot"]["archs"]["sm_120"]["variants"] += 1
     r = artifacts.verify(lib=lib_path, manifest=m2, cuobjdump=cuobjdump, aot_dir=tmp_path)
     assert any("sm_120" in p and "stray.cubin" in p for p in r["problems"]), r["problems"]
-    assert any(p.startswith("triton AOT sm_100a: index.json lists") for p in r["problems"]), r["problems"]
+    assert any(p.startswith("triton AOT sm_120: index.json lists") for p in r["problems"]), r["problems"]
     # no cubin directory at all
     r = artifacts.verify(lib=lib_path, cuobjdump=cuobjdump, aot_dir=tmp_path / "nowhere")
     assert not r["ok"] and r["status"] == "mismatch" and "no cubin directory" in r["problems"][0], r
