@@ -94,12 +94,12 @@ VARIABLES: tuple[Variable, ...] = (
 BUILD_AND_TOOL_VARIABLES: tuple[Variable, ...] = (
     Variable("TSCT_BUILD_CUDA", "ON\\|OFF", "ON", "build the native library (CMake option; OFF: the pure-Python "
              "package)"),
-    Variable("TSCT_CUDA_GENCODES", "list", "sm_80;compute_80;sm_90a;sm_100a;sm_120a;sm_120f", "the CUDA targets of "
+    Variable("TSCT_CUDA_GENCODES", "list", "sm_80;compute_80;sm_90a;sm_120a;sm_120f", "the CUDA targets of "
              "the native library (CMake)"),
     Variable("TSCT_TRITON_AOT", "ON\\|OFF", "ON", "compile the Triton cubins at wheel build (CMake; "
              "`tsct.kernels.triton_glu.aot_build`)"),
-    Variable("TSCT_TRITON_AOT_ARCHS", "list", "sm_90a;sm_100a;sm_120", "the archs of the Triton cubins (CMake); a "
-             "proxy name builds the sm_120 proxy (docs/decisions/0017)"),
+    Variable("TSCT_TRITON_AOT_ARCHS", "list", "sm_90a;sm_120", "the archs of the Triton cubins (CMake); "
+             "`sm_100a` adds 10.0's (JIT there by default); a proxy name builds the sm_120 proxy (docs/decisions/0017)"),
     Variable("TSCT_CUTEDSL", "AUTO\\|ON\\|OFF", "AUTO", "export and link the CuTeDSL sm_120 kernels (CMake)"),
     Variable("TSCT_CUTEDSL_PYTHON", "file", "(unset)", "the Python with nvidia-cutlass-dsl that exports them "
              "(build; CuTeDSL tests)"),

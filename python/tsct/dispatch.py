@@ -9,7 +9,7 @@ Paths (design.md section 4):
     reference      pure torch, per expert, fp32: the oracle; only when forced (``impl="reference"``)
     bmm            factors decoded to bf16, rows laid out per expert, torch.bmm (tsct.bmm): CPU and any GPU;
                    the last resort of every row; bf16 or NVFP4 activations
-    triton-bf16    Triton grouped GEMM + fused GLU, bf16/fp16 factors (AOT cubins for sm_90a/sm_100a/sm_120)
+    triton-bf16    Triton grouped GEMM + fused GLU, bf16/fp16 factors (AOT cubins for sm_90a/sm_120)
     triton-lowbit  Triton with NVFP4 / sign factors decoded in registers, bf16 activations; FP8 and ternary
                    factors (and mixes with them) too, but only when forced (``FORCED_ONLY``): those
                    kernels have not yet passed the whole GPU suite, so every ``auto`` row sends them to
@@ -58,6 +58,8 @@ DECODED_FORMATS = ("fp8", "ternary")
 #: the format of a mix of factors that includes a DECODED_FORMATS one ("mixed" is the mix triton-lowbit reads)
 MIXED_DECODED = "mixed-decoded"
 ACTIVATIONS = ("bf16", "nvfp4")
+#: the activations' dtype (x's) by name: the Triton paths ship cubins for bf16 only, so their status depends on it
+DTYPE_NAMES: dict[torch.dtype, str] = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32"}
 #: paths whose kernels read packed factors themselves; every other path gets them decoded
 READS_PACKED = frozenset({TRITON_LOWBIT, SM120_FP4})
 #: path -> storage formats it serves only when forced (``impl=<path>``), never from ``auto``: its kernels read
@@ -130,33 +132,33 @@ class Status:
     reason: str
 
 
-def _reference_status(capability, fmt) -> Status:
+def _reference_status(capability, fmt, x_dtype) -> Status:
     return Status(True, "pure torch; runs everywhere")
 
 
-def _bmm_status(capability, fmt) -> Status:
+def _bmm_status(capability, fmt, x_dtype) -> Status:
     return Status(True, "torch.bmm on factors decoded to bf16; runs everywhere")
 
 
-def _triton_bf16_status(capability, fmt) -> Status:
+def _triton_bf16_status(capability, fmt, x_dtype) -> Status:
     from tsct.kernels import triton_glu
-    return Status(*triton_glu.status(capability, fmt))
+    return Status(*triton_glu.status(capability, fmt, x_dtype))
 
 
-def _triton_lowbit_status(capability, fmt) -> Status:
+def _triton_lowbit_status(capability, fmt, x_dtype) -> Status:
     from tsct.kernels import triton_lowbit
-    return Status(*triton_lowbit.status(capability, fmt))
+    return Status(*triton_lowbit.status(capability, fmt, x_dtype))
 
 
-def _sm120_fp4_status(capability, fmt) -> Status:
+def _sm120_fp4_status(capability, fmt, x_dtype) -> Status:
     from tsct.kernels import sm120_fp4
     return Status(*sm120_fp4.status(capability, fmt))
 
 
 _PURE_TORCH = (REFERENCE, BMM)  # no kernels of their own: no first-use test, CPU and any GPU
 
-# path -> status(capability, fmt)
-_STATUS: dict[str, Callable[[Optional[tuple[int, int]], str], Status]] = {
+# path -> status(capability, fmt, x_dtype)
+_STATUS: dict[str, Callable[[Optional[tuple[int, int]], str, str], Status]] = {
     REFERENCE: _reference_status,
     BMM: _bmm_status,
     TRITON_BF16: _triton_bf16_status,
@@ -165,11 +167,12 @@ _STATUS: dict[str, Callable[[Optional[tuple[int, int]], str], Status]] = {
 }
 
 
-def status(path: str, capability: Optional[tuple[int, int]], fmt: str) -> Status:
-    """Whether ``path`` can run for this capability and storage format, and why (not)."""
+def status(path: str, capability: Optional[tuple[int, int]], fmt: str, x_dtype: str = "bf16") -> Status:
+    """Whether ``path`` can run for this capability, storage format and activation dtype (``x_dtype``, a value of
+    ``DTYPE_NAMES``: the Triton paths ship cubins for bf16 only and need Triton JIT for the rest), and why (not)."""
     if path not in _STATUS:
         raise ValueError(f"grouped_glu: impl={path!r} is not a path; expected 'auto' or one of {list(PATHS)}")
-    st = _STATUS[path](capability, fmt)  # "not in this build" outranks "needs a GPU"
+    st = _STATUS[path](capability, fmt, x_dtype)  # "not in this build" outranks "needs a GPU"
     if st.ok and path not in _PURE_TORCH and capability is None:
         return Status(False, "needs a CUDA GPU")
     return st
@@ -201,9 +204,10 @@ def reset_fallback_counts() -> None:
         _warned.clear()
 
 
-def decide(capability: Optional[tuple[int, int]], fmt: str, activations: str = "bf16", *,
+def decide(capability: Optional[tuple[int, int]], fmt: str, activations: str = "bf16", *, x_dtype: str = "bf16",
            first_use: Optional[Mapping[str, Status]] = None) -> Decision:
-    """What ``impl="auto"`` takes for this capability, storage format and activation precision.
+    """What ``impl="auto"`` takes for this capability, storage format, activation precision and x's dtype
+    (``x_dtype``: see ``status``).
 
     ``first_use``: first-use verdicts the caller obtained (``tsct.ops._select``), by path; a path that
     ``needs_first_use`` and has a failing verdict there is skipped with the verdict's reason. Without
@@ -211,7 +215,7 @@ def decide(capability: Optional[tuple[int, int]], fmt: str, activations: str = "
     """
     skipped = []
     for path in preferences(capability, fmt, activations):
-        st = status(path, capability, fmt)
+        st = status(path, capability, fmt, x_dtype)
         if st.ok and first_use is not None and path in first_use and needs_first_use(path, capability):
             st = first_use[path]
         if st.ok:
@@ -287,10 +291,11 @@ def _count(wanted: str, taken: str, why: str) -> None:
 
 @torch.compiler.assume_constant_result
 def select(impl: str, capability: Optional[tuple[int, int]], fmt: str, activations: str = "bf16", *,
-           first_use: Optional[Mapping[str, Status]] = None) -> str:
+           x_dtype: str = "bf16", first_use: Optional[Mapping[str, Status]] = None) -> str:
     """Resolve ``impl`` for one call to a path name. Counts (and warns once) when auto falls back.
 
-    ``first_use``: the first-use verdicts obtained for this call, by path (see ``decide``). A returned
+    ``x_dtype``: x's dtype (``DTYPE_NAMES``; see ``status``). ``first_use``: the first-use verdicts obtained for
+    this call, by path (see ``decide``). A returned
     path that ``needs_first_use`` and has no verdict in ``first_use`` is pending: nothing is counted,
     and the caller asks for its verdict and selects again with it (``tsct.ops._select.select``). A
     forced path must compute the requested activation precision (``COMPUTES``), else ValueError; one
@@ -301,7 +306,7 @@ def select(impl: str, capability: Optional[tuple[int, int]], fmt: str, activatio
     _check_activations(activations)
     first_use = first_use or {}
     if impl != "auto":
-        st = status(impl, capability, fmt)
+        st = status(impl, capability, fmt, x_dtype)
         if activations not in COMPUTES[impl]:
             raise ValueError(f"grouped_glu: impl={impl!r} computes {'/'.join(sorted(COMPUTES[impl]))} activations, "
                              f"not activations={activations!r}"
@@ -313,7 +318,7 @@ def select(impl: str, capability: Optional[tuple[int, int]], fmt: str, activatio
             where = "CPU" if capability is None else f"compute capability {capability[0]}.{capability[1]}"
             raise RuntimeError(f"grouped_glu: impl={impl!r} cannot run on {where} with {fmt} factors: {st.reason}")
         return impl
-    dec = decide(capability, fmt, activations, first_use=first_use)
+    dec = decide(capability, fmt, activations, x_dtype=x_dtype, first_use=first_use)
     pending = needs_first_use(dec.path, capability) and dec.path not in first_use
     if dec.skipped and not pending:
         _count(dec.skipped[0][0], dec.path, dec.skipped[0][1])

@@ -441,9 +441,12 @@ def _render_triton_aot(con, ta: dict[str, Any]) -> None:
             if ta["backend"] == "jit":
                 how += ", but TSCT_TRITON_BACKEND=jit uses Triton JIT instead"
         elif g["arch"]:
-            how = f"[yellow]would load {g['arch']}, which this install does not ship[/]: Triton JIT if installed"
+            how = (f"[yellow]would load {g['arch']}, which this install does not ship[/]: Triton JIT if installed, "
+                   "else bmm")
         else:
-            how = "[yellow]has no AOT cubins[/] (only 9.0, 10.0, 12.0, 12.1 do): Triton JIT if installed"
+            shipped = ", ".join(c for x in archs.values() for c in x["capabilities"])
+            how = (f"[yellow]has no AOT cubins[/] (this install's cubins serve {shipped}): Triton JIT if installed, "
+                   "else bmm")
         con.print(f"  GPU {g['gpu']} (cc {g['capability']}) {how}")
 
 

@@ -4,7 +4,7 @@
 A dry run: CPU tensors, the compute capability patched, each launch's key recorded instead of run (``aot.kernel``
 answers every key). The classes are the host code's own branch conditions, each with every value it can take:
 
-* activations: bf16 / fp16 (the bf16 family; the low-bit family ships bf16 only);
+* activations: the dtypes with cubins (``specs.AOT_DTYPES``, bf16; fp16 runs through Triton JIT);
 * scales: none, both fp32, both in x's dtype (what ``glu._scales_in`` passes on), and one alone (which it turns
   into fp32, as a mix of dtypes);
 * row weight: absent or given; gather / scatter indices: absent or given (widened to int64), and their raw dtypes
@@ -13,7 +13,8 @@ answers every key). The classes are the host code's own branch conditions, each 
   are not multiples of 16, x / grad_out / packed storage as views 2 bytes off a 16-byte boundary, d and f on both
   sides of the combine's 256-column tile, one expert of several row tiles and chunks (the chunked dW kernels, their
   workspace slots, a slot sum with a row length that is not a multiple of 16) next to empty ones;
-* w_down row-major or K-major; every factor format triple of the low-bit table;
+* w_down row-major or K-major; every factor format triple of the low-bit table (``LS.AOT_FORMATS``: fp8 and
+  ternary, forced-only, have none);
 * a plain forward, a saving forward, the latent alone, and the backward of each gradient subset that changes a
   flag (x only, w_gate / w_up only, w_down only, scales and row weight only, all) with the saved tensors, and of
   all without them (the recompute);
@@ -21,8 +22,9 @@ answers every key). The classes are the host code's own branch conditions, each 
   without router weights of each dtype;
 * on the arches that ship them, the opt-in byte-plane down projection (``Config.planes_down_lb=1``).
 
-What the classes cannot reach (a factor container the low-bit table leaves out, fp16 low-bit activations, a
-``TSCT_TRITON_GLU_CFG`` override other than the shipped opt-in) is outside the AOT tables by design: JIT.
+What the classes cannot reach (fp16 activations, a factor format or mix the low-bit table leaves out, a
+``TSCT_TRITON_GLU_CFG`` override other than the shipped opt-in) is outside the AOT tables by design: JIT, and without
+Triton the dispatch's status sends those calls to bmm (tests/cpu/test_dispatch_no_cubins.py).
 """
 
 from __future__ import annotations
@@ -38,6 +40,7 @@ from tsct.kernels import aot, launch
 from tsct.kernels.layout import to_kmajor
 from tsct.kernels.triton_glu import glu as G
 from tsct.kernels.triton_glu import route
+from tsct.kernels.triton_glu import specs as GS
 from tsct.kernels.triton_lowbit import glu as L
 from tsct.kernels.triton_lowbit import specs as LS
 
@@ -56,6 +59,7 @@ LOWBIT_SHAPES = ((64, 16, 40, None), (64, 32, 300, None), (64, 48, 40, None), (6
                  (64, 64, 40, "grad_out"))
 NEEDS = ([True] * 7, [True] + [False] * 6, [False, True, True, False, False, False, False],
          [False, False, False, True, False, False, False], [False, False, False, False, True, True, True])
+AOT_TORCH_DTYPES = tuple({"bf16": torch.bfloat16, "fp16": torch.float16}[d] for d in GS.AOT_DTYPES)
 FORMAT_NAMES = {LS.NVFP4: "nvfp4", LS.SIGN: "sign", LS.FP8: "fp8", LS.TERNARY: "ternary"}
 K_MULTIPLE = {"nvfp4": 16, "sign": 8, "fp8": 1, "ternary": 4}
 
@@ -136,7 +140,7 @@ def _run(mod, rt: Routing, wg, wu, wd, r) -> None:
 
 def run_glu() -> None:
     for dtype, scales, rw, gather, scatter, (d, r, f, views), kmajor in itertools.product(
-            (torch.bfloat16, torch.float16), SCALES, (False, True), (False, True), (False, True), GLU_SHAPES,
+            AOT_TORCH_DTYPES, SCALES, (False, True), (False, True), (False, True), GLU_SHAPES,
             (False, True)):
         rt = _routing(dtype, d, f, scales, rw, gather, scatter, views)
         mis = views == "all"
@@ -145,7 +149,7 @@ def run_glu() -> None:
         _run(G, rt, wg, wu, to_kmajor(wd) if kmajor else wd, r)
     # one scale alone (ones for the other: fp32 like a pair of fp32 scales); the combine's CSR: the raw index dtype
     # (csr_keys reads it) and int16 / int32 sort keys
-    for dtype, scales, idx_dtype, n_out in itertools.product((torch.bfloat16, torch.float16), ("lone", "none"),
+    for dtype, scales, idx_dtype, n_out in itertools.product(AOT_TORCH_DTYPES, ("lone", "none"),
                                                              (torch.int32, torch.int64), (T, 1 << 15)):
         rt = _routing(dtype, 32, 40, scales, False, True, True, None, n_out=n_out, idx_dtype=idx_dtype)
         wg, wu, wd = (torch.randn(shape).to(dtype) for shape in ((E, 32, 64), (E, 32, 64), (E, 64, 40)))

@@ -9,9 +9,10 @@ def n_lowbit(arch: str) -> int:
     per triple and alignment, 2 row weights x 5 K steps x 2 Y_PAD aligned + 2 x 2 generic up-projection and 2 x 2 x 2 dz
     ones per w_down format, 2 gathers x 3 gradient subsets x 2 alignments dX-dW ones per triple (one d-block count each,
     ``LS.dxdw_ndb``); the ``LS.always_aligned`` triples (uniform NVFP4 and the NVFP4-sign-NVFP4 mix, whose up / dz
-    variants are uniform NVFP4's) have no generic ones: 128. Plus 68 per uniform fp8 / ternary triple (24 down, 24 up,
-    8 dz, 12 dX-dW: a w_down format of its own shares no up / dz variant), plus lowbit_down_fwd's opt-in byte-plane
-    variants on ``LS.OPT_IN_PLANES_DOWN`` arches: 12 per NVFP4 / sign triple and alignment it can launch."""
+    variants are uniform NVFP4's) have no generic ones: 128. Plus 68 per uniform fp8 / ternary triple the table holds
+    (24 down, 24 up, 8 dz, 12 dX-dW: a w_down format of its own shares no up / dz variant; none now: they run through
+    JIT), plus lowbit_down_fwd's opt-in byte-plane variants on ``LS.OPT_IN_PLANES_DOWN`` arches: 12 per NVFP4 / sign
+    triple and alignment it can launch."""
     decoded = sum(1 for t in LS.AOT_FORMATS if set(t) <= {LS.FP8, LS.TERNARY})
     planes = [t for t in LS.AOT_FORMATS if set(t) <= {LS.NVFP4, LS.SIGN}]
     opt_in = sum(12 if LS.always_aligned(*t) else 24 for t in planes) if arch in LS.OPT_IN_PLANES_DOWN else 0

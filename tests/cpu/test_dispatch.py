@@ -70,7 +70,7 @@ def test_unknown_activation_precision_is_refused():
 def test_fallback_is_counted_and_warned_once(monkeypatch):
     dispatch.reset_fallback_counts()
     monkeypatch.setitem(dispatch._STATUS, dispatch.TRITON_BF16,
-                        lambda cap, fmt: dispatch.Status(False, "test: artifact missing"))
+                        lambda cap, fmt, x_dtype: dispatch.Status(False, "test: artifact missing"))
     with warnings.catch_warnings(record=True) as w:
         warnings.simplefilter("always")
         for _ in range(3):
@@ -115,7 +115,7 @@ def test_first_use_failure_in_the_child_disables_path(monkeypatch):
     """A path never executed on this arch asks the child-process self-test once; a crash there falls back."""
     dispatch.reset_fallback_counts()
     monkeypatch.setattr(dispatch, "_first_use", {})
-    monkeypatch.setitem(dispatch._STATUS, dispatch.TRITON_BF16, lambda cap, fmt: dispatch.Status(True, "built"))
+    monkeypatch.setitem(dispatch._STATUS, dispatch.TRITON_BF16, lambda cap, fmt, x: dispatch.Status(True, "built"))
     calls = _fake_verdicts(monkeypatch, lambda path, fmt: False)
     with warnings.catch_warnings(record=True) as w:
         warnings.simplefilter("always")
@@ -131,7 +131,7 @@ def test_first_use_failure_in_the_child_disables_path(monkeypatch):
 
 
 def test_no_child_where_the_path_has_executed_or_for_pure_torch(monkeypatch):
-    monkeypatch.setitem(dispatch._STATUS, dispatch.TRITON_BF16, lambda cap, fmt: dispatch.Status(True, "built"))
+    monkeypatch.setitem(dispatch._STATUS, dispatch.TRITON_BF16, lambda cap, fmt, x: dispatch.Status(True, "built"))
     calls = _fake_verdicts(monkeypatch, lambda path, fmt: True)
     assert _select.select("auto", (9, 0), "bf16") == "triton-bf16"
     assert _select.select("bmm", (12, 0), "bf16") == "bmm"
@@ -142,7 +142,7 @@ def test_no_child_where_the_path_has_executed_or_for_pure_torch(monkeypatch):
 
 
 def test_inside_the_child_dispatch_does_not_ask_again(monkeypatch):
-    monkeypatch.setitem(dispatch._STATUS, dispatch.TRITON_BF16, lambda cap, fmt: dispatch.Status(True, "built"))
+    monkeypatch.setitem(dispatch._STATUS, dispatch.TRITON_BF16, lambda cap, fmt, x: dispatch.Status(True, "built"))
     calls = _fake_verdicts(monkeypatch, lambda path, fmt: False)
     monkeypatch.setenv(firstuse.ENV_IN_CHILD, "1")
     assert _select.select("triton-bf16", (12, 0), "bf16") == "triton-bf16"
@@ -186,7 +186,7 @@ def test_select_leaves_a_pending_path_uncounted(monkeypatch):
     """dispatch.select returns a path that still needs its first-use verdict without counting; with a failing
     verdict for it the same call falls back and counts once."""
     dispatch.reset_fallback_counts()
-    monkeypatch.setitem(dispatch._STATUS, dispatch.TRITON_BF16, lambda cap, fmt: dispatch.Status(True, "built"))
+    monkeypatch.setitem(dispatch._STATUS, dispatch.TRITON_BF16, lambda cap, fmt, x: dispatch.Status(True, "built"))
     assert dispatch.needs_first_use(dispatch.TRITON_BF16, (12, 0))
     assert not dispatch.needs_first_use(dispatch.TRITON_BF16, (9, 0)) and not dispatch.needs_first_use("bmm", (12, 0))
     assert dispatch.select("auto", (12, 0), "bf16") == dispatch.TRITON_BF16 and not dispatch.fallback_counts()
@@ -205,7 +205,7 @@ def test_the_backward_verdict_is_asked_for_by_the_ops_layer(monkeypatch):
     import torch
 
     monkeypatch.setattr(dispatch, "_first_use", {})
-    monkeypatch.setitem(dispatch._STATUS, dispatch.TRITON_LOWBIT, lambda cap, fmt: dispatch.Status(True, "built"))
+    monkeypatch.setitem(dispatch._STATUS, dispatch.TRITON_LOWBIT, lambda cap, fmt, x: dispatch.Status(True, "built"))
     monkeypatch.setattr(dispatch, "device_capability", lambda device: (12, 0))
     calls = _fake_verdicts(monkeypatch, lambda path, fmt: False)
     assert dispatch.first_use_status(dispatch.TRITON_LOWBIT, (12, 0), "nvfp4") is None

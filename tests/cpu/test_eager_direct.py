@@ -75,7 +75,8 @@ class _DecodingPath:
 
 def _run_q(p, direct, monkeypatch):
     monkeypatch.setattr(_eager, "direct_ok", lambda *a: direct)
-    monkeypatch.setattr(_select, "select", lambda impl, cap, fmt, activations="bf16": dispatch.TRITON_LOWBIT)
+    monkeypatch.setattr(_select, "select", lambda impl, cap, fmt, activations="bf16", x_dtype="bf16":
+                        dispatch.TRITON_LOWBIT)
     monkeypatch.setattr(dispatch, "implementation", lambda path: _DecodingPath)
     master = p["w_gate"].detach().clone().requires_grad_()
     wq = quant.quantize_nvfp4(master.detach(), backend="torch")
@@ -131,7 +132,8 @@ def test_direct_inference_runs_the_plain_forward(monkeypatch):
 def test_quantized_direct_inference_runs_the_plain_forward(monkeypatch):
     p = make_problem(tokens=16, topk=2, experts=4, d=32, r=16, f=24, gather=True, dtype=torch.float32, seed=11)
     monkeypatch.setattr(_eager, "direct_ok", lambda *a: True)
-    monkeypatch.setattr(_select, "select", lambda impl, cap, fmt, activations="bf16": dispatch.TRITON_LOWBIT)
+    monkeypatch.setattr(_select, "select", lambda impl, cap, fmt, activations="bf16", x_dtype="bf16":
+                        dispatch.TRITON_LOWBIT)
     monkeypatch.setattr(dispatch, "implementation", lambda path: _DecodingPath)
     seen = []
     monkeypatch.setattr(_function, "forward",

@@ -64,8 +64,8 @@ def lowbit_on_cpu(monkeypatch):
     for fmt in ("nvfp4", "sign", "mixed"):
         monkeypatch.setitem(dispatch.TABLE, ("cpu", fmt), [dispatch.TRITON_LOWBIT, dispatch.REFERENCE])
     real_status, real_impl = dispatch.status, dispatch.implementation
-    monkeypatch.setattr(dispatch, "status", lambda path, cap, fmt: dispatch.Status(True, "test") if
-                        path == dispatch.TRITON_LOWBIT else real_status(path, cap, fmt))
+    monkeypatch.setattr(dispatch, "status", lambda path, cap, fmt, x_dtype="bf16": dispatch.Status(True, "test") if
+                        path == dispatch.TRITON_LOWBIT else real_status(path, cap, fmt, x_dtype))
     monkeypatch.setattr(dispatch, "implementation", lambda path: rec if path == dispatch.TRITON_LOWBIT
                         else real_impl(path))
     torch._dynamo.reset()
@@ -394,7 +394,7 @@ def test_lowbit_status_reasons(monkeypatch, tmp_path):
     monkeypatch.delenv("TSCT_TRITON_BACKEND", raising=False)
     aot._reset_for_tests()
     try:
-        for fmt in ("nvfp4", "sign", "fp8", "ternary"):
+        for fmt in ("nvfp4", "sign"):
             assert TL.status((9, 0), fmt) == (True, "AOT cubins for sm_90a")
             assert dispatch.status(dispatch.TRITON_LOWBIT, (9, 0), fmt) == dispatch.Status(True, "AOT cubins for sm_90a")
         assert not TL.status(None, "nvfp4")[0] and not TL.status((7, 5), "sign")[0]
@@ -402,10 +402,12 @@ def test_lowbit_status_reasons(monkeypatch, tmp_path):
         ok, why = TL.status((9, 0), "mixed")  # mixes other than the tested one: JIT
         assert ok == (why == "Triton JIT")
         monkeypatch.setenv("TSCT_TRITON_BACKEND", "aot")
-        ok, why = TL.status((9, 0), "mixed")
-        assert not ok and "cover uniform nvfp4 / sign / fp8 / ternary factors only" in why
+        for fmt in ("mixed", "fp8", "ternary"):  # no cubins (fp8 / ternary: forced-only, JIT)
+            assert TL.status((9, 0), fmt) == (False, f"TSCT_TRITON_BACKEND=aot but this install has no cubin for {fmt} "
+                                                     f"factors (Triton JIT runs them)")
         ok, why = TL.status((12, 0), "nvfp4")  # this fake install has no sm_120 cubins
-        assert not ok and "no AOT cubins of the Triton low-bit kernels for compute capability 12.0" in why
+        assert (ok, why) == (False, "TSCT_TRITON_BACKEND=aot but this install has no AOT cubins for compute "
+                                    "capability 12.0")
         assert TL.status((9, 0), "sign") == (True, "AOT cubins for sm_90a")
         monkeypatch.setenv("TSCT_TRITON_BACKEND", "jit")
         ok, why = TL.status((9, 0), "nvfp4")
@@ -428,8 +430,8 @@ def test_lowbit_status_reasons(monkeypatch, tmp_path):
 @pytest.mark.parametrize("cap", [(8, 0), (8, 9), (9, 0), (10, 0), (12, 0), (12, 1)])
 @pytest.mark.parametrize("fmt", ["nvfp4", "sign", "mixed"])
 def test_auto_takes_triton_lowbit_on_gpu_arches(monkeypatch, cap, fmt):
-    monkeypatch.setitem(dispatch._STATUS, dispatch.TRITON_LOWBIT, lambda c, f: dispatch.Status(True, "built"))
-    monkeypatch.setitem(dispatch._STATUS, dispatch.SM120_FP4, lambda c, f: dispatch.Status(False, "test: not built"))
+    monkeypatch.setitem(dispatch._STATUS, dispatch.TRITON_LOWBIT, lambda c, f, x: dispatch.Status(True, "built"))
+    monkeypatch.setitem(dispatch._STATUS, dispatch.SM120_FP4, lambda c, f, x: dispatch.Status(False, "test: not built"))
     dec = dispatch.decide(cap, fmt)
     assert dec.path == dispatch.TRITON_LOWBIT and dec.skipped == ()  # bf16 activations: sm120-fp4 is not a candidate
     assert dispatch.decide(None, fmt).path == dispatch.BMM
@@ -451,7 +453,7 @@ def test_first_use_selftest_runs_off_sm90_with_the_storage_format(monkeypatch):
 
     dispatch.reset_fallback_counts()
     monkeypatch.setattr(dispatch, "_first_use", {})
-    monkeypatch.setitem(dispatch._STATUS, dispatch.TRITON_LOWBIT, lambda c, f: dispatch.Status(True, "built"))
+    monkeypatch.setitem(dispatch._STATUS, dispatch.TRITON_LOWBIT, lambda c, f, x: dispatch.Status(True, "built"))
     calls = []
 
     def fake(device_index, path, fmt, **kw):

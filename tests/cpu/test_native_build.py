@@ -1,6 +1,6 @@
 """The native library as built and installed, checked on a machine without a GPU.
 
-* the install: manifest.json lists sm_90a / sm_100a / sm_120a and the kernels; the .so loads with
+* the install: manifest.json lists sm_90a / sm_120a and the kernels (no sm_100a SASS by default: compute_80 PTX); the .so loads with
   ctypes, has ABI version _loader.ABI_VERSION, exports exactly the C functions of tsct.h; build info == manifest;
   cuobjdump agrees with the manifest, for the library and the Triton AOT cubins (tsct.native.artifacts.verify,
   also ci/check_artifacts.py; skipped without cuobjdump), and tampered copies of the cubin tree are caught;
@@ -38,7 +38,7 @@ from tsct.quant import quantize_fp8
 
 REPO = Path(__file__).resolve().parents[2]
 HEADER = REPO / "csrc" / "include" / "tsct" / "tsct.h"
-REQUIRED_TARGETS = ("sm_90a", "sm_100a", "sm_120a")
+REQUIRED_TARGETS = ("sm_80", "compute_80", "sm_90a", "sm_120a")
 KERNELS = {f"tsctk_{op}_{dt}" for op in ("nvfp4_quantize", "nvfp4_dequantize", "sign_pack", "sign_dequantize",
                                          "fp8_quantize", "fp8_dequantize", "ternary_pack", "ternary_dequantize",
                                          "nvfp4_rows_amax", "nvfp4_rows_quantize")
@@ -281,10 +281,10 @@ def test_check_artifacts_aot_tampered_index(lib_path, cuobjdump, tmp_path, capsy
     # a cubin that no index lists, and a manifest that disagrees with the index
     (tmp_path / "sm_120" / "stray.cubin").write_bytes(b"\x7fELF")
     m2 = json.loads(json.dumps(m))
-    m2["triton_aot"]["archs"]["sm_100a"]["variants"] += 1
+    m2["triton_aot"]["archs"]["sm_120"]["variants"] += 1
     r = artifacts.verify(lib=lib_path, manifest=m2, cuobjdump=cuobjdump, aot_dir=tmp_path)
     assert any("sm_120" in p and "stray.cubin" in p for p in r["problems"]), r["problems"]
-    assert any(p.startswith("triton AOT sm_100a: index.json lists") for p in r["problems"]), r["problems"]
+    assert any(p.startswith("triton AOT sm_120: index.json lists") for p in r["problems"]), r["problems"]
     # no cubin directory at all
     r = artifacts.verify(lib=lib_path, cuobjdump=cuobjdump, aot_dir=tmp_path / "nowhere")
     assert not r["ok"] and r["status"] == "mismatch" and "no cubin directory" in r["problems"][0], r

@@ -68,7 +68,7 @@ def test_every_row_sends_them_to_bmm(cap, fmt, act):
 def test_triton_lowbit_takes_them_only_when_forced(monkeypatch, fmt):
     """Where triton-lowbit can run, auto still takes bmm for them and ``impl="triton-lowbit"`` takes the kernels."""
     ok = dispatch.Status(True, "runs here")
-    monkeypatch.setitem(dispatch._STATUS, dispatch.TRITON_LOWBIT, lambda cap, f: ok)
+    monkeypatch.setitem(dispatch._STATUS, dispatch.TRITON_LOWBIT, lambda cap, f, x: ok)
     assert fmt in dispatch.FORCED_ONLY[dispatch.TRITON_LOWBIT]
     for cap in GPU_CAPS:
         assert dispatch.TRITON_LOWBIT not in dispatch.preferences(cap, fmt)

@@ -32,6 +32,11 @@ ROOT = Path(__file__).resolve().parents[2]
 PROXY = "sm_120_proxy_sm90"
 
 
+def _n_variants(kernel: str) -> int:
+    """Variants of a glu kernel in sm_120's table (what a proxy build holds)."""
+    return sm120_proxy.table_variants("glu")[kernel]
+
+
 def _load(name, path):
     spec = importlib.util.spec_from_file_location(name, path)
     mod = importlib.util.module_from_spec(spec)
@@ -171,7 +176,7 @@ def test_a_proxy_install_serves_9_0_with_sm120s_config(proxy_install):
 
     assert aot.artifact_arch((9, 0)) == PROXY and aot.proxy(PROXY)["of"] == "sm_120"
     assert aot.artifact_arch((12, 0)) == "sm_120" and aot.artifact_arch((10, 0)) == "sm_100a"
-    assert aot.proxy("sm_120") is None and aot.summary()[PROXY]["glu_down_fwd"] == 144
+    assert aot.proxy("sm_120") is None and aot.summary()[PROXY]["glu_down_fwd"] == _n_variants("glu_down_fwd")
     cfg = G._config((9, 0))
     assert cfg == G._CONFIGS["sm_120"] and cfg != G._CONFIGS["sm_90a"]
     assert not any(getattr(cfg, k) for _, keys in G.NATIVE_SWITCHES for k in keys)
@@ -279,8 +284,8 @@ def test_verdict_table_covers_every_sm120_kernel_and_feeds_verification(monkeypa
     monkeypatch.setattr(sm120_proxy, "shipped_source", lambda k: ({"glu_down_fwd": "a" * 16, "lowbit_up_fwd": "b" * 16,
                                                                    "glu_bwd_dz": "c" * 16}[k], ""))
     n = sm120_proxy.table_variants("glu")["glu_down_fwd"]
-    assert sm120_proxy.verdict("glu_down_fwd", "glu") == (f"logic run on an H200 proxy (2026-12-05: 10 launches, 3 of "
-                                                          f"{n} variants; bench/results/x.log)")
+    assert sm120_proxy.verdict("glu_down_fwd", "glu") == (f"logic run on an H200 proxy (2026-12-05: 10 launches of 3 "
+                                                          f"variants; {n} in this table; bench/results/x.log)")
     assert sm120_proxy.verdict("lowbit_up_fwd", "lowbit").startswith("FAILED on the H200 proxy")
     assert sm120_proxy.verdict("glu_bwd_dz", "glu") == ("in the proxy build; no proxy run launched it (the latest: "
                                                         "2026-12-05, commit abc1234)")
@@ -445,7 +450,7 @@ def test_ledger_turns_into_verdicts(tmp_path, monkeypatch):
     assert rec["suite"] == "1 failed, 1 passed" and rec["kernels"]["glu_down_fwd"]["variants"] == 1
     text, ok = verdicts.report(ledger, None, rec)
     assert not ok and "record for tsct.kernels.sm120_proxy.RUNS" in text
-    assert re.search(r"glu_down_fwd\s+glu\s+3\s+1 of 144\s+0\s+0\s+f{16}", text), text
+    assert re.search(rf"glu_down_fwd\s+glu\s+3\s+1 of {_n_variants('glu_down_fwd')}\s+0\s+0\s+f{{16}}", text), text
     assert "NO SOURCE FINGERPRINT" not in text  # lowbit_up_fwd only JIT-launched: no proxy cubin, no fingerprint
     assert "logic run on an H200 proxy" in text and "FAILED on the H200 proxy" in text
     assert sm120_proxy.RUNS == before  # report() restores the table

@@ -63,6 +63,23 @@ def test_artifact_arch_is_exact():
     assert aot.artifact_arch(None) is None
 
 
+def test_release_arches_are_the_build_default_and_sm100a_stays_buildable():
+    """A default build compiles ``specs.RELEASE_ARCHS`` (the CMake default and the documented one agree); sm_100a is
+    not among them (10.0 runs the Triton paths through JIT) but keeps its tables, so TSCT_TRITON_AOT_ARCHS=sm_100a
+    still builds it."""
+    import re
+    from pathlib import Path
+
+    from tsct import config
+
+    cmake = (Path(__file__).resolve().parents[2] / "CMakeLists.txt").read_text()
+    default = re.search(r'set\(TSCT_TRITON_AOT_ARCHS "([^"]*)" CACHE', cmake).group(1)
+    assert default.split(";") == list(specs.RELEASE_ARCHS) == ["sm_90a", "sm_120"]
+    assert next(v.default for v in config.BUILD_AND_TOOL_VARIABLES if v.name == "TSCT_TRITON_AOT_ARCHS") == default
+    assert "sm_100a" in specs.PTX_ARCH and "sm_100a" in lowbit_specs.AOT_ARCHS and "sm_100a" in specs.CONFIGS
+    assert aot.artifact_arch((10, 0)) == "sm_100a"  # an install built with it loads it there
+
+
 def test_config_overrides_apply_and_bad_ones_name_the_item():
     cfg = specs.config_for((9, 0)).update(" stages_dz_t=3, warps_up_lb=2 ,")
     assert (cfg.stages_dz_t, cfg.warps_up_lb) == (3, 2)
@@ -76,7 +93,7 @@ def test_config_overrides_apply_and_bad_ones_name_the_item():
 def test_install_holds_every_manifest_cubin():
     sec = _aot_section()
     assert sec["triton_version"] == specs.TRITON_VERSION
-    assert set(sec["archs"]) == {"sm_90a", "sm_100a", "sm_120"}
+    assert set(sec["archs"]) == set(specs.RELEASE_ARCHS)  # a default build
     for arch, info in sec["archs"].items():
         idx = aot.index(arch)
         assert idx is not None, f"{aot.aot_dir() / arch / 'index.json'} missing"
@@ -129,10 +146,10 @@ def test_cubins_have_the_arch_matrix_instructions():
         entries = aot.index(arch)["kernels"]
         cc = specs.TARGET_CAPABILITY[arch]
         for kname in GEMM_KERNELS:
-            # one aligned bf16 and one generic fp16 variant per kernel (the full set takes minutes)
+            # one aligned and one generic variant per kernel (the full set takes minutes; bf16: no fp16 cubins)
             sample = [e for e in entries.values() if e["kernel"] == kname]
             picks = [next(e for e in sample if e["aligned"] and "bf16" in e["key"]),
-                     next(e for e in sample if not e["aligned"] and "fp16" in e["key"])]
+                     next(e for e in sample if not e["aligned"] and "bf16" in e["key"])]
             for e in picks:
                 sass = subprocess.run([exe, "-sass", str(aot.aot_dir() / arch / e["file"])], check=True,
                                       capture_output=True, text=True).stdout
@@ -283,7 +300,8 @@ def test_family_jit_launch_compiles_the_consts_the_specs_allow_for_that_triton(m
 
 # ---- dry run of glu.py's host code on the CPU -----------------------------------------------------
 
-# the shapes of tests/gpu/test_triton_glu.py (name, T, k, E, d, r, f, gather, scatter, scales, rw, idx, dtype)
+# the shapes of tests/gpu/test_triton_glu.py (name, T, k, E, d, r, f, gather, scatter, scales, rw, idx, dtype); its
+# fp16 cases have no cubins (JIT: tests/cpu/test_dispatch_no_cubins.py)
 _CASES = [
     ("b1_small", 256, 2, 64, 2048, 64, 5461, True, True, torch.float32, torch.float32, torch.int64, torch.bfloat16),
     ("bf16scales_i32", 64, 2, 16, 2048, 64, 5461, True, True, torch.bfloat16, torch.bfloat16, torch.int32,
@@ -293,7 +311,6 @@ _CASES = [
     ("nogather", 100, 2, 4, 128, 32, 200, False, False, torch.float32, torch.float32, torch.int64, torch.bfloat16),
     ("d16_r16_noscales", 64, 2, 8, 16, 16, 72, True, True, None, None, torch.int64, torch.bfloat16),
     ("r4096", 40, 2, 3, 256, 4096, 96, True, True, torch.float32, torch.float32, torch.int64, torch.bfloat16),
-    ("fp16", 128, 2, 16, 256, 64, 5461, True, True, torch.float16, torch.float16, torch.int64, torch.float16),
     ("r100_d200", 64, 2, 6, 200, 100, 333, True, True, torch.float32, torch.float32, torch.int64, torch.bfloat16),
     ("r128", 32, 2, 4, 64, 128, 64, True, True, torch.float32, None, torch.int64, torch.bfloat16),
     ("r32_gather_only", 96, 2, 5, 96, 48, 257, True, False, torch.float32, torch.float32, torch.int64,
@@ -426,7 +443,9 @@ def test_the_tables_are_exactly_what_the_host_code_launches(cap, monkeypatch):
     """The launch ledger (``_aot_ledger``: the host code of both families and the router's sort, dry-run over the
     product of every input class they tell apart) against the tables the AOT build compiles for the arch: every key
     the host code requests is compiled (no launch of a supported input falls back to JIT), and every compiled key is
-    requested (no cubin the dispatch cannot select)."""
+    requested (no cubin the dispatch cannot select). The ledger covers the activation dtypes and factor formats that
+    get cubins (``specs.AOT_DTYPES``, ``triton_lowbit.specs.AOT_FORMATS``); the others run through JIT, and without
+    it the status sends ``auto`` to bmm (tests/cpu/test_dispatch_no_cubins.py)."""
     from tsct import config
 
     if config.triton_glu_cfg:
@@ -486,7 +505,10 @@ def test_status_reasons(monkeypatch, tmp_path):
         monkeypatch.setenv("TSCT_TRITON_BACKEND", "aot")
         ok, why = TG.status((12, 0), "bf16")
         assert not ok and "no AOT cubins" in why
-        assert TG.status((9, 0), "fp16") == (True, "AOT cubins for sm_90a" + dz)
+        assert TG.status((9, 0), "bf16", "bf16") == (True, "AOT cubins for sm_90a" + dz)
+        ok, why = TG.status((9, 0), "fp16", "fp16")  # no fp16 cubins
+        assert not ok and why == ("TSCT_TRITON_BACKEND=aot but this install has no cubin for fp16 activations "
+                                  "(Triton JIT runs them)")
         monkeypatch.setitem(glu_mod._CONFIGS, "sm_90a", glu_mod._CONFIGS["sm_90a"].update("dz_native=0"))
         assert TG.status((9, 0), "bf16") == (True, "AOT cubins for sm_90a")
     finally:

@@ -5,7 +5,8 @@
   (tests/gpu/test_triton_lowbit_gpu.py and test_lowbit_ops_gpu.py: uniform NVFP4, uniform sign, the
   NVFP4-sign-NVFP4 mix; bf16) and of the b1 shape, on every arch, in the tables the AOT build compiles
   (the low-bit family's own kernels and the bf16 family's weight-free kernels it launches);
-- launches outside the table (fp16 activations, another mix) miss, so ``aot`` mode refuses them by name;
+- launches outside the table (fp16 activations, fp8 / ternary factors, another mix) miss, so ``aot`` mode refuses
+  them by name;
 - the table's parameter lists match the Triton sources, its pointer types follow the formats;
 - the wheel's index (when this install has one) holds the low-bit family.
 """
@@ -137,8 +138,11 @@ def _valid(shape, fmt) -> bool:
     return d % need == 0 and r % need == 0
 
 
+AOT_FMTS = ("nvfp4", "sign", "mixed")  # the formats with cubins (fp8 / ternary: forced-only, JIT)
+
+
 @pytest.mark.parametrize("cap", CAPS, ids=lambda c: f"sm{c[0]}{c[1]}")
-@pytest.mark.parametrize("fmt", list(FMTS))
+@pytest.mark.parametrize("fmt", AOT_FMTS)
 def test_every_lowbit_launch_has_an_aot_variant(dry_run, cap, fmt):
     use, found, missing = dry_run
     use(cap)
@@ -188,13 +192,15 @@ def test_launches_outside_the_table_are_refused_by_name(dry_run):
     dense_mix[2] = torch.randn(6, 64, 16).to(torch.bfloat16)  # dense gate + NVFP4 up: not an AOT mix
     with pytest.raises(RuntimeError, match="FMT_G=0,FMT_U=1"):
         L.grouped_glu_forward(*dense_mix)
+    for fmt, code in (("fp8", 3), ("ternary", 4)):  # the forced-only formats: JIT only
+        with pytest.raises(RuntimeError, match=f"lowbit_down_fwd.*FMT_G={code},FMT_U={code}"):
+            L.grouped_glu_forward(*_inputs(SHAPES[2], fmt))
 
 
 def test_table_size_and_pointer_types():
     for arch in LS.AOT_ARCHS:
         specs_ = list(LS.enumerate_specs(arch))
-        # n_lowbit: 172 for NVFP4 / sign, 68 per uniform fp8 / ternary triple, plus the multi-block dX / dW and the
-        # opt-in down-plane variants where the arch has them
+        # n_lowbit: 128 for NVFP4 / sign, plus the opt-in down-plane variants where the arch has them
         assert len(specs_) == len({s.key for s in specs_}) == n_lowbit(arch)
         for s in specs_:
             t = dict(s.types)

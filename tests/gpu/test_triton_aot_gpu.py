@@ -44,7 +44,7 @@ CASES = [
     ("b1_slice", 2048, 2, 128, 2048, 64, 5461, True, True, True, torch.bfloat16),
     ("generic_d40_r24", 24, 2, 8, 40, 24, 100, True, True, True, torch.bfloat16),
     ("r16_noscale_nogather", 64, 2, 8, 64, 16, 72, False, False, False, torch.bfloat16),
-    ("fp16_r128", 128, 2, 16, 256, 128, 333, True, True, True, torch.float16),
+    ("r128", 128, 2, 16, 256, 128, 333, True, True, True, torch.bfloat16),
     ("r100_d200", 64, 2, 6, 200, 100, 333, True, False, True, torch.bfloat16),
 ]
 
@@ -174,3 +174,33 @@ def test_aot_cuda_graph(monkeypatch):
     assert torch.equal(g_out, want)
     for name, x, y in zip(GRADS, g_grads, want_g):
         assert torch.equal(x, y), name
+
+
+def test_fp16_has_no_cubins_and_auto_takes_bmm_without_jit(monkeypatch):
+    """fp16 activations ship no cubins (docs/decisions/0005): with JIT forbidden (``TSCT_TRITON_BACKEND=aot``, as an
+    install without Triton) ``impl="auto"`` returns bmm's result and counts the fallback, a forced triton-bf16 raises
+    naming the reason; with JIT allowed and Triton importable the same call runs the Triton kernels."""
+    from tsct import dispatch
+    from tsct.ops import grouped_glu
+
+    assert not any("x_ptr:*fp16" in key for key in aot.index(ARCH)["kernels"])
+    p, _ = make(("fp16_r128", 128, 2, 16, 256, 128, 333, True, True, True, torch.float16))
+    pos = [p[kk] for kk in ORDER[:7]]
+    kw = {kk: p[kk] for kk in ORDER[7:]}
+    monkeypatch.setenv("TSCT_TRITON_BACKEND", "aot")
+    dispatch.reset_fallback_counts()
+    with pytest.warns(RuntimeWarning, match="fp16 activations"):
+        y = grouped_glu(*pos, **kw)
+    assert torch.equal(y, grouped_glu(*pos, **kw, impl="bmm"))
+    assert [k[:2] for k in dispatch.fallback_counts()] == [(dispatch.TRITON_BF16, dispatch.BMM)]
+    with pytest.raises(RuntimeError, match="no cubin for fp16 activations"):
+        grouped_glu(*pos, **kw, impl="triton-bf16")
+    if HAS_TRITON:
+        monkeypatch.setenv("TSCT_TRITON_BACKEND", "auto")
+        before = glu.backend_counts()
+        yj = grouped_glu(*pos, **kw, impl="triton-bf16")
+        after = glu.backend_counts()
+        assert any(b == "jit" and n > before.get((b, k), 0) for (b, k), n in after.items()), "no JIT launch"
+        ref = R.grouped_glu_forward(*args(p, fp32=True))
+        assert rel_err(yj, ref) < TOL and rel_err(y, ref) < TOL
+    dispatch.reset_fallback_counts()

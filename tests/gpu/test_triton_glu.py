@@ -183,6 +183,8 @@ _cache: dict = {}
 
 def results(c: Case):
     """Kernel outputs (two runs) and fp32 reference outputs for one case, computed once."""
+    if c.dtype == torch.float16 and os.environ.get("TSCT_TRITON_BACKEND") == "aot":
+        pytest.skip("fp16 activations have no cubins (Triton JIT: stage glu-jit runs them)")
     if c.name in _cache:
         return _cache[c.name]
     p = make_inputs(c, seed=zlib.crc32(c.name.encode()) % 10000)

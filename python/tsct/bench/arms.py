@@ -394,7 +394,7 @@ def grouped_mm_arm(spec: ArmSpec, ctx: Context, log=lambda s: None) -> dict:
 def tsct_arm(spec: ArmSpec, ctx: Context, log=lambda s: None) -> dict:
     from tsct import config as tsct_config
 
-    st = dispatch.status(spec.path, ctx.capability, spec.fmt)
+    st = dispatch.status(spec.path, ctx.capability, spec.fmt, dispatch.DTYPE_NAMES[ctx.cfg.torch_dtype])
     fac = ctx.formats.get(spec.fmt)
     if not st.ok or not isinstance(fac, Factors):
         res = new_result(spec)

@@ -98,7 +98,7 @@ def _list_arms(cfg: cfgmod.BenchConfig, console: Console) -> None:
         if storage is not None:  # the run would make this arm unavailable for the same reason
             state = f"unavailable: {storage}"
         elif s.kind == arms.TSCT:
-            st = dispatch.status(s.path, cap, s.fmt)
+            st = dispatch.status(s.path, cap, s.fmt, dispatch.DTYPE_NAMES[cfg.torch_dtype])
             state = "runs" if st.ok else f"unavailable: {st.reason}"
         elif s.kind == arms.GROUPED_MM:
             state = f"runs if torch accepts the shape ({what})" if gmm else f"unavailable: {what}"

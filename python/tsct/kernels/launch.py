@@ -53,6 +53,27 @@ def triton_importable() -> bool:
     return _triton_ok
 
 
+def without_cubins(capability: tuple[int, int], shipped: Optional[str], uncovered: Optional[str]) -> tuple[bool, str]:
+    """The status (ok, reason) of a Triton path on a GPU whose launches the installed cubins do not serve: Triton JIT
+    where ``TSCT_TRITON_BACKEND`` allows it and Triton is importable, else not runnable, naming the reason (so
+    ``auto`` takes the next path, counted, and a forced path raises it). ``shipped``: the artifact arch when this
+    install has cubins for the GPU (``uncovered`` then names what they lack: "fp16 activations", "fp8 factors"), else
+    None. Every family's status ends here (``triton_glu.status``, ``triton_lowbit.status``)."""
+    mode = backend_mode()
+    where = f"compute capability {capability[0]}.{capability[1]}"
+    if mode == "aot":
+        if shipped is None or uncovered is None:
+            return False, f"TSCT_TRITON_BACKEND=aot but this install has no AOT cubins for {where}"
+        return False, f"TSCT_TRITON_BACKEND=aot but this install has no cubin for {uncovered} (Triton JIT runs them)"
+    if not triton_importable():
+        if mode == "jit":
+            return False, "TSCT_TRITON_BACKEND=jit but Triton is not importable"
+        if shipped is None or uncovered is None:
+            return False, f"no AOT cubins for {where} in this install and Triton is not importable (JIT)"
+        return False, f"no cubin for {uncovered} in this install; Triton JIT is not available"
+    return True, "Triton JIT"
+
+
 def type_of(v: Any, dtype_types: dict, unused: str) -> str:
     """Triton's type string of an argument: ``*bf16`` for a bf16 tensor, ``i32`` for an int, ``unused``
     for None."""

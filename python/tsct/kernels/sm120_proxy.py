@@ -148,8 +148,9 @@ def _ran(run: dict, k: dict, n: int) -> str:
     if k.get("failed_tests"):
         return (f"FAILED on the H200 proxy ({run['date']}, {run['evidence']}): "
                 + ", ".join(k["failed_tests"][:3]) + ("..." if len(k["failed_tests"]) > 3 else ""))
-    return (f"logic run on an H200 proxy ({run['date']}: {k['aot']} launches, {k['variants']} of {n} variants; "
-            f"{run['evidence']})")
+    # the run's variants are its build's (a table changes: fp16 variants left it after this run), n this source's
+    return (f"logic run on an H200 proxy ({run['date']}: {k['aot']} launches of {k['variants']} variants; {n} in "
+            f"this table; {run['evidence']})")
 
 
 def verdict(kernel: str, family: str) -> str:

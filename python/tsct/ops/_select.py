@@ -38,16 +38,17 @@ def first_use(path: str, capability: tuple[int, int], fmt: str) -> dispatch.Stat
 
 
 @torch.compiler.assume_constant_result
-def select(impl: str, capability: Optional[tuple[int, int]], fmt: str, activations: str = "bf16") -> str:
-    """``dispatch.select`` for one call, with the first-use verdict of each path it returns that needs one:
-    the path to run. Counts (and warns once) when auto falls back; raises what ``dispatch.select`` raises
-    (a forced path that cannot run, or whose self-test failed: RuntimeError). Under torch.compile this runs
-    once at trace time (``assume_constant_result``)."""
+def select(impl: str, capability: Optional[tuple[int, int]], fmt: str, activations: str = "bf16",
+           x_dtype: str = "bf16") -> str:
+    """``dispatch.select`` for one call (``x_dtype``: x's dtype, ``dispatch.DTYPE_NAMES``), with the first-use verdict
+    of each path it returns that needs one: the path to run. Counts (and warns once) when auto falls back; raises
+    what ``dispatch.select`` raises (a forced path that cannot run, or whose self-test failed: RuntimeError). Under
+    torch.compile this runs once at trace time (``assume_constant_result``)."""
     verdicts: dict[str, dispatch.Status] = {}
-    path = dispatch.select(impl, capability, fmt, activations, first_use=verdicts)
+    path = dispatch.select(impl, capability, fmt, activations, x_dtype=x_dtype, first_use=verdicts)
     while dispatch.needs_first_use(path, capability) and path not in verdicts:
         verdicts[path] = first_use(path, capability, fmt)
-        path = dispatch.select(impl, capability, fmt, activations, first_use=verdicts)
+        path = dispatch.select(impl, capability, fmt, activations, x_dtype=x_dtype, first_use=verdicts)
     return path
 
 

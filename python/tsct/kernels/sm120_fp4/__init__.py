@@ -170,7 +170,7 @@ def grouped_glu_backward(grad_out, x, offs, w_gate, w_up, w_down, s_gate, s_up, 
     from tsct.kernels import triton_lowbit
 
     cap = dispatch.device_capability(x.device)
-    st = dispatch.status(dispatch.TRITON_LOWBIT, cap, "nvfp4")
+    st = dispatch.status(dispatch.TRITON_LOWBIT, cap, "nvfp4", dispatch.DTYPE_NAMES[x.dtype])
     if st.ok and dispatch.needs_first_use(dispatch.TRITON_LOWBIT, cap):
         # triton-lowbit never ran on sm_120 either: its own first-use verdict (asked for by tsct.ops before
         # this backward runs, dispatch.BACKWARD_VIA); none asked for (a direct call): the bmm backward

@@ -7,19 +7,18 @@ Public functions (the same signatures and semantics as ``tsct.reference``):
     grouped_glu_backward(grad_out, x, offs, w_gate, w_up, w_down, s_gate, s_up, row_weight,
                          gather_idx, scatter_idx, num_out_rows, needs_grad, saved=None) -> list of 7
     grouped_glu_forward_saved(same as the forward) -> (Tensor, [hg, hu, z*rw (, combine CSR)])  (custom op: no recompute)
-    status(capability, fmt) -> (ok, reason)
+    status(capability, fmt, x_dtype="bf16") -> (ok, reason)
 
 Kernels live in ``_kernels.py`` (Triton sources), the host side in ``glu.py`` (allocation, the
 device-side schedule, launches), the table of launched specializations and per-arch tiles in
 ``specs.py``, the wheel-build AOT compiler in ``aot_build.py``. At run time the kernels come from the
-ahead-of-time cubins shipped for sm_90a / sm_100a / sm_120 (``tsct.kernels.aot``, no Triton needed),
+ahead-of-time cubins shipped for sm_90a / sm_120 (``tsct.kernels.aot``, no Triton needed; sm_100a when built),
 else from Triton JIT when it is importable (``TSCT_TRITON_BACKEND=aot|jit|auto`` forces one).
 Importing this package imports neither Triton nor torch's CUDA; nothing touches a GPU.
 """
 
 from __future__ import annotations
 
-import importlib.util
 from typing import Optional
 
 __all__ = ["grouped_glu_forward", "grouped_glu_forward_saved", "grouped_glu_backward", "saved_like", "status"]
@@ -27,29 +26,27 @@ __all__ = ["grouped_glu_forward", "grouped_glu_forward_saved", "grouped_glu_back
 _FORMATS = ("bf16", "fp16")
 
 
-def status(capability: Optional[tuple[int, int]], fmt: str) -> tuple[bool, str]:
-    """Whether this path can run for a compute capability and a storage format, and why (not)."""
+def status(capability: Optional[tuple[int, int]], fmt: str, x_dtype: str = "bf16") -> tuple[bool, str]:
+    """Whether this path can run for a compute capability, a storage format and the activations' dtype
+    (``x_dtype``: "bf16", "fp16" or "fp32"; dense factors come in x's dtype), and why (not). The cubins serve bf16
+    only (``specs.AOT_DTYPES``): fp16 runs through Triton JIT, and without it this path cannot run (``auto`` then
+    takes bmm)."""
     if fmt not in _FORMATS:
         return False, f"storage format {fmt!r} is not dense bf16/fp16"
     if capability is None:
         return False, "needs a CUDA GPU"
     if tuple(capability) < (8, 0):
         return False, f"needs compute capability 8.0 or newer, got {capability[0]}.{capability[1]}"
-    from tsct.kernels import aot
+    from tsct import config
+    from tsct.kernels import aot, launch
+    from tsct.kernels.triton_glu import specs
 
     arch = aot.artifact_arch(capability)
-    from tsct import config
-
-    mode = config.triton_backend()
-    if mode != "jit" and arch is not None and aot.available(capability):
+    shipped = arch is not None and aot.available(capability)
+    uncovered = next((f"{dt} activations" for dt in (fmt, x_dtype) if dt not in specs.AOT_DTYPES), None)
+    if config.triton_backend() != "jit" and shipped and uncovered is None:
         return True, f"AOT cubins for {arch}{_native_dz_note(capability)}"
-    if mode == "aot":
-        return False, (f"TSCT_TRITON_BACKEND=aot but this install has no AOT cubins for compute capability "
-                       f"{capability[0]}.{capability[1]}")
-    if importlib.util.find_spec("triton") is None:
-        where = f"{arch}" if arch else f"compute capability {capability[0]}.{capability[1]}"
-        return False, f"no AOT cubins for {where} in this install and Triton is not importable (JIT)"
-    return True, "Triton JIT"
+    return launch.without_cubins(capability, arch if shipped else None, uncovered)
 
 
 def _native_dz_note(capability: tuple[int, int]) -> str:

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Compile the Triton kernel families ahead of time: cubins + one JSON index per arch.
 
-    python aot_build.py --out DIR [--archs sm_90a,sm_100a,sm_120] [--families glu,lowbit] [--jobs N]
+    python aot_build.py --out DIR [--archs sm_90a,sm_120] [--families glu,lowbit] [--jobs N]
                         [--cache-dir DIR] [--check-sass]
 
 Run by CMake at wheel-build time (option TSCT_TRITON_AOT) with the build environment's Python, which
@@ -298,7 +298,7 @@ def check_sass(out: Path, archs: list[str]) -> dict:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", required=True, type=Path)
-    ap.add_argument("--archs", default=",".join(specs.CONFIGS))
+    ap.add_argument("--archs", default=",".join(specs.RELEASE_ARCHS))
     ap.add_argument("--families", default=",".join(FAMILIES))
     ap.add_argument("--jobs", type=int, default=os.cpu_count() or 1)
     ap.add_argument("--cache-dir", type=Path, default=None)

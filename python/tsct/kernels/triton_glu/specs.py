@@ -141,7 +141,8 @@ class Config:
 
 
 # Exact compute capability -> AOT artifact arch (the directory under tsct/_aot). sm_90a / sm_100a
-# cubins load only on exactly 9.0 / 10.0; the plain sm_120 cubin loads on 12.0 and 12.1.
+# cubins load only on exactly 9.0 / 10.0; the plain sm_120 cubin loads on 12.0 and 12.1. An install without an
+# arch's directory runs the Triton paths there through JIT (or falls back to bmm without Triton).
 ARTIFACT_ARCH: dict[tuple[int, int], str] = {
     (9, 0): "sm_90a",
     (10, 0): "sm_100a",
@@ -174,6 +175,10 @@ CONFIGS: dict[str, Config] = {
                      ndb_dxdw_lb=1, planes_up_lb=1, ws_bwd_mib=64),
 }
 DEFAULT_ARCH_CONFIG = "sm_90a"  # JIT on any other arch (sm_80, ...) uses these tiles
+# The arches a default build compiles (CMake TSCT_TRITON_AOT_ARCHS, aot_build.py --archs): not sm_100a, whose Triton
+# kernels never ran (10.0 JITs with sm_100a's tiles; ``TSCT_TRITON_AOT_ARCHS=sm_90a;sm_100a;sm_120`` still builds
+# them: docs/decisions/0005, the build's cost)
+RELEASE_ARCHS: tuple[str, ...] = ("sm_90a", "sm_120")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -481,18 +486,21 @@ def _spec(kernel: str, types: dict, consts: dict, warps: int, stages: int, align
                 warps, stages, aligned)
 
 
-DTYPES = ("bf16", "fp16")
+#: the activation dtypes (x, the dense factors, y) with cubins: bf16. fp16 calls run the same kernels through Triton
+#: JIT; without Triton (or with TSCT_TRITON_BACKEND=aot) the path's status sends them to bmm (docs/decisions/0005)
+AOT_DTYPES: tuple[str, ...] = ("bf16",)
 IDX = (None, "i64")             # gather / scatter index: absent or int64 (glu.py widens int32 indices)
 _DXDW = ((True, False), (False, True), (True, True))
 
 
 def enumerate_specs(arch: str) -> Iterator[Spec]:
-    """Every (kernel, specialization) glu.py can launch on ``arch`` with bf16/fp16 inputs."""
+    """Every (kernel, specialization) glu.py can launch on ``arch`` with ``AOT_DTYPES`` inputs (and the router's
+    sort with any index and weight dtype)."""
     cfg = CONFIGS[arch]
     if cfg.fsplit_up != 1:
         raise ValueError("the AOT table assumes fsplit_up == 1")
     seen = set()
-    for dt, aligned in itertools.product(DTYPES, (True, False)):
+    for dt, aligned in itertools.product(AOT_DTYPES, (True, False)):
         D = "*" + dt
         brs = sorted({rank_block(cfg, r, aligned) for r in (1, 16, 17, 32, 33, 64, 4096)})
         ups = sorted({up_k(cfg, r, aligned) for r in (1, 16, 17, 32, 33, 64, 65, 128, 129)})
@@ -524,7 +532,7 @@ def enumerate_specs(arch: str) -> Iterator[Spec]:
                 out.append(_spec("combine_rows", types, dict(SRC8=src8, BN=bn, NB=nb), warps, 3, True))
             out.append(_spec("zero_tail_rows", dict(out_ptr=D, offs_ptr="*i32"),
                              dict(BM=ZERO_TAIL_BM, BN=ZERO_TAIL_BN), cfg.warps_zero, 3, True))
-            if dt == DTYPES[0]:  # dtype-free helpers: once per arch
+            if dt == AOT_DTYPES[0]:  # dtype-free helpers: once per arch
                 for zero in (False, True):  # ZERO: a saving forward's tails (glu._tile_cum)
                     out.append(_spec("tile_cum", dict(offs_ptr="*i32", cum_ptr="*i32", t0_ptr="*i16",
                                                       t1_ptr="*i16", t2_ptr="*i16"),
@@ -583,7 +591,7 @@ def enumerate_specs(arch: str) -> Iterator[Spec]:
             for a in (True, False):
                 out.append(_spec("bwd_slot_reduce", dict(ws_ptr="*fp32", maps_ptr="*i32", out_ptr=D),
                                  dict(BLOCK=SLOT_REDUCE_BLOCK, BLOCK_E=cfg.block_e), SLOT_REDUCE_WARPS, 1, a))
-        if aligned and dt == DTYPES[0]:  # dtype-free: once per arch
+        if aligned and dt == AOT_DTYPES[0]:  # dtype-free: once per arch
             out.append(_spec("bwd_maps", dict(offs_ptr="*i32", maps_ptr="*i32"),
                              dict(BM=cfg.bm, BLOCK=TILE_CUM_BLOCK), 4, 1, False))
             for br in sorted({rank_block(cfg, r, a) for r in (1, 16, 17, 32, 33, 64, 4096) for a in (True, False)}):

@@ -13,7 +13,7 @@ Public functions:
                         gather_idx, scatter_idx, num_out_rows) -> Tensor
     grouped_glu_backward(grad_out, x, offs, w_gate, w_up, w_down, s_gate, s_up, row_weight,
                          gather_idx, scatter_idx, num_out_rows, needs_grad) -> list of 7
-    status(capability, fmt) -> (ok, reason)
+    status(capability, fmt, x_dtype="bf16") -> (ok, reason)
 
 The differentiable entry (STE to master factors included) is ``tsct.ops.grouped_glu(..., impl="triton-lowbit",
 masters=...)``: one ``torch.autograd.Function`` over the ``tsct::grouped_glu`` custom op (``tsct/ops/_function.py``).
@@ -24,15 +24,14 @@ H200 (sm_90); elsewhere the first use in a process runs ``tsct.selftest`` agains
 factors (and mixes with them) only when forced (``impl="triton-lowbit"``; ``dispatch.FORCED_ONLY``): auto sends
 them to bmm until these kernels have run on a GPU.
 
-Build state: AOT cubins (family "lowbit", ``specs.py``) for sm_90a, sm_100a and sm_120, bf16
-activations, uniform NVFP4 / sign / fp8 / absmean-ternary factors and the NVFP4-sign-NVFP4 mix; anything else
-(fp16 activations, rank-1 ternary, other mixes, other arches) runs through Triton JIT when it is importable.
+Build state: AOT cubins (family "lowbit", ``specs.py``) for sm_90a and sm_120 (sm_100a when built), bf16
+activations, uniform NVFP4 / sign factors and the NVFP4-sign-NVFP4 mix; anything else (fp16 activations, fp8 and
+ternary factors, other mixes, other arches) runs through Triton JIT when it is importable.
 Importing this package imports neither Triton nor torch's CUDA.
 """
 
 from __future__ import annotations
 
-import importlib.util
 from typing import Optional
 
 __all__ = ["grouped_glu_forward", "grouped_glu_forward_saved", "saved_like", "grouped_glu_backward", "status", "FORMATS"]
@@ -42,8 +41,11 @@ __all__ = ["grouped_glu_forward", "grouped_glu_forward_saved", "saved_like", "gr
 FORMATS = ("nvfp4", "sign", "mixed", "bf16", "fp16", "fp8", "ternary", "mixed-decoded")
 
 
-def status(capability: Optional[tuple[int, int]], fmt: str) -> tuple[bool, str]:
-    """Whether this path can run for a compute capability and a storage format, and why (not)."""
+def status(capability: Optional[tuple[int, int]], fmt: str, x_dtype: str = "bf16") -> tuple[bool, str]:
+    """Whether this path can run for a compute capability, a storage format and the activations' dtype
+    (``x_dtype``: "bf16", "fp16" or "fp32"), and why (not). The cubins serve uniform NVFP4 and sign factors with
+    bf16 activations (``AOT_FORMATS``, ``specs.AOT_DTYPES``); anything else runs through Triton JIT, and without it
+    this path cannot run (``auto`` then takes bmm; the forced-only fp8 / ternary factors: ``impl=`` raises)."""
     if fmt not in FORMATS:
         return False, f"storage format {fmt!r} is not served by the Triton low-bit path"
     if capability is None:
@@ -51,26 +53,20 @@ def status(capability: Optional[tuple[int, int]], fmt: str) -> tuple[bool, str]:
     if tuple(capability) < (8, 0):
         return False, f"needs compute capability 8.0 or newer, got {capability[0]}.{capability[1]}"
     from tsct import config
+    from tsct.kernels import launch
+    from tsct.kernels.triton_lowbit import specs
 
-    mode = config.triton_backend()
     arch = aot_arch(capability)
-    if mode != "jit" and arch is not None and fmt in AOT_FORMATS:
+    uncovered = (f"{fmt} factors" if fmt not in AOT_FORMATS else
+                 f"{x_dtype} activations" if x_dtype not in specs.AOT_DTYPES else None)
+    if config.triton_backend() != "jit" and arch is not None and uncovered is None:
         return True, f"AOT cubins for {arch}"
-    if mode == "aot":
-        if arch is None:
-            return False, (f"TSCT_TRITON_BACKEND=aot but this install has no AOT cubins of the Triton low-bit "
-                           f"kernels for compute capability {capability[0]}.{capability[1]}")
-        return False, (f"TSCT_TRITON_BACKEND=aot but the low-bit AOT cubins cover uniform nvfp4 / sign / fp8 / "
-                       f"ternary factors only, not {fmt!r}")
-    if importlib.util.find_spec("triton") is None:
-        return False, (f"no AOT cubins of the Triton low-bit kernels for {fmt!r} factors on compute capability "
-                       f"{capability[0]}.{capability[1]} and Triton is not importable (JIT)")
-    return True, "Triton JIT"
+    return launch.without_cubins(capability, arch, uncovered)
 
 
-#: storage formats the AOT cubins serve (the uniform format triples of ``specs.AOT_FORMATS``; ternary: the absmean
-#: scaling, a rank-1 ternary factor runs through JIT)
-AOT_FORMATS = ("nvfp4", "sign", "fp8", "ternary")
+#: storage formats the AOT cubins serve (the uniform format triples of ``specs.AOT_FORMATS``; the NVFP4-sign-NVFP4 mix
+#: has cubins too, but "mixed" stands for any mix, so its status is JIT's)
+AOT_FORMATS = ("nvfp4", "sign")
 
 
 def aot_arch(capability: Optional[tuple[int, int]]) -> Optional[str]:

@@ -11,9 +11,9 @@ registering ``triton_glu/specs.py`` as ``tsct.kernels.triton_glu.specs``).
 Which variants ship (per arch; everything else runs through Triton JIT when it is importable, else the
 launch raises naming the missing key):
   * activations bf16 only (fp16 activations: JIT);
-  * factor formats: uniform NVFP4 (FMT 1,1,1), uniform sign (2,2,2), the GPU tests' mix
-    NVFP4 gate / sign up / NVFP4 down (1,2,1), uniform fp8 (3,3,3) and uniform absmean ternary (4,4,4);
-    rank-1 ternary (5) and every other mix (dense + packed...): JIT;
+  * factor formats: uniform NVFP4 (FMT 1,1,1), uniform sign (2,2,2) and the GPU tests' mix
+    NVFP4 gate / sign up / NVFP4 down (1,2,1); fp8 and ternary (``tsct.dispatch.FORCED_ONLY``: never taken by
+    ``auto``), rank-1 ternary and every other mix (dense + packed...): JIT;
   * every flag combination the host code uses (gather/scatter absent or int64, scales, row weight,
     the backward's gradient subsets, Y_PAD of the up kernel = scatter given), aligned and generic launches;
     generic ones only for the triples that can launch them (``always_aligned``: an NVFP4 w_down with an NVFP4
@@ -25,8 +25,8 @@ scales / row weights fp32 and int64 indices as in ``triton_glu.glu``. The weight
 low-bit host launches (``glu_bwd_epi``, ``combine_rows``, ``zero_tail_rows``) are the bf16 family's,
 from its table.
 
-Arches: sm_90a, sm_100a and plain sm_120 like the bf16 family (bf16 ``mma.sync`` / wgmma on decoded
-tiles needs no block-scaled MMA; a plain sm_120 cubin loads on 12.0 and 12.1).
+Arches: sm_90a, sm_100a (built only when asked) and plain sm_120 like the bf16 family (bf16 ``mma.sync`` / wgmma on
+decoded tiles needs no block-scaled MMA; a plain sm_120 cubin loads on 12.0 and 12.1).
 """
 
 from __future__ import annotations
@@ -50,9 +50,9 @@ AOT_ARCHS: tuple[str, ...] = ("sm_90a", "sm_100a", "sm_120")
 DENSE, NVFP4, SIGN, FP8, TERNARY, TERNARY_R1 = 0, 1, 2, 3, 4, 5
 #: the formats the byte-plane variants decode (``_kernels._w_plane``)
 PLANE_FORMATS = (NVFP4, SIGN)
-#: format triples (gate, up, down) with cubins
-AOT_FORMATS: tuple[tuple[int, int, int], ...] = ((NVFP4, NVFP4, NVFP4), (SIGN, SIGN, SIGN), (NVFP4, SIGN, NVFP4),
-                                                 (FP8, FP8, FP8), (TERNARY, TERNARY, TERNARY))
+#: format triples (gate, up, down) with cubins. The forced-only formats (fp8, ternary: ``tsct.dispatch.FORCED_ONLY``)
+#: have none: ``impl="triton-lowbit"`` runs them through Triton JIT (docs/decisions/0005)
+AOT_FORMATS: tuple[tuple[int, int, int], ...] = ((NVFP4, NVFP4, NVFP4), (SIGN, SIGN, SIGN), (NVFP4, SIGN, NVFP4))
 AOT_DTYPES: tuple[str, ...] = ("bf16",)
 #: the K multiple each format's container guarantees (``tsct.quant``): NVFP4 16, sign 8, ternary 4, FP8 and dense 1
 K_MULTIPLE: dict[int, int] = {DENSE: 1, NVFP4: 16, SIGN: 8, FP8: 1, TERNARY: 4, TERNARY_R1: 4}
@@ -213,10 +213,10 @@ _DXDW = ((True, False), (False, True), (True, True))
 
 def enumerate_specs(arch: str) -> Iterator[Spec]:
     """Every specialization ``glu.py`` launches on ``arch`` for the AOT_FORMATS and AOT_DTYPES (module
-    docstring): 264 per arch (lowbit_bwd_dx_dw with one d-block count per format triple, ``dxdw_ndb``; the mixed
+    docstring): 128 per arch (lowbit_bwd_dx_dw with one d-block count per format triple, ``dxdw_ndb``; the mixed
     triple shares its up / dz variants with uniform NVFP4; no generic variants for the ``always_aligned`` triples,
-    uniform NVFP4 and the mix; 68 for each of uniform fp8 and ternary), plus 48 on the OPT_IN_PLANES_DOWN arches
-    (lowbit_down_fwd's byte-plane variants: 24 for uniform sign, 12 for each always aligned triple)."""
+    uniform NVFP4 and the mix), plus 48 on the OPT_IN_PLANES_DOWN arches (lowbit_down_fwd's byte-plane variants: 24
+    for uniform sign, 12 for each always aligned triple)."""
     cfg = CONFIGS[arch]
     br = rank_block(cfg)
     seen = set()
