@@ -216,7 +216,7 @@ def test_bench_arms_and_probe_say_why_off_sm120():
     names = {a.name for a in arms.all_arms(cfg, "bf16")}
     assert "tsct-sm120-fp4-nvfp4" in names
     spec = next(a for a in arms.all_arms(cfg, "bf16") if a.name == "tsct-sm120-fp4-nvfp4")
-    res = arms.tsct_arm(spec, types.SimpleNamespace(capability=(9, 0), formats={}))
+    res = arms.tsct_arm(spec, types.SimpleNamespace(capability=(9, 0), formats={}, cfg=cfg))
     assert res["status"] == arms.UNAVAILABLE and "12.0" in res["reason"], res
     sm = probe._sm120_fp4([None, (9, 0), (12, 1)])
     reasons = {r["device"]: r["reason"] for r in sm["status"]}
