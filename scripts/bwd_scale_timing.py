@@ -12,8 +12,9 @@ older tree runs it unchanged.
         [--arms bf16-kmajor,nvfp4]
 
 Prints one line per (shape, arm): forward / forward+backward ms (median of 20 replays) and the expert rows
-(max, empty experts). ``--profile``: also the device time per kernel of one eager forward+backward (torch.profiler,
-mean of 5 passes), printed and kept in the JSON (where the time of an edge shape goes).
+(max, empty experts). ``--profile``: also the device time per kernel of one eager forward+backward
+(``scripts/pass_profile.py``'s torch.profiler table, mean of 5 passes), printed and kept in the JSON (where the time of
+an edge shape goes).
 """
 
 from __future__ import annotations
@@ -71,21 +72,6 @@ def factors(arm: str, dense):
     raise ValueError(f"unknown arm {arm!r}; arms: {', '.join(ARMS)}")
 
 
-def kernel_table(fn, iters: int = 5) -> list[dict]:
-    """Device ms per kernel name of one call of ``fn`` (mean of ``iters``; torch.profiler), largest first."""
-    from torch.profiler import ProfilerActivity, profile
-
-    fn()
-    torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        for _ in range(iters):
-            fn()
-        torch.cuda.synchronize()
-    rows = [dict(name=ev.key[:80], ms=round(ev.device_time_total / iters / 1e3, 4), calls=ev.count // iters)
-            for ev in prof.key_averages() if (getattr(ev, "device_time_total", 0) or 0) > 0]
-    return sorted(rows, key=lambda r: -r["ms"])
-
-
 def time_arm(shape: str, arm: str, inputs, dev: torch.device, replays: int, profile: bool = False) -> dict:
     from tsct.bench import measure
     from tsct.ops import grouped_glu, sort_by_expert
@@ -109,8 +95,10 @@ def time_arm(shape: str, arm: str, inputs, dev: torch.device, replays: int, prof
     t0 = time.time()
     res["fwd_ms"] = measure.time_graph(fwd, dev, replays=replays)["median"]
     res["fwdbwd_ms"] = measure.time_graph(fwdbwd, dev, replays=replays)["median"]
-    if profile:
-        res["kernels"] = kernel_table(fwdbwd)
+    if profile:  # pass_profile (this script's folder) prints the table too
+        import pass_profile
+
+        res["kernels"] = pass_profile.device(fwdbwd, f"{shape} {arm} fwd+bwd", 5)["kernels"]
     res["seconds"] = round(time.time() - t0, 1)
     return res
 
@@ -146,8 +134,6 @@ def main() -> int:
             else:
                 print(f"[{a.label}] {shape:10s} {arm:12s} fwd {r['fwd_ms']:7.3f} ms  fwd+bwd {r['fwdbwd_ms']:7.3f} ms  "
                       f"(max rows {r['rows']['max']}, empty {r['rows']['empty']}; {r['seconds']} s)", flush=True)
-                for k in r.get("kernels", [])[:14]:
-                    print(f"      {k['ms']:8.4f} ms  x{k['calls']:<3d} {k['name']}", flush=True)
         del inputs
         torch.cuda.empty_cache()
     if a.json:
