@@ -63,8 +63,8 @@ DTYPE_NAMES: dict[torch.dtype, str] = {torch.bfloat16: "bf16", torch.float16: "f
 #: paths whose kernels read packed factors themselves; every other path gets them decoded
 READS_PACKED = frozenset({TRITON_LOWBIT, SM120_FP4})
 #: path -> storage formats it serves only when forced (``impl=<path>``), never from ``auto``: its kernels read
-#: them, but have not yet passed the whole GPU suite for them. ``preferences`` leaves these (path, format) pairs out of every
-#: row; a row for them moves into ``TABLE`` once the GPU tests pass (tests/gpu/test_triton_lowbit_gpu.py).
+#: them, but have not yet passed the whole GPU suite for them. ``preferences`` leaves these (path, format) pairs out
+#: of every row; a row for them moves into ``TABLE`` once the GPU tests pass (tests/gpu/test_triton_lowbit_gpu.py).
 FORCED_ONLY: dict[str, frozenset] = {TRITON_LOWBIT: frozenset({*DECODED_FORMATS, MIXED_DECODED})}
 
 #: the activation precision each path computes (the ``activations=`` values it serves)

@@ -34,7 +34,8 @@ from __future__ import annotations
 
 from typing import Optional
 
-__all__ = ["grouped_glu_forward", "grouped_glu_forward_saved", "saved_like", "grouped_glu_backward", "status", "FORMATS"]
+__all__ = ["grouped_glu_forward", "grouped_glu_forward_saved", "saved_like", "grouped_glu_backward", "status",
+           "FORMATS"]
 
 #: storage formats this path serves ("mixed": packed and dense factors together; "mixed-decoded": a mix with an fp8
 #: or ternary factor, ``dispatch.MIXED_DECODED``)
