@@ -1,7 +1,8 @@
-"""Exhaustive check of the NVFP4 tile decoder (``_kernels._w_tile_nk``): every E2M1 code at every nibble
-position under every UE4M3 block scale, in each product dtype. Used by the interpreter check (fp32, CPU)
-and by tests/gpu/test_triton_lowbit_gpu.py (bf16 and fp32 on the GPU: Triton's interpreter gets bf16
-multiplies wrong, so the bf16 pair decoder ``_e2m1_pair`` can only be checked on a GPU)."""
+"""Exhaustive check of the NVFP4 and FP8 tile decoders (``_kernels._w_tile_nk``): every E2M1 code at every nibble
+position under every UE4M3 block scale, and every E4M3 byte at every position, in each product dtype. Used by the
+interpreter check (fp32, CPU) and by tests/gpu/test_triton_lowbit_gpu.py (bf16 and fp32 on the GPU: Triton's
+interpreter gets bf16 multiplies wrong, so the bf16 pair decoders ``_e2m1_pair`` / ``_e4m3_pair`` can only be
+checked on a GPU)."""
 
 from __future__ import annotations
 
@@ -22,14 +23,29 @@ def _decode_tile(codes, scales, out, DT: tl.constexpr):
     tl.store(out + ns[:, None] * 16 + tl.arange(0, 16)[None, :], w)
 
 
+@triton.jit
+def _decode_tile_fp8(codes, out, DT: tl.constexpr):
+    """The FP8 tile decoder on a [256, 16] factor of E4M3 bytes, in DT."""
+    ns = tl.arange(0, 256)
+    w = _w_tile_nk(3, codes, codes, 0, 0, 16, 256, ns, ns < 256, 16, 256, DT)
+    tl.store(out + ns[:, None] * 16 + tl.arange(0, 16)[None, :], w)
+
+
+def fp8_tile_probe(device="cpu"):
+    """(E4M3 bytes uint8 [256, 16], exact values float64 [256, 16]): row n holds the byte (n + 17 k) % 256 at
+    position k, so every byte (zeros of both signs, subnormals, 448, the NaN codes 0x7F / 0xFF) meets every
+    position, the even and the odd ones the pair decoder treats apart."""
+    byt = ((torch.arange(256)[:, None] + 17 * torch.arange(16)[None, :]) % 256).to(torch.uint8)
+    return byt.to(device), byt.view(torch.float8_e4m3fn).double()
+
+
 def nvfp4_tile_probe(device="cpu"):
     """(codes uint8 [256, 8], block scales uint8 [256, 1], exact values float64 [256, 16]): row n holds
     the code (k + n) % 16 at position k (even k in the low nibble), so every code meets every nibble
     position and sign pattern, under the block scale byte n % 128 (every UE4M3 value with sign bit 0,
     as the format has it: zero, subnormals, 448, NaN; rows n and n + 128 differ in their codes); the
     value is e2m1 * sf * 2^-8 (the decoder leaves 2^8 / s_enc to the product's scale). Bytes with the
-    sign bit are not block scales; on the GPU the decoder reads 0x80 as +0 where torch reads -0 (H200,
-    2026-11-30)."""
+    sign bit are not block scales (the FP8 probe has them: both decoders give -0 for 0x80, as torch)."""
     from tsct.quant import formats
 
     n = torch.arange(256)[:, None]
@@ -40,17 +56,32 @@ def nvfp4_tile_probe(device="cpu"):
     return codes.to(device), sf.to(device), want
 
 
-def check_tile_decode(device="cpu", dtypes=(torch.bfloat16, torch.float32)) -> float:
-    """0.0 when the decoded tile in each dtype holds the exact values (they are exact in bf16 and fp32),
-    bit for bit, NaN where the block scale is NaN; else inf."""
+def _mismatches(got: torch.Tensor, ref: torch.Tensor) -> int:
+    """Elements not equal bit for bit: NaN at other places, other values or other signs (of zeros too)."""
+    nan = ref.isnan()
+    bad = got.isnan() != nan
+    bad |= ~nan & ((got != ref) | (got.signbit() != ref.signbit()))
+    return int(bad.sum())
+
+
+def tile_mismatches(device="cpu", dtypes=(torch.bfloat16, torch.float32)) -> dict[str, int]:
+    """{"nvfp4 bfloat16": elements, ...}: how many elements of the NVFP4 and the FP8 decoded tiles in each dtype
+    differ from the exact values (they are exact in bf16 and fp32), NaN where the block scale or the E4M3 code is
+    NaN."""
     codes, scales, want = nvfp4_tile_probe(device)
+    byt, want8 = fp8_tile_probe(device)
+    out = {}
     for dt in dtypes:
-        ref = want.to(dt)
-        nan = ref.isnan()
-        out = torch.empty(256, 16, dtype=dt, device=device)
-        _decode_tile[(1,)](codes, scales, out, _TL[dt])
-        got = out.cpu()
-        if not (torch.equal(got.isnan(), nan) and torch.equal(got[~nan], ref[~nan])
-                and torch.equal(got[~nan].signbit(), ref[~nan].signbit())):
-            return float("inf")
-    return 0.0
+        name = str(dt).removeprefix("torch.")
+        got = torch.empty(256, 16, dtype=dt, device=device)
+        _decode_tile[(1,)](codes, scales, got, _TL[dt])
+        out[f"nvfp4 {name}"] = _mismatches(got.cpu(), want.to(dt))
+        got8 = torch.empty(256, 16, dtype=dt, device=device)
+        _decode_tile_fp8[(1,)](byt, got8, _TL[dt])
+        out[f"fp8 {name}"] = _mismatches(got8.cpu(), want8.to(dt))
+    return out
+
+
+def check_tile_decode(device="cpu", dtypes=(torch.bfloat16, torch.float32)) -> float:
+    """0.0 when ``tile_mismatches`` finds none, else inf."""
+    return 0.0 if not any(tile_mismatches(device, dtypes).values()) else float("inf")

@@ -40,8 +40,9 @@ in the operand registers instead (NVFP4 half planes) made every warp decode the 
            dot dtype (the reference rounds (+-a)*b once: same error size); b[n] multiplies the
            accumulator's columns (``_w_cols``), or, for the transposed product dY @ W^T, the
            columns of the left operand before the dot.
-    fp8    W = e4m3 * scale_n[n].  The tile holds e4m3 (decoded by bits, ``_ue4m3``: exact in bf16, no fp8
-           conversion instruction, so any arch and Triton's interpreter); scale_n is sign's b (``_w_cols``).
+    fp8    W = e4m3 * scale_n[n].  The tile holds e4m3 (exact in bf16), decoded by bits (no fp8 conversion
+           instruction, so any arch and Triton's interpreter): for a bf16 product two bytes per shift and mask
+           straight to a bf16 pair (``_e4m3_pair``), else to fp32 (``_ue4m3``); scale_n is sign's b (``_w_cols``).
     ternary  W = q * scale_n[n] (FMT 4) or (q * scale_k[k]) * scale_n[n] (FMT 5), q in {-1, 0, +1}. The tile
            holds q (exact) or q * scale_k[k] (rounded once, as sign's +-a); scale_n is sign's b (``_w_cols``).
     A NaN code (fp8 0x7F / 0xFF, ternary 0b10) decodes to NaN in the tile, as the reference's decode.
@@ -77,13 +78,28 @@ def _e2m1(c):
 @triton.jit
 def _ue4m3(b):
     """float8_e4m3fn byte (int32, 0..255) -> fp32, exact: normal 2^(e-7) (1 + m/8), subnormal m 2^-9,
-    0x7F / 0xFF NaN (0002: the NaN block scale of a non-finite block)."""
+    0x7F / 0xFF NaN (0002: the NaN block scale of a non-finite block). The sign bit is or-ed into the fp32 bits
+    (a negation compiles to 0 - v, which reads 0x80 as +0 where torch reads -0)."""
     ex = (b >> 3) & 15
     man = b & 7
     norm = ((ex + 120) << 23) | (man << 20)
     v = tl.where(ex > 0, norm.to(tl.float32, bitcast=True), man.to(tl.float32) * 0.001953125)
     v = tl.where((b & 127) == 127, float("nan"), v)
-    return tl.where((b & 128) != 0, -v, v)
+    return (v.to(tl.uint32, bitcast=True) | ((b & 128).to(tl.uint32) << 24)).to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def _e4m3_pair(p):
+    """Two float8_e4m3fn bytes (bits 0..7 and 16..23 of each uint32) -> the two values in bf16, exact: the
+    magnitude bits go to bf16 bits 10..4 and the sign to bit 15 of each half, which reads as e4m3 * 2^-120 (a bf16
+    subnormal for the subnormal codes: Triton's multiply does not flush them, as ``_e2m1_pair``), so one multiply
+    by 2^120 gives e4m3; a NaN code (magnitude 0x7F, the only one whose magnitude + 1 carries into bit 7) gets the
+    exponent bits all set first, so it stays NaN. Returns (low byte's value, high byte's value)."""
+    t = ((p & 0x007F007F) + 0x00010001) >> 7
+    bits = ((p << 4) & 0x07F007F0) | ((p << 8) & 0x80008000) | ((t & 0x00010001) * 0x7FC0)
+    lo = (bits & 0xFFFF).to(tl.uint16).to(tl.bfloat16, bitcast=True)
+    hi = (bits >> 16).to(tl.uint16).to(tl.bfloat16, bitcast=True)
+    return lo * 1.329227995784916e+36, hi * 1.329227995784916e+36
 
 
 @triton.jit
@@ -224,10 +240,16 @@ def _w_tile_nk(FMT: tl.constexpr, p0, p1, e64, k0, K, N, ns, nmask, BK: tl.const
                    _sign_w(byt, ap, bmask, 3), _sign_w(byt, ap, bmask, 4), _sign_w(byt, ap, bmask, 5),
                    _sign_w(byt, ap, bmask, 6), _sign_w(byt, ap, bmask, 7), BN, BK)
     elif FMT == 3:
-        # one E4M3 byte per element, in k order: decoded by its bits (``_ue4m3``, exact)
+        # one E4M3 byte per element, in k order: decoded by its bits (exact). For a bf16 product two bytes at a
+        # time straight to a bf16 pair (``_e4m3_pair``), else one at a time to fp32 (``_ue4m3``)
         byt = tl.load(p0 + e64 * N * K + ns[:, None] * K + ks[None, :], mask=nmask[:, None] & kmask[None, :],
                       other=0)
-        w = _ue4m3(byt.to(tl.int32))
+        if DT == tl.bfloat16:
+            ev, od = tl.split(tl.reshape(byt, (BN, BK // 2, 2)))
+            lo, hi = _e4m3_pair(ev.to(tl.uint32) | (od.to(tl.uint32) << 16))
+            w = tl.reshape(tl.join(lo, hi), (BN, BK))
+        else:
+            w = _ue4m3(byt.to(tl.int32))
     else:
         # one byte of 4 two-bit codes per 4 k; element j of byte i: k = k0 + 4 i + j
         k4 = K // 4
