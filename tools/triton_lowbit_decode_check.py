@@ -1,8 +1,9 @@
-"""Exhaustive check of the NVFP4 and FP8 tile decoders (``_kernels._w_tile_nk``): every E2M1 code at every nibble
-position under every UE4M3 block scale, and every E4M3 byte at every position, in each product dtype. Used by the
+"""Exhaustive check of the NVFP4, FP8 and ternary tile decoders (``_kernels._w_tile_nk``): every E2M1 code at every
+nibble position under every UE4M3 block scale, every E4M3 byte and every ternary byte at every position, in each
+product dtype. Used by the
 interpreter check (fp32, CPU) and by tests/gpu/test_triton_lowbit_gpu.py (bf16 and fp32 on the GPU: Triton's
-interpreter gets bf16 multiplies wrong, so the bf16 pair decoders ``_e2m1_pair`` / ``_e4m3_pair`` can only be
-checked on a GPU)."""
+interpreter gets bf16 multiplies wrong, so the bf16 pair decoders ``_e2m1_pair`` / ``_e4m3_pair`` /
+``_ternary_pair`` are checked on a GPU)."""
 
 from __future__ import annotations
 
@@ -29,6 +30,23 @@ def _decode_tile_fp8(codes, out, DT: tl.constexpr):
     ns = tl.arange(0, 256)
     w = _w_tile_nk(3, codes, codes, 0, 0, 16, 256, ns, ns < 256, 16, 256, DT)
     tl.store(out + ns[:, None] * 16 + tl.arange(0, 16)[None, :], w)
+
+
+@triton.jit
+def _decode_tile_ternary(codes, out, DT: tl.constexpr):
+    """The ternary tile decoder (absmean form: no scale_k) on a [256, 16] factor of 2-bit codes, in DT."""
+    ns = tl.arange(0, 256)
+    w = _w_tile_nk(4, codes, codes, 0, 0, 16, 256, ns, ns < 256, 16, 256, DT)
+    tl.store(out + ns[:, None] * 16 + tl.arange(0, 16)[None, :], w)
+
+
+def ternary_tile_probe(device="cpu"):
+    """(ternary bytes uint8 [256, 4], exact values float64 [256, 16]): row n holds the byte (n + 37 i) % 256 at
+    byte position i, so every byte (every code, 0b10 = NaN included, at every bit pair) meets every position."""
+    from tsct.quant import formats
+
+    byt = ((torch.arange(256)[:, None] + 37 * torch.arange(4)[None, :]) % 256).to(torch.uint8)
+    return byt.to(device), formats.ternary_decode(formats.unpack_2bit(byt)).double()
 
 
 def fp8_tile_probe(device="cpu"):
@@ -65,11 +83,12 @@ def _mismatches(got: torch.Tensor, ref: torch.Tensor) -> int:
 
 
 def tile_mismatches(device="cpu", dtypes=(torch.bfloat16, torch.float32)) -> dict[str, int]:
-    """{"nvfp4 bfloat16": elements, ...}: how many elements of the NVFP4 and the FP8 decoded tiles in each dtype
-    differ from the exact values (they are exact in bf16 and fp32), NaN where the block scale or the E4M3 code is
+    """{"nvfp4 bfloat16": elements, ...}: how many elements of the NVFP4, FP8 and ternary decoded tiles in each
+    dtype differ from the exact values (they are exact in bf16 and fp32), NaN where the block scale or the code is
     NaN."""
     codes, scales, want = nvfp4_tile_probe(device)
     byt, want8 = fp8_tile_probe(device)
+    tern, want3 = ternary_tile_probe(device)
     out = {}
     for dt in dtypes:
         name = str(dt).removeprefix("torch.")
@@ -79,6 +98,9 @@ def tile_mismatches(device="cpu", dtypes=(torch.bfloat16, torch.float32)) -> dic
         got8 = torch.empty(256, 16, dtype=dt, device=device)
         _decode_tile_fp8[(1,)](byt, got8, _TL[dt])
         out[f"fp8 {name}"] = _mismatches(got8.cpu(), want8.to(dt))
+        got3 = torch.empty(256, 16, dtype=dt, device=device)
+        _decode_tile_ternary[(1,)](tern, got3, _TL[dt])
+        out[f"ternary {name}"] = _mismatches(got3.cpu(), want3.to(dt))
     return out
 
 

@@ -233,9 +233,9 @@ def test_status():
 
 
 def test_tile_decode_exhaustive():
-    """The NVFP4 tile decoder (every E2M1 code at every nibble position under every UE4M3 block scale) and the FP8
-    one (every E4M3 byte at every position): the bf16 pair decoders and the fp32 decoders all give the exact values'
-    bits (Triton JIT; the interpreter gets the bf16 ones' multiplies wrong)."""
+    """The NVFP4 tile decoder (every E2M1 code at every nibble position under every UE4M3 block scale), the FP8 and
+    the ternary ones (every byte at every position): the bf16 pair decoders and the fp32 decoders all give the exact
+    values' bits (Triton JIT; the interpreter gets the bf16 ones' multiplies wrong)."""
     import _tools
 
     mismatches = _tools.load("triton_lowbit_decode_check").tile_mismatches("cuda")

@@ -44,7 +44,8 @@ in the operand registers instead (NVFP4 half planes) made every warp decode the 
            instruction, so any arch and Triton's interpreter): for a bf16 product two bytes per shift and mask
            straight to a bf16 pair (``_e4m3_pair``), else to fp32 (``_ue4m3``); scale_n is sign's b (``_w_cols``).
     ternary  W = q * scale_n[n] (FMT 4) or (q * scale_k[k]) * scale_n[n] (FMT 5), q in {-1, 0, +1}. The tile
-           holds q (exact) or q * scale_k[k] (rounded once, as sign's +-a); scale_n is sign's b (``_w_cols``).
+           holds q (exact; for a bf16 product two codes per shift and mask straight to bf16: ``_ternary_pair``) or
+           q * scale_k[k] (rounded once, as sign's +-a); scale_n is sign's b (``_w_cols``).
     A NaN code (fp8 0x7F / 0xFF, ternary 0b10) decodes to NaN in the tile, as the reference's decode.
 
 Everything else (the GLU epilogue, row weights, gather, int64 row offsets, empty experts, padding)
@@ -152,6 +153,20 @@ def _ternary_w(byt, J: tl.constexpr):
 
 
 @triton.jit
+def _ternary_pair(byt, J: tl.constexpr):
+    """Bit pairs J and J + 2 (J < 2) of each ternary byte (uint32, 0..255), decoded together into bf16: a copy of
+    the byte 12 bits up puts code J + 2 16 bits above code J, as two bf16 halves of a word; the low bit gives the
+    magnitude's bits (1.0 = 0x3F80), the high bit the sign, and the code 0b10 (high bit without low bit) the
+    exponent bits too, so it reads NaN. Returns (code J's value, code J + 2's value), exact, no arithmetic."""
+    q = ((byt | (byt << 12)) >> (2 * J)) & 0x00030003
+    hi_bit = (q >> 1) & 0x00010001
+    bits = ((q & 0x00010001) * 0x3F80) | (hi_bit << 15) | ((hi_bit & ~q) * 0x7FC0)
+    lo = (bits & 0xFFFF).to(tl.uint16).to(tl.bfloat16, bitcast=True)
+    hi = (bits >> 16).to(tl.uint16).to(tl.bfloat16, bitcast=True)
+    return lo, hi
+
+
+@triton.jit
 def _join4(v0, v1, v2, v3, BN: tl.constexpr, BK: tl.constexpr):
     """[BN, BK/4] x 4 (element j of group i) -> [BN, BK] with k = 4 i + j (register-only join/reshape)."""
     return tl.reshape(tl.join(tl.join(v0, v2), tl.join(v1, v3)), (BN, BK))
@@ -256,7 +271,12 @@ def _w_tile_nk(FMT: tl.constexpr, p0, p1, e64, k0, K, N, ns, nmask, BK: tl.const
         bs = k0 // 4 + tl.arange(0, BK // 4)
         byt = tl.load(p0 + e64 * N * k4 + ns[:, None] * k4 + bs[None, :], mask=nmask[:, None] & (bs < k4)[None, :],
                       other=0).to(tl.int32)                                   # [BN, BK/4]
-        w = _join4(_ternary_w(byt, 0), _ternary_w(byt, 1), _ternary_w(byt, 2), _ternary_w(byt, 3), BN, BK)
+        if FMT == 4 and DT == tl.bfloat16:  # two codes per shift and mask straight to bf16 (``_ternary_pair``)
+            c0, c2 = _ternary_pair(byt.to(tl.uint32), 0)
+            c1, c3 = _ternary_pair(byt.to(tl.uint32), 1)
+            w = _join4(c0, c1, c2, c3, BN, BK)
+        else:
+            w = _join4(_ternary_w(byt, 0), _ternary_w(byt, 1), _ternary_w(byt, 2), _ternary_w(byt, 3), BN, BK)
         if FMT == 5:  # the rank-1 scaling's scale_k[k] (0 past K: those codes are 0 there too)
             w = w * tl.load(p1 + e64 * K + ks, mask=kmask, other=0.0)[None, :]
     return w.to(DT)
