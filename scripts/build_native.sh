@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Build the native library alone (no wheel, no Triton AOT cubins) into build/native, for the device scripts that run
-# the source tree through Triton JIT with TSCT_NATIVE_LIB=build/native (e.g. scripts/h200_bwd_scale.sh): the CUDA
+# the source tree through Triton JIT with TSCT_NATIVE_LIB=build/native (e.g. `scripts/gpu_suite.sh bwd-ab`): the CUDA
 # kernels of csrc/ for the targets in TSCT_CUDA_GENCODES (default sm_90a, the H200; the wheel builds more), with
 # libtsct_kernels.so and manifest.json side by side. Needs nvcc and CMake >= 3.26 (CMAKE=/path/to/cmake, e.g. from
 # `pip install cmake` in a venv of your own). About 10 minutes on 2 cores for sm_90a.

@@ -81,6 +81,16 @@ bwd            the backward at scale and the bmm path on the wheel: test_bwd_sca
 bmmprof        tools/bmm_profile.py: the bmm path's eager calls (host read, kernels, device time) and its decode
 scale          tsct-bench --sweep $SWEEP (default all) at b1, arms $ARMS (default padded-bmm,tsct-triton-*),
                formats $FORMATS (default bf16,nvfp4) -> sweep.json and sweep.png
+bwd-ab         the backward's schedule A/B through Triton JIT from source trees (scripts/bwd_scale_timing.py,
+               graph ms at $SHAPES, default b1,b1_zipf12,e256,t65536): "old" = build/old_tree (`git archive <commit>
+               python | tar -x -C build/old_tree`, carried) with build/old_native if carried, "new" = this tree with
+               build/native (scripts/build_native.sh), "new-tdz" = this tree with dz_native=0; then a table
+bwd-chunks     the same timer at b1 Zipf 1.2 / 1.5 over Config.chunk_bwd (256 .. 2048) and fs_dwd (8, 32)
+nn             test_nn_experts_gpu.py: the expert layers on the kernel paths against the fp32 padded bmm, STE layers,
+               make_graphed_callables, torch.compile, counts without host syncs
+train          examples/train_moe_lm.py --preset gpu --require-gate: the training A/B (TRAIN_STEPS steps, else
+               TRAIN_BUDGET seconds, default 220) -> <date>_<gpu>_moe-lm_<commit>.json (+ .png with matplotlib)
+ep             test_nn_parallel_gpu.py: expert parallelism and FSDP2 over NCCL (needs 2 GPUs)
 EOF
 }
 
@@ -326,6 +336,69 @@ stage_scale() {
     --arms "${ARMS:-padded-bmm,tsct-triton-*}" --formats "${FORMATS:-bf16,nvfp4}" --iters 20 --max-seconds 1.5 \
     --json "$OUT/sweep.json" $(python3 -c "import matplotlib" 2>/dev/null && echo --plot "$OUT/sweep.png")
   tail -n 40 "$OUT/scale.log"
+}
+
+# Triton JIT from a source tree (stages bwd-ab, bwd-chunks): PYTHONPATH first, so the installed wheel is not used
+jit_new() {
+  local n=()
+  [[ -f "$ROOT/build/native/libtsct_kernels.so" ]] && n=(TSCT_NATIVE_LIB="$ROOT/build/native")
+  echo env PYTHONPATH="$ROOT/python:$ROOT/tests" TSCT_TRITON_BACKEND=jit "${n[@]}"
+}
+
+stage_bwd-ab() {
+  local shapes=${SHAPES:-b1,b1_zipf12,e256,t65536} timer="$ROOT/scripts/bwd_scale_timing.py"
+  rm -f "$OUT"/time_*.json
+  if [[ -d "$ROOT/build/old_tree/python" ]]; then
+    local old=/nonexistent
+    [[ -f "$ROOT/build/old_native/libtsct_kernels.so" ]] && old="$ROOT/build/old_native"
+    step time-old 200 env PYTHONPATH="$ROOT/build/old_tree/python" TSCT_TRITON_BACKEND=jit TSCT_NATIVE_LIB="$old" \
+      python3 "$timer" --label old --shapes "$shapes" --json "$OUT/time_old.json"
+  fi
+  step time-new 200 $(jit_new) python3 "$timer" --label new --shapes "$shapes" --json "$OUT/time_new.json"
+  if [[ -f "$ROOT/build/native/libtsct_kernels.so" ]]; then
+    step time-new-tdz 200 $(jit_new) TSCT_TRITON_GLU_CFG=dz_native=0 python3 "$timer" --label new-tdz \
+      --shapes "$shapes" --arms bf16-kmajor --json "$OUT/time_new_tdz.json"
+  fi
+  python3 - "$OUT" <<'PY'
+import json, pathlib, sys
+runs = [json.loads(p.read_text()) for p in sorted(pathlib.Path(sys.argv[1]).glob("time_*.json"))]
+rows = {}
+for run in runs:
+    for r in run["results"]:
+        rows.setdefault((r["shape"], r["arm"]), {})[run["label"]] = r
+labels = [run["label"] for run in runs]
+print("fwd / fwd+bwd ms (CUDA graph)  " + "  ".join(f"{l:>17s}" for l in labels))
+for (shape, arm), by in rows.items():
+    cells = []
+    for l in labels:
+        r = by.get(l)
+        cells.append(f"{'-':>17s}" if r is None else f"{'error':>17s}" if "error" in r
+                     else f"{r['fwd_ms']:7.3f} / {r['fwdbwd_ms']:7.3f}")
+    print(f"{shape:10s} {arm:12s}        " + "  ".join(cells))
+PY
+}
+
+stage_bwd-chunks() {
+  local cfg
+  for cfg in chunk_bwd=256 chunk_bwd=512 chunk_bwd=1024 chunk_bwd=2048 fs_dwd=8 fs_dwd=32; do
+    step "chunks-${cfg/=/-}" 60 $(jit_new) TSCT_TRITON_GLU_CFG="$cfg" python3 "$ROOT/scripts/bwd_scale_timing.py" \
+      --label "$cfg" --shapes b1_zipf12,b1_zipf15 --json "$OUT/chunks_${cfg/=/_}.json"
+  done
+}
+
+stage_nn() {
+  step nn 300 env PYTHONPATH="$ROOT/tests" bash -c "pyt --durations=8 '$T/test_nn_experts_gpu.py'"
+}
+
+stage_train() {
+  local len=(--time-budget "${TRAIN_BUDGET:-220}")
+  [[ -n ${TRAIN_STEPS:-} ]] && len=(--time-budget 0 --steps "$TRAIN_STEPS")
+  step train $(( ${TRAIN_BUDGET:-220} + 150 )) python3 "$ROOT/examples/train_moe_lm.py" --preset gpu "${len[@]}" \
+    --out "$OUT" --require-gate
+}
+
+stage_ep() {
+  step ep 420 env PYTHONPATH="$ROOT/tests" bash -c "pyt '$T/test_nn_parallel_gpu.py'"
 }
 
 if [[ $# == 0 || $1 == --list || $1 == -h || $1 == --help ]]; then

@@ -13,7 +13,7 @@ second run with the same bits. ``test_chunk_size_changes_only_dw_rounding``: two
 the same dX, d s and d row_weight bits, and dW within ``CHUNK_TOL`` (the fp32 sums differ in order only; each rounds
 once to bf16). Its speed under skew is measured by ``tsct-bench --sweep routing`` (bench/results), not here.
 
-    PYTHONPATH=python python3 -m pytest -q tests/gpu/test_bwd_scale_gpu.py     (scripts/h200_bwd_scale.sh)
+    PYTHONPATH=python python3 -m pytest -q tests/gpu/test_bwd_scale_gpu.py     (scripts/gpu_suite.sh bwd)
 """
 
 from __future__ import annotations
