@@ -290,7 +290,7 @@ PY
     --arms 'tsct-triton-bf16-*,tsct-triton-lowbit-nvfp4,tsct-triton-lowbit-sign' --formats bf16,nvfp4,sign \
     --iters 10 --max-seconds 1 --json "$OUT/proxy_b1.json"
   # 5. sm_120's opt-in byte-plane down projection (TSCT_TRITON_GLU_CFG=planes_down_lb=1, shipped in its table)
-  step proxy-planes-down 60 "${LEDGER[@]}" TSCT_TRITON_BACKEND=aot TSCT_TRITON_GLU_CFG=planes_down_lb=1 bash -c \
+  step proxy-planes-down 150 "${LEDGER[@]}" TSCT_TRITON_BACKEND=aot TSCT_TRITON_GLU_CFG=planes_down_lb=1 bash -c \
     "pyt -p _launch_ledger '$T/test_triton_lowbit_gpu.py' -k '(b1 and not b1_pad) or f37_empty or top4_f129 or r100'"
   # 6. the per-kernel verdicts and the record for tsct.kernels.sm120_proxy.RUNS
   step proxy-verdicts 30 python3 "$ROOT/scripts/proxy_verdicts.py" "$L" --bench "$OUT/proxy_b1.json" \

@@ -47,8 +47,9 @@ NOT_PROXIED: dict[str, str] = {
 #: "suite" (pytest's summary), "kernels": {kernel: {"aot": launches through the proxy cubins, "variants": distinct
 #: variants launched, "jit": ..., "native": ..., "failed_tests": [test ids that launched it and failed], "source": the
 #: source fingerprint of the proxy cubins (their index's "sources")}}}: the record ``scripts/proxy_verdicts.py`` prints
-#: from the stage's launch ledger. The 2026-12-04 run's fingerprints were computed afterwards from commit b713935's
-#: tree (``source_key`` on its kernel modules, Triton 3.9), the source its wheel was built from.
+#: from the stage's launch ledger. The b713935 run's fingerprints were computed afterwards from that commit's tree
+#: (``source_key`` on its kernel modules, Triton 3.9), the source its wheel was built from. The 2e6bd36 run's one
+#: failed test is a stale assertion that errored before launching anything (it asked for a retired path's status).
 RUNS: tuple[dict, ...] = (
     {'date': '2026-12-04', 'commit': 'b713935', 'device': 'NVIDIA H200',
      'evidence': 'bench/results/2026-12-04_h200_sm120_proxy_b713935.log',
@@ -84,6 +85,51 @@ RUNS: tuple[dict, ...] = (
                            'source': '1ca333d31ea6131e'},
          'lowbit_bwd_dx_dw': {'aot': 288, 'variants': 11, 'jit': 0, 'native': 0, 'failed_tests': [],
                               'source': '1e384e8cca14ecda'},
+     }},
+    {'date': '2026-12-04', 'commit': '2e6bd36', 'device': 'NVIDIA H200',
+     'evidence': 'bench/results/2026-12-04_h200_sm120_proxy_2e6bd36.log',
+     'suite': '1 failed, 270 passed, 222 skipped',
+     'kernels': {
+         'glu_down_fwd': {'aot': 292, 'variants': 24, 'jit': 0, 'native': 0, 'failed_tests': [],
+                          'source': 'c5a0a225608df89d'},
+         'glu_up_fwd': {'aot': 159, 'variants': 16, 'jit': 0, 'native': 0, 'failed_tests': [],
+                        'source': 'e916da95730f92e7'},
+         'combine_rows': {'aot': 756, 'variants': 2, 'jit': 0, 'native': 0, 'failed_tests': [],
+                          'source': '900fcb176222429c'},
+         'zero_tail_rows': {'aot': 149, 'variants': 1, 'jit': 0, 'native': 0, 'failed_tests': [],
+                            'source': '3ca19f5790771e7d'},
+         'tile_cum': {'aot': 307, 'variants': 2, 'jit': 0, 'native': 0, 'failed_tests': [],
+                      'source': '4686e05faba7ea99'},
+         'csr_keys': {'aot': 731, 'variants': 2, 'jit': 0, 'native': 0, 'failed_tests': [],
+                      'source': '6322dadaadcab201'},
+         'route_rank': {'aot': 52, 'variants': 2, 'jit': 0, 'native': 0, 'failed_tests': [],
+                        'source': '7ae970344c25b689'},
+         'route_place': {'aot': 52, 'variants': 4, 'jit': 0, 'native': 0, 'failed_tests': [],
+                         'source': '66b9094d263bad19'},
+         'bwd_maps': {'aot': 448, 'variants': 1, 'jit': 0, 'native': 0, 'failed_tests': [],
+                      'source': '8c145a5ce77a5b8d'},
+         'glu_bwd_dz': {'aot': 149, 'variants': 13, 'jit': 0, 'native': 0, 'failed_tests': [],
+                        'source': '1cc5a8202c2c53fd'},
+         'glu_bwd_dwd': {'aot': 437, 'variants': 10, 'jit': 0, 'native': 0, 'failed_tests': [],
+                         'source': '97b3db8ca4055b88'},
+         'bwd_slot_reduce': {'aot': 316, 'variants': 1, 'jit': 0, 'native': 0, 'failed_tests': [],
+                             'source': 'd28f3356d7f0a0fb'},
+         'glu_bwd_epi': {'aot': 448, 'variants': 9, 'jit': 0, 'native': 0, 'failed_tests': [],
+                         'source': '43f27cdfe8b1c50c'},
+         'glu_bwd_sred': {'aot': 392, 'variants': 3, 'jit': 0, 'native': 0, 'failed_tests': [],
+                          'source': 'a7fcdbdeab649b68'},
+         'glu_bwd_dx_dw': {'aot': 147, 'variants': 10, 'jit': 0, 'native': 0, 'failed_tests': [],
+                           'source': 'bd37aeed58153121'},
+         'glu_bwd_dw': {'aot': 436, 'variants': 7, 'jit': 0, 'native': 0, 'failed_tests': [],
+                        'source': '7f44eaed32b055ac'},
+         'lowbit_down_fwd': {'aot': 554, 'variants': 20, 'jit': 12, 'native': 0, 'failed_tests': [],
+                             'source': '6ad6ae1d57686d3b'},
+         'lowbit_up_fwd': {'aot': 299, 'variants': 20, 'jit': 8, 'native': 0, 'failed_tests': [],
+                           'source': 'b6766d14776506f0'},
+         'lowbit_bwd_dz': {'aot': 291, 'variants': 7, 'jit': 8, 'native': 0, 'failed_tests': [],
+                           'source': 'e81cbed19b2a2acf'},
+         'lowbit_bwd_dx_dw': {'aot': 287, 'variants': 11, 'jit': 12, 'native': 0, 'failed_tests': [],
+                              'source': '6e85d70ca7196b78'},
      }},
 )
 
