@@ -198,11 +198,12 @@ __device__ __forceinline__ void down_body(const DownParams& p, int e, int row0, 
         else
           cp_async16(dst, p.codes[0], 0);
       }
-      if constexpr (FMT == kTernaryR1) {  // scale_k: 16-byte pieces tid and tid + 128 of each factor's CQ * 64
+      if constexpr (FMT == kTernaryR1) {  // scale_k: 16-byte pieces tid + NT i of each factor's CQ * 64 fp32
+        static_assert(CQ * 16 % NT == 0, "whole scale_k pieces per thread");
 #pragma unroll
         for (int f = 0; f < 2; ++f)
 #pragma unroll
-          for (int i = 0; i < CQ / 4; ++i) {
+          for (int i = 0; i < CQ * 16 / NT; ++i) {
             const int pc = tid + NT * i, chunk = CQ * q + pc / 16;
             const uint32_t dst = smem_u32(ss + (q & (NB - 1)) * S_STAGE + f * (CQ * 256) + 16 * pc);
             const float* ksrc = reinterpret_cast<const float*>(p.scales[f]) + (size_t)e * d + (size_t)q * CQ * 64 +
