@@ -1,9 +1,10 @@
-// glu_down_fwd for NVFP4 or sign w_gate / w_up (both the same format; kernels tsctk_glu_down_fwd_{nvfp4,sign}),
-// bf16 x, r = 64: the low-bit grouped GLU's down projection with the GLU in its epilogue, in CUDA C++. The Triton
+// glu_down_fwd for NVFP4, sign, FP8 or ternary w_gate / w_up (both the same format; kernels
+// tsctk_glu_down_fwd_{nvfp4,sign,fp8,ternary,ternary_r1}: one source, the format a template parameter), bf16 x,
+// r = 64: the low-bit grouped GLU's down projection with the GLU in its epilogue, in CUDA C++. The Triton
 // kernel (triton_lowbit lowbit_down_fwd) is latency-bound on the H200 (ncu: DRAM 23 %, 25 % occupancy): its decoded
 // tiles pass through shared memory to reach the wgmma operand layout and each step waits on its own wgmma. Here the
-// codes are decoded straight into mma.sync A fragments. Entry points tsct_glu_down_fwd_{nvfp4,sign} (tsct.h);
-// caller python/tsct/kernels/triton_lowbit/glu.py; measurements docs/performance.md.
+// codes are decoded straight into mma.sync A fragments. Entry points tsct_glu_down_fwd_{nvfp4,sign,fp8,ternary}
+// (tsct.h); caller python/tsct/kernels/triton_lowbit/glu.py; measurements docs/performance.md.
 //
 //   hg = (x_rows @ W_gate_hat[e]),  hu = (x_rows @ W_up_hat[e])          fp32 [M, 64]  (W_hat = e2m1 * sf / s_enc)
 //   z  = silu(hg * s_gate[e]) * (hu * s_up[e]) [* row_weight]           x.dtype [M, 64]
@@ -11,14 +12,15 @@
 // One CTA (4 warps) per row tile of 64 rows of one expert (the Triton path's tile map: cum = inclusive tile
 // counts per expert). Warp w owns ranks 16w..16w+15 of BOTH factors, so the GLU needs no exchange; it runs
 // NTILE = 4 n8 tiles of rows (8 when the tile has more than 32 rows). K runs in chunks of 64: an ST-stage
-// cp.async ring of x tiles [64 rows][64 k] and a two-stage ring of code stages (CQ chunks: the codes
-// [128 rows][128 B] and block scales [128 rows][16 B], rows 0..63 gate, 64..127 up), so a warp's copy
-// instruction covers 4 whole 128-byte rows. The decode and the operand layouts: nvfp4_mma.cuh. sm_90a: per chunk
+// cp.async ring of x tiles [64 rows][64 k] and a ring of code stages (kNb stages of kCq chunks: the codes
+// [128 rows][kRowB B] and the per-k scales of the stage, rows 0..63 gate, 64..127 up; NVFP4: two stages of 4
+// chunks, 128-byte code rows and [128 rows][16 B] of block scales), so a warp's copy instruction covers whole rows.
+// The decode and the operand layouts: nvfp4_mma.cuh. sm_90a: per chunk
 // eight k16 wgmma (gate and up) with A in registers and the x stage as B in wgmma's swizzled layout (thread
 // (tid / 2, tid % 2) copies half of one row and permutes it in place; wgmma_sm90.cuh); they run while the next
 // stage is permuted.
 //
-// Needs: sm_80+ (cp.async, bf16 mma.sync) and SMEM_BYTES of shared memory per block.
+// Needs: sm_80+ (cp.async, bf16 mma.sync) and kSmemBytes<FMT> of shared memory per block.
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 #include <stdint.h>
@@ -36,7 +38,6 @@
 #define RANK 64  // r
 #define KC 64    // K per chunk
 #define ST 4     // x pipeline stages
-#define CQ 4     // K chunks per code stage (two code stages: 128-byte code rows, copied 4 rows per warp instruction)
 #define MINB 3   // CTAs per SM (registers <= 170)
 
 namespace {
@@ -56,6 +57,8 @@ struct DownParams {
   const int* cum;         // [E] inclusive row-tile counts (tiles of BM rows)
   // gate, up. NVFP4: codes [E, 64, d/2], UE4M3 block scales [E, 64, d/16] (linear), s_enc [E].
   // sign: bits [E, 64, d/8] (as codes), a fp32 [E, d] (as scales), b fp32 [E, 64] (as s_enc).
+  // fp8: E4M3 codes [E, 64, d], scale_n fp32 [E, 64] (as s_enc). ternary: codes [E, 64, d/4], scale_n [E, 64]
+  // (as s_enc), the rank-1 scaling's scale_k fp32 [E, d] (as scales).
   const uint8_t* codes[2];
   const uint8_t* scales[2];
   const float* s_enc[2];
@@ -75,19 +78,51 @@ __device__ __forceinline__ float rank_scale(const void* s, int bf16_scales, size
                      : __ldg(static_cast<const float*>(s) + i);
 }
 
+// The code ring, by format: kNb stages of kCq K chunks, 128 rows (64 gate, 64 up) of kRowB bytes each. NVFP4 (32
+// bytes per row and chunk) and ternary (16): two stages of 128-byte rows (a warp's copy instruction covers 4 whole
+// rows); sign: two stages of 32-byte rows of bits; fp8 (64 bytes per row and chunk): four one-chunk stages of
+// 64-byte rows, the same 32 KB. Stage q + kNb - 1 is issued with x chunk kCq q + ST - 1, when stage q starts; it
+// must be complete kCq (kNb - 1) chunks later, so kCq (kNb - 1) >= ST - 1 (cp_wait counts the x groups).
+template <int FMT>
+constexpr int kCq = FMT == kFp8 ? 1 : FMT == kTernary || FMT == kTernaryR1 ? 8 : 4;
+template <int FMT>
+constexpr int kNb = FMT == kFp8 ? 4 : 2;
+template <int FMT>
+constexpr int kRowB = FMT == kFp8 ? 64 : 128;
 constexpr int X_STAGE = BM * KC;                   // bf16 elements: 64 rows x 128 B
-constexpr int C_STAGE = 2 * RANK * CQ * KC / 2;    // code bytes: 128 rows x 128 B
-constexpr int S_STAGE = 2 * RANK * CQ * KC / 16;   // scale bytes: 128 rows x 16 B
-constexpr int SMEM_USED = ST * X_STAGE * 2 + 2 * (C_STAGE + S_STAGE) + 256 * 4;
+template <int FMT>
+constexpr int kCStage = 2 * RANK * kRowB<FMT>;     // code bytes per stage (sign uses a quarter)
+// scale bytes per code stage: NVFP4 128 rows x 16 B; sign's a of both factors (the same bytes); none for fp8;
+// ternary: the rank-1 scaling's scale_k of both factors (kCq * 64 fp32 each; the absmean kernel sized alike, so
+// that both ternary kernels take the same shared memory)
+template <int FMT>
+constexpr int kSStage =
+    FMT == kNvfp4 || FMT == kSign ? 2 * RANK * 4 * KC / 16 : FMT == kFp8 ? 0 : 2 * kCq<FMT> * KC * 4;
+template <int FMT>
+constexpr int kSmemUsed = ST * X_STAGE * 2 + kNb<FMT> * (kCStage<FMT> + kSStage<FMT>) + 256 * 4;
 // + 1 KB: the x stages at a 1024-byte aligned address (wgmma's swizzled B operand; the same size on every arch)
-constexpr int SMEM_BYTES = SMEM_USED + 1024;
-static_assert(MINB * (SMEM_BYTES + 1024 + 128) <= 228 * 1024, "MINB CTAs per SM must fit sm_90's shared memory");
+template <int FMT>
+constexpr int kSmemBytes = kSmemUsed<FMT> + 1024;
+static_assert(kSmemBytes<kNvfp4> == 71680 && kSmemBytes<kSign> == 71680, "the documented shared memory (tsct.h)");
+static_assert(MINB * (kSmemBytes<kTernaryR1> + 1024 + 128) <= 228 * 1024 &&
+                  MINB * (kSmemBytes<kNvfp4> + 1024 + 128) <= 228 * 1024 &&
+                  MINB * (kSmemBytes<kFp8> + 1024 + 128) <= 228 * 1024,
+              "MINB CTAs per SM must fit sm_90's shared memory");
+static_assert(kCq<kNvfp4> * (kNb<kNvfp4> - 1) >= ST - 1 && kCq<kFp8> * (kNb<kFp8> - 1) >= ST - 1 &&
+                  kCq<kTernary> * (kNb<kTernary> - 1) >= ST - 1, "a code stage must arrive with its x chunks");
+
+// 16-byte unit swizzle of fp8 / ternary code rows. fp8: a lane reads unit c of its 64-byte rows, and the two rows
+// a quarter warp reads are adjacent (128 distinct bytes): none. ternary: a lane reads 4 bytes of unit u (chunk
+// u), so the 8 rows of a warp's read go to units u ^ (row & 7).
+__device__ __forceinline__ int q_swz(int fmt, int row) { return fmt == kFp8 ? 0 : row & 7; }
 
 template <int FMT, bool BWD, int NTILE>
 __device__ __forceinline__ void down_body(const DownParams& p, int e, int row0, int R, unsigned char* smem) {
+  constexpr int CQ = kCq<FMT>, NB = kNb<FMT>, RB = kRowB<FMT>, C_STAGE = kCStage<FMT>, S_STAGE = kSStage<FMT>;
   bf16* xs = reinterpret_cast<bf16*>(smem);                                     // [ST][BM][KC], swizzled
-  uint8_t* cs = reinterpret_cast<uint8_t*>(xs + ST * X_STAGE);  // [2][128][CQ * 32] swizzled; sign: [2][128][CQ * 8]
-  uint8_t* ss = cs + 2 * C_STAGE;  // [2][128][CQ * 4]; sign: a [2][2 factors][CQ * 64] f32
+  // NVFP4 [NB][128][CQ * 32] swizzled; sign: [NB][128][CQ * 8]; fp8 / ternary [NB][128][RB] (q_swz)
+  uint8_t* cs = reinterpret_cast<uint8_t*>(xs + ST * X_STAGE);
+  uint8_t* ss = cs + NB * C_STAGE;  // [NB][128][CQ * 4]; sign, ternary rank-1: a / scale_k [NB][2][CQ * 64] f32
   const uint32_t* lut = reinterpret_cast<const uint32_t*>(ss + 2 * S_STAGE);    // [256]
 
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
@@ -119,16 +154,19 @@ __device__ __forceinline__ void down_body(const DownParams& p, int e, int row0, 
   // code copies: 16-byte piece xj of code rows (tid >> 3) + 16 i (a code stage row is CQ chunks = 128 bytes);
   // scale copies: code row tid
   constexpr bool SIGN = FMT == kSign;
-  const size_t crow_bytes = (size_t)(SIGN ? d / 8 : d / 2), srow_bytes = (size_t)(d / 16);
+  constexpr bool QF = FMT == kFp8 || FMT == kTernary || FMT == kTernaryR1;  // fp8 / ternary codes
+  constexpr bool AK = SIGN || FMT == kTernaryR1;  // a per-k scale (sign's a, scale_k) in the scale stages
+  const size_t crow_bytes = (size_t)(SIGN ? d / 8 : FMT == kFp8 ? d : QF ? d / 4 : d / 2);
+  const size_t srow_bytes = (size_t)(d / 16);
   auto code_row = [&](int row) {
     return p.codes[row >> 6] + ((size_t)e * RANK + (row & 63)) * crow_bytes;
   };
   const uint8_t* ssrc = p.scales[tid >> 6] + ((size_t)e * RANK + (tid & 63)) * srow_bytes;
   const bool s16 = (srow_bytes & 15) == 0 && ((uintptr_t)ssrc & 15) == 0;  // one 16-byte copy per code stage
 
-  auto issue_codes = [&](int q) {  // code stage q (chunks CQ q .. CQ q + CQ - 1) into buffer q % 2
+  auto issue_codes = [&](int q) {  // code stage q (chunks CQ q .. CQ q + CQ - 1) into buffer q % NB
     if (q >= nq) return;
-    uint8_t* cb = cs + (q & 1) * C_STAGE;
+    uint8_t* cb = cs + (q & (NB - 1)) * C_STAGE;
     if constexpr (SIGN) {
       // bits: 8-byte piece tid & 3 (one chunk) of rows (tid >> 2) + 32 i; a: 16-byte piece tid & 63 of factor tid >> 6
 #pragma unroll
@@ -141,10 +179,38 @@ __device__ __forceinline__ void down_body(const DownParams& p, int e, int row0, 
           cp_async8(dst, p.codes[0], 0);
       }
       const int chunk = CQ * q + (tid & 63) / 16;
-      const uint32_t dst = smem_u32(ss + (q & 1) * S_STAGE + (tid >> 6) * (CQ * 256) + 16 * (tid & 63));
+      const uint32_t dst = smem_u32(ss + (q & (NB - 1)) * S_STAGE + (tid >> 6) * (CQ * 256) + 16 * (tid & 63));
       const float* asrc = reinterpret_cast<const float*>(p.scales[tid >> 6]) + (size_t)e * d + (size_t)q * CQ * 64 +
                           4 * (tid & 63);
       cp_async16(dst, chunk < nk ? (const void*)asrc : (const void*)p.scales[0], chunk < nk ? 16 : 0);
+    } else if constexpr (QF) {
+      // codes: the stage's RB bytes of each row as 16-byte pieces pj of rows tid / PR + (NT / PR) i, to unit
+      // pj ^ q_swz (a warp's copy covers whole rows)
+      constexpr int PR = RB / 16;
+      const int pj = tid % PR;
+#pragma unroll
+      for (int i = 0; i < 2 * RANK * PR / NT; ++i) {
+        const int row = tid / PR + (NT / PR) * i;
+        const size_t off = (size_t)q * RB + 16 * pj;
+        const uint32_t dst = smem_u32(cb + row * RB + 16 * (pj ^ q_swz(FMT, row)));
+        if (off < crow_bytes)
+          cp_async16(dst, code_row(row) + off, 16);
+        else
+          cp_async16(dst, p.codes[0], 0);
+      }
+      if constexpr (FMT == kTernaryR1) {  // scale_k: 16-byte pieces tid + NT i of each factor's CQ * 64 fp32
+        static_assert(CQ * 16 % NT == 0, "whole scale_k pieces per thread");
+#pragma unroll
+        for (int f = 0; f < 2; ++f)
+#pragma unroll
+          for (int i = 0; i < CQ * 16 / NT; ++i) {
+            const int pc = tid + NT * i, chunk = CQ * q + pc / 16;
+            const uint32_t dst = smem_u32(ss + (q & (NB - 1)) * S_STAGE + f * (CQ * 256) + 16 * pc);
+            const float* ksrc = reinterpret_cast<const float*>(p.scales[f]) + (size_t)e * d + (size_t)q * CQ * 64 +
+                                4 * pc;
+            cp_async16(dst, chunk < nk ? (const void*)ksrc : (const void*)p.scales[0], chunk < nk ? 16 : 0);
+          }
+      }
     } else {  // NVFP4: codes as 16-byte pieces xj of rows (tid >> 3) + 16 i (swizzled), scales of row tid
 #pragma unroll
       for (int i = 0; i < 8; ++i) {
@@ -156,7 +222,7 @@ __device__ __forceinline__ void down_body(const DownParams& p, int e, int row0, 
         else
           cp_async16(dst, p.codes[0], 0);
       }
-      uint8_t* sb = ss + (q & 1) * S_STAGE + tid * (CQ * 4);
+      uint8_t* sb = ss + (q & (NB - 1)) * S_STAGE + tid * (CQ * 4);
       const int nbytes = min(CQ, nk - CQ * q) * 4;
       if (s16) {
         cp_async16(smem_u32(sb), ssrc + (size_t)q * CQ * 4, nbytes);
@@ -207,6 +273,7 @@ __device__ __forceinline__ void down_body(const DownParams& p, int e, int row0, 
   issue_codes(0);
 #pragma unroll
   for (int s = 0; s < ST - 1; ++s) {
+    if (s > 0 && s < NB - 1) issue_codes(s);  // code stages 1 .. NB - 2 with x chunks 1 .. (NB > 2)
     issue_x(s);
     cp_commit();
   }
@@ -220,25 +287,30 @@ __device__ __forceinline__ void down_body(const DownParams& p, int e, int row0, 
 #endif
     __syncthreads();  // x stage st and code stage kc / CQ complete for all; x stage (kc - 1) % ST free
     issue_x(kc + ST - 1);
-    if (kc % CQ == 0) issue_codes(kc / CQ + 1);  // its buffer was last read in code stage kc / CQ - 1
+    if (kc % CQ == 0) issue_codes(kc / CQ + NB - 1);  // its buffer was last read in code stage kc / CQ - 1
     cp_commit();
 
-    const uint8_t* cb = cs + ((kc / CQ) & 1) * C_STAGE;
-    const uint8_t* sb = ss + ((kc / CQ) & 1) * S_STAGE;
+    const uint8_t* cb = cs + ((kc / CQ) & (NB - 1)) * C_STAGE;
+    const uint8_t* sb = ss + ((kc / CQ) & (NB - 1)) * S_STAGE;
     const int u = kc % CQ;
     // NVFP4: code words w and scale pairs sp of rows g, g + 8 of both factors; sign: spread sign bits in w[.][.].x
-    // and the a pairs of both factors
+    // and the a pairs of both factors; fp8 / ternary: the lane's codes wq (and the scale_k pairs in ap)
     uint2 w[2][2];
     uint32_t sp[2][2];
-    uint32_t ap[SIGN ? 2 : 1][8];
+    uint32_t ap[AK ? 2 : 1][8];
+    std::conditional_t<FMT == kFp8, uint4, uint32_t> wq[QF ? 2 : 1][2];
 #pragma unroll
     for (int f = 0; f < 2; ++f) {
-      if (SIGN) a_pairs(reinterpret_cast<const float*>(sb + f * (CQ * 256)) + 64 * u + 16 * c, ap[SIGN ? f : 0]);
+      if (AK) a_pairs(reinterpret_cast<const float*>(sb + f * (CQ * 256)) + 64 * u + 16 * c, ap[AK ? f : 0]);
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
         const int row = 64 * f + 16 * warp + g + 8 * h;
         if (SIGN) {
           w[f][h].x = sign_spread(*reinterpret_cast<const uint16_t*>(cb + row * (CQ * 8) + 8 * u + 2 * c));
+        } else if constexpr (FMT == kFp8) {
+          wq[f][h] = *reinterpret_cast<const uint4*>(cb + row * RB + 16 * (c ^ q_swz(FMT, row)));  // (u = 0)
+        } else if constexpr (QF) {
+          wq[f][h] = *reinterpret_cast<const uint32_t*>(cb + row * RB + 16 * (u ^ q_swz(FMT, row)) + 4 * c);
         } else {
           w[f][h] = *reinterpret_cast<const uint2*>(cb + row * (CQ * 32) + 32 * (u ^ (row & 3)) + 8 * c);
           sp[f][h] = lut[sb[row * (CQ * 4) + 4 * u + c]];
@@ -251,7 +323,10 @@ __device__ __forceinline__ void down_body(const DownParams& p, int e, int row0, 
       constexpr int s = decltype(S)::value;
       if (SIGN) {
         a_step_sign<s>(w[0][0].x, w[0][1].x, ap[0], a[0]);
-        a_step_sign<s>(w[1][0].x, w[1][1].x, ap[SIGN ? 1 : 0], a[1]);
+        a_step_sign<s>(w[1][0].x, w[1][1].x, ap[AK ? 1 : 0], a[1]);
+      } else if constexpr (QF) {
+        a_step_q<FMT, s>(wq[0][0], wq[0][1], ap[0], a[0]);
+        a_step_q<FMT, s>(wq[QF ? 1 : 0][0], wq[QF ? 1 : 0][1], ap[AK ? 1 : 0], a[1]);
       } else {
         a_step<s>(w[0][0], w[0][1], sp[0][0], sp[0][1], a[0]);
         a_step<s>(w[1][0], w[1][1], sp[1][0], sp[1][1], a[1]);
@@ -298,13 +373,15 @@ __device__ __forceinline__ void down_body(const DownParams& p, int e, int row0, 
 #endif
 
   // epilogue: acc[f][t][i] is (rank 16 warp + g + 8 (i >> 1), tile row 8 t + 2 c + (i & 1))
-  // NVFP4: 2^8 / s_enc per expert (the decode's 2^-8 and the second-level scale); sign: b[n] per rank
-  const float inv_g = SIGN ? 0.f : 256.f / __ldg(p.s_enc[0] + e), inv_u = SIGN ? 0.f : 256.f / __ldg(p.s_enc[1] + e);
+  // NVFP4: 2^8 / s_enc per expert (the decode's 2^-8 and the second-level scale); sign: b[n] per rank; fp8,
+  // ternary: scale_n[n] per rank
+  constexpr bool COLS = FMT != kNvfp4;
+  const float inv_g = COLS ? 0.f : 256.f / __ldg(p.s_enc[0] + e), inv_u = COLS ? 0.f : 256.f / __ldg(p.s_enc[1] + e);
 #pragma unroll
   for (int hh = 0; hh < 2; ++hh) {
     const int n = 16 * warp + g + 8 * hh;
-    const float cg = SIGN ? __ldg(p.s_enc[0] + (size_t)e * RANK + n) : inv_g;
-    const float cu = SIGN ? __ldg(p.s_enc[1] + (size_t)e * RANK + n) : inv_u;
+    const float cg = COLS ? __ldg(p.s_enc[0] + (size_t)e * RANK + n) : inv_g;
+    const float cu = COLS ? __ldg(p.s_enc[1] + (size_t)e * RANK + n) : inv_u;
     const float sgn = p.s_rank[0] ? rank_scale(p.s_rank[0], p.s_bf16, (size_t)e * RANK + n) : 1.f;
     const float sun = p.s_rank[1] ? rank_scale(p.s_rank[1], p.s_bf16, (size_t)e * RANK + n) : 1.f;
 #pragma unroll
@@ -339,7 +416,7 @@ __device__ __forceinline__ void down_kernel(const DownParams& p, unsigned char* 
   __shared__ int s_e;
   int e, row0, R;
   smem += (1024 - (smem_u32(smem) & 1023)) & 1023;
-  uint32_t* lut = reinterpret_cast<uint32_t*>(smem + ST * X_STAGE * 2 + 2 * (C_STAGE + S_STAGE));
+  uint32_t* lut = reinterpret_cast<uint32_t*>(smem + kSmemUsed<FMT> - 256 * 4);
   if (!cta_tile<BM>(p.cum, p.offs, p.E, lut, &s_e, e, row0, R)) return;
   // n8 tiles: 4 for up to 32 rows (the common case at ~32 rows per expert), else 8
   if (p.hg) {
@@ -357,26 +434,32 @@ __device__ __forceinline__ void down_kernel(const DownParams& p, unsigned char* 
 
 }  // namespace
 
-extern "C" __global__ void __launch_bounds__(NT, MINB) tsctk_glu_down_fwd_nvfp4(DownParams p) {
-  extern __shared__ __align__(128) unsigned char smem[];
-  down_kernel<kNvfp4>(p, smem);
-}
-
-extern "C" __global__ void __launch_bounds__(NT, MINB) tsctk_glu_down_fwd_sign(DownParams p) {
-  extern __shared__ __align__(128) unsigned char smem[];
-  down_kernel<kSign>(p, smem);
-}
+#define TSCT_DOWN_KERNEL(NAME, FMT)                                       \
+  extern "C" __global__ void __launch_bounds__(NT, MINB) NAME(DownParams p) { \
+    extern __shared__ __align__(128) unsigned char smem[];                  \
+    down_kernel<FMT>(p, smem);                                              \
+  }
+TSCT_DOWN_KERNEL(tsctk_glu_down_fwd_nvfp4, kNvfp4)
+TSCT_DOWN_KERNEL(tsctk_glu_down_fwd_sign, kSign)
+TSCT_DOWN_KERNEL(tsctk_glu_down_fwd_fp8, kFp8)
+TSCT_DOWN_KERNEL(tsctk_glu_down_fwd_ternary, kTernary)
+TSCT_DOWN_KERNEL(tsctk_glu_down_fwd_ternary_r1, kTernaryR1)
 
 namespace tsct {
 const KernelEntry kGluLowbitKernels[] = {
-    {"tsctk_glu_down_fwd_nvfp4", (const void*)tsctk_glu_down_fwd_nvfp4, SMEM_BYTES},
-    {"tsctk_glu_down_fwd_sign", (const void*)tsctk_glu_down_fwd_sign, SMEM_BYTES},
+    {"tsctk_glu_down_fwd_nvfp4", (const void*)tsctk_glu_down_fwd_nvfp4, kSmemBytes<kNvfp4>},
+    {"tsctk_glu_down_fwd_sign", (const void*)tsctk_glu_down_fwd_sign, kSmemBytes<kSign>},
+    {"tsctk_glu_down_fwd_fp8", (const void*)tsctk_glu_down_fwd_fp8, kSmemBytes<kFp8>},
+    {"tsctk_glu_down_fwd_ternary", (const void*)tsctk_glu_down_fwd_ternary, kSmemBytes<kTernary>},
+    {"tsctk_glu_down_fwd_ternary_r1", (const void*)tsctk_glu_down_fwd_ternary_r1, kSmemBytes<kTernaryR1>},
     {nullptr, nullptr},
 };
 }  // namespace tsct
 
-// The two C entries: the same checks and launch; the formats differ in what the three pointers per factor hold and
-// in their alignment (NVFP4: codes 16-byte, scales and s_enc 4-byte; sign: bits 8-byte, a 16-byte, b 4-byte).
+// The C entries: the same checks and launch; the formats differ in what the three pointers per factor hold and in
+// their alignment (NVFP4: codes 16-byte, scales and s_enc 4-byte; sign: bits 8-byte, a 16-byte, b 4-byte; fp8:
+// codes 16-byte, no scales, scale_n 4-byte; ternary: codes 16-byte, scale_k of both factors or of neither 16-byte,
+// scale_n 4-byte). fmt: kNvfp4, kSign, kFp8 or kTernary (the rank-1 kernel when scale_k is given).
 static int down_entry(int fmt, const char* fn, const void* x, int64_t x_rows, int64_t stride_x,
                       const int64_t* gather_idx, const int32_t* offs, const int32_t* tile_cum, int64_t num_experts,
                       int64_t m, int64_t d, int64_t r, const void* gate_codes, const void* gate_scales,
@@ -400,15 +483,23 @@ static int down_entry(int fmt, const char* fn, const void* x, int64_t x_rows, in
   if (stride_x % 8)
     return tsct::fail(TSCT_ERR_BAD_ARGUMENT, "%s: stride_x=%lld must be a multiple of 8 (16-byte rows)", fn,
                       (long long)stride_x);
+  if (fmt == kFp8 && (gate_scales || up_scales))
+    return tsct::fail(TSCT_ERR_BAD_ARGUMENT, "%s: gate_scales and up_scales must be null (fp8 has no scales)", fn);
+  if (fmt == kTernary && (gate_scales == nullptr) != (up_scales == nullptr))
+    return tsct::fail(TSCT_ERR_BAD_ARGUMENT,
+                      "%s: gate_scales and up_scales (scale_k) must be both given (rank-1 scaling) or both null", fn);
   int64_t total;
   if (!tsct::checked_mul3(num_experts, RANK, d, &total) || !tsct::checked_mul3(x_rows, stride_x, 2, &total))
     return tsct::fail(TSCT_ERR_BAD_ARGUMENT, "%s: sizes overflow int64", fn);
   if (num_experts == 0 || m == 0 || max_tiles == 0) return 0;
-  if (!x || !offs || !tile_cum || !gate_codes || !gate_scales || !gate_s_enc || !up_codes || !up_scales ||
-      !up_s_enc || !z)
-    return tsct::fail(TSCT_ERR_BAD_ARGUMENT, "%s: null pointer (x, offs, tile_cum, codes, scales, s_enc and z are "
-                      "required)", fn);
-  const bool sign = fmt == kSign;
+  const bool need_scales = fmt == kNvfp4 || fmt == kSign;
+  if (!x || !offs || !tile_cum || !gate_codes || (need_scales && !gate_scales) || !gate_s_enc || !up_codes ||
+      (need_scales && !up_scales) || !up_s_enc || !z)
+    return tsct::fail(TSCT_ERR_BAD_ARGUMENT,
+                      need_scales ? "%s: null pointer (x, offs, tile_cum, codes, scales, s_enc and z are required)"
+                                  : "%s: null pointer (x, offs, tile_cum, codes, s_enc (scale_n) and z are required)",
+                      fn);
+  const int kfmt = fmt == kTernary && gate_scales ? kTernaryR1 : fmt;  // the kernel's format
   const uintptr_t codes = (uintptr_t)gate_codes | (uintptr_t)up_codes, scales = (uintptr_t)gate_scales |
                                                                                 (uintptr_t)up_scales;
   if (scales_bf16 != 0 && scales_bf16 != 1)
@@ -417,16 +508,27 @@ static int down_entry(int fmt, const char* fn, const void* x, int64_t x_rows, in
   const uintptr_t a4 = (uintptr_t)offs | (uintptr_t)tile_cum | (uintptr_t)gate_s_enc | (uintptr_t)up_s_enc |
                        (uintptr_t)row_weight | (uintptr_t)hg | (uintptr_t)hu;
   const uintptr_t a_rank = (uintptr_t)s_gate | (uintptr_t)s_up;
-  if (((uintptr_t)x & 15) || (codes & (sign ? 7 : 15)) || (scales & (sign ? 15 : 3)) || (a4 & 3) ||
+  const bool sign = fmt == kSign;
+  if (((uintptr_t)x & 15) || (codes & (sign ? 7 : 15)) || (scales & (fmt == kNvfp4 ? 3 : 15)) || (a4 & 3) ||
       (a_rank & (scales_bf16 ? 1 : 3)) || ((uintptr_t)gather_idx & 7) || ((uintptr_t)z & 1))
     return tsct::fail(TSCT_ERR_BAD_ARGUMENT,
                       sign ? "%s: x and a must be 16-byte aligned, the bits and gather_idx 8-byte, b, offs, "
                              "tile_cum and the other fp32 arguments 4-byte (bf16 s_gate / s_up 2-byte)"
-                           : "%s: x and the codes must be 16-byte aligned, gather_idx 8-byte, the scales, offs, "
-                             "tile_cum and fp32 arguments 4-byte (bf16 s_gate / s_up 2-byte)", fn);
-  void (*const kernel)(DownParams) = sign ? tsctk_glu_down_fwd_sign : tsctk_glu_down_fwd_nvfp4;
-  static std::atomic<bool> opted[2][64] = {};
-  if (int rc = tsct::opt_in_shared_memory(fn, (const void*)kernel, SMEM_BYTES, opted[sign])) return rc;
+                      : fmt == kNvfp4 ? "%s: x and the codes must be 16-byte aligned, gather_idx 8-byte, the scales, "
+                                        "offs, tile_cum and fp32 arguments 4-byte (bf16 s_gate / s_up 2-byte)"
+                                      : "%s: x, the codes and scale_k must be 16-byte aligned, gather_idx 8-byte, "
+                                        "scale_n, offs, tile_cum and the other fp32 arguments 4-byte (bf16 s_gate / "
+                                        "s_up 2-byte)", fn);
+  void (*const kernel)(DownParams) = kfmt == kSign ? tsctk_glu_down_fwd_sign
+                                     : kfmt == kFp8 ? tsctk_glu_down_fwd_fp8
+                                     : kfmt == kTernary ? tsctk_glu_down_fwd_ternary
+                                     : kfmt == kTernaryR1 ? tsctk_glu_down_fwd_ternary_r1
+                                                          : tsctk_glu_down_fwd_nvfp4;
+  const int smem_bytes = kfmt == kSign ? kSmemBytes<kSign> : kfmt == kFp8 ? kSmemBytes<kFp8>
+                         : kfmt == kTernary ? kSmemBytes<kTernary> : kfmt == kTernaryR1 ? kSmemBytes<kTernaryR1>
+                                                                                        : kSmemBytes<kNvfp4>;
+  static std::atomic<bool> opted[kTernaryR1 + 1][64] = {};
+  if (int rc = tsct::opt_in_shared_memory(fn, (const void*)kernel, smem_bytes, opted[kfmt])) return rc;
   DownParams p;
   p.x = static_cast<const bf16*>(x);
   p.gidx = reinterpret_cast<const long long*>(gather_idx);
@@ -448,7 +550,7 @@ static int down_entry(int fmt, const char* fn, const void* x, int64_t x_rows, in
   p.stride_x = stride_x;
   p.E = static_cast<int>(num_experts);
   p.d = static_cast<int>(d);
-  kernel<<<static_cast<unsigned>(max_tiles), NT, SMEM_BYTES, static_cast<cudaStream_t>(stream)>>>(p);
+  kernel<<<static_cast<unsigned>(max_tiles), NT, smem_bytes, static_cast<cudaStream_t>(stream)>>>(p);
   return tsct::check_launch(fn);
 }
 
@@ -463,3 +565,5 @@ static int down_entry(int fmt, const char* fn, const void* x, int64_t x_rows, in
   }
 TSCT_DOWN_ENTRY(tsct_glu_down_fwd_nvfp4, kNvfp4)
 TSCT_DOWN_ENTRY(tsct_glu_down_fwd_sign, kSign)
+TSCT_DOWN_ENTRY(tsct_glu_down_fwd_fp8, kFp8)
+TSCT_DOWN_ENTRY(tsct_glu_down_fwd_ternary, kTernary)

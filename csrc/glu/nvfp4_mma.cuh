@@ -1,5 +1,6 @@
-// Device helpers shared by the CUDA NVFP4 grouped GLU kernels (down_nvfp4.cu, up_nvfp4.cu): NVFP4 codes decoded
-// straight into bf16 mma.sync m16n8k16 A fragments, and the matching layout of the bf16 B operand in shared memory.
+// Device helpers shared by the CUDA low-bit grouped GLU kernels (down_nvfp4.cu, up_nvfp4.cu): NVFP4, sign, FP8 and
+// ternary codes decoded straight into bf16 mma.sync m16n8k16 A fragments, and the matching layout of the bf16 B
+// operand in shared memory.
 //
 // K order. The kernels permute K inside each 64-wide K chunk, identically for both operands (a contraction does
 // not care): lane (g, c) of a warp (g = lane / 4, c = lane % 4) handles the 16 consecutive k = 16c..16c+15 of the
@@ -106,8 +107,65 @@ __device__ __forceinline__ void cp_async8(uint32_t dst, const void* src, int byt
   asm volatile("cp.async.ca.shared.global [%0], [%1], 8, %2;\n" ::"r"(dst), "l"(src), "r"(bytes) : "memory");
 }
 
-// Factor formats of the kernels (triton_lowbit's FMT codes).
-constexpr int kNvfp4 = 1, kSign = 2;
+// Factor formats of the kernels (triton_lowbit's FMT codes): NVFP4, sign, FP8 (E4M3 codes, scale_n), ternary
+// (2-bit codes, scale_n) and ternary with the rank-1 scaling (also scale_k).
+constexpr int kNvfp4 = 1, kSign = 2, kFp8 = 3, kTernary = 4, kTernaryR1 = 5;
+
+// prmt in its default mode: byte i of the result is byte s_i & 7 of {b, a} (a: bytes 0..3), or, when bit 3 of
+// the selector nibble s_i is set, that byte's sign bit replicated (inline asm: the __byte_perm documentation
+// masks the selector to 3 bits)
+__device__ __forceinline__ uint32_t prmt(uint32_t a, uint32_t b, uint32_t s) {
+  uint32_t d;
+  asm("prmt.b32 %0, %1, %2, %3;\n" : "=r"(d) : "r"(a), "r"(b), "r"(s));
+  return d;
+}
+
+// FP8 (docs/decisions/0021-fp8-format.md): a lane's 16 E4M3 codes are 16 bytes (q.x: elements 0..3, q.y 4..7,
+// q.z 8..11, q.w 12..15). Pair P (elements (P, P + 4) for P < 4, else (P + 4, P + 8)) as a bf16 pair of
+// e4m3 * 2^-120: one prmt puts each byte in the low byte of its half and its sign replicated above it, a shift
+// and mask leave the sign at bit 15 and exponent and mantissa at bits 10..4 (bf16 exponent field = e4m3's,
+// mantissa aligned; e4m3 subnormals are bf16 subnormals), and the code 0x7F / 0xFF (magnitude bits all ones: the
+// + 0x10 carries into bit 11) gets bits 14..11 set, a NaN. Times 2^120 (bf16 0x7B80, exact): e4m3 exactly, NaN for
+// the NaN codes, as triton_lowbit's _ue4m3 (checked exhaustively against torch's float8_e4m3fn decode).
+template <int P>  // 0..7
+__device__ __forceinline__ uint32_t fp8_pair(const uint4& q) {
+  constexpr uint32_t j = P & 3, sel = j | (j | 8) << 4 | (j + 4) << 8 | ((j + 4) | 8) << 12;
+  const uint32_t h = (prmt(P < 4 ? q.x : q.z, P < 4 ? q.y : q.w, sel) << 4) & 0x87F087F0u;
+  const uint32_t nan = (h + 0x00100010u) & 0x08000800u;
+  return hmul2_bf16(nan * 15u + h, 0x7B807B80u);
+}
+
+// Ternary (docs/decisions/0022-ternary-format.md): a lane's 16 2-bit codes are one 32-bit word (element i in bits
+// 2i, 2i + 1). Pair P (elements as fp8_pair's) as a bf16 pair of q = 0, +1, NaN, -1 for the codes 0..3: the two
+// codes become the selector nibbles of one prmt over a table of the four bf16 values (low bytes in the first
+// word, high bytes in the second): exact, as triton_lowbit's _ternary_w.
+template <int P>  // 0..7
+__device__ __forceinline__ uint32_t ternary_pair(uint32_t w) {
+  constexpr int sh = P < 4 ? 2 * P : 2 * P + 8;  // elements P, P + 4 or P + 4, P + 8: bytes 0, 1 or 2, 3
+  return prmt(0x80C08000u, 0xBF7F3F00u, ((w >> sh) & 0x0303u) * 0x11u + 0x4040u);
+}
+
+// Pair P of an fp8 / ternary lane: the bf16 decode of its codes c; the rank-1 ternary scaling multiplies by the
+// bf16 pair kp[P] of scale_k (q * bf16(scale_k): the bits of Triton's bf16(q * scale_k) for q = 0, +-1 and NaN,
+// a finite scale_k that rounds to a bf16 inf aside).
+template <int FMT, int P, typename C>
+__device__ __forceinline__ uint32_t q_pair(const C& c, const uint32_t* kp) {
+  if constexpr (FMT == kFp8) {
+    return fp8_pair<P>(c);
+  } else {
+    const uint32_t t = ternary_pair<P>(c);
+    return FMT == kTernaryR1 ? hmul2_bf16(t, kp[P]) : t;
+  }
+}
+
+// The four A registers of mma step S for fp8 / ternary rows g (codes c0) and g + 8 (c1), pairs 2S, 2S + 1.
+template <int FMT, int S, typename C>
+__device__ __forceinline__ void a_step_q(const C& c0, const C& c1, const uint32_t* kp, uint32_t* a) {
+  a[0] = q_pair<FMT, 2 * S>(c0, kp);
+  a[1] = q_pair<FMT, 2 * S>(c1, kp);
+  a[2] = q_pair<FMT, 2 * S + 1>(c0, kp);
+  a[3] = q_pair<FMT, 2 * S + 1>(c1, kp);
+}
 
 // Byte offset of 16-byte piece p of row r in a swizzled B tile (128-byte rows).
 __device__ __forceinline__ uint32_t bt_piece(int r, int p) { return r * 128 + 16 * (p ^ ((r >> 1) & 1)); }

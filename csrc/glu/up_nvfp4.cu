@@ -1,23 +1,24 @@
-// glu_up_fwd for an NVFP4 or sign w_down (kernels tsctk_glu_up_fwd_{nvfp4,sign}), bf16 z, r = 64: the low-bit
-// grouped GLU's up projection into a padded y, in CUDA C++ (the Triton kernel lowbit_up_fwd is latency-bound on
-// the H200: ncu DRAM 37 %, 17 % occupancy).
-// Entry point tsct_glu_up_fwd_nvfp4 (tsct.h); caller python/tsct/kernels/triton_lowbit/glu.py; measurements
-// docs/performance.md.
+// glu_up_fwd for an NVFP4, sign, FP8 or ternary w_down (kernels tsctk_glu_up_fwd_{nvfp4,sign,fp8,ternary,
+// ternary_r1}), bf16 z, r = 64: the low-bit grouped GLU's up projection into a padded y, in CUDA C++ (the Triton
+// kernel lowbit_up_fwd is latency-bound on the H200: ncu DRAM 37 %, 17 % occupancy). One source, the format a
+// template parameter. Entry points tsct_glu_up_fwd_{nvfp4,sign,fp8,ternary} (tsct.h); caller
+// python/tsct/kernels/triton_lowbit/glu.py; measurements docs/performance.md.
 //
 //   y[i, n] = (z[i] @ W_down_hat[e])[n] * row_weight[i]     bf16 [M, ldy]; n in [f, ldy): zero weights (0 if finite)
 //
 // One CTA (4 warps = one warpgroup) per row tile of 64 rows of one expert (the tile map of the down kernel). The z
 // tile is read once into shared memory; the CTA then walks f in steps of 64 columns, warp w owning columns
-// 16w..16w+15 of each step (the MMA M dimension: y^T = W^T z^T). Per step a 4-stage cp.async ring brings the
-// step's codes [64 columns][32 B] and block scales [64][4 B] (contiguous in memory: one coalesced copy), and the
-// codes are decoded straight into bf16 A fragments (nvfp4_mma.cuh). sm_90a: four k16 wgmma per step with A in
+// 16w..16w+15 of each step (the MMA M dimension: y^T = W^T z^T). Per step a cp.async ring (4 stages; 3 for fp8,
+// whose codes are 4 KB a step) brings the step's codes [64 columns][kCrow B] and its 4 bytes per column (block
+// scales, or the fp32 column scale b / scale_n; contiguous in memory: coalesced copies), and the codes are decoded
+// straight into bf16 A fragments (nvfp4_mma.cuh). sm_90a: four k16 wgmma per step with A in
 // registers and the z tile as B in wgmma's swizzled layout (wgmma_sm90.cuh). Elsewhere: mma.sync m16n8k16 with
 // the z fragments loaded from shared memory every step (NTILE = 4 n8 tiles of rows, 8 above 32 rows). The bf16
 // result goes through a shared tile of YSEG steps so that y leaves as whole YSEG x 128-byte row segments (512 B:
 // longer runs of the scattered y rows were worth 0.027 ms at b1; one buffer, so that 4 CTAs still fit an SM, and
 // one more barrier per segment; docs/performance.md).
 //
-// Needs: sm_80+ (cp.async, bf16 mma.sync) and SMEM_BYTES of shared memory per block.
+// Needs: sm_80+ (cp.async, bf16 mma.sync) and kSmemBytes<FMT> of shared memory per block.
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 #include <stdint.h>
@@ -34,7 +35,6 @@
 #define BM 64    // rows per tile
 #define RANK 64  // r = K
 #define FN 64    // columns of y per step
-#define ST 4     // code pipeline stages
 #define YSEG 4   // steps of y staged per store: 512-byte row segments (-0.027 ms at b1 on the H200, docs/performance.md)
 #define YLD (YSEG * FN + 8)  // y staging row stride (elements): + 16 B, conflict-free stmatrix and 16-byte reads
 #define MINB 4   // CTAs per SM (<= 128 registers; 5 CTAs / 96 registers measured slower, docs/performance.md)
@@ -55,6 +55,8 @@ struct UpParams {
   const int* cum;        // [E] inclusive counts of BM-row tiles
   // NVFP4: codes [E, f, 32], UE4M3 block scales [E, f, 4] (linear), s_enc [E].
   // sign: bits [E, f, 8] (as codes), a fp32 [E, 64] (as scales), b fp32 [E, f] (as s_enc).
+  // fp8: E4M3 codes [E, f, 64], scale_n fp32 [E, f] (as s_enc). ternary: codes [E, f, 16], scale_n [E, f] (as
+  // s_enc), the rank-1 scaling's scale_k fp32 [E, 64] (as scales).
   const uint8_t* codes;
   const uint8_t* scales;
   const float* s_enc;
@@ -64,17 +66,29 @@ struct UpParams {
   int E, f;
 };
 
+// Code bytes per column (NVFP4 32, sign 8, fp8 64, ternary 16) and code pipeline stages: 4, and 3 for fp8, whose
+// 4 KB code steps would not leave 4 CTAs per SM room for a fourth
+template <int FMT>
+constexpr int kCrow = FMT == kSign ? 8 : FMT == kFp8 ? 64 : FMT == kTernary || FMT == kTernaryR1 ? 16 : 32;
+template <int FMT>
+constexpr int kStages = FMT == kFp8 ? 3 : 4;
 constexpr int Z_BYTES = BM * RANK * 2;           // 8 KB, swizzled (nvfp4_mma.cuh)
-constexpr int C_STAGE = FN * RANK / 2;           // 2 KB of codes per step
-constexpr int S_STAGE = FN * RANK / 16;          // 256 B of scales per step
+template <int FMT>
+constexpr int kCStage = FMT == kSign ? FN * RANK / 2 : FN * kCrow<FMT>;  // code bytes per step (sign uses 512)
+constexpr int S_STAGE = FN * RANK / 16;          // 256 B of scales per step (4 bytes per column)
 constexpr int Y_BUF = BM * YLD;                  // bf16 elements (one staging buffer)
 static_assert(NT % (8 * YSEG) == 0, "a row segment's 16-byte pieces must divide the CTA");
-constexpr int SMEM_USED = Z_BYTES + ST * (C_STAGE + S_STAGE) + Y_BUF * 2 + 256 * 4;
+template <int FMT>
+constexpr int kSmemUsed = Z_BYTES + kStages<FMT> * (kCStage<FMT> + S_STAGE) + Y_BUF * 2 + 256 * 4;
 // + 1 KB: the z tile at a 1024-byte aligned address (wgmma's swizzled B operand; the same size on every arch)
-constexpr int SMEM_BYTES = SMEM_USED + 1024;
+template <int FMT>
+constexpr int kSmemBytes = kSmemUsed<FMT> + 1024;
+static_assert(kSmemBytes<kNvfp4> == 53248 && kSmemBytes<kSign> == 53248, "the documented shared memory (tsct.h)");
 // MINB CTAs per SM on sm_90 / sm_100 (228 KB per SM; each CTA also takes 1 KB reserved and 128 B of static shared
 // memory). On 100 KB parts (sm_86, sm_89, sm_120) this is 1 CTA per SM: the kernel is dispatched on sm_90 only.
-static_assert(MINB * (SMEM_BYTES + 1024 + 128) <= 228 * 1024, "MINB CTAs per SM must fit sm_90's shared memory");
+static_assert(MINB * (kSmemBytes<kNvfp4> + 1024 + 128) <= 228 * 1024 &&
+                  MINB * (kSmemBytes<kFp8> + 1024 + 128) <= 228 * 1024,
+              "MINB CTAs per SM must fit sm_90's shared memory");
 
 #if __CUDA_ARCH__ >= 900
 // four 8x8 b16 matrices from mma-fragment registers (v[i]: matrix i), each stored transposed; lane l gives the
@@ -88,9 +102,10 @@ __device__ __forceinline__ void stsm4_trans(uint32_t addr, const uint32_t* v) {
 
 template <int FMT, int NTILE>
 __device__ __forceinline__ void up_body(const UpParams& p, int e, int row0, int R, unsigned char* smem) {
+  constexpr int ST = kStages<FMT>, C_STAGE = kCStage<FMT>;
   unsigned char* zs = smem;                                                  // [64][128 B]
-  uint8_t* cs = zs + Z_BYTES;                                                // [ST][64][32]; sign: [ST][64][8]
-  uint8_t* ss = cs + ST * C_STAGE;                                           // [ST][64][4]; sign: b [ST][64] f32
+  uint8_t* cs = zs + Z_BYTES;                                                // [ST][64][CROW]
+  uint8_t* ss = cs + ST * C_STAGE;  // [ST][64][4]; sign, fp8, ternary: b / scale_n [ST][64] f32
   bf16* ys = reinterpret_cast<bf16*>(ss + ST * S_STAGE);                     // [64][YLD]
   const uint32_t* lut = reinterpret_cast<const uint32_t*>(ys + Y_BUF);       // [256]
 
@@ -100,11 +115,13 @@ __device__ __forceinline__ void up_body(const UpParams& p, int e, int row0, int 
   const long long ldy = p.ldy;
   const int nsteps = (int)((ldy + FN - 1) / FN);
   constexpr bool SIGN = FMT == kSign;
-  constexpr int CROW = SIGN ? 8 : 32;  // code bytes per column
+  constexpr bool QF = FMT == kFp8 || FMT == kTernary || FMT == kTernaryR1;  // fp8 / ternary codes
+  constexpr bool COLS = FMT != kNvfp4;  // a per-column fp32 scale (sign's b, scale_n)
+  constexpr int CROW = kCrow<FMT>;      // code bytes per column
   const uint8_t* cbase = p.codes + (size_t)e * f * CROW;
-  // 4 bytes per column: UE4M3 scale bytes (NVFP4) or b (sign)
+  // 4 bytes per column: UE4M3 scale bytes (NVFP4) or b / scale_n
   const uint8_t* sbase =
-      SIGN ? reinterpret_cast<const uint8_t*>(p.s_enc + (size_t)e * f) : p.scales + (size_t)e * f * 4;
+      COLS ? reinterpret_cast<const uint8_t*>(p.s_enc + (size_t)e * f) : p.scales + (size_t)e * f * 4;
 
 #if TSCT_WGMMA
   // z tile in wgmma's B layout: pieces 2m + zh of row zr (zero rows past R)
@@ -133,6 +150,18 @@ __device__ __forceinline__ void up_body(const UpParams& p, int e, int row0, int 
         const int col = j * FN + tid;
         if (tid < FN) cp_async8(smem_u32(cs + st * C_STAGE + tid * 8), col < f ? cbase + (size_t)col * 8 : p.codes,
                                 col < f ? 8 : 0);
+      } else if constexpr (QF) {  // the step's FN * CROW bytes as 16-byte pieces pc (column pc / (CROW / 16))
+#pragma unroll
+        for (int i = 0; i < (FN * CROW / 16 + NT - 1) / NT; ++i) {
+          const int pc = tid + NT * i, col = j * FN + pc / (CROW / 16);
+          if (pc < FN * CROW / 16) {
+            const uint32_t dst = smem_u32(cs + st * C_STAGE + pc * 16);
+            if (col < f)
+              cp_async16(dst, cbase + (size_t)j * FN * CROW + (size_t)pc * 16, 16);
+            else
+              cp_async16(dst, p.codes, 0);
+          }
+        }
       } else {
         const int col = j * FN + (tid >> 1);
         const uint32_t dst = smem_u32(cs + st * C_STAGE + tid * 16);
@@ -153,13 +182,13 @@ __device__ __forceinline__ void up_body(const UpParams& p, int e, int row0, int 
     cp_commit();
   };
 
-  // per-row factor: row weight * 2^8 / s_enc (NVFP4: the decode's 2^-8 and the second-level scale); sign: the row
-  // weight (b multiplies the columns first, as in the Triton kernel)
-  const float inv = SIGN ? 1.f : 256.f / __ldg(p.s_enc + e);
-  // sign: the a pairs of this lane's k = 16c..16c+15 (the same for every column)
+  // per-row factor: row weight * 2^8 / s_enc (NVFP4: the decode's 2^-8 and the second-level scale); sign, fp8,
+  // ternary: the row weight (b / scale_n multiplies the columns first, as in the Triton kernel)
+  const float inv = COLS ? 1.f : 256.f / __ldg(p.s_enc + e);
+  // sign, ternary rank-1: the a / scale_k pairs of this lane's k = 16c..16c+15 (the same for every column)
   uint32_t ap[8];
-  if (SIGN) {
-    a_pairs(reinterpret_cast<const float*>(p.scales) + (size_t)e * RANK + 16 * c, ap);  // a is 16-byte aligned
+  if (SIGN || FMT == kTernaryR1) {
+    a_pairs(reinterpret_cast<const float*>(p.scales) + (size_t)e * RANK + 16 * c, ap);  // 16-byte aligned
   }
   float rwf[NTILE][2];
 #pragma unroll
@@ -212,11 +241,19 @@ __device__ __forceinline__ void up_body(const UpParams& p, int e, int row0, int 
     const uint8_t* sb = ss + st * S_STAGE;
     const int r0 = 16 * warp + g;
     uint2 w0, w1;
+    uint32_t q0, q1;  // ternary: the lane's codes of columns r0, r0 + 8 (fp8: read per step, in decode)
     uint32_t s0 = 0, s1 = 0;
-    float b0 = 1.f, b1 = 1.f;  // sign: b of columns r0, r0 + 8
+    float b0 = 1.f, b1 = 1.f;  // sign, fp8, ternary: b / scale_n of columns r0, r0 + 8
     if (SIGN) {
       w0.x = sign_spread(*reinterpret_cast<const uint16_t*>(cb + r0 * 8 + 2 * c));
       w1.x = sign_spread(*reinterpret_cast<const uint16_t*>(cb + (r0 + 8) * 8 + 2 * c));
+      b0 = reinterpret_cast<const float*>(sb)[r0];
+      b1 = reinterpret_cast<const float*>(sb)[r0 + 8];
+    } else if constexpr (QF) {
+      if (FMT != kFp8) {
+        q0 = *reinterpret_cast<const uint32_t*>(cb + r0 * CROW + 4 * c);
+        q1 = *reinterpret_cast<const uint32_t*>(cb + (r0 + 8) * CROW + 4 * c);
+      }
       b0 = reinterpret_cast<const float*>(sb)[r0];
       b1 = reinterpret_cast<const float*>(sb)[r0 + 8];
     } else {
@@ -236,6 +273,14 @@ __device__ __forceinline__ void up_body(const UpParams& p, int e, int row0, int 
     auto decode = [&](auto S, uint32_t* a) {
       if (SIGN)
         a_step_sign<decltype(S)::value>(w0.x, w1.x, ap, a);
+      else if constexpr (FMT == kFp8) {  // the step's 8 of the lane's 16 code bytes per column (k16 steps 0, 1:
+        // bytes 0..7; 2, 3: bytes 8..15): half the live code registers of a whole read (sm_120a spilled with it)
+        constexpr int s = decltype(S)::value;
+        const uint2 h0 = *reinterpret_cast<const uint2*>(cb + r0 * CROW + 16 * c + 8 * (s / 2));
+        const uint2 h1 = *reinterpret_cast<const uint2*>(cb + (r0 + 8) * CROW + 16 * c + 8 * (s / 2));
+        a_step_q<FMT, s>(make_uint4(h0.x, h0.y, h0.x, h0.y), make_uint4(h1.x, h1.y, h1.x, h1.y), ap, a);
+      } else if constexpr (QF)
+        a_step_q<FMT, decltype(S)::value>(q0, q1, ap, a);
       else
         a_step<decltype(S)::value>(w0, w1, s0, s1, a);
     };
@@ -309,7 +354,7 @@ __device__ __forceinline__ void up_kernel(const UpParams& p, unsigned char* smem
   __shared__ int s_e;
   int e, row0, R;
   smem += (1024 - (smem_u32(smem) & 1023)) & 1023;
-  uint32_t* lut = reinterpret_cast<uint32_t*>(smem + SMEM_USED - 256 * 4);
+  uint32_t* lut = reinterpret_cast<uint32_t*>(smem + kSmemUsed<FMT> - 256 * 4);
   if (!cta_tile<BM>(p.cum, p.offs, p.E, lut, &s_e, e, row0, R)) return;
   if (R <= 32)
     up_body<FMT, 4>(p, e, row0, R, smem);
@@ -319,25 +364,30 @@ __device__ __forceinline__ void up_kernel(const UpParams& p, unsigned char* smem
 
 }  // namespace
 
-extern "C" __global__ void __launch_bounds__(NT, MINB) tsctk_glu_up_fwd_nvfp4(UpParams p) {
-  extern __shared__ __align__(128) unsigned char smem[];
-  up_kernel<kNvfp4>(p, smem);
-}
-
-extern "C" __global__ void __launch_bounds__(NT, MINB) tsctk_glu_up_fwd_sign(UpParams p) {
-  extern __shared__ __align__(128) unsigned char smem[];
-  up_kernel<kSign>(p, smem);
-}
+#define TSCT_UP_KERNEL(NAME, FMT)                                       \
+  extern "C" __global__ void __launch_bounds__(NT, MINB) NAME(UpParams p) { \
+    extern __shared__ __align__(128) unsigned char smem[];                \
+    up_kernel<FMT>(p, smem);                                              \
+  }
+TSCT_UP_KERNEL(tsctk_glu_up_fwd_nvfp4, kNvfp4)
+TSCT_UP_KERNEL(tsctk_glu_up_fwd_sign, kSign)
+TSCT_UP_KERNEL(tsctk_glu_up_fwd_fp8, kFp8)
+TSCT_UP_KERNEL(tsctk_glu_up_fwd_ternary, kTernary)
+TSCT_UP_KERNEL(tsctk_glu_up_fwd_ternary_r1, kTernaryR1)
 
 namespace tsct {
 const KernelEntry kGluUpLowbitKernels[] = {
-    {"tsctk_glu_up_fwd_nvfp4", (const void*)tsctk_glu_up_fwd_nvfp4, SMEM_BYTES},
-    {"tsctk_glu_up_fwd_sign", (const void*)tsctk_glu_up_fwd_sign, SMEM_BYTES},
+    {"tsctk_glu_up_fwd_nvfp4", (const void*)tsctk_glu_up_fwd_nvfp4, kSmemBytes<kNvfp4>},
+    {"tsctk_glu_up_fwd_sign", (const void*)tsctk_glu_up_fwd_sign, kSmemBytes<kSign>},
+    {"tsctk_glu_up_fwd_fp8", (const void*)tsctk_glu_up_fwd_fp8, kSmemBytes<kFp8>},
+    {"tsctk_glu_up_fwd_ternary", (const void*)tsctk_glu_up_fwd_ternary, kSmemBytes<kTernary>},
+    {"tsctk_glu_up_fwd_ternary_r1", (const void*)tsctk_glu_up_fwd_ternary_r1, kSmemBytes<kTernaryR1>},
     {nullptr, nullptr},
 };
 }  // namespace tsct
 
-// The two C entries: the same checks and launch; NVFP4 codes must be 16-byte aligned, sign bits 8-byte.
+// The C entries: the same checks and launch; the codes must be 16-byte aligned (sign bits 8-byte), sign's a and
+// ternary's scale_k 16-byte; fp8 has no scales, ternary's scale_k may be null (absmean scaling).
 static int up_entry(int fmt, const char* fn, const void* z, int64_t m, const int32_t* offs, const int32_t* tile_cum,
                     int64_t num_experts, int64_t f, int64_t r, const void* codes, const void* scales, const float* s_enc,
                     const float* row_weight, void* y, int64_t ldy, int64_t max_tiles, void* stream) {
@@ -349,26 +399,42 @@ static int up_entry(int fmt, const char* fn, const void* z, int64_t m, const int
                       "%s: bad sizes (m=%lld, f=%lld, ldy=%lld, num_experts=%lld, max_tiles=%lld; need f >= 1, ldy >= f "
                       "and a multiple of 8, ldy < 2^31 - 64, the others >= 0 and < 2^31)",
                       fn, (long long)m, (long long)f, (long long)ldy, (long long)num_experts, (long long)max_tiles);
+  if (fmt == kFp8 && scales)
+    return tsct::fail(TSCT_ERR_BAD_ARGUMENT, "%s: scales must be null (fp8 has no scales)", fn);
   int64_t total;
-  if (!tsct::checked_mul3(num_experts, f, 32, &total) || !tsct::checked_mul3(m, ldy, 2, &total))
+  if (!tsct::checked_mul3(num_experts, f, 64, &total) || !tsct::checked_mul3(m, ldy, 2, &total))
     return tsct::fail(TSCT_ERR_BAD_ARGUMENT, "%s: sizes overflow int64", fn);
   if (num_experts == 0 || m == 0 || max_tiles == 0) return 0;
-  if (!z || !offs || !tile_cum || !codes || !scales || !s_enc || !y)
-    return tsct::fail(TSCT_ERR_BAD_ARGUMENT, "%s: null pointer (z, offs, tile_cum, codes, scales, s_enc and y are "
-                      "required)", fn);
+  const bool need_scales = fmt == kNvfp4 || fmt == kSign;
+  if (!z || !offs || !tile_cum || !codes || (need_scales && !scales) || !s_enc || !y)
+    return tsct::fail(TSCT_ERR_BAD_ARGUMENT,
+                      need_scales ? "%s: null pointer (z, offs, tile_cum, codes, scales, s_enc and y are required)"
+                                  : "%s: null pointer (z, offs, tile_cum, codes, s_enc (scale_n) and y are required)",
+                      fn);
+  const int kfmt = fmt == kTernary && scales ? kTernaryR1 : fmt;  // the kernel's format
   const bool sign = fmt == kSign;
   const uintptr_t a16 = (uintptr_t)z | (uintptr_t)y;
   const uintptr_t a4 = (uintptr_t)offs | (uintptr_t)tile_cum | (uintptr_t)s_enc |
                        (uintptr_t)row_weight;
-  if ((a16 & 15) || ((uintptr_t)codes & (sign ? 7 : 15)) || ((uintptr_t)scales & (sign ? 15 : 3)) || (a4 & 3))
+  if ((a16 & 15) || ((uintptr_t)codes & (sign ? 7 : 15)) || ((uintptr_t)scales & (fmt == kNvfp4 ? 3 : 15)) ||
+      (a4 & 3))
     return tsct::fail(TSCT_ERR_BAD_ARGUMENT,
                       sign ? "%s: z, y and a must be 16-byte aligned, the bits 8-byte, b, offs, tile_cum and "
                              "row_weight 4-byte"
-                           : "%s: z, the codes and y must be 16-byte aligned, the scales, offs, tile_cum and fp32 "
-                             "arguments 4-byte", fn);
-  void (*const kernel)(UpParams) = sign ? tsctk_glu_up_fwd_sign : tsctk_glu_up_fwd_nvfp4;
-  static std::atomic<bool> opted[2][64] = {};
-  if (int rc = tsct::opt_in_shared_memory(fn, (const void*)kernel, SMEM_BYTES, opted[sign])) return rc;
+                      : fmt == kNvfp4 ? "%s: z, the codes and y must be 16-byte aligned, the scales, offs, tile_cum "
+                                        "and fp32 arguments 4-byte"
+                                      : "%s: z, the codes, scale_k and y must be 16-byte aligned, scale_n, offs, "
+                                        "tile_cum and row_weight 4-byte", fn);
+  void (*const kernel)(UpParams) = kfmt == kSign ? tsctk_glu_up_fwd_sign
+                                   : kfmt == kFp8 ? tsctk_glu_up_fwd_fp8
+                                   : kfmt == kTernary ? tsctk_glu_up_fwd_ternary
+                                   : kfmt == kTernaryR1 ? tsctk_glu_up_fwd_ternary_r1
+                                                        : tsctk_glu_up_fwd_nvfp4;
+  const int smem_bytes = kfmt == kSign ? kSmemBytes<kSign> : kfmt == kFp8 ? kSmemBytes<kFp8>
+                         : kfmt == kTernary ? kSmemBytes<kTernary> : kfmt == kTernaryR1 ? kSmemBytes<kTernaryR1>
+                                                                                        : kSmemBytes<kNvfp4>;
+  static std::atomic<bool> opted[kTernaryR1 + 1][64] = {};
+  if (int rc = tsct::opt_in_shared_memory(fn, (const void*)kernel, smem_bytes, opted[kfmt])) return rc;
   UpParams p;
   p.z = static_cast<const bf16*>(z);
   p.offs = offs;
@@ -381,7 +447,7 @@ static int up_entry(int fmt, const char* fn, const void* z, int64_t m, const int
   p.ldy = ldy;
   p.E = static_cast<int>(num_experts);
   p.f = static_cast<int>(f);
-  kernel<<<static_cast<unsigned>(max_tiles), NT, SMEM_BYTES, static_cast<cudaStream_t>(stream)>>>(p);
+  kernel<<<static_cast<unsigned>(max_tiles), NT, smem_bytes, static_cast<cudaStream_t>(stream)>>>(p);
   return tsct::check_launch(fn);
 }
 
@@ -394,3 +460,5 @@ static int up_entry(int fmt, const char* fn, const void* z, int64_t m, const int
   }
 TSCT_UP_ENTRY(tsct_glu_up_fwd_nvfp4, kNvfp4)
 TSCT_UP_ENTRY(tsct_glu_up_fwd_sign, kSign)
+TSCT_UP_ENTRY(tsct_glu_up_fwd_fp8, kFp8)
+TSCT_UP_ENTRY(tsct_glu_up_fwd_ternary, kTernary)

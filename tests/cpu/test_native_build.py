@@ -42,9 +42,8 @@ REQUIRED_TARGETS = ("sm_80", "compute_80", "sm_90a", "sm_120a")
 KERNELS = {f"tsctk_{op}_{dt}" for op in ("nvfp4_quantize", "nvfp4_dequantize", "sign_pack", "sign_dequantize",
                                          "fp8_quantize", "fp8_dequantize", "ternary_pack", "ternary_dequantize",
                                          "nvfp4_rows_amax", "nvfp4_rows_quantize")
-           for dt in ("f32", "bf16", "f16")} | {"tsctk_nvfp4_rows_finalize", "tsctk_glu_bwd_dz_bf16",
-                                                  "tsctk_glu_down_fwd_nvfp4", "tsctk_glu_up_fwd_nvfp4",
-                                                  "tsctk_glu_down_fwd_sign", "tsctk_glu_up_fwd_sign"}
+           for dt in ("f32", "bf16", "f16")} | {"tsctk_nvfp4_rows_finalize", "tsctk_glu_bwd_dz_bf16"} | {
+    f"tsctk_glu_{op}_fwd_{fmt}" for op in ("down", "up") for fmt in ("nvfp4", "sign", "fp8", "ternary", "ternary_r1")}
 BAD_ARGUMENT = -1
 
 
@@ -128,7 +127,11 @@ def test_kernel_smem_bytes(lib_path):
     dispatch compares it with the device's opt-in maximum): the values tsct.h documents for the GLU kernels, 0 for
     the grid-stride quant kernels; an unknown name is an error naming it."""
     documented = {"tsctk_glu_bwd_dz_bf16": 101376, "tsctk_glu_down_fwd_nvfp4": 71680, "tsctk_glu_down_fwd_sign": 71680,
-                  "tsctk_glu_up_fwd_nvfp4": 53248, "tsctk_glu_up_fwd_sign": 53248}
+                  "tsctk_glu_up_fwd_nvfp4": 53248, "tsctk_glu_up_fwd_sign": 53248,
+                  "tsctk_glu_down_fwd_fp8": 67584, "tsctk_glu_up_fwd_fp8": 57088,
+                  # the two ternary scalings take the same shared memory (the dispatch checks one name for both)
+                  "tsctk_glu_down_fwd_ternary": 75776, "tsctk_glu_down_fwd_ternary_r1": 75776,
+                  "tsctk_glu_up_fwd_ternary": 49152, "tsctk_glu_up_fwd_ternary_r1": 49152}
     header = HEADER.read_text()
     for name in sorted(KERNELS):
         want = documented.get(name, 0)
@@ -513,6 +516,19 @@ def test_c_entry_points_reject_bad_arguments(lib):
                                        None, None, 3, None), "scales_bf16=2 must be 0"),
         (lib.tsct_glu_down_fwd_nvfp4, (P, 8, 64, None, P, P, 2, 8, 64, 64, P, P, P, P, P, P, ctypes.c_void_p(0x1002),
                                        None, 0, None, P, None, None, 3, None), "bf16 s_gate / s_up 2-byte"),
+        (lib.tsct_glu_down_fwd_fp8, (P, 8, 64, None, P, P, 2, 8, 64, 64, P, P, P, P, None, P, None, None, 0, None, P,
+                                     None, None, 3, None), "must be null (fp8 has no scales)"),
+        (lib.tsct_glu_down_fwd_fp8, (P, 8, 64, None, P, P, 2, 8, 64, 64, ctypes.c_void_p(0x1008), None, P, P, None, P,
+                                     None, None, 0, None, P, None, None, 3, None), "the codes and scale_k must be 16"),
+        (lib.tsct_glu_down_fwd_fp8, (P, 8, 64, None, P, P, 2, 8, 64, 64, P, None, None, P, None, P, None, None, 0, None,
+                                     P, None, None, 3, None), "codes, s_enc (scale_n) and z are required"),
+        (lib.tsct_glu_down_fwd_ternary, (P, 8, 64, None, P, P, 2, 8, 64, 64, P, P, P, P, None, P, None, None, 0, None,
+                                         P, None, None, 3, None), "both given (rank-1 scaling) or both null"),
+        (lib.tsct_glu_down_fwd_ternary, (P, 8, 64, None, P, P, 2, 8, 64, 64, P, ctypes.c_void_p(0x1008), P, P,
+                                         ctypes.c_void_p(0x1008), P, None, None, 0, None, P, None, None, 3, None),
+         "the codes and scale_k must be 16-byte aligned"),
+        (lib.tsct_glu_down_fwd_ternary, (P, 8, 64, None, P, P, 2, 8, 64, 64, ctypes.c_void_p(0x1004), None, P, P, None,
+                                         P, None, None, 0, None, P, None, None, 3, None), "16-byte aligned"),
         # z, m, offs, tile_cum, E, f, r, codes, scales, s_enc, row_weight, y, ldy, max_tiles, stream
         (lib.tsct_glu_up_fwd_nvfp4, (P, 8, P, P, 2, 40, 32, P, P, P, None, P, 40, 3, None), "only r = 64"),
         (lib.tsct_glu_up_fwd_nvfp4, (P, 8, P, P, 2, 37, 64, P, P, P, None, P, 37, 3, None), "multiple of 8"),
@@ -524,6 +540,15 @@ def test_c_entry_points_reject_bad_arguments(lib):
          "the bits 8-byte"),
         (lib.tsct_glu_up_fwd_sign, (P, 8, P, P, 2, 40, 64, P, ctypes.c_void_p(0x1004), P, None, P, 40, 3, None),
          "z, y and a must be 16-byte aligned"),
+        (lib.tsct_glu_up_fwd_fp8, (P, 8, P, P, 2, 40, 64, P, P, P, None, P, 40, 3, None), "scales must be null"),
+        (lib.tsct_glu_up_fwd_fp8, (P, 8, P, P, 2, 40, 64, ctypes.c_void_p(0x1008), None, P, None, P, 40, 3, None),
+         "the codes, scale_k and y must be 16-byte aligned"),
+        (lib.tsct_glu_up_fwd_fp8, (P, 8, P, P, 2, 40, 64, P, None, None, None, P, 40, 3, None),
+         "codes, s_enc (scale_n) and y are required"),
+        (lib.tsct_glu_up_fwd_ternary, (P, 8, P, P, 2, 40, 64, P, ctypes.c_void_p(0x1004), P, None, P, 40, 3, None),
+         "the codes, scale_k and y must be 16-byte aligned"),
+        (lib.tsct_glu_up_fwd_ternary, (P, 8, P, P, 2, 40, 64, ctypes.c_void_p(0x1004), None, P, None, P, 40, 3, None),
+         "the codes, scale_k and y must be 16-byte aligned"),
     ]
     for fn, args, needle in cases:
         rc = fn(*args)
@@ -549,6 +574,11 @@ def test_c_entry_points_reject_bad_arguments(lib):
     assert lib.tsct_glu_down_fwd_sign(None, 0, 64, P, None, None, 2, 0, 64, 64, *([None] * 8), 0, *([None] * 4), 3,
                                       None) == 0
     assert lib.tsct_glu_up_fwd_sign(None, 0, None, None, 2, 40, 64, None, None, None, None, None, 40, 3, None) == 0
+    for fmt in ("fp8", "ternary"):
+        assert getattr(lib, f"tsct_glu_down_fwd_{fmt}")(None, 0, 64, P, None, None, 2, 0, 64, 64, *([None] * 8), 0,
+                                                       *([None] * 4), 3, None) == 0
+        assert getattr(lib, f"tsct_glu_up_fwd_{fmt}")(None, 0, None, None, 2, 40, 64, None, None, None, None, None, 40,
+                                                     3, None) == 0
     assert _detail(lib) == ""
     if not torch.cuda.is_available():
         # routed rows whose scatter indices all miss grad_out (no rows of it) are valid arguments (zero rows): they

@@ -3,7 +3,7 @@
 
 The kernels need a GPU (tests/gpu/test_glu_lowbit_native_gpu.py); here the wrappers run with the device check
 and the library call replaced by a recorder, so what they validate and what they pass to the C entry (entry name,
-argument order, pointers, sizes, the outputs' shapes) is checked for both formats without one.
+argument order, pointers, sizes, the outputs' shapes) is checked for every format without one.
 """
 
 from __future__ import annotations
@@ -29,15 +29,25 @@ def calls(monkeypatch):
     return rec
 
 
+# (the C entry's format, quantize options): ternary_r1 is the ternary entry with the rank-1 scaling's scale_k
+FMTS = {"nvfp4": ("nvfp4", {}), "sign": ("sign", {}), "fp8": ("fp8", {}), "ternary": ("ternary", {}),
+        "ternary_r1": ("ternary", {"scaling": "rank1"})}
+
+
 def packed(w, fmt):
-    return tuple(L._factor_args("w", quant.quantize(w, fmt), torch.bfloat16)[1])
+    name, opts = FMTS[fmt]
+    return tuple(L._factor_args("w", quant.quantize(w, name, **opts), torch.bfloat16)[1])
 
 
 def ptr(a):
     return a.value if a is not None and hasattr(a, "value") else a
 
 
-@pytest.mark.parametrize("fmt", ["nvfp4", "sign"])
+def ptrs(ts):
+    return [t.data_ptr() if t is not None else None for t in ts]
+
+
+@pytest.mark.parametrize("fmt", list(FMTS))
 @pytest.mark.parametrize("save", [False, True])
 @pytest.mark.parametrize("scales", [None, torch.float32, torch.bfloat16], ids=["no_scales", "fp32", "bf16"])
 def test_down_wrapper_marshals(calls, fmt, save, scales):
@@ -50,16 +60,18 @@ def test_down_wrapper_marshals(calls, fmt, save, scales):
     sg = su = None
     if scales is not None:
         sg, su = (torch.rand(E, R, generator=g).to(scales) for _ in range(2))
-    z, hg, hu = _ops.glu_down_fwd_lowbit(x, offs, cum, gate, up, fmt=fmt, m=M, max_tiles=5, s_gate=sg, s_up=su,
+    z, hg, hu = _ops.glu_down_fwd_lowbit(x, offs, cum, gate, up, fmt=FMTS[fmt][0], m=M, max_tiles=5, s_gate=sg,
+                                         s_up=su,
                                          row_weight=rw, save=save)
     assert z.shape == (M, R) and z.dtype == torch.bfloat16
     assert (hg is not None) == save and (hg is None or (hg.shape == (M, R) and hg.dtype == torch.float32))
     (fn, args), = calls
-    assert fn == f"tsct_glu_down_fwd_{fmt}"
+    assert fn == f"tsct_glu_down_fwd_{FMTS[fmt][0]}"
     assert len(args) == 24  # the C entry's 25 arguments less the stream (added by _call)
     v = [ptr(a) for a in args]
     assert v[:10] == [x.data_ptr(), M, D, None, offs.data_ptr(), cum.data_ptr(), E, M, D, 64]
-    assert v[10:16] == [t.data_ptr() for t in (*gate, *up)]
+    assert v[10:16] == ptrs((*gate, *up))
+    assert (v[11] is None) == (fmt in ("fp8", "ternary"))  # no second storage tensor: a null pointer
     # s_gate, s_up as given (no copy), then scales_bf16
     want = [None, None, 0] if sg is None else [sg.data_ptr(), su.data_ptr(), int(scales == torch.bfloat16)]
     assert v[16:19] == want
@@ -81,7 +93,7 @@ def test_down_wrapper_rejects_mixed_or_other_scale_dtypes(calls):
     assert not calls
 
 
-@pytest.mark.parametrize("fmt", ["nvfp4", "sign"])
+@pytest.mark.parametrize("fmt", list(FMTS))
 def test_up_wrapper_marshals(calls, fmt):
     g = torch.Generator().manual_seed(1)
     z = torch.randn(M, R, generator=g).bfloat16()
@@ -89,13 +101,12 @@ def test_up_wrapper_marshals(calls, fmt):
     offs = torch.tensor([3, 3, M], dtype=torch.int32)
     cum = torch.tensor([1, 1, 2], dtype=torch.int32)
     y = torch.empty(M, 40, dtype=torch.bfloat16)
-    out = _ops.glu_up_fwd_lowbit(z, offs, cum, wd, y, fmt=fmt, f=F, max_tiles=5)
+    out = _ops.glu_up_fwd_lowbit(z, offs, cum, wd, y, fmt=FMTS[fmt][0], f=F, max_tiles=5)
     assert out is y
     (fn, args), = calls
-    assert fn == f"tsct_glu_up_fwd_{fmt}"
+    assert fn == f"tsct_glu_up_fwd_{FMTS[fmt][0]}"
     v = [ptr(a) for a in args]
-    assert v == [z.data_ptr(), M, offs.data_ptr(), cum.data_ptr(), E, F, 64, *[t.data_ptr() for t in wd], None,
-                 y.data_ptr(), 40, 5]
+    assert v == [z.data_ptr(), M, offs.data_ptr(), cum.data_ptr(), E, F, 64, *ptrs(wd), None, y.data_ptr(), 40, 5]
 
 
 def test_storage_shapes_follow_the_format(calls):
@@ -111,11 +122,33 @@ def test_storage_shapes_follow_the_format(calls):
         _ops.glu_down_fwd_lowbit(x, offs, cum, nv, (nv[0], sg[1][:, :8].contiguous(), nv[2]), fmt="nvfp4", m=M,
                                  max_tiles=5)
     with pytest.raises(ValueError, match="fmt must be one of"):
-        _ops.glu_down_fwd_lowbit(x, offs, cum, nv, nv, fmt="fp8", m=M, max_tiles=5)
+        _ops.glu_down_fwd_lowbit(x, offs, cum, nv, nv, fmt="int4", m=M, max_tiles=5)
+    f8 = packed(torch.randn(E, D, R, generator=g), "fp8")
+    tr = packed(torch.randn(E, D, R, generator=g), "ternary")
+    t1 = packed(torch.randn(E, D, R, generator=g), "ternary_r1")
+    with pytest.raises(ValueError, match=r"gate\[0\] must have shape .*E4M3 code bytes"):  # ternary codes as fp8's
+        _ops.glu_down_fwd_lowbit(x, offs, cum, tr, f8, fmt="fp8", m=M, max_tiles=5)
+    with pytest.raises(ValueError, match=r"up\[1\] must be None \(fp8"):
+        _ops.glu_down_fwd_lowbit(x, offs, cum, f8, (f8[0], t1[1], f8[2]), fmt="fp8", m=M, max_tiles=5)
+    with pytest.raises(ValueError, match=r"up\[1\] must have shape .*scale_k"):  # scale_k over K = d
+        _ops.glu_down_fwd_lowbit(x, offs, cum, t1, (t1[0], t1[1][:, :64].contiguous(), t1[2]), fmt="ternary", m=M,
+                                 max_tiles=5)
+    with pytest.raises(ValueError, match="both given .* or both None"):  # one scaling per kernel
+        _ops.glu_down_fwd_lowbit(x, offs, cum, t1, tr, fmt="ternary", m=M, max_tiles=5)
+    with pytest.raises(TypeError, match=r"gate\[2\] must have dtype"):
+        _ops.glu_down_fwd_lowbit(x, offs, cum, (tr[0], None, tr[2].double()), tr, fmt="ternary", m=M, max_tiles=5)
+    buf = torch.zeros(t1[1].numel() * 4 + 16, dtype=torch.uint8)
+    k_off = buf[4: 4 + t1[1].numel() * 4].view(torch.float32).view(t1[1].shape)
+    with pytest.raises(ValueError, match=r"gate\[1\] \(scale_k\) must be 16-byte aligned"):
+        _ops.glu_down_fwd_lowbit(x, offs, cum, (t1[0], k_off, t1[2]), t1, fmt="ternary", m=M, max_tiles=5)
+    wd = packed(torch.randn(E, R, F, generator=g), "fp8")
+    with pytest.raises(ValueError, match=r"w_down\[0\] must have shape"):
+        _ops.glu_up_fwd_lowbit(torch.randn(M, R).bfloat16(), offs, cum, (wd[0][:, :, :32].contiguous(), None, wd[2]),
+                               torch.empty(M, 40, dtype=torch.bfloat16), fmt="fp8", f=F, max_tiles=5)
     assert not calls
 
 
-@pytest.mark.parametrize("fmt", ["nvfp4", "sign"])
+@pytest.mark.parametrize("fmt", list(FMTS))
 def test_validate_false_marshals_the_same_and_skips_checks(calls, fmt):
     """validate=False (the dispatch's call) passes the C entries the same arguments and skips the Python
     checks (a float32 x is passed through: the C entry's own checks are what remain), but not the fmt check."""
@@ -127,27 +160,28 @@ def test_validate_false_marshals_the_same_and_skips_checks(calls, fmt):
     cum = torch.tensor([1, 1, 2], dtype=torch.int32)
     out = (torch.empty(M, R, dtype=torch.bfloat16), torch.empty(M, R), torch.empty(M, R))
     for validate in (True, False):
-        _ops.glu_down_fwd_lowbit(x, offs, cum, gate, up, fmt=fmt, m=M, max_tiles=5, save=True, out=out,
+        _ops.glu_down_fwd_lowbit(x, offs, cum, gate, up, fmt=FMTS[fmt][0], m=M, max_tiles=5, save=True, out=out,
                                  validate=validate)
-        _ops.glu_up_fwd_lowbit(out[0], offs, cum, wd, torch.empty(M, 40, dtype=torch.bfloat16), fmt=fmt, f=F,
-                               max_tiles=5, validate=validate)
+        _ops.glu_up_fwd_lowbit(out[0], offs, cum, wd, torch.empty(M, 40, dtype=torch.bfloat16), fmt=FMTS[fmt][0],
+                               f=F, max_tiles=5, validate=validate)
     (d1, a1), (u1, b1), (d2, a2), (u2, b2) = calls
-    assert (d1, u1) == (d2, u2) == (f"tsct_glu_down_fwd_{fmt}", f"tsct_glu_up_fwd_{fmt}")
+    assert (d1, u1) == (d2, u2) == (f"tsct_glu_down_fwd_{FMTS[fmt][0]}", f"tsct_glu_up_fwd_{FMTS[fmt][0]}")
     assert [ptr(a) for a in a1] == [ptr(a) for a in a2]
     assert [ptr(a) for a in b1][:-4] == [ptr(a) for a in b2][:-4]  # y differs (a new tensor each call)
     with pytest.raises(TypeError, match="x must have dtype"):
-        _ops.glu_down_fwd_lowbit(x.float(), offs, cum, gate, up, fmt=fmt, m=M, max_tiles=5)
-    _ops.glu_down_fwd_lowbit(x.float(), offs, cum, gate, up, fmt=fmt, m=M, max_tiles=5, out=out[:1] + (None, None),
-                             validate=False)
+        _ops.glu_down_fwd_lowbit(x.float(), offs, cum, gate, up, fmt=FMTS[fmt][0], m=M, max_tiles=5)
+    _ops.glu_down_fwd_lowbit(x.float(), offs, cum, gate, up, fmt=FMTS[fmt][0], m=M, max_tiles=5,
+                             out=out[:1] + (None, None), validate=False)
     with pytest.raises(ValueError, match="fmt must be one of"):
-        _ops.glu_down_fwd_lowbit(x, offs, cum, gate, up, fmt="fp8", m=M, max_tiles=5, validate=False)
+        _ops.glu_down_fwd_lowbit(x, offs, cum, gate, up, fmt="int8", m=M, max_tiles=5, validate=False)
     with pytest.raises(ValueError, match="fmt must be one of"):
         _ops.glu_up_fwd_lowbit(out[0], offs, cum, wd, torch.empty(M, 40, dtype=torch.bfloat16), fmt="int4", f=F,
                                max_tiles=5, validate=False)
 
 
 def test_dispatch_storage_predicate():
-    """NVFP4 needs 16-byte aligned codes, sign 8-byte bits and 16-byte a, and sign its own flag."""
+    """NVFP4 needs 16-byte aligned codes, sign 8-byte bits and 16-byte a, and sign its own flag; fp8 and ternary
+    16-byte codes (ternary's rank-1 scale_k 16-byte too), each behind its own flag."""
     g = torch.Generator().manual_seed(3)
     cfg = dataclasses.replace(specs.Config(), down_native_lb=1, up_native_lb=1)
     nv = list(packed(torch.randn(E, D, R, generator=g), "nvfp4"))
@@ -161,6 +195,21 @@ def test_dispatch_storage_predicate():
     assert a_off.data_ptr() % 16 == 4
     assert not L._native_packed(on, L.SIGN, [sg[0], a_off, sg[2]])
     assert not L._native_packed(on, L.DENSE, [torch.zeros(4)])
+    for fmt, code, switch in (("fp8", L.FP8, "fp8_native_lb"), ("ternary", L.TERNARY, "ternary_native_lb"),
+                              ("ternary_r1", L.TERNARY_R1, "ternary_native_lb")):
+        st = list(packed(torch.randn(E, D, R, generator=g), fmt))
+        assert L.factor_format(quant.quantize(torch.randn(E, D, R), *FMTS[fmt][:1], **FMTS[fmt][1])) == code
+        assert not L._native_packed(cfg, code, st, st)  # its switch off (the default Config)
+        fon = dataclasses.replace(cfg, **{switch: 1})
+        assert L._native_packed(fon, code, st, st)
+        buf = torch.zeros(st[0].numel() + 16, dtype=torch.uint8)
+        c_off = buf[8: 8 + st[0].numel()].view(st[0].shape)
+        assert c_off.data_ptr() % 16 == 8 and not L._native_packed(fon, code, [c_off, st[1], st[2]])
+        if st[1] is not None:
+            buf = torch.zeros(st[1].numel() * 4 + 16, dtype=torch.uint8)
+            k_off = buf[4: 4 + st[1].numel() * 4].view(torch.float32).view(st[1].shape)
+            assert not L._native_packed(fon, code, [st[0], k_off, st[2]])
+    assert specs.CONFIGS["sm_90a"].fp8_native_lb and specs.CONFIGS["sm_90a"].ternary_native_lb
 
 
 def test_int64_offs_rejected_by_name():

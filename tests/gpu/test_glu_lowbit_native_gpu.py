@@ -1,7 +1,7 @@
 """The CUDA low-bit projections (csrc/glu/down_nvfp4.cu, up_nvfp4.cu: ``tsct.native.glu_down_fwd_lowbit``,
-``glu_up_fwd_lowbit``) on a GPU, for NVFP4 and sign factors.
+``glu_up_fwd_lowbit``) on a GPU, for NVFP4, sign, FP8 and ternary (absmean and rank-1 scaling) factors.
 
-Each case: fresh random inputs, NVFP4 or sign factors from ``tsct.quant``, the caching allocator poisoned with NaN
+Each case: fresh random inputs, factors of the format from ``tsct.quant``, the caching allocator poisoned with NaN
 before the call and the outputs passed in NaN-filled (``out=``). hg, hu are compared with x @ W_hat in fp64 (bf16 operands and exact decoded weights, fp32
 accumulation: relative Frobenius error ~1e-6, tolerance 1e-4; sign: +-a[k] is rounded to bf16 as on the
 Triton path, ~1e-3 against the fp32 dequantized factor, tolerance 1e-2, and 1e-4 against the Triton kernel), z with the fp64 GLU of the reference
@@ -13,7 +13,10 @@ Up projection: y against (z @ W_hat) * row_weight in fp64 (one bf16 rounding: to
 Triton kernel ``lowbit_up_fwd``; pad columns [f, ldy) zero, rows past offs[-1] unwritten, same bits twice; f = 5461,
 37, 64 and 200 (odd, partial 64-column steps), experts with 0 to 150 rows, a NaN z row.
 Also: the low-bit forward takes these kernels where ``Config.down_native_lb`` / ``up_native_lb`` are on
-(backend counts), and bad arguments raise errors that name them.
+(backend counts), and bad arguments raise errors that name them. FP8 and ternary: products whose fp32 sums are
+exact (small integer x, codes of few significant bits) give the Triton kernels' bits (hg, hu and y: the same
+decoded values and scale multiplies; only the summation order differs), and the NaN codes (fp8 0x7F / 0xFF,
+ternary 0b10) poison exactly their rank / column.
 """
 
 from __future__ import annotations
@@ -51,6 +54,22 @@ def rel(a: torch.Tensor, b: torch.Tensor) -> float:
     return float((a - b).norm() / b.norm().clamp_min(1e-30))
 
 
+# the formats the kernels take (ternary_r1: the ternary entry with the rank-1 scaling's scale_k)
+FMTS = ["nvfp4", "sign", "fp8", "ternary", "ternary_r1"]
+_QUANT = {"ternary_r1": ("ternary", {"scaling": "rank1"})}
+
+
+def qz(w, fmt):
+    """w quantized to ``fmt`` (a name of FMTS)."""
+    name, opts = _QUANT.get(fmt, (fmt, {}))
+    return quant.quantize(w, name, **opts)
+
+
+def native_fmt(fmt):
+    """The C entry's format name of ``fmt``."""
+    return _QUANT.get(fmt, (fmt,))[0]
+
+
 def make(counts, d, pad=0, gather=True, scales=True, rw=True, seed=0, fmt="nvfp4"):
     g = torch.Generator().manual_seed(seed)
     e, mv = len(counts), sum(counts)
@@ -61,7 +80,7 @@ def make(counts, d, pad=0, gather=True, scales=True, rw=True, seed=0, fmt="nvfp4
     wg = torch.randn(e, d, R, generator=g) * 0.05
     wu = torch.randn(e, d, R, generator=g) * 0.05
     wg[0, :16, 3] *= 1e-3  # a block with a small scale (UE4M3 subnormal range)
-    qg, qu = quant.quantize(wg.to(DEV), fmt), quant.quantize(wu.to(DEV), fmt)
+    qg, qu = qz(wg.to(DEV), fmt), qz(wu.to(DEV), fmt)
     p = dict(fmt=fmt, x=x.to(DEV), offs=torch.tensor(counts).cumsum(0).to(torch.int32).to(DEV), qg=qg, qu=qu, m=m,
              gidx=gidx.to(DEV) if gather else None,
              sg=(torch.rand(e, R, generator=g) + 0.5).to(DEV) if scales else None,
@@ -83,8 +102,9 @@ def run_native(p, save):
     out = (torch.full((m, R), float("nan"), device=DEV, dtype=torch.bfloat16),
            torch.full((m, R), float("nan"), device=DEV) if save else None,
            torch.full((m, R), float("nan"), device=DEV) if save else None)
-    return native.glu_down_fwd_lowbit(p["x"], p["offs"], cum, args(p["qg"]), args(p["qu"]), fmt=p["fmt"], m=m,
-                                     max_tiles=-(-m // 64) + e, gather_idx=p["gidx"], s_gate=p["sg"],
+    return native.glu_down_fwd_lowbit(p["x"], p["offs"], cum, args(p["qg"]), args(p["qu"]),
+                                     fmt=native_fmt(p["fmt"]), m=m, max_tiles=-(-m // 64) + e,
+                                     gather_idx=p["gidx"], s_gate=p["sg"],
                                      s_up=p["su"], row_weight=p["rw"] if save else None, save=save, out=out)
 
 
@@ -120,11 +140,12 @@ CASES = [
 ]
 
 
-FMTS = ["nvfp4", "sign"]
-HTOL = {"nvfp4": 1e-4, "sign": 1e-2}  # hg, hu against the fp32 dequantized factors (sign: a rounded to bf16)
+# hg, hu against the fp32 dequantized factors (sign, rank-1 ternary: a / q * scale_k rounded to bf16; fp8 and
+# absmean ternary decode exactly)
+HTOL = {"nvfp4": 1e-4, "sign": 1e-2, "fp8": 1e-4, "ternary": 1e-4, "ternary_r1": 1e-2}
 # z / y against the Triton kernel (same decoded weights and scales, another fp32 accumulation order, one bf16
-# rounding each): sign tighter, so that a misplaced a[k] (~1 % off at large f) cannot hide
-TTOL = {"nvfp4": 1e-2, "sign": 5e-3}
+# rounding each): sign and the newer formats tighter, so that a misplaced a[k] (~1 % off at large f) cannot hide
+TTOL = {"nvfp4": 1e-2, "sign": 5e-3, "fp8": 5e-3, "ternary": 5e-3, "ternary_r1": 5e-3}
 
 
 @pytest.mark.parametrize("fmt", FMTS)
@@ -184,7 +205,7 @@ def test_bf16_scales_read_as_given(fmt):
             if u is not None:
                 assert torch.equal(u[:mv], v[:mv])
     x, offs = p["x"], p["offs"]
-    wd = quant.quantize((torch.randn(offs.shape[0], R, 200) * 0.1).to(DEV), fmt)
+    wd = qz((torch.randn(offs.shape[0], R, 200) * 0.1).to(DEV), fmt)
     outs = [tsct.ops.grouped_glu(x, offs, p["qg"], p["qu"], wd, s["sg"], s["su"], gather_idx=p["gidx"],
                                  impl="triton-lowbit") for s in (p, q)]
     assert torch.equal(outs[0][:mv], outs[1][:mv]) and torch.isfinite(outs[0][:mv].float()).all()
@@ -206,14 +227,20 @@ def test_nan_row_and_nan_block_scale():
     assert torch.isfinite(hg[20:, torch.arange(R, device=DEV) != 9]).all()
 
 
+def native_on(cfg, switch, q) -> bool:
+    """The arch's Config runs the CUDA projection (``switch``: down_native_lb / up_native_lb) for q's format."""
+    fswitch = L._NATIVE_SWITCH.get(L.factor_format(q))
+    return bool(getattr(cfg, switch)) and (fswitch is None or bool(getattr(cfg, fswitch)))
+
+
 @pytest.mark.parametrize("fmt", FMTS)
 def test_dispatch_counts(fmt):
     cfg = G._config(G._capability(DEV))
-    if not cfg.down_native_lb or (fmt == "sign" and not cfg.sign_native_lb):
-        pytest.skip("Config.down_native_lb (sign: sign_native_lb) is off for this arch")
     p = make([10, 40, 0, 70], 256, seed=1, fmt=fmt)
+    if not native_on(cfg, "down_native_lb", p["qg"]):
+        pytest.skip("Config.down_native_lb (or the format's switch) is off for this arch")
     e = p["offs"].shape[0]
-    wd = quant.quantize((torch.randn(e, R, 96) * 0.05).to(DEV), fmt)
+    wd = qz((torch.randn(e, R, 96) * 0.05).to(DEV), fmt)
     before = L.backend_counts().get(("native", "lowbit_down_fwd"), 0)
     y = L.grouped_glu_forward(p["x"], p["offs"], p["qg"], p["qu"], wd, p["sg"], p["su"], p["rw"], p["gidx"])
     assert L.backend_counts().get(("native", "lowbit_down_fwd"), 0) == before + 1
@@ -268,7 +295,7 @@ def make_up(counts, f, pad, rw, seed, fmt="nvfp4"):
     z[mv:] = float("nan")  # padding rows of z are never read into written rows
     wd = torch.randn(e, R, f, generator=g) * 0.05
     return dict(z=z.to(DEV), offs=torch.tensor(counts).cumsum(0).to(torch.int32).to(DEV),
-                qd=quant.quantize(wd.to(DEV), fmt), fmt=fmt, m=m, mv=mv, f=f,
+                qd=qz(wd.to(DEV), fmt), fmt=fmt, m=m, mv=mv, f=f,
                 rw=torch.rand(m, generator=g).to(DEV) if rw else None)
 
 
@@ -279,7 +306,8 @@ def up_args(q):
 def run_up(p, ldy):
     cum = G._tile_cum(p["offs"], native.GLU_DOWN_TILE)
     y = torch.full((p["m"], ldy), float("nan"), device=DEV, dtype=torch.bfloat16)
-    return native.glu_up_fwd_lowbit(p["z"], p["offs"], cum, up_args(p["qd"]), y, fmt=p["fmt"], f=p["f"],
+    return native.glu_up_fwd_lowbit(p["z"], p["offs"], cum, up_args(p["qd"]), y, fmt=native_fmt(p["fmt"]),
+                                    f=p["f"],
                                    max_tiles=-(-p["m"] // 64) + p["offs"].shape[0], row_weight=p["rw"])
 
 
@@ -333,11 +361,11 @@ def test_up_nan_row(fmt):
 @pytest.mark.parametrize("fmt", FMTS)
 def test_up_dispatch_counts(fmt):
     cfg = G._config(G._capability(DEV))
-    if not cfg.up_native_lb or (fmt == "sign" and not cfg.sign_native_lb):
-        pytest.skip("Config.up_native_lb (sign: sign_native_lb) is off for this arch")
     p = make([10, 40, 0, 70], 256, seed=1, fmt=fmt)
+    if not native_on(cfg, "up_native_lb", p["qg"]):
+        pytest.skip("Config.up_native_lb (or the format's switch) is off for this arch")
     e = p["offs"].shape[0]
-    wd = quant.quantize((torch.randn(e, R, 96) * 0.05).to(DEV), fmt)
+    wd = qz((torch.randn(e, R, 96) * 0.05).to(DEV), fmt)
     before = L.backend_counts().get(("native", "lowbit_up_fwd"), 0)
     sidx = torch.randperm(p["m"], device=DEV)
     y = L.grouped_glu_forward(p["x"], p["offs"], p["qg"], p["qu"], wd, p["sg"], p["su"], p["rw"], p["gidx"], sidx,
@@ -384,7 +412,7 @@ def test_down_edge_layouts(fmt):
         assert ga[1].data_ptr() % 16 == 4
     cum = G._tile_cum(p["offs"], 64)
     mv = sum(counts)
-    z, hg, hu = native.glu_down_fwd_lowbit(p["x"], p["offs"], cum, ga, ua, fmt=fmt, m=p["m"],
+    z, hg, hu = native.glu_down_fwd_lowbit(p["x"], p["offs"], cum, ga, ua, fmt=native_fmt(fmt), m=p["m"],
                                            max_tiles=-(-p["m"] // 64) + 40 + 50,
                                           gather_idx=p["gidx"], s_gate=p["sg"], s_up=p["su"], row_weight=p["rw"],
                                           save=True)
@@ -400,7 +428,7 @@ def test_up_edge_layouts(fmt):
     p = make_up(counts, 100, 1, True, seed=14, fmt=fmt)
     cum = G._tile_cum(p["offs"], 64)
     y = torch.full((p["m"], 232), float("nan"), device=DEV, dtype=torch.bfloat16)
-    native.glu_up_fwd_lowbit(p["z"], p["offs"], cum, up_args(p["qd"]), y, fmt=fmt, f=100,
+    native.glu_up_fwd_lowbit(p["z"], p["offs"], cum, up_args(p["qd"]), y, fmt=native_fmt(fmt), f=100,
                             max_tiles=-(-p["m"] // 64) + 40 + 50, row_weight=p["rw"])
     mv = p["mv"]
     assert rel(y[:mv, :100], up_reference(p)) < 1e-2
@@ -439,3 +467,119 @@ def test_mixed_and_misaligned_stay_on_triton():
     pg = args(ps["qg"])
     assert not L._native_packed(dataclasses.replace(cfg, sign_native_lb=1), L.SIGN, [pg[0], _misaligned(pg[1], 4),
                                                                                      pg[2]])
+
+
+# ---- FP8 and ternary: exact sums give the Triton kernels' bits; NaN codes -------------------------------------------
+
+NEW_FMTS = ["fp8", "ternary", "ternary_r1"]
+
+
+def exact_factor(e, k, n, fmt, g):
+    """A factor [e, k, n] of ``fmt`` whose decoded values have few significant bits (fp8: multiples of 1/4 up to 4
+    in magnitude; ternary: q, and for the rank-1 scaling q * scale_k with scale_k a multiple of 1/8 in [1/8, 2]),
+    so that products with small integers sum exactly in fp32 in any order; scale_n random."""
+    q = qz((torch.randn(e, k, n, generator=g)).to(DEV), fmt)
+    if fmt == "fp8":
+        v = torch.randint(-16, 17, (e, n, k), generator=g).float() / 4
+        return dataclasses.replace(q, codes=v.to(DEV).to(torch.float8_e4m3fn))
+    c = torch.randint(0, 256, (e, n, k // 4), generator=g, dtype=torch.uint8)
+    m = c & 0x55
+    c = m | (((c >> 1) & 0x55 & m) << 1)  # no 0b10 (NaN) pair: clear the high bit where the low one is 0
+    ch = dict(codes=c.to(DEV))
+    if fmt == "ternary_r1":
+        ch["scale_k"] = (torch.randint(1, 17, (e, k), generator=g).float() / 8).to(DEV)
+    return dataclasses.replace(q, **ch)
+
+
+@pytest.mark.parametrize("fmt", NEW_FMTS)
+@pytest.mark.parametrize("d", [64, 2048], ids=["d64", "d2048"])
+def test_exact_sums_give_the_triton_bits(fmt, d):
+    """x of small integers and factors of few significant bits (``exact_factor``): every fp32 partial sum is exact,
+    so hg / hu (accumulator times scale_n) and y (times scale_n, times the row weight, one bf16 rounding) are the
+    bits of the Triton kernels; odd experts, an empty one, gather indices and row weights."""
+    g = torch.Generator().manual_seed(21 + d)
+    counts = [1, 0, 7, 63, 65, 33]
+    e, m = len(counts), sum(counts)
+    offs = torch.tensor(counts).cumsum(0).to(torch.int32).to(DEV)
+    x = torch.randint(-4, 5, (m + 9, d), generator=g).bfloat16().to(DEV)
+    gidx = torch.randint(0, m + 9, (m,), generator=g).to(DEV)
+    qg, qu = exact_factor(e, d, R, fmt, g), exact_factor(e, d, R, fmt, g)
+    p = dict(fmt=fmt, x=x, offs=offs, qg=qg, qu=qu, m=m, gidx=gidx, sg=None, su=None, rw=None)
+    z, hg, hu = run_native(p, True)
+    cfg = dataclasses.replace(G._config(G._capability(DEV)), down_native_lb=0, up_native_lb=0)
+    cap = G._capability(DEV)
+    hgt, hut, zt = torch.empty_like(hg), torch.empty_like(hu), torch.empty_like(z)
+    fc = L.factor_format(qg)
+    L._down(x, gidx, offs, G._tile_cum(offs, cfg.bm, cap), -(-m // cfg.bm) + e, fc, list(args(qg)), fc,
+            list(args(qu)), None, None, None, zt, hgt, hut, m, cfg, True, cap)
+    assert torch.isfinite(hg).all() and hg.abs().max() > 0
+    assert torch.equal(hg, hgt) and torch.equal(hu, hut)
+    # the up projection: z of small integers, the same exact factors
+    f = 200
+    zi = torch.randint(-4, 5, (m, R), generator=g).bfloat16().to(DEV)
+    qd = exact_factor(e, R, f, fmt, g)
+    rw = (torch.randint(1, 9, (m,), generator=g).float() / 4).to(DEV)
+    pu = dict(z=zi, offs=offs, qd=qd, fmt=fmt, m=m, mv=m, f=f, rw=rw)
+    y = run_up(pu, 200)
+    yt = torch.full_like(y, float("nan"))
+    L._up(zi, offs, G._tile_cum(offs, cfg.bm, cap), -(-m // cfg.bm) + e, L.factor_format(qd), list(args(qd)), rw, yt,
+          f, m, cfg, True, cap, pad=True)
+    assert torch.isfinite(y.float()).all() and torch.equal(y.view(torch.int16), yt.view(torch.int16))
+
+
+def _nan_code(q, fmt, ex, n, k):
+    """q with the code of (expert ex, column n, k) set to the format's NaN code (fp8 0xFF: the negative one)."""
+    if fmt == "fp8":
+        c = q.codes.view(torch.uint8).clone()
+        c[ex, n, k] = 0xFF
+        return dataclasses.replace(q, codes=c.view(torch.float8_e4m3fn))
+    c = q.codes.clone()
+    c[ex, n, k // 4] = (c[ex, n, k // 4] & (0xFF ^ (3 << (2 * (k % 4))))) | (2 << (2 * (k % 4)))
+    return dataclasses.replace(q, codes=c)
+
+
+@pytest.mark.parametrize("fmt", NEW_FMTS)
+def test_nan_codes(fmt):
+    """A NaN code of expert 1's w_gate (rank 9, k 37) makes hg[:, 9] NaN for expert 1's rows only (z too), and one
+    of w_down (column 70, k 21) y[:, 70] of expert 1's rows only; fp8's 0x7F likewise (w_up, rank 3)."""
+    p = make([20, 20], 128, gather=False, scales=False, rw=False, seed=8, fmt=fmt)
+    p["qg"] = _nan_code(p["qg"], fmt, 1, 9, 37)
+    if fmt == "fp8":
+        c = p["qu"].codes.view(torch.uint8).clone()
+        c[1, 3, 100] = 0x7F
+        p["qu"] = dataclasses.replace(p["qu"], codes=c.view(torch.float8_e4m3fn))
+    z, hg, hu = run_native(p, True)
+    ranks = torch.arange(R, device=DEV)
+    assert torch.isnan(hg[20:, 9]).all() and torch.isfinite(hg[:20]).all()
+    assert torch.isfinite(hg[20:, ranks != 9]).all()
+    assert torch.isnan(z[20:, 9].float()).all()
+    if fmt == "fp8":
+        assert torch.isnan(hu[20:, 3]).all() and torch.isfinite(hu[20:, ranks != 3]).all()
+        assert torch.isfinite(hu[:20]).all()
+    else:
+        assert torch.isfinite(hu).all()
+    pu = make_up([20, 20], 100, 0, True, seed=9, fmt=fmt)
+    pu["qd"] = _nan_code(pu["qd"], fmt, 1, 70, 21)
+    y = run_up(pu, 104)
+    cols = torch.arange(104, device=DEV)
+    assert torch.isnan(y[20:, 70].float()).all() and torch.isfinite(y[:20].float()).all()
+    assert torch.isfinite(y[20:][:, cols != 70].float()).all()
+    # the reference decode agrees: the fp64 oracle has NaN in exactly that column
+    ref = up_reference(pu)
+    assert torch.isnan(ref[20:, 70]).all() and torch.isfinite(ref[:, torch.arange(100, device=DEV) != 70]).all()
+
+
+def test_ternary_mixed_scalings_stay_on_triton():
+    """w_gate with the absmean scaling and w_up with the rank-1 one (one kernel takes one scaling) keep the Triton
+    down kernel; the result still matches the reference."""
+    cfg = G._config(G._capability(DEV))
+    p = make([10, 40, 0, 70], 256, seed=6, fmt="ternary")
+    p1 = make([10, 40, 0, 70], 256, seed=6, fmt="ternary_r1")
+    if not native_on(cfg, "down_native_lb", p["qg"]):
+        pytest.skip("Config.down_native_lb (or ternary_native_lb) is off for this arch")
+    p["qu"] = p1["qu"]
+    before = L.backend_counts().get(("native", "lowbit_down_fwd"), 0)
+    z = L.down_forward(p["x"], p["offs"], p["qg"], p["qu"], p["sg"], p["su"], p["gidx"])
+    assert L.backend_counts().get(("native", "lowbit_down_fwd"), 0) == before
+    mv = int(p["offs"][-1])
+    assert rel(z[:mv], reference(p, False)[2]) < 1e-2

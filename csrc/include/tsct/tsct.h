@@ -21,7 +21,7 @@
 extern "C" {
 #endif
 
-#define TSCT_ABI_VERSION 11 /* 2: the Triton AOT launcher (tsct_triton_*); 3: the grouped activation quantizer
+#define TSCT_ABI_VERSION 12 /* 2: the Triton AOT launcher (tsct_triton_*); 3: the grouped activation quantizer
                               (tsct_nvfp4_quantize_rows_grouped) and the sm_120 CuTeDSL entries (tsct_sm120_*);
                               4: the CUTLASS C++ sm_120 grouped NVFP4 GEMM entries;
                               5: the grouped GLU backward kernel tsct_glu_bwd_dz_bf16;
@@ -33,7 +33,9 @@ extern "C" {
                               dW only for experts of at most 64 rows;
                               10: the FP8 and ternary formats (tsct_fp8_*, tsct_ternary_*);
                               11: tsct_glu_bwd_dz_bf16 on expert-major row tiles (xtile_cum: tiles past each
-                              expert's first), dW also for an empty expert (zeros) */
+                              expert's first), dW also for an empty expert (zeros);
+                              12: the low-bit GLU projections for FP8 and ternary factors
+                              tsct_glu_{down,up}_fwd_{fp8,ternary} */
 
 /* The library is built with -fvisibility=hidden; only declarations marked TSCT_API are exported
  * (and csrc/exports.map lists the same names). */
@@ -184,6 +186,30 @@ TSCT_API int tsct_glu_down_fwd_sign(const void* x, int64_t x_rows, int64_t strid
                                     const float* up_s_enc, const void* s_gate, const void* s_up,
                                     int32_t scales_bf16, const float* row_weight, void* z, float* hg, float* hu,
                                     int64_t max_tiles, void* stream);
+/* The same with FP8 w_gate / w_up (docs/decisions/0021-fp8-format.md; W = e4m3 * scale_n[n]): gate_codes / up_codes
+ * are the E4M3 codes as bytes u8 [E, 64, d] (16-byte aligned), gate_scales / up_scales must be NULL, gate_s_enc /
+ * up_s_enc are scale_n fp32 [E, 64]. e4m3 is exact in bf16 (the codes 0x7F / 0xFF are NaN); scale_n scales hg / hu.
+ * Needs 67,584 bytes of shared memory per block. */
+TSCT_API int tsct_glu_down_fwd_fp8(const void* x, int64_t x_rows, int64_t stride_x, const int64_t* gather_idx,
+                                   const int32_t* offs, const int32_t* tile_cum, int64_t num_experts, int64_t m,
+                                   int64_t d, int64_t r, const void* gate_codes, const void* gate_scales,
+                                   const float* gate_s_enc, const void* up_codes, const void* up_scales,
+                                   const float* up_s_enc, const void* s_gate, const void* s_up, int32_t scales_bf16,
+                                   const float* row_weight, void* z, float* hg, float* hu, int64_t max_tiles,
+                                   void* stream);
+/* The same with ternary w_gate / w_up (docs/decisions/0022-ternary-format.md; W = q * scale_n[n], or
+ * (q * scale_k[k]) * scale_n[n] with the rank-1 scaling; q = 0 / +1 / NaN / -1 for the codes 0b00 / 0b01 / 0b10 /
+ * 0b11): gate_codes / up_codes are the codes u8 [E, 64, d/4] (16-byte aligned), gate_scales / up_scales both NULL
+ * (absmean scaling) or both scale_k fp32 [E, d] (16-byte aligned), gate_s_enc / up_s_enc scale_n fp32 [E, 64].
+ * q * scale_k[k] is rounded to bf16 before the product (the Triton path's rounding); scale_n scales hg / hu. Needs
+ * 75,776 bytes of shared memory per block. */
+TSCT_API int tsct_glu_down_fwd_ternary(const void* x, int64_t x_rows, int64_t stride_x, const int64_t* gather_idx,
+                                       const int32_t* offs, const int32_t* tile_cum, int64_t num_experts, int64_t m,
+                                       int64_t d, int64_t r, const void* gate_codes, const void* gate_scales,
+                                       const float* gate_s_enc, const void* up_codes, const void* up_scales,
+                                       const float* up_s_enc, const void* s_gate, const void* s_up,
+                                       int32_t scales_bf16, const float* row_weight, void* z, float* hg, float* hu,
+                                       int64_t max_tiles, void* stream);
 
 /* ---- low-bit grouped GLU forward: the up projection with an NVFP4 w_down (csrc/glu/up_nvfp4.cu) ----
  *   y[i, n] = (z[i] @ W_down_hat[e])[n] * row_weight[i]      bf16 [m, ldy], n < f; columns [f, ldy) get the same
@@ -203,6 +229,19 @@ TSCT_API int tsct_glu_up_fwd_sign(const void* z, int64_t m, const int32_t* offs,
                                   int64_t num_experts, int64_t f, int64_t r, const void* codes, const void* scales,
                                   const float* s_enc, const float* row_weight, void* y, int64_t ldy, int64_t max_tiles,
                                   void* stream);
+/* The same with an FP8 w_down: codes = E4M3 codes u8 [E, f, 64] (16-byte aligned), scales NULL, s_enc = scale_n
+ * fp32 [E, f]: y = ((z @ e4m3)[n] * scale_n[n]) * row_weight. Needs 57,088 bytes of shared memory per block. */
+TSCT_API int tsct_glu_up_fwd_fp8(const void* z, int64_t m, const int32_t* offs, const int32_t* tile_cum,
+                                 int64_t num_experts, int64_t f, int64_t r, const void* codes, const void* scales,
+                                 const float* s_enc, const float* row_weight, void* y, int64_t ldy, int64_t max_tiles,
+                                 void* stream);
+/* The same with a ternary w_down: codes u8 [E, f, 16] (16-byte aligned), scales NULL (absmean) or scale_k fp32
+ * [E, 64] (16-byte aligned), s_enc = scale_n fp32 [E, f]: y = ((z @ bf16(q * scale_k))[n] * scale_n[n]) *
+ * row_weight. Needs 49,152 bytes of shared memory per block. */
+TSCT_API int tsct_glu_up_fwd_ternary(const void* z, int64_t m, const int32_t* offs, const int32_t* tile_cum,
+                                     int64_t num_experts, int64_t f, int64_t r, const void* codes, const void* scales,
+                                     const float* s_enc, const float* row_weight, void* y, int64_t ldy,
+                                     int64_t max_tiles, void* stream);
 
 /* ---- sm_120 NVFP4 grouped GEMMs: CuTeDSL kernels exported ahead of time (cutedsl/, decisions 0006, 0009) ----
  * Linked into this library when it was built with TSCT_CUTEDSL=ON (else every entry returns

@@ -24,14 +24,15 @@ from tsct import config
 
 LIB_NAME = "libtsct_kernels.so"
 MANIFEST_NAME = "manifest.json"
-ABI_VERSION = 11  # 2: the Triton AOT launcher (tsct_triton_*); 3: tsct_nvfp4_quantize_rows_grouped, tsct_sm120_*;
+ABI_VERSION = 12  # 2: the Triton AOT launcher (tsct_triton_*); 3: tsct_nvfp4_quantize_rows_grouped, tsct_sm120_*;
 #                   4: the CUTLASS C++ sm_120 grouped NVFP4 GEMM entries; 5: tsct_glu_bwd_dz_bf16;
 #                   6: tsct_glu_{down,up}_fwd_{nvfp4,sign}, tsct_kernel_smem_bytes; 7: bf16 s_gate / s_up for
 #                   tsct_glu_down_fwd_{nvfp4,sign} (scales_bf16); tsct_stream_capture_id; 8: 4's entries removed;
 #                   9: tsct_glu_bwd_dz_bf16 on the row tiles of a tile map (tile_cum, max_tiles; dW only for experts
 #                   of <= 64 rows);
 #                   10: tsct_fp8_{quantize,dequantize}, tsct_ternary_{pack,dequantize};
-#                   11: tsct_glu_bwd_dz_bf16 on expert-major row tiles (xtile_cum), dW also for empty experts
+#                   11: tsct_glu_bwd_dz_bf16 on expert-major row tiles (xtile_cum), dW also for empty experts;
+#                   12: tsct_glu_{down,up}_fwd_{fp8,ternary}
 ENV_VAR = "TSCT_NATIVE_LIB"
 
 # Name -> (restype, argtypes) of every entry point in csrc/include/tsct/tsct.h.
@@ -58,17 +59,13 @@ _SIGNATURES: dict[str, tuple[Any, list[Any]]] = {
                                      c_int64, c_void_p, c_void_p, c_int64, c_int64, c_void_p, c_void_p, c_void_p]),
     # x, x_rows, stride_x, gather_idx, offs, tile_cum, num_experts, m, d, r, gate codes, scales, s_enc, up codes,
     # scales, s_enc, s_gate, s_up, scales_bf16, row_weight, z, hg, hu, max_tiles, stream
-    "tsct_glu_down_fwd_nvfp4": (c_int, [c_void_p, c_int64, c_int64, c_void_p, c_void_p, c_void_p, c_int64, c_int64,
-                                        c_int64, c_int64] + [c_void_p] * 8 + [c_int32] + [c_void_p] * 4
-                                + [c_int64, c_void_p]),
-    "tsct_glu_down_fwd_sign": (c_int, [c_void_p, c_int64, c_int64, c_void_p, c_void_p, c_void_p, c_int64, c_int64,
-                                       c_int64, c_int64] + [c_void_p] * 8 + [c_int32] + [c_void_p] * 4
-                               + [c_int64, c_void_p]),
+    **{f"tsct_glu_down_fwd_{fmt}": (c_int, [c_void_p, c_int64, c_int64, c_void_p, c_void_p, c_void_p, c_int64,
+                                            c_int64, c_int64, c_int64] + [c_void_p] * 8 + [c_int32] + [c_void_p] * 4
+                                    + [c_int64, c_void_p]) for fmt in ("nvfp4", "sign", "fp8", "ternary")},
     # z, m, offs, tile_cum, num_experts, f, r, codes, scales, s_enc, row_weight, y, ldy, max_tiles, stream
-    "tsct_glu_up_fwd_nvfp4": (c_int, [c_void_p, c_int64, c_void_p, c_void_p, c_int64, c_int64, c_int64, c_void_p,
-                                      c_void_p, c_void_p, c_void_p, c_void_p, c_int64, c_int64, c_void_p]),
-    "tsct_glu_up_fwd_sign": (c_int, [c_void_p, c_int64, c_void_p, c_void_p, c_int64, c_int64, c_int64, c_void_p,
-                                      c_void_p, c_void_p, c_void_p, c_void_p, c_int64, c_int64, c_void_p]),
+    **{f"tsct_glu_up_fwd_{fmt}": (c_int, [c_void_p, c_int64, c_void_p, c_void_p, c_int64, c_int64, c_int64, c_void_p,
+                                          c_void_p, c_void_p, c_void_p, c_void_p, c_int64, c_int64, c_void_p])
+       for fmt in ("nvfp4", "sign", "fp8", "ternary")},
     # built*
     "tsct_sm120_built": (c_int, [ctypes.POINTER(c_int)]),
     # variant, a, m_alloc, k, b, n, num_experts, sfa, sfa_bytes, sfa_offsets, sfb, sfb_bytes, c, c_rows, c_cols, ldc,

@@ -624,7 +624,8 @@ GLU_DOWN_TILE = 64  # rows per tile of the low-bit GLU kernels (their tile_cum c
 
 
 # Packed storage the low-bit GLU kernels take per factor, by format: (dtype, shape(E, K, N), what) of each of the
-# three tensors (tsct.kernels.triton_lowbit.glu._factor_args gives them in this order), the first one's alignment.
+# three tensors (tsct.kernels.triton_lowbit.glu._factor_args gives them in this order; None: a slot the format does
+# not use, which must be None), the first one's alignment; the formats whose second tensor may be None.
 _LOWBIT_STORAGE = {
     "nvfp4": (((torch.uint8, lambda e, k, n: (e, n, k // 2), "codes [E, N, K/2]"),
                (torch.uint8, lambda e, k, n: (e, n, k // 16), "UE4M3 block scale bytes [E, N, K/16], linear"),
@@ -632,7 +633,14 @@ _LOWBIT_STORAGE = {
     "sign": (((torch.uint8, lambda e, k, n: (e, n, k // 8), "bits [E, N, K/8]"),
               (torch.float32, lambda e, k, n: (e, k), "a (scale_k) [E, K]"),
               (torch.float32, lambda e, k, n: (e, n), "b (scale_n) [E, N]")), 8),
+    "fp8": (((torch.uint8, lambda e, k, n: (e, n, k), "E4M3 code bytes [E, N, K]"),
+             None,
+             (torch.float32, lambda e, k, n: (e, n), "scale_n [E, N]")), 16),
+    "ternary": (((torch.uint8, lambda e, k, n: (e, n, k // 4), "2-bit codes [E, N, K/4]"),
+                 (torch.float32, lambda e, k, n: (e, k), "scale_k [E, K] (rank-1 scaling) or None"),
+                 (torch.float32, lambda e, k, n: (e, n), "scale_n [E, N]")), 16),
 }
+_LOWBIT_OPTIONAL_K = ("ternary",)  # the absmean scaling has no scale_k
 LOWBIT_FORMATS = tuple(_LOWBIT_STORAGE)
 
 
@@ -641,13 +649,19 @@ def _lowbit_factor(name: str, fmt: str, w: tuple, e: int, k: int, n: int) -> Non
     if not isinstance(w, (tuple, list)) or len(w) != 3:
         raise TypeError(f"{name} must be a tuple of the format's three storage tensors")
     specs, align = _LOWBIT_STORAGE[fmt]
-    for i, (t, (dt, shape, what)) in enumerate(zip(w, specs)):
+    for i, (t, spec) in enumerate(zip(w, specs)):
+        if spec is None or (t is None and i == 1 and fmt in _LOWBIT_OPTIONAL_K):
+            if t is not None:
+                raise ValueError(f"{name}[{i}] must be None ({fmt} has no second storage tensor)")
+            continue
+        dt, shape, what = spec
+        _tensor(f"{name}[{i}]", t)
         _dtype(f"{name}[{i}]", t, (dt,))
         _shape(f"{name}[{i}]", t, shape(e, k, n), what)
     if w[0].data_ptr() % align:
         raise ValueError(f"{name}[0] must be {align}-byte aligned")
-    if fmt == "sign" and w[1].data_ptr() % 16:
-        raise ValueError(f"{name}[1] (a) must be 16-byte aligned")
+    if fmt in ("sign", "ternary") and w[1] is not None and w[1].data_ptr() % 16:
+        raise ValueError(f"{name}[1] ({'a' if fmt == 'sign' else 'scale_k'}) must be 16-byte aligned")
 
 
 def _lowbit_fmt(fmt: str) -> None:
@@ -658,7 +672,10 @@ def _lowbit_fmt(fmt: str) -> None:
 def _check_down_lowbit(x, offs, tile_cum, gate, up, fmt, m, gather_idx, s_gate, s_up, row_weight, save, out) -> None:
     """glu_down_fwd_lowbit's argument checks (its docstring says what they require)."""
     named = [("x", x), ("offs", offs), ("tile_cum", tile_cum)]
-    named += [(f"gate[{i}]", t) for i, t in enumerate(gate)] + [(f"up[{i}]", t) for i, t in enumerate(up)]
+    for fname, w in (("gate", gate), ("up", up)):
+        if not isinstance(w, (tuple, list)) or len(w) != 3:
+            raise TypeError(f"{fname} must be a tuple of the format's three storage tensors")
+        named += [(f"{fname}[{i}]", t) for i, t in enumerate(w) if t is not None]
     for name, t in (("gather_idx", gather_idx), ("s_gate", s_gate), ("s_up", s_up), ("row_weight", row_weight)):
         if t is not None:
             named.append((name, t))
@@ -677,6 +694,9 @@ def _check_down_lowbit(x, offs, tile_cum, gate, up, fmt, m, gather_idx, s_gate, 
     _shape("tile_cum", tile_cum, (e,), "[E]: E from offs")
     for fname, w in (("gate", gate), ("up", up)):
         _lowbit_factor(fname, fmt, w, e, d, 64)
+    if (gate[1] is None) != (up[1] is None):
+        raise ValueError("gate[1] and up[1] (ternary scale_k) must be both given (rank-1 scaling) or both None: one "
+                         "kernel takes one scaling")
     if gather_idx is not None:
         _dtype("gather_idx", gather_idx, (torch.int64,))
         _shape("gather_idx", gather_idx, (m,), "one x row per routed row")
@@ -726,16 +746,19 @@ def glu_down_fwd_lowbit(
     out: tuple[Tensor, Tensor | None, Tensor | None] | None = None,
     validate: bool = True,
 ) -> tuple[Tensor, Tensor | None, Tensor | None]:
-    """The low-bit grouped GLU's down projection with NVFP4 or sign w_gate / w_up (``tsct_glu_down_fwd_nvfp4`` /
-    ``tsct_glu_down_fwd_sign``, csrc/glu/down_nvfp4.cu): for routed row i of expert e and x_i = ``x[gather_idx[i]]``
-    (or ``x[i]``)::
+    """The low-bit grouped GLU's down projection with NVFP4, sign, FP8 or ternary w_gate / w_up
+    (``tsct_glu_down_fwd_<fmt>``, csrc/glu/down_nvfp4.cu): for routed row i of expert e and x_i =
+    ``x[gather_idx[i]]`` (or ``x[i]``)::
 
         hg[i] = x_i @ W_gate_hat[e],  hu[i] = x_i @ W_up_hat[e]           (fp32)
         z[i]  = silu(hg[i] * s_gate[e]) * (hu[i] * s_up[e]) * row_weight[i]
 
     W_hat: NVFP4 e2m1 * sf / s_enc (docs/decisions/0002-nvfp4-recipe.md), exact in the product; sign
-    (+-bf16(a[k])) * b[n] (docs/formats.md; a rounded to bf16 as on the Triton path). bf16 MMA (wgmma with the
-    decoded factors in registers on sm_90a, mma.sync elsewhere), fp32 accumulation.
+    (+-bf16(a[k])) * b[n] (docs/formats.md; a rounded to bf16 as on the Triton path); fp8 e4m3 * scale_n[n]
+    (docs/decisions/0021-fp8-format.md; exact in the product, NaN for the codes 0x7F / 0xFF); ternary q * scale_n[n]
+    or bf16(q * scale_k[k]) * scale_n[n] (docs/decisions/0022-ternary-format.md; the code 0b10 is NaN), the
+    rounding of the Triton path. bf16 MMA (wgmma with the decoded factors in registers on sm_90a, mma.sync
+    elsewhere), fp32 accumulation.
 
     Args:
         x: bfloat16 [rows, d], rows 16-byte aligned (x.stride(0) % 8 == 0, stride(1) == 1), d % 64 == 0.
@@ -745,7 +768,9 @@ def glu_down_fwd_lowbit(
         gate, up: the packed storage of w_gate / w_up ([E, d, 64] factors stored K-contiguous), by ``fmt``:
             "nvfp4": (codes uint8 [E, 64, d/2] 16-byte aligned, block scales uint8 [E, 64, d/16] (raw UE4M3,
             linear layout), s_enc float32 [E]); "sign": (bits uint8 [E, 64, d/8] 8-byte aligned, a float32
-            [E, d] 16-byte aligned, b float32 [E, 64]).
+            [E, d] 16-byte aligned, b float32 [E, 64]); "fp8": (E4M3 codes as uint8 [E, 64, d] 16-byte aligned,
+            None, scale_n float32 [E, 64]); "ternary": (codes uint8 [E, 64, d/4] 16-byte aligned, scale_k float32
+            [E, d] 16-byte aligned or None (absmean scaling; both factors alike), scale_n float32 [E, 64]).
         m: routed rows (z's rows); gather_idx: optional int64 [m] (entries not checked).
         s_gate, s_up: optional [E, 64], both float32 or both bfloat16 (read as they are, widened exactly).
         row_weight: optional float32 [m].
@@ -759,8 +784,8 @@ def glu_down_fwd_lowbit(
         (z bfloat16 [m, 64], hg, hu) with hg, hu None unless ``save``. Rows at or past offs[-1] are not
         written (torch.empty contents).
     Raises:
-        TypeError / ValueError naming the bad argument; RuntimeError from the kernel (e.g. less than 70 KB
-        of shared memory per block) or the loader.
+        TypeError / ValueError naming the bad argument; RuntimeError from the kernel (e.g. less than the 66-74
+        KB of shared memory per block it needs: ``kernel_smem_bytes``) or the loader.
     """
     _lowbit_fmt(fmt)
     if validate:
@@ -777,7 +802,7 @@ def glu_down_fwd_lowbit(
     null = ctypes.c_void_p(None)
     opt = lambda t: _ptr(t) if t is not None else null  # noqa: E731
     _call(f"tsct_glu_down_fwd_{fmt}", x.device, _ptr(x), x.shape[0], x.stride(0), opt(gather_idx), _ptr(offs),
-          _ptr(tile_cum), e, m, d, 64, *[_ptr(t) for t in gate], *[_ptr(t) for t in up], opt(s_gate), opt(s_up),
+          _ptr(tile_cum), e, m, d, 64, *[opt(t) for t in gate], *[opt(t) for t in up], opt(s_gate), opt(s_up),
           int(any(t is not None and t.dtype == torch.bfloat16 for t in (s_gate, s_up))), opt(row_weight), _ptr(z),
           opt(hg), opt(hu), max_tiles)
     return z, hg, hu
@@ -786,7 +811,9 @@ def glu_down_fwd_lowbit(
 def _check_up_lowbit(z, offs, tile_cum, w_down, y, fmt, f, row_weight) -> None:
     """glu_up_fwd_lowbit's argument checks (its docstring says what they require)."""
     named = [("z", z), ("offs", offs), ("tile_cum", tile_cum), ("y", y)]
-    named += [(f"w_down[{i}]", t) for i, t in enumerate(w_down)]
+    if not isinstance(w_down, (tuple, list)) or len(w_down) != 3:
+        raise TypeError("w_down must be a tuple of the format's three storage tensors")
+    named += [(f"w_down[{i}]", t) for i, t in enumerate(w_down) if t is not None]
     if row_weight is not None:
         named.append(("row_weight", row_weight))
     for name, t in named:
@@ -829,19 +856,21 @@ def glu_up_fwd_lowbit(
     row_weight: Tensor | None = None,
     validate: bool = True,
 ) -> Tensor:
-    """The low-bit grouped GLU's up projection with an NVFP4 or sign w_down (``tsct_glu_up_fwd_nvfp4`` /
-    ``tsct_glu_up_fwd_sign``, csrc/glu/up_nvfp4.cu): for routed row i of expert e,
-    ``y[i, :f] = (z[i] @ W_down_hat[e]) * row_weight[i]`` with W_hat as for ``glu_down_fwd_lowbit`` (sign: the
-    product with +-bf16(a) times b[n], then the row weight); bf16 MMA (wgmma on sm_90a, mma.sync elsewhere), fp32
-    accumulation, one bf16 rounding. Columns [f, ldy) of y get the product with zero weights, ``(z[i] . 0) * row_weight[i]``
-    (zeros unless z[i] or row_weight[i] holds an inf or NaN).
+    """The low-bit grouped GLU's up projection with an NVFP4, sign, FP8 or ternary w_down
+    (``tsct_glu_up_fwd_<fmt>``, csrc/glu/up_nvfp4.cu): for routed row i of expert e,
+    ``y[i, :f] = (z[i] @ W_down_hat[e]) * row_weight[i]`` with W_hat as for ``glu_down_fwd_lowbit`` (sign, fp8,
+    ternary: the product with the decoded codes times b[n] / scale_n[n], then the row weight); bf16 MMA (wgmma on
+    sm_90a, mma.sync elsewhere), fp32 accumulation, one bf16 rounding. Columns [f, ldy) of y get the product with
+    zero weights, ``(z[i] . 0) * row_weight[i]`` (zeros unless z[i] or row_weight[i] holds an inf or NaN).
 
     Args:
         z: bfloat16 [m, 64] contiguous, 16-byte aligned (rows sorted by expert).
         offs, tile_cum, max_tiles: as for ``glu_down_fwd_lowbit`` (``GLU_DOWN_TILE``-row tiles).
         w_down: the packed storage of w_down ([E, 64, f] stored K-contiguous), by ``fmt``: "nvfp4": (codes uint8
             [E, f, 32] 16-byte aligned, block scales uint8 [E, f, 4], s_enc float32 [E]); "sign": (bits uint8
-            [E, f, 8] 8-byte aligned, a float32 [E, 64] 16-byte aligned, b float32 [E, f]).
+            [E, f, 8] 8-byte aligned, a float32 [E, 64] 16-byte aligned, b float32 [E, f]); "fp8": (E4M3 codes as
+            uint8 [E, f, 64] 16-byte aligned, None, scale_n float32 [E, f]); "ternary": (codes uint8 [E, f, 16]
+            16-byte aligned, scale_k float32 [E, 64] 16-byte aligned or None, scale_n float32 [E, f]).
         y: bfloat16 [m, ldy] contiguous, 16-byte aligned, ldy >= f a multiple of 8 (written in place).
         f: the output width; row_weight: optional float32 [m].
         validate: False skips this wrapper's argument checks, as for ``glu_down_fwd_lowbit``.
@@ -857,9 +886,10 @@ def glu_up_fwd_lowbit(
     codes, scales, s_enc = w_down
     if e == 0 or m == 0 or max_tiles == 0:
         return y
+    null = ctypes.c_void_p(None)
     _call(f"tsct_glu_up_fwd_{fmt}", z.device, _ptr(z), m, _ptr(offs), _ptr(tile_cum), e, f, 64, _ptr(codes),
-          _ptr(scales), _ptr(s_enc), _ptr(row_weight) if row_weight is not None else ctypes.c_void_p(None), _ptr(y),
-          y.shape[1], max_tiles)
+          _ptr(scales) if scales is not None else null, _ptr(s_enc),
+          _ptr(row_weight) if row_weight is not None else null, _ptr(y), y.shape[1], max_tiles)
     return y
 
 

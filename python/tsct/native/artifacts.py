@@ -86,21 +86,22 @@ class SassRule:
 # No no-spill rule for the Triton kernels: some variants spill by design (generic, unaligned variants and the
 # mma.sync backward kernels on sm_120 hold their accumulators in registers; docs/performance.md).
 _TRITON_GEMM = r"^(glu|lowbit)_(down_fwd|up_fwd|bwd_dz|bwd_dx_dw)$"  # bf16 and low-bit (W4A16) families
+_CUDA_LOWBIT = r"^tsctk_glu_(down|up)_fwd_(nvfp4|sign|fp8|ternary|ternary_r1)$"  # the CUDA low-bit projections
 SASS_RULES: list[SassRule] = [
     SassRule(r".*", r"^tsctk_(nvfp4|sign|fp8|ternary)_", forbid=r"\b(STL|LDL)(\.\w+)*\b",
              why="quant kernels keep their 16-element block in registers (no local-memory spills)"),
     SassRule(r"sm_(80|90a|100a|120a|120f|120)", r"^tsctk_glu_bwd_dz_bf16$", require=r"\bHMMA\.16816\.F32\.BF16\b",
              forbid=r"\b(STL|LDL)(\.\w+)*\b",
              why="the CUDA glu_bwd_dz runs bf16 mma.sync with fp32 accumulate and keeps its tiles without spills"),
-    SassRule(r"sm_(80|100a|120a|120f|120)", r"^tsctk_glu_(down|up)_fwd_(nvfp4|sign)$",
+    SassRule(r"sm_(80|100a|120a|120f|120)", _CUDA_LOWBIT,
              require=r"\bHMMA\.16816\.F32\.BF16\b", forbid=r"\b(STL|LDL)(\.\w+)*\b",
-             why="the CUDA low-bit GLU projections decode NVFP4 / sign into bf16 mma.sync fragments (fp32 accumulate), "
-                 "without spills"),
-    SassRule(r"sm_90a", r"^tsctk_glu_(down|up)_fwd_(nvfp4|sign)$", require=r"\bHGMMA\.64x(32|64)x16\.F32\.BF16\b",
+             why="the CUDA low-bit GLU projections decode NVFP4 / sign / FP8 / ternary into bf16 mma.sync fragments "
+                 "(fp32 accumulate), without spills"),
+    SassRule(r"sm_90a", _CUDA_LOWBIT, require=r"\bHGMMA\.64x(32|64)x16\.F32\.BF16\b",
              forbid=r"\b(STL|LDL)(\.\w+)*\b|\bHMMA\.",
              why="on sm_90a the CUDA low-bit GLU projections issue bf16 wgmma with the decoded factors in registers "
                  "(the mma.sync path compiled out), without spills"),
-    SassRule(r"sm_(90a|100a|120a|120f)", r"^tsctk_glu_up_fwd_(nvfp4|sign)$", require=r"\bSTSM\b",
+    SassRule(r"sm_(90a|100a|120a|120f)", r"^tsctk_glu_up_fwd_(nvfp4|sign|fp8|ternary|ternary_r1)$", require=r"\bSTSM\b",
              why="the up projection stages y with stmatrix on sm_90+ (the scalar-store fallback is sm_80's)"),
     SassRule(r"sm_90a", _TRITON_GEMM, require=r"\bHGMMA\.", why="Triton GEMMs use wgmma on sm_90a"),
     SassRule(r"sm_100a", _TRITON_GEMM, require=r"\bUTCHMMA\b", why="Triton GEMMs use tcgen05 MMA on sm_100a"),

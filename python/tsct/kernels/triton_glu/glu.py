@@ -80,6 +80,8 @@ NATIVE_SWITCHES = (
     ("bf16 backward dz (r 64, K-major w_down)", ("dz_native",)),
     ("NVFP4 down + up projections (r 64)", ("down_native_lb", "up_native_lb")),
     ("sign down + up projections (r 64)", ("down_native_lb", "up_native_lb", "sign_native_lb")),
+    ("FP8 down + up projections (r 64)", ("down_native_lb", "up_native_lb", "fp8_native_lb")),
+    ("ternary down + up projections (r 64)", ("down_native_lb", "up_native_lb", "ternary_native_lb")),
 )
 
 

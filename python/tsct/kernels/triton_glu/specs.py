@@ -112,6 +112,8 @@ class Config:
     down_native_lb: int = 0
     up_native_lb: int = 0     # lowbit_up_fwd in CUDA C++ (csrc/glu/up_nvfp4.cu: NVFP4 w_down, r = 64, padded y)
     sign_native_lb: int = 0   # the same two CUDA kernels for sign factors too (run on the H200)
+    fp8_native_lb: int = 0    # ... for FP8 factors (decision 0014's amendment: the format a template parameter)
+    ternary_native_lb: int = 0  # ... for ternary factors (both scalings)
     stages_dxdw_lb: int = 1
     # d blocks per program of lowbit_bwd_dx_dw when experts average <= bm rows (as ndb_bwd); with a sign w_gate or
     # w_up: ndb_dxdw_sign_lb (the multi-block variant holds both paths: 161 registers against 128 for sign, one CTA
@@ -164,8 +166,8 @@ MAX_SHARED: dict[str, int] = {"sm_90a": 232448, "sm_100a": 232448, "sm_120": 101
 CONFIGS: dict[str, Config] = {
     # the chunked dW kernels: 16 programs per SM and 8-warp glu_bwd_dwd (H200, Zipf 1.2 / 1.5, T 65536, E 256:
     # 3-8 % less forward+backward than 4 and 4; docs/performance.md)
-    "sm_90a": Config(dz_native=1, down_native_lb=1, up_native_lb=1, sign_native_lb=1, waves_chunked=16,
-                     warps_dwd=8),
+    "sm_90a": Config(dz_native=1, down_native_lb=1, up_native_lb=1, sign_native_lb=1, fp8_native_lb=1,
+                     ternary_native_lb=1, waves_chunked=16, warps_dwd=8),
     "sm_100a": Config(),  # the CUDA dz fits sm_100 (99 KB shared memory) but has not run there
     # ~99 KB of shared memory per block: fewer stages. Every field an H200 sweep changed
     # stays at its previous value here (nothing has been timed on an sm_120 card; docs/performance.md);

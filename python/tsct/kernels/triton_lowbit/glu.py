@@ -165,23 +165,26 @@ def _aligned(x: Tensor, d: int, r: int, *packed: list) -> bool:
     return G._aligned(d, r, x.stride(0), x, *[t for p in packed for t in p if isinstance(t, Tensor)])
 
 
-# Alignment (bytes) the CUDA kernels need of each packed storage tensor (_factor_args order), by format.
-_NATIVE_ALIGN = {NVFP4: (16, 4, 4), SIGN: (8, 16, 4)}
+# Alignment (bytes) the CUDA kernels need of each packed storage tensor (_factor_args order; None slots unread), by
+# format; the Config switch each format needs besides down_native_lb / up_native_lb.
+_NATIVE_ALIGN = {NVFP4: (16, 4, 4), SIGN: (8, 16, 4), FP8: (16, 1, 4), TERNARY: (16, 1, 4), TERNARY_R1: (16, 16, 4)}
+_NATIVE_SWITCH = {SIGN: "sign_native_lb", FP8: "fp8_native_lb", TERNARY: "ternary_native_lb",
+                  TERNARY_R1: "ternary_native_lb"}
 
 
 def _native_packed(cfg, fmt: int, *packed: list) -> bool:
-    """The CUDA kernels take this format on this arch (sign only with ``Config.sign_native_lb``) and its packed
-    storage is aligned as they read it."""
-    if fmt not in _NATIVE_ALIGN or (fmt == SIGN and not cfg.sign_native_lb):
+    """The CUDA kernels take this format on this arch (sign, fp8 and ternary only with their ``Config`` switch:
+    ``_NATIVE_SWITCH``) and its packed storage is aligned as they read it."""
+    if fmt not in _NATIVE_ALIGN or (fmt in _NATIVE_SWITCH and not getattr(cfg, _NATIVE_SWITCH[fmt])):
         return False
-    return all(t.data_ptr() % a == 0 for p in packed for t, a in zip(p, _NATIVE_ALIGN[fmt]))
+    return all(t is None or t.data_ptr() % a == 0 for p in packed for t, a in zip(p, _NATIVE_ALIGN[fmt]))
 
 
 def _native_down(cfg, fg: int, fu: int, x: Tensor, r: int, d: int, pg: list, pu: list) -> bool:
     """Whether lowbit_down_fwd runs as the CUDA kernel (csrc/glu/down_nvfp4.cu): enabled for the arch
-    (``Config.down_native_lb``), w_gate and w_up both NVFP4 (or both sign: ``Config.sign_native_lb``) with
-    their packed storage aligned as the kernel reads it, bf16 x with 16-byte aligned rows, r = 64,
-    d % 64 == 0, on a GPU with the native library loaded and the kernel's shared memory (offs: int32 and
+    (``Config.down_native_lb``), w_gate and w_up of one format, NVFP4 (or sign, fp8, ternary with one scaling: each
+    with its own switch, ``_native_packed``), with their packed storage aligned as the kernel reads it, bf16 x with
+    16-byte aligned rows, r = 64, d % 64 == 0, on a GPU with the native library loaded and the kernel's shared memory (offs: int32 and
     contiguous, as ``_dims`` and every entry point make sure)."""
     if not (cfg.down_native_lb and fg == fu and _native_packed(cfg, fg, pg, pu) and r == 64 and d % 64 == 0
             and x.is_cuda and x.dtype == torch.bfloat16 and x.stride(0) % 8 == 0 and x.stride(0) >= d
@@ -229,7 +232,8 @@ def _down(x, gidx, offs, cum, max_tiles, fg, pg, fu, pu, sg, su, rw, z, hg, hu, 
 
 def _native_up(cfg, fd: int, z: Tensor, y: Tensor, r: int, pd: list) -> bool:
     """Whether lowbit_up_fwd runs as the CUDA kernel (csrc/glu/up_nvfp4.cu): enabled for the arch
-    (``Config.up_native_lb``), an NVFP4 or sign w_down with its packed storage aligned as the kernel reads it,
+    (``Config.up_native_lb``), a w_down the kernel takes (``_native_packed``: NVFP4, sign, fp8, ternary) with its
+    packed storage aligned as the kernel reads it,
     r = 64, bf16 z, y rows 16-byte aligned (the padded y of the combine, or f % 8 == 0), on a GPU with the
     native library and the kernel's shared memory (offs as for ``_native_down``)."""
     if not (cfg.up_native_lb and _native_packed(cfg, fd, pd) and r == 64 and z.is_cuda and z.dtype == torch.bfloat16
