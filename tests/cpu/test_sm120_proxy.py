@@ -402,12 +402,16 @@ def test_the_build_fingerprints_what_the_package_does():
     from tsct.kernels.triton_glu import _kernels as glu_kernels
     from tsct.kernels.triton_lowbit import _kernels as lowbit_kernels
 
-    names = ("tsct.kernels.triton_glu._kernels", "tsct.kernels.triton_glu.specs")
-    saved = {n: sys.modules[n] for n in names}
+    names = ("tsct.kernels.triton_common._kernels", "tsct.kernels.triton_glu._kernels", "tsct.kernels.triton_glu.specs")
+    saved = {n: sys.modules.get(n) for n in names}
     try:
         built = aot_build.source_keys(["glu", "lowbit"])
     finally:
-        sys.modules.update(saved)
+        for n, m in saved.items():
+            if m is None:
+                sys.modules.pop(n, None)
+            else:
+                sys.modules[n] = m
     assert built == {**source_keys(glu_kernels, specs.KERNELS), **source_keys(lowbit_kernels, LS.KERNELS)}
 
 

@@ -170,6 +170,8 @@ def _kernel_modules() -> dict:
     name; low-bit imports its helpers by package name."""
     if "kernels" in _state:
         return _state["kernels"]
+    _load("_tsct_aot_common_kernels", _KERNELS_DIR / "triton_common" / "_kernels.py",
+          alias="tsct.kernels.triton_common._kernels")  # the shared sources every family imports
     mods = {"glu": _load(FAMILIES["glu"][2], _HERE / "_kernels.py", alias="tsct.kernels.triton_glu._kernels")}
     for fam, (d, _, kname) in FAMILIES.items():
         if fam != "glu":

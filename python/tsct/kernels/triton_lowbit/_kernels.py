@@ -1,9 +1,9 @@
 """Triton sources of the low-bit grouped GLU (path "triton-lowbit"): W4A16 / sign-A16 / W8A16 / ternary-A16.
 
-Same schedule, tiles and notation as ``tsct.kernels.triton_glu._kernels`` (read that docstring
-first); the difference is how a factor tile reaches ``tl.dot``. Each factor has a constexpr format
-and three pointers (storage: ``docs/decisions/0002-nvfp4-recipe.md``; logical shape [E, K, N],
-stored K-contiguous):
+Same schedule, tiles and notation as the bf16 family (``tsct.kernels.triton_common._kernels``: the schedule,
+``tsct.kernels.triton_glu._kernels``: the GLU; read those docstrings first); the difference is how a factor tile
+reaches ``tl.dot``. Each factor has a constexpr format and three pointers (storage:
+``docs/decisions/0002-nvfp4-recipe.md``; logical shape [E, K, N], stored K-contiguous):
 
     FMT 0  dense     p0 = w [E, K, N] (x.dtype)
     FMT 1  NVFP4     p0 = codes u8 [E, N, K/2] (even k in the low nibble), p1 = block scales as raw
@@ -49,8 +49,9 @@ in the operand registers instead (NVFP4 half planes) made every warp decode the 
     A NaN code (fp8 0x7F / 0xFF, ternary 0b10) decodes to NaN in the tile, as the reference's decode.
 
 Everything else (the GLU epilogue, row weights, gather, int64 row offsets, empty experts, padding)
-is the bf16 kernels' code, unchanged. The weight-free backward kernel (``glu_bwd_epi``) and the
-combines are the bf16 path's own kernels, launched from ``glu.py``.
+is the bf16 kernels' code, unchanged. The weight-free kernels (the tile map, the combines, the padding zeroing,
+the backward epilogue ``glu_bwd_epi`` and the chunked dW kernels) are ``tsct.kernels.triton_common``'s, launched from
+``glu.py`` through ``triton_common.runtime``.
 """
 
 from __future__ import annotations
@@ -58,8 +59,8 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from tsct.kernels.triton_glu._kernels import (_bwd_rows, _bwd_tile, _dw_one_tile, _dw_store, _expert_bounds,
-                                             _expert_of_tile, _one_tile_dh, _row_index)
+from tsct.kernels.triton_common._kernels import (_bwd_rows, _bwd_tile, _dw_one_tile, _dw_store, _expert_bounds,
+                                                _expert_of_tile, _one_tile_dh, _row_index)
 
 DENSE, NVFP4, SIGN, FP8, TERNARY, TERNARY_R1 = 0, 1, 2, 3, 4, 5
 
@@ -534,9 +535,9 @@ def lowbit_up_fwd(
 
 
 # ---- backward -----------------------------------------------------------------------------------
-# The bf16 kernels' schedule (triton_glu/_kernels.py "backward"): these two row kernels run on the expert-major row
+# The shared schedule (triton_common/_kernels.py "backward"): these two row kernels run on the expert-major row
 # tiles and give dW to an expert of at most one tile (exact zeros for an empty one); the other experts' dW (X^T dh,
-# (z*rw)^T dY: no factor involved) come from the bf16 family's chunked kernels (glu_bwd_dwd, glu_bwd_dw,
+# (z*rw)^T dY: no factor involved) come from the shared chunked kernels (glu_bwd_dwd, glu_bwd_dw,
 # bwd_slot_reduce).
 
 @triton.jit
