@@ -24,6 +24,7 @@ import time
 
 import triton
 
+from tsct.kernels.triton_common import specs as CS
 from tsct.kernels.triton_glu import specs
 from tsct.kernels.triton_lowbit.glu import WARPS_DECODE
 from tsct.kernels.triton_lowbit.specs import (down_planes, down_planes_shipped, dxdw_ndb, factor_types, up_dec16,
@@ -122,7 +123,7 @@ def main(argv=None) -> int:
                 print(f"FAIL {fmt:6s} {name}: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}")
                 continue
             md = k.metadata
-            over = md.shared > specs.MAX_SHARED[arch]
+            over = md.shared > CS.MAX_SHARED[arch]
             bad += over
             print(f"ok   {fmt:6s} {name:18s} bwd={consts.get('BWD', '-')!s:5s} shared={md.shared:6d}"
                   f"{' OVER' if over else ''} {time.perf_counter() - t0:5.1f}s {_resources(k.asm['cubin'])}",

@@ -230,16 +230,16 @@ def _triton_aot(man: Optional[dict], gpus: list[dict]) -> dict[str, Any]:
     manifest's triton_aot section where an index is missing), and the arch each GPU would load.
     Reads JSON files only: nothing is loaded, no GPU is touched."""
     from tsct.kernels import aot
-    from tsct.kernels.triton_glu import specs
+    from tsct.kernels.triton_common import specs as CS
 
     sec = (man or {}).get("triton_aot") or {}
     sec_archs = sec.get("archs") if isinstance(sec.get("archs"), dict) else {}
     caps: dict[str, list[str]] = {}
-    for (major, minor), arch in sorted(specs.ARTIFACT_ARCH.items()):
+    for (major, minor), arch in sorted(CS.ARTIFACT_ARCH.items()):
         caps.setdefault(arch, []).append(f"{major}.{minor}")
-    for name, p in specs.PROXIES.items():  # a proxy build (decision 0017) serves its capability in place of a release
+    for name, p in CS.PROXIES.items():  # a proxy build (decision 0017) serves its capability in place of a release
         caps[name] = [f"{p.capability[0]}.{p.capability[1]}"]
-    order = {a: specs.TARGET_CAPABILITY.get(specs.table_arch(a), 10 ** 6) for a in set(caps) | set(sec_archs)}
+    order = {a: CS.TARGET_CAPABILITY.get(CS.table_arch(a), 10 ** 6) for a in set(caps) | set(sec_archs)}
     archs: dict[str, Any] = {}
     version = sec.get("triton_version")
     for arch in sorted(order, key=lambda a: (order[a], a)):

@@ -133,7 +133,7 @@ def tile_cum_kernel() -> str:
     ops), run by the interpreter: the tile map equals torch's, the padding rows of the three word arrays are 0 and
     the other rows untouched, for several grids (one zeroing program strides over many rows) and tails that end
     inside a ZBLOCK, an empty tail and an all-padding one."""
-    from tsct.kernels.triton_glu import specs
+    from tsct.kernels.triton_common import specs as CS
     counts = [5, 0, 70, 1, 3]
     for m_pad, nz in ((9, 1), (9, 3), (0, 2), (4000, 2)):
         offs = torch.tensor(counts, dtype=torch.int32).cumsum(0).to(torch.int32)
@@ -146,7 +146,7 @@ def tile_cum_kernel() -> str:
         words = [t.view(torch.int16) for t in ts]
         cum = torch.empty(len(counts), dtype=torch.int32)
         G._launch("tile_cum", (1 + nz,), [offs, cum, len(counts), *words, m, words[0].shape[1], words[2].shape[1]],
-                  dict(BM=4, BLOCK=specs.TILE_CUM_BLOCK, ZERO=True, ZBLOCK=specs.TILE_CUM_ZBLOCK), 4, 1, False,
+                  dict(BM=4, BLOCK=CS.TILE_CUM_BLOCK, ZERO=True, ZBLOCK=CS.TILE_CUM_ZBLOCK), 4, 1, False,
                   (0, 0), offs.device)
         want = torch.cumsum(torch.div(torch.diff(offs, prepend=offs.new_zeros(1)) + 3, 4, rounding_mode="floor"), 0)
         if not torch.equal(cum, want.to(torch.int32)):

@@ -25,6 +25,7 @@ import pytest
 import torch
 
 from tsct.kernels import aot, launch, sm120_proxy
+from tsct.kernels.triton_common import specs as CS
 from tsct.kernels.triton_glu import specs
 from tsct.kernels.triton_lowbit import specs as LS
 
@@ -65,17 +66,17 @@ artifacts = _load("_tsct_test_artifacts", ROOT / "python" / "tsct" / "native" / 
 
 
 def test_proxy_table_is_sm120s_for_sm90():
-    p = specs.PROXIES[PROXY]
+    p = CS.PROXIES[PROXY]
     assert (p.of, p.ptx, p.capability, p.families) == ("sm_120", "sm_90", (9, 0), ("glu", "lowbit"))
-    assert specs.table_arch(PROXY) == "sm_120" and specs.table_arch("sm_90a") == "sm_90a"
-    assert specs.table_arch(None) is None
-    assert PROXY not in specs.ARTIFACT_ARCH.values()  # the release table never names it
+    assert CS.table_arch(PROXY) == "sm_120" and CS.table_arch("sm_90a") == "sm_90a"
+    assert CS.table_arch(None) is None
+    assert PROXY not in CS.ARTIFACT_ARCH.values()  # the release table never names it
     for fam in ("glu", "lowbit"):
         assert PROXY in aot_build.family_archs(fam)
         assert aot_build.target(fam, PROXY) == (120, "sm_90", 101376)
-        assert aot_build.target(fam, "sm_120") == (120, "sm_120", specs.MAX_SHARED["sm_120"])
+        assert aot_build.target(fam, "sm_120") == (120, "sm_120", CS.MAX_SHARED["sm_120"])
         fs = aot_build.family_specs(fam)
-        keys = [s.key for s in fs.enumerate_specs(specs.table_arch(PROXY))]
+        keys = [s.key for s in fs.enumerate_specs(CS.table_arch(PROXY))]
         assert keys == [s.key for s in fs.enumerate_specs("sm_120")]
 
 
@@ -149,7 +150,7 @@ def _entry(s):
     return {"key": s.key, "kernel": s.kernel, "function": s.kernel, "file": "x.cubin", "num_warps": s.num_warps,
             "num_stages": s.num_stages, "shared": 0,
             "params": [{"name": p, "type": t} for p, t in s.types] + [{"name": n, "type": "*i8"}
-                                                                       for n in specs.SCRATCH_PARAMS]}
+                                                                       for n in CS.SCRATCH_PARAMS]}
 
 
 @pytest.fixture

@@ -30,6 +30,7 @@ import torch
 
 from tsct.kernels import aot, launch
 from tsct.kernels.layout import to_kmajor
+from tsct.kernels.triton_common import specs as CS
 from tsct.kernels.triton_glu import specs
 from tsct.kernels.triton_lowbit import specs as lowbit_specs
 
@@ -64,7 +65,7 @@ def test_artifact_arch_is_exact():
 
 
 def test_release_arches_are_the_build_default_and_sm100a_stays_buildable():
-    """A default build compiles ``specs.RELEASE_ARCHS`` (the CMake default and the documented one agree); sm_100a is
+    """A default build compiles ``CS.RELEASE_ARCHS`` (the CMake default and the documented one agree); sm_100a is
     not among them (10.0 runs the Triton paths through JIT) but keeps its tables, so TSCT_TRITON_AOT_ARCHS=sm_100a
     still builds it."""
     import re
@@ -74,26 +75,26 @@ def test_release_arches_are_the_build_default_and_sm100a_stays_buildable():
 
     cmake = (Path(__file__).resolve().parents[2] / "CMakeLists.txt").read_text()
     default = re.search(r'set\(TSCT_TRITON_AOT_ARCHS "([^"]*)" CACHE', cmake).group(1)
-    assert default.split(";") == list(specs.RELEASE_ARCHS) == ["sm_90a", "sm_120"]
+    assert default.split(";") == list(CS.RELEASE_ARCHS) == ["sm_90a", "sm_120"]
     assert next(v.default for v in config.BUILD_AND_TOOL_VARIABLES if v.name == "TSCT_TRITON_AOT_ARCHS") == default
     assert "sm_100a" in specs.PTX_ARCH and "sm_100a" in lowbit_specs.AOT_ARCHS and "sm_100a" in specs.CONFIGS
     assert aot.artifact_arch((10, 0)) == "sm_100a"  # an install built with it loads it there
 
 
 def test_config_overrides_apply_and_bad_ones_name_the_item():
-    cfg = specs.config_for((9, 0)).update(" stages_dz_t=3, warps_up_lb=2 ,")
+    cfg = CS.config_for((9, 0)).update(" stages_dz_t=3, warps_up_lb=2 ,")
     assert (cfg.stages_dz_t, cfg.warps_up_lb) == (3, 2)
-    assert specs.config_for((9, 0)).update("") == specs.CONFIGS["sm_90a"]  # "" changes nothing
+    assert CS.config_for((9, 0)).update("") == specs.CONFIGS["sm_90a"]  # "" changes nothing
     for bad, words in (("stages_dz=3", "unknown field 'stages_dz'"), ("stages_dz_t", "expected stages_dz_t=<integer>"),
                        ("stages_dz_t=two", "expected stages_dz_t=<integer>"), ("=3", "unknown field ''")):
         with pytest.raises(ValueError, match=words):
-            specs.config_for((9, 0)).update(bad)
+            CS.config_for((9, 0)).update(bad)
 
 
 def test_install_holds_every_manifest_cubin():
     sec = _aot_section()
-    assert sec["triton_version"] == specs.TRITON_VERSION
-    assert set(sec["archs"]) == set(specs.RELEASE_ARCHS)  # a default build
+    assert sec["triton_version"] == CS.TRITON_VERSION
+    assert set(sec["archs"]) == set(CS.RELEASE_ARCHS)  # a default build
     for arch, info in sec["archs"].items():
         idx = aot.index(arch)
         assert idx is not None, f"{aot.aot_dir() / arch / 'index.json'} missing"
@@ -107,11 +108,11 @@ def test_install_holds_every_manifest_cubin():
             assert data[:4] == b"\x7fELF", e["file"]
             assert hashlib.sha256(data).hexdigest() == e["sha256"], e["file"]
             assert e["num_ctas"] == 1 and 1 <= e["num_warps"] <= 32
-            assert e["shared"] <= specs.MAX_SHARED[arch]
+            assert e["shared"] <= CS.MAX_SHARED[arch]
             names = [p["name"] for p in e["params"]]
             fam_name, fam = next((n, f) for n, f in (("glu", specs), ("lowbit", lowbit_specs))
                                  if e["kernel"] in f.KERNELS)
-            assert names == list(fam.KERNELS[e["kernel"]].params) + list(specs.SCRATCH_PARAMS), key
+            assert names == list(fam.KERNELS[e["kernel"]].params) + list(CS.SCRATCH_PARAMS), key
             assert e["family"] == fam_name and e["ptx_arch"] == fam.PTX_ARCH[arch][1], key
         assert counts == info["kernels"]
         # the index holds exactly the tables' specializations (bf16 family, + low-bit on its arches)
@@ -144,7 +145,7 @@ def test_cubins_have_the_arch_matrix_instructions():
         pytest.skip("no cuobjdump (pip install nvidia-cuda-cuobjdump)")
     for arch in sec["archs"]:
         entries = aot.index(arch)["kernels"]
-        cc = specs.TARGET_CAPABILITY[arch]
+        cc = CS.TARGET_CAPABILITY[arch]
         for kname in GEMM_KERNELS:
             # one aligned and one generic variant per kernel (the full set takes minutes; bf16: no fp16 cubins)
             sample = [e for e in entries.values() if e["kernel"] == kname]
@@ -282,7 +283,7 @@ def test_family_jit_launch_compiles_the_consts_the_specs_allow_for_that_triton(m
         def __getitem__(self, grid):
             return lambda *args, **kw: seen.append(kw)
 
-    for version, interp, planes in (("3.6.0", "0", False), (specs.TRITON_VERSION, "0", True), ("3.6.0", "1", True)):
+    for version, interp, planes in (("3.6.0", "0", False), (CS.TRITON_VERSION, "0", True), ("3.6.0", "1", True)):
         monkeypatch.setenv("TRITON_INTERPRET", interp)
         fake = types.ModuleType("tsct_test_fake_jit")
         fake.triton = types.SimpleNamespace(__version__=version)
@@ -469,7 +470,7 @@ def test_chunk_size_bounds_the_workspace():
     workspace (cdiv(2 M, CH) slots) fits the bound, a function of the shape only (docs/decisions/0016)."""
     from tsct.kernels.triton_glu import glu
 
-    cfg = specs.config_for((9, 0))
+    cfg = CS.config_for((9, 0))
     slot = max(64 * 5461, 2 * 2048 * 64)  # b1: dWd is the largest per-expert block
     assert glu.chunk_size(cfg, 32768, slot) == 512  # b1: 128 slots, 179 MB
     assert glu.chunk_size(cfg, 131072, slot) == 2048  # T 65536: 128 slots
@@ -477,7 +478,7 @@ def test_chunk_size_bounds_the_workspace():
         ch = glu.chunk_size(cfg, m, slot)
         assert ch % cfg.bm == 0 and ch >= cfg.chunk_bwd
         assert ch >= m or -(-2 * m // ch) * slot * 4 <= cfg.ws_bwd_mib << 20, (m, ch)
-    small = specs.config_for((12, 0))
+    small = CS.config_for((12, 0))
     assert small.ws_bwd_mib < cfg.ws_bwd_mib and glu.chunk_size(small, 32768, slot) == 2048
 
 

@@ -21,6 +21,7 @@ import torch
 from tsct import quant
 from tsct.kernels import aot, launch
 from tsct.kernels.triton_glu import glu as G
+from tsct.kernels.triton_common import specs as CS
 from tsct.kernels.triton_glu import specs as glu_specs
 from tsct.kernels.triton_lowbit import glu as L
 from tsct.kernels.triton_lowbit import specs as LS
@@ -264,8 +265,8 @@ def test_forward_kernels_decode_into_the_dot_operand_on_sm120(fmt, kernel):
     The byte-plane decode (PLANES, ``_w_plane``, one dot per plane and factor) is what makes that so; the joined
     tile of ``_w_tile_nk`` fails this test."""
     triton = pytest.importorskip("triton")
-    if triton.__version__ != glu_specs.TRITON_VERSION:  # the claim is about the cubins the pinned Triton builds
-        pytest.skip(f"needs Triton {glu_specs.TRITON_VERSION} (the AOT build's), found {triton.__version__}")
+    if triton.__version__ != CS.TRITON_VERSION:  # the claim is about the cubins the pinned Triton builds
+        pytest.skip(f"needs Triton {CS.TRITON_VERSION} (the AOT build's), found {triton.__version__}")
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 

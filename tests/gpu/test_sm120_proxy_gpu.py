@@ -27,6 +27,7 @@ from tsct import reference as R  # noqa: E402
 from tsct.kernels import aot  # noqa: E402
 from tsct.kernels.layout import to_kmajor  # noqa: E402
 from tsct.kernels.triton_glu import glu as G  # noqa: E402
+from tsct.kernels.triton_common import specs as CS  # noqa: E402
 from tsct.kernels.triton_glu import specs  # noqa: E402
 from tsct.kernels.triton_lowbit import glu as L  # noqa: E402
 from tsct.kernels.triton_lowbit import specs as LS  # noqa: E402
@@ -52,7 +53,7 @@ def test_install_is_sm120s_table_assembled_for_sm90():
     for key, e in idx["kernels"].items():
         s = want[key]
         assert (e["num_warps"], e["num_stages"], e["ptx_arch"]) == (s.num_warps, s.num_stages, "sm_90"), key
-        assert e["shared"] <= specs.MAX_SHARED["sm_120"] == PROXY["max_shared"] == 101376, key
+        assert e["shared"] <= CS.MAX_SHARED["sm_120"] == PROXY["max_shared"] == 101376, key
     assert "NOT A RELEASE" in (native.manifest() or {}).get("proxy_build", "")
     for key in idx["kernels"]:  # loads every cubin on this GPU (cuModuleLoadData + attributes)
         assert aot.kernel(ARCH, key).info()["max_threads_per_block"] >= 32 * idx["kernels"][key]["num_warps"]

@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any, Optional, Sequence
 
 from tsct import config
-from tsct.kernels.triton_glu.specs import ARTIFACT_ARCH, PROXIES
+from tsct.kernels.triton_common.specs import ARTIFACT_ARCH, PROXIES
 
 ENV_DIR = "TSCT_AOT_DIR"
 

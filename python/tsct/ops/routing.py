@@ -16,7 +16,7 @@ import torch
 from torch import Tensor
 
 from tsct import config
-from tsct.kernels.triton_glu import specs as _route_specs
+from tsct.kernels.triton_common import specs as _route_specs
 from tsct.ops import _eager
 
 MAX_EXPERTS = 1 << 20

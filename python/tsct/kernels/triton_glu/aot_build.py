@@ -86,8 +86,9 @@ def _load(name: str, path: Path, alias: str | None = None):
     return mod
 
 
-# The shared table module first: the other families' specs import from it.
-specs = _load("_tsct_aot_specs", _HERE / "specs.py", alias="tsct.kernels.triton_glu.specs")
+# The shared table module first: the families' specs import from it.
+specs = _load("_tsct_aot_common_specs", _KERNELS_DIR / "triton_common" / "specs.py",
+              alias="tsct.kernels.triton_common.specs")
 
 # family -> (package directory, specs module name, kernels module name); every name is the one the
 # build has always used for the bf16 family (the module name is part of what Triton compiles).

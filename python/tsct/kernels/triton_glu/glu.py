@@ -34,6 +34,7 @@ from torch import Tensor
 from tsct import config
 from tsct.kernels import launch
 from tsct.kernels.layout import is_kmajor
+from tsct.kernels.triton_common import specs as CS
 from tsct.kernels.triton_glu import specs
 from tsct.kernels.triton_glu.specs import Config
 
@@ -45,7 +46,7 @@ __all__ = ["grouped_glu_forward", "grouped_glu_forward_saved", "grouped_glu_back
 _CONFIGS: dict[str, Config] = {a: c.update(config.triton_glu_cfg) for a, c in specs.CONFIGS.items()}
 # every arch without AOT cubins (JIT: sm_80, sm_86, sm_89, ...) gets sm_90a's tiles, but not its CUDA dz:
 # that kernel was timed on sm_90 only and needs more shared memory than sm_86 / sm_89 have (decision 0013)
-CONFIG = dataclasses.replace(_CONFIGS[specs.DEFAULT_ARCH_CONFIG], dz_native=0, down_native_lb=0,
+CONFIG = dataclasses.replace(_CONFIGS[CS.DEFAULT_ARCH_CONFIG], dz_native=0, down_native_lb=0,
                              up_native_lb=0, sign_native_lb=0)
 
 
@@ -71,7 +72,7 @@ def _config(cap: tuple[int, int]) -> Config:
     runs the proxied arch's (sm_120's on 9.0, so its Triton kernels, not sm_90's CUDA ones)."""
     from tsct.kernels import aot
 
-    return _CONFIGS.get(specs.table_arch(aot.artifact_arch(cap)) or "", CONFIG)
+    return _CONFIGS.get(CS.table_arch(aot.artifact_arch(cap)) or "", CONFIG)
 
 
 # The CUDA C++ kernels of the native library that the dispatch takes instead of a Triton kernel, by the Config switch
@@ -221,14 +222,14 @@ def _tile_cum(offs: Tensor, bm: int, cap=None, zero: Sequence[Tensor] = ()) -> T
         return torch.cumsum(ntiles, 0, dtype=torch.int32)
     e = offs.shape[0]
     cum = torch.empty(e, device=offs.device, dtype=torch.int32)
-    consts = dict(BM=bm, BLOCK=specs.TILE_CUM_BLOCK, ZERO=bool(zero), ZBLOCK=specs.TILE_CUM_ZBLOCK)
+    consts = dict(BM=bm, BLOCK=CS.TILE_CUM_BLOCK, ZERO=bool(zero), ZBLOCK=CS.TILE_CUM_ZBLOCK)
     if not zero:
         _launch("tile_cum", (1,), [offs, cum, e, None, None, None, 0, 0, 0], consts, 4, 1, False, cap, offs.device)
         return cum
     # the three tensors as 16-bit words (all-zero bits are 0 in every float dtype): one specialization per arch
     t0, t1, t2 = (t.view(torch.int16) for t in zero)
     m, w01, w2 = t0.shape[0], t0.shape[1], t2.shape[1]
-    nz = max(1, min(_cdiv(m * w01, specs.TILE_CUM_ZBLOCK), specs.TILE_CUM_ZPROGRAMS))
+    nz = max(1, min(_cdiv(m * w01, CS.TILE_CUM_ZBLOCK), CS.TILE_CUM_ZPROGRAMS))
     _launch("tile_cum", (1 + nz,), [offs, cum, e, t0, t1, t2, m, w01, w2], consts, 4, 1, False, cap, offs.device)
     return cum
 
@@ -397,7 +398,7 @@ def _csr_keys(idx: Tensor, offs: Tensor, m: int, n_out: int, cap, kdt: torch.dty
     if idx.dtype not in (torch.int32, torch.int64):
         idx = idx.to(torch.int64)
     key = torch.empty(m, device=idx.device, dtype=kdt)
-    blk = specs.CSR_KEYS_BLOCK
+    blk = CS.CSR_KEYS_BLOCK
     _launch("csr_keys", (_cdiv(m, blk),), [idx.contiguous(), offs, key, offs.shape[0], m, n_out], dict(BLOCK=blk),
             4, 1, False, cap, idx.device)
     return key
@@ -416,7 +417,7 @@ def _combine(src: Tensor, idx: Tensor, offs: Tensor, n_out: int, cfg: Config, ca
     if csr is None:
         csr = linked_csr(idx, offs, m, n_out) or build_csr(idx, offs, m, n_out, cap)
     order, ptr = csr
-    bn, nb, warps = specs.combine_tile(cfg, ncols)
+    bn, nb, warps = CS.combine_tile(cfg, ncols)
     _launch("combine_rows", (n_out, _cdiv(ncols, bn * nb)), [src, order, ptr, out, offs, offs.shape[0], ncols, ld],
             dict(SRC8=ld % 8 == 0, BN=bn, NB=nb), warps, 3, True, cap, src.device)
     return out
@@ -455,7 +456,7 @@ def _zero_tail(out: Tensor, offs: Tensor, e: int, cfg: Config, cap) -> None:
     m, ncols = out.shape
     if m == 0 or ncols == 0:
         return
-    bm, bn = specs.ZERO_TAIL_BM, specs.ZERO_TAIL_BN
+    bm, bn = CS.ZERO_TAIL_BM, CS.ZERO_TAIL_BN
     _launch("zero_tail_rows", (_cdiv(m, bm), _cdiv(ncols, bn)), [out, offs, e, m, ncols], dict(BM=bm, BN=bn),
             cfg.warps_zero, 3, True, cap, out.device)
 
@@ -647,7 +648,7 @@ def bwd_plan(offs: Tensor, m: int, slot_elems: int, cfg: Config, cap) -> BwdPlan
     e = offs.shape[0]
     ch = chunk_size(cfg, m, slot_elems)
     maps = torch.empty(4, e, device=offs.device, dtype=torch.int32)
-    _launch("bwd_maps", (1,), [offs, maps, e, ch], dict(BM=cfg.bm, BLOCK=specs.TILE_CUM_BLOCK), 4, 1, False, cap,
+    _launch("bwd_maps", (1,), [offs, maps, e, ch], dict(BM=cfg.bm, BLOCK=CS.TILE_CUM_BLOCK), 4, 1, False, cap,
             offs.device)
     n_slots = _cdiv(2 * m, ch) if ch < m else 0
     ws = torch.empty(max(1, n_slots * slot_elems), device=offs.device, dtype=torch.float32)
@@ -669,10 +670,10 @@ def _slot_reduce(plan: BwdPlan, ws: Tensor, out: Tensor, per_expert: int, cfg: C
     (``bwd_slot_reduce``); ``out``'s expert blocks are contiguous runs of ``per_expert`` elements."""
     if plan.n_slots == 0:
         return
-    ncb = min(specs.SLOT_REDUCE_GROUPS, _cdiv(per_expert, specs.SLOT_REDUCE_BLOCK))
+    ncb = min(CS.SLOT_REDUCE_GROUPS, _cdiv(per_expert, CS.SLOT_REDUCE_BLOCK))
     _launch("bwd_slot_reduce", (chunked_programs(cfg, out.device),),
             [ws, plan.maps, out, plan.maps.shape[1], per_expert, ncb],
-            dict(BLOCK=specs.SLOT_REDUCE_BLOCK, BLOCK_E=cfg.block_e), specs.SLOT_REDUCE_WARPS, 1, True, cap,
+            dict(BLOCK=CS.SLOT_REDUCE_BLOCK, BLOCK_E=cfg.block_e), CS.SLOT_REDUCE_WARPS, 1, True, cap,
             out.device)
 
 
@@ -738,7 +739,7 @@ def bwd_epilogue(plan: BwdPlan, hg: Tensor, hu: Tensor, part: Tensor, offs: Tens
         dsg = torch.empty(e, r, device=dev, dtype=torch.float32)
         dsu = torch.empty(e, r, device=dev, dtype=torch.float32)
         _launch("glu_bwd_sred", (e, nrb), [dsp[0], dsp[1], offs, plan.xcum, dsg, dsu, e, r], dict(BR=br),
-                specs.SRED_WARPS, 1, False, cap, dev)
+                CS.SRED_WARPS, 1, False, cap, dev)
     return dhg, dhu, dsg, dsu, (drw[0] if nrb == 1 else drw.sum(0))
 
 

@@ -1,239 +1,30 @@
-"""The one table of the Triton grouped GLU's launches: tile configs per arch, kernel parameters, and
-every specialization the host code (``glu.py``) can launch. Shared by ``glu.py`` (what it launches),
-``aot_build.py`` (what it compiles at wheel-build time) and ``tsct.kernels.aot`` (what it looks up).
+"""The variant table of the bf16 / fp16 grouped GLU's kernels (``_kernels.py``; family "glu" of the AOT build): ONE
+table for the host launches (``glu.py``), the AOT build (``triton_common/aot_build.py``) and ``tsct.kernels.aot``
+(what it looks up). Only what is the bf16 family's lives here (its four kernels' parameters, the host rules that pick
+their constexprs, the variant set); the key format, ``Spec``, ``KernelInfo``, the type names, the tile configs, the
+arch tables and the shared kernels are ``tsct.kernels.triton_common.specs``'s.
+
+The family's table also lists the shared kernels (``triton_common``: tile map, combine, zero-tail, routing, the
+weight-free backward): the AOT build compiles and indexes them as family "glu", the family their index entries, spec
+keys and sm_120 proxy verdicts (``tsct.kernels.sm120_proxy``, docs/sm120.md) have always been under, so an index and
+the proxy records keep naming them the same way.
 
 Importing this module imports neither Triton nor torch.
-
-A launch is identified by a *specialization key* (``spec_key``): the kernel name, the type of each
-parameter that the kernel reads under its constexpr flags (``*bf16``, ``*i64``, ``i32``...), the
-constexprs, num_warps, num_stages and whether the launch is *aligned*. An aligned launch guarantees
-that the parameters listed in ``KERNELS[name].hinted`` are 16-byte aligned (pointers) or multiples of
-16 (integers); it runs a cubin compiled with Triton's ``tt.divisibility=16`` on them (vector loads).
-Anything else runs the *generic* variant (no divisibility attributes; fewer tile choices).
-
-Pruning (docs/decisions/0005-triton-aot.md): the host code normalises its inputs so that fewer
-variants exist, each normalisation exact: scales and row weights are passed as fp32 (the kernels
-convert to fp32 anyway); a lone scale gets a ones partner (x * 1.0 == x); int32 gather/scatter
-indices are widened to int64 (the kernels widen every index anyway); BLOCK_E is 1024, BD is 64 and
-the combine/zero-tail column blocks come in two/one sizes whatever the shape.
-
-Kernel families: this module also holds what every family of AOT kernels shares (``KernelInfo``,
-``Spec``, ``spec_key``, ``key_file_stem``, the arch tables); another family (``triton_lowbit.specs``)
-has its own ``KERNELS`` table and passes it as ``kernels=``. One builder (``aot_build.py``) compiles
-every family into the same ``tsct/_aot/<arch>/index.json`` (kernel names never collide).
 """
 
 from __future__ import annotations
 
-import dataclasses
-import hashlib
 import itertools
-from typing import Iterator, Optional
+from typing import Iterator
 
-TRITON_VERSION = "3.9.0"  # the pinned Triton of the AOT build (pyproject.toml [build-system].requires)
+# names only (``from ... import name``): the AOT build loads these modules by path without the tsct package
+from tsct.kernels.triton_common.specs import (  # noqa: F401  (re-exported: one format for every family)
+    CONFIGS, DTYPE_TYPES, PTX_ARCH, UNUSED, Config, KernelInfo, Spec, make_spec, next_pow2, rank_block,
+)
+from tsct.kernels.triton_common.specs import IDX, bwd_dw_specs, bwd_dwd_epi_specs, forward_specs, rank_blocks
+from tsct.kernels.triton_common.specs import KERNELS as _SHARED, is_used as _base_is_used, spec_key as _base_spec_key
 
-# ---- tile configs per arch ------------------------------------------------------------------------
-
-
-@dataclasses.dataclass(frozen=True)
-class Config:
-    """Tile sizes of one arch (frozen: ``CONFIGS`` is the table the AOT build and the host code share). Chosen
-    from the sm_90 resource report of Triton 3.9 (registers, spills, shared memory; docs/performance.md) and the
-    H200 timings. ``TSCT_TRITON_GLU_CFG="bn_bwd=64,warps_up=4"`` overrides fields (kernel development: ``update``
-    makes the changed copy; an override that leaves the AOT table falls back to JIT)."""
-
-    bm: int = 64          # rows per tile (forward tile map and backward row loop); ~32 rows/expert at b1
-    br_max: int = 64      # rank block of the down projection / backward main kernel
-    bk: int = 64          # K step over d
-    bn_up: int = 128      # column block of the up projection (f = 5461: scalar loads, wide tiles cost registers)
-    fsplit_up: int = 1    # column-block stripes per row tile (grid axis 1 of the up kernel)
-    bn_bwd: int = 64      # f step of the backward dz kernel
-    fs_bwd: int = 4       # f slices of the backward dz kernel (grid axis 2; partial sums reduced in order)
-    bd_bwd: int = 64      # d block of the dX / dW kernel
-    block_e: int = 1024   # experts scanned per step when a program finds its expert
-    warps_down: int = 4
-    warps_up: int = 8
-    warps_bwd_dz: int = 4
-    warps_bwd_epi: int = 8
-    warps_bwd_dxdw: int = 4
-    # combine_rows past 256 columns: BN columns x NB blocks per program (one program per target row up to 6144
-    # columns: fewer dependent index loads; an H200 sweep, docs/performance.md)
-    bn_combine: int = 2048
-    nb_combine: int = 3
-    warps_combine: int = 4
-    warps_zero: int = 4
-    stages_down: int = 3
-    stages_up: int = 3
-    stages_bwd_dz: int = 1
-    stages_bwd_dxdw: int = 3  # bf16 (the NDB d loop is pipelined); the low-bit kernel has its own
-    # VEC: w_down / dY rows read as 8-byte words and shifted in registers (_kernels._ld_words), aligned
-    # launches only (docs/performance.md).
-    vec_up: int = 1
-    bn_up_vec: int = 64
-    stages_up_vec: int = 1    # the VEC variants prefetch by hand (Triton's cp.async staging of the
-    vec_dz: int = 0           # words picked a bank-conflicted shared layout: 4x slower)
-    warps_dz_vec: int = 8     # two fp32 accumulators + the word pairs: ~240 registers (4 warps spill)
-    stages_dz_vec: int = 1
-    # K-major w_down (WD_T; decision 0012): aligned 16-byte tiles, pipelined by Triton
-    bn_up_t: int = 256
-    warps_up_t: int = 8
-    stages_up_t: int = 4
-    warps_dz_t: int = 4
-    stages_dz_t: int = 1
-    vec_dz_t: int = 0         # with WD_T: dY rows as shifted words (w_down tiles stay plain aligned loads)
-    ndb_bwd: int = 8          # d blocks per program (row tile) of glu_bwd_dx_dw (the pipelined d loop)
-    # The chunked dW reductions of the backward (experts of more than one row tile, _kernels.py "backward"):
-    # rows per chunk (a multiple of bm; glu.chunk_size doubles it until the workspace of the worst case fits
-    # ws_bwd_mib MiB), f slices and f step of glu_bwd_dwd, warps / stages of glu_bwd_dwd.
-    chunk_bwd: int = 512
-    ws_bwd_mib: int = 256
-    fs_dwd: int = 16
-    bn_dwd: int = 64
-    warps_dwd: int = 4
-    stages_dwd: int = 1
-    waves_chunked: int = 4    # programs of the chunked kernels and slot sums per SM (they walk their work items)
-    # glu_bwd_dz in CUDA C++ (csrc/glu/dz_bf16.cu; bf16, r = 64, K-major w_down, native library present):
-    # 1 = use it instead of the Triton kernel. Only where it was timed (sm_90a: docs/performance.md).
-    dz_native: int = 0
-    fs_dz_native: int = 2     # its f slices (partial sums reduced in order by glu_bwd_epi)
-    # the low-bit kernels (triton_lowbit): their decode makes other tiles win than the bf16 kernels'
-    warps_up_lb: int = 4
-    dec16_up_lb: int = 1      # lowbit_up_fwd decodes w_down straight to bf16 (triton_lowbit.specs.up_dec16)
-    # lowbit_up_fwd decodes a packed w_down in byte planes (triton_lowbit.specs.up_planes): no shared-memory copy
-    # of the decoded tile on sm_120; on sm_90a wgmma still copies the planes and sign was 9 % slower
-    planes_up_lb: int = 0
-    # lowbit_down_fwd likewise (triton_lowbit.specs.down_planes; the x tile split into planes in registers): no
-    # shared-memory copy on sm_120 either, but 1.66x (NVFP4) / 1.12x (sign) slower on the H200 with mma.sync
-    # (docs/performance.md), so off everywhere; sm_120's table ships it for an opt-in (OPT_IN_PLANES_DOWN)
-    planes_down_lb: int = 0
-    stages_down_lb: int = 4
-    # lowbit_down_fwd in CUDA C++ (csrc/glu/down_nvfp4.cu: NVFP4 w_gate and w_up, bf16 x, r = 64, d % 64 == 0,
-    # native library present): 1 = use it instead of the Triton kernel. Only where it ran (docs/performance.md).
-    down_native_lb: int = 0
-    up_native_lb: int = 0     # lowbit_up_fwd in CUDA C++ (csrc/glu/up_nvfp4.cu: NVFP4 w_down, r = 64, padded y)
-    sign_native_lb: int = 0   # the same two CUDA kernels for sign factors too (run on the H200)
-    fp8_native_lb: int = 0    # ... for FP8 factors (decision 0014's amendment: the format a template parameter)
-    ternary_native_lb: int = 0  # ... for ternary factors (both scalings)
-    stages_dxdw_lb: int = 1
-    # d blocks per program of lowbit_bwd_dx_dw when experts average <= bm rows (as ndb_bwd); with a sign w_gate or
-    # w_up: ndb_dxdw_sign_lb (the multi-block variant holds both paths: 161 registers against 128 for sign, one CTA
-    # per SM instead of two, 0.48 ms against 0.40 on the H200; NVFP4 96 registers, 0.23 ms against 0.40)
-    ndb_dxdw_lb: int = 8
-    ndb_dxdw_sign_lb: int = 1
-
-    def update(self, spec: str) -> "Config":
-        """A copy with "name=int,name=int" applied (TSCT_TRITON_GLU_CFG's syntax; "" changes nothing).
-
-        Raises ValueError naming the item when it is not NAME=INT or NAME is not a field."""
-        names = {f.name for f in dataclasses.fields(self)}
-        changes = {}
-        for item in filter(None, (t.strip() for t in spec.split(","))):
-            key, sep, val = item.partition("=")
-            if key not in names:
-                raise ValueError(f"Triton GLU config override {item!r}: unknown field {key!r} "
-                                 f"(fields: {', '.join(sorted(names))})")
-            try:
-                value = int(val) if sep else None
-            except ValueError:
-                value = None
-            if value is None:
-                raise ValueError(f"Triton GLU config override {item!r}: expected {key}=<integer>")
-            changes[key] = value
-        return dataclasses.replace(self, **changes)
-
-
-# Exact compute capability -> AOT artifact arch (the directory under tsct/_aot). sm_90a / sm_100a
-# cubins load only on exactly 9.0 / 10.0; the plain sm_120 cubin loads on 12.0 and 12.1. An install without an
-# arch's directory runs the Triton paths there through JIT (or falls back to bmm without Triton).
-ARTIFACT_ARCH: dict[tuple[int, int], str] = {
-    (9, 0): "sm_90a",
-    (10, 0): "sm_100a",
-    (12, 0): "sm_120",
-    (12, 1): "sm_120",
-}
-# artifact arch -> Triton's GPUTarget capability (the sm_120 build patches Triton's "sm_120a" to "sm_120").
-TARGET_CAPABILITY: dict[str, int] = {"sm_90a": 90, "sm_100a": 100, "sm_120": 120}
-# artifact arch -> (GPUTarget capability, the PTX target the build makes Triton emit) of this family's
-# cubins (a family's specs module may emit another target for the same artifact arch).
-PTX_ARCH: dict[str, tuple[int, str]] = {"sm_90a": (90, "sm_90a"), "sm_100a": (100, "sm_100a"), "sm_120": (120, "sm_120")}
-# Shared memory a block may use (opt-in maximum), bytes: the build fails a variant that needs more.
-MAX_SHARED: dict[str, int] = {"sm_90a": 232448, "sm_100a": 232448, "sm_120": 101376}
-
-# sm_90a / sm_100a: the H200-tuned tiles. sm_120 (RTX 5060 Ti: 36 SMs, 99 KB shared memory per block,
-# 448 GB/s): the same row tiles (the ~1 tile per expert at b1 gives >= 1000 programs, plenty for 36
-# SMs) with two pipeline stages in the d loop so the down kernel stays well under 99 KB and two CTAs
-# fit per SM. Not measured on an sm_120 card (design.md section 6).
-CONFIGS: dict[str, Config] = {
-    # the chunked dW kernels: 16 programs per SM and 8-warp glu_bwd_dwd (H200, Zipf 1.2 / 1.5, T 65536, E 256:
-    # 3-8 % less forward+backward than 4 and 4; docs/performance.md)
-    "sm_90a": Config(dz_native=1, down_native_lb=1, up_native_lb=1, sign_native_lb=1, fp8_native_lb=1,
-                     ternary_native_lb=1, waves_chunked=16, warps_dwd=8),
-    "sm_100a": Config(),  # the CUDA dz fits sm_100 (99 KB shared memory) but has not run there
-    # ~99 KB of shared memory per block: fewer stages. Every field an H200 sweep changed
-    # stays at its previous value here (nothing has been timed on an sm_120 card; docs/performance.md);
-    # 16 GB of device memory: a smaller bound on the backward's reduction workspace
-    "sm_120": Config(stages_down=2, stages_up=2, bn_up_t=128, warps_up_t=4, stages_up_t=2, stages_dz_t=2, fs_bwd=8,
-                     stages_bwd_dxdw=1, warps_up_lb=8, stages_down_lb=2, stages_dxdw_lb=1,
-                     ndb_dxdw_lb=1, planes_up_lb=1, ws_bwd_mib=64),
-}
-DEFAULT_ARCH_CONFIG = "sm_90a"  # JIT on any other arch (sm_80, ...) uses these tiles
-# The arches a default build compiles (CMake TSCT_TRITON_AOT_ARCHS, aot_build.py --archs): not sm_100a, whose Triton
-# kernels never ran (10.0 JITs with sm_100a's tiles; ``TSCT_TRITON_AOT_ARCHS=sm_90a;sm_100a;sm_120`` still builds
-# them: docs/decisions/0005, the build's cost)
-RELEASE_ARCHS: tuple[str, ...] = ("sm_90a", "sm_120")
-
-
-@dataclasses.dataclass(frozen=True)
-class Proxy:
-    """An artifact arch that runs another arch's kernels on a GPU we have (docs/decisions/0017).
-
-    The build compiles ``of``'s variant table (same keys: tiles, warps, stages) from the same TTGIR (Triton's
-    target capability of ``of``) and checks each variant against ``of``'s shared-memory limit, but lets LLVM
-    and ptxas emit ``ptx`` instead, so the cubins load on ``capability``. At run time an install whose
-    ``<proxy>/index.json`` says ``"proxy"`` serves that capability in place of its release arch, with
-    ``of``'s tile config (so the dispatch takes the Triton kernels ``of`` runs, never that GPU's CUDA ones).
-    A development build (``TSCT_TRITON_AOT_ARCHS=<proxy>``), never a release: the probe and the artifact
-    check say "proxy"."""
-
-    of: str                        # the arch whose table and TTGIR it compiles
-    ptx: str                       # the PTX target and ptxas arch it emits instead
-    capability: tuple[int, int]    # the GPU that loads it
-    families: tuple[str, ...]      # the kernel families (aot_build.FAMILIES) it can hold
-
-
-# sm_120 on an H200: sm_120's Triton kernels are bf16 mma.sync (HMMA.16816), cp.async and ldmatrix, all of
-# which sm_90 executes; plain sm_90 (not sm_90a) has no wgmma, so ptxas cannot emit any. W4A4 is left out:
-# its tl.dot_scaled is sm_120's block-scaled OMMA, which sm_90 lacks.
-PROXIES: dict[str, Proxy] = {
-    "sm_120_proxy_sm90": Proxy(of="sm_120", ptx="sm_90", capability=(9, 0), families=("glu", "lowbit")),
-}
-
-
-def table_arch(arch: Optional[str]) -> Optional[str]:
-    """The arch whose variant table and tile config an artifact arch uses: ``Proxy.of`` for a proxy, else
-    ``arch`` itself (None stays None)."""
-    p = PROXIES.get(arch) if arch is not None else None
-    return p.of if p is not None else arch
-
-
-def config_for(capability: Optional[tuple[int, int]]) -> Config:
-    """The release tile config of a capability (JIT-only arches get the sm_90a tiles; the host code asks
-    ``tsct.kernels.aot.artifact_arch`` instead, which also knows a proxy install)."""
-    arch = ARTIFACT_ARCH.get(tuple(capability)) if capability is not None else None
-    return CONFIGS[arch or DEFAULT_ARCH_CONFIG]
-
-
-# ---- kernels: parameters, which ones each flag enables, which ones an aligned launch hints --------
-
-@dataclasses.dataclass(frozen=True)
-class KernelInfo:
-    params: tuple[str, ...]          # runtime parameters in order (constexprs excluded)
-    constexprs: tuple[str, ...]
-    ints: tuple[str, ...]            # the integer parameters (all i32)
-    used_if: dict                    # pointer param -> constexpr flag (or flags, all True) that makes it read
-    hinted: tuple[str, ...]          # params with tt.divisibility=16 in an aligned launch
-
-
+# the bf16 kernels, and the shared ones the family compiles, in the order its index rows and proxy verdicts list them
 KERNELS: dict[str, KernelInfo] = {
     "glu_down_fwd": KernelInfo(
         params=("x_ptr", "gidx_ptr", "offs_ptr", "cum_ptr", "wg_ptr", "wu_ptr", "sg_ptr", "su_ptr", "z_ptr",
@@ -251,56 +42,8 @@ KERNELS: dict[str, KernelInfo] = {
         used_if={"rw_ptr": "HAS_RW"},
         hinted=("z_ptr", "wd_ptr", "y_ptr", "r"),
     ),
-    "combine_rows": KernelInfo(
-        params=("src_ptr", "order_ptr", "ptr_ptr", "out_ptr", "offs_ptr", "E", "ncols", "ld_src"),
-        constexprs=("SRC8", "BN", "NB"),
-        ints=("E", "ncols", "ld_src"),
-        used_if={},
-        hinted=("src_ptr", "out_ptr"),
-    ),
-    "zero_tail_rows": KernelInfo(
-        params=("out_ptr", "offs_ptr", "E", "M", "ncols"),
-        constexprs=("BM", "BN"),
-        ints=("E", "M", "ncols"),
-        used_if={},
-        hinted=("out_ptr",),
-    ),
-    "tile_cum": KernelInfo(
-        params=("offs_ptr", "cum_ptr", "E", "t0_ptr", "t1_ptr", "t2_ptr", "M", "W01", "W2"),
-        constexprs=("BM", "BLOCK", "ZERO", "ZBLOCK"),
-        ints=("E", "M", "W01", "W2"),
-        used_if={"t0_ptr": "ZERO", "t1_ptr": "ZERO", "t2_ptr": "ZERO"},
-        hinted=(),
-    ),
-    "csr_keys": KernelInfo(
-        params=("idx_ptr", "offs_ptr", "key_ptr", "E", "M", "n_out"),
-        constexprs=("BLOCK",),
-        ints=("E", "M", "n_out"),
-        used_if={},
-        hinted=(),
-    ),
-    "route_rank": KernelInfo(
-        params=("ids_ptr", "srt_ptr", "rank_ptr", "hist_ptr", "crank_ptr", "M", "E", "P", "K"),
-        constexprs=("B", "EBLK"),
-        ints=("M", "E", "P", "K"),
-        used_if={},
-        hinted=(),
-    ),
-    "route_place": KernelInfo(
-        params=("srt_ptr", "rank_ptr", "hist_ptr", "cum_ptr", "crank_ptr", "order_ptr", "token_ptr", "offs_ptr",
-                "w_ptr", "rw_ptr", "rows_ptr", "ptr_ptr", "M", "E", "P", "K"),
-        constexprs=("HAS_W", "B"),
-        ints=("M", "E", "P", "K"),
-        used_if={"w_ptr": "HAS_W", "rw_ptr": "HAS_W"},
-        hinted=(),
-    ),
-    "bwd_maps": KernelInfo(
-        params=("offs_ptr", "maps_ptr", "E", "CH"),
-        constexprs=("BM", "BLOCK"),
-        ints=("E", "CH"),
-        used_if={},
-        hinted=(),
-    ),
+    **{k: _SHARED[k] for k in ("combine_rows", "zero_tail_rows", "tile_cum", "csr_keys", "route_rank", "route_place",
+                                 "bwd_maps")},
     "glu_bwd_dz": KernelInfo(
         params=("dy_ptr", "sidx_ptr", "offs_ptr", "xcum_ptr", "wd_ptr", "zw_ptr", "part_ptr", "dwd_ptr", "E", "M", "r",
                 "f", "f_slice"),
@@ -309,37 +52,7 @@ KERNELS: dict[str, KernelInfo] = {
         used_if={"sidx_ptr": "HAS_SCATTER", "dwd_ptr": "DO_DWD"},
         hinted=("dy_ptr", "wd_ptr", "zw_ptr", "part_ptr", "dwd_ptr", "r"),
     ),
-    "glu_bwd_dwd": KernelInfo(
-        params=("dy_ptr", "sidx_ptr", "offs_ptr", "maps_ptr", "zw_ptr", "dwd_ptr", "ws_ptr", "E", "r", "f", "f_slice",
-                "n_fs", "CH"),
-        constexprs=("HAS_SCATTER", "WD_T", "BM", "BR", "BN", "BLOCK_E"),
-        ints=("E", "r", "f", "f_slice", "n_fs", "CH"),
-        used_if={"sidx_ptr": "HAS_SCATTER"},
-        hinted=("dy_ptr", "zw_ptr", "dwd_ptr", "ws_ptr", "r"),
-    ),
-    "bwd_slot_reduce": KernelInfo(
-        params=("ws_ptr", "maps_ptr", "out_ptr", "E", "S", "NCB"),
-        constexprs=("BLOCK", "BLOCK_E"),
-        ints=("E", "S", "NCB"),
-        used_if={},
-        hinted=("ws_ptr", "out_ptr", "S"),
-    ),
-    "glu_bwd_epi": KernelInfo(
-        params=("hg_ptr", "hu_ptr", "part_ptr", "offs_ptr", "xcum_ptr", "sg_ptr", "su_ptr", "rw_ptr", "dhg_ptr",
-                "dhu_ptr", "dsgp_ptr", "dsup_ptr", "drw_ptr", "E", "M", "r", "n_fs", "part_stride"),
-        constexprs=("HAS_SG", "HAS_SU", "HAS_RW", "BM", "BR", "BLOCK_E"),
-        ints=("E", "M", "r", "n_fs", "part_stride"),
-        used_if={"sg_ptr": "HAS_SG", "su_ptr": "HAS_SU", "rw_ptr": "HAS_RW", "dsgp_ptr": "HAS_SG",
-                 "dsup_ptr": "HAS_SG"},
-        hinted=("hg_ptr", "hu_ptr", "part_ptr", "dhg_ptr", "dhu_ptr", "r", "part_stride"),
-    ),
-    "glu_bwd_sred": KernelInfo(
-        params=("dsgp_ptr", "dsup_ptr", "offs_ptr", "xcum_ptr", "dsg_ptr", "dsu_ptr", "E", "r"),
-        constexprs=("BR",),
-        ints=("E", "r"),
-        used_if={},
-        hinted=(),
-    ),
+    **{k: _SHARED[k] for k in ("glu_bwd_dwd", "bwd_slot_reduce", "glu_bwd_epi", "glu_bwd_sred")},
     "glu_bwd_dx_dw": KernelInfo(
         params=("x_ptr", "gidx_ptr", "offs_ptr", "xcum_ptr", "wg_ptr", "wu_ptr", "dhg_ptr", "dhu_ptr", "dx_ptr",
                 "dwg_ptr", "dwu_ptr", "E", "d", "r", "stride_x"),
@@ -349,57 +62,20 @@ KERNELS: dict[str, KernelInfo] = {
         hinted=("x_ptr", "wg_ptr", "wu_ptr", "dhg_ptr", "dhu_ptr", "dx_ptr", "dwg_ptr", "dwu_ptr", "d", "r",
                 "stride_x"),
     ),
-    "glu_bwd_dw": KernelInfo(
-        params=("x_ptr", "gidx_ptr", "offs_ptr", "maps_ptr", "dhg_ptr", "dhu_ptr", "dwg_ptr", "dwu_ptr", "wsg_ptr",
-                "wsu_ptr", "E", "d", "r", "stride_x", "CH"),
-        constexprs=("HAS_GATHER", "BM", "BD", "BR", "BLOCK_E"),
-        ints=("E", "d", "r", "stride_x", "CH"),
-        used_if={"gidx_ptr": "HAS_GATHER"},
-        hinted=("x_ptr", "dhg_ptr", "dhu_ptr", "dwg_ptr", "dwu_ptr", "wsg_ptr", "wsu_ptr", "d", "r", "stride_x"),
-    ),
+    "glu_bwd_dw": _SHARED["glu_bwd_dw"],
 }
 
-# Triton 3.x kernels take two trailing pointer parameters after the user's: the global scratch and
-# the profile scratch (both NULL when their metadata sizes are 0, which the build checks).
-SCRATCH_PARAMS = ("global_scratch", "profile_scratch")
-UNUSED = "*i8"  # the type recorded for a pointer parameter the flags leave unread
+
+def is_used(kernel: str, param: str, constexprs: dict) -> bool:
+    return _base_is_used(kernel, param, constexprs, KERNELS)
 
 
-def is_used(kernel: str, param: str, constexprs: dict, kernels: Optional[dict] = None) -> bool:
-    """Whether ``param`` is read under ``constexprs`` (``kernels``: the family's table, default this one)."""
-    flag = (KERNELS if kernels is None else kernels)[kernel].used_if.get(param)
-    if flag is None:
-        return True
-    flags = (flag,) if isinstance(flag, str) else flag
-    return all(bool(constexprs[f]) for f in flags)
-
-
-def spec_key(kernel: str, types: dict, constexprs: dict, num_warps: int, num_stages: int, aligned: bool,
-             kernels: Optional[dict] = None) -> str:
-    """The canonical specialization key. ``types``: param -> Triton type string (``*bf16``, ``i32``);
-    unread pointer params are recorded as ``*i8`` whatever was passed."""
-    info = (KERNELS if kernels is None else kernels)[kernel]
-    t = ",".join(f"{p}:{types[p] if is_used(kernel, p, constexprs, kernels) else UNUSED}" for p in info.params)
-    c = ",".join(f"{k}={int(constexprs[k])}" for k in info.constexprs)
-    return f"{kernel}|{t}|{c}|w{num_warps}s{num_stages}|{'a16' if aligned else 'gen'}"
-
-
-def key_file_stem(key: str) -> str:
-    return key.split("|", 1)[0] + "_" + hashlib.sha256(key.encode()).hexdigest()[:16]
+def spec_key(kernel: str, types: dict, constexprs: dict, num_warps: int, num_stages: int, aligned: bool) -> str:
+    """``triton_common.specs.spec_key`` on this table (same format)."""
+    return _base_spec_key(kernel, types, constexprs, num_warps, num_stages, aligned, KERNELS)
 
 
 # ---- the host-side rules glu.py follows (shape -> constexprs) -------------------------------------
-
-def next_pow2(n: int) -> int:
-    return 1 if n <= 1 else 1 << (n - 1).bit_length()
-
-
-def rank_block(cfg: Config, r: int, aligned: bool) -> int:
-    """BR: 16/32/64 by r for aligned launches, 64 for generic ones (fewer variants; r < 64 is masked)."""
-    if not aligned:
-        return cfg.br_max
-    return max(16, min(cfg.br_max, next_pow2(r)))
-
 
 def up_k(cfg: Config, r: int, aligned: bool) -> tuple[bool, int]:
     """(SINGLE_K, BK) of the up kernel: the whole rank in one K step when r <= 128 (aligned only)."""
@@ -435,79 +111,28 @@ def dz_warps_stages(cfg: Config, vec: bool, wd_t: bool = False) -> tuple[int, in
     return (cfg.warps_dz_vec, cfg.stages_dz_vec) if vec else (cfg.warps_bwd_dz, cfg.stages_bwd_dz)
 
 
-def combine_tile(cfg: Config, ncols: int) -> tuple[int, int, int]:
-    """(BN, NB, num_warps) of combine_rows: up to 256 columns one block of 256 (one warp), else the config's wide
-    tile (program (t, pn) sums columns [pn * BN * NB, (pn + 1) * BN * NB) of target t)."""
-    if ncols <= 256:
-        return 256, 1, 1
-    return cfg.bn_combine, cfg.nb_combine, cfg.warps_combine
-
-
-ZERO_TAIL_BM, ZERO_TAIL_BN = 32, 256
-TILE_CUM_BLOCK, CSR_KEYS_BLOCK = 1024, 1024
-# bwd_slot_reduce: elements per step, most column groups per slot, warps; glu_bwd_sred's warps
-SLOT_REDUCE_BLOCK, SLOT_REDUCE_GROUPS, SLOT_REDUCE_WARPS, SRED_WARPS = 1024, 64, 4, 2
-# tsct.ops.sort_by_expert: rows per chunk (one program each; (E + 2) * ROUTE_B must fit int32: ops/routing.py checks
-# it against MAX_EXPERTS at import),
-# experts per step of route_rank's zeroing loop, warps of both kernels
-ROUTE_B, ROUTE_EBLK, ROUTE_WARPS = 512, 1024, 8
-TILE_CUM_ZBLOCK, TILE_CUM_ZPROGRAMS = 2048, 256  # tile_cum's tail zeroing: words per step, most programs
-
-# Triton type strings of torch dtypes (by name, so this module needs no torch).
-DTYPE_TYPES = {"bfloat16": "*bf16", "float16": "*fp16", "float32": "*fp32", "int16": "*i16", "int32": "*i32", "int64": "*i64",
-               "uint8": "*u8", "int8": "*i8", "float8_e4m3fn": "*fp8e4nv"}
-
 # ---- every specialization glu.py launches, per arch -----------------------------------------------
-
-@dataclasses.dataclass(frozen=True)
-class Spec:
-    kernel: str
-    types: tuple            # ((param, type), ...) for the runtime params
-    constexprs: tuple       # ((name, value), ...)
-    num_warps: int
-    num_stages: int
-    aligned: bool
-
-    @property
-    def key(self) -> str:
-        """``spec_key`` of this specialization: ``types`` / ``constexprs`` are already canonical (table
-        order, unread pointers ``*i8``), so the key needs no table (it serves every family)."""
-        t = ",".join(f"{p}:{ty}" for p, ty in self.types)
-        c = ",".join(f"{k}={int(v)}" for k, v in self.constexprs)
-        return f"{self.kernel}|{t}|{c}|w{self.num_warps}s{self.num_stages}|{'a16' if self.aligned else 'gen'}"
-
-
-def _spec(kernel: str, types: dict, consts: dict, warps: int, stages: int, aligned: bool,
-          kernels: Optional[dict] = None) -> Spec:
-    info = (KERNELS if kernels is None else kernels)[kernel]
-    full = {p: (types.get(p, "i32") if p in info.ints else types[p]) for p in info.params}
-    for p in info.params:  # unread pointers are canonical
-        if p not in info.ints and not is_used(kernel, p, consts, kernels):
-            full[p] = UNUSED
-    return Spec(kernel, tuple(full.items()), tuple((k, int(consts[k])) for k in info.constexprs),
-                warps, stages, aligned)
-
 
 #: the activation dtypes (x, the dense factors, y) with cubins: bf16. fp16 calls run the same kernels through Triton
 #: JIT; without Triton (or with TSCT_TRITON_BACKEND=aot) the path's status sends them to bmm (docs/decisions/0005)
 AOT_DTYPES: tuple[str, ...] = ("bf16",)
-IDX = (None, "i64")             # gather / scatter index: absent or int64 (glu.py widens int32 indices)
 _DXDW = ((True, False), (False, True), (True, True))
 
 
 def enumerate_specs(arch: str) -> Iterator[Spec]:
-    """Every (kernel, specialization) glu.py can launch on ``arch`` with ``AOT_DTYPES`` inputs (and the router's
-    sort with any index and weight dtype)."""
+    """Every (kernel, specialization) glu.py can launch on ``arch`` with ``AOT_DTYPES`` inputs, the shared kernels'
+    (``triton_common.specs``; the router's sort with any index and weight dtype) among them."""
     cfg = CONFIGS[arch]
     if cfg.fsplit_up != 1:
         raise ValueError("the AOT table assumes fsplit_up == 1")
     seen = set()
     for dt, aligned in itertools.product(AOT_DTYPES, (True, False)):
         D = "*" + dt
-        brs = sorted({rank_block(cfg, r, aligned) for r in (1, 16, 17, 32, 33, 64, 4096)})
+        once = aligned and dt == AOT_DTYPES[0]  # the dtype-free shared kernels: once per arch
+        brs = rank_blocks(cfg, aligned)
         ups = sorted({up_k(cfg, r, aligned) for r in (1, 16, 17, 32, 33, 64, 65, 128, 129)})
         out = []
-        scale_types = sorted({None, "*fp32", D}, key=str)  # s_gate / s_up: none, fp32 or x's dtype (glu._scales_in)
+        scale_types = sorted({None, "*fp32", D}, key=str)  # s_gate / s_up: none, fp32 or x's dtype (scales_in)
         # glu_down_fwd: forward (z) and the backward's recompute (hg, hu fp32; z*rw)
         for g, st, rw, bwd, br in itertools.product(IDX, scale_types, (False, True), (False, True), brs):
             if rw and not bwd:
@@ -527,34 +152,7 @@ def enumerate_specs(arch: str) -> Iterator[Spec]:
             consts = dict(HAS_RW=rw, FSPLIT=1, SINGLE_K=single, VEC=vec, Y_PAD=ypad, WD_T=wd_t, BM=cfg.bm, BN=bn,
                           BK=bk, BLOCK_E=cfg.block_e)
             out.append(_spec("glu_up_fwd", types, consts, warps, stages, aligned))
-        if aligned:  # combine / zero-tail only ever see fresh (aligned) buffers
-            for ncols, src8 in itertools.product((1, 257), (False, True)):
-                bn, nb, warps = combine_tile(cfg, ncols)
-                types = dict(src_ptr=D, order_ptr="*i64", ptr_ptr="*i64", out_ptr=D, offs_ptr="*i32")
-                out.append(_spec("combine_rows", types, dict(SRC8=src8, BN=bn, NB=nb), warps, 3, True))
-            out.append(_spec("zero_tail_rows", dict(out_ptr=D, offs_ptr="*i32"),
-                             dict(BM=ZERO_TAIL_BM, BN=ZERO_TAIL_BN), cfg.warps_zero, 3, True))
-            if dt == AOT_DTYPES[0]:  # dtype-free helpers: once per arch
-                for zero in (False, True):  # ZERO: a saving forward's tails (glu._tile_cum)
-                    out.append(_spec("tile_cum", dict(offs_ptr="*i32", cum_ptr="*i32", t0_ptr="*i16",
-                                                      t1_ptr="*i16", t2_ptr="*i16"),
-                                     dict(BM=cfg.bm, BLOCK=TILE_CUM_BLOCK, ZERO=zero, ZBLOCK=TILE_CUM_ZBLOCK),
-                                     4, 1, False))
-                for it, kt in itertools.product(("*i32", "*i64"), ("*i16", "*i32")):
-                    out.append(_spec("csr_keys", dict(idx_ptr=it, offs_ptr="*i32", key_ptr=kt),
-                                     dict(BLOCK=CSR_KEYS_BLOCK), 4, 1, False))
-                for it in ("*i32", "*i64"):
-                    out.append(_spec("route_rank", dict(ids_ptr=it, srt_ptr="*i32", rank_ptr="*i32", hist_ptr="*i32",
-                                                        crank_ptr="*i32"),
-                                     dict(B=ROUTE_B, EBLK=ROUTE_EBLK), ROUTE_WARPS, 1, False))
-                for wt in (None, "*bf16", "*fp16", "*fp32"):  # router weights gathered in the same launch
-                    out.append(_spec("route_place", dict(srt_ptr="*i32", rank_ptr="*i32", hist_ptr="*i32",
-                                                         cum_ptr="*i32", crank_ptr="*i32", order_ptr="*i64",
-                                                         token_ptr="*i64",
-                                                         offs_ptr="*i32", w_ptr=wt or UNUSED,
-                                                         rw_ptr="*fp32" if wt else UNUSED, rows_ptr="*i64",
-                                                         ptr_ptr="*i64"),
-                                     dict(HAS_W=wt is not None, B=ROUTE_B), ROUTE_WARPS, 1, False))
+        out += forward_specs(cfg, D, aligned, once)  # combine, zero-tail; tile map, CSR keys, routing
         for sc, dwd, br, wd_t in itertools.product(IDX, (False, True), brs, wd_ts):
             types = dict(dy_ptr=D, sidx_ptr=f"*{sc}" if sc else UNUSED, offs_ptr="*i32", xcum_ptr="*i32", wd_ptr=D,
                          zw_ptr=D, part_ptr="*fp32", dwd_ptr=D)
@@ -562,46 +160,19 @@ def enumerate_specs(arch: str) -> Iterator[Spec]:
             consts = dict(HAS_SCATTER=sc is not None, DO_DWD=dwd, VEC=vec, WD_T=wd_t, BM=cfg.bm, BR=br,
                           BN=cfg.bn_bwd, BLOCK_E=cfg.block_e)
             out.append(_spec("glu_bwd_dz", types, consts, *dz_warps_stages(cfg, vec, wd_t), aligned))
-        # the chunked dWd of the experts of more than one row tile (also the low-bit path's, row-major)
-        for sc, br, wd_t in itertools.product(IDX, brs, wd_ts):
-            types = dict(dy_ptr=D, sidx_ptr=f"*{sc}" if sc else UNUSED, offs_ptr="*i32", maps_ptr="*i32", zw_ptr=D,
-                         dwd_ptr=D, ws_ptr="*fp32")
-            consts = dict(HAS_SCATTER=sc is not None, WD_T=wd_t, BM=cfg.bm, BR=br, BN=cfg.bn_dwd, BLOCK_E=cfg.block_e)
-            out.append(_spec("glu_bwd_dwd", types, consts, cfg.warps_dwd, cfg.stages_dwd, aligned))
-        # the epilogue reads [M, r] buffers only: r decides its alignment (glu.bwd_epilogue), every BR of both rules
-        for st, rw, br in itertools.product(scale_types, (False, True), brs):
-            s = st is not None
-            types = dict(hg_ptr="*fp32", hu_ptr="*fp32", part_ptr="*fp32", offs_ptr="*i32", xcum_ptr="*i32",
-                         sg_ptr=st or UNUSED, su_ptr=st or UNUSED, rw_ptr="*fp32", dhg_ptr=D, dhu_ptr=D,
-                         dsgp_ptr="*fp32", dsup_ptr="*fp32", drw_ptr="*fp32")
-            consts = dict(HAS_SG=s, HAS_SU=s, HAS_RW=rw, BM=cfg.bm, BR=br, BLOCK_E=cfg.block_e)
-            # glu.py launches the epilogue with Triton's default num_stages (3)
-            out.append(_spec("glu_bwd_epi", types, consts, cfg.warps_bwd_epi, 3, aligned))
+        out += bwd_dwd_epi_specs(cfg, D, aligned, brs)  # the chunked dWd (also the low-bit path's), the epilogue
         for g, (dx, dw), br in itertools.product(IDX, _DXDW, brs):
             types = dict(x_ptr=D, gidx_ptr=f"*{g}" if g else UNUSED, offs_ptr="*i32", xcum_ptr="*i32", wg_ptr=D,
                          wu_ptr=D, dhg_ptr=D, dhu_ptr=D, dx_ptr=D, dwg_ptr=D, dwu_ptr=D)
             consts = dict(HAS_GATHER=g is not None, DO_DX=dx, DO_DW=dw, BM=cfg.bm, BD=cfg.bd_bwd, BR=br,
                           NDB=cfg.ndb_bwd, BLOCK_E=cfg.block_e)
             out.append(_spec("glu_bwd_dx_dw", types, consts, cfg.warps_bwd_dxdw, cfg.stages_bwd_dxdw, aligned))
-        # the chunked dWg / dWu (also the low-bit path's)
-        for g, br in itertools.product(IDX, brs):
-            types = dict(x_ptr=D, gidx_ptr=f"*{g}" if g else UNUSED, offs_ptr="*i32", maps_ptr="*i32", dhg_ptr=D,
-                         dhu_ptr=D, dwg_ptr=D, dwu_ptr=D, wsg_ptr="*fp32", wsu_ptr="*fp32")
-            consts = dict(HAS_GATHER=g is not None, BM=cfg.bm, BD=cfg.bd_bwd, BR=br, BLOCK_E=cfg.block_e)
-            out.append(_spec("glu_bwd_dw", types, consts, cfg.warps_bwd_dxdw, cfg.stages_bwd_dxdw, aligned))
-        if aligned:  # the slot sum runs on the fresh workspace and gradients (aligned; a generic variant when not)
-            for a in (True, False):
-                out.append(_spec("bwd_slot_reduce", dict(ws_ptr="*fp32", maps_ptr="*i32", out_ptr=D),
-                                 dict(BLOCK=SLOT_REDUCE_BLOCK, BLOCK_E=cfg.block_e), SLOT_REDUCE_WARPS, 1, a))
-        if aligned and dt == AOT_DTYPES[0]:  # dtype-free: once per arch
-            out.append(_spec("bwd_maps", dict(offs_ptr="*i32", maps_ptr="*i32"),
-                             dict(BM=cfg.bm, BLOCK=TILE_CUM_BLOCK), 4, 1, False))
-            for br in sorted({rank_block(cfg, r, a) for r in (1, 16, 17, 32, 33, 64, 4096) for a in (True, False)}):
-                out.append(_spec("glu_bwd_sred", dict(dsgp_ptr="*fp32", dsup_ptr="*fp32", offs_ptr="*i32",
-                                                      xcum_ptr="*i32",
-                                                      dsg_ptr="*fp32", dsu_ptr="*fp32"),
-                                 dict(BR=br), SRED_WARPS, 1, False))
+        out += bwd_dw_specs(cfg, D, aligned, brs, once)  # the chunked dWg / dWu, slot sums, maps, scale sums
         for s in out:
             if s.key not in seen:
                 seen.add(s.key)
                 yield s
+
+
+def _spec(kernel: str, types: dict, consts: dict, warps: int, stages: int, aligned: bool) -> Spec:
+    return make_spec(kernel, types, consts, warps, stages, aligned, KERNELS)

@@ -1,12 +1,12 @@
 """The variant table of the low-bit kernels (``_kernels.py``): ONE table for the host launches (``glu.py``)
-and the AOT build (``triton_glu/aot_build.py``, family "lowbit"). Only what differs from the bf16 family
+and the AOT build (``triton_common/aot_build.py``, family "lowbit"). Only what differs from the bf16 family
 lives here (kernels, which pointer each format flag enables, the PTX targets, the pruned variant set);
 the key format, ``Spec``, ``KernelInfo``, the type names, the tile configs and the arch limits are
-``triton_glu.specs``'s, so the run-time lookup is ``tsct.kernels.aot.kernel(arch, key)`` in the same
+``triton_common.specs``'s, so the run-time lookup is ``tsct.kernels.aot.kernel(arch, key)`` in the same
 ``tsct/_aot/<arch>/index.json`` as the other families (kernel names never collide).
 
 Importing this module imports neither Triton nor torch (the AOT build loads it by path after
-registering ``triton_glu/specs.py`` as ``tsct.kernels.triton_glu.specs``).
+registering ``triton_common/specs.py`` as ``tsct.kernels.triton_common.specs``).
 
 Which variants ship (per arch; everything else runs through Triton JIT when it is importable, else the
 launch raises naming the missing key):
@@ -21,9 +21,9 @@ launch raises naming the missing key):
 Host rules that keep the table small (exact): the rank block of the four low-bit kernels is always
 ``Config.br_max`` (64; masked below), the up-projection does the whole rank in one K step when the
 launch is aligned and r <= 128 (BK 16/32/64/128) and loops BK 64 otherwise (as the bf16 family);
-scales / row weights fp32 and int64 indices as in ``triton_glu.glu``. The weight-free kernels the
-low-bit host launches (``glu_bwd_epi``, ``combine_rows``, ``zero_tail_rows``) are the bf16 family's,
-from its table.
+scales / row weights fp32 and int64 indices as in ``triton_common.runtime``. The weight-free kernels the
+low-bit host launches (``glu_bwd_epi``, the chunked dW kernels, ``combine_rows``, ``zero_tail_rows``, the tile map)
+are ``triton_common``'s, in the glu family's table (``triton_glu.specs``).
 
 Arches: sm_90a, sm_100a (built only when asked) and plain sm_120 like the bf16 family (bf16 ``mma.sync`` / wgmma on
 decoded tiles needs no block-scaled MMA; a plain sm_120 cubin loads on 12.0 and 12.1).
@@ -35,11 +35,12 @@ import itertools
 import math
 from typing import Iterator
 
-from tsct.kernels.triton_glu.specs import (  # noqa: F401  (re-exported: one format for every family)
-    CONFIGS, DTYPE_TYPES, MAX_SHARED, SCRATCH_PARAMS, TRITON_VERSION, UNUSED, KernelInfo, Spec, key_file_stem,
+from tsct.kernels.triton_common.specs import (  # noqa: F401  (re-exported: one format for every family)
+    CONFIGS, DTYPE_TYPES, MAX_SHARED, SCRATCH_PARAMS, TRITON_VERSION, UNUSED, Config, KernelInfo, Spec, key_file_stem,
     next_pow2,
 )
-from tsct.kernels.triton_glu.specs import _spec as _base_spec, is_used as _base_is_used, spec_key as _base_spec_key
+from tsct.kernels.triton_common.specs import is_used as _base_is_used, make_spec as _base_spec
+from tsct.kernels.triton_common.specs import spec_key as _base_spec_key
 
 # artifact arch (directory under tsct/_aot) -> (GPUTarget capability, the ptxas arch name to emit)
 PTX_ARCH: dict[str, tuple[int, str]] = {"sm_90a": (90, "sm_90a"), "sm_100a": (100, "sm_100a"),
@@ -113,7 +114,7 @@ def is_used(kernel: str, param: str, constexprs: dict) -> bool:
 
 
 def spec_key(kernel: str, types: dict, constexprs: dict, num_warps: int, num_stages: int, aligned: bool) -> str:
-    """``triton_glu.specs.spec_key`` on this table (same format)."""
+    """``triton_common.specs.spec_key`` on this table (same format)."""
     return _base_spec_key(kernel, types, constexprs, num_warps, num_stages, aligned, KERNELS)
 
 
