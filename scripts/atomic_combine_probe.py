@@ -80,7 +80,7 @@ def main() -> None:
     ap.add_argument("--bm", type=int, default=64)
     ap.add_argument("--bn", type=int, default=256)
     a = ap.parse_args()
-    from tsct.kernels.triton_glu import glu as G
+    from tsct.kernels.triton_common import runtime as C
 
     dev = torch.device("cuda")
     T, k, f, M = a.tokens, a.topk, a.f, a.tokens * a.topk
@@ -92,12 +92,12 @@ def main() -> None:
     ldy = -(-f // 8) * 8
     y = torch.empty(M, ldy, device=dev, dtype=torch.bfloat16)
     grid = (triton.cdiv(M, a.bm),)
-    cfg = G._config(tuple(torch.cuda.get_device_capability()))
+    cfg = C.tile_config(tuple(torch.cuda.get_device_capability()))
     cap = tuple(torch.cuda.get_device_capability())
 
     t_store = _time(lambda: store_y[grid](y, M, f, ldy, BM=a.bm, BN=a.bn))
-    ref = G._combine(y, tok.long(), offs, T, cfg, cap, ncols=f)
-    t_comb = _time(lambda: G._combine(y, tok.long(), offs, T, cfg, cap, ncols=f))
+    ref = C.combine(y, tok.long(), offs, T, cfg, cap, ncols=f)
+    t_comb = _time(lambda: C.combine(y, tok.long(), offs, T, cfg, cap, ncols=f))
 
     out = torch.empty(T, f, device=dev, dtype=torch.bfloat16)
 

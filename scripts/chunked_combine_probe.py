@@ -40,7 +40,7 @@ def main() -> None:
     from tsct import native, quant
     from tsct.bench import inputs, measure, routing
     from tsct.bench.config import from_preset
-    from tsct.kernels.triton_glu import glu as G
+    from tsct.kernels.triton_common import runtime as C
     from tsct.kernels.triton_lowbit import glu as L
 
     cfg = from_preset("b1", device="cuda").resolved()
@@ -57,10 +57,10 @@ def main() -> None:
     rw = torch.rand(m, generator=g, device=dev)
     offs = srt.offs
     cap = torch.cuda.get_device_capability(dev)
-    gcfg = G._config(cap)
-    cum = G._tile_cum(offs, native.GLU_DOWN_TILE, cap)
+    gcfg = C.tile_config(cap)
+    cum = C.tile_cum(offs, native.GLU_DOWN_TILE, cap)
     max_tiles = -(-m // native.GLU_DOWN_TILE) + e
-    csr = G.build_csr(srt.token, offs, m, t, cap)
+    csr = C.build_csr(srt.token, offs, m, t, cap)
 
     def up(storage, y, ncols):
         native.glu_up_fwd_lowbit(z, offs, cum, storage, y, fmt=a.fmt, f=ncols, max_tiles=max_tiles, row_weight=rw,
@@ -77,7 +77,7 @@ def main() -> None:
 
     def whole():
         up(pd, y, f)
-        return G._combine(y, srt.token, offs, t, gcfg, cap, ncols=f, csr=csr)
+        return C.combine(y, srt.token, offs, t, gcfg, cap, ncols=f, csr=csr)
 
     def timed(fn):  # (fn's output, the median ms of its CUDA-graph replay)
         out = fn()
@@ -96,7 +96,7 @@ def main() -> None:
             outs = []
             for (c0, c1), st in zip(bounds, parts):  # the last chunk may be narrower: y rows keep their stride
                 up(st, yc, c1 - c0)
-                outs.append(G._combine(yc, srt.token, offs, t, gcfg, cap, ncols=c1 - c0, csr=csr))
+                outs.append(C.combine(yc, srt.token, offs, t, gcfg, cap, ncols=c1 - c0, csr=csr))
             return outs
 
         outs, ms = timed(chunked)

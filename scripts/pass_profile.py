@@ -109,12 +109,12 @@ def sweep(arms: str, cfgs: str, aot_dirs: str, iters: int, backend: str) -> dict
     import os
 
     from tsct.kernels import aot
-    from tsct.kernels.triton_glu import glu
+    from tsct.kernels.triton_common import runtime as C
 
     os.environ["TSCT_TRITON_BACKEND"] = backend
-    base = {a: dataclasses.replace(c) for a, c in glu._CONFIGS.items()}
+    base = {a: dataclasses.replace(c) for a, c in C.ARCH_CONFIGS.items()}
     for over in cfgs.split(";"):  # a bad override raises ValueError naming it, before the b1 inputs are built
-        dataclasses.replace(glu.CONFIG).update(over)
+        dataclasses.replace(C.CONFIG).update(over)
     res = {}
     plist = list(passes(arms))  # inputs built once
     for adir in aot_dirs.split(",") if aot_dirs else ["installed"]:
@@ -123,7 +123,7 @@ def sweep(arms: str, cfgs: str, aot_dirs: str, iters: int, backend: str) -> dict
             aot._reset_for_tests()
         for over in cfgs.split(";"):
             for a, c in base.items():
-                glu._CONFIGS[a] = dataclasses.replace(c).update(over)
+                C.ARCH_CONFIGS[a] = dataclasses.replace(c).update(over)
             for arm, fwd, fwdbwd in plist:
                 label = f"{adir} [{over}] {arm}"
                 try:
@@ -134,7 +134,7 @@ def sweep(arms: str, cfgs: str, aot_dirs: str, iters: int, backend: str) -> dict
                     continue
                 res[label] = r
     for a, c in base.items():
-        glu._CONFIGS[a] = c
+        C.ARCH_CONFIGS[a] = c
     print("\n== sweep summary (device ms per forward + backward; tsct kernels)")
     names = ("bwd_dz", "bwd_dx_dw", "up_fwd", "combine_rows", "down_fwd", "bwd_epi")
     print("  fwd     fwd+bwd " + "  ".join(f"{n[:12]:>12}" for n in names) + "  label   (glu_* / lowbit_* kernels)")

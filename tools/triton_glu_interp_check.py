@@ -23,6 +23,7 @@ import torch  # noqa: E402
 
 from tsct import reference as R  # noqa: E402
 from tsct.kernels.layout import to_kmajor  # noqa: E402
+from tsct.kernels.triton_common import runtime as C  # noqa: E402
 from tsct.kernels.triton_glu import glu as G  # noqa: E402
 
 
@@ -130,22 +131,22 @@ def check_saved_csr() -> bool:
     x, offs, wg, wu, wd, sg, su, rwt, _, si, n_out = make(T=24, k=2, E=4, d=32, r=16, f=40, seed=5)
     args = (x, offs, wg, wu, wd, sg, su, rwt, si, si, n_out)
     out, saved = G.grouped_glu_forward_saved(*args)
-    order, ptr = G.build_csr(si, offs, si.shape[0], n_out, (0, 0))
+    order, ptr = C.build_csr(si, offs, si.shape[0], n_out, (0, 0))
     if len(saved) != 5 or not (torch.equal(saved[3], order) and torch.equal(saved[4], ptr)):
         print("saved_csr: the saving forward did not keep the combine's CSR")
         return False
-    if G.dx_csr(saved, si.clone(), si, x.shape[0], n_out) is not None or G.dx_csr(saved[:3], si, si, n_out, n_out):
+    if C.dx_csr(saved, si.clone(), si, x.shape[0], n_out) is not None or C.dx_csr(saved[:3], si, si, n_out, n_out):
         print("saved_csr: dx_csr reused a CSR for another index tensor or without one")
         return False
     go = torch.randn_like(out)
-    built, csr = [], G._csr
-    G._csr = lambda *a: built.append(1) or csr(*a)
+    built, csr = [], C._csr
+    C._csr = lambda *a: built.append(1) or csr(*a)
     try:
         a = G.grouped_glu_backward(go, *args, [True] * 7, saved=saved)
         n_reused = len(built)
         b = G.grouped_glu_backward(go, *args, [True] * 7, saved=saved[:3])
     finally:
-        G._csr = csr
+        C._csr = csr
     if (n_reused, len(built)) != (0, 1):
         print(f"saved_csr: CSRs built by the backward with / without the saved one: {n_reused} / {len(built) - n_reused}")
         return False

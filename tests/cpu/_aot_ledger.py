@@ -1,5 +1,5 @@
 """The launch ledger of the Triton host code on one arch: every AOT specialization key that ``triton_glu/glu.py``,
-``triton_lowbit/glu.py`` and ``triton_glu/route.py`` request over the product of every input class they tell apart.
+``triton_lowbit/glu.py`` and ``triton_common/route.py`` request over the product of every input class they tell apart.
 
 A dry run: CPU tensors, the compute capability patched, each launch's key recorded instead of run (``aot.kernel``
 answers every key). The classes are the host code's own branch conditions, each with every value it can take:
@@ -38,8 +38,9 @@ import torch
 from tsct import quant
 from tsct.kernels import aot, launch
 from tsct.kernels.layout import to_kmajor
+from tsct.kernels.triton_common import runtime as C
+from tsct.kernels.triton_common import route
 from tsct.kernels.triton_glu import glu as G
-from tsct.kernels.triton_glu import route
 from tsct.kernels.triton_glu import specs as GS
 from tsct.kernels.triton_lowbit import glu as L
 from tsct.kernels.triton_lowbit import specs as LS
@@ -195,16 +196,16 @@ def ledger(cap: tuple[int, int], monkeypatch) -> set[str]:
             keys.add(self.key)
 
     monkeypatch.setenv("TSCT_TRITON_BACKEND", "aot")
-    monkeypatch.setattr(G, "_capability", lambda dev: cap)
+    monkeypatch.setattr(C, "device_capability", lambda dev: cap)
     monkeypatch.setattr(launch, "current_stream", lambda dev: 0)
     monkeypatch.setattr(aot, "kernel", lambda arch, key: _Rec(key))
     monkeypatch.setattr(aot, "index", lambda arch: {"kernels": {}})
     arch = aot.artifact_arch(cap)
-    monkeypatch.setitem(G._CONFIGS, arch, G._CONFIGS[arch].update(f"chunk_bwd={CHUNK}"))
+    monkeypatch.setitem(C.ARCH_CONFIGS, arch, C.ARCH_CONFIGS[arch].update(f"chunk_bwd={CHUNK}"))
     run_glu()
     run_lowbit()
     if arch in LS.OPT_IN_PLANES_DOWN:  # the opt-in byte-plane down projection its table ships
-        monkeypatch.setitem(G._CONFIGS, arch, G._CONFIGS[arch].update("planes_down_lb=1"))
+        monkeypatch.setitem(C.ARCH_CONFIGS, arch, C.ARCH_CONFIGS[arch].update("planes_down_lb=1"))
         run_lowbit([t for t in LS.AOT_FORMATS if set(t[:2]) <= set(LS.PLANE_FORMATS)])
     return keys
 
@@ -212,5 +213,5 @@ def ledger(cap: tuple[int, int], monkeypatch) -> set[str]:
 def triton_config(arch: str):
     """The arch's tile config with the CUDA kernels switched off (``glu.NATIVE_SWITCHES``): what decides the keys of
     its Triton launches. Two arches with equal ones have the same ledger."""
-    off = {k: 0 for _, keys in G.NATIVE_SWITCHES for k in keys}
-    return dataclasses.replace(G._CONFIGS[arch], **off)
+    off = {k: 0 for _, keys in C.NATIVE_SWITCHES for k in keys}
+    return dataclasses.replace(C.ARCH_CONFIGS[arch], **off)

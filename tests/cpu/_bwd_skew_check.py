@@ -34,6 +34,7 @@ if os.environ.get("TRITON_INTERPRET") != "1":  # must be set before triton is im
 import torch  # noqa: E402
 
 from tsct import quant  # noqa: E402
+from tsct.kernels.triton_common import runtime as C  # noqa: E402
 from tsct.kernels.triton_glu import glu as G  # noqa: E402
 from tsct.kernels.triton_lowbit import glu as L  # noqa: E402
 from _glu_oracle import oracle_forward, rel_err  # noqa: E402
@@ -177,9 +178,9 @@ def check_maps() -> tuple[bool, str]:
     counts = torch.randint(0, 140, (2500,), generator=g) * (torch.rand(2500, generator=g) < 0.5)
     counts[17] = 5000
     offs = counts.cumsum(0).to(torch.int32)
-    bm, ch = G.CONFIG.bm, 128
-    cfg = G.dataclasses.replace(G.CONFIG, chunk_bwd=ch)
-    plan = G.bwd_plan(offs, int(offs[-1]) + 5, 64, cfg, (0, 0))
+    bm, ch = C.CONFIG.bm, 128
+    cfg = C.dataclasses.replace(C.CONFIG, chunk_bwd=ch)
+    plan = C.bwd_plan(offs, int(offs[-1]) + 5, 64, cfg, (0, 0))
     t = -(-counts // bm)
     k = -(-counts // plan.ch)
     c = torch.where(counts <= bm, 0, k)

@@ -1,5 +1,5 @@
 """Run by tests/cpu/test_sort_by_expert.py with TRITON_INTERPRET=1: the sort_by_expert kernels (route_rank,
-route_place, through ``tsct.kernels.triton_glu.route``) under Triton's interpreter against the torch path (and
+route_place, through ``tsct.kernels.triton_common.route``) under Triton's interpreter against the torch path (and
 the gathered router weights, bf16 / fp16 / fp32 or none, against indexing), with the outputs and scratch
 poisoned first; and the combine's CSR that route_place links to the token tensor (``glu.link_csr``) against the
 one ``glu._csr`` builds, as indices and through ``combine_rows`` (padding rows of the source poisoned with NaN).
@@ -11,8 +11,8 @@ import sys
 
 import torch
 
-from tsct.kernels.triton_glu import glu as G
-from tsct.kernels.triton_glu import route
+from tsct.kernels.triton_common import runtime as C
+from tsct.kernels.triton_common import route
 from tsct.ops.routing import sort_by_expert_torch
 
 _empty = torch.empty
@@ -26,7 +26,7 @@ def _poisoned(*shape, **kw):
 def _linked_csr_differs(token: torch.Tensor, offs: torch.Tensor, t: int, k: int, g: torch.Generator) -> list[str]:
     """What differs between the CSR linked to ``token`` and ``glu._csr``'s for the same targets."""
     m = t * k
-    linked = G.linked_csr(token, offs, m, t)
+    linked = C.linked_csr(token, offs, m, t)
     if linked is None:
         return ["no linked csr"]
     rows, ptr = linked
@@ -37,23 +37,23 @@ def _linked_csr_differs(token: torch.Tensor, offs: torch.Tensor, t: int, k: int,
     if not torch.equal(rows, want_rows):  # token t's k sorted positions, increasing
         why.append("csr rows")
     end = int(offs[-1])
-    built = G.build_csr(token, offs, m, t, (0, 0))
+    built = C.build_csr(token, offs, m, t, (0, 0))
     if not torch.equal(built[0][:int(built[1][-1])], rows[rows < end]):  # the same rows, padding dropped
         why.append("csr rows vs built")
     if t > 1024:  # the combine under the interpreter: one program per target
         return why
     src = torch.randn(m, 37, generator=g)
     src[end:] = float("nan")  # padding rows: combine_rows must skip them
-    cfg = G._config((0, 0))
-    a = G._combine(src, token, offs, t, cfg, (0, 0), csr=linked)
-    b = G._combine(src, token, offs, t, cfg, (0, 0), csr=built)
+    cfg = C.tile_config((0, 0))
+    a = C.combine(src, token, offs, t, cfg, (0, 0), csr=linked)
+    b = C.combine(src, token, offs, t, cfg, (0, 0), csr=built)
     if not torch.equal(a, b) or bool(a.isnan().any()):
         why.append("combine through the linked csr")
     token2 = token.clone()
-    if G.linked_csr(token2, offs, m, t) is not None or G.linked_csr(token, offs.clone(), m, t) is not None:
+    if C.linked_csr(token2, offs, m, t) is not None or C.linked_csr(token, offs.clone(), m, t) is not None:
         why.append("csr linked to another tensor")
     token.add_(0)  # an in-place change voids the link
-    if G.linked_csr(token, offs, m, t) is not None:
+    if C.linked_csr(token, offs, m, t) is not None:
         why.append("csr link survived an in-place change")
     return why
 
@@ -65,13 +65,13 @@ def _links_voided_or_absent() -> list[str]:
     why = []
     with torch.inference_mode():
         order, offs, token, _ = route.sort_by_expert(ids, 9)
-    if G.linked_csr(token, offs, 600, 300) is not None:
+    if C.linked_csr(token, offs, 600, 300) is not None:
         why.append("inference-mode sort linked a csr")
     order, offs, token, _ = route.sort_by_expert(ids, 9)
-    if G.linked_csr(token, offs, 600, 300) is None:
+    if C.linked_csr(token, offs, 600, 300) is None:
         why.append("no linked csr")
     token.set_(token.clone().untyped_storage())  # another storage
-    if G.linked_csr(token, offs, 600, 300) is not None:
+    if C.linked_csr(token, offs, 600, 300) is not None:
         why.append("csr link survived a storage swap")
     return why
 

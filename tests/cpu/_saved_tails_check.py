@@ -26,6 +26,7 @@ if os.environ.get("TRITON_INTERPRET") != "1":  # must be set before triton is im
 import torch  # noqa: E402
 
 from tsct import quant  # noqa: E402
+from tsct.kernels.triton_common import runtime as C  # noqa: E402
 from tsct.kernels.triton_glu import glu as G  # noqa: E402
 from tsct.kernels.triton_lowbit import glu as L  # noqa: E402
 from tsct.ops import _function as F  # noqa: E402  (importing tsct.ops registers the custom ops)
@@ -145,9 +146,10 @@ def tile_cum_kernel() -> str:
         ref = [t.clone() for t in ts]
         words = [t.view(torch.int16) for t in ts]
         cum = torch.empty(len(counts), dtype=torch.int32)
-        G._launch("tile_cum", (1 + nz,), [offs, cum, len(counts), *words, m, words[0].shape[1], words[2].shape[1]],
-                  dict(BM=4, BLOCK=CS.TILE_CUM_BLOCK, ZERO=True, ZBLOCK=CS.TILE_CUM_ZBLOCK), 4, 1, False,
-                  (0, 0), offs.device)
+        C.launch_kernel("tile_cum", (1 + nz,),
+                        [offs, cum, len(counts), *words, m, words[0].shape[1], words[2].shape[1]],
+                        dict(BM=4, BLOCK=CS.TILE_CUM_BLOCK, ZERO=True, ZBLOCK=CS.TILE_CUM_ZBLOCK), 4, 1, False,
+                        (0, 0), offs.device)
         want = torch.cumsum(torch.div(torch.diff(offs, prepend=offs.new_zeros(1)) + 3, 4, rounding_mode="floor"), 0)
         if not torch.equal(cum, want.to(torch.int32)):
             return f"m_pad={m_pad}: tile map {cum.tolist()} != {want.tolist()}"

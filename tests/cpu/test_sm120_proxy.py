@@ -173,14 +173,14 @@ def proxy_install(tmp_path, monkeypatch):
 def test_a_proxy_install_serves_9_0_with_sm120s_config(proxy_install):
     from tsct import dispatch
     from tsct.kernels import triton_glu, triton_lowbit
-    from tsct.kernels.triton_glu import glu as G
+    from tsct.kernels.triton_common import runtime as C
 
     assert aot.artifact_arch((9, 0)) == PROXY and aot.proxy(PROXY)["of"] == "sm_120"
     assert aot.artifact_arch((12, 0)) == "sm_120" and aot.artifact_arch((10, 0)) == "sm_100a"
     assert aot.proxy("sm_120") is None and aot.summary()[PROXY]["glu_down_fwd"] == _n_variants("glu_down_fwd")
-    cfg = G._config((9, 0))
-    assert cfg == G._CONFIGS["sm_120"] and cfg != G._CONFIGS["sm_90a"]
-    assert not any(getattr(cfg, k) for _, keys in G.NATIVE_SWITCHES for k in keys)
+    cfg = C.tile_config((9, 0))
+    assert cfg == C.ARCH_CONFIGS["sm_120"] and cfg != C.ARCH_CONFIGS["sm_90a"]
+    assert not any(getattr(cfg, k) for _, keys in C.NATIVE_SWITCHES for k in keys)
     assert triton_glu.status((9, 0), "bf16") == (True, f"AOT cubins for {PROXY}")  # no "backward dz: CUDA"
     assert triton_lowbit.aot_arch((9, 0)) == PROXY
     assert not dispatch.status(dispatch.SM120_FP4, (9, 0), "nvfp4").ok
@@ -203,12 +203,13 @@ def test_every_launch_of_the_host_code_is_in_the_proxy_table(proxy_install, monk
     generic shape; the launches carry sm_120's tiles (two stages in the down kernel, the up kernel's byte planes)."""
     from tsct import quant
     from tsct.kernels.layout import to_kmajor
+    from tsct.kernels.triton_common import runtime as C
     from tsct.kernels.triton_glu import glu as G
     from tsct.kernels.triton_lowbit import glu as L
 
     keys = []
     monkeypatch.setenv("TSCT_TRITON_BACKEND", "aot")
-    monkeypatch.setattr(G, "_capability", lambda dev: (9, 0))
+    monkeypatch.setattr(C, "device_capability", lambda dev: (9, 0))
     monkeypatch.setattr(launch, "current_stream", lambda dev: 0)
     monkeypatch.setattr(aot.AotKernel, "launch", lambda self, grid, values, stream: keys.append(self.entry["key"]))
     g = torch.Generator().manual_seed(0)
@@ -466,9 +467,11 @@ def test_launch_ledger_plugin_records_and_merges(tmp_path):
     import subprocess
 
     (tmp_path / "test_fake.py").write_text(
+        "from tsct.kernels.triton_common import runtime as C\n"
         "from tsct.kernels.triton_glu import glu as G\n"
         "from tsct.kernels.triton_lowbit import glu as L\n"
         "def test_ok():\n    G.FAMILY.count('aot', 'glu_down_fwd'); L.FAMILY.count('native', 'lowbit_down_fwd')\n"
+        "    C.FAMILY.count('aot', 'combine_rows')\n"
         "def test_bad():\n    G.FAMILY.count('aot', 'glu_up_fwd'); assert False\n")
     ledger = tmp_path / "ledger.json"
     env = dict(os.environ, TSCT_LAUNCH_LEDGER=str(ledger),
@@ -483,4 +486,5 @@ def test_launch_ledger_plugin_records_and_merges(tmp_path):
     assert len(data["tests"]) == 4 and any(k.endswith(" #2") for k in data["tests"])
     k = data["kernels"]
     assert k["glu_down_fwd"]["aot"] == 2 and k["lowbit_down_fwd"]["native"] == 2 and not k["glu_down_fwd"]["failed_tests"]
+    assert k["combine_rows"]["aot"] == 2  # a shared kernel, counted by the runtime's launcher
     assert len(k["glu_up_fwd"]["failed_tests"]) == 2 and data["aot_arch"] is None and data["proxy"] is None

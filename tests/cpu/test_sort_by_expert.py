@@ -100,7 +100,7 @@ def test_num_experts_accepts_integer_likes():
 def test_large_expert_counts_take_the_torch_path(monkeypatch):
     """The kernels' scratch is (E + 1) counts per chunk of rows: for E large against M / ROUTE_B the op takes
     torch's sort (route.fits), which gives the same result."""
-    from tsct.kernels.triton_glu import route
+    from tsct.kernels.triton_common import route
     assert route.fits(32768, 1024) and route.fits(200, 50000)  # b1; E >> M but one chunk
     assert not route.fits(262144, 65536) and not route.fits(524288, 1 << 20)
     ids = torch.randint(0, 1 << 20, (3000, 2), generator=torch.Generator().manual_seed(2))

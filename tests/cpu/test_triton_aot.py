@@ -328,6 +328,7 @@ def test_every_glu_launch_has_an_aot_variant(cap, monkeypatch):
     arch = aot.artifact_arch(cap)
     if aot.index(arch) is None:
         pytest.skip(f"no AOT cubins for {arch} in this install")
+    from tsct.kernels.triton_common import runtime as C
     from tsct.kernels.triton_glu import glu
 
     launched = []
@@ -338,7 +339,7 @@ def test_every_glu_launch_has_an_aot_variant(cap, monkeypatch):
         launched.append(self.entry["key"])
 
     monkeypatch.setenv("TSCT_TRITON_BACKEND", "aot")
-    monkeypatch.setattr(glu, "_capability", lambda dev: cap)
+    monkeypatch.setattr(C, "device_capability", lambda dev: cap)
     monkeypatch.setattr(launch, "current_stream", lambda dev: 0)
     monkeypatch.setattr(aot.AotKernel, "launch", record)
     g = torch.Generator().manual_seed(0)
@@ -384,6 +385,7 @@ def test_every_glu_launch_is_in_the_table(cap, monkeypatch):
     """The same dry run against the AOT table itself (``specs.enumerate_specs``; no install needed), with a skewed
     routing (one expert holding most rows, empty experts) and chunks of one row tile, so that the backward's chunked
     dW kernels, their workspace slots and the slot sums launch too."""
+    from tsct.kernels.triton_common import runtime as C
     from tsct.kernels.triton_glu import glu
 
     arch = aot.artifact_arch(cap)
@@ -406,11 +408,11 @@ def test_every_glu_launch_is_in_the_table(cap, monkeypatch):
         return None
 
     monkeypatch.setenv("TSCT_TRITON_BACKEND", "aot")
-    monkeypatch.setattr(glu, "_capability", lambda dev: cap)
+    monkeypatch.setattr(C, "device_capability", lambda dev: cap)
     monkeypatch.setattr(launch, "current_stream", lambda dev: 0)
     monkeypatch.setattr(aot, "kernel", kernel)
     monkeypatch.setattr(aot, "index", lambda arch_: {"kernels": {}})
-    monkeypatch.setitem(glu._CONFIGS, arch, glu._CONFIGS[arch].update("chunk_bwd=64"))
+    monkeypatch.setitem(C.ARCH_CONFIGS, arch, C.ARCH_CONFIGS[arch].update("chunk_bwd=64"))
     g = torch.Generator().manual_seed(1)
     for (name, T, k, E, d, r, f, gather, scatter, s_dt, rw_dt, idx_dt, dt) in _CASES:
         m = T * k
@@ -468,23 +470,23 @@ def test_the_tables_are_exactly_what_the_host_code_launches(cap, monkeypatch):
 def test_chunk_size_bounds_the_workspace():
     """The chunk rows of the backward's dW reductions: the config's (a multiple of BM), doubled until the worst case's
     workspace (cdiv(2 M, CH) slots) fits the bound, a function of the shape only (docs/decisions/0016)."""
-    from tsct.kernels.triton_glu import glu
+    from tsct.kernels.triton_common import runtime as C
 
     cfg = CS.config_for((9, 0))
     slot = max(64 * 5461, 2 * 2048 * 64)  # b1: dWd is the largest per-expert block
-    assert glu.chunk_size(cfg, 32768, slot) == 512  # b1: 128 slots, 179 MB
-    assert glu.chunk_size(cfg, 131072, slot) == 2048  # T 65536: 128 slots
+    assert C.chunk_size(cfg, 32768, slot) == 512  # b1: 128 slots, 179 MB
+    assert C.chunk_size(cfg, 131072, slot) == 2048  # T 65536: 128 slots
     for m in (1, 100, 5000, 32768, 131072, 1 << 22):
-        ch = glu.chunk_size(cfg, m, slot)
+        ch = C.chunk_size(cfg, m, slot)
         assert ch % cfg.bm == 0 and ch >= cfg.chunk_bwd
         assert ch >= m or -(-2 * m // ch) * slot * 4 <= cfg.ws_bwd_mib << 20, (m, ch)
     small = CS.config_for((12, 0))
-    assert small.ws_bwd_mib < cfg.ws_bwd_mib and glu.chunk_size(small, 32768, slot) == 2048
+    assert small.ws_bwd_mib < cfg.ws_bwd_mib and C.chunk_size(small, 32768, slot) == 2048
 
 
 def test_status_reasons(monkeypatch, tmp_path):
     from tsct.kernels import triton_glu as TG
-    from tsct.kernels.triton_glu import glu as glu_mod
+    from tsct.kernels.triton_common import runtime as C
 
     # a fake install with sm_90a cubins only
     (tmp_path / "sm_90a").mkdir()
@@ -510,7 +512,7 @@ def test_status_reasons(monkeypatch, tmp_path):
         ok, why = TG.status((9, 0), "fp16", "fp16")  # no fp16 cubins
         assert not ok and why == ("TSCT_TRITON_BACKEND=aot but this install has no cubin for fp16 activations "
                                   "(Triton JIT runs them)")
-        monkeypatch.setitem(glu_mod._CONFIGS, "sm_90a", glu_mod._CONFIGS["sm_90a"].update("dz_native=0"))
+        monkeypatch.setitem(C.ARCH_CONFIGS, "sm_90a", C.ARCH_CONFIGS["sm_90a"].update("dz_native=0"))
         assert TG.status((9, 0), "bf16") == (True, "AOT cubins for sm_90a")
     finally:
         aot._reset_for_tests()
@@ -519,16 +521,17 @@ def test_status_reasons(monkeypatch, tmp_path):
 def test_cuda_dz_only_where_timed(monkeypatch):
     """The CUDA glu_bwd_dz (decision 0013) is on for sm_90a only: JIT arches get sm_90a's tiles without it
     (sm_86 / sm_89 lack its 99 KB of shared memory), and the sm_100a / sm_120 tables leave it off."""
+    from tsct.kernels.triton_common import runtime as C
     from tsct.kernels.triton_glu import glu, specs
 
     assert specs.CONFIGS["sm_90a"].dz_native == 1
     assert specs.CONFIGS["sm_100a"].dz_native == 0 and specs.CONFIGS["sm_120"].dz_native == 0
     if "dz_native" not in os.environ.get("TSCT_TRITON_GLU_CFG", ""):
-        assert glu._config((9, 0)).dz_native == 1
+        assert C.tile_config((9, 0)).dz_native == 1
         for cap in ((8, 0), (8, 6), (8, 9), (10, 3), (12, 0)):
-            assert glu._config(cap).dz_native == 0, cap
+            assert C.tile_config(cap).dz_native == 0, cap
     # the launch-level conditions: bf16, r = 64, K-major, CUDA tensors (a CPU tensor never takes it)
-    cfg = glu._config((9, 0))
+    cfg = C.tile_config((9, 0))
     cpu = torch.zeros(4, 64, dtype=torch.bfloat16)
     assert not glu._native_dz(cfg, True, 64, torch.bfloat16, cpu, cpu)
 
@@ -547,13 +550,13 @@ def test_kernel_table_matches_the_triton_sources():
 def test_csr_narrow_keys(n_out):
     """The combine's CSR (rows grouped by target, increasing row order, padding rows last) is the same with
     the int16 keys used below 2**15 - 1 targets as with a plain stable int64 sort."""
-    from tsct.kernels.triton_glu import glu
+    from tsct.kernels.triton_common import runtime as C
 
     g = torch.Generator().manual_seed(n_out)
     m = 700
     idx = torch.randint(0, n_out, (m,), generator=g)
     offs = torch.tensor([200, 650], dtype=torch.int32)  # rows 650.. are padding
-    order, ptr = glu.build_csr(idx, offs, m, n_out, (0, 0))
+    order, ptr = C.build_csr(idx, offs, m, n_out, (0, 0))
     key = torch.where(torch.arange(m) < 650, idx, n_out)
     want = torch.argsort(key, stable=True)
     assert torch.equal(order, want)

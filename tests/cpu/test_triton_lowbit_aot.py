@@ -20,7 +20,7 @@ import torch
 
 from tsct import quant
 from tsct.kernels import aot, launch
-from tsct.kernels.triton_glu import glu as G
+from tsct.kernels.triton_common import runtime as C
 from tsct.kernels.triton_common import specs as CS
 from tsct.kernels.triton_glu import specs as glu_specs
 from tsct.kernels.triton_lowbit import glu as L
@@ -90,7 +90,7 @@ def dry_run(monkeypatch):
 
     def use(cap):
         state["table"] = _table(aot.artifact_arch(cap))
-        monkeypatch.setattr(G, "_capability", lambda dev: cap)
+        monkeypatch.setattr(C, "device_capability", lambda dev: cap)
 
     return use, found, missing
 

@@ -37,6 +37,7 @@ from tsct import reference as R  # noqa: E402
 from tsct.bench import routing  # noqa: E402
 from tsct.kernels import triton_glu as TGK  # noqa: E402
 from tsct.kernels import triton_lowbit as TL  # noqa: E402
+from tsct.kernels.triton_common import runtime as C  # noqa: E402
 from tsct.kernels.triton_glu import glu as G  # noqa: E402
 
 _spec = importlib.util.spec_from_file_location("_tg_scale", pathlib.Path(__file__).with_name("test_triton_glu.py"))
@@ -150,8 +151,8 @@ def test_chunk_size_changes_only_dw_rounding():
     p, _, _, runs, go = results(c)
     # the hot expert in 254 chunks instead of 32; room for the 513 slots of 1.4 MB that chunks of 64 rows may need
     with G.overridden("chunk_bwd=64,ws_bwd_mib=1024"):
-        cfg = G._config(torch.cuda.get_device_capability())
-        assert G.chunk_size(cfg, p["gather_idx"].shape[0], c.r * c.f) == 64
+        cfg = C.tile_config(torch.cuda.get_device_capability())
+        assert C.chunk_size(cfg, p["gather_idx"].shape[0], c.r * c.f) == 64
         _, saved = TGK.grouped_glu_forward_saved(*TG.args_of(p))
         grads = TGK.grouped_glu_backward(go, *TG.args_of(p), [True] * 7, saved=saved)
     base = runs[0][1]

@@ -165,10 +165,11 @@ def test_op_backward_takes_native_dz_on_sm90():
     from tsct import reference as Rf
     from tsct.kernels import triton_glu as TG
     from tsct.kernels.layout import to_kmajor
+    from tsct.kernels.triton_common import runtime as C
     from tsct.kernels.triton_glu import glu
 
     cap = torch.cuda.get_device_capability()
-    enabled = bool(glu._config(cap).dz_native)
+    enabled = bool(C.tile_config(cap).dz_native)
     if cap == (9, 0) and "dz_native" not in os.environ.get("TSCT_TRITON_GLU_CFG", ""):
         assert enabled, "sm_90a's config enables the CUDA dz"
     g = torch.Generator().manual_seed(7)

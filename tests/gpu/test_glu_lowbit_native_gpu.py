@@ -33,7 +33,7 @@ if not torch.cuda.is_available():
 
 import tsct  # noqa: E402
 from tsct import native, quant  # noqa: E402
-from tsct.kernels.triton_glu import glu as G  # noqa: E402
+from tsct.kernels.triton_common import runtime as C  # noqa: E402
 from tsct.kernels.triton_lowbit import glu as L  # noqa: E402
 
 if not native.available():
@@ -97,7 +97,7 @@ def args(q):
 
 def run_native(p, save):
     """The kernel into NaN-filled outputs (``out=``): an element it does not write stays NaN."""
-    cum = G._tile_cum(p["offs"], native.GLU_DOWN_TILE)
+    cum = C.tile_cum(p["offs"], native.GLU_DOWN_TILE)
     e, m = p["offs"].shape[0], p["m"]
     out = (torch.full((m, R), float("nan"), device=DEV, dtype=torch.bfloat16),
            torch.full((m, R), float("nan"), device=DEV) if save else None,
@@ -170,7 +170,7 @@ def test_against_reference_and_triton(case, save, fmt):
         if pad:
             assert torch.isnan(hg[mv:]).all() and torch.isnan(hu[mv:]).all()
     # the Triton kernel on the same inputs (forced: the dispatch would pick the CUDA kernel on sm_90)
-    cfg = G._config(G._capability(DEV))
+    cfg = C.tile_config(C.device_capability(DEV))
     tcfg = dataclasses.replace(cfg, down_native_lb=0)
     zt = torch.empty_like(z)
     hgt = torch.empty_like(hg) if save else None
@@ -178,8 +178,8 @@ def test_against_reference_and_triton(case, save, fmt):
     pg, pu = list(args(p["qg"])), list(args(p["qu"]))
     e = p["offs"].shape[0]
     fc = L.factor_format(p["qg"])
-    L._down(p["x"], p["gidx"], p["offs"], G._tile_cum(p["offs"], tcfg.bm), -(-p["m"] // tcfg.bm) + e, fc, pg, fc, pu, p["sg"], p["su"], p["rw"] if save else None, zt, hgt, hut, p["m"], tcfg, True,
-            G._capability(DEV))
+    L._down(p["x"], p["gidx"], p["offs"], C.tile_cum(p["offs"], tcfg.bm), -(-p["m"] // tcfg.bm) + e, fc, pg, fc, pu,
+            p["sg"], p["su"], p["rw"] if save else None, zt, hgt, hut, p["m"], tcfg, True, C.device_capability(DEV))
     if mv:
         assert rel(z[:mv], zt[:mv]) < TTOL[fmt]
         if save:
@@ -235,7 +235,7 @@ def native_on(cfg, switch, q) -> bool:
 
 @pytest.mark.parametrize("fmt", FMTS)
 def test_dispatch_counts(fmt):
-    cfg = G._config(G._capability(DEV))
+    cfg = C.tile_config(C.device_capability(DEV))
     p = make([10, 40, 0, 70], 256, seed=1, fmt=fmt)
     if not native_on(cfg, "down_native_lb", p["qg"]):
         pytest.skip("Config.down_native_lb (or the format's switch) is off for this arch")
@@ -249,7 +249,7 @@ def test_dispatch_counts(fmt):
 
 def test_bad_arguments():
     p = make([4, 4], 128, seed=2)
-    cum = G._tile_cum(p["offs"], 64)
+    cum = C.tile_cum(p["offs"], 64)
     g, u = args(p["qg"]), args(p["qu"])
     with pytest.raises(TypeError, match="x must have dtype"):
         native.glu_down_fwd_lowbit(p["x"].float(), p["offs"], cum, g, u, fmt="nvfp4", m=8, max_tiles=3)
@@ -304,7 +304,7 @@ def up_args(q):
 
 
 def run_up(p, ldy):
-    cum = G._tile_cum(p["offs"], native.GLU_DOWN_TILE)
+    cum = C.tile_cum(p["offs"], native.GLU_DOWN_TILE)
     y = torch.full((p["m"], ldy), float("nan"), device=DEV, dtype=torch.bfloat16)
     return native.glu_up_fwd_lowbit(p["z"], p["offs"], cum, up_args(p["qd"]), y, fmt=native_fmt(p["fmt"]),
                                     f=p["f"],
@@ -339,11 +339,11 @@ def test_up_against_reference_and_triton(case, fmt):
     assert (y[:mv, f:] == 0).all()  # pad columns: 0 * row weight
     if pad:
         assert torch.isnan(y[mv:].float()).all()  # padding rows never written
-    cfg = dataclasses.replace(G._config(G._capability(DEV)), up_native_lb=0)
+    cfg = dataclasses.replace(C.tile_config(C.device_capability(DEV)), up_native_lb=0)
     yt = torch.full_like(y, float("nan"))
     e = p["offs"].shape[0]
-    L._up(p["z"], p["offs"], G._tile_cum(p["offs"], cfg.bm), -(-p["m"] // cfg.bm) + e, L.factor_format(p["qd"]),
-          list(up_args(p["qd"])), p["rw"], yt, f, p["m"], cfg, True, G._capability(DEV), pad=True)
+    L._up(p["z"], p["offs"], C.tile_cum(p["offs"], cfg.bm), -(-p["m"] // cfg.bm) + e, L.factor_format(p["qd"]),
+          list(up_args(p["qd"])), p["rw"], yt, f, p["m"], cfg, True, C.device_capability(DEV), pad=True)
     assert rel(y[:mv, :f], yt[:mv, :f]) < TTOL[fmt]
     y2 = run_up(p, ldy)
     assert torch.equal(y[:mv].view(torch.int16), y2[:mv].view(torch.int16))
@@ -360,7 +360,7 @@ def test_up_nan_row(fmt):
 
 @pytest.mark.parametrize("fmt", FMTS)
 def test_up_dispatch_counts(fmt):
-    cfg = G._config(G._capability(DEV))
+    cfg = C.tile_config(C.device_capability(DEV))
     p = make([10, 40, 0, 70], 256, seed=1, fmt=fmt)
     if not native_on(cfg, "up_native_lb", p["qg"]):
         pytest.skip("Config.up_native_lb (or the format's switch) is off for this arch")
@@ -376,7 +376,7 @@ def test_up_dispatch_counts(fmt):
 
 def test_up_bad_arguments():
     p = make_up([4, 4], 40, 0, True, seed=2)
-    cum = G._tile_cum(p["offs"], 64)
+    cum = C.tile_cum(p["offs"], 64)
     a = up_args(p["qd"])
     y = torch.empty(8, 40, device=DEV, dtype=torch.bfloat16)
     with pytest.raises(ValueError, match="multiple of 8"):
@@ -410,7 +410,7 @@ def test_down_edge_layouts(fmt):
     if fmt == "nvfp4":
         ga = (ga[0], _misaligned(ga[1], 4), ga[2])
         assert ga[1].data_ptr() % 16 == 4
-    cum = G._tile_cum(p["offs"], 64)
+    cum = C.tile_cum(p["offs"], 64)
     mv = sum(counts)
     z, hg, hu = native.glu_down_fwd_lowbit(p["x"], p["offs"], cum, ga, ua, fmt=native_fmt(fmt), m=p["m"],
                                            max_tiles=-(-p["m"] // 64) + 40 + 50,
@@ -426,7 +426,7 @@ def test_up_edge_layouts(fmt):
     g = torch.Generator().manual_seed(13)
     counts = torch.randint(0, 70, (40,), generator=g).tolist()
     p = make_up(counts, 100, 1, True, seed=14, fmt=fmt)
-    cum = G._tile_cum(p["offs"], 64)
+    cum = C.tile_cum(p["offs"], 64)
     y = torch.full((p["m"], 232), float("nan"), device=DEV, dtype=torch.bfloat16)
     native.glu_up_fwd_lowbit(p["z"], p["offs"], cum, up_args(p["qd"]), y, fmt=native_fmt(fmt), f=100,
                             max_tiles=-(-p["m"] // 64) + 40 + 50, row_weight=p["rw"])
@@ -451,7 +451,7 @@ def test_sign_nan_scales():
 def test_mixed_and_misaligned_stay_on_triton():
     """Gate NVFP4 + up sign (one kernel takes one format) and sign storage off its alignment keep the Triton
     down kernel; the results still match the reference."""
-    cfg = G._config(G._capability(DEV))
+    cfg = C.tile_config(C.device_capability(DEV))
     if not cfg.down_native_lb:
         pytest.skip("Config.down_native_lb is off for this arch")
     p = make([10, 40, 0, 70], 256, seed=6)
@@ -506,11 +506,11 @@ def test_exact_sums_give_the_triton_bits(fmt, d):
     qg, qu = exact_factor(e, d, R, fmt, g), exact_factor(e, d, R, fmt, g)
     p = dict(fmt=fmt, x=x, offs=offs, qg=qg, qu=qu, m=m, gidx=gidx, sg=None, su=None, rw=None)
     z, hg, hu = run_native(p, True)
-    cfg = dataclasses.replace(G._config(G._capability(DEV)), down_native_lb=0, up_native_lb=0)
-    cap = G._capability(DEV)
+    cfg = dataclasses.replace(C.tile_config(C.device_capability(DEV)), down_native_lb=0, up_native_lb=0)
+    cap = C.device_capability(DEV)
     hgt, hut, zt = torch.empty_like(hg), torch.empty_like(hu), torch.empty_like(z)
     fc = L.factor_format(qg)
-    L._down(x, gidx, offs, G._tile_cum(offs, cfg.bm, cap), -(-m // cfg.bm) + e, fc, list(args(qg)), fc,
+    L._down(x, gidx, offs, C.tile_cum(offs, cfg.bm, cap), -(-m // cfg.bm) + e, fc, list(args(qg)), fc,
             list(args(qu)), None, None, None, zt, hgt, hut, m, cfg, True, cap)
     assert torch.isfinite(hg).all() and hg.abs().max() > 0
     assert torch.equal(hg, hgt) and torch.equal(hu, hut)
@@ -522,7 +522,7 @@ def test_exact_sums_give_the_triton_bits(fmt, d):
     pu = dict(z=zi, offs=offs, qd=qd, fmt=fmt, m=m, mv=m, f=f, rw=rw)
     y = run_up(pu, 200)
     yt = torch.full_like(y, float("nan"))
-    L._up(zi, offs, G._tile_cum(offs, cfg.bm, cap), -(-m // cfg.bm) + e, L.factor_format(qd), list(args(qd)), rw, yt,
+    L._up(zi, offs, C.tile_cum(offs, cfg.bm, cap), -(-m // cfg.bm) + e, L.factor_format(qd), list(args(qd)), rw, yt,
           f, m, cfg, True, cap, pad=True)
     assert torch.isfinite(y.float()).all() and torch.equal(y.view(torch.int16), yt.view(torch.int16))
 
@@ -572,7 +572,7 @@ def test_nan_codes(fmt):
 def test_ternary_mixed_scalings_stay_on_triton():
     """w_gate with the absmean scaling and w_up with the rank-1 one (one kernel takes one scaling) keep the Triton
     down kernel; the result still matches the reference."""
-    cfg = G._config(G._capability(DEV))
+    cfg = C.tile_config(C.device_capability(DEV))
     p = make([10, 40, 0, 70], 256, seed=6, fmt="ternary")
     p1 = make([10, 40, 0, 70], 256, seed=6, fmt="ternary_r1")
     if not native_on(cfg, "down_native_lb", p["qg"]):

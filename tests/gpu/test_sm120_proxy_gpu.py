@@ -26,8 +26,9 @@ from tsct import dispatch, native, quant  # noqa: E402
 from tsct import reference as R  # noqa: E402
 from tsct.kernels import aot  # noqa: E402
 from tsct.kernels.layout import to_kmajor  # noqa: E402
-from tsct.kernels.triton_glu import glu as G  # noqa: E402
+from tsct.kernels.triton_common import runtime as C  # noqa: E402
 from tsct.kernels.triton_common import specs as CS  # noqa: E402
+from tsct.kernels.triton_glu import glu as G  # noqa: E402
 from tsct.kernels.triton_glu import specs  # noqa: E402
 from tsct.kernels.triton_lowbit import glu as L  # noqa: E402
 from tsct.kernels.triton_lowbit import specs as LS  # noqa: E402
@@ -60,9 +61,9 @@ def test_install_is_sm120s_table_assembled_for_sm90():
 
 
 def test_config_is_sm120s_and_no_cuda_kernel_replaces_a_triton_one():
-    cfg = G._config(CAP)
-    assert cfg == G._CONFIGS["sm_120"]
-    assert not any(getattr(cfg, k) for _, keys in G.NATIVE_SWITCHES for k in keys)
+    cfg = C.tile_config(CAP)
+    assert cfg == C.ARCH_CONFIGS["sm_120"]
+    assert not any(getattr(cfg, k) for _, keys in C.NATIVE_SWITCHES for k in keys)
     assert cfg.planes_up_lb == 1 and cfg.stages_down == 2  # two of sm_120's own tiles
     st = dispatch.status(dispatch.SM120_FP4, CAP, "nvfp4")  # the OMMA kernels are not proxied: refused, and why
     assert not st.ok and "12.0" in st.reason, st

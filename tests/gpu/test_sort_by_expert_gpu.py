@@ -68,7 +68,7 @@ def test_kernels_match_torch(case):
 
 def test_large_expert_counts_take_the_torch_path():
     """E = 2**18 with M = 2**19: the kernels' scratch would be ~1 GB (route.fits says no); same result either way."""
-    from tsct.kernels.triton_glu import route
+    from tsct.kernels.triton_common import route
     ids = torch.randint(0, 1 << 18, (1 << 18, 2), device=DEV)
     assert not route.fits(ids.numel(), 1 << 18)
     torch.cuda.reset_peak_memory_stats()
@@ -82,7 +82,7 @@ def test_first_use_self_test_on_an_untested_arch(monkeypatch):
     """On an arch class without GPU test runs the kernels run only after a self-test against torch passed; a
     failing self-test warns and keeps torch's sort (simulated by removing this arch from EXECUTED_ON)."""
     from tsct import dispatch
-    from tsct.kernels.triton_glu import route
+    from tsct.kernels.triton_common import route
     from tsct.ops import routing as R
 
     monkeypatch.setitem(dispatch.EXECUTED_ON, dispatch.TRITON_BF16, frozenset())
@@ -129,29 +129,29 @@ def _pass(side: bool, fmt_w, x, ids, w, e, go, link: bool = False):
 
 def _slow_side_stream(monkeypatch):
     """The side stream's CSR work starts behind ~50 ms of sleep: without the join the combine would read it early."""
-    from tsct.kernels.triton_glu import glu as G
-    fill = G._csr_fill
+    from tsct.kernels.triton_common import runtime as C
+    fill = C._csr_fill
 
     def slow(*a):
         torch.cuda._sleep(100_000_000)
         return fill(*a)
-    monkeypatch.setattr(G, "_csr_fill", slow)
+    monkeypatch.setattr(C, "_csr_fill", slow)
 
 
 def test_side_stream_join_when_the_fill_raises(monkeypatch):
     """An exception while the CSR is issued on the side stream still makes the caller's stream wait for the work
     already queued there (its outputs were allocated on the caller's stream)."""
-    from tsct.kernels.triton_glu import glu as G
+    from tsct.kernels.triton_common import runtime as C
 
     def broken(*a):
         torch.cuda._sleep(200_000_000)
         raise RuntimeError("injected")
-    monkeypatch.setattr(G, "_csr_fill", broken)
+    monkeypatch.setattr(C, "_csr_fill", broken)
     idx = torch.randint(0, 100, (1000,), device=DEV)
     offs = torch.tensor([1000], dtype=torch.int32, device=DEV)
     torch.cuda.synchronize()
     with pytest.raises(RuntimeError, match="injected"):
-        G.csr_overlap(idx, offs, 1000, 100, (9, 0))
+        C.csr_overlap(idx, offs, 1000, 100, (9, 0))
     ev = torch.cuda.Event()
     ev.record()
     assert not ev.query(), "the caller's stream does not wait for the side stream"
@@ -216,7 +216,7 @@ def test_linked_csr_gives_the_same_bits(k, spill, monkeypatch):
     """grouped_glu through sort_by_expert's token tensor combines (forward and dX) with the CSR route_place linked
     to it, builds none, and gives the same bits as through a copy of the token (a built CSR); ids outside [0, E)
     (dropped choices: padding rows, last in their token's CSR entries) and top-3 included."""
-    from tsct.kernels.triton_glu import glu as G
+    from tsct.kernels.triton_common import runtime as C
     torch.manual_seed(11 + k + spill)
     t, e, d, r, f = 3000, 48, 256, 64, 1001
     x = torch.randn(t, d, device=DEV, dtype=torch.bfloat16, requires_grad=True)
@@ -229,8 +229,8 @@ def test_linked_csr_gives_the_same_bits(k, spill, monkeypatch):
     w = w.bfloat16().requires_grad_()
     go = torch.randn(t, f, device=DEV, dtype=torch.bfloat16)
     built = []
-    real = G._csr
-    monkeypatch.setattr(G, "_csr", lambda *a: built.append(1) or real(*a))
+    real = C._csr
+    monkeypatch.setattr(C, "_csr", lambda *a: built.append(1) or real(*a))
     poison()
     linked = _pass(False, fac, x, ids, w, e, go, link=True)
     assert built == [], "a CSR was built although sort_by_expert's token tensor carries one"
@@ -245,20 +245,20 @@ def test_linked_csr_gives_the_same_bits(k, spill, monkeypatch):
 def test_csr_link_survives_the_op_and_is_voided_by_changes():
     """The link reaches the caller through the custom op (dispatcher) route as well as the eager direct one, and
     an in-place change of the token or offs tensor, or another offs tensor, voids it."""
-    from tsct.kernels.triton_glu import glu as G
+    from tsct.kernels.triton_common import runtime as C
     from tsct.ops.routing import _sort_by_expert_op
     ids = torch.randint(-1, 100, (5000, 2), device=DEV)
     for order, offs, token, _ in (tsct.ops.sort_by_expert(ids, 100), _sort_by_expert_op(ids, 100, None)):
-        rows, ptr = G.linked_csr(token, offs, 10000, 5000)
+        rows, ptr = C.linked_csr(token, offs, 10000, 5000)
         assert torch.equal(ptr, torch.arange(5001, device=DEV) * 2)
         assert torch.equal(rows, torch.argsort(token, stable=True))  # each token's positions, increasing
-        assert G.linked_csr(token, offs.clone(), 10000, 5000) is None
-        assert G.linked_csr(token, offs, 10000, 4999) is None
+        assert C.linked_csr(token, offs.clone(), 10000, 5000) is None
+        assert C.linked_csr(token, offs, 10000, 4999) is None
         offs.add_(0)
-        assert G.linked_csr(token, offs, 10000, 5000) is None
+        assert C.linked_csr(token, offs, 10000, 5000) is None
     s = tsct.ops.sort_by_expert(ids, 100)
     s.token.add_(0)
-    assert G.linked_csr(s.token, s.offs, 10000, 5000) is None
+    assert C.linked_csr(s.token, s.offs, 10000, 5000) is None
 
 
 def _small_glu(t, e, d=256, r=64, f=300, seed=21):
@@ -279,7 +279,7 @@ def test_graph_with_routing_as_static_input_builds_its_own_csr(monkeypatch):
     """A graph that takes sort_by_expert's outputs as static inputs (make_graphed_callables' pattern: new routing
     is copied into them before each replay) must not replay the CSR linked at capture time: it builds its own
     in the graph. Replayed with other routing copied in, it gives the eager result of that routing."""
-    from tsct.kernels.triton_glu import glu as G
+    from tsct.kernels.triton_common import runtime as C
     t, e = 2000, 40
     x, fac = _small_glu(t, e)
     w1, ids1 = torch.softmax(torch.randn(t, e, device=DEV), -1).topk(2)
@@ -287,8 +287,8 @@ def test_graph_with_routing_as_static_input_builds_its_own_csr(monkeypatch):
     s = tsct.ops.sort_by_expert(ids1, e, w1)
     s2 = tsct.ops.sort_by_expert(ids2, e, w2)
     built = []
-    real = G._csr
-    monkeypatch.setattr(G, "_csr", lambda *a: built.append(1) or real(*a))
+    real = C._csr
+    monkeypatch.setattr(C, "_csr", lambda *a: built.append(1) or real(*a))
     g, out = captured(lambda: _glu(x, fac, s))
     assert built, "the capture used the CSR linked outside it"
     for a, b in zip((s.offs, s.token, s.row_weight), (s2.offs, s2.token, s2.row_weight)):
@@ -302,18 +302,18 @@ def test_graph_with_routing_as_static_input_builds_its_own_csr(monkeypatch):
 def test_graph_with_sort_inside_uses_the_linked_csr(monkeypatch):
     """The sort and the op captured together (the benchmark's graph): the op takes the CSR the captured sort
     writes (no CSR built in the capture), and each replay sorts the current ids."""
-    from tsct.kernels.triton_glu import glu as G
+    from tsct.kernels.triton_common import runtime as C
     t, e = 2000, 40
     x, fac = _small_glu(t, e, seed=22)
     w, ids = torch.softmax(torch.randn(t, e, device=DEV), -1).topk(2)
     built = []
-    real = G._csr
+    real = C._csr
     st = torch.cuda.Stream()
     st.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(st):  # warm-up outside the capture
         _glu(x, fac, tsct.ops.sort_by_expert(ids, e, w))
     torch.cuda.current_stream().wait_stream(st)
-    monkeypatch.setattr(G, "_csr", lambda *a: built.append(1) or real(*a))
+    monkeypatch.setattr(C, "_csr", lambda *a: built.append(1) or real(*a))
     g = torch.cuda.CUDAGraph()
     with torch.cuda.graph(g):
         out = _glu(x, fac, tsct.ops.sort_by_expert(ids, e, w))

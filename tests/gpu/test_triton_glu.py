@@ -387,7 +387,7 @@ def test_one_index_tensor_reuses_the_combine_csr(fmt, monkeypatch):
     forward's combine CSR for dX instead of sorting again, with the same bits as with two equal index tensors
     (which build their own), and dX matches the reference on the dequantized factors."""
     from tsct import quant
-    from tsct.kernels.triton_glu import glu as G
+    from tsct.kernels.triton_common import runtime as C
     from tsct.ops import grouped_glu
 
     c = Case("one_index", T=192, k=2, E=12, d=128, r=64, f=5461, pad=3)
@@ -399,8 +399,8 @@ def test_one_index_tensor_reuses_the_combine_csr(fmt, monkeypatch):
     if fmt != "bf16":
         facs, impl = [quant.quantize(w, fmt) for w in facs], "triton-lowbit"
     built = []
-    csr = G._csr
-    monkeypatch.setattr(G, "_csr", lambda *a: built.append(1) or csr(*a))
+    csr = C._csr
+    monkeypatch.setattr(C, "_csr", lambda *a: built.append(1) or csr(*a))
 
     def run(gi, si):
         x = p["x"].detach().clone().requires_grad_(True)

@@ -2,7 +2,7 @@
 
 One custom op, ``tsct::sort_by_expert`` (so torch.compile(fullgraph=True) sees it), with a fake implementation
 that gives shapes only. On a GPU that the Triton kernels serve it is a stable counting sort in three launches
-(``tsct.kernels.triton_glu.route``); elsewhere the same result from torch (``argsort`` and a sync-free count).
+(``tsct.kernels.triton_common.route``); elsewhere the same result from torch (``argsort`` and a sync-free count).
 """
 
 from __future__ import annotations
@@ -179,13 +179,13 @@ class _SortByExpert(torch.autograd.Function):
 
 def uses_kernels(topk_ids: Tensor, num_experts: int) -> bool:
     """Whether ``sort_by_expert`` runs the Triton kernels for these arguments (else torch's sort)."""
-    from tsct.kernels.triton_glu import route
+    from tsct.kernels.triton_common import route
     return topk_ids.is_cuda and route.fits(topk_ids.numel(), num_experts) and _kernels_serve(topk_ids.device)
 
 
 def _impl(topk_ids: Tensor, num_experts: int, topk_weights: Optional[Tensor]) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     if uses_kernels(topk_ids, num_experts):
-        from tsct.kernels.triton_glu import route
+        from tsct.kernels.triton_common import route
         order, offs, token, rw = route.sort_by_expert(topk_ids, num_experts, topk_weights)
     else:
         order, offs, token = sort_by_expert_torch(topk_ids, num_experts)
@@ -238,7 +238,7 @@ def _kernels_serve(device: torch.device) -> bool:
 
 
 def _self_test(device: torch.device) -> bool:
-    from tsct.kernels.triton_glu import route
+    from tsct.kernels.triton_common import route
     g = torch.Generator(device=device).manual_seed(0)
     ids = torch.randint(-1, 37, (3001, 2), generator=g, device=device)
     w = torch.rand(3001, 2, generator=g, device=device).to(torch.bfloat16)

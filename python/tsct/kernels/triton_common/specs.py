@@ -86,7 +86,7 @@ class Config:
     vec_dz_t: int = 0         # with WD_T: dY rows as shifted words (w_down tiles stay plain aligned loads)
     ndb_bwd: int = 8          # d blocks per program (row tile) of glu_bwd_dx_dw (the pipelined d loop)
     # The chunked dW reductions of the backward (experts of more than one row tile, _kernels.py "backward"):
-    # rows per chunk (a multiple of bm; glu.chunk_size doubles it until the workspace of the worst case fits
+    # rows per chunk (a multiple of bm; runtime.chunk_size doubles it until the workspace of the worst case fits
     # ws_bwd_mib MiB), f slices and f step of glu_bwd_dwd, warps / stages of glu_bwd_dwd.
     chunk_bwd: int = 512
     ws_bwd_mib: int = 256
@@ -158,7 +158,8 @@ ARTIFACT_ARCH: dict[tuple[int, int], str] = {
 TARGET_CAPABILITY: dict[str, int] = {"sm_90a": 90, "sm_100a": 100, "sm_120": 120}
 # artifact arch -> (GPUTarget capability, the PTX target the build makes Triton emit) of this family's
 # cubins (a family's specs module may emit another target for the same artifact arch).
-PTX_ARCH: dict[str, tuple[int, str]] = {"sm_90a": (90, "sm_90a"), "sm_100a": (100, "sm_100a"), "sm_120": (120, "sm_120")}
+PTX_ARCH: dict[str, tuple[int, str]] = {"sm_90a": (90, "sm_90a"), "sm_100a": (100, "sm_100a"),
+                                        "sm_120": (120, "sm_120")}
 # Shared memory a block may use (opt-in maximum), bytes: the build fails a variant that needs more.
 MAX_SHARED: dict[str, int] = {"sm_90a": 232448, "sm_100a": 232448, "sm_120": 101376}
 
@@ -397,8 +398,8 @@ ROUTE_B, ROUTE_EBLK, ROUTE_WARPS = 512, 1024, 8
 TILE_CUM_ZBLOCK, TILE_CUM_ZPROGRAMS = 2048, 256  # tile_cum's tail zeroing: words per step, most programs
 
 # Triton type strings of torch dtypes (by name, so this module needs no torch).
-DTYPE_TYPES = {"bfloat16": "*bf16", "float16": "*fp16", "float32": "*fp32", "int16": "*i16", "int32": "*i32", "int64": "*i64",
-               "uint8": "*u8", "int8": "*i8", "float8_e4m3fn": "*fp8e4nv"}
+DTYPE_TYPES = {"bfloat16": "*bf16", "float16": "*fp16", "float32": "*fp32", "int16": "*i16", "int32": "*i32",
+               "int64": "*i64", "uint8": "*u8", "int8": "*i8", "float8_e4m3fn": "*fp8e4nv"}
 
 @dataclasses.dataclass(frozen=True)
 class Spec:

@@ -51,9 +51,9 @@ def status(capability: Optional[tuple[int, int]], fmt: str, x_dtype: str = "bf16
 
 def _native_dz_note(capability: tuple[int, int]) -> str:
     """Where the backward's dz runs in CUDA C++ (decision 0013), say so: the probe names what will run."""
-    from tsct.kernels.triton_glu import glu
+    from tsct.kernels.triton_common import runtime as C
 
-    if not glu._config(tuple(capability)).dz_native:
+    if not C.tile_config(tuple(capability)).dz_native:
         return ""
     from tsct import native
 

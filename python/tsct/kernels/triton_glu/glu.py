@@ -1,98 +1,44 @@
-"""Host side of the Triton grouped GLU: allocation, the device-side schedule, launches.
+"""Host side of the Triton grouped GLU with bf16 / fp16 factors: allocation, the launches of its four kernels.
 
 Same signatures and semantics as ``tsct.reference.glu`` (inputs already validated by ``tsct.ops``).
-Sync-free: nothing here reads a device value on the host, so a call can be captured in a CUDA graph.
-The tile map, the CSR of each combine and the padding bounds are built on the device
-(``torch.cumsum``, ``torch.sort(stable=True)``, ``torch.searchsorted``) and read by the kernels.
+Sync-free: nothing here reads a device value on the host, so a call can be captured in a CUDA graph. The schedule
+(tile map, CSR of each combine, the backward's plan), the combines, the padding zeroing and the weight-free backward
+steps are the Triton runtime's (``tsct.kernels.triton_common.runtime``), shared with the low-bit family.
 
 Precision: bf16/fp16 operands, fp32 accumulation everywhere. The intermediates that feed a matrix
 product (the latent z, dhg, dhu, z*rw) and the routed rows before a combine (y, dx) are stored in
 x.dtype; each combine sums in fp32 and rounds once more. float32 inputs run too (the matrix products
 then use TF32 on the GPU).
 
-Determinism: no atomics. Per-expert reductions (dW, d s) are summed over row tiles or chunks of rows in a
-fixed order (``BwdPlan``; the chunk size is a function of the shape); combines sum each target's rows in
-increasing row order (a stable sort), so every run gives the same bits.
+Determinism: no atomics (``triton_common.runtime``: fixed-order reductions and combines), so every run gives the
+same bits.
 
-Launches: every kernel goes through ``_launch`` with its runtime parameters in the order of
+Launches: every kernel of this family goes through ``_launch`` with its runtime parameters in the order of
 ``specs.KERNELS`` and its constexprs, so the same grids and arguments feed either the ahead-of-time
 cubins (``tsct.kernels.aot``; no Triton needed) or Triton JIT (``TSCT_TRITON_BACKEND``). The inputs
 are normalised first (exactly: scales and row weights to fp32, int32 indices to int64, a lone scale
 gets a ones partner) so the AOT table stays small (specs.py).
+
+Tile configs: one per arch (``triton_common.specs.CONFIGS``, ``TSCT_TRITON_GLU_CFG``), shared by both families;
+``Config`` and ``overridden`` are re-exported here.
 """
 
 from __future__ import annotations
 
-import contextlib
-import dataclasses
-import threading
 from typing import Any, Optional, Sequence
 
 import torch
 from torch import Tensor
 
-from tsct import config
 from tsct.kernels import launch
 from tsct.kernels.layout import is_kmajor
-from tsct.kernels.triton_common import specs as CS
+from tsct.kernels.triton_common import runtime as C
+from tsct.kernels.triton_common.runtime import overridden  # noqa: F401  (re-exported: the tile configs' override)
 from tsct.kernels.triton_glu import specs
 from tsct.kernels.triton_glu.specs import Config
 
 __all__ = ["grouped_glu_forward", "grouped_glu_forward_saved", "grouped_glu_backward", "saved_like", "Config",
-           "CONFIG", "backend_counts", "overridden"]
-
-# ---- tile configs (specs.py: one table per arch, shared with the AOT build) ----------------------
-
-_CONFIGS: dict[str, Config] = {a: c.update(config.triton_glu_cfg) for a, c in specs.CONFIGS.items()}
-# every arch without AOT cubins (JIT: sm_80, sm_86, sm_89, ...) gets sm_90a's tiles, but not its CUDA dz:
-# that kernel was timed on sm_90 only and needs more shared memory than sm_86 / sm_89 have (decision 0013)
-CONFIG = dataclasses.replace(_CONFIGS[CS.DEFAULT_ARCH_CONFIG], dz_native=0, down_native_lb=0,
-                             up_native_lb=0, sign_native_lb=0)
-
-
-@contextlib.contextmanager
-def overridden(spec: str):
-    """Within the ``with`` block, every arch's tile config (and the JIT-only arches') with ``spec`` applied
-    (``TSCT_TRITON_GLU_CFG``'s syntax, ``Config.update``): kernel development, tests. Not thread-safe; restored on
-    exit. Raises ValueError for a bad item before anything changes."""
-    global CONFIG
-    saved = dict(_CONFIGS), CONFIG
-    changed = {a: c.update(spec) for a, c in _CONFIGS.items()}, CONFIG.update(spec)
-    _CONFIGS.update(changed[0])
-    CONFIG = changed[1]
-    try:
-        yield
-    finally:
-        _CONFIGS.update(saved[0])
-        CONFIG = saved[1]
-
-
-def _config(cap: tuple[int, int]) -> Config:
-    """The tile config of the arch whose cubins this install runs on ``cap``: a proxy install (decision 0017)
-    runs the proxied arch's (sm_120's on 9.0, so its Triton kernels, not sm_90's CUDA ones)."""
-    from tsct.kernels import aot
-
-    return _CONFIGS.get(CS.table_arch(aot.artifact_arch(cap)) or "", CONFIG)
-
-
-# The CUDA C++ kernels of the native library that the dispatch takes instead of a Triton kernel, by the Config switch
-# that enables each (decisions 0013, 0014): on only where they have run (docs/performance.md).
-NATIVE_SWITCHES = (
-    ("bf16 backward dz (r 64, K-major w_down)", ("dz_native",)),
-    ("NVFP4 down + up projections (r 64)", ("down_native_lb", "up_native_lb")),
-    ("sign down + up projections (r 64)", ("down_native_lb", "up_native_lb", "sign_native_lb")),
-    ("FP8 down + up projections (r 64)", ("down_native_lb", "up_native_lb", "fp8_native_lb")),
-    ("ternary down + up projections (r 64)", ("down_native_lb", "up_native_lb", "ternary_native_lb")),
-)
-
-
-def native_kernels() -> dict[str, list[str]]:
-    """{arch config: [the CUDA C++ GLU kernels its dispatch takes]} for every arch with a Config
-    (``specs.CONFIGS``, after ``TSCT_TRITON_GLU_CFG``) plus "other" (JIT archs); a down + up pair counts when both
-    are on (each is also switched alone)."""
-    archs = {**_CONFIGS, "other": CONFIG}
-    return {a: [name for name, keys in NATIVE_SWITCHES if all(getattr(c, k) for k in keys)] for a, c in archs.items()}
-
+           "backend_counts", "overridden"]
 
 # ---- backends: the AOT cubins (tsct.kernels.aot) or Triton JIT -------------------------------------
 # TSCT_TRITON_BACKEND=auto (default): the AOT cubin of the launch's specialization when this install
@@ -103,8 +49,12 @@ FAMILY = launch.Family("triton-bf16", specs, "tsct.kernels.triton_glu._kernels")
 
 def backend_counts() -> dict[tuple[str, str], int]:
     """{(backend, kernel): launches} since the process started ("aot", "jit", and "native" for the CUDA
-    glu_bwd_dz)."""
-    return FAMILY.backend_counts()
+    glu_bwd_dz) of this family's kernels and of the shared ones (``triton_common.runtime.backend_counts``: the
+    tile map, combines, zero-tail, routing and weight-free backward kernels, whichever family launched them)."""
+    out = dict(C.backend_counts())
+    for k, n in FAMILY.backend_counts().items():
+        out[k] = out.get(k, 0) + n
+    return out
 
 
 def _launch(kernel: str, grid: tuple, args: Sequence[Any], consts: dict, num_warps: int, num_stages: int,
@@ -115,38 +65,6 @@ def _launch(kernel: str, grid: tuple, args: Sequence[Any], consts: dict, num_war
 
 
 # ---- host-side helpers ----------------------------------------------------------------------------
-
-def _cdiv(a: int, b: int) -> int:
-    return -(-a // b)
-
-
-_props: dict[int, Any] = {}
-
-
-def _device_props(device: torch.device) -> Any:
-    """torch.cuda.get_device_properties of a CUDA device, cached per device index."""
-    idx = device.index if device.index is not None else torch.cuda.current_device()
-    props = _props.get(idx)
-    if props is None:
-        props = _props[idx] = torch.cuda.get_device_properties(idx)
-    return props
-
-
-def _capability(device: torch.device) -> tuple[int, int]:
-    """The device's compute capability; (0, 0) for a CPU tensor (Triton's interpreter: JIT only)."""
-    if device.type != "cuda":
-        return (0, 0)
-    props = _device_props(device)
-    return (props.major, props.minor)
-
-
-def _aligned(d: int, r: int, stride_x: int, *tensors: Optional[Tensor]) -> bool:
-    """d, r and x's row stride multiples of 16 and every given tensor 16-byte aligned: the launches may
-    use the variants compiled with divisibility attributes (and the finer tile choices)."""
-    if d % 16 or r % 16 or stride_x % 16:
-        return False
-    return all(t is None or t.data_ptr() % 16 == 0 for t in tensors)
-
 
 def _wd_layout(w_down: Tensor, aligned: bool) -> tuple[Tensor, bool]:
     """(w_down to launch with, WD_T): a K-major w_down (``layout.is_kmajor``: its tiles are 16-byte
@@ -166,307 +84,7 @@ def _native_dz(cfg: Config, wd_t: bool, r: int, dtype: torch.dtype, go: Tensor, 
         return False
     if zw.data_ptr() % 16 or not zw.is_contiguous():
         return False
-    return native_smem_ok("tsctk_glu_bwd_dz_bf16", go.device)
-
-
-def native_smem_ok(kernel: str, device: torch.device) -> bool:
-    """The native library is present and the device allows the shared memory per block its entry point
-    launches ``kernel`` with (``tsct.native.kernel_smem_bytes``: the library's own number)."""
-    from tsct import native
-
-    if not native.available():
-        return False
-    return _device_props(device).shared_memory_per_block_optin >= native.kernel_smem_bytes(kernel)
-
-
-def _scales(s_gate: Optional[Tensor], s_up: Optional[Tensor]) -> tuple[Optional[Tensor], Optional[Tensor]]:
-    """Both scales as fp32 (exact: the kernels compute in fp32), or neither; a lone scale gets ones."""
-    if s_gate is None and s_up is None:
-        return None, None
-    ref = s_gate if s_gate is not None else s_up
-    sg = s_gate.float().contiguous() if s_gate is not None else torch.ones_like(ref, dtype=torch.float32)
-    su = s_up.float().contiguous() if s_up is not None else torch.ones_like(ref, dtype=torch.float32)
-    return sg, su
-
-
-def _scales_in(s_gate: Optional[Tensor], s_up: Optional[Tensor], dtype: torch.dtype
-               ) -> tuple[Optional[Tensor], Optional[Tensor]]:
-    """The scales for glu_down_fwd and glu_bwd_epi, which widen them to fp32 as they load them (exact): both as
-    given when they share x's dtype or fp32 (no conversion kernels: two launches on the critical path of a b1
-    forward, two more in its backward), else ``_scales``."""
-    if s_gate is not None and s_up is not None and s_gate.dtype == s_up.dtype and s_gate.dtype in (dtype,
-                                                                                                    torch.float32):
-        return s_gate.contiguous(), s_up.contiguous()
-    return _scales(s_gate, s_up)
-
-
-def _f32(t: Optional[Tensor]) -> Optional[Tensor]:
-    return None if t is None else t.float().contiguous()
-
-
-def _i64(t: Optional[Tensor]) -> Optional[Tensor]:
-    return None if t is None else t.to(torch.int64).contiguous()
-
-
-def _tile_cum(offs: Tensor, bm: int, cap=None, zero: Sequence[Tensor] = ()) -> Tensor:
-    """Inclusive cumulative count of row tiles per expert, int32 on the device: one launch on a GPU
-    (five small torch ops cost more host time than the kernels they feed), torch ops on the CPU
-    (Triton's interpreter). ``zero``: a saving forward's [hg, hu, z * rw] ([M, r] each, contiguous), whose rows
-    at or past offs[-1] the same launch sets to 0 (``zero_saved_tails``)."""
-    cap = _capability(offs.device) if cap is None else cap
-    if cap == (0, 0):
-        counts = torch.diff(offs, prepend=offs.new_zeros(1))
-        ntiles = torch.div(counts + (bm - 1), bm, rounding_mode="floor")
-        for t in zero:  # CPU: reading offs on the host costs no sync
-            t[max(int(offs[-1]), 0):].zero_()
-        return torch.cumsum(ntiles, 0, dtype=torch.int32)
-    e = offs.shape[0]
-    cum = torch.empty(e, device=offs.device, dtype=torch.int32)
-    consts = dict(BM=bm, BLOCK=CS.TILE_CUM_BLOCK, ZERO=bool(zero), ZBLOCK=CS.TILE_CUM_ZBLOCK)
-    if not zero:
-        _launch("tile_cum", (1,), [offs, cum, e, None, None, None, 0, 0, 0], consts, 4, 1, False, cap, offs.device)
-        return cum
-    # the three tensors as 16-bit words (all-zero bits are 0 in every float dtype): one specialization per arch
-    t0, t1, t2 = (t.view(torch.int16) for t in zero)
-    m, w01, w2 = t0.shape[0], t0.shape[1], t2.shape[1]
-    nz = max(1, min(_cdiv(m * w01, CS.TILE_CUM_ZBLOCK), CS.TILE_CUM_ZPROGRAMS))
-    _launch("tile_cum", (1 + nz,), [offs, cum, e, t0, t1, t2, m, w01, w2], consts, 4, 1, False, cap, offs.device)
-    return cum
-
-
-def _csr(idx: Tensor, offs: Tensor, m: int, n_out: int, cap) -> tuple[Tensor, Tensor]:
-    """Rows grouped by target: target t owns rows order[ptr[t]:ptr[t+1]], in increasing row order.
-
-    Rows at or past offs[-1] get the key n_out (past every target), so their idx entries are never
-    used (they may hold anything). The keys are int16 when n_out < 2**15 - 1 (the radix sort then makes
-    2 passes instead of 4), else int32. The outputs (order int64 [m], ptr int64 [n_out + 1]) are allocated
-    before the work is issued, so ``csr_overlap`` can issue it on another stream.
-    """
-    kdt = torch.int16 if n_out < (1 << 15) - 1 else torch.int32
-    order = torch.empty(m, device=idx.device, dtype=torch.int64)
-    ptr = torch.empty(n_out + 1, device=idx.device, dtype=torch.int64)
-    return order, ptr, lambda: _csr_fill(idx, offs, m, n_out, cap, kdt, order, ptr)
-
-
-def _csr_fill(idx: Tensor, offs: Tensor, m: int, n_out: int, cap, kdt: torch.dtype, order: Tensor, ptr: Tensor):
-    if cap == (0, 0):
-        pos = torch.arange(m, device=idx.device, dtype=torch.int32)
-        key = torch.where(pos < offs[-1], idx.to(torch.int32), n_out).to(kdt)
-    else:
-        key = _csr_keys(idx, offs, m, n_out, cap, kdt)
-    skey = torch.empty_like(key)
-    torch.sort(key, stable=True, out=(skey, order))
-    torch.searchsorted(skey, torch.arange(n_out + 1, device=idx.device, dtype=kdt), out=ptr)
-
-
-_csr_links: Any = None  # token tensor -> _CsrLink (torch.utils.weak.WeakIdKeyDictionary, created on first use)
-
-
-@dataclasses.dataclass(frozen=True)
-class _CsrLink:
-    offs: Tensor
-    versions: tuple[int, int]       # token's and offs' version counters when linked
-    data_ptrs: tuple[int, int]      # and their storage (``set_`` moves it without a version bump)
-    stream: Any                     # the stream the CSR was written on
-    capture: int                    # the CUDA graph capture it was written in (0: none)
-    order: Tensor
-    ptr: Tensor
-
-
-def _capture_id(device: torch.device) -> Optional[int]:
-    """The CUDA graph capture underway on the device's current stream: 0 when none, None when it cannot be told
-    (torch does not expose the id; the native library's ``stream_capture_id`` reads it)."""
-    if device.type != "cuda" or not torch.cuda.is_current_stream_capturing():
-        return 0
-    try:
-        from tsct import native
-        return native.stream_capture_id(torch.cuda.current_stream(device))
-    except Exception:  # no native library (a JIT-only install), or the query failed
-        return None
-
-
-def link_csr(token: Tensor, offs: Tensor, order: Tensor, ptr: Tensor) -> None:
-    """Record that combining through ``token`` (``sort_by_expert``'s, just written by ``route_place`` together with
-    this CSR) with these ``offs`` may use ``(order, ptr)`` instead of building ``_csr``: the same rows in the same
-    order per target (plus dropped choices' padding rows, which ``combine_rows`` skips), so the same bits.
-    ``linked_csr`` hands it out only while both tensors are the same objects with the same storage and version
-    counters, and inside a CUDA graph capture only to the capture that wrote it (a graph replays the CSR it
-    captured: one captured with the sort rewrites it on each replay, one that takes the token as an input would
-    not). Writes that bypass the version counter (``.data``, DLPack) are not seen, as with autograd's saved
-    tensors. Inference tensors have no version counter: not linked."""
-    global _csr_links
-    if torch.is_inference(token) or torch.is_inference(offs):
-        return
-    cap = _capture_id(token.device)
-    if cap is None:
-        return
-    if _csr_links is None:
-        from torch.utils.weak import WeakIdKeyDictionary
-        _csr_links = WeakIdKeyDictionary()
-    stream = torch.cuda.current_stream(token.device) if token.is_cuda else None
-    _csr_links[token] = _CsrLink(offs, (token._version, offs._version), (token.data_ptr(), offs.data_ptr()), stream,
-                                 cap, order, ptr)
-
-
-def linked_csr(idx: Tensor, offs: Tensor, m: int, n_out: int) -> Optional[tuple[Tensor, Tensor]]:
-    """The CSR ``link_csr`` recorded for ``idx`` with exactly this ``offs`` object, m rows and n_out targets, while
-    still valid (see ``link_csr``); else None (build one). Used on another stream than it was written on, it is
-    recorded on that stream (``record_stream``) so its memory outlives the use."""
-    link = _csr_links.get(idx) if _csr_links is not None else None
-    if link is None or link.offs is not offs or link.order.shape[0] != m or link.ptr.shape[0] != n_out + 1:
-        return None
-    if (idx._version, offs._version) != link.versions or (idx.data_ptr(), offs.data_ptr()) != link.data_ptrs:
-        return None
-    if not idx.is_cuda:
-        return link.order, link.ptr
-    cap = _capture_id(idx.device)
-    if cap != 0 and cap != link.capture:  # capturing (or cannot tell): only the capture that wrote it
-        return None
-    stream = torch.cuda.current_stream(idx.device)
-    if cap == 0 and link.capture == 0 and stream != link.stream:
-        link.order.record_stream(stream)
-        link.ptr.record_stream(stream)
-    return link.order, link.ptr
-
-
-def build_csr(idx: Tensor, offs: Tensor, m: int, n_out: int, cap) -> tuple[Tensor, Tensor]:
-    """``(order, ptr)`` of ``_csr``, built on the current stream."""
-    order, ptr, fill = _csr(idx, offs, m, n_out, cap)
-    fill()
-    return order, ptr
-
-
-_side_streams = threading.local()  # per thread: a capture in one thread must not take another thread's work
-
-
-def _side_stream(device: torch.device):
-    """A high-priority stream per (thread, device) for ``csr_overlap`` (its few small kernels should not queue
-    behind the projections' thousands of tiles). It comes from torch's stream pool, which other components
-    (e.g. communication streams) may also draw from: sharing one costs ordering, never correctness."""
-    i = device.index if device.index is not None else torch.cuda.current_device()
-    streams = getattr(_side_streams, "by_device", None)
-    if streams is None:
-        streams = _side_streams.by_device = {}
-    s = streams.get(i)
-    if s is None:
-        s = streams[i] = torch.cuda.Stream(device=i, priority=torch.cuda.Stream.priority_range()[1])
-    return s
-
-
-class csr_overlap:
-    """``with csr_overlap(idx, offs, m, n_out, cap) as c: <projections>``, then ``c.csr`` is ``build_csr(idx, ...)``.
-
-    On a GPU (and ``tsct.config.csr_side_stream``) the CSR is built on a side stream while the body issues the
-    projections on the caller's stream, which waits for the side stream on exit (on an exception too, so the
-    outputs, allocated on the caller's stream, are never handed to other work while the side stream writes
-    them). Its temporaries are allocated and freed on the side stream. The ~0.03 ms of sort kernels at b1
-    then run beside the projections instead of before the combine. ``idx`` None: nothing to build."""
-
-    def __init__(self, idx: Optional[Tensor], offs: Tensor, m: int, n_out: int, cap):
-        self.csr: Optional[tuple[Tensor, Tensor]] = None
-        self._main = self._side = None
-        if idx is None:
-            return
-        self.csr = linked_csr(idx, offs, m, n_out)  # sort_by_expert's token: its CSR is already built
-        if self.csr is not None:
-            return
-        order, ptr, fill = _csr(idx, offs, m, n_out, cap)
-        self.csr = (order, ptr)
-        from tsct import config
-        if not idx.is_cuda or not config.csr_side_stream:
-            fill()
-            return
-        self._main = torch.cuda.current_stream(idx.device)
-        self._side = _side_stream(idx.device)
-        self._side.wait_stream(self._main)
-        try:
-            with torch.cuda.stream(self._side):
-                fill()
-        except BaseException:  # some of it may be queued: join before the outputs can be freed
-            self._main.wait_stream(self._side)
-            raise
-
-    def __enter__(self) -> "csr_overlap":
-        return self
-
-    def __exit__(self, *exc) -> None:
-        if self._side is not None:
-            self._main.wait_stream(self._side)
-
-
-def _csr_keys(idx: Tensor, offs: Tensor, m: int, n_out: int, cap, kdt: torch.dtype = torch.int32) -> Tensor:
-    if idx.dtype not in (torch.int32, torch.int64):
-        idx = idx.to(torch.int64)
-    key = torch.empty(m, device=idx.device, dtype=kdt)
-    blk = CS.CSR_KEYS_BLOCK
-    _launch("csr_keys", (_cdiv(m, blk),), [idx.contiguous(), offs, key, offs.shape[0], m, n_out], dict(BLOCK=blk),
-            4, 1, False, cap, idx.device)
-    return key
-
-
-def _combine(src: Tensor, idx: Tensor, offs: Tensor, n_out: int, cfg: Config, cap, ncols: Optional[int] = None,
-             csr: Optional[tuple[Tensor, Tensor]] = None) -> Tensor:
-    """out[t] = sum of src[i, :ncols] over the rows i < offs[-1] with idx[i] == t, in increasing i.
-    ``csr``: ``build_csr(idx, offs, m, n_out)`` (or ``linked_csr``'s) if the caller has it (else the linked one or
-    one built here)."""
-    m, ld = src.shape
-    ncols = ld if ncols is None else ncols
-    out = torch.empty(n_out, ncols, device=src.device, dtype=src.dtype)
-    if n_out == 0 or ncols == 0:
-        return out
-    if csr is None:
-        csr = linked_csr(idx, offs, m, n_out) or build_csr(idx, offs, m, n_out, cap)
-    order, ptr = csr
-    bn, nb, warps = CS.combine_tile(cfg, ncols)
-    _launch("combine_rows", (n_out, _cdiv(ncols, bn * nb)), [src, order, ptr, out, offs, offs.shape[0], ncols, ld],
-            dict(SRC8=ld % 8 == 0, BN=bn, NB=nb), warps, 3, True, cap, src.device)
-    return out
-
-
-def combine_forward(y: Tensor, scatter_idx: Tensor, offs: Tensor, n_out: int, f: int, cfg: Config, cap,
-                    saved: list[Tensor], save: bool, csr: tuple[Tensor, Tensor]) -> Tensor:
-    """The forward's combine of y's first ``f`` columns into ``[n_out, f]`` through ``csr`` (``csr_overlap``'s). A
-    saving forward (``save``) appends that CSR (order int64 [M], ptr int64 [n_out + 1]) to ``saved``: the
-    backward's dX combine reuses it when it would build the same one (``dx_csr``). A linked CSR (``link_csr``)
-    also lists padding rows, which ``combine_rows`` skips."""
-    if save:
-        saved.extend(csr)
-    return _combine(y, scatter_idx, offs, n_out, cfg, cap, ncols=f, csr=csr)
-
-
-def _same_index(a: Tensor, b: Tensor) -> bool:
-    """The same index tensor: one object, or views of the same memory with the same dtype, shape and strides (so
-    the same values now; autograd's saved-tensor version check rejects an in-place change after the forward)."""
-    return a is b or (a.data_ptr() == b.data_ptr() and a.dtype == b.dtype and a.shape == b.shape
-                      and a.stride() == b.stride() and a.device == b.device)
-
-
-def dx_csr(saved: Optional[Sequence[Tensor]], gather_idx: Tensor, scatter_idx: Optional[Tensor], n_x: int,
-           num_out_rows: Optional[int]) -> Optional[tuple[Tensor, Tensor]]:
-    """The CSR the dX combine (over ``gather_idx`` into the x's ``n_x`` rows) needs, from the forward's
-    (``combine_forward``, entries 3 and 4 of ``saved``) when that is the same one: the same index tensor routes
-    and combines (as a token-choice MoE layer passes it) and ``num_out_rows == n_x``. None: build it."""
-    if (saved is None or len(saved) != 5 or scatter_idx is None or num_out_rows != n_x
-            or not _same_index(gather_idx, scatter_idx)):
-        return None
-    return saved[3], saved[4]
-
-
-def _zero_tail(out: Tensor, offs: Tensor, e: int, cfg: Config, cap) -> None:
-    m, ncols = out.shape
-    if m == 0 or ncols == 0:
-        return
-    bm, bn = CS.ZERO_TAIL_BM, CS.ZERO_TAIL_BN
-    _launch("zero_tail_rows", (_cdiv(m, bm), _cdiv(ncols, bn)), [out, offs, e, m, ncols], dict(BM=bm, BN=bn),
-            cfg.warps_zero, 3, True, cap, out.device)
-
-
-def zero_saved_tails(saved: Sequence[Tensor], offs: Tensor, bm: int, cap) -> Tensor:
-    """Zero the padding rows (>= offs[-1]) of a saving forward's [hg, hu, z * rw]: outputs of the custom op, so
-    their padding rows must be defined (the down kernels write the experts' rows only; torch.library.opcheck
-    compares two runs' outputs). Folded into the tile map's launch: returns ``_tile_cum(offs, bm)``. No host
-    sync."""
-    return _tile_cum(offs, bm, cap, zero=saved)
+    return C.native_smem_ok("tsctk_glu_bwd_dz_bf16", go.device)
 
 
 def grouped_glu_forward(
@@ -490,18 +108,7 @@ def grouped_glu_forward(
 def saved_like(x: Tensor, w_gate: Tensor, gather_idx: Optional[Tensor], scatter_idx: Optional[Tensor] = None,
                num_out_rows: Optional[int] = None) -> list[Tensor]:
     """Empty tensors shaped like what ``grouped_glu_forward_saved`` saves (the custom op's fake)."""
-    return saved_like_r(x, w_gate.shape[2], gather_idx, scatter_idx, num_out_rows)
-
-
-def saved_like_r(x: Tensor, r: int, gather_idx: Optional[Tensor], scatter_idx: Optional[Tensor],
-                 num_out_rows: Optional[int]) -> list[Tensor]:
-    """[hg, hu] fp32 [M, r], z*rw [M, r] in x.dtype, and with ``scatter_idx`` the combine's CSR (order int64 [M],
-    ptr int64 [num_out_rows + 1])."""
-    m = gather_idx.shape[0] if gather_idx is not None else x.shape[0]
-    out = [x.new_empty(m, r, dtype=torch.float32), x.new_empty(m, r, dtype=torch.float32), x.new_empty(m, r)]
-    if scatter_idx is not None:
-        out += [x.new_empty(m, dtype=torch.int64), x.new_empty(num_out_rows + 1, dtype=torch.int64)]
-    return out
+    return C.saved_like_r(x, w_gate.shape[2], gather_idx, scatter_idx, num_out_rows)
 
 
 def grouped_glu_forward_saved(
@@ -553,21 +160,21 @@ def _forward(
         return x.new_zeros(n_out, f), ([t.zero_() for t in saved_like(x, w_gate, gather_idx, scatter_idx, n_out)]
                                        if save else [])
     dev = x.device
-    cap = _capability(dev)
-    cfg = _config(cap)
+    cap = C.device_capability(dev)
+    cfg = C.tile_config(cap)
     x = x.contiguous()
     w_gate, w_up = w_gate.contiguous(), w_up.contiguous()
     offs = offs.contiguous()
-    sg, su = _scales_in(s_gate, s_up, dtype)
-    rw = _f32(row_weight)
-    gidx = _i64(gather_idx)
-    al = _aligned(d, r, x.stride(0), x, w_gate, w_up, w_down)
+    sg, su = C.scales_in(s_gate, s_up, dtype)
+    rw = C.as_f32(row_weight)
+    gidx = C.as_i64(gather_idx)
+    al = C.aligned_launch(d, r, x.stride(0), x, w_gate, w_up, w_down)
     w_down, wd_t = _wd_layout(w_down, al)
     bm, br, bk = cfg.bm, specs.rank_block(cfg, r, al), cfg.bk
-    max_tiles = _cdiv(m, bm) + e
+    max_tiles = C.cdiv(m, bm) + e
     has_s = sg is not None
 
-    with csr_overlap(scatter_idx, offs, m, n_out, cap) as pending:  # the combine's CSR beside the projections
+    with C.csr_overlap(scatter_idx, offs, m, n_out, cap) as pending:  # the combine's CSR beside the projections
         z = torch.empty(m, r, device=dev, dtype=dtype)
         cum = torch.empty(e, device=dev, dtype=torch.int32)  # the tile map: written by the down kernel
         hg = hu = None
@@ -576,7 +183,7 @@ def _forward(
             hg = torch.empty(m, r, device=dev, dtype=torch.float32)
             hu = torch.empty(m, r, device=dev, dtype=torch.float32)
             saved = [hg, hu, z]
-        _launch("glu_down_fwd", (max_tiles, _cdiv(r, br)),
+        _launch("glu_down_fwd", (max_tiles, C.cdiv(r, br)),
                 [x, gidx, offs, cum, w_gate, w_up, sg, su, z, hg, hu, rw if save else None, e, m, d, r, x.stride(0)],
                 dict(HAS_GATHER=gidx is not None, HAS_SG=has_s, HAS_SU=has_s, HAS_RW=save and rw is not None, BWD=save,
                      BM=bm, BR=br, BK=bk, BLOCK_E=cfg.block_e),
@@ -586,11 +193,11 @@ def _forward(
         single_k, bk_up = specs.up_k(cfg, r, al)
         vec_up = specs.up_vec(cfg, al, wd_t, dtype.itemsize)
         bn, warps_up, stages_up = specs.up_tiles(cfg, vec_up, wd_t, bk_up)
-        fsplit = max(1, min(cfg.fsplit_up, _cdiv(f, bn)))
+        fsplit = max(1, min(cfg.fsplit_up, C.cdiv(f, bn)))
         if scatter_idx is not None:
             # internal buffer: row stride padded to 16 bytes (pad columns written, never read as values) so
             # the up kernel's stores and the combine's loads vectorize
-            ldy = _cdiv(f, 8) * 8
+            ldy = C.cdiv(f, 8) * 8
             y = torch.empty(m, ldy, device=dev, dtype=dtype)
         else:
             ldy = f
@@ -600,147 +207,9 @@ def _forward(
                      WD_T=wd_t, BM=bm, BN=bn, BK=bk_up, BLOCK_E=cfg.block_e),
                 warps_up, stages_up, al, cap, dev)
     if scatter_idx is not None:
-        return combine_forward(y, scatter_idx, offs, n_out, f, cfg, cap, saved, save, pending.csr), saved
-    _zero_tail(y, offs, e, cfg, cap)
+        return C.combine_forward(y, scatter_idx, offs, n_out, f, cfg, cap, saved, save, pending.csr), saved
+    C.zero_tail(y, offs, e, cfg, cap)
     return y, saved
-
-
-@dataclasses.dataclass(frozen=True)
-class BwdPlan:
-    """The backward's schedule on the device (``_kernels.py`` "backward"), made by ``bwd_plan``.
-
-    maps: int32 [4, E] (``bwd_maps``): inclusive counts per expert of row tiles (the forward's tile map), of the
-    chunked dW kernels' chunks, of workspace slots and of row tiles past the expert's first (the backward row
-    kernels' map: program e < E holds expert e's first tile, program E + j the j-th further tile). ch: rows per
-    chunk. max_tiles / n_slots: upper bounds of the row programs (E + cdiv(M, BM), the row kernels' grid) and of the
-    slots. ws: the fp32 workspace of the slots, ``n_slots * slot_elems``
-    elements (one element when no expert can need a slot: ch >= M)."""
-
-    maps: Tensor
-    ch: int
-    max_tiles: int
-    n_slots: int
-    ws: Tensor
-
-    @property
-    def cum(self) -> Tensor:
-        return self.maps[0]
-
-    @property
-    def xcum(self) -> Tensor:
-        return self.maps[3]
-
-
-def chunk_size(cfg: Config, m: int, slot_elems: int) -> int:
-    """Rows per chunk of the chunked dW reductions: ``cfg.chunk_bwd`` (rounded to a multiple of ``cfg.bm``), doubled
-    until the workspace the worst routing can need (cdiv(2 m, ch) slots of ``slot_elems`` fp32: an expert of n >= 2
-    chunks has more than (n - 1) ch >= n ch / 2 rows) fits ``cfg.ws_bwd_mib`` MiB, or no expert can have two chunks
-    (ch >= m). A function of the shape only, so the bits of dW depend on nothing the device decides."""
-    ch = max(cfg.bm, cfg.chunk_bwd // cfg.bm * cfg.bm)
-    while ch < m and _cdiv(2 * m, ch) * slot_elems * 4 > cfg.ws_bwd_mib << 20:
-        ch *= 2
-    return ch
-
-
-def bwd_plan(offs: Tensor, m: int, slot_elems: int, cfg: Config, cap) -> BwdPlan:
-    """The maps of the backward (one ``bwd_maps`` launch, no host read) and its workspace, for M = ``m`` routed rows
-    and ``slot_elems`` elements per workspace slot (the largest per-expert gradient reduced through slots)."""
-    e = offs.shape[0]
-    ch = chunk_size(cfg, m, slot_elems)
-    maps = torch.empty(4, e, device=offs.device, dtype=torch.int32)
-    _launch("bwd_maps", (1,), [offs, maps, e, ch], dict(BM=cfg.bm, BLOCK=CS.TILE_CUM_BLOCK), 4, 1, False, cap,
-            offs.device)
-    n_slots = _cdiv(2 * m, ch) if ch < m else 0
-    ws = torch.empty(max(1, n_slots * slot_elems), device=offs.device, dtype=torch.float32)
-    return BwdPlan(maps, ch, _cdiv(m, cfg.bm) + e, n_slots, ws)
-
-
-def chunked_programs(cfg: Config, device: torch.device) -> int:
-    """Programs of the chunked dW kernels and the slot sums (``cfg.waves_chunked`` per SM): they walk contiguous
-    ranges of their work items, whose number only the device knows (none at b1, where every expert fits one row
-    tile or is empty; a grid of one program per possible item would be tens of thousands of programs that exit at
-    once). Three on the CPU (Triton's interpreter), so that a program walks several items there too."""
-    if device.type != "cuda":
-        return 3
-    return cfg.waves_chunked * _device_props(device).multi_processor_count
-
-
-def _slot_reduce(plan: BwdPlan, ws: Tensor, out: Tensor, per_expert: int, cfg: Config, cap) -> None:
-    """out[e] = the sum of expert e's workspace slots in chunk order, for the experts of several chunks
-    (``bwd_slot_reduce``); ``out``'s expert blocks are contiguous runs of ``per_expert`` elements."""
-    if plan.n_slots == 0:
-        return
-    ncb = min(CS.SLOT_REDUCE_GROUPS, _cdiv(per_expert, CS.SLOT_REDUCE_BLOCK))
-    _launch("bwd_slot_reduce", (chunked_programs(cfg, out.device),),
-            [ws, plan.maps, out, plan.maps.shape[1], per_expert, ncb],
-            dict(BLOCK=CS.SLOT_REDUCE_BLOCK, BLOCK_E=cfg.block_e), CS.SLOT_REDUCE_WARPS, 1, True, cap,
-            out.device)
-
-
-def dwd_chunks(plan: BwdPlan, go: Tensor, sidx: Optional[Tensor], offs: Tensor, zw: Tensor, dwd: Tensor, wd_t: bool,
-               r: int, f: int, br: int, cfg: Config, aligned: bool, cap) -> None:
-    """dW_down of the experts the dz row kernel leaves out (more than one row tile): ``glu_bwd_dwd`` over
-    the chunk map, then ``bwd_slot_reduce`` for the experts of several chunks. ``dwd``: [E, r, f], each expert's
-    block contiguous (row-major, or K-major with ``wd_t``). Shared by triton_lowbit (dWd does not involve w_down)."""
-    e = offs.shape[0]
-    bn = cfg.bn_dwd
-    n_fs = max(1, min(cfg.fs_dwd, _cdiv(f, bn)))
-    f_slice = _cdiv(_cdiv(f, bn), n_fs) * bn
-    n_fs = _cdiv(f, f_slice)
-    ws = plan.ws[:max(1, plan.n_slots * r * f)]
-    _launch("glu_bwd_dwd", (chunked_programs(cfg, go.device),),
-            [go, sidx, offs, plan.maps, zw, dwd, ws, e, r, f, f_slice, n_fs, plan.ch],
-            dict(HAS_SCATTER=sidx is not None, WD_T=wd_t, BM=cfg.bm, BR=br, BN=bn, BLOCK_E=cfg.block_e),
-            cfg.warps_dwd, cfg.stages_dwd, aligned, cap, go.device)
-    _slot_reduce(plan, ws, dwd, r * f, cfg, cap)
-
-
-def dw_chunks(plan: BwdPlan, x: Tensor, gidx: Optional[Tensor], offs: Tensor, dhg: Tensor, dhu: Tensor, dwg: Tensor,
-              dwu: Tensor, d: int, r: int, br: int, cfg: Config, aligned: bool, cap) -> None:
-    """dW_gate / dW_up of the experts the dX row kernel leaves out: ``glu_bwd_dw`` over the chunk map, then
-    ``bwd_slot_reduce`` of both for the experts of several chunks. Shared by triton_lowbit (X^T dh does not involve
-    the factors)."""
-    e = offs.shape[0]
-    n = plan.n_slots * d * r
-    wsg, wsu = (plan.ws[:max(1, n)], plan.ws[n:n + max(1, n)]) if n else (plan.ws, plan.ws)
-    _launch("glu_bwd_dw", (chunked_programs(cfg, x.device),),
-            [x, gidx, offs, plan.maps, dhg, dhu, dwg, dwu, wsg, wsu, e, d, r, x.stride(0), plan.ch],
-            dict(HAS_GATHER=gidx is not None, BM=cfg.bm, BD=cfg.bd_bwd, BR=br, BLOCK_E=cfg.block_e),
-            cfg.warps_bwd_dxdw, cfg.stages_bwd_dxdw, aligned, cap, x.device)
-    _slot_reduce(plan, wsg, dwg, d * r, cfg, cap)
-    _slot_reduce(plan, wsu, dwu, d * r, cfg, cap)
-
-
-def bwd_epilogue(plan: BwdPlan, hg: Tensor, hu: Tensor, part: Tensor, offs: Tensor, sg: Optional[Tensor],
-                 su: Optional[Tensor], rw: Optional[Tensor], dtype: torch.dtype, want_ds: bool, cfg: Config,
-                 cap) -> tuple[Tensor, Tensor, Optional[Tensor], Optional[Tensor], Tensor]:
-    """The GLU backward on the row tiles (``glu_bwd_epi``: the f-slice partials of dz summed in order) and, when
-    ``want_ds``, the per-expert sums of the scales' gradients (``glu_bwd_sred``). Returns dhg, dhu ([M, r],
-    ``dtype``), d s_gate, d s_up (fp32 [E, r], or None) and d row_weight (fp32 [M]; padding rows 0). Reads only
-    [M, r] buffers, so r alone decides the aligned variant. Shared by triton_lowbit."""
-    e = offs.shape[0]
-    m, r = hg.shape
-    al = r % 16 == 0
-    br = specs.rank_block(cfg, r, al)
-    nrb = _cdiv(r, br)
-    dev = hg.device
-    has_s = sg is not None
-    dhg = torch.empty(m, r, device=dev, dtype=dtype)
-    dhu = torch.empty(m, r, device=dev, dtype=dtype)
-    dsp = torch.empty(2, plan.max_tiles, r, device=dev, dtype=torch.float32) if has_s else None
-    drw = torch.zeros(nrb, m, device=dev, dtype=torch.float32)  # padding rows stay 0
-    _launch("glu_bwd_epi", (plan.max_tiles, nrb),
-            [hg, hu, part, offs, plan.xcum, sg, su, rw, dhg, dhu, dsp[0] if has_s else None,
-             dsp[1] if has_s else None, drw, e, m, r, part.shape[0], m * r],
-            dict(HAS_SG=has_s, HAS_SU=has_s, HAS_RW=rw is not None, BM=cfg.bm, BR=br, BLOCK_E=cfg.block_e),
-            cfg.warps_bwd_epi, 3, al, cap, dev)
-    dsg = dsu = None
-    if has_s and want_ds:
-        dsg = torch.empty(e, r, device=dev, dtype=torch.float32)
-        dsu = torch.empty(e, r, device=dev, dtype=torch.float32)
-        _launch("glu_bwd_sred", (e, nrb), [dsp[0], dsp[1], offs, plan.xcum, dsg, dsu, e, r], dict(BR=br),
-                CS.SRED_WARPS, 1, False, cap, dev)
-    return dhg, dhu, dsg, dsu, (drw[0] if nrb == 1 else drw.sum(0))
 
 
 def grouped_glu_backward(
@@ -777,24 +246,24 @@ def grouped_glu_backward(
             if want[i]:
                 res[i] = torch.zeros_like(t)
         return res
-    cap = _capability(dev)
-    cfg = _config(cap)
+    cap = C.device_capability(dev)
+    cfg = C.tile_config(cap)
     x = x.contiguous()
     w_gate, w_up = w_gate.contiguous(), w_up.contiguous()
     offs = offs.contiguous()
     go = grad_out.to(dtype).contiguous()
-    sg, su = _scales_in(s_gate, s_up, dtype)
-    rw = _f32(row_weight)
-    gidx, sidx = _i64(gather_idx), _i64(scatter_idx)
+    sg, su = C.scales_in(s_gate, s_up, dtype)
+    rw = C.as_f32(row_weight)
+    gidx, sidx = C.as_i64(gather_idx), C.as_i64(scatter_idx)
     has_s = sg is not None
-    al = _aligned(d, r, x.stride(0), x, w_gate, w_up, w_down, go)
+    al = C.aligned_launch(d, r, x.stride(0), x, w_gate, w_up, w_down, go)
     w_down, wd_t = _wd_layout(w_down, al)
     bm, br, bk = cfg.bm, specs.rank_block(cfg, r, al), cfg.bk
-    nrb = _cdiv(r, br)
+    nrb = C.cdiv(r, br)
 
     do_dwd = want[3]
     # the schedule: tile map, chunk map, slots (one launch), and the slots' workspace for dWd then dWg / dWu
-    plan = bwd_plan(offs, m, max(r * f if do_dwd else 0, 2 * d * r if want[1] or want[2] else 0), cfg, cap)
+    plan = C.bwd_plan(offs, m, max(r * f if do_dwd else 0, 2 * d * r if want[1] or want[2] else 0), cfg, cap)
     if saved:
         hg, hu, zw = saved[:3]
     else:  # 1. recompute hg, hu (fp32) and z*rw (x.dtype): the forward's down kernel in backward mode
@@ -812,7 +281,7 @@ def grouped_glu_backward(
     if _native_dz(cfg, wd_t, r, dtype, go, zw):
         from tsct import native
 
-        n_fs = max(1, min(cfg.fs_dz_native, _cdiv(f, 64)))
+        n_fs = max(1, min(cfg.fs_dz_native, C.cdiv(f, 64)))
         dwd_t = torch.empty_like(w_down).transpose(1, 2) if do_dwd else None  # [E, f, r] view of a K-major dWd
         part = native.glu_bwd_dz_bf16(go, offs, w_down.transpose(1, 2), zw, slices=n_fs, scatter_idx=sidx,
                                       xtile_cum=plan.xcum, max_tiles=plan.max_tiles, dw_out=dwd_t)
@@ -820,9 +289,9 @@ def grouped_glu_backward(
         FAMILY.count("native", "glu_bwd_dz")
     else:
         bn = cfg.bn_bwd
-        n_fs = max(1, min(cfg.fs_bwd, _cdiv(f, bn)))
-        f_slice = _cdiv(_cdiv(f, bn), n_fs) * bn
-        n_fs = _cdiv(f, f_slice)
+        n_fs = max(1, min(cfg.fs_bwd, C.cdiv(f, bn)))
+        f_slice = C.cdiv(C.cdiv(f, bn), n_fs) * bn
+        n_fs = C.cdiv(f, f_slice)
         part = torch.empty(n_fs, m, r, device=dev, dtype=torch.float32)
         # dWd in w_down's layout (K-major stays K-major: the gradient a K-major parameter accumulates as is)
         dwd = torch.empty_like(w_down) if do_dwd else None
@@ -833,10 +302,10 @@ def grouped_glu_backward(
                      BLOCK_E=cfg.block_e),
                 *specs.dz_warps_stages(cfg, vec_dz, wd_t), al, cap, dev)
     if do_dwd:  # the other experts' dWd, chunked
-        dwd_chunks(plan, go, sidx, offs, zw, dwd, wd_t, r, f, br, cfg, al, cap)
+        C.dwd_chunks(plan, go, sidx, offs, zw, dwd, wd_t, r, f, br, cfg, al, cap)
         res[3] = dwd
     # 3. the GLU backward on the row tiles: dhg, dhu, d rw; d sg, d su summed per expert
-    dhg, dhu, dsg, dsu, drw = bwd_epilogue(plan, hg, hu, part, offs, sg, su, rw, dtype, want[4] or want[5], cfg, cap)
+    dhg, dhu, dsg, dsu, drw = C.bwd_epilogue(plan, hg, hu, part, offs, sg, su, rw, dtype, want[4] or want[5], cfg, cap)
     if want[4]:
         res[4] = dsg.to(s_gate.dtype)
     if want[5]:
@@ -851,19 +320,19 @@ def grouped_glu_backward(
         dwu = torch.empty_like(w_up) if do_dw else None
         dx_rows = torch.empty(m, d, device=dev, dtype=dtype) if do_dx else None
         bd, ndb = cfg.bd_bwd, cfg.ndb_bwd
-        _launch("glu_bwd_dx_dw", (plan.max_tiles, _cdiv(d, bd * ndb)),
+        _launch("glu_bwd_dx_dw", (plan.max_tiles, C.cdiv(d, bd * ndb)),
                 [x, gidx, offs, plan.xcum, w_gate, w_up, dhg, dhu, dx_rows, dwg, dwu, e, d, r, x.stride(0)],
                 dict(HAS_GATHER=gidx is not None, DO_DX=do_dx, DO_DW=do_dw, BM=bm, BD=bd, BR=br, NDB=ndb,
                      BLOCK_E=cfg.block_e),
                 cfg.warps_bwd_dxdw, cfg.stages_bwd_dxdw, al, cap, dev)
         if do_dw:
-            dw_chunks(plan, x, gidx, offs, dhg, dhu, dwg, dwu, d, r, br, cfg, al, cap)
+            C.dw_chunks(plan, x, gidx, offs, dhg, dhu, dwg, dwu, d, r, br, cfg, al, cap)
         if do_dx:
             if gather_idx is not None:
-                res[0] = _combine(dx_rows, gather_idx, offs, x.shape[0], cfg, cap,
-                                  csr=dx_csr(saved, gather_idx, scatter_idx, x.shape[0], num_out_rows))
+                res[0] = C.combine(dx_rows, gather_idx, offs, x.shape[0], cfg, cap,
+                                   csr=C.dx_csr(saved, gather_idx, scatter_idx, x.shape[0], num_out_rows))
             else:
-                _zero_tail(dx_rows, offs, e, cfg, cap)
+                C.zero_tail(dx_rows, offs, e, cfg, cap)
                 res[0] = dx_rows
         if want[1]:
             res[1] = dwg

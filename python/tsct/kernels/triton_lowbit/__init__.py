@@ -4,8 +4,9 @@ ternary-A16).
 Each factor (``w_gate``, ``w_up`` ``[E, d, r]``; ``w_down`` ``[E, r, f]``) may be an ``NVFP4Tensor``, a
 ``SignTensor``, an ``FP8Tensor``, a ``TernaryTensor`` or a dense tensor, in any mix; packed factors are read as
 packed bytes and decoded in registers (``_kernels.py``), activations stay in x.dtype (bf16). Same schedule, tiles,
-determinism, sync-freedom and padding/empty-expert rules as ``tsct.kernels.triton_glu``, whose weight-free kernels
-(combines, padding zeroing, the GLU backward epilogue) are reused unchanged.
+determinism, sync-freedom and padding/empty-expert rules as the bf16 path (``tsct.kernels.triton_glu``): both run on
+the shared Triton runtime ``tsct.kernels.triton_common`` (tile configs, tile map, combines, padding zeroing, the
+backward's plan, chunked dW and GLU epilogue kernels).
 
 Public functions:
 

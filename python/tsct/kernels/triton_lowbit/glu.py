@@ -6,13 +6,14 @@ Signatures and semantics as ``tsct.reference`` / ``tsct.kernels.triton_glu``, ex
 The result equals the reference run on ``tsct.quant.dequantize``'d factors (same math; the tests
 check it in fp32 with the interpreter and in bf16 on the GPU).
 
-Reused unchanged from the bf16 path (``tsct.kernels.triton_glu``): tile configs per arch, the tile map
-(``_tile_cum``), the deterministic combines (``_combine``), the padding zeroing (``_zero_tail``) and the
-weight-free backward epilogue (``glu_bwd_epi``), all through its ``_launch`` (AOT cubin or JIT). The four
-kernels that touch factors are this package's (``_kernels.py``); ``_launch`` here runs them from the
-AOT cubins of the "lowbit" family (``specs.py``: the variant table, built into the wheel by
-``triton_glu/aot_build.py``) when the install has the launch's specialization, else through Triton JIT
-(``TSCT_TRITON_BACKEND=auto|aot|jit`` as the bf16 path; ``backend_counts()`` counts which ran).
+Shared with the bf16 path (``tsct.kernels.triton_common``, the Triton runtime both families use): tile configs per
+arch, the tile map (``runtime.tile_cum``), the deterministic combines (``runtime.combine``), the padding zeroing
+(``runtime.zero_tail``), the backward's plan, its chunked dW kernels and the weight-free backward epilogue
+(``glu_bwd_epi``), all through the runtime's launcher (AOT cubin or JIT). The four kernels that touch factors are this
+package's (``_kernels.py``); ``_launch`` here runs them from the AOT cubins of the "lowbit" family (``specs.py``: the
+variant table, built into the wheel by ``triton_common/aot_build.py``) when the install has the launch's
+specialization, else through Triton JIT (``TSCT_TRITON_BACKEND=auto|aot|jit`` as the bf16 path; ``backend_counts()``
+counts which ran).
 
 Layout: NVFP4 block scales must be ``"linear"`` here; a ``"swizzled_128x4"`` container is converted
 with ``tsct.quant.to_layout`` on every call (an explicit, counted conversion: ``layout_conversions()``;
@@ -44,12 +45,12 @@ import torch
 from torch import Tensor
 
 from tsct.kernels import launch
-from tsct.kernels.triton_glu import glu as G
-from tsct.kernels.triton_glu import specs
+from tsct.kernels.triton_common import runtime as C
+from tsct.kernels.triton_common import specs as CS
 from tsct.kernels.triton_lowbit import specs as LS
 
-__all__ = ["grouped_glu_forward", "grouped_glu_forward_saved", "saved_like", "grouped_glu_backward", "down_forward", "factor_format", "layout_conversions", "launch_counts",
-           "backend_counts"]
+__all__ = ["grouped_glu_forward", "grouped_glu_forward_saved", "saved_like", "grouped_glu_backward", "down_forward",
+           "factor_format", "layout_conversions", "launch_counts", "backend_counts"]
 
 DENSE, NVFP4, SIGN, FP8, TERNARY, TERNARY_R1 = LS.DENSE, LS.NVFP4, LS.SIGN, LS.FP8, LS.TERNARY, LS.TERNARY_R1
 _FMT_NAMES = {DENSE: "dense", NVFP4: "nvfp4", SIGN: "sign", FP8: "fp8", TERNARY: "ternary", TERNARY_R1: "ternary"}
@@ -162,7 +163,7 @@ def _dims(x, offs, w_gate, w_down, gather_idx):
 def _aligned(x: Tensor, d: int, r: int, *packed: list) -> bool:
     """The aligned variants may run: d, r, x's row stride multiples of 16 and the factor storage 16-byte
     aligned (``_launch`` re-checks the hinted pointers of each kernel)."""
-    return G._aligned(d, r, x.stride(0), x, *[t for p in packed for t in p if isinstance(t, Tensor)])
+    return C.aligned_launch(d, r, x.stride(0), x, *[t for p in packed for t in p if isinstance(t, Tensor)])
 
 
 # Alignment (bytes) the CUDA kernels need of each packed storage tensor (_factor_args order; None slots unread), by
@@ -190,7 +191,7 @@ def _native_down(cfg, fg: int, fu: int, x: Tensor, r: int, d: int, pg: list, pu:
             and x.is_cuda and x.dtype == torch.bfloat16 and x.stride(0) % 8 == 0 and x.stride(0) >= d
             and x.data_ptr() % 16 == 0):
         return False
-    return G.native_smem_ok(f"tsctk_glu_down_fwd_{_FMT_NAMES[fg]}", x.device)
+    return C.native_smem_ok(f"tsctk_glu_down_fwd_{_FMT_NAMES[fg]}", x.device)
 
 
 def _native_tiles(offs: Tensor, cum: Tensor, max_tiles: int, m: int, cfg, cap) -> tuple[Tensor, int]:
@@ -200,13 +201,13 @@ def _native_tiles(offs: Tensor, cum: Tensor, max_tiles: int, m: int, cfg, cap) -
 
     if cfg.bm == native.GLU_DOWN_TILE:
         return cum, max_tiles
-    return G._tile_cum(offs, native.GLU_DOWN_TILE, cap), G._cdiv(m, native.GLU_DOWN_TILE) + offs.shape[0]
+    return C.tile_cum(offs, native.GLU_DOWN_TILE, cap), C.cdiv(m, native.GLU_DOWN_TILE) + offs.shape[0]
 
 
 def _down(x, gidx, offs, cum, max_tiles, fg, pg, fu, pu, sg, su, rw, z, hg, hu, m, cfg, aligned, cap) -> None:
     """The down projection + GLU into ``z`` (and hg, hu when given: the BWD mode, whose z carries
     ``rw``): the CUDA kernel where ``_native_down`` allows, else the Triton kernel ``lowbit_down_fwd``.
-    ``sg`` / ``su``: ``G._scales_in``'s (fp32 or x's dtype; the CUDA kernel reads either, the Triton one fp32).
+    ``sg`` / ``su``: ``runtime.scales_in``'s (fp32 or x's dtype; the CUDA kernel reads either, the Triton one fp32).
     ``cum`` / ``max_tiles``: the tile map of ``cfg.bm`` rows (the CUDA kernel's tiles are 64 rows)."""
     e, r, d = offs.shape[0], z.shape[1], x.shape[1]
     if _native_down(cfg, fg, fu, x, r, d, pg, pu):
@@ -219,10 +220,10 @@ def _down(x, gidx, offs, cum, max_tiles, fg, pg, fu, pu, sg, su, rw, z, hg, hu, 
         FAMILY.count("native", "lowbit_down_fwd")
         return
     if sg is not None and sg.dtype != torch.float32:  # the Triton kernel's scales are fp32
-        sg, su = G._scales(sg, su)
+        sg, su = C.scales_f32(sg, su)
     br = LS.rank_block(cfg)
     bwd = hg is not None
-    _launch("lowbit_down_fwd", (max_tiles, G._cdiv(r, br)),
+    _launch("lowbit_down_fwd", (max_tiles, C.cdiv(r, br)),
             [x, gidx, offs, cum, *pg, *pu, sg, su, z, hg, hu, rw, e, d, r, x.stride(0)],
             dict(FMT_G=fg, FMT_U=fu, HAS_GATHER=gidx is not None, HAS_SG=sg is not None, HAS_SU=su is not None,
                  HAS_RW=rw is not None, BWD=bwd, PLANES=LS.down_planes(cfg, fg, fu, cfg.bk), BM=cfg.bm, BR=br,
@@ -239,7 +240,7 @@ def _native_up(cfg, fd: int, z: Tensor, y: Tensor, r: int, pd: list) -> bool:
     if not (cfg.up_native_lb and _native_packed(cfg, fd, pd) and r == 64 and z.is_cuda and z.dtype == torch.bfloat16
             and y.shape[1] % 8 == 0 and y.data_ptr() % 16 == 0 and z.data_ptr() % 16 == 0):
         return False
-    return G.native_smem_ok(f"tsctk_glu_up_fwd_{_FMT_NAMES[fd]}", z.device)
+    return C.native_smem_ok(f"tsctk_glu_up_fwd_{_FMT_NAMES[fd]}", z.device)
 
 
 def _up(z, offs, cum, max_tiles, fd, pd, rw, y, f, m, cfg, aligned, cap, pad: bool) -> None:
@@ -286,7 +287,7 @@ def grouped_glu_forward(
 def saved_like(x: Tensor, w_gate, gather_idx: Optional[Tensor], scatter_idx: Optional[Tensor] = None,
                num_out_rows: Optional[int] = None) -> list[Tensor]:
     """Empty tensors shaped like what ``grouped_glu_forward_saved`` saves (the custom op's fake)."""
-    return G.saved_like_r(x, _factor_shape(w_gate)[2], gather_idx, scatter_idx, num_out_rows)
+    return C.saved_like_r(x, _factor_shape(w_gate)[2], gather_idx, scatter_idx, num_out_rows)
 
 
 def grouped_glu_forward_saved(
@@ -307,7 +308,7 @@ def grouped_glu_forward_saved(
     it then skips re-running the down kernel (reading x and both packed factors again). As on the bf16
     path, the up projection then applies the row weight to z before its rounding (a rounding difference
     only), and with ``scatter_idx`` the list also holds the combine's CSR for the dX combine
-    (``triton_glu.glu.combine_forward`` / ``dx_csr``)."""
+    (``triton_common.runtime.combine_forward`` / ``dx_csr``)."""
     return _forward(x, offs, w_gate, w_up, w_down, s_gate, s_up, row_weight, gather_idx, scatter_idx, num_out_rows,
                     save=True)
 
@@ -322,43 +323,43 @@ def _forward(x, offs, w_gate, w_up, w_down, s_gate, s_up, row_weight, gather_idx
         return x.new_zeros(n_out, f), ([t.zero_() for t in saved_like(x, w_gate, gather_idx, scatter_idx, n_out)]
                                        if save else [])
     dev = x.device
-    cap = G._capability(dev)
-    cfg = G._config(cap)
+    cap = C.device_capability(dev)
+    cfg = C.tile_config(cap)
     x = _dense16(x)
     offs = offs.contiguous()
     fg, pg = _factor_args("w_gate", w_gate, dtype)
     fu, pu = _factor_args("w_up", w_up, dtype)
     fd, pd = _factor_args("w_down", w_down, dtype)
-    sg, su = G._scales_in(s_gate, s_up, dtype)
-    rw = G._f32(row_weight)
-    gidx = G._i64(gather_idx)
+    sg, su = C.scales_in(s_gate, s_up, dtype)
+    rw = C.as_f32(row_weight)
+    gidx = C.as_i64(gather_idx)
     bm = cfg.bm
     aligned = _aligned(x, d, r, pg, pu, pd)
-    max_tiles = G._cdiv(m, bm) + e
+    max_tiles = C.cdiv(m, bm) + e
 
-    with G.csr_overlap(scatter_idx, offs, m, n_out, cap) as pending:  # the combine's CSR beside the projections
+    with C.csr_overlap(scatter_idx, offs, m, n_out, cap) as pending:  # the combine's CSR beside the projections
         z = torch.empty(m, r, device=dev, dtype=dtype)
         saved: list[Tensor] = []
         if save:  # the backward's recompute, done here (the down kernel's BWD mode): hg, hu and z * rw
             hg = torch.empty(m, r, device=dev, dtype=torch.float32)
             hu = torch.empty(m, r, device=dev, dtype=torch.float32)
             saved = [hg, hu, z]
-            cum = G.zero_saved_tails(saved, offs, bm, cap)  # op outputs: padding rows defined
+            cum = C.zero_saved_tails(saved, offs, bm, cap)  # op outputs: padding rows defined
             _down(x, gidx, offs, cum, max_tiles, fg, pg, fu, pu, sg, su, rw, z, hg, hu, m, cfg, aligned, cap)
             rw = None  # already in z
         else:
-            cum = G._tile_cum(offs, bm, cap)
+            cum = C.tile_cum(offs, bm, cap)
             _down(x, gidx, offs, cum, max_tiles, fg, pg, fu, pu, sg, su, None, z, None, None, m, cfg, aligned, cap)
         if scatter_idx is not None:
-            ldy = G._cdiv(f, 8) * 8  # padded row stride: vector stores and combine loads
+            ldy = C.cdiv(f, 8) * 8  # padded row stride: vector stores and combine loads
             y = torch.empty(m, ldy, device=dev, dtype=dtype)
         else:
             ldy = f
             y = torch.empty(m, f, device=dev, dtype=dtype)
         _up(z, offs, cum, max_tiles, fd, pd, rw, y, f, m, cfg, aligned, cap, pad=scatter_idx is not None)
     if scatter_idx is not None:
-        return G.combine_forward(y, scatter_idx, offs, n_out, f, cfg, cap, saved, save, pending.csr), saved
-    G._zero_tail(y, offs, e, cfg, cap)
+        return C.combine_forward(y, scatter_idx, offs, n_out, f, cfg, cap, saved, save, pending.csr), saved
+    C.zero_tail(y, offs, e, cfg, cap)
     return y, saved
 
 
@@ -371,15 +372,15 @@ def down_forward(x: Tensor, offs: Tensor, w_gate, w_up, s_gate: Optional[Tensor]
     z = torch.empty(m, r, device=x.device, dtype=x.dtype)
     if e == 0 or m == 0 or d == 0 or r == 0:
         return z.zero_()
-    cap = G._capability(x.device)
-    cfg = G._config(cap)
+    cap = C.device_capability(x.device)
+    cfg = C.tile_config(cap)
     x = _dense16(x)
     fg, pg = _factor_args("w_gate", w_gate, x.dtype)
     fu, pu = _factor_args("w_up", w_up, x.dtype)
-    sg, su = G._scales_in(s_gate, s_up, x.dtype)
-    gidx = G._i64(gather_idx)
+    sg, su = C.scales_in(s_gate, s_up, x.dtype)
+    gidx = C.as_i64(gather_idx)
     offs = offs.contiguous()
-    _down(x, gidx, offs, G._tile_cum(offs, cfg.bm), G._cdiv(m, cfg.bm) + e, fg, pg, fu, pu, sg, su, None, z, None,
+    _down(x, gidx, offs, C.tile_cum(offs, cfg.bm), C.cdiv(m, cfg.bm) + e, fg, pg, fu, pu, sg, su, None, z, None,
           None, m, cfg, _aligned(x, d, r, pg, pu), cap)
     return z
 
@@ -428,25 +429,25 @@ def grouped_glu_backward(
                 res[i] = (torch.zeros_like(t) if isinstance(t, Tensor)
                           else torch.zeros(_factor_shape(t), device=dev, dtype=dtype))
         return res
-    cap = G._capability(dev)
-    cfg = G._config(cap)
+    cap = C.device_capability(dev)
+    cfg = C.tile_config(cap)
     x = _dense16(x)
     offs = offs.contiguous()
     go = _dense16(grad_out.to(dtype))
     fg, pg = _factor_args("w_gate", w_gate, dtype)
     fu, pu = _factor_args("w_up", w_up, dtype)
     fd, pd = _factor_args("w_down", w_down, dtype)
-    sg, su = G._scales_in(s_gate, s_up, dtype)  # glu_bwd_epi and _down read them as given
-    rw = G._f32(row_weight)
-    gidx, sidx = G._i64(gather_idx), G._i64(scatter_idx)
+    sg, su = C.scales_in(s_gate, s_up, dtype)  # glu_bwd_epi and _down read them as given
+    rw = C.as_f32(row_weight)
+    gidx, sidx = C.as_i64(gather_idx), C.as_i64(scatter_idx)
     bm, br = cfg.bm, LS.rank_block(cfg)
-    nrb = G._cdiv(r, br)
+    nrb = C.cdiv(r, br)
     aligned = _aligned(x, d, r, pg, pu, pd)
 
     do_dwd = want[3]
     do_dx, do_dw = want[0], want[1] or want[2]
-    # the schedule (the bf16 path's: tile map, chunk map, slots) and the slots' workspace
-    plan = G.bwd_plan(offs, m, max(r * f if do_dwd else 0, 2 * d * r if do_dw else 0), cfg, cap)
+    # the schedule (the shared runtime's: tile map, chunk map, slots) and the slots' workspace
+    plan = C.bwd_plan(offs, m, max(r * f if do_dwd else 0, 2 * d * r if do_dw else 0), cfg, cap)
     if saved:
         hg, hu, zw = saved[:3]
     else:  # 1. recompute hg, hu (fp32, second-level scales applied) and z*rw
@@ -455,24 +456,24 @@ def grouped_glu_backward(
         zw = torch.empty(m, r, device=dev, dtype=dtype)
         _down(x, gidx, offs, plan.cum, plan.max_tiles, fg, pg, fu, pu, sg, su, rw, zw, hg, hu, m, cfg, aligned, cap)
     # 2. dz0 partials over f slices on the row tiles (and dWd_hat of the one-tile experts), then the other
-    #    experts' dWd_hat (no factor involved: the bf16 family's chunked kernels on dense tensors)
+    #    experts' dWd_hat (no factor involved: the shared chunked kernels on dense tensors)
     bn = cfg.bn_bwd
-    n_fs = max(1, min(cfg.fs_bwd, G._cdiv(f, bn)))
-    f_slice = G._cdiv(G._cdiv(f, bn), n_fs) * bn
-    n_fs = G._cdiv(f, f_slice)
+    n_fs = max(1, min(cfg.fs_bwd, C.cdiv(f, bn)))
+    f_slice = C.cdiv(C.cdiv(f, bn), n_fs) * bn
+    n_fs = C.cdiv(f, f_slice)
     part = torch.empty(n_fs, m, r, device=dev, dtype=torch.float32)
     dwd = torch.empty((e, r, f), device=dev, dtype=wdtype(w_down)) if do_dwd else None
     _launch("lowbit_bwd_dz", (plan.max_tiles, nrb, n_fs), [go, sidx, offs, plan.xcum, *pd, zw, part, dwd, e, m, r, f,
                                                            f_slice],
             dict(FMT_D=fd, HAS_SCATTER=sidx is not None, DO_DWD=do_dwd, BM=bm, BR=br, BN=bn, BLOCK_E=cfg.block_e),
             WARPS_DECODE, cfg.stages_bwd_dz, aligned, cap, dev)
-    al_dense = G._aligned(d, r, x.stride(0), x)  # the chunked kernels read only dense tensors
+    al_dense = C.aligned_launch(d, r, x.stride(0), x)  # the chunked kernels read only dense tensors
     if do_dwd:
-        G.dwd_chunks(plan, go, sidx, offs, zw, dwd, False, r, f, specs.rank_block(cfg, r, al_dense), cfg, al_dense,
+        C.dwd_chunks(plan, go, sidx, offs, zw, dwd, False, r, f, CS.rank_block(cfg, r, al_dense), cfg, al_dense,
                      cap)
         res[3] = dwd
-    # 3. the GLU backward on the row tiles: the bf16 path's weight-free kernels
-    dhg, dhu, dsg, dsu, drw = G.bwd_epilogue(plan, hg, hu, part, offs, sg, su, rw, dtype, want[4] or want[5], cfg,
+    # 3. the GLU backward on the row tiles: the shared weight-free kernels
+    dhg, dhu, dsg, dsu, drw = C.bwd_epilogue(plan, hg, hu, part, offs, sg, su, rw, dtype, want[4] or want[5], cfg,
                                              cap)
     if want[4]:
         res[4] = dsg.to(s_gate.dtype)
@@ -488,20 +489,20 @@ def grouped_glu_backward(
         dx_rows = torch.empty(m, d, device=dev, dtype=dtype) if do_dx else None
         bd = cfg.bd_bwd
         ndb = LS.dxdw_ndb(cfg, fg, fu)
-        _launch("lowbit_bwd_dx_dw", (plan.max_tiles, G._cdiv(d, bd * ndb)),
+        _launch("lowbit_bwd_dx_dw", (plan.max_tiles, C.cdiv(d, bd * ndb)),
                 [x, gidx, offs, plan.xcum, *pg, *pu, dhg, dhu, dx_rows, dwg, dwu, e, d, r, x.stride(0)],
                 dict(FMT_G=fg, FMT_U=fu, HAS_GATHER=gidx is not None, DO_DX=do_dx, DO_DW=do_dw, BM=bm, BD=bd,
                      BR=br, NDB=ndb, BLOCK_E=cfg.block_e),
                 WARPS_DECODE, cfg.stages_dxdw_lb, aligned, cap, dev)
         if do_dw:
-            G.dw_chunks(plan, x, gidx, offs, dhg, dhu, dwg, dwu, d, r, specs.rank_block(cfg, r, al_dense), cfg,
+            C.dw_chunks(plan, x, gidx, offs, dhg, dhu, dwg, dwu, d, r, CS.rank_block(cfg, r, al_dense), cfg,
                         al_dense, cap)
         if do_dx:
             if gather_idx is not None:
-                res[0] = G._combine(dx_rows, gather_idx, offs, x.shape[0], cfg, cap,
-                                    csr=G.dx_csr(saved, gather_idx, scatter_idx, x.shape[0], num_out_rows))
+                res[0] = C.combine(dx_rows, gather_idx, offs, x.shape[0], cfg, cap,
+                                   csr=C.dx_csr(saved, gather_idx, scatter_idx, x.shape[0], num_out_rows))
             else:
-                G._zero_tail(dx_rows, offs, e, cfg, cap)
+                C.zero_tail(dx_rows, offs, e, cfg, cap)
                 res[0] = dx_rows
         if want[1]:
             res[1] = dwg
