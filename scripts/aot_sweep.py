@@ -24,7 +24,7 @@ _ROOT = Path(__file__).resolve().parents[1]
 
 
 def _aot_build():
-    path = _ROOT / "python/tsct/kernels/triton_glu/aot_build.py"
+    path = _ROOT / "python/tsct/kernels/triton_common/aot_build.py"
     spec = importlib.util.spec_from_file_location("tsct_aot_build", path)
     mod = importlib.util.module_from_spec(spec)
     sys.modules["tsct_aot_build"] = mod
@@ -39,7 +39,7 @@ def main() -> int:
     ap.add_argument("--arch", default="sm_90a")
     ap.add_argument("--kernels", required=True)
     ap.add_argument("--family", default="glu", choices=("glu", "lowbit"),
-                    help="kernel family (both read the per-arch tile configs of triton_glu/specs.py)")
+                    help="kernel family (both read the per-arch tile configs of triton_common/specs.py)")
     ap.add_argument("--cfgs", required=True, help='";"-separated TSCT_TRITON_GLU_CFG overrides ("" = the table)')
     ap.add_argument("--require", default="", help='"NAME=V,..." constexpr values a variant must have (where it has NAME)')
     ap.add_argument("--dtype", default="bf16")
@@ -51,16 +51,16 @@ def main() -> int:
     import triton
 
     specs = ab.family_specs(args.family)
-    from tsct.kernels.triton_glu import specs as glu_specs  # the per-arch Config table every family reads
+    tables = ab.specs  # the build's triton_common.specs: the per-arch Config table every family reads
     if triton.__version__ != specs.TRITON_VERSION and not args.allow_other_triton:
         raise SystemExit(f"Triton {triton.__version__}, not the pinned {specs.TRITON_VERSION}: pass --allow-other-triton")
     kernels = set(filter(None, args.kernels.split(",")))
     if unknown := kernels - set(specs.KERNELS):
         raise SystemExit(f"--kernels: unknown {sorted(unknown)} ({args.family} family: {sorted(specs.KERNELS)})")
-    if args.arch not in glu_specs.CONFIGS:
-        raise SystemExit(f"--arch: one of {sorted(glu_specs.CONFIGS)}")
+    if args.arch not in tables.CONFIGS:
+        raise SystemExit(f"--arch: one of {sorted(tables.CONFIGS)}")
     for over in args.cfgs.split(";"):  # a bad override raises ValueError naming it, before anything is deleted
-        dataclasses.replace(glu_specs.CONFIGS[args.arch]).update(over)
+        dataclasses.replace(tables.CONFIGS[args.arch]).update(over)
     if args.out.resolve() in (args.base.resolve(), *args.base.resolve().parents):
         raise SystemExit("--out must not be --base or a folder above it (it is deleted first)")
     need = {k: int(v) for k, v in (t.split("=") for t in filter(None, args.require.split(",")))}
@@ -72,17 +72,17 @@ def main() -> int:
                 and s.key not in seen
                 and all(c.get(k, v) == v for k, v in need.items()))
 
-    base_cfg = glu_specs.CONFIGS[args.arch]
+    base_cfg = tables.CONFIGS[args.arch]
     jobs, seen = [], set()
     cache = args.out.with_name(args.out.name + ".cache") / f"t{triton.__version__}"
     cache.mkdir(parents=True, exist_ok=True)
     for over in args.cfgs.split(";"):
-        glu_specs.CONFIGS[args.arch] = dataclasses.replace(base_cfg).update(over)
+        tables.CONFIGS[args.arch] = dataclasses.replace(base_cfg).update(over)
         for s in specs.enumerate_specs(args.arch):
             if wanted(s):
                 seen.add(s.key)
                 jobs.append((args.family, args.arch, s, str(cache)))
-    glu_specs.CONFIGS[args.arch] = base_cfg
+    tables.CONFIGS[args.arch] = base_cfg
     print(f"aot_sweep: {len(jobs)} variants with Triton {triton.__version__}", flush=True)
     if not jobs:
         raise SystemExit("aot_sweep: no variant matches --kernels / --dtype / --require")

@@ -21,7 +21,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "python" / "tsct" / "kernels" / "triton_glu"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "python" / "tsct" / "kernels" / "triton_common"))
 import aot_build as ab  # noqa: E402
 
 GEMMS = ("glu_down_fwd", "glu_up_fwd", "glu_bwd_dz", "glu_bwd_dx_dw", "lowbit_down_fwd", "lowbit_up_fwd",

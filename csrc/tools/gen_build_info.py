@@ -11,7 +11,7 @@ It reads each object's ``.nv_fatbin`` section (nvcc embeds one fatbinary per obj
 ``--no-compress`` so entries are plain ELF cubins and PTX text), lists the ``__global__`` entry
 points per target (ELF symbols with STO_CUDA_ENTRY, PTX ``.entry`` lines), and fails the build if
 the targets found differ from the requested gencode list. With ``--triton-aot`` it adds a
-"triton_aot" section from the Triton AOT build's index (python/tsct/kernels/triton_glu/aot_build.py,
+"triton_aot" section from the Triton AOT build's index (python/tsct/kernels/triton_common/aot_build.py,
 every kernel family: the bf16 GLU and the low-bit GLU): the Triton version, and per arch the number
 of cubins and the kernels with their variant counts (and a proxy arch's "proxy" record, with a top-level
 "proxy_build" line: docs/decisions/0017); the cubins themselves ship in tsct/_aot/<arch>/. With

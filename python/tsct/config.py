@@ -38,7 +38,7 @@ the environment of a running process): ``triton_backend()``, ``sm120_fp4()``, ``
 ``cuda_visible_devices()``.
 
 Not read by the installed package at run time, listed in ``BUILD_AND_TOOL_VARIABLES``: the build's options
-(CMakeLists.txt, ``ci/build_wheel.sh``, ``tsct.kernels.triton_glu.aot_build`` at wheel-build time), the
+(CMakeLists.txt, ``ci/build_wheel.sh``, ``tsct.kernels.triton_common.aot_build`` at wheel-build time), the
 benchmark's commit override (``tsct.bench.measure``) and the test harness's switches.
 
 Standard library only: ``tsct.native.artifacts`` loads this file by path when it runs without the package
@@ -97,7 +97,7 @@ BUILD_AND_TOOL_VARIABLES: tuple[Variable, ...] = (
     Variable("TSCT_CUDA_GENCODES", "list", "sm_80;compute_80;sm_90a;sm_120a;sm_120f", "the CUDA targets of "
              "the native library (CMake)"),
     Variable("TSCT_TRITON_AOT", "ON\\|OFF", "ON", "compile the Triton cubins at wheel build (CMake; "
-             "`tsct.kernels.triton_glu.aot_build`)"),
+             "`tsct.kernels.triton_common.aot_build`)"),
     Variable("TSCT_TRITON_AOT_ARCHS", "list", "sm_90a;sm_120", "the archs of the Triton cubins (CMake); "
              "`sm_100a` adds 10.0's (JIT there by default); a proxy name builds the sm_120 proxy (docs/decisions/0017)"),
     Variable("TSCT_CUTEDSL", "AUTO\\|ON\\|OFF", "AUTO", "export and link the CuTeDSL sm_120 kernels (CMake)"),

@@ -22,7 +22,7 @@ PKG = ROOT / "python" / "tsct"
 ALLOWED = {
     "tsct/config.py": "the one place",
     "tsct/bench/measure.py": "TSCT_BENCH_GIT_COMMIT, the benchmark's commit override (BUILD_AND_TOOL_VARIABLES)",
-    "tsct/kernels/triton_glu/aot_build.py": "runs at wheel-build time (sets Triton's variables for its compiles)",
+    "tsct/kernels/triton_common/aot_build.py": "runs at wheel-build time (sets Triton's variables for its compiles)",
 }
 
 

@@ -46,16 +46,17 @@ def _load(name, path):
     return mod
 
 
-AOT_BUILD = ROOT / "python" / "tsct" / "kernels" / "triton_glu" / "aot_build.py"
+AOT_BUILD = ROOT / "python" / "tsct" / "kernels" / "triton_common" / "aot_build.py"
 
 
 def _load_aot_build():
-    """aot_build.py by path (as CMake runs it), without leaving its alias of the specs module in sys.modules."""
-    name = "tsct.kernels.triton_glu.specs"
+    """aot_build.py by path (as CMake runs it), without leaving its alias of the shared specs module in sys.modules."""
+    name = "tsct.kernels.triton_common.specs"
     saved = sys.modules[name]
     try:
         mod = _load("_tsct_test_aot_build", AOT_BUILD)
-        mod.family_specs("lowbit")  # loaded now, against the build's own specs copy
+        for fam in ("glu", "lowbit"):
+            mod.family_specs(fam)  # loaded now, against the build's own copy of the shared specs
     finally:
         sys.modules[name] = saved
     return mod
@@ -404,7 +405,7 @@ def test_the_build_fingerprints_what_the_package_does():
     from tsct.kernels.triton_glu import _kernels as glu_kernels
     from tsct.kernels.triton_lowbit import _kernels as lowbit_kernels
 
-    names = ("tsct.kernels.triton_common._kernels", "tsct.kernels.triton_glu._kernels", "tsct.kernels.triton_glu.specs")
+    names = ("tsct.kernels.triton_common._kernels",)  # the build's alias of the shared sources
     saved = {n: sys.modules.get(n) for n in names}
     try:
         built = aot_build.source_keys(["glu", "lowbit"])

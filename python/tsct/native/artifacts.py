@@ -80,7 +80,7 @@ class SassRule:
 
 # Per-arch SASS expectations, checked by verify(sass=True) on the library's SASS targets and on the
 # Triton AOT cubins (target = the cubin's arch directory: sm_90a, sm_100a, sm_120; kernel = its function).
-# Also used by `triton_glu/aot_build.py --check-sass` on freshly built cubins.
+# Also used by `triton_common/aot_build.py --check-sass` on freshly built cubins.
 # Adding a check is one line, e.g.:
 #   SassRule(r"sm_120[af]", r"^tsctk_.*nvfp4_gemm", require=r"OMMA\.SF\.16864\.F32\.E2M1\.E2M1\.UE4M3\.4X", why="..."),
 # No no-spill rule for the Triton kernels: some variants spill by design (generic, unaligned variants and the

@@ -1,17 +1,22 @@
 #!/usr/bin/env python3
 """Compile the Triton kernel families ahead of time: cubins + one JSON index per arch.
 
-    python aot_build.py --out DIR [--archs sm_90a,sm_120] [--families glu,lowbit] [--jobs N]
-                        [--cache-dir DIR] [--check-sass]
+    python python/tsct/kernels/triton_common/aot_build.py --out DIR [--archs sm_90a,sm_120] [--families glu,lowbit]
+                        [--jobs N] [--cache-dir DIR] [--check-sass]
 
 Run by CMake at wheel-build time (option TSCT_TRITON_AOT) with the build environment's Python, which
 has the pinned Triton (pyproject.toml [build-system].requires); needs no GPU and no torch.
 
 A *family* is a kernel module, its variant table and its PTX target per arch (``FAMILIES``):
 
-  glu    triton_glu/_kernels.py, triton_glu/specs.py     (bf16 / fp16 grouped GLU, fwd + bwd)
-  lowbit triton_lowbit/_kernels.py, triton_lowbit/specs.py (W4A16 / sign-A16 GLU, fwd + bwd; uses the
-                                                          glu family's helpers and weight-free kernels)
+  glu    triton_glu/_kernels.py, triton_glu/specs.py       (bf16 / fp16 grouped GLU, fwd + bwd; and the shared
+                                                            kernels of triton_common/_kernels.py, which its table
+                                                            and kernel module list)
+  lowbit triton_lowbit/_kernels.py, triton_lowbit/specs.py (W4A16 / sign-A16 GLU, fwd + bwd; calls the shared
+                                                            helpers of triton_common/_kernels.py)
+
+Both families' modules import the shared ones of this package (``triton_common/specs.py``, ``_kernels.py``), which the
+build loads first under their package names (by path: no tsct package, no torch).
 
 For each (family, arch, specialization in ``specs.enumerate_specs(arch)``, the table the host code
 launches from) it calls ``triton.compile(ASTSource(fn, signature, constexprs, attrs),
@@ -76,7 +81,7 @@ _ARTIFACTS = _KERNELS_DIR.parent / "native" / "artifacts.py"
 def _load(name: str, path: Path, alias: str | None = None):
     """Load a module by path: the build env has Triton but no torch, so the tsct package (whose
     __init__ imports torch) must not be imported. ``alias``: also register it under that name, so
-    that another family's ``from tsct.kernels.triton_glu.X import ...`` finds it."""
+    that a family's ``from tsct.kernels.triton_common.X import ...`` finds it."""
     spec = importlib.util.spec_from_file_location(name, path)
     mod = importlib.util.module_from_spec(spec)
     sys.modules[name] = mod
@@ -87,13 +92,12 @@ def _load(name: str, path: Path, alias: str | None = None):
 
 
 # The shared table module first: the families' specs import from it.
-specs = _load("_tsct_aot_common_specs", _KERNELS_DIR / "triton_common" / "specs.py",
-              alias="tsct.kernels.triton_common.specs")
+specs = _load("_tsct_aot_common_specs", _HERE / "specs.py", alias="tsct.kernels.triton_common.specs")
 
-# family -> (package directory, specs module name, kernels module name); every name is the one the
-# build has always used for the bf16 family (the module name is part of what Triton compiles).
+# family -> (package directory, specs module name, kernels module name); the glu family's names are the ones the
+# build has always used for it (the module name is part of Triton's cache key).
 FAMILIES: dict[str, tuple[Path, str, str]] = {
-    "glu": (_HERE, "_tsct_aot_specs", "_tsct_aot_kernels"),
+    "glu": (_KERNELS_DIR / "triton_glu", "_tsct_aot_specs", "_tsct_aot_kernels"),
     "lowbit": (_KERNELS_DIR / "triton_lowbit", "_tsct_lowbit_specs", "_tsct_lowbit_kernels"),
 }
 _BOOL_PREFIXES = ("HAS_", "DO_", "BWD", "SINGLE_")  # constexprs passed to Triton as bool
@@ -167,16 +171,12 @@ def _init_worker() -> None:
 
 
 def _kernel_modules() -> dict:
-    """{family: its loaded kernels module} (imports Triton). triton_glu/_kernels.py keeps its build-time module
-    name; low-bit imports its helpers by package name."""
+    """{family: its loaded kernels module} (imports Triton). The shared sources (``triton_common/_kernels.py``) load
+    first, under their package name: every family imports its helpers from there."""
     if "kernels" in _state:
         return _state["kernels"]
-    _load("_tsct_aot_common_kernels", _KERNELS_DIR / "triton_common" / "_kernels.py",
-          alias="tsct.kernels.triton_common._kernels")  # the shared sources every family imports
-    mods = {"glu": _load(FAMILIES["glu"][2], _HERE / "_kernels.py", alias="tsct.kernels.triton_glu._kernels")}
-    for fam, (d, _, kname) in FAMILIES.items():
-        if fam != "glu":
-            mods[fam] = _load(kname, d / "_kernels.py")
+    _load("_tsct_aot_common_kernels", _HERE / "_kernels.py", alias="tsct.kernels.triton_common._kernels")
+    mods = {fam: _load(kname, d / "_kernels.py") for fam, (d, _, kname) in FAMILIES.items()}
     _state["kernels"] = mods
     return mods
 
