@@ -148,3 +148,24 @@ def test_kernel_families_do_not_import_the_first_use_machinery(graph):
                  for t in edges if t in ("tsct.firstuse", "tsct.selftest", "tsct.selftest_child") or
                  t.startswith("tsct.ops"))
     assert not bad, bad
+
+
+FAMILIES = ("tsct.kernels.triton_glu", "tsct.kernels.triton_lowbit")
+COMMON = "tsct.kernels.triton_common"
+
+
+def _within(module: str, package: str) -> bool:
+    return module == package or module.startswith(package + ".")
+
+
+def test_triton_families_are_peers_on_the_shared_runtime(graph):
+    """The shared Triton runtime (tsct.kernels.triton_common) imports neither Triton family; each family imports the
+    runtime and never the other family (module level or deferred)."""
+    bad = sorted((m, t) for m, edges in graph.items() if _within(m, COMMON) for t in edges
+                 if any(_within(t, f) for f in FAMILIES))
+    assert not bad, f"the shared runtime imports a family: {bad}"
+    for fam in FAMILIES:
+        other = next(f for f in FAMILIES if f != fam)
+        bad = sorted((m, t) for m, edges in graph.items() if _within(m, fam) for t in edges if _within(t, other))
+        assert not bad, f"{fam} imports {other}: {bad}"
+        assert any(_within(t, COMMON) for m, edges in graph.items() if _within(m, fam) for t in edges), fam
