@@ -102,7 +102,7 @@ def main() -> int:
 
 
 def check_scales_as_given() -> bool:
-    """fp16 x with fp16 scales: the forward hands the scales to glu_down_fwd as they are (``glu._scales_in``,
+    """fp16 x with fp16 scales: the forward hands the scales to glu_down_fwd as they are (``runtime.scales_in``,
     widened in the kernel), saving and plain; the same bits as with the scales converted to fp32 first."""
     args = [t.half() if isinstance(t, torch.Tensor) and t.is_floating_point() else t
             for t in make(T=24, k=2, E=4, d=32, r=16, f=40, seed=7)]

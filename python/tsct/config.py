@@ -30,7 +30,7 @@ wrote that CSR already.
 preferred path. The counter in ``tsct.dispatch.fallback_counts()`` counts every time regardless.
 
 ``triton_glu_cfg``: ``TSCT_TRITON_GLU_CFG``, overrides of the Triton tile configuration ("name=int,...", kernel
-development); applied to the per-arch tables when ``tsct.kernels.triton_glu.glu`` is imported.
+development); applied to the per-arch tables when ``tsct.kernels.triton_common.runtime`` is imported.
 
 Settings read on every call, through the functions below (tests, scripts and the first-use child set them in
 the environment of a running process): ``triton_backend()``, ``sm120_fp4()``, ``selftest_timeout()``,

@@ -151,7 +151,7 @@ def collect(selftests: bool = True, verify_artifacts: bool = False) -> dict[str,
 
 def _native_glu(loadable: bool) -> dict[str, Any]:
     """Which CUDA C++ GLU kernels of the native library the dispatch takes, per arch config (the rest run in
-    Triton): ``tsct.kernels.triton_glu.glu.native_kernels``; none anywhere when the library does not load."""
+    Triton): ``tsct.kernels.triton_common.runtime.native_kernels``; none anywhere when the library does not load."""
     from tsct.kernels.triton_common import runtime as C
     table = C.native_kernels()
     return table if loadable else {arch: [] for arch in table}

@@ -5,10 +5,10 @@ A dry run: CPU tensors, the compute capability patched, each launch's key record
 answers every key). The classes are the host code's own branch conditions, each with every value it can take:
 
 * activations: the dtypes with cubins (``specs.AOT_DTYPES``, bf16; fp16 runs through Triton JIT);
-* scales: none, both fp32, both in x's dtype (what ``glu._scales_in`` passes on), and one alone (which it turns
+* scales: none, both fp32, both in x's dtype (what ``runtime.scales_in`` passes on), and one alone (which it turns
   into fp32, as a mix of dtypes);
 * row weight: absent or given; gather / scatter indices: absent or given (widened to int64), and their raw dtypes
-  int32 / int64 with a combine of fewer or more than 2**15 - 1 targets (``glu._csr``'s int16 / int32 keys);
+  int32 / int64 with a combine of fewer or more than 2**15 - 1 targets (``runtime._csr``'s int16 / int32 keys);
 * shapes: an aligned rank of each rank block and K step (r = 16, 32, 48, 64, 128 and 144: the K loop), d and r that
   are not multiples of 16, x / grad_out / packed storage as views 2 bytes off a 16-byte boundary, d and f on both
   sides of the combine's 256-column tile, one expert of several row tiles and chunks (the chunked dW kernels, their
@@ -211,7 +211,7 @@ def ledger(cap: tuple[int, int], monkeypatch) -> set[str]:
 
 
 def triton_config(arch: str):
-    """The arch's tile config with the CUDA kernels switched off (``glu.NATIVE_SWITCHES``): what decides the keys of
+    """The arch's tile config with the CUDA kernels switched off (``runtime.NATIVE_SWITCHES``): what decides the keys of
     its Triton launches. Two arches with equal ones have the same ledger."""
     off = {k: 0 for _, keys in C.NATIVE_SWITCHES for k in keys}
     return dataclasses.replace(C.ARCH_CONFIGS[arch], **off)

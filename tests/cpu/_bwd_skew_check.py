@@ -1,7 +1,7 @@
 """The backward under skewed routing, through Triton's interpreter in fp32 (tests/cpu/test_bwd_skew_interp.py).
 
 The backward of both Triton families runs its per-row work on the row tiles of the tile map and sums each expert's
-dW over chunks of CH rows (workspace slots, then a fixed-order sum: ``triton_glu/_kernels.py`` "backward"). Cases:
+dW over chunks of CH rows (workspace slots, then a fixed-order sum: ``triton_common/_kernels.py`` "backward"). Cases:
 
 * ``maps_*``: the ``bwd_maps`` kernel against the same counts made with torch, E past one block of experts.
 * ``oracle_*``: one expert with almost all rows, many empty experts, one-row experts, or (``*one_tile*``) every

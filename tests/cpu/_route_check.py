@@ -1,8 +1,8 @@
 """Run by tests/cpu/test_sort_by_expert.py with TRITON_INTERPRET=1: the sort_by_expert kernels (route_rank,
 route_place, through ``tsct.kernels.triton_common.route``) under Triton's interpreter against the torch path (and
 the gathered router weights, bf16 / fp16 / fp32 or none, against indexing), with the outputs and scratch
-poisoned first; and the combine's CSR that route_place links to the token tensor (``glu.link_csr``) against the
-one ``glu._csr`` builds, as indices and through ``combine_rows`` (padding rows of the source poisoned with NaN).
+poisoned first; and the combine's CSR that route_place links to the token tensor (``runtime.link_csr``) against the
+one ``runtime._csr`` builds, as indices and through ``combine_rows`` (padding rows of the source poisoned with NaN).
 Prints one line per case, "ok" or what differed; exit 1 if any differed."""
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ def _poisoned(*shape, **kw):
 
 
 def _linked_csr_differs(token: torch.Tensor, offs: torch.Tensor, t: int, k: int, g: torch.Generator) -> list[str]:
-    """What differs between the CSR linked to ``token`` and ``glu._csr``'s for the same targets."""
+    """What differs between the CSR linked to ``token`` and ``runtime._csr``'s for the same targets."""
     m = t * k
     linked = C.linked_csr(token, offs, m, t)
     if linked is None:

@@ -130,9 +130,9 @@ def _q_opcheck(impl: str) -> str:
 
 
 def tile_cum_kernel() -> str:
-    """The Triton tile_cum in ZERO mode (what a GPU's saving forward launches; on the CPU ``_tile_cum`` uses torch
-    ops), run by the interpreter: the tile map equals torch's, the padding rows of the three word arrays are 0 and
-    the other rows untouched, for several grids (one zeroing program strides over many rows) and tails that end
+    """The Triton tile_cum in ZERO mode (what a GPU's saving forward launches; on the CPU ``runtime.tile_cum`` uses
+    torch ops), run by the interpreter: the tile map equals torch's, the padding rows of the three word arrays are 0
+    and the other rows untouched, for several grids (one zeroing program strides over many rows) and tails that end
     inside a ZBLOCK, an empty tail and an all-padding one."""
     from tsct.kernels.triton_common import specs as CS
     counts = [5, 0, 70, 1, 3]

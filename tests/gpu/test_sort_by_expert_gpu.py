@@ -6,7 +6,7 @@ E 1024), many chunks, ids outside [0, E) (padding rows), int32 / int16 ids, ever
 than rows, M not a multiple of the chunk; the same bits on repeat and from a CUDA graph replay.
 Side stream (``tsct.config.csr_side_stream``): grouped_glu's output and gradients with and without it are the
 same bits, eager and replayed from a CUDA graph (scattering through a copy of the token tensor, which carries no
-linked CSR). The CSR that route_place links to the token tensor (``glu.link_csr``): used instead of a built one
+linked CSR). The CSR that route_place links to the token tensor (``runtime.link_csr``): used instead of a built one
 (none is built), the same bits in the output and every gradient, with dropped choices (padding rows) and top-3.
 """
 

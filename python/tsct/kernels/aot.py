@@ -1,7 +1,8 @@
 """Run-time side of the Triton kernels compiled ahead of time (docs/decisions/0005-triton-aot.md).
 
 The wheel ships ``tsct/_aot/<arch>/*.cubin`` with ``index.json`` per arch (written at build time by
-``tsct/kernels/triton_common/aot_build.py``; one index for every kernel family: triton_glu, triton_lowbit).
+``tsct/kernels/triton_common/aot_build.py``; one index for every kernel family: triton_glu, with the shared kernels of
+triton_common, and triton_lowbit).
 This module picks the arch for a device, looks a specialization key up in the index, packs the
 arguments by the recorded parameter list and launches through the native library (``tsct_triton_load``
 / ``tsct_triton_launch``). It needs no Triton and no compiler; importing it loads nothing and touches

@@ -1,4 +1,4 @@
-"""One launcher for the Triton kernel families (triton_glu, triton_lowbit): AOT cubin or Triton JIT.
+"""One launcher for the Triton kernels (triton_glu, triton_lowbit, triton_common's shared ones): AOT cubin or JIT.
 
 A launch names a kernel of a family's table (``specs.KERNELS``: parameters in order, which pointer
 each flag leaves unread, which parameters an aligned launch hints as 16-divisible), its runtime

@@ -87,7 +87,7 @@ def _call(fn: str, device: torch.device, *args: object) -> None:
 
 def stream_capture_id(stream: "torch.cuda.Stream") -> int:
     """The id of the CUDA graph capture underway on ``stream`` (``tsct_stream_capture_id``: cudaStreamGetCaptureInfo),
-    0 when none. Torch does not expose it; ``tsct.kernels.triton_glu.glu.link_csr`` tells captures apart with it.
+    0 when none. Torch does not expose it; ``tsct.kernels.triton_common.runtime.link_csr`` tells captures apart with it.
     Raises TypeError for anything but a torch.cuda.Stream, NativeUnavailableError without the library,
     RuntimeError if the query fails."""
     if not isinstance(stream, torch.cuda.Stream):
@@ -550,7 +550,7 @@ def glu_bwd_dz_bf16(
     into ``slices`` contiguous runs of 64-column steps; summing the slices in index order gives the same bits on
     every run (no atomics). dW needs all of an expert's rows, so only an expert whose first tile holds them all
     (0 to 64 rows: zeros for an empty one, whose w_down is not read) gets it here; the blocks of the other experts
-    (more than 64 rows) are left untouched for the caller (``triton_glu.glu.dwd_chunks``). bf16 mma.sync, fp32
+    (more than 64 rows) are left untouched for the caller (``triton_common.runtime.dwd_chunks``). bf16 mma.sync, fp32
     accumulation.
 
     Args:

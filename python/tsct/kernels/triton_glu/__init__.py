@@ -9,11 +9,12 @@ Public functions (the same signatures and semantics as ``tsct.reference``):
     grouped_glu_forward_saved(same as the forward) -> (Tensor, [hg, hu, z*rw (, combine CSR)])  (custom op: no recompute)
     status(capability, fmt, x_dtype="bf16") -> (ok, reason)
 
-Kernels live in ``_kernels.py`` (Triton sources), the host side in ``glu.py`` (allocation, the
-device-side schedule, launches), the table of launched specializations and per-arch tiles in
-``specs.py``, the wheel-build AOT compiler in ``aot_build.py``. At run time the kernels come from the
-ahead-of-time cubins shipped for sm_90a / sm_120 (``tsct.kernels.aot``, no Triton needed; sm_100a when built),
-else from Triton JIT when it is importable (``TSCT_TRITON_BACKEND=aot|jit|auto`` forces one).
+Kernels live in ``_kernels.py`` (Triton sources), the host side in ``glu.py`` (allocation, launches), the table of
+launched specializations in ``specs.py``; the schedule, the combines, the weight-free backward kernels, the per-arch
+tiles and the wheel-build AOT compiler are the shared Triton runtime's (``tsct.kernels.triton_common``, which the
+low-bit family uses too). At run time the kernels come from the ahead-of-time cubins shipped for sm_90a / sm_120
+(``tsct.kernels.aot``, no Triton needed; sm_100a when built), else from Triton JIT when it is importable
+(``TSCT_TRITON_BACKEND=aot|jit|auto`` forces one).
 Importing this package imports neither Triton nor torch's CUDA; nothing touches a GPU.
 """
 
