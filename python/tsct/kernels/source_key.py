@@ -9,7 +9,7 @@ What the fingerprint covers (the source part of what Triton's ``JITFunction.cach
   line dropped; comments and the docstring are part of it, as in Triton's key);
 - the same for every ``@triton.jit`` function it calls, transitively: each name (or ``module.attr`` chain) in a
   body that resolves, in that function's globals or closure, to a jit function; a helper taken from another
-  module (the low-bit kernels import the glu family's helpers) counts as the function it is;
+  module (both Triton families import ``triton_common``'s helpers) counts as the function it is;
 - the values of the globals a body reads that are ``tl.constexpr`` or plain numbers, strings or tuples of them
   (Triton folds these into the kernel), and a helper's ``noinline`` flag.
 
