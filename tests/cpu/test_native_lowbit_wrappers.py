@@ -232,3 +232,46 @@ def test_int64_offs_rejected_by_name():
 def test_stream_capture_id_names_a_bad_stream():
     with pytest.raises(TypeError, match="stream must be a torch.cuda.Stream"):
         _ops.stream_capture_id(0)
+
+
+def test_sizes_out_and_fmt_rejected_by_name(calls):
+    """m, max_tiles and f are ints >= 0 (f >= 1), offs is 1-D, out a 3-tuple and fmt a format name: each refused by
+    name before the library call (the C entry got a float or negative grid bound, or torch a negative size)."""
+    g = torch.Generator().manual_seed(6)
+    x = torch.randn(M, D, generator=g).bfloat16()
+    f8 = packed(torch.randn(E, D, R, generator=g), "fp8")
+    wd = packed(torch.randn(E, R, F, generator=g), "ternary")
+    z, y = torch.randn(M, R, generator=g).bfloat16(), torch.empty(M, 40, dtype=torch.bfloat16)
+    offs = torch.tensor([3, 3, M], dtype=torch.int32)
+    cum = torch.tensor([1, 1, 2], dtype=torch.int32)
+
+    def down(**kw):
+        args = dict(fmt="fp8", m=M, max_tiles=5) | kw
+        return _ops.glu_down_fwd_lowbit(x, args.pop("offs", offs), cum, f8, f8, **args)
+
+    def up(**kw):
+        args = dict(fmt="ternary", f=F, max_tiles=5) | kw
+        return _ops.glu_up_fwd_lowbit(z, args.pop("offs", offs), cum, wd, y, **args)
+
+    for bad in (-1, 2.5, None, True, torch.tensor(5)):
+        with pytest.raises(ValueError, match="max_tiles must be an int >= 0"):
+            down(max_tiles=bad)
+        with pytest.raises(ValueError, match="max_tiles must be an int >= 0"):
+            up(max_tiles=bad)
+    for bad in (-1, 1.5, None):
+        with pytest.raises(ValueError, match="m must be an int >= 0"):
+            down(m=bad)
+    with pytest.raises(ValueError, match="f must be a positive int"):
+        up(f=True)
+    for fn in (down, up):
+        with pytest.raises(ValueError, match=r"offs must be 1-D"):
+            fn(offs=offs[:, None])
+        with pytest.raises(ValueError, match=r"offs must be 1-D"):
+            fn(offs=offs[2])
+        with pytest.raises(ValueError, match="fmt must be one of"):
+            fn(fmt=["fp8"])
+    with pytest.raises(TypeError, match=r"out must be a tuple \(z, hg, hu\)"):
+        down(out=(torch.empty(M, R, dtype=torch.bfloat16), None))
+    assert not calls
+    down(m=0, max_tiles=0)  # nothing to do: no call, an empty z
+    assert not calls

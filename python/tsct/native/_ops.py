@@ -665,11 +665,21 @@ def _lowbit_factor(name: str, fmt: str, w: tuple, e: int, k: int, n: int) -> Non
 
 
 def _lowbit_fmt(fmt: str) -> None:
-    if fmt not in _LOWBIT_STORAGE:
+    if not isinstance(fmt, str) or fmt not in _LOWBIT_STORAGE:
         raise ValueError(f"fmt must be one of {LOWBIT_FORMATS}, got {fmt!r}")
 
 
-def _check_down_lowbit(x, offs, tile_cum, gate, up, fmt, m, gather_idx, s_gate, s_up, row_weight, save, out) -> None:
+def _lowbit_sizes(offs: Tensor, max_tiles: object, **counts: object) -> None:
+    """The sizes the low-bit wrappers take from the caller: ints >= 0 (bool refused), offs 1-D."""
+    for name, v in {**counts, "max_tiles": max_tiles}.items():
+        if not isinstance(v, int) or isinstance(v, bool) or v < 0:
+            raise ValueError(f"{name} must be an int >= 0, got {v!r}")
+    if offs.dim() != 1:
+        raise ValueError(f"offs must be 1-D [E] (cumulative end offsets), got shape {list(offs.shape)}")
+
+
+def _check_down_lowbit(x, offs, tile_cum, gate, up, fmt, m, max_tiles, gather_idx, s_gate, s_up, row_weight, save,
+                       out) -> None:
     """glu_down_fwd_lowbit's argument checks (its docstring says what they require)."""
     named = [("x", x), ("offs", offs), ("tile_cum", tile_cum)]
     for fname, w in (("gate", gate), ("up", up)):
@@ -685,6 +695,7 @@ def _check_down_lowbit(x, offs, tile_cum, gate, up, fmt, m, gather_idx, s_gate, 
     _dtype("x", x, (torch.bfloat16,))
     _dtype("offs", offs, (torch.int32,))
     _dtype("tile_cum", tile_cum, (torch.int32,))
+    _lowbit_sizes(offs, max_tiles, m=m)
     if x.dim() != 2 or x.stride(1) != 1 or x.stride(0) % 8 or x.stride(0) < x.shape[1] or x.data_ptr() % 16:
         raise ValueError(f"x must be [rows, d] with unit column stride, a row stride >= d that is a multiple of 8 and "
                          f"a 16-byte aligned start; got shape {list(x.shape)}, strides {list(x.stride())}")
@@ -712,6 +723,8 @@ def _check_down_lowbit(x, offs, tile_cum, gate, up, fmt, m, gather_idx, s_gate, 
         if name != "x" and not t.is_contiguous():
             raise ValueError(f"{name} must be contiguous")
     if out is not None:
+        if not isinstance(out, (tuple, list)) or len(out) != 3:
+            raise TypeError("out must be a tuple (z, hg, hu) (hg, hu None unless save)")
         z, hg, hu = out
         for name, t, dt in (("out[0]", z, torch.bfloat16), ("out[1]", hg, torch.float32),
                             ("out[2]", hu, torch.float32)):
@@ -789,7 +802,8 @@ def glu_down_fwd_lowbit(
     """
     _lowbit_fmt(fmt)
     if validate:
-        _check_down_lowbit(x, offs, tile_cum, gate, up, fmt, m, gather_idx, s_gate, s_up, row_weight, save, out)
+        _check_down_lowbit(x, offs, tile_cum, gate, up, fmt, m, max_tiles, gather_idx, s_gate, s_up, row_weight,
+                           save, out)
     e, d = offs.shape[0], x.shape[1]
     if out is None:
         z = _empty((m, 64), torch.bfloat16, x.device)
@@ -808,7 +822,7 @@ def glu_down_fwd_lowbit(
     return z, hg, hu
 
 
-def _check_up_lowbit(z, offs, tile_cum, w_down, y, fmt, f, row_weight) -> None:
+def _check_up_lowbit(z, offs, tile_cum, w_down, y, fmt, f, max_tiles, row_weight) -> None:
     """glu_up_fwd_lowbit's argument checks (its docstring says what they require)."""
     named = [("z", z), ("offs", offs), ("tile_cum", tile_cum), ("y", y)]
     if not isinstance(w_down, (tuple, list)) or len(w_down) != 3:
@@ -825,12 +839,13 @@ def _check_up_lowbit(z, offs, tile_cum, w_down, y, fmt, f, row_weight) -> None:
     _dtype("y", y, (torch.bfloat16,))
     _dtype("offs", offs, (torch.int32,))
     _dtype("tile_cum", tile_cum, (torch.int32,))
+    _lowbit_sizes(offs, max_tiles)
     e = offs.shape[0]
     if z.dim() != 2 or z.shape[1] != 64:
         raise ValueError(f"z must be [m, 64], got {list(z.shape)}")
     m = z.shape[0]
     _shape("tile_cum", tile_cum, (e,), "[E]: E from offs")
-    if not isinstance(f, int) or f < 1:
+    if not isinstance(f, int) or isinstance(f, bool) or f < 1:
         raise ValueError(f"f must be a positive int, got {f!r}")
     if y.dim() != 2 or y.shape[0] != m or y.shape[1] < f or y.shape[1] % 8:
         raise ValueError(f"y must be [m={m}, ldy] with ldy >= f={f} and a multiple of 8, got {list(y.shape)}")
@@ -881,7 +896,7 @@ def glu_up_fwd_lowbit(
     """
     _lowbit_fmt(fmt)
     if validate:
-        _check_up_lowbit(z, offs, tile_cum, w_down, y, fmt, f, row_weight)
+        _check_up_lowbit(z, offs, tile_cum, w_down, y, fmt, f, max_tiles, row_weight)
     e, m = offs.shape[0], z.shape[0]
     codes, scales, s_enc = w_down
     if e == 0 or m == 0 or max_tiles == 0:
