@@ -85,10 +85,24 @@ def test_config_overrides_apply_and_bad_ones_name_the_item():
     cfg = CS.config_for((9, 0)).update(" stages_dz_t=3, warps_up_lb=2 ,")
     assert (cfg.stages_dz_t, cfg.warps_up_lb) == (3, 2)
     assert CS.config_for((9, 0)).update("") == specs.CONFIGS["sm_90a"]  # "" changes nothing
-    for bad, words in (("stages_dz=3", "unknown field 'stages_dz'"), ("stages_dz_t", "expected stages_dz_t=<integer>"),
-                       ("stages_dz_t=two", "expected stages_dz_t=<integer>"), ("=3", "unknown field ''")):
+    for bad, words in (("stages_dz=3", "unknown field 'stages_dz'"), ("stages_dz_t", "expected stages_dz_t=<integer"),
+                       ("stages_dz_t=two", "expected stages_dz_t=<integer"), ("=3", "unknown field ''"),
+                       ("bm=-64", "expected bm=<integer >= 0>"), ("warps_up=-1", "expected warps_up=<integer >= 0>")):
         with pytest.raises(ValueError, match=words):
             CS.config_for((9, 0)).update(bad)
+    # blanks around "=" as around the items
+    assert CS.config_for((9, 0)).update(" bm = 32 ,warps_up= 2").bm == 32
+
+
+def test_config_override_from_the_environment_is_named(monkeypatch):
+    from tsct import config
+    from tsct.kernels.triton_common import runtime
+
+    monkeypatch.setattr(config, "triton_glu_cfg", "bm=32")
+    assert {c.bm for c in runtime._arch_configs().values()} == {32}
+    monkeypatch.setattr(config, "triton_glu_cfg", "bm_down=32")
+    with pytest.raises(ValueError, match=r"TSCT_TRITON_GLU_CFG='bm_down=32': .*unknown field 'bm_down'"):
+        runtime._arch_configs()
 
 
 def test_install_holds_every_manifest_cubin():

@@ -92,6 +92,13 @@ def test_the_low_bit_family_uses_public_runtime_names():
     assert all(hasattr(C, n) for n in C.__all__)
 
 
+def test_public_runtime_names_have_docstrings():
+    import inspect
+
+    missing = [n for n in C.__all__ if callable(getattr(C, n)) and not inspect.getdoc(getattr(C, n))]
+    assert not missing
+
+
 def test_bf16_launch_counts_include_the_shared_kernels(monkeypatch):
     from tsct.kernels import launch
     from tsct.kernels.triton_glu import glu as G

@@ -43,7 +43,14 @@ __all__ = ["ARCH_CONFIGS", "CONFIG", "overridden", "tile_config", "native_kernel
 
 #: {arch: Config} after ``TSCT_TRITON_GLU_CFG`` (``config.triton_glu_cfg``); ``overridden`` changes it in
 #: place
-ARCH_CONFIGS: dict[str, Config] = {a: c.update(config.triton_glu_cfg) for a, c in specs.CONFIGS.items()}
+def _arch_configs() -> dict[str, Config]:
+    try:
+        return {a: c.update(config.triton_glu_cfg) for a, c in specs.CONFIGS.items()}
+    except ValueError as e:
+        raise ValueError(f"TSCT_TRITON_GLU_CFG={config.triton_glu_cfg!r}: {e}") from None
+
+
+ARCH_CONFIGS: dict[str, Config] = _arch_configs()
 # CONFIG: every arch without AOT cubins (JIT: sm_80, sm_86, sm_89, ...) gets sm_90a's tiles, but not its CUDA dz:
 # that kernel was timed on sm_90 only and needs more shared memory than sm_86 / sm_89 have (decision 0013)
 CONFIG = dataclasses.replace(ARCH_CONFIGS[specs.DEFAULT_ARCH_CONFIG], dz_native=0, down_native_lb=0,
@@ -439,6 +446,8 @@ def dx_csr(saved: Optional[Sequence[Tensor]], gather_idx: Tensor, scatter_idx: O
 
 
 def zero_tail(out: Tensor, offs: Tensor, e: int, cfg: Config, cap) -> None:
+    """Zero the padding rows (>= offs[-1]) of ``out`` [m, ncols] in place on the device (kernel ``zero_tail_rows``;
+    no host read of offs). ``e``: len(offs) >= 1; ``cfg``, ``cap``: the launch's tile config and compute capability."""
     m, ncols = out.shape
     if m == 0 or ncols == 0:
         return

@@ -127,11 +127,12 @@ class Config:
     def update(self, spec: str) -> "Config":
         """A copy with "name=int,name=int" applied (TSCT_TRITON_GLU_CFG's syntax; "" changes nothing).
 
-        Raises ValueError naming the item when it is not NAME=INT or NAME is not a field."""
+        Raises ValueError naming the item when it is not NAME=INT, NAME is not a field or INT is negative (every
+        field is a size, a count or a 0/1 switch)."""
         names = {f.name for f in dataclasses.fields(self)}
         changes = {}
         for item in filter(None, (t.strip() for t in spec.split(","))):
-            key, sep, val = item.partition("=")
+            key, sep, val = (t.strip() for t in item.partition("="))
             if key not in names:
                 raise ValueError(f"Triton GLU config override {item!r}: unknown field {key!r} "
                                  f"(fields: {', '.join(sorted(names))})")
@@ -139,8 +140,8 @@ class Config:
                 value = int(val) if sep else None
             except ValueError:
                 value = None
-            if value is None:
-                raise ValueError(f"Triton GLU config override {item!r}: expected {key}=<integer>")
+            if value is None or value < 0:
+                raise ValueError(f"Triton GLU config override {item!r}: expected {key}=<integer >= 0>")
             changes[key] = value
         return dataclasses.replace(self, **changes)
 
