@@ -1,9 +1,9 @@
 """Exhaustive check of the NVFP4, FP8 and ternary tile decoders (``_kernels._w_tile_nk``): every E2M1 code at every
 nibble position under every UE4M3 block scale, every E4M3 byte and every ternary byte at every position, in each
 product dtype. Used by the
-interpreter check (fp32, CPU) and by tests/gpu/test_triton_lowbit_gpu.py (bf16 and fp32 on the GPU: Triton's
-interpreter gets bf16 multiplies wrong, so the bf16 pair decoders ``_e2m1_pair`` / ``_e4m3_pair`` /
-``_ternary_pair`` are checked on a GPU)."""
+interpreter check (fp32, CPU; and the ternary bf16 tile: ``_ternary_pair`` has no multiply) and by
+tests/gpu/test_triton_lowbit_gpu.py (bf16 and fp32 on the GPU: Triton's interpreter gets bf16 multiplies wrong, so
+the bf16 pair decoders ``_e2m1_pair`` / ``_e4m3_pair`` are checked on a GPU)."""
 
 from __future__ import annotations
 

@@ -92,6 +92,7 @@ def test_decoders_exhaustive(interp):
     res = interp["results"]["decode_exhaustive"]
     assert res["mismatch"] == 0.0          # E2M1, E4M3 and ternary element decoders, every byte
     assert res["tile_fp32"] == 0.0         # the NVFP4 tile decoder, every code at every position and scale
+    assert res["tile_ternary_bf16"] == 0.0  # the ternary bf16 pair decoder (bit moves only: the interpreter is exact)
 
 
 def test_nan_codes(interp):
