@@ -6,10 +6,10 @@
 #   bash scripts/gpu_suite.sh --list                  the stages and what each checks
 #
 # First the newest $WHEEL_DIR/tsct-*.whl (default dist/) is installed into the image's python (no deps, no index:
-# torch and Triton are the image's; NO_INSTALL=1 skips it), then OVERLAY files ("python/tsct/a.py ..." from this
-# tree) are copied over the installed package (a Python-only change without a new wheel). Tests run from /tmp, so
-# `import tsct` is the installed wheel, never python/ of the checkout (stage glu-jit excepted: it is the source
-# tree's JIT run). Each step has a timeout and a log in $OUT (default /tmp/tsct_out; the last $TAIL lines are
+# torch and Triton are the image's; NO_INSTALL=1 skips it, and so does a run of source-tree stages only), then
+# OVERLAY files ("python/tsct/a.py ..." from this tree) are copied over the installed package (a Python-only change
+# without a new wheel). Tests run from /tmp, so `import tsct` is the installed wheel, never python/ of the checkout
+# (stages glu-jit, bwd-ab and bwd-chunks excepted: they run the source tree through Triton JIT). Each step has a timeout and a log in $OUT (default /tmp/tsct_out; the last $TAIL lines are
 # shown); a failing step does not stop the next ones; a summary comes last, exit status 1 if any step failed,
 # 2 for an unknown stage, 3 if the install failed.
 #
@@ -410,7 +410,12 @@ fi
 for s in "$@"; do
   declare -F "stage_$s" >/dev/null || { echo "unknown stage '$s'; stages:"; describe | grep -oE '^[a-z0-9-]+'; exit 2; }
 done
-if [[ -z ${NO_INSTALL:-} && " $* " != " glu-jit " ]]; then
+# the stages that run the source tree through Triton JIT need no wheel: install only if another stage is asked for
+needs_wheel=""
+for s in "$@"; do
+  [[ $s == glu-jit || $s == bwd-ab || $s == bwd-chunks ]] || needs_wheel=1
+done
+if [[ -z ${NO_INSTALL:-} && -n $needs_wheel ]]; then
   install_wheel
 fi
 for s in "$@"; do
