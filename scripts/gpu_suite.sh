@@ -9,9 +9,10 @@
 # torch and Triton are the image's; NO_INSTALL=1 skips it, and so does a run of source-tree stages only), then
 # OVERLAY files ("python/tsct/a.py ..." from this tree) are copied over the installed package (a Python-only change
 # without a new wheel). Tests run from /tmp, so `import tsct` is the installed wheel, never python/ of the checkout
-# (stages glu-jit, bwd-ab and bwd-chunks excepted: they run the source tree through Triton JIT). Each step has a timeout and a log in $OUT (default /tmp/tsct_out; the last $TAIL lines are
-# shown); a failing step does not stop the next ones; a summary comes last, exit status 1 if any step failed,
-# 2 for an unknown stage, 3 if the install failed.
+# (stages glu-jit, bwd-ab and bwd-chunks excepted: they run the source tree through Triton JIT). Each step has a
+# timeout and a log in $OUT (default /tmp/tsct_out; the last $TAIL lines are shown); a failing step does not stop
+# the next ones; a summary comes last, exit status 1 if any step failed, 2 for an unknown stage, 3 if the install
+# failed.
 #
 # Knobs: OUT, WHEEL_DIR, NO_INSTALL, OVERLAY, TAIL; COMMIT (recorded by tsct-bench); CFG (TSCT_TRITON_GLU_CFG of the
 # test, sweep and bench steps, e.g. CFG=down_native_lb=0,up_native_lb=0); ARMS, FORMATS (bench); CFGS, SWEEP_ARMS
