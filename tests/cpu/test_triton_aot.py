@@ -17,6 +17,7 @@
 from __future__ import annotations
 
 import ctypes
+import dataclasses
 import glob
 import hashlib
 import json
@@ -87,11 +88,28 @@ def test_config_overrides_apply_and_bad_ones_name_the_item():
     assert CS.config_for((9, 0)).update("") == specs.CONFIGS["sm_90a"]  # "" changes nothing
     for bad, words in (("stages_dz=3", "unknown field 'stages_dz'"), ("stages_dz_t", "expected stages_dz_t=<integer"),
                        ("stages_dz_t=two", "expected stages_dz_t=<integer"), ("=3", "unknown field ''"),
-                       ("bm=-64", "expected bm=<integer >= 0>"), ("warps_up=-1", "expected warps_up=<integer >= 0>")):
+                       ("bm=-64", "bm must be a power of two"), ("warps_up=-1", "warps_up must be a power of two"),
+                       ("bm=0", "bm must be a power of two"), ("bn_up=96", "bn_up must be a power of two"),
+                       ("warps_dwd=6", "warps_dwd must be a power of two"), ("dz_native=2", "dz_native must be 0 or 1"),
+                       ("fs_dz_native=0", "fs_dz_native must be an integer >= 1"),
+                       ("stages_up=0", "stages_up must be an integer >= 1"),
+                       ("chunk_bwd=96", r"chunk_bwd \(96\) must be a multiple of bm \(64\)"),
+                       ("bm=128,chunk_bwd=64", r"chunk_bwd \(64\) must be a multiple of bm \(128\)")):
         with pytest.raises(ValueError, match=words):
             CS.config_for((9, 0)).update(bad)
+    # counts need not be powers of two; switches take 0 and 1
+    assert CS.config_for((9, 0)).update("ndb_bwd=3,fs_dwd=12,dz_native=0").ndb_bwd == 3
     # blanks around "=" as around the items
     assert CS.config_for((9, 0)).update(" bm = 32 ,warps_up= 2").bm == 32
+
+
+def test_every_arch_config_obeys_the_override_rules():
+    """The shipped tables hold only values an override could set (the rules describe the fields as they are)."""
+    for arch, cfg in CS.CONFIGS.items():
+        for f in dataclasses.fields(cfg):
+            rule, ok = CS.field_rule(f.name)
+            assert ok(getattr(cfg, f.name)), f"{arch}: {f.name}={getattr(cfg, f.name)} is not {rule}"
+        assert cfg.chunk_bwd % cfg.bm == 0, arch
 
 
 def test_config_override_from_the_environment_is_named(monkeypatch):

@@ -31,7 +31,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import itertools
-from typing import Optional
+from typing import Callable, Optional
 
 TRITON_VERSION = "3.9.0"  # the pinned Triton of the AOT build (pyproject.toml [build-system].requires)
 
@@ -127,8 +127,9 @@ class Config:
     def update(self, spec: str) -> "Config":
         """A copy with "name=int,name=int" applied (TSCT_TRITON_GLU_CFG's syntax; "" changes nothing).
 
-        Raises ValueError naming the item when it is not NAME=INT, NAME is not a field or INT is negative (every
-        field is a size, a count or a 0/1 switch)."""
+        Raises ValueError naming the item when it is not NAME=INT, NAME is not a field or INT is not a value of the
+        field's kind (``field_rule``: a 0/1 switch, a power of two, or a count >= 1), and when the result's chunk_bwd
+        is not a multiple of its bm."""
         names = {f.name for f in dataclasses.fields(self)}
         changes = {}
         for item in filter(None, (t.strip() for t in spec.split(","))):
@@ -140,10 +141,35 @@ class Config:
                 value = int(val) if sep else None
             except ValueError:
                 value = None
-            if value is None or value < 0:
-                raise ValueError(f"Triton GLU config override {item!r}: expected {key}=<integer >= 0>")
+            if value is None:
+                raise ValueError(f"Triton GLU config override {item!r}: expected {key}=<integer>")
+            rule, ok = field_rule(key)
+            if not ok(value):
+                raise ValueError(f"Triton GLU config override {item!r}: {key} must be {rule}")
             changes[key] = value
-        return dataclasses.replace(self, **changes)
+        out = dataclasses.replace(self, **changes)
+        if out.chunk_bwd % out.bm:
+            raise ValueError(f"Triton GLU config override {spec!r}: chunk_bwd ({out.chunk_bwd}) must be a multiple of "
+                             f"bm ({out.bm})")
+        return out
+
+
+#: Config fields that are 0/1 switches (a variant or a CUDA kernel on or off)
+SWITCH_FIELDS = frozenset({"vec_up", "vec_dz", "vec_dz_t", "dz_native", "dec16_up_lb", "planes_up_lb", "planes_down_lb",
+                           "down_native_lb", "up_native_lb", "sign_native_lb", "fp8_native_lb", "ternary_native_lb"})
+#: Config fields that are tile extents (``tl.arange`` sizes): powers of two; so are the warps_* fields
+POW2_FIELDS = frozenset({"bm", "br_max", "bk", "bn_up", "bn_bwd", "bd_bwd", "block_e", "bn_combine", "bn_up_vec",
+                         "bn_up_t", "bn_dwd"})
+
+
+def field_rule(name: str) -> tuple[str, Callable[[int], bool]]:
+    """(what the Config field ``name`` takes, in words; the test of a value): a 0/1 switch, a power of two (tile
+    extents, warps), else a count >= 1 (slices, blocks, stages, chunk rows, MiB, programs per SM)."""
+    if name in SWITCH_FIELDS:
+        return "0 or 1", lambda v: v in (0, 1)
+    if name in POW2_FIELDS or name.startswith("warps_"):
+        return "a power of two", lambda v: v >= 1 and v & (v - 1) == 0
+    return "an integer >= 1", lambda v: v >= 1
 
 
 # Exact compute capability -> AOT artifact arch (the directory under tsct/_aot). sm_90a / sm_100a
