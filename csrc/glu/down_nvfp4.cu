@@ -446,6 +446,7 @@ TSCT_DOWN_KERNEL(tsctk_glu_down_fwd_ternary, kTernary)
 TSCT_DOWN_KERNEL(tsctk_glu_down_fwd_ternary_r1, kTernaryR1)
 
 namespace tsct {
+// in format order (kNvfp4 .. kTernaryR1): the C entries index it by format
 const KernelEntry kGluLowbitKernels[] = {
     {"tsctk_glu_down_fwd_nvfp4", (const void*)tsctk_glu_down_fwd_nvfp4, kSmemBytes<kNvfp4>},
     {"tsctk_glu_down_fwd_sign", (const void*)tsctk_glu_down_fwd_sign, kSmemBytes<kSign>},
@@ -519,16 +520,10 @@ static int down_entry(int fmt, const char* fn, const void* x, int64_t x_rows, in
                                       : "%s: x, the codes and scale_k must be 16-byte aligned, gather_idx 8-byte, "
                                         "scale_n, offs, tile_cum and the other fp32 arguments 4-byte (bf16 s_gate / "
                                         "s_up 2-byte)", fn);
-  void (*const kernel)(DownParams) = kfmt == kSign ? tsctk_glu_down_fwd_sign
-                                     : kfmt == kFp8 ? tsctk_glu_down_fwd_fp8
-                                     : kfmt == kTernary ? tsctk_glu_down_fwd_ternary
-                                     : kfmt == kTernaryR1 ? tsctk_glu_down_fwd_ternary_r1
-                                                          : tsctk_glu_down_fwd_nvfp4;
-  const int smem_bytes = kfmt == kSign ? kSmemBytes<kSign> : kfmt == kFp8 ? kSmemBytes<kFp8>
-                         : kfmt == kTernary ? kSmemBytes<kTernary> : kfmt == kTernaryR1 ? kSmemBytes<kTernaryR1>
-                                                                                        : kSmemBytes<kNvfp4>;
+  const tsct::KernelEntry& k = tsct::kGluLowbitKernels[kfmt - kNvfp4];  // the table is in format order
+  const int smem_bytes = k.smem_bytes;
   static std::atomic<bool> opted[kTernaryR1 + 1][64] = {};
-  if (int rc = tsct::opt_in_shared_memory(fn, (const void*)kernel, smem_bytes, opted[kfmt])) return rc;
+  if (int rc = tsct::opt_in_shared_memory(fn, k.fn, smem_bytes, opted[kfmt])) return rc;
   DownParams p;
   p.x = static_cast<const bf16*>(x);
   p.gidx = reinterpret_cast<const long long*>(gather_idx);
@@ -550,7 +545,9 @@ static int down_entry(int fmt, const char* fn, const void* x, int64_t x_rows, in
   p.stride_x = stride_x;
   p.E = static_cast<int>(num_experts);
   p.d = static_cast<int>(d);
-  kernel<<<static_cast<unsigned>(max_tiles), NT, smem_bytes, static_cast<cudaStream_t>(stream)>>>(p);
+  void* args[] = {&p};
+  (void)cudaLaunchKernel(k.fn, dim3(static_cast<unsigned>(max_tiles)), dim3(NT), args, smem_bytes,
+                         static_cast<cudaStream_t>(stream));  // its error is check_launch's
   return tsct::check_launch(fn);
 }
 

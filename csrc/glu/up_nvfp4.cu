@@ -376,6 +376,7 @@ TSCT_UP_KERNEL(tsctk_glu_up_fwd_ternary, kTernary)
 TSCT_UP_KERNEL(tsctk_glu_up_fwd_ternary_r1, kTernaryR1)
 
 namespace tsct {
+// in format order (kNvfp4 .. kTernaryR1): the C entries index it by format
 const KernelEntry kGluUpLowbitKernels[] = {
     {"tsctk_glu_up_fwd_nvfp4", (const void*)tsctk_glu_up_fwd_nvfp4, kSmemBytes<kNvfp4>},
     {"tsctk_glu_up_fwd_sign", (const void*)tsctk_glu_up_fwd_sign, kSmemBytes<kSign>},
@@ -425,16 +426,10 @@ static int up_entry(int fmt, const char* fn, const void* z, int64_t m, const int
                                         "and fp32 arguments 4-byte"
                                       : "%s: z, the codes, scale_k and y must be 16-byte aligned, scale_n, offs, "
                                         "tile_cum and row_weight 4-byte", fn);
-  void (*const kernel)(UpParams) = kfmt == kSign ? tsctk_glu_up_fwd_sign
-                                   : kfmt == kFp8 ? tsctk_glu_up_fwd_fp8
-                                   : kfmt == kTernary ? tsctk_glu_up_fwd_ternary
-                                   : kfmt == kTernaryR1 ? tsctk_glu_up_fwd_ternary_r1
-                                                        : tsctk_glu_up_fwd_nvfp4;
-  const int smem_bytes = kfmt == kSign ? kSmemBytes<kSign> : kfmt == kFp8 ? kSmemBytes<kFp8>
-                         : kfmt == kTernary ? kSmemBytes<kTernary> : kfmt == kTernaryR1 ? kSmemBytes<kTernaryR1>
-                                                                                        : kSmemBytes<kNvfp4>;
+  const tsct::KernelEntry& k = tsct::kGluUpLowbitKernels[kfmt - kNvfp4];  // the table is in format order
+  const int smem_bytes = k.smem_bytes;
   static std::atomic<bool> opted[kTernaryR1 + 1][64] = {};
-  if (int rc = tsct::opt_in_shared_memory(fn, (const void*)kernel, smem_bytes, opted[kfmt])) return rc;
+  if (int rc = tsct::opt_in_shared_memory(fn, k.fn, smem_bytes, opted[kfmt])) return rc;
   UpParams p;
   p.z = static_cast<const bf16*>(z);
   p.offs = offs;
@@ -447,7 +442,9 @@ static int up_entry(int fmt, const char* fn, const void* z, int64_t m, const int
   p.ldy = ldy;
   p.E = static_cast<int>(num_experts);
   p.f = static_cast<int>(f);
-  kernel<<<static_cast<unsigned>(max_tiles), NT, smem_bytes, static_cast<cudaStream_t>(stream)>>>(p);
+  void* args[] = {&p};
+  (void)cudaLaunchKernel(k.fn, dim3(static_cast<unsigned>(max_tiles)), dim3(NT), args, smem_bytes,
+                         static_cast<cudaStream_t>(stream));  // its error is check_launch's
   return tsct::check_launch(fn);
 }
 
