@@ -17,26 +17,11 @@ _TL = {torch.bfloat16: tl.bfloat16, torch.float32: tl.float32}
 
 
 @triton.jit
-def _decode_tile(codes, scales, out, DT: tl.constexpr):
-    """The NVFP4 tile decoder on a [256, 16] factor (one block per row), in DT."""
+def _decode_tile(FMT: tl.constexpr, codes, scales, out, DT: tl.constexpr):
+    """The tile decoder of format FMT (``_kernels``' numbering) on a [256, 16] factor, in DT: NVFP4 with one block
+    scale per row; FP8 and ternary (absmean form) read no scales (pass the codes again)."""
     ns = tl.arange(0, 256)
-    w = _w_tile_nk(1, codes, scales, 0, 0, 16, 256, ns, ns < 256, 16, 256, DT)
-    tl.store(out + ns[:, None] * 16 + tl.arange(0, 16)[None, :], w)
-
-
-@triton.jit
-def _decode_tile_fp8(codes, out, DT: tl.constexpr):
-    """The FP8 tile decoder on a [256, 16] factor of E4M3 bytes, in DT."""
-    ns = tl.arange(0, 256)
-    w = _w_tile_nk(3, codes, codes, 0, 0, 16, 256, ns, ns < 256, 16, 256, DT)
-    tl.store(out + ns[:, None] * 16 + tl.arange(0, 16)[None, :], w)
-
-
-@triton.jit
-def _decode_tile_ternary(codes, out, DT: tl.constexpr):
-    """The ternary tile decoder (absmean form: no scale_k) on a [256, 16] factor of 2-bit codes, in DT."""
-    ns = tl.arange(0, 256)
-    w = _w_tile_nk(4, codes, codes, 0, 0, 16, 256, ns, ns < 256, 16, 256, DT)
+    w = _w_tile_nk(FMT, codes, scales, 0, 0, 16, 256, ns, ns < 256, 16, 256, DT)
     tl.store(out + ns[:, None] * 16 + tl.arange(0, 16)[None, :], w)
 
 
@@ -89,18 +74,14 @@ def tile_mismatches(device="cpu", dtypes=(torch.bfloat16, torch.float32)) -> dic
     codes, scales, want = nvfp4_tile_probe(device)
     byt, want8 = fp8_tile_probe(device)
     tern, want3 = ternary_tile_probe(device)
+    probes = {"nvfp4": (1, codes, scales, want), "fp8": (3, byt, byt, want8), "ternary": (4, tern, tern, want3)}
     out = {}
     for dt in dtypes:
         name = str(dt).removeprefix("torch.")
-        got = torch.empty(256, 16, dtype=dt, device=device)
-        _decode_tile[(1,)](codes, scales, got, _TL[dt])
-        out[f"nvfp4 {name}"] = _mismatches(got.cpu(), want.to(dt))
-        got8 = torch.empty(256, 16, dtype=dt, device=device)
-        _decode_tile_fp8[(1,)](byt, got8, _TL[dt])
-        out[f"fp8 {name}"] = _mismatches(got8.cpu(), want8.to(dt))
-        got3 = torch.empty(256, 16, dtype=dt, device=device)
-        _decode_tile_ternary[(1,)](tern, got3, _TL[dt])
-        out[f"ternary {name}"] = _mismatches(got3.cpu(), want3.to(dt))
+        for fmt, (code, p0, p1, ref) in probes.items():
+            got = torch.empty(256, 16, dtype=dt, device=device)
+            _decode_tile[(1,)](code, p0, p1, got, _TL[dt])
+            out[f"{fmt} {name}"] = _mismatches(got.cpu(), ref.to(dt))
     return out
 
 
