@@ -644,10 +644,17 @@ _LOWBIT_OPTIONAL_K = ("ternary",)  # the absmean scaling has no scale_k
 LOWBIT_FORMATS = tuple(_LOWBIT_STORAGE)
 
 
-def _lowbit_factor(name: str, fmt: str, w: tuple, e: int, k: int, n: int) -> None:
-    _lowbit_fmt(fmt)
+def _storage_tensors(name: str, w: object) -> list:
+    """The tensors of a factor's packed storage ``w`` (a tuple of the format's three slots; None slots left out);
+    TypeError naming ``name`` unless it is such a tuple."""
     if not isinstance(w, (tuple, list)) or len(w) != 3:
         raise TypeError(f"{name} must be a tuple of the format's three storage tensors")
+    return [(f"{name}[{i}]", t) for i, t in enumerate(w) if t is not None]
+
+
+def _lowbit_factor(name: str, fmt: str, w: tuple, e: int, k: int, n: int) -> None:
+    _lowbit_fmt(fmt)
+    _storage_tensors(name, w)
     specs, align = _LOWBIT_STORAGE[fmt]
     for i, (t, spec) in enumerate(zip(w, specs)):
         if spec is None or (t is None and i == 1 and fmt in _LOWBIT_OPTIONAL_K):
@@ -682,10 +689,7 @@ def _check_down_lowbit(x, offs, tile_cum, gate, up, fmt, m, max_tiles, gather_id
                        out) -> None:
     """glu_down_fwd_lowbit's argument checks (its docstring says what they require)."""
     named = [("x", x), ("offs", offs), ("tile_cum", tile_cum)]
-    for fname, w in (("gate", gate), ("up", up)):
-        if not isinstance(w, (tuple, list)) or len(w) != 3:
-            raise TypeError(f"{fname} must be a tuple of the format's three storage tensors")
-        named += [(f"{fname}[{i}]", t) for i, t in enumerate(w) if t is not None]
+    named += _storage_tensors("gate", gate) + _storage_tensors("up", up)
     for name, t in (("gather_idx", gather_idx), ("s_gate", s_gate), ("s_up", s_up), ("row_weight", row_weight)):
         if t is not None:
             named.append((name, t))
@@ -825,9 +829,7 @@ def glu_down_fwd_lowbit(
 def _check_up_lowbit(z, offs, tile_cum, w_down, y, fmt, f, max_tiles, row_weight) -> None:
     """glu_up_fwd_lowbit's argument checks (its docstring says what they require)."""
     named = [("z", z), ("offs", offs), ("tile_cum", tile_cum), ("y", y)]
-    if not isinstance(w_down, (tuple, list)) or len(w_down) != 3:
-        raise TypeError("w_down must be a tuple of the format's three storage tensors")
-    named += [(f"w_down[{i}]", t) for i, t in enumerate(w_down) if t is not None]
+    named += _storage_tensors("w_down", w_down)
     if row_weight is not None:
         named.append(("row_weight", row_weight))
     for name, t in named:
