@@ -5,7 +5,8 @@
 Inert unless ``TSCT_LAUNCH_LEDGER`` names a file. Per test: its outcome and the launches it made per backend
 ("aot": a shipped cubin, "jit": Triton JIT, "native": a CUDA C++ kernel in place of a Triton one; from
 ``launch.Family.backend_counts`` of the shared kernels and of the bf16 and low-bit families); per session, the AOT
-variants (spec keys) launched, by wrapping ``tsct.kernels.aot.AotKernel.launch`` (loading a cubin without launching it does not count).
+variants (spec keys) launched, by wrapping ``tsct.kernels.aot.AotKernel.launch`` (loading a cubin without launching
+it does not count).
 At the end of the session the file gets this session's tests and the
 totals per kernel: {"aot", "jit", "native", "variants": [keys launched], "failed_tests": [ids of failing tests that
 launched its cubins]}; a file that already exists is merged into (counts add up, so several pytest runs of one stage, e.g.

@@ -185,8 +185,8 @@ def _native_down(cfg, fg: int, fu: int, x: Tensor, r: int, d: int, pg: list, pu:
     """Whether lowbit_down_fwd runs as the CUDA kernel (csrc/glu/down_nvfp4.cu): enabled for the arch
     (``Config.down_native_lb``), w_gate and w_up of one format, NVFP4 (or sign, fp8, ternary with one scaling: each
     with its own switch, ``_native_packed``), with their packed storage aligned as the kernel reads it, bf16 x with
-    16-byte aligned rows, r = 64, d % 64 == 0, on a GPU with the native library loaded and the kernel's shared memory (offs: int32 and
-    contiguous, as ``_dims`` and every entry point make sure)."""
+    16-byte aligned rows, r = 64, d % 64 == 0, on a GPU with the native library loaded and the kernel's shared
+    memory (offs: int32 and contiguous, as ``_dims`` and every entry point make sure)."""
     if not (cfg.down_native_lb and fg == fu and _native_packed(cfg, fg, pg, pu) and r == 64 and d % 64 == 0
             and x.is_cuda and x.dtype == torch.bfloat16 and x.stride(0) % 8 == 0 and x.stride(0) >= d
             and x.data_ptr() % 16 == 0):
