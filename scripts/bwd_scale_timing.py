@@ -118,7 +118,8 @@ def main() -> int:
     dev = torch.device("cuda")
     out = {"label": a.label, "tsct_file": tsct.__file__, "native": native.available(),
            "native_error": None if native.available() else str(native.load_error()),
-           "cfg": os.environ.get("TSCT_TRITON_GLU_CFG", ""), "backend": os.environ.get("TSCT_TRITON_BACKEND", "auto"),
+           "cfg": os.environ.get("TSCT_TRITON_GLU_CFG", ""),
+           "cuda_kernels": os.environ.get("TSCT_CUDA_KERNELS", "auto"), "backend": os.environ.get("TSCT_TRITON_BACKEND", "auto"),
            "device": torch.cuda.get_device_name(dev), "results": []}
     print(f"[{a.label}] tsct {tsct.__file__} native={out['native']} cfg={out['cfg']!r}", flush=True)
     for shape in a.shapes.split(","):

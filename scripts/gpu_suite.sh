@@ -15,8 +15,9 @@
 # failed.
 #
 # Knobs: OUT, WHEEL_DIR, NO_INSTALL, OVERLAY, TAIL; COMMIT (recorded by tsct-bench); CFG (TSCT_TRITON_GLU_CFG of the
-# test, sweep and bench steps, e.g. CFG=down_native_lb=0,up_native_lb=0); ARMS, FORMATS (bench); CFGS, SWEEP_ARMS
-# (sweep); GLU_K (pytest -k of stage glu); T_<STEP> (seconds, the step's timeout: T_LOWBIT=200 ...).
+# test, sweep and bench steps, e.g. CFG=warps_up_lb=8); CUDA_KERNELS (TSCT_CUDA_KERNELS of every step, e.g.
+# CUDA_KERNELS=none: the Triton kernels where sm_90a takes CUDA ones); ARMS, FORMATS (bench); CFGS, CUDA_SWEEP,
+# SWEEP_ARMS (sweep); GLU_K (pytest -k of stage glu); T_<STEP> (seconds, the step's timeout: T_LOWBIT=200 ...).
 set -u -o pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 OUT=${OUT:-/tmp/tsct_out}
@@ -24,6 +25,7 @@ mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 OUT ROOT
 unset PYTHONPATH TSCT_TRITON_BACKEND TSCT_TRITON_GLU_CFG
 CFG=${CFG-}
+export TSCT_CUDA_KERNELS=${CUDA_KERNELS:-auto}
 declare -A RC
 ORDER=()
 t_start=$(date +%s)
@@ -75,7 +77,8 @@ proxy          the sm_120 proxy build (docs/decisions/0017; a wheel built with T
 bench          tsct-bench --preset b1, arms $ARMS (default padded-bmm,tsct-bmm-*,tsct-triton-*,tsct-sm120-*),
                formats $FORMATS (default bf16,nvfp4,sign) -> bench_b1.json and bench_b1.png (matplotlib permitting)
 perf           device time per kernel and CUDA-graph replay of the b1 passes (tools/triton_lowbit_perf.py) -> perf.json
-sweep          scripts/pass_profile.py sweep: per-kernel device time for each config in $CFGS -> sweep.json
+sweep          scripts/pass_profile.py sweep: per-kernel device time for each config in $CFGS and each
+               TSCT_CUDA_KERNELS setting in $CUDA_SWEEP (default none;auto) -> sweep.json
 hostprof       scripts/pass_profile.py host: host issue time per eager call and its cProfile tables
 bwd            the backward at scale and the bmm path on the wheel: test_bwd_scale_gpu.py (skew, E 16384, T 65536,
                bits twice, two chunk sizes), test_glu_dz_native_gpu.py, test_bmm_gpu.py
@@ -85,7 +88,8 @@ scale          tsct-bench --sweep $SWEEP (default all) at b1, arms $ARMS (defaul
 bwd-ab         the backward's schedule A/B through Triton JIT from source trees (scripts/bwd_scale_timing.py,
                graph ms at $SHAPES, default b1,b1_zipf12,e256,t65536): "old" = build/old_tree (`git archive <commit>
                python | tar -x -C build/old_tree`, carried) with build/old_native if carried, "new" = this tree with
-               build/native (scripts/build_native.sh), "new-tdz" = this tree with dz_native=0; then a table
+               build/native (scripts/build_native.sh), "new-tdz" = this tree without the CUDA dz
+               (TSCT_CUDA_KERNELS=none); then a table
 bwd-chunks     the same timer at b1 Zipf 1.2 / 1.5 over Config.chunk_bwd (256 .. 2048) and fs_dwd (8, 32)
 nn             test_nn_experts_gpu.py: the expert layers on the kernel paths against the fp32 padded bmm, STE layers,
                make_graphed_callables, torch.compile, counts without host syncs
@@ -314,7 +318,7 @@ stage_perf() {
 
 stage_sweep() {
   step sweep 150 python3 "$ROOT/scripts/pass_profile.py" sweep --arms "${SWEEP_ARMS:-nvfp4,sign}" \
-    --cfgs "${CFGS:-down_native_lb=0,up_native_lb=0;}" --json "$OUT/sweep.json"
+    --cfgs "${CFGS:-}" --cuda-kernels "${CUDA_SWEEP:-none;auto}" --json "$OUT/sweep.json"
 }
 
 stage_hostprof() {
@@ -357,7 +361,7 @@ stage_bwd-ab() {
   fi
   step time-new 200 $(jit_new) python3 "$timer" --label new --shapes "$shapes" --json "$OUT/time_new.json"
   if [[ -f "$ROOT/build/native/libtsct_kernels.so" ]]; then
-    step time-new-tdz 200 $(jit_new) TSCT_TRITON_GLU_CFG=dz_native=0 python3 "$timer" --label new-tdz \
+    step time-new-tdz 200 $(jit_new) TSCT_CUDA_KERNELS=none python3 "$timer" --label new-tdz \
       --shapes "$shapes" --arms bf16-kmajor --json "$OUT/time_new_tdz.json"
   fi
   python3 - "$OUT" <<'PY'

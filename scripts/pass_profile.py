@@ -2,7 +2,8 @@
 
     python3 scripts/pass_profile.py host   --arms bf16,nvfp4 [--n 30] [--top 45]
     python3 scripts/pass_profile.py device --arms bf16,bf16-kmajor,nvfp4 [--iters 10] [--json PATH]
-    python3 scripts/pass_profile.py sweep  --arms bf16-kmajor --cfgs "a=1;b=2" --aot-dirs DIR1,DIR2
+    python3 scripts/pass_profile.py sweep  --arms bf16-kmajor --cfgs "a=1;b=2" --cuda-kernels "none;auto" \
+        --aot-dirs DIR1,DIR2
 
 Both run tsct-bench's pass (``tsct.bench.arms.tsct_call``: the sort by expert, then the op through
 ``tsct.ops`` with gather, row weights and the fused combine): the forward with autograd recording (what
@@ -14,7 +15,8 @@ decision 0012).
           is the host's), then the same under cProfile: top functions by own and cumulative time.
   device  torch.profiler: device time per kernel and per pass.
   sweep   device time of the forward, and per tsct kernel of forward + backward, for each tile-config override (the
-          TSCT_TRITON_GLU_CFG syntax) and each AOT dir (``scripts/aot_sweep.py`` builds them), cubins
+          TSCT_TRITON_GLU_CFG syntax), each setting of the CUDA rows of the dispatch (TSCT_CUDA_KERNELS: none = the
+          Triton kernels where sm_90a takes CUDA ones) and each AOT dir (``scripts/aot_sweep.py`` builds them), cubins
           only (TSCT_TRITON_BACKEND=aot: a variant missing from a dir is an error, not a JIT run).
 """
 from __future__ import annotations
@@ -104,28 +106,34 @@ def device(fn, label: str, iters: int) -> dict:
     return {"device_ms": total, "kernels": [dict(name=nm, ms=t, calls=c) for nm, t, c in rows]}
 
 
-def sweep(arms: str, cfgs: str, aot_dirs: str, iters: int, backend: str) -> dict:
+def sweep(arms: str, cfgs: str, aot_dirs: str, iters: int, backend: str, cuda_kernels: str = "auto") -> dict:
     import dataclasses
     import os
 
+    from tsct import config, dispatch
     from tsct.kernels import aot
     from tsct.kernels.triton_common import runtime as C
 
     os.environ["TSCT_TRITON_BACKEND"] = backend
     base = {a: dataclasses.replace(c) for a, c in C.ARCH_CONFIGS.items()}
+    cuda0 = config.cuda_kernels
     for over in cfgs.split(";"):  # a bad override raises ValueError naming it, before the b1 inputs are built
         dataclasses.replace(C.CONFIG).update(over)
+    for ck in cuda_kernels.split(";"):  # likewise a bad TSCT_CUDA_KERNELS setting
+        config.cuda_kernels = ck
+        dispatch.cuda_kernel("glu_bwd_dz", None, "bf16")
     res = {}
     plist = list(passes(arms))  # inputs built once
     for adir in aot_dirs.split(",") if aot_dirs else ["installed"]:
         if aot_dirs:
             os.environ[aot.ENV_DIR] = adir
             aot._reset_for_tests()
-        for over in cfgs.split(";"):
+        for over, ck in ((o, c) for o in cfgs.split(";") for c in cuda_kernels.split(";")):
             for a, c in base.items():
                 C.ARCH_CONFIGS[a] = dataclasses.replace(c).update(over)
+            config.cuda_kernels = ck
             for arm, fwd, fwdbwd in plist:
-                label = f"{adir} [{over}] {arm}"
+                label = f"{adir} [{over}] [cuda {ck}] {arm}"
                 try:
                     r = device(fwdbwd, label, iters)
                     r["fwd_ms"] = device(fwd, label + " fwd", iters)["device_ms"]
@@ -135,6 +143,7 @@ def sweep(arms: str, cfgs: str, aot_dirs: str, iters: int, backend: str) -> dict
                 res[label] = r
     for a, c in base.items():
         C.ARCH_CONFIGS[a] = c
+    config.cuda_kernels = cuda0
     print("\n== sweep summary (device ms per forward + backward; tsct kernels)")
     names = ("bwd_dz", "bwd_dx_dw", "up_fwd", "combine_rows", "down_fwd", "bwd_epi")
     print("  fwd     fwd+bwd " + "  ".join(f"{n[:12]:>12}" for n in names) + "  label   (glu_* / lowbit_* kernels)")
@@ -152,6 +161,8 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("what", choices=("host", "device", "sweep"))
     ap.add_argument("--cfgs", default="", help='sweep: ";"-separated config overrides ("" = the table)')
+    ap.add_argument("--cuda-kernels", default="auto",
+                    help='sweep: ";"-separated TSCT_CUDA_KERNELS settings (auto, none, kernel lists)')
     ap.add_argument("--aot-dirs", default="", help="sweep: comma-separated AOT dirs (default: the installed one)")
     ap.add_argument("--backend", default="aot", choices=("aot", "jit"), help="sweep: TSCT_TRITON_BACKEND")
     ap.add_argument("--arms", default="bf16,bf16-kmajor")
@@ -162,7 +173,7 @@ def main() -> None:
     a = ap.parse_args()
     out = {}
     if a.what == "sweep":
-        out = sweep(a.arms, a.cfgs, a.aot_dirs, a.iters, a.backend)
+        out = sweep(a.arms, a.cfgs, a.aot_dirs, a.iters, a.backend, a.cuda_kernels)
     else:
         for arm, fwd, fwdbwd in passes(a.arms):
             for name, fn in (("fwd", fwd), ("fwdbwd", fwdbwd)):

@@ -2,8 +2,8 @@
 default, meaning; the README's table is checked against it), the settings below read them.
 
 Settings of the process, changeable at run time (``tsct.config.check_values = False``); ``check_values``,
-``warn_fallbacks`` and ``triton_glu_cfg`` are read from the environment once, at import, ``eager_direct`` and
-``csr_side_stream`` are set in code only:
+``warn_fallbacks``, ``triton_glu_cfg`` and ``cuda_kernels`` are read from the environment once, at import,
+``eager_direct`` and ``csr_side_stream`` are set in code only:
 
 ``check_values``: whether ``grouped_glu`` validates the VALUES of ``offs``, ``gather_idx`` and
 ``scatter_idx`` (non-decreasing offsets, indices in range). On a GPU this reads those tensors on the
@@ -31,6 +31,10 @@ preferred path. The counter in ``tsct.dispatch.fallback_counts()`` counts every 
 
 ``triton_glu_cfg``: ``TSCT_TRITON_GLU_CFG``, overrides of the Triton tile configuration ("name=int,...", kernel
 development); applied to the per-arch tables when ``tsct.kernels.triton_common.runtime`` is imported.
+
+``cuda_kernels``: ``TSCT_CUDA_KERNELS``, which rows of ``tsct.dispatch.CUDA_KERNELS`` (CUDA C++ stand-ins for three
+Triton kernels on sm_90a) the Triton paths take: "auto" (all, the default), "none" (the Triton kernels everywhere:
+kernel development, A/B) or a comma list of the Triton kernels to replace; consulted on every launch decision.
 
 Settings read on every call, through the functions below (tests, scripts and the first-use child set them in
 the environment of a running process): ``triton_backend()``, ``sm120_fp4()``, ``selftest_timeout()``,
@@ -69,6 +73,9 @@ VARIABLES: tuple[Variable, ...] = (
              "(`auto`); cubins only; JIT only (read per call)"),
     Variable("TSCT_TRITON_GLU_CFG", "name=int,...", "(empty)", "override fields of the Triton tile configuration "
              "(kernel development; read once)"),
+    Variable("TSCT_CUDA_KERNELS", "auto\\|none\\|list", "auto", "which CUDA C++ stand-ins for Triton kernels "
+             "(`tsct.dispatch.CUDA_KERNELS`) run: all, none (A/B), or the listed Triton kernels' (read once); "
+             "`tsct.config.cuda_kernels`"),
     Variable("TSCT_SM120_FP4", "0\\|1\\|auto", "(unset)", "`sm120-fp4` off; on without its self-test (kernel "
              "development); unset or `auto`: the self-test decides (read per call)"),
     Variable("TSCT_SELFTEST_TIMEOUT", "seconds", "300", "how long a first-use self-test child may run"),
@@ -136,6 +143,7 @@ warn_fallbacks: bool = _env_flag("TSCT_WARN_FALLBACKS", True)
 eager_direct: bool = True
 csr_side_stream: bool = True
 triton_glu_cfg: str = os.environ.get("TSCT_TRITON_GLU_CFG", "")
+cuda_kernels: str = os.environ.get("TSCT_CUDA_KERNELS", "auto")
 
 # ---- read on every call ------------------------------------------------------------------------------
 

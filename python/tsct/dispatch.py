@@ -17,6 +17,10 @@ Paths (design.md section 4):
     sm120-fp4      NVFP4 block-scaled mma.sync on 12.0 / 12.1 (CuTeDSL, tsct.kernels.sm120_fp4): NVFP4
                    activations, so only when the caller asks for them (``activations="nvfp4"``)
 
+Within the Triton paths, three Triton kernels have CUDA C++ stand-ins, rows of ``CUDA_KERNELS`` by artifact arch and
+storage format (sm_90a: the bf16 backward's dz, the low-bit down and up projections); the kernels' host code asks
+``cuda_kernel`` per call and checks the call's shape.
+
 Numerics never depend on the GPU: each path computes one activation precision (``COMPUTES``), and
 ``auto`` only chooses among the paths that compute the precision the caller asked for. The same
 request on a GPU without the NVFP4 tensor cores, or on the CPU, runs ``bmm`` with the activations
@@ -103,6 +107,70 @@ TABLE_NVFP4_ACTIVATIONS: dict[tuple[str, str], list[str]] = {
     ("sm120", "nvfp4"): [SM120_FP4, BMM],
     ("sm120", "sign"): [SM120_FP4, BMM],
 }
+
+
+# ---- CUDA C++ kernels inside the Triton paths ---------------------------------------------------------------------
+
+@dataclasses.dataclass(frozen=True)
+class CudaKernel:
+    """A CUDA C++ kernel of the native library (csrc/glu) that a Triton path runs in place of one of its Triton
+    kernels (decisions 0013, 0014): on the artifact arches where it has run and was the faster (docs/performance.md),
+    for the storage formats listed. Each call still checks its own shape and alignment (the family's host code) and
+    that the library loads; anything else runs the Triton kernel."""
+
+    replaces: str               # the Triton kernel it stands in for
+    source: str                 # its file in csrc/
+    formats: frozenset          # storage formats it reads (the factors' format; "ternary": both scalings)
+    archs: frozenset            # artifact arches (tsct.kernels.aot.artifact_arch; a proxy install is not one)
+    calls: str                  # the calls it takes, in words
+
+
+_PACKED = frozenset({"nvfp4", "sign", "fp8", "ternary"})
+#: the rows: one per Triton kernel with a CUDA stand-in. An arch without cubins (JIT: sm_80, ...) and a proxy install
+#: (docs/decisions/0017: it runs sm_120's kernels) take none; sm_100 would fit the dz (99 KB of shared memory) but
+#: nothing has run there.
+CUDA_KERNELS: tuple[CudaKernel, ...] = (
+    CudaKernel("glu_bwd_dz", "csrc/glu/dz_bf16.cu", frozenset({"bf16"}), frozenset({"sm_90a"}),
+               "bf16, r = 64, K-major w_down, 64-row tiles"),
+    CudaKernel("lowbit_down_fwd", "csrc/glu/down_nvfp4.cu", _PACKED, frozenset({"sm_90a"}),
+               "w_gate and w_up of one format, storage aligned, bf16 x, r = 64, d % 64 == 0"),
+    CudaKernel("lowbit_up_fwd", "csrc/glu/up_nvfp4.cu", _PACKED, frozenset({"sm_90a"}),
+               "storage aligned, bf16 z, r = 64, y rows 16-byte aligned"),
+)
+
+
+@functools.lru_cache(maxsize=8)
+def _cuda_kernels_on(setting: str) -> frozenset:
+    """The Triton kernels whose CUDA rows ``setting`` (``tsct.config.cuda_kernels``) leaves on."""
+    names = {k.replaces for k in CUDA_KERNELS}
+    s = setting.strip().lower()
+    if s in ("", "auto"):
+        return frozenset(names)
+    if s in ("0", "off", "none"):
+        return frozenset()
+    chosen = {t.strip() for t in s.split(",") if t.strip()}
+    if not chosen <= names:
+        raise ValueError(f"TSCT_CUDA_KERNELS / tsct.config.cuda_kernels = {setting!r}: expected auto, none or a comma "
+                         f"list of {sorted(names)}; unknown {sorted(chosen - names)}")
+    return frozenset(chosen)
+
+
+def cuda_kernel(replaces: str, arch: Optional[str], fmt: str) -> bool:
+    """Whether the Triton kernel ``replaces`` runs as its CUDA C++ row (``CUDA_KERNELS``) on artifact arch ``arch``
+    (None: no cubins for this GPU) for factors of storage format ``fmt`` ("bf16", "nvfp4", "sign", "fp8",
+    "ternary"), less the rows ``tsct.config.cuda_kernels`` turns off (``TSCT_CUDA_KERNELS``: kernel development, A/B
+    against the Triton kernels). The call's shape is the caller's to check. Raises ValueError for a bad setting."""
+    if replaces not in _cuda_kernels_on(config.cuda_kernels):
+        return False
+    return any(k.replaces == replaces and arch in k.archs and fmt in k.formats for k in CUDA_KERNELS)
+
+
+def cuda_kernels_by_arch(archs) -> dict[str, list[str]]:
+    """{artifact arch: ["<Triton kernel> (<formats>)", ...] of the CUDA rows the dispatch takes there} for ``archs``
+    (after ``tsct.config.cuda_kernels``): what the probe prints."""
+    on = _cuda_kernels_on(config.cuda_kernels)
+    return {a: [f"{k.replaces} ({', '.join(sorted(k.formats))}; {k.calls})" for k in CUDA_KERNELS
+                if a in k.archs and k.replaces in on] for a in archs}
 
 
 def arch_class(capability: Optional[tuple[int, int]]) -> str:

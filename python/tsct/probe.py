@@ -150,10 +150,11 @@ def collect(selftests: bool = True, verify_artifacts: bool = False) -> dict[str,
 
 
 def _native_glu(loadable: bool) -> dict[str, Any]:
-    """Which CUDA C++ GLU kernels of the native library the dispatch takes, per arch config (the rest run in
-    Triton): ``tsct.kernels.triton_common.runtime.native_kernels``; none anywhere when the library does not load."""
-    from tsct.kernels.triton_common import runtime as C
-    table = C.native_kernels()
+    """Which CUDA C++ stand-ins for Triton kernels the dispatch takes, per artifact arch, plus "other" (arches without
+    cubins: none): ``tsct.dispatch.cuda_kernels_by_arch``; none anywhere when the library does not load."""
+    from tsct.kernels.triton_common import specs
+
+    table = dispatch.cuda_kernels_by_arch([*specs.CONFIGS, "other"])
     return table if loadable else {arch: [] for arch in table}
 
 
@@ -328,7 +329,8 @@ def render(report: dict[str, Any]) -> None:
                   "quantize/decode use torch")
     _render_triton_aot(con, a["triton_aot"])
     if man and a.get("native_glu"):
-        con.print("CUDA C++ GLU kernels the dispatch takes instead of Triton ones (on only where they have run):")
+        con.print("CUDA C++ kernels the dispatch takes instead of Triton ones (tsct.dispatch.CUDA_KERNELS; only where "
+                  "they have run):")
         for arch, ks in a["native_glu"].items():
             con.print(f"  {arch}: {'; '.join(ks) or 'none'}")
         for arch, p in (a["triton_aot"].get("proxy") or {}).items():

@@ -211,7 +211,7 @@ def ledger(cap: tuple[int, int], monkeypatch) -> set[str]:
 
 
 def triton_config(arch: str):
-    """The arch's tile config with the CUDA kernels switched off (``runtime.NATIVE_SWITCHES``): what decides the keys of
-    its Triton launches. Two arches with equal ones have the same ledger."""
-    off = {k: 0 for _, keys in C.NATIVE_SWITCHES for k in keys}
-    return dataclasses.replace(C.ARCH_CONFIGS[arch], **off)
+    """The arch's tile config: what decides the keys of its Triton launches (the CUDA stand-ins of the dispatch,
+    ``tsct.dispatch.CUDA_KERNELS``, never run on the ledger's CPU tensors). Two arches with equal ones have the same
+    ledger."""
+    return C.ARCH_CONFIGS[arch]

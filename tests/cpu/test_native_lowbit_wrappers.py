@@ -8,13 +8,10 @@ argument order, pointers, sizes, the outputs' shapes) is checked for every forma
 
 from __future__ import annotations
 
-import dataclasses
-
 import pytest
 import torch
 
 from tsct import quant
-from tsct.kernels.triton_glu import specs
 from tsct.kernels.triton_lowbit import glu as L
 from tsct.native import _ops
 
@@ -179,37 +176,45 @@ def test_validate_false_marshals_the_same_and_skips_checks(calls, fmt):
                                max_tiles=5, validate=False)
 
 
-def test_dispatch_storage_predicate():
-    """NVFP4 needs 16-byte aligned codes, sign 8-byte bits and 16-byte a, and sign its own flag; fp8 and ternary
-    16-byte codes (ternary's rank-1 scale_k 16-byte too), each behind its own flag."""
+def test_dispatch_storage_predicate(monkeypatch):
+    """The CUDA projections take a format where the dispatch has their row (sm_90a; ``TSCT_CUDA_KERNELS`` turns it off)
+    and its storage is aligned as they read it: NVFP4 16-byte codes, sign 8-byte bits and 16-byte a, fp8 and ternary
+    16-byte codes (ternary's rank-1 scale_k 16-byte too)."""
+    from tsct import config
+
+    monkeypatch.setattr(config, "cuda_kernels", "auto")
     g = torch.Generator().manual_seed(3)
-    cfg = dataclasses.replace(specs.Config(), down_native_lb=1, up_native_lb=1)
+    sm90, sm120 = (9, 0), (12, 0)
     nv = list(packed(torch.randn(E, D, R, generator=g), "nvfp4"))
     sg = list(packed(torch.randn(E, D, R, generator=g), "sign"))
-    assert L._native_packed(cfg, L.NVFP4, nv, nv)
-    assert not L._native_packed(cfg, L.SIGN, sg)  # sign_native_lb off (the default Config)
-    on = dataclasses.replace(cfg, sign_native_lb=1)
-    assert L._native_packed(on, L.SIGN, sg)
+    for kernel in ("lowbit_down_fwd", "lowbit_up_fwd"):
+        assert L._native_packed(kernel, sm90, L.NVFP4, nv, nv)
+        assert L._native_packed(kernel, sm90, L.SIGN, sg)
+        assert not L._native_packed(kernel, sm120, L.NVFP4, nv, nv)  # no row for sm_120
+        assert not L._native_packed(kernel, (8, 9), L.SIGN, sg)  # nor for a JIT arch
     buf = torch.zeros(sg[1].numel() * 4 + 16, dtype=torch.uint8)
     a_off = buf[4: 4 + sg[1].numel() * 4].view(torch.float32).view(sg[1].shape)
     assert a_off.data_ptr() % 16 == 4
-    assert not L._native_packed(on, L.SIGN, [sg[0], a_off, sg[2]])
-    assert not L._native_packed(on, L.DENSE, [torch.zeros(4)])
-    for fmt, code, switch in (("fp8", L.FP8, "fp8_native_lb"), ("ternary", L.TERNARY, "ternary_native_lb"),
-                              ("ternary_r1", L.TERNARY_R1, "ternary_native_lb")):
+    assert not L._native_packed("lowbit_down_fwd", sm90, L.SIGN, [sg[0], a_off, sg[2]])
+    assert not L._native_packed("lowbit_down_fwd", sm90, L.DENSE, [torch.zeros(4)])
+    for fmt, code in (("fp8", L.FP8), ("ternary", L.TERNARY), ("ternary_r1", L.TERNARY_R1)):
         st = list(packed(torch.randn(E, D, R, generator=g), fmt))
         assert L.factor_format(quant.quantize(torch.randn(E, D, R), *FMTS[fmt][:1], **FMTS[fmt][1])) == code
-        assert not L._native_packed(cfg, code, st, st)  # its switch off (the default Config)
-        fon = dataclasses.replace(cfg, **{switch: 1})
-        assert L._native_packed(fon, code, st, st)
+        assert L._native_packed("lowbit_up_fwd", sm90, code, st, st)
+        assert not L._native_packed("lowbit_up_fwd", sm120, code, st, st)
         buf = torch.zeros(st[0].numel() + 16, dtype=torch.uint8)
         c_off = buf[8: 8 + st[0].numel()].view(st[0].shape)
-        assert c_off.data_ptr() % 16 == 8 and not L._native_packed(fon, code, [c_off, st[1], st[2]])
+        assert c_off.data_ptr() % 16 == 8 and not L._native_packed("lowbit_up_fwd", sm90, code, [c_off, st[1], st[2]])
         if st[1] is not None:
             buf = torch.zeros(st[1].numel() * 4 + 16, dtype=torch.uint8)
             k_off = buf[4: 4 + st[1].numel() * 4].view(torch.float32).view(st[1].shape)
-            assert not L._native_packed(fon, code, [st[0], k_off, st[2]])
-    assert specs.CONFIGS["sm_90a"].fp8_native_lb and specs.CONFIGS["sm_90a"].ternary_native_lb
+            assert not L._native_packed("lowbit_up_fwd", sm90, code, [st[0], k_off, st[2]])
+    # the developer switch: rows off by name, or all
+    monkeypatch.setattr(config, "cuda_kernels", "lowbit_up_fwd")
+    assert L._native_packed("lowbit_up_fwd", sm90, L.NVFP4, nv) and not L._native_packed("lowbit_down_fwd", sm90,
+                                                                                          L.NVFP4, nv, nv)
+    monkeypatch.setattr(config, "cuda_kernels", "none")
+    assert not L._native_packed("lowbit_up_fwd", sm90, L.NVFP4, nv)
 
 
 def test_int64_offs_rejected_by_name():

@@ -181,7 +181,8 @@ def test_a_proxy_install_serves_9_0_with_sm120s_config(proxy_install):
     assert aot.proxy("sm_120") is None and aot.summary()[PROXY]["glu_down_fwd"] == _n_variants("glu_down_fwd")
     cfg = C.tile_config((9, 0))
     assert cfg == C.ARCH_CONFIGS["sm_120"] and cfg != C.ARCH_CONFIGS["sm_90a"]
-    assert not any(getattr(cfg, k) for _, keys in C.NATIVE_SWITCHES for k in keys)
+    assert C.kernel_arch((9, 0)) == "sm_120"  # so no CUDA row of the dispatch (they are sm_90a's)
+    assert not any(C.cuda_kernel(k.replaces, (9, 0), f) for k in dispatch.CUDA_KERNELS for f in k.formats)
     assert triton_glu.status((9, 0), "bf16") == (True, f"AOT cubins for {PROXY}")  # no "backward dz: CUDA"
     assert triton_lowbit.aot_arch((9, 0)) == PROXY
     assert not dispatch.status(dispatch.SM120_FP4, (9, 0), "nvfp4").ok

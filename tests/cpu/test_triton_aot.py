@@ -90,7 +90,7 @@ def test_config_overrides_apply_and_bad_ones_name_the_item():
                        ("stages_dz_t=two", "expected stages_dz_t=<integer"), ("=3", "unknown field ''"),
                        ("bm=-64", "bm must be a power of two"), ("warps_up=-1", "warps_up must be a power of two"),
                        ("bm=0", "bm must be a power of two"), ("bn_up=96", "bn_up must be a power of two"),
-                       ("warps_dwd=6", "warps_dwd must be a power of two"), ("dz_native=2", "dz_native must be 0 or 1"),
+                       ("warps_dwd=6", "warps_dwd must be a power of two"), ("vec_up=2", "vec_up must be 0 or 1"),
                        ("fs_dz_native=0", "fs_dz_native must be an integer >= 1"),
                        ("stages_up=0", "stages_up must be an integer >= 1"),
                        ("chunk_bwd=96", r"chunk_bwd \(96\) must be a multiple of bm \(64\)"),
@@ -98,7 +98,9 @@ def test_config_overrides_apply_and_bad_ones_name_the_item():
         with pytest.raises(ValueError, match=words):
             CS.config_for((9, 0)).update(bad)
     # counts need not be powers of two; switches take 0 and 1
-    assert CS.config_for((9, 0)).update("ndb_bwd=3,fs_dwd=12,dz_native=0").ndb_bwd == 3
+    assert CS.config_for((9, 0)).update("ndb_bwd=3,fs_dwd=12,vec_up=0").ndb_bwd == 3
+    with pytest.raises(ValueError, match="unknown field 'dz_native'"):  # the CUDA stand-ins are dispatch rows
+        CS.config_for((9, 0)).update("dz_native=0")
     # blanks around "=" as around the items
     assert CS.config_for((9, 0)).update(" bm = 32 ,warps_up= 2").bm == 32
 
@@ -517,8 +519,10 @@ def test_chunk_size_bounds_the_workspace():
 
 
 def test_status_reasons(monkeypatch, tmp_path):
+    from tsct import config
     from tsct.kernels import triton_glu as TG
-    from tsct.kernels.triton_common import runtime as C
+
+    monkeypatch.setattr(config, "cuda_kernels", "auto")
 
     # a fake install with sm_90a cubins only
     (tmp_path / "sm_90a").mkdir()
@@ -544,28 +548,37 @@ def test_status_reasons(monkeypatch, tmp_path):
         ok, why = TG.status((9, 0), "fp16", "fp16")  # no fp16 cubins
         assert not ok and why == ("TSCT_TRITON_BACKEND=aot but this install has no cubin for fp16 activations "
                                   "(Triton JIT runs them)")
-        monkeypatch.setitem(C.ARCH_CONFIGS, "sm_90a", C.ARCH_CONFIGS["sm_90a"].update("dz_native=0"))
+        monkeypatch.setattr(config, "cuda_kernels", "lowbit_down_fwd,lowbit_up_fwd")
         assert TG.status((9, 0), "bf16") == (True, "AOT cubins for sm_90a")
     finally:
         aot._reset_for_tests()
 
 
 def test_cuda_dz_only_where_timed(monkeypatch):
-    """The CUDA glu_bwd_dz (decision 0013) is on for sm_90a only: JIT arches get sm_90a's tiles without it
-    (sm_86 / sm_89 lack its 99 KB of shared memory), and the sm_100a / sm_120 tables leave it off."""
+    """The CUDA glu_bwd_dz (decision 0013) is a dispatch row for sm_90a only: JIT arches (sm_86 / sm_89 lack its
+    99 KB of shared memory), sm_100a and sm_120 take the Triton kernel; ``TSCT_CUDA_KERNELS`` turns rows off."""
+    from tsct import config, dispatch
     from tsct.kernels.triton_common import runtime as C
-    from tsct.kernels.triton_glu import glu, specs
+    from tsct.kernels.triton_glu import glu
 
-    assert specs.CONFIGS["sm_90a"].dz_native == 1
-    assert specs.CONFIGS["sm_100a"].dz_native == 0 and specs.CONFIGS["sm_120"].dz_native == 0
-    if "dz_native" not in os.environ.get("TSCT_TRITON_GLU_CFG", ""):
-        assert C.tile_config((9, 0)).dz_native == 1
-        for cap in ((8, 0), (8, 6), (8, 9), (10, 3), (12, 0)):
-            assert C.tile_config(cap).dz_native == 0, cap
+    monkeypatch.setattr(config, "cuda_kernels", "auto")
+    assert C.cuda_kernel("glu_bwd_dz", (9, 0), "bf16")
+    assert not C.cuda_kernel("glu_bwd_dz", (9, 0), "fp16")
+    for cap in ((8, 0), (8, 6), (8, 9), (10, 0), (10, 3), (12, 0), (12, 1)):
+        assert not C.cuda_kernel("glu_bwd_dz", cap, "bf16"), cap
+        assert not any(C.cuda_kernel(k.replaces, cap, f) for k in dispatch.CUDA_KERNELS for f in k.formats), cap
+    for setting, on in (("none", False), ("off", False), ("0", False), ("glu_bwd_dz", True),
+                        (" lowbit_up_fwd , glu_bwd_dz", True), ("lowbit_down_fwd", False), ("", True)):
+        monkeypatch.setattr(config, "cuda_kernels", setting)
+        assert C.cuda_kernel("glu_bwd_dz", (9, 0), "bf16") == on, setting
+    monkeypatch.setattr(config, "cuda_kernels", "glu_bwd_dz,dz")
+    with pytest.raises(ValueError, match=r"TSCT_CUDA_KERNELS.*unknown \['dz'\]"):
+        C.cuda_kernel("glu_bwd_dz", (9, 0), "bf16")
+    monkeypatch.setattr(config, "cuda_kernels", "auto")
     # the launch-level conditions: bf16, r = 64, K-major, CUDA tensors (a CPU tensor never takes it)
     cfg = C.tile_config((9, 0))
     cpu = torch.zeros(4, 64, dtype=torch.bfloat16)
-    assert not glu._native_dz(cfg, True, 64, torch.bfloat16, cpu, cpu)
+    assert not glu._native_dz(cfg, (9, 0), True, 64, torch.bfloat16, cpu, cpu)
 
 
 def test_kernel_table_matches_the_triton_sources():

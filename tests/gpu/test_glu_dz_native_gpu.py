@@ -160,8 +160,8 @@ def test_dz_native_without_dw_writes_only_dz():
 
 
 def test_op_backward_takes_native_dz_on_sm90():
-    """bf16, r = 64, K-major w_down: the Triton path's backward runs the CUDA dz where the arch's config
-    enables it (sm_90a), and its gradients match the fp32 reference."""
+    """bf16, r = 64, K-major w_down: the Triton path's backward runs the CUDA dz where the dispatch has its row
+    (sm_90a, ``tsct.dispatch.CUDA_KERNELS``), and its gradients match the fp32 reference."""
     from tsct import reference as Rf
     from tsct.kernels import triton_glu as TG
     from tsct.kernels.layout import to_kmajor
@@ -169,9 +169,9 @@ def test_op_backward_takes_native_dz_on_sm90():
     from tsct.kernels.triton_glu import glu
 
     cap = torch.cuda.get_device_capability()
-    enabled = bool(C.tile_config(cap).dz_native)
-    if cap == (9, 0) and "dz_native" not in os.environ.get("TSCT_TRITON_GLU_CFG", ""):
-        assert enabled, "sm_90a's config enables the CUDA dz"
+    enabled = C.cuda_kernel("glu_bwd_dz", cap, "bf16")
+    if cap == (9, 0) and os.environ.get("TSCT_CUDA_KERNELS", "auto") == "auto":
+        assert enabled, "sm_90a has the CUDA dz row"
     g = torch.Generator().manual_seed(7)
     T, E, d, f = 200, 5, 128, 5461
     counts = [0, 100, 70, 1, 229]

@@ -12,8 +12,8 @@ not, scales and row weights or not, d = 64 and 2048, a NaN x row and a NaN block
 Up projection: y against (z @ W_hat) * row_weight in fp64 (one bf16 rounding: tolerance 1e-2) and against the
 Triton kernel ``lowbit_up_fwd``; pad columns [f, ldy) zero, rows past offs[-1] unwritten, same bits twice; f = 5461,
 37, 64 and 200 (odd, partial 64-column steps), experts with 0 to 150 rows, a NaN z row.
-Also: the low-bit forward takes these kernels where ``Config.down_native_lb`` / ``up_native_lb`` are on
-(backend counts), and bad arguments raise errors that name them. FP8 and ternary: products whose fp32 sums are
+Also: the low-bit forward takes these kernels where the dispatch has their rows (``tsct.dispatch.CUDA_KERNELS``;
+backend counts), and bad arguments raise errors that name them. FP8 and ternary: products whose fp32 sums are
 exact (small integer x, codes of few significant bits) give the Triton kernels' bits (hg, hu and y: the same
 decoded values and scale multiplies; only the summation order differs), and the NaN codes (fp8 0x7F / 0xFF,
 ternary 0b10) poison exactly their rank / column.
@@ -21,6 +21,7 @@ ternary 0b10) poison exactly their rank / column.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 
 import pytest
@@ -32,7 +33,7 @@ if not torch.cuda.is_available():
     pytest.skip("needs a CUDA GPU", allow_module_level=True)
 
 import tsct  # noqa: E402
-from tsct import native, quant  # noqa: E402
+from tsct import config, native, quant  # noqa: E402
 from tsct.kernels.triton_common import runtime as C  # noqa: E402
 from tsct.kernels.triton_lowbit import glu as L  # noqa: E402
 
@@ -41,6 +42,22 @@ if not native.available():
 
 DEV = torch.device("cuda")
 R = 64
+
+
+@contextlib.contextmanager
+def triton_only():
+    """The Triton kernels, not their CUDA rows of the dispatch (``tsct.config.cuda_kernels``), inside the block."""
+    saved = config.cuda_kernels
+    config.cuda_kernels = "none"
+    try:
+        yield
+    finally:
+        config.cuda_kernels = saved
+
+
+def native_on(kernel: str, q) -> bool:
+    """The dispatch has the CUDA row of the Triton kernel ``kernel`` for q's format on this GPU."""
+    return C.cuda_kernel(kernel, C.device_capability(DEV), L._FMT_NAMES[L.factor_format(q)])
 
 
 def poison() -> None:
@@ -170,16 +187,17 @@ def test_against_reference_and_triton(case, save, fmt):
         if pad:
             assert torch.isnan(hg[mv:]).all() and torch.isnan(hu[mv:]).all()
     # the Triton kernel on the same inputs (forced: the dispatch would pick the CUDA kernel on sm_90)
-    cfg = C.tile_config(C.device_capability(DEV))
-    tcfg = dataclasses.replace(cfg, down_native_lb=0)
+    tcfg = C.tile_config(C.device_capability(DEV))
     zt = torch.empty_like(z)
     hgt = torch.empty_like(hg) if save else None
     hut = torch.empty_like(hu) if save else None
     pg, pu = list(args(p["qg"])), list(args(p["qu"]))
     e = p["offs"].shape[0]
     fc = L.factor_format(p["qg"])
-    L._down(p["x"], p["gidx"], p["offs"], C.tile_cum(p["offs"], tcfg.bm), -(-p["m"] // tcfg.bm) + e, fc, pg, fc, pu,
-            p["sg"], p["su"], p["rw"] if save else None, zt, hgt, hut, p["m"], tcfg, True, C.device_capability(DEV))
+    with triton_only():
+        L._down(p["x"], p["gidx"], p["offs"], C.tile_cum(p["offs"], tcfg.bm), -(-p["m"] // tcfg.bm) + e, fc, pg, fc,
+                pu, p["sg"], p["su"], p["rw"] if save else None, zt, hgt, hut, p["m"], tcfg, True,
+                C.device_capability(DEV))
     if mv:
         assert rel(z[:mv], zt[:mv]) < TTOL[fmt]
         if save:
@@ -227,18 +245,11 @@ def test_nan_row_and_nan_block_scale():
     assert torch.isfinite(hg[20:, torch.arange(R, device=DEV) != 9]).all()
 
 
-def native_on(cfg, switch, q) -> bool:
-    """The arch's Config runs the CUDA projection (``switch``: down_native_lb / up_native_lb) for q's format."""
-    fswitch = L._NATIVE_SWITCH.get(L.factor_format(q))
-    return bool(getattr(cfg, switch)) and (fswitch is None or bool(getattr(cfg, fswitch)))
-
-
 @pytest.mark.parametrize("fmt", FMTS)
 def test_dispatch_counts(fmt):
-    cfg = C.tile_config(C.device_capability(DEV))
     p = make([10, 40, 0, 70], 256, seed=1, fmt=fmt)
-    if not native_on(cfg, "down_native_lb", p["qg"]):
-        pytest.skip("Config.down_native_lb (or the format's switch) is off for this arch")
+    if not native_on("lowbit_down_fwd", p["qg"]):
+        pytest.skip("no CUDA row of lowbit_down_fwd for this format on this arch (tsct.dispatch.CUDA_KERNELS)")
     e = p["offs"].shape[0]
     wd = qz((torch.randn(e, R, 96) * 0.05).to(DEV), fmt)
     before = L.backend_counts().get(("native", "lowbit_down_fwd"), 0)
@@ -339,11 +350,12 @@ def test_up_against_reference_and_triton(case, fmt):
     assert (y[:mv, f:] == 0).all()  # pad columns: 0 * row weight
     if pad:
         assert torch.isnan(y[mv:].float()).all()  # padding rows never written
-    cfg = dataclasses.replace(C.tile_config(C.device_capability(DEV)), up_native_lb=0)
+    cfg = C.tile_config(C.device_capability(DEV))
     yt = torch.full_like(y, float("nan"))
     e = p["offs"].shape[0]
-    L._up(p["z"], p["offs"], C.tile_cum(p["offs"], cfg.bm), -(-p["m"] // cfg.bm) + e, L.factor_format(p["qd"]),
-          list(up_args(p["qd"])), p["rw"], yt, f, p["m"], cfg, True, C.device_capability(DEV), pad=True)
+    with triton_only():
+        L._up(p["z"], p["offs"], C.tile_cum(p["offs"], cfg.bm), -(-p["m"] // cfg.bm) + e, L.factor_format(p["qd"]),
+              list(up_args(p["qd"])), p["rw"], yt, f, p["m"], cfg, True, C.device_capability(DEV), pad=True)
     assert rel(y[:mv, :f], yt[:mv, :f]) < TTOL[fmt]
     y2 = run_up(p, ldy)
     assert torch.equal(y[:mv].view(torch.int16), y2[:mv].view(torch.int16))
@@ -360,10 +372,9 @@ def test_up_nan_row(fmt):
 
 @pytest.mark.parametrize("fmt", FMTS)
 def test_up_dispatch_counts(fmt):
-    cfg = C.tile_config(C.device_capability(DEV))
     p = make([10, 40, 0, 70], 256, seed=1, fmt=fmt)
-    if not native_on(cfg, "up_native_lb", p["qg"]):
-        pytest.skip("Config.up_native_lb (or the format's switch) is off for this arch")
+    if not native_on("lowbit_up_fwd", p["qg"]):
+        pytest.skip("no CUDA row of lowbit_up_fwd for this format on this arch (tsct.dispatch.CUDA_KERNELS)")
     e = p["offs"].shape[0]
     wd = qz((torch.randn(e, R, 96) * 0.05).to(DEV), fmt)
     before = L.backend_counts().get(("native", "lowbit_up_fwd"), 0)
@@ -451,10 +462,9 @@ def test_sign_nan_scales():
 def test_mixed_and_misaligned_stay_on_triton():
     """Gate NVFP4 + up sign (one kernel takes one format) and sign storage off its alignment keep the Triton
     down kernel; the results still match the reference."""
-    cfg = C.tile_config(C.device_capability(DEV))
-    if not cfg.down_native_lb:
-        pytest.skip("Config.down_native_lb is off for this arch")
     p = make([10, 40, 0, 70], 256, seed=6)
+    if not (native_on("lowbit_down_fwd", p["qg"]) and native_on("lowbit_down_fwd", ps["qg"])):
+        pytest.skip("no CUDA row of lowbit_down_fwd for NVFP4 and sign on this arch (tsct.dispatch.CUDA_KERNELS)")
     ps = make([10, 40, 0, 70], 256, seed=6, fmt="sign")
     e = p["offs"].shape[0]
     wd = quant.quantize((torch.randn(e, R, 96) * 0.05).to(DEV), "nvfp4")
@@ -465,7 +475,8 @@ def test_mixed_and_misaligned_stay_on_triton():
     assert after.get(("aot", "lowbit_down_fwd"), 0) + after.get(("jit", "lowbit_down_fwd"), 0) > \
         before.get(("aot", "lowbit_down_fwd"), 0) + before.get(("jit", "lowbit_down_fwd"), 0)
     pg = args(ps["qg"])
-    assert not L._native_packed(dataclasses.replace(cfg, sign_native_lb=1), L.SIGN, [pg[0], _misaligned(pg[1], 4),
+    assert L._native_packed("lowbit_down_fwd", C.device_capability(DEV), L.SIGN, pg)
+    assert not L._native_packed("lowbit_down_fwd", C.device_capability(DEV), L.SIGN, [pg[0], _misaligned(pg[1], 4),
                                                                                      pg[2]])
 
 
@@ -506,12 +517,13 @@ def test_exact_sums_give_the_triton_bits(fmt, d):
     qg, qu = exact_factor(e, d, R, fmt, g), exact_factor(e, d, R, fmt, g)
     p = dict(fmt=fmt, x=x, offs=offs, qg=qg, qu=qu, m=m, gidx=gidx, sg=None, su=None, rw=None)
     z, hg, hu = run_native(p, True)
-    cfg = dataclasses.replace(C.tile_config(C.device_capability(DEV)), down_native_lb=0, up_native_lb=0)
+    cfg = C.tile_config(C.device_capability(DEV))
     cap = C.device_capability(DEV)
     hgt, hut, zt = torch.empty_like(hg), torch.empty_like(hu), torch.empty_like(z)
     fc = L.factor_format(qg)
-    L._down(x, gidx, offs, C.tile_cum(offs, cfg.bm, cap), -(-m // cfg.bm) + e, fc, list(args(qg)), fc,
-            list(args(qu)), None, None, None, zt, hgt, hut, m, cfg, True, cap)
+    with triton_only():
+        L._down(x, gidx, offs, C.tile_cum(offs, cfg.bm, cap), -(-m // cfg.bm) + e, fc, list(args(qg)), fc,
+                list(args(qu)), None, None, None, zt, hgt, hut, m, cfg, True, cap)
     assert torch.isfinite(hg).all() and hg.abs().max() > 0
     assert torch.equal(hg, hgt) and torch.equal(hu, hut)
     # the up projection: z of small integers, the same exact factors
@@ -522,8 +534,9 @@ def test_exact_sums_give_the_triton_bits(fmt, d):
     pu = dict(z=zi, offs=offs, qd=qd, fmt=fmt, m=m, mv=m, f=f, rw=rw)
     y = run_up(pu, 200)
     yt = torch.full_like(y, float("nan"))
-    L._up(zi, offs, C.tile_cum(offs, cfg.bm, cap), -(-m // cfg.bm) + e, L.factor_format(qd), list(args(qd)), rw, yt,
-          f, m, cfg, True, cap, pad=True)
+    with triton_only():
+        L._up(zi, offs, C.tile_cum(offs, cfg.bm, cap), -(-m // cfg.bm) + e, L.factor_format(qd), list(args(qd)), rw,
+              yt, f, m, cfg, True, cap, pad=True)
     assert torch.isfinite(y.float()).all() and torch.equal(y.view(torch.int16), yt.view(torch.int16))
 
 
@@ -572,11 +585,10 @@ def test_nan_codes(fmt):
 def test_ternary_mixed_scalings_stay_on_triton():
     """w_gate with the absmean scaling and w_up with the rank-1 one (one kernel takes one scaling) keep the Triton
     down kernel; the result still matches the reference."""
-    cfg = C.tile_config(C.device_capability(DEV))
     p = make([10, 40, 0, 70], 256, seed=6, fmt="ternary")
     p1 = make([10, 40, 0, 70], 256, seed=6, fmt="ternary_r1")
-    if not native_on(cfg, "down_native_lb", p["qg"]):
-        pytest.skip("Config.down_native_lb (or ternary_native_lb) is off for this arch")
+    if not native_on("lowbit_down_fwd", p["qg"]):
+        pytest.skip("no CUDA row of lowbit_down_fwd for ternary on this arch (tsct.dispatch.CUDA_KERNELS)")
     p["qu"] = p1["qu"]
     before = L.backend_counts().get(("native", "lowbit_down_fwd"), 0)
     z = L.down_forward(p["x"], p["offs"], p["qg"], p["qu"], p["sg"], p["su"], p["gidx"])

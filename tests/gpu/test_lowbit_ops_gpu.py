@@ -39,8 +39,8 @@ AUTO_FMTS = ("nvfp4", "sign", "mixed", "dense_gate")  # the formats auto sends t
 DECODED_FMTS = ("fp8", "ternary", "mixed_decoded")  # triton-lowbit only when forced
 NAMES = ("w_gate", "w_up", "w_down")
 
-# the CUDA projections (Config.down_native_lb / up_native_lb, decision 0014) replace the two forward Triton
-# kernels for NVFP4 factors at r = 64 where the arch table turns them on; TSCT_TRITON_BACKEND governs Triton only
+# the CUDA projections (rows of tsct.dispatch.CUDA_KERNELS, decision 0014) replace the two forward Triton
+# kernels for packed factors at r = 64 where the dispatch has those rows; TSCT_TRITON_BACKEND governs Triton only
 NATIVE = {("native", "lowbit_down_fwd"), ("native", "lowbit_up_fwd")}
 
 def rel(a, b):

@@ -63,7 +63,8 @@ def test_install_is_sm120s_table_assembled_for_sm90():
 def test_config_is_sm120s_and_no_cuda_kernel_replaces_a_triton_one():
     cfg = C.tile_config(CAP)
     assert cfg == C.ARCH_CONFIGS["sm_120"]
-    assert not any(getattr(cfg, k) for _, keys in C.NATIVE_SWITCHES for k in keys)
+    assert C.kernel_arch(CAP) == "sm_120"  # so no CUDA row of the dispatch (they are sm_90a's)
+    assert not any(C.cuda_kernel(k.replaces, CAP, f) for k in dispatch.CUDA_KERNELS for f in k.formats)
     assert cfg.planes_up_lb == 1 and cfg.stages_down == 2  # two of sm_120's own tiles
     st = dispatch.status(dispatch.SM120_FP4, CAP, "nvfp4")  # the OMMA kernels are not proxied: refused, and why
     assert not st.ok and "12.0" in st.reason, st

@@ -33,9 +33,9 @@ from tsct.kernels import launch
 from tsct.kernels.triton_common import specs
 from tsct.kernels.triton_common.specs import Config
 
-__all__ = ["ARCH_CONFIGS", "CONFIG", "overridden", "tile_config", "native_kernels", "FAMILY", "backend_counts",
-           "launch_kernel", "cdiv", "device_props", "device_capability", "aligned_launch", "native_smem_ok",
-           "scales_f32", "scales_in", "as_f32", "as_i64", "tile_cum", "link_csr", "linked_csr", "build_csr",
+__all__ = ["ARCH_CONFIGS", "CONFIG", "overridden", "kernel_arch", "tile_config", "cuda_kernel", "FAMILY",
+           "backend_counts", "launch_kernel", "cdiv", "device_props", "device_capability", "aligned_launch",
+           "native_smem_ok", "scales_f32", "scales_in", "as_f32", "as_i64", "tile_cum", "link_csr", "linked_csr", "build_csr",
            "csr_overlap", "combine", "combine_forward", "dx_csr", "zero_tail", "zero_saved_tails", "saved_like_r",
            "BwdPlan", "chunk_size", "bwd_plan", "chunked_programs", "dwd_chunks", "dw_chunks", "bwd_epilogue"]
 
@@ -51,10 +51,9 @@ def _arch_configs() -> dict[str, Config]:
 
 
 ARCH_CONFIGS: dict[str, Config] = _arch_configs()
-# CONFIG: every arch without AOT cubins (JIT: sm_80, sm_86, sm_89, ...) gets sm_90a's tiles, but not its CUDA dz:
-# that kernel was timed on sm_90 only and needs more shared memory than sm_86 / sm_89 have (decision 0013)
-CONFIG = dataclasses.replace(ARCH_CONFIGS[specs.DEFAULT_ARCH_CONFIG], dz_native=0, down_native_lb=0,
-                             up_native_lb=0, sign_native_lb=0)
+# CONFIG: every arch without AOT cubins (JIT: sm_80, sm_86, sm_89, ...) gets sm_90a's tiles (not its CUDA kernels:
+# ``kernel_arch`` is None there, and tsct.dispatch.CUDA_KERNELS has rows for artifact arches only)
+CONFIG = ARCH_CONFIGS[specs.DEFAULT_ARCH_CONFIG]
 
 
 @contextlib.contextmanager
@@ -74,32 +73,29 @@ def overridden(spec: str):
         CONFIG = saved[1]
 
 
-def tile_config(cap: tuple[int, int]) -> Config:
-    """The tile config of every Triton family on compute capability ``cap``: the arch's whose cubins this install runs
-    there (a proxy install, decision 0017, runs the proxied arch's: sm_120's on 9.0, so its Triton kernels, not
-    sm_90's CUDA ones), ``CONFIG`` on an arch without cubins."""
+def kernel_arch(cap: tuple[int, int]) -> Optional[str]:
+    """The arch whose kernels this install runs on compute capability ``cap``: its artifact arch's table (a proxy
+    install, decision 0017, runs the proxied arch's: sm_120's on 9.0), None on an arch without cubins (JIT). Keys
+    the tile configs (``tile_config``) and the CUDA rows of the dispatch (``tsct.dispatch.cuda_kernel``)."""
     from tsct.kernels import aot
 
-    return ARCH_CONFIGS.get(specs.table_arch(aot.artifact_arch(cap)) or "", CONFIG)
+    arch = specs.table_arch(aot.artifact_arch(cap))
+    return arch if arch in ARCH_CONFIGS else None
 
 
-# The CUDA C++ kernels of the native library that the dispatch takes instead of a Triton kernel, by the Config switch
-# that enables each (decisions 0013, 0014): on only where they have run (docs/performance.md).
-NATIVE_SWITCHES = (
-    ("bf16 backward dz (r 64, K-major w_down)", ("dz_native",)),
-    ("NVFP4 down + up projections (r 64)", ("down_native_lb", "up_native_lb")),
-    ("sign down + up projections (r 64)", ("down_native_lb", "up_native_lb", "sign_native_lb")),
-    ("FP8 down + up projections (r 64)", ("down_native_lb", "up_native_lb", "fp8_native_lb")),
-    ("ternary down + up projections (r 64)", ("down_native_lb", "up_native_lb", "ternary_native_lb")),
-)
+def tile_config(cap: tuple[int, int]) -> Config:
+    """The tile config of every Triton family on compute capability ``cap``: ``kernel_arch``'s, ``CONFIG`` on an arch
+    without cubins."""
+    return ARCH_CONFIGS.get(kernel_arch(cap) or "", CONFIG)
 
 
-def native_kernels() -> dict[str, list[str]]:
-    """{arch config: [the CUDA C++ GLU kernels its dispatch takes]} for every arch with a Config
-    (``specs.CONFIGS``, after ``TSCT_TRITON_GLU_CFG``) plus "other" (JIT archs); a down + up pair counts when both
-    are on (each is also switched alone)."""
-    archs = {**ARCH_CONFIGS, "other": CONFIG}
-    return {a: [name for name, keys in NATIVE_SWITCHES if all(getattr(c, k) for k in keys)] for a, c in archs.items()}
+def cuda_kernel(replaces: str, cap: tuple[int, int], fmt: str) -> bool:
+    """Whether the dispatch runs the Triton kernel ``replaces`` as its CUDA C++ row on compute capability ``cap`` for
+    storage format ``fmt`` (``tsct.dispatch.cuda_kernel`` at ``kernel_arch(cap)``); the call's shape is the caller's
+    to check."""
+    from tsct import dispatch
+
+    return dispatch.cuda_kernel(replaces, kernel_arch(cap), fmt)
 
 
 # ---- the launcher of the shared kernels: the AOT cubins (tsct.kernels.aot) or Triton JIT -------------------------

@@ -95,10 +95,9 @@ class Config:
     warps_dwd: int = 4
     stages_dwd: int = 1
     waves_chunked: int = 4    # programs of the chunked kernels and slot sums per SM (they walk their work items)
-    # glu_bwd_dz in CUDA C++ (csrc/glu/dz_bf16.cu; bf16, r = 64, K-major w_down, native library present):
-    # 1 = use it instead of the Triton kernel. Only where it was timed (sm_90a: docs/performance.md).
-    dz_native: int = 0
-    fs_dz_native: int = 2     # its f slices (partial sums reduced in order by glu_bwd_epi)
+    # f slices of glu_bwd_dz's CUDA stand-in where the dispatch takes it (tsct.dispatch.CUDA_KERNELS; partial sums
+    # reduced in order by glu_bwd_epi)
+    fs_dz_native: int = 2
     # the low-bit kernels (triton_lowbit): their decode makes other tiles win than the bf16 kernels'
     warps_up_lb: int = 4
     dec16_up_lb: int = 1      # lowbit_up_fwd decodes w_down straight to bf16 (triton_lowbit.specs.up_dec16)
@@ -110,13 +109,6 @@ class Config:
     # (docs/performance.md), so off everywhere; sm_120's table ships it for an opt-in (OPT_IN_PLANES_DOWN)
     planes_down_lb: int = 0
     stages_down_lb: int = 4
-    # lowbit_down_fwd in CUDA C++ (csrc/glu/down_nvfp4.cu: NVFP4 w_gate and w_up, bf16 x, r = 64, d % 64 == 0,
-    # native library present): 1 = use it instead of the Triton kernel. Only where it ran (docs/performance.md).
-    down_native_lb: int = 0
-    up_native_lb: int = 0     # lowbit_up_fwd in CUDA C++ (csrc/glu/up_nvfp4.cu: NVFP4 w_down, r = 64, padded y)
-    sign_native_lb: int = 0   # the same two CUDA kernels for sign factors too (run on the H200)
-    fp8_native_lb: int = 0    # ... for FP8 factors (decision 0014's amendment: the format a template parameter)
-    ternary_native_lb: int = 0  # ... for ternary factors (both scalings)
     stages_dxdw_lb: int = 1
     # d blocks per program of lowbit_bwd_dx_dw when experts average <= bm rows (as ndb_bwd); with a sign w_gate or
     # w_up: ndb_dxdw_sign_lb (the multi-block variant holds both paths: 161 registers against 128 for sign, one CTA
@@ -154,9 +146,8 @@ class Config:
         return out
 
 
-#: Config fields that are 0/1 switches (a variant or a CUDA kernel on or off)
-SWITCH_FIELDS = frozenset({"vec_up", "vec_dz", "vec_dz_t", "dz_native", "dec16_up_lb", "planes_up_lb", "planes_down_lb",
-                           "down_native_lb", "up_native_lb", "sign_native_lb", "fp8_native_lb", "ternary_native_lb"})
+#: Config fields that are 0/1 switches (a kernel variant on or off)
+SWITCH_FIELDS = frozenset({"vec_up", "vec_dz", "vec_dz_t", "dec16_up_lb", "planes_up_lb", "planes_down_lb"})
 #: Config fields that are tile extents (``tl.arange`` sizes): powers of two; so are the warps_* fields
 POW2_FIELDS = frozenset({"bm", "br_max", "bk", "bn_up", "bn_bwd", "bd_bwd", "block_e", "bn_combine", "bn_up_vec",
                          "bn_up_t", "bn_dwd"})
@@ -197,9 +188,8 @@ MAX_SHARED: dict[str, int] = {"sm_90a": 232448, "sm_100a": 232448, "sm_120": 101
 CONFIGS: dict[str, Config] = {
     # the chunked dW kernels: 16 programs per SM and 8-warp glu_bwd_dwd (H200, Zipf 1.2 / 1.5, T 65536, E 256:
     # 3-8 % less forward+backward than 4 and 4; docs/performance.md)
-    "sm_90a": Config(dz_native=1, down_native_lb=1, up_native_lb=1, sign_native_lb=1, fp8_native_lb=1,
-                     ternary_native_lb=1, waves_chunked=16, warps_dwd=8),
-    "sm_100a": Config(),  # the CUDA dz fits sm_100 (99 KB shared memory) but has not run there
+    "sm_90a": Config(waves_chunked=16, warps_dwd=8),
+    "sm_100a": Config(),
     # ~99 KB of shared memory per block: fewer stages. Every field an H200 sweep changed
     # stays at its previous value here (nothing has been timed on an sm_120 card; docs/performance.md);
     # 16 GB of device memory: a smaller bound on the backward's reduction workspace

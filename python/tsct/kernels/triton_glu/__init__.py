@@ -54,7 +54,7 @@ def _native_dz_note(capability: tuple[int, int]) -> str:
     """Where the backward's dz runs in CUDA C++ (decision 0013), say so: the probe names what will run."""
     from tsct.kernels.triton_common import runtime as C
 
-    if not C.tile_config(tuple(capability)).dz_native:
+    if not C.cuda_kernel("glu_bwd_dz", tuple(capability), "bf16"):
         return ""
     from tsct import native
 

@@ -75,12 +75,14 @@ def _wd_layout(w_down: Tensor, aligned: bool) -> tuple[Tensor, bool]:
     return w_down.contiguous(), False
 
 
-def _native_dz(cfg: Config, wd_t: bool, r: int, dtype: torch.dtype, go: Tensor, zw: Tensor) -> bool:
-    """Whether glu_bwd_dz runs as the CUDA kernel (csrc/glu/dz_bf16.cu): enabled for the arch
-    (``Config.dz_native``), bf16, r = 64, K-major w_down (``wd_t``: only on aligned launches, so
+def _native_dz(cfg: Config, cap: tuple[int, int], wd_t: bool, r: int, dtype: torch.dtype, go: Tensor,
+               zw: Tensor) -> bool:
+    """Whether glu_bwd_dz runs as the CUDA kernel (csrc/glu/dz_bf16.cu): a row of the dispatch for this arch
+    (``tsct.dispatch.CUDA_KERNELS``), bf16, r = 64, K-major w_down (``wd_t``: only on aligned launches, so
     grad_out is 16-byte aligned already), 16-byte aligned contiguous zw, row tiles of the kernel's 64 rows
     (``cfg.bm``: the tile map is shared), on a GPU with the native library loaded and the kernel's shared memory."""
-    if not (cfg.dz_native and wd_t and r == 64 and dtype == torch.bfloat16 and go.is_cuda and cfg.bm == 64):
+    if not (wd_t and r == 64 and dtype == torch.bfloat16 and go.is_cuda and cfg.bm == 64
+            and C.cuda_kernel("glu_bwd_dz", cap, "bf16")):
         return False
     if zw.data_ptr() % 16 or not zw.is_contiguous():
         return False
@@ -277,8 +279,8 @@ def grouped_glu_backward(
                      BM=bm, BR=br, BK=bk, BLOCK_E=cfg.block_e),
                 cfg.warps_down, cfg.stages_down, al, cap, dev)
     # 2. dz0 partials over f slices on the row tiles (and dWd of the one-tile experts): the CUDA kernel where the
-    # config enables it and the launch fits it, else one Triton program per (row tile, rank block, f slice)
-    if _native_dz(cfg, wd_t, r, dtype, go, zw):
+    # dispatch has its row and the launch fits it, else one Triton program per (row tile, rank block, f slice)
+    if _native_dz(cfg, cap, wd_t, r, dtype, go, zw):
         from tsct import native
 
         n_fs = max(1, min(cfg.fs_dz_native, C.cdiv(f, 64)))

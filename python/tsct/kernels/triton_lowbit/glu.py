@@ -167,29 +167,27 @@ def _aligned(x: Tensor, d: int, r: int, *packed: list) -> bool:
 
 
 # Alignment (bytes) the CUDA kernels need of each packed storage tensor (_factor_args order; None slots unread), by
-# format; the Config switch each format needs besides down_native_lb / up_native_lb.
+# format.
 _NATIVE_ALIGN = {NVFP4: (16, 4, 4), SIGN: (8, 16, 4), FP8: (16, 1, 4), TERNARY: (16, 1, 4), TERNARY_R1: (16, 16, 4)}
-_NATIVE_SWITCH = {SIGN: "sign_native_lb", FP8: "fp8_native_lb", TERNARY: "ternary_native_lb",
-                  TERNARY_R1: "ternary_native_lb"}
 
 
-def _native_packed(cfg, fmt: int, *packed: list) -> bool:
-    """The CUDA kernels take this format on this arch (sign, fp8 and ternary only with their ``Config`` switch:
-    ``_NATIVE_SWITCH``) and its packed storage is aligned as they read it."""
-    if fmt not in _NATIVE_ALIGN or (fmt in _NATIVE_SWITCH and not getattr(cfg, _NATIVE_SWITCH[fmt])):
+def _native_packed(kernel: str, cap: tuple[int, int], fmt: int, *packed: list) -> bool:
+    """The dispatch has the CUDA row of the Triton kernel ``kernel`` for this format on this arch
+    (``tsct.dispatch.CUDA_KERNELS``) and the packed storage is aligned as the CUDA kernel reads it."""
+    if fmt not in _NATIVE_ALIGN or not C.cuda_kernel(kernel, cap, _FMT_NAMES[fmt]):
         return False
     return all(t is None or t.data_ptr() % a == 0 for p in packed for t, a in zip(p, _NATIVE_ALIGN[fmt]))
 
 
-def _native_down(cfg, fg: int, fu: int, x: Tensor, r: int, d: int, pg: list, pu: list) -> bool:
-    """Whether lowbit_down_fwd runs as the CUDA kernel (csrc/glu/down_nvfp4.cu): enabled for the arch
-    (``Config.down_native_lb``), w_gate and w_up of one format, NVFP4 (or sign, fp8, ternary with one scaling: each
-    with its own switch, ``_native_packed``), with their packed storage aligned as the kernel reads it, bf16 x with
-    16-byte aligned rows, r = 64, d % 64 == 0, on a GPU with the native library loaded and the kernel's shared
-    memory (offs: int32 and contiguous, as ``_dims`` and every entry point make sure)."""
-    if not (cfg.down_native_lb and fg == fu and _native_packed(cfg, fg, pg, pu) and r == 64 and d % 64 == 0
-            and x.is_cuda and x.dtype == torch.bfloat16 and x.stride(0) % 8 == 0 and x.stride(0) >= d
-            and x.data_ptr() % 16 == 0):
+def _native_down(cap: tuple[int, int], fg: int, fu: int, x: Tensor, r: int, d: int, pg: list, pu: list) -> bool:
+    """Whether lowbit_down_fwd runs as the CUDA kernel (csrc/glu/down_nvfp4.cu): a row of the dispatch for this
+    arch and format (``_native_packed``), w_gate and w_up of one format (NVFP4, sign, fp8 or ternary with one
+    scaling) with their packed storage aligned as the kernel reads it, bf16 x with 16-byte aligned rows, r = 64,
+    d % 64 == 0, on a GPU with the native library loaded and the kernel's shared memory (offs: int32 and
+    contiguous, as ``_dims`` and every entry point make sure)."""
+    if not (fg == fu and r == 64 and d % 64 == 0 and x.is_cuda and x.dtype == torch.bfloat16
+            and x.stride(0) % 8 == 0 and x.stride(0) >= d and x.data_ptr() % 16 == 0
+            and _native_packed("lowbit_down_fwd", cap, fg, pg, pu)):
         return False
     return C.native_smem_ok(f"tsctk_glu_down_fwd_{_FMT_NAMES[fg]}", x.device)
 
@@ -210,7 +208,7 @@ def _down(x, gidx, offs, cum, max_tiles, fg, pg, fu, pu, sg, su, rw, z, hg, hu, 
     ``sg`` / ``su``: ``runtime.scales_in``'s (fp32 or x's dtype; the CUDA kernel reads either, the Triton one fp32).
     ``cum`` / ``max_tiles``: the tile map of ``cfg.bm`` rows (the CUDA kernel's tiles are 64 rows)."""
     e, r, d = offs.shape[0], z.shape[1], x.shape[1]
-    if _native_down(cfg, fg, fu, x, r, d, pg, pu):
+    if _native_down(cap, fg, fu, x, r, d, pg, pu):
         from tsct import native
 
         cum, max_tiles = _native_tiles(offs, cum, max_tiles, m, cfg, cap)
@@ -231,14 +229,13 @@ def _down(x, gidx, offs, cum, max_tiles, fg, pg, fu, pu, sg, su, rw, z, hg, hu, 
             WARPS_DECODE, cfg.stages_down_lb, aligned, cap, x.device)
 
 
-def _native_up(cfg, fd: int, z: Tensor, y: Tensor, r: int, pd: list) -> bool:
-    """Whether lowbit_up_fwd runs as the CUDA kernel (csrc/glu/up_nvfp4.cu): enabled for the arch
-    (``Config.up_native_lb``), a w_down the kernel takes (``_native_packed``: NVFP4, sign, fp8, ternary) with its
-    packed storage aligned as the kernel reads it,
-    r = 64, bf16 z, y rows 16-byte aligned (the padded y of the combine, or f % 8 == 0), on a GPU with the
-    native library and the kernel's shared memory (offs as for ``_native_down``)."""
-    if not (cfg.up_native_lb and _native_packed(cfg, fd, pd) and r == 64 and z.is_cuda and z.dtype == torch.bfloat16
-            and y.shape[1] % 8 == 0 and y.data_ptr() % 16 == 0 and z.data_ptr() % 16 == 0):
+def _native_up(cap: tuple[int, int], fd: int, z: Tensor, y: Tensor, r: int, pd: list) -> bool:
+    """Whether lowbit_up_fwd runs as the CUDA kernel (csrc/glu/up_nvfp4.cu): a row of the dispatch for this arch
+    and w_down's format (``_native_packed``: NVFP4, sign, fp8, ternary) with its packed storage aligned as the
+    kernel reads it, r = 64, bf16 z, y rows 16-byte aligned (the padded y of the combine, or f % 8 == 0), on a GPU
+    with the native library and the kernel's shared memory (offs as for ``_native_down``)."""
+    if not (r == 64 and z.is_cuda and z.dtype == torch.bfloat16 and y.shape[1] % 8 == 0 and y.data_ptr() % 16 == 0
+            and z.data_ptr() % 16 == 0 and _native_packed("lowbit_up_fwd", cap, fd, pd)):
         return False
     return C.native_smem_ok(f"tsctk_glu_up_fwd_{_FMT_NAMES[fd]}", z.device)
 
@@ -248,7 +245,7 @@ def _up(z, offs, cum, max_tiles, fd, pd, rw, y, f, m, cfg, aligned, cap, pad: bo
     be written): the CUDA kernel where ``_native_up`` allows, else the Triton kernel ``lowbit_up_fwd``.
     ``rw`` (fp32 or None) multiplies each row; ``cum`` / ``max_tiles``: the tile map of ``cfg.bm`` rows."""
     e, r = offs.shape[0], z.shape[1]
-    if _native_up(cfg, fd, z, y, r, pd):
+    if _native_up(cap, fd, z, y, r, pd):
         from tsct import native
 
         cum, max_tiles = _native_tiles(offs, cum, max_tiles, m, cfg, cap)
