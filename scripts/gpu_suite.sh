@@ -96,6 +96,7 @@ nn             test_nn_experts_gpu.py: the expert layers on the kernel paths aga
 train          examples/train_moe_lm.py --preset gpu --require-gate: the training A/B (TRAIN_STEPS steps, else
                TRAIN_BUDGET seconds, default 220) -> <date>_<gpu>_moe-lm_<commit>.json (+ .png with matplotlib)
 ep             test_nn_parallel_gpu.py: expert parallelism and FSDP2 over NCCL (needs 2 GPUs)
+ep-run         scripts/ep_run.py: expert parallelism at b1 per GPU, timed by phase, 2 GPUs then 1 -> ep_run_w{2,1}.json
 EOF
 }
 
@@ -404,6 +405,14 @@ stage_train() {
 
 stage_ep() {
   step ep 420 env PYTHONPATH="$ROOT/tests" bash -c "pyt '$T/test_nn_parallel_gpu.py'"
+}
+
+stage_ep-run() {
+  local run=(env TSCT_BENCH_GIT_COMMIT="${COMMIT:-}" python3 "$ROOT/scripts/ep_run.py")
+  step ep-run 300 "${run[@]}" --world 2 --json "$OUT/ep_run_w2.json"
+  tail -n 3 "$OUT/ep-run.log"
+  step ep-run-w1 240 "${run[@]}" --world 1 --json "$OUT/ep_run_w1.json"
+  tail -n 2 "$OUT/ep-run-w1.log"
 }
 
 if [[ $# == 0 || $1 == --list || $1 == -h || $1 == --help ]]; then

@@ -9,7 +9,7 @@ backward. How this fits FSDP2, torchtitan and Megatron: docs/distributed.md.
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import Callable, Optional
 
 import torch
 import torch.distributed as dist
@@ -58,9 +58,18 @@ class ExpertParallelGLU(nn.Module):
             the capacity, did not).
         dropped: 0-d int64, rows dropped for capacity on this rank.
 
+    Timing hook (off by default): ``phase_hook``, when not None, is called as ``t = phase_hook(phase, t)`` where each
+    phase of the forward starts, with the tensor the phase begins on: ``"dispatch"`` (the send buffer, before the row
+    exchange), ``"experts"`` (the received rows, before ``grouped_glu``), ``"combine"`` (the experts' output, before
+    the return exchange), ``"weighting"`` (the returned rows, before the k-row sum). It must return a tensor with
+    t's values (an identity autograd Function that records a CUDA event in its forward and backward marks the
+    backward's phases too; scripts/ep_run.py times the phases so). Off, it costs one ``is None`` test per phase.
+
     Deterministic: the same inputs give the same bits on every run (the exchanges move data, every sum runs in
     a fixed order). Every rank of the group must call forward (and backward) together, as with any collective.
     """
+
+    phase_hook: Optional[Callable[[str, Tensor], Tensor]] = None
 
     def __init__(self, experts: GroupedGLUExperts, group: Optional[dist.ProcessGroup] = None,
                  capacity: Optional[int] = None):
@@ -107,7 +116,7 @@ class ExpertParallelGLU(nn.Module):
         compute dtype); as ``GroupedGLUExperts.forward`` over all E experts, less the dropped rows."""
         from tsct.ops import sort_by_expert
 
-        local = self.experts
+        local, hook = self.experts, self.phase_hook
         local._check_routing(x, topk_ids, topk_weights)
         w_, n_local, e_all = self.world_size, local.num_experts, self.num_experts
         t, k = topk_ids.shape
@@ -153,6 +162,8 @@ class ExpertParallelGLU(nn.Module):
         slot_of = torch.empty_like(slot_sorted).scatter_(0, s.order, slot_sorted)
         x_rows = x.unsqueeze(1).expand(t, k, d).reshape(m, d)
         send = x_rows.new_zeros(n_send + 1, d).index_copy(0, slot_of, x_rows)[:n_send]
+        if hook is not None:
+            send = hook("dispatch", send)
         recv = funcol.all_to_all_single_autograd(send, recv_sizes, send_sizes, self.group)
 
         # 4. local experts on the receive buffer: received row p of source block j belongs to local expert l if it
@@ -164,10 +175,16 @@ class ExpertParallelGLU(nn.Module):
         seg = torch.searchsorted(seg_end, torch.arange(n_recv, device=dev), right=True)
         key = torch.remainder(seg, n_local + 1).unsqueeze(1)
         so = sort_by_expert(key, n_local)
+        if hook is not None:
+            recv = hook("experts", recv)
         y = local.grouped_glu(recv, so.offs, gather_idx=so.token, scatter_idx=so.token, num_out_rows=n_recv)
+        if hook is not None:
+            y = hook("combine", y)
 
         # 5. results back, each token's k rows summed with its router weights (dropped rows read the zero row)
         back = funcol.all_to_all_single_autograd(y, send_sizes, recv_sizes, self.group)
+        if hook is not None:
+            back = hook("weighting", back)
         back = torch.cat([back, back.new_zeros(1, back.shape[1])])
         y_rows = back.index_select(0, slot_of).float()
         if topk_weights is not None:
