@@ -43,31 +43,32 @@ def variants(fmt: str, arch: str, opt_in: bool = False):
     scales, row weight, r = 64, aligned tiles), forward and backward; ``opt_in``: lowbit_down_fwd's byte-plane
     variants instead of the default ones where the arch's table ships both (``specs.down_planes_shipped``)."""
     cfg = specs.CONFIGS[arch]
+    sh, lt = cfg.shared, cfg.lowbit
     dt = "*bf16"
     f = FMT[fmt]
     g = _ptrs(fmt, dt)
-    planes = down_planes_shipped(cfg, arch, f, f, cfg.bk)[-1] if opt_in else down_planes(cfg, f, f, cfg.bk)
+    planes = down_planes_shipped(cfg, arch, f, f, sh.bk)[-1] if opt_in else down_planes(cfg, f, f, sh.bk)
     for bwd in (False, True):
         types = [dt, "*i64", "*i32", "*i32", *g, *g, "*fp32", "*fp32", dt,
                  "*fp32" if bwd else "*i8", "*fp32" if bwd else "*i8", "*fp32" if bwd else "*i8",
                  "i32", "i32", "i32", "i32"]
         yield ("lowbit_down_fwd", types,
                dict(FMT_G=f, FMT_U=f, HAS_GATHER=True, HAS_SG=True, HAS_SU=True, HAS_RW=bwd, BWD=bwd,
-                    PLANES=planes, BM=cfg.bm, BR=64, BK=cfg.bk, BLOCK_E=cfg.block_e),
-               WARPS_DECODE, cfg.stages_down_lb)
+                    PLANES=planes, BM=sh.bm, BR=64, BK=sh.bk, BLOCK_E=sh.block_e),
+               WARPS_DECODE, lt.stages_down_lb)
     yield ("lowbit_up_fwd", [dt, "*i32", "*i32", *g, "*fp32", dt, "i32", "i32", "i32", "i32"],
            dict(FMT_D=f, HAS_RW=True, SINGLE_K=True, Y_PAD=True, DEC16=up_dec16(cfg, 64),
-                PLANES=up_planes(cfg, f, True, 64), BM=cfg.bm, BN=cfg.bn_up, BK=64,
-                BLOCK_E=cfg.block_e),
-           cfg.warps_up_lb, cfg.stages_up)
+                PLANES=up_planes(cfg, f, True, 64), BM=sh.bm, BN=lt.bn_up_lb, BK=64,
+                BLOCK_E=sh.block_e),
+           lt.warps_up_lb, lt.stages_up_lb)
     yield ("lowbit_bwd_dz", [dt, "*i64", "*i32", "*i32", *g, dt, "*fp32", dt, "i32", "i32", "i32", "i32", "i32"],
-           dict(FMT_D=f, HAS_SCATTER=True, DO_DWD=False, BM=cfg.bm, BR=64, BN=cfg.bn_bwd, BLOCK_E=cfg.block_e),
-           WARPS_DECODE, cfg.stages_bwd_dz)
+           dict(FMT_D=f, HAS_SCATTER=True, DO_DWD=False, BM=sh.bm, BR=64, BN=lt.bn_dz_lb, BLOCK_E=sh.block_e),
+           WARPS_DECODE, lt.stages_dz_lb)
     yield ("lowbit_bwd_dx_dw", [dt, "*i64", "*i32", "*i32", *g, *g, dt, dt, dt, "*i8", "*i8", "i32", "i32", "i32",
                                 "i32"],
-           dict(FMT_G=f, FMT_U=f, HAS_GATHER=True, DO_DX=True, DO_DW=False, BM=cfg.bm, BD=cfg.bd_bwd, BR=64,
-                NDB=dxdw_ndb(cfg, f, f), BLOCK_E=cfg.block_e),
-           WARPS_DECODE, cfg.stages_dxdw_lb)
+           dict(FMT_G=f, FMT_U=f, HAS_GATHER=True, DO_DX=True, DO_DW=False, BM=sh.bm, BD=lt.bd_dxdw_lb, BR=64,
+                NDB=dxdw_ndb(cfg, f, f), BLOCK_E=sh.block_e),
+           WARPS_DECODE, lt.stages_dxdw_lb)
 
 
 def _resources(cubin: bytes) -> str:

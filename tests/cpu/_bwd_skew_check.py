@@ -97,7 +97,7 @@ def oracle_grads(args, expert_of_row, go):
 
 
 def run_backward(fam, args, go, ch=None, block_e=None, fval=float("nan")):
-    """The family's backward with ``torch.empty`` poisoned (``fval``), with CONFIG.chunk_bwd / block_e set."""
+    """The family's backward with ``torch.empty`` poisoned (``fval``), with chunk_bwd / block_e set (``overridden``)."""
     spec = ",".join(f"{k}={v}" for k, v in (("chunk_bwd", ch), ("block_e", block_e)) if v)
     with G.overridden(spec):
         torch.empty = _poisoned(fval)
@@ -178,8 +178,8 @@ def check_maps() -> tuple[bool, str]:
     counts = torch.randint(0, 140, (2500,), generator=g) * (torch.rand(2500, generator=g) < 0.5)
     counts[17] = 5000
     offs = counts.cumsum(0).to(torch.int32)
-    bm, ch = C.CONFIG.bm, 128
-    cfg = C.dataclasses.replace(C.CONFIG, chunk_bwd=ch)
+    bm, ch = C.CONFIG.shared.bm, 128
+    cfg = C.CONFIG.update(f"chunk_bwd={ch}")
     plan = C.bwd_plan(offs, int(offs[-1]) + 5, 64, cfg, (0, 0))
     t = -(-counts // bm)
     k = -(-counts // plan.ch)

@@ -83,8 +83,10 @@ def test_release_arches_are_the_build_default_and_sm100a_stays_buildable():
 
 
 def test_config_overrides_apply_and_bad_ones_name_the_item():
-    cfg = CS.config_for((9, 0)).update(" stages_dz_t=3, warps_up_lb=2 ,")
-    assert (cfg.stages_dz_t, cfg.warps_up_lb) == (3, 2)
+    cfg = CS.config_for((9, 0)).update(" stages_dz_t=3, warps_up_lb=2 , bm=32")
+    assert (cfg.glu.stages_dz_t, cfg.lowbit.warps_up_lb, cfg.shared.bm) == (3, 2, 32)  # each field in its table
+    assert [cfg.table_of(n) for n in ("stages_dz_t", "warps_up_lb", "bm", "bm_down")] == ["glu", "lowbit", "shared",
+                                                                                           None]
     assert CS.config_for((9, 0)).update("") == specs.CONFIGS["sm_90a"]  # "" changes nothing
     for bad, words in (("stages_dz=3", "unknown field 'stages_dz'"), ("stages_dz_t", "expected stages_dz_t=<integer"),
                        ("stages_dz_t=two", "expected stages_dz_t=<integer"), ("=3", "unknown field ''"),
@@ -98,20 +100,24 @@ def test_config_overrides_apply_and_bad_ones_name_the_item():
         with pytest.raises(ValueError, match=words):
             CS.config_for((9, 0)).update(bad)
     # counts need not be powers of two; switches take 0 and 1
-    assert CS.config_for((9, 0)).update("ndb_bwd=3,fs_dwd=12,vec_up=0").ndb_bwd == 3
+    assert CS.config_for((9, 0)).update("ndb_bwd=3,fs_dwd=12,vec_up=0").glu.ndb_bwd == 3
     with pytest.raises(ValueError, match="unknown field 'dz_native'"):  # the CUDA stand-ins are dispatch rows
         CS.config_for((9, 0)).update("dz_native=0")
     # blanks around "=" as around the items
-    assert CS.config_for((9, 0)).update(" bm = 32 ,warps_up= 2").bm == 32
+    assert CS.config_for((9, 0)).update(" bm = 32 ,warps_up= 2").shared.bm == 32
 
 
 def test_every_arch_config_obeys_the_override_rules():
     """The shipped tables hold only values an override could set (the rules describe the fields as they are)."""
+    names = [f.name for t in (CS.SharedTiles, CS.GluTiles, CS.LowbitTiles) for f in dataclasses.fields(t)]
+    assert len(names) == len(set(names))  # one override string names any field of any table
+    assert CS.SWITCH_FIELDS <= set(names) and CS.POW2_FIELDS <= set(names)
     for arch, cfg in CS.CONFIGS.items():
-        for f in dataclasses.fields(cfg):
-            rule, ok = CS.field_rule(f.name)
-            assert ok(getattr(cfg, f.name)), f"{arch}: {f.name}={getattr(cfg, f.name)} is not {rule}"
-        assert cfg.chunk_bwd % cfg.bm == 0, arch
+        for table in (cfg.shared, cfg.glu, cfg.lowbit):
+            for f in dataclasses.fields(table):
+                rule, ok = CS.field_rule(f.name)
+                assert ok(getattr(table, f.name)), f"{arch}: {f.name}={getattr(table, f.name)} is not {rule}"
+        assert cfg.shared.chunk_bwd % cfg.shared.bm == 0, arch
 
 
 def test_config_override_from_the_environment_is_named(monkeypatch):
@@ -119,7 +125,7 @@ def test_config_override_from_the_environment_is_named(monkeypatch):
     from tsct.kernels.triton_common import runtime
 
     monkeypatch.setattr(config, "triton_glu_cfg", "bm=32")
-    assert {c.bm for c in runtime._arch_configs().values()} == {32}
+    assert {c.shared.bm for c in runtime._arch_configs().values()} == {32}
     monkeypatch.setattr(config, "triton_glu_cfg", "bm_down=32")
     with pytest.raises(ValueError, match=r"TSCT_TRITON_GLU_CFG='bm_down=32': .*unknown field 'bm_down'"):
         runtime._arch_configs()
@@ -512,10 +518,10 @@ def test_chunk_size_bounds_the_workspace():
     assert C.chunk_size(cfg, 131072, slot) == 2048  # T 65536: 128 slots
     for m in (1, 100, 5000, 32768, 131072, 1 << 22):
         ch = C.chunk_size(cfg, m, slot)
-        assert ch % cfg.bm == 0 and ch >= cfg.chunk_bwd
-        assert ch >= m or -(-2 * m // ch) * slot * 4 <= cfg.ws_bwd_mib << 20, (m, ch)
+        assert ch % cfg.shared.bm == 0 and ch >= cfg.shared.chunk_bwd
+        assert ch >= m or -(-2 * m // ch) * slot * 4 <= cfg.shared.ws_bwd_mib << 20, (m, ch)
     small = CS.config_for((12, 0))
-    assert small.ws_bwd_mib < cfg.ws_bwd_mib and C.chunk_size(small, 32768, slot) == 2048
+    assert small.shared.ws_bwd_mib < cfg.shared.ws_bwd_mib and C.chunk_size(small, 32768, slot) == 2048
 
 
 def test_status_reasons(monkeypatch, tmp_path):

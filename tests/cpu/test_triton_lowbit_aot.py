@@ -311,4 +311,4 @@ def test_first_use_selftest_shape_takes_the_sm120_byte_plane_kernels():
     single, bk = LS.up_k(r, aligned=d % 16 == 0 and r % 16 == 0)
     assert single and bk == 64, (d, r)
     assert LS.up_planes(cfg, LS.NVFP4, single, bk) and LS.up_planes(cfg, LS.SIGN, single, bk)
-    assert d >= cfg.bk and LS.down_planes_ok(LS.NVFP4, LS.SIGN, cfg.bk)
+    assert d >= cfg.shared.bk and LS.down_planes_ok(LS.NVFP4, LS.SIGN, cfg.shared.bk)

@@ -195,8 +195,9 @@ def test_against_reference_and_triton(case, save, fmt):
     e = p["offs"].shape[0]
     fc = L.factor_format(p["qg"])
     with triton_only():
-        L._down(p["x"], p["gidx"], p["offs"], C.tile_cum(p["offs"], tcfg.bm), -(-p["m"] // tcfg.bm) + e, fc, pg, fc,
-                pu, p["sg"], p["su"], p["rw"] if save else None, zt, hgt, hut, p["m"], tcfg, True,
+        bm = tcfg.shared.bm
+        L._down(p["x"], p["gidx"], p["offs"], C.tile_cum(p["offs"], bm), -(-p["m"] // bm) + e, fc, pg, fc, pu,
+                p["sg"], p["su"], p["rw"] if save else None, zt, hgt, hut, p["m"], tcfg, True,
                 C.device_capability(DEV))
     if mv:
         assert rel(z[:mv], zt[:mv]) < TTOL[fmt]
@@ -354,7 +355,8 @@ def test_up_against_reference_and_triton(case, fmt):
     yt = torch.full_like(y, float("nan"))
     e = p["offs"].shape[0]
     with triton_only():
-        L._up(p["z"], p["offs"], C.tile_cum(p["offs"], cfg.bm), -(-p["m"] // cfg.bm) + e, L.factor_format(p["qd"]),
+        bm = cfg.shared.bm
+        L._up(p["z"], p["offs"], C.tile_cum(p["offs"], bm), -(-p["m"] // bm) + e, L.factor_format(p["qd"]),
               list(up_args(p["qd"])), p["rw"], yt, f, p["m"], cfg, True, C.device_capability(DEV), pad=True)
     assert rel(y[:mv, :f], yt[:mv, :f]) < TTOL[fmt]
     y2 = run_up(p, ldy)
@@ -522,7 +524,8 @@ def test_exact_sums_give_the_triton_bits(fmt, d):
     hgt, hut, zt = torch.empty_like(hg), torch.empty_like(hu), torch.empty_like(z)
     fc = L.factor_format(qg)
     with triton_only():
-        L._down(x, gidx, offs, C.tile_cum(offs, cfg.bm, cap), -(-m // cfg.bm) + e, fc, list(args(qg)), fc,
+        bm = cfg.shared.bm
+        L._down(x, gidx, offs, C.tile_cum(offs, bm, cap), -(-m // bm) + e, fc, list(args(qg)), fc,
                 list(args(qu)), None, None, None, zt, hgt, hut, m, cfg, True, cap)
     assert torch.isfinite(hg).all() and hg.abs().max() > 0
     assert torch.equal(hg, hgt) and torch.equal(hu, hut)
@@ -535,7 +538,7 @@ def test_exact_sums_give_the_triton_bits(fmt, d):
     y = run_up(pu, 200)
     yt = torch.full_like(y, float("nan"))
     with triton_only():
-        L._up(zi, offs, C.tile_cum(offs, cfg.bm, cap), -(-m // cfg.bm) + e, L.factor_format(qd), list(args(qd)), rw,
+        L._up(zi, offs, C.tile_cum(offs, bm, cap), -(-m // bm) + e, L.factor_format(qd), list(args(qd)), rw,
               yt, f, m, cfg, True, cap, pad=True)
     assert torch.isfinite(y.float()).all() and torch.equal(y.view(torch.int16), yt.view(torch.int16))
 

@@ -65,7 +65,7 @@ def test_config_is_sm120s_and_no_cuda_kernel_replaces_a_triton_one():
     assert cfg == C.ARCH_CONFIGS["sm_120"]
     assert C.kernel_arch(CAP) == "sm_120"  # so no CUDA row of the dispatch (they are sm_90a's)
     assert not any(C.cuda_kernel(k.replaces, CAP, f) for k in dispatch.CUDA_KERNELS for f in k.formats)
-    assert cfg.planes_up_lb == 1 and cfg.stages_down == 2  # two of sm_120's own tiles
+    assert cfg.lowbit.planes_up_lb == 1 and cfg.glu.stages_down == 2  # two of sm_120's own tiles
     st = dispatch.status(dispatch.SM120_FP4, CAP, "nvfp4")  # the OMMA kernels are not proxied: refused, and why
     assert not st.ok and "12.0" in st.reason, st
 

@@ -35,9 +35,10 @@ from tsct.kernels.triton_common.specs import Config
 
 __all__ = ["ARCH_CONFIGS", "CONFIG", "overridden", "kernel_arch", "tile_config", "cuda_kernel", "FAMILY",
            "backend_counts", "launch_kernel", "cdiv", "device_props", "device_capability", "aligned_launch",
-           "native_smem_ok", "scales_f32", "scales_in", "as_f32", "as_i64", "tile_cum", "link_csr", "linked_csr", "build_csr",
-           "csr_overlap", "combine", "combine_forward", "dx_csr", "zero_tail", "zero_saved_tails", "saved_like_r",
-           "BwdPlan", "chunk_size", "bwd_plan", "chunked_programs", "dwd_chunks", "dw_chunks", "bwd_epilogue"]
+           "native_smem_ok", "scales_f32", "scales_in", "as_f32", "as_i64", "tile_cum", "link_csr", "linked_csr",
+           "build_csr", "csr_overlap", "combine", "combine_forward", "dx_csr", "zero_tail", "zero_saved_tails",
+           "saved_like_r", "BwdPlan", "chunk_size", "bwd_plan", "chunked_programs", "dwd_chunks", "dw_chunks",
+           "bwd_epilogue"]
 
 # ---- tile configs at run time (specs.CONFIGS: one table per arch, shared with the AOT build) -----------------------
 
@@ -449,7 +450,7 @@ def zero_tail(out: Tensor, offs: Tensor, e: int, cfg: Config, cap) -> None:
         return
     bm, bn = specs.ZERO_TAIL_BM, specs.ZERO_TAIL_BN
     launch_kernel("zero_tail_rows", (cdiv(m, bm), cdiv(ncols, bn)), [out, offs, e, m, ncols], dict(BM=bm, BN=bn),
-                  cfg.warps_zero, 3, True, cap, out.device)
+                  cfg.shared.warps_zero, 3, True, cap, out.device)
 
 
 def zero_saved_tails(saved: Sequence[Tensor], offs: Tensor, bm: int, cap) -> Tensor:
@@ -500,12 +501,13 @@ class BwdPlan:
 
 
 def chunk_size(cfg: Config, m: int, slot_elems: int) -> int:
-    """Rows per chunk of the chunked dW reductions: ``cfg.chunk_bwd`` (rounded to a multiple of ``cfg.bm``), doubled
-    until the workspace the worst routing can need (cdiv(2 m, ch) slots of ``slot_elems`` fp32: an expert of n >= 2
-    chunks has more than (n - 1) ch >= n ch / 2 rows) fits ``cfg.ws_bwd_mib`` MiB, or no expert can have two chunks
-    (ch >= m). A function of the shape only, so the bits of dW depend on nothing the device decides."""
-    ch = max(cfg.bm, cfg.chunk_bwd // cfg.bm * cfg.bm)
-    while ch < m and cdiv(2 * m, ch) * slot_elems * 4 > cfg.ws_bwd_mib << 20:
+    """Rows per chunk of the chunked dW reductions: ``cfg.shared.chunk_bwd`` (rounded to a multiple of
+    ``cfg.shared.bm``), doubled until the workspace the worst routing can need (cdiv(2 m, ch) slots of ``slot_elems``
+    fp32: an expert of n >= 2 chunks has more than (n - 1) ch >= n ch / 2 rows) fits ``cfg.shared.ws_bwd_mib`` MiB, or
+    no expert can have two chunks (ch >= m). A function of the shape only, so the bits of dW depend on nothing the
+    device decides."""
+    ch = max(cfg.shared.bm, cfg.shared.chunk_bwd // cfg.shared.bm * cfg.shared.bm)
+    while ch < m and cdiv(2 * m, ch) * slot_elems * 4 > cfg.shared.ws_bwd_mib << 20:
         ch *= 2
     return ch
 
@@ -516,21 +518,21 @@ def bwd_plan(offs: Tensor, m: int, slot_elems: int, cfg: Config, cap) -> BwdPlan
     e = offs.shape[0]
     ch = chunk_size(cfg, m, slot_elems)
     maps = torch.empty(4, e, device=offs.device, dtype=torch.int32)
-    launch_kernel("bwd_maps", (1,), [offs, maps, e, ch], dict(BM=cfg.bm, BLOCK=specs.TILE_CUM_BLOCK), 4, 1, False, cap,
-                  offs.device)
+    launch_kernel("bwd_maps", (1,), [offs, maps, e, ch], dict(BM=cfg.shared.bm, BLOCK=specs.TILE_CUM_BLOCK), 4, 1,
+                  False, cap, offs.device)
     n_slots = cdiv(2 * m, ch) if ch < m else 0
     ws = torch.empty(max(1, n_slots * slot_elems), device=offs.device, dtype=torch.float32)
-    return BwdPlan(maps, ch, cdiv(m, cfg.bm) + e, n_slots, ws)
+    return BwdPlan(maps, ch, cdiv(m, cfg.shared.bm) + e, n_slots, ws)
 
 
 def chunked_programs(cfg: Config, device: torch.device) -> int:
-    """Programs of the chunked dW kernels and the slot sums (``cfg.waves_chunked`` per SM): they walk contiguous
+    """Programs of the chunked dW kernels and the slot sums (``cfg.shared.waves_chunked`` per SM): they walk contiguous
     ranges of their work items, whose number only the device knows (none at b1, where every expert fits one row
     tile or is empty; a grid of one program per possible item would be tens of thousands of programs that exit at
     once). Three on the CPU (Triton's interpreter), so that a program walks several items there too."""
     if device.type != "cuda":
         return 3
-    return cfg.waves_chunked * device_props(device).multi_processor_count
+    return cfg.shared.waves_chunked * device_props(device).multi_processor_count
 
 
 def _slot_reduce(plan: BwdPlan, ws: Tensor, out: Tensor, per_expert: int, cfg: Config, cap) -> None:
@@ -541,8 +543,8 @@ def _slot_reduce(plan: BwdPlan, ws: Tensor, out: Tensor, per_expert: int, cfg: C
     ncb = min(specs.SLOT_REDUCE_GROUPS, cdiv(per_expert, specs.SLOT_REDUCE_BLOCK))
     launch_kernel("bwd_slot_reduce", (chunked_programs(cfg, out.device),),
                   [ws, plan.maps, out, plan.maps.shape[1], per_expert, ncb],
-                  dict(BLOCK=specs.SLOT_REDUCE_BLOCK, BLOCK_E=cfg.block_e), specs.SLOT_REDUCE_WARPS, 1, True, cap,
-                  out.device)
+                  dict(BLOCK=specs.SLOT_REDUCE_BLOCK, BLOCK_E=cfg.shared.block_e), specs.SLOT_REDUCE_WARPS, 1, True,
+                  cap, out.device)
 
 
 def dwd_chunks(plan: BwdPlan, go: Tensor, sidx: Optional[Tensor], offs: Tensor, zw: Tensor, dwd: Tensor, wd_t: bool,
@@ -551,15 +553,16 @@ def dwd_chunks(plan: BwdPlan, go: Tensor, sidx: Optional[Tensor], offs: Tensor, 
     the chunk map, then ``bwd_slot_reduce`` for the experts of several chunks. ``dwd``: [E, r, f], each expert's
     block contiguous (row-major, or K-major with ``wd_t``). Shared by triton_lowbit (dWd does not involve w_down)."""
     e = offs.shape[0]
-    bn = cfg.bn_dwd
-    n_fs = max(1, min(cfg.fs_dwd, cdiv(f, bn)))
+    bn = cfg.shared.bn_dwd
+    n_fs = max(1, min(cfg.shared.fs_dwd, cdiv(f, bn)))
     f_slice = cdiv(cdiv(f, bn), n_fs) * bn
     n_fs = cdiv(f, f_slice)
     ws = plan.ws[:max(1, plan.n_slots * r * f)]
     launch_kernel("glu_bwd_dwd", (chunked_programs(cfg, go.device),),
                   [go, sidx, offs, plan.maps, zw, dwd, ws, e, r, f, f_slice, n_fs, plan.ch],
-                  dict(HAS_SCATTER=sidx is not None, WD_T=wd_t, BM=cfg.bm, BR=br, BN=bn, BLOCK_E=cfg.block_e),
-                  cfg.warps_dwd, cfg.stages_dwd, aligned, cap, go.device)
+                  dict(HAS_SCATTER=sidx is not None, WD_T=wd_t, BM=cfg.shared.bm, BR=br, BN=bn,
+                       BLOCK_E=cfg.shared.block_e),
+                  cfg.shared.warps_dwd, cfg.shared.stages_dwd, aligned, cap, go.device)
     _slot_reduce(plan, ws, dwd, r * f, cfg, cap)
 
 
@@ -573,8 +576,9 @@ def dw_chunks(plan: BwdPlan, x: Tensor, gidx: Optional[Tensor], offs: Tensor, dh
     wsg, wsu = (plan.ws[:max(1, n)], plan.ws[n:n + max(1, n)]) if n else (plan.ws, plan.ws)
     launch_kernel("glu_bwd_dw", (chunked_programs(cfg, x.device),),
                   [x, gidx, offs, plan.maps, dhg, dhu, dwg, dwu, wsg, wsu, e, d, r, x.stride(0), plan.ch],
-                  dict(HAS_GATHER=gidx is not None, BM=cfg.bm, BD=cfg.bd_bwd, BR=br, BLOCK_E=cfg.block_e),
-                  cfg.warps_bwd_dxdw, cfg.stages_bwd_dxdw, aligned, cap, x.device)
+                  dict(HAS_GATHER=gidx is not None, BM=cfg.shared.bm, BD=cfg.shared.bd_dw, BR=br,
+                       BLOCK_E=cfg.shared.block_e),
+                  cfg.shared.warps_dw, cfg.shared.stages_dw, aligned, cap, x.device)
     _slot_reduce(plan, wsg, dwg, d * r, cfg, cap)
     _slot_reduce(plan, wsu, dwu, d * r, cfg, cap)
 
@@ -600,8 +604,9 @@ def bwd_epilogue(plan: BwdPlan, hg: Tensor, hu: Tensor, part: Tensor, offs: Tens
     launch_kernel("glu_bwd_epi", (plan.max_tiles, nrb),
                   [hg, hu, part, offs, plan.xcum, sg, su, rw, dhg, dhu, dsp[0] if has_s else None,
              dsp[1] if has_s else None, drw, e, m, r, part.shape[0], m * r],
-                  dict(HAS_SG=has_s, HAS_SU=has_s, HAS_RW=rw is not None, BM=cfg.bm, BR=br, BLOCK_E=cfg.block_e),
-                  cfg.warps_bwd_epi, 3, al, cap, dev)
+                  dict(HAS_SG=has_s, HAS_SU=has_s, HAS_RW=rw is not None, BM=cfg.shared.bm, BR=br,
+                       BLOCK_E=cfg.shared.block_e),
+                  cfg.shared.warps_bwd_epi, 3, al, cap, dev)
     dsg = dsu = None
     if has_s and want_ds:
         dsg = torch.empty(e, r, device=dev, dtype=torch.float32)

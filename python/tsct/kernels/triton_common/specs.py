@@ -4,8 +4,9 @@ Importing this module imports neither Triton nor torch.
 
 What every family's table (``triton_glu.specs``, ``triton_lowbit.specs``) takes from here:
 
-* the tile configs per arch (``Config``, ``CONFIGS``: one table the AOT build and the host code of every family read;
-  ``TSCT_TRITON_GLU_CFG`` overrides it at run time, ``runtime.py``), the artifact arches, their PTX targets and
+* the tile tables per family, one record per arch (``SharedTiles``, ``GluTiles``, ``LowbitTiles`` in ``Config``;
+  ``CONFIGS``: what the AOT build and the host code of every family read; ``TSCT_TRITON_GLU_CFG`` overrides them at
+  run time, ``runtime.py``; docs/decisions/0023), the artifact arches, their PTX targets and
   shared-memory limits, the proxies (docs/decisions/0017);
 * the specialization key format: a launch is identified by a *specialization key* (``spec_key``): the kernel name,
   the type of each parameter that the kernel reads under its constexpr flags (``*bf16``, ``*i64``, ``i32``...), the
@@ -31,44 +32,88 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import itertools
-from typing import Callable, Optional
+from typing import Callable, ClassVar, Optional
 
 TRITON_VERSION = "3.9.0"  # the pinned Triton of the AOT build (pyproject.toml [build-system].requires)
 
-# ---- tile configs per arch ------------------------------------------------------------------------
+# ---- tile tables per family, chosen by arch --------------------------------------------------------
+# Chosen from the sm_90 resource report of Triton 3.9 (registers, spills, shared memory; docs/performance.md) and the
+# H200 timings. Field names are unique across the three tables, so one override string serves them all
+# (``TSCT_TRITON_GLU_CFG="bn_bwd=64,warps_up_lb=4"``, ``Config.update``; an override that leaves the AOT table falls
+# back to JIT).
+
+
+class _Tiles:
+    """What every tile table has: its 0/1 switch fields and power-of-two fields (``field_rule``)."""
+
+    SWITCHES: ClassVar[frozenset] = frozenset()   # a kernel variant on or off
+    POW2: ClassVar[frozenset] = frozenset()       # tile extents (``tl.arange`` sizes); so are the warps_* fields
+
+    @classmethod
+    def field_rule(cls, name: str) -> tuple[str, Callable[[int], bool]]:
+        """(what the field ``name`` takes, in words; the test of a value): a 0/1 switch, a power of two (tile
+        extents, warps), else a count >= 1 (slices, blocks, stages, chunk rows, MiB, programs per SM)."""
+        if name in cls.SWITCHES:
+            return "0 or 1", lambda v: v in (0, 1)
+        if name in cls.POW2 or name.startswith("warps_"):
+            return "a power of two", lambda v: v >= 1 and v & (v - 1) == 0
+        return "an integer >= 1", lambda v: v >= 1
 
 
 @dataclasses.dataclass(frozen=True)
-class Config:
-    """Tile sizes of one arch (frozen: ``CONFIGS`` is the table the AOT build and the host code share). Chosen
-    from the sm_90 resource report of Triton 3.9 (registers, spills, shared memory; docs/performance.md) and the
-    H200 timings. ``TSCT_TRITON_GLU_CFG="bn_bwd=64,warps_up=4"`` overrides fields (kernel development: ``update``
-    makes the changed copy; an override that leaves the AOT table falls back to JIT)."""
+class SharedTiles(_Tiles):
+    """The tiles both families share: the row tile map, rank block, K step and expert scan of every GLU kernel, and
+    the shared kernels' (combine, zero-tail, the backward's chunked dW reductions, slot sums and epilogue)."""
+
+    POW2: ClassVar[frozenset] = frozenset({"bm", "br_max", "bk", "block_e", "bn_combine", "bn_dwd", "bd_dw"})
 
     bm: int = 64          # rows per tile (forward tile map and backward row loop); ~32 rows/expert at b1
-    br_max: int = 64      # rank block of the down projection / backward main kernel
+    br_max: int = 64      # rank block of the down projection / backward main kernels
     bk: int = 64          # K step over d
-    bn_up: int = 128      # column block of the up projection (f = 5461: scalar loads, wide tiles cost registers)
-    fsplit_up: int = 1    # column-block stripes per row tile (grid axis 1 of the up kernel)
-    bn_bwd: int = 64      # f step of the backward dz kernel
-    fs_bwd: int = 4       # f slices of the backward dz kernel (grid axis 2; partial sums reduced in order)
-    bd_bwd: int = 64      # d block of the dX / dW kernel
     block_e: int = 1024   # experts scanned per step when a program finds its expert
-    warps_down: int = 4
-    warps_up: int = 8
-    warps_bwd_dz: int = 4
-    warps_bwd_epi: int = 8
-    warps_bwd_dxdw: int = 4
     # combine_rows past 256 columns: BN columns x NB blocks per program (one program per target row up to 6144
     # columns: fewer dependent index loads; an H200 sweep, docs/performance.md)
     bn_combine: int = 2048
     nb_combine: int = 3
     warps_combine: int = 4
     warps_zero: int = 4
+    warps_bwd_epi: int = 8
+    # The chunked dW reductions of the backward (experts of more than one row tile, _kernels.py "backward"):
+    # rows per chunk (a multiple of bm; runtime.chunk_size doubles it until the workspace of the worst case fits
+    # ws_bwd_mib MiB), f slices and f step of glu_bwd_dwd, warps / stages of glu_bwd_dwd; d block, warps and stages of
+    # glu_bwd_dw (dWg / dWu).
+    chunk_bwd: int = 512
+    ws_bwd_mib: int = 256
+    fs_dwd: int = 16
+    bn_dwd: int = 64
+    warps_dwd: int = 4
+    stages_dwd: int = 1
+    bd_dw: int = 64
+    warps_dw: int = 4
+    stages_dw: int = 3
+    waves_chunked: int = 4    # programs of the chunked kernels and slot sums per SM (they walk their work items)
+
+
+@dataclasses.dataclass(frozen=True)
+class GluTiles(_Tiles):
+    """The bf16 / fp16 family's kernels (``triton_glu``: glu_down_fwd, glu_up_fwd, glu_bwd_dz, glu_bwd_dx_dw)."""
+
+    SWITCHES: ClassVar[frozenset] = frozenset({"vec_up", "vec_dz", "vec_dz_t"})
+    POW2: ClassVar[frozenset] = frozenset({"bn_up", "bn_bwd", "bd_bwd", "bn_up_vec", "bn_up_t"})
+
+    bn_up: int = 128      # column block of the up projection (f = 5461: scalar loads, wide tiles cost registers)
+    fsplit_up: int = 1    # column-block stripes per row tile (grid axis 1 of the up kernel)
+    bn_bwd: int = 64      # f step of the backward dz kernel
+    fs_bwd: int = 4       # f slices of the backward dz kernel (grid axis 2; partial sums reduced in order)
+    bd_bwd: int = 64      # d block of the dX / dW kernel
+    warps_down: int = 4
+    warps_up: int = 8
+    warps_bwd_dz: int = 4
+    warps_bwd_dxdw: int = 4
     stages_down: int = 3
     stages_up: int = 3
     stages_bwd_dz: int = 1
-    stages_bwd_dxdw: int = 3  # bf16 (the NDB d loop is pipelined); the low-bit kernel has its own
+    stages_bwd_dxdw: int = 3  # the NDB d loop is pipelined
     # VEC: w_down / dY rows read as 8-byte words and shifted in registers (_kernels._ld_words), aligned
     # launches only (docs/performance.md).
     vec_up: int = 1
@@ -85,30 +130,36 @@ class Config:
     stages_dz_t: int = 1
     vec_dz_t: int = 0         # with WD_T: dY rows as shifted words (w_down tiles stay plain aligned loads)
     ndb_bwd: int = 8          # d blocks per program (row tile) of glu_bwd_dx_dw (the pipelined d loop)
-    # The chunked dW reductions of the backward (experts of more than one row tile, _kernels.py "backward"):
-    # rows per chunk (a multiple of bm; runtime.chunk_size doubles it until the workspace of the worst case fits
-    # ws_bwd_mib MiB), f slices and f step of glu_bwd_dwd, warps / stages of glu_bwd_dwd.
-    chunk_bwd: int = 512
-    ws_bwd_mib: int = 256
-    fs_dwd: int = 16
-    bn_dwd: int = 64
-    warps_dwd: int = 4
-    stages_dwd: int = 1
-    waves_chunked: int = 4    # programs of the chunked kernels and slot sums per SM (they walk their work items)
     # f slices of glu_bwd_dz's CUDA stand-in where the dispatch takes it (tsct.dispatch.CUDA_KERNELS; partial sums
     # reduced in order by glu_bwd_epi)
     fs_dz_native: int = 2
-    # the low-bit kernels (triton_lowbit): their decode makes other tiles win than the bf16 kernels'
+
+
+@dataclasses.dataclass(frozen=True)
+class LowbitTiles(_Tiles):
+    """The low-bit family's kernels (``triton_lowbit``: lowbit_down_fwd, lowbit_up_fwd, lowbit_bwd_dz,
+    lowbit_bwd_dx_dw; their decode makes other tiles win than the bf16 kernels'). The down and dz kernels run
+    ``triton_lowbit.specs.WARPS_DECODE`` warps."""
+
+    SWITCHES: ClassVar[frozenset] = frozenset({"dec16_up_lb", "planes_up_lb", "planes_down_lb"})
+    POW2: ClassVar[frozenset] = frozenset({"bn_up_lb", "bn_dz_lb", "bd_dxdw_lb"})
+
+    stages_down_lb: int = 4
+    # lowbit_down_fwd decodes both factors in byte planes (triton_lowbit.specs.down_planes; the x tile split into
+    # planes in registers): no shared-memory copy on sm_120, but 1.66x (NVFP4) / 1.12x (sign) slower on the H200 with
+    # mma.sync (docs/performance.md), so off everywhere; sm_120's table ships it for an opt-in (OPT_IN_PLANES_DOWN)
+    planes_down_lb: int = 0
+    bn_up_lb: int = 128
     warps_up_lb: int = 4
+    stages_up_lb: int = 3
     dec16_up_lb: int = 1      # lowbit_up_fwd decodes w_down straight to bf16 (triton_lowbit.specs.up_dec16)
     # lowbit_up_fwd decodes a packed w_down in byte planes (triton_lowbit.specs.up_planes): no shared-memory copy
     # of the decoded tile on sm_120; on sm_90a wgmma still copies the planes and sign was 9 % slower
     planes_up_lb: int = 0
-    # lowbit_down_fwd likewise (triton_lowbit.specs.down_planes; the x tile split into planes in registers): no
-    # shared-memory copy on sm_120 either, but 1.66x (NVFP4) / 1.12x (sign) slower on the H200 with mma.sync
-    # (docs/performance.md), so off everywhere; sm_120's table ships it for an opt-in (OPT_IN_PLANES_DOWN)
-    planes_down_lb: int = 0
-    stages_down_lb: int = 4
+    bn_dz_lb: int = 64        # f step of lowbit_bwd_dz
+    fs_dz_lb: int = 4         # its f slices (partial sums reduced in order)
+    stages_dz_lb: int = 1
+    bd_dxdw_lb: int = 64      # d block of lowbit_bwd_dx_dw
     stages_dxdw_lb: int = 1
     # d blocks per program of lowbit_bwd_dx_dw when experts average <= bm rows (as ndb_bwd); with a sign w_gate or
     # w_up: ndb_dxdw_sign_lb (the multi-block variant holds both paths: 161 registers against 128 for sign, one CTA
@@ -116,19 +167,39 @@ class Config:
     ndb_dxdw_lb: int = 8
     ndb_dxdw_sign_lb: int = 1
 
-    def update(self, spec: str) -> "Config":
-        """A copy with "name=int,name=int" applied (TSCT_TRITON_GLU_CFG's syntax; "" changes nothing).
 
-        Raises ValueError naming the item when it is not NAME=INT, NAME is not a field or INT is not a value of the
-        field's kind (``field_rule``: a 0/1 switch, a power of two, or a count >= 1), and when the result's chunk_bwd
-        is not a multiple of its bm."""
-        names = {f.name for f in dataclasses.fields(self)}
-        changes = {}
+_TABLES = ("shared", "glu", "lowbit")
+
+
+@dataclasses.dataclass(frozen=True)
+class Config:
+    """The tile tables of one arch (frozen: ``CONFIGS`` is what the AOT build and the host code share): ``shared``
+    (``SharedTiles``), ``glu`` (``GluTiles``: the bf16 family) and ``lowbit`` (``LowbitTiles``: the low-bit family).
+    Which CUDA C++ kernels replace Triton ones is not a tile question: ``tsct.dispatch.CUDA_KERNELS``."""
+
+    shared: SharedTiles = SharedTiles()
+    glu: GluTiles = GluTiles()
+    lowbit: LowbitTiles = LowbitTiles()
+
+    def table_of(self, name: str) -> Optional[str]:
+        """The table ("shared", "glu", "lowbit") with the field ``name``, None if none has it."""
+        return next((t for t in _TABLES if name in {f.name for f in dataclasses.fields(getattr(self, t))}), None)
+
+    def update(self, spec: str) -> "Config":
+        """A copy with "name=int,name=int" applied to whichever table has each field (TSCT_TRITON_GLU_CFG's syntax;
+        "" changes nothing).
+
+        Raises ValueError naming the item when it is not NAME=INT, NAME is no table's field or INT is not a value of
+        the field's kind (``field_rule``: a 0/1 switch, a power of two, or a count >= 1), and when the result's
+        chunk_bwd is not a multiple of its bm."""
+        changes: dict[str, dict[str, int]] = {t: {} for t in _TABLES}
         for item in filter(None, (t.strip() for t in spec.split(","))):
             key, sep, val = (t.strip() for t in item.partition("="))
-            if key not in names:
+            table = self.table_of(key)
+            if table is None:
+                names = sorted(f.name for t in _TABLES for f in dataclasses.fields(getattr(self, t)))
                 raise ValueError(f"Triton GLU config override {item!r}: unknown field {key!r} "
-                                 f"(fields: {', '.join(sorted(names))})")
+                                 f"(fields: {', '.join(names)})")
             try:
                 value = int(val) if sep else None
             except ValueError:
@@ -138,29 +209,24 @@ class Config:
             rule, ok = field_rule(key)
             if not ok(value):
                 raise ValueError(f"Triton GLU config override {item!r}: {key} must be {rule}")
-            changes[key] = value
-        out = dataclasses.replace(self, **changes)
-        if out.chunk_bwd % out.bm:
-            raise ValueError(f"Triton GLU config override {spec!r}: chunk_bwd ({out.chunk_bwd}) must be a multiple of "
-                             f"bm ({out.bm})")
+            changes[table][key] = value
+        out = Config(**{t: dataclasses.replace(getattr(self, t), **changes[t]) for t in _TABLES})
+        if out.shared.chunk_bwd % out.shared.bm:
+            raise ValueError(f"Triton GLU config override {spec!r}: chunk_bwd ({out.shared.chunk_bwd}) must be a "
+                             f"multiple of bm ({out.shared.bm})")
         return out
 
 
-#: Config fields that are 0/1 switches (a kernel variant on or off)
-SWITCH_FIELDS = frozenset({"vec_up", "vec_dz", "vec_dz_t", "dec16_up_lb", "planes_up_lb", "planes_down_lb"})
-#: Config fields that are tile extents (``tl.arange`` sizes): powers of two; so are the warps_* fields
-POW2_FIELDS = frozenset({"bm", "br_max", "bk", "bn_up", "bn_bwd", "bd_bwd", "block_e", "bn_combine", "bn_up_vec",
-                         "bn_up_t", "bn_dwd"})
+_TILE_CLASSES = (SharedTiles, GluTiles, LowbitTiles)
+#: fields of any table that are 0/1 switches (a kernel variant on or off), and those that are tile extents
+SWITCH_FIELDS = frozenset().union(*(c.SWITCHES for c in _TILE_CLASSES))
+POW2_FIELDS = frozenset().union(*(c.POW2 for c in _TILE_CLASSES))
 
 
 def field_rule(name: str) -> tuple[str, Callable[[int], bool]]:
-    """(what the Config field ``name`` takes, in words; the test of a value): a 0/1 switch, a power of two (tile
-    extents, warps), else a count >= 1 (slices, blocks, stages, chunk rows, MiB, programs per SM)."""
-    if name in SWITCH_FIELDS:
-        return "0 or 1", lambda v: v in (0, 1)
-    if name in POW2_FIELDS or name.startswith("warps_"):
-        return "a power of two", lambda v: v >= 1 and v & (v - 1) == 0
-    return "an integer >= 1", lambda v: v >= 1
+    """``_Tiles.field_rule`` of the table that has the field ``name`` (the count rule for a name no table has)."""
+    cls = next((c for c in _TILE_CLASSES if name in {f.name for f in dataclasses.fields(c)}), _Tiles)
+    return cls.field_rule(name)
 
 
 # Exact compute capability -> AOT artifact arch (the directory under tsct/_aot). sm_90a / sm_100a
@@ -188,14 +254,16 @@ MAX_SHARED: dict[str, int] = {"sm_90a": 232448, "sm_100a": 232448, "sm_120": 101
 CONFIGS: dict[str, Config] = {
     # the chunked dW kernels: 16 programs per SM and 8-warp glu_bwd_dwd (H200, Zipf 1.2 / 1.5, T 65536, E 256:
     # 3-8 % less forward+backward than 4 and 4; docs/performance.md)
-    "sm_90a": Config(waves_chunked=16, warps_dwd=8),
+    "sm_90a": Config(shared=SharedTiles(waves_chunked=16, warps_dwd=8)),
     "sm_100a": Config(),
     # ~99 KB of shared memory per block: fewer stages. Every field an H200 sweep changed
     # stays at its previous value here (nothing has been timed on an sm_120 card; docs/performance.md);
     # 16 GB of device memory: a smaller bound on the backward's reduction workspace
-    "sm_120": Config(stages_down=2, stages_up=2, bn_up_t=128, warps_up_t=4, stages_up_t=2, stages_dz_t=2, fs_bwd=8,
-                     stages_bwd_dxdw=1, warps_up_lb=8, stages_down_lb=2, stages_dxdw_lb=1,
-                     ndb_dxdw_lb=1, planes_up_lb=1, ws_bwd_mib=64),
+    "sm_120": Config(shared=SharedTiles(ws_bwd_mib=64, stages_dw=1),
+                     glu=GluTiles(stages_down=2, stages_up=2, bn_up_t=128, warps_up_t=4, stages_up_t=2, stages_dz_t=2,
+                                  fs_bwd=8, stages_bwd_dxdw=1),
+                     lowbit=LowbitTiles(stages_down_lb=2, warps_up_lb=8, stages_up_lb=2, planes_up_lb=1, fs_dz_lb=8,
+                                        stages_dxdw_lb=1, ndb_dxdw_lb=1)),
 }
 DEFAULT_ARCH_CONFIG = "sm_90a"  # JIT on any other arch (sm_80, ...) uses these tiles
 # The arches a default build compiles (CMake TSCT_TRITON_AOT_ARCHS, aot_build.py --archs): not sm_100a, whose Triton
@@ -387,8 +455,8 @@ def next_pow2(n: int) -> int:
 def rank_block(cfg: Config, r: int, aligned: bool) -> int:
     """BR: 16/32/64 by r for aligned launches, 64 for generic ones (fewer variants; r < 64 is masked)."""
     if not aligned:
-        return cfg.br_max
-    return max(16, min(cfg.br_max, next_pow2(r)))
+        return cfg.shared.br_max
+    return max(16, min(cfg.shared.br_max, next_pow2(r)))
 
 
 def rank_blocks(cfg: Config, aligned: bool) -> list[int]:
@@ -401,7 +469,7 @@ def combine_tile(cfg: Config, ncols: int) -> tuple[int, int, int]:
     tile (program (t, pn) sums columns [pn * BN * NB, (pn + 1) * BN * NB) of target t)."""
     if ncols <= 256:
         return 256, 1, 1
-    return cfg.bn_combine, cfg.nb_combine, cfg.warps_combine
+    return cfg.shared.bn_combine, cfg.shared.nb_combine, cfg.shared.warps_combine
 
 
 ZERO_TAIL_BM, ZERO_TAIL_BN = 32, 256
@@ -456,6 +524,7 @@ def forward_specs(cfg: Config, D: str, aligned: bool, once: bool) -> list[Spec]:
     ``combine_rows`` and ``zero_tail_rows`` (they only ever see fresh buffers); ``once`` (one dtype per arch, aligned)
     the dtype-free ``tile_cum``, ``csr_keys`` and the router's sort (``route_rank``, ``route_place``: any index and
     weight dtype)."""
+    sh = cfg.shared
     out = []
     if aligned:  # combine / zero-tail only ever see fresh (aligned) buffers
         for ncols, src8 in itertools.product((1, 257), (False, True)):
@@ -463,12 +532,12 @@ def forward_specs(cfg: Config, D: str, aligned: bool, once: bool) -> list[Spec]:
             types = dict(src_ptr=D, order_ptr="*i64", ptr_ptr="*i64", out_ptr=D, offs_ptr="*i32")
             out.append(make_spec("combine_rows", types, dict(SRC8=src8, BN=bn, NB=nb), warps, 3, True))
         out.append(make_spec("zero_tail_rows", dict(out_ptr=D, offs_ptr="*i32"),
-                             dict(BM=ZERO_TAIL_BM, BN=ZERO_TAIL_BN), cfg.warps_zero, 3, True))
+                             dict(BM=ZERO_TAIL_BM, BN=ZERO_TAIL_BN), sh.warps_zero, 3, True))
     if once:  # dtype-free helpers: once per arch
         for zero in (False, True):  # ZERO: a saving forward's tails (runtime.tile_cum)
             out.append(make_spec("tile_cum", dict(offs_ptr="*i32", cum_ptr="*i32", t0_ptr="*i16",
                                                   t1_ptr="*i16", t2_ptr="*i16"),
-                                 dict(BM=cfg.bm, BLOCK=TILE_CUM_BLOCK, ZERO=zero, ZBLOCK=TILE_CUM_ZBLOCK),
+                                 dict(BM=sh.bm, BLOCK=TILE_CUM_BLOCK, ZERO=zero, ZBLOCK=TILE_CUM_ZBLOCK),
                                  4, 1, False))
         for it, kt in itertools.product(("*i32", "*i64"), ("*i16", "*i32")):
             out.append(make_spec("csr_keys", dict(idx_ptr=it, offs_ptr="*i32", key_ptr=kt),
@@ -491,13 +560,14 @@ def bwd_dwd_epi_specs(cfg: Config, D: str, aligned: bool, brs: list[int]) -> lis
     """The chunked dWd of the experts of more than one row tile (``glu_bwd_dwd``; a K-major dWd on aligned launches
     only) and the weight-free GLU backward on the row tiles (``glu_bwd_epi``), for activations of Triton type ``D``
     and the rank blocks ``brs``."""
+    sh = cfg.shared
     out = []
     wd_ts = (False, True) if aligned else (False,)  # K-major w_down: aligned launches only
     for sc, br, wd_t in itertools.product(IDX, brs, wd_ts):
         types = dict(dy_ptr=D, sidx_ptr=f"*{sc}" if sc else UNUSED, offs_ptr="*i32", maps_ptr="*i32", zw_ptr=D,
                      dwd_ptr=D, ws_ptr="*fp32")
-        consts = dict(HAS_SCATTER=sc is not None, WD_T=wd_t, BM=cfg.bm, BR=br, BN=cfg.bn_dwd, BLOCK_E=cfg.block_e)
-        out.append(make_spec("glu_bwd_dwd", types, consts, cfg.warps_dwd, cfg.stages_dwd, aligned))
+        consts = dict(HAS_SCATTER=sc is not None, WD_T=wd_t, BM=sh.bm, BR=br, BN=sh.bn_dwd, BLOCK_E=sh.block_e)
+        out.append(make_spec("glu_bwd_dwd", types, consts, sh.warps_dwd, sh.stages_dwd, aligned))
     # the epilogue reads [M, r] buffers only: r decides its alignment (runtime.bwd_epilogue), every BR of both rules
     scale_types = sorted({None, "*fp32", D}, key=str)  # s_gate / s_up: none, fp32 or x's dtype (runtime.scales_in)
     for st, rw, br in itertools.product(scale_types, (False, True), brs):
@@ -505,9 +575,9 @@ def bwd_dwd_epi_specs(cfg: Config, D: str, aligned: bool, brs: list[int]) -> lis
         types = dict(hg_ptr="*fp32", hu_ptr="*fp32", part_ptr="*fp32", offs_ptr="*i32", xcum_ptr="*i32",
                      sg_ptr=st or UNUSED, su_ptr=st or UNUSED, rw_ptr="*fp32", dhg_ptr=D, dhu_ptr=D,
                      dsgp_ptr="*fp32", dsup_ptr="*fp32", drw_ptr="*fp32")
-        consts = dict(HAS_SG=s, HAS_SU=s, HAS_RW=rw, BM=cfg.bm, BR=br, BLOCK_E=cfg.block_e)
+        consts = dict(HAS_SG=s, HAS_SU=s, HAS_RW=rw, BM=sh.bm, BR=br, BLOCK_E=sh.block_e)
         # runtime.bwd_epilogue launches the epilogue with Triton's default num_stages (3)
-        out.append(make_spec("glu_bwd_epi", types, consts, cfg.warps_bwd_epi, 3, aligned))
+        out.append(make_spec("glu_bwd_epi", types, consts, sh.warps_bwd_epi, 3, aligned))
     return out
 
 
@@ -515,19 +585,20 @@ def bwd_dw_specs(cfg: Config, D: str, aligned: bool, brs: list[int], once: bool)
     """The chunked dWg / dWu (``glu_bwd_dw``) for activations of Triton type ``D`` and the rank blocks ``brs``; on
     aligned launches the slot sums (``bwd_slot_reduce``, both variants); ``once`` (one dtype per arch, aligned) the
     backward's maps (``bwd_maps``) and the scale sums (``glu_bwd_sred``) of every rank block."""
+    sh = cfg.shared
     out = []
     for g, br in itertools.product(IDX, brs):
         types = dict(x_ptr=D, gidx_ptr=f"*{g}" if g else UNUSED, offs_ptr="*i32", maps_ptr="*i32", dhg_ptr=D,
                      dhu_ptr=D, dwg_ptr=D, dwu_ptr=D, wsg_ptr="*fp32", wsu_ptr="*fp32")
-        consts = dict(HAS_GATHER=g is not None, BM=cfg.bm, BD=cfg.bd_bwd, BR=br, BLOCK_E=cfg.block_e)
-        out.append(make_spec("glu_bwd_dw", types, consts, cfg.warps_bwd_dxdw, cfg.stages_bwd_dxdw, aligned))
+        consts = dict(HAS_GATHER=g is not None, BM=sh.bm, BD=sh.bd_dw, BR=br, BLOCK_E=sh.block_e)
+        out.append(make_spec("glu_bwd_dw", types, consts, sh.warps_dw, sh.stages_dw, aligned))
     if aligned:  # the slot sum runs on the fresh workspace and gradients (aligned; a generic variant when not)
         for a in (True, False):
             out.append(make_spec("bwd_slot_reduce", dict(ws_ptr="*fp32", maps_ptr="*i32", out_ptr=D),
-                                 dict(BLOCK=SLOT_REDUCE_BLOCK, BLOCK_E=cfg.block_e), SLOT_REDUCE_WARPS, 1, a))
+                                 dict(BLOCK=SLOT_REDUCE_BLOCK, BLOCK_E=sh.block_e), SLOT_REDUCE_WARPS, 1, a))
     if once:  # dtype-free: once per arch
         out.append(make_spec("bwd_maps", dict(offs_ptr="*i32", maps_ptr="*i32"),
-                             dict(BM=cfg.bm, BLOCK=TILE_CUM_BLOCK), 4, 1, False))
+                             dict(BM=sh.bm, BLOCK=TILE_CUM_BLOCK), 4, 1, False))
         for br in sorted(set(rank_blocks(cfg, True)) | set(rank_blocks(cfg, False))):
             out.append(make_spec("glu_bwd_sred", dict(dsgp_ptr="*fp32", dsup_ptr="*fp32", offs_ptr="*i32",
                                                       xcum_ptr="*i32", dsg_ptr="*fp32", dsu_ptr="*fp32"),

@@ -80,8 +80,9 @@ def _native_dz(cfg: Config, cap: tuple[int, int], wd_t: bool, r: int, dtype: tor
     """Whether glu_bwd_dz runs as the CUDA kernel (csrc/glu/dz_bf16.cu): a row of the dispatch for this arch
     (``tsct.dispatch.CUDA_KERNELS``), bf16, r = 64, K-major w_down (``wd_t``: only on aligned launches, so
     grad_out is 16-byte aligned already), 16-byte aligned contiguous zw, row tiles of the kernel's 64 rows
-    (``cfg.bm``: the tile map is shared), on a GPU with the native library loaded and the kernel's shared memory."""
-    if not (wd_t and r == 64 and dtype == torch.bfloat16 and go.is_cuda and cfg.bm == 64
+    (``cfg.shared.bm``: the tile map is shared), on a GPU with the native library loaded and the kernel's shared
+    memory."""
+    if not (wd_t and r == 64 and dtype == torch.bfloat16 and go.is_cuda and cfg.shared.bm == 64
             and C.cuda_kernel("glu_bwd_dz", cap, "bf16")):
         return False
     if zw.data_ptr() % 16 or not zw.is_contiguous():
@@ -172,7 +173,7 @@ def _forward(
     gidx = C.as_i64(gather_idx)
     al = C.aligned_launch(d, r, x.stride(0), x, w_gate, w_up, w_down)
     w_down, wd_t = _wd_layout(w_down, al)
-    bm, br, bk = cfg.bm, specs.rank_block(cfg, r, al), cfg.bk
+    bm, br, bk = cfg.shared.bm, specs.rank_block(cfg, r, al), cfg.shared.bk
     max_tiles = C.cdiv(m, bm) + e
     has_s = sg is not None
 
@@ -188,14 +189,14 @@ def _forward(
         _launch("glu_down_fwd", (max_tiles, C.cdiv(r, br)),
                 [x, gidx, offs, cum, w_gate, w_up, sg, su, z, hg, hu, rw if save else None, e, m, d, r, x.stride(0)],
                 dict(HAS_GATHER=gidx is not None, HAS_SG=has_s, HAS_SU=has_s, HAS_RW=save and rw is not None, BWD=save,
-                     BM=bm, BR=br, BK=bk, BLOCK_E=cfg.block_e),
-                cfg.warps_down, cfg.stages_down, al, cap, dev)
+                     BM=bm, BR=br, BK=bk, BLOCK_E=cfg.shared.block_e),
+                cfg.glu.warps_down, cfg.glu.stages_down, al, cap, dev)
         if save:
             rw = None  # already in z
         single_k, bk_up = specs.up_k(cfg, r, al)
         vec_up = specs.up_vec(cfg, al, wd_t, dtype.itemsize)
         bn, warps_up, stages_up = specs.up_tiles(cfg, vec_up, wd_t, bk_up)
-        fsplit = max(1, min(cfg.fsplit_up, C.cdiv(f, bn)))
+        fsplit = max(1, min(cfg.glu.fsplit_up, C.cdiv(f, bn)))
         if scatter_idx is not None:
             # internal buffer: row stride padded to 16 bytes (pad columns written, never read as values) so
             # the up kernel's stores and the combine's loads vectorize
@@ -206,7 +207,7 @@ def _forward(
             y = torch.empty(m, f, device=dev, dtype=dtype)
         _launch("glu_up_fwd", (max_tiles, fsplit), [z, offs, cum, w_down, rw, y, e, r, f, ldy],
                 dict(HAS_RW=rw is not None, FSPLIT=fsplit, SINGLE_K=single_k, VEC=vec_up, Y_PAD=scatter_idx is not None,
-                     WD_T=wd_t, BM=bm, BN=bn, BK=bk_up, BLOCK_E=cfg.block_e),
+                     WD_T=wd_t, BM=bm, BN=bn, BK=bk_up, BLOCK_E=cfg.shared.block_e),
                 warps_up, stages_up, al, cap, dev)
     if scatter_idx is not None:
         return C.combine_forward(y, scatter_idx, offs, n_out, f, cfg, cap, saved, save, pending.csr), saved
@@ -260,7 +261,7 @@ def grouped_glu_backward(
     has_s = sg is not None
     al = C.aligned_launch(d, r, x.stride(0), x, w_gate, w_up, w_down, go)
     w_down, wd_t = _wd_layout(w_down, al)
-    bm, br, bk = cfg.bm, specs.rank_block(cfg, r, al), cfg.bk
+    bm, br, bk = cfg.shared.bm, specs.rank_block(cfg, r, al), cfg.shared.bk
     nrb = C.cdiv(r, br)
 
     do_dwd = want[3]
@@ -276,22 +277,22 @@ def grouped_glu_backward(
         _launch("glu_down_fwd", (plan.max_tiles, nrb),
                 [x, gidx, offs, cum, w_gate, w_up, sg, su, zw, hg, hu, rw, e, m, d, r, x.stride(0)],
                 dict(HAS_GATHER=gidx is not None, HAS_SG=has_s, HAS_SU=has_s, HAS_RW=rw is not None, BWD=True,
-                     BM=bm, BR=br, BK=bk, BLOCK_E=cfg.block_e),
-                cfg.warps_down, cfg.stages_down, al, cap, dev)
+                     BM=bm, BR=br, BK=bk, BLOCK_E=cfg.shared.block_e),
+                cfg.glu.warps_down, cfg.glu.stages_down, al, cap, dev)
     # 2. dz0 partials over f slices on the row tiles (and dWd of the one-tile experts): the CUDA kernel where the
     # dispatch has its row and the launch fits it, else one Triton program per (row tile, rank block, f slice)
     if _native_dz(cfg, cap, wd_t, r, dtype, go, zw):
         from tsct import native
 
-        n_fs = max(1, min(cfg.fs_dz_native, C.cdiv(f, 64)))
+        n_fs = max(1, min(cfg.glu.fs_dz_native, C.cdiv(f, 64)))
         dwd_t = torch.empty_like(w_down).transpose(1, 2) if do_dwd else None  # [E, f, r] view of a K-major dWd
         part = native.glu_bwd_dz_bf16(go, offs, w_down.transpose(1, 2), zw, slices=n_fs, scatter_idx=sidx,
                                       xtile_cum=plan.xcum, max_tiles=plan.max_tiles, dw_out=dwd_t)
         dwd = dwd_t.transpose(1, 2) if do_dwd else None  # K-major, as w_down
         FAMILY.count("native", "glu_bwd_dz")
     else:
-        bn = cfg.bn_bwd
-        n_fs = max(1, min(cfg.fs_bwd, C.cdiv(f, bn)))
+        bn = cfg.glu.bn_bwd
+        n_fs = max(1, min(cfg.glu.fs_bwd, C.cdiv(f, bn)))
         f_slice = C.cdiv(C.cdiv(f, bn), n_fs) * bn
         n_fs = C.cdiv(f, f_slice)
         part = torch.empty(n_fs, m, r, device=dev, dtype=torch.float32)
@@ -301,7 +302,7 @@ def grouped_glu_backward(
         _launch("glu_bwd_dz", (plan.max_tiles, nrb, n_fs),
                 [go, sidx, offs, plan.xcum, w_down, zw, part, dwd, e, m, r, f, f_slice],
                 dict(HAS_SCATTER=sidx is not None, DO_DWD=do_dwd, VEC=vec_dz, WD_T=wd_t, BM=bm, BR=br, BN=bn,
-                     BLOCK_E=cfg.block_e),
+                     BLOCK_E=cfg.shared.block_e),
                 *specs.dz_warps_stages(cfg, vec_dz, wd_t), al, cap, dev)
     if do_dwd:  # the other experts' dWd, chunked
         C.dwd_chunks(plan, go, sidx, offs, zw, dwd, wd_t, r, f, br, cfg, al, cap)
@@ -321,12 +322,12 @@ def grouped_glu_backward(
         dwg = torch.empty_like(w_gate) if do_dw else None
         dwu = torch.empty_like(w_up) if do_dw else None
         dx_rows = torch.empty(m, d, device=dev, dtype=dtype) if do_dx else None
-        bd, ndb = cfg.bd_bwd, cfg.ndb_bwd
+        bd, ndb = cfg.glu.bd_bwd, cfg.glu.ndb_bwd
         _launch("glu_bwd_dx_dw", (plan.max_tiles, C.cdiv(d, bd * ndb)),
                 [x, gidx, offs, plan.xcum, w_gate, w_up, dhg, dhu, dx_rows, dwg, dwu, e, d, r, x.stride(0)],
                 dict(HAS_GATHER=gidx is not None, DO_DX=do_dx, DO_DW=do_dw, BM=bm, BD=bd, BR=br, NDB=ndb,
-                     BLOCK_E=cfg.block_e),
-                cfg.warps_bwd_dxdw, cfg.stages_bwd_dxdw, al, cap, dev)
+                     BLOCK_E=cfg.shared.block_e),
+                cfg.glu.warps_bwd_dxdw, cfg.glu.stages_bwd_dxdw, al, cap, dev)
         if do_dw:
             C.dw_chunks(plan, x, gidx, offs, dhg, dhu, dwg, dwu, d, r, br, cfg, al, cap)
         if do_dx:

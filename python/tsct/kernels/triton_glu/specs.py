@@ -87,28 +87,29 @@ def up_k(cfg: Config, r: int, aligned: bool) -> tuple[bool, int]:
 def up_vec(cfg: Config, aligned: bool, wd_t: bool = False, itemsize: int = 2) -> bool:
     """VEC (w_down rows as shifted words): aligned launches of a row-major w_down of 2-byte elements
     (the words are split into 16-bit halves) only."""
-    return aligned and bool(cfg.vec_up) and not wd_t and itemsize == 2
+    return aligned and bool(cfg.glu.vec_up) and not wd_t and itemsize == 2
 
 
 def up_tiles(cfg: Config, vec: bool, wd_t: bool = False, bk: int = 64) -> tuple[int, int, int]:
     """(BN, num_warps, num_stages) of glu_up_fwd: the VEC and K-major (WD_T) variants have their own.
     K steps past 64 (r > 64 in one step) keep at most 2 stages: the shared memory of a stage grows with BK."""
     if wd_t:
-        return cfg.bn_up_t, cfg.warps_up_t, (min(cfg.stages_up_t, 2) if bk > 64 else cfg.stages_up_t)
-    return (cfg.bn_up_vec, cfg.warps_up, cfg.stages_up_vec) if vec else (cfg.bn_up, cfg.warps_up, cfg.stages_up)
+        return cfg.glu.bn_up_t, cfg.glu.warps_up_t, (min(cfg.glu.stages_up_t, 2) if bk > 64 else cfg.glu.stages_up_t)
+    t = cfg.glu
+    return (t.bn_up_vec, t.warps_up, t.stages_up_vec) if vec else (t.bn_up, t.warps_up, t.stages_up)
 
 
 def dz_vec(cfg: Config, aligned: bool, wd_t: bool = False, itemsize: int = 2) -> bool:
     """VEC of glu_bwd_dz: dY (and a row-major w_down) as shifted words; aligned launches of 2-byte
     elements only."""
-    return aligned and bool(cfg.vec_dz_t if wd_t else cfg.vec_dz) and itemsize == 2
+    return aligned and bool(cfg.glu.vec_dz_t if wd_t else cfg.glu.vec_dz) and itemsize == 2
 
 
 def dz_warps_stages(cfg: Config, vec: bool, wd_t: bool = False) -> tuple[int, int]:
     """(num_warps, num_stages) of glu_bwd_dz: the VEC and K-major (WD_T) variants have their own."""
     if wd_t:
-        return cfg.warps_dz_t, cfg.stages_dz_t
-    return (cfg.warps_dz_vec, cfg.stages_dz_vec) if vec else (cfg.warps_bwd_dz, cfg.stages_bwd_dz)
+        return cfg.glu.warps_dz_t, cfg.glu.stages_dz_t
+    return (cfg.glu.warps_dz_vec, cfg.glu.stages_dz_vec) if vec else (cfg.glu.warps_bwd_dz, cfg.glu.stages_bwd_dz)
 
 
 # ---- every specialization glu.py launches, per arch -----------------------------------------------
@@ -123,7 +124,8 @@ def enumerate_specs(arch: str) -> Iterator[Spec]:
     """Every (kernel, specialization) glu.py can launch on ``arch`` with ``AOT_DTYPES`` inputs, the shared kernels'
     (``triton_common.specs``; the router's sort with any index and weight dtype) among them."""
     cfg = CONFIGS[arch]
-    if cfg.fsplit_up != 1:
+    sh, gt = cfg.shared, cfg.glu
+    if gt.fsplit_up != 1:
         raise ValueError("the AOT table assumes fsplit_up == 1")
     seen = set()
     for dt, aligned in itertools.product(AOT_DTYPES, (True, False)):
@@ -141,32 +143,32 @@ def enumerate_specs(arch: str) -> Iterator[Spec]:
             types = dict(x_ptr=D, gidx_ptr=f"*{g}" if g else UNUSED, offs_ptr="*i32", cum_ptr="*i32", wg_ptr=D,
                          wu_ptr=D, sg_ptr=st or UNUSED, su_ptr=st or UNUSED, z_ptr=D, hg_ptr="*fp32" if bwd else D,
                          hu_ptr="*fp32" if bwd else D, rw_ptr="*fp32")
-            consts = dict(HAS_GATHER=g is not None, HAS_SG=s, HAS_SU=s, HAS_RW=rw, BWD=bwd, BM=cfg.bm, BR=br,
-                          BK=cfg.bk, BLOCK_E=cfg.block_e)
-            out.append(_spec("glu_down_fwd", types, consts, cfg.warps_down, cfg.stages_down, aligned))
+            consts = dict(HAS_GATHER=g is not None, HAS_SG=s, HAS_SU=s, HAS_RW=rw, BWD=bwd, BM=sh.bm, BR=br,
+                          BK=sh.bk, BLOCK_E=sh.block_e)
+            out.append(_spec("glu_down_fwd", types, consts, gt.warps_down, gt.stages_down, aligned))
         wd_ts = (False, True) if aligned else (False,)  # K-major w_down: aligned launches only
         for rw, (single, bk), ypad, wd_t in itertools.product((False, True), ups, (False, True), wd_ts):
             types = dict(z_ptr=D, offs_ptr="*i32", cum_ptr="*i32", wd_ptr=D, rw_ptr="*fp32", y_ptr=D)
             vec = up_vec(cfg, aligned, wd_t)
             bn, warps, stages = up_tiles(cfg, vec, wd_t, bk)
-            consts = dict(HAS_RW=rw, FSPLIT=1, SINGLE_K=single, VEC=vec, Y_PAD=ypad, WD_T=wd_t, BM=cfg.bm, BN=bn,
-                          BK=bk, BLOCK_E=cfg.block_e)
+            consts = dict(HAS_RW=rw, FSPLIT=1, SINGLE_K=single, VEC=vec, Y_PAD=ypad, WD_T=wd_t, BM=sh.bm, BN=bn,
+                          BK=bk, BLOCK_E=sh.block_e)
             out.append(_spec("glu_up_fwd", types, consts, warps, stages, aligned))
         out += forward_specs(cfg, D, aligned, once)  # combine, zero-tail; tile map, CSR keys, routing
         for sc, dwd, br, wd_t in itertools.product(IDX, (False, True), brs, wd_ts):
             types = dict(dy_ptr=D, sidx_ptr=f"*{sc}" if sc else UNUSED, offs_ptr="*i32", xcum_ptr="*i32", wd_ptr=D,
                          zw_ptr=D, part_ptr="*fp32", dwd_ptr=D)
             vec = dz_vec(cfg, aligned, wd_t)
-            consts = dict(HAS_SCATTER=sc is not None, DO_DWD=dwd, VEC=vec, WD_T=wd_t, BM=cfg.bm, BR=br,
-                          BN=cfg.bn_bwd, BLOCK_E=cfg.block_e)
+            consts = dict(HAS_SCATTER=sc is not None, DO_DWD=dwd, VEC=vec, WD_T=wd_t, BM=sh.bm, BR=br,
+                          BN=gt.bn_bwd, BLOCK_E=sh.block_e)
             out.append(_spec("glu_bwd_dz", types, consts, *dz_warps_stages(cfg, vec, wd_t), aligned))
         out += bwd_dwd_epi_specs(cfg, D, aligned, brs)  # the chunked dWd (also the low-bit path's), the epilogue
         for g, (dx, dw), br in itertools.product(IDX, _DXDW, brs):
             types = dict(x_ptr=D, gidx_ptr=f"*{g}" if g else UNUSED, offs_ptr="*i32", xcum_ptr="*i32", wg_ptr=D,
                          wu_ptr=D, dhg_ptr=D, dhu_ptr=D, dx_ptr=D, dwg_ptr=D, dwu_ptr=D)
-            consts = dict(HAS_GATHER=g is not None, DO_DX=dx, DO_DW=dw, BM=cfg.bm, BD=cfg.bd_bwd, BR=br,
-                          NDB=cfg.ndb_bwd, BLOCK_E=cfg.block_e)
-            out.append(_spec("glu_bwd_dx_dw", types, consts, cfg.warps_bwd_dxdw, cfg.stages_bwd_dxdw, aligned))
+            consts = dict(HAS_GATHER=g is not None, DO_DX=dx, DO_DW=dw, BM=sh.bm, BD=gt.bd_bwd, BR=br,
+                          NDB=gt.ndb_bwd, BLOCK_E=sh.block_e)
+            out.append(_spec("glu_bwd_dx_dw", types, consts, gt.warps_bwd_dxdw, gt.stages_bwd_dxdw, aligned))
         out += bwd_dw_specs(cfg, D, aligned, brs, once)  # the chunked dWg / dWu, slot sums, maps, scale sums
         for s in out:
             if s.key not in seen:

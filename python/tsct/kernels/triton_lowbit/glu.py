@@ -194,10 +194,10 @@ def _native_down(cap: tuple[int, int], fg: int, fu: int, x: Tensor, r: int, d: i
 
 def _native_tiles(offs: Tensor, cum: Tensor, max_tiles: int, m: int, cfg, cap) -> tuple[Tensor, int]:
     """The tile map of the CUDA kernels (``native.GLU_DOWN_TILE`` rows per tile) from the Triton path's
-    (``cfg.bm`` rows): the same one when the sizes agree, else counted again."""
+    (``cfg.shared.bm`` rows): the same one when the sizes agree, else counted again."""
     from tsct import native
 
-    if cfg.bm == native.GLU_DOWN_TILE:
+    if cfg.shared.bm == native.GLU_DOWN_TILE:
         return cum, max_tiles
     return C.tile_cum(offs, native.GLU_DOWN_TILE, cap), C.cdiv(m, native.GLU_DOWN_TILE) + offs.shape[0]
 
@@ -206,7 +206,7 @@ def _down(x, gidx, offs, cum, max_tiles, fg, pg, fu, pu, sg, su, rw, z, hg, hu, 
     """The down projection + GLU into ``z`` (and hg, hu when given: the BWD mode, whose z carries
     ``rw``): the CUDA kernel where ``_native_down`` allows, else the Triton kernel ``lowbit_down_fwd``.
     ``sg`` / ``su``: ``runtime.scales_in``'s (fp32 or x's dtype; the CUDA kernel reads either, the Triton one fp32).
-    ``cum`` / ``max_tiles``: the tile map of ``cfg.bm`` rows (the CUDA kernel's tiles are 64 rows)."""
+    ``cum`` / ``max_tiles``: the tile map of ``cfg.shared.bm`` rows (the CUDA kernel's tiles are 64 rows)."""
     e, r, d = offs.shape[0], z.shape[1], x.shape[1]
     if _native_down(cap, fg, fu, x, r, d, pg, pu):
         from tsct import native
@@ -224,9 +224,9 @@ def _down(x, gidx, offs, cum, max_tiles, fg, pg, fu, pu, sg, su, rw, z, hg, hu, 
     _launch("lowbit_down_fwd", (max_tiles, C.cdiv(r, br)),
             [x, gidx, offs, cum, *pg, *pu, sg, su, z, hg, hu, rw, e, d, r, x.stride(0)],
             dict(FMT_G=fg, FMT_U=fu, HAS_GATHER=gidx is not None, HAS_SG=sg is not None, HAS_SU=su is not None,
-                 HAS_RW=rw is not None, BWD=bwd, PLANES=LS.down_planes(cfg, fg, fu, cfg.bk), BM=cfg.bm, BR=br,
-                 BK=cfg.bk, BLOCK_E=cfg.block_e),
-            WARPS_DECODE, cfg.stages_down_lb, aligned, cap, x.device)
+                 HAS_RW=rw is not None, BWD=bwd, PLANES=LS.down_planes(cfg, fg, fu, cfg.shared.bk), BM=cfg.shared.bm,
+                 BR=br, BK=cfg.shared.bk, BLOCK_E=cfg.shared.block_e),
+            WARPS_DECODE, cfg.lowbit.stages_down_lb, aligned, cap, x.device)
 
 
 def _native_up(cap: tuple[int, int], fd: int, z: Tensor, y: Tensor, r: int, pd: list) -> bool:
@@ -243,7 +243,7 @@ def _native_up(cap: tuple[int, int], fd: int, z: Tensor, y: Tensor, r: int, pd: 
 def _up(z, offs, cum, max_tiles, fd, pd, rw, y, f, m, cfg, aligned, cap, pad: bool) -> None:
     """The up projection into ``y`` ([m, ldy]; ``pad``: ldy is f rounded up to 8 and the pad columns may
     be written): the CUDA kernel where ``_native_up`` allows, else the Triton kernel ``lowbit_up_fwd``.
-    ``rw`` (fp32 or None) multiplies each row; ``cum`` / ``max_tiles``: the tile map of ``cfg.bm`` rows."""
+    ``rw`` (fp32 or None) multiplies each row; ``cum`` / ``max_tiles``: the tile map of ``cfg.shared.bm`` rows."""
     e, r = offs.shape[0], z.shape[1]
     if _native_up(cap, fd, z, y, r, pd):
         from tsct import native
@@ -257,8 +257,8 @@ def _up(z, offs, cum, max_tiles, fd, pd, rw, y, f, m, cfg, aligned, cap, pad: bo
     _launch("lowbit_up_fwd", (max_tiles,), [z, offs, cum, *pd, rw, y, e, r, f, y.shape[1]],
             dict(FMT_D=fd, HAS_RW=rw is not None, SINGLE_K=single_k, Y_PAD=pad, DEC16=LS.up_dec16(cfg, bk_up),
                  PLANES=LS.up_planes(cfg, fd, single_k, bk_up),
-                 BM=cfg.bm, BN=cfg.bn_up, BK=bk_up, BLOCK_E=cfg.block_e),
-            cfg.warps_up_lb, cfg.stages_up, aligned, cap, z.device)
+                 BM=cfg.shared.bm, BN=cfg.lowbit.bn_up_lb, BK=bk_up, BLOCK_E=cfg.shared.block_e),
+            cfg.lowbit.warps_up_lb, cfg.lowbit.stages_up_lb, aligned, cap, z.device)
 
 
 def grouped_glu_forward(
@@ -330,7 +330,7 @@ def _forward(x, offs, w_gate, w_up, w_down, s_gate, s_up, row_weight, gather_idx
     sg, su = C.scales_in(s_gate, s_up, dtype)
     rw = C.as_f32(row_weight)
     gidx = C.as_i64(gather_idx)
-    bm = cfg.bm
+    bm = cfg.shared.bm
     aligned = _aligned(x, d, r, pg, pu, pd)
     max_tiles = C.cdiv(m, bm) + e
 
@@ -377,7 +377,8 @@ def down_forward(x: Tensor, offs: Tensor, w_gate, w_up, s_gate: Optional[Tensor]
     sg, su = C.scales_in(s_gate, s_up, x.dtype)
     gidx = C.as_i64(gather_idx)
     offs = offs.contiguous()
-    _down(x, gidx, offs, C.tile_cum(offs, cfg.bm), C.cdiv(m, cfg.bm) + e, fg, pg, fu, pu, sg, su, None, z, None,
+    bm = cfg.shared.bm
+    _down(x, gidx, offs, C.tile_cum(offs, bm), C.cdiv(m, bm) + e, fg, pg, fu, pu, sg, su, None, z, None,
           None, m, cfg, _aligned(x, d, r, pg, pu), cap)
     return z
 
@@ -437,7 +438,7 @@ def grouped_glu_backward(
     sg, su = C.scales_in(s_gate, s_up, dtype)  # glu_bwd_epi and _down read them as given
     rw = C.as_f32(row_weight)
     gidx, sidx = C.as_i64(gather_idx), C.as_i64(scatter_idx)
-    bm, br = cfg.bm, LS.rank_block(cfg)
+    bm, br = cfg.shared.bm, LS.rank_block(cfg)
     nrb = C.cdiv(r, br)
     aligned = _aligned(x, d, r, pg, pu, pd)
 
@@ -454,16 +455,17 @@ def grouped_glu_backward(
         _down(x, gidx, offs, plan.cum, plan.max_tiles, fg, pg, fu, pu, sg, su, rw, zw, hg, hu, m, cfg, aligned, cap)
     # 2. dz0 partials over f slices on the row tiles (and dWd_hat of the one-tile experts), then the other
     #    experts' dWd_hat (no factor involved: the shared chunked kernels on dense tensors)
-    bn = cfg.bn_bwd
-    n_fs = max(1, min(cfg.fs_bwd, C.cdiv(f, bn)))
+    bn = cfg.lowbit.bn_dz_lb
+    n_fs = max(1, min(cfg.lowbit.fs_dz_lb, C.cdiv(f, bn)))
     f_slice = C.cdiv(C.cdiv(f, bn), n_fs) * bn
     n_fs = C.cdiv(f, f_slice)
     part = torch.empty(n_fs, m, r, device=dev, dtype=torch.float32)
     dwd = torch.empty((e, r, f), device=dev, dtype=wdtype(w_down)) if do_dwd else None
     _launch("lowbit_bwd_dz", (plan.max_tiles, nrb, n_fs), [go, sidx, offs, plan.xcum, *pd, zw, part, dwd, e, m, r, f,
                                                            f_slice],
-            dict(FMT_D=fd, HAS_SCATTER=sidx is not None, DO_DWD=do_dwd, BM=bm, BR=br, BN=bn, BLOCK_E=cfg.block_e),
-            WARPS_DECODE, cfg.stages_bwd_dz, aligned, cap, dev)
+            dict(FMT_D=fd, HAS_SCATTER=sidx is not None, DO_DWD=do_dwd, BM=bm, BR=br, BN=bn,
+                 BLOCK_E=cfg.shared.block_e),
+            WARPS_DECODE, cfg.lowbit.stages_dz_lb, aligned, cap, dev)
     al_dense = C.aligned_launch(d, r, x.stride(0), x)  # the chunked kernels read only dense tensors
     if do_dwd:
         C.dwd_chunks(plan, go, sidx, offs, zw, dwd, False, r, f, CS.rank_block(cfg, r, al_dense), cfg, al_dense,
@@ -484,13 +486,13 @@ def grouped_glu_backward(
         dwg = torch.empty((e, d, r), device=dev, dtype=wdtype(w_gate)) if do_dw else None
         dwu = torch.empty((e, d, r), device=dev, dtype=wdtype(w_up)) if do_dw else None
         dx_rows = torch.empty(m, d, device=dev, dtype=dtype) if do_dx else None
-        bd = cfg.bd_bwd
+        bd = cfg.lowbit.bd_dxdw_lb
         ndb = LS.dxdw_ndb(cfg, fg, fu)
         _launch("lowbit_bwd_dx_dw", (plan.max_tiles, C.cdiv(d, bd * ndb)),
                 [x, gidx, offs, plan.xcum, *pg, *pu, dhg, dhu, dx_rows, dwg, dwu, e, d, r, x.stride(0)],
                 dict(FMT_G=fg, FMT_U=fu, HAS_GATHER=gidx is not None, DO_DX=do_dx, DO_DW=do_dw, BM=bm, BD=bd,
-                     BR=br, NDB=ndb, BLOCK_E=cfg.block_e),
-                WARPS_DECODE, cfg.stages_dxdw_lb, aligned, cap, dev)
+                     BR=br, NDB=ndb, BLOCK_E=cfg.shared.block_e),
+                WARPS_DECODE, cfg.lowbit.stages_dxdw_lb, aligned, cap, dev)
         if do_dw:
             C.dw_chunks(plan, x, gidx, offs, dhg, dhu, dwg, dwu, d, r, CS.rank_block(cfg, r, al_dense), cfg,
                         al_dense, cap)

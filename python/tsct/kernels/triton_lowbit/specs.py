@@ -121,16 +121,16 @@ def spec_key(kernel: str, types: dict, constexprs: dict, num_warps: int, num_sta
 # ---- the host-side rules glu.py follows (shape -> constexprs) -------------------------------------
 
 def rank_block(cfg) -> int:
-    """BR of the four low-bit kernels: always ``cfg.br_max`` (64; a multiple of 16, so an NVFP4 scale block
+    """BR of the four low-bit kernels: always ``cfg.shared.br_max`` (64; a multiple of 16, so an NVFP4 scale block
     never straddles a rank block; smaller r is masked). The bf16 epilogue keeps its own rule."""
-    return cfg.br_max
+    return cfg.shared.br_max
 
 
 def up_dec16(cfg, bk: int) -> bool:
     """DEC16 of lowbit_up_fwd: the bf16 tile decode where the arch's config enables it and the K step is
     wider than 16 (at BK = 16, Triton 3.6 and 3.9 fail to compile it for compute capability 10.0, 10.3
     and 11.0: "Illegal shared layout" in OptimizeDotOperands; review of 2026-11-30)."""
-    return bool(cfg.dec16_up_lb) and bk > 16
+    return bool(cfg.lowbit.dec16_up_lb) and bk > 16
 
 
 def up_planes(cfg, fmt: int, single_k: bool, bk: int) -> bool:
@@ -138,7 +138,7 @@ def up_planes(cfg, fmt: int, single_k: bool, bk: int) -> bool:
     (``Config.planes_up_lb``: sm_120), NVFP4 or sign, and the rank is one K step of 64 (aligned r in 33..64; the
     TTGIR then holds no shared-memory copy of the decoded tile, tests/cpu/test_triton_lowbit_aot.py; at BK = 128 it
     still does)."""
-    return bool(cfg.planes_up_lb) and fmt in PLANE_FORMATS and single_k and bk == 64
+    return bool(cfg.lowbit.planes_up_lb) and fmt in PLANE_FORMATS and single_k and bk == 64
 
 
 # Arches whose table also ships lowbit_down_fwd's byte-plane variants (``down_planes``), off by default there, for
@@ -157,7 +157,7 @@ def down_planes(cfg, fmt_g: int, fmt_u: int, bk: int) -> bool:
     split into the same planes in registers (``_kernels._t_planes``). On sm_120 the TTGIR of the b1 variants then
     allocates no shared memory for a register tensor (no decoded tile; sign's packed code bytes still pass one
     layout conversion through shared memory: tests/cpu/test_triton_lowbit_aot.py)."""
-    return bool(cfg.planes_down_lb) and down_planes_ok(fmt_g, fmt_u, bk)
+    return bool(cfg.lowbit.planes_down_lb) and down_planes_ok(fmt_g, fmt_u, bk)
 
 
 # Constexprs whose code only the pinned Triton (TRITON_VERSION, the AOT build's) is known to compile correctly: Triton
@@ -205,7 +205,7 @@ def dxdw_ndb(cfg, fmt_g: int, fmt_u: int) -> int:
     """d blocks per program (row tile) of lowbit_bwd_dx_dw: factors with a column scale (sign, fp8, ternary: the
     kernel holds dh scaled by it beside dh, sign's register count) keep ``Config.ndb_dxdw_sign_lb``, the others take
     ``Config.ndb_dxdw_lb``."""
-    return cfg.ndb_dxdw_sign_lb if max(fmt_g, fmt_u) >= SIGN else cfg.ndb_dxdw_lb
+    return cfg.lowbit.ndb_dxdw_sign_lb if max(fmt_g, fmt_u) >= SIGN else cfg.lowbit.ndb_dxdw_lb
 
 
 _IDX = (None, "i64")
@@ -219,6 +219,7 @@ def enumerate_specs(arch: str) -> Iterator[Spec]:
     uniform NVFP4 and the mix), plus 48 on the OPT_IN_PLANES_DOWN arches (lowbit_down_fwd's byte-plane variants: 24
     for uniform sign, 12 for each always aligned triple)."""
     cfg = CONFIGS[arch]
+    sh, lt = cfg.shared, cfg.lowbit
     br = rank_block(cfg)
     seen = set()
     for dt, (fg, fu, fd), aligned in itertools.product(AOT_DTYPES, AOT_FORMATS, (True, False)):
@@ -233,30 +234,31 @@ def enumerate_specs(arch: str) -> Iterator[Spec]:
             types = dict(x_ptr=D, gidx_ptr=f"*{g}" if g else UNUSED, offs_ptr="*i32", cum_ptr="*i32", g0=g0, g1=g1,
                          g2=g2, u0=u0, u1=u1, u2=u2, sg_ptr="*fp32", su_ptr="*fp32", z_ptr=D,
                          hg_ptr="*fp32" if bwd else D, hu_ptr="*fp32" if bwd else D, rw_ptr="*fp32")
-            for planes in down_planes_shipped(cfg, arch, fg, fu, cfg.bk):
+            for planes in down_planes_shipped(cfg, arch, fg, fu, sh.bk):
                 consts = dict(FMT_G=fg, FMT_U=fu, HAS_GATHER=g is not None, HAS_SG=s, HAS_SU=s, HAS_RW=rw, BWD=bwd,
-                              PLANES=planes, BM=cfg.bm, BR=br, BK=cfg.bk, BLOCK_E=cfg.block_e)
-                out.append(_base_spec("lowbit_down_fwd", types, consts, WARPS_DECODE, cfg.stages_down_lb, aligned,
+                              PLANES=planes, BM=sh.bm, BR=br, BK=sh.bk, BLOCK_E=sh.block_e)
+                out.append(_base_spec("lowbit_down_fwd", types, consts, WARPS_DECODE, lt.stages_down_lb, aligned,
                                       KERNELS))
         ups = sorted({up_k(r, aligned) for r in (16, 32, 48, 64, 128, 129)})
         for rw, (single, bk), ypad in itertools.product((False, True), ups, (False, True)):
             types = dict(z_ptr=D, offs_ptr="*i32", cum_ptr="*i32", d0=d0, d1=d1, d2=d2, rw_ptr="*fp32", y_ptr=D)
             consts = dict(FMT_D=fd, HAS_RW=rw, SINGLE_K=single, Y_PAD=ypad, DEC16=up_dec16(cfg, bk),
-                          PLANES=up_planes(cfg, fd, single, bk), BM=cfg.bm,
-                          BN=cfg.bn_up, BK=bk, BLOCK_E=cfg.block_e)
-            out.append(_base_spec("lowbit_up_fwd", types, consts, cfg.warps_up_lb, cfg.stages_up, aligned, KERNELS))
+                          PLANES=up_planes(cfg, fd, single, bk), BM=sh.bm,
+                          BN=lt.bn_up_lb, BK=bk, BLOCK_E=sh.block_e)
+            out.append(_base_spec("lowbit_up_fwd", types, consts, lt.warps_up_lb, lt.stages_up_lb, aligned,
+                                  KERNELS))
         for sc, dwd in itertools.product(_IDX, (False, True)):
             types = dict(dy_ptr=D, sidx_ptr=f"*{sc}" if sc else UNUSED, offs_ptr="*i32", xcum_ptr="*i32", d0=d0, d1=d1,
                          d2=d2, zw_ptr=D, part_ptr="*fp32", dwd_ptr=D)
-            consts = dict(FMT_D=fd, HAS_SCATTER=sc is not None, DO_DWD=dwd, BM=cfg.bm, BR=br, BN=cfg.bn_bwd,
-                          BLOCK_E=cfg.block_e)
-            out.append(_base_spec("lowbit_bwd_dz", types, consts, WARPS_DECODE, cfg.stages_bwd_dz, aligned, KERNELS))
+            consts = dict(FMT_D=fd, HAS_SCATTER=sc is not None, DO_DWD=dwd, BM=sh.bm, BR=br, BN=lt.bn_dz_lb,
+                          BLOCK_E=sh.block_e)
+            out.append(_base_spec("lowbit_bwd_dz", types, consts, WARPS_DECODE, lt.stages_dz_lb, aligned, KERNELS))
         for g, (dx, dw) in itertools.product(_IDX, _DXDW):
             types = dict(x_ptr=D, gidx_ptr=f"*{g}" if g else UNUSED, offs_ptr="*i32", xcum_ptr="*i32", g0=g0, g1=g1,
                          g2=g2, u0=u0, u1=u1, u2=u2, dhg_ptr=D, dhu_ptr=D, dx_ptr=D, dwg_ptr=D, dwu_ptr=D)
-            consts = dict(FMT_G=fg, FMT_U=fu, HAS_GATHER=g is not None, DO_DX=dx, DO_DW=dw, BM=cfg.bm,
-                          BD=cfg.bd_bwd, BR=br, NDB=dxdw_ndb(cfg, fg, fu), BLOCK_E=cfg.block_e)
-            out.append(_base_spec("lowbit_bwd_dx_dw", types, consts, WARPS_DECODE, cfg.stages_dxdw_lb, aligned,
+            consts = dict(FMT_G=fg, FMT_U=fu, HAS_GATHER=g is not None, DO_DX=dx, DO_DW=dw, BM=sh.bm,
+                          BD=lt.bd_dxdw_lb, BR=br, NDB=dxdw_ndb(cfg, fg, fu), BLOCK_E=sh.block_e)
+            out.append(_base_spec("lowbit_bwd_dx_dw", types, consts, WARPS_DECODE, lt.stages_dxdw_lb, aligned,
                                   KERNELS))
         for s in out:
             if s.key not in seen:
