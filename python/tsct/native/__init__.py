@@ -18,7 +18,8 @@ Kernels (CUDA tensors; see each docstring for shapes, dtypes and errors):
     nvfp4_dequantize(codes, block_scale, layout, s_enc, k, out_dtype=torch.bfloat16) -> Tensor
     nvfp4_quantize_rows_grouped(x, offs, *, gather_idx, col_scale, m, m_alloc)
         -> (codes, sfa, sfa_offsets, s_enc)   routed rows per expert, swizzled scales (sm_120 GEMMs' A)
-    glu_bwd_dz_bf16(grad_out, offs, w_down_t, zw, *, slices, xtile_cum, max_tiles, scatter_idx, dw_out) -> dz_part
+    glu_bwd_dz_bf16(grad_out, offs, w_down_t, zw, *, slices, xtile_cum, max_tiles, scatter_idx, dw_out, stages)
+        -> dz_part
                                      the grouped GLU's up-projection gradients (bf16, r = 64, sm_80/90/100)
     glu_down_fwd_lowbit(x, offs, tile_cum, gate, up, *, fmt, m, max_tiles, gather_idx, s_gate, s_up, row_weight,
         save, out) -> (z, hg, hu)    the low-bit grouped GLU's down projection + GLU (NVFP4 or sign factors, r = 64)
@@ -50,6 +51,7 @@ from tsct.native._ops import (
     GLU_DOWN_TILE,
     fp8_dequantize,
     fp8_quantize,
+    GLU_DZ_KERNELS,
     GLU_DZ_TILE,
     glu_bwd_dz_bf16,
     glu_down_fwd_lowbit,
@@ -72,6 +74,7 @@ from tsct.native._ops import (
 
 __all__ = [
     "GLU_DOWN_TILE",
+    "GLU_DZ_KERNELS",
     "GLU_DZ_TILE",
     "NativeUnavailableError",
     "available",

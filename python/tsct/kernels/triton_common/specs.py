@@ -48,11 +48,16 @@ class _Tiles:
 
     SWITCHES: ClassVar[frozenset] = frozenset()   # a kernel variant on or off
     POW2: ClassVar[frozenset] = frozenset()       # tile extents (``tl.arange`` sizes); so are the warps_* fields
+    CHOICES: ClassVar[dict] = {}                  # fields with a few built values: name -> the values
 
     @classmethod
     def field_rule(cls, name: str) -> tuple[str, Callable[[int], bool]]:
-        """(what the field ``name`` takes, in words; the test of a value): a 0/1 switch, a power of two (tile
-        extents, warps), else a count >= 1 (slices, blocks, stages, chunk rows, MiB, programs per SM)."""
+        """(what the field ``name`` takes, in words; the test of a value): one of its built values (``CHOICES``), a
+        0/1 switch, a power of two (tile extents, warps), else a count >= 1 (slices, blocks, stages, chunk rows, MiB,
+        programs per SM)."""
+        if name in cls.CHOICES:
+            vals = cls.CHOICES[name]
+            return "one of " + ", ".join(map(str, vals)), lambda v: v in vals
         if name in cls.SWITCHES:
             return "0 or 1", lambda v: v in (0, 1)
         if name in cls.POW2 or name.startswith("warps_"):
@@ -100,6 +105,7 @@ class GluTiles(_Tiles):
 
     SWITCHES: ClassVar[frozenset] = frozenset({"vec_up", "vec_dz", "vec_dz_t"})
     POW2: ClassVar[frozenset] = frozenset({"bn_up", "bn_bwd", "bd_bwd", "bn_up_vec", "bn_up_t"})
+    CHOICES: ClassVar[dict] = {"stages_dz_native": (3, 4)}  # the builds of csrc/glu/dz_bf16.cu
 
     bn_up: int = 128      # column block of the up projection (f = 5461: scalar loads, wide tiles cost registers)
     fsplit_up: int = 1    # column-block stripes per row tile (grid axis 1 of the up kernel)
@@ -131,8 +137,10 @@ class GluTiles(_Tiles):
     vec_dz_t: int = 0         # with WD_T: dY rows as shifted words (w_down tiles stay plain aligned loads)
     ndb_bwd: int = 8          # d blocks per program (row tile) of glu_bwd_dx_dw (the pipelined d loop)
     # f slices of glu_bwd_dz's CUDA stand-in where the dispatch takes it (tsct.dispatch.CUDA_KERNELS; partial sums
-    # reduced in order by glu_bwd_epi)
+    # reduced in order by glu_bwd_epi), and its pipeline stages: 4 (99 KB of shared memory, 2 CTAs per SM) or 3
+    # (72 KB and <= 80 registers: 3 CTAs per SM on sm_90; not yet timed); the same results either way
     fs_dz_native: int = 2
+    stages_dz_native: int = 4
 
 
 @dataclasses.dataclass(frozen=True)
