@@ -91,7 +91,8 @@ def collect(selftests: bool = True, verify_artifacts: bool = False) -> dict[str,
     if man and gpus:
         art["kernels_loadable_on_gpu0"] = {k: native.kernel_available(k) for k in _manifest_kernels(man)}
     art["triton_aot"] = _triton_aot(man, gpus)
-    art["native_glu"] = _native_glu(art["loadable"])
+    art["native_glu"], art["native_glu_error"] = _native_glu(art["loadable"])
+    art["cuda_kernels_setting"] = config.cuda_kernels
     if verify_artifacts:
         art["verify"] = _verify_artifacts()
     report["artifacts"] = art
@@ -149,13 +150,18 @@ def collect(selftests: bool = True, verify_artifacts: bool = False) -> dict[str,
     return report
 
 
-def _native_glu(loadable: bool) -> dict[str, Any]:
+def _native_glu(loadable: bool) -> tuple[dict[str, Any], Optional[str]]:
     """Which CUDA C++ stand-ins for Triton kernels the dispatch takes, per artifact arch, plus "other" (arches without
-    cubins: none): ``tsct.dispatch.cuda_kernels_by_arch``; none anywhere when the library does not load."""
+    cubins: none): ``tsct.dispatch.cuda_kernels_by_arch``; none anywhere when the library does not load. Second: the
+    error of a bad ``TSCT_CUDA_KERNELS`` (every Triton call that consults it raises it), else None."""
     from tsct.kernels.triton_common import specs
 
-    table = dispatch.cuda_kernels_by_arch([*specs.CONFIGS, "other"])
-    return table if loadable else {arch: [] for arch in table}
+    archs = [*specs.CONFIGS, "other"]
+    try:
+        table = dispatch.cuda_kernels_by_arch(archs)
+    except ValueError as exc:  # the probe reports a bad setting, it does not crash
+        return {arch: [] for arch in archs}, str(exc)
+    return (table if loadable else {arch: [] for arch in table}), None
 
 
 def _sm120_fp4(caps, gpus: Optional[list] = None, run: bool = False) -> dict[str, Any]:
@@ -328,9 +334,13 @@ def render(report: dict[str, Any]) -> None:
         con.print(f"[yellow]native library not installed[/] ({a['load_error'] or 'no manifest'}): "
                   "quantize/decode use torch")
     _render_triton_aot(con, a["triton_aot"])
-    if man and a.get("native_glu"):
+    if a.get("native_glu_error"):
+        con.print(f"[red]bad TSCT_CUDA_KERNELS[/]: {escape(a['native_glu_error'])}")
+    elif man and a.get("native_glu"):
+        setting = a.get("cuda_kernels_setting", "auto")
         con.print("CUDA C++ kernels the dispatch takes instead of Triton ones (tsct.dispatch.CUDA_KERNELS; only where "
-                  "they have run):")
+                  "they have run" + ("" if setting.strip().lower() in ("", "auto") else
+                                     f"; TSCT_CUDA_KERNELS={escape(repr(setting))}") + "):")
         for arch, ks in a["native_glu"].items():
             con.print(f"  {arch}: {'; '.join(ks) or 'none'}")
         for arch, p in (a["triton_aot"].get("proxy") or {}).items():

@@ -114,3 +114,22 @@ def test_render_with_selftests(capsys):
         assert f"grouped_glu[bmm, {fmt} factors, float32, forward and backward]" in out, out
     assert "sort_by_expert vs stable argsort" in out and "bit-exact (torch sort)" in out, out
     assert "FAIL" not in out
+
+
+def test_bad_cuda_kernels_setting_is_reported_not_raised(capsys, monkeypatch):
+    """A bad TSCT_CUDA_KERNELS makes every Triton call that consults it raise; the probe, the tool for bug reports,
+    names it instead of crashing (JSON and text), and lists no CUDA rows anywhere."""
+    from tsct import config
+
+    monkeypatch.setattr(config, "cuda_kernels", "glu_bwd_dz,lowbit_dwon_fwd")
+    rc, rep = _json_report(capsys, ["--json", "--no-selftest"])
+    art = rep["artifacts"]
+    assert rc == 0 and "TSCT_CUDA_KERNELS" in art["native_glu_error"] and "lowbit_dwon_fwd" in art["native_glu_error"]
+    assert art["native_glu"] == {a: [] for a in ("sm_90a", "sm_100a", "sm_120", "other")}
+    assert art["cuda_kernels_setting"] == "glu_bwd_dz,lowbit_dwon_fwd"
+    assert probe.main(["--no-selftest"]) == 0
+    assert "bad TSCT_CUDA_KERNELS" in capsys.readouterr().out
+
+    monkeypatch.setattr(config, "cuda_kernels", "auto")
+    rc, rep = _json_report(capsys, ["--json", "--no-selftest"])
+    assert rc == 0 and rep["artifacts"]["native_glu_error"] is None
