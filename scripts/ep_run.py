@@ -94,6 +94,10 @@ def parse(argv=None) -> argparse.Namespace:
         p.error(f"--experts {a.experts} must split evenly over --world {a.world} ranks")
     if a.topk > a.experts:
         p.error(f"--topk {a.topk} must not exceed --experts {a.experts}")
+    if a.json is not None:  # checked now, not after the run: rank 0 writes it last
+        out_dir = os.path.dirname(os.path.abspath(a.json))
+        if os.path.isdir(a.json) or not os.path.isdir(out_dir) or not os.access(out_dir, os.W_OK):
+            p.error(f"--json {a.json}: not a file in a writable directory")
     if a.device == "cuda" and torch.cuda.device_count() < a.world:
         p.error(f"--world {a.world} needs {a.world} CUDA GPUs, {torch.cuda.device_count()} visible")
     return a

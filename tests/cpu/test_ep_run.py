@@ -76,8 +76,10 @@ def test_two_gloo_ranks_match_the_single_process_layer_and_count_their_bytes(ep_
                 assert st["n"] == 3 and st["median"] > 0 and st["p10"] <= st["median"] <= st["p90"], (way, ph)
 
 
-def test_arguments_are_checked(ep_run, capsys):
+def test_arguments_are_checked(ep_run, capsys, tmp_path):
     for argv, msg in ((["--world", "3"], "--experts 1024 must split evenly over --world 3"),
+                      (["--json", str(tmp_path / "no" / "ep.json")], "not a file in a writable directory"),
+                      (["--json", str(tmp_path)], "not a file in a writable directory"),
                       (["--tokens", "0"], "--tokens must be >= 1"),
                       (["--topk", "9", "--small"], "--topk 9 must not exceed --experts 8")):
         with pytest.raises(SystemExit):
