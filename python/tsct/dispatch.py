@@ -149,9 +149,10 @@ def _cuda_kernels_on(setting: str) -> frozenset:
     if s in ("0", "off", "none"):
         return frozenset()
     chosen = {t.strip() for t in s.split(",") if t.strip()}
-    if not chosen <= names:
+    if not chosen or not chosen <= names:  # "," names no kernel: a typo, not "none"
+        why = f"unknown {sorted(chosen - names)}" if chosen else "it names no kernel"
         raise ValueError(f"TSCT_CUDA_KERNELS / tsct.config.cuda_kernels = {setting!r}: expected auto, none or a comma "
-                         f"list of {sorted(names)}; unknown {sorted(chosen - names)}")
+                         f"list of {sorted(names)}; {why}")
     return frozenset(chosen)
 
 

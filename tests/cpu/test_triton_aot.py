@@ -581,6 +581,10 @@ def test_cuda_dz_only_where_timed(monkeypatch):
     monkeypatch.setattr(config, "cuda_kernels", "glu_bwd_dz,dz")
     with pytest.raises(ValueError, match=r"TSCT_CUDA_KERNELS.*unknown \['dz'\]"):
         C.cuda_kernel("glu_bwd_dz", (9, 0), "bf16")
+    for setting in (",", " , ,"):  # a list naming no kernel is a mistake, not "none"
+        monkeypatch.setattr(config, "cuda_kernels", setting)
+        with pytest.raises(ValueError, match="TSCT_CUDA_KERNELS.*names no kernel"):
+            C.cuda_kernel("glu_bwd_dz", (9, 0), "bf16")
     monkeypatch.setattr(config, "cuda_kernels", "auto")
     # the launch-level conditions: bf16, r = 64, K-major, CUDA tensors (a CPU tensor never takes it)
     cfg = C.tile_config((9, 0))
