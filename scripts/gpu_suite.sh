@@ -90,7 +90,7 @@ bwd-ab         the backward's schedule A/B through Triton JIT from source trees 
                python | tar -x -C build/old_tree`, carried) with build/old_native if carried, "new" = this tree with
                build/native (scripts/build_native.sh), "new-tdz" = this tree without the CUDA dz
                (TSCT_CUDA_KERNELS=none); then a table
-bwd-chunks     the same timer at b1 Zipf 1.2 / 1.5 over Config.chunk_bwd (256 .. 2048) and fs_dwd (8, 32)
+bwd-chunks     the same timer at b1 Zipf 1.2 / 1.5 over SharedTiles.chunk_bwd (256 .. 2048) and fs_dwd (8, 32)
 nn             test_nn_experts_gpu.py: the expert layers on the kernel paths against the fp32 padded bmm, STE layers,
                make_graphed_callables, torch.compile, counts without host syncs
 train          examples/train_moe_lm.py --preset gpu --require-gate: the training A/B (TRAIN_STEPS steps, else

@@ -20,7 +20,7 @@ answers every key). The classes are the host code's own branch conditions, each 
   all without them (the recompute);
 * the router's sort: every index dtype (``route.sort_by_expert`` narrows or widens to int32 / int64) with and
   without router weights of each dtype;
-* on the arches that ship them, the opt-in byte-plane down projection (``Config.planes_down_lb=1``).
+* on the arches that ship them, the opt-in byte-plane down projection (``LowbitTiles.planes_down_lb=1``).
 
 What the classes cannot reach (fp16 activations, a factor format or mix the low-bit table leaves out, a
 ``TSCT_TRITON_GLU_CFG`` override other than the shipped opt-in) is outside the AOT tables by design: JIT, and without

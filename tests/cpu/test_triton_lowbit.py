@@ -47,7 +47,7 @@ def interp_ndb(tmp_path_factory):
     return _run_interp(tmp_path_factory, "lowbit_ndb", NDB_CFG, NDB_CASES)
 
 
-# lowbit_up_fwd and lowbit_down_fwd in byte planes (Config.planes_up_lb: on for sm_120; planes_down_lb: an opt-in):
+# lowbit_up_fwd and lowbit_down_fwd in byte planes (LowbitTiles.planes_up_lb: on for sm_120; planes_down_lb: an opt-in):
 # aligned r in 33..64 for the up kernel; empty experts, a two-tile expert, padding rows, odd f (37, 70, 5461), a last K
 # step of 16 (d = 80, NVFP4) and of 8 (d = 72, sign) in the planes of 64, NVFP4 gate with sign up
 PLANES_CFG = "planes_up_lb=1,planes_down_lb=1"

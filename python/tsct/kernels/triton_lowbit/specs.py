@@ -19,7 +19,7 @@ launch raises naming the missing key):
     generic ones only for the triples that can launch them (``always_aligned``: an NVFP4 w_down with an NVFP4
     w_gate or w_up makes d and r multiples of 16, and the host code copies a tensor at an odd offset).
 Host rules that keep the table small (exact): the rank block of the four low-bit kernels is always
-``Config.br_max`` (64; masked below), the up-projection does the whole rank in one K step when the
+``SharedTiles.br_max`` (64; masked below), the up-projection does the whole rank in one K step when the
 launch is aligned and r <= 128 (BK 16/32/64/128) and loops BK 64 otherwise (as the bf16 family);
 scales / row weights fp32 and int64 indices as in ``triton_common.runtime``. The weight-free kernels the
 low-bit host launches (``glu_bwd_epi``, the chunked dW kernels, ``combine_rows``, ``zero_tail_rows``, the tile map)
@@ -135,7 +135,7 @@ def up_dec16(cfg, bk: int) -> bool:
 
 def up_planes(cfg, fmt: int, single_k: bool, bk: int) -> bool:
     """PLANES of lowbit_up_fwd: a packed w_down decoded in byte planes where the arch's config enables it
-    (``Config.planes_up_lb``: sm_120), NVFP4 or sign, and the rank is one K step of 64 (aligned r in 33..64; the
+    (``LowbitTiles.planes_up_lb``: sm_120), NVFP4 or sign, and the rank is one K step of 64 (aligned r in 33..64; the
     TTGIR then holds no shared-memory copy of the decoded tile, tests/cpu/test_triton_lowbit_aot.py; at BK = 128 it
     still does)."""
     return bool(cfg.lowbit.planes_up_lb) and fmt in PLANE_FORMATS and single_k and bk == 64
@@ -153,7 +153,7 @@ def down_planes_ok(fmt_g: int, fmt_u: int, bk: int) -> bool:
 
 def down_planes(cfg, fmt_g: int, fmt_u: int, bk: int) -> bool:
     """PLANES of lowbit_down_fwd: both factors decoded in byte planes where the config enables it
-    (``Config.planes_down_lb``; off everywhere by default) and ``down_planes_ok``; the x tile is loaded whole and
+    (``LowbitTiles.planes_down_lb``; off everywhere by default) and ``down_planes_ok``; the x tile is loaded whole and
     split into the same planes in registers (``_kernels._t_planes``). On sm_120 the TTGIR of the b1 variants then
     allocates no shared memory for a register tensor (no decoded tile; sign's packed code bytes still pass one
     layout conversion through shared memory: tests/cpu/test_triton_lowbit_aot.py)."""
@@ -203,8 +203,8 @@ def factor_types(fmt: int, dtype: str) -> tuple[str, str, str]:
 
 def dxdw_ndb(cfg, fmt_g: int, fmt_u: int) -> int:
     """d blocks per program (row tile) of lowbit_bwd_dx_dw: factors with a column scale (sign, fp8, ternary: the
-    kernel holds dh scaled by it beside dh, sign's register count) keep ``Config.ndb_dxdw_sign_lb``, the others take
-    ``Config.ndb_dxdw_lb``."""
+    kernel holds dh scaled by it beside dh, sign's register count) keep ``LowbitTiles.ndb_dxdw_sign_lb``, the others
+    take ``LowbitTiles.ndb_dxdw_lb``."""
     return cfg.lowbit.ndb_dxdw_sign_lb if max(fmt_g, fmt_u) >= SIGN else cfg.lowbit.ndb_dxdw_lb
 
 
