@@ -97,7 +97,8 @@ def test_config_overrides_apply_and_bad_ones_name_the_item():
                        ("stages_dz_native=2", "stages_dz_native must be one of 3, 4"),
                        ("stages_up=0", "stages_up must be an integer >= 1"),
                        ("chunk_bwd=96", r"chunk_bwd \(96\) must be a multiple of bm \(64\)"),
-                       ("bm=128,chunk_bwd=64", r"chunk_bwd \(64\) must be a multiple of bm \(128\)")):
+                       ("bm=128,chunk_bwd=64", r"chunk_bwd \(64\) must be a multiple of bm \(128\)"),
+                       ("bm=32,warps_up=2,bm=64", "bm is given twice")):
         with pytest.raises(ValueError, match=words):
             CS.config_for((9, 0)).update(bad)
     # counts need not be powers of two; switches take 0 and 1

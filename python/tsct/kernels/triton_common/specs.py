@@ -198,8 +198,8 @@ class Config:
         "" changes nothing).
 
         Raises ValueError naming the item when it is not NAME=INT, NAME is no table's field or INT is not a value of
-        the field's kind (``field_rule``: a 0/1 switch, a power of two, or a count >= 1), and when the result's
-        chunk_bwd is not a multiple of its bm."""
+        the field's kind (``field_rule``: a 0/1 switch, a power of two, or a count >= 1), when a field is given twice,
+        and when the result's chunk_bwd is not a multiple of its bm."""
         changes: dict[str, dict[str, int]] = {t: {} for t in _TABLES}
         for item in filter(None, (t.strip() for t in spec.split(","))):
             key, sep, val = (t.strip() for t in item.partition("="))
@@ -217,6 +217,8 @@ class Config:
             rule, ok = field_rule(key)
             if not ok(value):
                 raise ValueError(f"Triton GLU config override {item!r}: {key} must be {rule}")
+            if key in changes[table]:  # which one was meant is a guess
+                raise ValueError(f"Triton GLU config override {spec!r}: {key} is given twice")
             changes[table][key] = value
         out = Config(**{t: dataclasses.replace(getattr(self, t), **changes[t]) for t in _TABLES})
         if out.shared.chunk_bwd % out.shared.bm:
