@@ -103,8 +103,9 @@ def test_config_overrides_apply_and_bad_ones_name_the_item():
             CS.config_for((9, 0)).update(bad)
     # counts need not be powers of two; switches take 0 and 1
     assert CS.config_for((9, 0)).update("ndb_bwd=3,fs_dwd=12,vec_up=0").glu.ndb_bwd == 3
-    with pytest.raises(ValueError, match="unknown field 'dz_native'"):  # the CUDA stand-ins are dispatch rows
-        CS.config_for((9, 0)).update("dz_native=0")
+    for retired in ("dz_native=0", "down_native_lb=0", "sign_native_lb=1"):  # the CUDA stand-ins are dispatch rows
+        with pytest.raises(ValueError, match=r"unknown field .*rows of tsct.dispatch.CUDA_KERNELS.*TSCT_CUDA_KERNELS"):
+            CS.config_for((9, 0)).update(retired)
     # blanks around "=" as around the items
     assert CS.config_for((9, 0)).update(" bm = 32 ,warps_up= 2").shared.bm == 32
 

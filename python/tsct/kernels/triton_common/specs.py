@@ -205,6 +205,10 @@ class Config:
             key, sep, val = (t.strip() for t in item.partition("="))
             table = self.table_of(key)
             if table is None:
+                if key.endswith(("_native", "_native_lb")) and key != "fs_dz_native":
+                    raise ValueError(f"Triton GLU config override {item!r}: unknown field {key!r}: the CUDA kernels "
+                                     "are rows of tsct.dispatch.CUDA_KERNELS, turned off with TSCT_CUDA_KERNELS "
+                                     "(docs/decisions/0023)")
                 names = sorted(f.name for t in _TABLES for f in dataclasses.fields(getattr(self, t)))
                 raise ValueError(f"Triton GLU config override {item!r}: unknown field {key!r} "
                                  f"(fields: {', '.join(names)})")
