@@ -16,7 +16,6 @@ Also: the op's backward takes this kernel for bf16, r = 64, K-major w_down on sm
 
 from __future__ import annotations
 
-
 import pytest
 import torch
 
