@@ -127,8 +127,8 @@ class CudaKernel:
 
 _PACKED = frozenset({"nvfp4", "sign", "fp8", "ternary"})
 #: the rows: one per Triton kernel with a CUDA stand-in. An arch without cubins (JIT: sm_80, ...) and a proxy install
-#: (docs/decisions/0017: it runs sm_120's kernels) take none; sm_100 would fit the dz (99 KB of shared memory) but
-#: nothing has run there.
+#: (docs/decisions/0017: it runs sm_120's kernels) take none; sm_100 has the shared memory all three need, but none
+#: has run there.
 CUDA_KERNELS: tuple[CudaKernel, ...] = (
     CudaKernel("glu_bwd_dz", "csrc/glu/dz_bf16.cu", frozenset({"bf16"}), frozenset({"sm_90a"}),
                "bf16, r = 64, K-major w_down, 64-row tiles"),
