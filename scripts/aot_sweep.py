@@ -52,8 +52,8 @@ def main() -> int:
 
     specs = ab.family_specs(args.family)
     tables = ab.specs  # the build's triton_common.specs: the per-arch Config table every family reads
-    if triton.__version__ != specs.TRITON_VERSION and not args.allow_other_triton:
-        raise SystemExit(f"Triton {triton.__version__}, not the pinned {specs.TRITON_VERSION}: pass --allow-other-triton")
+    if triton.__version__ != tables.TRITON_VERSION and not args.allow_other_triton:
+        raise SystemExit(f"Triton {triton.__version__}, not the pinned {tables.TRITON_VERSION}: pass --allow-other-triton")
     kernels = set(filter(None, args.kernels.split(",")))
     if unknown := kernels - set(specs.KERNELS):
         raise SystemExit(f"--kernels: unknown {sorted(unknown)} ({args.family} family: {sorted(specs.KERNELS)})")
