@@ -161,8 +161,9 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("what", choices=("host", "device", "sweep"))
     ap.add_argument("--cfgs", default="", help='sweep: ";"-separated config overrides ("" = the table)')
-    ap.add_argument("--cuda-kernels", default="auto",
-                    help='sweep: ";"-separated TSCT_CUDA_KERNELS settings (auto, none, kernel lists)')
+    ap.add_argument("--cuda-kernels", default=None,
+                    help='sweep: ";"-separated TSCT_CUDA_KERNELS settings (auto, none, kernel lists); default: the '
+                         "environment's (tsct.config.cuda_kernels)")
     ap.add_argument("--aot-dirs", default="", help="sweep: comma-separated AOT dirs (default: the installed one)")
     ap.add_argument("--backend", default="aot", choices=("aot", "jit"), help="sweep: TSCT_TRITON_BACKEND")
     ap.add_argument("--arms", default="bf16,bf16-kmajor")
@@ -173,7 +174,10 @@ def main() -> None:
     a = ap.parse_args()
     out = {}
     if a.what == "sweep":
-        out = sweep(a.arms, a.cfgs, a.aot_dirs, a.iters, a.backend, a.cuda_kernels)
+        from tsct import config
+
+        out = sweep(a.arms, a.cfgs, a.aot_dirs, a.iters, a.backend,
+                    config.cuda_kernels if a.cuda_kernels is None else a.cuda_kernels)
     else:
         for arm, fwd, fwdbwd in passes(a.arms):
             for name, fn in (("fwd", fwd), ("fwdbwd", fwdbwd)):

@@ -150,7 +150,9 @@ def _cuda_kernels_on(setting: str) -> frozenset:
         return frozenset()
     chosen = {t.strip() for t in s.split(",") if t.strip()}
     if not chosen or not chosen <= names:  # "," names no kernel: a typo, not "none"
-        why = f"unknown {sorted(chosen - names)}" if chosen else "it names no kernel"
+        words = chosen & {"", "auto", "0", "off", "none"}
+        why = (f"{sorted(words)} cannot be combined with kernel names" if words else
+               f"unknown {sorted(chosen - names)}" if chosen else "it names no kernel")
         raise ValueError(f"TSCT_CUDA_KERNELS / tsct.config.cuda_kernels = {setting!r}: expected auto, none or a comma "
                          f"list of {sorted(names)}; {why}")
     return frozenset(chosen)
@@ -160,8 +162,13 @@ def cuda_kernel(replaces: str, arch: Optional[str], fmt: str) -> bool:
     """Whether the Triton kernel ``replaces`` runs as its CUDA C++ row (``CUDA_KERNELS``) on artifact arch ``arch``
     (None: no cubins for this GPU) for factors of storage format ``fmt`` ("bf16", "nvfp4", "sign", "fp8",
     "ternary"), less the rows ``tsct.config.cuda_kernels`` turns off (``TSCT_CUDA_KERNELS``: kernel development, A/B
-    against the Triton kernels). The call's shape is the caller's to check. Raises ValueError for a bad setting."""
-    if replaces not in _cuda_kernels_on(config.cuda_kernels):
+    against the Triton kernels). The call's shape is the caller's to check. Raises ValueError for a bad setting and for
+    a ``replaces`` that no row names."""
+    on = _cuda_kernels_on(config.cuda_kernels)
+    if replaces not in on:
+        if all(k.replaces != replaces for k in CUDA_KERNELS):
+            raise ValueError(f"cuda_kernel: replaces={replaces!r} is no row of CUDA_KERNELS "
+                             f"({sorted(k.replaces for k in CUDA_KERNELS)})")
         return False
     return any(k.replaces == replaces and arch in k.archs and fmt in k.formats for k in CUDA_KERNELS)
 

@@ -587,6 +587,15 @@ def test_cuda_dz_only_where_timed(monkeypatch):
         monkeypatch.setattr(config, "cuda_kernels", setting)
         with pytest.raises(ValueError, match="TSCT_CUDA_KERNELS.*names no kernel"):
             C.cuda_kernel("glu_bwd_dz", (9, 0), "bf16")
+    for setting in ("none,glu_bwd_dz", "glu_bwd_dz, auto"):
+        monkeypatch.setattr(config, "cuda_kernels", setting)
+        with pytest.raises(ValueError, match=r"TSCT_CUDA_KERNELS.*\['(none|auto)'\] cannot be combined with kernel"):
+            C.cuda_kernel("glu_bwd_dz", (9, 0), "bf16")
+    monkeypatch.setattr(config, "cuda_kernels", "auto")
+    for setting in ("auto", "none"):  # a Triton kernel no row names is the caller's mistake, whatever the setting
+        monkeypatch.setattr(config, "cuda_kernels", setting)
+        with pytest.raises(ValueError, match=r"replaces='glu_bwd_dzz' is no row of CUDA_KERNELS"):
+            C.cuda_kernel("glu_bwd_dzz", (9, 0), "bf16")
     monkeypatch.setattr(config, "cuda_kernels", "auto")
     # the launch-level conditions: bf16, r = 64, K-major, CUDA tensors (a CPU tensor never takes it)
     cfg = C.tile_config((9, 0))

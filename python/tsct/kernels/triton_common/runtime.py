@@ -76,8 +76,10 @@ def overridden(spec: str):
 
 def kernel_arch(cap: tuple[int, int]) -> Optional[str]:
     """The arch whose kernels this install runs on compute capability ``cap``: its artifact arch's table (a proxy
-    install, decision 0017, runs the proxied arch's: sm_120's on 9.0), None on an arch without cubins (JIT). Keys
-    the tile configs (``tile_config``) and the CUDA rows of the dispatch (``tsct.dispatch.cuda_kernel``)."""
+    install, decision 0017, runs the proxied arch's: sm_120's on 9.0), None for a capability with no artifact arch
+    (sm_80, sm_86, 10.3, ...: JIT with ``CONFIG``). A capability with an artifact arch keeps it whether or not this
+    install holds its cubins (a source tree on 9.0 runs sm_90a's tiles and CUDA rows through JIT). Keys the tile
+    configs (``tile_config``) and the CUDA rows of the dispatch (``tsct.dispatch.cuda_kernel``)."""
     from tsct.kernels import aot
 
     arch = specs.table_arch(aot.artifact_arch(cap))
