@@ -215,3 +215,28 @@ def test_the_backward_verdict_is_asked_for_by_the_ops_layer(monkeypatch):
     assert calls == [(dispatch.TRITON_LOWBIT, "nvfp4")]
     st = dispatch.first_use_status(dispatch.TRITON_LOWBIT, (12, 0), "nvfp4")
     assert not st.ok and "FAILED: crash" in st.reason
+
+
+def test_cuda_rows_name_real_kernels_sources_and_formats():
+    """Each CUDA row of the dispatch replaces a Triton kernel of a family's table, points at a CUDA source that
+    defines a ``tsctk_`` kernel named after it, serves storage formats of the table (never bf16 and a packed one
+    together) and only artifact arches; the rows' kernel names are unique (one stand-in per Triton kernel)."""
+    from pathlib import Path
+
+    from tsct.kernels.triton_common import specs as CS
+    from tsct.kernels.triton_glu import specs as GS
+    from tsct.kernels.triton_lowbit import specs as LS
+
+    root = Path(__file__).resolve().parents[2]
+    triton = set(GS.KERNELS) | set(LS.KERNELS)
+    names = [k.replaces for k in dispatch.CUDA_KERNELS]
+    assert len(names) == len(set(names)) and names
+    for k in dispatch.CUDA_KERNELS:
+        assert k.replaces in triton, k
+        src = (root / k.source).read_text()
+        stem = k.replaces.replace("lowbit_", "glu_")  # lowbit_down_fwd -> tsctk_glu_down_fwd_<format>
+        assert f"tsctk_{stem}" in src, (k.replaces, k.source)
+        assert k.formats and k.formats <= set(dispatch.FORMATS), k
+        assert k.formats == {"bf16"} or "bf16" not in k.formats, k
+        assert k.archs and k.archs <= set(CS.ARTIFACT_ARCH.values()), k
+        assert not k.archs & set(CS.PROXIES), k  # a proxy install runs the proxied arch's Triton kernels
