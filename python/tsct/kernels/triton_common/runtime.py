@@ -28,7 +28,7 @@ from typing import Any, Optional, Sequence
 import torch
 from torch import Tensor
 
-from tsct import config
+from tsct import config, dispatch
 from tsct.kernels import launch
 from tsct.kernels.triton_common import specs
 from tsct.kernels.triton_common.specs import Config
@@ -96,8 +96,6 @@ def cuda_kernel(replaces: str, cap: tuple[int, int], fmt: str) -> bool:
     """Whether the dispatch runs the Triton kernel ``replaces`` as its CUDA C++ row on compute capability ``cap`` for
     storage format ``fmt`` (``tsct.dispatch.cuda_kernel`` at ``kernel_arch(cap)``); the call's shape is the caller's
     to check."""
-    from tsct import dispatch
-
     return dispatch.cuda_kernel(replaces, kernel_arch(cap), fmt)
 
 

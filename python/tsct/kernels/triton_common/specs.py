@@ -218,7 +218,7 @@ class Config:
                 value = None
             if value is None:
                 raise ValueError(f"Triton GLU config override {item!r}: expected {key}=<integer>")
-            rule, ok = field_rule(key)
+            rule, ok = type(getattr(self, table)).field_rule(key)
             if not ok(value):
                 raise ValueError(f"Triton GLU config override {item!r}: {key} must be {rule}")
             if key in changes[table]:  # which one was meant is a guess
