@@ -96,9 +96,10 @@ def oracle_grads(args, expert_of_row, go):
     return [None if t is None else (torch.zeros_like(t) if gr is None else gr) for t, gr in zip(leaves, res)]
 
 
-def run_backward(fam, args, go, ch=None, block_e=None, fval=float("nan")):
-    """The family's backward with ``torch.empty`` poisoned (``fval``), with chunk_bwd / block_e set (``overridden``)."""
-    spec = ",".join(f"{k}={v}" for k, v in (("chunk_bwd", ch), ("block_e", block_e)) if v)
+def run_backward(fam, args, go, ch=None, block_e=None, fval=float("nan"), regs=None):
+    """The family's backward with ``torch.empty`` poisoned (``fval``), with chunk_bwd / block_e / regs_dwd set
+    (``overridden``)."""
+    spec = ",".join(f"{k}={v}" for k, v in (("chunk_bwd", ch), ("block_e", block_e), ("regs_dwd", regs)) if v)
     with G.overridden(spec):
         torch.empty = _poisoned(fval)
         try:
@@ -129,10 +130,11 @@ HOT = [0, 0, 0, 290, 1, 0, 2, 0, 0, 3]                                    # one 
 MANY_EMPTY = [0] * 13 + [200] + [0] * 9 + [1, 70, 0, 0, 65, 0, 64] + [0] * 10  # 40 experts, mostly empty
 ONE_TILE = [5, 64, 0, 31, 1, 0, 17, 64, 2, 40, 0, 9]                       # every expert one row tile or empty (b1)
 ORACLE = {
-    # name: (counts, problem kwargs, family, factor formats, chunk rows, block of experts)
+    # name: (counts, problem kwargs, family, factor formats, chunk rows, block of experts[, glu_bwd_dwd's registers])
     "oracle_hot_ch64": (HOT, {}, G, None, 64, None),
     "oracle_hot_ch128_bsearch": (HOT, {}, G, None, 128, 4),
     "oracle_hot_ch512": (HOT, {}, G, None, 512, None),
+    "oracle_hot_ch64_regcap": (HOT, {}, G, None, 64, None, 80),   # the register cap reaches the compile options
     "oracle_many_empty_nogather": (MANY_EMPTY, dict(gather=False, scales=False), G, None, 64, 8),
     "oracle_hot_r80": (HOT, dict(r=80, d=48, f=21), G, None, 64, None),
     "oracle_lowbit_nvfp4_ch64": (HOT, {}, L, ("nvfp4",) * 3, 64, None),
@@ -144,7 +146,7 @@ ORACLE = {
 
 
 def check_oracle(name) -> tuple[bool, str]:
-    counts, kw, fam, fmts, ch, block_e = ORACLE[name]
+    counts, kw, fam, fmts, ch, block_e, *regs = ORACLE[name]
     args, eor = problem(counts, **kw, seed=len(name))
     if fmts:
         args = lowbit(args, fmts)
@@ -153,7 +155,7 @@ def check_oracle(name) -> tuple[bool, str]:
     go = torch.randn(n_out if n_out is not None else args[0].shape[0], ref_args[4].shape[2],
                      generator=torch.Generator().manual_seed(7))
     want = oracle_grads(ref_args, eor, go)
-    got = run_backward(fam, args, go, ch, block_e)
+    got = run_backward(fam, args, go, ch, block_e, regs=regs[0] if regs else None)
     errs = {}
     for n, a, b in zip(NAMES, got, want):
         if (a is None) != (b is None):

@@ -312,6 +312,48 @@ def test_family_takes_the_generic_variant_when_a_hinted_pointer_is_misaligned(mo
     assert fam.backend_counts()[("aot", "zero_tail_rows")] == 4
 
 
+def test_register_cap_is_part_of_the_key_and_reaches_the_compiler(monkeypatch):
+    """A launch with a register cap (``maxnreg``, ``SharedTiles.regs_dwd``) looks up the variant whose key ends its
+    compile options with ``r<N>``, a separate entry from the uncapped one (whose key is as it always was), and a JIT
+    launch passes the cap to Triton; without a cap nothing is passed. The field takes only its built values."""
+    import sys
+    import types
+
+    tys = dict(out_ptr="*bf16", offs_ptr="*i32", E="i32", M="i32", ncols="i32")
+    assert CS.spec_key("zero_tail_rows", tys, dict(BM=64, BN=64), 4, 3, True).endswith("|w4s3|a16")
+    capped = CS.spec_key("zero_tail_rows", tys, dict(BM=64, BN=64), 4, 3, True, maxnreg=80)
+    assert capped.endswith("|w4s3r80|a16")
+    spec = CS.make_spec("zero_tail_rows", dict(out_ptr="*bf16", offs_ptr="*i32"), dict(BM=64, BN=64), 4, 3, True,
+                        maxnreg=80)
+    assert spec.key == capped and spec.maxnreg == 80
+
+    looked_up = []
+    monkeypatch.setattr(aot, "artifact_arch", lambda cap: "sm_90a")
+    monkeypatch.setattr(aot, "kernel", lambda arch, key: looked_up.append(key))
+    monkeypatch.setenv("TSCT_TRITON_BACKEND", "auto")
+    seen = []
+
+    class _Jit:
+        def __getitem__(self, grid):
+            return lambda *args, **kw: seen.append(kw)
+
+    fake = types.ModuleType("tsct_test_fake_jit_regs")
+    fake.triton = types.SimpleNamespace(__version__=CS.TRITON_VERSION)
+    fake.zero_tail_rows = _Jit()
+    monkeypatch.setitem(sys.modules, "tsct_test_fake_jit_regs", fake)
+    monkeypatch.setattr(launch, "triton_importable", lambda: True)
+    fam = launch.Family("test", CS, "tsct_test_fake_jit_regs")
+    out, offs = torch.zeros(64, 8, dtype=torch.bfloat16), torch.zeros(4, dtype=torch.int32)
+    for regs in (80, 0):
+        assert fam.launch("zero_tail_rows", (1, 1), [out, offs, 4, 64, 8], dict(BM=64, BN=64), 4, 3, True, (9, 0),
+                          torch.device("cpu"), regs) == "jit"  # no such cubin (the stub): JIT
+    assert looked_up[0] == capped and looked_up[-1].endswith("|w4s3|gen")
+    assert seen[0]["maxnreg"] == 80 and "maxnreg" not in seen[1]
+    assert CS.CONFIGS["sm_90a"].update("regs_dwd=80").shared.regs_dwd == 80
+    with pytest.raises(ValueError, match="regs_dwd"):
+        CS.CONFIGS["sm_90a"].update("regs_dwd=81")
+
+
 def test_family_jit_launch_compiles_the_consts_the_specs_allow_for_that_triton(monkeypatch):
     """A JIT launch under a Triton other than the pinned one turns off what only the pinned Triton compiles correctly
     (the low-bit byte planes: wrong products under Triton 3.6 with mma.sync); a JIT launch under the

@@ -38,7 +38,7 @@ FINGERPRINTS = {
         "route_place": "66b9094d263bad19",
         "bwd_maps": "8c145a5ce77a5b8d",
         "glu_bwd_dz": "1cc5a8202c2c53fd",
-        "glu_bwd_dwd": "97b3db8ca4055b88",
+        "glu_bwd_dwd": "b0dd8760609bba53",
         "bwd_slot_reduce": "d28f3356d7f0a0fb",
         "glu_bwd_epi": "43f27cdfe8b1c50c",
         "glu_bwd_sred": "a7fcdbdeab649b68",

@@ -118,7 +118,7 @@ class Family:
     Args:
         name: the path name used in error messages ("triton-bf16", "triton-lowbit").
         specs: the family's specs module: ``KERNELS``, ``DTYPE_TYPES``, ``UNUSED``, ``is_used(kernel,
-            param, consts)`` and ``spec_key(kernel, types, consts, num_warps, num_stages, aligned)``.
+            param, consts)`` and ``spec_key(kernel, types, consts, num_warps, num_stages, aligned, maxnreg=0)``.
         jit_module: the module holding the ``@triton.jit`` functions (imported on the first JIT launch).
 
     A specs module may also define ``jit_consts(kernel, consts, triton_version) -> consts``: the constexprs a JIT
@@ -145,21 +145,22 @@ class Family:
             self.counts[(backend, kernel)] += 1
 
     def _resolve(self, kernel: str, arch: str, args: Sequence[Any], consts: dict, num_warps: int,
-                 num_stages: int, aligned: bool) -> _Resolved:
+                 num_stages: int, aligned: bool, maxnreg: int) -> _Resolved:
         from tsct.kernels import aot
 
         s = self.specs
         info = s.KERNELS[kernel]
         types = {p: type_of(v, s.DTYPE_TYPES, s.UNUSED) for p, v in zip(info.params, args)}
-        key_g = s.spec_key(kernel, types, consts, num_warps, num_stages, False)
-        key_a = s.spec_key(kernel, types, consts, num_warps, num_stages, True) if aligned else ""
+        key_g = s.spec_key(kernel, types, consts, num_warps, num_stages, False, maxnreg=maxnreg)
+        key_a = s.spec_key(kernel, types, consts, num_warps, num_stages, True, maxnreg=maxnreg) if aligned else ""
         hinted = tuple(i for i, p in enumerate(info.params) if p in info.hinted and s.is_used(kernel, p, consts))
         # the generic variant is looked up when a launch needs it (_UNRESOLVED until then)
         return _Resolved(aot.kernel(arch, key_a) if aligned else None, _UNRESOLVED, hinted, key_a, key_g)
 
     def launch(self, kernel: str, grid: tuple, args: Sequence[Any], consts: dict, num_warps: int, num_stages: int,
-               aligned: bool, cap: tuple, device: torch.device) -> str:
-        """Launch ``kernel`` on the current stream of ``device``; returns "aot" or "jit".
+               aligned: bool, cap: tuple, device: torch.device, maxnreg: int = 0) -> str:
+        """Launch ``kernel`` on the current stream of ``device``; returns "aot" or "jit". ``maxnreg``: the
+        registers per thread the kernel was compiled to (PTX .maxnreg; 0: the compiler's choice), part of the key.
 
         Raises RuntimeError when the AOT cubins have no variant for the launch and JIT is not allowed
         (``TSCT_TRITON_BACKEND=aot``) or Triton is not importable; ValueError for a bad backend name.
@@ -174,11 +175,11 @@ class Family:
                     with self._lock:
                         self._resolved.clear()
                         self._generation = (aot.generation, aot.kernel)
-                sig = (kernel, arch, aligned, num_warps, num_stages, tuple(consts.items()),
+                sig = (kernel, arch, aligned, num_warps, num_stages, maxnreg, tuple(consts.items()),
                        tuple(v.dtype if isinstance(v, Tensor) else v is None for v in args))
                 res = self._resolved.get(sig)
                 if res is None:
-                    res = self._resolve(kernel, arch, args, consts, num_warps, num_stages, aligned)
+                    res = self._resolve(kernel, arch, args, consts, num_warps, num_stages, aligned, maxnreg)
                     with self._lock:
                         self._resolved[sig] = res
                 values = [v.data_ptr() if isinstance(v, Tensor) else v for v in args]
@@ -210,8 +211,9 @@ class Family:
         if jit_consts is not None and not config.triton_interpret():  # the interpreter compiles nothing
             consts = jit_consts(kernel, consts, K.triton.__version__)
         dummy = next(v for v in args if isinstance(v, Tensor))
+        opts = dict(maxnreg=maxnreg) if maxnreg else {}
         getattr(K, kernel)[grid](*[dummy if v is None else v for v in args], **consts, num_warps=num_warps,
-                                 num_stages=num_stages)
+                                 num_stages=num_stages, **opts)
         with self._lock:
             self.counts[("jit", kernel)] += 1
         return "jit"

@@ -428,12 +428,6 @@ def glu_bwd_dwd(
         cmask = cols < r
         n_lo = fs * f_slice
         n_hi = tl.minimum(n_lo + f_slice, f)
-        if WD_T:
-            o_tile = cols[:, None] + ns[None, :] * r          # int32 [BR, BN]: dWd's element order within an expert
-            o_step = r
-        else:
-            o_tile = cols[:, None] * f + ns[None, :]
-            o_step = 1
         h_tile = bm[:, None] * r + cols[None, :]
         out_base = dwd_ptr + e.to(tl.int64) * r * f
         ws_base = ws_ptr + slot.to(tl.int64) * r * f
@@ -451,10 +445,14 @@ def glu_bwd_dwd(
                              other=0.0)
                 acc = tl.dot(tl.trans(zt), dy, acc)
             omask = cmask[:, None] & nmask[None, :]
-            if single:
-                tl.store(out_base + n * o_step + o_tile, acc.to(dwd_ptr.dtype.element_ty), mask=omask)
+            if WD_T:  # dWd's element order within an expert (int32 [BR, BN]), made here: not live over the row loop
+                o_tile = cols[:, None] + (n + ns)[None, :] * r
             else:
-                tl.store(ws_base + n * o_step + o_tile, acc, mask=omask)
+                o_tile = cols[:, None] * f + (n + ns)[None, :]
+            if single:
+                tl.store(out_base + o_tile, acc.to(dwd_ptr.dtype.element_ty), mask=omask)
+            else:
+                tl.store(ws_base + o_tile, acc, mask=omask)
 
 
 @triton.jit

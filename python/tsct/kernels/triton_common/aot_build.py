@@ -214,7 +214,7 @@ def _compile(family: str, arch: str, spec, cache_dir: str) -> dict:
     t0 = time.perf_counter()
     k = triton.compile(src, target=GPUTarget("cuda", cap, 32),
                        options=dict(num_warps=spec.num_warps, num_stages=spec.num_stages, num_ctas=1,
-                                    enable_fp_fusion=True))
+                                    enable_fp_fusion=True, **({"maxnreg": spec.maxnreg} if spec.maxnreg else {})))
     md = k.metadata
     problems = []
     if getattr(md, "global_scratch_size", 0) or getattr(md, "profile_scratch_size", 0):

@@ -113,10 +113,11 @@ def backend_counts() -> dict[tuple[str, str], int]:
 
 
 def launch_kernel(kernel: str, grid: tuple, args: Sequence[Any], consts: dict, num_warps: int, num_stages: int,
-            aligned: bool, cap: tuple[int, int], device: torch.device) -> None:
+                  aligned: bool, cap: tuple[int, int], device: torch.device, maxnreg: int = 0) -> None:
     """Launch the shared kernel ``kernel`` (its runtime parameters in specs.KERNELS order; None = a pointer the flags
-    leave unread) on the current stream, through the AOT cubin or Triton JIT (``tsct.kernels.launch``)."""
-    FAMILY.launch(kernel, grid, args, consts, num_warps, num_stages, aligned, cap, device)
+    leave unread) on the current stream, through the AOT cubin or Triton JIT (``tsct.kernels.launch``); ``maxnreg``:
+    its register cap (0: none)."""
+    FAMILY.launch(kernel, grid, args, consts, num_warps, num_stages, aligned, cap, device, maxnreg)
 
 
 # ---- host-side helpers ----------------------------------------------------------------------------
@@ -562,7 +563,7 @@ def dwd_chunks(plan: BwdPlan, go: Tensor, sidx: Optional[Tensor], offs: Tensor, 
                   [go, sidx, offs, plan.maps, zw, dwd, ws, e, r, f, f_slice, n_fs, plan.ch],
                   dict(HAS_SCATTER=sidx is not None, WD_T=wd_t, BM=cfg.shared.bm, BR=br, BN=bn,
                        BLOCK_E=cfg.shared.block_e),
-                  cfg.shared.warps_dwd, cfg.shared.stages_dwd, aligned, cap, go.device)
+                  cfg.shared.warps_dwd, cfg.shared.stages_dwd, aligned, cap, go.device, cfg.shared.regs_dwd)
     _slot_reduce(plan, ws, dwd, r * f, cfg, cap)
 
 

@@ -71,6 +71,8 @@ class SharedTiles(_Tiles):
     the shared kernels' (combine, zero-tail, the backward's chunked dW reductions, slot sums and epilogue)."""
 
     POW2: ClassVar[frozenset] = frozenset({"bm", "br_max", "bk", "block_e", "bn_combine", "bn_dwd", "bd_dw"})
+    # a register cap lets more CTAs share an SM: 80 at 8 warps is 3 per sm_90 SM (65,536 registers), 64 is 4
+    CHOICES: ClassVar[dict] = {"regs_dwd": (0, 64, 72, 80, 96, 128)}
 
     bm: int = 64          # rows per tile (forward tile map and backward row loop); ~32 rows/expert at b1
     br_max: int = 64      # rank block of the down projection / backward main kernels
@@ -93,6 +95,7 @@ class SharedTiles(_Tiles):
     bn_dwd: int = 64
     warps_dwd: int = 4
     stages_dwd: int = 1
+    regs_dwd: int = 0     # registers per thread glu_bwd_dwd may use (PTX .maxnreg); 0: the compiler's choice
     bd_dw: int = 64
     warps_dw: int = 4
     stages_dw: int = 3
@@ -445,14 +448,20 @@ def is_used(kernel: str, param: str, constexprs: dict, kernels: Optional[dict] =
     return all(bool(constexprs[f]) for f in flags)
 
 
+def _launch_part(num_warps: int, num_stages: int, maxnreg: int) -> str:
+    """The key's compile options: ``w8s1``, and ``r80`` after it for a register cap (PTX .maxnreg; none: no part,
+    so the keys of uncapped variants are as they always were)."""
+    return f"w{num_warps}s{num_stages}" + (f"r{maxnreg}" if maxnreg else "")
+
+
 def spec_key(kernel: str, types: dict, constexprs: dict, num_warps: int, num_stages: int, aligned: bool,
-             kernels: Optional[dict] = None) -> str:
+             kernels: Optional[dict] = None, maxnreg: int = 0) -> str:
     """The canonical specialization key. ``types``: param -> Triton type string (``*bf16``, ``i32``);
-    unread pointer params are recorded as ``*i8`` whatever was passed."""
+    unread pointer params are recorded as ``*i8`` whatever was passed. ``maxnreg``: the register cap (0: none)."""
     info = (KERNELS if kernels is None else kernels)[kernel]
     t = ",".join(f"{p}:{types[p] if is_used(kernel, p, constexprs, kernels) else UNUSED}" for p in info.params)
     c = ",".join(f"{k}={int(constexprs[k])}" for k in info.constexprs)
-    return f"{kernel}|{t}|{c}|w{num_warps}s{num_stages}|{'a16' if aligned else 'gen'}"
+    return f"{kernel}|{t}|{c}|{_launch_part(num_warps, num_stages, maxnreg)}|{'a16' if aligned else 'gen'}"
 
 
 def key_file_stem(key: str) -> str:
@@ -508,6 +517,7 @@ class Spec:
     num_warps: int
     num_stages: int
     aligned: bool
+    maxnreg: int = 0        # registers per thread (PTX .maxnreg); 0: the compiler's choice
 
     @property
     def key(self) -> str:
@@ -515,18 +525,19 @@ class Spec:
         order, unread pointers ``*i8``), so the key needs no table (it serves every family)."""
         t = ",".join(f"{p}:{ty}" for p, ty in self.types)
         c = ",".join(f"{k}={int(v)}" for k, v in self.constexprs)
-        return f"{self.kernel}|{t}|{c}|w{self.num_warps}s{self.num_stages}|{'a16' if self.aligned else 'gen'}"
+        launch = _launch_part(self.num_warps, self.num_stages, self.maxnreg)
+        return f"{self.kernel}|{t}|{c}|{launch}|{'a16' if self.aligned else 'gen'}"
 
 
 def make_spec(kernel: str, types: dict, consts: dict, warps: int, stages: int, aligned: bool,
-          kernels: Optional[dict] = None) -> Spec:
+              kernels: Optional[dict] = None, maxnreg: int = 0) -> Spec:
     info = (KERNELS if kernels is None else kernels)[kernel]
     full = {p: (types.get(p, "i32") if p in info.ints else types[p]) for p in info.params}
     for p in info.params:  # unread pointers are canonical
         if p not in info.ints and not is_used(kernel, p, consts, kernels):
             full[p] = UNUSED
     return Spec(kernel, tuple(full.items()), tuple((k, int(consts[k])) for k in info.constexprs),
-                warps, stages, aligned)
+                warps, stages, aligned, maxnreg)
 
 
 #: the activation dtypes (x, the dense factors, y) with cubins: bf16. fp16 calls run the same kernels through Triton
@@ -581,7 +592,8 @@ def bwd_dwd_epi_specs(cfg: Config, D: str, aligned: bool, brs: list[int]) -> lis
         types = dict(dy_ptr=D, sidx_ptr=f"*{sc}" if sc else UNUSED, offs_ptr="*i32", maps_ptr="*i32", zw_ptr=D,
                      dwd_ptr=D, ws_ptr="*fp32")
         consts = dict(HAS_SCATTER=sc is not None, WD_T=wd_t, BM=sh.bm, BR=br, BN=sh.bn_dwd, BLOCK_E=sh.block_e)
-        out.append(make_spec("glu_bwd_dwd", types, consts, sh.warps_dwd, sh.stages_dwd, aligned))
+        out.append(make_spec("glu_bwd_dwd", types, consts, sh.warps_dwd, sh.stages_dwd, aligned,
+                             maxnreg=sh.regs_dwd))
     # the epilogue reads [M, r] buffers only: r decides its alignment (runtime.bwd_epilogue), every BR of both rules
     scale_types = sorted({None, "*fp32", D}, key=str)  # s_gate / s_up: none, fp32 or x's dtype (runtime.scales_in)
     for st, rw, br in itertools.product(scale_types, (False, True), brs):

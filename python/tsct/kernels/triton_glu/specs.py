@@ -70,9 +70,10 @@ def is_used(kernel: str, param: str, constexprs: dict) -> bool:
     return _base_is_used(kernel, param, constexprs, KERNELS)
 
 
-def spec_key(kernel: str, types: dict, constexprs: dict, num_warps: int, num_stages: int, aligned: bool) -> str:
+def spec_key(kernel: str, types: dict, constexprs: dict, num_warps: int, num_stages: int, aligned: bool,
+             maxnreg: int = 0) -> str:
     """``triton_common.specs.spec_key`` on this table (same format)."""
-    return _base_spec_key(kernel, types, constexprs, num_warps, num_stages, aligned, KERNELS)
+    return _base_spec_key(kernel, types, constexprs, num_warps, num_stages, aligned, KERNELS, maxnreg)
 
 
 # ---- the host-side rules glu.py follows (shape -> constexprs) -------------------------------------
