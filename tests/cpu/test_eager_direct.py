@@ -32,7 +32,7 @@ def test_direct_route_equals_the_op_route_bitwise(monkeypatch):
                      seed=5)
     calls = []
     real = _function.forward
-    monkeypatch.setattr(_function, "forward", lambda *a: calls.append(1) or real(*a))
+    monkeypatch.setattr(_function, "forward", lambda *a, **kw: calls.append(1) or real(*a, **kw))
     y_op, g_op = _run(p, False, monkeypatch)
     y_d, g_d = _run(p, True, monkeypatch)
     assert len(calls) == 2  # both routes ran the same forward function
@@ -137,7 +137,8 @@ def test_quantized_direct_inference_runs_the_plain_forward(monkeypatch):
     monkeypatch.setattr(dispatch, "implementation", lambda path: _DecodingPath)
     seen = []
     monkeypatch.setattr(_function, "forward",
-                        lambda inputs, call, save=True, real=_function.forward: seen.append(save) or real(inputs, call, save))
+                        lambda inputs, call, save=True, trusted=False, real=_function.forward:
+                        seen.append(save) or real(inputs, call, save, trusted))
     wq = quant.quantize_nvfp4(p["w_gate"], backend="torch")
     kw = dict(row_weight=p["row_weight"], gather_idx=p["gather_idx"], scatter_idx=p["scatter_idx"],
               num_out_rows=p["num_out_rows"])
@@ -146,3 +147,24 @@ def test_quantized_direct_inference_runs_the_plain_forward(monkeypatch):
     assert seen == [False] and y.grad_fn is None
     y2 = grouped_glu(p["x"].clone().requires_grad_(), p["offs"], wq, p["w_up"], p["w_down"], p["s_gate"], p["s_up"], **kw)
     assert type(y2.grad_fn).__name__ == "GroupedGLUBackward" and torch.equal(y, y2.detach())
+
+
+@pytest.mark.parametrize("fmt", ["nvfp4", "sign", "fp8", "ternary"])
+def test_eager_route_rebuilds_the_same_container_without_its_checks(fmt, monkeypatch):
+    """The eager route rebuilds each packed factor from the storage it took out of the caller's container in the same
+    call, without the container's checks (host time per call); the result is the same container. The custom op
+    rebuilds with the checks: storage that does not fit its format tag is refused there, naming the storage."""
+    from tsct.ops import _factors
+
+    w = quant.quantize(torch.randn(3, 32, 24, generator=torch.Generator().manual_seed(1)), fmt)
+    tag, storage = _factors.pack("w_gate", w)
+    fast = _factors.unpack("w_gate", tag, None, storage, trusted=True)
+    checked = _factors.unpack("w_gate", tag, None, storage)
+    assert type(fast) is type(checked) is type(w) and fast.shape == checked.shape == w.shape
+    for name in type(w)._STORAGE + (("layout",) if fmt == "nvfp4" else ()):
+        a, b, c = getattr(fast, name), getattr(checked, name), getattr(w, name)
+        assert (a is None and b is None and c is None) or (isinstance(a, str) and a == b == c) or (
+            a.dtype == b.dtype == c.dtype and torch.equal(a.view(torch.uint8), c.view(torch.uint8))), name
+    bad = (storage[0], storage[1][..., :-1]) + tuple(storage[2:])  # the second storage tensor one entry short
+    with pytest.raises(ValueError, match="must have shape"):
+        _factors.unpack("w_gate", tag, None, bad)

@@ -31,6 +31,7 @@ import torch
 from torch import Tensor
 
 from tsct import config
+from tsct.kernels import aot
 
 BACKEND_ENV = "TSCT_TRITON_BACKEND"
 
@@ -131,7 +132,8 @@ class Family:
         self.specs = specs
         self.jit_module = jit_module
         self._resolved: dict[tuple, _Resolved] = {}
-        self._generation: tuple = ()  # (aot.generation, aot.kernel) the cache was built on
+        self._archs: dict[tuple, Optional[str]] = {}  # compute capability -> aot.artifact_arch (reads index files)
+        self._generation: tuple = ()  # (aot.generation, aot.kernel, aot.artifact_arch) the caches were built on
         self._lock = threading.Lock()
         self.counts: collections.Counter = collections.Counter()  # (backend, kernel) -> launches
 
@@ -146,8 +148,6 @@ class Family:
 
     def _resolve(self, kernel: str, arch: str, args: Sequence[Any], consts: dict, num_warps: int,
                  num_stages: int, aligned: bool, maxnreg: int) -> _Resolved:
-        from tsct.kernels import aot
-
         s = self.specs
         info = s.KERNELS[kernel]
         types = {p: type_of(v, s.DTYPE_TYPES, s.UNUSED) for p, v in zip(info.params, args)}
@@ -167,14 +167,15 @@ class Family:
         """
         mode = backend_mode()
         if mode != "jit":
-            from tsct.kernels import aot
-
-            arch = aot.artifact_arch(cap)
+            if self._generation != (aot.generation, aot.kernel, aot.artifact_arch):  # a reset index, a test's stand-in
+                with self._lock:
+                    self._resolved.clear()
+                    self._archs.clear()
+                    self._generation = (aot.generation, aot.kernel, aot.artifact_arch)
+            arch = self._archs.get(cap, _UNRESOLVED)
+            if arch is _UNRESOLVED:
+                arch = self._archs[cap] = aot.artifact_arch(cap)
             if arch is not None:
-                if self._generation != (aot.generation, aot.kernel):  # a reset index (or a test's stand-in)
-                    with self._lock:
-                        self._resolved.clear()
-                        self._generation = (aot.generation, aot.kernel)
                 sig = (kernel, arch, aligned, num_warps, num_stages, maxnreg, tuple(consts.items()),
                        tuple(v.dtype if isinstance(v, Tensor) else v is None for v in args))
                 res = self._resolved.get(sig)

@@ -29,15 +29,25 @@ FACTOR_TAGS = ("dense", "nvfp4", "nvfp4-swizzled_128x4", "sign", "fp8", "ternary
 _RAW_BYTES = {("nvfp4", "block_scale"), ("fp8", "codes")}
 
 
+_tables: dict = {}
+
+
 def _classes() -> dict:
-    from tsct import quant
-    return {"nvfp4": quant.NVFP4Tensor, "sign": quant.SignTensor, "fp8": quant.FP8Tensor,
-            "ternary": quant.TernaryTensor}
+    """{format: container class} (tsct.quant imported on first use)."""
+    t = _tables.get("classes")
+    if t is None:
+        from tsct import quant
+        t = _tables["classes"] = {"nvfp4": quant.NVFP4Tensor, "sign": quant.SignTensor, "fp8": quant.FP8Tensor,
+                                  "ternary": quant.TernaryTensor}
+    return t
 
 
 def _values_per_byte() -> dict:
-    from tsct.quant.formats import SIGN_PACK, TERNARY_PACK
-    return {"nvfp4": 2, "sign": SIGN_PACK, "fp8": 1, "ternary": TERNARY_PACK}
+    t = _tables.get("per_byte")
+    if t is None:
+        from tsct.quant.formats import SIGN_PACK, TERNARY_PACK
+        t = _tables["per_byte"] = {"nvfp4": 2, "sign": SIGN_PACK, "fp8": 1, "ternary": TERNARY_PACK}
+    return t
 
 
 def _fmt(tag: str) -> str:
@@ -61,13 +71,20 @@ def pack(name: str, w) -> tuple[str, tuple[Optional[Tensor], ...]]:
 
 def storage_count(tag: str) -> int:
     """How many storage tensors a slot of format ``tag`` carries. ValueError for an unknown tag."""
-    if tag not in FACTOR_TAGS:
+    counts = _tables.get("counts")
+    if counts is None:
+        counts = _tables["counts"] = {t: 0 if t == "dense" else len(_classes()[_fmt(t)]._STORAGE) for t in FACTOR_TAGS}
+    n = counts.get(tag)
+    if n is None:
         raise ValueError(f"grouped_glu: unknown format tag {tag!r}; expected one of {list(FACTOR_TAGS)}")
-    return 0 if tag == "dense" else len(_classes()[_fmt(tag)]._STORAGE)
+    return n
 
 
-def unpack(name: str, tag: str, carrier: Optional[Tensor], storage: Sequence[Optional[Tensor]]):
-    """The factor a path receives: the dense carrier, or the rebuilt container."""
+def unpack(name: str, tag: str, carrier: Optional[Tensor], storage: Sequence[Optional[Tensor]],
+           trusted: bool = False):
+    """The factor a path receives: the dense carrier, or the rebuilt container. ``trusted``: the storage was taken
+    by ``pack`` from a container in this very call (the eager route), so the container's checks are not run again;
+    the custom ops, which anyone may call, rebuild with them."""
     if storage_count(tag) != len(storage):
         raise ValueError(f"grouped_glu: {name}: format {tag!r} carries {storage_count(tag)} storage tensors, "
                          f"got {len(storage)}")
@@ -81,7 +98,8 @@ def unpack(name: str, tag: str, carrier: Optional[Tensor], storage: Sequence[Opt
     e, n, kb = storage[0].shape
     if fmt == "nvfp4":
         fields["layout"] = "linear" if tag == "nvfp4" else tag[len("nvfp4-"):]
-    return cls(**fields, shape=(e, _values_per_byte()[fmt] * kb, n))
+    shape = (e, _values_per_byte()[fmt] * kb, n)
+    return cls._rebuilt(**fields, shape=shape) if trusted else cls(**fields, shape=shape)
 
 
 def split(formats: str, storage: Sequence[Optional[Tensor]]) -> list[tuple[str, list]]:

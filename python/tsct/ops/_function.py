@@ -73,13 +73,14 @@ class Call(NamedTuple):
 
 # ---- primitives -------------------------------------------------------------------------------------
 
-def _path_args(inputs: Inputs, call: Call) -> tuple:
-    """The positional arguments of a path's ``grouped_glu_forward`` (and the tail of its backward's)."""
+def _path_args(inputs: Inputs, call: Call, trusted: bool) -> tuple:
+    """The positional arguments of a path's ``grouped_glu_forward`` (and the tail of its backward's); ``trusted``:
+    the factor slots come from this eager call's own containers (``_factors.unpack``)."""
     path = call.impl.split("/", 1)[0]
     decode = path not in dispatch.READS_PACKED
     facs = []
     for name, carrier, (tag, storage) in zip(FACTOR_NAMES, inputs[1:4], _factors.split(call.formats, call.storage)):
-        w = _factors.unpack(name, tag, carrier, storage)
+        w = _factors.unpack(name, tag, carrier, storage, trusted)
         if decode and tag != "dense":
             from tsct import quant
             # bmm: in storage order (K contiguous), torch.bmm takes the transposed view without a copy
@@ -90,23 +91,26 @@ def _path_args(inputs: Inputs, call: Call) -> tuple:
             r.num_out_rows)
 
 
-def forward(inputs: Inputs, call: Call, save: bool = True) -> tuple[Tensor, list[Tensor]]:
+def forward(inputs: Inputs, call: Call, save: bool = True, trusted: bool = False) -> tuple[Tensor, list[Tensor]]:
     """``(out, saved)`` of the path's forward. With ``save`` and a path that has
-    ``grouped_glu_forward_saved``, ``saved`` is what its backward would otherwise recompute; else []."""
+    ``grouped_glu_forward_saved``, ``saved`` is what its backward would otherwise recompute; else [].
+    ``trusted``: an eager call's records (``_path_args``)."""
     mod = dispatch.implementation(call.impl)
     fwd_saved = getattr(mod, "grouped_glu_forward_saved", None) if save else None
     if fwd_saved is None:
-        return mod.grouped_glu_forward(*_path_args(inputs, call)), []
-    out, saved = fwd_saved(*_path_args(inputs, call))
+        return mod.grouped_glu_forward(*_path_args(inputs, call, trusted)), []
+    out, saved = fwd_saved(*_path_args(inputs, call, trusted))
     return out, list(saved)
 
 
-def backward(grad_out: Tensor, inputs: Inputs, call: Call, needs: Inputs, saved: list) -> Inputs:
+def backward(grad_out: Tensor, inputs: Inputs, call: Call, needs: Inputs, saved: list,
+             trusted: bool = False) -> Inputs:
     """The gradients of ``inputs`` (None where ``needs`` is False), each in its input's layout
-    (``like_input``); a factor slot's is the gradient w.r.t. the DECODED factor in its carrier's dtype."""
+    (``like_input``); a factor slot's is the gradient w.r.t. the DECODED factor in its carrier's dtype.
+    ``trusted``: an eager call's records (``_path_args``)."""
     _select.before_backward(call.impl, inputs.x.device)
     mod = dispatch.implementation(call.impl)
-    args = (grad_out, *_path_args(inputs, call), list(needs))
+    args = (grad_out, *_path_args(inputs, call, trusted), list(needs))
     grads = mod.grouped_glu_backward(*args, saved=saved) if saved else mod.grouped_glu_backward(*args)
     out = []
     for name, g, t in zip(Inputs._fields, grads, inputs):
@@ -238,6 +242,7 @@ def _setup_context(ctx, inputs, output):
     diff, (offs, gather_idx, scatter_idx, num_out_rows, formats, storage, impl) = inputs[:7], inputs[7:]
     ctx.save_for_backward(*diff, offs, gather_idx, scatter_idx, *storage, *output[1])
     ctx.num_out_rows, ctx.formats, ctx.impl, ctx.n_storage = num_out_rows, formats, impl, len(storage)
+    ctx.trusted = False  # the op's formula: its storage may come from anyone (GroupedGLU.forward sets it)
 
 
 def _backward(ctx, grad_out, *_saved_grads):
@@ -252,7 +257,7 @@ def _backward(ctx, grad_out, *_saved_grads):
     call = Call(routing, ctx.formats, tuple(islice(it, ctx.n_storage)), ctx.impl)
     saved = list(it)
     if _eager.direct_ok(inputs.x, grad_out) and not torch.is_grad_enabled():
-        grads = backward(grad_out.contiguous(), inputs, call, needs, saved)
+        grads = backward(grad_out.contiguous(), inputs, call, needs, saved, ctx.trusted)
     else:  # the op (what a trace records); under create_graph its formula refuses a second derivative by name
         grads = backward_op(grad_out.contiguous(), *_op_args(inputs, call), list(needs), saved)
     return (*(g if need else None for g, need in zip(grads, needs)), *others)
@@ -268,8 +273,9 @@ class GroupedGLU(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, *args):
-        output = forward(*_records(*args))
+        output = forward(*_records(*args), trusted=True)  # the storage of grouped_glu's own containers
         _setup_context(ctx, args, output)
+        ctx.trusted = True
         return output
 
     backward = staticmethod(_backward)
@@ -304,4 +310,4 @@ def grouped_glu(x: Tensor, factors: tuple, masters: tuple, s_gate: Optional[Tens
         return forward_op(*_op_args(inputs, call))[0]
     if _eager.needs_grad(*inputs):
         return _eager.run(OP_NAME, GroupedGLU.apply, *_op_args(inputs, call))[0]
-    return _eager.run(OP_NAME, forward, inputs, call, False)[0]  # inference: the plain forward, nothing saved
+    return _eager.run(OP_NAME, forward, inputs, call, False, True)[0]  # inference: the plain forward, nothing saved

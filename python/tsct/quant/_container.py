@@ -18,6 +18,16 @@ class PackedFactor:
     _STORAGE: tuple[str, ...] = ()
     shape: tuple
 
+    @classmethod
+    def _rebuilt(cls, **fields):
+        """The container of ``fields`` (every dataclass field; ``shape`` a tuple of ints) without the checks of its
+        constructor: for storage taken out of a container that passed them (``tsct.ops._factors.unpack`` on an eager
+        call's own factors, where the checks cost host time on every call and found nothing new)."""
+        obj = object.__new__(cls)
+        for name, value in fields.items():
+            object.__setattr__(obj, name, value)
+        return obj
+
     def _check_storage(self, k_multiple: int, specs: Callable[[], list], shape_note: str = "") -> None:
         """Normalise ``shape`` and check it, then each storage tensor's type, dtype, shape and device.
 

@@ -28,8 +28,8 @@ from typing import Any, Optional, Sequence
 import torch
 from torch import Tensor
 
-from tsct import config, dispatch
-from tsct.kernels import launch
+from tsct import config, dispatch, native
+from tsct.kernels import aot, launch
 from tsct.kernels.triton_common import specs
 from tsct.kernels.triton_common.specs import Config
 
@@ -80,8 +80,6 @@ def kernel_arch(cap: tuple[int, int]) -> Optional[str]:
     (sm_80, sm_86, 10.3, ...: JIT with ``CONFIG``). A capability with an artifact arch keeps it whether or not this
     install holds its cubins (a source tree on 9.0 runs sm_90a's tiles and CUDA rows through JIT). Keys the tile
     configs (``tile_config``) and the CUDA rows of the dispatch (``tsct.dispatch.cuda_kernel``)."""
-    from tsct.kernels import aot
-
     arch = specs.table_arch(aot.artifact_arch(cap))
     return arch if arch in ARCH_CONFIGS else None
 
@@ -158,8 +156,6 @@ def aligned_launch(d: int, r: int, stride_x: int, *tensors: Optional[Tensor]) ->
 def native_smem_ok(kernel: str, device: torch.device) -> bool:
     """The native library is present and the device allows the shared memory per block its entry point
     launches ``kernel`` with (``tsct.native.kernel_smem_bytes``: the library's own number)."""
-    from tsct import native
-
     if not native.available():
         return False
     return device_props(device).shared_memory_per_block_optin >= native.kernel_smem_bytes(kernel)
@@ -270,7 +266,6 @@ def _capture_id(device: torch.device) -> Optional[int]:
     if device.type != "cuda" or not torch.cuda.is_current_stream_capturing():
         return 0
     try:
-        from tsct import native
         return native.stream_capture_id(torch.cuda.current_stream(device))
     except Exception:  # no native library (a JIT-only install), or the query failed
         return None
@@ -363,7 +358,6 @@ class csr_overlap:
             return
         order, ptr, fill = _csr(idx, offs, m, n_out, cap)
         self.csr = (order, ptr)
-        from tsct import config
         if not idx.is_cuda or not config.csr_side_stream:
             fill()
             return

@@ -44,10 +44,12 @@ from typing import Any, Optional, Sequence
 import torch
 from torch import Tensor
 
+from tsct import native
 from tsct.kernels import launch
 from tsct.kernels.triton_common import runtime as C
 from tsct.kernels.triton_common import specs as CS
 from tsct.kernels.triton_lowbit import specs as LS
+from tsct.quant import FP8Tensor, NVFP4Tensor, SignTensor, TernaryTensor, to_layout
 
 __all__ = ["grouped_glu_forward", "grouped_glu_forward_saved", "saved_like", "grouped_glu_backward", "down_forward",
            "factor_format", "layout_conversions", "launch_counts", "backend_counts"]
@@ -83,8 +85,6 @@ def backend_counts() -> dict[tuple[str, str], int]:
 
 def factor_format(w) -> int:
     """The kernels' FMT constexpr of a factor (``specs``: DENSE .. TERNARY_R1); TypeError for anything else."""
-    from tsct.quant import FP8Tensor, NVFP4Tensor, SignTensor, TernaryTensor
-
     if isinstance(w, NVFP4Tensor):
         return NVFP4
     if isinstance(w, SignTensor):
@@ -125,8 +125,6 @@ def _factor_args(name: str, w, dtype: torch.dtype) -> tuple[int, list]:
         return fmt, [_dense16(w.to(dtype)), None, None]
     if fmt == NVFP4:
         if w.layout != "linear":
-            from tsct.quant import to_layout
-
             w = to_layout(w, "linear")
             with _lock:
                 _conversions[name] += 1
@@ -195,8 +193,6 @@ def _native_down(cap: tuple[int, int], fg: int, fu: int, x: Tensor, r: int, d: i
 def _native_tiles(offs: Tensor, cum: Tensor, max_tiles: int, m: int, cfg, cap) -> tuple[Tensor, int]:
     """The tile map of the CUDA kernels (``native.GLU_DOWN_TILE`` rows per tile) from the Triton path's
     (``cfg.shared.bm`` rows): the same one when the sizes agree, else counted again."""
-    from tsct import native
-
     if cfg.shared.bm == native.GLU_DOWN_TILE:
         return cum, max_tiles
     return C.tile_cum(offs, native.GLU_DOWN_TILE, cap), C.cdiv(m, native.GLU_DOWN_TILE) + offs.shape[0]
@@ -209,8 +205,6 @@ def _down(x, gidx, offs, cum, max_tiles, fg, pg, fu, pu, sg, su, rw, z, hg, hu, 
     ``cum`` / ``max_tiles``: the tile map of ``cfg.shared.bm`` rows (the CUDA kernel's tiles are 64 rows)."""
     e, r, d = offs.shape[0], z.shape[1], x.shape[1]
     if _native_down(cap, fg, fu, x, r, d, pg, pu):
-        from tsct import native
-
         cum, max_tiles = _native_tiles(offs, cum, max_tiles, m, cfg, cap)
         native.glu_down_fwd_lowbit(x, offs, cum, tuple(pg), tuple(pu), fmt=_FMT_NAMES[fg], m=m, max_tiles=max_tiles,
                                    gather_idx=gidx, s_gate=sg, s_up=su, row_weight=rw, save=hg is not None,
@@ -246,8 +240,6 @@ def _up(z, offs, cum, max_tiles, fd, pd, rw, y, f, m, cfg, aligned, cap, pad: bo
     ``rw`` (fp32 or None) multiplies each row; ``cum`` / ``max_tiles``: the tile map of ``cfg.shared.bm`` rows."""
     e, r = offs.shape[0], z.shape[1]
     if _native_up(cap, fd, z, y, r, pd):
-        from tsct import native
-
         cum, max_tiles = _native_tiles(offs, cum, max_tiles, m, cfg, cap)
         native.glu_up_fwd_lowbit(z, offs, cum, tuple(pd), y, fmt=_FMT_NAMES[fd], f=f, max_tiles=max_tiles,
                                  row_weight=rw, validate=False)  # _native_up and the op checked them

@@ -1,0 +1,232 @@
+"""The host's share of one eager expert pass, measured on a machine without a GPU.
+
+Eager time is the larger of the device time and the host time to issue the pass, so a pass whose kernels take
+~1.2 ms (the low-bit b1 forward+backward on an H200) is host-bound once its Python, torch ops and launches cost
+more. This tool runs the real host code of ``sort_by_expert`` + ``grouped_glu`` (forward, or forward + backward
+through autograd, as ``tsct-bench`` times them) on CPU tensors dressed as a compute capability 9.0 device: every
+CUDA query answers as an H200 would, the AOT cubin index of an installed wheel resolves the launches, and the
+native library is replaced by a stand-in that returns at once, so no kernel runs and the torch ops compute on the
+CPU. Shapes are small (their CPU compute is then negligible; the host's work per pass does not depend on the
+shape). It prints, per format:
+
+  * the wall time per pass on this CPU (Python, torch's dispatcher, small CPU ops; no CUDA driver calls),
+  * torch ops per pass (top-level ``aten::`` calls: each is a CUDA kernel or an allocator call on a GPU, ~4-10 us of
+    host time there), kernel launches per pass (AOT cubins and native entries),
+  * with ``--cprofile``, the functions that take the most of it.
+
+It is a model of the GPU host, not a measurement of it: driver calls (cuLaunchKernel ~2-4 us each, stream and
+device guards) are missing, and this CPU is not the H200 host's. Compare formats and commits with it; quote eager
+figures from ``tsct-bench`` on the GPU.
+
+    python tools/host_profile.py --aot-dir SITE/tsct/_aot [--fmt bf16 nvfp4 sign] [--passes 200] [--cprofile]
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import cProfile
+import os
+import pstats
+import sys
+import time
+import types
+from collections import Counter
+
+import torch
+
+
+class _FakeLib:
+    """The native library's stand-in: every entry point returns 0 (success) at once and is counted."""
+
+    def __init__(self):
+        self.calls: Counter = Counter()
+
+    def __getattr__(self, name):
+        if name.startswith("__"):
+            raise AttributeError(name)
+
+        def entry(*args, _name=name):
+            self.calls[_name] += 1
+            return 0
+
+        setattr(self, name, entry)
+        return entry
+
+
+_NULL = contextlib.nullcontext()
+
+
+class _FakeStream:
+    cuda_stream = 0
+
+    def wait_stream(self, other):
+        pass
+
+
+@contextlib.contextmanager
+def as_h200(aot_dir: str):
+    """CPU tensors look like tensors of a compute capability 9.0 GPU to tsct's host code within the block."""
+    os.environ["TSCT_AOT_DIR"] = aot_dir
+    from tsct import config, dispatch, native
+    from tsct.kernels import aot, launch
+    from tsct.kernels.triton_common import route
+    from tsct.kernels.triton_common import runtime as C
+    from tsct.native import _loader, _ops
+    from tsct.ops import routing
+
+    lib = _FakeLib()
+    props = types.SimpleNamespace(major=9, minor=0, multi_processor_count=132,
+                                  shared_memory_per_block_optin=232448, name="stand-in for an H200")
+    saved = []
+
+    def patch(obj, name, value):
+        saved.append((obj, name, getattr(obj, name)))
+        setattr(obj, name, value)
+
+    patch(torch.Tensor, "is_cuda", property(lambda self: True))
+    patch(torch.cuda, "is_current_stream_capturing", lambda: False)
+    patch(torch.cuda, "current_device", lambda: 0)
+    patch(torch.cuda, "get_device_capability", lambda device=None: (9, 0))
+    stream = _FakeStream()
+    patch(torch.cuda, "current_stream", lambda device=None: stream)
+    patch(torch.cuda, "device", lambda device=None: contextlib.nullcontext())
+    patch(torch.cuda, "stream", lambda stream=None: contextlib.nullcontext())
+    patch(C, "_side_stream", lambda device: stream)
+    patch(C, "device_props", lambda device: props)
+    patch(C, "device_capability", lambda device: (9, 0))
+    patch(dispatch, "device_capability", lambda device: (9, 0))
+    patch(launch, "current_stream", lambda device: 0)
+    patch(_loader, "get_lib", lambda: lib)
+    patch(_ops, "get_lib", lambda: lib)
+    patch(native, "available", lambda: True)
+    patch(_ops, "_cuda", lambda name, t, device=None: None)  # the tensors are on the CPU
+    patch(aot.AotKernel, "handle", lambda self: 1)
+    patch(config, "check_values", False)  # as tsct-bench times (the routing here is never computed)
+    # the routing kernels do not run: their outputs get torch's values (a later torch op on the CPU indexes with
+    # them), copied under a "stand-in" range that the op count leaves out
+    real_sort, real_link, links, known = route.sort_by_expert, C.link_csr, [], {}
+
+    def sort_by_expert(ids, num_experts, weights=None):
+        patch(C, "link_csr", lambda *args: links.append(args))
+        try:
+            out = real_sort(ids, num_experts, weights)
+        finally:
+            obj, name, value = saved.pop()
+            setattr(obj, name, value)
+        # the range only while counting ops (entering one costs more host time than the copies)
+        with torch.profiler.record_function("stand-in") if torch.autograd._profiler_enabled() else _NULL:
+            key = (id(ids), ids._version, num_experts)
+            if key not in known:  # the harness's ids are fixed: torch's sort once per tensor
+                known[key] = routing.sort_by_expert_torch(ids, num_experts)
+            order, offs, token = known[key]
+            for dst, src in zip(out, (order, offs, token)):
+                dst.copy_(src)
+            if weights is not None:
+                torch.index_select(weights.reshape(-1), 0, order, out=out[3])
+        while links:  # linked after the copies, which bump the version counters the link records
+            real_link(*links.pop())
+        return out
+
+    patch(route, "sort_by_expert", sort_by_expert)
+    aot._reset_for_tests()
+    try:
+        yield lib
+    finally:
+        for obj, name, value in reversed(saved):
+            setattr(obj, name, value)
+        aot._reset_for_tests()
+
+
+def _pass(fmt: str, backward: bool, t: int = 256, e: int = 16, d: int = 256, r: int = 64, f: int = 200, k: int = 2):
+    """A closure running one pass as tsct-bench's arms do: sort, op (w_down K-major, both scales), and for a
+    backward ``torch.autograd.grad`` w.r.t. x, the router weights, both scales and the dense factors (packed factors
+    are frozen, as in the bench's plain low-bit arms)."""
+    from tsct import quant
+    from tsct.ops import grouped_glu, sort_by_expert
+
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(t, d, generator=g).bfloat16().requires_grad_(backward)
+    dense = [(torch.randn(e, d, r, generator=g) / d ** .5).bfloat16(),
+             (torch.randn(e, d, r, generator=g) / d ** .5).bfloat16(),
+             (torch.randn(e, f, r, generator=g) / r ** .5).bfloat16().transpose(1, 2)]
+    if fmt == "bf16":
+        facs = [w.requires_grad_(backward) for w in dense]
+    else:
+        facs = [quant.quantize(w, fmt) for w in dense]
+    scales = [(torch.rand(e, r, generator=g) + 0.5).bfloat16().requires_grad_(backward) for _ in range(2)]
+    probs, ids = torch.softmax(torch.randn(t, e, generator=g), -1).topk(k)
+    probs.requires_grad_(backward)
+    dy = torch.randn(t, f, generator=g).bfloat16()
+    leaves = [x, probs, *scales] + (facs if fmt == "bf16" else [])
+    impl = "triton-bf16" if fmt == "bf16" else "triton-lowbit"
+
+    def step():
+        s = sort_by_expert(ids, e, probs)
+        y = grouped_glu(x, s.offs, *facs, *scales, row_weight=s.row_weight, gather_idx=s.token,
+                        scatter_idx=s.token, num_out_rows=t, impl=impl)
+        if backward:
+            torch.autograd.grad(y, leaves, dy)
+
+    return step
+
+
+def _top_level_ops(step) -> int:
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        step()
+    n = 0
+    for ev in prof.events():
+        if not ev.name.startswith("aten::"):
+            continue
+        p = ev.cpu_parent
+        while p is not None and not p.name.startswith("aten::") and p.name != "stand-in":
+            p = p.cpu_parent
+        n += p is None
+    return n
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--aot-dir", required=True, help="tsct/_aot of an installed wheel with sm_90a cubins")
+    ap.add_argument("--fmt", nargs="+", default=["bf16", "nvfp4", "sign"])
+    ap.add_argument("--passes", type=int, default=200)
+    ap.add_argument("--cprofile", action="store_true", help="print the 25 functions with the most time (--sort)")
+    ap.add_argument("--sort", default="tottime", choices=("tottime", "cumulative"))
+    a = ap.parse_args(argv)
+    rows = []
+    with as_h200(a.aot_dir) as lib:
+        for fmt in a.fmt:
+            for bwd in (False, True):
+                step = _pass(fmt, bwd)
+                for _ in range(5):
+                    step()
+                before = Counter(lib.calls)
+                t0 = time.perf_counter()
+                for _ in range(a.passes):
+                    step()
+                us = (time.perf_counter() - t0) / a.passes * 1e6
+                calls = Counter(lib.calls)
+                calls.subtract(before)
+                launches = calls.pop("tsct_triton_launch", 0) / a.passes
+                native_calls = sum(calls.values()) / a.passes
+                ops = _top_level_ops(step)
+                name = f"{fmt} {'forward+backward' if bwd else 'forward'}"
+                rows.append((name, us, ops, launches, native_calls))
+                if a.cprofile:
+                    pr = cProfile.Profile()
+                    pr.enable()
+                    for _ in range(50):
+                        step()
+                    pr.disable()
+                    print(f"== {name}: 50 passes")
+                    pstats.Stats(pr, stream=sys.stdout).sort_stats(a.sort).print_stats(25)
+    print(f"{'pass':<26}{'host us':>10}{'torch ops':>11}{'AOT launches':>14}{'native calls':>14}")
+    for name, us, ops, launches, native_calls in rows:
+        print(f"{name:<26}{us:>10.0f}{ops:>11d}{launches:>14.1f}{native_calls:>14.1f}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
