@@ -168,3 +168,22 @@ def test_eager_route_rebuilds_the_same_container_without_its_checks(fmt, monkeyp
     bad = (storage[0], storage[1][..., :-1]) + tuple(storage[2:])  # the second storage tensor one entry short
     with pytest.raises(ValueError, match="must have shape"):
         _factors.unpack("w_gate", tag, None, bad)
+
+
+def test_quantized_direct_forward_refuses_double_backward_by_name(monkeypatch):
+    """An eager forward keeps an NVFP4 factor's float8 block scale as it is; a backward that takes the op (here under
+    create_graph) hands the op its bytes and still gets the named double-backward error."""
+    p = make_problem(tokens=16, topk=2, experts=4, d=32, r=16, f=24, gather=True, dtype=torch.float32, seed=13)
+    monkeypatch.setattr(_eager, "direct_ok", lambda *a: True)
+    monkeypatch.setattr(_select, "select", lambda impl, cap, fmt, activations="bf16", x_dtype="bf16":
+                        dispatch.TRITON_LOWBIT)
+    monkeypatch.setattr(dispatch, "implementation", lambda path: _DecodingPath)
+    wq = quant.quantize_nvfp4(p["w_gate"], backend="torch")
+    x = p["x"].clone().requires_grad_()
+    y = grouped_glu(x, p["offs"], wq, p["w_up"], p["w_down"], gather_idx=p["gather_idx"],
+                    scatter_idx=p["scatter_idx"], num_out_rows=p["num_out_rows"])
+    assert type(y.grad_fn).__name__ == "GroupedGLUBackward"
+    g, = torch.autograd.grad(y.square().sum(), x, create_graph=True)
+    assert g.abs().sum() > 0
+    with pytest.raises(RuntimeError, match="double backward .* is not supported"):
+        g.sum().backward()

@@ -21,7 +21,7 @@ from typing import Optional, Sequence
 import torch
 from torch import Tensor
 
-__all__ = ["FACTOR_TAGS", "pack", "unpack", "split", "storage_count", "out_features"]
+__all__ = ["FACTOR_TAGS", "pack", "for_op", "unpack", "split", "storage_count", "out_features"]
 
 #: the format tags a factor slot may carry
 FACTOR_TAGS = ("dense", "nvfp4", "nvfp4-swizzled_128x4", "sign", "fp8", "ternary")
@@ -54,19 +54,28 @@ def _fmt(tag: str) -> str:
     return tag.split("-", 1)[0]
 
 
-def pack(name: str, w) -> tuple[str, tuple[Optional[Tensor], ...]]:
+def pack(name: str, w, for_op: bool = True) -> tuple[str, tuple[Optional[Tensor], ...]]:
     """``(tag, storage)`` of one factor: ("dense", ()) for a Tensor (it travels as its own carrier), else the
-    container's format tag and storage tensors. TypeError naming ``name`` for anything else."""
+    container's format tag and storage tensors. ``for_op``: float8 storage as its raw bytes, as the custom op takes
+    it (an eager call that does not cross the op keeps its own dtype: no view per tensor and call). TypeError
+    naming ``name`` for anything else."""
     if isinstance(w, Tensor):
         return "dense", ()
     for fmt, cls in _classes().items():
         if isinstance(w, cls):
             tag = f"{fmt}-{w.layout}" if fmt == "nvfp4" and w.layout != "linear" else fmt
             storage = tuple(getattr(w, f) for f in cls._STORAGE)
+            if not for_op:
+                return tag, storage
             return tag, tuple(t.view(torch.uint8) if (fmt, f) in _RAW_BYTES else t
                               for f, t in zip(cls._STORAGE, storage))
     raise TypeError(f"grouped_glu: {name} must be a torch.Tensor, NVFP4Tensor, SignTensor, FP8Tensor or "
                     f"TernaryTensor, got {type(w).__name__}")
+
+
+def for_op(storage: Sequence[Optional[Tensor]]) -> tuple[Optional[Tensor], ...]:
+    """Storage packed with ``for_op=False`` as the custom op takes it (float8 tensors as their raw bytes)."""
+    return tuple(t.view(torch.uint8) if t is not None and t.dtype == torch.float8_e4m3fn else t for t in storage)
 
 
 def storage_count(tag: str) -> int:
@@ -94,7 +103,8 @@ def unpack(name: str, tag: str, carrier: Optional[Tensor], storage: Sequence[Opt
         return carrier
     fmt = _fmt(tag)
     cls = _classes()[fmt]
-    fields = {f: (t.view(torch.float8_e4m3fn) if (fmt, f) in _RAW_BYTES else t) for f, t in zip(cls._STORAGE, storage)}
+    fields = {f: (t.view(torch.float8_e4m3fn) if (fmt, f) in _RAW_BYTES and t.dtype == torch.uint8 else t)
+              for f, t in zip(cls._STORAGE, storage)}
     e, n, kb = storage[0].shape
     if fmt == "nvfp4":
         fields["layout"] = "linear" if tag == "nvfp4" else tag[len("nvfp4-"):]

@@ -259,6 +259,8 @@ def _backward(ctx, grad_out, *_saved_grads):
     if _eager.direct_ok(inputs.x, grad_out) and not torch.is_grad_enabled():
         grads = backward(grad_out.contiguous(), inputs, call, needs, saved, ctx.trusted)
     else:  # the op (what a trace records); under create_graph its formula refuses a second derivative by name
+        if ctx.trusted:  # an eager forward's storage keeps float8 tensors: the op takes their bytes
+            call = call._replace(storage=_factors.for_op(call.storage))
         grads = backward_op(grad_out.contiguous(), *_op_args(inputs, call), list(needs), saved)
     return (*(g if need else None for g, need in zip(grads, needs)), *others)
 
@@ -285,12 +287,13 @@ forward_op.register_autograd(_backward, setup_context=_setup_context)
 
 
 def encode(x: Tensor, factors: tuple, masters: tuple, s_gate: Optional[Tensor], s_up: Optional[Tensor],
-           routing: Routing, impl: str) -> tuple[Inputs, Call]:
+           routing: Routing, impl: str, for_op: bool = True) -> tuple[Inputs, Call]:
     """The records of one call: each factor packed into its slot (``tsct.ops._factors``); ``masters`` holds
-    each packed factor's master or None. ``_op_args(*encode(...))`` are the custom op's arguments."""
+    each packed factor's master or None. ``_op_args(*encode(...))`` are the custom op's arguments (``for_op``: the
+    storage as the op takes it; an eager call that does not cross the op passes False)."""
     tags, storage, carriers = [], [], []
     for name, w, master in zip(FACTOR_NAMES, factors, masters):
-        tag, st = _factors.pack(name, w)
+        tag, st = _factors.pack(name, w, for_op)
         tags.append(tag)
         storage.extend(st)
         carriers.append(w if tag == "dense" else master)
@@ -305,8 +308,10 @@ def op_args(*args) -> tuple:
 def grouped_glu(x: Tensor, factors: tuple, masters: tuple, s_gate: Optional[Tensor], s_up: Optional[Tensor],
                 routing: Routing, impl: str) -> Tensor:
     """The expert pass on validated inputs with a resolved path key: ``[num_out_rows, f]`` or ``[M, f]``."""
-    inputs, call = encode(x, factors, masters, s_gate, s_up, routing, impl)
-    if not _eager.direct_ok(x, *inputs[1:4]):
+    # the slots' carriers (encode's): a dense factor itself, a packed factor's master
+    direct = _eager.direct_ok(x, *(w if isinstance(w, Tensor) else m for w, m in zip(factors, masters)))
+    inputs, call = encode(x, factors, masters, s_gate, s_up, routing, impl, for_op=not direct)
+    if not direct:
         return forward_op(*_op_args(inputs, call))[0]
     if _eager.needs_grad(*inputs):
         return _eager.run(OP_NAME, GroupedGLU.apply, *_op_args(inputs, call))[0]

@@ -166,8 +166,8 @@ def scales_f32(s_gate: Optional[Tensor], s_up: Optional[Tensor]) -> tuple[Option
     if s_gate is None and s_up is None:
         return None, None
     ref = s_gate if s_gate is not None else s_up
-    sg = s_gate.float().contiguous() if s_gate is not None else torch.ones_like(ref, dtype=torch.float32)
-    su = s_up.float().contiguous() if s_up is not None else torch.ones_like(ref, dtype=torch.float32)
+    sg = as_f32(s_gate) if s_gate is not None else torch.ones_like(ref, dtype=torch.float32)
+    su = as_f32(s_up) if s_up is not None else torch.ones_like(ref, dtype=torch.float32)
     return sg, su
 
 
@@ -183,13 +183,18 @@ def scales_in(s_gate: Optional[Tensor], s_up: Optional[Tensor], dtype: torch.dty
 
 
 def as_f32(t: Optional[Tensor]) -> Optional[Tensor]:
-    """``t`` as contiguous fp32 (exact for the scales and row weights the kernels widen anyway), None stays None."""
-    return None if t is None else t.float().contiguous()
+    """``t`` as contiguous fp32 (exact for the scales and row weights the kernels widen anyway), None stays None.
+    (A conversion only when needed: ``Tensor.to`` to its own dtype is still a torch op, host time per call.)"""
+    if t is None:
+        return None
+    return (t if t.dtype == torch.float32 else t.float()).contiguous()
 
 
 def as_i64(t: Optional[Tensor]) -> Optional[Tensor]:
     """``t`` as contiguous int64 (gather / scatter indices: the kernels widen every index anyway), None stays None."""
-    return None if t is None else t.to(torch.int64).contiguous()
+    if t is None:
+        return None
+    return (t if t.dtype == torch.int64 else t.to(torch.int64)).contiguous()
 
 
 # ---- tile map, CSR, combine, padding rows ------------------------------------------------------------
@@ -485,14 +490,12 @@ class BwdPlan:
     max_tiles: int
     n_slots: int
     ws: Tensor
+    cum: Tensor = dataclasses.field(init=False)   # maps[0] and maps[3], taken once (each indexing is a torch op)
+    xcum: Tensor = dataclasses.field(init=False)
 
-    @property
-    def cum(self) -> Tensor:
-        return self.maps[0]
-
-    @property
-    def xcum(self) -> Tensor:
-        return self.maps[3]
+    def __post_init__(self):
+        object.__setattr__(self, "cum", self.maps[0])
+        object.__setattr__(self, "xcum", self.maps[3])
 
 
 def chunk_size(cfg: Config, m: int, slot_elems: int) -> int:
@@ -594,11 +597,12 @@ def bwd_epilogue(plan: BwdPlan, hg: Tensor, hu: Tensor, part: Tensor, offs: Tens
     has_s = sg is not None
     dhg = torch.empty(m, r, device=dev, dtype=dtype)
     dhu = torch.empty(m, r, device=dev, dtype=dtype)
-    dsp = torch.empty(2, plan.max_tiles, r, device=dev, dtype=torch.float32) if has_s else None
-    drw = torch.zeros(nrb, m, device=dev, dtype=torch.float32)  # padding rows stay 0
+    dsgp = torch.empty(plan.max_tiles, r, device=dev, dtype=torch.float32) if has_s else None
+    dsup = torch.empty(plan.max_tiles, r, device=dev, dtype=torch.float32) if has_s else None
+    # one row of m per rank block (padding rows stay 0), summed over the blocks after
+    drw = torch.zeros((nrb, m) if nrb > 1 else (m,), device=dev, dtype=torch.float32)
     launch_kernel("glu_bwd_epi", (plan.max_tiles, nrb),
-                  [hg, hu, part, offs, plan.xcum, sg, su, rw, dhg, dhu, dsp[0] if has_s else None,
-             dsp[1] if has_s else None, drw, e, m, r, part.shape[0], m * r],
+                  [hg, hu, part, offs, plan.xcum, sg, su, rw, dhg, dhu, dsgp, dsup, drw, e, m, r, part.shape[0], m * r],
                   dict(HAS_SG=has_s, HAS_SU=has_s, HAS_RW=rw is not None, BM=cfg.shared.bm, BR=br,
                        BLOCK_E=cfg.shared.block_e),
                   cfg.shared.warps_bwd_epi, 3, al, cap, dev)
@@ -606,6 +610,6 @@ def bwd_epilogue(plan: BwdPlan, hg: Tensor, hu: Tensor, part: Tensor, offs: Tens
     if has_s and want_ds:
         dsg = torch.empty(e, r, device=dev, dtype=torch.float32)
         dsu = torch.empty(e, r, device=dev, dtype=torch.float32)
-        launch_kernel("glu_bwd_sred", (e, nrb), [dsp[0], dsp[1], offs, plan.xcum, dsg, dsu, e, r], dict(BR=br),
+        launch_kernel("glu_bwd_sred", (e, nrb), [dsgp, dsup, offs, plan.xcum, dsg, dsu, e, r], dict(BR=br),
                       specs.SRED_WARPS, 1, False, cap, dev)
-    return dhg, dhu, dsg, dsu, (drw[0] if nrb == 1 else drw.sum(0))
+    return dhg, dhu, dsg, dsu, (drw if nrb == 1 else drw.sum(0))

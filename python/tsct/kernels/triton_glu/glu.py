@@ -256,7 +256,7 @@ def grouped_glu_backward(
     x = x.contiguous()
     w_gate, w_up = w_gate.contiguous(), w_up.contiguous()
     offs = offs.contiguous()
-    go = grad_out.to(dtype).contiguous()
+    go = (grad_out if grad_out.dtype == dtype else grad_out.to(dtype)).contiguous()
     sg, su = C.scales_in(s_gate, s_up, dtype)
     rw = C.as_f32(row_weight)
     gidx, sidx = C.as_i64(gather_idx), C.as_i64(scatter_idx)

@@ -122,14 +122,14 @@ def _factor_args(name: str, w, dtype: torch.dtype) -> tuple[int, list]:
     (``_dense16``; the kernels read NVFP4 codes as 32-bit words)."""
     fmt = factor_format(w)
     if fmt == DENSE:
-        return fmt, [_dense16(w.to(dtype)), None, None]
+        return fmt, [_dense16(w if w.dtype == dtype else w.to(dtype)), None, None]
     if fmt == NVFP4:
         if w.layout != "linear":
             w = to_layout(w, "linear")
             with _lock:
                 _conversions[name] += 1
-        b, n, k = w.batch, w.n, w.k
-        p = [w.codes, w.block_scale.view(torch.uint8).reshape(b, n, k // 16), w.global_scale]
+        bs = w.block_scale.view(torch.uint8)  # a 2-D factor's [N, K/16] as a batch of one
+        p = [w.codes, bs if bs.dim() == 3 else bs.reshape(w.batch, w.n, w.k // 16), w.global_scale]
     elif fmt == FP8:  # E4M3 codes as their raw bytes (decoded by bits in the kernels)
         p = [w.codes.view(torch.uint8), None, w.scale_n]
     elif fmt in (TERNARY, TERNARY_R1):
@@ -423,7 +423,7 @@ def grouped_glu_backward(
     cfg = C.tile_config(cap)
     x = _dense16(x)
     offs = offs.contiguous()
-    go = _dense16(grad_out.to(dtype))
+    go = _dense16(grad_out if grad_out.dtype == dtype else grad_out.to(dtype))
     fg, pg = _factor_args("w_gate", w_gate, dtype)
     fu, pu = _factor_args("w_up", w_up, dtype)
     fd, pd = _factor_args("w_down", w_down, dtype)
