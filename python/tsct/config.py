@@ -89,7 +89,7 @@ VARIABLES: tuple[Variable, ...] = (
     Variable("CUOBJDUMP", "file", "`PATH`, then the nvidia-cuda-cuobjdump wheel", "cuobjdump for "
              "`tsct-probe --verify-artifacts` and `python -m tsct.native.artifacts`"),
     Variable("NVDISASM", "file", "`PATH`, then the nvidia-cuda-nvdisasm wheel", "nvdisasm for the SASS check "
-             "(`--sass`)"),
+             "(`python -m tsct.native.artifacts --sass`)"),
     Variable("XDG_CACHE_HOME", "directory", "`~/.cache`", "the cache's parent directory when `TSCT_CACHE_DIR` is "
              "unset"),
     Variable("TRITON_INTERPRET", "0\\|1", "0", "Triton's own switch to its interpreter (the CPU checks of the "
