@@ -55,6 +55,9 @@ class _FakeLib:
 
 
 _NULL = contextlib.nullcontext()
+_INHERITED = object()  # a patched attribute that was not in the object's own __dict__
+#: the formats the harness runs: those with sm_90a cubins (fp8 and ternary run on triton-lowbit through JIT only)
+FORMATS = ("bf16", "nvfp4", "sign")
 
 
 class _FakeStream:
@@ -66,8 +69,11 @@ class _FakeStream:
 
 @contextlib.contextmanager
 def as_h200(aot_dir: str):
-    """CPU tensors look like tensors of a compute capability 9.0 GPU to tsct's host code within the block."""
-    os.environ["TSCT_AOT_DIR"] = aot_dir
+    """CPU tensors look like tensors of a compute capability 9.0 GPU to tsct's host code within the block; on exit
+    every patched attribute, the environment and the caches that saw the stand-ins are as they were. A launch
+    without a cubin raises (``TSCT_TRITON_BACKEND=aot``): Triton JIT has no device to compile for here."""
+    env = {k: os.environ.get(k) for k in ("TSCT_AOT_DIR", "TSCT_TRITON_BACKEND")}
+    os.environ.update(TSCT_AOT_DIR=aot_dir, TSCT_TRITON_BACKEND="aot")
     from tsct import config, dispatch, native
     from tsct.kernels import aot, launch
     from tsct.kernels.triton_common import route
@@ -81,8 +87,15 @@ def as_h200(aot_dir: str):
     saved = []
 
     def patch(obj, name, value):
-        saved.append((obj, name, getattr(obj, name)))
+        # an inherited attribute (Tensor.is_cuda is TensorBase's) is deleted again, not copied onto obj
+        saved.append((obj, name, vars(obj)[name] if name in vars(obj) else _INHERITED))
         setattr(obj, name, value)
+
+    def restore(obj, name, value):
+        if value is _INHERITED:
+            delattr(obj, name)
+        else:
+            setattr(obj, name, value)
 
     patch(torch.Tensor, "is_cuda", property(lambda self: True))
     patch(torch.cuda, "is_current_stream_capturing", lambda: False)
@@ -112,8 +125,7 @@ def as_h200(aot_dir: str):
         try:
             out = real_sort(ids, num_experts, weights)
         finally:
-            obj, name, value = saved.pop()
-            setattr(obj, name, value)
+            restore(*saved.pop())
         # the range only while counting ops (entering one costs more host time than the copies)
         with torch.profiler.record_function("stand-in") if torch.autograd._profiler_enabled() else _NULL:
             key = (id(ids), ids._version, num_experts)
@@ -130,12 +142,19 @@ def as_h200(aot_dir: str):
 
     patch(route, "sort_by_expert", sort_by_expert)
     aot._reset_for_tests()
+    _ops.kernel_smem_bytes.cache_clear()
     try:
         yield lib
     finally:
         for obj, name, value in reversed(saved):
-            setattr(obj, name, value)
+            restore(obj, name, value)
+        for k, v in env.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
         aot._reset_for_tests()
+        _ops.kernel_smem_bytes.cache_clear()  # it cached the stand-in library's answers (0 bytes)
 
 
 def _pass(fmt: str, backward: bool, t: int = 256, e: int = 16, d: int = 256, r: int = 64, f: int = 200, k: int = 2):
@@ -190,11 +209,15 @@ def _top_level_ops(step) -> int:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--aot-dir", required=True, help="tsct/_aot of an installed wheel with sm_90a cubins")
-    ap.add_argument("--fmt", nargs="+", default=["bf16", "nvfp4", "sign"])
-    ap.add_argument("--passes", type=int, default=200)
+    ap.add_argument("--fmt", nargs="+", default=list(FORMATS), choices=FORMATS)
+    ap.add_argument("--passes", type=int, default=200, help="timed passes per row (>= 1)")
     ap.add_argument("--cprofile", action="store_true", help="print the 25 functions with the most time (--sort)")
     ap.add_argument("--sort", default="tottime", choices=("tottime", "cumulative"))
     a = ap.parse_args(argv)
+    if a.passes < 1:
+        ap.error(f"--passes must be >= 1, got {a.passes}")
+    if not os.path.isfile(os.path.join(a.aot_dir, "sm_90a", "index.json")):
+        ap.error(f"--aot-dir {a.aot_dir!r} has no sm_90a/index.json (SITE/tsct/_aot of a wheel with sm_90a cubins)")
     rows = []
     with as_h200(a.aot_dir) as lib:
         for fmt in a.fmt:

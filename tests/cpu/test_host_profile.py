@@ -4,6 +4,7 @@ table it prints counts torch ops, launches and host time per pass."""
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import subprocess
 import sys
@@ -11,14 +12,30 @@ from pathlib import Path
 
 import pytest
 
+import tsct
 from tsct.kernels import aot
 
 ROOT = Path(__file__).resolve().parents[2]
+NO_CUBINS = aot.index("sm_90a") is None
 
 
-@pytest.mark.skipif(aot.index("sm_90a") is None, reason="no AOT cubins for sm_90a in this install")
+def _tool_env() -> dict:
+    """The environment for the tool: the tsct this test imported first on the path (a relative PYTHONPATH entry
+    would not resolve from the tool's working directory)."""
+    path = [str(Path(tsct.__file__).resolve().parents[1]), os.environ.get("PYTHONPATH", "")]
+    return dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, path)))
+
+
+def _tool():
+    spec = importlib.util.spec_from_file_location("tsct_host_profile_tool", ROOT / "tools" / "host_profile.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+@pytest.mark.skipif(NO_CUBINS, reason="no AOT cubins for sm_90a in this install")
 def test_host_profile_counts_the_pass(tmp_path):
-    env = dict(os.environ, TSCT_TRITON_BACKEND="aot")  # a launch without a cubin raises instead of JIT
+    env = _tool_env()
     out = subprocess.run([sys.executable, str(ROOT / "tools" / "host_profile.py"), "--aot-dir", str(aot.aot_dir()),
                           "--passes", "3", "--fmt", "bf16", "nvfp4"], capture_output=True, text=True, env=env,
                          timeout=600, cwd=tmp_path)
@@ -38,3 +55,34 @@ def test_host_profile_counts_the_pass(tmp_path):
         assert rows[f"{fmt} forward+backward"][2] > rows[f"{fmt} forward"][2]
     # sm_90a's CUDA rows: the low-bit down and up projections (native), none in the bf16 forward
     assert rows["nvfp4 forward"][3] == 2 and rows["bf16 forward"][3] == 0
+
+
+@pytest.mark.skipif(NO_CUBINS, reason="no AOT cubins for sm_90a in this install")
+def test_host_profile_restores_the_process(monkeypatch):
+    """After the dressed block the process is as before: patched attributes (an inherited one is not left copied onto
+    the class), the environment, and the native library's cached shared-memory answers (the stand-in's 0 bytes)."""
+    import torch
+    from tsct.native import _ops
+
+    hp = _tool()
+    monkeypatch.delenv("TSCT_TRITON_BACKEND", raising=False)
+    env_before = os.environ.get("TSCT_AOT_DIR")
+    own_before = set(vars(torch.Tensor))
+    with hp.as_h200(str(aot.aot_dir())) as lib:
+        assert torch.zeros(1).is_cuda and os.environ["TSCT_TRITON_BACKEND"] == "aot"
+        hp._pass("nvfp4", False)()
+        assert lib.calls["tsct_kernel_smem_bytes"] > 0  # the native rows asked the stand-in
+    assert not torch.zeros(1).is_cuda and set(vars(torch.Tensor)) == own_before
+    assert os.environ.get("TSCT_AOT_DIR") == env_before and "TSCT_TRITON_BACKEND" not in os.environ
+    assert _ops.kernel_smem_bytes.cache_info().currsize == 0
+
+
+@pytest.mark.parametrize("args, what", [(["--aot-dir", "/nonexistent"], "--aot-dir"),
+                                        (["--fmt", "fp8"], "--fmt"), (["--passes", "0"], "--passes")])
+def test_host_profile_refuses_bad_arguments_by_name(args, what, tmp_path, capsys):
+    argv = ["--aot-dir", str(tmp_path)] + args if args[0] != "--aot-dir" else args
+    (tmp_path / "sm_90a").mkdir()
+    (tmp_path / "sm_90a" / "index.json").write_text("{}")
+    with pytest.raises(SystemExit) as e:
+        _tool().main(argv)
+    assert e.value.code == 2 and what in capsys.readouterr().err
