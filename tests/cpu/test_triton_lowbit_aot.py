@@ -212,7 +212,7 @@ def test_table_size_and_pointer_types():
                 want = LS.factor_types(c[flag], "bf16")
                 assert (t[f"{slot}0"], t[f"{slot}1"], t[f"{slot}2"]) == want, s.key
             assert c.get("BR", 64) == 64
-            assert s.key == LS.spec_key(s.kernel, t, c, s.num_warps, s.num_stages, s.aligned)
+            assert s.key == LS.spec_key(s.kernel, t, c, s.num_warps, s.num_stages, s.aligned, maxnreg=s.maxnreg)
     assert LS.factor_types(LS.NVFP4, "bf16") == ("*u8", "*u8", "*fp32")
     assert LS.factor_types(LS.SIGN, "bf16") == ("*u8", "*fp32", "*fp32")
     assert LS.factor_types(LS.DENSE, "bf16") == ("*bf16", "*i8", "*i8")

@@ -128,8 +128,8 @@ def _factor_args(name: str, w, dtype: torch.dtype) -> tuple[int, list]:
             w = to_layout(w, "linear")
             with _lock:
                 _conversions[name] += 1
-        bs = w.block_scale.view(torch.uint8)  # a 2-D factor's [N, K/16] as a batch of one
-        p = [w.codes, bs if bs.dim() == 3 else bs.reshape(w.batch, w.n, w.k // 16), w.global_scale]
+        # a linear block scale is [E, N, K/16] (a 2-D factor's too: stored as a batch of one, NVFP4Tensor)
+        p = [w.codes, w.block_scale.view(torch.uint8), w.global_scale]
     elif fmt == FP8:  # E4M3 codes as their raw bytes (decoded by bits in the kernels)
         p = [w.codes.view(torch.uint8), None, w.scale_n]
     elif fmt in (TERNARY, TERNARY_R1):
