@@ -187,3 +187,24 @@ def test_quantized_direct_forward_refuses_double_backward_by_name(monkeypatch):
     assert g.abs().sum() > 0
     with pytest.raises(RuntimeError, match="double backward .* is not supported"):
         g.sum().backward()
+
+
+@pytest.mark.parametrize("how", ["setattr", "data"])
+@pytest.mark.parametrize("direct", [False, True])
+def test_a_container_changed_after_construction_is_refused_on_both_routes(direct, how, monkeypatch):
+    """A packed factor whose storage was replaced after its constructor checked it (``object.__setattr__``, or a
+    tensor's ``.data``) is refused by ``grouped_glu`` with the factor and storage named, whether the call then crosses
+    the custom op (which checks again) or not (which rebuilds the containers without their checks)."""
+    p = make_problem(tokens=16, topk=2, experts=3, d=32, r=16, f=24, gather=True, dtype=torch.float32, seed=7)
+    monkeypatch.setattr(_eager, "direct_ok", lambda *a: direct)
+    monkeypatch.setattr(_select, "select", lambda impl, cap, fmt, activations="bf16", x_dtype="bf16":
+                        dispatch.TRITON_LOWBIT)
+    monkeypatch.setattr(dispatch, "implementation", lambda path: _DecodingPath)
+    w = quant.quantize(p["w_gate"], "fp8", backend="torch")
+    if how == "setattr":
+        object.__setattr__(w, "scale_n", w.scale_n[:, :8].contiguous())
+    else:
+        w.scale_n.data = w.scale_n.data[:, :8].contiguous()
+    with pytest.raises(ValueError, match="grouped_glu: w_gate: scale_n must have shape"):
+        grouped_glu(p["x"], p["offs"], w, p["w_up"], p["w_down"], gather_idx=p["gather_idx"],
+                    scatter_idx=p["scatter_idx"], num_out_rows=p["num_out_rows"])

@@ -65,6 +65,10 @@ def validate(
         elif is_quantized(w):
             if len(w.shape) != 3:
                 raise ValueError(f"grouped_glu: {name} must have logical shape [E, K, N], got {list(w.shape)}")
+            try:  # its storage as the constructor checked it (fields replaced since then are caught here)
+                w.check()
+            except (TypeError, ValueError) as e:
+                raise type(e)(f"grouped_glu: {name}: {e}") from None
             if w.device != dev:
                 raise ValueError(f"grouped_glu: {name} is on {w.device}, expected {dev} (the device of x)")
         else:

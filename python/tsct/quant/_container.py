@@ -18,11 +18,17 @@ class PackedFactor:
     _STORAGE: tuple[str, ...] = ()
     shape: tuple
 
+    def check(self) -> None:
+        """Run the constructor's checks again (storage dtypes, shapes and devices against ``shape``): a container whose
+        fields were replaced after construction (``object.__setattr__``, a tensor's ``.data``) fails them here.
+        TypeError / ValueError naming the storage tensor."""
+        self.__post_init__()
+
     @classmethod
     def _rebuilt(cls, **fields):
         """The container of ``fields`` (every dataclass field; ``shape`` a tuple of ints) without the checks of its
-        constructor: for storage taken out of a container that passed them (``tsct.ops._factors.unpack`` on an eager
-        call's own factors, where the checks cost host time on every call and found nothing new)."""
+        constructor: for storage taken out of a container that passed them in this call (``tsct.ops._factors.unpack``
+        on an eager call's own factors, which ``grouped_glu`` checked once with ``check``)."""
         obj = object.__new__(cls)
         for name, value in fields.items():
             object.__setattr__(obj, name, value)
