@@ -29,8 +29,8 @@ target=GPUTarget("cuda", cc, 32))`` with an explicit signature and, for aligned 
     DIR/index.json            {"triton_version", "archs": {arch: {"variants": n, "kernels": {name: n}, "bytes"}}}
 
 Every family goes into the same per-arch index (kernel names never collide; the build checks).
-An entry holds the kernel name, family, ptx_arch, file, num_warps, num_ctas, num_stages, shared bytes,
-the parameter list in launch order (including Triton's trailing global/profile scratch pointers), the
+An entry holds the kernel name, family, ptx_arch, file, num_warps, num_ctas, num_stages (and maxnreg when capped),
+shared bytes, the parameter list in launch order (including Triton's trailing global/profile scratch pointers), the
 constexprs, the alignment flag, the cubin's sha256 and the TTGIR's (``ttgir_sha256``). "sources" holds, per kernel
 name, ``tsct.kernels.source_key`` of the source it was compiled from (the kernel and its jit callees; the same on
 every arch), so an install can tell which source its cubins are without Triton or the source (the sm_120 proxy
@@ -241,6 +241,7 @@ def _compile(family: str, arch: str, spec, cache_dir: str) -> dict:
         "num_warps": md.num_warps,
         "num_ctas": md.num_ctas,
         "num_stages": spec.num_stages,
+        **({"maxnreg": spec.maxnreg} if spec.maxnreg else {}),  # the register cap it was compiled with
         "shared": md.shared,
         "tmem_size": getattr(md, "tmem_size", 0),
         "params": params,
