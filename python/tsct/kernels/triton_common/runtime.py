@@ -38,7 +38,7 @@ __all__ = ["ARCH_CONFIGS", "CONFIG", "overridden", "kernel_arch", "tile_config",
            "native_smem_ok", "scales_f32", "scales_in", "as_f32", "as_i64", "tile_cum", "link_csr", "linked_csr",
            "build_csr", "csr_overlap", "combine", "combine_forward", "dx_csr", "zero_tail", "zero_saved_tails",
            "saved_like_r", "BwdPlan", "chunk_size", "bwd_plan", "chunked_programs", "dwd_chunks", "dw_chunks",
-           "bwd_epilogue"]
+           "bwd_epilogue", "scale_grads", "dx_from_rows"]
 
 # ---- tile configs at run time (specs.CONFIGS: one table per arch, shared with the AOT build) -----------------------
 
@@ -613,3 +613,24 @@ def bwd_epilogue(plan: BwdPlan, hg: Tensor, hu: Tensor, part: Tensor, offs: Tens
         launch_kernel("glu_bwd_sred", (e, nrb), [dsgp, dsup, offs, plan.xcum, dsg, dsu, e, r], dict(BR=br),
                       specs.SRED_WARPS, 1, False, cap, dev)
     return dhg, dhu, dsg, dsu, (drw if nrb == 1 else drw.sum(0))
+
+
+def scale_grads(res: list, want: Sequence[bool], dsg: Optional[Tensor], dsu: Optional[Tensor], drw: Tensor,
+                s_gate: Optional[Tensor], s_up: Optional[Tensor], row_weight: Optional[Tensor]) -> None:
+    """``bwd_epilogue``'s d s_gate, d s_up, d row_weight (fp32) into ``res[4:7]`` in their inputs' dtypes, where
+    ``want[4:7]`` asks for them (both families' backward)."""
+    for i, g, t in ((4, dsg, s_gate), (5, dsu, s_up), (6, drw, row_weight)):
+        if want[i]:
+            res[i] = g if g.dtype == t.dtype else g.to(t.dtype)
+
+
+def dx_from_rows(dx_rows: Tensor, gather_idx: Optional[Tensor], scatter_idx: Optional[Tensor], offs: Tensor,
+                 n_x: int, num_out_rows: Optional[int], saved: Optional[Sequence[Tensor]], cfg: Config, cap) -> Tensor:
+    """dX from the row kernels' per-routed-row dX ``[M, d]``: summed into x's ``n_x`` rows through ``gather_idx``
+    (the forward's CSR when it is the same one: ``dx_csr``), else the rows themselves with padding rows zeroed
+    (both families' backward)."""
+    if gather_idx is not None:
+        return combine(dx_rows, gather_idx, offs, n_x, cfg, cap,
+                       csr=dx_csr(saved, gather_idx, scatter_idx, n_x, num_out_rows))
+    zero_tail(dx_rows, offs, offs.shape[0], cfg, cap)
+    return dx_rows

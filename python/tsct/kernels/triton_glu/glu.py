@@ -312,12 +312,7 @@ def grouped_glu_backward(
         res[3] = dwd
     # 3. the GLU backward on the row tiles: dhg, dhu, d rw; d sg, d su summed per expert
     dhg, dhu, dsg, dsu, drw = C.bwd_epilogue(plan, hg, hu, part, offs, sg, su, rw, dtype, want[4] or want[5], cfg, cap)
-    if want[4]:
-        res[4] = dsg.to(s_gate.dtype)
-    if want[5]:
-        res[5] = dsu.to(s_up.dtype)
-    if want[6]:
-        res[6] = drw.to(row_weight.dtype)
+    C.scale_grads(res, want, dsg, dsu, drw, s_gate, s_up, row_weight)
 
     # 4. dX on the row tiles (and dWg / dWu of the one-tile experts), then the other experts' dWg / dWu, chunked
     do_dx, do_dw = want[0], want[1] or want[2]
@@ -334,12 +329,7 @@ def grouped_glu_backward(
         if do_dw:
             C.dw_chunks(plan, x, gidx, offs, dhg, dhu, dwg, dwu, d, r, br, cfg, al, cap)
         if do_dx:
-            if gather_idx is not None:
-                res[0] = C.combine(dx_rows, gather_idx, offs, x.shape[0], cfg, cap,
-                                   csr=C.dx_csr(saved, gather_idx, scatter_idx, x.shape[0], num_out_rows))
-            else:
-                C.zero_tail(dx_rows, offs, e, cfg, cap)
-                res[0] = dx_rows
+            res[0] = C.dx_from_rows(dx_rows, gather_idx, scatter_idx, offs, x.shape[0], num_out_rows, saved, cfg, cap)
         if want[1]:
             res[1] = dwg
         if want[2]:
