@@ -9,6 +9,7 @@ a failure means.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import math
 import time
@@ -27,13 +28,21 @@ class Result:
     seconds: float
 
 
+#: rows per chunk of the backward's chunked dW reductions during a self-test (``SharedTiles.chunk_bwd``, a run-time
+#: value of the same kernels): the problem's hot expert then spans several chunks and workspace slots
+SELFTEST_CHUNK_ROWS = 64
+
+
 def _problem(device, dtype, seed=0):
-    """A small routed problem with an empty expert, odd f and padding rows; float64 master copy. r = 48 and d = 64:
-    the low-bit kernels then take their b1 code paths (the up projection's rank in one K step of 64, in byte planes
-    on sm_120; a K step of 64 over d), which a first-use self-test on the user's card must run."""
+    """A small routed problem with an empty expert, a hot expert, odd f and padding rows; float64 master copy.
+    r = 48 and d = 64: the low-bit kernels then take their b1 code paths (the up projection's rank in one K step of
+    64, in byte planes on sm_120; a K step of 64 over d). Expert 0 takes most rows (more than two row tiles of 64,
+    so the row kernels run their further-tile programs, and with ``SELFTEST_CHUNK_ROWS`` several chunks and slots),
+    the others a few each: skewed routing's code paths, which a first-use self-test on the user's card must run too."""
     g = torch.Generator().manual_seed(seed)
-    tokens, topk, experts, d, r, f, pad = 24, 2, 5, 64, 48, 37, 3
+    tokens, topk, experts, d, r, f, pad = 96, 2, 5, 64, 48, 37, 3
     ids = torch.randint(0, experts, (tokens * topk,), generator=g)
+    ids[torch.rand(tokens * topk, generator=g) < 0.7] = 0  # the hot expert: 144 of 192 rows (3 tiles, the last partial)
     ids[ids == 2] = 3  # expert 2 is empty
     order = torch.argsort(ids, stable=True)
     offs = torch.bincount(ids, minlength=experts).cumsum(0).to(torch.int32)
@@ -50,6 +59,17 @@ def _problem(device, dtype, seed=0):
     )
     idx = dict(offs=offs, gather_idx=gather, scatter_idx=gather, num_out_rows=tokens)
     return p64, idx, ids[order]
+
+
+def _small_chunks(path: str):
+    """Within the block, the Triton paths' backward sums dW over chunks of ``SELFTEST_CHUNK_ROWS`` rows (the same
+    kernels; the chunk size is a run-time value), so the hot expert of ``_problem`` runs the chunked reductions and
+    their workspace slots. Other paths: nothing changes."""
+    if path not in ("triton-bf16", "triton-lowbit"):
+        return contextlib.nullcontext()
+    from tsct.kernels.triton_common import runtime
+
+    return runtime.overridden(f"chunk_bwd={SELFTEST_CHUNK_ROWS}")
 
 
 def _expected(p64, idx, expert_of_row):
@@ -72,13 +92,16 @@ def grouped_glu(path: str, device: torch.device, dtype: torch.dtype = torch.bflo
     ``fmt`` "nvfp4"/"sign"/"fp8"/"ternary" quantizes the factors first ("mixed": NVFP4 gate and down, sign up;
     "mixed-decoded": fp8 gate, ternary up, NVFP4 down); the
     expectation then uses the dequantized factors (same math), so the tolerance stays the compute dtype's.
-    With ``backward`` the gradients of x, the scales, the row weights and (dense factors only) the
-    factors are compared too, against float64 autograd of the same oracle (tolerance 1.5x the forward's).
+    With ``backward`` the gradients of x, the scales, the row weights and the factors are compared too, against
+    float64 autograd of the same oracle (tolerance 1.5x the forward's): a dense factor's own, a packed factor's
+    through its master (``tsct.ops.quantize_master``, ``masters=``: the straight-through gradient, the gradient
+    w.r.t. the decoded factor), so the packed paths' dW kernels run too.
     """
     if path == "sm120-fp4":  # W4A4: its own problem (K % 64) and oracle (the emulation of the same math)
         return sm120_fp4_forward(device, fmt=fmt if fmt in ("nvfp4", "sign") else "nvfp4")
     from tsct import quant
     from tsct.ops import grouped_glu as op
+    from tsct.ops import quantize_master
 
     t0 = time.perf_counter()
     # the storage format of the factors ("bf16" = dense factors, run in `dtype`) and the compute dtype
@@ -88,13 +111,15 @@ def grouped_glu(path: str, device: torch.device, dtype: torch.dtype = torch.bflo
         p64, idx, eor = _problem(device, dtype)
         p = {k: v.to(device, dtype) for k, v in p64.items()}
         facs = [p["w_gate"], p["w_up"], p["w_down"]]
+        masters = None
         if fmt != "bf16":
             mixes = {"mixed": ("nvfp4", "sign", "nvfp4"), "mixed-decoded": ("fp8", "ternary", "nvfp4")}
             fmts = mixes.get(fmt, (fmt,) * 3)
-            facs = [quant.quantize(w, q) for w, q in zip(facs, fmts)]
+            masters = [w.requires_grad_(backward) for w in facs]  # the factors' gradients reach them (STE)
+            facs = [quantize_master(w, q) if backward else quant.quantize(w, q) for w, q in zip(facs, fmts)]
             for k, w in zip(("w_gate", "w_up", "w_down"), facs):
                 p64[k] = quant.dequantize(w, dtype=torch.float32).double().cpu()
-        grad_names = ["x", "s_gate", "s_up", "row_weight"] + (["w_gate", "w_up", "w_down"] if fmt == "bf16" else [])
+        grad_names = ["x", "s_gate", "s_up", "row_weight", "w_gate", "w_up", "w_down"]
         if backward:
             for k in grad_names:
                 p64[k].requires_grad_(True)
@@ -106,7 +131,7 @@ def grouped_glu(path: str, device: torch.device, dtype: torch.dtype = torch.bflo
         ix = {k: (v.to(device) if torch.is_tensor(v) else v) for k, v in idx.items()}
         y = op(p["x"], ix["offs"], *facs, p["s_gate"], p["s_up"], row_weight=p["row_weight"],
                gather_idx=ix["gather_idx"], scatter_idx=ix["scatter_idx"], num_out_rows=ix["num_out_rows"],
-               impl=path)
+               impl=path, masters=masters if backward else None)
         want = _expected(p64, idx, eor)
         got = y.detach().double().cpu()
         if not torch.isfinite(got).all():
@@ -117,11 +142,11 @@ def grouped_glu(path: str, device: torch.device, dtype: torch.dtype = torch.bflo
             return Result(name, err < tol, f"rel err {err:.2e} (tol {tol:.0e})", time.perf_counter() - t0)
         g = torch.Generator().manual_seed(3)
         go64 = torch.randn(want.shape, generator=g, dtype=torch.float64)
-        y.backward(go64.to(device, dtype))
+        with _small_chunks(path):
+            y.backward(go64.to(device, dtype))
         (want * go64).sum().backward()
         have = {"x": p["x"], "s_gate": p["s_gate"], "s_up": p["s_up"], "row_weight": p["row_weight"]}
-        if fmt == "bf16":
-            have.update(w_gate=facs[0], w_up=facs[1], w_down=facs[2])
+        have.update(zip(("w_gate", "w_up", "w_down"), facs if masters is None else masters))
         worst = ("", 0.0)
         valid = int(idx["offs"][-1])
         for k, t in have.items():

@@ -14,6 +14,8 @@ dW over chunks of CH rows (workspace slots, then a fixed-order sum: ``triton_com
 * ``chunks_*``: two chunk sizes: the gradients that have no sum over an expert's rows (dX, d row_weight) and the
   scales' gradients (summed per row tile) are the same bits; dW differs only by the order of its fp32 sums, within
   ``CHUNK_TOL`` (docs/decisions/0016).
+* ``selftest_*``: the first-use self-test's problem and backward reach the chunked reductions (several slots) and
+  pass against their float64 oracle.
 
     TRITON_INTERPRET=1 PYTHONPATH=python:tests python tests/cpu/_bwd_skew_check.py [--json PATH] [CASE...]
 
@@ -220,6 +222,25 @@ def check_chunks(fam, fmts) -> tuple[bool, str]:
         " ".join(f"{k}={v:.1e}" for k, v in dw.items())
 
 
+def check_selftest(path: str, fmt: str) -> tuple[bool, str]:
+    """The first-use self-test (``tsct.selftest.grouped_glu``, what a child process runs on an sm_120 card before a
+    Triton path serves there) through the op, forward and backward: its hot expert must reach the chunked dW
+    reductions with several workspace slots, and every result must match its float64 oracle."""
+    from tsct import selftest
+    from tsct.ops import _select
+
+    seen = []
+    real_select, real_dwd = _select.select, C.dwd_chunks
+    _select.select = lambda impl, cap, fmt, activations="bf16", x_dtype="bf16": impl  # the CPU: no dispatch row
+    C.dwd_chunks = lambda plan, *a: seen.append((plan.ch, plan.n_slots)) or real_dwd(plan, *a)
+    try:
+        res = selftest.grouped_glu(path, torch.device("cpu"), torch.float32, fmt, backward=True)
+    finally:
+        _select.select, C.dwd_chunks = real_select, real_dwd
+    chunked = bool(seen) and seen[-1][0] == selftest.SELFTEST_CHUNK_ROWS and seen[-1][1] >= 2
+    return res.ok and chunked, f"{res.detail}; chunks (rows, slots) {seen}"
+
+
 CASES = {name: (lambda n=name: check_oracle(n)) for name in ORACLE}
 CASES.update({
     "maps_e2500": check_maps,
@@ -227,6 +248,8 @@ CASES.update({
     "repeat_lowbit": lambda: check_repeat(L, ("nvfp4", "sign", "nvfp4")),
     "chunks_bf16": lambda: check_chunks(G, None),
     "chunks_lowbit": lambda: check_chunks(L, ("sign",) * 3),
+    "selftest_bf16": lambda: check_selftest("triton-bf16", "bf16"),
+    "selftest_lowbit_mixed": lambda: check_selftest("triton-lowbit", "mixed"),
 })
 
 
