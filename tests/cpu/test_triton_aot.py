@@ -526,6 +526,52 @@ def test_every_glu_launch_is_in_the_table(cap, monkeypatch):
     assert not missing, f"{len(missing)} launches have no variant in the {arch} table, e.g. {missing[:3]}"
 
 
+@pytest.mark.parametrize("cap", [(9, 0), (12, 0)], ids=lambda c: f"sm{c[0]}{c[1]}")
+def test_first_use_selftest_launches_only_compiled_variants(cap, monkeypatch):
+    """The first-use self-test (``tsct.selftest.grouped_glu``: what a child process runs before a Triton path serves on
+    an untested arch, on a card that may have no Triton for JIT) dry-run through the op: every launch of its forward
+    and backward, the hot expert's chunked reductions and the packed factors' straight-through dW included, is a
+    variant of the arch's AOT tables."""
+    from tsct import selftest
+    from tsct.kernels.triton_common import runtime as C
+    from tsct.ops import _select
+
+    arch = aot.artifact_arch(cap)
+    table = {s.key for f in (specs, lowbit_specs) for s in f.enumerate_specs(arch)}
+    launched, missing = [], []
+
+    class _Rec:
+        def __init__(self, key):
+            self.key = key
+
+        def launch(self, grid, values, stream):
+            launched.append(self.key)
+
+    def kernel(arch_, key):
+        if key in table:
+            return _Rec(key)
+        missing.append(key)
+        return None
+
+    real_empty = torch.empty
+    monkeypatch.setenv("TSCT_TRITON_BACKEND", "aot")
+    monkeypatch.setattr(C, "device_capability", lambda dev: cap)
+    monkeypatch.setattr(launch, "current_stream", lambda dev: 0)
+    monkeypatch.setattr(aot, "kernel", kernel)
+    monkeypatch.setattr(aot, "index", lambda arch_: {"kernels": {}})
+    monkeypatch.setattr(_select, "select", lambda impl, cap_, fmt, activations="bf16", x_dtype="bf16": impl)
+    monkeypatch.setattr(selftest, "_TOL", {torch.bfloat16: float("inf")})  # nothing computes: reach the backward
+    monkeypatch.setattr(torch, "empty", lambda *a, **k: real_empty(*a, **k).zero_())
+    for path, fmt in (("triton-bf16", "bf16"), ("triton-lowbit", "nvfp4"), ("triton-lowbit", "sign"),
+                      ("triton-lowbit", "mixed")):
+        res = selftest.grouped_glu(path, torch.device("cpu"), torch.bfloat16, fmt, backward=True)
+        assert "gradient" in res.detail, (path, fmt, res.detail)  # the backward ran
+    names = {kk.split("|")[0] for kk in launched}
+    assert names >= {"glu_bwd_dwd", "glu_bwd_dw", "bwd_slot_reduce", "lowbit_bwd_dz", "lowbit_bwd_dx_dw"}, names
+    assert any("DO_DW=1" in kk for kk in launched if kk.startswith("lowbit_bwd_dx_dw|"))
+    assert not missing, f"{len(missing)} self-test launches have no variant in the {arch} tables, e.g. {missing[:3]}"
+
+
 @pytest.mark.parametrize("cap", [(9, 0), (10, 0), (12, 0)], ids=lambda c: f"sm{c[0]}{c[1]}")
 def test_the_tables_are_exactly_what_the_host_code_launches(cap, monkeypatch):
     """The launch ledger (``_aot_ledger``: the host code of both families and the router's sort, dry-run over the
