@@ -29,7 +29,8 @@ class Result:
 
 
 #: rows per chunk of the backward's chunked dW reductions during a self-test (``SharedTiles.chunk_bwd``, a run-time
-#: value of the same kernels): the problem's hot expert then spans several chunks and workspace slots
+#: value of the same kernels): the problem's hot expert then spans several chunks and workspace slots. A tile config
+#: with larger row tiles (``TSCT_TRITON_GLU_CFG``: bm=128) gets chunks of one row tile (chunk_bwd is a multiple of bm)
 SELFTEST_CHUNK_ROWS = 64
 
 
@@ -69,7 +70,9 @@ def _small_chunks(path: str):
         return contextlib.nullcontext()
     from tsct.kernels.triton_common import runtime
 
-    return runtime.overridden(f"chunk_bwd={SELFTEST_CHUNK_ROWS}")
+    # bm is a power of two on every arch: the largest (or 64) is a multiple of each, as Config.update requires
+    rows = max([SELFTEST_CHUNK_ROWS] + [c.shared.bm for c in (*runtime.ARCH_CONFIGS.values(), runtime.CONFIG)])
+    return runtime.overridden(f"chunk_bwd={rows}")
 
 
 def _expected(p64, idx, expert_of_row):

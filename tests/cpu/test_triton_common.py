@@ -114,3 +114,19 @@ def test_bf16_launch_counts_include_the_shared_kernels(monkeypatch):
     assert G.backend_counts() == {("aot", "combine_rows"): 1, ("jit", "glu_bwd_epi"): 1, ("aot", "glu_up_fwd"): 1,
                                   ("native", "glu_bwd_dz"): 1}
     assert C.backend_counts() == {("aot", "combine_rows"): 1, ("jit", "glu_bwd_epi"): 1}
+
+
+@pytest.mark.parametrize("spec, rows", [("", 64), ("bm=32", 64), ("bm=128,chunk_bwd=512", 128)])
+def test_selftest_chunks_fit_the_row_tiles(spec, rows):
+    """The first-use self-test's backward runs with small chunks (``selftest._small_chunks``): chunks of 64 rows, or of
+    one row tile where a tile config (TSCT_TRITON_GLU_CFG) has larger ones; a chunk size that is no multiple of bm
+    would fail the self-test, and disable the path, for a reason that is not the kernels'. Restored on exit."""
+    from tsct import selftest
+
+    with C.overridden(spec):
+        before = dict(C.ARCH_CONFIGS), C.CONFIG
+        with selftest._small_chunks("triton-lowbit"):
+            assert {c.shared.chunk_bwd for c in (*C.ARCH_CONFIGS.values(), C.CONFIG)} == {rows}
+        assert dict(C.ARCH_CONFIGS) == before[0] and C.CONFIG is before[1]
+        with selftest._small_chunks("bmm"):
+            assert dict(C.ARCH_CONFIGS) == before[0]
