@@ -229,16 +229,26 @@ def check_selftest(path: str, fmt: str) -> tuple[bool, str]:
     from tsct import selftest
     from tsct.ops import _select
 
-    seen = []
-    real_select, real_dwd = _select.select, C.dwd_chunks
+    seen = {}
+    real = _select.select, C.dwd_chunks, C.dw_chunks
+
+    def spy(name, fn):
+        # the plan's maps (bwd_maps): slots the experts use (not plan.n_slots, the workspace's bound) and row tiles
+        # past the experts' first (the row kernels' further-tile programs)
+        def run(plan, *a):
+            seen[name] = (plan.ch, int(plan.maps[2, -1]), int(plan.maps[3, -1]))
+            return fn(plan, *a)
+        return run
+
     _select.select = lambda impl, cap, fmt, activations="bf16", x_dtype="bf16": impl  # the CPU: no dispatch row
-    C.dwd_chunks = lambda plan, *a: seen.append((plan.ch, plan.n_slots)) or real_dwd(plan, *a)
+    C.dwd_chunks, C.dw_chunks = spy("dwd", real[1]), spy("dw", real[2])
     try:
         res = selftest.grouped_glu(path, torch.device("cpu"), torch.float32, fmt, backward=True)
     finally:
-        _select.select, C.dwd_chunks = real_select, real_dwd
-    chunked = bool(seen) and seen[-1][0] == selftest.SELFTEST_CHUNK_ROWS and seen[-1][1] >= 2
-    return res.ok and chunked, f"{res.detail}; chunks (rows, slots) {seen}"
+        _select.select, C.dwd_chunks, C.dw_chunks = real
+    chunked = sorted(seen) == ["dw", "dwd"] and all(
+        ch == selftest.SELFTEST_CHUNK_ROWS and slots >= 2 and further >= 1 for ch, slots, further in seen.values())
+    return res.ok and chunked, f"{res.detail}; (chunk rows, slots used, further row tiles) {seen}"
 
 
 CASES = {name: (lambda n=name: check_oracle(n)) for name in ORACLE}
