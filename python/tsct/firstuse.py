@@ -376,9 +376,13 @@ def is_transient(outcome: str, detail: str) -> bool:
     return outcome == "timeout" or (outcome == "fail" and "out of memory" in detail.lower())
 
 
+#: the formats a self-test runs (``canonical_format``'s values, the child's ``--fmt`` choices)
+SELFTEST_FORMATS = ("bf16", "nvfp4", "sign", "mixed", "fp8", "ternary", "mixed-decoded")
+
+
 def canonical_format(fmt: str) -> str:
     """The format a self-test runs for a storage format: dense formats (bf16, fp16, fp32) test as "bf16"."""
-    return fmt if fmt in ("nvfp4", "sign", "mixed", "fp8", "ternary", "mixed-decoded") else "bf16"
+    return fmt if fmt in SELFTEST_FORMATS else "bf16"
 
 
 def verdict(device_index: int, path: str, fmt: str, *, runner: Optional[Runner] = None,

@@ -21,7 +21,7 @@ import sys
 import time
 from typing import Optional
 
-from tsct.firstuse import ENV_IN_CHILD, EXIT_FAIL, EXIT_NOT_RUNNABLE, EXIT_PASS, VERDICT_MARKER
+from tsct.firstuse import ENV_IN_CHILD, EXIT_FAIL, EXIT_NOT_RUNNABLE, EXIT_PASS, SELFTEST_FORMATS, VERDICT_MARKER
 
 
 def _emit(verdict: str, detail: str, t0: float, **extra) -> int:
@@ -38,7 +38,7 @@ def main(argv: Optional[list] = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m tsct.selftest_child", description=__doc__.split("\n\n")[0])
     ap.add_argument("--path", choices=[p for p in dispatch.PATHS if p not in (dispatch.REFERENCE, dispatch.BMM)],
                     default=dispatch.SM120_FP4)
-    ap.add_argument("--fmt", choices=("bf16", "nvfp4", "sign", "mixed"), default="nvfp4")
+    ap.add_argument("--fmt", choices=SELFTEST_FORMATS, default="nvfp4")
     ap.add_argument("--expect-name", default=None, help="the GPU name the parent sees for this device")
     ap.add_argument("--expect-capability", default=None, help="its compute capability, e.g. 12.0")
     ap.add_argument("--force", action="store_true", help="run the self-test even without a kernel for this GPU")

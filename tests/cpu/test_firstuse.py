@@ -399,3 +399,18 @@ def test_real_child_module_for_a_triton_path_without_a_gpu_says_not_runnable(mon
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
     v = firstuse.verdict(0, "triton-bf16", "bf16", ident=IDENT, timeout=240)
     assert not v.ok and v.outcome == "not-runnable" and "no CUDA device visible" in v.detail, v
+
+
+@pytest.mark.parametrize("fmt", ["bf16", "fp16", "nvfp4", "sign", "mixed", "fp8", "ternary", "mixed-decoded"])
+def test_the_child_accepts_every_format_a_verdict_asks_for(fmt, monkeypatch, capsys):
+    """The child's ``--fmt`` takes what ``verdict`` passes (``canonical_format``): a format it refused would end the
+    child with a usage error, which the parent caches as a crash (a forced triton-lowbit with fp8 factors)."""
+    from tsct import selftest_child
+
+    monkeypatch.setenv(firstuse.ENV_IN_CHILD, "0")  # main sets it; restored after the test
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    run = FakeRunner()
+    firstuse.verdict(0, "triton-lowbit", fmt, runner=run, ident=IDENT)
+    args = run.calls[0][0]
+    rc = selftest_child.main(args[args.index("--path"):args.index("--fmt") + 2])
+    assert rc == firstuse.EXIT_NOT_RUNNABLE and "no CUDA device visible" in capsys.readouterr().out
