@@ -221,17 +221,36 @@ def _triton_version() -> str:
         return "none"
 
 
+@functools.lru_cache(maxsize=1)
+def tested_identity() -> str:
+    """What the verdicts of this install test with: the first 16 hex digits of the SHA-256 of the self-test's sources
+    (``selftest.py``, ``selftest_child.py``) and of every installed Triton cubin index (``<aot_dir>/<arch>/index.json``,
+    which holds each cubin's SHA-256). A source install whose version and native library did not change but whose
+    self-test or cubins did then tests again."""
+    from tsct.kernels import aot
+
+    h = hashlib.sha256()
+    here = Path(__file__).resolve().parent
+    for name in ("selftest.py", "selftest_child.py"):
+        h.update(name.encode() + b"\0" + (here / name).read_bytes())
+    root = aot.aot_dir()
+    for idx in sorted(root.glob("*/index.json")) if root.is_dir() else []:
+        h.update(idx.parent.name.encode() + b"\0" + idx.read_bytes())
+    return h.hexdigest()[:16]
+
+
 def identity(device_index: int) -> dict:
     """What a cached verdict for CUDA device ``device_index`` (this process's numbering) is valid for:
-    tsct version, library identity, driver, GPU name, compute capability and the installed Triton.
-    Queries the device's properties (torch caches them); raises what torch raises for a bad index."""
+    tsct version, library identity, driver, GPU name, compute capability, the installed Triton and the self-test and
+    cubins it ran (``tested_identity``). Queries the device's properties (torch caches them); raises what torch raises
+    for a bad index."""
     import torch
 
     import tsct
 
     props = torch.cuda.get_device_properties(device_index)
     return {"tsct": tsct.__version__, "library": library_identity(), "driver": driver_identity(), "gpu": props.name,
-            "capability": f"{props.major}.{props.minor}", "triton": _triton_version()}
+            "capability": f"{props.major}.{props.minor}", "triton": _triton_version(), "tested": tested_identity()}
 
 
 def cache_key(ident: dict, path: str, fmt: str) -> str:

@@ -159,7 +159,7 @@ def test_corrupt_cache_file_is_ignored_and_replaced():
 
 @pytest.mark.parametrize("field,value", [("library", "/x/libtsct_kernels.so 124 sha256:cd"),
                                          ("driver", "620.10 (CUDA 13.1)"), ("gpu", "NVIDIA GeForce RTX 5090"),
-                                         ("capability", "12.1"), ("tsct", "0.2.0")])
+                                         ("capability", "12.1"), ("tsct", "0.2.0"), ("tested", "0123456789abcdef")])
 def test_identity_change_retests(field, value):
     run = FakeRunner()
     firstuse.verdict(0, "sm120-fp4", "nvfp4", runner=run, ident=IDENT)
@@ -414,3 +414,26 @@ def test_the_child_accepts_every_format_a_verdict_asks_for(fmt, monkeypatch, cap
     args = run.calls[0][0]
     rc = selftest_child.main(args[args.index("--path"):args.index("--fmt") + 2])
     assert rc == firstuse.EXIT_NOT_RUNNABLE and "no CUDA device visible" in capsys.readouterr().out
+
+
+def test_tested_identity_follows_the_cubin_indexes(monkeypatch, tmp_path):
+    """A verdict is valid for the self-test and the cubins it ran: ``tested_identity`` changes when an installed cubin
+    index changes (a rebuilt kernel records another SHA-256 there) or one is added, with tsct's version and the native
+    library unchanged."""
+    monkeypatch.setenv("TSCT_AOT_DIR", str(tmp_path))
+    (tmp_path / "sm_120").mkdir()
+    index = tmp_path / "sm_120" / "index.json"
+    index.write_text('{"kernels": {"k": {"sha256": "aa"}}}')
+    firstuse.tested_identity.cache_clear()
+    try:
+        a = firstuse.tested_identity()
+        index.write_text('{"kernels": {"k": {"sha256": "bb"}}}')
+        firstuse.tested_identity.cache_clear()
+        b = firstuse.tested_identity()
+        (tmp_path / "sm_90a").mkdir()
+        (tmp_path / "sm_90a" / "index.json").write_text("{}")
+        firstuse.tested_identity.cache_clear()
+        c = firstuse.tested_identity()
+        assert len({a, b, c}) == 3 and all(len(v) == 16 for v in (a, b, c))
+    finally:
+        firstuse.tested_identity.cache_clear()
