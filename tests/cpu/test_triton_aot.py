@@ -465,16 +465,16 @@ def test_every_glu_launch_has_an_aot_variant(cap, monkeypatch):
             assert wd_t == (want if kmajor_aligned else set()), (name, wd_t)
 
 
-@pytest.mark.parametrize("cap", [(9, 0), (10, 0), (12, 0)], ids=lambda c: f"sm{c[0]}{c[1]}")
-def test_every_glu_launch_is_in_the_table(cap, monkeypatch):
-    """The same dry run against the AOT table itself (``specs.enumerate_specs``; no install needed), with a skewed
-    routing (one expert holding most rows, empty experts) and chunks of one row tile, so that the backward's chunked
-    dW kernels, their workspace slots and the slot sums launch too."""
+def _dry_run_against_tables(monkeypatch, cap, families) -> tuple[list, list]:
+    """Launches on compute capability ``cap`` resolve against the AOT tables of ``families`` (their specs modules,
+    ``enumerate_specs``; no install needed) and run nothing: returns the lists (``launched``, ``missing``) of the keys
+    launched and of the keys no table holds, filled as the host code runs. Each launch is checked for one value per
+    kernel parameter and a grid of no negative extent."""
     from tsct.kernels.triton_common import runtime as C
-    from tsct.kernels.triton_glu import glu
 
     arch = aot.artifact_arch(cap)
-    table = {s.key for s in specs.enumerate_specs(arch)}
+    table = {s.key for f in families for s in f.enumerate_specs(arch)}
+    params = {k: info.params for f in families for k, info in f.KERNELS.items()}
     launched, missing = [], []
 
     class _Rec:
@@ -482,7 +482,7 @@ def test_every_glu_launch_is_in_the_table(cap, monkeypatch):
             self.key = key
 
         def launch(self, grid, values, stream):
-            assert len(values) == len(specs.KERNELS[self.key.split("|")[0]].params), self.key
+            assert len(values) == len(params[self.key.split("|")[0]]), self.key
             assert all(int(g) >= 0 for g in grid), (self.key, grid)
             launched.append(self.key)
 
@@ -497,6 +497,19 @@ def test_every_glu_launch_is_in_the_table(cap, monkeypatch):
     monkeypatch.setattr(launch, "current_stream", lambda dev: 0)
     monkeypatch.setattr(aot, "kernel", kernel)
     monkeypatch.setattr(aot, "index", lambda arch_: {"kernels": {}})
+    return launched, missing
+
+
+@pytest.mark.parametrize("cap", [(9, 0), (10, 0), (12, 0)], ids=lambda c: f"sm{c[0]}{c[1]}")
+def test_every_glu_launch_is_in_the_table(cap, monkeypatch):
+    """The same dry run against the AOT table itself (``specs.enumerate_specs``; no install needed), with a skewed
+    routing (one expert holding most rows, empty experts) and chunks of one row tile, so that the backward's chunked
+    dW kernels, their workspace slots and the slot sums launch too."""
+    from tsct.kernels.triton_common import runtime as C
+    from tsct.kernels.triton_glu import glu
+
+    arch = aot.artifact_arch(cap)
+    launched, missing = _dry_run_against_tables(monkeypatch, cap, (specs,))
     monkeypatch.setitem(C.ARCH_CONFIGS, arch, C.ARCH_CONFIGS[arch].update("chunk_bwd=64"))
     g = torch.Generator().manual_seed(1)
     for (name, T, k, E, d, r, f, gather, scatter, s_dt, rw_dt, idx_dt, dt) in _CASES:
@@ -533,32 +546,11 @@ def test_first_use_selftest_launches_only_compiled_variants(cap, monkeypatch):
     and backward, the hot expert's chunked reductions and the packed factors' straight-through dW included, is a
     variant of the arch's AOT tables."""
     from tsct import selftest
-    from tsct.kernels.triton_common import runtime as C
     from tsct.ops import _select
 
     arch = aot.artifact_arch(cap)
-    table = {s.key for f in (specs, lowbit_specs) for s in f.enumerate_specs(arch)}
-    launched, missing = [], []
-
-    class _Rec:
-        def __init__(self, key):
-            self.key = key
-
-        def launch(self, grid, values, stream):
-            launched.append(self.key)
-
-    def kernel(arch_, key):
-        if key in table:
-            return _Rec(key)
-        missing.append(key)
-        return None
-
+    launched, missing = _dry_run_against_tables(monkeypatch, cap, (specs, lowbit_specs))
     real_empty = torch.empty
-    monkeypatch.setenv("TSCT_TRITON_BACKEND", "aot")
-    monkeypatch.setattr(C, "device_capability", lambda dev: cap)
-    monkeypatch.setattr(launch, "current_stream", lambda dev: 0)
-    monkeypatch.setattr(aot, "kernel", kernel)
-    monkeypatch.setattr(aot, "index", lambda arch_: {"kernels": {}})
     monkeypatch.setattr(_select, "select", lambda impl, cap_, fmt, activations="bf16", x_dtype="bf16": impl)
     monkeypatch.setattr(selftest, "_TOL", {torch.bfloat16: float("inf")})  # nothing computes: reach the backward
     monkeypatch.setattr(torch, "empty", lambda *a, **k: real_empty(*a, **k).zero_())
