@@ -118,7 +118,7 @@ def grouped_glu(path: str, device: torch.device, dtype: torch.dtype = torch.bflo
         if fmt != "bf16":
             mixes = {"mixed": ("nvfp4", "sign", "nvfp4"), "mixed-decoded": ("fp8", "ternary", "nvfp4")}
             fmts = mixes.get(fmt, (fmt,) * 3)
-            masters = [w.requires_grad_(backward) for w in facs]  # the factors' gradients reach them (STE)
+            masters = [w.requires_grad_(True) for w in facs] if backward else None  # their gradients: STE
             facs = [quantize_master(w, q) if backward else quant.quantize(w, q) for w, q in zip(facs, fmts)]
             for k, w in zip(("w_gate", "w_up", "w_down"), facs):
                 p64[k] = quant.dequantize(w, dtype=torch.float32).double().cpu()
@@ -134,7 +134,7 @@ def grouped_glu(path: str, device: torch.device, dtype: torch.dtype = torch.bflo
         ix = {k: (v.to(device) if torch.is_tensor(v) else v) for k, v in idx.items()}
         y = op(p["x"], ix["offs"], *facs, p["s_gate"], p["s_up"], row_weight=p["row_weight"],
                gather_idx=ix["gather_idx"], scatter_idx=ix["scatter_idx"], num_out_rows=ix["num_out_rows"],
-               impl=path, masters=masters if backward else None)
+               impl=path, masters=masters)
         want = _expected(p64, idx, eor)
         got = y.detach().double().cpu()
         if not torch.isfinite(got).all():

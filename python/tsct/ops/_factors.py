@@ -16,12 +16,13 @@ the first storage tensor ``[E, N, K / values per byte]``) and runs on fake tenso
 
 from __future__ import annotations
 
+import functools
 from typing import Optional, Sequence
 
 import torch
 from torch import Tensor
 
-__all__ = ["FACTOR_TAGS", "pack", "for_op", "unpack", "split", "storage_count", "out_features"]
+__all__ = ["FACTOR_TAGS", "pack", "op_storage", "unpack", "split", "storage_count", "out_features"]
 
 #: the format tags a factor slot may carry
 FACTOR_TAGS = ("dense", "nvfp4", "nvfp4-swizzled_128x4", "sign", "fp8", "ternary")
@@ -29,25 +30,24 @@ FACTOR_TAGS = ("dense", "nvfp4", "nvfp4-swizzled_128x4", "sign", "fp8", "ternary
 _RAW_BYTES = {("nvfp4", "block_scale"), ("fp8", "codes")}
 
 
-_tables: dict = {}
-
-
+@functools.cache
 def _classes() -> dict:
     """{format: container class} (tsct.quant imported on first use)."""
-    t = _tables.get("classes")
-    if t is None:
-        from tsct import quant
-        t = _tables["classes"] = {"nvfp4": quant.NVFP4Tensor, "sign": quant.SignTensor, "fp8": quant.FP8Tensor,
-                                  "ternary": quant.TernaryTensor}
-    return t
+    from tsct import quant
+    return {"nvfp4": quant.NVFP4Tensor, "sign": quant.SignTensor, "fp8": quant.FP8Tensor,
+            "ternary": quant.TernaryTensor}
 
 
+@functools.cache
 def _values_per_byte() -> dict:
-    t = _tables.get("per_byte")
-    if t is None:
-        from tsct.quant.formats import SIGN_PACK, TERNARY_PACK
-        t = _tables["per_byte"] = {"nvfp4": 2, "sign": SIGN_PACK, "fp8": 1, "ternary": TERNARY_PACK}
-    return t
+    from tsct.quant.formats import SIGN_PACK, TERNARY_PACK
+    return {"nvfp4": 2, "sign": SIGN_PACK, "fp8": 1, "ternary": TERNARY_PACK}
+
+
+@functools.cache
+def _storage_counts() -> dict:
+    """{format tag: storage tensors its slot carries}."""
+    return {t: 0 if t == "dense" else len(_classes()[_fmt(t)]._STORAGE) for t in FACTOR_TAGS}
 
 
 def _fmt(tag: str) -> str:
@@ -65,25 +65,20 @@ def pack(name: str, w, for_op: bool = True) -> tuple[str, tuple[Optional[Tensor]
         if isinstance(w, cls):
             tag = f"{fmt}-{w.layout}" if fmt == "nvfp4" and w.layout != "linear" else fmt
             storage = tuple(getattr(w, f) for f in cls._STORAGE)
-            if not for_op:
-                return tag, storage
-            return tag, tuple(t.view(torch.uint8) if (fmt, f) in _RAW_BYTES else t
-                              for f, t in zip(cls._STORAGE, storage))
+            return tag, op_storage(storage) if for_op else storage
     raise TypeError(f"grouped_glu: {name} must be a torch.Tensor, NVFP4Tensor, SignTensor, FP8Tensor or "
                     f"TernaryTensor, got {type(w).__name__}")
 
 
-def for_op(storage: Sequence[Optional[Tensor]]) -> tuple[Optional[Tensor], ...]:
-    """Storage packed with ``for_op=False`` as the custom op takes it (float8 tensors as their raw bytes)."""
+def op_storage(storage: Sequence[Optional[Tensor]]) -> tuple[Optional[Tensor], ...]:
+    """Storage as the custom op takes it: float8 tensors (the ``_RAW_BYTES`` fields, the only float8 storage a
+    container holds) as their raw bytes; the rest as it is."""
     return tuple(t.view(torch.uint8) if t is not None and t.dtype == torch.float8_e4m3fn else t for t in storage)
 
 
 def storage_count(tag: str) -> int:
     """How many storage tensors a slot of format ``tag`` carries. ValueError for an unknown tag."""
-    counts = _tables.get("counts")
-    if counts is None:
-        counts = _tables["counts"] = {t: 0 if t == "dense" else len(_classes()[_fmt(t)]._STORAGE) for t in FACTOR_TAGS}
-    n = counts.get(tag)
+    n = _storage_counts().get(tag)
     if n is None:
         raise ValueError(f"grouped_glu: unknown format tag {tag!r}; expected one of {list(FACTOR_TAGS)}")
     return n

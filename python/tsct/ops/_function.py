@@ -260,7 +260,7 @@ def _backward(ctx, grad_out, *_saved_grads):
         grads = backward(grad_out.contiguous(), inputs, call, needs, saved, ctx.trusted)
     else:  # the op (what a trace records); under create_graph its formula refuses a second derivative by name
         if ctx.trusted:  # an eager forward's storage keeps float8 tensors: the op takes their bytes
-            call = call._replace(storage=_factors.for_op(call.storage))
+            call = call._replace(storage=_factors.op_storage(call.storage))
         grads = backward_op(grad_out.contiguous(), *_op_args(inputs, call), list(needs), saved)
     return (*(g if need else None for g, need in zip(grads, needs)), *others)
 
