@@ -560,7 +560,7 @@ def dwd_chunks(plan: BwdPlan, go: Tensor, sidx: Optional[Tensor], offs: Tensor, 
                   [go, sidx, offs, plan.maps, zw, dwd, ws, e, r, f, f_slice, n_fs, plan.ch],
                   dict(HAS_SCATTER=sidx is not None, WD_T=wd_t, BM=cfg.shared.bm, BR=br, BN=bn,
                        BLOCK_E=cfg.shared.block_e),
-                  cfg.shared.warps_dwd, cfg.shared.stages_dwd, aligned, cap, go.device, cfg.shared.regs_dwd)
+                  cfg.shared.warps_dwd, cfg.shared.stages_dwd, aligned, cap, go.device, cfg.shared.dwd_maxnreg(wd_t))
     _slot_reduce(plan, ws, dwd, r * f, cfg, cap)
 
 

@@ -95,11 +95,16 @@ class SharedTiles(_Tiles):
     bn_dwd: int = 64
     warps_dwd: int = 4
     stages_dwd: int = 1
-    regs_dwd: int = 0     # registers per thread glu_bwd_dwd may use (PTX .maxnreg); 0: the compiler's choice
+    regs_dwd: int = 0     # registers per thread of the K-major glu_bwd_dwd (PTX .maxnreg); 0: the compiler's choice
     bd_dw: int = 64
     warps_dw: int = 4
     stages_dw: int = 3
     waves_chunked: int = 4    # programs of the chunked kernels and slot sums per SM (they walk their work items)
+
+    def dwd_maxnreg(self, wd_t: bool) -> int:
+        """The register cap of a ``glu_bwd_dwd`` variant: ``regs_dwd`` for K-major w_down (``wd_t``), which fits
+        80 registers without spills on sm_90a; none for row-major, whose BR 64 variant spills 112 bytes at 80."""
+        return self.regs_dwd if wd_t else 0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -141,7 +146,7 @@ class GluTiles(_Tiles):
     ndb_bwd: int = 8          # d blocks per program (row tile) of glu_bwd_dx_dw (the pipelined d loop)
     # f slices of glu_bwd_dz's CUDA stand-in where the dispatch takes it (tsct.dispatch.CUDA_KERNELS; partial sums
     # reduced in order by glu_bwd_epi), and its pipeline stages: 4 (99 KB of shared memory, 2 CTAs per SM) or 3
-    # (72 KB and <= 80 registers: 3 CTAs per SM on sm_90; not yet timed); the same results either way
+    # (72 KB and <= 80 registers: 3 CTAs per SM on sm_90); the same results either way
     fs_dz_native: int = 2
     stages_dz_native: int = 4
 
@@ -270,8 +275,10 @@ MAX_SHARED: dict[str, int] = {"sm_90a": 232448, "sm_100a": 232448, "sm_120": 101
 # fit per SM. Not measured on an sm_120 card (design.md section 6).
 CONFIGS: dict[str, Config] = {
     # the chunked dW kernels: 16 programs per SM and 8-warp glu_bwd_dwd (H200, Zipf 1.2 / 1.5, T 65536, E 256:
-    # 3-8 % less forward+backward than 4 and 4; docs/performance.md)
-    "sm_90a": Config(shared=SharedTiles(waves_chunked=16, warps_dwd=8)),
+    # 3-8 % less forward+backward than 4 and 4); the K-major glu_bwd_dwd at 80 registers and the CUDA dz with 3
+    # ring stages: 3 CTAs per SM each (H200, bf16 K-major forward+backward 1-8 % less; docs/performance.md)
+    "sm_90a": Config(shared=SharedTiles(waves_chunked=16, warps_dwd=8, regs_dwd=80),
+                     glu=GluTiles(stages_dz_native=3)),
     "sm_100a": Config(),
     # ~99 KB of shared memory per block: fewer stages. Every field an H200 sweep changed
     # stays at its previous value here (nothing has been timed on an sm_120 card; docs/performance.md);
@@ -593,7 +600,7 @@ def bwd_dwd_epi_specs(cfg: Config, D: str, aligned: bool, brs: list[int]) -> lis
                      dwd_ptr=D, ws_ptr="*fp32")
         consts = dict(HAS_SCATTER=sc is not None, WD_T=wd_t, BM=sh.bm, BR=br, BN=sh.bn_dwd, BLOCK_E=sh.block_e)
         out.append(make_spec("glu_bwd_dwd", types, consts, sh.warps_dwd, sh.stages_dwd, aligned,
-                             maxnreg=sh.regs_dwd))
+                             maxnreg=sh.dwd_maxnreg(wd_t)))
     # the epilogue reads [M, r] buffers only: r decides its alignment (runtime.bwd_epilogue), every BR of both rules
     scale_types = sorted({None, "*fp32", D}, key=str)  # s_gate / s_up: none, fp32 or x's dtype (runtime.scales_in)
     for st, rw, br in itertools.product(scale_types, (False, True), brs):
