@@ -54,6 +54,10 @@ TRITON_BF16 = "triton-bf16"
 TRITON_LOWBIT = "triton-lowbit"
 SM120_FP4 = "sm120-fp4"
 PATHS = (REFERENCE, BMM, TRITON_BF16, TRITON_LOWBIT, SM120_FP4)
+#: not a path: the native library's quantize / decode kernels (csrc/quant), which ``tsct.quant``'s ``backend="auto"``
+#: runs on any CUDA tensor, inside or outside a path. Its row of ``EXECUTED_ON`` gates their first use like a path's
+#: (``tsct.quant._backend``); its self-test (``tsct.selftest.native_quant``) covers every format at once
+NATIVE_QUANT = "native-quant"
 
 FORMATS = ("bf16", "nvfp4", "sign", "fp8", "ternary")  # storage formats with a row in the table; others use bmm
 #: formats ``auto`` runs only after decoding them to dense factors (``bmm``); triton-lowbit decodes them in
@@ -313,8 +317,10 @@ def decide(capability: Optional[tuple[int, int]], fmt: str, activations: str = "
     raise RuntimeError(f"no path can run for capability {capability} and format {fmt!r}: {skipped}")
 
 
-# Where each path's tests have run on real hardware (by arch class). Anywhere else, the first use
-# runs a self-test in a child process (tsct.firstuse, asked for by tsct.ops) and disables the path if it fails.
+# Where each path's tests have run on real hardware (by arch class), and the native quantize / decode kernels'
+# (NATIVE_QUANT). Anywhere else, the first use runs a self-test in a child process (tsct.firstuse, asked for by
+# tsct.ops for a path, by tsct.quant for NATIVE_QUANT) and disables the path (or the native kernels: tsct.quant then
+# runs its torch backend, the same bytes) if it fails.
 _ALL_CLASSES = frozenset({"cpu", "sm80", "sm90", "sm100", "sm120", "unknown"})
 EXECUTED_ON: dict[str, frozenset] = {
     REFERENCE: _ALL_CLASSES,
@@ -322,6 +328,7 @@ EXECUTED_ON: dict[str, frozenset] = {
     TRITON_BF16: frozenset({"sm90"}),  # tests/gpu on an H200
     TRITON_LOWBIT: frozenset({"sm90"}),  # tests/gpu on an H200
     SM120_FP4: frozenset(),
+    NATIVE_QUANT: frozenset({"sm90"}),  # tests/gpu/test_native_quant.py on an H200
 }
 #: a path whose backward runs another path's kernels where that one may run: (path, storage format) whose
 #: first-use verdict the backward reads (``first_use_status``); tsct.ops asks for it before the backward runs

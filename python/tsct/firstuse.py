@@ -17,6 +17,12 @@ before the child said "pass":
     still running after the timeout (killed)    -> "timeout", disabled
     "not-runnable" (no kernel for this GPU)     -> disabled
 
+The native library's quantize / decode kernels (csrc/quant, which ``tsct.quant``'s ``backend="auto"`` runs on any
+CUDA tensor) are gated the same way under the pseudo-path ``dispatch.NATIVE_QUANT`` ("native-quant": its row of
+``EXECUTED_ON``, its self-test ``tsct.selftest.native_quant``, bit for bit against the torch backend); tsct.quant
+asks (``tsct.quant._backend``) and serves a CUDA call with the torch backend, the same bytes, unless it passed.
+``gate`` is the one place that turns a verdict into the status both callers act on.
+
 The verdict is cached in the process (per device index, path and format) and on disk, in
 ``<cache dir>/selftest.json`` (``cache_dir()``: ``$TSCT_CACHE_DIR``, else ``$XDG_CACHE_HOME/tsct``,
 else ``~/.cache/tsct``), keyed by ``identity()`` (tsct version, the native library's path, size and
@@ -48,7 +54,7 @@ import time
 from pathlib import Path
 from typing import Callable, Optional
 
-from tsct import config
+from tsct import config, dispatch
 
 ENV_TIMEOUT = "TSCT_SELFTEST_TIMEOUT"  # read by config.selftest_timeout
 DEFAULT_TIMEOUT_S = config.DEFAULT_SELFTEST_TIMEOUT_S
@@ -459,3 +465,39 @@ def _verdict_locked(device_index: int, path: str, fmt: str, runner: Optional[Run
     with _lock:
         _memo[memo] = v
     return v
+
+
+# ---- the gate: a verdict as the status tsct.ops (a path) and tsct.quant (the native kernels) act on -------------
+
+def gate(path: str, capability: Optional[tuple[int, int]], fmt: str,
+         device_index: Optional[int] = None) -> "dispatch.Status":
+    """Whether ``path`` (a ``dispatch.PATHS`` entry or ``dispatch.NATIVE_QUANT``) may run on CUDA device
+    ``device_index`` (default: the current device) of compute capability ``capability`` with ``fmt`` factors, as a
+    ``dispatch.Status``, recorded in ``dispatch.first_use_results()``.
+
+    ``Status(True, "")`` without asking anything where the path executed on this arch class
+    (``dispatch.needs_first_use``: also for ``capability`` None, the CPU) and inside a self-test child (the path
+    under test runs directly: no recursion). Otherwise the verdict (``verdict``: run in a child process now, or
+    cached in the process / on disk, or set by the environment): ok only for "pass" or "forced"; the reason
+    ("first-use self-test on sm120 FAILED: crash: self-test child died with SIGSEGV ...") names the outcome and
+    never where the verdict came from, so a fallback counter keyed by it does not change once it is cached.
+    Raises only what ``verdict`` raises for bad arguments (a ValueError) and what torch raises for a bad index.
+    """
+    if not dispatch.needs_first_use(path, capability) or in_child():
+        return dispatch.Status(True, "")
+    cls = dispatch.arch_class(capability)
+    if device_index is None:
+        import torch
+
+        device_index = torch.cuda.current_device()
+    v = verdict(device_index, path, fmt)
+    if v.outcome == "forced":
+        st = dispatch.Status(True, f"first-use self-test on {cls} skipped: {v.detail}")
+    else:
+        word = "passed" if v.ok else "FAILED"
+        where = ""
+        if not v.ok and v.outcome not in ("disabled", "not-runnable"):
+            where = (" (not cached: the next process tests again)" if is_transient(v.outcome, v.detail)
+                     else f" (verdict cached in {cache_file()}: delete it to test again)")
+        st = dispatch.Status(v.ok, f"first-use self-test on {cls} {word}: {v.outcome}: {v.detail}{where}")
+    return dispatch.record_first_use(path, capability, fmt, st)

@@ -143,7 +143,12 @@ def collect(selftests: bool = True, verify_artifacts: bool = False) -> dict[str,
                         tests.append({"device": str(dev), **r.__dict__})
             tests.append({"device": str(dev), **selftest.sort_by_expert(dev).__dict__})
             if dev.type == "cuda" and native.available():
-                tests += [{"device": str(dev), **r.__dict__} for r in selftest.native_quant(dev)]
+                if dispatch.needs_first_use(dispatch.NATIVE_QUANT, cap):  # never ran here: a child, as on first use
+                    v = firstuse.verdict(dev.index or 0, dispatch.NATIVE_QUANT, "bf16")
+                    tests.append({"device": str(dev), "name": "native quantize / decode vs torch (child process)",
+                                  "ok": v.ok, "detail": v.describe(), "seconds": v.seconds})
+                else:
+                    tests += [{"device": str(dev), **r.__dict__} for r in selftest.native_quant(dev)]
     report["selftests"] = tests
     report["fallback_counts"] = [{"wanted": w, "taken": t, "reason": r, "count": n}
                                  for (w, t, r), n in dispatch.fallback_counts().items()]

@@ -221,6 +221,17 @@ def native_quant(device: torch.device) -> list[Result]:
     return out
 
 
+def all_of(name: str, results: list[Result]) -> Result:
+    """One ``Result`` named ``name`` for several: ok when every one is (and there is at least one); the detail counts
+    them and names each failing one with its detail. Raises ValueError for an empty list (nothing was tested)."""
+    if not results:
+        raise ValueError(f"all_of({name!r}): no results (nothing was tested)")
+    bad = [r for r in results if not r.ok]
+    detail = (f"all {len(results)} passed ({', '.join(sorted({r.detail for r in results}))})" if not bad else
+              f"{len(bad)} of {len(results)} failed: " + "; ".join(f"{r.name}: {r.detail}" for r in bad))
+    return Result(name, not bad, detail, sum(r.seconds for r in results))
+
+
 def sort_by_expert(device: torch.device) -> Result:
     """``tsct.ops.sort_by_expert`` (ids with padding entries, bf16 weights) against a stable ``torch.argsort`` and a
     count, bit for bit; the detail names what ran (the Triton kernels or torch's sort)."""

@@ -169,3 +169,15 @@ def test_triton_families_are_peers_on_the_shared_runtime(graph):
         bad = sorted((m, t) for m, edges in graph.items() if _within(m, fam) for t in edges if _within(t, other))
         assert not bad, f"{fam} imports {other}: {bad}"
         assert any(_within(t, COMMON) for m, edges in graph.items() if _within(m, fam) for t in edges), fam
+
+
+def test_quant_reaches_the_first_use_machinery_through_firstuse_only(graph):
+    """tsct.quant gates the native kernels' first use through tsct.firstuse (the verdict) and tsct.dispatch (the
+    table), imported at module level as tsct.ops imports them; it never imports the layers that use quant: the ops,
+    the self-test and its child (they quantize), the layers, the bench, the probe."""
+    assert graph["tsct.quant._backend"].get("tsct.firstuse") is True
+    assert graph["tsct.quant._backend"].get("tsct.dispatch") is True
+    above = ("tsct.ops", "tsct.selftest", "tsct.selftest_child", "tsct.nn", "tsct.bench", "tsct.probe")
+    bad = sorted((m, t) for m, edges in graph.items() if _within(m, "tsct.quant") for t in edges
+                 if any(_within(t, a) for a in above))
+    assert not bad, bad

@@ -17,24 +17,10 @@ from tsct import dispatch, firstuse
 
 
 def first_use(path: str, capability: tuple[int, int], fmt: str) -> dispatch.Status:
-    """The first-use verdict of ``path`` on the current CUDA device as a dispatch status (run in a child
-    process now, or cached in the process / on disk, or set by the environment: ``tsct.firstuse``), recorded
-    in ``dispatch.first_use_results()``. No child for a path that executed on this arch class."""
-    cls = dispatch.arch_class(capability)
-    if not dispatch.needs_first_use(path, capability) or firstuse.in_child():
-        return dispatch.Status(True, "")
-    v = firstuse.verdict(torch.cuda.current_device(), path, fmt)
-    # no v.source here: the reason keys the fallback counter and must not change once the verdict is cached
-    if v.outcome == "forced":
-        st = dispatch.Status(True, f"first-use self-test on {cls} skipped: {v.detail}")
-    else:
-        word = "passed" if v.ok else "FAILED"
-        where = ""
-        if not v.ok and v.outcome not in ("disabled", "not-runnable"):
-            where = (" (not cached: the next process tests again)" if firstuse.is_transient(v.outcome, v.detail)
-                     else f" (verdict cached in {firstuse.cache_file()}: delete it to test again)")
-        st = dispatch.Status(v.ok, f"first-use self-test on {cls} {word}: {v.outcome}: {v.detail}{where}")
-    return dispatch.record_first_use(path, capability, fmt, st)
+    """The first-use verdict of ``path`` on the current CUDA device as a dispatch status (``tsct.firstuse.gate``: run
+    in a child process now, or cached in the process / on disk, or set by the environment), recorded in
+    ``dispatch.first_use_results()``. No child for a path that executed on this arch class, nor inside a child."""
+    return firstuse.gate(path, capability, fmt)
 
 
 @torch.compiler.assume_constant_result

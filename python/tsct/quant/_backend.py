@@ -6,6 +6,15 @@ reason if they cannot run. ``backend="auto"``: native when the tensor is on CUDA
 ``tsct.native.available()``, else torch. A CUDA tensor that falls back to torch under ``auto`` is
 counted (``native_fallback_counts()``) and warned once per reason (``tsct.config.warn_fallbacks``).
 
+First use (decision 0010): on a GPU whose arch class the native kernels never executed on
+(``tsct.dispatch.EXECUTED_ON[NATIVE_QUANT]``: every class but sm90; 12.x included), the first call that would
+run them asks ``tsct.firstuse.gate`` for the verdict of their self-test (``tsct.selftest.native_quant``, every
+quantizer and decoder bit for bit against torch) in a CHILD process, cached in the process and on disk; this
+process never runs them before the child said "pass". Any other verdict (fail, crash, timeout, not-runnable):
+``auto`` serves the call with torch (the same bytes; counted and warned under the verdict's reason) and
+``backend="native"`` raises RuntimeError with it, as a forced ``impl=`` of a path does. Inside a self-test child
+nothing is asked (no recursion).
+
 ``tsct.native`` is imported lazily, inside the call: importing ``tsct.quant`` loads no library.
 """
 
@@ -16,6 +25,11 @@ import threading
 import warnings
 
 import torch
+
+from tsct import dispatch, firstuse
+
+#: the format a NATIVE_QUANT verdict is keyed by: one self-test covers every format
+_VERDICT_FMT = "bf16"
 
 BACKENDS = ("auto", "torch", "native")
 
@@ -46,6 +60,16 @@ def _native_status(device: torch.device) -> tuple[bool, str]:
     return True, "native kernels available"
 
 
+def first_use(device: torch.device) -> tuple[bool, str]:
+    """Whether the native kernels may run on CUDA ``device`` in this process: (True, "") where they executed
+    (``dispatch.EXECUTED_ON[dispatch.NATIVE_QUANT]``) or inside a self-test child, else the first-use verdict of
+    their self-test (``tsct.firstuse.gate``; a child process the first time per GPU and install) and its reason.
+    Call it only once the library loads (``_native_status``): the child tests the library this process would use.
+    Raises what torch raises for a bad device index."""
+    st = firstuse.gate(dispatch.NATIVE_QUANT, dispatch.device_capability(device), _VERDICT_FMT, device.index)
+    return st.ok, st.reason
+
+
 def resolve(backend: str, device: torch.device, what: str) -> str:
     """'torch' or 'native' for one call of ``what`` (e.g. "quantize_nvfp4") on ``device``. Under ``torch.compile``
     tracing, ``auto`` is the torch backend (the same bits, decision 0002): dynamo cannot trace the native kernels'
@@ -54,6 +78,8 @@ def resolve(backend: str, device: torch.device, what: str) -> str:
     if backend == "torch" or (backend == "auto" and torch.compiler.is_compiling()):
         return "torch"
     ok, why = _native_status(device)
+    if ok:
+        ok, why = first_use(device)
     if backend == "native":
         if not ok:
             raise RuntimeError(f"{what}: backend='native' cannot run: {why}")
@@ -61,11 +87,10 @@ def resolve(backend: str, device: torch.device, what: str) -> str:
     if ok:
         return "native"
     if device.type == "cuda":  # a real fallback: a GPU tensor served by the slower torch path
-        key = (what, why)
         with _lock:
-            _fallbacks[key] += 1
-            first = key not in _warned
-            _warned.add(key)
+            _fallbacks[(what, why)] += 1
+            first = why not in _warned  # once per reason, whichever function meets it first
+            _warned.add(why)
         from tsct import config
 
         if first and getattr(config, "warn_fallbacks", True):
