@@ -58,6 +58,10 @@ PATHS = (REFERENCE, BMM, TRITON_BF16, TRITON_LOWBIT, SM120_FP4)
 #: runs on any CUDA tensor, inside or outside a path. Its row of ``EXECUTED_ON`` gates their first use like a path's
 #: (``tsct.quant._backend``); its self-test (``tsct.selftest.native_quant``) covers every format at once
 NATIVE_QUANT = "native-quant"
+#: not a path either: ``tsct.ops.sort_by_expert``'s Triton routing kernels (route_rank, route_place), which it runs on
+#: any GPU the Triton kernels serve. Its row of ``EXECUTED_ON`` gates their first use like a path's
+#: (``tsct.ops.routing``); its self-test (``tsct.selftest.sort_by_expert``) covers every variant at once
+ROUTING = "triton-routing"
 
 FORMATS = ("bf16", "nvfp4", "sign", "fp8", "ternary")  # storage formats with a row in the table; others use bmm
 #: formats ``auto`` runs only after decoding them to dense factors (``bmm``); triton-lowbit decodes them in
@@ -318,9 +322,10 @@ def decide(capability: Optional[tuple[int, int]], fmt: str, activations: str = "
 
 
 # Where each path's tests have run on real hardware (by arch class), and the native quantize / decode kernels'
-# (NATIVE_QUANT). Anywhere else, the first use runs a self-test in a child process (tsct.firstuse, asked for by
-# tsct.ops for a path, by tsct.quant for NATIVE_QUANT) and disables the path (or the native kernels: tsct.quant then
-# runs its torch backend, the same bytes) if it fails.
+# (NATIVE_QUANT) and the routing kernels' (ROUTING). Anywhere else, the first use runs a self-test in a child process
+# (tsct.firstuse, asked for by tsct.ops for a path and for ROUTING, by tsct.quant for NATIVE_QUANT) and disables the
+# path (or the native kernels: tsct.quant then runs its torch backend, the same bytes; or the routing kernels:
+# sort_by_expert then runs torch's sort, the same result) if it fails.
 _ALL_CLASSES = frozenset({"cpu", "sm80", "sm90", "sm100", "sm120", "unknown"})
 EXECUTED_ON: dict[str, frozenset] = {
     REFERENCE: _ALL_CLASSES,
@@ -329,6 +334,7 @@ EXECUTED_ON: dict[str, frozenset] = {
     TRITON_LOWBIT: frozenset({"sm90"}),  # tests/gpu on an H200
     SM120_FP4: frozenset(),
     NATIVE_QUANT: frozenset({"sm90"}),  # tests/gpu/test_native_quant.py on an H200
+    ROUTING: frozenset({"sm90"}),  # tests/gpu/test_sort_by_expert_gpu.py on an H200
 }
 #: a path whose backward runs another path's kernels where that one may run: (path, storage format) whose
 #: first-use verdict the backward reads (``first_use_status``); tsct.ops asks for it before the backward runs

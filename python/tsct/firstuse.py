@@ -21,7 +21,11 @@ The native library's quantize / decode kernels (csrc/quant, which ``tsct.quant``
 CUDA tensor) are gated the same way under the pseudo-path ``dispatch.NATIVE_QUANT`` ("native-quant": its row of
 ``EXECUTED_ON``, its self-test ``tsct.selftest.native_quant``, bit for bit against the torch backend); tsct.quant
 asks (``tsct.quant._backend``) and serves a CUDA call with the torch backend, the same bytes, unless it passed.
-``gate`` is the one place that turns a verdict into the status both callers act on.
+So are ``tsct.ops.sort_by_expert``'s Triton routing kernels, under the pseudo-path ``dispatch.ROUTING``
+("triton-routing", self-test ``tsct.selftest.sort_by_expert``, bit for bit against a stable argsort): tsct.ops.routing
+asks and serves the call with torch's sort, the same result, unless it passed (during a CUDA graph capture it starts
+no child: a verdict not known yet means torch's sort for that call). ``gate`` is the one place that turns a verdict
+into the status every caller acts on.
 
 The verdict is cached in the process (per device index, path and format) and on disk, in
 ``<cache dir>/selftest.json`` (``cache_dir()``: ``$TSCT_CACHE_DIR``, else ``$XDG_CACHE_HOME/tsct``,
@@ -467,13 +471,13 @@ def _verdict_locked(device_index: int, path: str, fmt: str, runner: Optional[Run
     return v
 
 
-# ---- the gate: a verdict as the status tsct.ops (a path) and tsct.quant (the native kernels) act on -------------
+# ---- the gate: a verdict as the status tsct.ops (a path, the routing kernels) and tsct.quant act on -------------
 
 def gate(path: str, capability: Optional[tuple[int, int]], fmt: str,
          device_index: Optional[int] = None) -> "dispatch.Status":
-    """Whether ``path`` (a ``dispatch.PATHS`` entry or ``dispatch.NATIVE_QUANT``) may run on CUDA device
-    ``device_index`` (default: the current device) of compute capability ``capability`` with ``fmt`` factors, as a
-    ``dispatch.Status``, recorded in ``dispatch.first_use_results()``.
+    """Whether ``path`` (a ``dispatch.PATHS`` entry, ``dispatch.NATIVE_QUANT`` or ``dispatch.ROUTING``) may run on
+    CUDA device ``device_index`` (default: the current device) of compute capability ``capability`` with ``fmt``
+    factors, as a ``dispatch.Status``, recorded in ``dispatch.first_use_results()``.
 
     ``Status(True, "")`` without asking anything where the path executed on this arch class
     (``dispatch.needs_first_use``: also for ``capability`` None, the CPU) and inside a self-test child (the path

@@ -141,7 +141,7 @@ def collect(selftests: bool = True, verify_artifacts: bool = False) -> dict[str,
                     else:
                         r = selftest.grouped_glu(path, dev, dtype, fmt, backward=True)
                         tests.append({"device": str(dev), **r.__dict__})
-            tests.append({"device": str(dev), **selftest.sort_by_expert(dev).__dict__})
+            tests.append(_sort_by_expert_selftest(dev, cap))
             if dev.type == "cuda" and native.available():
                 if dispatch.needs_first_use(dispatch.NATIVE_QUANT, cap):  # never ran here: a child, as on first use
                     v = firstuse.verdict(dev.index or 0, dispatch.NATIVE_QUANT, "bf16")
@@ -153,6 +153,19 @@ def collect(selftests: bool = True, verify_artifacts: bool = False) -> dict[str,
     report["fallback_counts"] = [{"wanted": w, "taken": t, "reason": r, "count": n}
                                  for (w, t, r), n in dispatch.fallback_counts().items()]
     return report
+
+
+def _sort_by_expert_selftest(dev: torch.device, cap: Optional[tuple[int, int]]) -> dict[str, Any]:
+    """The self-test row of ``sort_by_expert`` on ``dev``: on a GPU its Triton kernels can launch on but never executed
+    on (``dispatch.EXECUTED_ON[dispatch.ROUTING]``), the verdict of their self-test in a child process, as on first
+    use (run now, or cached); elsewhere ``selftest.sort_by_expert`` in this process (the kernels, or torch's sort)."""
+    from tsct.ops import routing
+
+    if dev.type == "cuda" and dispatch.needs_first_use(dispatch.ROUTING, cap) and routing.kernels_status(cap)[0]:
+        v = firstuse.verdict(dev.index or 0, dispatch.ROUTING, "bf16")
+        return {"device": str(dev), "name": "sort_by_expert's Triton kernels vs stable argsort (child process)",
+                "ok": v.ok, "detail": v.describe(), "seconds": v.seconds}
+    return {"device": str(dev), **selftest.sort_by_expert(dev).__dict__}
 
 
 def _native_glu(loadable: bool) -> tuple[dict[str, Any], Optional[str]]:

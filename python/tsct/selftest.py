@@ -232,27 +232,65 @@ def all_of(name: str, results: list[Result]) -> Result:
     return Result(name, not bad, detail, sum(r.seconds for r in results))
 
 
+#: sort_by_expert's self-test cases: T, k, E, ids' dtype, router weights' dtype (None: none). Together they launch
+#: every variant of the routing kernels: route_rank for int64 and int32 ids (int16 ones are widened to int32),
+#: route_place without weights and gathering bf16, fp16 and fp32 ones; ids in [-1, E + 3) give padding rows
+_SORT_CASES = ((3000, 2, 37, torch.int64, torch.bfloat16), (1500, 3, 37, torch.int32, torch.float16),
+               (1023, 1, 5, torch.int16, torch.float32), (2000, 2, 300, torch.int64, None))
+
+
+def _sort_differs(s, ids: torch.Tensor, e: int, w, kernels: bool) -> list[str]:
+    """What of ``sort_by_expert``'s result ``s`` differs from a stable ``torch.argsort`` and a count (and, where the
+    kernels ran, the combine's CSR they link to the token tensor from the token's own stable sort)."""
+    t, k = ids.shape
+    flat = ids.reshape(-1).long()
+    key = torch.where((flat >= 0) & (flat < e), flat, e)
+    order = torch.argsort(key, stable=True)
+    offs = torch.cumsum((key[:, None] == torch.arange(e, device=ids.device)).sum(0), 0).to(torch.int32)
+    pairs = (("order", s.order, order), ("offs", s.offs, offs), ("token", s.token, order // k))
+    bad = [name for name, got, want in pairs if got.dtype != want.dtype or not torch.equal(got, want)]
+    if w is None:
+        if s.row_weight is not None:
+            bad.append("row_weight (expected None)")
+    elif s.row_weight.dtype != torch.float32 or not torch.equal(s.row_weight, w.reshape(-1)[order].float()):
+        bad.append("row_weight")
+    if kernels:
+        from tsct.kernels.triton_common import runtime
+
+        csr = runtime.linked_csr(s.token, s.offs, t * k, t)
+        if csr is None:
+            bad.append("no combine CSR linked to the token tensor")
+        elif not (torch.equal(csr[1], torch.arange(t + 1, device=ids.device) * k)
+                  and torch.equal(csr[0], torch.argsort(s.token, stable=True))):
+            bad.append("the combine CSR linked to the token tensor")
+    return bad
+
+
 def sort_by_expert(device: torch.device) -> Result:
-    """``tsct.ops.sort_by_expert`` (ids with padding entries, bf16 weights) against a stable ``torch.argsort`` and a
-    count, bit for bit; the detail names what ran (the Triton kernels or torch's sort)."""
+    """``tsct.ops.sort_by_expert`` against a stable ``torch.argsort`` and a count, bit for bit: ``order``, ``offs``,
+    ``token`` and ``row_weight`` (and, where the Triton kernels ran, the combine's CSR they link to ``token``), for
+    int64, int32 and int16 ids with padding entries, bf16, fp16, fp32 and no router weights (``_SORT_CASES``: every
+    variant of the kernels). The detail names what ran (the Triton kernels or torch's sort). It is the first-use
+    self-test of the routing kernels (``--path triton-routing`` of ``tsct.selftest_child``)."""
     from tsct.ops import routing
 
     t0 = time.perf_counter()
     name = "sort_by_expert vs stable argsort"
     g = torch.Generator().manual_seed(2)
-    ids = torch.randint(-1, 40, (3000, 2), generator=g).to(device)
-    w = torch.rand(3000, 2, generator=g).to(device, torch.bfloat16)
+    ran, bad = set(), []
     try:
-        s = routing.sort_by_expert(ids, 37, w)
-        flat = ids.reshape(-1)
-        key = torch.where((flat >= 0) & (flat < 37), flat, 37)
-        order = torch.argsort(key, stable=True)
-        offs = torch.cumsum((key[:, None] == torch.arange(37, device=device)).sum(0), 0).to(torch.int32)
-        ok = (torch.equal(s.order, order) and torch.equal(s.offs, offs) and torch.equal(s.token, order // 2)
-              and torch.equal(s.row_weight, w.reshape(-1)[order].float()))
-        what = "Triton kernels" if routing.uses_kernels(ids, 37) else "torch sort"
-        return Result(name, ok, f"bit-exact ({what})" if ok else f"MISMATCH ({what})", time.perf_counter() - t0)
-    except Exception as exc:
+        for t, k, e, id_dtype, w_dtype in _SORT_CASES:
+            ids = torch.randint(-1, e + 3, (t, k), generator=g).to(device, id_dtype)
+            w = torch.rand(t, k, generator=g).to(device, w_dtype) if w_dtype is not None else None
+            s = routing.sort_by_expert(ids, e, w)
+            kernels = routing.uses_kernels(ids, e)
+            ran.add("Triton kernels" if kernels else "torch sort")
+            bad += [f"{what} (T={t}, k={k}, E={e}, {str(id_dtype)[6:]} ids)"
+                    for what in _sort_differs(s, ids, e, w, kernels)]
+        what = " and ".join(sorted(ran))
+        return Result(name, not bad, f"bit-exact ({what})" if not bad else f"MISMATCH ({what}): " + "; ".join(bad),
+                      time.perf_counter() - t0)
+    except Exception as exc:  # noqa: BLE001 (reported as the result)
         return Result(name, False, f"{type(exc).__name__}: {exc}", time.perf_counter() - t0)
 
 

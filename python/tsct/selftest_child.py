@@ -6,7 +6,9 @@ Runs the self-test of ``--path`` with ``--fmt`` factors on CUDA device 0 (the pa
 device with ``CUDA_VISIBLE_DEVICES``): ``tsct.selftest.grouped_glu`` (forward and backward against
 float64) for the Triton paths, ``tsct.selftest.sm120_fp4_forward`` for sm120-fp4, and for ``--path native-quant``
 (``tsct.dispatch.NATIVE_QUANT``, the native quantize / decode kernels; ``--fmt`` is ignored: one test covers every
-format) ``tsct.selftest.native_quant``, all of whose comparisons must be bit-exact. Then prints ONE
+format) ``tsct.selftest.native_quant``, all of whose comparisons must be bit-exact, and for ``--path triton-routing``
+(``tsct.dispatch.ROUTING``, ``tsct.ops.sort_by_expert``'s Triton kernels; ``--fmt`` is ignored)
+``tsct.selftest.sort_by_expert``, bit for bit against a stable argsort. Then prints ONE
 line ``TSCT_SELFTEST_VERDICT {json}`` on stdout with ``verdict`` ("pass", "fail" or "not-runnable")
 and ``detail``, and exits 0 (pass), 1 (fail) or 3 (not runnable: no CUDA device, a device other than
 the one expected, or no kernel of the path for its compute capability; ``--force`` runs anyway). A
@@ -39,7 +41,7 @@ def main(argv: Optional[list] = None) -> int:
 
     ap = argparse.ArgumentParser(prog="python -m tsct.selftest_child", description=__doc__.split("\n\n")[0])
     ap.add_argument("--path", choices=[*(p for p in dispatch.PATHS if p not in (dispatch.REFERENCE, dispatch.BMM)),
-                                       dispatch.NATIVE_QUANT], default=dispatch.SM120_FP4)
+                                       dispatch.NATIVE_QUANT, dispatch.ROUTING], default=dispatch.SM120_FP4)
     ap.add_argument("--fmt", choices=SELFTEST_FORMATS, default="nvfp4")
     ap.add_argument("--expect-name", default=None, help="the GPU name the parent sees for this device")
     ap.add_argument("--expect-capability", default=None, help="its compute capability, e.g. 12.0")
@@ -76,6 +78,13 @@ def main(argv: Optional[list] = None) -> int:
         if not native.available() and not args.force:
             return _emit("not-runnable", f"the native library does not load: {native.load_error()}", t0, device=seen)
         r = selftest.all_of("native quantize / decode vs torch", selftest.native_quant(dev))
+    elif args.path == dispatch.ROUTING:
+        from tsct.ops import routing
+
+        ok, why = routing.kernels_status(cap)
+        if not ok and not args.force:
+            return _emit("not-runnable", f"the routing kernels cannot launch here: {why}", t0, device=seen)
+        r = selftest.sort_by_expert(dev)
     else:
         st = dispatch.status(args.path, cap, args.fmt)
         if not st.ok and not args.force:

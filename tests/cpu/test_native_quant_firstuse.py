@@ -19,39 +19,20 @@ import pytest
 import torch
 
 import tsct
+from _fake_child import IDENT, FakeRunner, verdict_line
 from _fake_native import FakeNative
 from tsct import config, dispatch, firstuse, quant, selftest
 from tsct.quant import _backend
 
-IDENT = {"tsct": "0.1.0", "library": "/x/libtsct_kernels.so 123 sha256:ab", "driver": "615.00 (CUDA 12.9)",
-         "gpu": "NVIDIA GeForce RTX 5060 Ti", "capability": "12.0"}
-
-
-def _out(verdict, detail):
-    return firstuse.VERDICT_MARKER + json.dumps({"verdict": verdict, "detail": detail}) + "\n"
-
-
-class FakeRunner:
-    """Stands in for the child: records each start, answers with a fixed result."""
-
-    def __init__(self, returncode=firstuse.EXIT_PASS, stdout=None, stderr="", timed_out=False):
-        stdout = _out("pass", "all 6 passed (bit-exact)") if stdout is None else stdout
-        self.result = firstuse.ChildResult(returncode, stdout, stderr, timed_out, 0.4)
-        self.calls = []
-
-    def __call__(self, argv, env, timeout):
-        self.calls.append((argv, env, timeout))
-        return self.result
-
-
 FAILURES = {
     "fail": (dict(returncode=firstuse.EXIT_FAIL,
-                  stdout=_out("fail", "1 of 6 failed: sign pack+decode native vs torch: MISMATCH")),
+                  stdout=verdict_line("fail", "1 of 6 failed: sign pack+decode native vs torch: MISMATCH")),
              "FAILED: fail: 1 of 6 failed"),
     "crash": (dict(returncode=-11, stdout="", stderr="Fatal Python error: Segmentation fault"),
               "FAILED: crash: self-test child died with SIGSEGV"),
     "timeout": (dict(returncode=None, stdout="", timed_out=True), "FAILED: timeout: self-test child still running"),
-    "not-runnable": (dict(returncode=firstuse.EXIT_NOT_RUNNABLE, stdout=_out("not-runnable", "no kernel image")),
+    "not-runnable": (dict(returncode=firstuse.EXIT_NOT_RUNNABLE,
+                          stdout=verdict_line("not-runnable", "no kernel image")),
                      "FAILED: not-runnable: no kernel image"),
 }
 

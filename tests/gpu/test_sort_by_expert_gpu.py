@@ -78,28 +78,41 @@ def test_large_expert_counts_take_the_torch_path():
     assert all(torch.equal(a, b) for a, b in zip(got[:3], sort_by_expert_torch(ids, 1 << 18)))
 
 
-def test_first_use_self_test_on_an_untested_arch(monkeypatch):
-    """On an arch class without GPU test runs the kernels run only after a self-test against torch passed; a
-    failing self-test warns and keeps torch's sort (simulated by removing this arch from EXECUTED_ON)."""
-    from tsct import dispatch
+def test_first_use_through_a_child_on_an_untested_arch(monkeypatch, tmp_path):
+    """On an arch class the routing kernels never executed on (simulated by removing this one from
+    EXECUTED_ON[ROUTING]) they run only after their self-test passed in a child process: the real child here, then
+    the call, with no self-test in this process. A failing verdict (a stubbed child that crashed) warns once and keeps
+    torch's sort, launching nothing (tests/cpu/test_routing_firstuse.py covers the rest on the CPU)."""
+    from tsct import dispatch, firstuse
     from tsct.kernels.triton_common import route
     from tsct.ops import routing as R
 
-    monkeypatch.setitem(dispatch.EXECUTED_ON, dispatch.TRITON_BF16, frozenset())
-    monkeypatch.setattr(R, "_self_tested", {})
-    ids = torch.randint(0, 64, (4096, 2), device=DEV)
+    monkeypatch.setenv("TSCT_CACHE_DIR", str(tmp_path / "a"))
+    monkeypatch.setitem(dispatch.EXECUTED_ON, dispatch.ROUTING, frozenset())
+    monkeypatch.setattr(dispatch, "_first_use", {})
+    monkeypatch.setattr(R, "_warned", set())
+    firstuse.reset_for_tests()
+    ids = torch.randint(-1, 64, (4096, 2), device=DEV)
     calls = []
     real = route.sort_by_expert
     monkeypatch.setattr(route, "sort_by_expert", lambda *a: calls.append(1) or real(*a))
-    tsct.ops.sort_by_expert(ids, 64)
-    assert list(R._self_tested.values()) == [True] and len(calls) == 2  # the self-test, then the call
-    monkeypatch.setattr(R, "_self_tested", {})
-    monkeypatch.setattr(route, "sort_by_expert", lambda ids, e, w=None: (*sort_by_expert_torch(ids, e)[:2],
-                                                                           ids.new_zeros(ids.numel()), None))
-    with pytest.warns(RuntimeWarning, match="self-test"):
+    try:
         got = tsct.ops.sort_by_expert(ids, 64)
-    assert list(R._self_tested.values()) == [False]
-    assert all(torch.equal(a, b) for a, b in zip(got[:3], sort_by_expert_torch(ids, 64)))
+        st = dispatch.first_use_status(dispatch.ROUTING, torch.cuda.get_device_capability(DEV), "bf16")
+        assert st is not None and st.ok and "passed: pass" in st.reason, st
+        assert len(calls) == 1  # the call itself: the self-test ran in the child
+        assert all(torch.equal(a, b) for a, b in zip(got[:3], sort_by_expert_torch(ids, 64)))
+        firstuse.reset_for_tests()
+        monkeypatch.setenv("TSCT_CACHE_DIR", str(tmp_path / "b"))
+        crash = firstuse.ChildResult(-11, "", "Segmentation fault", False, 0.1)
+        monkeypatch.setattr(firstuse, "run_subprocess", lambda argv, env, t: crash)
+        calls.clear()
+        with pytest.warns(RuntimeWarning, match="SIGSEGV"):
+            got = tsct.ops.sort_by_expert(ids, 64)
+        assert calls == []
+        assert all(torch.equal(a, b) for a, b in zip(got[:3], sort_by_expert_torch(ids, 64)))
+    finally:
+        firstuse.reset_for_tests()
 
 
 def test_graph_replay_gives_the_same_result():

@@ -3,6 +3,14 @@
 One custom op, ``tsct::sort_by_expert`` (so torch.compile(fullgraph=True) sees it), with a fake implementation
 that gives shapes only. On a GPU that the Triton kernels serve it is a stable counting sort in three launches
 (``tsct.kernels.triton_common.route``); elsewhere the same result from torch (``argsort`` and a sync-free count).
+
+First use (decision 0010): the kernels (``route_rank``, ``route_place``; the forward only: the backward of
+``row_weight`` is a torch scatter) have executed on sm90 only (``tsct.dispatch.EXECUTED_ON[ROUTING]``). On any other
+arch class the first call that would launch them asks ``tsct.firstuse.gate`` for the verdict of their self-test
+(``tsct.selftest.sort_by_expert``) in a CHILD process, as the Triton paths and the native quantizers do; this process
+never launches them before the child said "pass". Otherwise torch's sort serves: the same ``order``, ``offs``,
+``token`` and ``row_weight``, bit for bit; only the combine's CSR that ``route_place`` links to ``token`` is absent,
+so a ``grouped_glu`` through that token builds its own (the same bits).
 """
 
 from __future__ import annotations
@@ -15,7 +23,7 @@ from typing import NamedTuple, Optional
 import torch
 from torch import Tensor
 
-from tsct import config
+from tsct import config, dispatch, firstuse
 from tsct.kernels.triton_common import specs as _route_specs
 from tsct.ops import _eager
 
@@ -78,10 +86,12 @@ def sort_by_expert(topk_ids: Tensor, num_experts: int, topk_weights: Optional[Te
 
     On CUDA: three kernel launches (Triton, from the wheel's cubins or JIT) where the Triton kernels serve the
     device and E is not large against M / 512 (``route.fits``), else torch's ``argsort`` and a ``scatter_add``
-    count (the same result). Sync-free and CUDA-graph safe either way, except the first call in a process on
-    an arch our tests have not run the kernels on: it runs a self-test against torch (host reads; warned and
-    the torch path kept if it fails; during a capture that arch takes the torch path untested). A
-    torch.library custom op (``tsct::sort_by_expert``) under torch.compile.
+    count (the same result). Sync-free and CUDA-graph safe either way. On a GPU of an arch class the kernels never
+    executed on (all but sm90: 12.x too) the first call asks for the verdict of their self-test run in a child
+    process (``tsct.firstuse``; seconds, once per GPU and install, cached on disk): the kernels run in this process
+    only after it passed, else torch's sort serves (warned once). During a CUDA graph capture no child starts: until
+    the verdict is known, a captured call takes torch's sort. A torch.library custom op (``tsct::sort_by_expert``)
+    under torch.compile (the verdict is asked when the compiled code first runs the op, not while tracing).
 
     With the kernels, the returned ``token`` tensor also carries the combine's index (each token's rows in sorted
     order, written by the same kernels): a ``grouped_glu`` that scatters through this very tensor with these
@@ -205,46 +215,53 @@ def sort_by_expert_torch(topk_ids: Tensor, num_experts: int) -> tuple[Tensor, Te
     return order, offs, torch.div(order, k, rounding_mode="floor")
 
 
+def kernels_status(capability: tuple[int, int]) -> tuple[bool, str]:
+    """Whether the routing kernels can be launched on a GPU of ``capability`` (the triton-bf16 path's status: AOT
+    cubins, or Triton JIT allowed and importable), and why (not). Says nothing about their first use there
+    (``_first_use_ok``); the self-test child asks it before it runs them."""
+    from tsct.kernels import triton_glu
+    return triton_glu.status(capability, "bf16")
+
+
 @functools.lru_cache(maxsize=None)
 def _serves(capability: tuple[int, int], backend: str) -> bool:
-    from tsct.kernels import triton_glu
-    return triton_glu.status(capability, "bf16")[0]
+    return kernels_status(capability)[0]
 
 
-_self_tested: dict[str, bool] = {}  # arch class -> the kernels agreed with torch in this process
+#: the format a ROUTING verdict is keyed by: the routing kernels have no factors, one self-test covers them
+_VERDICT_FMT = "bf16"
+_warned: set = set()  # the reasons already warned about in this process
 
 
 def _kernels_serve(device: torch.device) -> bool:
     """The Triton kernels run on this device: the triton-bf16 path's status says they can (AOT cubins, or JIT
-    allowed and importable; cached per capability and ``TSCT_TRITON_BACKEND``), and either they have been
-    executed on this arch class by our tests (``dispatch.EXECUTED_ON``) or a first-use self-test against the
-    torch path passed in this process. While a CUDA graph is captured an untested arch takes the torch path
-    (a self-test reads results on the host)."""
-    from tsct import dispatch
+    allowed and importable; cached per capability and ``TSCT_TRITON_BACKEND``), and they may run in this process
+    (``_first_use_ok``: they executed on this arch class, or their self-test passed in a child process)."""
     cap = dispatch.device_capability(device)
     if cap is None or not _serves(tuple(cap), config.triton_backend()):
         return False
-    cls = dispatch.arch_class(tuple(cap))
-    if cls in dispatch.EXECUTED_ON[dispatch.TRITON_BF16]:
+    return _first_use_ok(device, tuple(cap))
+
+
+def _first_use_ok(device: torch.device, cap: tuple[int, int]) -> bool:
+    """Whether the routing kernels may run on CUDA ``device`` (compute capability ``cap``) in this process.
+
+    True without asking where they executed (``dispatch.EXECUTED_ON[dispatch.ROUTING]``: sm90) and inside a
+    self-test child. Elsewhere (12.x included) the first call asks ``firstuse.gate`` for the verdict of their
+    self-test (``tsct.selftest.sort_by_expert``) run in a CHILD process (cached in the process and on disk): this
+    process never launches them before the child said "pass". Any other verdict: False (torch's sort serves, the
+    same result), warned once per reason. While a CUDA graph is being captured no child is started: a verdict not
+    known yet (in the process or on disk, ``firstuse.peek``) makes that call take torch's sort (the graph then
+    replays torch's sort), and the next call outside a capture asks. Raises what torch raises for a bad device."""
+    if not dispatch.needs_first_use(dispatch.ROUTING, cap) or firstuse.in_child():
         return True
-    if cls not in _self_tested:
-        if torch.cuda.is_current_stream_capturing():
-            return False
-        _self_tested[cls] = ok = _self_test(device)
-        if not ok:
-            warnings.warn(f"tsct.ops.sort_by_expert: the first-use self-test of its Triton kernels failed on {cls}; "
-                          "using torch's sort in this process", RuntimeWarning, stacklevel=3)
-    return _self_tested[cls]
-
-
-def _self_test(device: torch.device) -> bool:
-    from tsct.kernels.triton_common import route
-    g = torch.Generator(device=device).manual_seed(0)
-    ids = torch.randint(-1, 37, (3001, 2), generator=g, device=device)
-    w = torch.rand(3001, 2, generator=g, device=device).to(torch.bfloat16)
-    try:
-        *got, rw = route.sort_by_expert(ids, 35, w)
-    except Exception:  # a kernel that does not load or launch here: the torch path
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    if torch.cuda.is_current_stream_capturing() and firstuse.peek(index, dispatch.ROUTING, _VERDICT_FMT) is None:
         return False
-    want = sort_by_expert_torch(ids, 35)
-    return all(torch.equal(a, b) for a, b in zip(got, want)) and torch.equal(rw, w.reshape(-1)[want[0]].float())
+    st = firstuse.gate(dispatch.ROUTING, cap, _VERDICT_FMT, index)
+    if not st.ok and st.reason not in _warned:
+        _warned.add(st.reason)
+        if config.warn_fallbacks:
+            warnings.warn(f"tsct.ops.sort_by_expert: its Triton kernels do not run on this GPU ({st.reason}); "
+                          "torch's sort serves instead (the same result)", RuntimeWarning, stacklevel=2)
+    return st.ok
