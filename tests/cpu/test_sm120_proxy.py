@@ -350,8 +350,9 @@ def test_without_an_index_or_triton_the_source_is_unknown(tmp_path, monkeypatch)
         key, why = sm120_proxy.shipped_source("glu_down_fwd")
         assert key is None and "Triton is not importable" in why
         v = sm120_proxy.verdict("glu_down_fwd", "glu")
-        assert v.startswith("logic run on an H200 proxy (2026-12-04") and v.endswith(f"; unknown whether of this "
-                                                                                    f"source: {why}")
+        newest = sm120_proxy.RUNS[-1]  # the newest run that launched it
+        assert v.startswith(f"logic run on an H200 proxy ({newest['date']}: ") and newest["evidence"] in v
+        assert v.endswith(f"; unknown whether of this source: {why}")
     finally:
         aot._reset_for_tests()
 
