@@ -58,9 +58,10 @@ def _poisoned(fval: float):
     return empty
 
 
-def problem(counts, T=None, k=2, d=32, r=16, f=40, pad=3, gather=True, scales=True, seed=0):
+def problem(counts, T=None, k=2, d=32, r=16, f=40, pad=3, gather=True, scales=True, seed=0, kmajor=False):
     """fp32 inputs with the given rows per expert (sorted by expert), tokens of k rows each when gathering, padding
-    rows with garbage indices and NaN weights; plus the oracle's routing (the expert of each row)."""
+    rows with garbage indices and NaN weights; plus the oracle's routing (the expert of each row). ``kmajor``: w_down
+    K-major (an ``[E, f, r]`` tensor's transpose: the WD_T variants)."""
     g = torch.Generator().manual_seed(seed)
     counts = torch.as_tensor(counts)
     E, valid = counts.numel(), int(counts.sum())
@@ -71,7 +72,7 @@ def problem(counts, T=None, k=2, d=32, r=16, f=40, pad=3, gather=True, scales=Tr
     x = torch.randn(T if gather else m, d, generator=g)
     wg = torch.randn(E, d, r, generator=g) / d ** 0.5
     wu = torch.randn(E, d, r, generator=g) / d ** 0.5
-    wd = torch.randn(E, r, f, generator=g) / r ** 0.5
+    wd = (torch.randn(E, f, r, generator=g).transpose(1, 2) if kmajor else torch.randn(E, r, f, generator=g)) / r ** 0.5
     sg = 1 + 0.1 * torch.randn(E, r, generator=g) if scales else None
     su = 1 + 0.1 * torch.randn(E, r, generator=g) if scales else None
     rw = torch.cat([torch.rand(valid, generator=g), torch.full((pad,), float("nan"))])
@@ -136,7 +137,9 @@ ORACLE = {
     "oracle_hot_ch64": (HOT, {}, G, None, 64, None),
     "oracle_hot_ch128_bsearch": (HOT, {}, G, None, 128, 4),
     "oracle_hot_ch512": (HOT, {}, G, None, 512, None),
-    "oracle_hot_ch64_regcap": (HOT, {}, G, None, 64, None, 80),   # the register cap reaches the compile options
+    # the register cap reaches the compile options: K-major w_down only (SharedTiles.dwd_maxnreg), row-major none
+    "oracle_hot_ch64_regcap": (HOT, dict(kmajor=True), G, None, 64, None, 80),
+    "oracle_hot_ch64_regcap_rowmajor": (HOT, {}, G, None, 64, None, 80),
     "oracle_many_empty_nogather": (MANY_EMPTY, dict(gather=False, scales=False), G, None, 64, 8),
     "oracle_hot_r80": (HOT, dict(r=80, d=48, f=21), G, None, 64, None),
     "oracle_lowbit_nvfp4_ch64": (HOT, {}, L, ("nvfp4",) * 3, 64, None),
@@ -157,7 +160,23 @@ def check_oracle(name) -> tuple[bool, str]:
     go = torch.randn(n_out if n_out is not None else args[0].shape[0], ref_args[4].shape[2],
                      generator=torch.Generator().manual_seed(7))
     want = oracle_grads(ref_args, eor, go)
-    got = run_backward(fam, args, go, ch, block_e, regs=regs[0] if regs else None)
+    caps = []
+    real_launch = C.FAMILY.launch
+
+    def spy(kernel, *a):  # the register cap glu_bwd_dwd is launched with
+        if kernel == "glu_bwd_dwd":
+            caps.append(a[-1] if len(a) == 9 else 0)
+        return real_launch(kernel, *a)
+
+    C.FAMILY.launch = spy
+    try:
+        got = run_backward(fam, args, go, ch, block_e, regs=regs[0] if regs else None)
+    finally:
+        del C.FAMILY.launch
+    if regs:
+        want_cap = regs[0] if kw.get("kmajor") else 0
+        if not caps or set(caps) != {want_cap}:
+            return False, f"glu_bwd_dwd launched with register caps {sorted(set(caps))}, want {want_cap}"
     errs = {}
     for n, a, b in zip(NAMES, got, want):
         if (a is None) != (b is None):

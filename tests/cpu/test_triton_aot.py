@@ -22,6 +22,7 @@ import glob
 import hashlib
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -512,6 +513,7 @@ def test_every_glu_launch_is_in_the_table(cap, monkeypatch):
     launched, missing = _dry_run_against_tables(monkeypatch, cap, (specs,))
     monkeypatch.setitem(C.ARCH_CONFIGS, arch, C.ARCH_CONFIGS[arch].update("chunk_bwd=64"))
     g = torch.Generator().manual_seed(1)
+    dwd_keys = []
     for (name, T, k, E, d, r, f, gather, scatter, s_dt, rw_dt, idx_dt, dt) in _CASES:
         m = T * k
         counts = torch.zeros(E, dtype=torch.int64)
@@ -536,7 +538,14 @@ def test_every_glu_launch_is_in_the_table(cap, monkeypatch):
             names = {kk.split("|")[0] for kk in launched}
             want = {"bwd_maps", "glu_bwd_dz", "glu_bwd_dwd", "glu_bwd_epi", "glu_bwd_dx_dw", "glu_bwd_dw"}
             assert names >= want | ({"bwd_slot_reduce"} if m > 64 else set()), (name, names)
+            # the register cap of the arch's table on the K-major glu_bwd_dwd only (SharedTiles.dwd_maxnreg)
+            dwd_keys += [kk for kk in launched if kk.startswith("glu_bwd_dwd|")]
     assert not missing, f"{len(missing)} launches have no variant in the {arch} table, e.g. {missing[:3]}"
+    # the arch's register cap on the K-major glu_bwd_dwd only (SharedTiles.dwd_maxnreg: sm_90a's 80), both launched
+    regs = C.ARCH_CONFIGS[arch].shared.regs_dwd
+    caps = {(("WD_T=1" in kk), int(re.fullmatch(r"w\d+s\d+(?:r(\d+))?", kk.split("|")[-2]).group(1) or 0))
+            for kk in dwd_keys}
+    assert caps == {(True, regs), (False, 0)}, caps
 
 
 @pytest.mark.parametrize("cap", [(9, 0), (12, 0)], ids=lambda c: f"sm{c[0]}{c[1]}")
