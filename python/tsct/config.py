@@ -149,6 +149,8 @@ cuda_kernels: str = os.environ.get("TSCT_CUDA_KERNELS", "auto")
 
 ENV_SELFTEST_CHILD = "TSCT_SELFTEST_CHILD"
 DEFAULT_SELFTEST_TIMEOUT_S = 300.0
+#: the longest wait on a self-test child (a week): subprocess's poll takes milliseconds in a C int (24 days at most)
+MAX_SELFTEST_TIMEOUT_S = 7 * 24 * 3600.0
 
 
 def triton_backend() -> str:
@@ -170,13 +172,14 @@ def sm120_fp4() -> Optional[str]:
 
 def selftest_timeout() -> float:
     """``TSCT_SELFTEST_TIMEOUT`` (seconds, > 0), else ``DEFAULT_SELFTEST_TIMEOUT_S`` (also for a value that is
-    not a positive number)."""
+    not a positive number). At most ``MAX_SELFTEST_TIMEOUT_S`` ("inf" and larger values mean that): the wait on the
+    child takes no longer timeout (an OverflowError from the poll otherwise)."""
     raw = os.environ.get("TSCT_SELFTEST_TIMEOUT", "").strip()
     try:
         v = float(raw) if raw else DEFAULT_SELFTEST_TIMEOUT_S
     except ValueError:
         v = DEFAULT_SELFTEST_TIMEOUT_S
-    return v if v > 0 else DEFAULT_SELFTEST_TIMEOUT_S
+    return min(v, MAX_SELFTEST_TIMEOUT_S) if v > 0 else DEFAULT_SELFTEST_TIMEOUT_S
 
 
 def in_selftest_child() -> bool:

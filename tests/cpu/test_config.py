@@ -108,7 +108,8 @@ def test_call_time_settings_follow_the_environment(monkeypatch, tmp_path):
     assert config.triton_backend() == "auto"
     monkeypatch.setenv("TSCT_TRITON_BACKEND", " JIT ")
     assert config.triton_backend() == "jit"
-    for raw, want in (("", 300.0), ("7.5", 7.5), ("-1", 300.0), ("soon", 300.0)):
+    for raw, want in (("", 300.0), ("7.5", 7.5), ("-1", 300.0), ("soon", 300.0), ("nan", 300.0),
+                      ("inf", config.MAX_SELFTEST_TIMEOUT_S), ("1e12", config.MAX_SELFTEST_TIMEOUT_S)):
         monkeypatch.setenv("TSCT_SELFTEST_TIMEOUT", raw)
         assert config.selftest_timeout() == want
     monkeypatch.setenv("TSCT_AOT_DIR", str(tmp_path))

@@ -352,6 +352,16 @@ def test_real_child_timeout_is_killed():
     assert not v.ok and v.outcome == "timeout" and v.seconds < 30
 
 
+@pytest.mark.parametrize("raw", ["inf", "1e7"])
+def test_a_timeout_past_what_the_wait_takes_runs_the_child(monkeypatch, raw):
+    """"No limit" spelled as inf or a huge number of seconds: the child runs and its verdict comes back (the wait on
+    it used to raise OverflowError into the op that asked)."""
+    monkeypatch.setenv(firstuse.ENV_TIMEOUT, raw)
+    line = firstuse.VERDICT_MARKER + json.dumps({"verdict": "pass", "detail": "ok"})
+    v = firstuse.verdict(0, "sm120-fp4", "sign", ident=IDENT, runner=_with_argv([sys.executable, "-c", f"print({line!r})"]))
+    assert v.ok and v.outcome == "pass", v
+
+
 def test_real_child_module_without_a_gpu_says_not_runnable(monkeypatch):
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")  # the child sees no device even on a GPU machine
     v = firstuse.verdict(0, "sm120-fp4", "nvfp4", ident=IDENT, timeout=240)  # the real runner and the real child command
