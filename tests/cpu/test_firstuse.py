@@ -266,6 +266,20 @@ def test_auto_takes_sm120_when_the_child_passes(sm120_here, monkeypatch):
     assert key == (dispatch.SM120_FP4, "sm120", "nvfp4") and st.ok and "passed" in st.reason
 
 
+def test_the_verdict_is_asked_of_the_tensors_device_not_the_current_one(sm120_here, monkeypatch):
+    """x on cuda:1 while device 0 is current (another GPU, maybe of another model): the child is pinned to GPU 1, and
+    the verdict is device 1's, for the op's selection and for a backward that reads another path's verdict."""
+    run = FakeRunner()
+    monkeypatch.setattr(firstuse, "run_subprocess", run)
+    assert _select.select("auto", (12, 0), "nvfp4", "nvfp4", "bf16", 1) == dispatch.SM120_FP4
+    assert [env["CUDA_VISIBLE_DEVICES"] for _, env, _ in run.calls] == ["1"]
+    monkeypatch.setattr(dispatch, "device_capability", lambda device: (12, 0))
+    monkeypatch.setattr(dispatch, "status", lambda *a, **k: dispatch.Status(True, ""))
+    _select.before_backward(dispatch.SM120_FP4, torch.device("cuda", 1))
+    assert [env["CUDA_VISIBLE_DEVICES"] for _, env, _ in run.calls] == ["1", "1"]
+    assert {i for i, _, _ in firstuse._memo} == {1}
+
+
 def test_crashing_child_disables_with_counted_warning(sm120_here, monkeypatch):
     run = FakeRunner(returncode=-11, stdout="", stderr="")
     monkeypatch.setattr(firstuse, "run_subprocess", run)

@@ -560,7 +560,7 @@ def test_first_use_selftest_launches_only_compiled_variants(cap, monkeypatch):
     arch = aot.artifact_arch(cap)
     launched, missing = _dry_run_against_tables(monkeypatch, cap, (specs, lowbit_specs))
     real_empty = torch.empty
-    monkeypatch.setattr(_select, "select", lambda impl, cap_, fmt, activations="bf16", x_dtype="bf16": impl)
+    monkeypatch.setattr(_select, "select", lambda impl, cap_, fmt, *a, **k: impl)
     monkeypatch.setattr(selftest, "_TOL", {torch.bfloat16: float("inf")})  # nothing computes: reach the backward
     monkeypatch.setattr(torch, "empty", lambda *a, **k: real_empty(*a, **k).zero_())
     for path, fmt in (("triton-bf16", "bf16"), ("triton-lowbit", "nvfp4"), ("triton-lowbit", "sign"),

@@ -16,24 +16,27 @@ import torch
 from tsct import dispatch, firstuse
 
 
-def first_use(path: str, capability: tuple[int, int], fmt: str) -> dispatch.Status:
-    """The first-use verdict of ``path`` on the current CUDA device as a dispatch status (``tsct.firstuse.gate``: run
-    in a child process now, or cached in the process / on disk, or set by the environment), recorded in
-    ``dispatch.first_use_results()``. No child for a path that executed on this arch class, nor inside a child."""
-    return firstuse.gate(path, capability, fmt)
+def first_use(path: str, capability: tuple[int, int], fmt: str,
+              device_index: Optional[int] = None) -> dispatch.Status:
+    """The first-use verdict of ``path`` on CUDA device ``device_index`` (None: the current device) as a dispatch
+    status (``tsct.firstuse.gate``: run in a child process now, or cached in the process / on disk, or set by the
+    environment), recorded in ``dispatch.first_use_results()``. No child for a path that executed on this arch class,
+    nor inside a child."""
+    return firstuse.gate(path, capability, fmt, device_index)
 
 
 @torch.compiler.assume_constant_result
 def select(impl: str, capability: Optional[tuple[int, int]], fmt: str, activations: str = "bf16",
-           x_dtype: str = "bf16") -> str:
+           x_dtype: str = "bf16", device_index: Optional[int] = None) -> str:
     """``dispatch.select`` for one call (``x_dtype``: x's dtype, ``dispatch.DTYPE_NAMES``), with the first-use verdict
-    of each path it returns that needs one: the path to run. Counts (and warns once) when auto falls back; raises
-    what ``dispatch.select`` raises (a forced path that cannot run, or whose self-test failed: RuntimeError). Under
-    torch.compile this runs once at trace time (``assume_constant_result``)."""
+    of each path it returns that needs one: the path to run. ``capability`` is that of CUDA device ``device_index``
+    (x's device; None: the current device), whose verdict is asked for. Counts (and warns once) when auto falls back;
+    raises what ``dispatch.select`` raises (a forced path that cannot run, or whose self-test failed: RuntimeError).
+    Under torch.compile this runs once at trace time (``assume_constant_result``)."""
     verdicts: dict[str, dispatch.Status] = {}
     path = dispatch.select(impl, capability, fmt, activations, x_dtype=x_dtype, first_use=verdicts)
     while dispatch.needs_first_use(path, capability) and path not in verdicts:
-        verdicts[path] = first_use(path, capability, fmt)
+        verdicts[path] = first_use(path, capability, fmt, device_index)
         path = dispatch.select(impl, capability, fmt, activations, x_dtype=x_dtype, first_use=verdicts)
     return path
 
@@ -47,4 +50,4 @@ def before_backward(impl_key: str, device: torch.device) -> None:
     path, fmt = via
     cap = dispatch.device_capability(device)
     if dispatch.status(path, cap, fmt).ok:
-        first_use(path, cap, fmt)
+        first_use(path, cap, fmt, device.index)

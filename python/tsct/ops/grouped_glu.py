@@ -138,7 +138,7 @@ def grouped_glu(
         raise ValueError(f"grouped_glu: activations='nvfp4' quantizes rows in blocks of 16 along K: d = {d} and "
                          f"r = {r} must be multiples of 16")
     x_dtype = dispatch.DTYPE_NAMES[x.dtype]  # validate() allowed only these
-    path = _select.select(impl, dispatch.device_capability(x.device), fmt, activations, x_dtype)
+    path = _select.select(impl, dispatch.device_capability(x.device), fmt, activations, x_dtype, x.device.index)
     static = path == dispatch.BMM and _static_shapes_needed(x)
     # an eager bmm call reads its layout plan on the host anyway: the values are checked in that one read
     check_index_values(offs, m, gather_idx, x.shape[0], scatter_idx, num_out_rows,
