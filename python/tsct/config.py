@@ -81,8 +81,8 @@ VARIABLES: tuple[Variable, ...] = (
     Variable("TSCT_SELFTEST_TIMEOUT", "seconds", "300", "how long a first-use self-test child may run"),
     Variable("TSCT_CACHE_DIR", "directory", "`$XDG_CACHE_HOME/tsct` or `~/.cache/tsct`", "where the first-use "
              "verdicts are cached (`selftest.json`)"),
-    Variable("TSCT_SELFTEST_CHILD", "1", "(unset)", "set by tsct in a first-use self-test child: it runs the path "
-             "under test without asking again (not a user setting)"),
+    Variable("TSCT_SELFTEST_CHILD", "path", "(unset)", "set by tsct in a first-use self-test child: it runs the path "
+             "under test without asking again, and no other gated kernel family (not a user setting)"),
     Variable("TSCT_NATIVE_LIB", "file or directory", "the installed `tsct/_lib`", "load this native library "
              "instead of the installed one"),
     Variable("TSCT_AOT_DIR", "directory", "the installed `tsct/_aot`", "load the Triton cubins from this directory"),
@@ -182,9 +182,16 @@ def selftest_timeout() -> float:
     return min(v, MAX_SELFTEST_TIMEOUT_S) if v > 0 else DEFAULT_SELFTEST_TIMEOUT_S
 
 
+def selftest_child_path() -> Optional[str]:
+    """Inside a first-use self-test child, the path it tests (``tsct.firstuse`` sets ``TSCT_SELFTEST_CHILD`` to it in
+    the child's environment; "1": a child that does not name it); None outside one (unset, empty or "0")."""
+    v = os.environ.get(ENV_SELFTEST_CHILD, "").strip()
+    return v if v not in ("", "0") else None
+
+
 def in_selftest_child() -> bool:
-    """True inside a first-use self-test child (``tsct.firstuse`` sets ``TSCT_SELFTEST_CHILD=1`` in its environment)."""
-    return os.environ.get(ENV_SELFTEST_CHILD) == "1"
+    """True inside a first-use self-test child (``selftest_child_path``)."""
+    return selftest_child_path() is not None
 
 
 def cache_dir() -> Path:

@@ -127,9 +127,11 @@ def env_mode(path: str = "sm120-fp4") -> tuple[str, str]:
     return sm120_fp4.env_mode()
 
 
-def in_child() -> bool:
-    """True inside a self-test child (it runs the path under test directly)."""
-    return config.in_selftest_child()
+def in_child(path: Optional[str] = None) -> bool:
+    """True inside a self-test child (it runs the path under test directly); with ``path``, only inside the child that
+    tests ``path`` (or one that does not name its path: ``TSCT_SELFTEST_CHILD=1``)."""
+    child = config.selftest_child_path()
+    return child is not None and (path is None or child in ("1", path))
 
 
 # ---- where the verdicts live ----------------------------------------------------------------------
@@ -447,7 +449,7 @@ def _verdict_locked(device_index: int, path: str, fmt: str, runner: Optional[Run
         return cached
     key = cache_key(ident, path, fmt)
     t = timeout if timeout is not None else timeout_s()
-    env = dict(os.environ, CUDA_VISIBLE_DEVICES=child_visible_devices(device_index), **{ENV_IN_CHILD: "1"})
+    env = dict(os.environ, CUDA_VISIBLE_DEVICES=child_visible_devices(device_index), **{ENV_IN_CHILD: path})
     try:
         res = (runner or run_subprocess)(child_command(path, fmt, ident), env, t)
     except (OSError, ValueError, subprocess.SubprocessError) as exc:  # no child at all: this process only
@@ -480,15 +482,20 @@ def gate(path: str, capability: Optional[tuple[int, int]], fmt: str,
     factors, as a ``dispatch.Status``, recorded in ``dispatch.first_use_results()``.
 
     ``Status(True, "")`` without asking anything where the path executed on this arch class
-    (``dispatch.needs_first_use``: also for ``capability`` None, the CPU) and inside a self-test child (the path
-    under test runs directly: no recursion). Otherwise the verdict (``verdict``: run in a child process now, or
-    cached in the process / on disk, or set by the environment): ok only for "pass" or "forced"; the reason
+    (``dispatch.needs_first_use``: also for ``capability`` None, the CPU) and inside the self-test child of ``path``
+    (the path under test runs directly: no recursion). Inside the child of another path nothing is asked either, and
+    the status is not ok: a kernel family that child does not test (the native quantizers under a Triton path's
+    self-test) does not run there, so that its fault is never taken for the tested path's. Otherwise the verdict
+    (``verdict``: run in a child process now, or cached in the process / on disk, or set by the environment): ok only for "pass" or "forced"; the reason
     ("first-use self-test on sm120 FAILED: crash: self-test child died with SIGSEGV ...") names the outcome and
     never where the verdict came from, so a fallback counter keyed by it does not change once it is cached.
     Raises only what ``verdict`` raises for bad arguments (a ValueError) and what torch raises for a bad index.
     """
-    if not dispatch.needs_first_use(path, capability) or in_child():
+    if not dispatch.needs_first_use(path, capability) or in_child(path):
         return dispatch.Status(True, "")
+    if in_child():
+        return dispatch.Status(False, f"not asked inside the self-test child of {config.selftest_child_path()} "
+                                      f"(it tests that path only)")
     cls = dispatch.arch_class(capability)
     if device_index is None:
         import torch

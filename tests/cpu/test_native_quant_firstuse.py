@@ -126,7 +126,7 @@ def test_pass_runs_the_native_kernels_after_one_child(gpu, as_cuda):
     assert len(run.calls) == 1  # one child for every quantizer and decoder
     argv, env, _ = run.calls[0]
     assert argv[argv.index("--path") + 1] == "native-quant" and argv[argv.index("--expect-capability") + 1] == "12.0"
-    assert env[firstuse.ENV_IN_CHILD] == "1" and env["CUDA_VISIBLE_DEVICES"] == "0"
+    assert env[firstuse.ENV_IN_CHILD] == argv[argv.index("--path") + 1] and env["CUDA_VISIBLE_DEVICES"] == "0"
     assert quant.native_fallback_counts() == {}
     (key, st), = dispatch.first_use_results().items()
     assert key == (dispatch.NATIVE_QUANT, "sm120", "bf16") and st.ok and "passed: pass" in st.reason
@@ -195,6 +195,25 @@ def test_inside_the_child_nothing_is_asked(gpu, as_cuda, monkeypatch):
     n = len(gpu.native.calls)
     quant.quantize_sign(_w())
     assert len(gpu.native.calls) == n + 1 and run.calls == [] and dispatch.first_use_results() == {}
+
+
+def test_inside_another_paths_child_the_native_kernels_do_not_run(gpu, as_cuda, monkeypatch):
+    """A Triton path's self-test child quantizes its factors with tsct.quant: there the native kernels (tested by a
+    child of their own) do not run, so a fault of theirs is never cached as that path's crash; auto serves the same
+    bytes with torch, no child starts, and an explicit backend="native" raises."""
+    run = gpu.child(FakeRunner(returncode=-11, stdout=""))
+    monkeypatch.setenv(firstuse.ENV_IN_CHILD, dispatch.TRITON_LOWBIT)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        q = quant.quantize_nvfp4(_w())
+    assert torch.equal(q.codes, quant.quantize_nvfp4(_w(), backend="torch").codes)
+    assert gpu.native.calls == [] and run.calls == []
+    with pytest.raises(RuntimeError, match="self-test child of triton-lowbit"):
+        quant.quantize_sign(_w(), backend="native")
+    monkeypatch.setenv(firstuse.ENV_IN_CHILD, dispatch.NATIVE_QUANT)  # its own child: they run
+    quant.quantize_sign(_w())
+    assert [c[0] for c in gpu.native.calls] == ["sign_pack"], gpu.native.calls
+    assert run.calls == []
 
 
 def test_the_verdict_is_cached_in_the_process_and_on_disk(gpu, as_cuda):

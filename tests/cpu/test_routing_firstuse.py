@@ -148,7 +148,7 @@ def test_pass_launches_the_kernels_after_one_child(gpu):
     assert len(run.calls) == 1  # one child, then the verdict from this process's cache
     argv, env, _ = run.calls[0]
     assert argv[argv.index("--path") + 1] == "triton-routing" and argv[argv.index("--expect-capability") + 1] == "12.0"
-    assert env[firstuse.ENV_IN_CHILD] == "1" and env["CUDA_VISIBLE_DEVICES"] == "0"
+    assert env[firstuse.ENV_IN_CHILD] == argv[argv.index("--path") + 1] and env["CUDA_VISIBLE_DEVICES"] == "0"
     (key, st), = dispatch.first_use_results().items()
     assert key == (dispatch.ROUTING, "sm120", "bf16") and st.ok
     assert "passed: pass: bit-exact (Triton kernels)" in st.reason
@@ -223,6 +223,18 @@ def test_inside_the_child_nothing_is_asked(gpu, monkeypatch):
                         ("route_place", torch.bfloat16), ("route_place", torch.float16),
                         ("route_place", torch.float32)}
     assert run.calls == [] and dispatch.first_use_results() == {}
+
+
+def test_inside_another_paths_child_the_kernels_do_not_run(gpu, monkeypatch):
+    """Inside a Triton path's self-test child the routing kernels (tested by a child of their own) do not launch:
+    torch's sort serves, no child starts."""
+    run = gpu.child(FakeRunner(returncode=-11, stdout=""))
+    monkeypatch.setenv(firstuse.ENV_IN_CHILD, dispatch.TRITON_BF16)
+    ids, e, w = _ids()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        _same(sort_by_expert(ids, e, w), _reference(ids, e, w))
+    assert run.calls == [] and gpu.launch.calls == []
 
 
 def test_the_self_test_sees_a_wrong_kernel(gpu, monkeypatch):

@@ -253,8 +253,10 @@ def _first_use_ok(device: torch.device, cap: tuple[int, int]) -> bool:
     same result), warned once per reason. While a CUDA graph is being captured no child is started: a verdict not
     known yet (in the process or on disk, ``firstuse.peek``) makes that call take torch's sort (the graph then
     replays torch's sort), and the next call outside a capture asks. Raises what torch raises for a bad device."""
-    if not dispatch.needs_first_use(dispatch.ROUTING, cap) or firstuse.in_child():
+    if not dispatch.needs_first_use(dispatch.ROUTING, cap) or firstuse.in_child(dispatch.ROUTING):
         return True
+    if firstuse.in_child():  # another path's child: the gate says no without asking
+        return firstuse.gate(dispatch.ROUTING, cap, _VERDICT_FMT, device.index).ok
     index = device.index if device.index is not None else torch.cuda.current_device()
     if torch.cuda.is_current_stream_capturing() and firstuse.peek(index, dispatch.ROUTING, _VERDICT_FMT) is None:
         return False

@@ -13,7 +13,8 @@ quantizer and decoder bit for bit against torch) in a CHILD process, cached in t
 process never runs them before the child said "pass". Any other verdict (fail, crash, timeout, not-runnable):
 ``auto`` serves the call with torch (the same bytes; counted and warned under the verdict's reason) and
 ``backend="native"`` raises RuntimeError with it, as a forced ``impl=`` of a path does. Inside a self-test child
-nothing is asked (no recursion).
+nothing is asked (no recursion): the native-quant child runs them, another path's child takes the torch backend (a
+fault of theirs must not be cached as that path's crash).
 
 ``tsct.native`` is imported lazily, inside the call: importing ``tsct.quant`` loads no library.
 """
@@ -62,7 +63,7 @@ def _native_status(device: torch.device) -> tuple[bool, str]:
 
 def first_use(device: torch.device) -> tuple[bool, str]:
     """Whether the native kernels may run on CUDA ``device`` in this process: (True, "") where they executed
-    (``dispatch.EXECUTED_ON[dispatch.NATIVE_QUANT]``) or inside a self-test child, else the first-use verdict of
+    (``dispatch.EXECUTED_ON[dispatch.NATIVE_QUANT]``) or inside their own self-test child, else the first-use verdict of
     their self-test (``tsct.firstuse.gate``; a child process the first time per GPU and install) and its reason.
     Call it only once the library loads (``_native_status``): the child tests the library this process would use.
     Raises what torch raises for a bad device index."""
