@@ -75,7 +75,7 @@ class _DecodingPath:
 
 def _run_q(p, direct, monkeypatch):
     monkeypatch.setattr(_eager, "direct_ok", lambda *a: direct)
-    monkeypatch.setattr(_select, "select", lambda impl, cap, fmt, activations="bf16", x_dtype="bf16":
+    monkeypatch.setattr(_select, "select", lambda impl, cap, fmt, activations="bf16", x_dtype="bf16", device_index=None:
                         dispatch.TRITON_LOWBIT)
     monkeypatch.setattr(dispatch, "implementation", lambda path: _DecodingPath)
     master = p["w_gate"].detach().clone().requires_grad_()
@@ -132,7 +132,7 @@ def test_direct_inference_runs_the_plain_forward(monkeypatch):
 def test_quantized_direct_inference_runs_the_plain_forward(monkeypatch):
     p = make_problem(tokens=16, topk=2, experts=4, d=32, r=16, f=24, gather=True, dtype=torch.float32, seed=11)
     monkeypatch.setattr(_eager, "direct_ok", lambda *a: True)
-    monkeypatch.setattr(_select, "select", lambda impl, cap, fmt, activations="bf16", x_dtype="bf16":
+    monkeypatch.setattr(_select, "select", lambda impl, cap, fmt, activations="bf16", x_dtype="bf16", device_index=None:
                         dispatch.TRITON_LOWBIT)
     monkeypatch.setattr(dispatch, "implementation", lambda path: _DecodingPath)
     seen = []
@@ -175,7 +175,7 @@ def test_quantized_direct_forward_refuses_double_backward_by_name(monkeypatch):
     create_graph) hands the op its bytes and still gets the named double-backward error."""
     p = make_problem(tokens=16, topk=2, experts=4, d=32, r=16, f=24, gather=True, dtype=torch.float32, seed=13)
     monkeypatch.setattr(_eager, "direct_ok", lambda *a: True)
-    monkeypatch.setattr(_select, "select", lambda impl, cap, fmt, activations="bf16", x_dtype="bf16":
+    monkeypatch.setattr(_select, "select", lambda impl, cap, fmt, activations="bf16", x_dtype="bf16", device_index=None:
                         dispatch.TRITON_LOWBIT)
     monkeypatch.setattr(dispatch, "implementation", lambda path: _DecodingPath)
     wq = quant.quantize_nvfp4(p["w_gate"], backend="torch")
@@ -197,7 +197,7 @@ def test_a_container_changed_after_construction_is_refused_on_both_routes(direct
     the custom op (which checks again) or not (which rebuilds the containers without their checks)."""
     p = make_problem(tokens=16, topk=2, experts=3, d=32, r=16, f=24, gather=True, dtype=torch.float32, seed=7)
     monkeypatch.setattr(_eager, "direct_ok", lambda *a: direct)
-    monkeypatch.setattr(_select, "select", lambda impl, cap, fmt, activations="bf16", x_dtype="bf16":
+    monkeypatch.setattr(_select, "select", lambda impl, cap, fmt, activations="bf16", x_dtype="bf16", device_index=None:
                         dispatch.TRITON_LOWBIT)
     monkeypatch.setattr(dispatch, "implementation", lambda path: _DecodingPath)
     w = quant.quantize(p["w_gate"], "fp8", backend="torch")
