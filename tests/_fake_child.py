@@ -30,3 +30,17 @@ class FakeRunner:
     def __call__(self, argv, env, timeout):
         self.calls.append((argv, env, timeout))
         return self.result
+
+
+def failures(fail: tuple[str, str], not_runnable: tuple[str, str]) -> dict:
+    """{outcome: (FakeRunner kwargs, the words the status reason must hold)} for each failing verdict of a child:
+    "fail" and "not-runnable" with the family's own (child detail, expected words); "crash" and "timeout" alike for
+    every family."""
+    return {
+        "fail": (dict(returncode=firstuse.EXIT_FAIL, stdout=verdict_line("fail", fail[0])), fail[1]),
+        "crash": (dict(returncode=-11, stdout="", stderr="Fatal Python error: Segmentation fault"),
+                  "FAILED: crash: self-test child died with SIGSEGV"),
+        "timeout": (dict(returncode=None, stdout="", timed_out=True), "FAILED: timeout: self-test child still running"),
+        "not-runnable": (dict(returncode=firstuse.EXIT_NOT_RUNNABLE,
+                              stdout=verdict_line("not-runnable", not_runnable[0])), not_runnable[1]),
+    }

@@ -69,6 +69,9 @@ CHILD_MODULE = "tsct.selftest_child"
 ENV_IN_CHILD = config.ENV_SELFTEST_CHILD
 #: the child prints exactly one line starting with this, followed by the verdict as JSON
 VERDICT_MARKER = "TSCT_SELFTEST_VERDICT "
+#: the format the verdict of a kernel family whose self-test covers every format is keyed by (dispatch.NATIVE_QUANT,
+#: dispatch.ROUTING)
+FAMILY_FMT = "bf16"
 #: child exit statuses (selftest_child.py)
 EXIT_PASS, EXIT_FAIL, EXIT_NOT_RUNNABLE = 0, 1, 3
 
@@ -486,7 +489,8 @@ def gate(path: str, capability: Optional[tuple[int, int]], fmt: str,
     (the path under test runs directly: no recursion). Inside the child of another path nothing is asked either, and
     the status is not ok: a kernel family that child does not test (the native quantizers under a Triton path's
     self-test) does not run there, so that its fault is never taken for the tested path's. Otherwise the verdict
-    (``verdict``: run in a child process now, or cached in the process / on disk, or set by the environment): ok only for "pass" or "forced"; the reason
+    (``verdict``: run in a child process now, or cached in the process / on disk, or set by the environment): ok
+    only for "pass" or "forced"; the reason
     ("first-use self-test on sm120 FAILED: crash: self-test child died with SIGSEGV ...") names the outcome and
     never where the verdict came from, so a fallback counter keyed by it does not change once it is cached.
     Raises only what ``verdict`` raises for bad arguments (a ValueError) and what torch raises for a bad index.

@@ -135,18 +135,15 @@ def collect(selftests: bool = True, verify_artifacts: bool = False) -> dict[str,
                         continue
                     elif dev.type == "cuda" and dispatch.arch_class(cap) not in dispatch.EXECUTED_ON[path]:
                         # never executed on this GPU: the self-test runs in a child process, as on first use
-                        v = firstuse.verdict(dev.index or 0, path, fmt)
-                        tests.append({"device": str(dev), "name": f"grouped_glu[{path}, {fmt} factors] (child process)",
-                                      "ok": v.ok, "detail": v.describe(), "seconds": v.seconds})
+                        tests.append(_child_row(dev, path, fmt, f"grouped_glu[{path}, {fmt} factors]"))
                     else:
                         r = selftest.grouped_glu(path, dev, dtype, fmt, backward=True)
                         tests.append({"device": str(dev), **r.__dict__})
             tests.append(_sort_by_expert_selftest(dev, cap))
             if dev.type == "cuda" and native.available():
                 if dispatch.needs_first_use(dispatch.NATIVE_QUANT, cap):  # never ran here: a child, as on first use
-                    v = firstuse.verdict(dev.index or 0, dispatch.NATIVE_QUANT, "bf16")
-                    tests.append({"device": str(dev), "name": "native quantize / decode vs torch (child process)",
-                                  "ok": v.ok, "detail": v.describe(), "seconds": v.seconds})
+                    tests.append(_child_row(dev, dispatch.NATIVE_QUANT, firstuse.FAMILY_FMT,
+                                            "native quantize / decode vs torch"))
                 else:
                     tests += [{"device": str(dev), **r.__dict__} for r in selftest.native_quant(dev)]
     report["selftests"] = tests
@@ -162,10 +159,17 @@ def _sort_by_expert_selftest(dev: torch.device, cap: Optional[tuple[int, int]]) 
     from tsct.ops import routing
 
     if dev.type == "cuda" and dispatch.needs_first_use(dispatch.ROUTING, cap) and routing.kernels_status(cap)[0]:
-        v = firstuse.verdict(dev.index or 0, dispatch.ROUTING, "bf16")
-        return {"device": str(dev), "name": "sort_by_expert's Triton kernels vs stable argsort (child process)",
-                "ok": v.ok, "detail": v.describe(), "seconds": v.seconds}
+        return _child_row(dev, dispatch.ROUTING, firstuse.FAMILY_FMT,
+                          "sort_by_expert's Triton kernels vs stable argsort")
     return {"device": str(dev), **selftest.sort_by_expert(dev).__dict__}
+
+
+def _child_row(dev: torch.device, path: str, fmt: str, name: str) -> dict[str, Any]:
+    """The self-test row of ``path`` with ``fmt`` factors on ``dev``, a GPU it never executed on: the verdict of its
+    self-test in a child process, as on first use (``firstuse.verdict``: run now, or cached)."""
+    v = firstuse.verdict(dev.index or 0, path, fmt)
+    return {"device": str(dev), "name": f"{name} (child process)", "ok": v.ok, "detail": v.describe(),
+            "seconds": v.seconds}
 
 
 def _native_glu(loadable: bool) -> tuple[dict[str, Any], Optional[str]]:

@@ -19,22 +19,13 @@ import pytest
 import torch
 
 import tsct
-from _fake_child import IDENT, FakeRunner, verdict_line
+from _fake_child import IDENT, FakeRunner, failures
 from _fake_native import FakeNative
 from tsct import config, dispatch, firstuse, quant, selftest
 from tsct.quant import _backend
 
-FAILURES = {
-    "fail": (dict(returncode=firstuse.EXIT_FAIL,
-                  stdout=verdict_line("fail", "1 of 6 failed: sign pack+decode native vs torch: MISMATCH")),
-             "FAILED: fail: 1 of 6 failed"),
-    "crash": (dict(returncode=-11, stdout="", stderr="Fatal Python error: Segmentation fault"),
-              "FAILED: crash: self-test child died with SIGSEGV"),
-    "timeout": (dict(returncode=None, stdout="", timed_out=True), "FAILED: timeout: self-test child still running"),
-    "not-runnable": (dict(returncode=firstuse.EXIT_NOT_RUNNABLE,
-                          stdout=verdict_line("not-runnable", "no kernel image")),
-                     "FAILED: not-runnable: no kernel image"),
-}
+FAILURES = failures(fail=("1 of 6 failed: sign pack+decode native vs torch: MISMATCH", "FAILED: fail: 1 of 6 failed"),
+                    not_runnable=("no kernel image", "FAILED: not-runnable: no kernel image"))
 
 
 @pytest.fixture

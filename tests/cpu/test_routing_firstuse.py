@@ -18,24 +18,17 @@ import warnings
 import pytest
 import torch
 
-from _fake_child import IDENT, FakeRunner, verdict_line
+from _fake_child import IDENT, FakeRunner, failures
 from tsct import config, dispatch, firstuse, probe, selftest
 from tsct.kernels.triton_common import route
 from tsct.kernels.triton_common import runtime as C
 from tsct.ops import routing
 from tsct.ops.routing import sort_by_expert, sort_by_expert_torch
 
-FAILURES = {
-    "fail": (dict(returncode=firstuse.EXIT_FAIL,
-                  stdout=verdict_line("fail", "MISMATCH (Triton kernels): order (T=3000, k=2, E=37, int64 ids)")),
-             "FAILED: fail: MISMATCH (Triton kernels): order"),
-    "crash": (dict(returncode=-11, stdout="", stderr="Fatal Python error: Segmentation fault"),
-              "FAILED: crash: self-test child died with SIGSEGV"),
-    "timeout": (dict(returncode=None, stdout="", timed_out=True), "FAILED: timeout: self-test child still running"),
-    "not-runnable": (dict(returncode=firstuse.EXIT_NOT_RUNNABLE,
-                          stdout=verdict_line("not-runnable", "the routing kernels cannot launch here: no cubins")),
-                     "FAILED: not-runnable: the routing kernels cannot launch here"),
-}
+FAILURES = failures(fail=("MISMATCH (Triton kernels): order (T=3000, k=2, E=37, int64 ids)",
+                          "FAILED: fail: MISMATCH (Triton kernels): order"),
+                    not_runnable=("the routing kernels cannot launch here: no cubins",
+                                  "FAILED: not-runnable: the routing kernels cannot launch here"))
 PASS = dict(detail="bit-exact (Triton kernels)")
 USES_KERNELS = routing.uses_kernels
 

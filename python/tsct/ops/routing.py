@@ -228,8 +228,6 @@ def _serves(capability: tuple[int, int], backend: str) -> bool:
     return kernels_status(capability)[0]
 
 
-#: the format a ROUTING verdict is keyed by: the routing kernels have no factors, one self-test covers them
-_VERDICT_FMT = "bf16"
 _warned: set = set()  # the reasons already warned about in this process
 
 
@@ -256,11 +254,11 @@ def _first_use_ok(device: torch.device, cap: tuple[int, int]) -> bool:
     if not dispatch.needs_first_use(dispatch.ROUTING, cap) or firstuse.in_child(dispatch.ROUTING):
         return True
     if firstuse.in_child():  # another path's child: the gate says no without asking
-        return firstuse.gate(dispatch.ROUTING, cap, _VERDICT_FMT, device.index).ok
+        return firstuse.gate(dispatch.ROUTING, cap, firstuse.FAMILY_FMT, device.index).ok
     index = device.index if device.index is not None else torch.cuda.current_device()
-    if torch.cuda.is_current_stream_capturing() and firstuse.peek(index, dispatch.ROUTING, _VERDICT_FMT) is None:
+    if torch.cuda.is_current_stream_capturing() and firstuse.peek(index, dispatch.ROUTING, firstuse.FAMILY_FMT) is None:
         return False
-    st = firstuse.gate(dispatch.ROUTING, cap, _VERDICT_FMT, index)
+    st = firstuse.gate(dispatch.ROUTING, cap, firstuse.FAMILY_FMT, index)
     if not st.ok and st.reason not in _warned:
         _warned.add(st.reason)
         if config.warn_fallbacks:

@@ -29,8 +29,6 @@ import torch
 
 from tsct import dispatch, firstuse
 
-#: the format a NATIVE_QUANT verdict is keyed by: one self-test covers every format
-_VERDICT_FMT = "bf16"
 
 BACKENDS = ("auto", "torch", "native")
 
@@ -67,7 +65,7 @@ def first_use(device: torch.device) -> tuple[bool, str]:
     their self-test (``tsct.firstuse.gate``; a child process the first time per GPU and install) and its reason.
     Call it only once the library loads (``_native_status``): the child tests the library this process would use.
     Raises what torch raises for a bad device index."""
-    st = firstuse.gate(dispatch.NATIVE_QUANT, dispatch.device_capability(device), _VERDICT_FMT, device.index)
+    st = firstuse.gate(dispatch.NATIVE_QUANT, dispatch.device_capability(device), firstuse.FAMILY_FMT, device.index)
     return st.ok, st.reason
 
 
