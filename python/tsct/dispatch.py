@@ -62,6 +62,9 @@ NATIVE_QUANT = "native-quant"
 #: any GPU the Triton kernels serve. Its row of ``EXECUTED_ON`` gates their first use like a path's
 #: (``tsct.ops.routing``); its self-test (``tsct.selftest.sort_by_expert``) covers every variant at once
 ROUTING = "triton-routing"
+#: what has a first-use self-test (``tsct.selftest``, run by ``tsct.selftest_child --path``): every path with kernels
+#: of its own, and the two kernel families that are not paths
+SELF_TESTED = (TRITON_BF16, TRITON_LOWBIT, SM120_FP4, NATIVE_QUANT, ROUTING)
 
 FORMATS = ("bf16", "nvfp4", "sign", "fp8", "ternary")  # storage formats with a row in the table; others use bmm
 #: formats ``auto`` runs only after decoding them to dense factors (``bmm``); triton-lowbit decodes them in

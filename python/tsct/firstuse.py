@@ -33,7 +33,9 @@ else ``~/.cache/tsct``), keyed by ``identity()`` (tsct version, the native libra
 SHA-256, the driver, the GPU name and compute capability, the Triton version a JIT launch would use)
 plus path and format: a new wheel, driver, GPU or Triton re-tests. An unwritable cache dir keeps the
 verdict in the process only (never an error). Failures are cached too (delete the file to re-test),
-except a timeout or an out-of-memory failure, which only the current process remembers.
+except a timeout or an out-of-memory failure, which only the current process remembers. Processes that ask for
+the same verdict at once (the ranks of a job on GPUs of one model) run one child: a lock file per key
+(``fcntl.flock`` in the cache dir) makes the others wait for its verdict on disk; saves of the file take a lock too.
 
 ``TSCT_SM120_FP4`` (read on every call, ``tsct.config``) concerns sm120-fp4 only: unset or "auto" = the above;
 "0" = path off; "1" = on WITHOUT the self-test (for developers of its kernels: a faulting kernel
@@ -43,6 +45,7 @@ starts Python, imports torch, creates a CUDA context, may JIT-compile, runs a sm
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import hashlib
@@ -64,6 +67,10 @@ ENV_TIMEOUT = "TSCT_SELFTEST_TIMEOUT"  # read by config.selftest_timeout
 DEFAULT_TIMEOUT_S = config.DEFAULT_SELFTEST_TIMEOUT_S
 CACHE_FILE = "selftest.json"
 CACHE_SCHEMA = 2
+#: seconds a process waits for another's save of the cache file (a read, a merge and a rename) before saving anyway
+WRITE_LOCK_WAIT_S = 10.0
+#: seconds beyond the self-test's timeout that a process waits for another process's child of the same key
+CHILD_LOCK_MARGIN_S = 60.0
 CHILD_MODULE = "tsct.selftest_child"
 #: set in the child's environment: inside it, tsct.ops runs the path under test without asking again
 ENV_IN_CHILD = config.ENV_SELFTEST_CHILD
@@ -159,8 +166,51 @@ def _read_cache(path: Path) -> dict:
     return data["entries"]
 
 
+@contextlib.contextmanager
+def _held(lock_file: Path, wait: float):
+    """An exclusive advisory lock (``fcntl.flock``) on ``lock_file`` for the block, across processes, waiting up to
+    ``wait`` seconds for it. Yields True when held, False when it is not (no ``fcntl``, a directory that cannot be
+    written, a file system without locks, the wait ran out): the caller then goes on without it."""
+    try:
+        import fcntl
+
+        lock_file.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(lock_file, os.O_RDWR | os.O_CREAT, 0o644)
+    except (ImportError, OSError):
+        yield False
+        return
+    try:
+        deadline = time.monotonic() + wait
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                held = True
+                break
+            except BlockingIOError:
+                if time.monotonic() >= deadline:
+                    held = False
+                    break
+                time.sleep(0.05)
+            except OSError:
+                held = False
+                break
+        try:
+            yield held
+        finally:
+            if held:
+                fcntl.flock(fd, fcntl.LOCK_UN)
+    finally:
+        os.close(fd)
+
+
 def _write_cache(path: Path, key: str, entry: dict) -> Optional[str]:
-    """Merge one entry into the file atomically (temp file + rename). Returns None, or why it could not."""
+    """Merge one entry into the file atomically (temp file + rename), under the file's lock (``_held``) so that two
+    processes saving different entries at once keep both. Returns None, or why it could not."""
+    with _held(path.with_name("." + path.name + ".lock"), WRITE_LOCK_WAIT_S):
+        return _merge_entry(path, key, entry)
+
+
+def _merge_entry(path: Path, key: str, entry: dict) -> Optional[str]:
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         entries = _read_cache(path)
@@ -426,8 +476,12 @@ def verdict(device_index: int, path: str, fmt: str, *, runner: Optional[Runner] 
     Order: the environment (``TSCT_SM120_FP4`` for sm120-fp4), this process's memo, the disk cache
     (same ``identity``), else run the child now (``runner``, default ``run_subprocess``) and store the
     verdict in both caches (disk: best effort). sm120-fp4 serves "nvfp4" and "sign" only (ValueError
-    otherwise). Never raises for what the child does: a crash is a verdict.
+    otherwise), and any ``path`` without a self-test (``dispatch.SELF_TESTED``). Never raises for what the child
+    does: a crash is a verdict.
     """
+    if path not in dispatch.SELF_TESTED:
+        raise ValueError(f"path must be one of {list(dispatch.SELF_TESTED)} (those with a first-use self-test), "
+                         f"got {path!r}")
     if path == "sm120-fp4" and fmt not in ("nvfp4", "sign"):
         raise ValueError(f"fmt must be 'nvfp4' or 'sign' (the formats sm120-fp4 serves), got {fmt!r}")
     fmt = canonical_format(fmt)
@@ -444,14 +498,24 @@ def _verdict_locked(device_index: int, path: str, fmt: str, runner: Optional[Run
     if v is not None:  # another thread ran it while this one waited
         return v
     ident = ident if ident is not None else identity(device_index)
-    cached = peek(device_index, path, fmt, ident=ident)
     memo = (device_index, path, fmt)
-    if cached is not None:
-        with _lock:
-            _memo[memo] = cached
-        return cached
-    key = cache_key(ident, path, fmt)
-    t = timeout if timeout is not None else timeout_s()
+    cached = peek(device_index, path, fmt, ident=ident)
+    if cached is None:
+        key = cache_key(ident, path, fmt)
+        t = timeout if timeout is not None else timeout_s()
+        # Processes asking for one key at once (the ranks of a job on GPUs of one model) get one child: the others
+        # wait for its verdict on disk instead of testing beside it. Without the lock (_held) each tests for itself.
+        with _held(cache_dir() / f".selftest-{key}.lock", t + CHILD_LOCK_MARGIN_S) as held:
+            cached = peek(device_index, path, fmt, ident=ident) if held else None
+            if cached is None:
+                return _run_child(device_index, path, fmt, runner, ident, key, t, memo)
+    with _lock:
+        _memo[memo] = cached
+    return cached
+
+
+def _run_child(device_index: int, path: str, fmt: str, runner: Optional[Runner], ident: dict, key: str, t: float,
+               memo: tuple) -> Verdict:
     env = dict(os.environ, CUDA_VISIBLE_DEVICES=child_visible_devices(device_index), **{ENV_IN_CHILD: path})
     try:
         res = (runner or run_subprocess)(child_command(path, fmt, ident), env, t)

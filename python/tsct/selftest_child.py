@@ -40,8 +40,7 @@ def main(argv: Optional[list] = None) -> int:
     from tsct import dispatch
 
     ap = argparse.ArgumentParser(prog="python -m tsct.selftest_child", description=__doc__.split("\n\n")[0])
-    ap.add_argument("--path", choices=[*(p for p in dispatch.PATHS if p not in (dispatch.REFERENCE, dispatch.BMM)),
-                                       dispatch.NATIVE_QUANT, dispatch.ROUTING], default=dispatch.SM120_FP4)
+    ap.add_argument("--path", choices=dispatch.SELF_TESTED, default=dispatch.SM120_FP4)
     ap.add_argument("--fmt", choices=SELFTEST_FORMATS, default="nvfp4")
     ap.add_argument("--expect-name", default=None, help="the GPU name the parent sees for this device")
     ap.add_argument("--expect-capability", default=None, help="its compute capability, e.g. 12.0")

@@ -462,3 +462,74 @@ def test_tested_identity_follows_the_cubin_indexes(monkeypatch, tmp_path):
         assert len({a, b, c}) == 3 and all(len(v) == 16 for v in (a, b, c))
     finally:
         firstuse.tested_identity.cache_clear()
+
+
+def test_a_path_without_a_self_test_is_refused_by_name():
+    run = FakeRunner()
+    for bad in ("bmm", "triton_bf16", ""):
+        with pytest.raises(ValueError, match=r"path must be one of .*got '" + bad):
+            firstuse.verdict(0, bad, "bf16", runner=run, ident=IDENT)
+    assert run.calls == [] and not firstuse.cache_file().exists()
+
+
+# Two processes asking for one verdict at once (two ranks on GPUs of one model). Each waits for the other at a
+# barrier after its imports, then asks; the stand-in child appends this process's id to a file and takes a second.
+_ASKER = r"""
+import json, os, sys, time
+from pathlib import Path
+from tsct import firstuse
+ident, runs, barrier, me = json.loads(sys.argv[1]), Path(sys.argv[2]), Path(sys.argv[3]), sys.argv[4]
+def child(argv, env, timeout):
+    with open(runs, "a") as f:
+        f.write(f"{os.getpid()}\n")
+    time.sleep(1.0)
+    out = firstuse.VERDICT_MARKER + json.dumps({"verdict": "pass", "detail": "stand-in"}) + "\n"
+    return firstuse.ChildResult(0, out, "", False, 1.0)
+(barrier / me).touch()
+deadline = time.monotonic() + 60
+while len(list(barrier.iterdir())) < 2 and time.monotonic() < deadline:
+    time.sleep(0.01)
+v = firstuse.verdict(0, "triton-bf16", "bf16", runner=child, ident=ident)
+print(json.dumps({"ok": v.ok, "source": v.source}))
+"""
+
+
+def _tsct_env(**extra):
+    import tsct
+    from pathlib import Path
+
+    path = [str(Path(tsct.__file__).resolve().parents[1]), os.environ.get("PYTHONPATH", "")]
+    return dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, path)), **extra)
+
+
+def test_processes_asking_together_get_one_child(tmp_path):
+    import subprocess
+
+    runs, barrier = tmp_path / "runs", tmp_path / "barrier"
+    barrier.mkdir()
+    env = _tsct_env(TSCT_CACHE_DIR=str(tmp_path / "cache"))
+    procs = [subprocess.Popen([sys.executable, "-c", _ASKER, json.dumps(IDENT), str(runs), str(barrier), str(i)],
+                              env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for i in range(2)]
+    outs = [p.communicate(timeout=120) for p in procs]
+    assert all(p.returncode == 0 for p in procs), [e for _, e in outs]
+    got = [json.loads(o.strip().splitlines()[-1]) for o, _ in outs]
+    assert len(runs.read_text().split()) == 1  # one child for both
+    assert all(g["ok"] for g in got)
+    assert sorted(g["source"].split(" (")[0].split(",")[0] for g in got) == [firstuse.CACHED_DISK, firstuse.RAN_NOW]
+
+
+def test_concurrent_saves_of_different_verdicts_keep_every_entry(tmp_path):
+    import subprocess
+
+    saver = ("import sys, time; from pathlib import Path; from tsct import firstuse\n"
+             "barrier = Path(sys.argv[3]); (barrier / sys.argv[2]).touch()\n"
+             "while len(list(barrier.iterdir())) < 2: time.sleep(0.01)\n"
+             "for i in range(150):\n"
+             "    assert firstuse._write_cache(Path(sys.argv[1]), f'{sys.argv[2]}-{i}', {'ok': True}) is None\n")
+    file, barrier = tmp_path / "cache" / firstuse.CACHE_FILE, tmp_path / "barrier"
+    barrier.mkdir()
+    procs = [subprocess.Popen([sys.executable, "-c", saver, str(file), name, str(barrier)], env=_tsct_env(),
+                              stderr=subprocess.PIPE, text=True) for name in ("a", "b")]
+    errs = [p.communicate(timeout=120)[1] for p in procs]
+    assert all(p.returncode == 0 for p in procs), errs
+    assert set(json.loads(file.read_text())["entries"]) == {f"{n}-{i}" for n in "ab" for i in range(150)}
