@@ -280,15 +280,37 @@ _warned: set = set()
 
 
 def fallback_counts() -> dict[tuple[str, str, str], int]:
-    """{(wanted path, taken path, reason): count} since the process started (or the last reset)."""
+    """{(wanted, taken, reason): count} of every fallback since the process started (or the last reset): the paths'
+    (wanted and taken are ``PATHS`` entries), the native quantize / decode kernels' (wanted
+    ``"native-quant/<function>"``, taken ``"torch"``: ``tsct.quant``) and the routing kernels' (wanted
+    ``"triton-routing"``, taken ``"torch"``: ``tsct.ops.sort_by_expert``)."""
     with _lock:
         return dict(_fallbacks)
 
 
-def reset_fallback_counts() -> None:
+def reset_fallback_counts(wanted_prefix: str = "") -> None:
+    """Forget the counts (and which fallbacks were warned about) whose ``wanted`` starts with ``wanted_prefix``
+    (all by default)."""
     with _lock:
-        _fallbacks.clear()
-        _warned.clear()
+        for key in [k for k in _fallbacks if k[0].startswith(wanted_prefix)]:
+            del _fallbacks[key]
+        _warned.difference_update({k for k in _warned if str(k[0]).startswith(wanted_prefix)})
+
+
+def note_fallback(wanted: str, taken: str, why: str, message: str, *, warn_key: Optional[tuple] = None,
+                  stacklevel: int = 3) -> None:
+    """Count one call that ``wanted`` could not serve, served by ``taken``, because of ``why``
+    (``fallback_counts()``), and warn ``message`` as a RuntimeWarning (unless ``tsct.config.warn_fallbacks`` is off)
+    the first time this process meets ``warn_key`` (a tuple whose first item starts with ``wanted``'s family;
+    default ``(wanted, taken, why)``). The one record of fallbacks: every family that falls back calls it."""
+    key = (wanted, taken, why)
+    with _lock:
+        _fallbacks[key] += 1
+        once = warn_key if warn_key is not None else key
+        first = once not in _warned
+        _warned.add(once)
+    if first and config.warn_fallbacks:
+        warnings.warn(message, RuntimeWarning, stacklevel=stacklevel + 1)
 
 
 def decide(capability: Optional[tuple[int, int]], fmt: str, activations: str = "bf16", *, x_dtype: str = "bf16",
@@ -371,14 +393,8 @@ def first_use_results() -> dict[tuple[str, str, str], Status]:
 
 
 def _count(wanted: str, taken: str, why: str) -> None:
-    key = (wanted, taken, why)
-    with _lock:
-        _fallbacks[key] += 1
-        first = key not in _warned
-        _warned.add(key)
-    if first and config.warn_fallbacks:
-        warnings.warn(f"tsct: {wanted} unavailable ({why}); using {taken}. "
-                      "Counted in tsct.dispatch.fallback_counts().", RuntimeWarning, stacklevel=4)
+    note_fallback(wanted, taken, why, f"tsct: {wanted} unavailable ({why}); using {taken}. "
+                                      "Counted in tsct.dispatch.fallback_counts().", stacklevel=4)
 
 
 @torch.compiler.assume_constant_result

@@ -4,7 +4,7 @@ import warnings
 
 import pytest
 
-from tsct import dispatch, firstuse
+from tsct import config, dispatch, firstuse
 from tsct.ops import _select
 
 CAPS = [None, (8, 0), (9, 0), (10, 0), (12, 0), (12, 1), (13, 0), (7, 5)]
@@ -240,3 +240,28 @@ def test_cuda_rows_name_real_kernels_sources_and_formats():
         assert k.formats == {"bf16"} or "bf16" not in k.formats, k
         assert k.archs and k.archs <= set(CS.ARTIFACT_ARCH.values()), k
         assert not k.archs & set(CS.PROXIES), k  # a proxy install runs the proxied arch's Triton kernels
+
+
+def test_every_family_counts_its_fallbacks_in_one_record_and_resets_its_own(monkeypatch):
+    monkeypatch.setattr(config, "warn_fallbacks", True)
+    dispatch.reset_fallback_counts()
+    with pytest.warns(RuntimeWarning) as caught:
+        for _ in range(2):
+            dispatch.note_fallback("triton-bf16", "bmm", "why a", "path message")
+            dispatch.note_fallback("native-quant/quantize_sign", "torch", "why b", "quant message",
+                                   warn_key=("native-quant/", "why b"))
+            dispatch.note_fallback("native-quant/quantize_fp8", "torch", "why b", "quant message",
+                                   warn_key=("native-quant/", "why b"))
+    assert [str(w.message) for w in caught] == ["path message", "quant message"]  # once per warn key
+    assert dispatch.fallback_counts() == {("triton-bf16", "bmm", "why a"): 2,
+                                          ("native-quant/quantize_sign", "torch", "why b"): 2,
+                                          ("native-quant/quantize_fp8", "torch", "why b"): 2}
+    from tsct import quant
+    assert quant.native_fallback_counts() == {("quantize_sign", "why b"): 2, ("quantize_fp8", "why b"): 2}
+    quant.reset_native_fallback_counts()  # its own share only, warnings included
+    assert dispatch.fallback_counts() == {("triton-bf16", "bmm", "why a"): 2}
+    with pytest.warns(RuntimeWarning, match="quant message"):
+        dispatch.note_fallback("native-quant/quantize_fp8", "torch", "why b", "quant message",
+                               warn_key=("native-quant/", "why b"))
+    dispatch.reset_fallback_counts()
+    assert dispatch.fallback_counts() == {}

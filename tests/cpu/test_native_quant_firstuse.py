@@ -142,6 +142,7 @@ def test_a_failed_verdict_serves_auto_with_torch(gpu, as_cuda, outcome):
     reasons = {why for _, why in counts}
     assert len(reasons) == 1 and f"first-use self-test on sm120 {words}" in next(iter(reasons))
     assert counts[("quantize_nvfp4", next(iter(reasons)))] == 3
+    assert dispatch.fallback_counts()[("native-quant/quantize_nvfp4", "torch", next(iter(reasons)))] == 3  # one record
     assert counts[("NVFP4Tensor.dequantize", next(iter(reasons)))] == 2
     assert sum(counts.values()) == 13  # 7 quantize calls and 6 decodes, each counted
     mine = [x for x in caught if issubclass(x.category, RuntimeWarning) and "tsct.quant" in str(x.message)]

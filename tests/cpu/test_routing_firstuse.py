@@ -79,7 +79,7 @@ def gpu(monkeypatch, tmp_path):
     monkeypatch.delenv(firstuse.ENV_IN_CHILD, raising=False)
     monkeypatch.setattr(config, "warn_fallbacks", True)
     monkeypatch.setattr(dispatch, "_first_use", {})
-    monkeypatch.setattr(routing, "_warned", set())
+    dispatch.reset_fallback_counts(dispatch.ROUTING)
     monkeypatch.setattr(routing, "_serves", lambda capability, backend: True)
     monkeypatch.setattr(routing, "uses_kernels", lambda ids, e: route.fits(ids.numel(), e)
                         and routing._kernels_serve(torch.device("cuda", 0)))
@@ -93,6 +93,7 @@ def gpu(monkeypatch, tmp_path):
     state.child = child
     yield state
     firstuse.reset_for_tests()
+    dispatch.reset_fallback_counts(dispatch.ROUTING)
 
 
 def _ids(t=3001, k=2, e=35, seed=0, dtype=torch.int64):
@@ -171,6 +172,8 @@ def test_a_failed_verdict_serves_torchs_sort(gpu, outcome):
     assert len(mine) == 1, [str(x.message) for x in mine]  # once, not per call
     msg = str(mine[0].message)
     assert f"first-use self-test on sm120 {words}" in msg and "torch's sort serves" in msg
+    (key, n), = dispatch.fallback_counts().items()  # every call counted, under the verdict's reason
+    assert key[:2] == (dispatch.ROUTING, "torch") and words in key[2] and n == 3
     (key, st), = dispatch.first_use_results().items()
     assert key == (dispatch.ROUTING, "sm120", "bf16") and not st.ok and words in st.reason
 
@@ -259,7 +262,7 @@ def test_the_verdict_is_cached_in_the_process_and_on_disk(gpu):
     (entry,) = json.loads(firstuse.cache_file().read_text())["entries"].values()
     assert entry["path"] == "triton-routing" and entry["outcome"] == "crash" and entry["fmt"] == "bf16"
     firstuse.reset_for_tests()  # a new process: the disk answers, no child
-    routing._warned.clear()
+    dispatch.reset_fallback_counts(dispatch.ROUTING)  # ... whose warnings are its own
     with pytest.warns(RuntimeWarning, match=r"SIGSEGV.*verdict cached in"):
         got = sort_by_expert(ids, e, w)
     assert len(run.calls) == 1 and gpu.launch.calls == []
@@ -278,15 +281,15 @@ def test_a_passed_verdict_on_disk_needs_no_child(gpu):
 
 def test_no_child_during_a_capture(gpu):
     """While a CUDA graph is captured no child starts: a verdict not known yet means torch's sort for that call (what
-    the graph then replays) and nothing is remembered; the next call outside a capture asks; a known verdict serves
+    the graph then replays; counted and warned) and no verdict is remembered; the next call outside a capture asks; a known verdict serves
     a capture as it serves eager calls."""
     run = gpu.child(FakeRunner(**PASS))
     ids, e, w = _ids()
     gpu.capturing = True
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")
+    with pytest.warns(RuntimeWarning, match="none is asked during a CUDA graph capture"):
         _same(sort_by_expert(ids, e, w), _reference(ids, e, w))
     assert run.calls == [] and gpu.launch.calls == [] and dispatch.first_use_results() == {}
+    assert dispatch.fallback_counts() == {(dispatch.ROUTING, "torch", routing._NOT_YET): 1}
     gpu.capturing = False
     sort_by_expert(ids, e, w)
     assert len(run.calls) == 1 and gpu.launch.names() == ["route_rank", "route_place"]
@@ -304,7 +307,7 @@ def test_a_capture_reads_a_verdict_from_disk(gpu):
     with pytest.warns(RuntimeWarning, match="SIGSEGV"):
         sort_by_expert(ids, e, w)
     firstuse.reset_for_tests()
-    routing._warned.clear()
+    dispatch.reset_fallback_counts(dispatch.ROUTING)  # ... whose warnings are its own
     gpu.capturing = True
     with pytest.warns(RuntimeWarning, match="SIGSEGV"):
         _same(sort_by_expert(ids, e, w), _reference(ids, e, w))

@@ -49,15 +49,8 @@ def _input_sets_that_fit(cfg: BenchConfig, device: torch.device) -> int:
 
 
 def _fallbacks() -> list:
-    out = [{"wanted": w, "taken": t, "reason": r, "count": c} for (w, t, r), c in dispatch.fallback_counts().items()]
-    try:
-        from tsct import quant
-
-        out += [{"function": f, "taken": "torch", "reason": r, "count": c}
-                for (f, r), c in quant.native_fallback_counts().items()]
-    except (ImportError, AttributeError):
-        pass
-    return out
+    """Every fallback counted in the run (paths, native quantizers, routing kernels: ``dispatch.fallback_counts``)."""
+    return [{"wanted": w, "taken": t, "reason": r, "count": c} for (w, t, r), c in dispatch.fallback_counts().items()]
 
 
 def run(cfg: BenchConfig, reporter=None) -> dict:

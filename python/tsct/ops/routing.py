@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import functools
 import operator
-import warnings
 from typing import NamedTuple, Optional
 
 import torch
@@ -228,9 +227,6 @@ def _serves(capability: tuple[int, int], backend: str) -> bool:
     return kernels_status(capability)[0]
 
 
-_warned: set = set()  # the reasons already warned about in this process
-
-
 def _kernels_serve(device: torch.device) -> bool:
     """The Triton kernels run on this device: the triton-bf16 path's status says they can (AOT cubins, or JIT
     allowed and importable; cached per capability and ``TSCT_TRITON_BACKEND``), and they may run in this process
@@ -241,6 +237,9 @@ def _kernels_serve(device: torch.device) -> bool:
     return _first_use_ok(device, tuple(cap))
 
 
+_NOT_YET = "no first-use verdict of the Triton routing kernels yet, and none is asked during a CUDA graph capture"
+
+
 def _first_use_ok(device: torch.device, cap: tuple[int, int]) -> bool:
     """Whether the routing kernels may run on CUDA ``device`` (compute capability ``cap``) in this process.
 
@@ -248,20 +247,23 @@ def _first_use_ok(device: torch.device, cap: tuple[int, int]) -> bool:
     self-test child. Elsewhere (12.x included) the first call asks ``firstuse.gate`` for the verdict of their
     self-test (``tsct.selftest.sort_by_expert``) run in a CHILD process (cached in the process and on disk): this
     process never launches them before the child said "pass". Any other verdict: False (torch's sort serves, the
-    same result), warned once per reason. While a CUDA graph is being captured no child is started: a verdict not
+    same result), counted in ``dispatch.fallback_counts()`` and warned once per reason. While a CUDA graph is being captured no child is started: a verdict not
     known yet (in the process or on disk, ``firstuse.peek``) makes that call take torch's sort (the graph then
-    replays torch's sort), and the next call outside a capture asks. Raises what torch raises for a bad device."""
+    replays torch's sort; counted and warned), and the next call outside a capture asks. Raises what torch raises for a bad device."""
     if not dispatch.needs_first_use(dispatch.ROUTING, cap) or firstuse.in_child(dispatch.ROUTING):
         return True
     if firstuse.in_child():  # another path's child: the gate says no without asking
         return firstuse.gate(dispatch.ROUTING, cap, firstuse.FAMILY_FMT, device.index).ok
     index = device.index if device.index is not None else torch.cuda.current_device()
     if torch.cuda.is_current_stream_capturing() and firstuse.peek(index, dispatch.ROUTING, firstuse.FAMILY_FMT) is None:
+        dispatch.note_fallback(dispatch.ROUTING, "torch", _NOT_YET,
+                               f"tsct.ops.sort_by_expert: {_NOT_YET}: this capture holds torch's sort (the same "
+                               "result); a call outside a capture asks. Counted in tsct.dispatch.fallback_counts().")
         return False
     st = firstuse.gate(dispatch.ROUTING, cap, firstuse.FAMILY_FMT, index)
-    if not st.ok and st.reason not in _warned:
-        _warned.add(st.reason)
-        if config.warn_fallbacks:
-            warnings.warn(f"tsct.ops.sort_by_expert: its Triton kernels do not run on this GPU ({st.reason}); "
-                          "torch's sort serves instead (the same result)", RuntimeWarning, stacklevel=2)
+    if not st.ok:
+        dispatch.note_fallback(dispatch.ROUTING, "torch", st.reason,
+                               f"tsct.ops.sort_by_expert: its Triton kernels do not run on this GPU ({st.reason}); "
+                               "torch's sort serves instead (the same result). Counted in "
+                               "tsct.dispatch.fallback_counts().")
     return st.ok

@@ -4,7 +4,8 @@
 ``csrc/quant/`` through ``tsct.native`` (bit-exact with torch, decision 0002); RuntimeError with the
 reason if they cannot run. ``backend="auto"``: native when the tensor is on CUDA and
 ``tsct.native.available()``, else torch. A CUDA tensor that falls back to torch under ``auto`` is
-counted (``native_fallback_counts()``) and warned once per reason (``tsct.config.warn_fallbacks``).
+counted (``native_fallback_counts()``: its share of ``tsct.dispatch.fallback_counts()``, where every fallback is
+counted) and warned once per reason (``tsct.config.warn_fallbacks``).
 
 First use (decision 0010): on a GPU whose arch class the native kernels never executed on
 (``tsct.dispatch.EXECUTED_ON[NATIVE_QUANT]``: every class but sm90; 12.x included), the first call that would
@@ -21,10 +22,6 @@ fault of theirs must not be cached as that path's crash).
 
 from __future__ import annotations
 
-import collections
-import threading
-import warnings
-
 import torch
 
 from tsct import dispatch, firstuse
@@ -32,9 +29,8 @@ from tsct import dispatch, firstuse
 
 BACKENDS = ("auto", "torch", "native")
 
-_lock = threading.Lock()
-_fallbacks: collections.Counter = collections.Counter()
-_warned: set = set()
+#: the ``wanted`` of this family's fallbacks in ``tsct.dispatch.fallback_counts()``, before the function's name
+_WANTED = dispatch.NATIVE_QUANT + "/"
 
 
 def check_backend(backend) -> str:
@@ -86,28 +82,21 @@ def resolve(backend: str, device: torch.device, what: str) -> str:
     if ok:
         return "native"
     if device.type == "cuda":  # a real fallback: a GPU tensor served by the slower torch path
-        with _lock:
-            _fallbacks[(what, why)] += 1
-            first = why not in _warned  # once per reason, whichever function meets it first
-            _warned.add(why)
-        from tsct import config
-
-        if first and getattr(config, "warn_fallbacks", True):
-            warnings.warn(f"tsct.quant: {what} uses the torch backend on CUDA: {why}. Counted in "
-                          "tsct.quant.native_fallback_counts().", RuntimeWarning, stacklevel=4)
+        dispatch.note_fallback(_WANTED + what, "torch", why,
+                               f"tsct.quant: {what} uses the torch backend on CUDA: {why}. Counted in "
+                               "tsct.quant.native_fallback_counts().",
+                               warn_key=(_WANTED, why), stacklevel=4)  # once per reason, whichever function first
     return "torch"
 
 
 def native_fallback_counts() -> dict[tuple[str, str], int]:
-    """{(function, reason): count} of CUDA calls that ``backend="auto"`` served with torch."""
-    with _lock:
-        return dict(_fallbacks)
+    """{(function, reason): count} of CUDA calls that ``backend="auto"`` served with torch: this family's share of
+    ``tsct.dispatch.fallback_counts()``."""
+    return {(w[len(_WANTED):], r): n for (w, _, r), n in dispatch.fallback_counts().items() if w.startswith(_WANTED)}
 
 
 def reset_native_fallback_counts() -> None:
-    with _lock:
-        _fallbacks.clear()
-        _warned.clear()
+    dispatch.reset_fallback_counts(_WANTED)
 
 
 def native():
