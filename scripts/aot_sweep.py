@@ -4,7 +4,7 @@
         --kernels glu_bwd_dz --cfgs "stages_dz_t=3;warps_dz_t=8" [--arch sm_90a] [--jobs 2]
 
 Why: to time tile configs on the cubins the wheel ships (Triton 3.9), not through the H200 image's JIT
-(Triton 3.6); bench/notes.md "v8" has the sweeps this made. The output dir is a copy of --base's arch
+(Triton 3.6); docs/performance.md has the sweeps this made. The output dir is a copy of --base's arch
 dir plus the bf16 aligned variants of --kernels for each config override; time them on the GPU with
 ``scripts/pass_profile.py sweep --aot-dirs OUT --cfgs ...`` (cubins only). Run with another Triton
 (``--allow-other-triton``) to A/B compilers on the same config (3.6 and 3.9 timed the same).
