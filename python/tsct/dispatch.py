@@ -381,7 +381,9 @@ def record_first_use(path: str, capability: tuple[int, int], fmt: str, st: Statu
 
 
 def first_use_status(path: str, capability: Optional[tuple[int, int]], fmt: str) -> Optional[Status]:
-    """The last first-use verdict recorded for (path, arch class, fmt) in this process; None if none was."""
+    """The last first-use verdict recorded for (path, arch class, fmt) in this process, of whichever GPU of that class
+    asked last; None if none was. For reports: a decision reads the verdict of its own GPU (``tsct.firstuse``), since
+    two GPUs of one class may be different models with different verdicts."""
     with _lock:
         return _first_use.get((path, arch_class(capability), fmt))
 

@@ -1,5 +1,6 @@
 """The dispatch table: exact capabilities, formats, activation precision, forced paths, counted fallbacks."""
 
+import json
 import warnings
 
 import pytest
@@ -265,3 +266,40 @@ def test_every_family_counts_its_fallbacks_in_one_record_and_resets_its_own(monk
                                warn_key=("native-quant/", "why b"))
     dispatch.reset_fallback_counts()
     assert dispatch.fallback_counts() == {}
+
+
+def test_sm120_backward_reads_the_verdict_of_its_own_gpu(monkeypatch, tmp_path):
+    """Two 12.0 GPUs of different models in one process: triton-lowbit's first-use child crashed on GPU 1 and
+    passed on GPU 0 (asked last). sm120-fp4's backward on GPU 1 takes the bmm backward, on GPU 0 triton-lowbit:
+    each reads its own GPU's verdict, not the last one recorded for the arch class."""
+    import types
+
+    import torch
+
+    from tsct import bmm, quant
+    from tsct.kernels import sm120_fp4, triton_lowbit
+
+    monkeypatch.setenv("TSCT_CACHE_DIR", str(tmp_path))
+    firstuse.reset_for_tests()
+    monkeypatch.setattr(dispatch, "_first_use", {})
+    monkeypatch.setitem(dispatch._STATUS, dispatch.TRITON_LOWBIT, lambda cap, fmt, x: dispatch.Status(True, "built"))
+    monkeypatch.setattr(dispatch, "device_capability", lambda device: (12, 0))
+    out = {0: "pass", 1: "fail"}
+    ident = {i: {"gpu": f"model {i}", "capability": "12.0"} for i in out}
+    for i in (1, 0):  # GPU 0's pass is recorded last
+        res = firstuse.ChildResult(0 if out[i] == "pass" else firstuse.EXIT_FAIL, firstuse.VERDICT_MARKER
+                                   + json.dumps({"verdict": out[i], "detail": "stand-in"}) + "\n", "", False, 0.1)
+        st = firstuse.gate  # the ops layer's call, with a stand-in child and identity
+        monkeypatch.setattr(firstuse, "identity", lambda index: ident[index])
+        monkeypatch.setattr(firstuse, "run_subprocess", lambda argv, env, timeout, res=res: res)
+        assert st(dispatch.TRITON_LOWBIT, (12, 0), "nvfp4", i).ok == (out[i] == "pass")
+    assert dispatch.first_use_status(dispatch.TRITON_LOWBIT, (12, 0), "nvfp4").ok  # the class's last: GPU 0's
+    ran = []
+    monkeypatch.setattr(triton_lowbit, "grouped_glu_backward", lambda *a: ran.append("triton-lowbit"))
+    monkeypatch.setattr(bmm, "grouped_glu_backward", lambda *a: ran.append("bmm"))
+    monkeypatch.setattr(quant, "dequantize", lambda w, dtype=None: w)
+    for index in (1, 0):
+        x = types.SimpleNamespace(device=types.SimpleNamespace(type="cuda", index=index), dtype=torch.bfloat16)
+        sm120_fp4.grouped_glu_backward(None, x, None, None, None, None, None, None, None, None, None, None, None)
+    assert ran == ["bmm", "triton-lowbit"]
+    firstuse.reset_for_tests()

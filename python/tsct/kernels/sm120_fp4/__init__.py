@@ -166,17 +166,21 @@ def grouped_glu_backward(grad_out, x, offs, w_gate, w_up, w_down, s_gate, s_up, 
     bf16 activations (straight-through for the fp4 quantization of x and z in the forward; STE for the
     factors, docs/decisions/0008): by the triton-lowbit backward where it can run (after its own
     first-use verdict), else by the bmm path's backward on the decoded factors (the same math)."""
-    from tsct import bmm, dispatch, quant
+    import torch
+
+    from tsct import bmm, dispatch, firstuse, quant
     from tsct.kernels import triton_lowbit
 
     cap = dispatch.device_capability(x.device)
-    st = dispatch.status(dispatch.TRITON_LOWBIT, cap, "nvfp4", dispatch.DTYPE_NAMES[x.dtype])
-    if st.ok and dispatch.needs_first_use(dispatch.TRITON_LOWBIT, cap):
-        # triton-lowbit never ran on sm_120 either: its own first-use verdict (asked for by tsct.ops before
-        # this backward runs, dispatch.BACKWARD_VIA); none asked for (a direct call): the bmm backward
-        st = dispatch.first_use_status(dispatch.TRITON_LOWBIT, cap, "nvfp4") or dispatch.Status(
-            False, "no first-use verdict of triton-lowbit in this process")
-    if st.ok:
+    ok = dispatch.status(dispatch.TRITON_LOWBIT, cap, "nvfp4", dispatch.DTYPE_NAMES[x.dtype]).ok
+    if ok and dispatch.needs_first_use(dispatch.TRITON_LOWBIT, cap):
+        # triton-lowbit never ran on sm_120 either: its own first-use verdict on x's GPU (asked for by tsct.ops
+        # before this backward runs, dispatch.BACKWARD_VIA; not another GPU's, which may be another model); none
+        # asked for (a direct call): the bmm backward
+        index = x.device.index if x.device.index is not None else torch.cuda.current_device()
+        v = firstuse.peek(index, dispatch.TRITON_LOWBIT, "nvfp4")
+        ok = v is not None and v.ok
+    if ok:
         return triton_lowbit.grouped_glu_backward(grad_out, x, offs, w_gate, w_up, w_down, s_gate, s_up, row_weight,
                                                   gather_idx, scatter_idx, num_out_rows, needs_grad)
     dense = [quant.dequantize(w, dtype=x.dtype) for w in (w_gate, w_up, w_down)]
