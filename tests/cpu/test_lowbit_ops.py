@@ -234,8 +234,11 @@ def test_stale_or_foreign_containers_are_refused():
         m[2].mul_(1.5)  # the "optimizer step" of w_down
     with pytest.raises(ValueError, match=r"w_down is stale: masters\[w_down\] changed"):
         _call(p, facs, masters=m)
+    stale = facs[2]
     facs[2] = quantize_master(m[2], "nvfp4", backend="torch")
     _call(p, facs, masters=m)  # fresh again: accepted
+    with pytest.raises(ValueError, match=r"w_down is stale"):  # the replaced container is still refused
+        _call(p, [*facs[:2], stale], masters=m)
     with pytest.raises(ValueError, match=r"w_gate was quantized \(quantize_master\) from another tensor"):
         _call(p, facs, masters=[m[1], None, None])  # w_up's master paired with w_gate's container
     with pytest.raises(ValueError, match=r"masters\[w_up\] is given but w_up is a dense tensor"):

@@ -365,9 +365,12 @@ def combine_rows(rows_of: Tensor, rows_src: Tensor, target: Tensor, valid: Tenso
     Deterministic, no host read: the rows are ordered by target (stable sort, ties in routed-row order).
     With ``fan`` (the most rows any target receives, known from the host plan) their buffer rows go into a
     ``[num_out_rows, fan]`` table (empty slots point at the buffer's zero dump row, the last row of
-    ``rows_of``) and one ``sum`` over it adds them in fp32 and rounds once. Without it each target's
-    segment is summed by ``torch.segment_reduce`` in that order (each add rounded). Rows with ``valid``
-    False are left out. ``cols``: the first columns of ``rows_of`` that hold data (default all).
+    ``rows_of``) and one ``sum`` over it adds them in fp32 and rounds once; where that table would hold more than
+    about twice the routed rows (a few targets receive many rows: a shared or sink row, expert-choice routing),
+    ``torch.segment_reduce`` sums each target's rows in fp32 instead and rounds once (memory and time in the rows,
+    not in targets x fan). Without ``fan`` each target's segment is summed by ``torch.segment_reduce`` in that
+    order (each add rounded). Rows with ``valid`` False are left out. ``cols``: the first columns of ``rows_of``
+    that hold data (default all).
     """
     m, c = target.shape[0], (cols if cols is not None else rows_of.shape[1])
     dump = rows_of.shape[0] - 1
@@ -375,7 +378,7 @@ def combine_rows(rows_of: Tensor, rows_src: Tensor, target: Tensor, valid: Tenso
         return rows_of.new_zeros(num_out_rows, c)
     key = torch.where(valid, target, num_out_rows)
     skey, order = torch.sort(key, stable=True)
-    if fan > 0:
+    if 0 < fan and num_out_rows * fan <= 2 * m + num_out_rows:
         rank = torch.arange(m, device=key.device) - torch.searchsorted(skey, skey)
         slot = (skey * fan + rank).clamp_(max=num_out_rows * fan)  # padding rows (key T): the spare slot
         table = torch.full((num_out_rows * fan + 1,), dump, dtype=torch.long, device=key.device)
@@ -391,6 +394,8 @@ def combine_rows(rows_of: Tensor, rows_src: Tensor, target: Tensor, valid: Tenso
         return acc.to(rows_of.dtype)
     bounds = torch.searchsorted(skey, torch.arange(num_out_rows + 1, device=key.device, dtype=skey.dtype))
     data = rows_of.index_select(0, rows_src[order])[:, :c]
+    if fan > 0:  # the table's math: fp32 sums, rounded once
+        return torch.segment_reduce(data.float(), "sum", offsets=bounds, axis=0, unsafe=True).to(rows_of.dtype)
     return torch.segment_reduce(data, "sum", offsets=bounds, axis=0, unsafe=True)
 
 

@@ -134,11 +134,9 @@ def quantize_master(master: Tensor, fmt: str, *, layout: str = "linear", backend
         opts = {"layout": layout} if fmt == "nvfp4" else {}
         q = quant.quantize(master.detach(), fmt, backend=backend, **opts)
     with _cache_lock:
-        per = _master_cache.setdefault(owner, {})
-        old = per.get(key)
-        if old is not None:
-            _provenance.pop(id(old[1]), None)
-        per[key] = (ver, q)
+        # a replaced container keeps its record (it is dropped with the container), so a caller still holding it
+        # is refused as stale, not taken for one made otherwise
+        _master_cache.setdefault(owner, {})[key] = (ver, q)
         _provenance[id(q)] = (weakref.ref(owner), geom, ver)
         weakref.finalize(q, _provenance.pop, id(q), None)
     return q
