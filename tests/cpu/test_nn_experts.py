@@ -495,3 +495,67 @@ def test_fullgraph_compile_of_forward_counts():
     fn = torch.compile(m.forward_counts, fullgraph=True)
     torch.testing.assert_close(fn(rows, counts), m.forward_counts(rows, counts), rtol=1e-5, atol=1e-6)
     torch._dynamo.reset()
+
+
+@pytest.mark.parametrize("capacity_factor", [None, 1.0])
+def test_padded_bmm_keeps_a_non_finite_token_to_its_own_experts(capacity_factor):
+    """Token 0 inf: the empty slots of the padded grid read token 0 and a dropped row reads slot 0, yet only the
+    experts token 0 is routed to get non-finite gradients, and only the tokens routed with it a non-finite output,
+    as in GroupedGLUExperts (the dropless layer)."""
+    a = layer(GroupedGLUExperts)
+    b = PaddedBmmGLUExperts(E, D, R, F, capacity_factor=capacity_factor, intermediates="fp32")
+    b.load_state_dict(a.state_dict())
+    g = torch.Generator().manual_seed(5)
+    x, w = torch.randn(T, D, generator=g), torch.rand(T, K, generator=g)
+    others = torch.stack([torch.randperm(E - 2, generator=g)[:K] + 2 for _ in range(T - 1)])
+    ids = torch.cat([torch.arange(K).unsqueeze(0), others])  # token 0 alone on experts 0 .. K-1
+    x[0] = float("inf")
+    hot = sorted(set(ids[0].tolist()))
+    for lay in (a, b):
+        lay.zero_grad()
+        y = lay(x, ids, w)
+        assert torch.isfinite(y[1:]).all(), type(lay).__name__
+        y[1:].sum().backward()  # the other tokens' loss
+        for name in ("w_gate", "w_up", "w_down"):
+            g = getattr(lay, name).grad
+            finite = torch.isfinite(g).flatten(1).all(1)
+            cold = [e for e in range(E) if e not in hot]
+            assert finite[cold].all(), (type(lay).__name__, name, finite)
+
+
+def test_padded_bmm_takes_ids_of_any_integer_dtype():
+    m = layer(PaddedBmmGLUExperts)
+    x, ids, w = routing(seed=2)
+    want = m(x, ids, w)
+    for dt in (torch.int8, torch.uint8, torch.int16, torch.int32):
+        assert torch.equal(m(x, ids.to(dt), w), want), dt
+
+
+def test_forward_counts_per_expert_slots_casts_a_float64_row_weight():
+    """The [E, C, d] form takes the row weights the [M, d] form takes (a float64 one cast to fp32), with the same
+    result."""
+    m = layer(GroupedGLUExperts)
+    x, ids, w = routing(seed=11)
+    rows, counts, probs = _expert_major(x, ids, w)
+    c = int(counts.max())
+    slots, pw = torch.zeros(E, c, D), torch.zeros(E, c, dtype=torch.float64)
+    starts = torch.cumsum(counts, 0) - counts
+    for e in range(E):
+        slots[e, :counts[e]] = rows[starts[e]:starts[e] + counts[e]]
+        pw[e, :counts[e]] = probs[starts[e]:starts[e] + counts[e]].double()
+    y = m.forward_counts(slots, counts, pw)
+    valid = torch.arange(c) < counts.unsqueeze(1)
+    assert torch.equal(y[valid], m.forward_counts(rows, counts, probs.double()).detach())
+
+
+@pytest.mark.parametrize("storage", ["nvfp4", "sign"])
+def test_a_low_bit_layer_built_and_run_under_inference_mode(storage):
+    """Built and called inside torch.inference_mode (a serving pattern): its masters have no version counter, so
+    they are quantized per call, uncached; the output is the one the same layer gives outside."""
+    with torch.inference_mode():
+        m = layer(GroupedGLUExperts, storage=storage)
+        x, ids, w = routing(seed=4)
+        y = m(x, ids, w)
+    n = layer(GroupedGLUExperts, storage=storage)
+    with torch.no_grad():
+        assert torch.equal(y, n(x.clone(), ids.clone(), w.clone()))

@@ -35,7 +35,8 @@ class Capacity:
             (rank >= C) point at slot 0 and have ``keep`` 0
     keep:   [M] bool, the row fits in its expert's capacity
     src:    [E*C] int64, token feeding each slot; empty slots read token 0 (their output is never
-            combined, so they cost compute but not correctness, like the zero rows of a zero-filled buffer)
+            combined: they cost compute, and a non-finite token 0 reaches the weights' gradients through them
+            unless the caller masks them, as ``PaddedBmmGLUExperts`` does)
     """
 
     slot: Tensor
@@ -49,7 +50,7 @@ def capacity_slots(ids: Tensor, experts: int, capacity: int) -> Capacity:
     t, k = ids.shape
     m = t * k
     dev = ids.device
-    flat = ids.reshape(-1)
+    flat = ids.reshape(-1).long()  # any integer dtype: slots are int64
     order = torch.argsort(sort_key(flat, experts), stable=True)
     counts = expert_counts(flat, experts).to(torch.int64)
     starts = torch.cumsum(counts, 0) - counts

@@ -454,7 +454,9 @@ class GroupedGLUExperts(GLUExpertBank):
         slot_rank = torch.arange(c, device=x.device)
         expert = torch.arange(e, device=x.device).unsqueeze(1)
         key = torch.where(slot_rank < counts.unsqueeze(1), expert, e).reshape(-1, 1)
-        rw = row_weight.reshape(-1, 1) if row_weight is not None else None
+        rw = None
+        if row_weight is not None:  # as ``grouped_glu`` casts it in the [M, d] form
+            rw = (row_weight if row_weight.dtype in (x.dtype, torch.float32) else row_weight.float()).reshape(-1, 1)
         s = sort_by_expert(key, e, rw)
         y = self.grouped_glu(x.reshape(e * c, self.d), s.offs, row_weight=s.row_weight, gather_idx=s.token,
                              scatter_idx=s.token, num_out_rows=e * c)
@@ -605,6 +607,11 @@ class PaddedBmmGLUExperts(GLUExpertBank):
             if t == 0:  # the empty slots read row 0: give them a zero row
                 xin = nn.functional.pad(xin, (0, 0, 0, 1))
             xbuf = xin.index_select(0, cap.src).view(e, c, self.d)
+            # empty slots (they read token 0) as zero rows: a non-finite token 0 must not reach other experts'
+            # weight gradients through them
+            slot = torch.where(cap.keep, cap.slot, e * c)  # dropped rows: a spare slot
+            filled = torch.zeros(e * c + 1, dtype=torch.bool, device=x.device).scatter_(0, slot, True)[:e * c]
+            xbuf = torch.where(filled.view(e, c, 1), xbuf, 0)
             g = torch.bmm(xbuf, wg)
             u = torch.bmm(xbuf, wu)
             if tc:  # their gradients are operands of dX and dW
@@ -615,16 +622,13 @@ class PaddedBmmGLUExperts(GLUExpertBank):
             z = nn.functional.silu(g) * u
             if tc:  # as the kernels: the row weight folded into z, rounded as the w_down product's operand, and
                 # each routed row's y written in the compute dtype before the fp32 combine
-                slot = torch.where(cap.keep, cap.slot, e * c)  # dropped rows: a spare slot
                 wbuf = torch.zeros(e * c + 1, dtype=it, device=x.device).index_put((slot,), w)[:e * c]
                 z = _RoundValue.apply(z * wbuf.view(e, c, 1), dt)
                 ybuf = _RoundValue.apply(torch.bmm(z, wd), dt).view(e * c, self.f)
             else:
                 ybuf = torch.bmm(z, wd).view(e * c, self.f)
-        if tc:
-            y = ybuf.index_select(0, cap.slot).float() * keep.unsqueeze(1)
-        else:
-            y = ybuf.index_select(0, cap.slot).float() * w.unsqueeze(1)
+        y = ybuf.index_select(0, cap.slot).float()  # a dropped row reads slot 0: zeroed, not multiplied by 0
+        y = torch.where(cap.keep.unsqueeze(1), y if tc else y * w.unsqueeze(1), 0)
         self.dropped_fraction = (1.0 - keep.mean()).detach() if keep.numel() else keep.new_zeros(())
         return y.view(t, k, self.f).sum(1).to(dt)
 

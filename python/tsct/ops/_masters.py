@@ -110,7 +110,8 @@ def quantize_master(master: Tensor, fmt: str, *, layout: str = "linear", backend
         with ``masters=`` holding this master: gradients then reach the master (straight-through
         estimator), and a container from an older state is refused (in eager calls; under
         ``torch.compile`` the check is not traced, so call ``quantize_master`` outside the compiled
-        region, once per step).
+        region, once per step). A master made under ``torch.inference_mode`` has no version counter: it is
+        quantized on every call, uncached (``GroupedGLUExperts.freeze`` stores the packed factors once instead).
 
     Raises:
         TypeError / ValueError from ``tsct.quant.quantize`` (wrong dtype, K not a multiple of the block).
@@ -122,6 +123,9 @@ def quantize_master(master: Tensor, fmt: str, *, layout: str = "linear", backend
     if fmt != "nvfp4" and layout != "linear":
         raise ValueError(f"quantize_master: layout={layout!r} applies to NVFP4 block scales only; fmt={fmt!r} "
                          "has no layout choice (leave layout='linear')")
+    if master.is_inference():  # made under torch.inference_mode: no version counter to cache on, no training
+        with torch.no_grad():
+            return quant.quantize(master, fmt, backend=backend, **({"layout": layout} if fmt == "nvfp4" else {}))
     _ensure_step_hook()
     owner, geom = _owner(master), _geometry(master)
     key = (fmt, layout, backend, geom)
