@@ -29,6 +29,8 @@ def test_small_preset_runs_end_to_end_through_the_cli(small_run):
         assert key in res, key
     assert res["device"]["type"] == "cpu" and res["device"]["torch"] == torch.__version__
     assert res["copy_bandwidth_GBps"] > 0
+    speed = res["host"]["speed"]  # what eager times of host-bound arms scale with
+    assert 10 < speed["python_us"] < 1e6 and 0.05 < speed["op_issue_us"] < 1e3, speed
     cfg = res["config"]
     assert (cfg["tokens"], cfg["topk"], cfg["experts"], cfg["d"], cfg["r"], cfg["f"]) == (256, 2, 8, 128, 16, 171)
     assert res["bytes_floor"] == counts.bytes_floor(256, 8, 128, 16, 171)

@@ -195,6 +195,40 @@ def host_info() -> dict:
             "cpu_count": os.cpu_count()}
 
 
+def host_speed(device: torch.device, *, ops: int = 2000, rounds: int = 5) -> dict:
+    """How fast this host issues work, to read eager times by (an eager pass that the host cannot keep ahead of the
+    GPU takes the host's time, which moves between machines and runs; docs/performance.md):
+
+    - ``python_us``: a fixed pure-Python loop (100,000 additions), microseconds;
+    - ``op_issue_us``: the host time to issue one tiny torch op on ``device`` (``t.add_(1)`` on a 1-element tensor,
+      ``ops`` of them back to back, no synchronisation inside the timing: the dispatcher plus, on CUDA, the kernel
+      launch), microseconds.
+
+    Each is the best of ``rounds`` rounds (the machine's speed, not its disturbances)."""
+    def loop() -> None:
+        acc = 0
+        for i in range(100_000):
+            acc += i
+
+    py = []
+    for _ in range(rounds):
+        t0 = time.perf_counter()
+        loop()
+        py.append(time.perf_counter() - t0)
+    t = torch.zeros(1, device=device)
+    for _ in range(50):  # warm-up: the op's kernel loaded, the allocator and the launch queue settled
+        t.add_(1)
+    _sync(device)
+    issue = []
+    for _ in range(rounds):
+        t0 = time.perf_counter()
+        for _ in range(ops):
+            t.add_(1)
+        issue.append(time.perf_counter() - t0)
+        _sync(device)  # the queue drained between rounds: each round's issue time is the host's alone
+    return {"python_us": round(min(py) * 1e6, 1), "op_issue_us": round(min(issue) / ops * 1e6, 3)}
+
+
 def utc_now() -> str:
     return datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
 

@@ -109,6 +109,15 @@ def _time_cell(st: Optional[dict], spread: bool = True) -> str:
 COMPACT_BELOW = 170
 
 
+def _host_speed_note(result: dict) -> str:
+    """The host's issue speed (``measure.host_speed``), by which the eager columns of host-bound arms move."""
+    sp = (result.get("host") or {}).get("speed")
+    if not sp:
+        return ""
+    return (f" Host: {sp['op_issue_us']:.2f} us to issue a tiny op, {sp['python_us']:.0f} us of Python loop "
+            f"(eager times of host-bound arms scale with these).")
+
+
 def table(result: dict, compact: bool = False) -> Table:
     """The main columns; ``compact`` for narrow terminals (the JSON always has everything)."""
     cfg = result["config"]
@@ -120,7 +129,8 @@ def table(result: dict, compact: bool = False) -> Table:
                f"Times: median {'' if compact else '(p10-p90) '}ms "
                f"of the whole pass (eager, per call; graph: replayed from a CUDA graph, the device time without "
                f"the host's share). % floor: floor time / fwd time (graph where timed, else eager; so are TFLOP/s). err: max|out-ref|/max|ref| against the fp32 "
-               f"reference of the bf16 factors (dq: against the fp32 reference of the dequantized factors).")
+               f"reference of the bf16 factors (dq: against the fp32 reference of the dequantized factors)."
+               + _host_speed_note(result))
     t = Table(title=escape(title), caption=escape(caption), caption_justify="left")
     names = ["arm", "status", "fwd ms", "fwd+bwd ms", "graph f / fb", "% floor", "TFLOP/s f / fb", "max rel err",
              "peak mem"]

@@ -106,6 +106,7 @@ def run(cfg: BenchConfig, reporter=None) -> dict:
         reporter.arm_done(res)
     reporter.stop()
 
+    host_speed = measure.host_speed(device)  # after the arms: the same state of the machine as their timings
     git = measure.git_commit()
     conf = cfg.to_json()
     conf["input_sets_used"] = n_sets
@@ -116,7 +117,7 @@ def run(cfg: BenchConfig, reporter=None) -> dict:
         "git": git,
         "date": started,
         "device": measure.device_info(device),
-        "host": measure.host_info(),
+        "host": {**measure.host_info(), "speed": host_speed},
         "config": conf,
         "copy_bandwidth_GBps": copy["GBps"],
         "copy": copy,
