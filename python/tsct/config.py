@@ -12,7 +12,7 @@ traces (values are not known then) the host read is replaced by device-side asse
 still fails loudly. Set
 ``TSCT_CHECK_VALUES=0`` or ``tsct.config.check_values = False`` for sync-free eager calls once a
 model's routing is trusted (docs/decisions/0004-validation.md). Shapes, dtypes and devices are
-always checked; they cost no sync.
+always checked; they cost no sync; so are the values of CPU tensors (``values_checked``): no sync to save there.
 
 ``eager_direct``: plain eager calls on CUDA tensors run the path's forward and backward through a
 ``torch.autograd.Function`` instead of the custom ops' dispatcher (same functions, same results; less
@@ -65,8 +65,9 @@ class Variable(NamedTuple):
 
 #: the run-time environment variables, in the README's order
 VARIABLES: tuple[Variable, ...] = (
-    Variable("TSCT_CHECK_VALUES", "bool", "1", "`0`: skip the host read of `offs` / index values per call (sync-free "
-             "eager calls; shapes are still checked); `tsct.config.check_values`"),
+    Variable("TSCT_CHECK_VALUES", "bool", "1", "`0`: skip the host read of `offs` / index values per call of GPU "
+             "tensors (sync-free eager calls; shapes are still checked, CPU tensors' values too); "
+             "`tsct.config.check_values`"),
     Variable("TSCT_WARN_FALLBACKS", "bool", "1", "`0`: do not warn on fallbacks (they are still counted); "
              "`tsct.config.warn_fallbacks`"),
     Variable("TSCT_TRITON_BACKEND", "auto\\|aot\\|jit", "auto", "Triton kernels from the installed cubins, else JIT "
@@ -228,3 +229,9 @@ def tool_path(name: str) -> Optional[str]:
 def cuda_visible_devices() -> Optional[str]:
     """This process's ``CUDA_VISIBLE_DEVICES`` (None when unset)."""
     return os.environ.get("CUDA_VISIBLE_DEVICES")
+
+
+def values_checked(t) -> bool:
+    """Whether the VALUES of the index / count tensor ``t`` are checked: ``check_values``, or ``t`` is on the CPU
+    (where reading them costs no device synchronization)."""
+    return check_values or t.device.type == "cpu"

@@ -288,28 +288,42 @@ def fallback_counts() -> dict[tuple[str, str, str], int]:
         return dict(_fallbacks)
 
 
-def reset_fallback_counts(wanted_prefix: str = "") -> None:
-    """Forget the counts (and which fallbacks were warned about) whose ``wanted`` starts with ``wanted_prefix``
-    (all by default)."""
+def _of_family(name: str, family: str) -> bool:
+    """``name`` (a fallback's ``wanted``) is ``family`` or one of its members ("native-quant/<function>")."""
+    return not family or name == family or name.startswith(family.rstrip("/") + "/")
+
+
+def reset_fallback_counts(family: str = "") -> None:
+    """Forget the counts, and which fallbacks were warned about, of ``family`` (a ``wanted`` as in
+    ``fallback_counts``, e.g. "triton-bf16", "native-quant" for all of its functions, or
+    "native-quant/quantize_sign"); all of them by default."""
+    if not isinstance(family, str):
+        raise TypeError(f"reset_fallback_counts: family must be a str, got {type(family).__name__}")
     with _lock:
-        for key in [k for k in _fallbacks if k[0].startswith(wanted_prefix)]:
+        for key in [k for k in _fallbacks if _of_family(k[0], family)]:
             del _fallbacks[key]
-        _warned.difference_update({k for k in _warned if str(k[0]).startswith(wanted_prefix)})
+        _warned.difference_update({k for k in _warned if _of_family(k[0], family)})
 
 
 def note_fallback(wanted: str, taken: str, why: str, message: str, *, warn_key: Optional[tuple] = None,
                   stacklevel: int = 3) -> None:
     """Count one call that ``wanted`` could not serve, served by ``taken``, because of ``why``
-    (``fallback_counts()``), and warn ``message`` as a RuntimeWarning (unless ``tsct.config.warn_fallbacks`` is off)
-    the first time this process meets ``warn_key`` (a tuple whose first item starts with ``wanted``'s family;
-    default ``(wanted, taken, why)``). The one record of fallbacks: every family that falls back calls it."""
+    (``fallback_counts()``), and warn ``message`` as a RuntimeWarning the first time this process meets ``warn_key``
+    (default ``(wanted, taken, why)``; its first item names the family, as ``wanted`` does) while
+    ``tsct.config.warn_fallbacks`` is on. The one record of fallbacks: every family that falls back calls it.
+    TypeError for a ``wanted``, ``taken``, ``why`` or ``message`` that is not a str."""
+    for name, v in (("wanted", wanted), ("taken", taken), ("why", why), ("message", message)):
+        if not isinstance(v, str):
+            raise TypeError(f"note_fallback: {name} must be a str, got {type(v).__name__}")
     key = (wanted, taken, why)
+    once = warn_key if warn_key is not None else key
+    warn = config.warn_fallbacks
     with _lock:
         _fallbacks[key] += 1
-        once = warn_key if warn_key is not None else key
-        first = once not in _warned
-        _warned.add(once)
-    if first and config.warn_fallbacks:
+        first = warn and once not in _warned
+        if first:  # a fallback met while warnings are off is warned about once they are on again
+            _warned.add(once)
+    if first:
         warnings.warn(message, RuntimeWarning, stacklevel=stacklevel + 1)
 
 

@@ -33,7 +33,8 @@ else ``~/.cache/tsct``), keyed by ``identity()`` (tsct version, the native libra
 SHA-256, the driver, the GPU name and compute capability, the Triton version a JIT launch would use)
 plus path and format: a new wheel, driver, GPU or Triton re-tests. An unwritable cache dir keeps the
 verdict in the process only (never an error). Failures are cached too (delete the file to re-test),
-except a timeout or an out-of-memory failure, which only the current process remembers. Processes that ask for
+except that a timeout or an out-of-memory failure is kept on disk only while the processes asking at the same time
+may still read it (the timeout plus a minute), so a later process tests again. Processes that ask for
 the same verdict at once (the ranks of a job on GPUs of one model) run one child: a lock file per key
 (``fcntl.flock`` in the cache dir) makes the others wait for its verdict on disk; saves of the file take a lock too.
 
@@ -170,30 +171,24 @@ def _read_cache(path: Path) -> dict:
 def _held(lock_file: Path, wait: float):
     """An exclusive advisory lock (``fcntl.flock``) on ``lock_file`` for the block, across processes, waiting up to
     ``wait`` seconds for it. Yields True when held, False when it is not (no ``fcntl``, a directory that cannot be
-    written, a file system without locks, the wait ran out): the caller then goes on without it."""
+    written, a file system without locks, the wait ran out): the caller then goes on without it. A lock file another
+    user made (a cache dir shared between users) is opened read-only, which ``flock`` takes as well."""
+    fd = None
     try:
         import fcntl
 
         lock_file.parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(lock_file, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fd = os.open(lock_file, os.O_RDWR | os.O_CREAT, 0o644)
+        except PermissionError:
+            fd = os.open(lock_file, os.O_RDONLY)
     except (ImportError, OSError):
+        pass
+    if fd is None:
         yield False
         return
     try:
-        deadline = time.monotonic() + wait
-        while True:
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                held = True
-                break
-            except BlockingIOError:
-                if time.monotonic() >= deadline:
-                    held = False
-                    break
-                time.sleep(0.05)
-            except OSError:
-                held = False
-                break
+        held = _flock(fd, wait)
         try:
             yield held
         finally:
@@ -201,6 +196,23 @@ def _held(lock_file: Path, wait: float):
                 fcntl.flock(fd, fcntl.LOCK_UN)
     finally:
         os.close(fd)
+
+
+def _flock(fd: int, wait: float) -> bool:
+    """Take the exclusive lock on ``fd``, polling up to ``wait`` seconds; False if it could not be taken."""
+    import fcntl
+
+    deadline = time.monotonic() + wait
+    while True:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return True
+        except BlockingIOError:
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(0.05)
+        except OSError:
+            return False
 
 
 def _write_cache(path: Path, key: str, entry: dict) -> Optional[str]:
@@ -217,6 +229,7 @@ def _merge_entry(path: Path, key: str, entry: dict) -> Optional[str]:
         entries[key] = entry
         fd, tmp = tempfile.mkstemp(prefix=".selftest.", dir=str(path.parent))
         try:
+            os.fchmod(fd, 0o644)  # as a plain file would be (mkstemp makes 0600): a shared cache dir stays readable
             with os.fdopen(fd, "w") as f:
                 json.dump({"schema": CACHE_SCHEMA, "entries": entries}, f, indent=1, sort_keys=True)
             os.replace(tmp, path)
@@ -448,15 +461,19 @@ def peek(device_index: int, path: str, fmt: str, *, ident: Optional[dict] = None
     key = cache_key(ident, path, fmt)
     file = cache_file()
     e = _read_cache(file).get(key)
-    if isinstance(e, dict) and e.get("outcome") in OUTCOMES:
-        return Verdict(bool(e.get("ok")), e["outcome"], str(e.get("detail", "")), f"{CACHED_DISK} ({file})", 0.0, key)
-    return None
+    if not isinstance(e, dict) or e.get("outcome") not in OUTCOMES:
+        return None
+    expires = e.get("expires")
+    if expires is not None and not (isinstance(expires, (int, float)) and time.time() < expires):
+        return None  # a transient failure of another process, past its window: test again
+    return Verdict(bool(e.get("ok")), e["outcome"], str(e.get("detail", "")), f"{CACHED_DISK} ({file})", 0.0, key)
 
 
 def is_transient(outcome: str, detail: str) -> bool:
     """A failure that says more about the moment than about the kernels: a timeout (a busy GPU) or an
-    out-of-memory error (the child's own CUDA context next to a full parent). Kept in the process only,
-    never on disk, so a later process tests again."""
+    out-of-memory error (the child's own CUDA context next to a full parent). Kept in the process, and on disk only
+    for the self-test's timeout plus ``CHILD_LOCK_MARGIN_S`` (the processes asking at the same time, which waited on
+    the lock, take it instead of testing one after another), so a later process tests again."""
     return outcome == "timeout" or (outcome == "fail" and "out of memory" in detail.lower())
 
 
@@ -464,9 +481,18 @@ def is_transient(outcome: str, detail: str) -> bool:
 SELFTEST_FORMATS = ("bf16", "nvfp4", "sign", "mixed", "fp8", "ternary", "mixed-decoded")
 
 
+#: the dense formats a self-test runs as "bf16"
+DENSE_FORMATS = ("bf16", "fp16", "fp32")
+
+
 def canonical_format(fmt: str) -> str:
-    """The format a self-test runs for a storage format: dense formats (bf16, fp16, fp32) test as "bf16"."""
-    return fmt if fmt in SELFTEST_FORMATS else "bf16"
+    """The format a self-test runs for a storage format: dense formats (bf16, fp16, fp32) test as "bf16".
+    ValueError naming ``fmt`` for anything else but ``SELFTEST_FORMATS``."""
+    if fmt in SELFTEST_FORMATS:
+        return fmt
+    if fmt in DENSE_FORMATS:
+        return "bf16"
+    raise ValueError(f"fmt must be one of {list(dict.fromkeys(SELFTEST_FORMATS + DENSE_FORMATS))}, got {fmt!r}")
 
 
 def verdict(device_index: int, path: str, fmt: str, *, runner: Optional[Runner] = None,
@@ -488,6 +514,12 @@ def verdict(device_index: int, path: str, fmt: str, *, runner: Optional[Runner] 
     v = _decided(device_index, path, fmt)
     if v is not None:
         return v
+    ident = ident if ident is not None else identity(device_index)
+    cached = peek(device_index, path, fmt, ident=ident)  # on disk: no wait behind another thread's child
+    if cached is not None:
+        with _lock:
+            _memo[(device_index, path, fmt)] = cached
+        return cached
     with _run_lock:
         return _verdict_locked(device_index, path, fmt, runner, ident, timeout)
 
@@ -527,12 +559,16 @@ def _run_child(device_index: int, path: str, fmt: str, runner: Optional[Runner],
         return v
     ok, outcome, detail = interpret(res, t)
     file = cache_file()
-    if is_transient(outcome, detail):  # this process only: the next process tests again
-        source = RAN_NOW + ", not saved (a timeout or out-of-memory failure may not recur)"
+    entry = {"ok": ok, "outcome": outcome, "detail": detail, "identity": ident, "path": path, "fmt": fmt,
+             "seconds": round(res.seconds, 3), "tested_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+    transient = is_transient(outcome, detail)
+    if transient:  # shared with the processes asking now (they wait on the lock), tested again after that
+        entry["expires"] = time.time() + t + CHILD_LOCK_MARGIN_S
+    err = _write_cache(file, key, entry)
+    if transient:
+        source = RAN_NOW + (f", kept on disk for {t + CHILD_LOCK_MARGIN_S:.0f} s only (a timeout or out-of-memory "
+                            f"failure may not recur)" if err is None else f", not saved ({err})")
     else:
-        err = _write_cache(file, key, {"ok": ok, "outcome": outcome, "detail": detail, "identity": ident,
-                                       "path": path, "fmt": fmt, "seconds": round(res.seconds, 3),
-                                       "tested_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())})
         source = RAN_NOW + (f", saved to {file}" if err is None else f", not saved ({err})")
     v = Verdict(ok, outcome, detail, source, res.seconds, key)
     with _lock:
@@ -576,7 +612,7 @@ def gate(path: str, capability: Optional[tuple[int, int]], fmt: str,
         word = "passed" if v.ok else "FAILED"
         where = ""
         if not v.ok and v.outcome not in ("disabled", "not-runnable"):
-            where = (" (not cached: the next process tests again)" if is_transient(v.outcome, v.detail)
+            where = (" (kept briefly: a later process tests again)" if is_transient(v.outcome, v.detail)
                      else f" (verdict cached in {cache_file()}: delete it to test again)")
         st = dispatch.Status(v.ok, f"first-use self-test on {cls} {word}: {v.outcome}: {v.detail}{where}")
     return dispatch.record_first_use(path, capability, fmt, st)

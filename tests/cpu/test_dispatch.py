@@ -303,3 +303,27 @@ def test_sm120_backward_reads_the_verdict_of_its_own_gpu(monkeypatch, tmp_path):
         sm120_fp4.grouped_glu_backward(None, x, None, None, None, None, None, None, None, None, None, None, None)
     assert ran == ["bmm", "triton-lowbit"]
     firstuse.reset_for_tests()
+
+
+def test_fallback_record_resets_by_family_and_warns_once_warnings_are_on(monkeypatch):
+    dispatch.reset_fallback_counts()
+    monkeypatch.setattr(config, "warn_fallbacks", False)
+    dispatch.note_fallback("triton-routing", "torch", "why", "routing message")  # counted, silent
+    monkeypatch.setattr(config, "warn_fallbacks", True)
+    with pytest.warns(RuntimeWarning, match="routing message"):  # met again with warnings on: warned now
+        dispatch.note_fallback("triton-routing", "torch", "why", "routing message")
+    with pytest.warns(RuntimeWarning, match="path message"):
+        dispatch.note_fallback("triton-bf16", "bmm", "why", "path message")
+    assert dispatch.fallback_counts()[("triton-routing", "torch", "why")] == 2
+    dispatch.reset_fallback_counts("triton")  # a family name, not a prefix of others: nothing of these
+    assert len(dispatch.fallback_counts()) == 2
+    dispatch.reset_fallback_counts("triton-bf16")
+    assert list(dispatch.fallback_counts()) == [("triton-routing", "torch", "why")]
+    for bad in (dict(wanted=None), dict(why=["a"])):
+        args = dict(wanted="triton-bf16", taken="bmm", why="w", message="m") | bad
+        with pytest.raises(TypeError, match=f"note_fallback: {next(iter(bad))} must be a str"):
+            dispatch.note_fallback(**args)
+    with pytest.raises(TypeError, match="family must be a str"):
+        dispatch.reset_fallback_counts(None)
+    dispatch.reset_fallback_counts()
+    assert dispatch.fallback_counts() == {}

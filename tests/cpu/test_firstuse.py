@@ -384,17 +384,58 @@ def test_real_child_module_without_a_gpu_says_not_runnable(monkeypatch):
     assert "no CUDA device visible" in v.detail
 
 
-def test_transient_failures_are_not_saved_on_disk(monkeypatch):
+def test_transient_failures_are_kept_on_disk_only_while_others_may_be_asking(monkeypatch):
+    """A timeout or an out-of-memory failure is kept on disk for the timeout plus CHILD_LOCK_MARGIN_S: a process asking
+    in that window (a rank that waited on the lock) takes it; a later process tests again."""
     monkeypatch.setenv(firstuse.ENV_TIMEOUT, "5")
     v = firstuse.verdict(0, "sm120-fp4", "sign", runner=FakeRunner(returncode=None, stdout="", timed_out=True), ident=IDENT)
-    assert v.outcome == "timeout" and "not saved" in v.source
+    assert v.outcome == "timeout" and "kept on disk for 65 s only" in v.source
     oom = FakeRunner(returncode=1, stdout=_out("fail", "RuntimeError: CUDA out of memory. Tried to allocate 2 GiB"))
     v = firstuse.verdict(0, "sm120-fp4", "nvfp4", runner=oom, ident=IDENT)
-    assert v.outcome == "fail" and "not saved" in v.source
-    assert not firstuse.cache_file().exists() or not json.loads(firstuse.cache_file().read_text()).get("entries")
-    firstuse.reset_for_tests()  # a new process: both are tested again
+    assert v.outcome == "fail" and "kept on disk" in v.source
+    firstuse.reset_for_tests()  # another process, asking at the same time: the disk answers
     again = FakeRunner()
+    w = firstuse.verdict(0, "sm120-fp4", "sign", runner=again, ident=IDENT)
+    assert w.outcome == "timeout" and w.source.startswith(firstuse.CACHED_DISK) and again.calls == []
+    firstuse.reset_for_tests()  # a process asking after the window: both are tested again
+    now = firstuse.time.time()
+    monkeypatch.setattr(firstuse.time, "time", lambda: now + 66)
     assert firstuse.verdict(0, "sm120-fp4", "sign", runner=again, ident=IDENT).ok and len(again.calls) == 1
+    assert firstuse.verdict(0, "sm120-fp4", "nvfp4", runner=again, ident=IDENT).ok and len(again.calls) == 2
+    saved = json.loads(firstuse.cache_file().read_text())["entries"].values()
+    assert sorted(e["outcome"] for e in saved) == ["pass", "pass"] and all("expires" not in e for e in saved)
+
+
+def test_an_unknown_format_is_refused_by_name():
+    for bad in ("nvfp", "NVFP4", "garbage"):
+        with pytest.raises(ValueError, match=r"fmt must be one of .*got '" + bad):
+            firstuse.verdict(0, "triton-lowbit", bad, runner=FakeRunner(), ident=IDENT)
+    assert firstuse.canonical_format("fp16") == firstuse.canonical_format("fp32") == "bf16"
+
+
+def test_a_verdict_on_disk_does_not_wait_for_another_threads_child():
+    import threading
+    import time
+
+    firstuse.verdict(0, "triton-bf16", "bf16", runner=FakeRunner(), ident=IDENT)  # key B, on disk
+    firstuse.reset_for_tests()
+    started, release = threading.Event(), threading.Event()
+
+    def slow(argv, env, timeout):  # key A's child, holding the process's one-child lock
+        started.set()
+        release.wait(30)
+        return FakeRunner().result
+
+    t = threading.Thread(target=firstuse.verdict, args=(0, "triton-lowbit", "nvfp4"), kwargs=dict(runner=slow,
+                                                                                                  ident=IDENT))
+    t.start()
+    assert started.wait(30)
+    t0 = time.monotonic()
+    v = firstuse.verdict(0, "triton-bf16", "bf16", runner=FakeRunner(), ident=IDENT)
+    waited = time.monotonic() - t0
+    release.set()
+    t.join()
+    assert v.ok and v.source.startswith(firstuse.CACHED_DISK) and waited < 5, waited
 
 
 def test_the_path_is_part_of_the_key_and_of_the_child_command():
@@ -478,19 +519,22 @@ _ASKER = r"""
 import json, os, sys, time
 from pathlib import Path
 from tsct import firstuse
-ident, runs, barrier, me = json.loads(sys.argv[1]), Path(sys.argv[2]), Path(sys.argv[3]), sys.argv[4]
+ident, runs, barrier, me, timed_out = (json.loads(sys.argv[1]), Path(sys.argv[2]), Path(sys.argv[3]), sys.argv[4],
+                                       sys.argv[5] == "timeout")
 def child(argv, env, timeout):
     with open(runs, "a") as f:
         f.write(f"{os.getpid()}\n")
     time.sleep(1.0)
+    if timed_out:
+        return firstuse.ChildResult(None, "", "", True, 1.0)
     out = firstuse.VERDICT_MARKER + json.dumps({"verdict": "pass", "detail": "stand-in"}) + "\n"
     return firstuse.ChildResult(0, out, "", False, 1.0)
 (barrier / me).touch()
 deadline = time.monotonic() + 60
 while len(list(barrier.iterdir())) < 2 and time.monotonic() < deadline:
     time.sleep(0.01)
-v = firstuse.verdict(0, "triton-bf16", "bf16", runner=child, ident=ident)
-print(json.dumps({"ok": v.ok, "source": v.source}))
+v = firstuse.verdict(0, "triton-bf16", "bf16", runner=child, ident=ident, timeout=30)
+print(json.dumps({"ok": v.ok, "outcome": v.outcome, "source": v.source}))
 """
 
 
@@ -502,20 +546,25 @@ def _tsct_env(**extra):
     return dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, path)), **extra)
 
 
-def test_processes_asking_together_get_one_child(tmp_path):
+@pytest.mark.parametrize("outcome", ["pass", "timeout"])
+def test_processes_asking_together_get_one_child(outcome, tmp_path):
+    """Two processes at once, one child between them, the same verdict for both: a pass (saved), and a timeout (kept
+    on disk for the window in which others ask, not for later processes)."""
     import subprocess
 
     runs, barrier = tmp_path / "runs", tmp_path / "barrier"
     barrier.mkdir()
     env = _tsct_env(TSCT_CACHE_DIR=str(tmp_path / "cache"))
-    procs = [subprocess.Popen([sys.executable, "-c", _ASKER, json.dumps(IDENT), str(runs), str(barrier), str(i)],
-                              env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for i in range(2)]
+    procs = [subprocess.Popen([sys.executable, "-c", _ASKER, json.dumps(IDENT), str(runs), str(barrier), str(i),
+                               outcome], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for i in range(2)]
     outs = [p.communicate(timeout=120) for p in procs]
     assert all(p.returncode == 0 for p in procs), [e for _, e in outs]
     got = [json.loads(o.strip().splitlines()[-1]) for o, _ in outs]
     assert len(runs.read_text().split()) == 1  # one child for both
-    assert all(g["ok"] for g in got)
+    assert [g["outcome"] for g in got] == [outcome] * 2
     assert sorted(g["source"].split(" (")[0].split(",")[0] for g in got) == [firstuse.CACHED_DISK, firstuse.RAN_NOW]
+    assert oct(os.stat(tmp_path / "cache" / firstuse.CACHE_FILE).st_mode & 0o777) == "0o644"  # readable by others
 
 
 def test_concurrent_saves_of_different_verdicts_keep_every_entry(tmp_path):

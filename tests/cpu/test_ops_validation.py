@@ -135,18 +135,27 @@ def test_bad_index_values(p):
         call(p, scatter_idx=s)
 
 
-def test_value_checks_can_be_turned_off(p, monkeypatch):
-    """With check_values off no value is read for validation (the sync-free setting)."""
+def test_value_checks_can_be_turned_off_for_gpu_tensors_only(p, monkeypatch):
+    """With check_values off no value of a GPU tensor is read for validation (the sync-free setting); a CPU tensor's
+    values are checked still (no sync to save), and an out-of-range index names num_out_rows."""
+    import types
+
     from tsct.ops import _validate
+
+    monkeypatch.setattr(tsct.config, "check_values", False)
+    cuda = types.SimpleNamespace(device=torch.device("cuda", 0))
+    assert not tsct.config.values_checked(cuda) and tsct.config.values_checked(p["offs"])
+    bad = p["scatter_idx"].clone()
+    bad[0] = -2
+    with pytest.raises(ValueError, match=r"scatter_idx\[:offs\[-1\]\] must lie in \[0, 8\) \(num_out_rows = 8\)"):
+        call(p, scatter_idx=bad)
+    monkeypatch.setattr(tsct.config, "check_values", True)
+    assert tsct.config.values_checked(cuda)
 
     def boom(*a, **k):
         raise AssertionError("value check ran")
 
     monkeypatch.setattr(_validate, "check_routing_facts", boom)
-    monkeypatch.setattr(tsct.config, "check_values", False)
-    y = call(p)
-    assert y.shape == (8, 9)
-    monkeypatch.setattr(tsct.config, "check_values", True)
     with pytest.raises(AssertionError, match="value check ran"):
         call(p)
 

@@ -489,7 +489,7 @@ def _plan_for(offs: Tensor, m: int, w_gate: Tensor, w_down: Tensor, gather_idx=N
     if capturing or torch.compiler.is_compiling() or e_count == 0:
         return static_plan(m, e_count)
     facts = _validate.routing_facts(offs, m, gather_idx, x_rows, scatter_idx, num_out_rows).tolist()
-    if config.check_values:
+    if config.values_checked(offs):
         _validate.check_routing_facts(facts, m, x_rows, num_out_rows)
     fan_in, fan_out = facts[-4], facts[-1]
     counts = np.diff(np.asarray(facts[:e_count], dtype=np.int64), prepend=0).clip(0)

@@ -483,7 +483,7 @@ def _check_within(t: Tensor, hi: int, what: str) -> None:
     starts the ValueError's message ("<layer>: <argument> must lie in ...")."""
     from tsct.ops._validate import _values_readable
 
-    if not config.check_values or t.device.type == "meta" or t.numel() == 0:
+    if not config.values_checked(t) or t.device.type == "meta" or t.numel() == 0:
         return
     if _values_readable(t):
         lo, top = (int(v) for v in torch.stack([t.min(), t.max()]).cpu())

@@ -170,7 +170,7 @@ def check_index_values(offs, m, gather_idx, t_rows, scatter_idx, num_out_rows, *
     in ``[0, num_out_rows)``. Eager: one host read (``routing_facts``). Compiling or capturing: device-side
     asserts. ``deferred``: the caller reads ``routing_facts`` with its own host read and checks them with
     ``check_routing_facts`` (one sync per call instead of two). Raises ValueError naming the argument."""
-    if not config.check_values or not _has_values(offs):
+    if not config.values_checked(offs) or not _has_values(offs):
         return
     if not _values_readable(offs):
         _assert_values_async(offs, m, gather_idx, t_rows, scatter_idx, num_out_rows)
@@ -215,8 +215,9 @@ def check_routing_facts(facts, m: int, t_rows: int, num_out_rows: Optional[int])
             raise ValueError(f"grouped_glu: offs[-1] = {o[-1]} exceeds M = {m} routed rows")
     for name, (below, above, _), bound in (("gather_idx", g, t_rows), ("scatter_idx", sc, num_out_rows)):
         if below or above:
-            raise ValueError(f"grouped_glu: {name}[:offs[-1]] must lie in [0, {bound}), found {below} entries below 0 "
-                             f"and {above} at or above {bound}")
+            of = "the rows of x" if name == "gather_idx" else "num_out_rows"
+            raise ValueError(f"grouped_glu: {name}[:offs[-1]] must lie in [0, {bound}) ({of} = {bound}), found "
+                             f"{below} entries below 0 and {above} at or above {bound}")
 
 
 def _check_values(offs, m, gather_idx, t_rows, scatter_idx, num_out_rows) -> None:

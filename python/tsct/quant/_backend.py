@@ -96,7 +96,7 @@ def native_fallback_counts() -> dict[tuple[str, str], int]:
 
 
 def reset_native_fallback_counts() -> None:
-    dispatch.reset_fallback_counts(_WANTED)
+    dispatch.reset_fallback_counts(dispatch.NATIVE_QUANT)
 
 
 def native():
