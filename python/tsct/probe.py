@@ -415,10 +415,17 @@ def render(report: dict[str, Any]) -> None:
         for c in ("kernel", "role", "in this library", "host prep", "emulated", "proxy sm_90",
                   "ran on sm_120", "first-use self-test"):
             t.add_column(c, no_wrap=c == "kernel")
-        for k in sm["kernels"]:
+        seen: dict[str, int] = {}  # a long cell said once, then "as row N" (the CuTeDSL kernels share theirs)
+        for i, k in enumerate(sm["kernels"], 1):
             here = k["in_this_library"] if sm["linked"] else "no (why: above)"
-            t.add_row(k["kernel"], k["role"], escape(here), k["host_prep"],
-                      k["emulated"], k["proxy_on_sm90"], k["ran_on_sm120"], k["first_use_selftest"])
+            cells = []
+            for c in (k["emulated"], k["proxy_on_sm90"], k["ran_on_sm120"], k["first_use_selftest"]):
+                if len(c) > 40 and c in seen:
+                    c = f"as row {seen[c]}"
+                else:
+                    seen.setdefault(c, i)
+                cells.append(escape(c))
+            t.add_row(k["kernel"], k["role"], escape(here), k["host_prep"], *cells)
         con.print(t)
 
     if report.get("sm120_proxy"):
