@@ -378,7 +378,8 @@ EXECUTED_ON: dict[str, frozenset] = {
 #: a path whose backward runs another path's kernels where that one may run: (path, storage format) whose
 #: first-use verdict the backward reads (``first_use_status``); tsct.ops asks for it before the backward runs
 BACKWARD_VIA: dict[str, tuple[str, str]] = {SM120_FP4: (TRITON_LOWBIT, "nvfp4")}
-_first_use: dict[tuple[str, str, str], Status] = {}  # (path, arch class, fmt) -> self-test verdict
+#: (path, arch class, fmt, CUDA device index) -> self-test verdict, in the order recorded
+_first_use: dict[tuple[str, str, str, Optional[int]], Status] = {}
 
 
 def needs_first_use(path: str, capability: Optional[tuple[int, int]]) -> bool:
@@ -387,25 +388,39 @@ def needs_first_use(path: str, capability: Optional[tuple[int, int]]) -> bool:
     return capability is not None and arch_class(capability) not in EXECUTED_ON.get(path, frozenset())
 
 
-def record_first_use(path: str, capability: tuple[int, int], fmt: str, st: Status) -> Status:
-    """Keep the first-use verdict tsct.ops obtained for (path, arch class of ``capability``, fmt)."""
+def record_first_use(path: str, capability: tuple[int, int], fmt: str, st: Status,
+                     device_index: Optional[int] = None) -> Status:
+    """Keep the first-use verdict tsct.ops obtained for (path, arch class of ``capability``, fmt) on CUDA device
+    ``device_index``."""
     with _lock:
-        _first_use[(path, arch_class(capability), fmt)] = st
+        key = (path, arch_class(capability), fmt, device_index)
+        _first_use.pop(key, None)  # re-inserted: the last recorded of its class comes last
+        _first_use[key] = st
     return st
 
 
-def first_use_status(path: str, capability: Optional[tuple[int, int]], fmt: str) -> Optional[Status]:
-    """The last first-use verdict recorded for (path, arch class, fmt) in this process, of whichever GPU of that class
-    asked last; None if none was. For reports: a decision reads the verdict of its own GPU (``tsct.firstuse``), since
-    two GPUs of one class may be different models with different verdicts."""
+def first_use_status(path: str, capability: Optional[tuple[int, int]], fmt: str,
+                     device_index: Optional[int] = None) -> Optional[Status]:
+    """The first-use verdict recorded in this process for (path, fmt) on CUDA device ``device_index``; without one,
+    the last recorded for the arch class of ``capability``, of whichever GPU asked last (a report: two GPUs of one
+    class may be different models with different verdicts). None if none was."""
+    cls = arch_class(capability)
     with _lock:
-        return _first_use.get((path, arch_class(capability), fmt))
+        if device_index is not None:
+            return _first_use.get((path, cls, fmt, device_index))
+        return _class_view().get((path, cls, fmt))
+
+
+def _class_view() -> dict[tuple[str, str, str], Status]:
+    """(path, arch class, fmt) -> the verdict recorded last among that class's GPUs (under ``_lock``)."""
+    return {k[:3]: st for k, st in _first_use.items()}
 
 
 def first_use_results() -> dict[tuple[str, str, str], Status]:
-    """Verdicts of the first-use self-tests asked for in this process."""
+    """Verdicts of the first-use self-tests asked for in this process, by (path, arch class, fmt): of the GPUs of a
+    class, the one recorded last."""
     with _lock:
-        return dict(_first_use)
+        return _class_view()
 
 
 def _count(wanted: str, taken: str, why: str) -> None:

@@ -615,4 +615,4 @@ def gate(path: str, capability: Optional[tuple[int, int]], fmt: str,
             where = (" (kept briefly: a later process tests again)" if is_transient(v.outcome, v.detail)
                      else f" (verdict cached in {cache_file()}: delete it to test again)")
         st = dispatch.Status(v.ok, f"first-use self-test on {cls} {word}: {v.outcome}: {v.detail}{where}")
-    return dispatch.record_first_use(path, capability, fmt, st)
+    return dispatch.record_first_use(path, capability, fmt, st, device_index)

@@ -168,7 +168,7 @@ def grouped_glu_backward(grad_out, x, offs, w_gate, w_up, w_down, s_gate, s_up, 
     first-use verdict), else by the bmm path's backward on the decoded factors (the same math)."""
     import torch
 
-    from tsct import bmm, dispatch, firstuse, quant
+    from tsct import bmm, dispatch, quant
     from tsct.kernels import triton_lowbit
 
     cap = dispatch.device_capability(x.device)
@@ -178,8 +178,8 @@ def grouped_glu_backward(grad_out, x, offs, w_gate, w_up, w_down, s_gate, s_up, 
         # before this backward runs, dispatch.BACKWARD_VIA; not another GPU's, which may be another model); none
         # asked for (a direct call): the bmm backward
         index = x.device.index if x.device.index is not None else torch.cuda.current_device()
-        v = firstuse.peek(index, dispatch.TRITON_LOWBIT, "nvfp4")
-        ok = v is not None and v.ok
+        st = dispatch.first_use_status(dispatch.TRITON_LOWBIT, cap, "nvfp4", index)
+        ok = st is not None and st.ok
     if ok:
         return triton_lowbit.grouped_glu_backward(grad_out, x, offs, w_gate, w_up, w_down, s_gate, s_up, row_weight,
                                                   gather_idx, scatter_idx, num_out_rows, needs_grad)
