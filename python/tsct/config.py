@@ -176,11 +176,24 @@ def selftest_timeout() -> float:
     not a positive number). At most ``MAX_SELFTEST_TIMEOUT_S`` ("inf" and larger values mean that): the wait on the
     child takes no longer timeout (an OverflowError from the poll otherwise)."""
     raw = os.environ.get("TSCT_SELFTEST_TIMEOUT", "").strip()
+    if not raw:
+        return DEFAULT_SELFTEST_TIMEOUT_S
     try:
-        v = float(raw) if raw else DEFAULT_SELFTEST_TIMEOUT_S
+        v = float(raw)
     except ValueError:
-        v = DEFAULT_SELFTEST_TIMEOUT_S
-    return min(v, MAX_SELFTEST_TIMEOUT_S) if v > 0 else DEFAULT_SELFTEST_TIMEOUT_S
+        v = float("nan")
+    if not v > 0:  # 0, negative, nan or not a number: said once per value, then the default
+        if raw not in _warned_timeouts:
+            _warned_timeouts.add(raw)
+            import warnings
+
+            warnings.warn(f"TSCT_SELFTEST_TIMEOUT={raw!r} is not a positive number of seconds; using the default "
+                          f"{DEFAULT_SELFTEST_TIMEOUT_S:g} s", RuntimeWarning, stacklevel=2)
+        return DEFAULT_SELFTEST_TIMEOUT_S
+    return min(v, MAX_SELFTEST_TIMEOUT_S)
+
+
+_warned_timeouts: set = set()
 
 
 def selftest_child_path() -> Optional[str]:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import ast
 import re
+import warnings
 from pathlib import Path
 
 import pytest
@@ -108,10 +109,18 @@ def test_call_time_settings_follow_the_environment(monkeypatch, tmp_path):
     assert config.triton_backend() == "auto"
     monkeypatch.setenv("TSCT_TRITON_BACKEND", " JIT ")
     assert config.triton_backend() == "jit"
-    for raw, want in (("", 300.0), ("7.5", 7.5), ("-1", 300.0), ("soon", 300.0), ("nan", 300.0),
+    monkeypatch.setattr(config, "_warned_timeouts", set())
+    for raw, want in (("", 300.0), ("7.5", 7.5), ("-1", 300.0), ("soon", 300.0), ("nan", 300.0), ("0", 300.0),
                       ("inf", config.MAX_SELFTEST_TIMEOUT_S), ("1e12", config.MAX_SELFTEST_TIMEOUT_S)):
         monkeypatch.setenv("TSCT_SELFTEST_TIMEOUT", raw)
-        assert config.selftest_timeout() == want
+        bad = raw in ("-1", "soon", "nan", "0")
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            assert config.selftest_timeout() == want
+            assert config.selftest_timeout() == want  # said once per value
+        said = [str(w.message) for w in caught]
+        assert said == ([f"TSCT_SELFTEST_TIMEOUT={raw!r} is not a positive number of seconds; using the default "
+                         "300 s"] if bad else []), (raw, said)
     monkeypatch.setenv("TSCT_AOT_DIR", str(tmp_path))
     assert config.aot_dir() == tmp_path
     monkeypatch.setenv("TSCT_AOT_DIR", "")

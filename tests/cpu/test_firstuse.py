@@ -108,7 +108,9 @@ def test_timeout_is_a_failure(monkeypatch):
     v = firstuse.verdict(0, "sm120-fp4", "sign", runner=run, ident=IDENT)
     assert not v.ok and v.outcome == "timeout" and "after 7.5 s" in v.detail and run.calls[0][2] == 7.5
     monkeypatch.setenv(firstuse.ENV_TIMEOUT, "nonsense")
-    assert firstuse.timeout_s() == firstuse.DEFAULT_TIMEOUT_S
+    monkeypatch.setattr(firstuse.config, "_warned_timeouts", set())
+    with pytest.warns(RuntimeWarning, match="not a positive number"):
+        assert firstuse.timeout_s() == firstuse.DEFAULT_TIMEOUT_S
 
 
 def test_unwritable_cache_dir_keeps_the_verdict_in_process(monkeypatch, tmp_path):
