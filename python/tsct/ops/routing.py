@@ -247,9 +247,10 @@ def _first_use_ok(device: torch.device, cap: tuple[int, int]) -> bool:
     self-test child. Elsewhere (12.x included) the first call asks ``firstuse.gate`` for the verdict of their
     self-test (``tsct.selftest.sort_by_expert``) run in a CHILD process (cached in the process and on disk): this
     process never launches them before the child said "pass". Any other verdict: False (torch's sort serves, the
-    same result), counted in ``dispatch.fallback_counts()`` and warned once per reason. While a CUDA graph is being captured no child is started: a verdict not
-    known yet (in the process or on disk, ``firstuse.peek``) makes that call take torch's sort (the graph then
-    replays torch's sort; counted and warned), and the next call outside a capture asks. Raises what torch raises for a bad device."""
+    same result), counted in ``dispatch.fallback_counts()`` and warned once per reason. While a CUDA graph is being
+    captured no child is started: a verdict not known yet (in the process or on disk, ``firstuse.peek``) makes that
+    call take torch's sort (the graph then replays torch's sort; counted and warned), and the next call outside a
+    capture asks. Raises what torch raises for a bad device."""
     if not dispatch.needs_first_use(dispatch.ROUTING, cap) or firstuse.in_child(dispatch.ROUTING):
         return True
     if firstuse.in_child():  # another path's child: the gate says no without asking
