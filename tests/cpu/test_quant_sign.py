@@ -163,3 +163,17 @@ def test_shapes_container_and_validation():
     wb = w2.to(torch.bfloat16)
     sb, sf = quantize_sign(wb, backend="torch"), quantize_sign(wb.float(), backend="torch")
     assert torch.equal(sb.bits, sf.bits) and torch.equal(sb.scale_k, sf.scale_k)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_the_rank1_fit_does_not_depend_on_how_the_factor_is_stored(dtype):
+    """A factor quantizes to the same bytes whether it is stored [E, K, N] or K-major (a transposed [E, N, K], as
+    the README keeps w_down): sign, and ternary with the rank-1 scaling, which shares the fit."""
+    from tsct.quant import quantize
+
+    g = torch.Generator().manual_seed(3)
+    kmajor = torch.randn(5, 32, 24, generator=g).to(dtype).transpose(1, 2)  # logical [5, 24, 32], K contiguous
+    for fmt, kw in (("sign", {}), ("ternary", {"scaling": "rank1"})):
+        a, b = quantize(kmajor, fmt, backend="torch", **kw), quantize(kmajor.contiguous(), fmt, backend="torch", **kw)
+        for name in ("scale_k", "scale_n"):
+            assert torch.equal(getattr(a, name), getattr(b, name)), (fmt, name)

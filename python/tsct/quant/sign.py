@@ -106,7 +106,9 @@ def rank1_magnitude_fit(x: Tensor, iters: int = DEFAULT_SIGN_ITERS, *, poison: b
     """
     _check_iters(iters)
     bsz, n, k = x.shape
-    x = x.float()
+    # one memory layout whatever the caller's (a K-major factor is a transposed view): the sums below then add in
+    # one order, so a factor gives the same scales however it is stored
+    x = x.float().contiguous()
     finite = torch.isfinite(x)
     m = torch.where(finite, x.abs(), 0)
     if m.numel():
