@@ -165,6 +165,23 @@ def check_expert_parallel(rank, world, device, *, storage="bf16", dtype=torch.fl
             assert rel(a, b) < tol, (name, rel(a, b))
 
 
+def check_ranks_must_agree(rank, world, device):
+    """Ranks whose expert banks differ (L experts here, L + 1 on rank 0: E split unevenly by hand) get a ValueError
+    naming every rank's (L, d, r, f) on the first forward, before any exchange (gloo aborted the process on the
+    mismatched buffer sizes; NCCL may hang)."""
+    import re
+
+    import pytest
+
+    torch.manual_seed(0)
+    ep = ExpertParallelGLU(GroupedGLUExperts(2 + (rank == 0), D, R, F, device=device))
+    x, ids, w, _ = tokens(rank, 2 * world + 1, device, torch.float32)
+    held = [(3 if j == 0 else 2, D, R, F) for j in range(world)]
+    with pytest.raises(ValueError, match="every rank must hold the same number of experts .* the ranks hold "
+                                         + re.escape(str(held))):
+        ep(x, ids, w)
+
+
 def check_fsdp2(rank, world, device, *, storage="bf16", steps=2, tol=1e-5):
     """FSDP2 ``fully_shard`` of the layer's parameters along E (E = 6: uneven shards at 4 ranks): outputs, the
     averaged gradients and the parameters after ``steps`` SGD steps match single-process training on all ranks'

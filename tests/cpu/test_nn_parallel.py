@@ -22,6 +22,7 @@ CASES = [
     (C.check_expert_parallel, {"capacity": "static", "storage": "nvfp4"}),
     (C.check_expert_parallel, {"capacity": "exact", "storage": "sign", "frozen": True}),
     (C.check_expert_parallel, {"capacity": "static", "dtype": "bfloat16", "tol": 1e-2}),
+    (C.check_ranks_must_agree, {}),
     (C.check_fsdp2, {}),
     (C.check_fsdp2, {"storage": "nvfp4"}),  # the straight-through masters re-quantized after each step
 ]

@@ -66,7 +66,9 @@ class ExpertParallelGLU(nn.Module):
     backward's phases too; scripts/ep_run.py times the phases so). Off, it costs one ``is None`` test per phase.
 
     Deterministic: the same inputs give the same bits on every run (the exchanges move data, every sum runs in
-    a fixed order). Every rank of the group must call forward (and backward) together, as with any collective.
+    a fixed order). Every rank of the group must call forward (and backward) together, as with any collective. The
+    first forward checks that every rank holds the same number of experts of the same shape (one
+    ``all_gather_object``): a ValueError naming each rank's (L, d, r, f) otherwise.
     """
 
     phase_hook: Optional[Callable[[str, Tensor], Tensor]] = None
@@ -86,6 +88,21 @@ class ExpertParallelGLU(nn.Module):
         self.capacity = capacity
         self.kept: Optional[Tensor] = None
         self.dropped: Optional[Tensor] = None
+        self._agreed = False  # the ranks' expert banks checked against each other (the first forward)
+
+    def _check_ranks_agree(self) -> None:
+        """Every rank holds L experts of the same d, r, f (one small all-gather, on the first forward): ranks whose
+        banks differ would exchange buffers of different sizes, which gloo aborts on and NCCL may hang on.
+        ValueError naming what differs."""
+        e = self.experts
+        mine = (e.num_experts, e.d, e.r, e.f)
+        everyone = [None] * self.world_size
+        dist.all_gather_object(everyone, mine, group=self.group)
+        if any(tuple(o) != mine for o in everyone):
+            raise ValueError(f"ExpertParallelGLU: every rank must hold the same number of experts of the same shape "
+                             f"(L, d, r, f); the ranks hold {[tuple(o) for o in everyone]} (shard a full layer with "
+                             f"ExpertParallelGLU.shard, which needs E divisible by the ranks)")
+        self._agreed = True
 
     @classmethod
     def shard(cls, full: GroupedGLUExperts, group: Optional[dist.ProcessGroup] = None,
@@ -118,6 +135,8 @@ class ExpertParallelGLU(nn.Module):
 
         local, hook = self.experts, self.phase_hook
         local._check_routing(x, topk_ids, topk_weights)
+        if not self._agreed:
+            self._check_ranks_agree()
         w_, n_local, e_all = self.world_size, local.num_experts, self.num_experts
         t, k = topk_ids.shape
         m, d, dev = t * k, local.d, x.device
