@@ -67,8 +67,9 @@ class ExpertParallelGLU(nn.Module):
 
     Deterministic: the same inputs give the same bits on every run (the exchanges move data, every sum runs in
     a fixed order). Every rank of the group must call forward (and backward) together, as with any collective. The
-    first forward checks that every rank holds the same number of experts of the same shape (one
-    ``all_gather_object``): a ValueError naming each rank's (L, d, r, f) otherwise.
+    first eager forward (not one under torch.compile or CUDA-graph capture) checks that every rank holds the same
+    number of experts of the same shape (one ``all_gather_object``): a ValueError naming each rank's (L, d, r, f)
+    otherwise.
     """
 
     phase_hook: Optional[Callable[[str, Tensor], Tensor]] = None
@@ -135,7 +136,8 @@ class ExpertParallelGLU(nn.Module):
 
         local, hook = self.experts, self.phase_hook
         local._check_routing(x, topk_ids, topk_weights)
-        if not self._agreed:
+        if not self._agreed and not torch.compiler.is_compiling() and not (
+                x.is_cuda and torch.cuda.is_current_stream_capturing()):  # (then on the first eager forward)
             self._check_ranks_agree()
         w_, n_local, e_all = self.world_size, local.num_experts, self.num_experts
         t, k = topk_ids.shape
