@@ -1,5 +1,6 @@
 """tsct-bench on the CPU: the CLI end to end, routing, the padded-bmm baseline, and the byte/FLOP formulas."""
 
+import contextlib
 import json
 import math
 
@@ -164,12 +165,29 @@ def test_an_unwritable_json_path_is_refused_before_the_run(tmp_path, capsys, mon
     monkeypatch.setattr(runner, "run", no_run)
     a_file = tmp_path / "f.txt"
     a_file.write_text("x")
-    for bad, why in ((a_file / "x.json", "is not a directory"), (tmp_path, "is a directory")):
+    # /proc refuses new files even to root, for whom permission bits allow everything
+    for bad, why in ((a_file / "x.json", "is not a directory"), (tmp_path, "is a directory"), ("", "the path is empty"),
+                     ("/proc/tsct-bench-test.json", "cannot be written")):
         assert cli.main(SMALL_FAST + ["--json", str(bad)]) == 2
         err = capsys.readouterr().err
         assert "--json" in err and why in err, err
-    ok = report.check_writable(tmp_path / "new" / "dir" / "r.json")  # missing directories are created later
-    assert ok.name == "r.json"
+    assert cli.main(SMALL_FAST + ["--plot", "/proc/tsct-bench-test.png"]) == 2
+    assert "--plot: '/proc/tsct-bench-test.png' cannot be written" in capsys.readouterr().err
+    ok = report.check_writable(tmp_path / "new" / "dir" / "r.json")  # missing directories are made, no file left
+    assert ok.name == "r.json" and ok.parent.is_dir() and not ok.exists()
+    a_file_before = a_file.read_text()
+    report.check_writable(a_file)  # an existing file is opened for appending: left as it was
+    assert a_file.read_text() == a_file_before
+
+
+def test_empty_lists_and_a_repeated_sweep_axis_are_refused(capsys):
+    for args, want in ((["--arms", ","], "--arms: expected a comma-separated list of names, got ','"),
+                       (["--formats", ""], "--formats: expected a comma-separated list of names, got ''"),
+                       (["--sweep", "r=8", "--sweep", "r=16"], "axis 'r' is given twice")):
+        with pytest.raises(SystemExit) if args[0] != "--sweep" else contextlib.nullcontext():
+            rc = cli.main(SMALL_FAST + args + ["--list-arms"])
+            assert rc == 2
+        assert want in capsys.readouterr().err, args
 
 
 def test_plot_without_matplotlib_is_a_clear_error(monkeypatch, capsys, tmp_path):

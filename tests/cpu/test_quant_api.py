@@ -106,7 +106,7 @@ def test_containers_serialize_with_torch_save(fmt, tmp_path):
     opts = {"scaling": "rank1"} if fmt == "ternary" else {}
     q = quantize(w, fmt, **opts)
     torch.save(q, tmp_path / "q.pt")
-    r = torch.load(tmp_path / "q.pt", weights_only=False)
+    r = torch.load(tmp_path / "q.pt")  # torch's default, weights_only=True: the containers are safe globals
     assert type(r) is type(q) and r.shape == q.shape
     for name in type(q)._STORAGE:
         a, b = getattr(q, name), getattr(r, name)
@@ -226,3 +226,10 @@ def test_dequantize_in_storage_order_is_the_same_values_without_a_copy(fmt, shap
     assert view.stride(-2) == 1 and view.stride(-1) == shape[-2]  # K (dim -2) contiguous
     assert torch.equal(view, dense)
     assert torch.equal(quant.dequantize(w, torch.bfloat16, contiguous=False), w.bfloat16())
+
+
+def test_a_container_moves_to_a_device_not_a_dtype():
+    q = quantize(torch.randn(2, 32, 8), "nvfp4")
+    assert torch.equal(q.to("cpu").codes, q.codes)
+    with pytest.raises(TypeError, match=r"NVFP4Tensor.to: device must be a device, got the dtype torch.bfloat16"):
+        q.to(torch.bfloat16)

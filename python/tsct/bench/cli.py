@@ -18,7 +18,10 @@ from tsct.bench import report, sweep
 
 
 def _csv(s: str) -> tuple:
-    return tuple(p.strip() for p in s.split(",") if p.strip())
+    items = tuple(p.strip() for p in s.split(",") if p.strip())
+    if not items:
+        raise argparse.ArgumentTypeError(f"expected a comma-separated list of names, got {s!r}")
+    return items
 
 
 def parser() -> argparse.ArgumentParser:
@@ -149,10 +152,12 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     try:
         cfg = config_from_args(a)
         axes = sweep.parse_axes(a.sweep) if a.sweep else None
-        if a.json:
-            report.check_writable(a.json)  # fail before spending device time, not after
-        if a.plot:
+        # outputs checked (written to) before spending device time, not after
+        if a.json is not None:
+            report.check_writable(a.json, "--json")
+        if a.plot is not None:
             report.require_matplotlib()
+            report.check_writable(a.plot, "--plot")
     except (ValueError, report.PlotUnavailable) as e:
         return _usage_error(err, e)
     if axes is not None and not a.list_arms:
@@ -173,10 +178,14 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     except ValueError as e:  # e.g. an --arms pattern that matches nothing
         return _usage_error(err, e)
     report.print_report(result, out)
-    if a.json:
-        out.print(f"wrote {report.write_json(result, a.json)}", markup=False, highlight=False)
-    if a.plot:
-        out.print(f"wrote {report.plot(result, a.plot)}", markup=False, highlight=False)
+    try:
+        if a.json:
+            out.print(f"wrote {report.write_json(result, a.json)}", markup=False, highlight=False)
+        if a.plot:
+            out.print(f"wrote {report.plot(result, a.plot)}", markup=False, highlight=False)
+    except OSError as e:  # checked before the run; the file system changed since
+        err.print(f"tsct-bench: error: writing the results: {e}", markup=False, highlight=False, soft_wrap=True)
+        return 1
     return 1 if any(r["status"] == "error" for r in result["arms"]) else 0
 
 

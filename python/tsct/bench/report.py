@@ -219,24 +219,30 @@ def _clean(v):
     return v
 
 
-def check_writable(path) -> Path:
-    """Raise ValueError unless ``path`` can be written as a file by ``write_json`` (checked before a run, so that a
-    bad --json path does not lose the results at the end): not a directory, and its nearest existing ancestor is
-    a writable directory (missing directories are created)."""
+def check_writable(path, flag: str = "--json") -> Path:
+    """Raise ValueError naming ``flag`` unless ``path`` can be written as a file (checked before a run, so that a
+    bad output path does not lose the results at the end): the file is opened for appending (created, then removed,
+    when it did not exist; missing directories are created, as the write would), which is what the write will need;
+    permission bits alone say nothing to root."""
+    if not str(path).strip():
+        raise ValueError(f"{flag}: the path is empty")
     p = Path(path).absolute()
     if p.is_dir():
-        raise ValueError(f"--json: {str(path)!r} is a directory")
-    if p.exists():
-        if not os.access(p, os.W_OK):
-            raise ValueError(f"--json: {str(path)!r} is not writable")
-        return p
+        raise ValueError(f"{flag}: {str(path)!r} is a directory")
     d = p.parent
     while not d.exists():
         d = d.parent
     if not d.is_dir():
-        raise ValueError(f"--json: {str(path)!r} cannot be created: {str(d)!r} is not a directory")
-    if not os.access(d, os.W_OK):
-        raise ValueError(f"--json: {str(path)!r} cannot be created: {str(d)!r} is not writable")
+        raise ValueError(f"{flag}: {str(path)!r} cannot be created: {str(d)!r} is not a directory")
+    existed = p.exists()
+    try:
+        p.parent.mkdir(parents=True, exist_ok=True)
+        with open(p, "a"):
+            pass
+        if not existed:
+            p.unlink()
+    except OSError as e:
+        raise ValueError(f"{flag}: {str(path)!r} cannot be written: {e.strerror or e}") from None
     return p
 
 

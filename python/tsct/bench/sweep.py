@@ -65,6 +65,9 @@ def parse_axes(specs: Sequence[str]) -> dict[str, tuple]:
             continue
         if name not in AXES:
             raise ValueError(f"--sweep {spec!r}: unknown axis {name!r} (axes: {', '.join(AXES)}, or 'all')")
+        if name in out and any(s.partition("=")[0].strip() == name for s in specs[:specs.index(spec)]):
+            raise ValueError(f"--sweep {spec!r}: axis {name!r} is given twice; list its values once "
+                             f"({name}=v1,v2,...)")
         if not sep:
             out[name] = AXES[name]
             continue

@@ -15,6 +15,8 @@ The exact arithmetic is docs/decisions/0002-nvfp4-recipe.md, 0021 and 0022; a re
 Importing this package loads no native library and queries no device.
 """
 
+import torch
+
 from tsct.quant import formats, layout
 from tsct.quant._backend import BACKENDS, native_fallback_counts, reset_native_fallback_counts
 from tsct.quant.api import (
@@ -32,6 +34,9 @@ from tsct.quant.layout import LAYOUTS, to_layout
 from tsct.quant.nvfp4 import NVFP4Tensor, quantize_nvfp4
 from tsct.quant.sign import DEFAULT_SIGN_ITERS, SignTensor, quantize_sign
 from tsct.quant.ternary import TERNARY_SCALINGS, TernaryTensor, quantize_ternary
+
+# torch.load's default (weights_only=True) loads the containers too: they hold tensors, ints and strings only
+torch.serialization.add_safe_globals([NVFP4Tensor, SignTensor, FP8Tensor, TernaryTensor])
 
 __all__ = [
     "BACKENDS",

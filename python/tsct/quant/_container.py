@@ -120,5 +120,9 @@ class PackedFactor:
         return dataclasses.replace(self, **changes)
 
     def to(self, device, non_blocking: bool = False):
-        """The same container on ``device`` (tensors moved bit for bit)."""
+        """The same container on ``device`` (a ``torch.device``, "cuda:0", an index; tensors moved bit for bit).
+        TypeError for a dtype: the storage dtypes are the format's (``dequantize(dtype)`` gives a dense tensor)."""
+        if isinstance(device, torch.dtype):
+            raise TypeError(f"{type(self).__name__}.to: device must be a device, got the dtype {device} (the storage "
+                            f"dtypes are the format's; .dequantize({device}) gives a dense tensor)")
         return self.replace(**{f: t.to(device, non_blocking=non_blocking) for f, t in self._tensors().items()})
