@@ -517,46 +517,43 @@ def verdict(device_index: int, path: str, fmt: str, *, runner: Optional[Runner] 
     ident = ident if ident is not None else identity(device_index)
     cached = peek(device_index, path, fmt, ident=ident)  # on disk: no wait behind another thread's child
     if cached is not None:
-        with _lock:
-            _memo[(device_index, path, fmt)] = cached
-        return cached
+        return _remember((device_index, path, fmt), cached)
     with _run_lock:
         return _verdict_locked(device_index, path, fmt, runner, ident, timeout)
 
 
-def _verdict_locked(device_index: int, path: str, fmt: str, runner: Optional[Runner], ident: Optional[dict],
+def _remember(memo: tuple, v: Verdict) -> Verdict:
+    """Keep ``v`` as this process's verdict for ``memo`` = (device index, path, fmt); returns it."""
+    with _lock:
+        _memo[memo] = v
+    return v
+
+
+def _verdict_locked(device_index: int, path: str, fmt: str, runner: Optional[Runner], ident: dict,
                     timeout: Optional[float]) -> Verdict:
     v = _decided(device_index, path, fmt)
     if v is not None:  # another thread ran it while this one waited
         return v
-    ident = ident if ident is not None else identity(device_index)
-    memo = (device_index, path, fmt)
-    cached = peek(device_index, path, fmt, ident=ident)
-    if cached is None:
-        key = cache_key(ident, path, fmt)
-        t = timeout if timeout is not None else timeout_s()
-        # Processes asking for one key at once (the ranks of a job on GPUs of one model) get one child: the others
-        # wait for its verdict on disk instead of testing beside it. Without the lock (_held) each tests for itself.
-        with _held(cache_dir() / f".selftest-{key}.lock", t + CHILD_LOCK_MARGIN_S) as held:
-            cached = peek(device_index, path, fmt, ident=ident) if held else None
-            if cached is None:
-                return _run_child(device_index, path, fmt, runner, ident, key, t, memo)
-    with _lock:
-        _memo[memo] = cached
-    return cached
+    key = cache_key(ident, path, fmt)
+    t = timeout if timeout is not None else timeout_s()
+    # Processes asking for one key at once (the ranks of a job on GPUs of one model) get one child: the others wait
+    # for its verdict on disk instead of testing beside it. Without the lock (_held) each tests for itself.
+    with _held(cache_dir() / f".selftest-{key}.lock", t + CHILD_LOCK_MARGIN_S):
+        cached = peek(device_index, path, fmt, ident=ident)  # another process may have tested while this one waited
+        if cached is None:
+            return _run_child(device_index, path, fmt, runner, ident, key, t)
+    return _remember((device_index, path, fmt), cached)
 
 
-def _run_child(device_index: int, path: str, fmt: str, runner: Optional[Runner], ident: dict, key: str, t: float,
-               memo: tuple) -> Verdict:
+def _run_child(device_index: int, path: str, fmt: str, runner: Optional[Runner], ident: dict, key: str,
+               t: float) -> Verdict:
     env = dict(os.environ, CUDA_VISIBLE_DEVICES=child_visible_devices(device_index), **{ENV_IN_CHILD: path})
     try:
         res = (runner or run_subprocess)(child_command(path, fmt, ident), env, t)
     except (OSError, ValueError, subprocess.SubprocessError) as exc:  # no child at all: this process only
-        v = Verdict(False, "fail", f"could not start the self-test child: {type(exc).__name__}: {exc}",
-                    RAN_NOW + ", not saved (the child did not start)", 0.0, key)
-        with _lock:
-            _memo[memo] = v
-        return v
+        return _remember((device_index, path, fmt),
+                         Verdict(False, "fail", f"could not start the self-test child: {type(exc).__name__}: {exc}",
+                                 RAN_NOW + ", not saved (the child did not start)", 0.0, key))
     ok, outcome, detail = interpret(res, t)
     file = cache_file()
     entry = {"ok": ok, "outcome": outcome, "detail": detail, "identity": ident, "path": path, "fmt": fmt,
@@ -570,10 +567,7 @@ def _run_child(device_index: int, path: str, fmt: str, runner: Optional[Runner],
                             f"failure may not recur)" if err is None else f", not saved ({err})")
     else:
         source = RAN_NOW + (f", saved to {file}" if err is None else f", not saved ({err})")
-    v = Verdict(ok, outcome, detail, source, res.seconds, key)
-    with _lock:
-        _memo[memo] = v
-    return v
+    return _remember((device_index, path, fmt), Verdict(ok, outcome, detail, source, res.seconds, key))
 
 
 # ---- the gate: a verdict as the status tsct.ops (a path, the routing kernels) and tsct.quant act on -------------
