@@ -123,9 +123,14 @@ def quantize_master(master: Tensor, fmt: str, *, layout: str = "linear", backend
     if fmt != "nvfp4" and layout != "linear":
         raise ValueError(f"quantize_master: layout={layout!r} applies to NVFP4 block scales only; fmt={fmt!r} "
                          "has no layout choice (leave layout='linear')")
-    if master.is_inference():  # made under torch.inference_mode: no version counter to cache on, no training
+    opts = {"layout": layout} if fmt == "nvfp4" else {}
+
+    def quantized():
         with torch.no_grad():
-            return quant.quantize(master, fmt, backend=backend, **({"layout": layout} if fmt == "nvfp4" else {}))
+            return quant.quantize(master.detach(), fmt, backend=backend, **opts)
+
+    if master.is_inference():  # made under torch.inference_mode: no version counter to cache on, no training
+        return quantized()
     _ensure_step_hook()
     owner, geom = _owner(master), _geometry(master)
     key = (fmt, layout, backend, geom)
@@ -134,9 +139,7 @@ def quantize_master(master: Tensor, fmt: str, *, layout: str = "linear", backend
         hit = _master_cache.get(owner, {}).get(key)
         if hit is not None and hit[0] == ver:
             return hit[1]
-    with torch.no_grad():
-        opts = {"layout": layout} if fmt == "nvfp4" else {}
-        q = quant.quantize(master.detach(), fmt, backend=backend, **opts)
+    q = quantized()
     with _cache_lock:
         # a replaced container keeps its record (it is dropped with the container), so a caller still holding it
         # is refused as stale, not taken for one made otherwise

@@ -108,7 +108,7 @@ def rank1_magnitude_fit(x: Tensor, iters: int = DEFAULT_SIGN_ITERS, *, poison: b
     bsz, n, k = x.shape
     # one memory layout whatever the caller's (a K-major factor is a transposed view): the sums below then add in
     # one order, so a factor gives the same scales however it is stored
-    x = x.float().contiguous()
+    x = x.to(torch.float32, memory_format=torch.contiguous_format).contiguous()  # one copy (the second a no-op)
     finite = torch.isfinite(x)
     m = torch.where(finite, x.abs(), 0)
     if m.numel():
