@@ -90,6 +90,28 @@ def _row_index(idx_ptr, rows, rmask, HAS_IDX: tl.constexpr):
 # ---- combine, padding rows, tile map ------------------------------------------------------------
 
 @triton.jit
+def _glu_fwd_epilogue(acc_g, acc_u, e, rows, rmask, cols, cmask, r, sg_ptr, su_ptr, rw_ptr, z_ptr, hg_ptr, hu_ptr,
+                      HAS_SG: tl.constexpr, HAS_SU: tl.constexpr, HAS_RW: tl.constexpr, BWD: tl.constexpr):
+    """The forward's GLU on one (row tile, rank block) of both families' down kernels: acc_g = x Wg, acc_u = x Wu
+    (fp32); z = silu(acc_g * sg) * (acc_u * su) stored in z's dtype. With BWD (the saving forward): hg, hu stored
+    first (fp32, before the scales sg, su) and z * rw stored instead of z."""
+    hmask = rmask[:, None] & cmask[None, :]
+    h_off = rows.to(tl.int64)[:, None] * r + cols[None, :]
+    if BWD:
+        tl.store(hg_ptr + h_off, acc_g, mask=hmask)
+        tl.store(hu_ptr + h_off, acc_u, mask=hmask)
+    if HAS_SG:
+        acc_g = acc_g * tl.load(sg_ptr + e * r + cols, mask=cmask, other=0.0).to(tl.float32)[None, :]
+    if HAS_SU:
+        acc_u = acc_u * tl.load(su_ptr + e * r + cols, mask=cmask, other=0.0).to(tl.float32)[None, :]
+    z = acc_g * tl.sigmoid(acc_g) * acc_u
+    if BWD:
+        if HAS_RW:
+            z = z * tl.load(rw_ptr + rows, mask=rmask, other=0.0).to(tl.float32)[:, None]
+    tl.store(z_ptr + h_off, z.to(z_ptr.dtype.element_ty), mask=hmask)
+
+
+@triton.jit
 def combine_rows(src_ptr, order_ptr, ptr_ptr, out_ptr, offs_ptr, E, ncols, ld_src, SRC8: tl.constexpr,
                  BN: tl.constexpr, NB: tl.constexpr):
     """out[t, blk] = sum over j in [ptr[t], ptr[t+1]) of src[order[j], blk] for the rows order[j] < offs[E-1], in

@@ -19,7 +19,8 @@ import triton
 import triton.language as tl
 
 from tsct.kernels.triton_common._kernels import (_bwd_rows, _bwd_tile, _dw_one_tile, _dw_store, _expert_bounds,
-                                                _expert_of_tile, _one_tile_dh, _row_index, _tile_of_offs)
+                                                _expert_of_tile, _glu_fwd_epilogue, _one_tile_dh, _row_index,
+                                                _tile_of_offs)
 # The "glu" AOT family compiles and indexes the shared kernels too (their spec keys, index entries and sm_120 proxy
 # verdicts have always been the glu family's: ``specs.KERNELS``), so its kernel module holds every kernel its table
 # lists.
@@ -145,20 +146,8 @@ def glu_down_fwd(
         wu = tl.load(wu_base + k * r + w_tile, mask=wmask, other=0.0)
         acc_g = tl.dot(a, wg, acc_g)
         acc_u = tl.dot(a, wu, acc_u)
-    hmask = rmask[:, None] & cmask[None, :]
-    h_off = rows.to(tl.int64)[:, None] * r + cols[None, :]
-    if BWD:
-        tl.store(hg_ptr + h_off, acc_g, mask=hmask)
-        tl.store(hu_ptr + h_off, acc_u, mask=hmask)
-    if HAS_SG:
-        acc_g = acc_g * tl.load(sg_ptr + e * r + cols, mask=cmask, other=0.0).to(tl.float32)[None, :]
-    if HAS_SU:
-        acc_u = acc_u * tl.load(su_ptr + e * r + cols, mask=cmask, other=0.0).to(tl.float32)[None, :]
-    z = acc_g * tl.sigmoid(acc_g) * acc_u
-    if BWD:
-        if HAS_RW:
-            z = z * tl.load(rw_ptr + rows, mask=rmask, other=0.0).to(tl.float32)[:, None]
-    tl.store(z_ptr + h_off, z.to(z_ptr.dtype.element_ty), mask=hmask)
+    _glu_fwd_epilogue(acc_g, acc_u, e, rows, rmask, cols, cmask, r, sg_ptr, su_ptr, rw_ptr, z_ptr, hg_ptr, hu_ptr,
+                      HAS_SG, HAS_SU, HAS_RW, BWD)
 
 
 @triton.jit

@@ -60,7 +60,7 @@ import triton
 import triton.language as tl
 
 from tsct.kernels.triton_common._kernels import (_bwd_rows, _bwd_tile, _dw_one_tile, _dw_store, _expert_bounds,
-                                                _expert_of_tile, _one_tile_dh, _row_index)
+                                                _expert_of_tile, _glu_fwd_epilogue, _one_tile_dh, _row_index)
 
 DENSE, NVFP4, SIGN, FP8, TERNARY, TERNARY_R1 = 0, 1, 2, 3, 4, 5
 
@@ -445,20 +445,8 @@ def lowbit_down_fwd(
     acc_u = tl.trans(acc_u)
     acc_g = _w_cols(FMT_G, _w_scalar(FMT_G, acc_g, g2, e), g2, e64, r, cols, cmask)
     acc_u = _w_cols(FMT_U, _w_scalar(FMT_U, acc_u, u2, e), u2, e64, r, cols, cmask)
-    hmask = rmask[:, None] & cmask[None, :]
-    h_off = rows.to(tl.int64)[:, None] * r + cols[None, :]
-    if BWD:
-        tl.store(hg_ptr + h_off, acc_g, mask=hmask)
-        tl.store(hu_ptr + h_off, acc_u, mask=hmask)
-    if HAS_SG:
-        acc_g = acc_g * tl.load(sg_ptr + e * r + cols, mask=cmask, other=0.0).to(tl.float32)[None, :]
-    if HAS_SU:
-        acc_u = acc_u * tl.load(su_ptr + e * r + cols, mask=cmask, other=0.0).to(tl.float32)[None, :]
-    z = acc_g * tl.sigmoid(acc_g) * acc_u
-    if BWD:
-        if HAS_RW:
-            z = z * tl.load(rw_ptr + rows, mask=rmask, other=0.0).to(tl.float32)[:, None]
-    tl.store(z_ptr + h_off, z.to(z_ptr.dtype.element_ty), mask=hmask)
+    _glu_fwd_epilogue(acc_g, acc_u, e, rows, rmask, cols, cmask, r, sg_ptr, su_ptr, rw_ptr, z_ptr, hg_ptr, hu_ptr,
+                      HAS_SG, HAS_SU, HAS_RW, BWD)
 
 
 @triton.jit
