@@ -389,7 +389,7 @@ def train_arm(cfg: Config, arm: str, steps: int, batches, val, log) -> dict:
         "train_seconds": round(train_s, 3),
         "tokens_per_s": round(steps * cfg.batch * cfg.seq / train_s, 1),
         "peak_memory_bytes": torch.cuda.max_memory_allocated(dev) if dev.type == "cuda" else None,
-        "fallbacks": {"/".join(k): v for k, v in dispatch.fallback_counts().items()},
+        "fallbacks": dispatch.fallback_records(),
     }
     if arm == "padded-bmm":
         res["dropped_fraction"] = [round(v, 5) for v in dropped.tolist()]

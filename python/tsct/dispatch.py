@@ -288,6 +288,12 @@ def fallback_counts() -> dict[tuple[str, str, str], int]:
         return dict(_fallbacks)
 
 
+def fallback_records() -> list[dict]:
+    """``fallback_counts`` as the JSON of ``tsct-probe --json``, ``tsct-bench`` and the training example write it
+    (key "fallbacks"): a list of {"wanted", "taken", "reason", "count"}."""
+    return [{"wanted": w, "taken": t, "reason": r, "count": n} for (w, t, r), n in fallback_counts().items()]
+
+
 def _of_family(name: str, family: str) -> bool:
     """``name`` (a fallback's ``wanted``) is ``family`` or one of its members ("native-quant/<function>")."""
     return not family or name == family or name.startswith(family.rstrip("/") + "/")

@@ -147,8 +147,7 @@ def collect(selftests: bool = True, verify_artifacts: bool = False) -> dict[str,
                 else:
                     tests += [{"device": str(dev), **r.__dict__} for r in selftest.native_quant(dev)]
     report["selftests"] = tests
-    report["fallback_counts"] = [{"wanted": w, "taken": t, "reason": r, "count": n}
-                                 for (w, t, r), n in dispatch.fallback_counts().items()]
+    report["fallbacks"] = dispatch.fallback_records()
     return report
 
 

@@ -10,7 +10,7 @@ import sys
 
 import torch
 
-from tsct import probe
+from tsct import dispatch, probe
 
 NO_GPU = not torch.cuda.is_available()
 
@@ -21,11 +21,13 @@ def _json_report(capsys, argv):
     return rc, json.loads(out)
 
 
-def test_json_report_sections(capsys):
+def test_json_report_sections(capsys, monkeypatch):
+    monkeypatch.setattr(dispatch, "_fallbacks", dispatch.collections.Counter({("triton-bf16", "bmm", "why"): 3}))
     rc, rep = _json_report(capsys, ["--json", "--no-selftest"])
     assert rc == 0
-    for key in ("versions", "gpus", "artifacts", "dispatch", "selftests"):
+    for key in ("versions", "gpus", "artifacts", "dispatch", "selftests", "fallbacks"):
         assert key in rep, key
+    assert {"wanted": "triton-bf16", "taken": "bmm", "reason": "why", "count": 3} in rep["fallbacks"]
     assert rep["versions"]["tsct"] and rep["versions"]["torch"] == torch.__version__
     assert rep["selftests"] == []
     if NO_GPU:

@@ -48,11 +48,6 @@ def _input_sets_that_fit(cfg: BenchConfig, device: torch.device) -> int:
     return max(1, min(cfg.input_sets, int(0.25 * free // max(1, per_set))))
 
 
-def _fallbacks() -> list:
-    """Every fallback counted in the run (paths, native quantizers, routing kernels: ``dispatch.fallback_counts``)."""
-    return [{"wanted": w, "taken": t, "reason": r, "count": c} for (w, t, r), c in dispatch.fallback_counts().items()]
-
-
 def run(cfg: BenchConfig, reporter=None) -> dict:
     """Run the benchmark described by ``cfg``; never raises for a failing arm (it is recorded)."""
     reporter = reporter or NullReporter()
@@ -129,7 +124,7 @@ def run(cfg: BenchConfig, reporter=None) -> dict:
         "expert_rows": _expert_row_stats(sets[0].ids, cfg.experts),
         "auto_paths": {fmt: _auto(capability, fmt) for fmt in formats},
         "triton_aot": _triton_aot(capability),
-        "fallbacks": _fallbacks(),
+        "fallbacks": dispatch.fallback_records(),  # paths, native quantizers, routing kernels
         "arms": results,
     }
 
