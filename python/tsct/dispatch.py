@@ -40,6 +40,9 @@ from __future__ import annotations
 import collections
 import dataclasses
 import functools
+import importlib.util
+import os
+import sys
 import threading
 import warnings
 from typing import Callable, Mapping, Optional
@@ -275,6 +278,16 @@ class Decision:
 
 
 _lock = threading.Lock()
+
+
+def _library_dirs() -> tuple[str, ...]:
+    """The source directories of tsct, torch and Triton (where installed): the frames a fallback warning skips."""
+    triton = importlib.util.find_spec("triton")
+    files = [__file__, torch.__file__] + ([triton.origin] if triton is not None and triton.origin else [])
+    return tuple(os.path.dirname(os.path.abspath(f)) + os.sep for f in files)
+
+
+_LIBRARY_DIRS = _library_dirs()
 _fallbacks: collections.Counter = collections.Counter()
 _warned: set = set()
 
@@ -311,13 +324,21 @@ def reset_fallback_counts(family: str = "") -> None:
         _warned.difference_update({k for k in _warned if _of_family(k[0], family)})
 
 
-def note_fallback(wanted: str, taken: str, why: str, message: str, *, warn_key: Optional[tuple] = None,
-                  stacklevel: int = 3) -> None:
+def _outside_stacklevel() -> int:
+    """The ``stacklevel`` of ``warnings.warn`` called in ``note_fallback`` that names the innermost frame outside
+    tsct, torch and Triton: the caller's line, whichever of tsct's calls met the fallback."""
+    level, f = 2, sys._getframe(2)  # level 1 is note_fallback (sys._getframe(1)), level 2 its caller
+    while f is not None and f.f_code.co_filename.startswith(_LIBRARY_DIRS):
+        level, f = level + 1, f.f_back
+    return level
+
+
+def note_fallback(wanted: str, taken: str, why: str, message: str, *, warn_key: Optional[tuple] = None) -> None:
     """Count one call that ``wanted`` could not serve, served by ``taken``, because of ``why``
     (``fallback_counts()``), and warn ``message`` as a RuntimeWarning the first time this process meets ``warn_key``
     (default ``(wanted, taken, why)``; its first item names the family, as ``wanted`` does) while
-    ``tsct.config.warn_fallbacks`` is on. The one record of fallbacks: every family that falls back calls it.
-    TypeError for a ``wanted``, ``taken``, ``why`` or ``message`` that is not a str."""
+    ``tsct.config.warn_fallbacks`` is on. The warning names the caller's line (the innermost frame outside tsct,
+    torch and Triton). The one record of fallbacks: every family that falls back calls it. TypeError for a ``wanted``, ``taken``, ``why`` or ``message`` that is not a str."""
     for name, v in (("wanted", wanted), ("taken", taken), ("why", why), ("message", message)):
         if not isinstance(v, str):
             raise TypeError(f"note_fallback: {name} must be a str, got {type(v).__name__}")
@@ -330,7 +351,7 @@ def note_fallback(wanted: str, taken: str, why: str, message: str, *, warn_key: 
         if first:  # a fallback met while warnings are off is warned about once they are on again
             _warned.add(once)
     if first:
-        warnings.warn(message, RuntimeWarning, stacklevel=stacklevel + 1)
+        warnings.warn(message, RuntimeWarning, stacklevel=_outside_stacklevel())
 
 
 def decide(capability: Optional[tuple[int, int]], fmt: str, activations: str = "bf16", *, x_dtype: str = "bf16",
@@ -431,7 +452,7 @@ def first_use_results() -> dict[tuple[str, str, str], Status]:
 
 def _count(wanted: str, taken: str, why: str) -> None:
     note_fallback(wanted, taken, why, f"tsct: {wanted} unavailable ({why}); using {taken}. "
-                                      "Counted in tsct.dispatch.fallback_counts().", stacklevel=4)
+                                      "Counted in tsct.dispatch.fallback_counts().")
 
 
 @torch.compiler.assume_constant_result

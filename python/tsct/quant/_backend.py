@@ -85,7 +85,7 @@ def resolve(backend: str, device: torch.device, what: str) -> str:
         dispatch.note_fallback(_WANTED + what, "torch", why,
                                f"tsct.quant: {what} uses the torch backend on CUDA: {why}. Counted in "
                                "tsct.quant.native_fallback_counts().",
-                               warn_key=(_WANTED, why), stacklevel=4)  # once per reason, whichever function first
+                               warn_key=(_WANTED, why))  # once per reason, whichever function first
     return "torch"
 
 
