@@ -28,7 +28,7 @@ ROOT = Path(__file__).resolve().parents[2]
 # until the proxy stage runs it again (tsct.kernels.sm120_proxy, docs/sm120.md).
 FINGERPRINTS = {
     "glu": {
-        "glu_down_fwd": "c5a0a225608df89d",
+        "glu_down_fwd": "4b1cf567a2153d26",
         "glu_up_fwd": "e916da95730f92e7",
         "combine_rows": "900fcb176222429c",
         "zero_tail_rows": "3ca19f5790771e7d",
@@ -46,7 +46,7 @@ FINGERPRINTS = {
         "glu_bwd_dw": "7f44eaed32b055ac",
     },
     "lowbit": {
-        "lowbit_down_fwd": "6ad6ae1d57686d3b",
+        "lowbit_down_fwd": "ffafcebec9fa9aaa",
         "lowbit_up_fwd": "b6766d14776506f0",
         "lowbit_bwd_dz": "e81cbed19b2a2acf",
         "lowbit_bwd_dx_dw": "6e85d70ca7196b78",
