@@ -16,7 +16,6 @@ the first storage tensor ``[E, N, K / values per byte]``) and runs on fake tenso
 
 from __future__ import annotations
 
-import functools
 from typing import Optional, Sequence
 
 import torch
@@ -30,24 +29,37 @@ FACTOR_TAGS = ("dense", "nvfp4", "nvfp4-swizzled_128x4", "sign", "fp8", "ternary
 _RAW_BYTES = {("nvfp4", "block_scale"), ("fp8", "codes")}
 
 
-@functools.cache
+# Built on first use (tsct.quant imports the ops layer), then only read: module globals, not functools caches, which
+# torch.compile traces through with a warning that it ignores them.
+_CLASSES: Optional[dict] = None
+_VALUES_PER_BYTE: Optional[dict] = None
+_STORAGE_COUNTS: Optional[dict] = None
+
+
 def _classes() -> dict:
-    """{format: container class} (tsct.quant imported on first use)."""
-    from tsct import quant
-    return {"nvfp4": quant.NVFP4Tensor, "sign": quant.SignTensor, "fp8": quant.FP8Tensor,
-            "ternary": quant.TernaryTensor}
+    """{format: container class}."""
+    global _CLASSES
+    if _CLASSES is None:
+        from tsct import quant
+        _CLASSES = {"nvfp4": quant.NVFP4Tensor, "sign": quant.SignTensor, "fp8": quant.FP8Tensor,
+                    "ternary": quant.TernaryTensor}
+    return _CLASSES
 
 
-@functools.cache
 def _values_per_byte() -> dict:
-    from tsct.quant.formats import SIGN_PACK, TERNARY_PACK
-    return {"nvfp4": 2, "sign": SIGN_PACK, "fp8": 1, "ternary": TERNARY_PACK}
+    global _VALUES_PER_BYTE
+    if _VALUES_PER_BYTE is None:
+        from tsct.quant.formats import SIGN_PACK, TERNARY_PACK
+        _VALUES_PER_BYTE = {"nvfp4": 2, "sign": SIGN_PACK, "fp8": 1, "ternary": TERNARY_PACK}
+    return _VALUES_PER_BYTE
 
 
-@functools.cache
 def _storage_counts() -> dict:
     """{format tag: storage tensors its slot carries}."""
-    return {t: 0 if t == "dense" else len(_classes()[_fmt(t)]._STORAGE) for t in FACTOR_TAGS}
+    global _STORAGE_COUNTS
+    if _STORAGE_COUNTS is None:
+        _STORAGE_COUNTS = {t: 0 if t == "dense" else len(_classes()[_fmt(t)]._STORAGE) for t in FACTOR_TAGS}
+    return _STORAGE_COUNTS
 
 
 def _fmt(tag: str) -> str:
