@@ -82,12 +82,17 @@ def test_small_run_lists_every_arm_with_plausible_figures(small_run):
     # f = 171 is not a multiple of 8: torch's grouped_mm refuses, and the refusal is the result
     gm = by_name["grouped-mm"]
     assert gm["status"] in ("refused", "unavailable")
-    if gm["status"] == "refused":
-        assert "16 bytes" in gm["reason"]
+    if gm["status"] == "refused":  # said before torch is called, naming the size
+        assert "16-byte multiples; f = 171 is not a multiple of 8 at bf16" in gm["reason"], gm["reason"]
     # GPU paths on a CPU: listed with dispatch's reason, not run
     for name in ("tsct-triton-bf16-bf16", "tsct-triton-bf16-bf16-kmajor"):
         assert by_name[name]["status"] == "unavailable"
         assert "GPU" in by_name[name]["reason"]
+
+
+def test_a_run_without_json_says_none_was_written(capsys):
+    assert cli.main(SMALL_FAST + ["--arms", "padded-bmm", "--formats", "bf16"]) == 0
+    assert "no JSON written: --json FILE writes the full results" in capsys.readouterr().out
 
 
 def test_table_renders_and_json_is_strict(small_run, tmp_path):

@@ -384,6 +384,15 @@ def grouped_mm_arm(spec: ArmSpec, ctx: Context, log=lambda s: None) -> dict:
         res = new_result(spec)
         res["status"], res["reason"] = UNAVAILABLE, f"not available: {what}"
         return res
+    cfg = ctx.cfg
+    size = torch.empty((), dtype=cfg.torch_dtype).element_size()
+    odd = [f"{n} = {v}" for n, v in (("d", cfg.d), ("r", cfg.r), ("f", cfg.f)) if v * size % 16]
+    if odd:  # torch's grouped GEMM raises "strides should be multiple of 16 bytes" for these
+        res = new_result(spec)
+        res["status"] = REFUSED
+        res["reason"] = (f"{what} needs rows of 16-byte multiples; {', '.join(odd)} is not a multiple of "
+                         f"{16 // size} at {cfg.dtype} (an expected refusal for this shape)")
+        return res
     res = measure_arm(spec, ctx, ctx.dense, lambda inp: grouped_mm_pass(ctx.cfg, inp, ctx.dense, gmm),
                       refusal_status=REFUSED, log=log)
     res["function"] = what

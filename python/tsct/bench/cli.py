@@ -181,6 +181,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     try:
         if a.json:
             out.print(f"wrote {report.write_json(result, a.json)}", markup=False, highlight=False)
+        else:
+            out.print("no JSON written: --json FILE writes the full results (bench/results/ names them "
+                      "<date>_<device>_<preset>_<commit>.json)", markup=False, highlight=False)
         if a.plot:
             out.print(f"wrote {report.plot(result, a.plot)}", markup=False, highlight=False)
     except OSError as e:  # checked before the run; the file system changed since
