@@ -432,9 +432,19 @@ def render(report: dict[str, Any]) -> None:
                         "for sm_90; decision 0017; docs/sm120.md; the CuTeDSL rows as above)")
         for c in ("kernel", "family", "logic run on an H200 proxy?"):
             t.add_column(c, no_wrap=c == "kernel")
+        from tsct.kernels import sm120_proxy
+
+        logs = [run["evidence"] for run in sm120_proxy.RUNS]
+        named: set = set()  # a run's log is named in the first row that cites it, then left out
         for r in report["sm120_proxy"]:
             if r["family"] != "cutedsl":
-                t.add_row(r["kernel"], r["family"], escape(r["proxy_on_sm90"]))
+                text = r["proxy_on_sm90"]
+                for log in logs:
+                    if log in text and log in named:
+                        text = text.replace(f"; {log}", "")
+                    elif log in text:
+                        named.add(log)
+                t.add_row(r["kernel"], r["family"], escape(text))
         con.print(t)
 
     if report["selftests"]:

@@ -97,6 +97,11 @@ def test_render_without_selftests(capsys):
     assert "dispatch (impl='auto')" in out and "self-tests" not in out
     if NO_GPU:
         assert "No CUDA GPU visible" in out
+    from tsct.kernels import sm120_proxy
+
+    cited = [r["evidence"] for r in sm120_proxy.RUNS if any(r["evidence"] in x["proxy_on_sm90"]
+                                                           for x in sm120_proxy.rows())]
+    assert cited and all(out.replace("\n", "").replace(" ", "").count(log) == 1 for log in cited)  # once, not per row
     ta = probe.collect(selftests=False)["artifacts"]["triton_aot"]
     if ta["archs"]:
         assert "Triton AOT cubins" in out and "glu_down_fwd" in out
