@@ -338,7 +338,8 @@ def note_fallback(wanted: str, taken: str, why: str, message: str, *, warn_key: 
     (``fallback_counts()``), and warn ``message`` as a RuntimeWarning the first time this process meets ``warn_key``
     (default ``(wanted, taken, why)``; its first item names the family, as ``wanted`` does) while
     ``tsct.config.warn_fallbacks`` is on. The warning names the caller's line (the innermost frame outside tsct,
-    torch and Triton). The one record of fallbacks: every family that falls back calls it. TypeError for a ``wanted``, ``taken``, ``why`` or ``message`` that is not a str."""
+    torch and Triton). The one record of fallbacks: every family that falls back calls it. TypeError for a
+    ``wanted``, ``taken``, ``why`` or ``message`` that is not a str."""
     for name, v in (("wanted", wanted), ("taken", taken), ("why", why), ("message", message)):
         if not isinstance(v, str):
             raise TypeError(f"note_fallback: {name} must be a str, got {type(v).__name__}")
