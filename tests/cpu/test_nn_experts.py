@@ -350,6 +350,13 @@ def test_forward_counts_argument_errors():
         m.forward_counts(x, torch.full((E,), 3))
     with pytest.raises(ValueError, match="offs must be non-decreasing"):
         m.forward_counts(x, torch.tensor([3, -1, 0, 0, 0, 0, 0, 0]))
+    # counts that wrap int32 (2^32 + 3 would read as 3) are out of range, not another routing
+    with pytest.raises(ValueError, match="exceeds M = 20"):
+        m.forward_counts(x, torch.tensor([2 ** 32 + 3, 2, 0, 0, 0, 0, 0, 0]))
+    with pytest.raises(ValueError, match="offs must be non-negative"):
+        m.forward_counts(x, torch.tensor([-2 ** 32 + 3, 2, 0, 0, 0, 0, 0, 0]))
+    with pytest.raises(ValueError, match="offs must be non-decreasing"):
+        m.forward_counts(x, torch.tensor([2 ** 32 + 3, -2 ** 32, 0, 0, 0, 0, 0, 0]))
     with pytest.raises(ValueError, match="row_weight must be"):
         m.forward_counts(x, torch.ones(E, dtype=torch.int64), torch.ones(3))
 
@@ -523,11 +530,14 @@ def test_padded_bmm_keeps_a_non_finite_token_to_its_own_experts(capacity_factor)
             assert finite[cold].all(), (type(lay).__name__, name, finite)
 
 
-def test_padded_bmm_takes_ids_of_any_integer_dtype():
+@pytest.mark.parametrize("capacity_factor", [2.0, None])  # None: the capacity is the largest expert load
+def test_padded_bmm_takes_ids_of_any_integer_dtype(capacity_factor):
     m = layer(PaddedBmmGLUExperts)
+    m.capacity_factor = capacity_factor
     x, ids, w = routing(seed=2)
     want = m(x, ids, w)
     for dt in (torch.int8, torch.uint8, torch.int16, torch.int32):
+        assert m.capacity(ids.to(dt)) == m.capacity(ids), dt
         assert torch.equal(m(x, ids.to(dt), w), want), dt
 
 

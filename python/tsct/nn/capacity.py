@@ -16,9 +16,11 @@ __all__ = ["Capacity", "capacity_slots", "expert_counts", "sort_key"]
 
 
 def expert_counts(flat_ids: Tensor, experts: int) -> Tensor:
-    """int32 ``[E]`` rows per expert; equals ``torch.bincount(flat_ids, minlength=E)`` but sync-free on CUDA."""
+    """int32 ``[E]`` rows per expert of ``flat_ids`` (any integer dtype; values in ``[0, E)``); equals
+    ``torch.bincount(flat_ids, minlength=E)`` but sync-free on CUDA."""
     counts = torch.zeros(experts, dtype=torch.int32, device=flat_ids.device)
-    return counts.scatter_add_(0, flat_ids, torch.ones_like(flat_ids, dtype=torch.int32))
+    idx = flat_ids if flat_ids.dtype == torch.int64 else flat_ids.long()  # scatter takes int64 (or int32) indices
+    return counts.scatter_add_(0, idx, torch.ones_like(flat_ids, dtype=torch.int32))
 
 
 def sort_key(flat_ids: Tensor, experts: int) -> Tensor:

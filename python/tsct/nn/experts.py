@@ -442,7 +442,9 @@ class GroupedGLUExperts(GLUExpertBank):
             raise ValueError(f"GroupedGLUExperts.forward_counts: row_weight must be {list(rows)} (one per row of x), "
                              f"got {what}")
         if x.dim() == 2:
-            offs = torch.cumsum(counts, 0, dtype=torch.int32)
+            # summed in int64 and clamped to [-1, M + 1] before the int32 cast: a count that would wrap int32 (2^32 + 3
+            # read as 3) stays out of range, where grouped_glu's checks of offs catch it (no host read here)
+            offs = torch.cumsum(counts, 0, dtype=torch.int64).clamp_(-1, x.shape[0] + 1).to(torch.int32)
             return self.grouped_glu(x, offs, row_weight=row_weight)
         if x.shape[0] != e:
             raise ValueError(f"GroupedGLUExperts.forward_counts: x of the [E, C, d] form must have E = {e}, got "
