@@ -16,7 +16,7 @@ the first storage tensor ``[E, N, K / values per byte]``) and runs on fake tenso
 
 from __future__ import annotations
 
-from typing import Optional, Sequence
+from typing import NamedTuple, Optional, Sequence
 
 import torch
 from torch import Tensor
@@ -29,37 +29,27 @@ FACTOR_TAGS = ("dense", "nvfp4", "nvfp4-swizzled_128x4", "sign", "fp8", "ternary
 _RAW_BYTES = {("nvfp4", "block_scale"), ("fp8", "codes")}
 
 
-# Built on first use (tsct.quant imports the ops layer), then only read: module globals, not functools caches, which
-# torch.compile traces through with a warning that it ignores them.
-_CLASSES: Optional[dict] = None
-_VALUES_PER_BYTE: Optional[dict] = None
-_STORAGE_COUNTS: Optional[dict] = None
+class _Tables(NamedTuple):
+    classes: dict          # format -> container class
+    values_per_byte: dict  # format -> logical values per storage byte along K
+    storage_counts: dict   # format tag -> storage tensors its slot carries
 
 
-def _classes() -> dict:
-    """{format: container class}."""
-    global _CLASSES
-    if _CLASSES is None:
+# Built on first use (tsct.quant imports the ops layer), then only read: a module global, not a functools cache,
+# which torch.compile traces through with a warning that it ignores it.
+_TABLES: Optional[_Tables] = None
+
+
+def _tables() -> _Tables:
+    global _TABLES
+    if _TABLES is None:
         from tsct import quant
-        _CLASSES = {"nvfp4": quant.NVFP4Tensor, "sign": quant.SignTensor, "fp8": quant.FP8Tensor,
-                    "ternary": quant.TernaryTensor}
-    return _CLASSES
-
-
-def _values_per_byte() -> dict:
-    global _VALUES_PER_BYTE
-    if _VALUES_PER_BYTE is None:
         from tsct.quant.formats import SIGN_PACK, TERNARY_PACK
-        _VALUES_PER_BYTE = {"nvfp4": 2, "sign": SIGN_PACK, "fp8": 1, "ternary": TERNARY_PACK}
-    return _VALUES_PER_BYTE
-
-
-def _storage_counts() -> dict:
-    """{format tag: storage tensors its slot carries}."""
-    global _STORAGE_COUNTS
-    if _STORAGE_COUNTS is None:
-        _STORAGE_COUNTS = {t: 0 if t == "dense" else len(_classes()[_fmt(t)]._STORAGE) for t in FACTOR_TAGS}
-    return _STORAGE_COUNTS
+        classes = {"nvfp4": quant.NVFP4Tensor, "sign": quant.SignTensor, "fp8": quant.FP8Tensor,
+                   "ternary": quant.TernaryTensor}
+        _TABLES = _Tables(classes, {"nvfp4": 2, "sign": SIGN_PACK, "fp8": 1, "ternary": TERNARY_PACK},
+                          {t: 0 if t == "dense" else len(classes[_fmt(t)]._STORAGE) for t in FACTOR_TAGS})
+    return _TABLES
 
 
 def _fmt(tag: str) -> str:
@@ -73,7 +63,7 @@ def pack(name: str, w, for_op: bool = True) -> tuple[str, tuple[Optional[Tensor]
     naming ``name`` for anything else."""
     if isinstance(w, Tensor):
         return "dense", ()
-    for fmt, cls in _classes().items():
+    for fmt, cls in _tables().classes.items():
         if isinstance(w, cls):
             tag = f"{fmt}-{w.layout}" if fmt == "nvfp4" and w.layout != "linear" else fmt
             storage = tuple(getattr(w, f) for f in cls._STORAGE)
@@ -90,7 +80,7 @@ def op_storage(storage: Sequence[Optional[Tensor]]) -> tuple[Optional[Tensor], .
 
 def storage_count(tag: str) -> int:
     """How many storage tensors a slot of format ``tag`` carries. ValueError for an unknown tag."""
-    n = _storage_counts().get(tag)
+    n = _tables().storage_counts.get(tag)
     if n is None:
         raise ValueError(f"grouped_glu: unknown format tag {tag!r}; expected one of {list(FACTOR_TAGS)}")
     return n
@@ -109,13 +99,13 @@ def unpack(name: str, tag: str, carrier: Optional[Tensor], storage: Sequence[Opt
             raise ValueError(f"grouped_glu: {name}: a dense factor travels as its carrier, which is None")
         return carrier
     fmt = _fmt(tag)
-    cls = _classes()[fmt]
+    cls = _tables().classes[fmt]
     fields = {f: (t.view(torch.float8_e4m3fn) if (fmt, f) in _RAW_BYTES and t.dtype == torch.uint8 else t)
               for f, t in zip(cls._STORAGE, storage)}
     e, n, kb = storage[0].shape
     if fmt == "nvfp4":
         fields["layout"] = "linear" if tag == "nvfp4" else tag[len("nvfp4-"):]
-    shape = (e, _values_per_byte()[fmt] * kb, n)
+    shape = (e, _tables().values_per_byte[fmt] * kb, n)
     return cls._rebuilt(**fields, shape=shape) if trusted else cls(**fields, shape=shape)
 
 
