@@ -280,14 +280,9 @@ class Decision:
 _lock = threading.Lock()
 
 
-def _library_dirs() -> tuple[str, ...]:
-    """The source directories of tsct, torch and Triton (where installed): the frames a fallback warning skips."""
-    triton = importlib.util.find_spec("triton")
-    files = [__file__, torch.__file__] + ([triton.origin] if triton is not None and triton.origin else [])
-    return tuple(os.path.dirname(os.path.abspath(f)) + os.sep for f in files)
-
-
-_LIBRARY_DIRS = _library_dirs()
+#: the source directories of tsct, torch and Triton (where installed): the frames a fallback warning skips; found
+#: when the first warning is issued (not at import)
+_library_dirs: Optional[tuple[str, ...]] = None
 _fallbacks: collections.Counter = collections.Counter()
 _warned: set = set()
 
@@ -327,8 +322,13 @@ def reset_fallback_counts(family: str = "") -> None:
 def _outside_stacklevel() -> int:
     """The ``stacklevel`` of ``warnings.warn`` called in ``note_fallback`` that names the innermost frame outside
     tsct, torch and Triton: the caller's line, whichever of tsct's calls met the fallback."""
+    global _library_dirs
+    if _library_dirs is None:
+        triton = importlib.util.find_spec("triton")
+        files = [__file__, torch.__file__] + ([triton.origin] if triton is not None and triton.origin else [])
+        _library_dirs = tuple(os.path.dirname(os.path.abspath(f)) + os.sep for f in files)
     level, f = 2, sys._getframe(2)  # level 1 is note_fallback (sys._getframe(1)), level 2 its caller
-    while f is not None and f.f_code.co_filename.startswith(_LIBRARY_DIRS):
+    while f is not None and f.f_code.co_filename.startswith(_library_dirs):
         level, f = level + 1, f.f_back
     return level
 
