@@ -465,9 +465,9 @@ def test_mixed_and_misaligned_stay_on_triton():
     """Gate NVFP4 + up sign (one kernel takes one format) and sign storage off its alignment keep the Triton
     down kernel; the results still match the reference."""
     p = make([10, 40, 0, 70], 256, seed=6)
+    ps = make([10, 40, 0, 70], 256, seed=6, fmt="sign")
     if not (native_on("lowbit_down_fwd", p["qg"]) and native_on("lowbit_down_fwd", ps["qg"])):
         pytest.skip("no CUDA row of lowbit_down_fwd for NVFP4 and sign on this arch (tsct.dispatch.CUDA_KERNELS)")
-    ps = make([10, 40, 0, 70], 256, seed=6, fmt="sign")
     e = p["offs"].shape[0]
     wd = quant.quantize((torch.randn(e, R, 96) * 0.05).to(DEV), "nvfp4")
     before = dict(L.backend_counts())
