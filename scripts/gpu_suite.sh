@@ -291,7 +291,7 @@ PY
   #    and the ledger counts any JIT launch apart)
   step proxy-ops 90 "${LEDGER[@]}" bash -c "pyt -p _launch_ledger '$T/test_lowbit_ops_gpu.py' \
     -k 'not jit and not dense_gate'"
-  # 4. b1 through the proxy cubins: the whole pass, % of this H200's bytes floor, labelled PROXY
+  # 4. b1 through the proxy cubins: the whole pass, % of this GPU's bytes floor, labelled PROXY
   step proxy-bench 90 env TSCT_TRITON_BACKEND=aot TSCT_BENCH_GIT_COMMIT="${COMMIT:-unknown}" tsct-bench --preset b1 \
     --arms 'tsct-triton-bf16-*,tsct-triton-lowbit-nvfp4,tsct-triton-lowbit-sign' --formats bf16,nvfp4,sign \
     --iters 10 --max-seconds 1 --json "$OUT/proxy_b1.json"

@@ -9,7 +9,7 @@ LEDGER.json is what tests/gpu/_launch_ledger.py wrote during the stage's pytest 
 cubin ("jit", "native": not evidence for sm_120), the failing tests that launched it, and the fingerprint of the
 source the proxy cubins were built from (the installed proxy index's "sources", ``tsct.kernels.source_key``: a
 later verdict counts the run only for a kernel whose source still has it); the b1 times of
-tsct-bench labelled PROXY with their share of this H200's bytes floor; and the record to append to
+tsct-bench labelled PROXY with their share of this GPU's bytes floor; and the record to append to
 ``tsct.kernels.sm120_proxy.RUNS`` (docs/decisions/0017), whose ``verdict()`` the probe and docs/sm120.md show.
 Exit status 1 when the ledger is not from a proxy install, a test failed or a launched kernel has no source
 fingerprint.
@@ -23,6 +23,7 @@ import argparse
 import datetime
 import json
 import pprint
+import re
 import sys
 from pathlib import Path
 
@@ -38,6 +39,15 @@ def installed_sources(arch: str | None) -> dict[str, str]:
     return dict((idx or {}).get("sources") or {})
 
 
+def gpu_tag(device: str | None) -> str:
+    """The short GPU name of a result file: "NVIDIA H100 80GB HBM3" -> "h100", "NVIDIA GeForce RTX 5060 Ti" ->
+    "rtx5060" (the first word after the vendor, joined to the next when it has no digit); "gpu" for none."""
+    words = [w for w in re.sub(r"[^a-z0-9 ]", "", (device or "").lower()).split() if w not in ("nvidia", "geforce")]
+    if not words:
+        return "gpu"
+    return words[0] if any(c.isdigit() for c in words[0]) else "".join(words[:2])
+
+
 def record(ledger: dict, evidence: str, sources: dict[str, str]) -> dict:
     """The ``sm120_proxy.RUNS`` entry of one stage's ledger; ``sources``: {kernel: source fingerprint} of the cubins
     it launched (``installed_sources``), None for a kernel without one."""
@@ -48,7 +58,8 @@ def record(ledger: dict, evidence: str, sources: dict[str, str]) -> dict:
     commit = (ledger.get("commit") or "unknown")[:7]
     return {
         "date": datetime.date.today().isoformat(), "commit": commit, "device": ledger.get("device"),
-        "evidence": evidence.format(date=datetime.date.today().isoformat(), commit=commit),
+        "evidence": evidence.format(date=datetime.date.today().isoformat(), commit=commit,
+                                    gpu=gpu_tag(ledger.get("device"))),
         "suite": ", ".join(f"{n} {k}" for k, n in sorted(outcomes.items())),
         "kernels": {k: {"aot": v["aot"], "variants": len(v["variants"]), "jit": v["jit"], "native": v["native"],
                         "failed_tests": v["failed_tests"], "source": sources.get(k)}
@@ -86,8 +97,8 @@ def report(ledger: dict, bench: dict | None, rec: dict) -> tuple[str, bool]:
         floor = bench.get("floor_ms")
         label = "PROXY" if (bench.get("triton_aot") or {}).get("proxy") else "NOT A PROXY RUN"
         lines.append("")
-        lines.append(f"b1 on the H200 through the proxy cubins ({label}: sm_120's kernels on an H200, not an sm_120 "
-                     f"card); bytes floor {floor:.3f} ms at {bench.get('copy_bandwidth_GBps', 0):.0f} GB/s")
+        lines.append(f"b1 on the {rec['device']} through the proxy cubins ({label}: sm_120's kernels on sm_90, not "
+                     f"an sm_120 card); bytes floor {floor:.3f} ms at {bench.get('copy_bandwidth_GBps', 0):.0f} GB/s")
         for a in bench.get("arms", []):
             if a.get("status") != "ran":
                 lines.append(f"  {a['name']}: {a.get('status')} ({a.get('reason')})")
@@ -117,7 +128,7 @@ def doc_table() -> str:
     """The markdown verdict table of docs/sm120.md, from ``sm120_proxy.rows()``."""
     from tsct.kernels import sm120_proxy
 
-    lines = ["| kernel | family | logic run on an H200 proxy? |", "| --- | --- | --- |"]
+    lines = ["| kernel | family | logic run on the sm_90 proxy? |", "| --- | --- | --- |"]
     lines += [f"| `{r['kernel']}` | {r['family']} | {r['proxy_on_sm90']} |" for r in sm120_proxy.rows()]
     return "\n".join(lines)
 
@@ -135,8 +146,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--update-docs", action="store_true", help="rewrite docs/sm120.md's verdict table and exit")
     ap.add_argument("--bench", default=None, help="tsct-bench --json of the stage's b1 run")
     ap.add_argument("--out", default=None)
-    ap.add_argument("--evidence", default="bench/results/{date}_h200_sm120_proxy_{commit}.log",
-                    help="where the stage's log will be committed ({date}, {commit} filled in)")
+    ap.add_argument("--evidence", default="bench/results/{date}_{gpu}_sm120_proxy_{commit}.log",
+                    help="where the stage's log will be committed ({date}, {gpu}: gpu_tag, {commit} filled in)")
     args = ap.parse_args(argv)
     if args.update_docs:
         update_docs()

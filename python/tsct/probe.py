@@ -114,7 +114,7 @@ def collect(selftests: bool = True, verify_artifacts: bool = False) -> dict[str,
                        for cap in caps for path in dispatch.PATHS for fmt in dispatch.FORMATS]
     # sm120-fp4's self-test runs in a child process (a faulting kernel must not take the probe down)
     report["sm120_fp4"] = _sm120_fp4(caps, gpus, run=selftests)
-    from tsct.kernels import sm120_proxy  # per sm_120 kernel: run on the H200 proxy, or why not (decision 0017)
+    from tsct.kernels import sm120_proxy  # per sm_120 kernel: run on the sm_90 proxy, or why not (decision 0017)
     report["sm120_proxy"] = sm120_proxy.rows()
 
     tests = []
@@ -428,9 +428,9 @@ def render(report: dict[str, Any]) -> None:
         con.print(t)
 
     if report.get("sm120_proxy"):
-        t = Table(title="sm_120 kernels on the H200 proxy (sm_120's cubins' source, tiles and TTGIR assembled "
+        t = Table(title="sm_120 kernels on the sm_90 proxy (sm_120's cubins' source, tiles and TTGIR assembled "
                         "for sm_90; decision 0017; docs/sm120.md; the CuTeDSL rows as above)")
-        for c in ("kernel", "family", "logic run on an H200 proxy?"):
+        for c in ("kernel", "family", "logic run on the sm_90 proxy?"):
             t.add_column(c, no_wrap=c == "kernel")
         from tsct.kernels import sm120_proxy
 

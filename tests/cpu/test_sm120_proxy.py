@@ -288,9 +288,11 @@ def test_verdict_table_covers_every_sm120_kernel_and_feeds_verification(monkeypa
     monkeypatch.setattr(sm120_proxy, "shipped_source", lambda k: ({"glu_down_fwd": "a" * 16, "lowbit_up_fwd": "b" * 16,
                                                                    "glu_bwd_dz": "c" * 16}[k], ""))
     n = sm120_proxy.table_variants("glu")["glu_down_fwd"]
-    assert sm120_proxy.verdict("glu_down_fwd", "glu") == (f"logic run on an H200 proxy (2026-12-05: 10 launches of 3 "
+    assert sm120_proxy.verdict("glu_down_fwd", "glu") == (f"logic run on the sm_90 proxy (NVIDIA H200, 2026-12-05: 10 "
+                                                          f"launches of 3 "
                                                           f"variants; {n} in this table; bench/results/x.log)")
-    assert sm120_proxy.verdict("lowbit_up_fwd", "lowbit").startswith("FAILED on the H200 proxy")
+    failed = sm120_proxy.verdict("lowbit_up_fwd", "lowbit")
+    assert failed.startswith("FAILED on the sm_90 proxy (NVIDIA H200, 2026-12-05,")
     assert sm120_proxy.verdict("glu_bwd_dz", "glu") == ("in the proxy build; no proxy run launched it (the latest: "
                                                         "2026-12-05, commit abc1234)")
     with pytest.raises(ValueError, match="family"):
@@ -301,25 +303,25 @@ def test_a_run_counts_only_for_the_source_it_ran(monkeypatch):
     """Equal fingerprints: "logic run"; a changed one: the run was of an earlier source, this one has not run; an
     older run of this very source still counts; an unknown fingerprint is said to be unknown."""
     k = {"aot": 7, "variants": 2, "jit": 0, "native": 0, "failed_tests": []}
-    old = {"date": "2026-12-01", "commit": "1111111", "evidence": "old.log",
+    old = {"date": "2026-12-01", "commit": "1111111", "device": "NVIDIA H200", "evidence": "old.log",
            "kernels": {"glu_up_fwd": {**k, "source": "1" * 16}, "glu_bwd_dz": {**k, "source": "1" * 16}}}
-    new = {"date": "2026-12-05", "commit": "2222222", "evidence": "new.log",
+    new = {"date": "2026-12-05", "commit": "2222222", "device": "NVIDIA H100 80GB HBM3", "evidence": "new.log",
            "kernels": {"glu_up_fwd": {**k, "source": "2" * 16}, "glu_bwd_dz": {**k, "source": "2" * 16},
                        "glu_bwd_epi": dict(k)}}
     monkeypatch.setattr(sm120_proxy, "RUNS", (old, new))
     shipped = {"glu_up_fwd": "2" * 16, "glu_bwd_dz": "3" * 16, "glu_bwd_epi": "4" * 16}
     monkeypatch.setattr(sm120_proxy, "shipped_source", lambda n: (shipped.get(n), "" if n in shipped else "why"))
     v = {name: sm120_proxy.verdict(name, "glu") for name in ("glu_up_fwd", "glu_bwd_dz", "glu_bwd_epi", "glu_down_fwd")}
-    assert v["glu_up_fwd"].startswith("logic run on an H200 proxy (2026-12-05: 7 launches")
+    assert v["glu_up_fwd"].startswith("logic run on the sm_90 proxy (NVIDIA H100 80GB HBM3, 2026-12-05: 7 launches")
     assert "new.log" in v["glu_up_fwd"]
-    assert v["glu_bwd_dz"] == ("source changed since its proxy run: the H200 proxy ran an earlier source of this "
-                               "kernel (2026-12-05, commit 2222222: 7 launches; new.log); this source has not run on "
-                               "the proxy")
+    assert v["glu_bwd_dz"] == ("source changed since its proxy run: the sm_90 proxy ran an earlier source of this "
+                               "kernel (NVIDIA H100 80GB HBM3, 2026-12-05, commit 2222222: 7 launches; new.log); "
+                               "this source has not run on the proxy")
     assert v["glu_bwd_epi"].endswith("; unknown whether of this source: the run of 2026-12-05 recorded no source "
-                                     "fingerprint") and v["glu_bwd_epi"].startswith("logic run on an H200 proxy")
+                                     "fingerprint") and v["glu_bwd_epi"].startswith("logic run on the sm_90 proxy")
     assert v["glu_down_fwd"].startswith("in the proxy build; no proxy run launched it")
     shipped["glu_bwd_dz"] = "1" * 16  # reverted to the source of the older run: that run counts again
-    assert sm120_proxy.verdict("glu_bwd_dz", "glu").startswith("logic run on an H200 proxy (2026-12-01:")
+    assert sm120_proxy.verdict("glu_bwd_dz", "glu").startswith("logic run on the sm_90 proxy (NVIDIA H200, 2026-12-01:")
     del shipped["glu_up_fwd"]
     assert sm120_proxy.verdict("glu_up_fwd", "glu").endswith("; unknown whether of this source: why")
 
@@ -351,7 +353,8 @@ def test_without_an_index_or_triton_the_source_is_unknown(tmp_path, monkeypatch)
         assert key is None and "Triton is not importable" in why
         v = sm120_proxy.verdict("glu_down_fwd", "glu")
         newest = sm120_proxy.RUNS[-1]  # the newest run that launched it
-        assert v.startswith(f"logic run on an H200 proxy ({newest['date']}: ") and newest["evidence"] in v
+        assert v.startswith(f"logic run on the sm_90 proxy ({newest['device']}, {newest['date']}: ")
+        assert newest["evidence"] in v
         assert v.endswith(f"; unknown whether of this source: {why}")
     finally:
         aot._reset_for_tests()
@@ -452,7 +455,7 @@ def test_ledger_turns_into_verdicts(tmp_path, monkeypatch):
               "tsct": "0.1.0", "commit": "0123456789abcdef",
               "sessions": [{"argv": [], "exitstatus": 1, "env": {}, "outcomes": {"passed": 1, "failed": 1}}],
               "kernels": {k: {**v, "variants": sorted(v["variants"])} for k, v in totals.items()}, "tests": tests}
-    rec = verdicts.record(ledger, "bench/results/{date}_h200_sm120_proxy_{commit}.log",
+    rec = verdicts.record(ledger, "bench/results/{date}_{gpu}_sm120_proxy_{commit}.log",
                           {"glu_down_fwd": "f" * 16, "glu_up_fwd": "f" * 16, "bwd_maps": "e" * 16})
     assert rec["commit"] == "0123456" and rec["evidence"].endswith("_h200_sm120_proxy_0123456.log")
     assert [rec["kernels"][k]["source"] for k in ("glu_down_fwd", "lowbit_up_fwd")] == ["f" * 16, None]
@@ -461,7 +464,9 @@ def test_ledger_turns_into_verdicts(tmp_path, monkeypatch):
     assert not ok and "record for tsct.kernels.sm120_proxy.RUNS" in text
     assert re.search(rf"glu_down_fwd\s+glu\s+3\s+1 of {_n_variants('glu_down_fwd')}\s+0\s+0\s+f{{16}}", text), text
     assert "NO SOURCE FINGERPRINT" not in text  # lowbit_up_fwd only JIT-launched: no proxy cubin, no fingerprint
-    assert "logic run on an H200 proxy" in text and "FAILED on the H200 proxy" in text
+    assert "logic run on the sm_90 proxy (NVIDIA H200, " in text and "FAILED on the sm_90 proxy" in text
+    names = ("NVIDIA H100 80GB HBM3", "NVIDIA H200", "NVIDIA GeForce RTX 5060 Ti", "", None)
+    assert [verdicts.gpu_tag(n) for n in names] == ["h100", "h200", "rtx5060", "gpu", "gpu"]
     assert sm120_proxy.RUNS == before  # report() restores the table
 
 

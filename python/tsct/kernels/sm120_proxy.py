@@ -1,30 +1,31 @@
-"""Per sm_120 kernel: has its logic run on the H200 proxy (docs/decisions/0017), and if not, why not.
+"""Per sm_120 kernel: has its logic run on the sm_90 proxy (an H200 or H100; docs/decisions/0017), and if not, why not.
 
 The one table behind the probe's sm_120 table, ``tsct.kernels.sm120_fp4.VERIFICATION[...]["proxy_on_sm90"]`` and
-docs/sm120.md (section "The H200 proxy", kept equal to ``rows()`` by tests/cpu/test_sm120_proxy.py).
+docs/sm120.md (section "The sm_90 proxy", kept equal to ``rows()`` by tests/cpu/test_sm120_proxy.py).
 
     RUNS                      the proxy stage's runs (``scripts/gpu_suite.sh proxy``): date, commit, device,
                               evidence, the suite's outcome, per kernel the launches through the proxy cubins and
                               the fingerprint of the kernel source they were built from
     NOT_PROXIED               kernel families no proxy of this kind can run, and why
     shipped_source(kernel)    (fingerprint of this install's source of the kernel, or None; why it is unknown)
-    verdict(kernel, family)   "logic run on an H200 proxy (...)", "source changed since its proxy run: ...",
+    verdict(kernel, family)   "logic run on the sm_90 proxy (...)", "source changed since its proxy run: ...",
                               "not run on the proxy yet", "no: <why>", ...
     rows()                    one row per sm_120 kernel: kernel, family, proxy_on_sm90
 
 A run counts for a kernel only if it ran this source of it: each record holds per kernel the fingerprint
 (``tsct.kernels.source_key``: the kernel's text and that of every jit function it calls, transitively, plus the
 constexpr globals they read; no line numbers, arch or Triton version) of the proxy cubins it launched, and
-``verdict`` compares it with the fingerprint of the kernel as shipped: equal, "logic run on an H200 proxy";
+``verdict`` compares it with the fingerprint of the kernel as shipped: equal, "logic run on the sm_90 proxy";
 different, the run was of an earlier source and this one has not run on the proxy. The shipped fingerprint is the
 one the AOT build recorded in the installed arch index (``tsct.kernels.aot.sources()``: no Triton, no source
 needed); in a source checkout without built cubins it is computed from the source when Triton is importable, and
 is otherwise unknown, which the verdict says.
 
-What "logic run on an H200 proxy" means, and no more (design.md section 6): the kernel's sm_120 variants (same
+What "logic run on the sm_90 proxy" means, and no more (design.md section 6): the kernel's sm_120 variants (same
 source, pinned Triton, tiles, warps, stages, TTGIR and 101,376-byte shared-memory limit) were assembled for sm_90 and
-passed the GPU suite on an H200. It does not mean the sm_120 cubin ran: its LLVM and ptxas output differ, and so do
-the SM count, shared memory per SM, L2 and bandwidth (the decision lists what differs).
+passed the GPU suite on a compute capability 9.0 GPU (the run names it). It does not mean the sm_120 cubin ran: its
+LLVM and ptxas output differ, and so do the SM count, shared memory per SM, L2 and bandwidth (the decision lists what
+differs).
 
 Importing this module imports neither torch nor Triton (a source checkout without cubins imports Triton on the first
 verdict of a proxy family, to fingerprint the source).
@@ -37,7 +38,7 @@ __all__ = ["RUNS", "NOT_PROXIED", "PROXY_FAMILIES", "shipped_source", "verdict",
 #: the Triton families the proxy build holds (``specs.PROXIES["sm_120_proxy_sm90"].families``)
 PROXY_FAMILIES = ("glu", "lowbit")
 
-#: family -> why no kernel of it runs on the H200 proxy
+#: family -> why no kernel of it runs on the sm_90 proxy
 NOT_PROXIED: dict[str, str] = {
     "cutedsl": ("no: the NVFP4 block-scaled MMA atom exists for sm_120a / sm_121a only and CuTeDSL has no software "
                 "atom to swap in (docs/sm120.md); its math is emulated in torch instead"),
@@ -49,7 +50,9 @@ NOT_PROXIED: dict[str, str] = {
 #: source fingerprint of the proxy cubins (their index's "sources")}}}: the record ``scripts/proxy_verdicts.py`` prints
 #: from the stage's launch ledger. The b713935 run's fingerprints were computed afterwards from that commit's tree
 #: (``source_key`` on its kernel modules, Triton 3.9), the source its wheel was built from. The 2e6bd36 run's one
-#: failed test is a stale assertion that errored before launching anything (it asked for a retired path's status).
+#: failed test is a stale assertion that errored before launching anything (it asked for a retired path's status);
+#: the 3b1626c run's (on an H100) one failed test is a test defect that errored before launching anything (it reset a
+#: routing attribute that no longer exists).
 RUNS: tuple[dict, ...] = (
     {'date': '2026-12-04', 'commit': 'b713935', 'device': 'NVIDIA H200',
      'evidence': 'bench/results/2026-12-04_h200_sm120_proxy_b713935.log',
@@ -176,6 +179,51 @@ RUNS: tuple[dict, ...] = (
          'zero_tail_rows': {'aot': 149, 'variants': 1, 'jit': 0, 'native': 0, 'failed_tests': [],
                             'source': '3ca19f5790771e7d'},
      }},
+    {'date': '2026-12-05', 'commit': '3b1626c', 'device': 'NVIDIA H100 80GB HBM3',
+     'evidence': 'bench/results/2026-12-05_h100_sm120_proxy_3b1626c.log',
+     'suite': '1 failed, 270 passed, 222 skipped',
+     'kernels': {
+         'bwd_maps': {'aot': 448, 'variants': 1, 'jit': 0, 'native': 0, 'failed_tests': [],
+                      'source': '8c145a5ce77a5b8d'},
+         'bwd_slot_reduce': {'aot': 316, 'variants': 1, 'jit': 0, 'native': 0, 'failed_tests': [],
+                             'source': 'd28f3356d7f0a0fb'},
+         'combine_rows': {'aot': 756, 'variants': 2, 'jit': 0, 'native': 0, 'failed_tests': [],
+                          'source': '900fcb176222429c'},
+         'csr_keys': {'aot': 731, 'variants': 2, 'jit': 0, 'native': 0, 'failed_tests': [],
+                      'source': '6322dadaadcab201'},
+         'glu_bwd_dw': {'aot': 436, 'variants': 7, 'jit': 0, 'native': 0, 'failed_tests': [],
+                        'source': '7f44eaed32b055ac'},
+         'glu_bwd_dwd': {'aot': 437, 'variants': 10, 'jit': 0, 'native': 0, 'failed_tests': [],
+                         'source': 'b0dd8760609bba53'},
+         'glu_bwd_dx_dw': {'aot': 147, 'variants': 10, 'jit': 0, 'native': 0, 'failed_tests': [],
+                           'source': 'bd37aeed58153121'},
+         'glu_bwd_dz': {'aot': 149, 'variants': 13, 'jit': 0, 'native': 0, 'failed_tests': [],
+                        'source': '1cc5a8202c2c53fd'},
+         'glu_bwd_epi': {'aot': 448, 'variants': 9, 'jit': 0, 'native': 0, 'failed_tests': [],
+                         'source': '43f27cdfe8b1c50c'},
+         'glu_bwd_sred': {'aot': 392, 'variants': 3, 'jit': 0, 'native': 0, 'failed_tests': [],
+                          'source': 'a7fcdbdeab649b68'},
+         'glu_down_fwd': {'aot': 292, 'variants': 24, 'jit': 0, 'native': 0, 'failed_tests': [],
+                          'source': '4b1cf567a2153d26'},
+         'glu_up_fwd': {'aot': 159, 'variants': 16, 'jit': 0, 'native': 0, 'failed_tests': [],
+                        'source': 'e916da95730f92e7'},
+         'lowbit_bwd_dx_dw': {'aot': 287, 'variants': 11, 'jit': 12, 'native': 0, 'failed_tests': [],
+                              'source': '6e85d70ca7196b78'},
+         'lowbit_bwd_dz': {'aot': 291, 'variants': 7, 'jit': 8, 'native': 0, 'failed_tests': [],
+                           'source': 'e81cbed19b2a2acf'},
+         'lowbit_down_fwd': {'aot': 554, 'variants': 20, 'jit': 12, 'native': 0, 'failed_tests': [],
+                             'source': 'ffafcebec9fa9aaa'},
+         'lowbit_up_fwd': {'aot': 299, 'variants': 20, 'jit': 8, 'native': 0, 'failed_tests': [],
+                           'source': 'b6766d14776506f0'},
+         'route_place': {'aot': 50, 'variants': 4, 'jit': 0, 'native': 0, 'failed_tests': [],
+                         'source': '66b9094d263bad19'},
+         'route_rank': {'aot': 50, 'variants': 2, 'jit': 0, 'native': 0, 'failed_tests': [],
+                        'source': '7ae970344c25b689'},
+         'tile_cum': {'aot': 307, 'variants': 2, 'jit': 0, 'native': 0, 'failed_tests': [],
+                      'source': '4686e05faba7ea99'},
+         'zero_tail_rows': {'aot': 149, 'variants': 1, 'jit': 0, 'native': 0, 'failed_tests': [],
+                            'source': '3ca19f5790771e7d'},
+     }},
 )
 
 
@@ -237,18 +285,18 @@ def shipped_source(kernel: str) -> tuple[str | None, str]:
 
 def _ran(run: dict, k: dict, n: int) -> str:
     if k.get("failed_tests"):
-        return (f"FAILED on the H200 proxy ({run['date']}, {run['evidence']}): "
+        return (f"FAILED on the sm_90 proxy ({run['device']}, {run['date']}, {run['evidence']}): "
                 + ", ".join(k["failed_tests"][:3]) + ("..." if len(k["failed_tests"]) > 3 else ""))
     # the run's variants are its build's (a table changes: fp16 variants left it after this run), n this source's
-    return (f"logic run on an H200 proxy ({run['date']}: {k['aot']} launches of {k['variants']} variants; {n} in "
-            f"this table; {run['evidence']})")
+    return (f"logic run on the sm_90 proxy ({run['device']}, {run['date']}: {k['aot']} launches of {k['variants']} "
+            f"variants; {n} in this table; {run['evidence']})")
 
 
 def verdict(kernel: str, family: str) -> str:
-    """How far ``kernel`` (of ``family``: "glu", "lowbit", "cutedsl") has run on the H200 proxy, in this source.
+    """How far ``kernel`` (of ``family``: "glu", "lowbit", "cutedsl") has run on the sm_90 proxy, in this source.
 
     The newest run that launched the kernel with the fingerprint of this install's source of it (``shipped_source``)
-    gives "logic run on an H200 proxy (...)" or "FAILED on the H200 proxy (...)". If runs launched it but none with
+    gives "logic run on the sm_90 proxy (...)" or "FAILED on the sm_90 proxy (...)". If runs launched it but none with
     this source: "source changed since its proxy run: ..." naming the newest such run. If the fingerprint of this
     source (or of the run) is unknown, the newest run's verdict with the reason it may not be this source's."""
     if family in NOT_PROXIED:
@@ -271,9 +319,9 @@ def verdict(kernel: str, family: str) -> str:
         why = why or f"the run of {run['date']} recorded no source fingerprint"
         return f"{_ran(run, k, n)}; unknown whether of this source: {why}"
     failed = ", FAILED" if k.get("failed_tests") else ""
-    return (f"source changed since its proxy run: the H200 proxy ran an earlier source of this kernel "
-            f"({run['date']}, commit {run['commit']}: {k['aot']} launches{failed}; {run['evidence']}); "
-            "this source has not run on the proxy")
+    return (f"source changed since its proxy run: the sm_90 proxy ran an earlier source of this kernel "
+            f"({run['device']}, {run['date']}, commit {run['commit']}: {k['aot']} launches{failed}; "
+            f"{run['evidence']}); this source has not run on the proxy")
 
 
 def rows() -> list[dict]:

@@ -43,7 +43,7 @@ ENV_ENABLE = "TSCT_SM120_FP4"
 
 #: design.md section 6: per kernel, how each claim was shown in the project's CI (details: docs/sm120.md), not
 #: what this install holds (the probe says that). "ran_on_sm120" is "no" for every one: no sm_120 GPU was
-#: available; "proxy_on_sm90" comes from the one table of H200-proxy verdicts (``tsct.kernels.sm120_proxy``).
+#: available; "proxy_on_sm90" comes from the one table of sm_90-proxy verdicts (``tsct.kernels.sm120_proxy``).
 VERIFICATION: tuple[dict, ...] = tuple(
     {"kernel": name, "role": role,
      "compiled_in_ci": "sm_120a and sm_121a cubins, OMMA.SF.16864.F32.E2M1.E2M1.UE4M3.4X in SASS",
