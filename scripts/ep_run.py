@@ -28,7 +28,7 @@ p10, p90 per rank via ``tsct.bench.measure.stats``): a step is forward plus ``ba
     Function, so the backward's boundaries are stamped when the gradients pass them): route (sort by expert, count
     exchange, the host read of the split sizes, the send buffer), dispatch (row all-to-all; the local sort of the
     received rows, which needs only the counts, runs meanwhile), experts (``grouped_glu``), combine (return
-    all-to-all), weighting (the k-row sum with the router weights); the backward in reverse. CUDA: events on the
+    all-to-all), sum (each token's k returned rows, already weighted by the experts' op); the backward in reverse. CUDA: events on the
     compute stream; a mark first waits for a pending collective, so an exchange ends when its rows are usable.
     CPU: the host clock at the same points (CPU work is synchronous).
     Why events and not a profiler's kernel sums: the phases tile the step, so they add up to the step's time and
@@ -67,7 +67,7 @@ from tsct.nn.parallel import ExpertParallelGLU
 NCCL_ENV = {"NCCL_NVLS_ENABLE": "0"}  # NVLink SHARP multicast off: the two-GPU machines require it
 TOL = {"bf16": 1e-2, "fp32": 1e-5}
 SHAPE = ("tokens", "topk", "experts", "d", "r", "f")
-PHASES = ("route", "dispatch", "experts", "combine", "weighting")  # forward order; the backward runs them reversed
+PHASES = ("route", "dispatch", "experts", "combine", "sum")  # forward order; the backward runs them reversed
 
 
 def parse(argv=None) -> argparse.Namespace:
@@ -254,14 +254,18 @@ def run(rank: int, world: int, device, a) -> dict:
     # bytes: measured at the marks (send buffer, received rows, experts' output, returned rows)
     counts = torch.stack([torch.bincount(i.flatten() // e_loc, minlength=world) for _, i, _, _ in inputs]).cpu()
     b = rec.nbytes
+    es = DTYPES[a.dtype].itemsize
+    # the router weights travel with the rows (fp32, one per row slot), their gradients back
+    w_sent, w_recv = 4 * b["dispatch"] // (es * a.d), 4 * b["experts"] // (es * a.d)
     fwd = {"dispatch": {"sent": b["dispatch"], "received": b["experts"]},
-           "combine": {"sent": b["combine"], "received": b["weighting"]},
+           "weights": {"sent": w_sent, "received": w_recv},
+           "combine": {"sent": b["combine"], "received": b["sum"]},
            "counts": {"sent": a.experts * 8, "received": a.experts * 8}}
     bwd = {"dispatch": {"sent": b["experts"], "received": b["dispatch"]},
-           "combine": {"sent": b["weighting"], "received": b["combine"]}}
+           "weights": {"sent": w_recv, "received": w_sent},
+           "combine": {"sent": b["sum"], "received": b["combine"]}}
     off_out, off_in = int(counts[rank].sum() - counts[rank, rank]), int(counts[:, rank].sum() - counts[rank, rank])
-    es = DTYPES[a.dtype].itemsize
-    off = es * (off_out + off_in) * (a.d + a.f) + (world - 1) * e_loc * 8  # each way, forward + backward
+    off = (es * (a.d + a.f) + 4) * (off_out + off_in) + (world - 1) * e_loc * 8  # each way, forward + backward
     total = {w: sum(x[w] for ph in (fwd, bwd) for x in ph.values()) for w in ("sent", "received")}
     med = marked["phases"]["forward"]
     return {

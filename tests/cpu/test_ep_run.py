@@ -58,11 +58,12 @@ def test_two_gloo_ranks_match_the_single_process_layer_and_count_their_bytes(ep_
         assert b["forward"]["dispatch"] == {"sent": t * k * d * 2, "received": int(into.sum()) * d * 2}
         assert b["forward"]["combine"] == {"sent": int(into.sum()) * f * 2, "received": t * k * f * 2}
         assert b["forward"]["counts"] == {"sent": e * 8, "received": e * 8}
-        for ph in ("dispatch", "combine"):  # each gradient goes back the way its value came
+        assert b["forward"]["weights"] == {"sent": t * k * 4, "received": int(into.sum()) * 4}  # fp32, one per row
+        for ph in ("dispatch", "weights", "combine"):  # each gradient goes back the way its value came
             assert b["backward"][ph] == {"sent": b["forward"][ph]["received"], "received": b["forward"][ph]["sent"]}
-        both = (t * k + int(into.sum())) * (d + f) * 2 + e * 8
+        both = (t * k + int(into.sum())) * ((d + f) * 2 + 4) + e * 8
         assert b["step"] == {"sent": both, "received": both}
-        off = (off_out + off_in) * (d + f) * 2 + (w - 1) * n * 8
+        off = (off_out + off_in) * ((d + f) * 2 + 4) + (w - 1) * n * 8
         assert b["step_off_rank"] == {"sent": off, "received": off}
         assert all(v > 0 for v in r["forward_off_rank_GBps"].values())
 

@@ -38,10 +38,11 @@ class ExpertParallelGLU(nn.Module):
     2. exchange the per-expert row counts with ``all_to_all_single`` (on the device);
     3. exchange the rows with ``all_to_all_single`` (autograd: the backward sends the gradients back);
     4. run the local experts with ``grouped_glu`` straight on the receive buffer: a second ``sort_by_expert`` of
-       the received rows' local expert ids gives the op its gather/scatter order, and unused slots of the
-       buffer are padding rows (zero output, zero gradient);
-    5. send the results back with ``all_to_all_single`` and sum each token's k rows times its router weights
-       (fp32), as the single-process layer does.
+       the received rows' local expert ids gives the op its gather/scatter order and the rows' router weights
+       (sent along with the rows, ``all_to_all_single``), which the op applies in its epilogue as the
+       single-process layer's does; unused slots of the buffer are padding rows (zero output, zero gradient);
+    5. send the weighted results back with ``all_to_all_single`` and sum each token's k rows (fp32 accumulation,
+       one rounding), as the single-process layer's combine does.
 
     Args:
         experts: this rank's L experts (any storage; ``shard`` makes them from a full layer).
@@ -61,7 +62,7 @@ class ExpertParallelGLU(nn.Module):
     Timing hook (off by default): ``phase_hook``, when not None, is called as ``t = phase_hook(phase, t)`` where each
     phase of the forward starts, with the tensor the phase begins on: ``"dispatch"`` (the send buffer, before the row
     exchange), ``"experts"`` (the received rows, before ``grouped_glu``), ``"combine"`` (the experts' output, before
-    the return exchange), ``"weighting"`` (the returned rows, before the k-row sum). It must return a tensor with
+    the return exchange), ``"sum"`` (the returned rows, before the k-row sum). It must return a tensor with
     t's values (an identity autograd Function that records a CUDA event in its forward and backward marks the
     backward's phases too; scripts/ep_run.py times the phases so). Off, it costs one ``is None`` test per phase.
 
@@ -179,10 +180,16 @@ class ExpertParallelGLU(nn.Module):
             block_size = recv_counts.sum(1)
         n_send = sum(send_sizes)
 
-        # 3. rows to their experts' ranks: token-major routed row i goes to slot slot_of[i] (dropped: a dump slot)
+        # 3. rows (and their router weights) to their experts' ranks: token-major routed row i goes to slot
+        # slot_of[i] (dropped: a dump slot); index_copy, whose backward is a gather: deterministic
         slot_of = torch.empty_like(slot_sorted).scatter_(0, s.order, slot_sorted)
         x_rows = x.unsqueeze(1).expand(t, k, d).reshape(m, d)
         send = x_rows.new_zeros(n_send + 1, d).index_copy(0, slot_of, x_rows)[:n_send]
+        w_recv = None
+        if topk_weights is not None:
+            w_rows = topk_weights.reshape(m, 1).float()
+            w_send = w_rows.new_zeros(n_send + 1, 1).index_copy(0, slot_of, w_rows)[:n_send]
+            w_recv = funcol.all_to_all_single_autograd(w_send, recv_sizes, send_sizes, self.group)
         if hook is not None:
             send = hook("dispatch", send)
         recv = funcol.all_to_all_single_autograd(send, recv_sizes, send_sizes, self.group)
@@ -195,25 +202,24 @@ class ExpertParallelGLU(nn.Module):
                              (block_start + block_size).unsqueeze(1)], 1).reshape(-1)
         seg = torch.searchsorted(seg_end, torch.arange(n_recv, device=dev), right=True)
         key = torch.remainder(seg, n_local + 1).unsqueeze(1)
-        so = sort_by_expert(key, n_local)
+        so = sort_by_expert(key, n_local, w_recv)
         if hook is not None:
             recv = hook("experts", recv)
-        y = local.grouped_glu(recv, so.offs, gather_idx=so.token, scatter_idx=so.token, num_out_rows=n_recv)
+        y = local.grouped_glu(recv, so.offs, row_weight=so.row_weight, gather_idx=so.token, scatter_idx=so.token,
+                              num_out_rows=n_recv)
         if hook is not None:
             y = hook("combine", y)
 
-        # 5. results back, each token's k rows summed with its router weights (dropped rows read the zero row)
+        # 5. the weighted rows back; each token's k rows summed (fp32 accumulation, one rounding; dropped rows read
+        # the zero row)
         back = funcol.all_to_all_single_autograd(y, send_sizes, recv_sizes, self.group)
         if hook is not None:
-            back = hook("weighting", back)
+            back = hook("sum", back)
         back = torch.cat([back, back.new_zeros(1, back.shape[1])])
-        y_rows = back.index_select(0, slot_of).float()
-        if topk_weights is not None:
-            y_rows = y_rows * topk_weights.reshape(m, 1).float()
         kept_tok = torch.empty_like(kept).scatter_(0, s.order, kept)
         self.kept = kept_tok.view(t, k)
         self.dropped = (valid & ~kept).sum()
-        return y_rows.view(t, k, local.f).sum(1).to(x.dtype)
+        return back.index_select(0, slot_of).view(t, k, local.f).sum(1).to(x.dtype)  # bf16: fp32 accumulation
 
     def extra_repr(self) -> str:
         return (f"num_experts={self.num_experts}, world_size={self.world_size}, rank={self.rank}, "
