@@ -9,7 +9,7 @@ CPU), the same custom-op pair ``tsct::grouped_glu`` / ``tsct::grouped_glu_backwa
 from __future__ import annotations
 
 import operator
-from typing import Optional, Sequence, Union
+from typing import TYPE_CHECKING, Optional, Sequence, Union
 
 import torch
 from torch import Tensor
@@ -18,8 +18,10 @@ from tsct import dispatch
 from tsct.ops import _function, _masters, _select
 from tsct.ops._validate import check_index_values, validate
 
-Factor = Union[Tensor, "tsct.quant.NVFP4Tensor", "tsct.quant.SignTensor", "tsct.quant.FP8Tensor",  # noqa: F821
-               "tsct.quant.TernaryTensor"]  # noqa: F821
+if TYPE_CHECKING:
+    from tsct.quant import FP8Tensor, NVFP4Tensor, SignTensor, TernaryTensor
+
+Factor = Union[Tensor, "NVFP4Tensor", "SignTensor", "FP8Tensor", "TernaryTensor"]
 
 
 def _storage_format(factors) -> str:
