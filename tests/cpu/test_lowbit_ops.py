@@ -302,6 +302,20 @@ def test_optimizer_steps_invalidate_even_without_version_bump(opt_cls, kw):
     _call(p, fresh, masters=m)  # accepted
 
 
+def test_a_replaced_data_is_a_new_master():
+    """``p.data = <a cast or new tensor>`` (what ``module.to`` does) moves no version counter; the dtype and storage
+    of the master are part of its identity, so the next quantize_master quantizes the new values."""
+    _, masters, _ = _problem()
+    m = masters[0].clone().requires_grad_(True)
+    q = quantize_master(m, "nvfp4", backend="torch")
+    for new in (m.data.to(torch.bfloat16), m.data * 2):
+        m.data = new
+        q2 = quantize_master(m, "nvfp4", backend="torch")
+        assert q2 is not q and torch.equal(q2.codes, quant.quantize_nvfp4(m.detach(), backend="torch").codes)
+        assert quantize_master(m, "nvfp4", backend="torch") is q2
+        q = q2
+
+
 def test_data_writes_need_mark_masters_updated():
     from tsct.ops import mark_masters_updated
     p, masters, _ = _problem()

@@ -234,6 +234,32 @@ def test_straight_through_cache_follows_loads_and_writes_the_version_counter_mis
     assert torch.equal(stale, other(x, ids, w)) and not torch.equal(fresh, stale)
 
 
+@pytest.mark.parametrize("storage", ["bf16", "nvfp4"])
+def test_meta_device_layer_gives_the_output_shape(storage):
+    """On the meta device (shape inference, deferred init) the layer runs without data: the output's shape and
+    dtype, no error from asking the meta device about autocast."""
+    m = GroupedGLUExperts(E, D, R, F, storage=storage, device="meta")
+    x, ids, w = (t.to("meta") for t in routing(seed=9))
+    y = m(x, ids, w)
+    assert y.device.type == "meta" and tuple(y.shape) == (T, F) and y.dtype == torch.float32
+
+
+@pytest.mark.parametrize("fmt", ["nvfp4", "sign"])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_a_cast_layer_quantizes_its_cast_masters(fmt, dtype):
+    """``.to(dtype)`` after a forward: the next forward quantizes the cast masters (a cache of the fp32 masters'
+    factors would give the old output), as a layer built in that dtype does."""
+    m = layer(GroupedGLUExperts, storage=fmt)
+    x, ids, w = routing(seed=8)
+    before = m(x, ids, w).detach()
+    m.to(dtype)
+    fresh = GroupedGLUExperts(E, D, R, F, storage=fmt, dtype=dtype)
+    fresh.load_state_dict(m.state_dict())
+    got = m(x.to(dtype), ids, w.to(dtype))
+    assert got.dtype == dtype and torch.equal(got, fresh(x.to(dtype), ids, w.to(dtype)))
+    assert not torch.equal(got.float(), before)
+
+
 @pytest.mark.parametrize("fmt", ["nvfp4", "sign"])
 def test_freeze_keeps_the_output_and_stores_packed_buffers(fmt):
     m = layer(GroupedGLUExperts, storage=fmt)

@@ -24,6 +24,9 @@ def call(p, **over):
 @pytest.mark.parametrize("over,exc,match", [
     (lambda p: dict(x=p["x"].double()), TypeError, r"x must have dtype"),
     (lambda p: dict(x=p["x"][None]), ValueError, r"x must be 2-D"),
+    (lambda p: dict(x=p["x"].to_sparse()), TypeError, r"grouped_glu: x must be a dense \(strided\) tensor, got layout "
+                                                      r"torch.sparse_coo"),
+    (lambda p: dict(w_up=p["w_up"].to_sparse()), TypeError, r"grouped_glu: w_up must be a dense \(strided\) tensor"),
     (lambda p: dict(offs=p["offs"].long()), TypeError, r"offs must have dtype"),
     (lambda p: dict(offs=p["offs"][:-1]), ValueError, r"offs must have length E = 4"),
     (lambda p: dict(w_gate=p["w_gate"].transpose(1, 2)), ValueError, r"w_gate must be \[E, d, r\]"),

@@ -77,9 +77,11 @@ def compute_dtype(x: Tensor) -> torch.dtype:
     """The dtype the expert layers compute in for input ``x``: the autocast dtype of ``x``'s device type when
     autocast is on there, else ``x.dtype``."""
     dev = x.device.type
-    if torch.is_autocast_enabled(dev):
-        return torch.get_autocast_dtype(dev)
-    return x.dtype
+    try:
+        on = torch.is_autocast_enabled(dev)
+    except RuntimeError:  # a device type without autocast (meta: shape inference)
+        return x.dtype
+    return torch.get_autocast_dtype(dev) if on else x.dtype
 
 
 def _local(t: Tensor) -> Tensor:
@@ -320,13 +322,15 @@ class GroupedGLUExperts(GLUExpertBank):
 
     def _apply(self, fn, recurse: bool = True):
         """``nn.Module._apply`` (``.to``, ``.cuda``, ``.half``, ...), except that packed buffers keep their
-        dtype: a cast would reinterpret codes and scales (only their device follows)."""
+        dtype: a cast would reinterpret codes and scales (only their device follows). The masters' cached packed
+        factors are dropped (``requantize``): they were quantized from the masters before the cast or move."""
         packed = {n: self._buffers[n] for n in self._packed_names()}
         super()._apply(fn, recurse)
         for n, old in packed.items():
             new = self._buffers[n]
             if new.dtype != old.dtype:
                 self._buffers[n] = old.to(new.device)
+        self.requantize()
         return self
 
     def _op_factors(self, dt: torch.dtype, x: Tensor) -> tuple[tuple, Optional[tuple]]:

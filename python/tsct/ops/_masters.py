@@ -41,7 +41,13 @@ def _owner(t: Tensor) -> Tensor:
 
 
 def _geometry(t: Tensor) -> tuple:
-    return (tuple(t.shape), tuple(t.stride()), t.storage_offset())
+    """What makes a view of an owner the same master: shape, strides, offset, and the dtype, device and data pointer
+    (``module.to`` swaps a parameter's ``.data`` for a cast or moved copy without moving its version counter)."""
+    try:
+        ptr = t.data_ptr()
+    except RuntimeError:  # a fake tensor (tracing) has no storage
+        ptr = None
+    return (tuple(t.shape), tuple(t.stride()), t.storage_offset(), t.dtype, t.device, ptr)
 
 
 def _version(t: Tensor) -> tuple[int, int]:
@@ -54,8 +60,9 @@ def mark_masters_updated(*masters: Tensor) -> None:
     """Declare that these master factors changed in a way torch's version counter does not record, so
     the next ``quantize_master`` re-quantizes and older containers are refused.
 
-    Needed after writes through ``p.data`` (``p.data.copy_``, ``vector_to_parameters``, ``module.to``
-    of a parameter's ``.data``) or any kernel that updates storage outside autograd. Optimizer steps need
+    Needed after writes through ``p.data`` (``p.data.copy_``, ``vector_to_parameters``) or any kernel that updates
+    storage outside autograd (a ``.data`` replaced by a tensor of another dtype, device or storage, as ``module.to``
+    does, is seen without it). Optimizer steps need
     no call: ``quantize_master`` registers a global ``torch.optim`` step post-hook that marks every
     master the stepping optimizer holds, which covers fused optimizers (``fused=True`` does not bump the
     version counter).

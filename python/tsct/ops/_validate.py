@@ -22,6 +22,8 @@ def _shape(t) -> tuple:
 def check_tensor(name: str, t, *, ndim: int, dtypes=None, device=None, dtype_hint: str = "") -> None:
     if not isinstance(t, Tensor):
         raise TypeError(f"grouped_glu: {name} must be a torch.Tensor, got {type(t).__name__}")
+    if t.layout != torch.strided:
+        raise TypeError(f"grouped_glu: {name} must be a dense (strided) tensor, got layout {t.layout}")
     if t.dim() != ndim:
         raise ValueError(f"grouped_glu: {name} must be {ndim}-D, got shape {list(t.shape)}")
     if dtypes is not None and t.dtype not in dtypes:
