@@ -103,26 +103,33 @@ def reference(full, inputs, masks=None):
 
 def _ep_step(ep, x, ids, w, go):
     ep.zero_grad(set_to_none=True)
-    x, w = x.clone().requires_grad_(True), w.clone().requires_grad_(True)
+    x = x.clone().requires_grad_(True)
+    w = w.clone().requires_grad_(True) if w is not None else None
     y = ep(x, ids, w)
     (y.float() * go.float()).sum().backward()
-    return [y.detach(), x.grad, w.grad] + [p.grad.clone() for p in ep.experts.parameters()]
+    return [y.detach(), x.grad, w.grad if w is not None else None] + [p.grad.clone() for p in ep.experts.parameters()]
 
 
 def check_expert_parallel(rank, world, device, *, storage="bf16", dtype=torch.float32, capacity="exact",
-                          frozen=False, tol=1e-5, sync_free=False):
+                          frozen=False, tol=1e-5, sync_free=False, unweighted=-1):
     """ExpertParallelGLU against the single-process layer: outputs, x and router-weight gradients of this rank's
     tokens, and this rank's expert-parameter gradients (summed over every rank's tokens); twice, same bits.
 
     capacity: "exact" (host-read split sizes), "static" (max T*k slots: nothing can drop) or "tight" (a capacity that
     drops rows; the reference drops the same rows, as ``ep.kept`` reports them). sync_free (CUDA, static capacity):
-    a third step, with the op's value checks off, runs under ``torch.cuda.set_sync_debug_mode("error")``."""
+    a third step, with the op's value checks off, runs under ``torch.cuda.set_sync_debug_mode("error")``.
+    unweighted: the rank that passes no router weights (its reference: weights of one; its exchanges are the same)."""
     e = 4 * world
     full = full_layer(e, device, storage, dtype)
     if frozen:
         full.freeze()
     inputs = [tokens(j, e, device, dtype) for j in range(world)]
+    if 0 <= unweighted < world:  # every rank's reference gives that rank's tokens weights of one
+        xu, iu, wu, gu = inputs[unweighted]
+        inputs[unweighted] = (xu, iu, torch.ones_like(wu), gu)
     x, ids, w, go = inputs[rank]
+    if rank == unweighted:
+        w = None
     # a static capacity is one number for the whole group: the largest T * k can never drop
     cap = {"exact": None, "static": max(i[1].numel() for i in inputs), "tight": 6}[capacity]
     ep = ExpertParallelGLU.shard(full, capacity=cap)
@@ -130,7 +137,7 @@ def check_expert_parallel(rank, world, device, *, storage="bf16", dtype=torch.fl
     got = _ep_step(ep, x, ids, w, go)
     again = _ep_step(ep, x, ids, w, go)
     for a, b in zip(got, again):  # deterministic
-        assert torch.equal(a, b)
+        assert (a is None and b is None) or torch.equal(a, b)
     if sync_free:
         from tsct import config
 
@@ -143,7 +150,7 @@ def check_expert_parallel(rank, world, device, *, storage="bf16", dtype=torch.fl
             torch.cuda.set_sync_debug_mode("default")
             config.check_values = checks
         for a, b in zip(got, third):
-            assert torch.equal(a, b)
+            assert (a is None and b is None) or torch.equal(a, b)
     masks = None
     if capacity == "tight":
         masks = [None] * world
@@ -155,7 +162,9 @@ def check_expert_parallel(rank, world, device, *, storage="bf16", dtype=torch.fl
         assert int(ep.dropped) == 0
     ys, gx, gw, gp = reference(full, inputs, masks)
     assert got[0].shape == ys[rank].shape and got[0].dtype == ys[rank].dtype
-    checks = {"y": (got[0], ys[rank]), "x.grad": (got[1], gx[rank]), "w.grad": (got[2], gw[rank])}
+    checks = {"y": (got[0], ys[rank]), "x.grad": (got[1], gx[rank])}
+    if rank != unweighted:
+        checks["w.grad"] = (got[2], gw[rank])
     lo = rank * 4
     for (name, p), g in zip(ep.experts.named_parameters(), got[3:]):
         checks[name + ".grad"] = (g, gp[name][lo:lo + 4])

@@ -19,6 +19,7 @@ CASES = [
     (C.check_expert_parallel, {"capacity": "exact"}),
     (C.check_expert_parallel, {"capacity": "static"}),
     (C.check_expert_parallel, {"capacity": "tight"}),  # rows dropped for capacity
+    (C.check_expert_parallel, {"capacity": "exact", "unweighted": 1}),  # one rank passes no router weights
     (C.check_expert_parallel, {"capacity": "static", "storage": "nvfp4"}),
     (C.check_expert_parallel, {"capacity": "exact", "storage": "sign", "frozen": True}),
     (C.check_expert_parallel, {"capacity": "static", "dtype": "bfloat16", "tol": 1e-2}),

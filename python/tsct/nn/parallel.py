@@ -66,6 +66,10 @@ class ExpertParallelGLU(nn.Module):
     t's values (an identity autograd Function that records a CUDA event in its forward and backward marks the
     backward's phases too; scripts/ep_run.py times the phases so). Off, it costs one ``is None`` test per phase.
 
+    The ranks may differ in whether they pass ``topk_weights`` (none: weights of one, exact), not in which of ``x``
+    and ``topk_weights`` require gradients: the backward's exchanges run where a gradient flows, and every rank must
+    run them.
+
     Deterministic: the same inputs give the same bits on every run (the exchanges move data, every sum runs in
     a fixed order). Every rank of the group must call forward (and backward) together, as with any collective. The
     first eager forward (not one under torch.compile or CUDA-graph capture) checks that every rank holds the same
@@ -185,11 +189,12 @@ class ExpertParallelGLU(nn.Module):
         slot_of = torch.empty_like(slot_sorted).scatter_(0, s.order, slot_sorted)
         x_rows = x.unsqueeze(1).expand(t, k, d).reshape(m, d)
         send = x_rows.new_zeros(n_send + 1, d).index_copy(0, slot_of, x_rows)[:n_send]
-        w_recv = None
-        if topk_weights is not None:
-            w_rows = topk_weights.reshape(m, 1).float()
-            w_send = w_rows.new_zeros(n_send + 1, 1).index_copy(0, slot_of, w_rows)[:n_send]
-            w_recv = funcol.all_to_all_single_autograd(w_send, recv_sizes, send_sizes, self.group)
+        # ones without router weights (exact), with a gradient like the others' (discarded): every rank runs the
+        # same collectives, forward and backward, whether its caller passed weights or not
+        w_rows = (topk_weights.reshape(m, 1).float() if topk_weights is not None
+                  else torch.ones(m, 1, device=dev, dtype=torch.float32, requires_grad=torch.is_grad_enabled()))
+        w_send = w_rows.new_zeros(n_send + 1, 1).index_copy(0, slot_of, w_rows)[:n_send]
+        w_recv = funcol.all_to_all_single_autograd(w_send, recv_sizes, send_sizes, self.group)
         if hook is not None:
             send = hook("dispatch", send)
         recv = funcol.all_to_all_single_autograd(send, recv_sizes, send_sizes, self.group)

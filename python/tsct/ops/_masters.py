@@ -41,28 +41,23 @@ def _owner(t: Tensor) -> Tensor:
 
 
 def _geometry(t: Tensor) -> tuple:
-    """What makes a view of an owner the same master: shape, strides, offset, and the dtype, device and data pointer
-    (``module.to`` swaps a parameter's ``.data`` for a cast or moved copy without moving its version counter)."""
-    try:
-        ptr = t.data_ptr()
-    except RuntimeError:  # a fake tensor (tracing) has no storage
-        ptr = None
-    return (tuple(t.shape), tuple(t.stride()), t.storage_offset(), t.dtype, t.device, ptr)
+    return (tuple(t.shape), tuple(t.stride()), t.storage_offset())
 
 
-def _version(t: Tensor) -> tuple[int, int]:
-    """A master's stamp: (torch version counter, tsct update epoch of its owner). Either moving means
-    "changed" (a view shares its base's version counter)."""
-    return (t._version, _epochs.get(_owner(t), 0))
+def _version(t: Tensor) -> tuple:
+    """A master's stamp: (torch version counter, tsct update epoch of its owner, dtype, device). Any of them
+    moving means "changed" (a view shares its base's version counter; ``module.to`` swaps a parameter's ``.data``
+    for a cast or moved copy without moving the counter)."""
+    return (t._version, _epochs.get(_owner(t), 0), t.dtype, t.device)
 
 
 def mark_masters_updated(*masters: Tensor) -> None:
     """Declare that these master factors changed in a way torch's version counter does not record, so
     the next ``quantize_master`` re-quantizes and older containers are refused.
 
-    Needed after writes through ``p.data`` (``p.data.copy_``, ``vector_to_parameters``) or any kernel that updates
-    storage outside autograd (a ``.data`` replaced by a tensor of another dtype, device or storage, as ``module.to``
-    does, is seen without it). Optimizer steps need
+    Needed after writes through ``p.data`` (``p.data.copy_``, ``p.data = other``, ``vector_to_parameters``) or any
+    kernel that updates storage outside autograd; a ``.data`` replaced by one of another dtype or device (what
+    ``module.to`` does) is seen without it. Optimizer steps need
     no call: ``quantize_master`` registers a global ``torch.optim`` step post-hook that marks every
     master the stepping optimizer holds, which covers fused optimizers (``fused=True`` does not bump the
     version counter).
@@ -184,7 +179,7 @@ def check_master(name: str, container, master: Tensor) -> None:
                          f"masters[{name}]")
     if _version(master) != ver:
         raise ValueError(f"grouped_glu: {name} is stale: masters[{name}] changed (state {ver} -> "
-                         f"{_version(master)}, e.g. an optimizer step) since it was quantized; call "
+                         f"{_version(master)}, e.g. an optimizer step or a cast) since it was quantized; call "
                          "tsct.ops.quantize_master again")
 
 
