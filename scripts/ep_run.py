@@ -26,10 +26,10 @@ Timing (``check_values`` off, as tsct-bench times; ``warmup`` untimed steps, the
 p10, p90 per rank via ``tsct.bench.measure.stats``): a step is forward plus ``backward(grad_out)``.
   - ``ep_phases``: stamps at the phase boundaries (``ExpertParallelGLU.phase_hook`` with an identity autograd
     Function, so the backward's boundaries are stamped when the gradients pass them): route (sort by expert, count
-    exchange, the host read of the split sizes, the send buffer), dispatch (row all-to-all; the local sort of the
-    received rows, which needs only the counts, runs meanwhile), experts (``grouped_glu``), combine (return
-    all-to-all), sum (each token's k returned rows, already weighted by the experts' op); the backward in reverse. CUDA: events on the
-    compute stream; a mark first waits for a pending collective, so an exchange ends when its rows are usable.
+    exchange, the host read of the split sizes, the send buffer), dispatch (the router weights' and the rows'
+    all-to-all; the local sort of the received rows, which needs only the counts, runs meanwhile), experts
+    (``grouped_glu``, which applies the weights), combine (return all-to-all), sum (each token's k returned rows);
+    the backward in reverse. CUDA: events on the compute stream; a mark first waits for a pending collective, so an exchange ends when its rows are usable.
     CPU: the host clock at the same points (CPU work is synchronous).
     Why events and not a profiler's kernel sums: the phases tile the step, so they add up to the step's time and
     every stall is charged to the phase it delays (an all-to-all waiting for a slower rank, the host read, launch

@@ -60,10 +60,10 @@ class ExpertParallelGLU(nn.Module):
         dropped: 0-d int64, rows dropped for capacity on this rank.
 
     Timing hook (off by default): ``phase_hook``, when not None, is called as ``t = phase_hook(phase, t)`` where each
-    phase of the forward starts, with the tensor the phase begins on: ``"dispatch"`` (the send buffer, before the row
-    exchange), ``"experts"`` (the received rows, before ``grouped_glu``), ``"combine"`` (the experts' output, before
-    the return exchange), ``"sum"`` (the returned rows, before the k-row sum). It must return a tensor with
-    t's values (an identity autograd Function that records a CUDA event in its forward and backward marks the
+    phase of the forward starts, with the tensor the phase begins on: ``"dispatch"`` (the send buffer, before the
+    exchanges of the router weights and the rows), ``"experts"`` (the received rows, before ``grouped_glu``),
+    ``"combine"`` (the experts' output, before the return exchange), ``"sum"`` (the returned rows, before the k-row
+    sum). It must return a tensor with t's values (an identity autograd Function that records a CUDA event in its forward and backward marks the
     backward's phases too; scripts/ep_run.py times the phases so). Off, it costs one ``is None`` test per phase.
 
     The ranks may differ in whether they pass ``topk_weights`` (none: weights of one, exact), not in which of ``x``
@@ -189,14 +189,14 @@ class ExpertParallelGLU(nn.Module):
         slot_of = torch.empty_like(slot_sorted).scatter_(0, s.order, slot_sorted)
         x_rows = x.unsqueeze(1).expand(t, k, d).reshape(m, d)
         send = x_rows.new_zeros(n_send + 1, d).index_copy(0, slot_of, x_rows)[:n_send]
+        if hook is not None:
+            send = hook("dispatch", send)
         # ones without router weights (exact), with a gradient like the others' (discarded): every rank runs the
         # same collectives, forward and backward, whether its caller passed weights or not
         w_rows = (topk_weights.reshape(m, 1).float() if topk_weights is not None
                   else torch.ones(m, 1, device=dev, dtype=torch.float32, requires_grad=torch.is_grad_enabled()))
         w_send = w_rows.new_zeros(n_send + 1, 1).index_copy(0, slot_of, w_rows)[:n_send]
         w_recv = funcol.all_to_all_single_autograd(w_send, recv_sizes, send_sizes, self.group)
-        if hook is not None:
-            send = hook("dispatch", send)
         recv = funcol.all_to_all_single_autograd(send, recv_sizes, send_sizes, self.group)
 
         # 4. local experts on the receive buffer: received row p of source block j belongs to local expert l if it
