@@ -29,7 +29,8 @@ p10, p90 per rank via ``tsct.bench.measure.stats``): a step is forward plus ``ba
     exchange, the host read of the split sizes, the send buffer), dispatch (the router weights' and the rows'
     all-to-all; the local sort of the received rows, which needs only the counts, runs meanwhile), experts
     (``grouped_glu``, which applies the weights), combine (return all-to-all), sum (each token's k returned rows);
-    the backward in reverse. CUDA: events on the compute stream; a mark first waits for a pending collective, so an exchange ends when its rows are usable.
+    the backward in reverse. CUDA: events on the compute stream; a mark first waits for a pending collective, so an
+    exchange ends when its rows are usable.
     CPU: the host clock at the same points (CPU work is synchronous).
     Why events and not a profiler's kernel sums: the phases tile the step, so they add up to the step's time and
     every stall is charged to the phase it delays (an all-to-all waiting for a slower rank, the host read, launch

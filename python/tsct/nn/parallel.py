@@ -59,12 +59,13 @@ class ExpertParallelGLU(nn.Module):
             the capacity, did not).
         dropped: 0-d int64, rows dropped for capacity on this rank.
 
-    Timing hook (off by default): ``phase_hook``, when not None, is called as ``t = phase_hook(phase, t)`` where each
-    phase of the forward starts, with the tensor the phase begins on: ``"dispatch"`` (the send buffer, before the
-    exchanges of the router weights and the rows), ``"experts"`` (the received rows, before ``grouped_glu``),
+    Timing hook (off by default): ``phase_hook``, when not None, is called as ``t = phase_hook(phase, t)`` where
+    each phase of the forward starts, with the tensor the phase begins on: ``"dispatch"`` (the send buffer, before
+    the exchanges of the router weights and the rows), ``"experts"`` (the received rows, before ``grouped_glu``),
     ``"combine"`` (the experts' output, before the return exchange), ``"sum"`` (the returned rows, before the k-row
-    sum). It must return a tensor with t's values (an identity autograd Function that records a CUDA event in its forward and backward marks the
-    backward's phases too; scripts/ep_run.py times the phases so). Off, it costs one ``is None`` test per phase.
+    sum). It must return a tensor with t's values (an identity autograd Function that records a CUDA event in its
+    forward and backward marks the backward's phases too; scripts/ep_run.py times the phases so). Off, it costs one
+    ``is None`` test per phase.
 
     The ranks may differ in whether they pass ``topk_weights`` (none: weights of one, exact), not in which of ``x``
     and ``topk_weights`` require gradients: the backward's exchanges run where a gradient flows, and every rank must
