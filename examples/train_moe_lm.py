@@ -437,9 +437,10 @@ def gate_of(arms: dict, g: dict) -> Optional[dict]:
 def device_name(cfg: Config) -> tuple[str, str]:
     """(full name, short name for file names)."""
     if cfg.device.startswith("cuda"):
+        from tsct.bench.measure import gpu_tag
+
         full = torch.cuda.get_device_name(torch.device(cfg.device))
-        short = "".join(c for c in full.split()[-1].lower() if c.isalnum())
-        return full, short or "cuda"
+        return full, gpu_tag(full)
     return platform.processor() or platform.machine(), "cpu"
 
 

@@ -23,7 +23,6 @@ import argparse
 import datetime
 import json
 import pprint
-import re
 import sys
 from pathlib import Path
 
@@ -39,15 +38,6 @@ def installed_sources(arch: str | None) -> dict[str, str]:
     return dict((idx or {}).get("sources") or {})
 
 
-def gpu_tag(device: str | None) -> str:
-    """The short GPU name of a result file: "NVIDIA H100 80GB HBM3" -> "h100", "NVIDIA GeForce RTX 5060 Ti" ->
-    "rtx5060" (the first word after the vendor, joined to the next when it has no digit); "gpu" for none."""
-    words = [w for w in re.sub(r"[^a-z0-9 ]", "", (device or "").lower()).split() if w not in ("nvidia", "geforce")]
-    if not words:
-        return "gpu"
-    return words[0] if any(c.isdigit() for c in words[0]) else "".join(words[:2])
-
-
 def record(ledger: dict, evidence: str, sources: dict[str, str]) -> dict:
     """The ``sm120_proxy.RUNS`` entry of one stage's ledger; ``sources``: {kernel: source fingerprint} of the cubins
     it launched (``installed_sources``), None for a kernel without one."""
@@ -55,6 +45,8 @@ def record(ledger: dict, evidence: str, sources: dict[str, str]) -> dict:
     for s in ledger["sessions"]:
         for k, n in s["outcomes"].items():
             outcomes[k] = outcomes.get(k, 0) + n
+    from tsct.bench.measure import gpu_tag
+
     commit = (ledger.get("commit") or "unknown")[:7]
     return {
         "date": datetime.date.today().isoformat(), "commit": commit, "device": ledger.get("device"),
@@ -147,7 +139,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--bench", default=None, help="tsct-bench --json of the stage's b1 run")
     ap.add_argument("--out", default=None)
     ap.add_argument("--evidence", default="bench/results/{date}_{gpu}_sm120_proxy_{commit}.log",
-                    help="where the stage's log will be committed ({date}, {gpu}: gpu_tag, {commit} filled in)")
+                    help="where the stage's log will be committed ({date}, {gpu}: tsct.bench.measure.gpu_tag, {commit} filled in)")
     args = ap.parse_args(argv)
     if args.update_docs:
         update_docs()

@@ -24,6 +24,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from tsct.bench.measure import gpu_tag
 from tsct.kernels import aot, launch, sm120_proxy
 from tsct.kernels.triton_common import specs as CS
 from tsct.kernels.triton_glu import specs
@@ -466,7 +467,7 @@ def test_ledger_turns_into_verdicts(tmp_path, monkeypatch):
     assert "NO SOURCE FINGERPRINT" not in text  # lowbit_up_fwd only JIT-launched: no proxy cubin, no fingerprint
     assert "logic run on the sm_90 proxy (NVIDIA H200, " in text and "FAILED on the sm_90 proxy" in text
     names = ("NVIDIA H100 80GB HBM3", "NVIDIA H200", "NVIDIA GeForce RTX 5060 Ti", "", None)
-    assert [verdicts.gpu_tag(n) for n in names] == ["h100", "h200", "rtx5060", "gpu", "gpu"]
+    assert [gpu_tag(n) for n in names] == ["h100", "h200", "rtx5060", "gpu", "gpu"]
     assert sm120_proxy.RUNS == before  # report() restores the table
 
 

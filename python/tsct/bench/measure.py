@@ -20,6 +20,7 @@ import json
 import math
 import os
 import platform
+import re
 import shutil
 import subprocess
 import time
@@ -188,6 +189,16 @@ def device_info(device: torch.device) -> dict:
                     memory_bytes=None, driver=None, cpu_threads=torch.get_num_threads(), cpu_count=os.cpu_count(),
                     load_average=list(os.getloadavg()) if hasattr(os, "getloadavg") else None)
     return info
+
+
+def gpu_tag(name: Optional[str]) -> str:
+    """The short GPU name in result file names (``<date>_<gpu>_<what>_<commit>``): "NVIDIA H100 80GB HBM3" -> "h100",
+    "NVIDIA GeForce RTX 5060 Ti" -> "rtx5060" (the first word after the vendor, joined to the next when it has no
+    digit); "gpu" for an empty or missing name."""
+    words = [w for w in re.sub(r"[^a-z0-9 ]", "", (name or "").lower()).split() if w not in ("nvidia", "geforce")]
+    if not words:
+        return "gpu"
+    return words[0] if any(c.isdigit() for c in words[0]) else "".join(words[:2])
 
 
 def host_info() -> dict:
