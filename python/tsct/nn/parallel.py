@@ -188,15 +188,17 @@ class ExpertParallelGLU(nn.Module):
         # 3. rows (and their router weights) to their experts' ranks: token-major routed row i goes to slot
         # slot_of[i] (dropped: a dump slot); index_copy, whose backward is a gather: deterministic
         slot_of = torch.empty_like(slot_sorted).scatter_(0, s.order, slot_sorted)
-        x_rows = x.unsqueeze(1).expand(t, k, d).reshape(m, d)
-        send = x_rows.new_zeros(n_send + 1, d).index_copy(0, slot_of, x_rows)[:n_send]
+
+        def to_slots(rows: Tensor) -> Tensor:  # [m, c] token-major -> [n_send, c] send buffer (unused slots: 0)
+            return rows.new_zeros(n_send + 1, rows.shape[1]).index_copy(0, slot_of, rows)[:n_send]
+
+        send = to_slots(x.unsqueeze(1).expand(t, k, d).reshape(m, d))
         if hook is not None:
             send = hook("dispatch", send)
         # ones without router weights (exact), with a gradient like the others' (discarded): every rank runs the
         # same collectives, forward and backward, whether its caller passed weights or not
-        w_rows = (topk_weights.reshape(m, 1).float() if topk_weights is not None
-                  else torch.ones(m, 1, device=dev, dtype=torch.float32, requires_grad=torch.is_grad_enabled()))
-        w_send = w_rows.new_zeros(n_send + 1, 1).index_copy(0, slot_of, w_rows)[:n_send]
+        w_send = to_slots(topk_weights.reshape(m, 1).float() if topk_weights is not None
+                          else torch.ones(m, 1, device=dev, dtype=torch.float32, requires_grad=torch.is_grad_enabled()))
         w_recv = funcol.all_to_all_single_autograd(w_send, recv_sizes, send_sizes, self.group)
         recv = funcol.all_to_all_single_autograd(send, recv_sizes, send_sizes, self.group)
 
