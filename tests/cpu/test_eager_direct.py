@@ -137,8 +137,8 @@ def test_quantized_direct_inference_runs_the_plain_forward(monkeypatch):
     monkeypatch.setattr(dispatch, "implementation", lambda path: _DecodingPath)
     seen = []
     monkeypatch.setattr(_function, "forward",
-                        lambda inputs, call, save=True, trusted=False, real=_function.forward:
-                        seen.append(save) or real(inputs, call, save, trusted))
+                        lambda inputs, call, save=True, trusted=False, factors=None, real=_function.forward:
+                        seen.append(save) or real(inputs, call, save, trusted, factors))
     wq = quant.quantize_nvfp4(p["w_gate"], backend="torch")
     kw = dict(row_weight=p["row_weight"], gather_idx=p["gather_idx"], scatter_idx=p["scatter_idx"],
               num_out_rows=p["num_out_rows"])
