@@ -12,7 +12,8 @@ and scales). An arm is a format (bf16 / nvfp4 / sign) with an optional "-kmajor"
 decision 0012).
 
   host    n calls back to back without syncing (the GPU queue absorbs the device work, so the time
-          is the host's), then the same under cProfile: top functions by own and cumulative time.
+          is the host's), n calls each on an idle GPU (synchronized before; median, min, max of the host
+          time to issue one), then the same under cProfile: top functions by own and cumulative time.
   device  torch.profiler: device time per kernel and per pass.
   sweep   device time of the forward, and per tsct kernel of forward + backward, for each tile-config override (the
           TSCT_TRITON_GLU_CFG syntax), each setting of the CUDA rows of the dispatch (TSCT_CUDA_KERNELS: none = the
@@ -71,6 +72,16 @@ def host(fn, label: str, n: int, top: int) -> None:
     torch.cuda.synchronize()
     print(f"== {label}: host {1e3 * (t1 - t0) / n:.3f} ms/call (no profiler), "
           f"wall {1e3 * (time.perf_counter() - t0) / n:.3f} ms/call", flush=True)
+    iso = []  # each call issued on an idle GPU (synchronized before): its host time, no queue in front of it
+    for i in range(n):
+        torch.cuda.synchronize()
+        t = time.perf_counter()
+        fn(i)
+        iso.append(time.perf_counter() - t)
+    torch.cuda.synchronize()
+    iso.sort()
+    print(f"   isolated: median {1e3 * iso[n // 2]:.3f} ms/call, min {1e3 * iso[0]:.3f}, max {1e3 * iso[-1]:.3f}",
+          flush=True)
     pr = cProfile.Profile()
     pr.enable()
     for i in range(n):
