@@ -99,9 +99,10 @@ def forward(inputs: Inputs, call: Call, save: bool = True, trusted: bool = False
     ``trusted``, ``factors``: an eager call's records and its factors (``_path_args``)."""
     mod = dispatch.implementation(call.impl)
     fwd_saved = getattr(mod, "grouped_glu_forward_saved", None) if save else None
-    if fwd_saved is None:
-        return mod.grouped_glu_forward(*_path_args(inputs, call, trusted, factors)), []
-    out, saved = fwd_saved(*_path_args(inputs, call, trusted, factors))
+    with _eager.on_device(inputs.x.device):
+        if fwd_saved is None:
+            return mod.grouped_glu_forward(*_path_args(inputs, call, trusted, factors)), []
+        out, saved = fwd_saved(*_path_args(inputs, call, trusted, factors))
     return out, list(saved)
 
 
@@ -113,7 +114,8 @@ def backward(grad_out: Tensor, inputs: Inputs, call: Call, needs: Inputs, saved:
     _select.before_backward(call.impl, inputs.x.device)
     mod = dispatch.implementation(call.impl)
     args = (grad_out, *_path_args(inputs, call, trusted), list(needs))
-    grads = mod.grouped_glu_backward(*args, saved=saved) if saved else mod.grouped_glu_backward(*args)
+    with _eager.on_device(inputs.x.device):
+        grads = mod.grouped_glu_backward(*args, saved=saved) if saved else mod.grouped_glu_backward(*args)
     out = []
     for name, g, t in zip(Inputs._fields, grads, inputs):
         if g is not None and name in FACTOR_NAMES and g.dtype != t.dtype:

@@ -196,7 +196,8 @@ def uses_kernels(topk_ids: Tensor, num_experts: int) -> bool:
 def _impl(topk_ids: Tensor, num_experts: int, topk_weights: Optional[Tensor]) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     if uses_kernels(topk_ids, num_experts):
         from tsct.kernels.triton_common import route
-        order, offs, token, rw = route.sort_by_expert(topk_ids, num_experts, topk_weights)
+        with _eager.on_device(topk_ids.device):
+            order, offs, token, rw = route.sort_by_expert(topk_ids, num_experts, topk_weights)
     else:
         order, offs, token = sort_by_expert_torch(topk_ids, num_experts)
         rw = topk_weights.reshape(-1)[order].float() if topk_weights is not None else None
