@@ -465,3 +465,34 @@ def test_sweep_plan_defaults_and_shared_base_point():
     assert len(pts) == 4  # E=8 and r=16 are the base point: run once, listed on both axes
     shared = [p for p in pts if len(p["axes"]) == 2]
     assert len(shared) == 1 and shared[0]["cfg"].experts == 8 and shared[0]["cfg"].r == 16
+
+
+def test_gc_paused_collects_first_and_restores_the_collector():
+    """CUDA graph captures run with the cyclic collector off (a graph freed by it mid-capture invalidates the capture):
+    garbage from before is collected on entry, nothing during, and the collector's state is restored on exit (also
+    when it was already off, and after an exception)."""
+    import gc
+
+    from tsct.bench.measure import gc_paused
+
+    class Cycle:
+        def __init__(self):
+            self.me = self
+
+    assert gc.isenabled()
+    Cycle()
+    with gc_paused():
+        assert not gc.isenabled()
+        assert not any(isinstance(o, Cycle) for o in gc.get_objects())  # collected on entry
+        Cycle()
+    assert gc.isenabled()
+    with pytest.raises(RuntimeError), gc_paused():
+        raise RuntimeError("a failed capture")
+    assert gc.isenabled()
+    gc.disable()
+    try:
+        with gc_paused():
+            pass
+        assert not gc.isenabled()  # off before: still off
+    finally:
+        gc.enable()

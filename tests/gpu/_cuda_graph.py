@@ -1,7 +1,10 @@
 """The GPU tests' CUDA-graph idiom: warm ``fn`` up on a side stream (JIT compiles, caches, allocator), as
-torch.cuda.graph requires, then capture one call."""
+torch.cuda.graph requires, then capture one call with the cyclic garbage collector paused (``gc_paused``: an
+earlier test's graph freed by it mid-capture would invalidate the capture)."""
 
 import torch
+
+from tsct.bench.measure import gc_paused
 
 
 def captured(fn):
@@ -12,6 +15,6 @@ def captured(fn):
         fn()
     torch.cuda.current_stream().wait_stream(st)
     g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
+    with gc_paused(), torch.cuda.graph(g):
         out = fn()
     return g, out

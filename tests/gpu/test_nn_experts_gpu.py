@@ -20,7 +20,7 @@ if not torch.cuda.is_available():
 
 from tsct import config, quant  # noqa: E402
 from tsct.nn import GroupedGLUExperts, PaddedBmmGLUExperts  # noqa: E402
-from _cuda_graph import captured  # noqa: E402
+from _cuda_graph import captured, gc_paused  # noqa: E402
 
 DEV = torch.device("cuda")
 E, D, R, F, T, K = 64, 256, 64, 683, 1024, 2  # f odd
@@ -142,7 +142,8 @@ def test_graphed_forward_backward_matches_eager_and_follows_the_masters(storage)
     x, ids, w = routing(seed=3)
     x.requires_grad_(True)
     w.requires_grad_(True)
-    graphed = torch.cuda.make_graphed_callables(m, (x, ids, w))
+    with gc_paused():
+        graphed = torch.cuda.make_graphed_callables(m, (x, ids, w))
     for seed in (4, 5):
         if seed == 5:  # an optimizer-like in-place update: a replay quantizes the new masters (straight-through)
             with torch.no_grad():

@@ -23,6 +23,7 @@ from _gpu_log import log
 from tsct.kernels.sm120_fp4.quant_rows import quantize_rows_grouped, quantize_rows_grouped_torch
 from tsct.native import _ops
 import _native_cases as T
+from _cuda_graph import gc_paused
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
 
@@ -103,7 +104,7 @@ def test_graph_capture_side_stream_and_unaligned():
     g = torch.cuda.CUDAGraph()
     quantize_rows_grouped(xd, od, backend="native", **kd)  # warm-up outside the capture
     torch.cuda.synchronize()
-    with torch.cuda.graph(g):
+    with gc_paused(), torch.cuda.graph(g):
         cap = quantize_rows_grouped(xd, od, backend="native", **kd)
     g.replay()
     torch.cuda.synchronize()

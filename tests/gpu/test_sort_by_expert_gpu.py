@@ -21,7 +21,7 @@ if not torch.cuda.is_available():
     pytest.skip("needs a CUDA GPU", allow_module_level=True)
 
 import tsct  # noqa: E402
-from _cuda_graph import captured  # noqa: E402
+from _cuda_graph import captured, gc_paused  # noqa: E402
 from tsct.ops.routing import _kernels_serve, sort_by_expert_torch  # noqa: E402
 
 DEV = torch.device("cuda")
@@ -327,7 +327,7 @@ def test_graph_with_sort_inside_uses_the_linked_csr(monkeypatch):
     torch.cuda.current_stream().wait_stream(st)
     monkeypatch.setattr(C, "_csr", lambda *a: built.append(1) or real(*a))
     g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
+    with gc_paused(), torch.cuda.graph(g):
         out = _glu(x, fac, tsct.ops.sort_by_expert(ids, e, w))
     assert not built, "the capture built a CSR although its own sort linked one"
     w2, ids2 = torch.softmax(torch.randn(t, e, device=DEV), -1).topk(2)

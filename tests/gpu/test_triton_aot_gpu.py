@@ -29,6 +29,7 @@ if not torch.cuda.is_available():  # collection must not touch CUDA on a CPU-onl
 from tsct import reference as R  # noqa: E402
 from tsct.kernels import aot  # noqa: E402
 from tsct.kernels.triton_glu import glu  # noqa: E402
+from _cuda_graph import gc_paused  # noqa: E402
 
 CAP = tuple(torch.cuda.get_device_capability())
 ARCH = aot.artifact_arch(CAP)
@@ -160,7 +161,7 @@ def test_aot_cuda_graph(monkeypatch):
     glu.grouped_glu_backward(go, *a, [True] * 7)
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
+    with gc_paused(), torch.cuda.graph(graph):
         g_out = glu.grouped_glu_forward(*a)
         g_grads = glu.grouped_glu_backward(go, *a, [True] * 7)
     q, _ = make(case, seed=3)

@@ -30,6 +30,7 @@ if not torch.cuda.is_available():  # collection must not touch CUDA on a CPU-onl
 from tsct import reference as R  # noqa: E402
 from tsct.kernels import triton_glu as TG  # noqa: E402
 from tsct.kernels.layout import to_kmajor  # noqa: E402
+from _cuda_graph import gc_paused  # noqa: E402
 
 DEV = torch.device("cuda")
 TOL = 1e-2
@@ -299,7 +300,7 @@ def test_cuda_graph_capture():
         TG.grouped_glu_forward(*args)
     torch.cuda.current_stream().wait_stream(s)
     graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
+    with gc_paused(), torch.cuda.graph(graph):
         g_out = TG.grouped_glu_forward(*args)
         g_grads = TG.grouped_glu_backward(go, *args, [True] * 7)
     q = make_inputs(c, seed=2)  # new routing and values, same shapes

@@ -29,6 +29,7 @@ if not torch.cuda.is_available():
 from tsct import quant  # noqa: E402
 from tsct import reference as R  # noqa: E402
 from tsct.kernels import triton_lowbit as TL  # noqa: E402
+from _cuda_graph import gc_paused  # noqa: E402
 
 import importlib.util  # noqa: E402
 import os  # noqa: E402
@@ -164,7 +165,7 @@ def test_cuda_graph_capture():
     TL.grouped_glu_forward(*args)
     TL.grouped_glu_backward(go, *args, [True] * 7)
     graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
+    with gc_paused(), torch.cuda.graph(graph):
         g_out = TL.grouped_glu_forward(*args)
     graph.replay()
     torch.cuda.synchronize()

@@ -14,7 +14,9 @@ Timing (``time_calls``), following the workplace method (warm up, time each call
 
 from __future__ import annotations
 
+import contextlib
 import datetime
+import gc
 import importlib.metadata
 import json
 import math
@@ -73,6 +75,24 @@ def time_calls(fn: Callable[[int], object], device: torch.device, *, warmup: int
     return stats(times)
 
 
+@contextlib.contextmanager
+def gc_paused():
+    """Python's cyclic garbage collector paused for a CUDA graph capture (one collection first). A dead reference
+    cycle that holds a ``torch.cuda.CUDAGraph`` (``torch.cuda.make_graphed_callables`` leaves such cycles,
+    pytorch/pytorch#161037) freed by the collector in the middle of another capture destroys that graph while a
+    stream captures, which CUDA forbids: the capture is invalidated and a later launch in it fails with
+    cudaErrorStreamCaptureInvalidated. ``torch.cuda.graph`` no longer collects before each capture
+    (pytorch/pytorch#158193; ``TORCH_CUDAGRAPH_GC=1`` restores that)."""
+    gc.collect()
+    was = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was:
+            gc.enable()
+
+
 def time_graph(fn: Callable[[int], object], device: torch.device, *, n_sets: int = 1, warmup: int = 3,
                replays: int = 20) -> Optional[dict]:
     """Time the replay of ``fn(i)`` captured in a CUDA graph, one graph per input set, replayed in turn ->
@@ -94,7 +114,7 @@ def time_graph(fn: Callable[[int], object], device: torch.device, *, n_sets: int
         for i in range(n_sets):
             g = torch.cuda.CUDAGraph()
             # one memory pool for all: the replays run one after another on one stream
-            with torch.cuda.graph(g, pool=graphs[0].pool() if graphs else None):
+            with gc_paused(), torch.cuda.graph(g, pool=graphs[0].pool() if graphs else None):
                 fn(i)
             graphs.append(g)
         for i in range(warmup):
