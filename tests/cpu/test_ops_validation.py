@@ -175,3 +175,15 @@ def test_quantize_master_refuses_a_layout_for_sign():
     from tsct.ops import quantize_master
     with pytest.raises(ValueError, match="layout='swizzled_128x4' applies to NVFP4 block scales only"):
         quantize_master(torch.randn(2, 32, 16), "sign", layout="swizzled_128x4")
+
+
+@pytest.mark.parametrize("call, name", [
+    (lambda w: tsct.quant.quantize(w, "int4"), "tsct.quant.quantize"),
+    (lambda w: tsct.quant.fake_quantize(w, "int4"), "tsct.quant.fake_quantize"),
+    (lambda w: tsct.quant.k_multiple(4), "tsct.quant.k_multiple"),
+    (lambda w: tsct.ops.quantize_master(w, "int4"), "quantize_master"),
+])
+def test_unknown_format_names_the_function_and_the_choices(call, name):
+    w = torch.randn(2, 32, 16, generator=torch.Generator().manual_seed(0))
+    with pytest.raises(ValueError, match=rf"^{name}: fmt must be one of \['nvfp4', 'sign', 'fp8', 'ternary'\], got "):
+        call(w)
