@@ -234,3 +234,15 @@ def test_sorted_routing_is_not_recorded_for_inference_tensors(monkeypatch):
         grouped_glu(x, s.offs, *fac, row_weight=s.row_weight, gather_idx=s.token, scatter_idx=s.token,
                     num_out_rows=x.shape[0], impl="reference")
     assert len(reads) == 1  # no version counter to vouch for them: read as any other routing
+
+
+@pytest.mark.parametrize("call, name", [
+    (lambda w: tsct.quant.quantize(w, "int4"), "tsct.quant.quantize"),
+    (lambda w: tsct.quant.fake_quantize(w, "int4"), "tsct.quant.fake_quantize"),
+    (lambda w: tsct.quant.k_multiple(4), "tsct.quant.k_multiple"),
+    (lambda w: tsct.ops.quantize_master(w, "int4"), "quantize_master"),
+])
+def test_unknown_format_names_the_function_and_the_choices(call, name):
+    w = torch.randn(2, 32, 16, generator=torch.Generator().manual_seed(0))
+    with pytest.raises(ValueError, match=rf"^{name}: fmt must be one of \['nvfp4', 'sign', 'fp8', 'ternary'\], got "):
+        call(w)

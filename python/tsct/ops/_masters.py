@@ -122,6 +122,8 @@ def quantize_master(master: Tensor, fmt: str, *, layout: str = "linear", backend
 
     if not isinstance(master, Tensor):
         raise TypeError(f"quantize_master: master must be a torch.Tensor, got {type(master).__name__}")
+    if not isinstance(fmt, str) or fmt not in quant.FORMATS:
+        raise ValueError(f"quantize_master: fmt must be one of {list(quant.FORMATS)}, got {fmt!r}")
     if fmt != "nvfp4" and layout != "linear":
         raise ValueError(f"quantize_master: layout={layout!r} applies to NVFP4 block scales only; fmt={fmt!r} "
                          "has no layout choice (leave layout='linear')")

@@ -49,22 +49,23 @@ _CONTAINERS = tuple(c for c, _, _ in _FORMAT_TABLE.values())
 _TENSOR_FORMATS = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32"}
 
 
-def _check_format(fmt) -> str:
+def _check_format(fmt, caller: str) -> str:
+    """``fmt`` if it names a format, else ValueError naming ``caller`` (the public function) and the choices."""
     if not isinstance(fmt, str) or fmt not in FORMATS:
-        raise ValueError(f"fmt must be one of {list(FORMATS)}, got {fmt!r}")
+        raise ValueError(f"{caller}: fmt must be one of {list(FORMATS)}, got {fmt!r}")
     return fmt
 
 
 def k_multiple(fmt: str) -> int:
     """The multiple the contraction dim K of a factor must be to store it as ``fmt``: 16 (nvfp4), 8 (sign),
     1 (fp8), 4 (ternary). ValueError for an unknown format."""
-    return _FORMAT_TABLE[_check_format(fmt)][2]
+    return _FORMAT_TABLE[_check_format(fmt, "tsct.quant.k_multiple")][2]
 
 
 def quantize(w: Tensor, fmt: str, *, backend: str = "auto", **options) -> QuantizedTensor:
     """``quantize_<fmt>(w, backend=backend, **options)``: ``quantize_nvfp4`` for fmt "nvfp4", ``quantize_sign``
     for "sign", ``quantize_fp8`` for "fp8", ``quantize_ternary`` for "ternary"."""
-    _check_format(fmt)
+    _check_format(fmt, "tsct.quant.quantize")
     return _FORMAT_TABLE[fmt][1](w, backend=backend, **options)
 
 
@@ -139,7 +140,7 @@ def fake_quantize(w: Tensor, fmt: str, *, backend: str = "auto") -> Tensor:
     power-iteration count), "fp8" (any K) or "ternary" (K % 4 == 0, the default absmean scaling).
     ``backend`` as in ``quantize_nvfp4``.
     """
-    _check_format(fmt)
+    _check_format(fmt, "tsct.quant.fake_quantize")
     _backend.check_factor("w", w, k_multiple(fmt), fmt)
     _backend.check_backend(backend)
     return _StraightThrough.apply(w, fmt, backend)
