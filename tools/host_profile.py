@@ -110,6 +110,7 @@ def as_h200(aot_dir: str):
     patch(C, "device_capability", lambda device: (9, 0))
     patch(dispatch, "device_capability", lambda device: (9, 0))
     patch(launch, "current_stream", lambda device: 0)
+    patch(_ops, "current_stream", lambda index: 0)
     patch(_loader, "get_lib", lambda: lib)
     patch(_ops, "get_lib", lambda: lib)
     patch(native, "available", lambda: True)
@@ -245,7 +246,7 @@ def main(argv=None) -> int:
                         step()
                     pr.disable()
                     print(f"== {name}: 50 passes")
-                    pstats.Stats(pr, stream=sys.stdout).sort_stats(a.sort).print_stats(25)
+                    pstats.Stats(pr, stream=sys.stdout).sort_stats(a.sort).print_stats(int(os.environ.get("HP_ROWS", "25")))
     print(f"{'pass':<26}{'host us':>10}{'torch ops':>11}{'AOT launches':>14}{'native calls':>14}")
     for name, us, ops, launches, native_calls in rows:
         print(f"{name:<26}{us:>10.0f}{ops:>11d}{launches:>14.1f}{native_calls:>14.1f}")

@@ -67,7 +67,7 @@ class Variable(NamedTuple):
 VARIABLES: tuple[Variable, ...] = (
     Variable("TSCT_CHECK_VALUES", "bool", "1", "`0`: skip the host read of `offs` / index values per call of GPU "
              "tensors (sync-free eager calls; shapes are still checked, CPU tensors' values too); "
-             "`tsct.config.check_values`"),
+             "`sort_by_expert`'s unchanged outputs are never read back; `tsct.config.check_values`"),
     Variable("TSCT_WARN_FALLBACKS", "bool", "1", "`0`: do not warn on fallbacks (they are still counted); "
              "`tsct.config.warn_fallbacks`"),
     Variable("TSCT_TRITON_BACKEND", "auto\\|aot\\|jit", "auto", "Triton kernels from the installed cubins, else JIT "

@@ -137,8 +137,8 @@ def test_quantized_direct_inference_runs_the_plain_forward(monkeypatch):
     monkeypatch.setattr(dispatch, "implementation", lambda path: _DecodingPath)
     seen = []
     monkeypatch.setattr(_function, "forward",
-                        lambda inputs, call, save=True, trusted=False, real=_function.forward:
-                        seen.append(save) or real(inputs, call, save, trusted))
+                        lambda inputs, call, save=True, trusted=False, factors=None, real=_function.forward:
+                        seen.append(save) or real(inputs, call, save, trusted, factors))
     wq = quant.quantize_nvfp4(p["w_gate"], backend="torch")
     kw = dict(row_weight=p["row_weight"], gather_idx=p["gather_idx"], scatter_idx=p["scatter_idx"],
               num_out_rows=p["num_out_rows"])
@@ -208,3 +208,49 @@ def test_a_container_changed_after_construction_is_refused_on_both_routes(direct
     with pytest.raises(ValueError, match="grouped_glu: w_gate: scale_n must have shape"):
         grouped_glu(p["x"], p["offs"], w, p["w_up"], p["w_down"], gather_idx=p["gather_idx"],
                     scatter_idx=p["scatter_idx"], num_out_rows=p["num_out_rows"])
+
+
+def test_kernels_run_with_their_tensors_device_current(monkeypatch):
+    """A call on cuda:1 while cuda:0 is current switches the device around its kernels (they launch on the current
+    device's streams); the current device and any other device type need no switch."""
+    entered = []
+
+    class _Guard:
+        def __init__(self, index):
+            self.index = index
+
+        def __enter__(self):
+            entered.append(self.index)
+
+        def __exit__(self, *exc):
+            return False
+
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(torch.cuda, "device", _Guard)
+    for dev in (torch.device("cuda", 0), torch.device("cuda"), torch.device("cpu"), torch.device("meta")):
+        with _eager.on_device(dev):
+            pass
+    assert entered == []
+    with _eager.on_device(torch.device("cuda", 1)):
+        pass
+    assert entered == [1]
+
+
+def test_forward_backward_and_sort_ask_for_their_device(monkeypatch):
+    from tsct.kernels.triton_common import route
+    from tsct.ops import routing, sort_by_expert
+
+    asked = []
+    real = _eager.on_device
+    monkeypatch.setattr(_eager, "on_device", lambda dev: asked.append(dev) or real(dev))
+    monkeypatch.setattr(routing, "uses_kernels", lambda ids, e: True)  # the kernel branch, served by torch's sort
+    monkeypatch.setattr(route, "sort_by_expert", lambda ids, e, w=None: (*routing.sort_by_expert_torch(ids, e), None))
+    ids = torch.randint(0, 4, (16, 2), generator=torch.Generator().manual_seed(12))
+    s = sort_by_expert(ids, 4)
+    assert asked == [torch.device("cpu")]
+    p = make_problem(tokens=16, topk=2, experts=4, d=32, r=16, f=24, gather=True, dtype=torch.float32, seed=12)
+    x = p["x"].clone().requires_grad_()
+    y = grouped_glu(x, s.offs, p["w_gate"], p["w_up"], p["w_down"], gather_idx=s.token, scatter_idx=s.token,
+                    num_out_rows=16, impl="reference")
+    y.sum().backward()
+    assert asked == [torch.device("cpu")] * 3 and x.grad is not None

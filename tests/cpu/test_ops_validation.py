@@ -177,6 +177,65 @@ def test_quantize_master_refuses_a_layout_for_sign():
         quantize_master(torch.randn(2, 32, 16), "sign", layout="swizzled_128x4")
 
 
+def _sorted_problem(seed=0):
+    g = torch.Generator().manual_seed(seed)
+    t, k, e, d, r, f = 32, 2, 4, 16, 8, 9
+    ids = torch.randint(0, e, (t, k), generator=g)
+    ids[0, 1] = -1  # a dropped choice: a padding row
+    fac = [torch.randn(e, d, r, generator=g), torch.randn(e, d, r, generator=g), torch.randn(e, r, f, generator=g)]
+    return torch.randn(t, d, generator=g), ids, torch.rand(t, k, generator=g), fac, e
+
+
+def test_sorted_routing_skips_the_host_read_until_its_tensors_change(monkeypatch):
+    """sort_by_expert's outputs are valid by construction: grouped_glu does not read their values back while they are
+    unchanged (a sync per eager forward with the default checks), and does again once either changed or the call's
+    bounds are not the sort's; bad values written into them are then caught, naming the argument."""
+    from tsct.ops import _validate, sort_by_expert
+
+    reads = []
+    real = _validate._check_values
+    monkeypatch.setattr(_validate, "_check_values", lambda *a: reads.append(a) or real(*a))
+    x, ids, w, fac, e = _sorted_problem()
+    t = x.shape[0]
+    s = sort_by_expert(ids, e, w)
+
+    def run(xx=x, offs=None, token=None, n_out=t):
+        tok = s.token if token is None else token
+        return grouped_glu(xx, s.offs if offs is None else offs, *fac, row_weight=s.row_weight, gather_idx=tok,
+                           scatter_idx=tok, num_out_rows=n_out, impl="reference")
+
+    y = run()
+    assert reads == []
+    ref = grouped_glu(x, s.offs.clone(), *fac, row_weight=s.row_weight, gather_idx=s.token.clone(),
+                      scatter_idx=s.token.clone(), num_out_rows=t, impl="reference")
+    assert len(reads) == 1 and torch.equal(y, ref)  # copies are checked, and the result is the same
+    with pytest.raises(ValueError, match=r"gather_idx\[:offs\[-1\]\] must lie in \[0, 31\)"):
+        run(xx=x[:t - 1])  # fewer rows of x than the sort's tokens: checked, and the last token is out of range
+    with pytest.raises(ValueError, match=r"scatter_idx\[:offs\[-1\]\] must lie in \[0, 31\)"):
+        run(n_out=t - 1)
+    s.token[0] = t  # written in place: the version counter moved, so the values are read and the bad one named
+    with pytest.raises(ValueError, match=r"gather_idx\[:offs\[-1\]\] must lie in \[0, 32\)"):
+        run()
+    s = sort_by_expert(ids, e, w)
+    s.offs[1] = s.offs[2] + 1
+    with pytest.raises(ValueError, match=r"offs must be non-decreasing"):
+        run()
+
+
+def test_sorted_routing_is_not_recorded_for_inference_tensors(monkeypatch):
+    from tsct.ops import _validate, sort_by_expert
+
+    reads = []
+    real = _validate._check_values
+    monkeypatch.setattr(_validate, "_check_values", lambda *a: reads.append(a) or real(*a))
+    x, ids, w, fac, e = _sorted_problem(1)
+    with torch.inference_mode():
+        s = sort_by_expert(ids, e, w)
+        grouped_glu(x, s.offs, *fac, row_weight=s.row_weight, gather_idx=s.token, scatter_idx=s.token,
+                    num_out_rows=x.shape[0], impl="reference")
+    assert len(reads) == 1  # no version counter to vouch for them: read as any other routing
+
+
 @pytest.mark.parametrize("call, name", [
     (lambda w: tsct.quant.quantize(w, "int4"), "tsct.quant.quantize"),
     (lambda w: tsct.quant.fake_quantize(w, "int4"), "tsct.quant.fake_quantize"),

@@ -209,3 +209,28 @@ def test_counts_interface_reads_nothing_on_the_host_and_ignores_garbage():
     assert torch.equal(out, want_slots)
     unused = torch.arange(c, device=DEV) >= counts.unsqueeze(1)
     assert torch.equal(out[unused], torch.zeros_like(out[unused]))
+
+
+@pytest.mark.parametrize("storage", ["bf16", "nvfp4"])
+def test_default_value_checks_add_no_sync_to_a_training_step(storage):
+    """With the default ``check_values`` the layer's routing comes from its own ``sort_by_expert`` (valid by
+    construction), so ``grouped_glu`` reads nothing back: a forward and backward run under the sync debug mode's
+    "error" and give the same bits as with the checks off."""
+    assert config.check_values  # the default
+    m = layer(storage=storage)
+    x, ids, w = routing(seed=9)
+    x.requires_grad_(True)
+    m(x, ids, w).float().sum().backward()  # warm-up: first-use work (loading kernels) may read the host
+    x.grad = None
+    torch.cuda.set_sync_debug_mode("error")  # any synchronizing call raises
+    try:
+        y = m(x, ids, w)
+        y.float().sum().backward()
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    gx = x.grad
+    x.grad = None
+    with no_value_checks():
+        y2 = m(x, ids, w)
+        y2.float().sum().backward()
+    assert torch.equal(y, y2) and torch.equal(gx, x.grad)

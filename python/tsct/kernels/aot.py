@@ -160,6 +160,19 @@ def slot_format(params: Sequence[dict]) -> str:
 
 # ---- kernels ----------------------------------------------------------------------------------------
 
+_loader = None  # tsct.native._loader, imported on the first launch (importing this module loads nothing)
+
+
+def _lib():
+    """The native library (``tsct.native._loader.get_lib``: opened once, then cached there)."""
+    global _loader
+    if _loader is None:
+        from tsct.native import _loader as mod
+
+        _loader = mod
+    return _loader.get_lib()
+
+
 class AotKernel:
     """One cubin of the index, loaded into the native library on the first launch."""
 
@@ -176,7 +189,8 @@ class AotKernel:
         self._buf = ctypes.create_string_buffer(8 * len(self.params))
         base = ctypes.addressof(self._buf)
         self._slots = (ctypes.c_void_p * len(self.params))(*[base + 8 * i for i in range(len(self.params))])
-        self._tail = (0, 0)  # the two trailing scratch pointers: NULL
+        self._n_params = len(self.params)
+        self._n_user = self._n_params - 2  # the two trailing scratch pointers get NULL
         self._launch_lock = threading.Lock()
 
     @property
@@ -199,23 +213,29 @@ class AotKernel:
         return self._handle
 
     def launch(self, grid: Sequence[int], values: Sequence[Any], stream: int) -> None:
-        from tsct.native._loader import error_message, get_lib
-
-        g = tuple(int(v) for v in grid) + (1,) * (3 - len(grid))
-        if min(g) <= 0:
+        """Launch on ``stream`` (a cudaStream_t as an int) with ``values``: one per parameter before the two trailing
+        scratch pointers (device addresses as ints, 0 or None for an unread pointer; scalars as ints / floats). An
+        empty grid launches nothing. Raises ValueError / OverflowError / TypeError naming the parameter for a wrong
+        count or value, RuntimeError when the native launch fails."""
+        gx, gy, gz = (*grid, 1, 1)[:3] if len(grid) < 3 else grid
+        if gx <= 0 or gy <= 0 or gz <= 0:
             return
-        handle = self.handle()
-        if len(values) != len(self.params) - 2:
+        handle = self._handle if self._handle is not None else self.handle()
+        if len(values) != self._n_user:
             pack_args(self.params, values)  # raises with the counts
-        vals = [0 if v is None else v for v in values]
         with self._launch_lock:
             try:
-                self._struct.pack_into(self._buf, 0, *vals, *self._tail)
-            except struct.error:
-                pack_args(self.params, values)  # raises OverflowError / TypeError naming the parameter
-                raise
-            rc = get_lib().tsct_triton_launch(handle, g[0], g[1], g[2], stream, self._slots, len(self.params))
+                self._struct.pack_into(self._buf, 0, *values, 0, 0)
+            except struct.error:  # None for an unread pointer (the family launcher passes 0), or a bad value
+                try:
+                    self._struct.pack_into(self._buf, 0, *[0 if v is None else v for v in values], 0, 0)
+                except struct.error:
+                    pack_args(self.params, values)  # raises OverflowError / TypeError naming the parameter
+                    raise
+            rc = _lib().tsct_triton_launch(handle, gx, gy, gz, stream, self._slots, self._n_params)
         if rc != 0:
+            from tsct.native._loader import error_message
+
             raise RuntimeError(error_message("tsct_triton_launch", rc))
 
     def info(self) -> dict:

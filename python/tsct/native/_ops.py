@@ -1,8 +1,8 @@
 """Torch-facing wrappers of the C entry points: check, allocate, call on the caller's stream.
 
 Every wrapper validates its inputs (TypeError / ValueError naming the argument), makes them
-contiguous, allocates the outputs with torch on the inputs' device, and calls the library under
-``torch.cuda.device(device)`` on ``torch.cuda.current_stream(device)``. A non-zero return becomes a
+contiguous, allocates the outputs with torch on the inputs' device, and calls the library with
+``device`` current on its current stream. A non-zero return becomes a
 RuntimeError naming the C function, its error string and detail. Formats:
 docs/decisions/0002-nvfp4-recipe.md, 0021-fp8-format.md, 0022-ternary-format.md.
 """
@@ -76,11 +76,24 @@ def _ptr(t: Tensor) -> ctypes.c_void_p:
     return ctypes.c_void_p(t.data_ptr())
 
 
+def current_stream(index: int) -> int:
+    """The current CUDA stream of device ``index`` as an int (cudaStream_t), without a Stream object where torch
+    has the raw query."""
+    raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+    return raw(index) if raw is not None else torch.cuda.current_stream(index).cuda_stream
+
+
 def _call(fn: str, device: torch.device, *args: object) -> None:
+    """``fn(*args, stream)`` on the current stream of ``device``, with ``device`` current during the call (a guard only
+    when it is not already: the guard's two device switches cost more host time than the call)."""
     lib = get_lib()
-    with torch.cuda.device(device):
-        stream = ctypes.c_void_p(torch.cuda.current_stream(device).cuda_stream)
-        rc = getattr(lib, fn)(*args, stream)
+    current = torch.cuda.current_device()
+    index = device.index if device.index is not None else current
+    if index == current:
+        rc = getattr(lib, fn)(*args, ctypes.c_void_p(current_stream(index)))
+    else:
+        with torch.cuda.device(index):
+            rc = getattr(lib, fn)(*args, ctypes.c_void_p(current_stream(index)))
     if rc != 0:
         raise RuntimeError(error_message(fn, rc))
 

@@ -384,7 +384,9 @@ class GroupedGLUExperts(GLUExpertBank):
 
         Returns:
             ``[T, f]`` in the compute dtype: ``sum_j topk_weights[t, j] * expert_{topk_ids[t, j]}(x[t])``.
-            Deterministic (same bits every run); sync-free on CUDA with ``tsct.config.check_values`` off.
+            Deterministic (same bits every run); sync-free on CUDA on the Triton paths (the routing is its own
+            ``sort_by_expert``'s, whose values ``grouped_glu`` does not read back; the ``bmm`` path reads its layout
+            plan on the host every call).
 
         Raises:
             TypeError: an argument that is not a tensor, a non-float ``x`` or ``topk_weights``, non-integer

@@ -10,6 +10,7 @@ backward functions without them (``tsct.ops._function.GroupedGLU.apply``); every
 
 from __future__ import annotations
 
+import contextlib
 from typing import Optional
 
 import torch
@@ -52,3 +53,15 @@ def run(name: str, fn, *args):
         return fn(*args)
     with torch.autograd.profiler.record_function(name):
         return fn(*args)
+
+
+_SAME_DEVICE = contextlib.nullcontext()
+
+
+def on_device(device: torch.device):
+    """A context making CUDA ``device`` current for the kernels of one call (they launch on the current device's
+    streams, as Triton's do), entered only when another device is current: a tensor on ``cuda:1`` while ``cuda:0`` is
+    current (layers on several GPUs in one process). Nothing to do for other devices or the current one."""
+    if device.type != "cuda" or device.index is None or device.index == torch.cuda.current_device():
+        return _SAME_DEVICE
+    return torch.cuda.device(device.index)

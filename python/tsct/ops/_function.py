@@ -73,33 +73,36 @@ class Call(NamedTuple):
 
 # ---- primitives -------------------------------------------------------------------------------------
 
-def _path_args(inputs: Inputs, call: Call, trusted: bool) -> tuple:
+def _path_args(inputs: Inputs, call: Call, trusted: bool, factors: Optional[tuple] = None) -> tuple:
     """The positional arguments of a path's ``grouped_glu_forward`` (and the tail of its backward's); ``trusted``:
-    the factor slots come from this eager call's own containers (``_factors.unpack``)."""
+    the factor slots come from this eager call's own containers (``_factors.unpack``). ``factors``: those
+    containers themselves (an eager forward: the slots are not unpacked again)."""
     path = call.impl.split("/", 1)[0]
-    decode = path not in dispatch.READS_PACKED
-    facs = []
-    for name, carrier, (tag, storage) in zip(FACTOR_NAMES, inputs[1:4], _factors.split(call.formats, call.storage)):
-        w = _factors.unpack(name, tag, carrier, storage, trusted)
-        if decode and tag != "dense":
-            from tsct import quant
-            # bmm: in storage order (K contiguous), torch.bmm takes the transposed view without a copy
-            w = quant.dequantize(w, dtype=inputs.x.dtype, contiguous=path != dispatch.BMM)
-        facs.append(w)
+    if factors is None:
+        factors = [_factors.unpack(name, tag, carrier, storage, trusted) for name, carrier, (tag, storage)
+                   in zip(FACTOR_NAMES, inputs[1:4], _factors.split(call.formats, call.storage))]
+    facs = list(factors)
+    if path not in dispatch.READS_PACKED:
+        from tsct import quant
+        # bmm: in storage order (K contiguous), torch.bmm takes the transposed view without a copy
+        facs = [w if isinstance(w, Tensor) else quant.dequantize(w, dtype=inputs.x.dtype, contiguous=path != dispatch.BMM)
+                for w in facs]
     r = call.routing
     return (inputs.x, r.offs, *facs, inputs.s_gate, inputs.s_up, inputs.row_weight, r.gather_idx, r.scatter_idx,
             r.num_out_rows)
 
 
-def forward(inputs: Inputs, call: Call, save: bool = True, trusted: bool = False) -> tuple[Tensor, list[Tensor]]:
+def forward(inputs: Inputs, call: Call, save: bool = True, trusted: bool = False,
+            factors: Optional[tuple] = None) -> tuple[Tensor, list[Tensor]]:
     """``(out, saved)`` of the path's forward. With ``save`` and a path that has
     ``grouped_glu_forward_saved``, ``saved`` is what its backward would otherwise recompute; else [].
-    ``trusted``: an eager call's records (``_path_args``)."""
+    ``trusted``, ``factors``: an eager call's records and its factors (``_path_args``)."""
     mod = dispatch.implementation(call.impl)
     fwd_saved = getattr(mod, "grouped_glu_forward_saved", None) if save else None
-    if fwd_saved is None:
-        return mod.grouped_glu_forward(*_path_args(inputs, call, trusted)), []
-    out, saved = fwd_saved(*_path_args(inputs, call, trusted))
+    with _eager.on_device(inputs.x.device):
+        if fwd_saved is None:
+            return mod.grouped_glu_forward(*_path_args(inputs, call, trusted, factors)), []
+        out, saved = fwd_saved(*_path_args(inputs, call, trusted, factors))
     return out, list(saved)
 
 
@@ -111,7 +114,8 @@ def backward(grad_out: Tensor, inputs: Inputs, call: Call, needs: Inputs, saved:
     _select.before_backward(call.impl, inputs.x.device)
     mod = dispatch.implementation(call.impl)
     args = (grad_out, *_path_args(inputs, call, trusted), list(needs))
-    grads = mod.grouped_glu_backward(*args, saved=saved) if saved else mod.grouped_glu_backward(*args)
+    with _eager.on_device(inputs.x.device):
+        grads = mod.grouped_glu_backward(*args, saved=saved) if saved else mod.grouped_glu_backward(*args)
     out = []
     for name, g, t in zip(Inputs._fields, grads, inputs):
         if g is not None and name in FACTOR_NAMES and g.dtype != t.dtype:
@@ -275,7 +279,8 @@ class GroupedGLU(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, *args):
-        output = forward(*_records(*args), trusted=True)  # the storage of grouped_glu's own containers
+        args, factors = args[:-1], args[-1]  # the op's arguments, then the call's factors (tensors, containers)
+        output = forward(*_records(*args), trusted=True, factors=factors)  # grouped_glu's own containers
         _setup_context(ctx, args, output)
         ctx.trusted = True
         return output
@@ -314,5 +319,6 @@ def grouped_glu(x: Tensor, factors: tuple, masters: tuple, s_gate: Optional[Tens
     if not direct:
         return forward_op(*_op_args(inputs, call))[0]
     if _eager.needs_grad(*inputs):
-        return _eager.run(OP_NAME, GroupedGLU.apply, *_op_args(inputs, call))[0]
-    return _eager.run(OP_NAME, forward, inputs, call, False, True)[0]  # inference: the plain forward, nothing saved
+        return _eager.run(OP_NAME, GroupedGLU.apply, *_op_args(inputs, call), factors)[0]
+    # inference: the plain forward, nothing saved
+    return _eager.run(OP_NAME, forward, inputs, call, False, True, factors)[0]

@@ -166,17 +166,57 @@ def _assert_values_async(offs, m, gather_idx, t_rows, scatter_idx, num_out_rows)
                             "gather_idx/scatter_idx in range (value check under torch.compile / CUDA graph)")
 
 
+# ``sort_by_expert``'s outputs, valid by construction: token -> (offs, versions, data pointers, T)
+_sorted = None
+
+
+def remember_sorted(token: Tensor, offs: Tensor, num_tokens: int) -> None:
+    """Record that ``token`` and ``offs`` are ``tsct.ops.sort_by_expert``'s for ``num_tokens`` tokens: ``offs``
+    non-decreasing with ``offs[-1] <= len(token)`` and every entry of ``token`` in ``[0, num_tokens)``, by
+    construction. ``sorted_routing`` then vouches for them while both are unchanged (the same objects, storage and
+    version counters). A write that does not move the version counter is not seen, as with autograd's saved tensors:
+    ``.data``, DLPack or numpy views, ``untyped_storage()`` writes, and torch.distributed's in-place collectives
+    (``all_reduce`` / ``broadcast`` into ``token`` or ``offs``): route such tensors through a copy. Inference
+    tensors have no version counter, and traced or captured calls check on the device: not recorded."""
+    global _sorted
+    if not _values_readable(token) or torch.is_inference(token) or torch.is_inference(offs) or not _has_values(token):
+        return
+    if _sorted is None:
+        from torch.utils.weak import WeakIdKeyDictionary
+        _sorted = WeakIdKeyDictionary()
+    _sorted[token] = (offs, token._version, offs._version, token.data_ptr(), offs.data_ptr(), num_tokens)
+
+
+def sorted_routing(offs: Tensor, m: int, gather_idx: Optional[Tensor], t_rows: int, scatter_idx: Optional[Tensor],
+                   num_out_rows: Optional[int]) -> bool:
+    """The call routes through ``sort_by_expert``'s unchanged outputs (``remember_sorted``) within their bounds: the
+    one token tensor as ``gather_idx`` and / or ``scatter_idx``, its ``offs``, M = its length, at least its T rows
+    of x (with ``gather_idx``) and of the output (with ``scatter_idx``). Its values then pass the checks by
+    construction."""
+    tok = gather_idx if gather_idx is not None else scatter_idx
+    if _sorted is None or tok is None or (scatter_idx is not None and scatter_idx is not tok):
+        return False
+    rec = _sorted.get(tok)
+    if rec is None:
+        return False
+    r_offs, tv, ov, tp, op, t = rec
+    return (r_offs is offs and tok._version == tv and offs._version == ov and tok.data_ptr() == tp
+            and offs.data_ptr() == op and tok.shape[0] == m and (gather_idx is None or t_rows >= t)
+            and (scatter_idx is None or num_out_rows >= t))
+
+
 def check_index_values(offs, m, gather_idx, t_rows, scatter_idx, num_out_rows, *, deferred: bool = False) -> None:
     """The value checks of ``grouped_glu`` (``tsct.config.check_values``): ``offs`` non-negative,
     non-decreasing, ``offs[-1] <= M``; ``gather_idx[:offs[-1]]`` in ``[0, x rows)``, ``scatter_idx[:offs[-1]]``
-    in ``[0, num_out_rows)``. Eager: one host read (``routing_facts``). Compiling or capturing: device-side
-    asserts. ``deferred``: the caller reads ``routing_facts`` with its own host read and checks them with
-    ``check_routing_facts`` (one sync per call instead of two). Raises ValueError naming the argument."""
+    in ``[0, num_out_rows)``. Eager: one host read (``routing_facts``), none for ``sort_by_expert``'s unchanged
+    outputs (``sorted_routing``: valid by construction). Compiling or capturing: device-side asserts. ``deferred``:
+    the caller reads ``routing_facts`` with its own host read and checks them with ``check_routing_facts`` (one
+    sync per call instead of two). Raises ValueError naming the argument."""
     if not config.values_checked(offs) or not _has_values(offs):
         return
     if not _values_readable(offs):
         _assert_values_async(offs, m, gather_idx, t_rows, scatter_idx, num_out_rows)
-    elif not deferred:
+    elif not deferred and not sorted_routing(offs, m, gather_idx, t_rows, scatter_idx, num_out_rows):
         _check_values(offs, m, gather_idx, t_rows, scatter_idx, num_out_rows)
 
 

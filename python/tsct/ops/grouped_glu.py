@@ -114,7 +114,10 @@ def grouped_glu(
             without it on the reference path) negative or decreasing ``offs``, ``offs[-1] > M``, or ``gather_idx`` /
             ``scatter_idx`` entries of routed rows outside ``[0, x.shape[0])`` / ``[0, num_out_rows)``. While
             torch.compile traces or a CUDA graph is captured those value checks are device-side asserts (a
-            RuntimeError on the CPU).
+            RuntimeError on the CPU). ``tsct.ops.sort_by_expert``'s own outputs (its ``offs`` and ``token`` as
+            ``gather_idx`` / ``scatter_idx``, unchanged, within its T) are valid by construction: an eager call does
+            not read them back (no host synchronization); a write that does not move their version counters (an
+            in-place torch.distributed collective, ``.data``, DLPack) is not seen.
         RuntimeError: a forced ``impl`` that cannot run here, with the reason; a second derivative
             (``create_graph=True`` through the backward).
 

@@ -24,7 +24,7 @@ from torch import Tensor
 
 from tsct import config, dispatch, firstuse
 from tsct.kernels.triton_common import specs as _route_specs
-from tsct.ops import _eager
+from tsct.ops import _eager, _validate
 
 MAX_EXPERTS = 1 << 20
 # the kernels sort (key, row in chunk) pairs packed in int32, keys up to E + 1, specs.ROUTE_B rows a chunk
@@ -128,6 +128,7 @@ def sort_by_expert(topk_ids: Tensor, num_experts: int, topk_weights: Optional[Te
     else:
         out = _sort_by_expert_op(topk_ids, num_experts, topk_weights)
     order, offs, token, rw = out
+    _validate.remember_sorted(token, offs, topk_ids.shape[0])  # grouped_glu then skips its host read of them
     return ExpertOrder(order, offs, token, rw if topk_weights is not None else None)
 
 
@@ -195,7 +196,8 @@ def uses_kernels(topk_ids: Tensor, num_experts: int) -> bool:
 def _impl(topk_ids: Tensor, num_experts: int, topk_weights: Optional[Tensor]) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     if uses_kernels(topk_ids, num_experts):
         from tsct.kernels.triton_common import route
-        order, offs, token, rw = route.sort_by_expert(topk_ids, num_experts, topk_weights)
+        with _eager.on_device(topk_ids.device):
+            order, offs, token, rw = route.sort_by_expert(topk_ids, num_experts, topk_weights)
     else:
         order, offs, token = sort_by_expert_torch(topk_ids, num_experts)
         rw = topk_weights.reshape(-1)[order].float() if topk_weights is not None else None

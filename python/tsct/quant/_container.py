@@ -41,7 +41,7 @@ class PackedFactor:
         expected shape) per storage tensor, the first one defining the device; ``shape_note`` is
         appended to the shape error (e.g. the scale layout).
         """
-        object.__setattr__(self, "shape", tuple(int(s) for s in self.shape))
+        object.__setattr__(self, "shape", tuple(map(int, self.shape)))
         if len(self.shape) not in (2, 3):
             raise ValueError(f"shape must be (E, K, N) or (K, N), got {self.shape}")
         if self.k % k_multiple:
@@ -53,7 +53,7 @@ class PackedFactor:
                 raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
             if t.dtype != dtype:
                 raise TypeError(f"{name} must have dtype {dtype}, got {t.dtype}")
-            if tuple(t.shape) != tuple(want):
+            if t.shape != tuple(want):
                 raise ValueError(f"{name} must have shape {list(want)} for logical shape {list(self.shape)}"
                                  f"{shape_note}, got {list(t.shape)}")
             if t.device != first.device:

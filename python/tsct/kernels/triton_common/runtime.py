@@ -259,7 +259,7 @@ class _CsrLink:
     offs: Tensor
     versions: tuple[int, int]       # token's and offs' version counters when linked
     data_ptrs: tuple[int, int]      # and their storage (``set_`` moves it without a version bump)
-    stream: Any                     # the stream the CSR was written on
+    stream: Any                     # the stream the CSR was written on (raw cudaStream_t)
     capture: int                    # the CUDA graph capture it was written in (0: none)
     order: Tensor
     ptr: Tensor
@@ -294,7 +294,7 @@ def link_csr(token: Tensor, offs: Tensor, order: Tensor, ptr: Tensor) -> None:
     if _csr_links is None:
         from torch.utils.weak import WeakIdKeyDictionary
         _csr_links = WeakIdKeyDictionary()
-    stream = torch.cuda.current_stream(token.device) if token.is_cuda else None
+    stream = launch.current_stream(token.device) if token.is_cuda else None  # the raw cudaStream_t
     _csr_links[token] = _CsrLink(offs, (token._version, offs._version), (token.data_ptr(), offs.data_ptr()), stream,
                                  cap, order, ptr)
 
@@ -313,8 +313,8 @@ def linked_csr(idx: Tensor, offs: Tensor, m: int, n_out: int) -> Optional[tuple[
     cap = _capture_id(idx.device)
     if cap != 0 and cap != link.capture:  # capturing (or cannot tell): only the capture that wrote it
         return None
-    stream = torch.cuda.current_stream(idx.device)
-    if cap == 0 and link.capture == 0 and stream != link.stream:
+    if cap == 0 and link.capture == 0 and launch.current_stream(idx.device) != link.stream:
+        stream = torch.cuda.current_stream(idx.device)
         link.order.record_stream(stream)
         link.ptr.record_stream(stream)
     return link.order, link.ptr
@@ -494,8 +494,9 @@ class BwdPlan:
     xcum: Tensor = dataclasses.field(init=False)
 
     def __post_init__(self):
-        object.__setattr__(self, "cum", self.maps[0])
-        object.__setattr__(self, "xcum", self.maps[3])
+        cum, _, _, xcum = self.maps.unbind(0)  # one torch op for the two views
+        object.__setattr__(self, "cum", cum)
+        object.__setattr__(self, "xcum", xcum)
 
 
 def chunk_size(cfg: Config, m: int, slot_elems: int) -> int:
