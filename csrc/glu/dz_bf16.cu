@@ -19,14 +19,14 @@
 // the slice in registers and is stored once (one writer per element: the caller sums the slices in a fixed
 // order, so the result is deterministic). dW needs a sum over all of an expert's rows: the first tile of an
 // expert of at most 64 rows (~all experts at b1) has them all and computes it in the same steps (rounded once
-// to bf16 and stored from the registers: the four lanes of an mma quad trade their pairs so that each holds eight
-// consecutive k, one 16-byte store per row, no shared-memory staging and no barrier for it; an empty expert's tile
-// reads no w_down and stores zeros); every other expert's dW (more than 64 rows) is left to the caller (the
-// chunked Triton kernels). Each thread owns fixed (row, chunk) pairs, so a row's pointer and shift (sidx*f mod 8, the
+// to bf16, staged in a double buffer, stored with 16-byte writes one step later; an empty expert's tile reads no
+// w_down and stores zeros); every other expert's dW (more than 64 rows) is left to the caller (the chunked
+// Triton kernels). Each thread owns fixed (row, chunk) pairs, so a row's pointer and shift (sidx*f mod 8, the
 // same at every step) are computed once.
-// Two builds of the same body: tsctk_glu_bwd_dz_bf16 (4 ring stages: 81 KB, 2 CTAs per SM on sm_90) and
-// tsctk_glu_bwd_dz_bf16_st3 (3 stages: 63 KB and at most 80 registers, 3 CTAs per SM on sm_90: more warps to hide
-// the loads' latency, one step less in flight each). The caller picks by `stages` (GluTiles.stages_dz_native).
+// Two builds of the same body: tsctk_glu_bwd_dz_bf16 (4 ring stages, a double-buffered dW staging tile: 99 KB,
+// 2 CTAs per SM on sm_90) and tsctk_glu_bwd_dz_bf16_st3 (3 stages, one staging tile written after an extra barrier:
+// 72 KB and at most 80 registers, 3 CTAs per SM on sm_90: more warps to hide the loads' latency, one step less in
+// flight each). The caller picks by `stages` (GluTiles.stages_dz_native).
 // Needs: sm_80+ (cp.async, ldmatrix, bf16 mma.sync) and smem_bytes<ST>() of shared memory per block.
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
@@ -68,10 +68,15 @@ struct DzParams {
   int M, E, f, S, nsteps;
 };
 
-// ST pipeline stages (raw dY + w_down tiles, ST >= 3): raw[ST] + wd[ST] + zs tiles
+// ST pipeline stages (raw dY + w_down tiles, ST >= 3); dW staging tiles: two with 4 stages, one with 3
+template <int ST>
+__host__ __device__ constexpr int staging_tiles() {
+  return ST >= 4 ? 2 : 1;
+}
+// raw[ST] + wd[ST] + zs + os[staging_tiles] tiles
 template <int ST>
 __host__ __device__ constexpr int smem_bytes() {
-  return (2 * ST + 1) * TILE_EL * 2;
+  return (2 * ST + 1 + staging_tiles<ST>()) * TILE_EL * 2;
 }
 
 // One CTA's work: expert e, f-slice sl, rows [start, start + R) (0 <= R <= 64; 0: an empty expert's tile, do_dw),
@@ -101,9 +106,11 @@ __device__ __forceinline__ int tile_expert(const int* cum, int E, int pid) {
 
 template <int ST>
 __device__ __forceinline__ void dz_body(const DzParams& p, const Walk& w, unsigned char* smem) {
+  constexpr int OSB = staging_tiles<ST>();
   bf16* raw = reinterpret_cast<bf16*>(smem);  // [ST][64 rows][LD] dY rows, realigned in place
   bf16* wdb = raw + ST * TILE_EL;              // [ST][64 n][LD] w_down tiles (k contiguous)
   bf16* zs = wdb + ST * TILE_EL;               // [64 rows][LD] zw
+  bf16* os = zs + TILE_EL;                     // [OSB][64 n][LD] dW staging
 
   const int f = p.f;
   const int tid = threadIdx.x;
@@ -209,6 +216,19 @@ __device__ __forceinline__ void dz_body(const DzParams& p, const Walk& w, unsign
     }
   };
 
+  // bf16 dW tile of `c0` from os buffer `b` to global (16-byte coalesced stores)
+  auto store_dw = [&](int b, int c0) {
+    const int ncols = min(64, f - c0);
+    const bf16* src = os + b * TILE_EL;
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int col = wc + 32 * h;
+      if (col < ncols)
+        *reinterpret_cast<uint4*>(p.dwd + ebase + (size_t)(c0 + col) * 64 + j * 8) =
+            *reinterpret_cast<const uint4*>(src + col * LD + j * 8);
+    }
+  };
+
   // prologue: steps 0 .. ST-2 in flight; step 0 realigned; the tile's zw
   if (do_dw) {
 #pragma unroll
@@ -240,6 +260,9 @@ __device__ __forceinline__ void dz_body(const DzParams& p, const Walk& w, unsign
 #pragma unroll
       for (int q = 0; q < 4; ++q) accz[a][b][q] = 0.f;
 
+  int pend_c0 = -1;  // a dW tile staged in os[pend_b] waiting for its global store
+  int pend_b = 0;
+
   for (int it = 0; it < w.nitems; ++it) {
     const int c0 = (w.stepbeg + it) * 64;
     const int ncols = min(64, f - c0);
@@ -247,6 +270,10 @@ __device__ __forceinline__ void dz_body(const DzParams& p, const Walk& w, unsign
 
     cp_wait<ST - 3>();  // this thread's copies of step it + 1 landed
     __syncthreads();    // ... everyone's; step it realigned; step it - 1 fully consumed
+    if (pend_c0 >= 0) {
+      store_dw(pend_b, pend_c0);
+      pend_c0 = -1;
+    }
     if (it + 1 < w.nitems) realign(it + 1);
     issue(it + ST - 1);
 
@@ -301,33 +328,23 @@ __device__ __forceinline__ void dz_body(const DzParams& p, const Walk& w, unsign
         }
       }
     }
-    {  // round to bf16 and store from the registers. Lane t of a quad holds x[nt] = the pair k = nt * 8 + 2t of
-       // each 8-wide k group nt (row n; then row n + 8): a 4 x 4 transpose across the quad (two xor exchanges,
-       // each swapping one bit of lane and index) leaves lane t group t whole, x[s] from lane s.
+    {  // stage the bf16 tile; stored after the next barrier
+      if constexpr (OSB == 1) __syncthreads();  // the one staging tile: every thread has stored the last one
+      bf16* ob = os + (it & (OSB - 1)) * TILE_EL;
 #pragma unroll
-      for (int h = 0; h < 2; ++h) {  // one row at a time: fewer live registers
-        uint32_t x[4];
-#pragma unroll
-        for (int nt = 0; nt < 4; ++nt) x[nt] = pack_bf16(accw[nt][2 * h], accw[nt][2 * h + 1]);
-#pragma unroll
-        for (int m = 1; m <= 2; m <<= 1) {
-          const bool hi = t & m;
-#pragma unroll
-          for (int i0 = 0; i0 < 4; ++i0) {
-            if (i0 & m) continue;
-            const uint32_t r = __shfl_xor_sync(0xffffffffu, hi ? x[i0] : x[i0 | m], m);
-            if (hi) x[i0] = r;
-            else x[i0 | m] = r;
-          }
-        }
-        const int n = mq * 16 + g + 8 * h;
-        if (n < ncols)
-          *reinterpret_cast<uint4*>(p.dwd + ebase + (size_t)(c0 + n) * 64 + kh * 32 + t * 8) =
-              make_uint4(x[0], x[1], x[2], x[3]);
+      for (int nt = 0; nt < 4; ++nt) {
+        const int k = kh * 32 + nt * 8 + 2 * t;
+        const int n = mq * 16 + g;
+        *reinterpret_cast<uint32_t*>(ob + n * LD + k) = pack_bf16(accw[nt][0], accw[nt][1]);
+        *reinterpret_cast<uint32_t*>(ob + (n + 8) * LD + k) = pack_bf16(accw[nt][2], accw[nt][3]);
       }
+      pend_c0 = c0;
+      pend_b = it & (OSB - 1);
     }
   }
-  cp_wait<0>();  // no copy left in flight when the CTA exits
+  cp_wait<0>();
+  __syncthreads();
+  if (pend_c0 >= 0) store_dw(pend_b, pend_c0);
 
   // this slice's dz partial (plain stores, one writer per element)
 #pragma unroll

@@ -653,8 +653,8 @@ def test_status_reasons(monkeypatch, tmp_path):
 
 
 def test_cuda_dz_only_where_timed(monkeypatch):
-    """The CUDA glu_bwd_dz (decision 0013) is a dispatch row for sm_90a only: JIT arches (sm_80 / sm_86 / sm_89:
-    not timed there), sm_100a and sm_120 take the Triton kernel; ``TSCT_CUDA_KERNELS`` turns rows off."""
+    """The CUDA glu_bwd_dz (decision 0013) is a dispatch row for sm_90a only: JIT arches (sm_86 / sm_89 lack its
+    99 KB of shared memory), sm_100a and sm_120 take the Triton kernel; ``TSCT_CUDA_KERNELS`` turns rows off."""
     from tsct import config, dispatch
     from tsct.kernels.triton_common import runtime as C
     from tsct.kernels.triton_glu import glu

@@ -147,8 +147,8 @@ TSCT_API int tsct_nvfp4_quantize_rows_grouped(const void* x, int x_dtype, int64_
  * 1 <= slices <= min(16, ceil(f/64)), max_tiles * slices < 2^31; grad_out, w_down_t, zw, dz_part, dw_down_t
  * 16-byte aligned, scatter_idx 8-byte, offs and xtile_cum 4-byte; grad_out may be NULL when grad_rows == 0;
  * nothing is launched when m, num_experts or max_tiles is 0. stages: 4 (kernel tsctk_glu_bwd_dz_bf16: needs
- * 82,944 bytes of shared memory per block, 2 CTAs per SM on sm_90) or 3 (tsctk_glu_bwd_dz_bf16_st3: needs
- * 64,512 bytes of shared memory per block, 3 CTAs per SM on sm_90); a device with less gives
+ * 101,376 bytes of shared memory per block: sm_80, sm_90, sm_100, sm_120) or 3 (tsctk_glu_bwd_dz_bf16_st3: needs
+ * 73,728 bytes of shared memory per block, 3 CTAs per SM on sm_90); a device with less gives
  * cudaErrorInvalidConfiguration with a detail. Same results (the same products in the same order). Stream-ordered,
  * no host sync. */
 TSCT_API int tsct_glu_bwd_dz_bf16(const void* grad_out, int64_t grad_rows, int64_t f, const int64_t* scatter_idx,

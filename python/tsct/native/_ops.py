@@ -582,8 +582,8 @@ def glu_bwd_dz_bf16(
         scatter_idx: optional int64 [M]; an index outside [0, T) reads a zero row.
         dw_out: optional bfloat16 [E, f, 64], contiguous, 16-byte aligned (``dw_out.transpose(1, 2)`` is the
             K-major gradient of w_down): receives dW of the experts of 0 to 64 rows; None skips dW.
-        stages: the kernel's pipeline stages (``GLU_DZ_KERNELS``): 4 (81 KB of shared memory per block, 2 CTAs per
-            SM on sm_90) or 3 (63 KB, 3 CTAs per SM on sm_90). Same results.
+        stages: the kernel's pipeline stages (``GLU_DZ_KERNELS``): 4 (99 KB of shared memory per block, 2 CTAs per
+            SM on sm_90) or 3 (72 KB, 3 CTAs per SM on sm_90). Same results.
     Returns:
         dz_part: float32 [slices, M, 64]; rows at or past offs[-1] are not written.
     Raises:

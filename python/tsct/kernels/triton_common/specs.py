@@ -145,8 +145,8 @@ class GluTiles(_Tiles):
     vec_dz_t: int = 0         # with WD_T: dY rows as shifted words (w_down tiles stay plain aligned loads)
     ndb_bwd: int = 8          # d blocks per program (row tile) of glu_bwd_dx_dw (the pipelined d loop)
     # f slices of glu_bwd_dz's CUDA stand-in where the dispatch takes it (tsct.dispatch.CUDA_KERNELS; partial sums
-    # reduced in order by glu_bwd_epi), and its pipeline stages: 4 (81 KB of shared memory, 2 CTAs per SM) or 3
-    # (63 KB and <= 80 registers: 3 CTAs per SM on sm_90); the same results either way
+    # reduced in order by glu_bwd_epi), and its pipeline stages: 4 (99 KB of shared memory, 2 CTAs per SM) or 3
+    # (72 KB and <= 80 registers: 3 CTAs per SM on sm_90); the same results either way
     fs_dz_native: int = 2
     stages_dz_native: int = 4
 
