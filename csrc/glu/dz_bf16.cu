@@ -73,28 +73,10 @@ template <int ST>
 __host__ __device__ constexpr int staging_tiles() {
   return ST >= 4 ? 2 : 1;
 }
-// ring (ST stages of a raw dY tile and a w_down tile) + zs + os[staging_tiles] tiles
+// raw[ST] + wd[ST] + zs + os[staging_tiles] tiles
 template <int ST>
 __host__ __device__ constexpr int smem_bytes() {
   return (2 * ST + 1 + staging_tiles<ST>()) * TILE_EL * 2;
-}
-// A tile of at most 16 rows (every expert's at E >= 4096) needs 16 raw rows per stage, not 64: its ring holds
-// more stages in the same bytes, so more w_down bytes are in flight (4 stages instead of 3, 6 instead of 4)
-#define SMALL_ROWS 16
-template <int ST>
-__host__ __device__ constexpr int small_stages() {
-  return (2 * ST * TILE_EL) / (SMALL_ROWS * LD + TILE_EL);
-}
-
-// cp.async.wait_group with a count known at run time (the ring depth is chosen per CTA)
-__device__ __forceinline__ void cp_wait_n(int n) {
-  switch (n) {
-    case 0: cp_wait<0>(); break;
-    case 1: cp_wait<1>(); break;
-    case 2: cp_wait<2>(); break;
-    case 3: cp_wait<3>(); break;
-    default: cp_wait<4>(); break;
-  }
 }
 
 // One CTA's work: expert e, f-slice sl, rows [start, start + R) (0 <= R <= 64; 0: an empty expert's tile, do_dw),
@@ -125,13 +107,9 @@ __device__ __forceinline__ int tile_expert(const int* cum, int E, int pid) {
 template <int ST>
 __device__ __forceinline__ void dz_body(const DzParams& p, const Walk& w, unsigned char* smem) {
   constexpr int OSB = staging_tiles<ST>();
-  // ring: stage s = [raw_el] dY rows (realigned in place), then [64 n][LD] w_down (k contiguous); CTA-uniform depth
-  bf16* ring = reinterpret_cast<bf16*>(smem);
-  const bool small = w.R <= SMALL_ROWS;
-  const int nst = small ? small_stages<ST>() : ST;
-  const int raw_el = small ? SMALL_ROWS * LD : TILE_EL;
-  const int stage_el = raw_el + TILE_EL;
-  bf16* zs = ring + 2 * ST * TILE_EL;          // [64 rows][LD] zw
+  bf16* raw = reinterpret_cast<bf16*>(smem);  // [ST][64 rows][LD] dY rows, realigned in place
+  bf16* wdb = raw + ST * TILE_EL;              // [ST][64 n][LD] w_down tiles (k contiguous)
+  bf16* zs = wdb + ST * TILE_EL;               // [64 rows][LD] zw
   bf16* os = zs + TILE_EL;                     // [OSB][64 n][LD] dW staging
 
   const int f = p.f;
@@ -161,13 +139,14 @@ __device__ __forceinline__ void dz_body(const DzParams& p, const Walk& w, unsign
     rb[h] = g - sh[h];
   }
 
-  // async loads of step `it` into stage it % nst (always commits a group)
+  // async loads of step `it` into stage it % ST (always commits a group)
   auto issue = [&](int it) {
     if (it < w.nitems) {
       const int c0 = (w.stepbeg + it) * 64;
       const int ncols = min(64, f - c0);
-      bf16* rbuf = ring + (it % nst) * stage_el;
-      bf16* wbuf = rbuf + raw_el;
+      const int stg = it % ST;
+      bf16* rbuf = raw + stg * TILE_EL;
+      bf16* wbuf = wdb + stg * TILE_EL;
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
         const int n = c0 + wc + 32 * h;
@@ -200,8 +179,9 @@ __device__ __forceinline__ void dz_body(const DzParams& p, const Walk& w, unsign
   auto realign = [&](int it) {
     const int c0 = (w.stepbeg + it) * 64;
     const int ncols = min(64, f - c0);
+    const int stg = it % ST;
     const int R16 = (w.R + 15) & ~15;
-    uint32_t* rb32 = reinterpret_cast<uint32_t*>(ring + (it % nst) * stage_el);
+    uint32_t* rb32 = reinterpret_cast<uint32_t*>(raw + stg * TILE_EL);
     uint4 o[2];
     const int nv = ncols - j * 8;
 #pragma unroll
@@ -249,7 +229,7 @@ __device__ __forceinline__ void dz_body(const DzParams& p, const Walk& w, unsign
     }
   };
 
-  // prologue: steps 0 .. nst-2 in flight; step 0 realigned; the tile's zw
+  // prologue: steps 0 .. ST-2 in flight; step 0 realigned; the tile's zw
   if (do_dw) {
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
@@ -259,8 +239,9 @@ __device__ __forceinline__ void dz_body(const DzParams& p, const Walk& w, unsign
       *reinterpret_cast<uint4*>(zs + row * LD + j * 8) = v;
     }
   }
-  for (int q = 0; q < nst - 1; ++q) issue(q);
-  cp_wait_n(nst - 2);
+#pragma unroll
+  for (int q = 0; q < ST - 1; ++q) issue(q);
+  cp_wait<ST - 2>();
   __syncthreads();
   realign(0);
 
@@ -285,21 +266,21 @@ __device__ __forceinline__ void dz_body(const DzParams& p, const Walk& w, unsign
   for (int it = 0; it < w.nitems; ++it) {
     const int c0 = (w.stepbeg + it) * 64;
     const int ncols = min(64, f - c0);
-    bf16* sbuf = ring + (it % nst) * stage_el;
+    const int stg = it % ST;
 
-    cp_wait_n(nst - 3);  // this thread's copies of step it + 1 landed
+    cp_wait<ST - 3>();  // this thread's copies of step it + 1 landed
     __syncthreads();    // ... everyone's; step it realigned; step it - 1 fully consumed
     if (pend_c0 >= 0) {
       store_dw(pend_b, pend_c0);
       pend_c0 = -1;
     }
     if (it + 1 < w.nitems) realign(it + 1);
-    issue(it + nst - 1);
+    issue(it + ST - 1);
 
     // ---- dz: accz[rows, k] += dY[rows, n] @ wd[n, k]
-    const uint32_t rs = smem_u32(sbuf);
+    const uint32_t rs = smem_u32(raw + stg * TILE_EL);
     {
-      const uint32_t wb_s = smem_u32(sbuf + raw_el);
+      const uint32_t wb_s = smem_u32(wdb + stg * TILE_EL);
       const int nkc = (ncols + 15) >> 4;
 #pragma unroll
       for (int kc = 0; kc < 4; ++kc) {
