@@ -125,11 +125,21 @@ BUILD_AND_TOOL_VARIABLES: tuple[Variable, ...] = (
 )
 
 
+_TRUE, _FALSE = ("1", "true", "yes", "on"), ("0", "false", "no", "off")
+
+
 def _env_flag(name: str, default: bool) -> bool:
-    v = os.environ.get(name)
-    if v is None or v == "":
-        return default
-    return v.strip().lower() not in ("0", "false", "no", "off")
+    """A boolean variable: 1 / true / yes / on or 0 / false / no / off (any case); unset or empty: ``default``;
+    anything else warns and takes ``default`` (a typo such as "disable" must not silently keep checks on)."""
+    v = os.environ.get(name, "").strip().lower()
+    if v in _TRUE or v in _FALSE:
+        return v in _TRUE
+    if v:
+        import warnings
+
+        warnings.warn(f"{name}={os.environ[name]!r} is not a boolean (1/true/yes/on or 0/false/no/off); using the "
+                      f"default {int(default)}", RuntimeWarning, stacklevel=2)
+    return default
 
 
 def _env_path(name: str) -> Optional[Path]:

@@ -60,12 +60,22 @@ def _driver() -> dict[str, Any]:
     return info
 
 
+def _build_commit() -> Optional[str]:
+    """The commit the installed package was built from ("+dirty": with uncommitted changes; "unknown" when the build
+    had no git), None for a source tree used without installing."""
+    commit = getattr(tsct, "__git_commit__", None)
+    if commit is None:
+        return None
+    return commit + ("+dirty" if getattr(tsct, "_build_dirty", None) else "")
+
+
 def collect(selftests: bool = True, verify_artifacts: bool = False) -> dict[str, Any]:
     from tsct import native
 
     report: dict[str, Any] = {
         "versions": {
             "tsct": tsct.__version__,
+            "tsct_commit": _build_commit(),
             "python": platform.python_version(),
             "torch": torch.__version__,
             "torch_cuda": torch.version.cuda,
@@ -324,7 +334,9 @@ def render(report: dict[str, Any]) -> None:
     con = Console(width=None if sys.stdout.isatty() else 160)  # pipes/bug reports: don't truncate at 80
     v = report["versions"]
     drv = v["driver"]
-    con.print(f"[bold]tsct {v['tsct']}[/]  python {v['python']}  torch {v['torch']} (CUDA {v['torch_cuda']})  "
+    c = v.get("tsct_commit")
+    built = "source tree" if not c else "commit " + c.split("+")[0][:12] + ("+dirty" if c.endswith("+dirty") else "")
+    con.print(f"[bold]tsct {v['tsct']}[/] ({built})  python {v['python']}  torch {v['torch']} (CUDA {v['torch_cuda']})  "
               f"triton {v['triton'] or '-'}  cutlass-dsl {v['nvidia-cutlass-dsl'] or '-'}  "
               f"driver {drv['release'] or '-'} (CUDA {drv['cuda_driver_api'] or '-'})")
     for arch, p in (report["artifacts"]["triton_aot"].get("proxy") or {}).items():

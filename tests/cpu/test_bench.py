@@ -185,6 +185,12 @@ def test_an_unwritable_json_path_is_refused_before_the_run(tmp_path, capsys, mon
     assert a_file.read_text() == a_file_before
 
 
+def test_a_name_given_twice_counts_once():
+    """``--formats nvfp4,nvfp4`` (or a repeated arm) runs each arm once, in the order first given."""
+    a = cli.parser().parse_args(["--formats", "nvfp4, sign,nvfp4", "--arms", "padded-bmm,padded-bmm"])
+    assert a.formats == ("nvfp4", "sign") and a.arms == ("padded-bmm",)
+
+
 def test_empty_lists_and_a_repeated_sweep_axis_are_refused(capsys):
     for args, want in ((["--arms", ","], "--arms: expected a comma-separated list of names, got ','"),
                        (["--formats", ""], "--formats: expected a comma-separated list of names, got ''"),

@@ -104,6 +104,21 @@ def test_every_variable_named_in_the_package_is_listed():
     assert named <= listed, sorted(named - listed)
 
 
+def test_a_bool_variable_takes_the_usual_words_and_warns_on_others(monkeypatch):
+    for raw, want in (("1", True), ("TRUE", True), (" yes ", True), ("on", True), ("0", False), ("False", False),
+                      ("no", False), ("OFF", False), ("", True)):
+        monkeypatch.setenv("TSCT_CHECK_VALUES", raw)
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            assert config._env_flag("TSCT_CHECK_VALUES", True) is want, raw
+    for raw in ("disable", "2", "nein"):
+        monkeypatch.setenv("TSCT_CHECK_VALUES", raw)
+        with pytest.warns(RuntimeWarning, match=f"TSCT_CHECK_VALUES={raw!r} is not a boolean .*using the default 1"):
+            assert config._env_flag("TSCT_CHECK_VALUES", True) is True
+        with pytest.warns(RuntimeWarning, match="using the default 0"):
+            assert config._env_flag("TSCT_CHECK_VALUES", False) is False
+
+
 def test_call_time_settings_follow_the_environment(monkeypatch, tmp_path):
     monkeypatch.delenv("TSCT_TRITON_BACKEND", raising=False)
     assert config.triton_backend() == "auto"

@@ -372,7 +372,8 @@ def test_forward_counts_argument_errors():
         m.forward_counts(x, torch.ones(E))
     with pytest.raises(ValueError, match=r"num_tokens_per_expert must be \[E\] = \[8\]"):
         m.forward_counts(x, torch.ones(E + 1, dtype=torch.int64))
-    with pytest.raises(ValueError, match="exceeds M = 20"):
+    with pytest.raises(ValueError, match=r"^GroupedGLUExperts.forward_counts: num_tokens_per_expert must be >= 0 and "
+                                         r"sum to at most M = 20 \(the rows of x\); .*exceeds M = 20"):
         m.forward_counts(x, torch.full((E,), 3))
     with pytest.raises(ValueError, match="offs must be non-decreasing"):
         m.forward_counts(x, torch.tensor([3, -1, 0, 0, 0, 0, 0, 0]))
@@ -403,14 +404,20 @@ def test_constructor_errors_name_the_argument():
         PaddedBmmGLUExperts(E, D, R, F, capacity_factor=0)
     with pytest.raises(ValueError, match="intermediates must be one of"):
         PaddedBmmGLUExperts(E, D, R, F, intermediates="bf16")
-    with pytest.raises(TypeError, match="num_experts must be an int"):
+    with pytest.raises(TypeError, match="^GroupedGLUExperts: num_experts must be an int"):
         GroupedGLUExperts(8.0, D, R, F)
+    with pytest.raises(ValueError, match="^PaddedBmmGLUExperts: f must be >= 1, got 0"):
+        PaddedBmmGLUExperts(E, D, R, 0)
     m = layer(GroupedGLUExperts)
     x, ids, w = routing()
     with pytest.raises(ValueError, match=r"x must be \[T, d\] with d = 64"):
         m(x[:, :10], ids, w)
     with pytest.raises(ValueError, match="topk_ids must be"):
         m(x, ids[:5], w)
+    with pytest.raises(ValueError, match="^GroupedGLUExperts: topk_ids must be on x's device cpu, got meta"):
+        m(x, ids.to("meta"), w)
+    with pytest.raises(ValueError, match="^GroupedGLUExperts: topk_weights must be on x's device cpu, got meta"):
+        m(x, ids, w.to("meta"))
 
 
 @pytest.mark.parametrize("cls", [GroupedGLUExperts, PaddedBmmGLUExperts])

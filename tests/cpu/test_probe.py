@@ -10,6 +10,7 @@ import sys
 
 import torch
 
+import tsct
 from tsct import dispatch, probe
 
 NO_GPU = not torch.cuda.is_available()
@@ -29,6 +30,9 @@ def test_json_report_sections(capsys, monkeypatch):
         assert key in rep, key
     assert {"wanted": "triton-bf16", "taken": "bmm", "reason": "why", "count": 3} in rep["fallbacks"]
     assert rep["versions"]["tsct"] and rep["versions"]["torch"] == torch.__version__
+    # the build's commit in an installed wheel, None from the source tree (the two cases of this test run)
+    assert rep["versions"]["tsct_commit"] == (None if getattr(tsct, "__git_commit__", None) is None else
+                                             tsct.__git_commit__ + ("+dirty" if tsct._build_dirty else ""))
     assert rep["selftests"] == []
     if NO_GPU:
         assert rep["gpus"] == [] and rep["cuda_available"] is False

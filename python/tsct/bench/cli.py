@@ -18,7 +18,7 @@ from tsct.bench import report, sweep
 
 
 def _csv(s: str) -> tuple:
-    items = tuple(p.strip() for p in s.split(",") if p.strip())
+    items = tuple(dict.fromkeys(p.strip() for p in s.split(",") if p.strip()))  # each name once, in order
     if not items:
         raise argparse.ArgumentTypeError(f"expected a comma-separated list of names, got {s!r}")
     return items
@@ -68,8 +68,8 @@ def parser() -> argparse.ArgumentParser:
                         "the JSON (--json, else bench/results/<date>_<device>_sweep_<commit>.json) and the plot "
                         "(--plot, else the same name .png when matplotlib is installed)")
     g = p.add_argument_group("output")
-    g.add_argument("--json", metavar="FILE", help="write the full results as JSON")
-    g.add_argument("--plot", metavar="FILE.png", help="bar chart of forward and forward+backward times (matplotlib)")
+    g.add_argument("--json", metavar="FILE", help="write the full results as JSON (missing directories are created)")
+    g.add_argument("--plot", metavar="FILE.png", help="bar chart of forward and forward+backward times (matplotlib; missing directories are created)")
     g.add_argument("--list-arms", action="store_true", help="print the arms and whether they can run here, then exit")
     g.add_argument("--quiet", action="store_true", help="no progress display")
     return p

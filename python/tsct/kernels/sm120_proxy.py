@@ -288,8 +288,9 @@ def _ran(run: dict, k: dict, n: int) -> str:
         return (f"FAILED on the sm_90 proxy ({run['device']}, {run['date']}, {run['evidence']}): "
                 + ", ".join(k["failed_tests"][:3]) + ("..." if len(k["failed_tests"]) > 3 else ""))
     # the run's variants are its build's (a table changes: fp16 variants left it after this run), n this source's
-    return (f"logic run on the sm_90 proxy ({run['device']}, {run['date']}: {k['aot']} launches of {k['variants']} "
-            f"variants; {n} in this table; {run['evidence']})")
+    variants = f"{k['variants']} variant" + ("" if k["variants"] == 1 else "s")
+    return (f"logic run on the sm_90 proxy ({run['device']}, {run['date']}: {k['aot']} launches of {variants}; "
+            f"{n} in this table; {run['evidence']})")
 
 
 def verdict(kernel: str, family: str) -> str:

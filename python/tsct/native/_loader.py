@@ -138,9 +138,11 @@ def _open() -> ctypes.CDLL:
     global _lib_path_loaded
     path = _candidate()
     if not path.is_file():
-        where = f"${ENV_VAR}={config.native_lib()!r}" if config.native_lib() else "the tsct package"
+        if config.native_lib():  # the override points nowhere: say so, not that the install lacks the library
+            raise NativeUnavailableError(f"{LIB_NAME} not found at {path} (${ENV_VAR}={config.native_lib()!r}; "
+                                         f"unset it to load the installed library)")
         raise NativeUnavailableError(
-            f"{LIB_NAME} not found at {path} (looked in {where}); this tsct install has no native kernels "
+            f"{LIB_NAME} not found at {path} (looked in the tsct package); this tsct install has no native kernels "
             "(built with TSCT_BUILD_CUDA=OFF, or from a source tree without pip install)")
     try:
         lib = ctypes.CDLL(str(path), mode=getattr(os, "RTLD_LOCAL", 0))

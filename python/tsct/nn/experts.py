@@ -96,11 +96,11 @@ def _in_graph(x: Tensor) -> bool:
     return torch.compiler.is_compiling() or (x.is_cuda and torch.cuda.is_current_stream_capturing())
 
 
-def _check_int(name: str, v, lo: int = 1) -> int:
+def _check_int(who: str, name: str, v, lo: int = 1) -> int:
     if isinstance(v, bool) or not isinstance(v, int):
-        raise TypeError(f"{name} must be an int, got {type(v).__name__}")
+        raise TypeError(f"{who}: {name} must be an int, got {type(v).__name__}")
     if v < lo:
-        raise ValueError(f"{name} must be >= {lo}, got {v}")
+        raise ValueError(f"{who}: {name} must be >= {lo}, got {v}")
     return v
 
 
@@ -127,8 +127,9 @@ class GLUExpertBank(nn.Module):
 
     def __init__(self, num_experts: int, d: int, r: int, f: int, *, scales: bool = True, device=None, dtype=None):
         super().__init__()
-        self.num_experts = _check_int("num_experts", num_experts)
-        self.d, self.r, self.f = _check_int("d", d), _check_int("r", r), _check_int("f", f)
+        who = type(self).__name__
+        self.num_experts = _check_int(who, "num_experts", num_experts)
+        self.d, self.r, self.f = (_check_int(who, n, v) for n, v in (("d", d), ("r", r), ("f", f)))
         kw = {"device": device, "dtype": dtype}
         e = self.num_experts
         self.w_gate = nn.Parameter(torch.empty(e, d, r, **kw))
@@ -183,6 +184,9 @@ class GLUExpertBank(nn.Module):
         if topk_weights is not None and topk_weights.shape != topk_ids.shape:
             what = list(topk_weights.shape)
             raise ValueError(f"{who}: topk_weights must have topk_ids' shape {list(topk_ids.shape)}, got {what}")
+        for name, t in (("topk_ids", topk_ids), ("topk_weights", topk_weights)):
+            if t is not None and t.device != x.device:
+                raise ValueError(f"{who}: {name} must be on x's device {x.device}, got {t.device}")
 
     def extra_repr(self) -> str:
         return (f"num_experts={self.num_experts}, d={self.d}, r={self.r}, f={self.f}, "
@@ -424,7 +428,8 @@ class GroupedGLUExperts(GLUExpertBank):
             TypeError / ValueError: wrong shapes, dtypes or devices (naming the argument); with
                 ``tsct.config.check_values`` a count outside ``[0, C]`` (read on the host in eager calls, a
                 device-side assert under torch.compile or CUDA-graph capture), or, in the ``[M, d]`` form, a
-                negative count or counts summing past M (``tsct.ops.grouped_glu``'s checks of ``offs``).
+                negative count or counts summing past M (``tsct.ops.grouped_glu``'s checks of ``offs``, the
+                counts' cumulative sum; the message names ``num_tokens_per_expert``).
         """
         from tsct.ops import sort_by_expert
 
@@ -451,7 +456,14 @@ class GroupedGLUExperts(GLUExpertBank):
             # summed in int64 and clamped to [-1, M + 1] before the int32 cast: a count that would wrap int32 (2^32 + 3
             # read as 3) stays out of range, where grouped_glu's checks of offs catch it (no host read here)
             offs = torch.cumsum(counts, 0, dtype=torch.int64).clamp_(-1, x.shape[0] + 1).to(torch.int32)
-            return self.grouped_glu(x, offs, row_weight=row_weight)
+            try:
+                return self.grouped_glu(x, offs, row_weight=row_weight)
+            except ValueError as err:  # the caller passed counts, not offs: name them
+                if not str(err).startswith("grouped_glu: offs"):
+                    raise
+                raise ValueError(f"GroupedGLUExperts.forward_counts: num_tokens_per_expert must be >= 0 and sum to "
+                                 f"at most M = {x.shape[0]} (the rows of x); as offsets (their cumulative sum, "
+                                 f"clamped to [-1, M + 1]): {err}") from None
         if x.shape[0] != e:
             raise ValueError(f"GroupedGLUExperts.forward_counts: x of the [E, C, d] form must have E = {e}, got "
                              f"{list(x.shape)}")
