@@ -25,13 +25,14 @@ import collections
 import importlib
 import importlib.util
 import threading
-from typing import Any, Callable, Optional, Sequence
+from typing import Any, Optional, Sequence
 
 import torch
 from torch import Tensor
 
 from tsct import config
 from tsct.kernels import aot
+from tsct.native._ops import current_stream as _stream_of_index
 
 BACKEND_ENV = "TSCT_TRITON_BACKEND"
 
@@ -85,18 +86,9 @@ def type_of(v: Any, dtype_types: dict, unused: str) -> str:
     return "i32"
 
 
-def _raw_stream_fn() -> Callable[[torch.device], int]:
-    raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)
-    if raw is None:  # pragma: no cover - older torch
-        return lambda dev: torch.cuda.current_stream(dev).cuda_stream
-
-    def stream(dev: torch.device) -> int:
-        return raw(dev.index if dev.index is not None else torch.cuda.current_device())
-
-    return stream
-
-
-current_stream = _raw_stream_fn()  # the device's current CUDA stream as an int (cudaStream_t)
+def current_stream(dev: torch.device) -> int:
+    """The current CUDA stream of ``dev`` as an int (cudaStream_t; ``tsct.native``'s query)."""
+    return _stream_of_index(dev.index if dev.index is not None else torch.cuda.current_device())
 
 
 _UNRESOLVED = object()

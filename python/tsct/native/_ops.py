@@ -76,11 +76,15 @@ def _ptr(t: Tensor) -> ctypes.c_void_p:
     return ctypes.c_void_p(t.data_ptr())
 
 
+_RAW_STREAM = getattr(torch._C, "_cuda_getCurrentRawStream", None)  # looked up once: the query runs per launch
+
+
 def current_stream(index: int) -> int:
     """The current CUDA stream of device ``index`` as an int (cudaStream_t), without a Stream object where torch
-    has the raw query."""
-    raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)
-    return raw(index) if raw is not None else torch.cuda.current_stream(index).cuda_stream
+    has the raw query. The one stream query of the package's launches (``tsct.kernels.launch`` too)."""
+    if _RAW_STREAM is None:  # pragma: no cover - older torch
+        return torch.cuda.current_stream(index).cuda_stream
+    return _RAW_STREAM(index)
 
 
 def _call(fn: str, device: torch.device, *args: object) -> None:
