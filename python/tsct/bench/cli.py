@@ -69,7 +69,8 @@ def parser() -> argparse.ArgumentParser:
                         "(--plot, else the same name .png when matplotlib is installed)")
     g = p.add_argument_group("output")
     g.add_argument("--json", metavar="FILE", help="write the full results as JSON (missing directories are created)")
-    g.add_argument("--plot", metavar="FILE.png", help="bar chart of forward and forward+backward times (matplotlib; missing directories are created)")
+    g.add_argument("--plot", metavar="FILE.png",
+                   help="bar chart of forward and forward+backward times (matplotlib; missing directories are created)")
     g.add_argument("--list-arms", action="store_true", help="print the arms and whether they can run here, then exit")
     g.add_argument("--quiet", action="store_true", help="no progress display")
     return p
