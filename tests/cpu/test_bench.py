@@ -223,6 +223,25 @@ def test_plot_writes_a_png(small_run, tmp_path):
     assert p.read_bytes()[:4] == b"\x89PNG"
 
 
+def test_plot_bars_are_graph_times_where_timed():
+    eager = {"median": 2.0, "p10": 1.9, "p90": 2.2, "n": 5}
+    graph = {"median": 1.5, "p10": 1.49, "p90": 1.51, "n": 30}
+    assert report._bar_stat({"fwd_ms": eager, "fwd_graph_ms": graph}, "fwd_ms") == (graph, True)
+    assert report._bar_stat({"fwdbwd_ms": eager, "fwdbwd_graph_ms": None}, "fwdbwd_ms") == (eager, False)
+    assert report._bar_stat({"fwdbwd_ms": eager}, "fwdbwd_ms") == (eager, False)
+
+
+def test_plot_draws_a_graph_timed_arm(tmp_path):
+    pytest.importorskip("matplotlib")
+    st = lambda m: {"median": m, "p10": 0.9 * m, "p90": 1.1 * m, "n": 5}
+    arm = lambda name, g: {"name": name, "status": "ran", "fwd_ms": st(1.0), "fwdbwd_ms": st(3.0),
+                           "fwd_graph_ms": st(0.8) if g else None, "fwdbwd_graph_ms": st(2.5) if g else None}
+    res = {"arms": [arm("graphed", True), arm("eager-only", False)], "floor_ms": 0.35, "device": {"name": "x"},
+           "config": {"preset": "b1", "tokens": 1, "topk": 1, "experts": 1, "d": 1, "r": 1, "f": 1, "dtype": "bf16"}}
+    p = report.plot(res, tmp_path / "bars.png")
+    assert p.read_bytes()[:4] == b"\x89PNG"
+
+
 # ---- routing ----------------------------------------------------------------------------------------------
 
 def _route(t, e, k, **kw):

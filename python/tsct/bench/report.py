@@ -273,26 +273,47 @@ def require_matplotlib():
     return plt
 
 
+def _bar_stat(a: dict, eager_key: str) -> tuple[Optional[dict], bool]:
+    """The statistics a bar shows for one arm and pass: the CUDA-graph replay's (device time) where timed, else the
+    eager calls'; and whether it is the graph's."""
+    g = a.get(eager_key.replace("_ms", "_graph_ms"))
+    if g:
+        return g, True
+    return a.get(eager_key), False
+
+
 def plot(result: dict, path) -> Path:
     """Grouped bar chart, one group per arm that ran: forward and forward+backward median ms, p10-p90 as
-    error bars, the median written on each bar, the bf16 bytes-floor time as a dashed line. Log scale when
-    the medians and the floor span more than 30x."""
+    error bars, the median written on each bar, the bf16 bytes-floor time as a dashed line. A bar is the CUDA-graph
+    replay's time (the kernels' device time) where it was timed, with the eager median as a black tick on it (the host's
+    share shows as the gap); an arm timed eager only (the STE arms) gets a hatched bar of its eager time. Log scale
+    when the medians and the floor span more than 30x."""
     plt = require_matplotlib()
     ran = [a for a in result["arms"] if a["status"] == "ran" and a.get("fwd_ms")]
     fig, ax = plt.subplots(figsize=(max(6.0, 1.2 * len(ran) + 2), 4.5))
     xs = list(range(len(ran)))
     w = 0.38
-    series = (("fwd_ms", "forward", -w / 2), ("fwdbwd_ms", "forward+backward", w / 2))
+    series = (("fwd_ms", "forward", -w / 2, "C0"), ("fwdbwd_ms", "forward+backward", w / 2, "C1"))
     allv = []
-    for key, label, dx in series:
-        pts = [(i + dx, a[key]) for i, a in zip(xs, ran) if a.get(key)]
+    eager_labelled = False
+    for key, label, dx, color in series:
+        pts = [(i + dx, *_bar_stat(a, key), a.get(key)) for i, a in zip(xs, ran) if a.get(key)]
         if not pts:
             continue
-        med = [s["median"] for _, s in pts]
+        med = [s["median"] for _, s, _, _ in pts]
         allv += med
-        err = [[s["median"] - s["p10"] for _, s in pts], [s["p90"] - s["median"] for _, s in pts]]
-        bars = ax.bar([p for p, _ in pts], med, width=w, label=label, yerr=err, capsize=3)
-        ax.bar_label(bars, labels=[f"{m:.3g}" for m in med], fontsize=7, padding=2)
+        err = [[s["median"] - s["p10"] for _, s, _, _ in pts], [s["p90"] - s["median"] for _, s, _, _ in pts]]
+        ax.bar([p for p, *_ in pts], med, width=w, label=label, yerr=err, capsize=3, color=color,
+                      hatch=[None if graph else "//" for _, _, graph, _ in pts])
+        for (x, st, graph, e), m in zip(pts, med):  # the median above its bar, its error bar and its eager tick
+            top = max(st["p90"], e["median"] if graph else 0.0)
+            ax.annotate(f"{m:.3g}", (x, top), xytext=(0, 3), textcoords="offset points", ha="center", fontsize=7)
+        ticks = [(p, e["median"]) for p, _, graph, e in pts if graph]
+        if ticks:
+            ax.scatter([p for p, _ in ticks], [m for _, m in ticks], marker="_", s=260, color="k", zorder=3,
+                       label=None if eager_labelled else "eager median (host included)")
+            eager_labelled = True
+            allv += [m for _, m in ticks]
     ax.axhline(result["floor_ms"], linestyle="--", color="k", linewidth=1,
                label=f"bf16 bytes floor {result['floor_ms']:.3g} ms")
     allv.append(result["floor_ms"])
@@ -300,7 +321,7 @@ def plot(result: dict, path) -> Path:
         ax.set_yscale("log")
     ax.set_xticks(xs)
     ax.set_xticklabels([a["name"] for a in ran], rotation=30, ha="right")
-    ax.set_ylabel("ms (median, whole expert pass)")
+    ax.set_ylabel("ms (median, whole expert pass)\nbars: CUDA graph; hatched: eager only")
     cfg = result["config"]
     ax.set_title(f"{cfg['preset']}: T={cfg['tokens']} k={cfg['topk']} E={cfg['experts']} d={cfg['d']} r={cfg['r']} "
                  f"f={cfg['f']} {cfg['dtype']}, {result['device'].get('name')}" + _proxy_label(result), fontsize=9)
