@@ -303,8 +303,10 @@ def plot(result: dict, path) -> Path:
         med = [s["median"] for _, s, _, _ in pts]
         allv += med
         err = [[s["median"] - s["p10"] for _, s, _, _ in pts], [s["p90"] - s["median"] for _, s, _, _ in pts]]
-        ax.bar([p for p, *_ in pts], med, width=w, label=label, yerr=err, capsize=3, color=color,
-                      hatch=[None if graph else "//" for _, _, graph, _ in pts])
+        bars = ax.bar([p for p, *_ in pts], med, width=w, label=label, yerr=err, capsize=3, color=color)
+        for bar, (_, _, graph, _) in zip(bars, pts):
+            if not graph:
+                bar.set_hatch("//")
         for (x, st, graph, e), m in zip(pts, med):  # the median above its bar, its error bar and its eager tick
             top = max(st["p90"], e["median"] if graph else 0.0)
             ax.annotate(f"{m:.3g}", (x, top), xytext=(0, 3), textcoords="offset points", ha="center", fontsize=7)
