@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
 from pathlib import Path
 from typing import Optional
 
@@ -273,9 +272,9 @@ def require_matplotlib():
     return plt
 
 
-def _bar_stat(a: dict, eager_key: str) -> tuple[Optional[dict], bool]:
-    """The statistics a bar shows for one arm and pass: the CUDA-graph replay's (device time) where timed, else the
-    eager calls'; and whether it is the graph's."""
+def timed_stat(a: dict, eager_key: str) -> tuple[Optional[dict], bool]:
+    """The statistics a figure shows for one arm and pass (``eager_key``: "fwd_ms" or "fwdbwd_ms"): the CUDA-graph
+    replay's (device time) where timed, else the eager calls'; and whether it is the graph's."""
     g = a.get(eager_key.replace("_ms", "_graph_ms"))
     if g:
         return g, True
@@ -297,7 +296,7 @@ def plot(result: dict, path) -> Path:
     allv = []
     eager_labelled = False
     for key, label, dx, color in series:
-        pts = [(i + dx, *_bar_stat(a, key), a.get(key)) for i, a in zip(xs, ran) if a.get(key)]
+        pts = [(i + dx, *timed_stat(a, key), a.get(key)) for i, a in zip(xs, ran) if a.get(key)]
         if not pts:
             continue
         med = [s["median"] for _, s, _, _ in pts]

@@ -27,6 +27,7 @@ import math
 from pathlib import Path
 from typing import Optional, Sequence
 
+from tsct.bench import report
 from tsct.bench.config import BenchConfig
 
 SWEEP_SCHEMA_VERSION = 1
@@ -156,7 +157,7 @@ def default_stem(result: dict) -> str:
 
 def _time(a: dict, key: str) -> Optional[float]:
     """The arm's median ms for "fwd" / "fwdbwd": the CUDA-graph one where timed, else the eager one."""
-    st = a.get(f"{key}_graph_ms") or a.get(f"{key}_ms")
+    st, _ = report.timed_stat(a, f"{key}_ms")
     return st["median"] if st else None
 
 
@@ -180,9 +181,7 @@ def series(result: dict, axis: str) -> tuple[list, dict, list]:
 
 def plot(result: dict, path) -> Path:
     """The sweep's figure (module docstring) as a PNG."""
-    from tsct.bench.report import require_matplotlib
-
-    plt = require_matplotlib()
+    plt = report.require_matplotlib()
     axes = list(result["axes"])
     rows = (("fwd", "forward ms"), ("fwdbwd", "forward+backward ms"), ("pct", "% of bytes floor (fwd)"))
     fig, grid = plt.subplots(len(rows), len(axes), figsize=(4.6 * len(axes) + 1.5, 3.2 * len(rows) + 0.8),
