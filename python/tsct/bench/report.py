@@ -272,13 +272,13 @@ def require_matplotlib():
     return plt
 
 
-def timed_stat(a: dict, eager_key: str) -> tuple[Optional[dict], bool]:
-    """The statistics a figure shows for one arm and pass (``eager_key``: "fwd_ms" or "fwdbwd_ms"): the CUDA-graph
-    replay's (device time) where timed, else the eager calls'; and whether it is the graph's."""
-    g = a.get(eager_key.replace("_ms", "_graph_ms"))
+def timed_stat(a: dict, kind: str) -> tuple[Optional[dict], bool]:
+    """The statistics a figure shows for one arm and pass (``kind``: "fwd" or "fwdbwd"): the CUDA-graph replay's
+    (device time) where timed, else the eager calls'; and whether it is the graph's."""
+    g = a.get(f"{kind}_graph_ms")
     if g:
         return g, True
-    return a.get(eager_key), False
+    return a.get(f"{kind}_ms"), False
 
 
 def plot(result: dict, path) -> Path:
@@ -292,24 +292,27 @@ def plot(result: dict, path) -> Path:
     fig, ax = plt.subplots(figsize=(max(6.0, 1.2 * len(ran) + 2), 4.5))
     xs = list(range(len(ran)))
     w = 0.38
-    series = (("fwd_ms", "forward", -w / 2, "C0"), ("fwdbwd_ms", "forward+backward", w / 2, "C1"))
+    series = (("fwd", "forward", -w / 2, "C0"), ("fwdbwd", "forward+backward", w / 2, "C1"))
     allv = []
     eager_labelled = False
-    for key, label, dx, color in series:
-        pts = [(i + dx, *timed_stat(a, key), a.get(key)) for i, a in zip(xs, ran) if a.get(key)]
+    for kind, label, dx, color in series:
+        pts = [(i + dx, a) for i, a in zip(xs, ran) if a.get(f"{kind}_ms")]
         if not pts:
             continue
-        med = [s["median"] for _, s, _, _ in pts]
+        stats = [timed_stat(a, kind) for _, a in pts]
+        med = [st["median"] for st, _ in stats]
         allv += med
-        err = [[s["median"] - s["p10"] for _, s, _, _ in pts], [s["p90"] - s["median"] for _, s, _, _ in pts]]
-        bars = ax.bar([p for p, *_ in pts], med, width=w, label=label, yerr=err, capsize=3, color=color)
-        for bar, (_, _, graph, _) in zip(bars, pts):
-            if not graph:
+        err = [[st["median"] - st["p10"] for st, _ in stats], [st["p90"] - st["median"] for st, _ in stats]]
+        bars = ax.bar([x for x, _ in pts], med, width=w, label=label, yerr=err, capsize=3, color=color)
+        ticks = []  # (x, eager median) of the graph bars
+        for bar, (x, a), (st, graph), m in zip(bars, pts, stats, med):
+            top = st["p90"]
+            if graph:
+                ticks.append((x, a[f"{kind}_ms"]["median"]))
+                top = max(top, ticks[-1][1])
+            else:
                 bar.set_hatch("//")
-        for (x, st, graph, e), m in zip(pts, med):  # the median above its bar, its error bar and its eager tick
-            top = max(st["p90"], e["median"] if graph else 0.0)
             ax.annotate(f"{m:.3g}", (x, top), xytext=(0, 3), textcoords="offset points", ha="center", fontsize=7)
-        ticks = [(p, e["median"]) for p, _, graph, e in pts if graph]
         if ticks:
             ax.scatter([p for p, _ in ticks], [m for _, m in ticks], marker="_", s=260, color="k", zorder=3,
                        label=None if eager_labelled else "eager median (host included)")

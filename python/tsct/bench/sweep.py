@@ -157,7 +157,7 @@ def default_stem(result: dict) -> str:
 
 def _time(a: dict, key: str) -> Optional[float]:
     """The arm's median ms for "fwd" / "fwdbwd": the CUDA-graph one where timed, else the eager one."""
-    st, _ = report.timed_stat(a, f"{key}_ms")
+    st, _ = report.timed_stat(a, key)
     return st["median"] if st else None
 
 
