@@ -19,8 +19,8 @@
 // the slice in registers and is stored once (one writer per element: the caller sums the slices in a fixed
 // order, so the result is deterministic). dW needs a sum over all of an expert's rows: the first tile of an
 // expert of at most 64 rows (~all experts at b1) has them all and computes it in the same steps (rounded once
-// to bf16, staged in a double buffer, stored with 16-byte writes one step later; an empty expert's tile reads no
-// w_down and stores zeros); every other expert's dW (more than 64 rows) is left to the caller (the chunked
+// to bf16, staged in a double buffer, stored with 16-byte writes one step later; an empty expert's tile skips the
+// pipeline and stores its zeros directly); every other expert's dW (more than 64 rows) is left to the caller (the chunked
 // Triton kernels). Each thread owns fixed (row, chunk) pairs, so a row's pointer and shift (sidx*f mod 8, the
 // same at every step) are computed once.
 // Two builds of the same body: tsctk_glu_bwd_dz_bf16 (4 ring stages, a double-buffered dW staging tile: 99 KB,
@@ -79,7 +79,8 @@ __host__ __device__ constexpr int smem_bytes() {
   return (2 * ST + 1 + staging_tiles<ST>()) * TILE_EL * 2;
 }
 
-// One CTA's work: expert e, f-slice sl, rows [start, start + R) (0 <= R <= 64; 0: an empty expert's tile, do_dw),
+// One CTA's work: expert e, f-slice sl, rows [start, start + R) (1 <= R <= 64 in dz_body; an empty expert's tile
+// stores its dW zeros in dz_kernel),
 // steps [stepbeg, stepbeg + nitems); do_dw: the tile holds all of the expert's rows.
 struct Walk {
   int e, sl, start, R, stepbeg, nitems;
@@ -151,7 +152,7 @@ __device__ __forceinline__ void dz_body(const DzParams& p, const Walk& w, unsign
       for (int h = 0; h < 2; ++h) {
         const int n = c0 + wc + 32 * h;
         const bf16* src = p.wd + ebase + (size_t)min(n, f - 1) * 64 + j * 8;
-        cp_async16(smem_u32(wbuf + (wc + 32 * h) * LD + j * 8), src, n < f && w.R > 0 ? 16 : 0);  // 0: zero-fill
+        cp_async16(smem_u32(wbuf + (wc + 32 * h) * LD + j * 8), src, n < f ? 16 : 0);  // 0: zero-fill
       }
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
@@ -387,6 +388,12 @@ __device__ __forceinline__ void dz_kernel(const DzParams& p, unsigned char* smem
   if (w.R == 0 && !w.do_dw) return;  // an empty expert's tile without dW: nothing to write
   w.stepbeg = (int)((long long)w.sl * p.nsteps / S);
   w.nitems = (int)((long long)(w.sl + 1) * p.nsteps / S) - w.stepbeg;
+  if (w.R == 0) {  // an empty expert: its dW slice is zeros; plain 16-byte stores, no pipeline (no row, no w_down)
+    const int cb = w.stepbeg * 64, ce = min(p.f, (w.stepbeg + w.nitems) * 64);
+    uint4* dst = reinterpret_cast<uint4*>(p.dwd + ((size_t)w.e * p.f + cb) * 64);
+    for (int q = threadIdx.x; q < (ce - cb) * 8; q += NT) dst[q] = make_uint4(0, 0, 0, 0);
+    return;
+  }
   dz_body<ST>(p, w, smem);
 }
 
