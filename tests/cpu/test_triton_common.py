@@ -42,14 +42,14 @@ FINGERPRINTS = {
         "bwd_slot_reduce": "d28f3356d7f0a0fb",
         "glu_bwd_epi": "43f27cdfe8b1c50c",
         "glu_bwd_sred": "a7fcdbdeab649b68",
-        "glu_bwd_dx_dw": "bd37aeed58153121",
+        "glu_bwd_dx_dw": "81e7019a10674fd1",
         "glu_bwd_dw": "7f44eaed32b055ac",
     },
     "lowbit": {
         "lowbit_down_fwd": "ffafcebec9fa9aaa",
         "lowbit_up_fwd": "b6766d14776506f0",
         "lowbit_bwd_dz": "1bdd896e4b0c0c5d",
-        "lowbit_bwd_dx_dw": "6e85d70ca7196b78",
+        "lowbit_bwd_dx_dw": "7b6ddadf6cbf5686",
     },
 }
 

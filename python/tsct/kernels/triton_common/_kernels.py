@@ -649,6 +649,18 @@ def _one_tile_dh(gidx_ptr, dhg_ptr, dhu_ptr, lo, hi, r, h_tile, HAS_GATHER: tl.c
 
 
 @triton.jit
+def _dw_zero(dwg_ptr, dwu_ptr, w_e, d_lo, d_hi, r, BLK: tl.constexpr):
+    """dWg / dWu[e][d_lo:d_hi, :] = 0 (an empty expert's gradient: one contiguous run of (d_hi - d_lo) * r elements
+    at ``w_e + d_lo * r``; no row, no factor, no product)."""
+    i = tl.arange(0, BLK)
+    zero = tl.zeros((BLK,), dtype=dwg_ptr.dtype.element_ty)
+    for j in range(d_lo * r, d_hi * r, BLK):
+        m = (j + i) < d_hi * r
+        tl.store(dwg_ptr + w_e + j + i, zero, mask=m)
+        tl.store(dwu_ptr + w_e + j + i, zero, mask=m)
+
+
+@triton.jit
 def _dw_one_tile(x_ptr, src, rmask, rm, hg, hu, dwg_ptr, dwu_ptr, w_e, d0, d, r, stride_x, BD: tl.constexpr,
                  BR: tl.constexpr):
     """dWg / dWu[e][d0:d0 + BD, :r] = X^T hg / X^T hu for the one row tile of ``_one_tile_dh``; ``w_e``: int64

@@ -18,7 +18,8 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from tsct.kernels.triton_common._kernels import (_bwd_rows, _bwd_tile, _dw_one_tile, _dw_store, _expert_bounds,
+from tsct.kernels.triton_common._kernels import (_bwd_rows, _bwd_tile, _dw_one_tile, _dw_store, _dw_zero,
+                                                _expert_bounds,
                                                 _expert_of_tile, _glu_fwd_epilogue, _one_tile_dh, _row_index,
                                                 _tile_of_offs)
 # The "glu" AOT family compiles and indexes the shared kernels too (their spec keys, index entries and sm_120 proxy
@@ -334,8 +335,8 @@ def glu_bwd_dx_dw(
     BM: tl.constexpr, BD: tl.constexpr, BR: tl.constexpr, NDB: tl.constexpr, BLOCK_E: tl.constexpr,
 ):
     """One program per (row tile, NDB d blocks): dx_routed[rows, dblk] = dhg Wg^T + dhu Wu^T, and, for an expert of
-    at most one tile (DO_DW), dWg/dWu[e][dblk, :] = X^T dhg / X^T dhu (exact zeros for an empty expert, whose factors
-    are not read; other experts: glu_bwd_dw). A rank that fits one block (b1: r = 64) loads dhg / dhu once and walks
+    at most one tile (DO_DW), dWg/dWu[e][dblk, :] = X^T dhg / X^T dhu (an empty expert's program stores zeros and
+    returns; other experts: glu_bwd_dw). A rank that fits one block (b1: r = 64) loads dhg / dhu once and walks
     the d blocks in one loop (``_dx_dw_loop``) whose loads Triton pipelines: the loop with dW or the one without is
     chosen once per program, not per d block; a larger one takes the per-block path over its rank blocks."""
     pid = tl.program_id(0)
@@ -344,20 +345,22 @@ def glu_bwd_dx_dw(
     if e >= E:
         return
     row0, hi, one = _bwd_rows(offs_ptr, e, t, BM)
-    dl = tl.arange(0, BD)
     bm = tl.arange(0, BM)
     rs = tl.arange(0, BR)
     h_tile = bm[:, None] * r + rs[None, :]     # int32 [BM, BR]
     d_lo = pd * BD * NDB
     d_hi = tl.minimum(d_lo + BD * NDB, d)
     w_e = e.to(tl.int64) * d * r
-    live = row0 < hi                           # the tile has rows (else only an empty expert's zero dW)
+    live = row0 < hi                           # the tile has rows (else an empty expert's)
+    if DO_DW:
+        if not live:  # an empty expert: its dW block is zeros; no row, no factor, no product
+            _dw_zero(dwg_ptr, dwu_ptr, w_e, d_lo, d_hi, r, BD * BR)
+            return
     if r <= BR:
         rmask, src, rm, hg, hu = _one_tile_dh(gidx_ptr, dhg_ptr, dhu_ptr, row0, hi, r, h_tile, HAS_GATHER, BM, BR)
         if DO_DW:
             if one:
-                rm_w = rs < tl.where(live, r, 0)  # an empty expert's factors are not read
-                _dx_dw_loop(x_ptr, wg_ptr, wu_ptr, dx_ptr, dwg_ptr, dwu_ptr, src, rmask, rm_w, hg, hu, w_e, row0,
+                _dx_dw_loop(x_ptr, wg_ptr, wu_ptr, dx_ptr, dwg_ptr, dwu_ptr, src, rmask, rm, hg, hu, w_e, row0,
                             d_lo, d_hi, d, r, stride_x, DO_DX, True, BM, BD, BR)
             elif DO_DX:
                 _dx_dw_loop(x_ptr, wg_ptr, wu_ptr, dx_ptr, dwg_ptr, dwu_ptr, src, rmask, rm, hg, hu, w_e, row0,

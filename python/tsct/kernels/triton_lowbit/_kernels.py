@@ -59,7 +59,8 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from tsct.kernels.triton_common._kernels import (_bwd_rows, _bwd_tile, _dw_one_tile, _dw_store, _expert_bounds,
+from tsct.kernels.triton_common._kernels import (_bwd_rows, _bwd_tile, _dw_one_tile, _dw_store, _dw_zero,
+                                                _expert_bounds,
                                                 _expert_of_tile, _glu_fwd_epilogue, _one_tile_dh, _row_index)
 
 DENSE, NVFP4, SIGN, FP8, TERNARY, TERNARY_R1 = 0, 1, 2, 3, 4, 5
@@ -595,8 +596,8 @@ def lowbit_bwd_dx_dw(
     BM: tl.constexpr, BD: tl.constexpr, BR: tl.constexpr, NDB: tl.constexpr, BLOCK_E: tl.constexpr,
 ):
     """``triton_glu.glu_bwd_dx_dw`` with w_gate / w_up in any format: dx_routed = dhg Wg_hat^T + dhu Wu_hat^T
-    (decoded in registers) for one (row tile, NDB d blocks); dWg / dWu (DO_DW, an expert of at most one tile; zeros
-    for an empty one, whose factors are not decoded) are the dense gradients w.r.t. the decoded factors (X^T dh), the
+    (decoded in registers) for one (row tile, NDB d blocks); dWg / dWu (DO_DW, an expert of at most one tile; an
+    empty one's program stores zeros and returns) are the dense gradients w.r.t. the decoded factors (X^T dh), the
     STE gradients of master factors. As in the bf16 kernel, a rank that fits one block (r = 64) loads dhg / dhu (and
     their sign column scales) once and walks the d blocks in one loop; a larger one, or NDB 1, takes the per-block
     path over its rank blocks."""
@@ -606,29 +607,27 @@ def lowbit_bwd_dx_dw(
     if e >= E:
         return
     row0, hi, one = _bwd_rows(offs_ptr, e, t, BM)
-    if not DO_DW:
-        if row0 >= hi:  # an empty expert's tile: nothing to do without dW
-            return
-    live = row0 < hi
     e64 = e.to(tl.int64)
+    d_lo = pd * BD * NDB
+    d_hi = tl.minimum(d_lo + BD * NDB, d)
+    if row0 >= hi:  # an empty expert's tile: its dW block is zeros (no row, no decode, no product), or nothing
+        if DO_DW:
+            _dw_zero(dwg_ptr, dwu_ptr, e64 * d * r, d_lo, d_hi, r, BD * BR)
+        return
     dl = tl.arange(0, BD)
     bm = tl.arange(0, BM)
     rs = tl.arange(0, BR)
     h_tile = bm[:, None] * r + rs[None, :]     # int32 [BM, BR]
-    d_lo = pd * BD * NDB
-    d_hi = tl.minimum(d_lo + BD * NDB, d)
     if NDB == 1:  # one d block per program: the per-block body only (sign: no second path's registers)
         if DO_DW:
             if one:
                 _dw_store(x_ptr, gidx_ptr, dhg_ptr, dhu_ptr, dwg_ptr, dwu_ptr, e64 * d * r + d_lo * r, row0, hi, 1,
                           d_lo, d, r, stride_x, HAS_GATHER, BM, BD, BR)
         if DO_DX:
-            if live:
-                _lowbit_dx_block(g0, g1, g2, u0, u1, u2, dhg_ptr, dhu_ptr, dx_ptr, e, row0, hi, d_lo, d, r, h_tile,
-                                 FMT_G, FMT_U, BM, BD, BR)
+            _lowbit_dx_block(g0, g1, g2, u0, u1, u2, dhg_ptr, dhu_ptr, dx_ptr, e, row0, hi, d_lo, d, r, h_tile,
+                             FMT_G, FMT_U, BM, BD, BR)
     elif r <= BR:
         rmask, src, rm, hg, hu = _one_tile_dh(gidx_ptr, dhg_ptr, dhu_ptr, row0, hi, r, h_tile, HAS_GATHER, BM, BR)
-        rm_w = rs < tl.where(live, r, 0)  # an empty expert's factors are not decoded
         if DO_DX:
             hgs = tl.trans(_w_cols(FMT_G, hg, g2, e64, r, rs, rm).to(hg.dtype))  # [BR, BM]
             hus = tl.trans(_w_cols(FMT_U, hu, u2, e64, r, rs, rm).to(hu.dtype))
@@ -639,8 +638,8 @@ def lowbit_bwd_dx_dw(
                     _dw_one_tile(x_ptr, src, rmask, rm, hg, hu, dwg_ptr, dwu_ptr, e64 * d * r, d0, d, r, stride_x,
                                  BD, BR)
             if DO_DX:
-                wg = _w_tile(FMT_G, g0, g1, e64, d0, d, r, rs, rm_w, BD, BR, hg.dtype)   # [BD, BR]
-                wu = _w_tile(FMT_U, u0, u1, e64, d0, d, r, rs, rm_w, BD, BR, hu.dtype)
+                wg = _w_tile(FMT_G, g0, g1, e64, d0, d, r, rs, rm, BD, BR, hg.dtype)   # [BD, BR]
+                wu = _w_tile(FMT_U, u0, u1, e64, d0, d, r, rs, rm, BD, BR, hu.dtype)
                 acc = tl.trans(_w_scalar(FMT_G, tl.dot(wg, hgs), g2, e) + _w_scalar(FMT_U, tl.dot(wu, hus), u2, e))
                 tl.store(dx_ptr + row0.to(tl.int64) * d + d0 + bm[:, None] * d + dl[None, :],
                          acc.to(dx_ptr.dtype.element_ty), mask=rmask[:, None] & dm[None, :])
@@ -651,9 +650,8 @@ def lowbit_bwd_dx_dw(
                     _dw_store(x_ptr, gidx_ptr, dhg_ptr, dhu_ptr, dwg_ptr, dwu_ptr, e64 * d * r + d0 * r, row0, hi, 1,
                               d0, d, r, stride_x, HAS_GATHER, BM, BD, BR)
             if DO_DX:
-                if live:
-                    _lowbit_dx_block(g0, g1, g2, u0, u1, u2, dhg_ptr, dhu_ptr, dx_ptr, e, row0, hi, d0, d, r, h_tile,
-                                     FMT_G, FMT_U, BM, BD, BR)
+                _lowbit_dx_block(g0, g1, g2, u0, u1, u2, dhg_ptr, dhu_ptr, dx_ptr, e, row0, hi, d0, d, r, h_tile,
+                                 FMT_G, FMT_U, BM, BD, BR)
 
 
 @triton.jit
