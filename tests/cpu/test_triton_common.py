@@ -37,7 +37,7 @@ FINGERPRINTS = {
         "route_rank": "7ae970344c25b689",
         "route_place": "66b9094d263bad19",
         "bwd_maps": "8c145a5ce77a5b8d",
-        "glu_bwd_dz": "d4f57a17acc4e6db",
+        "glu_bwd_dz": "1cc5a8202c2c53fd",
         "glu_bwd_dwd": "b0dd8760609bba53",
         "bwd_slot_reduce": "d28f3356d7f0a0fb",
         "glu_bwd_epi": "43f27cdfe8b1c50c",
@@ -48,7 +48,7 @@ FINGERPRINTS = {
     "lowbit": {
         "lowbit_down_fwd": "ffafcebec9fa9aaa",
         "lowbit_up_fwd": "b6766d14776506f0",
-        "lowbit_bwd_dz": "1bdd896e4b0c0c5d",
+        "lowbit_bwd_dz": "e81cbed19b2a2acf",
         "lowbit_bwd_dx_dw": "7b6ddadf6cbf5686",
     },
 }

@@ -251,7 +251,7 @@ def glu_bwd_dz(
 ):
     """One program per (row tile, rank block, f slice): part[fs, rows, ranks] = dY[rows, slice] Wd[e][:, slice]^T,
     and, for an expert of at most one tile (DO_DWD), dWd[e][ranks, slice] = (z*rw)^T dY[:, slice] in the same f loop
-    (an empty expert's program stores zeros and returns; other experts: glu_bwd_dwd).
+    (exact zeros for an empty expert, whose w_down is not read; other experts: glu_bwd_dwd).
     VEC (aligned launches): dY rows (and, unless WD_T, w_down rows) read as shifted 8-byte words
     (``_ld_rows``). WD_T (aligned launches): w_down and dWd are K-major (``glu_up_fwd``): their
     [BR, BN] tiles are contiguous along the ranks (16-byte vectors, pipelined loads, vector stores)."""
@@ -267,6 +267,7 @@ def glu_bwd_dz(
             return
     cols = pr * BR + tl.arange(0, BR)
     cmask = cols < r
+    wcmask = cols < tl.where(row0 < hi, r, 0)             # w_down is read only for a tile with rows
     ns = tl.arange(0, BN)
     bm = tl.arange(0, BM)
     n_lo = fs * f_slice
@@ -280,12 +281,6 @@ def glu_bwd_dz(
     else:
         wd_tile = cols[:, None] * f + ns[None, :]         # int32 [BR, BN]
         wd_step = 1
-    if DO_DWD:
-        if row0 >= hi:  # an empty expert: its dWd slice is zeros; no row, no w_down, no product
-            zero = tl.zeros((BR, BN), dtype=dwd_ptr.dtype.element_ty)
-            for n in range(n_lo, n_hi, BN):
-                tl.store(dwd_base + n * wd_step + wd_tile, zero, mask=cmask[:, None] & ((n + ns) < n_hi)[None, :])
-            return
     wd_rows = wd_off + cols.to(tl.int64) * f              # int64 [BR]: row starts (VEC)
     h_tile = bm[:, None] * r + cols[None, :]              # int32 [BM, BR]
     rows = row0 + bm
@@ -298,10 +293,11 @@ def glu_bwd_dz(
     if VEC:  # prefetch: the next step's words are in flight while this one is shifted and multiplied
         ylo_next, yhi_next = _ld_words(dy_ptr, dy_row + n_lo, n_hi - n_lo, rmask, BN)
         if not WD_T:
-            wlo_next, whi_next = _ld_words(wd_ptr, wd_rows + n_lo, n_hi - n_lo, cmask, BN)
+            wlo_next, whi_next = _ld_words(wd_ptr, wd_rows + n_lo, n_hi - n_lo, wcmask, BN)
     for n in range(n_lo, n_hi, BN):
         nmask = (n + ns) < n_hi
         wmask = cmask[:, None] & nmask[None, :]
+        wlmask = wcmask[:, None] & nmask[None, :]
         if VEC:
             ylo = ylo_next
             yhi = yhi_next
@@ -309,16 +305,16 @@ def glu_bwd_dz(
             ylo_next, yhi_next = _ld_words(dy_ptr, dy_row + n2, n_hi - n2, rmask, BN)
             dy = _words_to_tile(ylo, yhi, dy_row + n, n_hi - n, dy_ptr.dtype.element_ty, BN, True)
             if WD_T:  # aligned tiles: plain (pipelined) loads; only dY needs the words
-                wd = tl.load(wd_base + n * wd_step + wd_tile, mask=wmask, other=0.0)
+                wd = tl.load(wd_base + n * wd_step + wd_tile, mask=wlmask, other=0.0)
             else:
                 wlo = wlo_next
                 whi = whi_next
-                wlo_next, whi_next = _ld_words(wd_ptr, wd_rows + n2, n_hi - n2, cmask, BN)
+                wlo_next, whi_next = _ld_words(wd_ptr, wd_rows + n2, n_hi - n2, wcmask, BN)
                 wd = _words_to_tile(wlo, whi, wd_rows + n, n_hi - n, wd_ptr.dtype.element_ty, BN, True)
         else:
             dy = tl.load(dy_ptr + dy_row[:, None] + (n + ns)[None, :], mask=rmask[:, None] & nmask[None, :],
                          other=0.0)
-            wd = tl.load(wd_base + n * wd_step + wd_tile, mask=wmask, other=0.0)
+            wd = tl.load(wd_base + n * wd_step + wd_tile, mask=wlmask, other=0.0)
         dz = tl.dot(dy, tl.trans(wd), dz)
         if DO_DWD:
             if one:

@@ -525,7 +525,7 @@ def lowbit_up_fwd(
 
 # ---- backward -----------------------------------------------------------------------------------
 # The shared schedule (triton_common/_kernels.py "backward"): these two row kernels run on the expert-major row
-# tiles and give dW to an expert of at most one tile (an empty one's program stores zeros and returns); the other experts' dW (X^T dh,
+# tiles and give dW to an expert of at most one tile (exact zeros for an empty one); the other experts' dW (X^T dh,
 # (z*rw)^T dY: no factor involved) come from the shared chunked kernels (glu_bwd_dwd, glu_bwd_dw,
 # bwd_slot_reduce).
 
@@ -557,14 +557,9 @@ def lowbit_bwd_dz(
     bm = tl.arange(0, BM)
     n_lo = fs * f_slice
     n_hi = tl.minimum(n_lo + f_slice, f)
+    n_w = tl.where(row0 < hi, n_hi, 0)                    # w_down is decoded only for a tile with rows
     dwd_base = dwd_ptr + e64 * r * f
     wd_tile = cols[:, None] * f + ns[None, :]             # int32 [BR, BN] (dense dWd)
-    if DO_DWD:
-        if row0 >= hi:  # an empty expert: its dWd slice is zeros; no row, no decode, no product
-            zero = tl.zeros((BR, BN), dtype=dwd_ptr.dtype.element_ty)
-            for n in range(n_lo, n_hi, BN):
-                tl.store(dwd_base + n + wd_tile, zero, mask=cmask[:, None] & ((n + ns) < n_hi)[None, :])
-            return
     h_tile = bm[:, None] * r + cols[None, :]              # int32 [BM, BR]
     rows = row0 + bm
     rmask = rows < hi
@@ -576,8 +571,8 @@ def lowbit_bwd_dz(
     for n in range(n_lo, n_hi, BN):
         nmask = (n + ns) < n_hi
         dy = tl.load(dy_ptr + dy_row[:, None] + (n + ns)[None, :], mask=rmask[:, None] & nmask[None, :], other=0.0)
-        w = _w_tile(FMT_D, d0, d1, e64, pr * BR, r, f, n + ns, nmask, BR, BN, dy.dtype)
-        dys = _w_cols(FMT_D, dy, d2, e64, f, n + ns, nmask).to(dy.dtype)
+        w = _w_tile(FMT_D, d0, d1, e64, pr * BR, r, f, n + ns, (n + ns) < n_w, BR, BN, dy.dtype)
+        dys = _w_cols(FMT_D, dy, d2, e64, f, n + ns, (n + ns) < n_w).to(dy.dtype)
         dz = tl.dot(w, tl.trans(dys), dz)
         if DO_DWD:
             if one:
