@@ -353,7 +353,7 @@ def test_without_an_index_or_triton_the_source_is_unknown(tmp_path, monkeypatch)
         key, why = sm120_proxy.shipped_source("glu_down_fwd")
         assert key is None and "Triton is not importable" in why
         v = sm120_proxy.verdict("glu_down_fwd", "glu")
-        newest = sm120_proxy.RUNS[-1]  # the newest run that launched it
+        newest = next(r for r in reversed(sm120_proxy.RUNS) if r["kernels"].get("glu_down_fwd", {}).get("aot"))
         assert v.startswith(f"logic run on the sm_90 proxy ({newest['device']}, {newest['date']}: ")
         assert newest["evidence"] in v
         assert v.endswith(f"; unknown whether of this source: {why}")
