@@ -1,6 +1,6 @@
 """Device time of the whole expert pass, forward and forward+backward, on the backward's edge shapes (CUDA graph
 replay, as tsct-bench's "graph" column), for whichever tsct is on the path: run it once per tree / native library /
-config to compare schedules (`scripts/gpu_suite.sh bwd-ab`).
+config to compare schedules (`scripts/gpu_suite.sh bwd-ab` for source trees, `wheel-ab` for built wheels).
 
 The pass is tsct-bench's tsct arm (``tsct.ops.sort_by_expert``, then one ``tsct.ops.grouped_glu`` with gather and
 combine fused; forward+backward adds ``torch.autograd.grad`` w.r.t. x, the router weights, the dense factors and both

@@ -17,7 +17,8 @@
 # Knobs: OUT, WHEEL_DIR, NO_INSTALL, OVERLAY, TAIL; COMMIT (recorded by tsct-bench); CFG (TSCT_TRITON_GLU_CFG of the
 # test, sweep and bench steps, e.g. CFG=warps_up_lb=8); CUDA_KERNELS (TSCT_CUDA_KERNELS of every step, e.g.
 # CUDA_KERNELS=none: the Triton kernels where sm_90a takes CUDA ones); ARMS, FORMATS (bench); CFGS, CUDA_SWEEP,
-# SWEEP_ARMS (sweep); GLU_K (pytest -k of stage glu); T_<STEP> (seconds, the step's timeout: T_LOWBIT=200 ...).
+# SWEEP_ARMS (sweep); RUNS, SHAPES (wheel-ab; SHAPES also bwd-ab); GLU_K (pytest -k of stage glu); T_<STEP> (seconds,
+# the step's timeout: T_LOWBIT=200 ...).
 set -u -o pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 OUT=${OUT:-/tmp/tsct_out}
@@ -90,6 +91,8 @@ bwd-ab         the backward's schedule A/B through Triton JIT from source trees 
                python | tar -x -C build/old_tree`, carried) with build/old_native if carried, "new" = this tree with
                build/native (scripts/build_native.sh), "new-tdz" = this tree without the CUDA dz
                (TSCT_CUDA_KERNELS=none); then a table
+wheel-ab       the same timer on wheels built here and carried (RUNS="DIR[:OPT...] ...": p profile, tdz the Triton dz,
+               b1 two shapes, NAME=INT a tile override), interleaved in one call; then the same table
 bwd-chunks     the same timer at b1 Zipf 1.2 / 1.5 over SharedTiles.chunk_bwd (256 .. 2048) and fs_dwd (8, 32)
 nn             test_nn_experts_gpu.py: the expert layers on the kernel paths against the fp32 padded bmm, STE layers,
                make_graphed_callables, torch.compile, counts without host syncs
@@ -351,23 +354,11 @@ jit_new() {
   echo env PYTHONPATH="$ROOT/python:$ROOT/tests" TSCT_TRITON_BACKEND=jit "${n[@]}"
 }
 
-stage_bwd-ab() {
-  local shapes=${SHAPES:-b1,b1_zipf12,e256,t65536} timer="$ROOT/scripts/bwd_scale_timing.py"
-  rm -f "$OUT"/time_*.json
-  if [[ -d "$ROOT/build/old_tree/python" ]]; then
-    local old=/nonexistent
-    [[ -f "$ROOT/build/old_native/libtsct_kernels.so" ]] && old="$ROOT/build/old_native"
-    step time-old 200 env PYTHONPATH="$ROOT/build/old_tree/python" TSCT_TRITON_BACKEND=jit TSCT_NATIVE_LIB="$old" \
-      python3 "$timer" --label old --shapes "$shapes" --json "$OUT/time_old.json"
-  fi
-  step time-new 200 $(jit_new) python3 "$timer" --label new --shapes "$shapes" --json "$OUT/time_new.json"
-  if [[ -f "$ROOT/build/native/libtsct_kernels.so" ]]; then
-    step time-new-tdz 200 $(jit_new) TSCT_CUDA_KERNELS=none python3 "$timer" --label new-tdz \
-      --shapes "$shapes" --arms bf16-kmajor --json "$OUT/time_new_tdz.json"
-  fi
+ab_table() {  # one row per (shape, arm), one column per run: graph fwd / fwd+bwd ms from $OUT/time_*.json
   python3 - "$OUT" <<'PY'
 import json, pathlib, sys
-runs = [json.loads(p.read_text()) for p in sorted(pathlib.Path(sys.argv[1]).glob("time_*.json"))]
+files = sorted(pathlib.Path(sys.argv[1]).glob("time_*.json"), key=lambda p: p.stat().st_mtime)  # in run order
+runs = [json.loads(p.read_text()) for p in files]
 rows = {}
 for run in runs:
     for r in run["results"]:
@@ -382,6 +373,54 @@ for (shape, arm), by in rows.items():
                      else f"{r['fwd_ms']:7.3f} / {r['fwdbwd_ms']:7.3f}")
     print(f"{shape:10s} {arm:12s}        " + "  ".join(cells))
 PY
+}
+
+stage_wheel-ab() {
+  # the same timer on installed wheels, interleaved in one process tree: RUNS="DIR[:OPT...] ...", DIR a folder of the
+  # checkout holding one tsct wheel (each unpacked once into /tmp, imported through PYTHONPATH); OPT: p (also the
+  # per-kernel profile), tdz (TSCT_CUDA_KERNELS=none), b1 (shapes b1 and b1_zipf12 only), NAME=INT[,NAME=INT] (a
+  # TSCT_TRITON_GLU_CFG override). Shapes $SHAPES (default b1,b1_zipf12,e4096,e16384).
+  local timer="$ROOT/scripts/bwd_scale_timing.py" i=0 spec
+  rm -f "$OUT"/time_*.json
+  for spec in ${RUNS:?"RUNS=\"DIR[:OPT...] ...\" names the wheels (stage wheel-ab)"}; do
+    local parts w o lab prof="" cuda=auto shapes=${SHAPES:-b1,b1_zipf12,e4096,e16384} cfg=""
+    IFS=: read -r -a parts <<< "$spec"
+    w=${parts[0]}; i=$((i + 1)); lab="$(basename "$w")"
+    if [[ ! -d "/tmp/wheel_ab/$lab" ]]; then
+      python3 -m pip install -q --no-deps --no-index --target "/tmp/wheel_ab/$lab" "$ROOT/$w"/tsct-*.whl \
+        >"$OUT/install_ab_$lab.log" 2>&1 || { echo "install of $w failed"; continue; }
+    fi
+    for o in "${parts[@]:1}"; do
+      case $o in
+        p) prof=--profile ;;
+        tdz) cuda=none; lab="$lab-tdz" ;;
+        b1) shapes=b1,b1_zipf12 ;;
+        *=*) cfg=$o; lab="$lab-${o//[=,]/-}" ;;
+        *) echo "wheel-ab: unknown option $o in $spec"; return 1 ;;
+      esac
+    done
+    lab="$i-${lab//[^A-Za-z0-9-]/-}"
+    step "ab-$lab" 200 env PYTHONPATH="/tmp/wheel_ab/$(basename "$w")" TSCT_CUDA_KERNELS=$cuda \
+      TSCT_TRITON_GLU_CFG="$cfg" python3 "$timer" --label "$lab" --shapes "$shapes" $prof --json "$OUT/time_$lab.json"
+  done
+  ab_table
+}
+
+stage_bwd-ab() {
+  local shapes=${SHAPES:-b1,b1_zipf12,e256,t65536} timer="$ROOT/scripts/bwd_scale_timing.py"
+  rm -f "$OUT"/time_*.json
+  if [[ -d "$ROOT/build/old_tree/python" ]]; then
+    local old=/nonexistent
+    [[ -f "$ROOT/build/old_native/libtsct_kernels.so" ]] && old="$ROOT/build/old_native"
+    step time-old 200 env PYTHONPATH="$ROOT/build/old_tree/python" TSCT_TRITON_BACKEND=jit TSCT_NATIVE_LIB="$old" \
+      python3 "$timer" --label old --shapes "$shapes" --json "$OUT/time_old.json"
+  fi
+  step time-new 200 $(jit_new) python3 "$timer" --label new --shapes "$shapes" --json "$OUT/time_new.json"
+  if [[ -f "$ROOT/build/native/libtsct_kernels.so" ]]; then
+    step time-new-tdz 200 $(jit_new) TSCT_CUDA_KERNELS=none python3 "$timer" --label new-tdz \
+      --shapes "$shapes" --arms bf16-kmajor --json "$OUT/time_new_tdz.json"
+  fi
+  ab_table
 }
 
 stage_bwd-chunks() {
@@ -427,7 +466,7 @@ done
 # the stages that run the source tree through Triton JIT need no wheel: install only if another stage is asked for
 needs_wheel=""
 for s in "$@"; do
-  [[ $s == glu-jit || $s == bwd-ab || $s == bwd-chunks ]] || needs_wheel=1
+  [[ $s == glu-jit || $s == bwd-ab || $s == wheel-ab || $s == bwd-chunks ]] || needs_wheel=1
 done
 if [[ -z ${NO_INSTALL:-} && -n $needs_wheel ]]; then
   install_wheel
