@@ -20,9 +20,9 @@
 // order, so the result is deterministic). dW needs a sum over all of an expert's rows: the first tile of an
 // expert of at most 64 rows (~all experts at b1) has them all and computes it in the same steps (rounded once
 // to bf16, staged in a double buffer, stored with 16-byte writes one step later; an empty expert's tile skips the
-// pipeline and stores its zeros directly); every other expert's dW (more than 64 rows) is left to the caller (the chunked
-// Triton kernels). Each thread owns fixed (row, chunk) pairs, so a row's pointer and shift (sidx*f mod 8, the
-// same at every step) are computed once.
+// pipeline and stores its zeros directly); every other expert's dW (more than 64 rows) is left to the caller (the
+// chunked Triton kernels). Each thread owns fixed (row, chunk) pairs, so a row's pointer and shift (sidx*f mod 8,
+// the same at every step) are computed once.
 // Two builds of the same body: tsctk_glu_bwd_dz_bf16 (4 ring stages, a double-buffered dW staging tile: 99 KB,
 // 2 CTAs per SM on sm_90) and tsctk_glu_bwd_dz_bf16_st3 (3 stages, one staging tile written after an extra barrier:
 // 72 KB and at most 80 registers, 3 CTAs per SM on sm_90: more warps to hide the loads' latency, one step less in
@@ -79,9 +79,8 @@ __host__ __device__ constexpr int smem_bytes() {
   return (2 * ST + 1 + staging_tiles<ST>()) * TILE_EL * 2;
 }
 
-// One CTA's work: expert e, f-slice sl, rows [start, start + R) (1 <= R <= 64 in dz_body; an empty expert's tile
-// stores its dW zeros in dz_kernel),
-// steps [stepbeg, stepbeg + nitems); do_dw: the tile holds all of the expert's rows.
+// One CTA's work: expert e, f-slice sl, rows [start, start + R), steps [stepbeg, stepbeg + nitems); do_dw: the tile
+// holds all of the expert's rows. dz_body gets 1 <= R <= 64 (an empty expert's tile stores its zeros in dz_kernel).
 struct Walk {
   int e, sl, start, R, stepbeg, nitems;
   bool do_dw;
