@@ -383,12 +383,14 @@ stage_wheel-ab() {
   local timer="$ROOT/scripts/bwd_scale_timing.py" i=0 spec
   rm -f "$OUT"/time_*.json
   for spec in ${RUNS:?"RUNS=\"DIR[:OPT...] ...\" names the wheels (stage wheel-ab)"}; do
-    local parts w o lab prof="" cuda=auto shapes=${SHAPES:-b1,b1_zipf12,e4096,e16384} cfg=""
+    local parts w o lab site prof="" cuda=auto shapes=${SHAPES:-b1,b1_zipf12,e4096,e16384} cfg=""
     IFS=: read -r -a parts <<< "$spec"
-    w=${parts[0]}; i=$((i + 1)); lab="$(basename "$w")"
-    if [[ ! -d "/tmp/wheel_ab/$lab" ]]; then
-      python3 -m pip install -q --no-deps --no-index --target "/tmp/wheel_ab/$lab" "$ROOT/$w"/tsct-*.whl \
-        >"$OUT/install_ab_$lab.log" 2>&1 || { echo "install of $w failed"; continue; }
+    w=${parts[0]}; i=$((i + 1)); lab=${w//\//-}
+    site="/tmp/wheel_ab/${w//[^A-Za-z0-9._-]/_}"  # one install per carried folder (two may share a basename)
+    if [[ ! -d "$site" ]]; then  # a failed install is a failed step of the summary
+      step "install-${site##*/}" 120 python3 -m pip install -q --no-deps --no-index --target "$site" \
+        "$ROOT/$w"/tsct-*.whl
+      [[ ${RC[install-${site##*/}]} == rc=0* ]] || { rm -rf "$site"; continue; }
     fi
     for o in "${parts[@]:1}"; do
       case $o in
@@ -396,11 +398,11 @@ stage_wheel-ab() {
         tdz) cuda=none; lab="$lab-tdz" ;;
         b1) shapes=b1,b1_zipf12 ;;
         *=*) cfg=$o; lab="$lab-${o//[=,]/-}" ;;
-        *) echo "wheel-ab: unknown option $o in $spec"; return 1 ;;
+        *) echo "wheel-ab: unknown option '$o' in '$spec' (p, tdz, b1, NAME=INT)"; exit 2 ;;
       esac
     done
     lab="$i-${lab//[^A-Za-z0-9-]/-}"
-    step "ab-$lab" 200 env PYTHONPATH="/tmp/wheel_ab/$(basename "$w")" TSCT_CUDA_KERNELS=$cuda \
+    step "ab-$lab" 200 env PYTHONPATH="$site" TSCT_CUDA_KERNELS=$cuda \
       TSCT_TRITON_GLU_CFG="$cfg" python3 "$timer" --label "$lab" --shapes "$shapes" $prof --json "$OUT/time_$lab.json"
   done
   ab_table
