@@ -34,7 +34,7 @@ t_start=$(date +%s)
 # step NAME DEFAULT_TIMEOUT CMD...: run CMD in /tmp under a timeout (T_<NAME> overrides it), log to $OUT/NAME.log
 step() {
   local name=$1 t=$2; shift 2
-  local var="T_$(echo "$name" | tr 'a-z-' 'A-Z_')"
+  local var="T_$(echo "$name" | tr 'a-z' 'A-Z' | tr -c 'A-Z0-9\n' '_')"  # a step name may hold '.' or '-'
   t=${!var:-$t}
   local t0=$(date +%s)
   echo "== $name ($(date +%T), timeout ${t}s)"
