@@ -47,6 +47,7 @@ namespace {
 
 using tsct::sm80::bf16;
 using tsct::sm80::cp_async16;
+using tsct::sm80::cp_async16_full;
 using tsct::sm80::cp_commit;
 using tsct::sm80::cp_wait;
 using tsct::sm80::ldsm4;
@@ -139,23 +140,43 @@ __device__ __forceinline__ void dz_body(const DzParams& p, const Walk& w, unsign
     rb[h] = g - sh[h];
   }
 
+  // A row whose every full step's chunks lie inside dy (all rows but those at its very end) is copied without a
+  // size clamp; chunk 8 only where the row does not start on a chunk boundary. Per-thread shared addresses of
+  // stage 0 (a stage adds TILE_EL elements, the second row / column half 32 rows).
+  bool plain[2];
+#pragma unroll
+  for (int h = 0; h < 2; ++h) plain[h] = rv[h] && rb[h] + f + 8 <= p.total;
+  const uint32_t ydst = smem_u32(raw + r0 * LD + j * 8);
+  const uint32_t wdst = smem_u32(wdb + wc * LD + j * 8);
+  const bf16* wsrc = p.wd + ebase + (size_t)wc * 64 + j * 8;
+
   // async loads of step `it` into stage it % ST (always commits a group)
   auto issue = [&](int it) {
     if (it < w.nitems) {
       const int c0 = (w.stepbeg + it) * 64;
       const int ncols = min(64, f - c0);
       const int stg = it % ST;
-      bf16* rbuf = raw + stg * TILE_EL;
-      bf16* wbuf = wdb + stg * TILE_EL;
+      const uint32_t so = stg * (TILE_EL * 2);
+      if (ncols == 64) {  // a full step (all but a slice's last when 64 does not divide f): no column bound
+        const bf16* ws = wsrc + (size_t)c0 * 64;
+        cp_async16_full(wdst + so, ws);
+        cp_async16_full(wdst + so + 32 * LD * 2, ws + 32 * 64);
+      } else {
 #pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        const int n = c0 + wc + 32 * h;
-        const bf16* src = p.wd + ebase + (size_t)min(n, f - 1) * 64 + j * 8;
-        cp_async16(smem_u32(wbuf + (wc + 32 * h) * LD + j * 8), src, n < f ? 16 : 0);  // 0: zero-fill
+        for (int h = 0; h < 2; ++h) {
+          const int n = c0 + wc + 32 * h;
+          const bf16* src = p.wd + ebase + (size_t)min(n, f - 1) * 64 + j * 8;
+          cp_async16(wdst + so + h * (32 * LD * 2), src, n < f ? 16 : 0);  // 0: zero-fill
+        }
       }
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
-        if (rv[h]) {
+        const uint32_t d = ydst + so + h * (32 * LD * 2);
+        if (ncols == 64 && plain[h]) {
+          const bf16* src = p.dy + rb[h] + c0 + j * 8;
+          cp_async16_full(d, src);
+          if (j == 0 && sh[h]) cp_async16_full(d + 128, src + 64);
+        } else if (rv[h]) {
           const long long a0 = rb[h] + c0;
 #pragma unroll
           for (int q = 0; q < 2; ++q) {
@@ -164,8 +185,7 @@ __device__ __forceinline__ void dz_body(const DzParams& p, const Walk& w, unsign
               if (8 * cj < sh[h] + ncols) {
                 const long long a = a0 + 8 * cj;
                 const long long rem = p.total - a;
-                cp_async16(smem_u32(rbuf + (r0 + 32 * h) * LD + cj * 8), p.dy + a,
-                           rem >= 8 ? 16 : (int)rem * 2);
+                cp_async16(d + (cj - j) * 16, p.dy + a, rem >= 8 ? 16 : (int)rem * 2);
               }
             }
           }
@@ -250,6 +270,13 @@ __device__ __forceinline__ void dz_body(const DzParams& p, const Walk& w, unsign
   const int h2 = warp >> 2, nq = warp & 3;  // dz: m-tiles {h2, h2+2}, k cols nq*16 .. +15
   const int mq = warp & 3, kh = warp >> 2;  // dW: n tile mq*16 .. +15, k cols kh*32 .. +31
   const int nmt = (w.R + 15) >> 4;
+  // the lane's byte offsets of its ldmatrix rows in a tile (kc, mi and np add immediates), kept in registers: the
+  // empty asm stops the compiler from recomputing them from the thread index at every use (it did, at 80 registers)
+  uint32_t o_za = ((h2 * 16 + (li & 1) * 8 + lr) * LD + (li >> 1) * 8) * 2;  // dz A: dY rows
+  uint32_t o_zb = (((li & 1) * 8 + lr) * LD + nq * 16 + (li >> 1) * 8) * 2;  // dz B: w_down
+  uint32_t o_wa = (((li >> 1) * 8 + lr) * LD + mq * 16 + (li & 1) * 8) * 2;  // dW A: dY^T
+  uint32_t o_wb = (((li & 1) * 8 + lr) * LD + kh * 32 + (li >> 1) * 8) * 2;  // dW B: zw
+  asm volatile("" : "+r"(o_za), "+r"(o_zb), "+r"(o_wa), "+r"(o_wb));
 
   float accz[2][2][4];
   float accw[4][4];
@@ -286,15 +313,13 @@ __device__ __forceinline__ void dz_body(const DzParams& p, const Walk& w, unsign
       for (int kc = 0; kc < 4; ++kc) {
         if (kc < nkc) {
           uint32_t b0, b1, b2, b3;
-          ldsm4<true>(wb_s + ((kc * 16 + (li & 1) * 8 + lr) * LD + nq * 16 + (li >> 1) * 8) * 2, b0, b1,
-                 b2, b3);
+          ldsm4<true>(wb_s + o_zb + kc * (16 * LD * 2), b0, b1, b2, b3);
 #pragma unroll
           for (int mi = 0; mi < 2; ++mi) {
             const int mt = h2 + 2 * mi;
             if (mt < nmt) {
               uint32_t a0, a1, a2, a3;
-              ldsm4<false>(rs + ((mt * 16 + (li & 1) * 8 + lr) * LD + kc * 16 + (li >> 1) * 8) * 2, a0, a1,
-                    a2, a3);
+              ldsm4<false>(rs + o_za + mi * (32 * LD * 2) + kc * 32, a0, a1, a2, a3);
               mma_bf16_16816(accz[mi][0], a0, a1, a2, a3, b0, b1);
               mma_bf16_16816(accz[mi][1], a0, a1, a2, a3, b2, b3);
             }
@@ -315,13 +340,11 @@ __device__ __forceinline__ void dz_body(const DzParams& p, const Walk& w, unsign
       for (int kc = 0; kc < 4; ++kc) {
         if (kc < nmt) {
           uint32_t a0, a1, a2, a3;
-          ldsm4<true>(rs + ((kc * 16 + (li >> 1) * 8 + lr) * LD + mq * 16 + (li & 1) * 8) * 2, a0, a1, a2,
-                 a3);
+          ldsm4<true>(rs + o_wa + kc * (16 * LD * 2), a0, a1, a2, a3);
 #pragma unroll
           for (int np = 0; np < 2; ++np) {
             uint32_t b0, b1, b2, b3;
-            ldsm4<true>(zs_s + ((kc * 16 + (li & 1) * 8 + lr) * LD + kh * 32 + np * 16 + (li >> 1) * 8) * 2,
-                   b0, b1, b2, b3);
+            ldsm4<true>(zs_s + o_wb + kc * (16 * LD * 2) + np * 32, b0, b1, b2, b3);
             mma_bf16_16816(accw[2 * np], a0, a1, a2, a3, b0, b1);
             mma_bf16_16816(accw[2 * np + 1], a0, a1, a2, a3, b2, b3);
           }
