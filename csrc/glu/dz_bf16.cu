@@ -150,12 +150,11 @@ __device__ __forceinline__ void dz_body(const DzParams& p, const Walk& w, unsign
   const uint32_t wdst = smem_u32(wdb + wc * LD + j * 8);
   const bf16* wsrc = p.wd + ebase + (size_t)wc * 64 + j * 8;
 
-  // async loads of step `it` into stage it % ST (always commits a group)
-  auto issue = [&](int it) {
+  // async loads of step `it` into stage `stg` (= it % ST; always commits a group)
+  auto issue = [&](int it, int stg) {
     if (it < w.nitems) {
       const int c0 = (w.stepbeg + it) * 64;
       const int ncols = min(64, f - c0);
-      const int stg = it % ST;
       const uint32_t so = stg * (TILE_EL * 2);
       if (ncols == 64) {  // a full step (all but a slice's last when 64 does not divide f): no column bound
         const bf16* ws = wsrc + (size_t)c0 * 64;
@@ -195,24 +194,19 @@ __device__ __forceinline__ void dz_body(const DzParams& p, const Walk& w, unsign
     cp_commit();
   };
 
-  // realign step `it`'s rows in place (this thread's rows, chunk j), zero-masked past R / ncols
-  auto realign = [&](int it) {
-    const int c0 = (w.stepbeg + it) * 64;
-    const int ncols = min(64, f - c0);
-    const int stg = it % ST;
-    const int R16 = (w.R + 15) & ~15;
+  const int R16 = (w.R + 15) & ~15;  // rows realigned (zeros past R): whole 16-row m tiles
+  // realign step `it` (in stage `stg`)'s rows in place (this thread's rows, chunk j), zero-masked past R / ncols
+  auto realign = [&](int it, int stg) {
+    const int nv = min(64, f - (w.stepbeg + it) * 64) - j * 8;
     uint32_t* rb32 = reinterpret_cast<uint32_t*>(raw + stg * TILE_EL);
     uint4 o[2];
-    const int nv = ncols - j * 8;
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
-      const int row = r0 + 32 * h;
       o[h] = make_uint4(0, 0, 0, 0);
-      const int s = rv[h] ? sh[h] : -1;  // -1: zero row
-      if (row < w.R && nv > 0 && s >= 0) {
-        const uint32_t* q = rb32 + row * (LD / 2) + (s >> 1) + j * 4;
+      if (rv[h] && nv > 0) {  // rv: a row of the tile (< R) with a valid index
+        const uint32_t* q = rb32 + (r0 + 32 * h) * (LD / 2) + (sh[h] >> 1) + j * 4;
         const uint32_t x0 = q[0], x1 = q[1], x2 = q[2], x3 = q[3], x4 = q[4];
-        const int b = (s & 1) * 16;
+        const int b = (sh[h] & 1) * 16;
         o[h].x = __funnelshift_r(x0, x1, b);
         o[h].y = __funnelshift_r(x1, x2, b);
         o[h].z = __funnelshift_r(x2, x3, b);
@@ -260,10 +254,10 @@ __device__ __forceinline__ void dz_body(const DzParams& p, const Walk& w, unsign
     }
   }
 #pragma unroll
-  for (int q = 0; q < ST - 1; ++q) issue(q);
+  for (int q = 0; q < ST - 1; ++q) issue(q, q);
   cp_wait<ST - 2>();
   __syncthreads();
-  realign(0);
+  realign(0, 0);
 
   const int li = lane >> 3, lr = lane & 7;  // ldmatrix: matrix id, row in matrix
   const int g = lane >> 2, t = lane & 3;    // mma fragment coords
@@ -290,10 +284,12 @@ __device__ __forceinline__ void dz_body(const DzParams& p, const Walk& w, unsign
   int pend_c0 = -1;  // a dW tile staged in os[pend_b] waiting for its global store
   int pend_b = 0;
 
-  for (int it = 0; it < w.nitems; ++it) {
+  // stg = it % ST, kept as a counter (no division per step)
+  for (int it = 0, stg = 0; it < w.nitems; ++it, stg = stg + 1 == ST ? 0 : stg + 1) {
     const int c0 = (w.stepbeg + it) * 64;
     const int ncols = min(64, f - c0);
-    const int stg = it % ST;
+    const int nxt = stg + 1 == ST ? 0 : stg + 1;
+    const int prv = stg == 0 ? ST - 1 : stg - 1;  // (it + ST - 1) % ST
 
     cp_wait<ST - 3>();  // this thread's copies of step it + 1 landed
     __syncthreads();    // ... everyone's; step it realigned; step it - 1 fully consumed
@@ -301,8 +297,8 @@ __device__ __forceinline__ void dz_body(const DzParams& p, const Walk& w, unsign
       store_dw(pend_b, pend_c0);
       pend_c0 = -1;
     }
-    if (it + 1 < w.nitems) realign(it + 1);
-    issue(it + ST - 1);
+    if (it + 1 < w.nitems) realign(it + 1, nxt);
+    issue(it + ST - 1, prv);
 
     // ---- dz: accz[rows, k] += dY[rows, n] @ wd[n, k]
     const uint32_t rs = smem_u32(raw + stg * TILE_EL);
