@@ -156,7 +156,7 @@ __device__ __forceinline__ void dz_body(const DzParams& p, const Walk& w, unsign
       const int c0 = (w.stepbeg + it) * 64;
       const int ncols = min(64, f - c0);
       const uint32_t so = stg * (TILE_EL * 2);
-      if (ncols == 64) {  // a full step (all but a slice's last when 64 does not divide f): no column bound
+      if (ncols == 64) {  // a full step (every one but the last of f when 64 does not divide f): no column bound
         const bf16* ws = wsrc + (size_t)c0 * 64;
         cp_async16_full(wdst + so, ws);
         cp_async16_full(wdst + so + 32 * LD * 2, ws + 32 * 64);
