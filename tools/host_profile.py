@@ -10,6 +10,8 @@ CPU. Shapes are small (their CPU compute is then negligible; the host's work per
 shape). It prints, per format:
 
   * the wall time per pass on this CPU (Python, torch's dispatcher, small CPU ops; no CUDA driver calls),
+  * the replay floor: the same pass's torch ops (as allocations), cubin launches and native calls alone, in a loop
+    (``_replay_floor``): what its Python layers cost is the difference,
   * torch ops per pass (top-level ``aten::`` calls: each is a CUDA kernel or an allocator call on a GPU, ~4-10 us of
     host time there), kernel launches per pass (AOT cubins and native entries),
   * with ``--cprofile``, the functions that take the most of it.
@@ -32,15 +34,18 @@ import sys
 import time
 import types
 from collections import Counter
+from typing import Optional
 
 import torch
 
 
 class _FakeLib:
-    """The native library's stand-in: every entry point returns 0 (success) at once and is counted."""
+    """The native library's stand-in: every entry point returns 0 (success) at once and is counted (and, while
+    ``log`` is a list, appended to it with its arguments)."""
 
     def __init__(self):
         self.calls: Counter = Counter()
+        self.log: Optional[list] = None
 
     def __getattr__(self, name):
         if name.startswith("__"):
@@ -48,6 +53,8 @@ class _FakeLib:
 
         def entry(*args, _name=name):
             self.calls[_name] += 1
+            if self.log is not None:
+                self.log.append((_name, args))
             return 0
 
         setattr(self, name, entry)
@@ -192,6 +199,44 @@ def _pass(fmt: str, backward: bool, t: int = 256, e: int = 16, d: int = 256, r: 
     return step
 
 
+def _replay_floor(step, lib: _FakeLib, ops: int, passes: int) -> float:
+    """Host microseconds per pass of what no Python above the kernels can remove, replayed in a loop: ``ops`` torch
+    ops (each as a small allocation, the cheapest kind), the pass's cubin launches with the values they had
+    (``AotKernel.launch``: the argument packing and the native call) and its native-library calls. A pass's host time
+    minus this is what its Python layers (checks, dispatch, autograd glue, resolving each launch) cost: the most a
+    cached launch sequence per call signature could save. Best of three rounds of ``passes``."""
+    from tsct.kernels import aot
+
+    launches, natives = [], []
+    real = aot.AotKernel.launch
+    aot.AotKernel.launch = lambda k, grid, values, stream: launches.append((k, tuple(grid), list(values), stream))
+    lib.log = natives
+    try:
+        step()
+    finally:
+        aot.AotKernel.launch = real
+        lib.log = None
+    entries = [(getattr(lib, name), args) for name, args in natives]
+
+    def replay():
+        for _ in range(ops):
+            torch.empty(64)
+        for k, grid, values, stream in launches:
+            real(k, grid, values, stream)
+        for fn, args in entries:
+            fn(*args)
+
+    for _ in range(5):
+        replay()
+    best = float("inf")
+    for _ in range(3):
+        t0 = time.perf_counter()
+        for _ in range(passes):
+            replay()
+        best = min(best, (time.perf_counter() - t0) / passes * 1e6)
+    return best
+
+
 def _top_level_ops(step) -> int:
     from torch.profiler import ProfilerActivity, profile
 
@@ -237,8 +282,9 @@ def main(argv=None) -> int:
                 launches = calls.pop("tsct_triton_launch", 0) / a.passes
                 native_calls = sum(calls.values()) / a.passes
                 ops = _top_level_ops(step)
+                floor = _replay_floor(step, lib, ops, a.passes)
                 name = f"{fmt} {'forward+backward' if bwd else 'forward'}"
-                rows.append((name, us, ops, launches, native_calls))
+                rows.append((name, us, floor, ops, launches, native_calls))
                 if a.cprofile:
                     pr = cProfile.Profile()
                     pr.enable()
@@ -247,9 +293,9 @@ def main(argv=None) -> int:
                     pr.disable()
                     print(f"== {name}: 50 passes")
                     pstats.Stats(pr, stream=sys.stdout).sort_stats(a.sort).print_stats(int(os.environ.get("HP_ROWS", "25")))
-    print(f"{'pass':<26}{'host us':>10}{'torch ops':>11}{'AOT launches':>14}{'native calls':>14}")
-    for name, us, ops, launches, native_calls in rows:
-        print(f"{name:<26}{us:>10.0f}{ops:>11d}{launches:>14.1f}{native_calls:>14.1f}")
+    print(f"{'pass':<26}{'host us':>10}{'replay us':>11}{'torch ops':>11}{'AOT launches':>14}{'native calls':>14}")
+    for name, us, floor, ops, launches, native_calls in rows:
+        print(f"{name:<26}{us:>10.0f}{floor:>11.0f}{ops:>11d}{launches:>14.1f}{native_calls:>14.1f}")
     return 0
 
 
