@@ -17,8 +17,8 @@
 # Knobs: OUT, WHEEL_DIR, NO_INSTALL, OVERLAY, TAIL; COMMIT (recorded by tsct-bench); CFG (TSCT_TRITON_GLU_CFG of the
 # test, sweep and bench steps, e.g. CFG=warps_up_lb=8); CUDA_KERNELS (TSCT_CUDA_KERNELS of every step, e.g.
 # CUDA_KERNELS=none: the Triton kernels where sm_90a takes CUDA ones); ARMS, FORMATS (bench); CFGS, CUDA_SWEEP,
-# SWEEP_ARMS (sweep); RUNS, SHAPES (wheel-ab; SHAPES also bwd-ab); GLU_K (pytest -k of stage glu); T_<STEP> (seconds,
-# the step's timeout: T_LOWBIT=200 ...).
+# SWEEP_ARMS (sweep, hostprof, hostprof-ab); RUNS (wheel-ab, hostprof-ab), SHAPES (wheel-ab, bwd-ab), ROUNDS
+# (hostprof-ab); GLU_K (pytest -k of stage glu); T_<STEP> (seconds, the step's timeout: T_LOWBIT=200 ...).
 set -u -o pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 OUT=${OUT:-/tmp/tsct_out}
@@ -81,6 +81,8 @@ perf           device time per kernel and CUDA-graph replay of the b1 passes (to
 sweep          scripts/pass_profile.py sweep: per-kernel device time for each config in $CFGS and each
                TSCT_CUDA_KERNELS setting in $CUDA_SWEEP (default none;auto) -> sweep.json
 hostprof       scripts/pass_profile.py host: host issue time per eager call and its cProfile tables
+hostprof-ab    the same host time on wheels built here and carried (RUNS="DIR ...", as wheel-ab), interleaved over
+               $ROUNDS rounds (default 2)
 bwd            the backward at scale and the bmm path on the wheel: test_bwd_scale_gpu.py (skew, E 16384, T 65536,
                bits twice, two chunk sizes), test_glu_dz_native_gpu.py, test_bmm_gpu.py
 bmmprof        tools/bmm_profile.py: the bmm path's eager calls (host read, kernels, device time) and its decode
@@ -375,6 +377,16 @@ for (shape, arm), by in rows.items():
 PY
 }
 
+# wheel_site DIR: the tsct wheel in the checkout folder DIR unpacked once into /tmp/wheel_ab/<DIR> (imported through
+# PYTHONPATH; one install per folder, two may share a basename); SITE is that folder, empty when the install failed
+# (a failed step of the summary)
+wheel_site() {
+  SITE="/tmp/wheel_ab/${1//[^A-Za-z0-9._-]/_}"
+  [[ -d "$SITE" ]] && return 0
+  step "install-${SITE##*/}" 120 python3 -m pip install -q --no-deps --no-index --target "$SITE" "$ROOT/$1"/tsct-*.whl
+  [[ ${RC[install-${SITE##*/}]} == rc=0* ]] || { rm -rf "$SITE"; SITE=""; }
+}
+
 stage_wheel-ab() {
   # the same timer on installed wheels, interleaved in one process tree: RUNS="DIR[:OPT...] ...", DIR a folder of the
   # checkout holding one tsct wheel (each unpacked once into /tmp, imported through PYTHONPATH); OPT: p (also the
@@ -383,15 +395,11 @@ stage_wheel-ab() {
   local timer="$ROOT/scripts/bwd_scale_timing.py" i=0 spec
   rm -f "$OUT"/time_*.json
   for spec in ${RUNS:?"RUNS=\"DIR[:OPT...] ...\" names the wheels (stage wheel-ab)"}; do
-    local parts w o lab site prof="" cuda=auto shapes=${SHAPES:-b1,b1_zipf12,e4096,e16384} cfg=""
+    local parts w o lab prof="" cuda=auto shapes=${SHAPES:-b1,b1_zipf12,e4096,e16384} cfg=""
     IFS=: read -r -a parts <<< "$spec"
     w=${parts[0]}; i=$((i + 1)); lab=${w//\//-}
-    site="/tmp/wheel_ab/${w//[^A-Za-z0-9._-]/_}"  # one install per carried folder (two may share a basename)
-    if [[ ! -d "$site" ]]; then  # a failed install is a failed step of the summary
-      step "install-${site##*/}" 120 python3 -m pip install -q --no-deps --no-index --target "$site" \
-        "$ROOT/$w"/tsct-*.whl
-      [[ ${RC[install-${site##*/}]} == rc=0* ]] || { rm -rf "$site"; continue; }
-    fi
+    wheel_site "$w"
+    [[ -n $SITE ]] || continue
     for o in "${parts[@]:1}"; do
       case $o in
         p) prof=--profile ;;
@@ -402,10 +410,28 @@ stage_wheel-ab() {
       esac
     done
     lab="$i-${lab//[^A-Za-z0-9-]/-}"
-    step "ab-$lab" 200 env PYTHONPATH="$site" TSCT_CUDA_KERNELS=$cuda \
+    step "ab-$lab" 200 env PYTHONPATH="$SITE" TSCT_CUDA_KERNELS=$cuda \
       TSCT_TRITON_GLU_CFG="$cfg" python3 "$timer" --label "$lab" --shapes "$shapes" $prof --json "$OUT/time_$lab.json"
   done
   ab_table
+}
+
+stage_hostprof-ab() {
+  # the hostprof stage's host time of an eager pass on wheels built here and carried (RUNS="DIR ...", as wheel-ab),
+  # interleaved over $ROUNDS rounds (default 2), arms $SWEEP_ARMS; then each run's per-arm lines
+  local r w f
+  rm -f "$OUT"/hostprof-ab-*.log
+  for r in $(seq "${ROUNDS:-2}"); do
+    for w in ${RUNS:?"RUNS=\"DIR ...\" names the wheels (stage hostprof-ab)"}; do
+      wheel_site "$w"
+      [[ -n $SITE ]] || continue
+      step "hostprof-ab-$r-${w//[^A-Za-z0-9-]/-}" 150 env PYTHONPATH="$SITE" python3 "$ROOT/scripts/pass_profile.py" \
+        host --arms "${SWEEP_ARMS:-nvfp4,sign,bf16-kmajor}" --n 30 --top 0
+    done
+  done
+  for f in "$OUT"/hostprof-ab-*.log; do
+    [[ -f $f ]] && { echo "${f##*/}"; grep -E "^== |isolated" "$f"; }
+  done
 }
 
 stage_bwd-ab() {
@@ -468,7 +494,7 @@ done
 # the stages that run the source tree through Triton JIT need no wheel: install only if another stage is asked for
 needs_wheel=""
 for s in "$@"; do
-  [[ $s == glu-jit || $s == bwd-ab || $s == wheel-ab || $s == bwd-chunks ]] || needs_wheel=1
+  [[ $s == glu-jit || $s == bwd-ab || $s == wheel-ab || $s == hostprof-ab || $s == bwd-chunks ]] || needs_wheel=1
 done
 if [[ -z ${NO_INSTALL:-} && -n $needs_wheel ]]; then
   install_wheel
