@@ -204,7 +204,7 @@ def _replay_floor(step, lib: _FakeLib, ops: int, passes: int) -> float:
     ops (each as a small allocation, the cheapest kind), the pass's cubin launches with the values they had
     (``AotKernel.launch``: the argument packing and the native call) and its native-library calls. A pass's host time
     minus this is what its Python layers (checks, dispatch, autograd glue, resolving each launch) cost: the most a
-    cached launch sequence per call signature could save. Best of three rounds of ``passes``."""
+    cached launch sequence per call signature could save. Timed as the pass is (``_us_per_pass``)."""
     from tsct.kernels import aot
 
     launches, natives = [], []
@@ -226,15 +226,18 @@ def _replay_floor(step, lib: _FakeLib, ops: int, passes: int) -> float:
         for fn, args in entries:
             fn(*args)
 
+    return _us_per_pass(replay, passes)
+
+
+def _us_per_pass(fn, passes: int) -> float:
+    """Host microseconds per call of ``fn``: five calls to warm up, then ``passes`` calls timed together (the same
+    method for the pass and its replay, so the two columns compare)."""
     for _ in range(5):
-        replay()
-    best = float("inf")
-    for _ in range(3):
-        t0 = time.perf_counter()
-        for _ in range(passes):
-            replay()
-        best = min(best, (time.perf_counter() - t0) / passes * 1e6)
-    return best
+        fn()
+    t0 = time.perf_counter()
+    for _ in range(passes):
+        fn()
+    return (time.perf_counter() - t0) / passes * 1e6
 
 
 def _top_level_ops(step) -> int:
@@ -270,17 +273,13 @@ def main(argv=None) -> int:
         for fmt in a.fmt:
             for bwd in (False, True):
                 step = _pass(fmt, bwd)
-                for _ in range(5):
-                    step()
+                us = _us_per_pass(step, a.passes)
                 before = Counter(lib.calls)
-                t0 = time.perf_counter()
-                for _ in range(a.passes):
-                    step()
-                us = (time.perf_counter() - t0) / a.passes * 1e6
+                step()  # one more, counted: the same launches every pass
                 calls = Counter(lib.calls)
                 calls.subtract(before)
-                launches = calls.pop("tsct_triton_launch", 0) / a.passes
-                native_calls = sum(calls.values()) / a.passes
+                launches = float(calls.pop("tsct_triton_launch", 0))
+                native_calls = float(sum(calls.values()))
                 ops = _top_level_ops(step)
                 floor = _replay_floor(step, lib, ops, a.passes)
                 name = f"{fmt} {'forward+backward' if bwd else 'forward'}"
