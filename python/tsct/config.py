@@ -2,7 +2,8 @@
 default, meaning; the README's table is checked against it), the settings below read them.
 
 Settings of the process, changeable at run time (``tsct.config.check_values = False``); ``check_values``,
-``warn_fallbacks``, ``triton_glu_cfg`` and ``cuda_kernels`` are read from the environment once, at import,
+``warn_fallbacks``, ``eager_replay``, ``triton_glu_cfg`` and ``cuda_kernels`` are read from the environment once, at
+import,
 ``eager_direct`` and ``csr_side_stream`` are set in code only:
 
 ``check_values``: whether ``grouped_glu`` validates the VALUES of ``offs``, ``gather_idx`` and
@@ -18,6 +19,11 @@ always checked; they cost no sync; so are the values of CPU tensors (``values_ch
 ``torch.autograd.Function`` instead of the custom ops' dispatcher (same functions, same results; less
 host time per call). torch.compile, FakeTensor, tensor subclasses and dispatch modes always get the
 custom ops. ``tsct.config.eager_direct = False`` sends everything through the ops (``tsct.ops._eager``).
+
+``eager_replay``: a plain eager call (the ``eager_direct`` route) of a Triton path records what its first call of
+a signature (shapes, strides, dtypes, alignment, formats, configuration) allocates and launches, and later calls of
+that signature issue the same launches with their own tensors, skipping the path's host code
+(``tsct.kernels.replay``; same kernels and arguments, same bits). Off by default.
 
 ``csr_side_stream``: the forward of a GPU path with ``scatter_idx`` builds the combine's CSR (a stable sort of
 the targets, latency-bound small kernels) on a second, high-priority CUDA stream while the projections run on
@@ -70,6 +76,9 @@ VARIABLES: tuple[Variable, ...] = (
              "`sort_by_expert`'s unchanged outputs are never read back; `tsct.config.check_values`"),
     Variable("TSCT_WARN_FALLBACKS", "bool", "1", "`0`: do not warn on fallbacks (they are still counted); "
              "`tsct.config.warn_fallbacks`"),
+    Variable("TSCT_EAGER_REPLAY", "bool", "0", "`1`: plain eager calls of the Triton paths replay the launch "
+             "sequence recorded at the first call of their signature (same launches, less host time; "
+             "`tsct.kernels.replay`); `tsct.config.eager_replay`"),
     Variable("TSCT_TRITON_BACKEND", "auto\\|aot\\|jit", "auto", "Triton kernels from the installed cubins, else JIT "
              "(`auto`); cubins only; JIT only (read per call)"),
     Variable("TSCT_TRITON_GLU_CFG", "name=int,...", "(empty)", "override fields of the Triton tile configuration "
@@ -152,6 +161,7 @@ def _env_path(name: str) -> Optional[Path]:
 check_values: bool = _env_flag("TSCT_CHECK_VALUES", True)
 warn_fallbacks: bool = _env_flag("TSCT_WARN_FALLBACKS", True)
 eager_direct: bool = True
+eager_replay: bool = _env_flag("TSCT_EAGER_REPLAY", False)
 csr_side_stream: bool = True
 triton_glu_cfg: str = os.environ.get("TSCT_TRITON_GLU_CFG", "")
 cuda_kernels: str = os.environ.get("TSCT_CUDA_KERNELS", "auto")

@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any, Optional, Sequence
 
 from tsct import config
+from tsct.kernels import record as _record
 from tsct.kernels.triton_common.specs import ARTIFACT_ARCH, PROXIES
 
 ENV_DIR = "TSCT_AOT_DIR"
@@ -221,6 +222,8 @@ class AotKernel:
         if gx <= 0 or gy <= 0 or gz <= 0:
             return
         handle = self._handle if self._handle is not None else self.handle()
+        if _record.log is not None and _record.active() is not None:  # tsct.kernels.replay
+            _record.log.append(("aot", self, (gx, gy, gz), list(values), stream))
         if len(values) != self._n_user:
             pack_args(self.params, values)  # raises with the counts
         with self._launch_lock:

@@ -31,7 +31,7 @@ import torch
 from torch import Tensor
 
 from tsct import config
-from tsct.kernels import aot
+from tsct.kernels import aot, record
 from tsct.native._ops import current_stream as _stream_of_index
 
 BACKEND_ENV = "TSCT_TRITON_BACKEND"
@@ -92,6 +92,8 @@ def current_stream(dev: torch.device) -> int:
 
 
 _UNRESOLVED = object()
+#: every Family made (their launch counts: ``tsct.kernels.replay`` repeats a recorded call's)
+FAMILIES: list = []
 
 
 class _Resolved:
@@ -128,6 +130,7 @@ class Family:
         self._generation: tuple = ()  # (aot.generation, aot.kernel, aot.artifact_arch) the caches were built on
         self._lock = threading.Lock()
         self.counts: collections.Counter = collections.Counter()  # (backend, kernel) -> launches
+        FAMILIES.append(self)
 
     def backend_counts(self) -> dict[tuple[str, str], int]:
         with self._lock:
@@ -200,6 +203,9 @@ class Family:
             elif mode == "aot" or not triton_importable():
                 raise RuntimeError(f"tsct {self.name}: no AOT cubins for compute capability {cap[0]}.{cap[1]}"
                                    + ("" if mode == "aot" else "; and Triton is not importable (JIT)"))
+        log = record.active()
+        if log is not None:  # a JIT launch cannot be replayed (tsct.kernels.replay)
+            log.append(("jit", kernel))
         K = importlib.import_module(self.jit_module)
         jit_consts = getattr(self.specs, "jit_consts", None)
         if jit_consts is not None and not config.triton_interpret():  # the interpreter compiles nothing

@@ -15,6 +15,7 @@ import functools
 import torch
 from torch import Tensor
 
+from tsct.kernels import record as _record
 from tsct.native._loader import error_message, get_lib
 
 LAYOUTS = {"linear": 0, "swizzled_128x4": 1}
@@ -93,6 +94,8 @@ def _call(fn: str, device: torch.device, *args: object) -> None:
     lib = get_lib()
     current = torch.cuda.current_device()
     index = device.index if device.index is not None else current
+    if _record.log is not None and _record.active() is not None:  # tsct.kernels.replay
+        _record.log.append(("native", fn, device, args, current_stream(index)))
     if index == current:
         rc = getattr(lib, fn)(*args, ctypes.c_void_p(current_stream(index)))
     else:

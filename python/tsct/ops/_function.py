@@ -25,14 +25,17 @@ are the gradients' names) and the rest as ``Call``.
 
 from __future__ import annotations
 
+import functools
 from itertools import islice
-from typing import NamedTuple, Optional
+from typing import NamedTuple, Optional, Sequence
 
 import torch
 from torch import Tensor
 
-from tsct import dispatch
+from tsct import config, dispatch
+from tsct.kernels import replay
 from tsct.kernels.layout import is_kmajor
+from tsct.kernels.triton_common import runtime as C
 from tsct.ops import _eager, _factors, _select
 
 OP_NAME = "tsct::grouped_glu"
@@ -99,11 +102,33 @@ def forward(inputs: Inputs, call: Call, save: bool = True, trusted: bool = False
     ``trusted``, ``factors``: an eager call's records and its factors (``_path_args``)."""
     mod = dispatch.implementation(call.impl)
     fwd_saved = getattr(mod, "grouped_glu_forward_saved", None) if save else None
+    fn = fwd_saved or mod.grouped_glu_forward
+    args = _path_args(inputs, call, trusted, factors)
     with _eager.on_device(inputs.x.device):
-        if fwd_saved is None:
-            return mod.grouped_glu_forward(*_path_args(inputs, call, trusted, factors)), []
-        out, saved = fwd_saved(*_path_args(inputs, call, trusted, factors))
+        if trusted and config.eager_replay and getattr(mod, "REPLAYABLE", False):
+            res = replay.call(fn, args, _replay_tensors(inputs, call), _replay_extra(call, args, save))
+        else:
+            res = fn(*args)
+    if fwd_saved is None:
+        return res, []
+    out, saved = res
     return out, list(saved)
+
+
+def _replay_tensors(inputs: Inputs, call: Call, *first: Tensor, saved: Sequence[Tensor] = ()) -> list:
+    """Every tensor a path may touch in an eager call (``tsct.kernels.replay``): ``first`` (the backward's grad_out),
+    the inputs, the factors' storage, what the backward saved and the CSRs linked to the routing's indices."""
+    r = call.routing
+    m = (r.gather_idx if r.gather_idx is not None else inputs.x).shape[0]
+    links = C.linked_tensors(r.offs, r.gather_idx, r.scatter_idx, m, r.num_out_rows, inputs.x.shape[0])
+    return [*first, inputs.x, r.offs, r.gather_idx, r.scatter_idx, inputs.s_gate, inputs.s_up, r.row_weight,
+            *inputs[1:4], *call.storage, *saved, *links]
+
+
+def _replay_extra(call: Call, args: tuple, *more) -> tuple:
+    """The signature's other parts: path, formats, output rows, the factors' logical shapes and the caller's."""
+    shapes = tuple(None if isinstance(w, Tensor) else (w.batch, w.k, w.n) for w in args[2:5])
+    return (call.impl, call.formats, call.routing.num_out_rows, shapes, *more)
 
 
 def backward(grad_out: Tensor, inputs: Inputs, call: Call, needs: Inputs, saved: list,
@@ -115,7 +140,12 @@ def backward(grad_out: Tensor, inputs: Inputs, call: Call, needs: Inputs, saved:
     mod = dispatch.implementation(call.impl)
     args = (grad_out, *_path_args(inputs, call, trusted), list(needs))
     with _eager.on_device(inputs.x.device):
-        grads = mod.grouped_glu_backward(*args, saved=saved) if saved else mod.grouped_glu_backward(*args)
+        if trusted and config.eager_replay and getattr(mod, "REPLAYABLE", False):
+            grads = replay.call(functools.partial(mod.grouped_glu_backward, saved=saved or None), args,
+                                _replay_tensors(inputs, call, grad_out, saved=saved),
+                                _replay_extra(call, args[1:], tuple(needs), len(saved)))
+        else:
+            grads = mod.grouped_glu_backward(*args, saved=saved) if saved else mod.grouped_glu_backward(*args)
     out = []
     for name, g, t in zip(Inputs._fields, grads, inputs):
         if g is not None and name in FACTOR_NAMES and g.dtype != t.dtype:

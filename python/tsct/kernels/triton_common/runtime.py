@@ -36,6 +36,7 @@ from tsct.kernels.triton_common.specs import Config
 __all__ = ["ARCH_CONFIGS", "CONFIG", "overridden", "kernel_arch", "tile_config", "cuda_kernel", "FAMILY",
            "backend_counts", "launch_kernel", "cdiv", "device_props", "device_capability", "aligned_launch",
            "native_smem_ok", "scales_f32", "scales_in", "as_f32", "as_i64", "tile_cum", "link_csr", "linked_csr",
+           "linked_tensors",
            "build_csr", "csr_overlap", "combine", "combine_forward", "dx_csr", "zero_tail", "zero_saved_tails",
            "saved_like_r", "BwdPlan", "chunk_size", "bwd_plan", "chunked_programs", "dwd_chunks", "dw_chunks",
            "bwd_epilogue", "scale_grads", "dx_from_rows"]
@@ -57,21 +58,27 @@ ARCH_CONFIGS: dict[str, Config] = _arch_configs()
 CONFIG = ARCH_CONFIGS[specs.DEFAULT_ARCH_CONFIG]
 
 
+#: bumped whenever ``overridden`` changes the tile configs (caches of launch choices key on it: tsct.kernels.replay)
+config_generation = 0
+
+
 @contextlib.contextmanager
 def overridden(spec: str):
     """Within the ``with`` block, every arch's tile config (and the JIT-only arches') with ``spec`` applied
     (``TSCT_TRITON_GLU_CFG``'s syntax, ``Config.update``): kernel development, tests. Not thread-safe; restored on
     exit. Raises ValueError for a bad item before anything changes."""
-    global CONFIG
+    global CONFIG, config_generation
     saved = dict(ARCH_CONFIGS), CONFIG
     changed = {a: c.update(spec) for a, c in ARCH_CONFIGS.items()}, CONFIG.update(spec)
     ARCH_CONFIGS.update(changed[0])
     CONFIG = changed[1]
+    config_generation += 1
     try:
         yield
     finally:
         ARCH_CONFIGS.update(saved[0])
         CONFIG = saved[1]
+        config_generation += 1
 
 
 def kernel_arch(cap: tuple[int, int]) -> Optional[str]:
@@ -318,6 +325,18 @@ def linked_csr(idx: Tensor, offs: Tensor, m: int, n_out: int) -> Optional[tuple[
         link.order.record_stream(stream)
         link.ptr.record_stream(stream)
     return link.order, link.ptr
+
+
+def linked_tensors(offs: Tensor, gather_idx: Optional[Tensor], scatter_idx: Optional[Tensor], m: int,
+                   num_out_rows: Optional[int], n_x: int) -> tuple:
+    """The CSRs ``link_csr`` linked to a call's index tensors that its combines may take (the forward's over
+    ``scatter_idx`` into ``num_out_rows``, the dX combine's over ``gather_idx`` into the ``n_x`` rows of x), None
+    where there is none: tensors a path reads besides its arguments (``tsct.kernels.replay``)."""
+    out: list = []
+    for idx, n in ((scatter_idx, num_out_rows), (gather_idx, n_x)):
+        link = linked_csr(idx, offs, m, n) if idx is not None and n is not None else None
+        out.extend(link if link is not None else (None, None))
+    return tuple(out)
 
 
 def build_csr(idx: Tensor, offs: Tensor, m: int, n_out: int, cap) -> tuple[Tensor, Tensor]:

@@ -22,6 +22,10 @@ from __future__ import annotations
 
 from typing import Optional
 
+#: sync-free, and its launches depend on the call's signature only: its eager calls may be replayed
+#: (tsct.kernels.replay)
+REPLAYABLE = True
+
 __all__ = ["grouped_glu_forward", "grouped_glu_forward_saved", "grouped_glu_backward", "saved_like", "status"]
 
 _FORMATS = ("bf16", "fp16")

@@ -1,0 +1,354 @@
+"""Eager calls replayed: a path's launch sequence recorded once per call signature, then issued again directly.
+
+An eager call's host time is mostly the Python between the public function and its kernels (argument handling,
+tile and kernel choices, resolving each launch's cubin, the backward's plan: docs/performance.md), not the
+launches. That Python depends only on the call's signature: shapes, strides, dtypes, which arguments are None,
+pointer alignment, which tensors alias, the factor formats, the GPU and the configuration. So the first call of a
+signature runs the path while recording what reaches the device:
+
+* the tensors it allocates (``torch.empty`` and relatives, seen through a ``TorchDispatchMode``),
+* its cubin launches (``tsct.kernels.aot``) and CUDA-row calls (``tsct.native``), with each pointer argument
+  resolved to (input or allocation, byte offset),
+* where its outputs live (an allocation, maybe as a view), and the launch counts it added.
+
+A later call with the same signature allocates the same tensors (those a launch or an output uses), issues the same
+launches with its own pointers on the current stream and returns the same views: the same kernels with the same
+arguments, so the same bits, for a fraction of the host time. A recording that sees anything else is not replayed
+(the signature runs the path every time): a torch op that computes (a copy, a sort, a fill), a Triton JIT launch, a
+launch on another stream than the caller's, a pointer to memory the call neither received nor allocated. Paths are
+sync-free (no host read of a device value), so nothing but the signature steers them.
+
+Off unless ``tsct.config.eager_replay`` (``TSCT_EAGER_REPLAY=1``); used by the eager route of ``tsct.ops`` only
+(``tsct.ops._function``), never under torch.compile, a CUDA graph capture or a dispatch mode.
+"""
+
+from __future__ import annotations
+
+import collections
+import ctypes
+import threading
+from typing import Any, Callable, NamedTuple, Optional, Sequence
+
+import torch
+from torch import Tensor
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from tsct import config
+from tsct.kernels import aot, launch, record
+from tsct.kernels.triton_common import runtime as C
+from tsct.native import _ops
+
+__all__ = ["call", "stats", "clear"]
+
+_aten = torch.ops.aten
+_MAX_PROGRAMS = 256  # signatures kept (a training loop has a handful: one per layer shape and direction)
+
+_lock = threading.Lock()
+_programs: dict = {}
+_stats = collections.Counter()
+
+
+class _Unreplayable:
+    __slots__ = ("reason",)
+
+    def __init__(self, reason: str):
+        self.reason = reason
+
+
+def stats() -> dict:
+    """{"recorded", "replayed", "unreplayable": calls} since process start (or ``clear``), and the reasons of the
+    signatures that are not replayed ({reason: signatures})."""
+    with _lock:
+        out = dict(_stats)
+        out["reasons"] = dict(collections.Counter(p.reason for p in _programs.values()
+                                                  if isinstance(p, _Unreplayable)))
+    return out
+
+
+def clear() -> None:
+    """Forget every recorded signature (tests; a changed environment is caught by the key already)."""
+    with _lock:
+        _programs.clear()
+        _stats.clear()
+
+
+def _key(tensors: Sequence[Optional[Tensor]], extra: tuple) -> tuple:
+    """The signature: per tensor its dtype, shape, strides, pointer alignment (mod 16) and the first earlier tensor at
+    the same address (aliasing); the caller's ``extra``; and what steers the paths besides their arguments."""
+    seen: dict = {}
+    parts = []
+    for i, t in enumerate(tensors):
+        if t is None:
+            parts.append(None)
+            continue
+        p = t.data_ptr()
+        parts.append((t.dtype, t.shape, t.stride(), p & 15, seen.setdefault(p, i)))
+    return (*parts, *extra, tensors[0].device, aot.generation, config.triton_backend(), config.cuda_kernels, config.csr_side_stream,
+            C.config_generation)
+
+
+class _Ops(TorchDispatchMode):
+    """Reports every torch op of a recording to its log, in issue order with the launches."""
+
+    def __init__(self, log: list):
+        super().__init__()
+        self.log = log
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        out = func(*args, **kwargs)
+        self.log.append(("op", func, args, kwargs, out))
+        return out
+
+
+class _Slot(NamedTuple):
+    """A tensor argument of a replayed step: tensor ``index`` of the replay (inputs first, then each step's
+    outputs)."""
+    index: int
+
+
+class _Program:
+    """What a replay does: the recorded torch ops (factories through their fast torch functions) and launches, in
+    order, on this call's tensors; then the result's structure."""
+
+    __slots__ = ("steps", "n_slots", "outputs", "counts")
+
+    def __init__(self, steps, n_slots, outputs, counts):
+        self.steps = steps      # [("new" | "zeros", slot, (shape, stride, dtype, device)) | ("op", func, args,
+        #                          kwargs, out slots) | ("aot", kernel, grid, template) | ("native", fn, device,
+        #                          template)]
+        self.n_slots = n_slots
+        self.outputs = outputs  # the result's structure over slots
+        self.counts = counts    # [(Family, Counter)]: the launch counts one call adds
+
+    def run(self, tensors: Sequence[Optional[Tensor]]):
+        slots = [*tensors, *([None] * (self.n_slots - len(tensors)))]
+        stream = None
+        for step in self.steps:
+            kind = step[0]
+            if kind == "new":
+                shape, stride, dtype, device = step[2]
+                slots[step[1]] = torch.empty_strided(shape, stride, dtype=dtype, device=device)
+            elif kind == "zeros":
+                shape, _, dtype, device = step[2]
+                slots[step[1]] = torch.zeros(shape, dtype=dtype, device=device)
+            elif kind == "op":
+                _, func, args, kwargs, outs = step
+                res = func(*_fill(args, slots), **_fill(kwargs, slots))
+                if isinstance(res, Tensor):
+                    slots[outs[0]] = res
+                else:
+                    for i, t in zip(outs, res):
+                        if i is not None:
+                            slots[i] = t
+            else:
+                values = [slots[v[0]].data_ptr() + v[1] if type(v) is tuple else v for v in step[3]]
+                if kind == "aot":
+                    if stream is None:
+                        stream = launch.current_stream(tensors[0].device)
+                    step[1].launch(step[2], values, stream)
+                else:
+                    _ops._call(step[1], step[2], *[ctypes.c_void_p(v) if i in step[3].pointers else v
+                                                   for i, v in enumerate(values)])
+        for fam, delta in self.counts:
+            with fam._lock:
+                fam.counts.update(delta)
+        return _fill(self.outputs, slots)
+
+
+class _Template(list):
+    """A launch's arguments: numbers as they are, pointers as (slot, byte offset); ``pointers``: the positions of
+    the pointer arguments of a CUDA-row call (passed as c_void_p)."""
+
+    __slots__ = ("pointers",)
+
+
+def _fill(spec, slots):
+    """``spec`` with each ``_Slot`` replaced by its tensor."""
+    if type(spec) is _Slot:
+        return slots[spec.index]
+    if type(spec) in (list, tuple):
+        return type(spec)(_fill(s, slots) for s in spec)
+    if type(spec) is dict:
+        return {k: _fill(v, slots) for k, v in spec.items()}
+    return spec
+
+
+def call(fn: Callable, args: Sequence[Any], tensors: Sequence[Optional[Tensor]], extra: tuple):
+    """``fn(*args)``, replayed when this signature was recorded before (``tensors``: every tensor ``fn`` may read or
+    write through its arguments, first the one whose device the launches use; ``extra``: the rest of the signature,
+    e.g. formats, sizes, flags, as hashables)."""
+    key = _key(tensors, extra)
+    prog = _programs.get(key)
+    if type(prog) is _Program:
+        _stats["replayed"] += 1
+        return prog.run(tensors)
+    if prog is not None or record.log is not None or not _lock.acquire(blocking=False):
+        # not replayable, or another thread records now: the path itself
+        _stats["unreplayable"] += 1
+        return fn(*args)
+    try:
+        out, prog = _record(fn, args, tensors)
+        if len(_programs) >= _MAX_PROGRAMS:
+            _programs.clear()
+        _programs[key] = prog
+        _stats["recorded"] += 1
+    finally:
+        _lock.release()
+    return out
+
+
+def _record(fn, args, tensors):
+    counts0 = [collections.Counter(f.counts) for f in launch.FAMILIES]
+    log: list = []
+    record.owner, record.log = threading.get_ident(), log
+    try:
+        with _Ops(log):
+            out = fn(*args)
+    finally:
+        record.log = record.owner = None
+    try:
+        prog = _program(out, tensors, log, counts0)
+    except _NotReplayable as e:
+        return out, _Unreplayable(str(e))
+    return out, prog
+
+
+class _NotReplayable(Exception):
+    pass
+
+
+_FACTORIES = {**{f: "new" for f in (_aten.empty.memory_format, _aten.empty_strided.default, _aten.empty_like.default,
+                                    _aten.new_empty.default, _aten.new_empty_strided.default)},
+              **{f: "zeros" for f in (_aten.zeros.default, _aten.new_zeros.default, _aten.zeros_like.default)}}
+
+
+_SAME = frozenset({_aten.detach.default, _aten.alias.default})
+
+
+def _program(out, tensors, log, counts0) -> _Program:
+    slots: list[Tensor] = []        # every tensor of the recording, by slot (inputs first)
+    by_id: dict = {}                # id(tensor) -> slot
+    by_ptr: dict = {}               # data pointer -> first input there
+    fresh: list = []                # (storage start, end, slot) of the memory the call's ops made
+    for t in tensors:
+        if t is not None:
+            by_id.setdefault(id(t), len(slots))
+            by_ptr.setdefault(t.data_ptr(), len(slots))
+        slots.append(t)
+
+    def new_slot(t: Tensor, owns: bool) -> int:
+        i = len(slots)
+        slots.append(t)
+        by_id[id(t)] = i
+        if owns:  # new memory: a pointer into it is (this slot, offset)
+            st = t.untyped_storage()
+            fresh.append((st.data_ptr(), st.data_ptr() + st.nbytes(), i))
+        return i
+
+    def spec(a):
+        if isinstance(a, Tensor):
+            i = by_id.get(id(a))
+            if i is None:
+                raise _NotReplayable("a torch op on a tensor the call neither received nor made")
+            return _Slot(i)
+        if isinstance(a, (list, tuple)):
+            return type(a)(spec(x) for x in a)
+        if isinstance(a, dict):
+            return {k: spec(v) for k, v in a.items()}
+        return a
+
+    def pointer(p: int) -> tuple:
+        i = by_ptr.get(p)
+        if i is not None:
+            return (i, 0)
+        for lo, hi, j in fresh:
+            if lo <= p < hi:
+                return (j, p - slots[j].data_ptr())
+        raise _NotReplayable("a pointer to memory the call neither received nor allocated")
+
+    steps = []
+    for entry in log:
+        kind = entry[0]
+        if kind == "jit":
+            raise _NotReplayable(f"a Triton JIT launch ({entry[1]})")
+        if kind == "op":
+            _, func, args, kwargs, res = entry
+            fac = _FACTORIES.get(func)
+            if fac is not None:
+                if fac == "zeros" and not res.is_contiguous():
+                    raise _NotReplayable("a zero-filled allocation that is not contiguous")
+                steps.append([fac, new_slot(res, True), (tuple(res.shape), res.stride(), res.dtype, res.device)])
+                continue
+            a, kw = spec(args), spec(kwargs)
+            if func in _SAME:  # the same tensor to a replay (autograd's detach of a Function's new tensors)
+                by_id[id(res)] = a[0].index
+                continue
+            outs = [new_slot(t, not func.is_view) if isinstance(t, Tensor) else None
+                    for t in (res if isinstance(res, (list, tuple)) else (res,))]
+            steps.append(["op", func, a, kw, outs])
+            continue
+        if entry[-1] != launch.current_stream(tensors[0].device):  # the caller's stream, as it was and is
+            raise _NotReplayable("a launch on another stream than the caller's")
+        tpl = _Template()
+        tpl.pointers = set()
+        if kind == "aot":
+            _, k, grid, values, _ = entry
+            for v, ty in zip(values, (p["type"] for p in k.params)):
+                if ty.startswith("*") and v:
+                    tpl.append(pointer(int(v)))
+                elif isinstance(v, (int, float)) and not isinstance(v, bool):
+                    tpl.append(v)
+                else:
+                    raise _NotReplayable(f"a launch value {v!r} of type {ty}")
+            steps.append(["aot", k, grid, tpl])
+        else:
+            _, fn, device, cargs, _ = entry
+            for i, v in enumerate(cargs):
+                if isinstance(v, ctypes.c_void_p):
+                    tpl.pointers.add(i)
+                    tpl.append(pointer(v.value) if v.value else 0)
+                elif isinstance(v, int) and not isinstance(v, bool):
+                    tpl.append(v)
+                else:
+                    raise _NotReplayable(f"a native argument {v!r}")
+            steps.append(["native", fn, device, tpl])
+    outputs = spec(out)
+    steps = _live(steps, outputs)
+    counts = []
+    for fam, before in zip(launch.FAMILIES, counts0):
+        delta = collections.Counter({k: n - before.get(k, 0) for k, n in fam.counts.items() if n != before.get(k, 0)})
+        if delta:
+            counts.append((fam, delta))
+    return _Program([tuple(s) for s in steps], len(slots), outputs, counts)
+
+
+def _slots_in(spec, acc: set) -> set:
+    if type(spec) is _Slot:
+        acc.add(spec.index)
+    elif type(spec) in (list, tuple):
+        for s in spec:
+            _slots_in(s, acc)
+    elif type(spec) is dict:
+        for s in spec.values():
+            _slots_in(s, acc)
+    return acc
+
+
+def _live(steps: list, outputs) -> list:
+    """The steps that matter, in order: launches, torch ops that write their arguments, and the ops and allocations
+    whose tensors those or the result use (a view made only to take its pointer is not repeated)."""
+    need = _slots_in(outputs, set())
+    keep = []
+    for st in reversed(steps):
+        kind = st[0]
+        if kind in ("aot", "native"):
+            need.update(v[0] for v in st[3] if type(v) is tuple)
+        elif kind == "op":
+            if not (st[1]._schema.is_mutable or any(i in need for i in st[4] if i is not None)):
+                continue
+            _slots_in((st[2], st[3]), need)
+        elif st[1] not in need:
+            continue
+        keep.append(st)
+    return keep[::-1]

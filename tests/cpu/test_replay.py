@@ -1,0 +1,192 @@
+"""tsct.kernels.replay: a replayed call issues what the recorded one did, with the new call's tensors.
+
+Two levels: torch-only functions on the CPU (the replay must compute the new inputs' values, not repeat the recorded
+ones; what it cannot repeat runs the function every time), and the real eager pass of each Triton path on CPU
+tensors dressed as a 9.0 GPU (``tools/host_profile.py``'s stand-ins: the installed sm_90a cubin index resolves the
+launches, the native library is a stand-in that logs its calls), where the replayed pass must launch the same
+kernels with the same grids and arguments, pointers included up to renaming."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import pytest
+import torch
+
+from tsct import config
+from tsct.kernels import aot, replay
+from tsct.ops import _factors
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(autouse=True)
+def _fresh():
+    replay.clear()
+    yield
+    replay.clear()
+
+
+def _scaled_sum(x, w, out_rows):
+    # allocations, views, compute ops and an in-place write: all repeatable
+    out = torch.empty(out_rows, x.shape[1], dtype=x.dtype)
+    out.copy_((x * w.view(-1, 1)).cumsum(0)[:out_rows])
+    return out, [out.t(), torch.zeros(3, dtype=torch.int32)]
+
+
+def test_replay_computes_the_new_inputs():
+    g = torch.Generator().manual_seed(0)
+    calls = []
+
+    def fn(x, w):
+        calls.append(1)
+        return _scaled_sum(x, w, 5)
+
+    xs = [torch.randn(8, 4, generator=g) for _ in range(3)]
+    ws = [torch.rand(8, generator=g) + 0.5 for _ in range(3)]
+    for x, w in zip(xs, ws):
+        out, (view, zeros) = replay.call(fn, (x, w), [x, w], ("scaled", 5))
+        want = _scaled_sum(x, w, 5)[0]
+        assert torch.equal(out, want)
+        assert view.shape == (4, 5) and torch.equal(view, want.t())
+        assert torch.equal(zeros, torch.zeros(3, dtype=torch.int32))
+    assert len(calls) == 1  # recorded once, then replayed
+    st = replay.stats()
+    assert st["recorded"] == 1 and st["replayed"] == 2
+
+
+def test_replay_keys_on_the_signature():
+    g = torch.Generator().manual_seed(1)
+    seen = []
+
+    def fn(x):
+        seen.append(tuple(x.shape))
+        return x * 2
+
+    for shape in ((4, 3), (4, 3), (5, 3), (4, 3)):
+        x = torch.randn(*shape, generator=g)
+        assert torch.equal(replay.call(fn, (x,), [x], ()), x * 2)
+    x = torch.randn(3, 4, generator=g).t()  # the same shape, other strides
+    assert torch.equal(replay.call(fn, (x,), [x], ()), x * 2)
+    assert seen == [(4, 3), (5, 3), (4, 3)]
+    # the extra part of the key too
+    y = torch.randn(4, 3, generator=g)
+    replay.call(fn, (y,), [y], ("other",))
+    assert len(seen) == 4
+
+
+def test_aliasing_is_part_of_the_key():
+    g = torch.Generator().manual_seed(2)
+    n = []
+
+    def fn(a, b):
+        n.append(1)
+        return a + b
+
+    a, b = torch.randn(6, generator=g), torch.randn(6, generator=g)
+    replay.call(fn, (a, b), [a, b], ())
+    out = replay.call(fn, (a, a), [a, a], ())  # the same tensor twice: another signature
+    assert torch.equal(out, a + a) and len(n) == 2
+
+
+def test_what_cannot_be_repeated_runs_every_time():
+    g = torch.Generator().manual_seed(3)
+    hidden = torch.randn(4, generator=g)  # a tensor the call does not declare
+    n = []
+
+    def fn(x):
+        n.append(1)
+        return x + hidden
+
+    for _ in range(3):
+        x = torch.randn(4, generator=g)
+        assert torch.equal(replay.call(fn, (x,), [x], ()), x + hidden)
+    assert len(n) == 3
+    assert replay.stats()["reasons"] == {"a torch op on a tensor the call neither received nor made": 1}
+
+
+def _harness():
+    spec = importlib.util.spec_from_file_location("tsct_host_profile_tool", ROOT / "tools" / "host_profile.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def _canonical(log, inputs: set, internal: bool):
+    """Launches with the pass's own tensors' addresses (``inputs``) as they are and every other pointer renamed by its
+    first appearance within its segment (one replayed call, whose tensors stay alive to its end; another call may
+    reuse their addresses), or with ``internal`` False just "new": the plain path frees and reuses memory within a
+    call, where a recording and a replay hold theirs to the end."""
+    names: dict = {}
+    out = []
+    for kind, what, grid, values in log:
+        if kind == "mark":
+            names = {}
+            continue
+        vals = []
+        for is_ptr, v in values:
+            if is_ptr and v:
+                v = ("in", v) if v in inputs else ("p", names.setdefault(v, len(names))) if internal else "new"
+            vals.append(v)
+        out.append((kind, what, (*grid, 1, 1)[:3] if grid else grid, tuple(vals)))
+    return out
+
+
+@pytest.mark.skipif(aot.index("sm_90a") is None, reason="no AOT cubins for sm_90a in this install")
+@pytest.mark.parametrize("fmt", ["bf16", "nvfp4", "sign"])
+def test_replayed_pass_launches_what_the_path_launches(fmt, monkeypatch):
+    H = _harness()
+    with H.as_h200(str(aot.aot_dir())) as lib:
+        events: list = []  # cubin launches, native calls (the stand-in library appends them) and call marks
+        real_launch, real_call = aot.AotKernel.launch, replay.call
+
+        def logged(k, grid, values, stream):
+            events.append(("aot", k.entry["kernel"], tuple(grid),
+                           [(p["type"].startswith("*"), v) for p, v in zip(k.params, values)]))
+            return real_launch(k, grid, values, stream)
+
+        def marked(*args):
+            events.append(("mark", None, (), []))
+            return real_call(*args)
+
+        monkeypatch.setattr(aot.AotKernel, "launch", logged)
+        monkeypatch.setattr(replay, "call", marked)
+        lib.log = events
+        step = H._pass(fmt, backward=True)
+        inputs = set()  # the addresses of the pass's own tensors (the harness's closure: x, factors, scales, ...)
+        for cell in step.__closure__:
+            v = cell.cell_contents
+            for t in (v if isinstance(v, (list, tuple)) else [v]):
+                if isinstance(t, torch.Tensor):
+                    inputs.add(t.data_ptr())
+                elif hasattr(t, "_STORAGE"):
+                    inputs.update(u.data_ptr() for u in _factors.pack("w", t, False)[1] if u is not None)
+
+        def one_pass():
+            events.clear()
+            step()
+            out = []
+            for e in events:
+                if len(e) == 2:  # a native call: (name, ctypes arguments and the stream)
+                    if e[0] != "tsct_triton_launch":  # the cubin launches are logged above
+                        out.append(("native", e[0], (), [(hasattr(a, "value"), getattr(a, "value", a))
+                                                         for a in e[1][:-1]]))
+                else:
+                    out.append(e)
+            return out
+
+        monkeypatch.setattr(config, "eager_replay", False)
+        one_pass()  # the first pass also asks the library about its kernels (cached)
+        plain = one_pass()
+        monkeypatch.setattr(config, "eager_replay", True)
+        recorded = one_pass()
+        replayed = [one_pass() for _ in range(2)]
+        lib.log = None
+    assert replay.stats()["recorded"] == 2 and replay.stats()["replayed"] == 4  # forward and backward
+    assert replay.stats()["reasons"] == {}
+    assert len(plain) >= 6
+    assert any(v[0] == "in" for e in _canonical(plain, inputs, False) for v in e[3] if type(v) is tuple)
+    assert _canonical(recorded, inputs, False) == _canonical(plain, inputs, False)
+    want = _canonical(recorded, inputs, True)
+    assert _canonical(replayed[0], inputs, True) == want and _canonical(replayed[1], inputs, True) == want
