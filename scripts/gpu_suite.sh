@@ -83,6 +83,8 @@ sweep          scripts/pass_profile.py sweep: per-kernel device time for each co
 hostprof       scripts/pass_profile.py host: host issue time per eager call and its cProfile tables
 hostprof-ab    the same host time on wheels built here and carried (RUNS="DIR ...", as wheel-ab), interleaved over
                $ROUNDS rounds (default 2)
+replay         replayed eager calls (TSCT_EAGER_REPLAY): their bits against the path's (test_replay_gpu.py), then the
+               eager pass's host time with the replay off and on, interleaved over $ROUNDS rounds (default 2)
 bwd            the backward at scale and the bmm path on the wheel: test_bwd_scale_gpu.py (skew, E 16384, T 65536,
                bits twice, two chunk sizes), test_glu_dz_native_gpu.py, test_bmm_gpu.py
 bmmprof        tools/bmm_profile.py: the bmm path's eager calls (host read, kernels, device time) and its decode
@@ -330,6 +332,19 @@ stage_sweep() {
 stage_hostprof() {
   step hostprof 150 python3 "$ROOT/scripts/pass_profile.py" host --arms "${SWEEP_ARMS:-nvfp4,sign,bf16-kmajor}" \
     --n 30 --top 40
+}
+
+stage_replay() {
+  step replay-test 240 bash -c "pyt '$T/test_replay_gpu.py'"
+  local r v
+  rm -f "$OUT"/replay-host-*.log
+  for r in $(seq "${ROUNDS:-2}"); do
+    for v in 0 1; do
+      step "replay-host-$r-$v" 150 env TSCT_EAGER_REPLAY=$v python3 "$ROOT/scripts/pass_profile.py" host \
+        --arms "${SWEEP_ARMS:-nvfp4,sign,bf16-kmajor}" --n 30 --top 0
+    done
+  done
+  grep -H -E "^== |isolated" "$OUT"/replay-host-*.log
 }
 
 stage_bwd() {
