@@ -129,10 +129,10 @@ def as_h200(aot_dir: str):
     # them), copied under a "stand-in" range that the op count leaves out
     real_sort, real_link, links, known = route.sort_by_expert, C.link_csr, [], {}
 
-    def sort_by_expert(ids, num_experts, weights=None):
+    def sort_by_expert(ids, num_experts, weights=None, replayed=False):
         patch(C, "link_csr", lambda *args: links.append(args))
         try:
-            out = real_sort(ids, num_experts, weights)
+            out = real_sort(ids, num_experts, weights, replayed)
         finally:
             restore(*saved.pop())
         # the range only while counting ops (entering one costs more host time than the copies)

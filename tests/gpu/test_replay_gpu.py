@@ -72,11 +72,16 @@ def _pass(arm, routing, seed, shape):
     return [y.detach(), *grads]
 
 
-@pytest.mark.parametrize("routing", ["softmax", "skewed", "padded"])
+@pytest.mark.parametrize("routing", ["softmax", "skewed", "padded", "padded-one-stream"])
 @pytest.mark.parametrize("arm", list(ARMS))
 def test_replay_gives_the_paths_bits(arm, routing, monkeypatch):
     shape = (512, 2, 16, 256, 64, 200)  # f not a multiple of 8; r = 64 takes the CUDA rows on sm_90
     monkeypatch.setattr(config, "check_values", False)
+    # indices that are not sort_by_expert's own: the forward builds the combine's CSR (a sort), on a side stream
+    # (not replayed: the replay issues on the caller's stream only) or, without it, on the caller's stream (replayed)
+    side = routing == "padded"
+    monkeypatch.setattr(config, "csr_side_stream", routing != "padded-one-stream")
+    routing = routing.split("-")[0]
     monkeypatch.setattr(config, "eager_replay", False)
     want = [_pass(arm, routing, seed, shape) for seed in range(3)]
     replay.clear()
@@ -84,8 +89,13 @@ def test_replay_gives_the_paths_bits(arm, routing, monkeypatch):
     got = [_pass(arm, routing, seed, shape) for seed in range(3)]
     torch.cuda.synchronize()
     st = replay.stats()
-    assert st["reasons"] == {}, st
-    assert st["recorded"] == 2 and st["replayed"] == 4, st  # forward and backward: recorded once, replayed twice
+    # sort_by_expert, the forward and the backward: each recorded once, replayed twice
+    if side:  # but the forward runs the path each time
+        assert st["reasons"] == {"a launch on another stream than the caller's": 1}, st
+        assert st["recorded"] == 3 and st["replayed"] == 4 and st["unreplayable"] == 2, st
+    else:
+        assert st["reasons"] == {}, st
+        assert st["recorded"] == 3 and st["replayed"] == 6, st
     for seed, (w, o) in enumerate(zip(want, got)):
         assert len(w) == len(o)
         for i, (a, b) in enumerate(zip(w, o)):

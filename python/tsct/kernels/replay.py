@@ -174,10 +174,10 @@ def _fill(spec, slots):
     return spec
 
 
-def call(fn: Callable, args: Sequence[Any], tensors: Sequence[Optional[Tensor]], extra: tuple):
-    """``fn(*args)``, replayed when this signature was recorded before (``tensors``: every tensor ``fn`` may read or
-    write through its arguments, first the one whose device the launches use; ``extra``: the rest of the signature,
-    e.g. formats, sizes, flags, as hashables)."""
+def call(fn: Callable[[], Any], tensors: Sequence[Optional[Tensor]], extra: tuple):
+    """``fn()``, replayed when this signature was recorded before. ``tensors``: every tensor ``fn`` may read or write
+    (what its arguments hold), first one on the device its launches use; ``extra``: the rest of what steers it (sizes
+    that no tensor carries, formats, flags) as hashables. ``fn`` runs only to record or where a replay cannot."""
     key = _key(tensors, extra)
     prog = _programs.get(key)
     if type(prog) is _Program:
@@ -186,9 +186,9 @@ def call(fn: Callable, args: Sequence[Any], tensors: Sequence[Optional[Tensor]],
     if prog is not None or record.log is not None or not _lock.acquire(blocking=False):
         # not replayable, or another thread records now: the path itself
         _stats["unreplayable"] += 1
-        return fn(*args)
+        return fn()
     try:
-        out, prog = _record(fn, args, tensors)
+        out, prog = _record(fn, tensors)
         if len(_programs) >= _MAX_PROGRAMS:
             _programs.clear()
         _programs[key] = prog
@@ -198,13 +198,13 @@ def call(fn: Callable, args: Sequence[Any], tensors: Sequence[Optional[Tensor]],
     return out
 
 
-def _record(fn, args, tensors):
+def _record(fn, tensors):
     counts0 = [collections.Counter(f.counts) for f in launch.FAMILIES]
     log: list = []
     record.owner, record.log = threading.get_ident(), log
     try:
         with _Ops(log):
-            out = fn(*args)
+            out = fn()
     finally:
         record.log = record.owner = None
     try:

@@ -25,7 +25,6 @@ are the gradients' names) and the rest as ``Call``.
 
 from __future__ import annotations
 
-import functools
 from itertools import islice
 from typing import NamedTuple, Optional, Sequence
 
@@ -103,12 +102,12 @@ def forward(inputs: Inputs, call: Call, save: bool = True, trusted: bool = False
     mod = dispatch.implementation(call.impl)
     fwd_saved = getattr(mod, "grouped_glu_forward_saved", None) if save else None
     fn = fwd_saved or mod.grouped_glu_forward
-    args = _path_args(inputs, call, trusted, factors)
     with _eager.on_device(inputs.x.device):
         if trusted and config.eager_replay and getattr(mod, "REPLAYABLE", False):
-            res = replay.call(fn, args, _replay_tensors(inputs, call), _replay_extra(call, args, save))
+            res = replay.call(lambda: fn(*_path_args(inputs, call, trusted, factors)), _replay_tensors(inputs, call),
+                              (call.impl, call.formats, call.routing.num_out_rows, save))
         else:
-            res = fn(*args)
+            res = fn(*_path_args(inputs, call, trusted, factors))
     if fwd_saved is None:
         return res, []
     out, saved = res
@@ -117,7 +116,8 @@ def forward(inputs: Inputs, call: Call, save: bool = True, trusted: bool = False
 
 def _replay_tensors(inputs: Inputs, call: Call, *first: Tensor, saved: Sequence[Tensor] = ()) -> list:
     """Every tensor a path may touch in an eager call (``tsct.kernels.replay``): ``first`` (the backward's grad_out),
-    the inputs, the factors' storage, what the backward saved and the CSRs linked to the routing's indices."""
+    the inputs, the factors' storage (whose shapes give the factors' logical ones), what the backward saved and the
+    CSRs linked to the routing's indices."""
     r = call.routing
     m = (r.gather_idx if r.gather_idx is not None else inputs.x).shape[0]
     links = C.linked_tensors(r.offs, r.gather_idx, r.scatter_idx, m, r.num_out_rows, inputs.x.shape[0])
@@ -125,10 +125,6 @@ def _replay_tensors(inputs: Inputs, call: Call, *first: Tensor, saved: Sequence[
             *inputs[1:4], *call.storage, *saved, *links]
 
 
-def _replay_extra(call: Call, args: tuple, *more) -> tuple:
-    """The signature's other parts: path, formats, output rows, the factors' logical shapes and the caller's."""
-    shapes = tuple(None if isinstance(w, Tensor) else (w.batch, w.k, w.n) for w in args[2:5])
-    return (call.impl, call.formats, call.routing.num_out_rows, shapes, *more)
 
 
 def backward(grad_out: Tensor, inputs: Inputs, call: Call, needs: Inputs, saved: list,
@@ -138,14 +134,16 @@ def backward(grad_out: Tensor, inputs: Inputs, call: Call, needs: Inputs, saved:
     ``trusted``: an eager call's records (``_path_args``)."""
     _select.before_backward(call.impl, inputs.x.device)
     mod = dispatch.implementation(call.impl)
-    args = (grad_out, *_path_args(inputs, call, trusted), list(needs))
+    def run():
+        args = (grad_out, *_path_args(inputs, call, trusted), list(needs))
+        return mod.grouped_glu_backward(*args, saved=saved) if saved else mod.grouped_glu_backward(*args)
+
     with _eager.on_device(inputs.x.device):
         if trusted and config.eager_replay and getattr(mod, "REPLAYABLE", False):
-            grads = replay.call(functools.partial(mod.grouped_glu_backward, saved=saved or None), args,
-                                _replay_tensors(inputs, call, grad_out, saved=saved),
-                                _replay_extra(call, args[1:], tuple(needs), len(saved)))
+            grads = replay.call(run, _replay_tensors(inputs, call, grad_out, saved=saved),
+                                (call.impl, call.formats, call.routing.num_out_rows, tuple(needs), len(saved)))
         else:
-            grads = mod.grouped_glu_backward(*args, saved=saved) if saved else mod.grouped_glu_backward(*args)
+            grads = run()
     out = []
     for name, g, t in zip(Inputs._fields, grads, inputs):
         if g is not None and name in FACTOR_NAMES and g.dtype != t.dtype:

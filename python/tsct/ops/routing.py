@@ -124,7 +124,7 @@ def sort_by_expert(topk_ids: Tensor, num_experts: int, topk_weights: Optional[Te
         if topk_weights is not None and topk_weights.requires_grad and torch.is_grad_enabled():
             out = _SortByExpert.apply(topk_ids, num_experts, topk_weights)
         else:
-            out = _eager.run("tsct::sort_by_expert", _impl, topk_ids, num_experts, topk_weights)
+            out = _eager.run("tsct::sort_by_expert", _impl, topk_ids, num_experts, topk_weights, True)
     else:
         out = _sort_by_expert_op(topk_ids, num_experts, topk_weights)
     order, offs, token, rw = out
@@ -175,7 +175,7 @@ class _SortByExpert(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, topk_ids, num_experts, topk_weights):
-        out = _impl(topk_ids, num_experts, topk_weights)
+        out = _impl(topk_ids, num_experts, topk_weights, True)
         ctx.mark_non_differentiable(out[0], out[1], out[2])
         ctx.save_for_backward(out[0])
         ctx.weights = (topk_ids.shape, topk_weights.dtype)
@@ -193,11 +193,14 @@ def uses_kernels(topk_ids: Tensor, num_experts: int) -> bool:
     return topk_ids.is_cuda and route.fits(topk_ids.numel(), num_experts) and _kernels_serve(topk_ids.device)
 
 
-def _impl(topk_ids: Tensor, num_experts: int, topk_weights: Optional[Tensor]) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+def _impl(topk_ids: Tensor, num_experts: int, topk_weights: Optional[Tensor],
+          direct: bool = False) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """``direct``: a plain eager call (``_eager.direct_ok``), which may replay (``tsct.config.eager_replay``)."""
     if uses_kernels(topk_ids, num_experts):
         from tsct.kernels.triton_common import route
         with _eager.on_device(topk_ids.device):
-            order, offs, token, rw = route.sort_by_expert(topk_ids, num_experts, topk_weights)
+            order, offs, token, rw = route.sort_by_expert(topk_ids, num_experts, topk_weights,
+                                                          replayed=direct and config.eager_replay)
     else:
         order, offs, token = sort_by_expert_torch(topk_ids, num_experts)
         rw = topk_weights.reshape(-1)[order].float() if topk_weights is not None else None

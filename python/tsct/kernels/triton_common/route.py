@@ -15,6 +15,7 @@ from typing import Optional
 import torch
 from torch import Tensor
 
+from tsct.kernels import replay
 from tsct.kernels.triton_common import runtime as C
 from tsct.kernels.triton_common import specs
 
@@ -26,11 +27,25 @@ def fits(m: int, num_experts: int) -> bool:
     return (num_experts + 1) * C.cdiv(max(m, 1), specs.ROUTE_B) <= max(1 << 17, 4 * m)
 
 
-def sort_by_expert(ids: Tensor, num_experts: int, weights: Optional[Tensor] = None
+def sort_by_expert(ids: Tensor, num_experts: int, weights: Optional[Tensor] = None, replayed: bool = False
                    ) -> tuple[Tensor, Tensor, Tensor, Optional[Tensor]]:
     """``(order, offs, token, row_weight)`` of ``tsct.ops.sort_by_expert`` for CUDA ``ids`` ``[T, K]`` (any integer
     dtype) and optional router ``weights`` ``[T, K]`` (bf16 / fp16 / fp32; row_weight fp32, None without
-    weights). The caller has checked the arguments."""
+    weights). The caller has checked the arguments. ``replayed``: a plain eager call may repeat the launches recorded
+    for its signature (``tsct.kernels.replay``); the CSR link is made either way."""
+    if replayed:
+        out = replay.call(lambda: _sorted(ids, num_experts, weights), [ids, weights], ("sort_by_expert", num_experts))
+    else:
+        out = _sorted(ids, num_experts, weights)
+    order, offs, token, rw, rows, ptr = out
+    if rows is not None:
+        C.link_csr(token, offs, rows, ptr)
+    return order, offs, token, rw
+
+
+def _sorted(ids: Tensor, num_experts: int, weights: Optional[Tensor]) -> tuple:
+    """The launches of ``sort_by_expert``: its four results and the combine's CSR over the tokens (None, None for
+    no rows)."""
     t, k = ids.shape
     m, e, dev = t * k, num_experts, ids.device
     order = torch.empty(m, device=dev, dtype=torch.int64)
@@ -38,7 +53,7 @@ def sort_by_expert(ids: Tensor, num_experts: int, weights: Optional[Tensor] = No
     offs = torch.empty(e, device=dev, dtype=torch.int32)
     rw = torch.empty(m, device=dev, dtype=torch.float32) if weights is not None else None
     if m == 0:
-        return order, offs.zero_(), token, rw
+        return order, offs.zero_(), token, rw, None, None
     flat = ids.reshape(-1)
     if flat.dtype not in (torch.int32, torch.int64):
         flat = flat.to(torch.int32 if flat.dtype.itemsize < 4 else torch.int64)
@@ -59,5 +74,4 @@ def sort_by_expert(ids: Tensor, num_experts: int, weights: Optional[Tensor] = No
     C.launch_kernel("route_place", (p,),
                     [srt, rank, hist, cum, crank, order, token, offs, w, rw, rows, ptr, m, e, p, k],
                     dict(HAS_W=w is not None, B=b), specs.ROUTE_WARPS, 1, False, cap, dev)
-    C.link_csr(token, offs, rows, ptr)
-    return order, offs, token, rw
+    return order, offs, token, rw, rows, ptr
