@@ -94,7 +94,7 @@ def test_first_use_through_a_child_on_an_untested_arch(monkeypatch, tmp_path):
     ids = torch.randint(-1, 64, (4096, 2), device=DEV)
     calls = []
     real = route.sort_by_expert
-    monkeypatch.setattr(route, "sort_by_expert", lambda *a: calls.append(1) or real(*a))
+    monkeypatch.setattr(route, "sort_by_expert", lambda *a, **kw: calls.append(1) or real(*a, **kw))
     try:
         got = tsct.ops.sort_by_expert(ids, 64)
         st = dispatch.first_use_status(dispatch.ROUTING, torch.cuda.get_device_capability(DEV), "bf16")
