@@ -243,6 +243,7 @@ def test_linked_csr_gives_the_same_bits(k, spill, monkeypatch):
     built = []
     real = C._csr
     monkeypatch.setattr(C, "_csr", lambda *a: built.append(1) or real(*a))
+    monkeypatch.setattr(tsct.config, "eager_replay", False)  # a replay repeats the CSR's ops without calling _csr
     poison()
     linked = _pass(False, fac, x, ids, w, e, go, link=True)
     assert built == [], "a CSR was built although sort_by_expert's token tensor carries one"
@@ -301,6 +302,7 @@ def test_graph_with_routing_as_static_input_builds_its_own_csr(monkeypatch):
     built = []
     real = C._csr
     monkeypatch.setattr(C, "_csr", lambda *a: built.append(1) or real(*a))
+    monkeypatch.setattr(tsct.config, "eager_replay", False)  # a replay repeats the CSR's ops without calling _csr
     g, out = captured(lambda: _glu(x, fac, s))
     assert built, "the capture used the CSR linked outside it"
     for a, b in zip((s.offs, s.token, s.row_weight), (s2.offs, s2.token, s2.row_weight)):
@@ -326,6 +328,7 @@ def test_graph_with_sort_inside_uses_the_linked_csr(monkeypatch):
         _glu(x, fac, tsct.ops.sort_by_expert(ids, e, w))
     torch.cuda.current_stream().wait_stream(st)
     monkeypatch.setattr(C, "_csr", lambda *a: built.append(1) or real(*a))
+    monkeypatch.setattr(tsct.config, "eager_replay", False)  # a replay repeats the CSR's ops without calling _csr
     g = torch.cuda.CUDAGraph()
     with gc_paused(), torch.cuda.graph(g):
         out = _glu(x, fac, tsct.ops.sort_by_expert(ids, e, w))

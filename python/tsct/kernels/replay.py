@@ -19,7 +19,8 @@ launch on another stream than the caller's, a pointer to memory the call neither
 sync-free (no host read of a device value), so nothing but the signature steers them.
 
 Off unless ``tsct.config.eager_replay`` (``TSCT_EAGER_REPLAY=1``); used by the eager route of ``tsct.ops`` only
-(``tsct.ops._function``), never under torch.compile, a CUDA graph capture or a dispatch mode.
+(``tsct.ops._function``, ``tsct.ops.sort_by_expert``), never under torch.compile or a dispatch mode. Inside a CUDA
+graph capture a replay issues the same launches as the path would, so the graph captures those.
 """
 
 from __future__ import annotations
@@ -137,7 +138,7 @@ class _Program:
                 res = func(*_fill(args, slots), **_fill(kwargs, slots))
                 if isinstance(res, Tensor):
                     slots[outs[0]] = res
-                else:
+                elif isinstance(res, (list, tuple)):
                     for i, t in zip(outs, res):
                         if i is not None:
                             slots[i] = t
@@ -281,6 +282,8 @@ def _program(out, tensors, log, counts0) -> _Program:
                 steps.append([fac, new_slot(res, True), (tuple(res.shape), res.stride(), res.dtype, res.device)])
                 continue
             a, kw = spec(args), spec(kwargs)
+            if _has_stream((args, kwargs)):  # record_stream: the stream of a replay may be another
+                raise _NotReplayable(f"a torch op on a stream object ({func})")
             if func in _SAME:  # the same tensor to a replay (autograd's detach of a Function's new tensors)
                 by_id[id(res)] = a[0].index
                 continue
@@ -321,6 +324,16 @@ def _program(out, tensors, log, counts0) -> _Program:
         if delta:
             counts.append((fam, delta))
     return _Program([tuple(s) for s in steps], len(slots), outputs, counts)
+
+
+def _has_stream(a) -> bool:
+    if isinstance(a, (torch.Stream, torch.cuda.Stream)):
+        return True
+    if isinstance(a, (list, tuple)):
+        return any(_has_stream(x) for x in a)
+    if isinstance(a, dict):
+        return any(_has_stream(x) for x in a.values())
+    return False
 
 
 def _slots_in(spec, acc: set) -> set:

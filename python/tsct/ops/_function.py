@@ -114,15 +114,19 @@ def forward(inputs: Inputs, call: Call, save: bool = True, trusted: bool = False
     return out, list(saved)
 
 
-def _replay_tensors(inputs: Inputs, call: Call, *first: Tensor, saved: Sequence[Tensor] = ()) -> list:
+def _replay_tensors(inputs: Inputs, call: Call, *first: Tensor, saved: Optional[Sequence[Tensor]] = None) -> list:
     """Every tensor a path may touch in an eager call (``tsct.kernels.replay``): ``first`` (the backward's grad_out),
     the inputs, the factors' storage (whose shapes give the factors' logical ones), what the backward saved and the
-    CSRs linked to the routing's indices."""
+    CSR linked to the index the call combines through (the forward's scatter, the backward's gather:
+    ``saved`` None for a forward)."""
     r = call.routing
     m = (r.gather_idx if r.gather_idx is not None else inputs.x).shape[0]
-    links = C.linked_tensors(r.offs, r.gather_idx, r.scatter_idx, m, r.num_out_rows, inputs.x.shape[0])
+    if saved is None:
+        links = C.linked_tensors(r.offs, None, r.scatter_idx, m, r.num_out_rows, inputs.x.shape[0])
+    else:
+        links = C.linked_tensors(r.offs, r.gather_idx, None, m, r.num_out_rows, inputs.x.shape[0])
     return [*first, inputs.x, r.offs, r.gather_idx, r.scatter_idx, inputs.s_gate, inputs.s_up, r.row_weight,
-            *inputs[1:4], *call.storage, *saved, *links]
+            *inputs[1:4], *call.storage, *(saved or ()), *links]
 
 
 

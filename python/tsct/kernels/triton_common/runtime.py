@@ -334,8 +334,9 @@ def linked_tensors(offs: Tensor, gather_idx: Optional[Tensor], scatter_idx: Opti
     where there is none: tensors a path reads besides its arguments (``tsct.kernels.replay``)."""
     out: list = []
     for idx, n in ((scatter_idx, num_out_rows), (gather_idx, n_x)):
-        link = linked_csr(idx, offs, m, n) if idx is not None and n is not None else None
-        out.extend(link if link is not None else (None, None))
+        if idx is not None and n is not None:
+            link = linked_csr(idx, offs, m, n)
+            out.extend(link if link is not None else (None, None))
     return tuple(out)
 
 
