@@ -20,10 +20,10 @@ always checked; they cost no sync; so are the values of CPU tensors (``values_ch
 host time per call). torch.compile, FakeTensor, tensor subclasses and dispatch modes always get the
 custom ops. ``tsct.config.eager_direct = False`` sends everything through the ops (``tsct.ops._eager``).
 
-``eager_replay``: a plain eager call (the ``eager_direct`` route) of a Triton path records what its first call of
-a signature (shapes, strides, dtypes, alignment, formats, configuration) allocates and launches, and later calls of
-that signature issue the same launches with their own tensors, skipping the path's host code
-(``tsct.kernels.replay``; same kernels and arguments, same bits). Off by default.
+``eager_replay``: a plain eager call (the ``eager_direct`` route) of a Triton path or of ``sort_by_expert`` records
+what its first call of a signature (shapes, strides, dtypes, alignment, formats, configuration) allocates and
+launches, and later calls of that signature issue the same launches with their own tensors, skipping the path's
+host code (``tsct.kernels.replay``; same kernels and arguments, same bits). ``TSCT_EAGER_REPLAY=0`` turns it off.
 
 ``csr_side_stream``: the forward of a GPU path with ``scatter_idx`` builds the combine's CSR (a stable sort of
 the targets, latency-bound small kernels) on a second, high-priority CUDA stream while the projections run on
@@ -76,9 +76,9 @@ VARIABLES: tuple[Variable, ...] = (
              "`sort_by_expert`'s unchanged outputs are never read back; `tsct.config.check_values`"),
     Variable("TSCT_WARN_FALLBACKS", "bool", "1", "`0`: do not warn on fallbacks (they are still counted); "
              "`tsct.config.warn_fallbacks`"),
-    Variable("TSCT_EAGER_REPLAY", "bool", "0", "`1`: plain eager calls of the Triton paths replay the launch "
-             "sequence recorded at the first call of their signature (same launches, less host time; "
-             "`tsct.kernels.replay`); `tsct.config.eager_replay`"),
+    Variable("TSCT_EAGER_REPLAY", "bool", "1", "`0`: plain eager calls of the Triton paths and `sort_by_expert` run "
+             "their host code every time instead of replaying the launches recorded at the first call of their "
+             "signature (the same launches either way; `tsct.kernels.replay`); `tsct.config.eager_replay`"),
     Variable("TSCT_TRITON_BACKEND", "auto\\|aot\\|jit", "auto", "Triton kernels from the installed cubins, else JIT "
              "(`auto`); cubins only; JIT only (read per call)"),
     Variable("TSCT_TRITON_GLU_CFG", "name=int,...", "(empty)", "override fields of the Triton tile configuration "
@@ -161,7 +161,7 @@ def _env_path(name: str) -> Optional[Path]:
 check_values: bool = _env_flag("TSCT_CHECK_VALUES", True)
 warn_fallbacks: bool = _env_flag("TSCT_WARN_FALLBACKS", True)
 eager_direct: bool = True
-eager_replay: bool = _env_flag("TSCT_EAGER_REPLAY", False)
+eager_replay: bool = _env_flag("TSCT_EAGER_REPLAY", True)
 csr_side_stream: bool = True
 triton_glu_cfg: str = os.environ.get("TSCT_TRITON_GLU_CFG", "")
 cuda_kernels: str = os.environ.get("TSCT_CUDA_KERNELS", "auto")

@@ -105,6 +105,7 @@ def run(cfg: BenchConfig, reporter=None) -> dict:
     git = measure.git_commit()
     conf = cfg.to_json()
     conf["input_sets_used"] = n_sets
+    conf["eager_replay"] = tsct.config.eager_replay  # eager figures depend on it (tsct.kernels.replay)
     return {
         "schema_version": SCHEMA_VERSION,
         "tsct_version": tsct.__version__,

@@ -18,7 +18,7 @@ arguments, so the same bits, for a fraction of the host time. A recording that s
 launch on another stream than the caller's, a pointer to memory the call neither received nor allocated. Paths are
 sync-free (no host read of a device value), so nothing but the signature steers them.
 
-Off unless ``tsct.config.eager_replay`` (``TSCT_EAGER_REPLAY=1``); used by the eager route of ``tsct.ops`` only
+On unless ``tsct.config.eager_replay`` is off (``TSCT_EAGER_REPLAY=0``); used by the eager route of ``tsct.ops`` only
 (``tsct.ops._function``, ``tsct.ops.sort_by_expert``), never under torch.compile or a dispatch mode. Inside a CUDA
 graph capture a replay issues the same launches as the path would, so the graph captures those.
 """
