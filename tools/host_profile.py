@@ -10,15 +10,17 @@ CPU. Shapes are small (their CPU compute is then negligible; the host's work per
 shape). It prints, per format:
 
   * the wall time per pass on this CPU (Python, torch's dispatcher, small CPU ops; no CUDA driver calls),
-  * the replay floor: the same pass's torch ops (as allocations), cubin launches and native calls alone, in a loop
-    (``_replay_floor``): what its Python layers cost is the difference,
+  * the floor: the same pass's torch ops (as allocations), cubin launches and native calls alone, in a loop
+    (``_launch_floor``): what its Python layers cost is the difference,
   * torch ops per pass (top-level ``aten::`` calls: each is a CUDA kernel or an allocator call on a GPU, ~4-10 us of
     host time there), kernel launches per pass (AOT cubins and native entries),
   * with ``--cprofile``, the functions that take the most of it.
 
 It is a model of the GPU host, not a measurement of it: driver calls (cuLaunchKernel ~2-4 us each, stream and
 device guards) are missing, and this CPU is not the H200 host's. Compare formats and commits with it; quote eager
-figures from ``tsct-bench`` on the GPU.
+figures from ``tsct-bench`` on the GPU. The passes run as the package is configured: with eager replay on (the
+default, ``tsct.kernels.replay``) the timed passes are replays of the first; ``TSCT_EAGER_REPLAY=0`` times the paths'
+own host code.
 
     python tools/host_profile.py --aot-dir SITE/tsct/_aot [--fmt bf16 nvfp4 sign] [--passes 200] [--cprofile]
 """
@@ -199,7 +201,7 @@ def _pass(fmt: str, backward: bool, t: int = 256, e: int = 16, d: int = 256, r: 
     return step
 
 
-def _replay_floor(step, lib: _FakeLib, ops: int, passes: int) -> float:
+def _launch_floor(step, lib: _FakeLib, ops: int, passes: int) -> float:
     """Host microseconds per pass of what no Python above the kernels can remove, replayed in a loop: ``ops`` torch
     ops (each as a small allocation, the cheapest kind), the pass's cubin launches with the values they had
     (``AotKernel.launch``: the argument packing and the native call) and its native-library calls. A pass's host time
@@ -281,7 +283,7 @@ def main(argv=None) -> int:
                 launches = float(calls.pop("tsct_triton_launch", 0))
                 native_calls = float(sum(calls.values()))
                 ops = _top_level_ops(step)
-                floor = _replay_floor(step, lib, ops, a.passes)
+                floor = _launch_floor(step, lib, ops, a.passes)
                 name = f"{fmt} {'forward+backward' if bwd else 'forward'}"
                 rows.append((name, us, floor, ops, launches, native_calls))
                 if a.cprofile:
@@ -292,7 +294,7 @@ def main(argv=None) -> int:
                     pr.disable()
                     print(f"== {name}: 50 passes")
                     pstats.Stats(pr, stream=sys.stdout).sort_stats(a.sort).print_stats(int(os.environ.get("HP_ROWS", "25")))
-    print(f"{'pass':<26}{'host us':>10}{'replay us':>11}{'torch ops':>11}{'AOT launches':>14}{'native calls':>14}")
+    print(f"{'pass':<26}{'host us':>10}{'floor us':>11}{'torch ops':>11}{'AOT launches':>14}{'native calls':>14}")
     for name, us, floor, ops, launches, native_calls in rows:
         print(f"{name:<26}{us:>10.0f}{floor:>11.0f}{ops:>11d}{launches:>14.1f}{native_calls:>14.1f}")
     return 0

@@ -76,7 +76,7 @@ def test_host_profile_restores_the_process(monkeypatch):
         step()
         assert lib.calls["tsct_kernel_smem_bytes"] > 0  # the native rows asked the stand-in
         launch = aot.AotKernel.launch
-        assert hp._replay_floor(step, lib, 3, 2) > 0
+        assert hp._launch_floor(step, lib, 3, 2) > 0
         assert aot.AotKernel.launch is launch and lib.log is None  # the recording is undone
     assert not torch.zeros(1).is_cuda and set(vars(torch.Tensor)) == own_before
     assert os.environ.get("TSCT_AOT_DIR") == env_before and "TSCT_TRITON_BACKEND" not in os.environ
