@@ -106,6 +106,74 @@ def test_what_cannot_be_repeated_runs_every_time():
     assert replay.stats()["reasons"] == {"a torch op on a tensor the call neither received nor made": 1}
 
 
+def test_a_host_read_is_not_replayed():
+    # int(tensor) steers the call: a replay would keep the recorded value
+    x = torch.arange(8.0)
+
+    def fn(n):
+        return x[:int(n[0])] * 2
+
+    for v in (3, 5, 5):
+        n = torch.tensor([v])
+        assert torch.equal(replay.call(lambda: fn(n), [x, n], ()), x[:v] * 2)
+    assert list(replay.stats()["reasons"]) == ["a host read of a device value (aten._local_scalar_dense.default)"]
+
+
+def test_detach_of_an_input_stays_a_new_tensor():
+    w = torch.randn(3, requires_grad=True)
+    for _ in range(3):
+        out = replay.call(lambda: w.detach(), [w], ())
+        assert out is not w and not out.requires_grad and torch.equal(out, w.detach())
+    assert replay.stats()["replayed"] == 2
+
+
+def test_zeros_keep_their_strides():
+    for _ in range(3):
+        a = torch.empty_strided((1, 4), (1, 1))
+        out = replay.call(lambda: torch.zeros_like(a), [a], ())
+        assert out.stride() == torch.zeros_like(a).stride() and not out.any()
+
+
+def test_a_failed_recording_keeps_the_result():
+    import collections
+    pair = collections.namedtuple("pair", "a b")
+    x = torch.randn(4)
+    for _ in range(2):
+        out = replay.call(lambda: pair(x + 1, x + 2), [x], ())
+        assert type(out) is pair and torch.equal(out.a, x + 1)
+    assert list(replay.stats()["reasons"])[0].startswith("recording failed: TypeError")
+
+
+def test_counts_are_the_calls_own():
+    import threading
+    from tsct.kernels import launch
+    fam = launch.Family("replay-test", None, "")
+    started, go = threading.Event(), threading.Event()
+
+    def other():  # another thread counts while this one records
+        started.set()
+        go.wait(5)
+        for _ in range(4):
+            fam.count("native", "other")
+
+    t = threading.Thread(target=other)
+    t.start()
+    x = torch.randn(4)
+
+    def fn():
+        started.wait(5)
+        go.set()
+        t.join(5)
+        fam.count("native", "mine")
+        return x * 2
+
+    replay.call(fn, [x], ("counts",))
+    for _ in range(3):
+        replay.call(fn, [x], ("counts",))
+    assert fam.counts[("native", "mine")] == 4 and fam.counts[("native", "other")] == 4
+    launch.FAMILIES.remove(fam)
+
+
 def _harness():
     spec = importlib.util.spec_from_file_location("tsct_host_profile_tool", ROOT / "tools" / "host_profile.py")
     mod = importlib.util.module_from_spec(spec)
@@ -190,3 +258,27 @@ def test_replayed_pass_launches_what_the_path_launches(fmt, monkeypatch):
     assert _canonical(recorded, inputs, False) == _canonical(plain, inputs, False)
     want = _canonical(recorded, inputs, True)
     assert _canonical(replayed[0], inputs, True) == want and _canonical(replayed[1], inputs, True) == want
+
+
+@pytest.mark.skipif(aot.index("sm_90a") is None, reason="no AOT cubins for sm_90a in this install")
+def test_a_layout_conversion_runs_every_time():
+    """Swizzled NVFP4 block scales are converted (and counted) per call: such a forward is not replayed."""
+    from tsct import quant
+    from tsct.kernels.triton_lowbit import glu as L
+    from tsct.ops import grouped_glu, sort_by_expert
+    from tsct.quant.layout import to_layout
+    H = _harness()
+    g = torch.Generator().manual_seed(0)
+    t, e, d, r, f = 64, 4, 256, 64, 128
+    with H.as_h200(str(aot.aot_dir())):
+        x = torch.randn(t, d, generator=g).bfloat16()
+        ws = [to_layout(quant.quantize((torch.randn(e, a, b, generator=g) / a ** .5).bfloat16(), "nvfp4"),
+                        "swizzled_128x4") for a, b in ((d, r), (d, r), (r, f))]
+        probs, ids = torch.softmax(torch.randn(t, e, generator=g), -1).topk(2)
+        before = L.layout_conversions().get("w_gate", 0)
+        for _ in range(3):
+            s = sort_by_expert(ids, e, probs)
+            grouped_glu(x, s.offs, *ws, row_weight=s.row_weight, gather_idx=s.token, scatter_idx=s.token,
+                        num_out_rows=t, impl="triton-lowbit")
+        assert L.layout_conversions()["w_gate"] - before == 3
+    assert replay.stats()["reasons"] == {"a block-scale layout conversion": 1}

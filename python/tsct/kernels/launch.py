@@ -140,6 +140,14 @@ class Family:
         """Record one launch that bypassed ``launch`` (e.g. a native CUDA kernel: backend "native")."""
         with self._lock:
             self.counts[(backend, kernel)] += 1
+        if record.log is not None:
+            self._report((backend, kernel))
+
+    def _report(self, key: tuple) -> None:
+        """Tell a recording on this thread (``tsct.kernels.replay``) that a launch was counted: a replay counts it."""
+        log = record.active()
+        if log is not None:
+            log.append(("count", self, key))
 
     def _resolve(self, kernel: str, arch: str, args: Sequence[Any], consts: dict, num_warps: int,
                  num_stages: int, aligned: bool, maxnreg: int) -> _Resolved:
@@ -194,6 +202,8 @@ class Family:
                     k.launch(grid, values, current_stream(device))
                     with self._lock:
                         self.counts[("aot", kernel)] += 1
+                    if record.log is not None:
+                        self._report(("aot", kernel))
                     return "aot"
                 if mode == "aot" or not triton_importable():
                     why = (f"the {arch} AOT cubins have no variant {res.key_aligned or res.key_generic}"

@@ -200,7 +200,6 @@ def call(fn: Callable[[], Any], tensors: Sequence[Optional[Tensor]], extra: tupl
 
 
 def _record(fn, tensors):
-    counts0 = [collections.Counter(f.counts) for f in launch.FAMILIES]
     log: list = []
     record.owner, record.log = threading.get_ident(), log
     try:
@@ -209,9 +208,11 @@ def _record(fn, tensors):
     finally:
         record.log = record.owner = None
     try:
-        prog = _program(out, tensors, log, counts0)
+        prog = _program(out, tensors, log)
     except _NotReplayable as e:
         return out, _Unreplayable(str(e))
+    except Exception as e:  # the call itself succeeded: its result stands, its signature runs the path from now on
+        return out, _Unreplayable(f"recording failed: {e!r}")
     return out, prog
 
 
@@ -225,9 +226,25 @@ _FACTORIES = {**{f: "new" for f in (_aten.empty.memory_format, _aten.empty_strid
 
 
 _SAME = frozenset({_aten.detach.default, _aten.alias.default})
+_HOST_READS = frozenset({_aten._local_scalar_dense.default, _aten.equal.default, _aten.is_nonzero.default})
 
 
-def _program(out, tensors, log, counts0) -> _Program:
+def _tensors_only(res) -> bool:
+    """A result of tensors (or a tensor list / tuple, Nones allowed): no Python number the caller could act on."""
+    if res is None or isinstance(res, Tensor):
+        return True
+    return isinstance(res, (list, tuple)) and all(r is None or isinstance(r, Tensor) for r in res)
+
+
+def _contiguous_strides(shape) -> tuple:
+    out, acc = [], 1
+    for n in reversed(shape):
+        out.append(acc)
+        acc *= max(n, 1)
+    return tuple(reversed(out))
+
+
+def _program(out, tensors, log) -> _Program:
     slots: list[Tensor] = []        # every tensor of the recording, by slot (inputs first)
     by_id: dict = {}                # id(tensor) -> slot
     by_ptr: dict = {}               # data pointer -> first input there
@@ -269,23 +286,31 @@ def _program(out, tensors, log, counts0) -> _Program:
         raise _NotReplayable("a pointer to memory the call neither received nor allocated")
 
     steps = []
+    counts: dict = {}  # Family -> Counter: the launch counts this call added (as the log reported them)
     for entry in log:
         kind = entry[0]
         if kind == "jit":
             raise _NotReplayable(f"a Triton JIT launch ({entry[1]})")
+        if kind == "count":
+            counts.setdefault(entry[1], collections.Counter())[entry[2]] += 1
+            continue
+        if kind == "unreplayable":
+            raise _NotReplayable(entry[1])
         if kind == "op":
             _, func, args, kwargs, res = entry
+            if func in _HOST_READS or not _tensors_only(res):  # a value read on the host may steer the call
+                raise _NotReplayable(f"a host read of a device value ({func})")
             fac = _FACTORIES.get(func)
             if fac is not None:
-                if fac == "zeros" and not res.is_contiguous():
-                    raise _NotReplayable("a zero-filled allocation that is not contiguous")
+                if fac == "zeros" and res.stride() != _contiguous_strides(res.shape):
+                    raise _NotReplayable("a zero-filled allocation with other than contiguous strides")
                 steps.append([fac, new_slot(res, True), (tuple(res.shape), res.stride(), res.dtype, res.device)])
                 continue
             a, kw = spec(args), spec(kwargs)
             if _has_stream((args, kwargs)):  # record_stream: the stream of a replay may be another
                 raise _NotReplayable(f"a torch op on a stream object ({func})")
-            if func in _SAME:  # the same tensor to a replay (autograd's detach of a Function's new tensors)
-                by_id[id(res)] = a[0].index
+            if func in _SAME and a[0].index >= len(tensors):  # autograd's detach of a tensor the call made: the same
+                by_id[id(res)] = a[0].index                      # tensor to a replay
                 continue
             outs = [new_slot(t, not func.is_view) if isinstance(t, Tensor) else None
                     for t in (res if isinstance(res, (list, tuple)) else (res,))]
@@ -318,12 +343,7 @@ def _program(out, tensors, log, counts0) -> _Program:
             steps.append(["native", fn, device, tpl])
     outputs = spec(out)
     steps = _live(steps, outputs)
-    counts = []
-    for fam, before in zip(launch.FAMILIES, counts0):
-        delta = collections.Counter({k: n - before.get(k, 0) for k, n in fam.counts.items() if n != before.get(k, 0)})
-        if delta:
-            counts.append((fam, delta))
-    return _Program([tuple(s) for s in steps], len(slots), outputs, counts)
+    return _Program([tuple(s) for s in steps], len(slots), outputs, list(counts.items()))
 
 
 def _has_stream(a) -> bool:

@@ -45,7 +45,7 @@ import torch
 from torch import Tensor
 
 from tsct import native
-from tsct.kernels import launch
+from tsct.kernels import launch, record
 from tsct.kernels.triton_common import runtime as C
 from tsct.kernels.triton_common import specs as CS
 from tsct.kernels.triton_lowbit import specs as LS
@@ -128,6 +128,9 @@ def _factor_args(name: str, w, dtype: torch.dtype) -> tuple[int, list]:
             w = to_layout(w, "linear")
             with _lock:
                 _conversions[name] += 1
+            log = record.active()
+            if log is not None:  # counted per call: a replay would not count it (store linear for this path)
+                log.append(("unreplayable", "a block-scale layout conversion"))
         # a linear block scale is [E, N, K/16] (a 2-D factor's too: stored as a batch of one, NVFP4Tensor)
         p = [w.codes, w.block_scale.view(torch.uint8), w.global_scale]
     elif fmt == FP8:  # E4M3 codes as their raw bytes (decoded by bits in the kernels)
