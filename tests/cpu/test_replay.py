@@ -8,6 +8,7 @@ kernels with the same grids and arguments, pointers included up to renaming."""
 
 from __future__ import annotations
 
+import collections
 import importlib.util
 from pathlib import Path
 
@@ -15,7 +16,7 @@ import pytest
 import torch
 
 from tsct import config
-from tsct.kernels import aot, replay
+from tsct.kernels import aot, launch, replay
 from tsct.ops import _factors
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -231,9 +232,14 @@ def test_replayed_pass_launches_what_the_path_launches(fmt, monkeypatch):
                 elif hasattr(t, "_STORAGE"):
                     inputs.update(u.data_ptr() for u in _factors.pack("w", t, False)[1] if u is not None)
 
+        def counted():
+            return collections.Counter({(f.name, *k): n for f in launch.FAMILIES for k, n in f.backend_counts().items()})
+
         def one_pass():
             events.clear()
+            c0 = counted()
             step()
+            added.append(counted() - c0)
             out = []
             for e in events:
                 if len(e) == 2:  # a native call: (name, ctypes arguments and the stream)
@@ -244,6 +250,7 @@ def test_replayed_pass_launches_what_the_path_launches(fmt, monkeypatch):
                     out.append(e)
             return out
 
+        added: list = []  # the launch counts each pass added
         monkeypatch.setattr(config, "eager_replay", False)
         one_pass()  # the first pass also asks the library about its kernels (cached)
         plain = one_pass()
@@ -256,6 +263,7 @@ def test_replayed_pass_launches_what_the_path_launches(fmt, monkeypatch):
     assert len(plain) >= 6
     assert any(v[0] == "in" for e in _canonical(plain, inputs, False) for v in e[3] if type(v) is tuple)
     assert _canonical(recorded, inputs, False) == _canonical(plain, inputs, False)
+    assert added[1] and added[1] == added[2] == added[3] == added[4]  # plain, recorded, replayed twice
     want = _canonical(recorded, inputs, True)
     assert _canonical(replayed[0], inputs, True) == want and _canonical(replayed[1], inputs, True) == want
 
