@@ -6,17 +6,20 @@ launches. That Python depends only on the call's signature: shapes, strides, dty
 pointer alignment, which tensors alias, the factor formats, the GPU and the configuration. So the first call of a
 signature runs the path while recording what reaches the device:
 
-* the tensors it allocates (``torch.empty`` and relatives, seen through a ``TorchDispatchMode``),
+* its torch ops, in order with the launches (a ``TorchDispatchMode``): the allocations (``torch.empty`` and
+  relatives, ``zeros``), the views, the few ops that compute (a dtype conversion, the sort of a combine's index),
 * its cubin launches (``tsct.kernels.aot``) and CUDA-row calls (``tsct.native``), with each pointer argument
-  resolved to (input or allocation, byte offset),
-* where its outputs live (an allocation, maybe as a view), and the launch counts it added.
+  resolved to (input or allocation, byte offset), and the launch counts they reported,
+* where its outputs live (an input, an allocation or a view of one).
 
-A later call with the same signature allocates the same tensors (those a launch or an output uses), issues the same
-launches with its own pointers on the current stream and returns the same views: the same kernels with the same
-arguments, so the same bits, for a fraction of the host time. A recording that sees anything else is not replayed
-(the signature runs the path every time): a torch op that computes (a copy, a sort, a fill), a Triton JIT launch, a
-launch on another stream than the caller's, a pointer to memory the call neither received nor allocated. Paths are
-sync-free (no host read of a device value), so nothing but the signature steers them.
+A later call with the same signature runs the same ops on its own tensors (allocations through the fast torch
+factories; views made only to take a pointer, and allocations nothing reads, are left out), issues the same launches
+with its own pointers on the current stream and returns the same structure: the same kernels with the same arguments,
+so the same bits, for a fraction of the host time. A recording that sees what it cannot repeat leaves its signature
+to the path, which then runs every time (``stats()`` names the reason): a Triton JIT launch, a launch on another
+stream than the caller's, an op on a stream object, a host read of a device value (the paths are sync-free, so
+nothing but the signature steers them; a read would), a per-call counted conversion, a pointer to memory the call
+neither received nor allocated, anything it cannot describe.
 
 On unless ``tsct.config.eager_replay`` is off (``TSCT_EAGER_REPLAY=0``); used by the eager route of ``tsct.ops`` only
 (``tsct.ops._function``, ``tsct.ops.sort_by_expert``), never under torch.compile or a dispatch mode. Inside a CUDA
