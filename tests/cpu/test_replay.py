@@ -44,17 +44,17 @@ def test_replay_computes_the_new_inputs():
         calls.append(1)
         return _scaled_sum(x, w, 5)
 
-    xs = [torch.randn(8, 4, generator=g) for _ in range(3)]
-    ws = [torch.rand(8, generator=g) + 0.5 for _ in range(3)]
+    xs = [torch.randn(8, 4, generator=g) for _ in range(4)]
+    ws = [torch.rand(8, generator=g) + 0.5 for _ in range(4)]
     for x, w in zip(xs, ws):
         out, (view, zeros) = replay.call(lambda: fn(x, w), [x, w], ("scaled", 5))
         want = _scaled_sum(x, w, 5)[0]
         assert torch.equal(out, want)
         assert view.shape == (4, 5) and torch.equal(view, want.t())
         assert torch.equal(zeros, torch.zeros(3, dtype=torch.int32))
-    assert len(calls) == 1  # recorded once, then replayed
+    assert len(calls) == 2  # the first call runs it, the second records it, the rest replay
     st = replay.stats()
-    assert st["recorded"] == 1 and st["replayed"] == 2
+    assert st["first"] == 1 and st["recorded"] == 1 and st["replayed"] == 2
 
 
 def test_replay_keys_on_the_signature():
@@ -70,11 +70,12 @@ def test_replay_keys_on_the_signature():
         assert torch.equal(replay.call(lambda: fn(x), [x], ()), x * 2)
     x = torch.randn(3, 4, generator=g).t()  # the same shape, other strides
     assert torch.equal(replay.call(lambda: fn(x), [x], ()), x * 2)
-    assert seen == [(4, 3), (5, 3), (4, 3)]
+    # (4, 3): run, recorded, replayed; (5, 3) and the transposed (4, 3) are other signatures (first calls)
+    assert seen == [(4, 3), (4, 3), (5, 3), (4, 3)]
     # the extra part of the key too
     y = torch.randn(4, 3, generator=g)
     replay.call(lambda: fn(y), [y], ("other",))
-    assert len(seen) == 4
+    assert len(seen) == 5
 
 
 def test_aliasing_is_part_of_the_key():
@@ -87,8 +88,9 @@ def test_aliasing_is_part_of_the_key():
 
     a, b = torch.randn(6, generator=g), torch.randn(6, generator=g)
     replay.call(lambda: fn(a, b), [a, b], ())
-    out = replay.call(lambda: fn(a, a), [a, a], ())  # the same tensor twice: another signature
-    assert torch.equal(out, a + a) and len(n) == 2
+    replay.call(lambda: fn(a, b), [a, b], ())  # recorded
+    out = replay.call(lambda: fn(a, a), [a, a], ())  # the same tensor twice: another signature, run
+    assert torch.equal(out, a + a) and len(n) == 3
 
 
 def test_what_cannot_be_repeated_runs_every_time():
@@ -122,7 +124,7 @@ def test_a_host_read_is_not_replayed():
 
 def test_detach_of_an_input_stays_a_new_tensor():
     w = torch.randn(3, requires_grad=True)
-    for _ in range(3):
+    for _ in range(4):
         out = replay.call(lambda: w.detach(), [w], ())
         assert out is not w and not out.requires_grad and torch.equal(out, w.detach())
     assert replay.stats()["replayed"] == 2
@@ -157,9 +159,10 @@ def test_counts_are_the_calls_own():
         for _ in range(4):
             fam.count("native", "other")
 
+    x = torch.randn(4)
+    replay.call(lambda: fam.count("native", "mine") or x * 2, [x], ("counts",))  # the first call: not recorded
     t = threading.Thread(target=other)
     t.start()
-    x = torch.randn(4)
 
     def fn():
         started.wait(5)
@@ -171,7 +174,7 @@ def test_counts_are_the_calls_own():
     replay.call(fn, [x], ("counts",))
     for _ in range(3):
         replay.call(fn, [x], ("counts",))
-    assert fam.counts[("native", "mine")] == 4 and fam.counts[("native", "other")] == 4
+    assert fam.counts[("native", "mine")] == 5 and fam.counts[("native", "other")] == 4
     launch.FAMILIES.remove(fam)
 
 
@@ -255,15 +258,18 @@ def test_replayed_pass_launches_what_the_path_launches(fmt, monkeypatch):
         one_pass()  # the first pass also asks the library about its kernels (cached)
         plain = one_pass()
         monkeypatch.setattr(config, "eager_replay", True)
+        first = one_pass()  # a signature's first call runs the path
         recorded = one_pass()
         replayed = [one_pass() for _ in range(2)]
         lib.log = None
-    assert replay.stats()["recorded"] == 3 and replay.stats()["replayed"] == 6  # the sort, forward and backward
+    st = replay.stats()  # the sort, forward and backward
+    assert st["first"] == 3 and st["recorded"] == 3 and st["replayed"] == 6
     assert replay.stats()["reasons"] == {}
     assert len(plain) >= 6
     assert any(v[0] == "in" for e in _canonical(plain, inputs, False) for v in e[3] if type(v) is tuple)
+    assert _canonical(first, inputs, False) == _canonical(plain, inputs, False)
     assert _canonical(recorded, inputs, False) == _canonical(plain, inputs, False)
-    assert added[1] and added[1] == added[2] == added[3] == added[4]  # plain, recorded, replayed twice
+    assert added[1] and added[1] == added[2] == added[3] == added[4] == added[5]  # plain, first, recorded, replays
     want = _canonical(recorded, inputs, True)
     assert _canonical(replayed[0], inputs, True) == want and _canonical(replayed[1], inputs, True) == want
 

@@ -3,8 +3,9 @@
 An eager call's host time is mostly the Python between the public function and its kernels (argument handling,
 tile and kernel choices, resolving each launch's cubin, the backward's plan: docs/performance.md), not the
 launches. That Python depends only on the call's signature: shapes, strides, dtypes, which arguments are None,
-pointer alignment, which tensors alias, the factor formats, the GPU and the configuration. So the first call of a
-signature runs the path while recording what reaches the device:
+pointer alignment, which tensors alias, the factor formats, the GPU and the configuration. So the second call of a
+signature (the first runs the path plainly: a recording costs about three times its host time, which a shape seen
+once should not pay) runs the path while recording what reaches the device:
 
 * its torch ops, in order with the launches (a ``TorchDispatchMode``): the allocations (``torch.empty`` and
   relatives, ``zeros``), the views, the few ops that compute (a dtype conversion, the sort of a combine's index),
@@ -46,9 +47,13 @@ __all__ = ["call", "stats", "clear"]
 
 _aten = torch.ops.aten
 _MAX_PROGRAMS = 256  # signatures kept (a training loop has a handful: one per layer shape and direction)
+# A signature is recorded at its second call (a recording costs ~3x the path's host time: a call of a new shape each
+# time, as with variable token counts, keeps the path's cost); the first sightings are kept up to this many.
+_MAX_SEEN = 4096
 
 _lock = threading.Lock()
 _programs: dict = {}
+_seen: set = set()
 _stats = collections.Counter()
 
 
@@ -60,8 +65,9 @@ class _Unreplayable:
 
 
 def stats() -> dict:
-    """{"recorded", "replayed", "unreplayable": calls} since process start (or ``clear``), and the reasons of the
-    signatures that are not replayed ({reason: signatures})."""
+    """{"first", "recorded", "replayed", "unreplayable": calls} since process start (or ``clear``; "first": a
+    signature's first call, which runs the path; the second records), and the reasons of the signatures that are not
+    replayed ({reason: signatures})."""
     with _lock:
         out = dict(_stats)
         out["reasons"] = dict(collections.Counter(p.reason for p in _programs.values()
@@ -73,6 +79,7 @@ def clear() -> None:
     """Forget every recorded signature (tests; a changed environment is caught by the key already)."""
     with _lock:
         _programs.clear()
+        _seen.clear()
         _stats.clear()
 
 
@@ -187,6 +194,12 @@ def call(fn: Callable[[], Any], tensors: Sequence[Optional[Tensor]], extra: tupl
     if type(prog) is _Program:
         _stats["replayed"] += 1
         return prog.run(tensors)
+    if prog is None and key not in _seen:  # a first sighting runs the path: one-off shapes never pay a recording
+        if len(_seen) >= _MAX_SEEN:
+            _seen.clear()
+        _seen.add(key)
+        _stats["first"] += 1
+        return fn()
     if prog is not None or record.log is not None or not _lock.acquire(blocking=False):
         # not replayable, or another thread records now: the path itself
         _stats["unreplayable"] += 1
