@@ -21,7 +21,7 @@ host time per call). torch.compile, FakeTensor, tensor subclasses and dispatch m
 custom ops. ``tsct.config.eager_direct = False`` sends everything through the ops (``tsct.ops._eager``).
 
 ``eager_replay``: a plain eager call (the ``eager_direct`` route) of a Triton path or of ``sort_by_expert`` records
-what its first call of a signature (shapes, strides, dtypes, alignment, formats, configuration) allocates and
+what its second call of a signature (shapes, strides, dtypes, alignment, formats, configuration) allocates and
 launches, and later calls of that signature issue the same launches with their own tensors, skipping the path's
 host code (``tsct.kernels.replay``; same kernels and arguments, same bits). ``TSCT_EAGER_REPLAY=0`` turns it off.
 
@@ -77,7 +77,7 @@ VARIABLES: tuple[Variable, ...] = (
     Variable("TSCT_WARN_FALLBACKS", "bool", "1", "`0`: do not warn on fallbacks (they are still counted); "
              "`tsct.config.warn_fallbacks`"),
     Variable("TSCT_EAGER_REPLAY", "bool", "1", "`0`: plain eager calls of the Triton paths and `sort_by_expert` run "
-             "their host code every time instead of replaying the launches recorded at the first call of their "
+             "their host code every time instead of replaying the launches recorded at the second call of their "
              "signature (the same launches either way; `tsct.kernels.replay`); `tsct.config.eager_replay`"),
     Variable("TSCT_TRITON_BACKEND", "auto\\|aot\\|jit", "auto", "Triton kernels from the installed cubins, else JIT "
              "(`auto`); cubins only; JIT only (read per call)"),
