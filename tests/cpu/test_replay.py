@@ -236,7 +236,8 @@ def test_replayed_pass_launches_what_the_path_launches(fmt, monkeypatch):
                     inputs.update(u.data_ptr() for u in _factors.pack("w", t, False)[1] if u is not None)
 
         def counted():
-            return collections.Counter({(f.name, *k): n for f in launch.FAMILIES for k, n in f.backend_counts().items()})
+            return collections.Counter({(f.name, *k): n for f in launch.FAMILIES
+                                        for k, n in f.backend_counts().items()})
 
         def one_pass():
             events.clear()

@@ -94,8 +94,8 @@ def _key(tensors: Sequence[Optional[Tensor]], extra: tuple) -> tuple:
             continue
         p = t.data_ptr()
         parts.append((t.dtype, t.shape, t.stride(), p & 15, seen.setdefault(p, i)))
-    return (*parts, *extra, tensors[0].device, aot.generation, config.triton_backend(), config.cuda_kernels, config.csr_side_stream,
-            C.config_generation)
+    return (*parts, *extra, tensors[0].device, aot.generation, config.triton_backend(), config.cuda_kernels,
+            config.csr_side_stream, C.config_generation)
 
 
 class _Ops(TorchDispatchMode):
