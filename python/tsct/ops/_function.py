@@ -129,8 +129,6 @@ def _replay_tensors(inputs: Inputs, call: Call, *first: Tensor, saved: Optional[
             *inputs[1:4], *call.storage, *(saved or ()), *links]
 
 
-
-
 def backward(grad_out: Tensor, inputs: Inputs, call: Call, needs: Inputs, saved: list,
              trusted: bool = False) -> Inputs:
     """The gradients of ``inputs`` (None where ``needs`` is False), each in its input's layout
@@ -138,6 +136,7 @@ def backward(grad_out: Tensor, inputs: Inputs, call: Call, needs: Inputs, saved:
     ``trusted``: an eager call's records (``_path_args``)."""
     _select.before_backward(call.impl, inputs.x.device)
     mod = dispatch.implementation(call.impl)
+
     def run():
         args = (grad_out, *_path_args(inputs, call, trusted), list(needs))
         return mod.grouped_glu_backward(*args, saved=saved) if saved else mod.grouped_glu_backward(*args)
