@@ -92,8 +92,6 @@ def current_stream(dev: torch.device) -> int:
 
 
 _UNRESOLVED = object()
-#: every Family made (their launch counts: ``tsct.kernels.replay`` repeats a recorded call's)
-FAMILIES: list = []
 
 
 class _Resolved:
@@ -130,7 +128,6 @@ class Family:
         self._generation: tuple = ()  # (aot.generation, aot.kernel, aot.artifact_arch) the caches were built on
         self._lock = threading.Lock()
         self.counts: collections.Counter = collections.Counter()  # (backend, kernel) -> launches
-        FAMILIES.append(self)
 
     def backend_counts(self) -> dict[tuple[str, str], int]:
         with self._lock:

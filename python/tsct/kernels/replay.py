@@ -303,6 +303,7 @@ def _program(out, tensors, log) -> _Program:
 
     steps = []
     counts: dict = {}  # Family -> Counter: the launch counts this call added (as the log reported them)
+    stream = None      # the caller's stream, as it was and is (looked up at the first launch)
     for entry in log:
         kind = entry[0]
         if kind == "jit":
@@ -332,7 +333,9 @@ def _program(out, tensors, log) -> _Program:
                     for t in (res if isinstance(res, (list, tuple)) else (res,))]
             steps.append(["op", func, a, kw, outs])
             continue
-        if entry[-1] != launch.current_stream(tensors[0].device):  # the caller's stream, as it was and is
+        if stream is None:
+            stream = launch.current_stream(tensors[0].device)
+        if entry[-1] != stream:
             raise _NotReplayable("a launch on another stream than the caller's")
         tpl = _Template()
         tpl.pointers = set()
@@ -362,25 +365,24 @@ def _program(out, tensors, log) -> _Program:
     return _Program([tuple(s) for s in steps], len(slots), outputs, list(counts.items()))
 
 
+def _leaves(a):
+    """The items of nested lists, tuples and dicts (a ``_Slot`` is an item, not a tuple to walk)."""
+    if type(a) is not _Slot and isinstance(a, (list, tuple)):
+        for x in a:
+            yield from _leaves(x)
+    elif isinstance(a, dict):
+        for x in a.values():
+            yield from _leaves(x)
+    else:
+        yield a
+
+
 def _has_stream(a) -> bool:
-    if isinstance(a, (torch.Stream, torch.cuda.Stream)):
-        return True
-    if isinstance(a, (list, tuple)):
-        return any(_has_stream(x) for x in a)
-    if isinstance(a, dict):
-        return any(_has_stream(x) for x in a.values())
-    return False
+    return any(isinstance(x, (torch.Stream, torch.cuda.Stream)) for x in _leaves(a))
 
 
 def _slots_in(spec, acc: set) -> set:
-    if type(spec) is _Slot:
-        acc.add(spec.index)
-    elif type(spec) in (list, tuple):
-        for s in spec:
-            _slots_in(s, acc)
-    elif type(spec) is dict:
-        for s in spec.values():
-            _slots_in(s, acc)
+    acc.update(x.index for x in _leaves(spec) if type(x) is _Slot)
     return acc
 
 

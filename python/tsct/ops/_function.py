@@ -121,12 +121,10 @@ def _replay_tensors(inputs: Inputs, call: Call, *first: Tensor, saved: Optional[
     ``saved`` None for a forward)."""
     r = call.routing
     m = (r.gather_idx if r.gather_idx is not None else inputs.x).shape[0]
-    if saved is None:
-        links = C.linked_tensors(r.offs, None, r.scatter_idx, m, r.num_out_rows, inputs.x.shape[0])
-    else:
-        links = C.linked_tensors(r.offs, r.gather_idx, None, m, r.num_out_rows, inputs.x.shape[0])
+    idx, n = (r.scatter_idx, r.num_out_rows) if saved is None else (r.gather_idx, inputs.x.shape[0])
+    link = C.linked_csr(idx, r.offs, m, n) if idx is not None and n is not None else None
     return [*first, inputs.x, r.offs, r.gather_idx, r.scatter_idx, inputs.s_gate, inputs.s_up, r.row_weight,
-            *inputs[1:4], *call.storage, *(saved or ()), *links]
+            *inputs[1:4], *call.storage, *(saved or ()), *(link or (None, None))]
 
 
 def backward(grad_out: Tensor, inputs: Inputs, call: Call, needs: Inputs, saved: list,

@@ -36,7 +36,6 @@ from tsct.kernels.triton_common.specs import Config
 __all__ = ["ARCH_CONFIGS", "CONFIG", "overridden", "kernel_arch", "tile_config", "cuda_kernel", "FAMILY",
            "backend_counts", "launch_kernel", "cdiv", "device_props", "device_capability", "aligned_launch",
            "native_smem_ok", "scales_f32", "scales_in", "as_f32", "as_i64", "tile_cum", "link_csr", "linked_csr",
-           "linked_tensors",
            "build_csr", "csr_overlap", "combine", "combine_forward", "dx_csr", "zero_tail", "zero_saved_tails",
            "saved_like_r", "BwdPlan", "chunk_size", "bwd_plan", "chunked_programs", "dwd_chunks", "dw_chunks",
            "bwd_epilogue", "scale_grads", "dx_from_rows"]
@@ -325,19 +324,6 @@ def linked_csr(idx: Tensor, offs: Tensor, m: int, n_out: int) -> Optional[tuple[
         link.order.record_stream(stream)
         link.ptr.record_stream(stream)
     return link.order, link.ptr
-
-
-def linked_tensors(offs: Tensor, gather_idx: Optional[Tensor], scatter_idx: Optional[Tensor], m: int,
-                   num_out_rows: Optional[int], n_x: int) -> tuple:
-    """The CSRs ``link_csr`` linked to a call's index tensors that its combines may take (the forward's over
-    ``scatter_idx`` into ``num_out_rows``, the dX combine's over ``gather_idx`` into the ``n_x`` rows of x), None
-    where there is none: tensors a path reads besides its arguments (``tsct.kernels.replay``)."""
-    out: list = []
-    for idx, n in ((scatter_idx, num_out_rows), (gather_idx, n_x)):
-        if idx is not None and n is not None:
-            link = linked_csr(idx, offs, m, n)
-            out.extend(link if link is not None else (None, None))
-    return tuple(out)
 
 
 def build_csr(idx: Tensor, offs: Tensor, m: int, n_out: int, cap) -> tuple[Tensor, Tensor]:
