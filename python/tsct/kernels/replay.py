@@ -362,7 +362,8 @@ def _program(out, tensors, log) -> _Program:
             steps.append(["native", fn, device, tpl])
     outputs = spec(out)
     steps = _live(steps, outputs)
-    return _Program([tuple(s) for s in steps], len(slots), outputs, list(counts.items()))
+    steps = _workspace(steps, outputs, slots, tensors[0].device)
+    return _Program([tuple(s) for s in steps], len(slots) + 1, outputs, list(counts.items()))
 
 
 def _leaves(a):
@@ -379,6 +380,43 @@ def _leaves(a):
 
 def _has_stream(a) -> bool:
     return any(isinstance(x, (torch.Stream, torch.cuda.Stream)) for x in _leaves(a))
+
+
+_WORKSPACE_ALIGN = 512  # bytes: the caching allocator's block alignment, so every pointer keeps its alignment
+
+
+def _workspace(steps: list, outputs, slots: list, device) -> list:
+    """The allocations that only launches read or write (no torch op, not the result) carved from one workspace
+    allocation, in slot ``len(slots)``: one allocator call per replay instead of one per temporary. Each keeps its
+    size, rounded up to ``_WORKSPACE_ALIGN``; all live to the end of the replay, as every allocation of a replay
+    does."""
+    by_op = _slots_in(outputs, set())
+    for st in steps:
+        if st[0] == "op":
+            _slots_in((st[2], st[3]), by_op)
+            by_op.update(i for i in st[4] if i is not None)
+    carve = {}  # slot -> byte offset in the workspace
+    total, first = 0, None
+    for k, st in enumerate(steps):
+        if st[0] == "new" and st[1] not in by_op and st[2][3] == device:
+            t = slots[st[1]]
+            carve[st[1]] = total
+            total += -(-t.untyped_storage().nbytes() // _WORKSPACE_ALIGN) * _WORKSPACE_ALIGN
+            first = k if first is None else first
+    if len(carve) < 2:
+        return steps
+    ws = len(slots)
+    out = []
+    for k, st in enumerate(steps):
+        if k == first:
+            out.append(["new", ws, ((max(total, 1),), (1,), torch.uint8, device)])
+        if st[0] == "new" and st[1] in carve:
+            continue
+        if st[0] in ("aot", "native"):
+            tpl = st[3]
+            tpl[:] = [(ws, carve[v[0]] + v[1]) if type(v) is tuple and v[0] in carve else v for v in tpl]
+        out.append(st)
+    return out
 
 
 def _slots_in(spec, acc: set) -> set:
