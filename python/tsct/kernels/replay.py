@@ -83,19 +83,23 @@ def clear() -> None:
         _stats.clear()
 
 
-def _key(tensors: Sequence[Optional[Tensor]], extra: tuple) -> tuple:
-    """The signature: per tensor its dtype, shape, strides, pointer alignment (mod 16) and the first earlier tensor at
-    the same address (aliasing); the caller's ``extra``; and what steers the paths besides their arguments."""
+def _key(tensors: Sequence[Optional[Tensor]], extra: tuple) -> tuple[tuple, list]:
+    """The signature and the tensors' addresses (0 for None). The signature: per tensor its dtype, shape, strides,
+    pointer alignment (mod 16) and the first earlier tensor at the same address (aliasing); the caller's ``extra``;
+    and what steers the paths besides their arguments."""
     seen: dict = {}
     parts = []
+    ptrs = []
     for i, t in enumerate(tensors):
         if t is None:
             parts.append(None)
+            ptrs.append(0)
             continue
         p = t.data_ptr()
+        ptrs.append(p)
         parts.append((t.dtype, t.shape, t.stride(), p & 15, seen.setdefault(p, i)))
     return (*parts, *extra, tensors[0].device, aot.generation, config.triton_backend(), config.cuda_kernels,
-            config.csr_side_stream, C.config_generation)
+            config.csr_side_stream, C.config_generation), ptrs
 
 
 class _Ops(TorchDispatchMode):
@@ -118,60 +122,61 @@ class _Slot(NamedTuple):
     index: int
 
 
+_NEW, _ZEROS, _OP, _AOT, _NATIVE = range(5)  # the kinds of a program's steps
+_NULL = ctypes.c_void_p(0)  # a CUDA-row call's null pointer argument
+
+
 class _Program:
     """What a replay does: the recorded torch ops (factories through their fast torch functions) and launches, in
     order, on this call's tensors; then the result's structure."""
 
-    __slots__ = ("steps", "n_slots", "outputs", "counts")
+    __slots__ = ("steps", "pad", "outputs", "counts")
 
-    def __init__(self, steps, n_slots, outputs, counts):
-        self.steps = steps      # [("new" | "zeros", slot, (shape, stride, dtype, device)) | ("op", func, args,
-        #                          kwargs, out slots) | ("aot", kernel, grid, template) | ("native", fn, device,
-        #                          template)]
-        self.n_slots = n_slots
+    def __init__(self, steps, n_slots, n_inputs, outputs, counts):
+        self.steps = steps      # [(_NEW, slot, shape, stride, dtype, device) | (_ZEROS, slot, shape, dtype, device)
+        #                          | (_OP, func, args, kwargs, out slots, addressed) | (_AOT, kernel, grid, values,
+        #                          fixups) | (_NATIVE, fn, device, values, fixups)]; fixups: (position, slot, byte
+        #                          offset) of each pointer argument, ``addressed``: whether a launch points into an out
+        self.pad = [None] * (n_slots - n_inputs)
         self.outputs = outputs  # the result's structure over slots
         self.counts = counts    # [(Family, Counter)]: the launch counts one call adds
 
-    def run(self, tensors: Sequence[Optional[Tensor]]):
-        slots = [*tensors, *([None] * (self.n_slots - len(tensors)))]
+    def run(self, tensors: Sequence[Optional[Tensor]], ptrs: list):
+        slots = [*tensors, *self.pad]
+        addr = [*ptrs, *self.pad]  # each slot's data pointer, where a launch points into it
         stream = None
         for step in self.steps:
             kind = step[0]
-            if kind == "new":
-                shape, stride, dtype, device = step[2]
-                slots[step[1]] = torch.empty_strided(shape, stride, dtype=dtype, device=device)
-            elif kind == "zeros":
-                shape, _, dtype, device = step[2]
-                slots[step[1]] = torch.zeros(shape, dtype=dtype, device=device)
-            elif kind == "op":
-                _, func, args, kwargs, outs = step
-                res = func(*_fill(args, slots), **_fill(kwargs, slots))
-                if isinstance(res, Tensor):
-                    slots[outs[0]] = res
-                elif isinstance(res, (list, tuple)):
-                    for i, t in zip(outs, res):
-                        if i is not None:
-                            slots[i] = t
+            if kind == _AOT:
+                values = step[3].copy()
+                for pos, i, off in step[4]:
+                    values[pos] = addr[i] + off
+                if stream is None:
+                    stream = launch.current_stream(tensors[0].device)
+                step[1].launch(step[2], values, stream)
+            elif kind == _NEW:
+                t = slots[step[1]] = torch.empty_strided(step[2], step[3], dtype=step[4], device=step[5])
+                addr[step[1]] = t.data_ptr()
+            elif kind == _NATIVE:
+                values = step[3].copy()
+                for pos, i, off in step[4]:
+                    values[pos] = ctypes.c_void_p(addr[i] + off)
+                _ops._call(step[1], step[2], *values)
+            elif kind == _ZEROS:
+                t = slots[step[1]] = torch.zeros(step[2], dtype=step[3], device=step[4])
+                addr[step[1]] = t.data_ptr()
             else:
-                values = [slots[v[0]].data_ptr() + v[1] if type(v) is tuple else v for v in step[3]]
-                if kind == "aot":
-                    if stream is None:
-                        stream = launch.current_stream(tensors[0].device)
-                    step[1].launch(step[2], values, stream)
-                else:
-                    _ops._call(step[1], step[2], *[ctypes.c_void_p(v) if i in step[3].pointers else v
-                                                   for i, v in enumerate(values)])
+                _, func, args, kwargs, outs, addressed = step
+                res = func(*_fill(args, slots), **_fill(kwargs, slots))
+                for i, t in zip(outs, (res,) if isinstance(res, Tensor) else res):
+                    if i is not None:
+                        slots[i] = t
+                        if addressed:
+                            addr[i] = t.data_ptr()
         for fam, delta in self.counts:
             with fam._lock:
                 fam.counts.update(delta)
         return _fill(self.outputs, slots)
-
-
-class _Template(list):
-    """A launch's arguments: numbers as they are, pointers as (slot, byte offset); ``pointers``: the positions of
-    the pointer arguments of a CUDA-row call (passed as c_void_p)."""
-
-    __slots__ = ("pointers",)
 
 
 def _fill(spec, slots):
@@ -189,11 +194,11 @@ def call(fn: Callable[[], Any], tensors: Sequence[Optional[Tensor]], extra: tupl
     """``fn()``, replayed when this signature was recorded before. ``tensors``: every tensor ``fn`` may read or write
     (what its arguments hold), first one on the device its launches use; ``extra``: the rest of what steers it (sizes
     that no tensor carries, formats, flags) as hashables. ``fn`` runs only to record or where a replay cannot."""
-    key = _key(tensors, extra)
+    key, ptrs = _key(tensors, extra)
     prog = _programs.get(key)
     if type(prog) is _Program:
         _stats["replayed"] += 1
-        return prog.run(tensors)
+        return prog.run(tensors, ptrs)
     if prog is None and key not in _seen:  # a first sighting runs the path: one-off shapes never pay a recording
         if len(_seen) >= _MAX_SEEN:
             _seen.clear()
@@ -337,8 +342,7 @@ def _program(out, tensors, log) -> _Program:
             stream = launch.current_stream(tensors[0].device)
         if entry[-1] != stream:
             raise _NotReplayable("a launch on another stream than the caller's")
-        tpl = _Template()
-        tpl.pointers = set()
+        tpl = []  # the launch's arguments: numbers as they are, pointers as (slot, byte offset)
         if kind == "aot":
             _, k, grid, values, _ = entry
             for v, ty in zip(values, (p["type"] for p in k.params)):
@@ -351,10 +355,9 @@ def _program(out, tensors, log) -> _Program:
             steps.append(["aot", k, grid, tpl])
         else:
             _, fn, device, cargs, _ = entry
-            for i, v in enumerate(cargs):
+            for v in cargs:
                 if isinstance(v, ctypes.c_void_p):
-                    tpl.pointers.add(i)
-                    tpl.append(pointer(v.value) if v.value else 0)
+                    tpl.append(pointer(v.value) if v.value else _NULL)
                 elif isinstance(v, int) and not isinstance(v, bool):
                     tpl.append(v)
                 else:
@@ -363,7 +366,29 @@ def _program(out, tensors, log) -> _Program:
     outputs = spec(out)
     steps = _live(steps, outputs)
     steps = _workspace(steps, outputs, slots, tensors[0].device)
-    return _Program([tuple(s) for s in steps], len(slots) + 1, outputs, list(counts.items()))
+    return _Program(_compiled(steps), len(slots) + 1, len(tensors), outputs, list(counts.items()))
+
+
+def _compiled(steps: list) -> list:
+    """The steps as ``_Program.run`` takes them: a launch's arguments as its numbers with the pointer positions
+    to fill; an op's output slots marked when a launch points into them."""
+    addressed = {v[0] for st in steps if st[0] in ("aot", "native") for v in st[3] if type(v) is tuple}
+    out = []
+    for st in steps:
+        kind = st[0]
+        if kind == "new":
+            shape, stride, dtype, device = st[2]
+            out.append((_NEW, st[1], shape, stride, dtype, device))
+        elif kind == "zeros":
+            shape, _, dtype, device = st[2]
+            out.append((_ZEROS, st[1], shape, dtype, device))
+        elif kind == "op":
+            out.append((_OP, st[1], st[2], st[3], st[4], any(i in addressed for i in st[4] if i is not None)))
+        else:
+            values = [0 if type(v) is tuple else v for v in st[3]]
+            fixups = tuple((pos, v[0], v[1]) for pos, v in enumerate(st[3]) if type(v) is tuple)
+            out.append((_AOT if kind == "aot" else _NATIVE, st[1], st[2], values, fixups))
+    return out
 
 
 def _leaves(a):
