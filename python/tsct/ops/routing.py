@@ -156,6 +156,7 @@ def _weights_grad(order: Tensor, grad_rw: Tensor, shape, dtype: torch.dtype) -> 
 
 def _setup_context(ctx, inputs, output) -> None:
     topk_ids, _, topk_weights = inputs
+    ctx.set_materialize_grads(False)  # the index outputs get no gradient: no zero tensors made for them
     ctx.save_for_backward(output[0])
     ctx.weights = (topk_ids.shape, topk_weights.dtype) if topk_weights is not None else None
 
@@ -177,14 +178,12 @@ class _SortByExpert(torch.autograd.Function):
     def forward(ctx, topk_ids, num_experts, topk_weights):
         out = _impl(topk_ids, num_experts, topk_weights, True)
         ctx.mark_non_differentiable(out[0], out[1], out[2])
+        ctx.set_materialize_grads(False)  # no zero tensors made for the index outputs' absent gradients
         ctx.save_for_backward(out[0])
         ctx.weights = (topk_ids.shape, topk_weights.dtype)
         return out
 
-    @staticmethod
-    def backward(ctx, g_order, g_offs, g_token, g_rw):
-        (order,) = ctx.saved_tensors
-        return None, None, _weights_grad(order, g_rw, *ctx.weights)
+    backward = staticmethod(_backward)
 
 
 def uses_kernels(topk_ids: Tensor, num_experts: int) -> bool:
