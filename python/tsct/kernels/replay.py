@@ -133,13 +133,14 @@ class _Program:
     __slots__ = ("steps", "pad", "outputs", "counts")
 
     def __init__(self, steps, n_slots, n_inputs, outputs, counts):
-        self.steps = steps      # [(_NEW, slot, shape, stride, dtype, device) | (_ZEROS, slot, shape, dtype, device)
-        #                          | (_OP, func, args, kwargs, out slots, addressed) | (_AOT, kernel, grid, values,
-        #                          fixups) | (_NATIVE, fn, device, values, fixups)]; fixups: (position, slot, byte
-        #                          offset) of each pointer argument, ``addressed``: whether a launch points into an out
+        # [(_NEW, slot, shape, stride, dtype, device) | (_ZEROS, slot, shape, dtype, device) | (_OP, func, args,
+        #  kwargs, out slots, addressed) | (_AOT, kernel, grid, values, fixups) | (_NATIVE, fn, device, values,
+        #  fixups)]; an op's args / kwargs: ``_filler`` functions; fixups: (position, slot, byte offset) of each
+        #  pointer argument; ``addressed``: whether a launch points into an output of the op
+        self.steps = steps
         self.pad = [None] * (n_slots - n_inputs)
-        self.outputs = outputs  # the result's structure over slots
-        self.counts = counts    # [(Family, Counter)]: the launch counts one call adds
+        self.outputs = _filler(outputs)  # the result's structure from the slots
+        self.counts = counts    # [(Family, ((key, launches), ...))]: the launch counts one call adds
 
     def run(self, tensors: Sequence[Optional[Tensor]], ptrs: list):
         slots = [*tensors, *self.pad]
@@ -167,7 +168,7 @@ class _Program:
                 addr[step[1]] = t.data_ptr()
             else:
                 _, func, args, kwargs, outs, addressed = step
-                res = func(*_fill(args, slots), **_fill(kwargs, slots))
+                res = func(*args(slots), **kwargs(slots))
                 for i, t in zip(outs, (res,) if isinstance(res, Tensor) else res):
                     if i is not None:
                         slots[i] = t
@@ -175,19 +176,29 @@ class _Program:
                             addr[i] = t.data_ptr()
         for fam, delta in self.counts:
             with fam._lock:
-                fam.counts.update(delta)
-        return _fill(self.outputs, slots)
+                counts = fam.counts
+                for k, n in delta:
+                    counts[k] += n
+        return self.outputs(slots)
 
 
-def _fill(spec, slots):
-    """``spec`` with each ``_Slot`` replaced by its tensor."""
+def _filler(spec) -> Callable[[list], Any]:
+    """A function of the slots that builds ``spec`` (nested lists, tuples and dicts) with each ``_Slot`` replaced by
+    its tensor: made once per program, so a replay does not walk the structure."""
     if type(spec) is _Slot:
-        return slots[spec.index]
+        i = spec.index
+        return lambda slots: slots[i]
     if type(spec) in (list, tuple):
-        return type(spec)(_fill(s, slots) for s in spec)
+        typ = type(spec)
+        if all(type(x) is _Slot for x in spec):
+            idx = [x.index for x in spec]
+            return lambda slots: typ([slots[i] for i in idx])
+        fs = [_filler(x) for x in spec]
+        return lambda slots: typ([f(slots) for f in fs])
     if type(spec) is dict:
-        return {k: _fill(v, slots) for k, v in spec.items()}
-    return spec
+        items = [(k, _filler(v)) for k, v in spec.items()]
+        return lambda slots: {k: f(slots) for k, f in items}
+    return lambda slots: spec
 
 
 def call(fn: Callable[[], Any], tensors: Sequence[Optional[Tensor]], extra: tuple):
@@ -366,7 +377,8 @@ def _program(out, tensors, log) -> _Program:
     outputs = spec(out)
     steps = _live(steps, outputs)
     steps = _workspace(steps, outputs, slots, tensors[0].device)
-    return _Program(_compiled(steps), len(slots) + 1, len(tensors), outputs, list(counts.items()))
+    return _Program(_compiled(steps), len(slots) + 1, len(tensors), outputs,
+                    [(fam, tuple(c.items())) for fam, c in counts.items()])
 
 
 def _compiled(steps: list) -> list:
@@ -383,7 +395,8 @@ def _compiled(steps: list) -> list:
             shape, _, dtype, device = st[2]
             out.append((_ZEROS, st[1], shape, dtype, device))
         elif kind == "op":
-            out.append((_OP, st[1], st[2], st[3], st[4], any(i in addressed for i in st[4] if i is not None)))
+            out.append((_OP, st[1], _filler(st[2]), _filler(st[3]), st[4],
+                        any(i in addressed for i in st[4] if i is not None)))
         else:
             values = [0 if type(v) is tuple else v for v in st[3]]
             fixups = tuple((pos, v[0], v[1]) for pos, v in enumerate(st[3]) if type(v) is tuple)
