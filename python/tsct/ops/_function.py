@@ -135,21 +135,22 @@ def backward(grad_out: Tensor, inputs: Inputs, call: Call, needs: Inputs, saved:
     _select.before_backward(call.impl, inputs.x.device)
     mod = dispatch.implementation(call.impl)
 
-    def run():
+    def run():  # a plain tuple (a replay rebuilds lists and tuples, not named tuples)
         args = (grad_out, *_path_args(inputs, call, trusted), list(needs))
-        return mod.grouped_glu_backward(*args, saved=saved) if saved else mod.grouped_glu_backward(*args)
+        grads = mod.grouped_glu_backward(*args, saved=saved) if saved else mod.grouped_glu_backward(*args)
+        out = []
+        for name, g, t in zip(Inputs._fields, grads, inputs):
+            if g is not None and name in FACTOR_NAMES and g.dtype != t.dtype:
+                g = g.to(t.dtype)
+            out.append(like_input(g, t) if g is not None else None)
+        return tuple(out)
 
     with _eager.on_device(inputs.x.device):
-        if trusted and config.eager_replay and getattr(mod, "REPLAYABLE", False):
-            grads = replay.call(run, _replay_tensors(inputs, call, grad_out, saved=saved),
-                                (call.impl, call.formats, call.routing.num_out_rows, tuple(needs), len(saved)))
+        if trusted and config.eager_replay and getattr(mod, "REPLAYABLE", False):  # the layouts too: in the key
+            out = replay.call(run, _replay_tensors(inputs, call, grad_out, saved=saved),
+                              (call.impl, call.formats, call.routing.num_out_rows, tuple(needs), len(saved)))
         else:
-            grads = run()
-    out = []
-    for name, g, t in zip(Inputs._fields, grads, inputs):
-        if g is not None and name in FACTOR_NAMES and g.dtype != t.dtype:
-            g = g.to(t.dtype)
-        out.append(like_input(g, t) if g is not None else None)
+            out = run()
     return Inputs(*out)
 
 
