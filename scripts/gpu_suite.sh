@@ -73,8 +73,9 @@ sm120          the sm120-fp4 pieces that run on sm_90: library / manifest / stat
                first-use self-test machinery (test_sm120_firstuse_gpu.py)
 proxy          the sm_120 proxy build (docs/decisions/0017; a wheel built with TSCT_TRITON_AOT_ARCHS=sm_120_proxy_sm90,
                WHEEL_DIR=dist-proxy): checks it is one, runs the GPU suite through it (bf16 and low-bit, fwd and bwd,
-               b1 and the edge shapes; test_sm120_proxy_gpu.py first) with a launch ledger, the opt-in byte-plane
-               down projection, b1 timing labelled PROXY, and the per-kernel verdicts -> proxy_verdicts.txt
+               b1 and the edge shapes; test_sm120_proxy_gpu.py first) with a launch ledger, the replayed eager calls
+               (test_replay_gpu.py), the opt-in byte-plane down projection, b1 timing labelled PROXY, and the
+               per-kernel verdicts -> proxy_verdicts.txt
 bench          tsct-bench --preset b1, arms $ARMS (default padded-bmm,tsct-bmm-*,tsct-triton-*,tsct-sm120-*),
                formats $FORMATS (default bf16,nvfp4,sign) -> bench_b1.json and bench_b1.png (matplotlib permitting)
 perf           device time per kernel and CUDA-graph replay of the b1 passes (tools/triton_lowbit_perf.py) -> perf.json
@@ -295,9 +296,9 @@ PY
     '$T/test_sort_by_expert_gpu.py' '$T/test_triton_aot_gpu.py' \
     -k 'not jit and not (b1_pad and (nvfp4 or sign or mixed))'"
   # 3. the op through tsct.ops (auto mode, as users call it; the dense-gate mix has no cubins and would JIT: left out,
-  #    and the ledger counts any JIT launch apart)
-  step proxy-ops 90 "${LEDGER[@]}" bash -c "pyt -p _launch_ledger '$T/test_lowbit_ops_gpu.py' \
-    -k 'not jit and not dense_gate'"
+  #    and the ledger counts any JIT launch apart), and its replayed eager calls against the path's bits
+  step proxy-ops 150 "${LEDGER[@]}" bash -c "pyt -p _launch_ledger '$T/test_lowbit_ops_gpu.py' \
+    '$T/test_replay_gpu.py' -k 'not jit and not dense_gate'"
   # 4. b1 through the proxy cubins: the whole pass, % of this GPU's bytes floor, labelled PROXY
   step proxy-bench 90 env TSCT_TRITON_BACKEND=aot TSCT_BENCH_GIT_COMMIT="${COMMIT:-unknown}" tsct-bench --preset b1 \
     --arms 'tsct-triton-bf16-*,tsct-triton-lowbit-nvfp4,tsct-triton-lowbit-sign' --formats bf16,nvfp4,sign \
