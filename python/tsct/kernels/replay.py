@@ -97,7 +97,11 @@ def _key(tensors: Sequence[Optional[Tensor]], extra: tuple) -> tuple[tuple, list
             continue
         p = t.data_ptr()
         ptrs.append(p)
-        parts.append((t.dtype, t.shape, t.stride(), p & 15, seen.setdefault(p, i)))
+        j = seen.setdefault(p, i)
+        if j != i and tensors[j] is t:  # the same tensor again (a gather that is the scatter): the same part
+            parts.append(parts[j])
+        else:
+            parts.append((t.dtype, t.shape, t.stride(), p & 15, j))
     return (*parts, *extra, tensors[0].device, aot.generation, config.triton_backend(), config.cuda_kernels,
             config.csr_side_stream, C.config_generation), ptrs
 

@@ -7,6 +7,7 @@ from typing import Optional
 import numpy as np
 import torch
 from torch import Tensor
+from torch._subclasses.fake_tensor import is_fake  # imported by torch itself
 
 from tsct import config
 from tsct.quant import is_quantized
@@ -141,8 +142,6 @@ def _values_readable(t: Tensor) -> bool:
         return False
     if t.is_cuda and torch.cuda.is_current_stream_capturing():
         return False
-    from torch._subclasses.fake_tensor import is_fake
-
     return not is_fake(t)
 
 
