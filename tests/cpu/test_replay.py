@@ -60,6 +60,24 @@ def test_replay_computes_the_new_inputs():
     assert st["first"] == 1 and st["recorded"] == 1 and st["replayed"] == 2
 
 
+def test_an_op_returning_nothing_is_repeated():
+    g = torch.Generator().manual_seed(2)
+    calls = []
+
+    def fn(x):
+        calls.append(1)
+        y = x + 1
+        torch._foreach_mul_([y], 2.0)  # an in-place op whose result is None
+        return y
+
+    for _ in range(4):
+        x = torch.randn(3, generator=g)
+        assert torch.equal(replay.call(lambda: fn(x), [x], ("nothing",)), (x + 1) * 2)
+    assert len(calls) == 2
+    st = replay.stats()
+    assert st["recorded"] == 1 and st["replayed"] == 2 and st["reasons"] == {}
+
+
 def test_replay_keys_on_the_signature():
     g = torch.Generator().manual_seed(1)
     seen = []

@@ -173,7 +173,7 @@ class _Program:
             else:
                 _, func, args, kwargs, outs, addressed = step
                 res = func(*args(slots), **kwargs(slots))
-                for i, t in zip(outs, (res,) if isinstance(res, Tensor) else res):
+                for i, t in zip(outs, res if isinstance(res, (list, tuple)) else (res,)):  # as recorded; None too
                     if i is not None:
                         slots[i] = t
                         if addressed:
