@@ -78,6 +78,20 @@ def test_an_op_returning_nothing_is_repeated():
     assert st["recorded"] == 1 and st["replayed"] == 2 and st["reasons"] == {}
 
 
+def test_an_assert_is_repeated():
+    def fn(x):
+        torch._assert_async(x.min() >= 0)  # no result, no write: its check is what it does
+        return x + 1
+
+    for _ in range(3):
+        x = torch.rand(3)
+        assert torch.equal(replay.call(lambda: fn(x), [x], ("assert",)), x + 1)
+    assert replay.stats()["replayed"] == 1
+    x = -torch.rand(3) - 1
+    with pytest.raises(RuntimeError):
+        replay.call(lambda: fn(x), [x], ("assert",))
+
+
 def test_replay_keys_on_the_signature():
     g = torch.Generator().manual_seed(1)
     seen = []

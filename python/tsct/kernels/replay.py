@@ -467,8 +467,9 @@ def _slots_in(spec, acc: set) -> set:
 
 
 def _live(steps: list, outputs) -> list:
-    """The steps that matter, in order: launches, torch ops that write their arguments, and the ops and allocations
-    whose tensors those or the result use (a view made only to take its pointer is not repeated)."""
+    """The steps that matter, in order: launches, torch ops that write their arguments or return nothing (a
+    device-side assert), and the ops and allocations whose tensors those or the result use (a view made only to take
+    its pointer is not repeated)."""
     need = _slots_in(outputs, set())
     keep = []
     for st in reversed(steps):
@@ -476,7 +477,8 @@ def _live(steps: list, outputs) -> list:
         if kind in ("aot", "native"):
             need.update(v[0] for v in st[3] if type(v) is tuple)
         elif kind == "op":
-            if not (st[1]._schema.is_mutable or any(i in need for i in st[4] if i is not None)):
+            outs = [i for i in st[4] if i is not None]
+            if not (st[1]._schema.is_mutable or not outs or any(i in need for i in outs)):
                 continue
             _slots_in((st[2], st[3]), need)
         elif st[1] not in need:
