@@ -4,6 +4,7 @@
     python3 scripts/pass_profile.py device --arms bf16,bf16-kmajor,nvfp4 [--iters 10] [--json PATH]
     python3 scripts/pass_profile.py sweep  --arms bf16-kmajor --cfgs "a=1;b=2" --cuda-kernels "none;auto" \
         --aot-dirs DIR1,DIR2
+    python3 scripts/pass_profile.py threads --arms nvfp4,sign [--rounds 2] [--json PATH]
 
 Both run tsct-bench's pass (``tsct.bench.arms.tsct_call``: the sort by expert, then the op through
 ``tsct.ops`` with gather, row weights and the fused combine): the forward with autograd recording (what
@@ -19,6 +20,10 @@ decision 0012).
           TSCT_TRITON_GLU_CFG syntax), each setting of the CUDA rows of the dispatch (TSCT_CUDA_KERNELS: none = the
           Triton kernels where sm_90a takes CUDA ones) and each AOT dir (``scripts/aot_sweep.py`` builds them), cubins
           only (TSCT_TRITON_BACKEND=aot: a variant missing from a dir is an error, not a JIT run).
+  threads the eager forward + backward (tsct-bench's timing: 30 calls between CUDA events, median) with autograd's
+          backward on its CUDA device thread (torch's default: the calling thread hands the graph over and waits) and
+          on the calling thread (``torch.autograd.set_multithreading_enabled(False)``), interleaved over rounds;
+          the CUDA-graph time beside them.
 """
 from __future__ import annotations
 
@@ -168,9 +173,28 @@ def sweep(arms: str, cfgs: str, aot_dirs: str, iters: int, backend: str, cuda_ke
     return res
 
 
+def threads(arms: str, rounds: int) -> dict:
+    from tsct.bench import measure
+
+    dev = torch.device("cuda")
+    res = {}
+    for arm, _, fwdbwd in passes(arms):
+        r = {"graph_ms": measure.time_graph(fwdbwd, dev, n_sets=2, replays=30)["median"],
+             "device_thread_ms": [], "calling_thread_ms": []}
+        for _ in range(rounds):
+            r["device_thread_ms"].append(measure.time_calls(fwdbwd, dev, warmup=3, iters=30, n_sets=2)["median"])
+            with torch.autograd.set_multithreading_enabled(False):
+                r["calling_thread_ms"].append(measure.time_calls(fwdbwd, dev, warmup=3, iters=30, n_sets=2)["median"])
+        print(f"{arm} fwdbwd: graph {r['graph_ms']:.3f} ms; eager, backward on the device thread "
+              f"{', '.join(f'{t:.3f}' for t in r['device_thread_ms'])}; on the calling thread "
+              f"{', '.join(f'{t:.3f}' for t in r['calling_thread_ms'])}", flush=True)
+        res[arm] = r
+    return res
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("what", choices=("host", "device", "sweep"))
+    ap.add_argument("what", choices=("host", "device", "sweep", "threads"))
     ap.add_argument("--cfgs", default="", help='sweep: ";"-separated config overrides ("" = the table)')
     ap.add_argument("--cuda-kernels", default=None,
                     help='sweep: ";"-separated TSCT_CUDA_KERNELS settings (auto, none, kernel lists); default: the '
@@ -181,7 +205,8 @@ def main() -> None:
     ap.add_argument("--n", type=int, default=30, help="host: calls per measurement")
     ap.add_argument("--top", type=int, default=45, help="host: rows of each cProfile table")
     ap.add_argument("--iters", type=int, default=10, help="device: profiled passes")
-    ap.add_argument("--json", default=None, help="device / sweep: write the per-kernel tables here")
+    ap.add_argument("--rounds", type=int, default=2, help="threads: interleaved rounds")
+    ap.add_argument("--json", default=None, help="device / sweep / threads: write the results here")
     a = ap.parse_args()
     out = {}
     if a.what == "sweep":
@@ -189,6 +214,12 @@ def main() -> None:
 
         out = sweep(a.arms, a.cfgs, a.aot_dirs, a.iters, a.backend,
                     config.cuda_kernels if a.cuda_kernels is None else a.cuda_kernels)
+    elif a.what == "threads":
+        import os
+
+        from tsct import config
+        out = {"device": torch.cuda.get_device_name(), "commit": os.environ.get("TSCT_BENCH_GIT_COMMIT"),
+               "eager_replay": config.eager_replay, "arms": threads(a.arms, a.rounds)}
     else:
         for arm, fwd, fwdbwd in passes(a.arms):
             for name, fn in (("fwd", fwd), ("fwdbwd", fwdbwd)):
