@@ -3,8 +3,7 @@ default, meaning; the README's table is checked against it), the settings below 
 
 Settings of the process, changeable at run time (``tsct.config.check_values = False``); ``check_values``,
 ``warn_fallbacks``, ``eager_replay``, ``triton_glu_cfg`` and ``cuda_kernels`` are read from the environment once, at
-import,
-``eager_direct`` and ``csr_side_stream`` are set in code only:
+import, ``eager_direct`` and ``csr_side_stream`` are set in code only:
 
 ``check_values``: whether ``grouped_glu`` validates the VALUES of ``offs``, ``gather_idx`` and
 ``scatter_idx`` (non-decreasing offsets, indices in range). On a GPU this reads those tensors on the

@@ -244,7 +244,8 @@ def test_forward_backward_and_sort_ask_for_their_device(monkeypatch):
     real = _eager.on_device
     monkeypatch.setattr(_eager, "on_device", lambda dev: asked.append(dev) or real(dev))
     monkeypatch.setattr(routing, "uses_kernels", lambda ids, e: True)  # the kernel branch, served by torch's sort
-    monkeypatch.setattr(route, "sort_by_expert", lambda ids, e, w=None, replayed=False: (*routing.sort_by_expert_torch(ids, e), None))
+    monkeypatch.setattr(route, "sort_by_expert",
+                        lambda ids, e, w=None, replayed=False: (*routing.sort_by_expert_torch(ids, e), None))
     ids = torch.randint(0, 4, (16, 2), generator=torch.Generator().manual_seed(12))
     s = sort_by_expert(ids, 4)
     assert asked == [torch.device("cpu")]

@@ -103,7 +103,7 @@ def forward(inputs: Inputs, call: Call, save: bool = True, trusted: bool = False
     fwd_saved = getattr(mod, "grouped_glu_forward_saved", None) if save else None
     fn = fwd_saved or mod.grouped_glu_forward
     with _eager.on_device(inputs.x.device):
-        if trusted and config.eager_replay and getattr(mod, "REPLAYABLE", False):
+        if _replays(mod, trusted):
             res = replay.call(lambda: fn(*_path_args(inputs, call, trusted, factors)), _replay_tensors(inputs, call),
                               (call.impl, call.formats, call.routing.num_out_rows, save))
         else:
@@ -112,6 +112,11 @@ def forward(inputs: Inputs, call: Call, save: bool = True, trusted: bool = False
         return res, []
     out, saved = res
     return out, list(saved)
+
+
+def _replays(mod, trusted: bool) -> bool:
+    """An eager call's own records (``trusted``) on a path whose calls may be replayed, with the replay on."""
+    return trusted and config.eager_replay and getattr(mod, "REPLAYABLE", False)
 
 
 def _replay_tensors(inputs: Inputs, call: Call, *first: Tensor, saved: Optional[Sequence[Tensor]] = None) -> list:
@@ -146,7 +151,7 @@ def backward(grad_out: Tensor, inputs: Inputs, call: Call, needs: Inputs, saved:
         return tuple(out)
 
     with _eager.on_device(inputs.x.device):
-        if trusted and config.eager_replay and getattr(mod, "REPLAYABLE", False):  # the layouts too: in the key
+        if _replays(mod, trusted):  # the layouts too: in the key
             out = replay.call(run, _replay_tensors(inputs, call, grad_out, saved=saved),
                               (call.impl, call.formats, call.routing.num_out_rows, tuple(needs), len(saved)))
         else:
