@@ -208,6 +208,8 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=2, help="threads: interleaved rounds")
     ap.add_argument("--json", default=None, help="device / sweep / threads: write the results here")
     a = ap.parse_args()
+    if a.rounds < 1:
+        ap.error(f"--rounds must be >= 1, got {a.rounds}")
     out = {}
     if a.what == "sweep":
         from tsct import config
