@@ -4,12 +4,12 @@ config to compare schedules (`scripts/gpu_suite.sh bwd-ab` for source trees, `wh
 
 The pass is tsct-bench's tsct arm (``tsct.ops.sort_by_expert``, then one ``tsct.ops.grouped_glu`` with gather and
 combine fused; forward+backward adds ``torch.autograd.grad`` w.r.t. x, the router weights, the dense factors and both
-scales; packed NVFP4 factors: x, router weights and scales), on tsct-bench's inputs (``tsct.bench.routing.route``,
-factors N(0, 1/K), scales U(0.5, 1.5)). Only APIs that every tsct version since the sort kernels has are used, so an
-older tree runs it unchanged.
+scales; packed NVFP4 or sign factors: x, router weights and scales), on tsct-bench's inputs
+(``tsct.bench.routing.route``, factors N(0, 1/K), scales U(0.5, 1.5)). Only APIs that every tsct version since the
+sort kernels has are used, so an older tree runs it unchanged.
 
     PYTHONPATH=<tree>/python python3 scripts/bwd_scale_timing.py --label new --json OUT.json [--shapes b1,b1_zipf12]
-        [--arms bf16-kmajor,nvfp4]
+        [--arms bf16-kmajor,nvfp4,sign]
 
 Prints one line per (shape, arm): forward / forward+backward ms (median of 20 replays) and the expert rows
 (max, empty experts). ``--profile``: also the device time per kernel of one eager forward+backward
@@ -35,7 +35,7 @@ SHAPES = {  # name: (T, E, routing, zipf exponent); k = 2, d = 2048, r = 64, f =
     "e4096": (16384, 4096, "softmax", None),
     "e16384": (16384, 16384, "softmax", None),
 }
-ARMS = ("bf16-kmajor", "nvfp4")
+ARMS = ("bf16-kmajor", "nvfp4", "sign")
 K, D, R, F = 2, 2048, 64, 5461
 
 
@@ -66,8 +66,8 @@ def factors(arm: str, dense):
     if arm == "bf16-kmajor":
         return [wg.clone().requires_grad_(), wu.clone().requires_grad_(), to_kmajor(wd).requires_grad_(),
                 sg.clone().requires_grad_(), su.clone().requires_grad_()], "triton-bf16"
-    if arm == "nvfp4":
-        q = [quant.quantize(t, "nvfp4", backend="torch") for t in (wg, wu, wd)]  # as tsct-bench: linear scales
+    if arm in ("nvfp4", "sign"):
+        q = [quant.quantize(t, arm, backend="torch") for t in (wg, wu, wd)]  # as tsct-bench: linear scales
         return q + [sg.clone().requires_grad_(), su.clone().requires_grad_()], "triton-lowbit"
     raise ValueError(f"unknown arm {arm!r}; arms: {', '.join(ARMS)}")
 

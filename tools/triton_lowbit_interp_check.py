@@ -28,6 +28,7 @@ import triton.language as tl  # noqa: E402
 
 from tsct import quant  # noqa: E402
 from tsct import reference as R  # noqa: E402
+from tsct.kernels.triton_common import runtime as C  # noqa: E402
 from tsct.kernels.triton_lowbit import glu as L  # noqa: E402
 from triton_lowbit_decode_check import check_tile_decode, tile_mismatches  # noqa: E402  (a sibling in tools/)
 from tsct.kernels.triton_lowbit._kernels import _e2m1, _ternary_w, _ue4m3  # noqa: E402
@@ -253,7 +254,8 @@ def main(argv) -> int:
             print(f"{k:22s} " + " ".join(f"{a}={b:.1e}" for a, b in res[k].items()), flush=True)
     if path:
         with open(path, "w") as fh:
-            json.dump({"tol": TOL, "results": res, "conversions": L.layout_conversions()}, fh)
+            launches = {**L.launch_counts(), **{k: n for (_, k), n in C.backend_counts().items()}}
+            json.dump({"tol": TOL, "results": res, "conversions": L.layout_conversions(), "launches": launches}, fh)
     worst = max(max(v.values()) for v in res.values())
     print(f"worst {worst:.2e} (tol {TOL:.0e})")
     return 0 if worst < TOL else 1

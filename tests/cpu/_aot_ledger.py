@@ -201,12 +201,16 @@ def ledger(cap: tuple[int, int], monkeypatch) -> set[str]:
     monkeypatch.setattr(aot, "kernel", lambda arch, key: _Rec(key))
     monkeypatch.setattr(aot, "index", lambda arch: {"kernels": {}})
     arch = aot.artifact_arch(cap)
-    monkeypatch.setitem(C.ARCH_CONFIGS, arch, C.ARCH_CONFIGS[arch].update(f"chunk_bwd={CHUNK}"))
+    base = C.ARCH_CONFIGS[arch].update(f"chunk_bwd={CHUNK}")
+    monkeypatch.setitem(C.ARCH_CONFIGS, arch, base)
     run_glu()
     run_lowbit()
     if arch in LS.OPT_IN_PLANES_DOWN:  # the opt-in byte-plane down projection its table ships
         monkeypatch.setitem(C.ARCH_CONFIGS, arch, C.ARCH_CONFIGS[arch].update("planes_down_lb=1"))
         run_lowbit([t for t in LS.AOT_FORMATS if set(t[:2]) <= set(LS.PLANE_FORMATS)])
+    if LS.fused_variants(base, LS.NVFP4):  # the dz running the GLU backward (fused from fuse_tiles_lb row tiles)
+        monkeypatch.setitem(C.ARCH_CONFIGS, arch, base.update("fuse_tiles_lb=1"))  # ... on every shape here
+        run_lowbit([t for t in LS.AOT_FORMATS if t[2] == LS.NVFP4])
     return keys
 
 

@@ -12,8 +12,11 @@ def n_lowbit(arch: str) -> int:
     variants are uniform NVFP4's) have no generic ones: 128. Plus 68 per uniform fp8 / ternary triple the table holds
     (24 down, 24 up, 8 dz, 12 dX-dW: a w_down format of its own shares no up / dz variant; none now: they run through
     JIT), plus lowbit_down_fwd's opt-in byte-plane variants on ``LS.OPT_IN_PLANES_DOWN`` arches: 12 per NVFP4 / sign
-    triple and alignment it can launch."""
+    triple and alignment it can launch. Where the arch's table can fuse the GLU backward into the dz
+    (``LS.fused_variants``, NVFP4 w_down) its 4 NVFP4 dz variants come six times more: 3 scale dtypes x 2 row
+    weights."""
     decoded = sum(1 for t in LS.AOT_FORMATS if set(t) <= {LS.FP8, LS.TERNARY})
     planes = [t for t in LS.AOT_FORMATS if set(t) <= {LS.NVFP4, LS.SIGN}]
     opt_in = sum(12 if LS.always_aligned(*t) else 24 for t in planes) if arch in LS.OPT_IN_PLANES_DOWN else 0
-    return 128 + 68 * decoded + opt_in
+    fused = 24 if LS.fused_variants(LS.CONFIGS[arch], LS.NVFP4) else 0
+    return 128 + fused + 68 * decoded + opt_in

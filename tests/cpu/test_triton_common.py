@@ -40,7 +40,7 @@ FINGERPRINTS = {
         "glu_bwd_dz": "1cc5a8202c2c53fd",
         "glu_bwd_dwd": "b0dd8760609bba53",
         "bwd_slot_reduce": "d28f3356d7f0a0fb",
-        "glu_bwd_epi": "43f27cdfe8b1c50c",
+        "glu_bwd_epi": "375fbfa4253123f4",
         "glu_bwd_sred": "a7fcdbdeab649b68",
         "glu_bwd_dx_dw": "81e7019a10674fd1",
         "glu_bwd_dw": "7f44eaed32b055ac",
@@ -48,7 +48,7 @@ FINGERPRINTS = {
     "lowbit": {
         "lowbit_down_fwd": "ffafcebec9fa9aaa",
         "lowbit_up_fwd": "b6766d14776506f0",
-        "lowbit_bwd_dz": "e81cbed19b2a2acf",
+        "lowbit_bwd_dz": "c96833edf23efc55",
         "lowbit_bwd_dx_dw": "7b6ddadf6cbf5686",
     },
 }

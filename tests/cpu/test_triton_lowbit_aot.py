@@ -47,6 +47,8 @@ SHAPES = [
     ("gather_only", 96, 2, 5, 96, 48, 257, True, False, True, True, torch.int64),
     ("r100_d200", 64, 2, 6, 200, 100, 333, True, True, True, True, torch.int64),
     ("r128", 32, 2, 4, 64, 128, 64, True, True, True, False, torch.int64),
+    # 768 experts of about one row: enough row tiles for sm_90a's fused dz-and-GLU-backward on an NVFP4 w_down
+    ("e768_fused_dz", 768, 1, 768, 64, 64, 128, True, True, True, True, torch.int64),
 ]
 NEEDS = ([True] * 7, [True] + [False] * 6, [False, True, True, False, False, False, False],
          [False, False, False, True, False, False, True], [True, True, False, True, False, False, False])
@@ -163,8 +165,11 @@ def test_every_lowbit_launch_has_an_aot_variant(dry_run, cap, fmt):
         L.down_forward(x, offs, wg, wu, sg, su, gi)  # public: the latent alone (same table entry)
         assert not missing, f"{shape[0]} {fmt}: no AOT variant for {missing[:2]}"
         kinds = {kk.split("|")[0] for kk in found[n0:]}
-        assert {"lowbit_down_fwd", "lowbit_up_fwd", "lowbit_bwd_dz", "lowbit_bwd_dx_dw", "glu_bwd_epi"} <= kinds, \
-            (shape[0], kinds)
+        assert {"lowbit_down_fwd", "lowbit_up_fwd", "lowbit_bwd_dz", "lowbit_bwd_dx_dw"} <= kinds, (shape[0], kinds)
+        # the GLU backward runs inside lowbit_bwd_dz where the table fuses it for this shape, else in glu_bwd_epi
+        e, m = args[1].shape[0], int(args[8].shape[0]) if args[8] is not None else args[0].shape[0]
+        fused = LS.fuse_dz_epi(C.tile_config(cap), L.factor_format(args[4]), e, m)
+        assert ("glu_bwd_epi" in kinds) != fused, (shape[0], kinds)
 
 
 def test_b1_hot_launches_are_aligned_variants(dry_run):
@@ -312,3 +317,22 @@ def test_first_use_selftest_shape_takes_the_sm120_byte_plane_kernels():
     assert single and bk == 64, (d, r)
     assert LS.up_planes(cfg, LS.NVFP4, single, bk) and LS.up_planes(cfg, LS.SIGN, single, bk)
     assert d >= cfg.shared.bk and LS.down_planes_ok(LS.NVFP4, LS.SIGN, cfg.shared.bk)
+
+
+def test_dz_fuses_the_glu_backward_by_format_and_shape():
+    """sm_90a's table fuses the GLU backward into lowbit_bwd_dz for an NVFP4 w_down from 768 row tiles (estimated as
+    max(E, cdiv(M, 64))); not sign (slower fused), not E 256 at b1's rows (512 tiles), not sm_120's table; an override
+    of 0 turns it off."""
+    sm90, sm120 = CS.CONFIGS["sm_90a"], CS.CONFIGS["sm_120"]
+    assert LS.fuse_dz_epi(sm90, LS.NVFP4, 1024, 32768)          # b1
+    assert LS.fuse_dz_epi(sm90, LS.NVFP4, 4096, 32768)          # E 4096
+    assert LS.fuse_dz_epi(sm90, LS.NVFP4, 256, 131072)          # 512 rows per expert: 2048 tiles
+    assert not LS.fuse_dz_epi(sm90, LS.NVFP4, 256, 32768)       # E 256: 512 tiles
+    assert not LS.fuse_dz_epi(sm90, LS.SIGN, 1024, 32768)
+    assert not LS.fuse_dz_epi(sm120, LS.NVFP4, 1024, 32768)
+    assert not LS.fuse_dz_epi(sm90.update("fuse_tiles_lb=0"), LS.NVFP4, 1024, 32768)
+    assert LS.dz_maxnreg(sm90, True) == 80 and LS.dz_maxnreg(sm90, False) == 0
+    with pytest.raises(ValueError, match="fuse_tiles_lb must be 0"):
+        sm90.update("fuse_tiles_lb=-1")
+    with pytest.raises(ValueError, match="regs_dz_lb must be one of"):
+        sm90.update("regs_dz_lb=100")

@@ -507,38 +507,17 @@ def bwd_slot_reduce(ws_ptr, maps_ptr, out_ptr, E, S, NCB, BLOCK: tl.constexpr, B
 
 
 @triton.jit
-def glu_bwd_epi(
-    hg_ptr, hu_ptr, part_ptr, offs_ptr, xcum_ptr, sg_ptr, su_ptr, rw_ptr, dhg_ptr, dhu_ptr, dsgp_ptr, dsup_ptr,
-    drw_ptr, E, M, r, n_fs, part_stride,
-    HAS_SG: tl.constexpr, HAS_SU: tl.constexpr, HAS_RW: tl.constexpr,
-    BM: tl.constexpr, BR: tl.constexpr, BLOCK_E: tl.constexpr,
-):
-    """One program per (row tile, rank block): dz0 = sum of the f-slice partials (fixed order), then the GLU
-    backward: d rw (this rank block's part), dhg = dg*sg, dhu = du*su, and (HAS_SG) the tile's partial sums of
-    d sg, d su over its rows ([tiles, r] by program id, summed per expert by glu_bwd_sred; none for an empty
-    expert's tile)."""
-    pid = tl.program_id(0)
-    pr = tl.program_id(1)
-    e, t = _bwd_tile(xcum_ptr, pid, E, BLOCK_E)
-    if e >= E:
-        return
-    row0, hi, one = _bwd_rows(offs_ptr, e, t, BM)
-    if row0 >= hi:  # an empty expert's tile: no rows
-        return
-    cols = pr * BR + tl.arange(0, BR)
-    cmask = cols < r
-    bm = tl.arange(0, BM)
-    rows = row0 + bm
-    rmask = rows < hi
+def _glu_bwd_tile(dz0, pid, pr, e, rows, rmask, cols, cmask, h_off, hg_ptr, hu_ptr, sg_ptr, su_ptr, rw_ptr, dhg_ptr,
+                  dhu_ptr, dsgp_ptr, dsup_ptr, drw_ptr, M, r,
+                  HAS_SG: tl.constexpr, HAS_SU: tl.constexpr, HAS_RW: tl.constexpr):
+    """The GLU backward of row program ``pid`` (rank block ``pr``) of expert ``e`` from its complete dz0 [BM, BR]
+    (fp32, the up projection's input gradient before the row weight): d rw (this rank block's part, row ``pr`` of
+    ``drw``), dhg = dg*sg, dhu = du*su, and (HAS_SG) the tile's partial sums of d sg, d su over its rows ([tiles, r]
+    by program id, summed per expert by ``glu_bwd_sred``). ``h_off``: the tile's [BM, BR] offsets into the [M, r]
+    buffers. Called by ``glu_bwd_epi`` (dz0 summed from f-slice partials) and by a dz kernel of one f slice."""
     hmask = rmask[:, None] & cmask[None, :]
-    h_off = row0.to(tl.int64) * r + bm[:, None] * r + cols[None, :]
     hg = tl.load(hg_ptr + h_off, mask=hmask, other=0.0)
     hu = tl.load(hu_ptr + h_off, mask=hmask, other=0.0)
-    dz0 = tl.zeros((BM, BR), dtype=tl.float32)
-    pp = part_ptr + h_off
-    for i in range(0, n_fs):  # the f-slice partials, always in the same order
-        dz0 += tl.load(pp, mask=hmask, other=0.0)
-        pp += part_stride
     g = hg
     u = hu
     if HAS_SG:
@@ -563,6 +542,39 @@ def glu_bwd_epi(
         du = du * su[None, :]
     tl.store(dhg_ptr + h_off, dg.to(dhg_ptr.dtype.element_ty), mask=hmask)
     tl.store(dhu_ptr + h_off, du.to(dhu_ptr.dtype.element_ty), mask=hmask)
+
+
+@triton.jit
+def glu_bwd_epi(
+    hg_ptr, hu_ptr, part_ptr, offs_ptr, xcum_ptr, sg_ptr, su_ptr, rw_ptr, dhg_ptr, dhu_ptr, dsgp_ptr, dsup_ptr,
+    drw_ptr, E, M, r, n_fs, part_stride,
+    HAS_SG: tl.constexpr, HAS_SU: tl.constexpr, HAS_RW: tl.constexpr,
+    BM: tl.constexpr, BR: tl.constexpr, BLOCK_E: tl.constexpr,
+):
+    """One program per (row tile, rank block): dz0 = sum of the f-slice partials (fixed order), then the GLU
+    backward (``_glu_bwd_tile``); none for an empty expert's tile."""
+    pid = tl.program_id(0)
+    pr = tl.program_id(1)
+    e, t = _bwd_tile(xcum_ptr, pid, E, BLOCK_E)
+    if e >= E:
+        return
+    row0, hi, one = _bwd_rows(offs_ptr, e, t, BM)
+    if row0 >= hi:  # an empty expert's tile: no rows
+        return
+    cols = pr * BR + tl.arange(0, BR)
+    cmask = cols < r
+    bm = tl.arange(0, BM)
+    rows = row0 + bm
+    rmask = rows < hi
+    hmask = rmask[:, None] & cmask[None, :]
+    h_off = row0.to(tl.int64) * r + bm[:, None] * r + cols[None, :]
+    dz0 = tl.zeros((BM, BR), dtype=tl.float32)
+    pp = part_ptr + h_off
+    for i in range(0, n_fs):  # the f-slice partials, always in the same order
+        dz0 += tl.load(pp, mask=hmask, other=0.0)
+        pp += part_stride
+    _glu_bwd_tile(dz0, pid, pr, e, rows, rmask, cols, cmask, h_off, hg_ptr, hu_ptr, sg_ptr, su_ptr, rw_ptr, dhg_ptr,
+                  dhu_ptr, dsgp_ptr, dsup_ptr, drw_ptr, M, r, HAS_SG, HAS_SU, HAS_RW)
 
 
 @triton.jit

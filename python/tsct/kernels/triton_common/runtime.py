@@ -23,7 +23,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import threading
-from typing import Any, Optional, Sequence
+from typing import Any, NamedTuple, Optional, Sequence
 
 import torch
 from torch import Tensor
@@ -38,7 +38,7 @@ __all__ = ["ARCH_CONFIGS", "CONFIG", "overridden", "kernel_arch", "tile_config",
            "native_smem_ok", "scales_f32", "scales_in", "as_f32", "as_i64", "tile_cum", "link_csr", "linked_csr",
            "build_csr", "csr_overlap", "combine", "combine_forward", "dx_csr", "zero_tail", "zero_saved_tails",
            "saved_like_r", "BwdPlan", "chunk_size", "bwd_plan", "chunked_programs", "dwd_chunks", "dw_chunks",
-           "bwd_epilogue", "scale_grads", "dx_from_rows"]
+           "EpiOut", "epi_outputs", "bwd_epilogue", "scale_grads", "dx_from_rows"]
 
 # ---- tile configs at run time (specs.CONFIGS: one table per arch, shared with the AOT build) -----------------------
 
@@ -588,38 +588,59 @@ def dw_chunks(plan: BwdPlan, x: Tensor, gidx: Optional[Tensor], offs: Tensor, dh
     _slot_reduce(plan, wsu, dwu, d * r, cfg, cap)
 
 
-def bwd_epilogue(plan: BwdPlan, hg: Tensor, hu: Tensor, part: Tensor, offs: Tensor, sg: Optional[Tensor],
+class EpiOut(NamedTuple):
+    """The GLU backward's outputs on the row tiles: dhg, dhu ([M, r], the activations' dtype), the tiles' d s_gate /
+    d s_up partial sums (fp32 [tiles, r], None without scales) and d row_weight (fp32 [nrb, M] or [M] for one rank
+    block: one row per rank block, padding rows 0)."""
+    dhg: Tensor
+    dhu: Tensor
+    dsgp: Optional[Tensor]
+    dsup: Optional[Tensor]
+    drw: Tensor
+
+
+def epi_outputs(plan: BwdPlan, m: int, r: int, nrb: int, has_s: bool, dtype: torch.dtype,
+                device: torch.device) -> EpiOut:
+    """Fresh ``EpiOut`` buffers for ``glu_bwd_epi`` or a dz kernel that runs the GLU backward itself (FUSE_EPI)
+    over ``nrb`` rank blocks."""
+    dsgp = torch.empty(plan.max_tiles, r, device=device, dtype=torch.float32) if has_s else None
+    dsup = torch.empty(plan.max_tiles, r, device=device, dtype=torch.float32) if has_s else None
+    return EpiOut(torch.empty(m, r, device=device, dtype=dtype), torch.empty(m, r, device=device, dtype=dtype),
+                  dsgp, dsup, torch.zeros((nrb, m) if nrb > 1 else (m,), device=device, dtype=torch.float32))
+
+
+def bwd_epilogue(plan: BwdPlan, hg: Tensor, hu: Tensor, part: Optional[Tensor], offs: Tensor, sg: Optional[Tensor],
                  su: Optional[Tensor], rw: Optional[Tensor], dtype: torch.dtype, want_ds: bool, cfg: Config,
-                 cap) -> tuple[Tensor, Tensor, Optional[Tensor], Optional[Tensor], Tensor]:
-    """The GLU backward on the row tiles (``glu_bwd_epi``: the f-slice partials of dz summed in order) and, when
-    ``want_ds``, the per-expert sums of the scales' gradients (``glu_bwd_sred``). Returns dhg, dhu ([M, r],
-    ``dtype``), d s_gate, d s_up (fp32 [E, r], or None) and d row_weight (fp32 [M]; padding rows 0). Reads only
-    [M, r] buffers, so r alone decides the aligned variant. Shared by triton_lowbit."""
+                 cap, fused: Optional[EpiOut] = None) -> tuple[Tensor, Tensor, Optional[Tensor], Optional[Tensor],
+                                                            Tensor]:
+    """The GLU backward on the row tiles (``glu_bwd_epi``: the f-slice partials ``part`` of dz summed in order; or,
+    ``fused``, the outputs of a dz kernel that ran it, ``part`` None) and, when ``want_ds``, the per-expert sums of
+    the scales' gradients (``glu_bwd_sred``). Returns dhg, dhu ([M, r], ``dtype``), d s_gate, d s_up (fp32 [E, r], or
+    None) and d row_weight (fp32 [M]; padding rows 0). Reads only [M, r] buffers, so r alone decides the aligned
+    variant. Shared by triton_lowbit."""
     e = offs.shape[0]
     m, r = hg.shape
     al = r % 16 == 0
     br = specs.rank_block(cfg, r, al)
-    nrb = cdiv(r, br)
     dev = hg.device
     has_s = sg is not None
-    dhg = torch.empty(m, r, device=dev, dtype=dtype)
-    dhu = torch.empty(m, r, device=dev, dtype=dtype)
-    dsgp = torch.empty(plan.max_tiles, r, device=dev, dtype=torch.float32) if has_s else None
-    dsup = torch.empty(plan.max_tiles, r, device=dev, dtype=torch.float32) if has_s else None
-    # one row of m per rank block (padding rows stay 0), summed over the blocks after
-    drw = torch.zeros((nrb, m) if nrb > 1 else (m,), device=dev, dtype=torch.float32)
-    launch_kernel("glu_bwd_epi", (plan.max_tiles, nrb),
-                  [hg, hu, part, offs, plan.xcum, sg, su, rw, dhg, dhu, dsgp, dsup, drw, e, m, r, part.shape[0], m * r],
-                  dict(HAS_SG=has_s, HAS_SU=has_s, HAS_RW=rw is not None, BM=cfg.shared.bm, BR=br,
-                       BLOCK_E=cfg.shared.block_e),
-                  cfg.shared.warps_bwd_epi, 3, al, cap, dev)
+    out = fused
+    if out is None:
+        nrb = cdiv(r, br)
+        out = epi_outputs(plan, m, r, nrb, has_s, dtype, dev)
+        launch_kernel("glu_bwd_epi", (plan.max_tiles, nrb),
+                      [hg, hu, part, offs, plan.xcum, sg, su, rw, *out, e, m, r, part.shape[0], m * r],
+                      dict(HAS_SG=has_s, HAS_SU=has_s, HAS_RW=rw is not None, BM=cfg.shared.bm, BR=br,
+                           BLOCK_E=cfg.shared.block_e),
+                      cfg.shared.warps_bwd_epi, 3, al, cap, dev)
     dsg = dsu = None
     if has_s and want_ds:
         dsg = torch.empty(e, r, device=dev, dtype=torch.float32)
         dsu = torch.empty(e, r, device=dev, dtype=torch.float32)
-        launch_kernel("glu_bwd_sred", (e, nrb), [dsgp, dsup, offs, plan.xcum, dsg, dsu, e, r], dict(BR=br),
-                      specs.SRED_WARPS, 1, False, cap, dev)
-    return dhg, dhu, dsg, dsu, (drw if nrb == 1 else drw.sum(0))
+        launch_kernel("glu_bwd_sred", (e, cdiv(r, br)), [out.dsgp, out.dsup, offs, plan.xcum, dsg, dsu, e, r],
+                      dict(BR=br), specs.SRED_WARPS, 1, False, cap, dev)
+    drw = out.drw
+    return out.dhg, out.dhu, dsg, dsu, (drw if drw.dim() == 1 else drw.sum(0))
 
 
 def scale_grads(res: list, want: Sequence[bool], dsg: Optional[Tensor], dsu: Optional[Tensor], drw: Tensor,

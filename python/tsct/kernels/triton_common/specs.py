@@ -49,6 +49,7 @@ class _Tiles:
     SWITCHES: ClassVar[frozenset] = frozenset()   # a kernel variant on or off
     POW2: ClassVar[frozenset] = frozenset()       # tile extents (``tl.arange`` sizes); so are the warps_* fields
     CHOICES: ClassVar[dict] = {}                  # fields with a few built values: name -> the values
+    OFF_OR_COUNT: ClassVar[frozenset] = frozenset()  # a threshold that 0 turns off
 
     @classmethod
     def field_rule(cls, name: str) -> tuple[str, Callable[[int], bool]]:
@@ -60,6 +61,8 @@ class _Tiles:
             return "one of " + ", ".join(map(str, vals)), lambda v: v in vals
         if name in cls.SWITCHES:
             return "0 or 1", lambda v: v in (0, 1)
+        if name in cls.OFF_OR_COUNT:
+            return "0 (off) or an integer >= 1", lambda v: v >= 0
         if name in cls.POW2 or name.startswith("warps_"):
             return "a power of two", lambda v: v >= 1 and v & (v - 1) == 0
         return "an integer >= 1", lambda v: v >= 1
@@ -159,6 +162,8 @@ class LowbitTiles(_Tiles):
 
     SWITCHES: ClassVar[frozenset] = frozenset({"dec16_up_lb", "planes_up_lb", "planes_down_lb"})
     POW2: ClassVar[frozenset] = frozenset({"bn_up_lb", "bn_dz_lb", "bd_dxdw_lb"})
+    CHOICES: ClassVar[dict] = {"regs_dz_lb": (0, 80, 96, 128)}
+    OFF_OR_COUNT: ClassVar[frozenset] = frozenset({"fuse_tiles_lb"})
 
     stages_down_lb: int = 4
     # lowbit_down_fwd decodes both factors in byte planes (triton_lowbit.specs.down_planes; the x tile split into
@@ -173,8 +178,13 @@ class LowbitTiles(_Tiles):
     # of the decoded tile on sm_120; on sm_90a wgmma still copies the planes and sign was 9 % slower
     planes_up_lb: int = 0
     bn_dz_lb: int = 64        # f step of lowbit_bwd_dz
-    fs_dz_lb: int = 4         # its f slices (partial sums reduced in order)
+    fs_dz_lb: int = 4         # its f slices (partial sums reduced in order by glu_bwd_epi)
     stages_dz_lb: int = 1
+    # lowbit_bwd_dz over all of f, running the GLU backward itself (no part buffer, no glu_bwd_epi), for an NVFP4
+    # w_down when the pass has at least this many row tiles (estimated as max(E, cdiv(M, bm))); 0: never
+    # (triton_lowbit.specs.fuse_dz_epi), at regs_dz_lb registers per thread (PTX .maxnreg; 0: the compiler's choice)
+    fuse_tiles_lb: int = 0
+    regs_dz_lb: int = 0
     bd_dxdw_lb: int = 64      # d block of lowbit_bwd_dx_dw
     stages_dxdw_lb: int = 1
     # d blocks per program of lowbit_bwd_dx_dw when experts average <= bm rows (as ndb_bwd); with a sign w_gate or
@@ -276,9 +286,12 @@ MAX_SHARED: dict[str, int] = {"sm_90a": 232448, "sm_100a": 232448, "sm_120": 101
 CONFIGS: dict[str, Config] = {
     # the chunked dW kernels: 16 programs per SM and 8-warp glu_bwd_dwd (H200, Zipf 1.2 / 1.5, T 65536, E 256:
     # 3-8 % less forward+backward than 4 and 4); the K-major glu_bwd_dwd at 80 registers and the CUDA dz with 3
-    # ring stages: 3 CTAs per SM each (H200, bf16 K-major forward+backward 1-8 % less; docs/performance.md)
+    # ring stages: 3 CTAs per SM each (H200, bf16 K-major forward+backward 1-8 % less; docs/performance.md);
+    # NVFP4's lowbit_bwd_dz over all of f, running the GLU backward itself, at 80 registers (3 CTAs per SM) where
+    # the pass has >= 768 row tiles (H100, NVFP4 forward+backward: b1 -2 %, E 4096 -3 %; E 256's 512 tiles +3 %
+    # and sign +2-7 % fused, so neither is; docs/performance.md)
     "sm_90a": Config(shared=SharedTiles(waves_chunked=16, warps_dwd=8, regs_dwd=80),
-                     glu=GluTiles(stages_dz_native=3)),
+                     glu=GluTiles(stages_dz_native=3), lowbit=LowbitTiles(fuse_tiles_lb=768, regs_dz_lb=80)),
     "sm_100a": Config(),
     # ~99 KB of shared memory per block: fewer stages. Every field an H200 sweep changed
     # stays at its previous value here (nothing has been timed on an sm_120 card; docs/performance.md);
@@ -343,7 +356,8 @@ class KernelInfo:
     params: tuple[str, ...]          # runtime parameters in order (constexprs excluded)
     constexprs: tuple[str, ...]
     ints: tuple[str, ...]            # the integer parameters (all i32)
-    used_if: dict                    # pointer param -> constexpr flag (or flags, all True) that makes it read
+    used_if: dict                    # pointer param -> constexpr flag (or flags, all True; "!F": F False) that
+                                     # makes it read
     hinted: tuple[str, ...]          # params with tt.divisibility=16 in an aligned launch
 
 
@@ -452,7 +466,7 @@ def is_used(kernel: str, param: str, constexprs: dict, kernels: Optional[dict] =
     if flag is None:
         return True
     flags = (flag,) if isinstance(flag, str) else flag
-    return all(bool(constexprs[f]) for f in flags)
+    return all(not constexprs[f[1:]] if f.startswith("!") else bool(constexprs[f]) for f in flags)
 
 
 def _launch_part(num_warps: int, num_stages: int, maxnreg: int) -> str:

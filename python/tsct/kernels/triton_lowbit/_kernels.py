@@ -61,7 +61,8 @@ import triton.language as tl
 
 from tsct.kernels.triton_common._kernels import (_bwd_rows, _bwd_tile, _dw_one_tile, _dw_store, _dw_zero,
                                                 _expert_bounds,
-                                                _expert_of_tile, _glu_fwd_epilogue, _one_tile_dh, _row_index)
+                                                _expert_of_tile, _glu_bwd_tile, _glu_fwd_epilogue, _one_tile_dh,
+                                                _row_index)
 
 DENSE, NVFP4, SIGN, FP8, TERNARY, TERNARY_R1 = 0, 1, 2, 3, 4, 5
 
@@ -532,14 +533,18 @@ def lowbit_up_fwd(
 @triton.jit
 def lowbit_bwd_dz(
     dy_ptr, sidx_ptr, offs_ptr, xcum_ptr, d0, d1, d2, zw_ptr, part_ptr, dwd_ptr,
+    hg_ptr, hu_ptr, sg_ptr, su_ptr, rw_ptr, dhg_ptr, dhu_ptr, dsgp_ptr, dsup_ptr, drw_ptr,
     E, M, r, f, f_slice,
-    FMT_D: tl.constexpr, HAS_SCATTER: tl.constexpr, DO_DWD: tl.constexpr,
+    FMT_D: tl.constexpr, HAS_SCATTER: tl.constexpr, DO_DWD: tl.constexpr, FUSE_EPI: tl.constexpr,
+    HAS_SG: tl.constexpr, HAS_SU: tl.constexpr, HAS_RW: tl.constexpr,
     BM: tl.constexpr, BR: tl.constexpr, BN: tl.constexpr, BLOCK_E: tl.constexpr,
 ):
     """``triton_glu.glu_bwd_dz`` with w_down in any format: part[fs, rows, ranks] = dY[rows, slice] Wd_hat^T for
     one (row tile, rank block, f slice). dWd (DO_DWD, an expert of at most one tile) is the gradient w.r.t.
     the DECODED factor, (z*rw)^T dY, dense [E, r, f]: the STE gradient of a master factor (glu.py). Sign: b[n]
-    scales dY's columns before the dot; NVFP4: 1/s_enc scales each partial."""
+    scales dY's columns before the dot; NVFP4: 1/s_enc scales each partial. FUSE_EPI (one f slice, so the
+    program's dz0 is complete): no part buffer; the GLU backward of ``glu_bwd_epi`` follows in the same program
+    (``_glu_bwd_tile``: dhg, dhu, d rw, the tile's d s partial sums; HAS_SG / HAS_SU / HAS_RW as there)."""
     pid = tl.program_id(0)
     pr = tl.program_id(1)
     fs = tl.program_id(2)
@@ -579,7 +584,13 @@ def lowbit_bwd_dz(
                 dwd = tl.dot(tl.trans(zw), dy)
                 tl.store(dwd_base + n + wd_tile, dwd.to(dwd_ptr.dtype.element_ty), mask=cmask[:, None] & nmask[None, :])
     dz = _w_scalar(FMT_D, tl.trans(dz), d2, e)
-    tl.store(part_ptr + fs.to(tl.int64) * M * r + row0.to(tl.int64) * r + h_tile, dz, mask=hmask)
+    if FUSE_EPI:
+        if row0 < hi:  # an empty expert's tile has no rows (and no d s partial, as in glu_bwd_epi)
+            _glu_bwd_tile(dz, pid, pr, e, rows, rmask, cols, cmask, row0.to(tl.int64) * r + h_tile, hg_ptr, hu_ptr,
+                          sg_ptr, su_ptr, rw_ptr, dhg_ptr, dhu_ptr, dsgp_ptr, dsup_ptr, drw_ptr, M, r, HAS_SG, HAS_SU,
+                          HAS_RW)
+    else:
+        tl.store(part_ptr + fs.to(tl.int64) * M * r + row0.to(tl.int64) * r + h_tile, dz, mask=hmask)
 
 
 @triton.jit

@@ -143,11 +143,12 @@ def _factor_args(name: str, w, dtype: torch.dtype) -> tuple[int, list]:
 
 
 def _launch(kernel: str, grid: tuple, args: Sequence[Any], consts: dict, num_warps: int, num_stages: int,
-            aligned: bool, cap: tuple, device: torch.device) -> None:
+            aligned: bool, cap: tuple, device: torch.device, maxnreg: int = 0) -> None:
     """Launch one of this package's kernels (runtime parameters in ``specs.KERNELS`` order; None = a
     pointer the flags leave unread) on the current stream: the AOT cubin of its specialization when the
-    install has it (``TSCT_TRITON_BACKEND`` not "jit"), else Triton JIT; "aot" never JITs."""
-    FAMILY.launch(kernel, grid, args, consts, num_warps, num_stages, aligned, cap, device)
+    install has it (``TSCT_TRITON_BACKEND`` not "jit"), else Triton JIT; "aot" never JITs. ``maxnreg``: the
+    variant's register cap (0: none)."""
+    FAMILY.launch(kernel, grid, args, consts, num_warps, num_stages, aligned, cap, device, maxnreg)
 
 
 def _dims(x, offs, w_gate, w_down, gather_idx):
@@ -449,26 +450,31 @@ def grouped_glu_backward(
         zw = torch.empty(m, r, device=dev, dtype=dtype)
         _down(x, gidx, offs, plan.cum, plan.max_tiles, fg, pg, fu, pu, sg, su, rw, zw, hg, hu, m, cfg, aligned, cap)
     # 2. dz0 partials over f slices on the row tiles (and dWd_hat of the one-tile experts), then the other
-    #    experts' dWd_hat (no factor involved: the shared chunked kernels on dense tensors)
+    #    experts' dWd_hat (no factor involved: the shared chunked kernels on dense tensors). With one f slice
+    #    (LS.fuse_dz_epi) the dz kernel runs step 3's GLU backward on its complete dz0 instead of storing it.
     bn = cfg.lowbit.bn_dz_lb
-    n_fs = max(1, min(cfg.lowbit.fs_dz_lb, C.cdiv(f, bn)))
+    fuse = LS.fuse_dz_epi(cfg, fd, e, m)
+    n_fs = 1 if fuse else max(1, min(cfg.lowbit.fs_dz_lb, C.cdiv(f, bn)))
     f_slice = C.cdiv(C.cdiv(f, bn), n_fs) * bn
     n_fs = C.cdiv(f, f_slice)
-    part = torch.empty(n_fs, m, r, device=dev, dtype=torch.float32)
+    epi = C.epi_outputs(plan, m, r, nrb, sg is not None, dtype, dev) if fuse else None
+    part = None if fuse else torch.empty(n_fs, m, r, device=dev, dtype=torch.float32)
     dwd = torch.empty((e, r, f), device=dev, dtype=wdtype(w_down)) if do_dwd else None
-    _launch("lowbit_bwd_dz", (plan.max_tiles, nrb, n_fs), [go, sidx, offs, plan.xcum, *pd, zw, part, dwd, e, m, r, f,
-                                                           f_slice],
-            dict(FMT_D=fd, HAS_SCATTER=sidx is not None, DO_DWD=do_dwd, BM=bm, BR=br, BN=bn,
-                 BLOCK_E=cfg.shared.block_e),
-            WARPS_DECODE, cfg.lowbit.stages_dz_lb, aligned, cap, dev)
+    has_s, has_rw = fuse and sg is not None, fuse and rw is not None
+    _launch("lowbit_bwd_dz", (plan.max_tiles, nrb, n_fs),
+            [go, sidx, offs, plan.xcum, *pd, zw, part, dwd, *((hg, hu, sg, su, rw, *epi) if fuse else (None,) * 10),
+             e, m, r, f, f_slice],
+            dict(FMT_D=fd, HAS_SCATTER=sidx is not None, DO_DWD=do_dwd, FUSE_EPI=fuse, HAS_SG=has_s, HAS_SU=has_s,
+                 HAS_RW=has_rw, BM=bm, BR=br, BN=bn, BLOCK_E=cfg.shared.block_e),
+            WARPS_DECODE, cfg.lowbit.stages_dz_lb, aligned, cap, dev, LS.dz_maxnreg(cfg, fuse))
     al_dense = C.aligned_launch(d, r, x.stride(0), x)  # the chunked kernels read only dense tensors
     if do_dwd:
         C.dwd_chunks(plan, go, sidx, offs, zw, dwd, False, r, f, CS.rank_block(cfg, r, al_dense), cfg, al_dense,
                      cap)
         res[3] = dwd
-    # 3. the GLU backward on the row tiles: the shared weight-free kernels
+    # 3. the GLU backward on the row tiles (unless step 2 ran it), the scale sums: the shared weight-free kernels
     dhg, dhu, dsg, dsu, drw = C.bwd_epilogue(plan, hg, hu, part, offs, sg, su, rw, dtype, want[4] or want[5], cfg,
-                                             cap)
+                                             cap, fused=epi)
     C.scale_grads(res, want, dsg, dsu, drw, s_gate, s_up, row_weight)
     # 4. dX through the decoded factors on the row tiles (and dWg_hat, dWu_hat of the one-tile experts), then the
     #    other experts' dWg_hat, dWu_hat, chunked

@@ -90,12 +90,17 @@ KERNELS: dict[str, KernelInfo] = {
         hinted=("z_ptr", "d0", "y_ptr", "r"),
     ),
     "lowbit_bwd_dz": KernelInfo(
-        params=("dy_ptr", "sidx_ptr", "offs_ptr", "xcum_ptr", "d0", "d1", "d2", "zw_ptr", "part_ptr", "dwd_ptr", "E",
-                "M", "r", "f", "f_slice"),
-        constexprs=("FMT_D", "HAS_SCATTER", "DO_DWD", "BM", "BR", "BN", "BLOCK_E"),
+        params=("dy_ptr", "sidx_ptr", "offs_ptr", "xcum_ptr", "d0", "d1", "d2", "zw_ptr", "part_ptr", "dwd_ptr",
+                "hg_ptr", "hu_ptr", "sg_ptr", "su_ptr", "rw_ptr", "dhg_ptr", "dhu_ptr", "dsgp_ptr", "dsup_ptr",
+                "drw_ptr", "E", "M", "r", "f", "f_slice"),
+        constexprs=("FMT_D", "HAS_SCATTER", "DO_DWD", "FUSE_EPI", "HAS_SG", "HAS_SU", "HAS_RW", "BM", "BR", "BN",
+                    "BLOCK_E"),
         ints=("E", "M", "r", "f", "f_slice"),
-        used_if={"sidx_ptr": "HAS_SCATTER", "d1": "FMT_D", "d2": "FMT_D", "dwd_ptr": "DO_DWD"},
-        hinted=("dy_ptr", "d0", "zw_ptr", "part_ptr", "dwd_ptr", "r"),
+        used_if={"sidx_ptr": "HAS_SCATTER", "d1": "FMT_D", "d2": "FMT_D", "dwd_ptr": "DO_DWD", "part_ptr": "!FUSE_EPI",
+                 **{p: "FUSE_EPI" for p in ("hg_ptr", "hu_ptr", "dhg_ptr", "dhu_ptr", "drw_ptr")},
+                 "sg_ptr": ("FUSE_EPI", "HAS_SG"), "su_ptr": ("FUSE_EPI", "HAS_SU"), "rw_ptr": ("FUSE_EPI", "HAS_RW"),
+                 "dsgp_ptr": ("FUSE_EPI", "HAS_SG"), "dsup_ptr": ("FUSE_EPI", "HAS_SG")},
+        hinted=("dy_ptr", "d0", "zw_ptr", "part_ptr", "dwd_ptr", "hg_ptr", "hu_ptr", "dhg_ptr", "dhu_ptr", "r"),
     ),
     "lowbit_bwd_dx_dw": KernelInfo(
         params=("x_ptr", "gidx_ptr", "offs_ptr", "xcum_ptr", "g0", "g1", "g2", "u0", "u1", "u2", "dhg_ptr", "dhu_ptr",
@@ -202,6 +207,29 @@ def factor_types(fmt: int, dtype: str) -> tuple[str, str, str]:
     return "*u8", "*fp32", "*fp32"
 
 
+def fuse_dz_epi(cfg, fmt_d: int, e: int, m: int) -> bool:
+    """Whether lowbit_bwd_dz runs the GLU backward itself (FUSE_EPI) for a w_down of format ``fmt_d``, E = ``e``
+    experts and M = ``m`` routed rows: one f slice, so each program holds its rows' complete dz0 (no part buffer, no
+    ``glu_bwd_epi`` launch), where the arch's table turns it on (``LowbitTiles.fuse_tiles_lb``) for an NVFP4
+    w_down and the pass has enough row tiles to fill the GPU without f slices (at least ``fuse_tiles_lb``, estimated
+    as max(E, cdiv(M, bm)): an expert of up to bm rows is one tile). The same shape gives the same choice on every
+    GPU of an arch."""
+    return fused_variants(cfg, fmt_d) and max(e, -(-m // cfg.shared.bm)) >= cfg.lowbit.fuse_tiles_lb
+
+
+def fused_variants(cfg, fmt_d: int) -> bool:
+    """Whether the arch's table can fuse the GLU backward into lowbit_bwd_dz for this w_down format (the AOT build
+    then compiles those variants too)."""
+    return cfg.lowbit.fuse_tiles_lb > 0 and fmt_d == NVFP4
+
+
+def dz_maxnreg(cfg, fused: bool) -> int:
+    """The register cap of a lowbit_bwd_dz variant: ``LowbitTiles.regs_dz_lb`` where it runs the GLU backward (the
+    epilogue's [BM, BR] fp32 tiles would otherwise set the kernel's register count: 153 at b1 on sm_90a, one CTA per
+    SM), none otherwise."""
+    return cfg.lowbit.regs_dz_lb if fused else 0
+
+
 def dxdw_ndb(cfg, fmt_g: int, fmt_u: int) -> int:
     """d blocks per program (row tile) of lowbit_bwd_dx_dw: factors with a column scale (sign, fp8, ternary: the
     kernel holds dh scaled by it beside dh, sign's register count) keep ``LowbitTiles.ndb_dxdw_sign_lb``, the others
@@ -217,8 +245,9 @@ def enumerate_specs(arch: str) -> Iterator[Spec]:
     """Every specialization ``glu.py`` launches on ``arch`` for the AOT_FORMATS and AOT_DTYPES (module
     docstring): 128 per arch (lowbit_bwd_dx_dw with one d-block count per format triple, ``dxdw_ndb``; the mixed
     triple shares its up / dz variants with uniform NVFP4; no generic variants for the ``always_aligned`` triples,
-    uniform NVFP4 and the mix), plus 48 on the OPT_IN_PLANES_DOWN arches (lowbit_down_fwd's byte-plane variants: 24
-    for uniform sign, 12 for each always aligned triple)."""
+    uniform NVFP4 and the mix), 24 more where lowbit_bwd_dz can run the GLU backward (``fused_variants``: its 4
+    NVFP4 w_down variants six times more, over the scale dtypes and row weights), plus 48 on the OPT_IN_PLANES_DOWN
+    arches (lowbit_down_fwd's byte-plane variants: 24 for uniform sign, 12 for each always aligned triple)."""
     cfg = CONFIGS[arch]
     sh, lt = cfg.shared, cfg.lowbit
     br = rank_block(cfg)
@@ -248,12 +277,22 @@ def enumerate_specs(arch: str) -> Iterator[Spec]:
                           BN=lt.bn_up_lb, BK=bk, BLOCK_E=sh.block_e)
             out.append(_base_spec("lowbit_up_fwd", types, consts, lt.warps_up_lb, lt.stages_up_lb, aligned,
                                   KERNELS))
-        for sc, dwd in itertools.product(_IDX, (False, True)):
+        # and fused with the GLU backward where the table allows it for this w_down (fused_variants): for every
+        # scale dtype the epilogue reads (none, fp32, x's: runtime.scales_in), with and without row weights
+        epis = [None]
+        if fused_variants(cfg, fd):
+            epis += list(itertools.product(sorted({None, "*fp32", D}, key=str), (False, True)))
+        for sc, dwd, epi in itertools.product(_IDX, (False, True), epis):
+            st, rw = epi or (None, False)
             types = dict(dy_ptr=D, sidx_ptr=f"*{sc}" if sc else UNUSED, offs_ptr="*i32", xcum_ptr="*i32", d0=d0, d1=d1,
-                         d2=d2, zw_ptr=D, part_ptr="*fp32", dwd_ptr=D)
-            consts = dict(FMT_D=fd, HAS_SCATTER=sc is not None, DO_DWD=dwd, BM=sh.bm, BR=br, BN=lt.bn_dz_lb,
+                         d2=d2, zw_ptr=D, part_ptr="*fp32", dwd_ptr=D, hg_ptr="*fp32", hu_ptr="*fp32",
+                         sg_ptr=st or UNUSED, su_ptr=st or UNUSED, rw_ptr="*fp32", dhg_ptr=D, dhu_ptr=D,
+                         dsgp_ptr="*fp32", dsup_ptr="*fp32", drw_ptr="*fp32")
+            consts = dict(FMT_D=fd, HAS_SCATTER=sc is not None, DO_DWD=dwd, FUSE_EPI=epi is not None,
+                          HAS_SG=st is not None, HAS_SU=st is not None, HAS_RW=rw, BM=sh.bm, BR=br, BN=lt.bn_dz_lb,
                           BLOCK_E=sh.block_e)
-            out.append(_base_spec("lowbit_bwd_dz", types, consts, WARPS_DECODE, lt.stages_dz_lb, aligned, KERNELS))
+            out.append(_base_spec("lowbit_bwd_dz", types, consts, WARPS_DECODE, lt.stages_dz_lb, aligned, KERNELS,
+                                  maxnreg=dz_maxnreg(cfg, epi is not None)))
         for g, (dx, dw) in itertools.product(_IDX, _DXDW):
             types = dict(x_ptr=D, gidx_ptr=f"*{g}" if g else UNUSED, offs_ptr="*i32", xcum_ptr="*i32", g0=g0, g1=g1,
                          g2=g2, u0=u0, u1=u1, u2=u2, dhg_ptr=D, dhu_ptr=D, dx_ptr=D, dwg_ptr=D, dwu_ptr=D)
