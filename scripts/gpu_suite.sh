@@ -95,9 +95,9 @@ bwd-ab         the backward's schedule A/B through Triton JIT from source trees 
                graph ms at $SHAPES, default b1,b1_zipf12,e256,t65536): "old" = build/old_tree (`git archive <commit>
                python | tar -x -C build/old_tree`, carried) with build/old_native if carried, "new" = this tree with
                build/native (scripts/build_native.sh), "new-tdz" = this tree without the CUDA dz
-               (TSCT_CUDA_KERNELS=none); then a table
+               (TSCT_CUDA_KERNELS=none); then a table, the runs in $OUT/ab_runs.json
 wheel-ab       the same timer on wheels built here and carried (RUNS="DIR[:OPT...] ...": p profile, tdz the Triton dz,
-               b1 two shapes, NAME=INT a tile override), interleaved in one call; then the same table
+               b1 two shapes, NAME=INT a tile override), interleaved in one call; then the same table and file
 bwd-chunks     the same timer at b1 Zipf 1.2 / 1.5 over SharedTiles.chunk_bwd (256 .. 2048) and fs_dwd (8, 32)
 nn             test_nn_experts_gpu.py: the expert layers on the kernel paths against the fp32 padded bmm, STE layers,
                make_graphed_callables, torch.compile, counts without host syncs
@@ -372,11 +372,17 @@ jit_new() {
   echo env PYTHONPATH="$ROOT/python:$ROOT/tests" TSCT_TRITON_BACKEND=jit "${n[@]}"
 }
 
-ab_table() {  # one row per (shape, arm), one column per run: graph fwd / fwd+bwd ms from $OUT/time_*.json
+ab_table() {  # one row per (shape, arm), one column per run: graph fwd / fwd+bwd ms from $OUT/time_*.json; then the
+  # runs in one file, $OUT/ab_runs.json (the device returns few files per call), in place of the per-run ones
   python3 - "$OUT" <<'PY'
-import json, pathlib, sys
+import datetime, json, pathlib, sys
 files = sorted(pathlib.Path(sys.argv[1]).glob("time_*.json"), key=lambda p: p.stat().st_mtime)  # in run order
 runs = [json.loads(p.read_text()) for p in files]
+if runs:
+    (pathlib.Path(sys.argv[1]) / "ab_runs.json").write_text(json.dumps(
+        {"device": runs[0].get("device"), "date": datetime.date.today().isoformat(), "runs": runs}, indent=1))
+    for p in files:
+        p.unlink()
 rows = {}
 for run in runs:
     for r in run["results"]:
@@ -409,7 +415,7 @@ stage_wheel-ab() {
   # per-kernel profile), tdz (TSCT_CUDA_KERNELS=none), b1 (shapes b1 and b1_zipf12 only), NAME=INT[,NAME=INT] (a
   # TSCT_TRITON_GLU_CFG override). Shapes $SHAPES (default b1,b1_zipf12,e4096,e16384).
   local timer="$ROOT/scripts/bwd_scale_timing.py" i=0 spec
-  rm -f "$OUT"/time_*.json
+  rm -f "$OUT"/time_*.json "$OUT"/ab_runs.json
   for spec in ${RUNS:?"RUNS=\"DIR[:OPT...] ...\" names the wheels (stage wheel-ab)"}; do
     local parts w o lab prof="" cuda=auto shapes=${SHAPES:-b1,b1_zipf12,e4096,e16384} cfg=""
     IFS=: read -r -a parts <<< "$spec"
@@ -452,7 +458,7 @@ stage_hostprof-ab() {
 
 stage_bwd-ab() {
   local shapes=${SHAPES:-b1,b1_zipf12,e256,t65536} timer="$ROOT/scripts/bwd_scale_timing.py"
-  rm -f "$OUT"/time_*.json
+  rm -f "$OUT"/time_*.json "$OUT"/ab_runs.json
   if [[ -d "$ROOT/build/old_tree/python" ]]; then
     local old=/nonexistent
     [[ -f "$ROOT/build/old_native/libtsct_kernels.so" ]] && old="$ROOT/build/old_native"
