@@ -15,6 +15,7 @@ Exit status 1 if any relative error exceeds TOL.
 
 from __future__ import annotations
 
+import collections
 import json
 import os
 import sys
@@ -254,7 +255,9 @@ def main(argv) -> int:
             print(f"{k:22s} " + " ".join(f"{a}={b:.1e}" for a, b in res[k].items()), flush=True)
     if path:
         with open(path, "w") as fh:
-            launches = {**L.launch_counts(), **{k: n for (_, k), n in C.backend_counts().items()}}
+            launches = collections.Counter(L.launch_counts())  # this family's, then the shared kernels' (both backends)
+            for (_, kernel), n in C.backend_counts().items():
+                launches[kernel] += n
             json.dump({"tol": TOL, "results": res, "conversions": L.layout_conversions(), "launches": launches}, fh)
     worst = max(max(v.values()) for v in res.values())
     print(f"worst {worst:.2e} (tol {TOL:.0e})")
