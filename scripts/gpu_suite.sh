@@ -18,7 +18,8 @@
 # test, sweep and bench steps, e.g. CFG=warps_up_lb=8); CUDA_KERNELS (TSCT_CUDA_KERNELS of every step, e.g.
 # CUDA_KERNELS=none: the Triton kernels where sm_90a takes CUDA ones); ARMS, FORMATS (bench); CFGS, CUDA_SWEEP,
 # SWEEP_ARMS (sweep, hostprof, hostprof-ab); RUNS (wheel-ab, hostprof-ab), SHAPES (wheel-ab, bwd-ab), ROUNDS
-# (hostprof-ab); GLU_K (pytest -k of stage glu); T_<STEP> (seconds, the step's timeout: T_LOWBIT=200 ...).
+# (hostprof-ab); GLU_K (pytest -k of stage glu); PROXY_K (stage proxy: only the suite's tests matching this -k,
+# then the verdicts: a run for kernels whose source changed); T_<STEP> (seconds, the step's timeout: T_LOWBIT=200 ...).
 set -u -o pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 OUT=${OUT:-/tmp/tsct_out}
@@ -294,7 +295,12 @@ PY
   step proxy-suite 300 "${LEDGER[@]}" TSCT_TRITON_BACKEND=aot bash -c "pyt -p _launch_ledger \
     '$T/test_sm120_proxy_gpu.py' '$T/test_triton_glu.py' '$T/test_triton_lowbit_gpu.py' \
     '$T/test_sort_by_expert_gpu.py' '$T/test_triton_aot_gpu.py' \
-    -k 'not jit and not (b1_pad and (nvfp4 or sign or mixed))'"
+    -k 'not jit and not (b1_pad and (nvfp4 or sign or mixed))${PROXY_K:+ and ($PROXY_K)}'"
+  if [[ -n ${PROXY_K:-} ]]; then  # a run for kernels whose source changed: the suite's subset, then the verdicts
+    step proxy-verdicts 30 python3 "$ROOT/scripts/proxy_verdicts.py" "$L" --out "$OUT/proxy_verdicts.txt"
+    cat "$OUT/proxy_verdicts.txt" 2>/dev/null | head -n 40
+    return
+  fi
   # 3. the op through tsct.ops (auto mode, as users call it; the dense-gate mix has no cubins and would JIT: left out,
   #    and the ledger counts any JIT launch apart), and its replayed eager calls against the path's bits
   step proxy-ops 150 "${LEDGER[@]}" bash -c "pyt -p _launch_ledger '$T/test_lowbit_ops_gpu.py' \
