@@ -236,6 +236,17 @@ RUNS: tuple[dict, ...] = (
          'lowbit_bwd_dx_dw': {'aot': 196, 'variants': 7, 'jit': 0, 'native': 0, 'failed_tests': [],
                               'source': '7b6ddadf6cbf5686'},
      }},
+    # likewise, for glu_bwd_epi (its GLU math moved into a helper) and lowbit_bwd_dz (the fused-epilogue parameters)
+    {'date': '2026-12-06', 'commit': 'cb9286e', 'device': 'NVIDIA H100 80GB HBM3',
+     'evidence': 'bench/results/2026-12-06_h100_sm120_proxy_cb9286e.log',
+     'suite': "139 passed, 148 skipped (test_triton_glu.py, test_triton_lowbit_gpu.py -k 'backward or deterministic "
+              "or empty')",
+     'kernels': {
+         'glu_bwd_epi': {'aot': 275, 'variants': 8, 'jit': 0, 'native': 0, 'failed_tests': [],
+                         'source': '375fbfa4253123f4'},
+         'lowbit_bwd_dz': {'aot': 184, 'variants': 5, 'jit': 0, 'native': 0, 'failed_tests': [],
+                           'source': 'c96833edf23efc55'},
+     }},
 )
 
 
