@@ -50,17 +50,17 @@ step() {
 # pytest from /tmp: the installed wheel is imported, and the repo's conftest / rootdir settings are not used
 pyt() { python3 -m pytest -q -p no:cacheprovider --tb=short -rfEs --rootdir=/tmp --durations=5 "$@"; }
 export -f pyt
-T="$ROOT/tests/gpu"
+T="$ROOT/tests"  # tests/<package folder>/test_*.py; the GPU ones are marked gpu
 
 describe() {
   cat <<'EOF'
 probe          tsct-probe --verify-artifacts (text, cuobjdump from the image's Triton if none on PATH) and --json
-all            every GPU test (pytest -m gpu tests/gpu), result lines to $OUT/gpu_tests.log
+all            every GPU test (pytest -m gpu tests/*/test_*_gpu.py), result lines to $OUT/gpu_tests.log
 cpu            the torch-version-sensitive CPU tests under the image's torch (compile, reference, quant API, dispatch)
 aot            the wheel's Triton cubins load on this GPU (smoke); test_triton_aot_gpu.py; the Triton GLU suite
-               (test_triton_glu.py) with TSCT_TRITON_BACKEND=aot
-glu            test_triton_glu.py -k "$GLU_K" (default all) on the cubins + test_bench_gpu.py
-glu-jit        test_triton_glu.py from the source tree through the image's Triton JIT (PYTHONPATH=python; no install)
+               (test_triton_glu_gpu.py) with TSCT_TRITON_BACKEND=aot
+glu            test_triton_glu_gpu.py -k "$GLU_K" (default all) on the cubins + test_bench_gpu.py
+glu-jit        test_triton_glu_gpu.py from the source tree through the image's Triton JIT (PYTHONPATH=python; no install)
 kbench         the b1 kernel harness (tools/triton_glu_bench.py: per-kernel profile, graph, host) -> kbench_b1.json
 lowbit-ops     test_lowbit_ops_gpu.py: auto takes triton-lowbit, fwd/bwd vs the reference with STE masters,
                torch.compile fullgraph, AOT-only and JIT, quantize_master, CUDA graph
@@ -152,13 +152,12 @@ stage_probe() {
 }
 
 stage_all() {
-  step all 300 env TSCT_GPU_LOG="$OUT/gpu_tests.log" bash -c "pyt -s -m gpu '$T'"
+  step all 300 env TSCT_GPU_LOG="$OUT/gpu_tests.log" bash -c "pyt -s -m gpu '$T'/*/test_*_gpu.py"
 }
 
 stage_cpu() {
-  local C="$ROOT/tests/cpu"
-  step cpu 200 bash -c "pyt '$C/test_compile.py' '$C/test_ops_reference.py' '$C/test_quant_api.py' \
-    '$C/test_dispatch.py'"
+  step cpu 200 bash -c "pyt '$T/ops/test_compile.py' '$T/ops/test_ops_reference.py' '$T/quant/test_quant_api.py' \
+    '$T/package/test_dispatch.py'"
 }
 
 stage_aot() {
@@ -177,17 +176,17 @@ idx = aot.index(aot.artifact_arch(cap))
 k = aot.kernel(aot.artifact_arch(cap), next(iter(idx["kernels"])))
 print("first cubin on this GPU:", k.entry["kernel"], k.info())
 PY
-  step aot-tests 120 env TSCT_TRITON_BACKEND=aot bash -c "pyt -s '$T/test_triton_aot_gpu.py'"
-  step aot-glu 240 env TSCT_TRITON_BACKEND=aot TSCT_TRITON_GLU_CFG="$CFG" bash -c "pyt '$T/test_triton_glu.py'"
+  step aot-tests 120 env TSCT_TRITON_BACKEND=aot bash -c "pyt -s '$T/kernels/test_triton_aot_gpu.py'"
+  step aot-glu 240 env TSCT_TRITON_BACKEND=aot TSCT_TRITON_GLU_CFG="$CFG" bash -c "pyt '$T/kernels/test_triton_glu_gpu.py'"
 }
 
 stage_glu() {
   step glu 240 env TSCT_TRITON_BACKEND=aot TSCT_TRITON_GLU_CFG="$CFG" bash -c \
-    "pyt '$T/test_triton_glu.py' -k '${GLU_K:-}' '$T/test_bench_gpu.py'"
+    "pyt '$T/kernels/test_triton_glu_gpu.py' -k '${GLU_K:-}' '$T/bench/test_bench_gpu.py'"
 }
 
 stage_glu-jit() {
-  step glu-jit 300 env PYTHONPATH="$ROOT/python" bash -c "cd '$ROOT' && pyt tests/gpu/test_triton_glu.py"
+  step glu-jit 300 env PYTHONPATH="$ROOT/python" bash -c "cd '$ROOT' && pyt tests/kernels/test_triton_glu_gpu.py"
 }
 
 stage_kbench() {
@@ -196,26 +195,26 @@ stage_kbench() {
 }
 
 stage_lowbit-ops() {
-  step lowbit-ops 160 env TSCT_TRITON_GLU_CFG="$CFG" bash -c "pyt '$T/test_lowbit_ops_gpu.py'"
+  step lowbit-ops 160 env TSCT_TRITON_GLU_CFG="$CFG" bash -c "pyt '$T/ops/test_lowbit_ops_gpu.py'"
 }
 
 stage_lowbit() {
   step lowbit 240 env TSCT_TRITON_BACKEND=aot TSCT_TRITON_GLU_CFG="$CFG" bash -c \
-    "pyt '$T/test_triton_lowbit_gpu.py' -k 'not b1_pad'"
+    "pyt '$T/kernels/test_triton_lowbit_gpu.py' -k 'not b1_pad'"
 }
 
 stage_lowbit-jit() {
   step lowbit-jit 90 env TSCT_TRITON_BACKEND=jit bash -c \
-    "pyt '$T/test_triton_lowbit_gpu.py' -k 'f37_empty or one_row_experts or top4_f129'"
+    "pyt '$T/kernels/test_triton_lowbit_gpu.py' -k 'f37_empty or one_row_experts or top4_f129'"
 }
 
 
 stage_native-dz() {
-  step native-dz 120 bash -c "pyt '$T/test_glu_dz_native_gpu.py'"
+  step native-dz 120 bash -c "pyt '$T/native/test_glu_dz_native_gpu.py'"
 }
 
 stage_native-lowbit() {
-  step native-lowbit 120 env TSCT_TRITON_GLU_CFG="$CFG" bash -c "pyt '$T/test_glu_lowbit_native_gpu.py'"
+  step native-lowbit 120 env TSCT_TRITON_GLU_CFG="$CFG" bash -c "pyt '$T/native/test_glu_lowbit_native_gpu.py'"
 }
 
 stage_sm120() {
@@ -238,10 +237,10 @@ for r in selftest.native_quant(torch.device("cuda")):
     assert r.ok, r
 assert cd is not None and native.sm120_built(), "the wheel has no CuTeDSL kernels"
 PY
-  step sm120-quant-rows 150 env TSCT_GPU_LOG="$OUT/quant_rows.txt" bash -c "pyt -s '$T/test_sm120_quant_rows_gpu.py'"
+  step sm120-quant-rows 150 env TSCT_GPU_LOG="$OUT/quant_rows.txt" bash -c "pyt -s '$T/kernels/test_sm120_quant_rows_gpu.py'"
   step sm120-emulated 120 env TSCT_GPU_LOG="$OUT/fp4_emulated.txt" bash -c \
-    "pyt -s '$T/test_sm120_fp4_emulated_gpu.py' '$T/test_native_quant.py'"
-  step sm120-firstuse 120 env TSCT_GPU_LOG="$OUT/firstuse.txt" bash -c "pyt -s '$T/test_sm120_firstuse_gpu.py'"
+    "pyt -s '$T/kernels/test_sm120_fp4_emulated_gpu.py' '$T/native/test_native_quant_gpu.py'"
+  step sm120-firstuse 120 env TSCT_GPU_LOG="$OUT/firstuse.txt" bash -c "pyt -s '$T/package/test_sm120_firstuse_gpu.py'"
   step sm120-probe 60 bash -c "tsct-probe --no-selftest > '$OUT/sm120_probe.txt' 2>&1; r=\$?; \
     grep -E 'sm120-fp4|cc 9.0|cutedsl' '$OUT/sm120_probe.txt' | head -n 12; exit \$r"
   # the linked CuTeDSL entry on a non-sm_120 GPU: an error (no kernel image), not a crash; the context stays usable
@@ -288,13 +287,13 @@ PY
   step proxy-probe 90 bash -c "tsct-probe > '$OUT/proxy_probe.txt' 2>&1; r=\$?; \
     grep -E 'PROXY|proxy|pass|FAIL' '$OUT/proxy_probe.txt' | cut -c1-160 | head -n 24; exit \$r"
   # 2. the GPU suite through the proxy cubins, nothing JITs (the jit tests and b1_pad in low-bit left out); a ledger of
-  #    every launch per test (tests/gpu/_launch_ledger.py): the per-kernel verdicts come from it
+  #    every launch per test (tests/_launch_ledger.py): the per-kernel verdicts come from it
   local L="$OUT/proxy_ledger.json"
   rm -f "$L"
   local LEDGER=(env TSCT_LAUNCH_LEDGER="$L" PYTHONPATH="$T")
   step proxy-suite 300 "${LEDGER[@]}" TSCT_TRITON_BACKEND=aot bash -c "pyt -p _launch_ledger \
-    '$T/test_sm120_proxy_gpu.py' '$T/test_triton_glu.py' '$T/test_triton_lowbit_gpu.py' \
-    '$T/test_sort_by_expert_gpu.py' '$T/test_triton_aot_gpu.py' \
+    '$T/kernels/test_sm120_proxy_gpu.py' '$T/kernels/test_triton_glu_gpu.py' '$T/kernels/test_triton_lowbit_gpu.py' \
+    '$T/ops/test_sort_by_expert_gpu.py' '$T/kernels/test_triton_aot_gpu.py' \
     -k 'not jit and not (b1_pad and (nvfp4 or sign or mixed))${PROXY_K:+ and ($PROXY_K)}'"
   if [[ -n ${PROXY_K:-} ]]; then  # a run for kernels whose source changed: the suite's subset, then the verdicts
     step proxy-verdicts 30 python3 "$ROOT/scripts/proxy_verdicts.py" "$L" --out "$OUT/proxy_verdicts.txt"
@@ -303,15 +302,15 @@ PY
   fi
   # 3. the op through tsct.ops (auto mode, as users call it; the dense-gate mix has no cubins and would JIT: left out,
   #    and the ledger counts any JIT launch apart), and its replayed eager calls against the path's bits
-  step proxy-ops 150 "${LEDGER[@]}" bash -c "pyt -p _launch_ledger '$T/test_lowbit_ops_gpu.py' \
-    '$T/test_replay_gpu.py' -k 'not jit and not dense_gate'"
+  step proxy-ops 150 "${LEDGER[@]}" bash -c "pyt -p _launch_ledger '$T/ops/test_lowbit_ops_gpu.py' \
+    '$T/kernels/test_replay_gpu.py' -k 'not jit and not dense_gate'"
   # 4. b1 through the proxy cubins: the whole pass, % of this GPU's bytes floor, labelled PROXY
   step proxy-bench 90 env TSCT_TRITON_BACKEND=aot TSCT_BENCH_GIT_COMMIT="${COMMIT:-unknown}" tsct-bench --preset b1 \
     --arms 'tsct-triton-bf16-*,tsct-triton-lowbit-nvfp4,tsct-triton-lowbit-sign' --formats bf16,nvfp4,sign \
     --iters 10 --max-seconds 1 --json "$OUT/proxy_b1.json"
   # 5. sm_120's opt-in byte-plane down projection (TSCT_TRITON_GLU_CFG=planes_down_lb=1, shipped in its table)
   step proxy-planes-down 150 "${LEDGER[@]}" TSCT_TRITON_BACKEND=aot TSCT_TRITON_GLU_CFG=planes_down_lb=1 bash -c \
-    "pyt -p _launch_ledger '$T/test_triton_lowbit_gpu.py' -k '(b1 and not b1_pad) or f37_empty or top4_f129 or r100'"
+    "pyt -p _launch_ledger '$T/kernels/test_triton_lowbit_gpu.py' -k '(b1 and not b1_pad) or f37_empty or top4_f129 or r100'"
   # 6. the per-kernel verdicts and the record for tsct.kernels.sm120_proxy.RUNS
   step proxy-verdicts 30 python3 "$ROOT/scripts/proxy_verdicts.py" "$L" --bench "$OUT/proxy_b1.json" \
     --out "$OUT/proxy_verdicts.txt"
@@ -342,7 +341,7 @@ stage_hostprof() {
 }
 
 stage_replay() {
-  step replay-test 240 bash -c "pyt '$T/test_replay_gpu.py'"
+  step replay-test 240 bash -c "pyt '$T/kernels/test_replay_gpu.py'"
   local r v
   rm -f "$OUT"/replay-host-*.log
   for r in $(seq "${ROUNDS:-2}"); do
@@ -355,7 +354,7 @@ stage_replay() {
 }
 
 stage_bwd() {
-  step bwd 330 bash -c "pyt '$T/test_bwd_scale_gpu.py' '$T/test_glu_dz_native_gpu.py' '$T/test_bmm_gpu.py'"
+  step bwd 330 bash -c "pyt '$T/kernels/test_bwd_scale_gpu.py' '$T/native/test_glu_dz_native_gpu.py' '$T/bmm/test_bmm_gpu.py'"
 }
 
 stage_bmmprof() {
@@ -488,7 +487,7 @@ stage_bwd-chunks() {
 }
 
 stage_nn() {
-  step nn 300 env PYTHONPATH="$ROOT/tests" bash -c "pyt --durations=8 '$T/test_nn_experts_gpu.py'"
+  step nn 300 env PYTHONPATH="$ROOT/tests" bash -c "pyt --durations=8 '$T/nn/test_nn_experts_gpu.py'"
 }
 
 stage_train() {
@@ -499,7 +498,7 @@ stage_train() {
 }
 
 stage_ep() {
-  step ep 420 env PYTHONPATH="$ROOT/tests" bash -c "pyt '$T/test_nn_parallel_gpu.py'"
+  step ep 420 env PYTHONPATH="$ROOT/tests" bash -c "pyt '$T/nn/test_nn_parallel_gpu.py'"
 }
 
 stage_ep-run() {

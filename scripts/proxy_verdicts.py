@@ -3,7 +3,7 @@
     python3 scripts/proxy_verdicts.py LEDGER.json [--bench proxy_b1.json] [--out FILE]
     PYTHONPATH=python python3 scripts/proxy_verdicts.py --update-docs     (after a record joined RUNS)
 
-LEDGER.json is what tests/gpu/_launch_ledger.py wrote during the stage's pytest runs. Prints (and writes to
+LEDGER.json is what tests/_launch_ledger.py wrote during the stage's pytest runs. Prints (and writes to
 --out): the sessions' outcomes; per kernel of sm_120's Triton families the launches through the proxy cubins
 ("aot"), the distinct variants launched against the sm_120 table's count, launches that did not use a proxy
 cubin ("jit", "native": not evidence for sm_120), the failing tests that launched it, and the fingerprint of the
@@ -14,7 +14,7 @@ tsct-bench labelled PROXY with their share of this GPU's bytes floor; and the re
 Exit status 1 when the ledger is not from a proxy install, a test failed or a launched kernel has no source
 fingerprint.
 ``--update-docs`` rewrites the verdict table of docs/sm120.md (between its sm120-proxy-table markers) from
-``sm120_proxy.rows()``; tests/cpu/test_sm120_proxy.py keeps the two equal.
+``sm120_proxy.rows()``; tests/kernels/test_sm120_proxy.py keeps the two equal.
 """
 
 from __future__ import annotations

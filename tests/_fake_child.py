@@ -1,5 +1,5 @@
 """A stand-in for the first-use self-test child (``tsct.firstuse.run_subprocess``) on the CPU: the CPU tests of the
-first-use gates (tests/cpu/test_native_quant_firstuse.py, tests/cpu/test_routing_firstuse.py) answer with it as the
+first-use gates (tests/native/test_native_quant_firstuse.py, tests/ops/test_routing_firstuse.py) answer with it as the
 real child would; the verdict logic, the caches, the counters and the warnings stay the real ones."""
 
 from __future__ import annotations

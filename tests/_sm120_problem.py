@@ -1,5 +1,5 @@
-"""The routed problem the sm120-fp4 tests share (tests/cpu/test_sm120_fp4_dispatch.py,
-tests/gpu/test_sm120_fp4_emulated_gpu.py): sorted routing with an empty expert (1), padding rows whose
+"""The routed problem the sm120-fp4 tests share (tests/kernels/test_sm120_fp4_dispatch.py,
+tests/kernels/test_sm120_fp4_emulated_gpu.py): sorted routing with an empty expert (1), padding rows whose
 gather entries are out of range (never read), bf16 x, dense fp32 factors, per-rank scales, row weights.
 """
 

@@ -2,7 +2,7 @@
 nibble position under every UE4M3 block scale, every E4M3 byte and every ternary byte at every position, in each
 product dtype. Used by the
 interpreter check (fp32, CPU; and the ternary bf16 tile: ``_ternary_pair`` has no multiply) and by
-tests/gpu/test_triton_lowbit_gpu.py (bf16 and fp32 on the GPU: Triton's interpreter gets bf16 multiplies wrong, so
+tests/kernels/test_triton_lowbit_gpu.py (bf16 and fp32 on the GPU: Triton's interpreter gets bf16 multiplies wrong, so
 the bf16 pair decoders ``_e2m1_pair`` / ``_e4m3_pair`` are checked on a GPU)."""
 
 from __future__ import annotations

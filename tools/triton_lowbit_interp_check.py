@@ -242,7 +242,7 @@ def main(argv) -> int:
     names = argv or list(CASES)
     res = run(names)
     if not argv:
-        # the NVFP4 / FP8 bf16 pair decoders multiply, which the interpreter gets wrong in bf16: tests/gpu; the
+        # the NVFP4 / FP8 bf16 pair decoders multiply, which the interpreter gets wrong in bf16: the GPU tests; the
         # ternary one only moves bits, so its bf16 tile is checked here too (element mismatches)
         res["decode_exhaustive"] = {"mismatch": check_decode(),
                                     "tile_fp32": check_tile_decode("cpu", dtypes=(torch.float32,)),

@@ -32,7 +32,7 @@ hang or a wrong answer there disables the path for this GPU (counted, warned, ca
 caller's CUDA context never runs the untested kernel. This module only holds the table and selects:
 ``tsct.ops`` asks for the verdict of a path ``select`` returned when ``needs_first_use`` says so, and
 selects again with it (``tsct.ops._select``). Nothing here imports the layers above it (ops,
-firstuse, selftest, nn, bench; tests/cpu/test_import_graph.py).
+firstuse, selftest, nn, bench; tests/package/test_import_graph.py).
 """
 
 from __future__ import annotations
@@ -82,7 +82,7 @@ DTYPE_NAMES: dict[torch.dtype, str] = {torch.bfloat16: "bf16", torch.float16: "f
 READS_PACKED = frozenset({TRITON_LOWBIT, SM120_FP4})
 #: path -> storage formats it serves only when forced (``impl=<path>``), never from ``auto``: its kernels read
 #: them, but have not yet passed the whole GPU suite for them. ``preferences`` leaves these (path, format) pairs out
-#: of every row; a row for them moves into ``TABLE`` once the GPU tests pass (tests/gpu/test_triton_lowbit_gpu.py).
+#: of every row; a row for them moves into ``TABLE`` once the GPU tests pass (tests/kernels/test_triton_lowbit_gpu.py).
 FORCED_ONLY: dict[str, frozenset] = {TRITON_LOWBIT: frozenset({*DECODED_FORMATS, MIXED_DECODED})}
 
 #: the activation precision each path computes (the ``activations=`` values it serves)
@@ -397,11 +397,11 @@ _ALL_CLASSES = frozenset({"cpu", "sm80", "sm90", "sm100", "sm120", "unknown"})
 EXECUTED_ON: dict[str, frozenset] = {
     REFERENCE: _ALL_CLASSES,
     BMM: _ALL_CLASSES,  # torch.bmm and torch's own kernels only
-    TRITON_BF16: frozenset({"sm90"}),  # tests/gpu on an H200
-    TRITON_LOWBIT: frozenset({"sm90"}),  # tests/gpu on an H200
+    TRITON_BF16: frozenset({"sm90"}),  # the GPU tests (tests/*/test_*_gpu.py) on an H200
+    TRITON_LOWBIT: frozenset({"sm90"}),  # the GPU tests on an H200
     SM120_FP4: frozenset(),
-    NATIVE_QUANT: frozenset({"sm90"}),  # tests/gpu/test_native_quant.py on an H200
-    ROUTING: frozenset({"sm90"}),  # tests/gpu/test_sort_by_expert_gpu.py on an H200
+    NATIVE_QUANT: frozenset({"sm90"}),  # tests/native/test_native_quant_gpu.py on an H200
+    ROUTING: frozenset({"sm90"}),  # tests/ops/test_sort_by_expert_gpu.py on an H200
 }
 #: a path whose backward runs another path's kernels where that one may run: (path, storage format) whose
 #: first-use verdict the backward reads (``first_use_status``); tsct.ops asks for it before the backward runs

@@ -1,7 +1,7 @@
 """Per sm_120 kernel: has its logic run on the sm_90 proxy (an H200 or H100; docs/decisions/0017), and if not, why not.
 
 The one table behind the probe's sm_120 table, ``tsct.kernels.sm120_fp4.VERIFICATION[...]["proxy_on_sm90"]`` and
-docs/sm120.md (section "The sm_90 proxy", kept equal to ``rows()`` by tests/cpu/test_sm120_proxy.py).
+docs/sm120.md (section "The sm_90 proxy", kept equal to ``rows()`` by tests/kernels/test_sm120_proxy.py).
 
     RUNS                      the proxy stage's runs (``scripts/gpu_suite.sh proxy``): date, commit, device,
                               evidence, the suite's outcome, per kernel the launches through the proxy cubins and

@@ -9,8 +9,8 @@ the rows of every expert into ``c`` on c's device (other rows untouched, as the 
 ``glu.forward(..., gemm=emulated_gemm)`` then runs the whole sm120-fp4 forward with everything real
 except the MMA kernels: the CUDA activation quantizer (``quant_backend="native"``), the host plan, the
 combine. On a GPU that is design.md section 6's "the same math checked through an emulated path" for
-every piece but the GEMM kernels' own fragment code (tests/gpu/test_sm120_fp4_emulated_gpu.py); on the
-CPU it checks the host preparation (tests/cpu/test_sm120_fp4_dispatch.py). An oracle, never a fast
+every piece but the GEMM kernels' own fragment code (tests/kernels/test_sm120_fp4_emulated_gpu.py); on the
+CPU it checks the host preparation (tests/kernels/test_sm120_fp4_dispatch.py). An oracle, never a fast
 path (one host loop per tile).
 """
 

@@ -10,7 +10,7 @@ Forward (W4A4, design.md section 4 "sm_120 fp4 tensor core"):
 
 The launch plan (tile map, scale offsets, alpha folding, gate/up interleave) is
 ``tsct.emulation.plan``: the same code the emulation (``tsct.emulation.grouped_glu_w4a4``) runs,
-tested on the CPU against it (tests/cpu/test_sm120_fp4_dispatch.py). No host reads of device values.
+tested on the CPU against it (tests/kernels/test_sm120_fp4_dispatch.py). No host reads of device values.
 
 Sign factors (``SignTensor``, design.md section 3: ``x @ W = ((x * a) @ sign(W)) * b``): the same
 steps with the sign kernels (``tsct_sign_grouped_glu_sm120`` / ``_rowweight_sm120``): the activation
@@ -140,7 +140,7 @@ def forward(x: Tensor, offs: Tensor, w_gate, w_up, w_down, s_gate: Optional[Tens
 
     ``gemm`` (default ``tsct.native.sm120_nvfp4_grouped``) and ``quant_backend`` exist for the CPU
     tests, which pass an emulated GEMM taking exactly the native entry's arguments
-    (tests/cpu/test_sm120_fp4_dispatch.py): the host preparation is then checked end to end.
+    (tests/kernels/test_sm120_fp4_dispatch.py): the host preparation is then checked end to end.
     """
     from tsct.kernels.sm120_fp4.quant_rows import quantize_rows_grouped
     from tsct.quant.sign import SignTensor

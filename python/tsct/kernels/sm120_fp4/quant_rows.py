@@ -21,8 +21,8 @@ pass (better accuracy, a later option: the row_weight epilogue already loads a p
 
 ``quantize_rows_grouped(..., backend="native")`` runs the CUDA kernel (``tsct.native``), ``"torch"``
 the reference below, built from ``tsct.quant.quantize_nvfp4`` (one call per expert, a host loop:
-an oracle, not a fast path). They agree bit for bit (tests/gpu/test_sm120_quant_rows_gpu.py; the
-kernel's per-item code also runs on the CPU through a host harness, tests/cpu/test_sm120_quant_rows.py).
+an oracle, not a fast path). They agree bit for bit (tests/kernels/test_sm120_quant_rows_gpu.py; the
+kernel's per-item code also runs on the CPU through a host harness, tests/kernels/test_sm120_quant_rows.py).
 """
 
 from __future__ import annotations

@@ -142,7 +142,7 @@ def up_dec16(cfg, bk: int) -> bool:
 def up_planes(cfg, fmt: int, single_k: bool, bk: int) -> bool:
     """PLANES of lowbit_up_fwd: a packed w_down decoded in byte planes where the arch's config enables it
     (``LowbitTiles.planes_up_lb``: sm_120), NVFP4 or sign, and the rank is one K step of 64 (aligned r in 33..64; the
-    TTGIR then holds no shared-memory copy of the decoded tile, tests/cpu/test_triton_lowbit_aot.py; at BK = 128 it
+    TTGIR then holds no shared-memory copy of the decoded tile, tests/kernels/test_triton_lowbit_aot.py; at BK = 128 it
     still does)."""
     return bool(cfg.lowbit.planes_up_lb) and fmt in PLANE_FORMATS and single_k and bk == 64
 
@@ -162,7 +162,7 @@ def down_planes(cfg, fmt_g: int, fmt_u: int, bk: int) -> bool:
     (``LowbitTiles.planes_down_lb``; off everywhere by default) and ``down_planes_ok``; the x tile is loaded whole and
     split into the same planes in registers (``_kernels._t_planes``). On sm_120 the TTGIR of the b1 variants then
     allocates no shared memory for a register tensor (no decoded tile; sign's packed code bytes still pass one
-    layout conversion through shared memory: tests/cpu/test_triton_lowbit_aot.py)."""
+    layout conversion through shared memory: tests/kernels/test_triton_lowbit_aot.py)."""
     return bool(cfg.lowbit.planes_down_lb) and down_planes_ok(fmt_g, fmt_u, bk)
 
 
