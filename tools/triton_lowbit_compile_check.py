@@ -26,49 +26,69 @@ import triton
 
 from tsct.kernels.triton_common import specs as CS
 from tsct.kernels.triton_glu import specs
-from tsct.kernels.triton_lowbit.glu import WARPS_DECODE
-from tsct.kernels.triton_lowbit.specs import (down_planes, down_planes_shipped, dxdw_ndb, factor_types, up_dec16,
-                                              up_planes)
+from tsct.kernels.triton_lowbit import specs as LS
 
 # "ternary": the absmean scaling, "ternary_r1": the rank-1 one
 FMT = {"dense": 0, "nvfp4": 1, "sign": 2, "fp8": 3, "ternary": 4, "ternary_r1": 5}
+_BOOL_PREFIXES = ("HAS_", "DO_", "BWD", "SINGLE_", "FUSE_")  # constexprs Triton takes as bool (as the AOT build)
+_B1 = dict(E=1024, M=32768)  # b1's experts and routed rows: whether its dz runs the GLU backward (fuse_dz_epi)
 
 
-def _ptrs(fmt: str, dt: str) -> list[str]:
-    return list(factor_types(FMT[fmt], dt.lstrip("*")))
-
-
-def variants(fmt: str, arch: str, opt_in: bool = False):
-    """(kernel, types by param, constexprs, warps, stages) of the b1 launches (bf16, gather+scatter,
-    scales, row weight, r = 64, aligned tiles), forward and backward; ``opt_in``: lowbit_down_fwd's byte-plane
-    variants instead of the default ones where the arch's table ships both (``specs.down_planes_shipped``)."""
+def _b1(spec, f: int, arch: str, opt_in: bool, generic: bool) -> bool:
+    """Whether ``spec`` (an entry of the AOT table) is one of the b1 launches of format ``f``: bf16, gather and
+    scatter, fp32 scales, row weights, r = 64, aligned (``generic``: the unaligned variant), forward and backward."""
     cfg = specs.CONFIGS[arch]
-    sh, lt = cfg.shared, cfg.lowbit
-    dt = "*bf16"
+    c = dict(spec.constexprs)
+    t = dict(spec.types)
+    if spec.aligned == generic or t.get("x_ptr", t.get("z_ptr", t.get("dy_ptr"))) != "*bf16":
+        return False
+    if any(c.get(k, f) != f for k in ("FMT_G", "FMT_U", "FMT_D")):
+        return False
+    if spec.kernel == "lowbit_down_fwd":
+        planes = LS.down_planes_shipped(cfg, arch, f, f, cfg.shared.bk)[-1] if opt_in else \
+            LS.down_planes(cfg, f, f, cfg.shared.bk)
+        return (c["HAS_GATHER"] and c["HAS_SG"] and c["HAS_RW"] == c["BWD"] and c["PLANES"] == planes)
+    if spec.kernel == "lowbit_up_fwd":
+        return c["HAS_RW"] and c["Y_PAD"] and (c["SINGLE_K"], c["BK"]) == LS.up_k(64, True)
+    if spec.kernel == "lowbit_bwd_dz":
+        fused = LS.fuse_dz_epi(cfg, f, _B1["E"], _B1["M"])
+        return (c["HAS_SCATTER"] and not c["DO_DWD"] and c["FUSE_EPI"] == fused
+                and (not fused or (c["HAS_SG"] and c["HAS_RW"] and t["sg_ptr"] == "*fp32")))
+    if spec.kernel == "lowbit_bwd_dx_dw":
+        return c["HAS_GATHER"] and c["DO_DX"] and not c["DO_DW"]
+    return False
+
+
+def variants(fmt: str, arch: str, opt_in: bool = False, generic: bool = False) -> list:
+    """The b1 launches of ``fmt`` on ``arch`` as the AOT build compiles them (``triton_lowbit.specs.enumerate_specs``:
+    the same types, constexprs, warps, stages and register cap; formats outside its AOT_FORMATS, which run through
+    Triton JIT, as they would be compiled), one per kernel and direction; ``opt_in``:
+    lowbit_down_fwd's byte-plane variants where the arch's table ships both (``specs.down_planes_shipped``)."""
     f = FMT[fmt]
-    g = _ptrs(fmt, dt)
-    planes = down_planes_shipped(cfg, arch, f, f, sh.bk)[-1] if opt_in else down_planes(cfg, f, f, sh.bk)
-    for bwd in (False, True):
-        types = [dt, "*i64", "*i32", "*i32", *g, *g, "*fp32", "*fp32", dt,
-                 "*fp32" if bwd else "*i8", "*fp32" if bwd else "*i8", "*fp32" if bwd else "*i8",
-                 "i32", "i32", "i32", "i32"]
-        yield ("lowbit_down_fwd", types,
-               dict(FMT_G=f, FMT_U=f, HAS_GATHER=True, HAS_SG=True, HAS_SU=True, HAS_RW=bwd, BWD=bwd,
-                    PLANES=planes, BM=sh.bm, BR=64, BK=sh.bk, BLOCK_E=sh.block_e),
-               WARPS_DECODE, lt.stages_down_lb)
-    yield ("lowbit_up_fwd", [dt, "*i32", "*i32", *g, "*fp32", dt, "i32", "i32", "i32", "i32"],
-           dict(FMT_D=f, HAS_RW=True, SINGLE_K=True, Y_PAD=True, DEC16=up_dec16(cfg, 64),
-                PLANES=up_planes(cfg, f, True, 64), BM=sh.bm, BN=lt.bn_up_lb, BK=64,
-                BLOCK_E=sh.block_e),
-           lt.warps_up_lb, lt.stages_up_lb)
-    yield ("lowbit_bwd_dz", [dt, "*i64", "*i32", "*i32", *g, dt, "*fp32", dt, "i32", "i32", "i32", "i32", "i32"],
-           dict(FMT_D=f, HAS_SCATTER=True, DO_DWD=False, BM=sh.bm, BR=64, BN=lt.bn_dz_lb, BLOCK_E=sh.block_e),
-           WARPS_DECODE, lt.stages_dz_lb)
-    yield ("lowbit_bwd_dx_dw", [dt, "*i64", "*i32", "*i32", *g, *g, dt, dt, dt, "*i8", "*i8", "i32", "i32", "i32",
-                                "i32"],
-           dict(FMT_G=f, FMT_U=f, HAS_GATHER=True, DO_DX=True, DO_DW=False, BM=sh.bm, BD=lt.bd_dxdw_lb, BR=64,
-                NDB=dxdw_ndb(cfg, f, f), BLOCK_E=sh.block_e),
-           WARPS_DECODE, lt.stages_dxdw_lb)
+    found = [s for s in LS.enumerate_specs(arch, formats=((f, f, f),)) if _b1(s, f, arch, opt_in, generic)]
+    if not found:
+        raise SystemExit(f"no b1 variant of {fmt} for {arch}")
+    return found
+
+
+def compile_spec(spec, cap: int, hints: bool = True):
+    """``triton.compile`` of one table entry for compute capability ``cap`` (as ``triton_common.aot_build``)."""
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    from tsct.kernels.triton_lowbit import _kernels as K
+
+    fn = getattr(K, spec.kernel)
+    consts = dict(spec.constexprs)
+    types = dict(spec.types)
+    signature = {a: ("constexpr" if a in consts else types[a]) for a in fn.arg_names}
+    hinted = [p for p in LS.KERNELS[spec.kernel].hinted if hints and spec.aligned and LS.is_used(spec.kernel, p, consts)]
+    attrs = {(fn.arg_names.index(p),): [["tt.divisibility", 16]] for p in hinted}
+    src = ASTSource(fn=fn, signature=signature, attrs=attrs,
+                    constexprs={k: (bool(v) if k.startswith(_BOOL_PREFIXES) else v) for k, v in consts.items()})
+    return triton.compile(src, target=GPUTarget("cuda", cap, 32),
+                          options=dict(num_warps=spec.num_warps, num_stages=spec.num_stages, num_ctas=1,
+                                       **({"maxnreg": spec.maxnreg} if spec.maxnreg else {})))
 
 
 def _resources(cubin: bytes) -> str:
@@ -95,40 +115,24 @@ def main(argv=None) -> int:
     ap.add_argument("--generic", action="store_true", help="no divisibility hints (the unaligned variants)")
     ap.add_argument("--opt-in", action="store_true", help="lowbit_down_fwd's opt-in byte-plane variants where shipped")
     a = ap.parse_args(argv)
-    from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource
-
-    from tsct.kernels.triton_lowbit import _kernels as K
-
     arch = {"90": "sm_90a", "100": "sm_100a", "120": "sm_120"}[a.arch]
     bad = 0
     for fmt in a.fmts.split(","):
-        for name, types, consts, warps, stages in variants(fmt, arch, opt_in=a.opt_in):
-            fn = getattr(K, name)
-            runtime = [p for p in fn.arg_names if p not in consts]
-            assert len(runtime) == len(types), (name, runtime, types)
-            sig = dict(zip(runtime, types))
-            sig.update({c: "constexpr" for c in consts})
-            signature = {p: sig[p] for p in fn.arg_names}
-            from tsct.kernels.triton_lowbit import specs as LS
-
-            attrs = {} if a.generic else {(fn.arg_names.index(p),): [["tt.divisibility", 16]]
-                                           for p in LS.KERNELS[name].hinted}
-            src = ASTSource(fn=fn, signature=signature, constexprs=dict(consts), attrs=attrs)
+        for spec in variants(fmt, arch, opt_in=a.opt_in, generic=a.generic):
+            c = dict(spec.constexprs)
             t0 = time.perf_counter()
             try:
-                k = triton.compile(src, target=GPUTarget("cuda", int(a.arch), 32),
-                                   options=dict(num_warps=warps, num_stages=stages, num_ctas=1))
+                k = compile_spec(spec, int(a.arch))
             except Exception as e:  # noqa: BLE001
                 bad += 1
-                print(f"FAIL {fmt:6s} {name}: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}")
+                print(f"FAIL {fmt:6s} {spec.kernel}: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}")
                 continue
             md = k.metadata
             over = md.shared > CS.MAX_SHARED[arch]
             bad += over
-            print(f"ok   {fmt:6s} {name:18s} bwd={consts.get('BWD', '-')!s:5s} shared={md.shared:6d}"
-                  f"{' OVER' if over else ''} {time.perf_counter() - t0:5.1f}s {_resources(k.asm['cubin'])}",
-                  flush=True)
+            what = f"bwd={bool(c['BWD'])}" if "BWD" in c else f"fused={bool(c['FUSE_EPI'])}" if "FUSE_EPI" in c else ""
+            print(f"ok   {fmt:6s} {spec.kernel:18s} {what:11s} shared={md.shared:6d}{' OVER' if over else ''}"
+                  f" {time.perf_counter() - t0:5.1f}s {_resources(k.asm['cubin'])}", flush=True)
     return 1 if bad else 0
 
 

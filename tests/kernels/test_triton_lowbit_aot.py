@@ -272,36 +272,44 @@ def test_forward_kernels_decode_into_the_dot_operand_on_sm120(fmt, kernel):
     triton = pytest.importorskip("triton")
     if triton.__version__ != CS.TRITON_VERSION:  # the claim is about the cubins the pinned Triton builds
         pytest.skip(f"needs Triton {CS.TRITON_VERSION} (the AOT build's), found {triton.__version__}")
-    from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource
-
-    from tsct.kernels.triton_lowbit import _kernels as K
-    variants = _tools.load("triton_lowbit_compile_check").variants
+    check = _tools.load("triton_lowbit_compile_check")
 
     pick, allowed, n_dots = _NO_COPY[kernel]
     found = 0
-    for name, types, consts, warps, stages in variants(fmt, "sm_120", opt_in=True):
-        if name != kernel or not pick(consts):
+    for spec in check.variants(fmt, "sm_120", opt_in=True):
+        consts = dict(spec.constexprs)
+        if spec.kernel != kernel or not pick(consts):
             continue
-        fn = getattr(K, name)
-        runtime = [p for p in fn.arg_names if p not in consts]
-        sig = dict(zip(runtime, types))
-        sig.update({c: "constexpr" for c in consts})
-        attrs = {(fn.arg_names.index(p),): [["tt.divisibility", 16]] for p in LS.KERNELS[name].hinted}
-        src = ASTSource(fn=fn, signature={p: sig[p] for p in fn.arg_names}, constexprs=dict(consts), attrs=attrs)
-        k = triton.compile(src, target=GPUTarget("cuda", 120, 32),
-                           options=dict(num_warps=warps, num_stages=stages, num_ctas=1))
+        k = check.compile_spec(spec, 120)
         assert consts["PLANES"], "sm_120's b1 variants decode in byte planes (specs.up_planes, opt-in down_planes)"
         # every register tensor stored to shared memory, any rank or dtype
         ttgir = k.asm["ttgir"]
         copies = set(re.findall(r"ttg\.local_alloc %\S+ : \(tensor<([^,>]+)", ttgir))
-        assert copies <= allowed(consts), (fmt, name, consts.get("BWD"), copies)
+        assert copies <= allowed(consts), (fmt, kernel, consts.get("BWD"), copies)
         plane = f"x{consts['BK'] // 4}xbf16"  # a decoded plane [BN, BK/4] (BN: the factor's rows in this kernel)
         moved = set(re.findall(r"ttg\.convert_layout %\S+ : tensor<([^,>]+)", ttgir))
-        assert not {t for t in moved if t.endswith(plane)}, (fmt, name, moved)
+        assert not {t for t in moved if t.endswith(plane)}, (fmt, kernel, moved)
         assert k.asm["ttgir"].count("tt.dot ") == n_dots, "one dot per byte plane and factor"
         found += 1
     assert found, f"no b1 {kernel} variant in the table"
+
+
+@pytest.mark.parametrize("arch", ["sm_90a", "sm_120"])
+@pytest.mark.parametrize("fmt", ["nvfp4", "sign"])
+def test_compile_check_takes_its_variants_from_the_aot_table(fmt, arch):
+    """tools/triton_lowbit_compile_check.py compiles the b1 launches as the AOT build does: each of its variants is an
+    entry of the shipped table (same key: types, constexprs, warps, stages, register cap), one per kernel and
+    direction, and the dz one is fused exactly where the table fuses b1 (``fuse_dz_epi``)."""
+    check = _tools.load("triton_lowbit_compile_check")
+    table = {s.key for s in LS.enumerate_specs(arch)}
+    got = check.variants(fmt, arch)
+    assert all(s.key in table for s in got)
+    assert sorted(s.kernel for s in got) == ["lowbit_bwd_dx_dw", "lowbit_bwd_dz", "lowbit_down_fwd", "lowbit_down_fwd",
+                                             "lowbit_up_fwd"]
+    dz = next(s for s in got if s.kernel == "lowbit_bwd_dz")
+    f = check.FMT[fmt]
+    assert bool(dict(dz.constexprs)["FUSE_EPI"]) == LS.fuse_dz_epi(glu_specs.CONFIGS[arch], f, 1024, 32768)
+    assert dz.maxnreg == LS.dz_maxnreg(glu_specs.CONFIGS[arch], LS.fuse_dz_epi(glu_specs.CONFIGS[arch], f, 1024, 32768))
 
 
 def test_first_use_selftest_shape_takes_the_sm120_byte_plane_kernels():

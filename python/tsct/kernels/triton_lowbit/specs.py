@@ -241,18 +241,19 @@ _IDX = (None, "i64")
 _DXDW = ((True, False), (False, True), (True, True))
 
 
-def enumerate_specs(arch: str) -> Iterator[Spec]:
+def enumerate_specs(arch: str, formats: tuple = AOT_FORMATS) -> Iterator[Spec]:
     """Every specialization ``glu.py`` launches on ``arch`` for the AOT_FORMATS and AOT_DTYPES (module
     docstring): 128 per arch (lowbit_bwd_dx_dw with one d-block count per format triple, ``dxdw_ndb``; the mixed
     triple shares its up / dz variants with uniform NVFP4; no generic variants for the ``always_aligned`` triples,
     uniform NVFP4 and the mix), 24 more where lowbit_bwd_dz can run the GLU backward (``fused_variants``: its 4
     NVFP4 w_down variants six times more, over the scale dtypes and row weights), plus 48 on the OPT_IN_PLANES_DOWN
-    arches (lowbit_down_fwd's byte-plane variants: 24 for uniform sign, 12 for each always aligned triple)."""
+    arches (lowbit_down_fwd's byte-plane variants: 24 for uniform sign, 12 for each always aligned triple).
+    ``formats``: other format triples, for development tools that compile JIT-only formats the same way."""
     cfg = CONFIGS[arch]
     sh, lt = cfg.shared, cfg.lowbit
     br = rank_block(cfg)
     seen = set()
-    for dt, (fg, fu, fd), aligned in itertools.product(AOT_DTYPES, AOT_FORMATS, (True, False)):
+    for dt, (fg, fu, fd), aligned in itertools.product(AOT_DTYPES, formats, (True, False)):
         if not aligned and always_aligned(fg, fu, fd):
             continue
         D = "*" + dt
