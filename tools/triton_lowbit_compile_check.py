@@ -22,8 +22,6 @@ import sys
 import tempfile
 import time
 
-import triton
-
 from tsct.kernels.triton_common import specs as CS
 from tsct.kernels.triton_glu import specs
 from tsct.kernels.triton_lowbit import specs as LS
@@ -73,6 +71,7 @@ def variants(fmt: str, arch: str, opt_in: bool = False, generic: bool = False) -
 
 def compile_spec(spec, cap: int, hints: bool = True):
     """``triton.compile`` of one table entry for compute capability ``cap`` (as ``triton_common.aot_build``)."""
+    import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
@@ -95,6 +94,8 @@ def _resources(cubin: bytes) -> str:
     exe = shutil.which("cuobjdump")
     if exe is None:  # pip's nvidia-cuda-cuobjdump
         import glob
+
+        import triton
         hits = glob.glob(os.path.join(os.path.dirname(os.path.dirname(triton.__file__)), "nvidia", "*", "bin",
                                       "cuobjdump"))
         exe = hits[0] if hits else None
