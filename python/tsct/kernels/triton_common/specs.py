@@ -291,7 +291,8 @@ CONFIGS: dict[str, Config] = {
     # the pass has >= 768 row tiles (H100, NVFP4 forward+backward: b1 -2 %, E 4096 -3 %; E 256's 512 tiles +3 %
     # and sign +2-7 % fused, so neither is; docs/performance.md)
     "sm_90a": Config(shared=SharedTiles(waves_chunked=16, warps_dwd=8, regs_dwd=80),
-                     glu=GluTiles(stages_dz_native=3), lowbit=LowbitTiles(fuse_tiles_lb=768, regs_dz_lb=80)),
+                     glu=GluTiles(stages_dz_native=3), lowbit=LowbitTiles(fuse_tiles_lb=768, regs_dz_lb=80,
+                                                                          ndb_dxdw_sign_lb=4)),
     "sm_100a": Config(),
     # ~99 KB of shared memory per block: fewer stages. Every field an H200 sweep changed
     # stays at its previous value here (nothing has been timed on an sm_120 card; docs/performance.md);

@@ -632,6 +632,9 @@ def lowbit_bwd_dx_dw(
         if DO_DX:
             _lowbit_dx_block(g0, g1, g2, u0, u1, u2, dhg_ptr, dhu_ptr, dx_ptr, e, row0, hi, d_lo, d, r, h_tile,
                              FMT_G, FMT_U, BM, BD, BR)
+    elif FMT_G >= 2 or FMT_U >= 2:  # a column scale (sign, FP8, ternary): no held dh copies (their registers)
+        _dx_dw_blocks(x_ptr, gidx_ptr, g0, g1, g2, u0, u1, u2, dhg_ptr, dhu_ptr, dx_ptr, dwg_ptr, dwu_ptr, e, row0, hi,
+                      one, d_lo, d_hi, d, r, stride_x, h_tile, FMT_G, FMT_U, HAS_GATHER, DO_DX, DO_DW, BM, BD, BR)
     elif r <= BR:
         rmask, src, rm, hg, hu = _one_tile_dh(gidx_ptr, dhg_ptr, dhu_ptr, row0, hi, r, h_tile, HAS_GATHER, BM, BR)
         if DO_DX:
@@ -650,14 +653,25 @@ def lowbit_bwd_dx_dw(
                 tl.store(dx_ptr + row0.to(tl.int64) * d + d0 + bm[:, None] * d + dl[None, :],
                          acc.to(dx_ptr.dtype.element_ty), mask=rmask[:, None] & dm[None, :])
     else:
-        for d0 in range(d_lo, d_hi, BD):
-            if DO_DW:
-                if one:
-                    _dw_store(x_ptr, gidx_ptr, dhg_ptr, dhu_ptr, dwg_ptr, dwu_ptr, e64 * d * r + d0 * r, row0, hi, 1,
-                              d0, d, r, stride_x, HAS_GATHER, BM, BD, BR)
-            if DO_DX:
-                _lowbit_dx_block(g0, g1, g2, u0, u1, u2, dhg_ptr, dhu_ptr, dx_ptr, e, row0, hi, d0, d, r, h_tile,
-                                 FMT_G, FMT_U, BM, BD, BR)
+        _dx_dw_blocks(x_ptr, gidx_ptr, g0, g1, g2, u0, u1, u2, dhg_ptr, dhu_ptr, dx_ptr, dwg_ptr, dwu_ptr, e, row0, hi,
+                      one, d_lo, d_hi, d, r, stride_x, h_tile, FMT_G, FMT_U, HAS_GATHER, DO_DX, DO_DW, BM, BD, BR)
+
+
+@triton.jit
+def _dx_dw_blocks(x_ptr, gidx_ptr, g0, g1, g2, u0, u1, u2, dhg_ptr, dhu_ptr, dx_ptr, dwg_ptr, dwu_ptr, e, row0, hi, one,
+                  d_lo, d_hi, d, r, stride_x, h_tile, FMT_G: tl.constexpr, FMT_U: tl.constexpr,
+                  HAS_GATHER: tl.constexpr, DO_DX: tl.constexpr, DO_DW: tl.constexpr, BM: tl.constexpr,
+                  BD: tl.constexpr, BR: tl.constexpr):
+    """lowbit_bwd_dx_dw's d blocks [d_lo, d_hi) of one row tile, each with the per-block body (dh loaded in each)."""
+    e64 = e.to(tl.int64)
+    for d0 in range(d_lo, d_hi, BD):
+        if DO_DW:
+            if one:
+                _dw_store(x_ptr, gidx_ptr, dhg_ptr, dhu_ptr, dwg_ptr, dwu_ptr, e64 * d * r + d0 * r, row0, hi, 1,
+                          d0, d, r, stride_x, HAS_GATHER, BM, BD, BR)
+        if DO_DX:
+            _lowbit_dx_block(g0, g1, g2, u0, u1, u2, dhg_ptr, dhu_ptr, dx_ptr, e, row0, hi, d0, d, r, h_tile,
+                             FMT_G, FMT_U, BM, BD, BR)
 
 
 @triton.jit
