@@ -187,9 +187,9 @@ class LowbitTiles(_Tiles):
     regs_dz_lb: int = 0
     bd_dxdw_lb: int = 64      # d block of lowbit_bwd_dx_dw
     stages_dxdw_lb: int = 1
-    # d blocks per program of lowbit_bwd_dx_dw when experts average <= bm rows (as ndb_bwd); with a sign w_gate or
-    # w_up: ndb_dxdw_sign_lb (the multi-block variant holds both paths: 161 registers against 128 for sign, one CTA
-    # per SM instead of two, 0.48 ms against 0.40 on the H200; NVFP4 96 registers, 0.23 ms against 0.40)
+    # d blocks per program (row tile) of lowbit_bwd_dx_dw; with a column-scaled w_gate or w_up (sign, FP8,
+    # ternary): ndb_dxdw_sign_lb, whose programs walk their d blocks with the one-block body (no dh held across
+    # them: 128 registers on sm_90a as at one block, where holding them took 161)
     ndb_dxdw_lb: int = 8
     ndb_dxdw_sign_lb: int = 1
 
@@ -289,10 +289,11 @@ CONFIGS: dict[str, Config] = {
     # ring stages: 3 CTAs per SM each (H200, bf16 K-major forward+backward 1-8 % less; docs/performance.md);
     # NVFP4's lowbit_bwd_dz over all of f, running the GLU backward itself, at 80 registers (3 CTAs per SM) where
     # the pass has >= 768 row tiles (H100, NVFP4 forward+backward: b1 -2 %, E 4096 -3 %; E 256's 512 tiles +3 %
-    # and sign +2-7 % fused, so neither is; docs/performance.md)
+    # and sign +2-7 % fused, so neither is); sign's lowbit_bwd_dx_dw over 4 d blocks per row tile (H100, sign
+    # forward+backward: b1 -4 %, T 65536 -6 %, E 16384 -5 %; docs/performance.md)
     "sm_90a": Config(shared=SharedTiles(waves_chunked=16, warps_dwd=8, regs_dwd=80),
-                     glu=GluTiles(stages_dz_native=3), lowbit=LowbitTiles(fuse_tiles_lb=768, regs_dz_lb=80,
-                                                                          ndb_dxdw_sign_lb=4)),
+                     glu=GluTiles(stages_dz_native=3),
+                     lowbit=LowbitTiles(fuse_tiles_lb=768, regs_dz_lb=80, ndb_dxdw_sign_lb=4)),
     "sm_100a": Config(),
     # ~99 KB of shared memory per block: fewer stages. Every field an H200 sweep changed
     # stays at its previous value here (nothing has been timed on an sm_120 card; docs/performance.md);

@@ -604,9 +604,9 @@ def lowbit_bwd_dx_dw(
     """``triton_glu.glu_bwd_dx_dw`` with w_gate / w_up in any format: dx_routed = dhg Wg_hat^T + dhu Wu_hat^T
     (decoded in registers) for one (row tile, NDB d blocks); dWg / dWu (DO_DW, an expert of at most one tile; an
     empty one's program stores zeros and returns) are the dense gradients w.r.t. the decoded factors (X^T dh), the
-    STE gradients of master factors. As in the bf16 kernel, a rank that fits one block (r = 64) loads dhg / dhu (and
-    their sign column scales) once and walks the d blocks in one loop; a larger one, or NDB 1, takes the per-block
-    path over its rank blocks."""
+    STE gradients of master factors. As in the bf16 kernel, a rank that fits one block (r = 64) loads dhg / dhu once
+    and walks the d blocks in one loop; a larger one, NDB 1, or a column-scaled factor (sign, FP8, ternary: dh and its
+    scaled copy held across the blocks would cost a CTA per SM) takes the per-block body for each d block."""
     pid = tl.program_id(0)
     pd = tl.program_id(1)
     e, t = _bwd_tile(xcum_ptr, pid, E, BLOCK_E)

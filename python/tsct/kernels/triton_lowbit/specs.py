@@ -232,8 +232,9 @@ def dz_maxnreg(cfg, fused: bool) -> int:
 
 def dxdw_ndb(cfg, fmt_g: int, fmt_u: int) -> int:
     """d blocks per program (row tile) of lowbit_bwd_dx_dw: factors with a column scale (sign, fp8, ternary: the
-    kernel holds dh scaled by it beside dh, sign's register count) keep ``LowbitTiles.ndb_dxdw_sign_lb``, the others
-    take ``LowbitTiles.ndb_dxdw_lb``."""
+    kernel walks their d blocks with the one-block body, not holding dh and its scaled copy across them, whose
+    registers cost sign an SM's second CTA) take ``LowbitTiles.ndb_dxdw_sign_lb``, the others
+    ``LowbitTiles.ndb_dxdw_lb``."""
     return cfg.lowbit.ndb_dxdw_sign_lb if max(fmt_g, fmt_u) >= SIGN else cfg.lowbit.ndb_dxdw_lb
 
 
