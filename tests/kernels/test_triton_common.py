@@ -49,7 +49,7 @@ FINGERPRINTS = {
         "lowbit_down_fwd": "ffafcebec9fa9aaa",
         "lowbit_up_fwd": "b6766d14776506f0",
         "lowbit_bwd_dz": "c96833edf23efc55",
-        "lowbit_bwd_dx_dw": "7b6ddadf6cbf5686",
+        "lowbit_bwd_dx_dw": "71488c8910a02dac",
     },
 }
 
