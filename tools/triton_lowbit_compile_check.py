@@ -28,7 +28,6 @@ from tsct.kernels.triton_lowbit import specs as LS
 
 # "ternary": the absmean scaling, "ternary_r1": the rank-1 one
 FMT = {"dense": 0, "nvfp4": 1, "sign": 2, "fp8": 3, "ternary": 4, "ternary_r1": 5}
-_BOOL_PREFIXES = ("HAS_", "DO_", "BWD", "SINGLE_", "FUSE_")  # constexprs Triton takes as bool (as the AOT build)
 _B1 = dict(E=1024, M=32768)  # b1's experts and routed rows: whether its dz runs the GLU backward (fuse_dz_epi)
 
 
@@ -70,7 +69,9 @@ def variants(fmt: str, arch: str, opt_in: bool = False, generic: bool = False) -
 
 
 def compile_spec(spec, cap: int, hints: bool = True):
-    """``triton.compile`` of one table entry for compute capability ``cap`` (as ``triton_common.aot_build``)."""
+    """``triton.compile`` of one table entry for compute capability ``cap`` as ``triton_common.aot_build`` compiles it
+    (signature, hints, constexprs, options), to Triton's own PTX target for ``cap`` (the build emits sm_120 where
+    Triton says sm_120a)."""
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
@@ -83,11 +84,10 @@ def compile_spec(spec, cap: int, hints: bool = True):
     signature = {a: ("constexpr" if a in consts else types[a]) for a in fn.arg_names}
     hinted = [p for p in LS.KERNELS[spec.kernel].hinted if hints and spec.aligned and LS.is_used(spec.kernel, p, consts)]
     attrs = {(fn.arg_names.index(p),): [["tt.divisibility", 16]] for p in hinted}
-    src = ASTSource(fn=fn, signature=signature, attrs=attrs,
-                    constexprs={k: (bool(v) if k.startswith(_BOOL_PREFIXES) else v) for k, v in consts.items()})
+    src = ASTSource(fn=fn, signature=signature, attrs=attrs, constexprs=CS.triton_constexprs(consts))
     return triton.compile(src, target=GPUTarget("cuda", cap, 32),
                           options=dict(num_warps=spec.num_warps, num_stages=spec.num_stages, num_ctas=1,
-                                       **({"maxnreg": spec.maxnreg} if spec.maxnreg else {})))
+                                       enable_fp_fusion=True, **({"maxnreg": spec.maxnreg} if spec.maxnreg else {})))
 
 
 def _resources(cubin: bytes) -> str:

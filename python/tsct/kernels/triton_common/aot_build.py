@@ -100,7 +100,6 @@ FAMILIES: dict[str, tuple[Path, str, str]] = {
     "glu": (_KERNELS_DIR / "triton_glu", "_tsct_aot_specs", "_tsct_aot_kernels"),
     "lowbit": (_KERNELS_DIR / "triton_lowbit", "_tsct_lowbit_specs", "_tsct_lowbit_kernels"),
 }
-_BOOL_PREFIXES = ("HAS_", "DO_", "BWD", "SINGLE_")  # constexprs passed to Triton as bool
 
 
 def family_specs(family: str):
@@ -209,8 +208,7 @@ def _compile(family: str, arch: str, spec, cache_dir: str) -> dict:
     signature = {a: ("constexpr" if a in consts else types[a]) for a in fn.arg_names}
     hinted = [p for p in info.hinted if spec.aligned and fs.is_used(spec.kernel, p, consts)]
     attrs = {(fn.arg_names.index(p),): [["tt.divisibility", 16]] for p in hinted}
-    src = ASTSource(fn=fn, signature=signature, constexprs={k: (bool(v) if k.startswith(_BOOL_PREFIXES) else v)
-                                                             for k, v in consts.items()}, attrs=attrs)
+    src = ASTSource(fn=fn, signature=signature, constexprs=specs.triton_constexprs(consts), attrs=attrs)
     t0 = time.perf_counter()
     k = triton.compile(src, target=GPUTarget("cuda", cap, 32),
                        options=dict(num_warps=spec.num_warps, num_stages=spec.num_stages, num_ctas=1,

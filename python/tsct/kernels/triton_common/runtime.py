@@ -622,11 +622,11 @@ def bwd_epilogue(plan: BwdPlan, hg: Tensor, hu: Tensor, part: Optional[Tensor], 
     m, r = hg.shape
     al = r % 16 == 0
     br = specs.rank_block(cfg, r, al)
+    nrb = cdiv(r, br)
     dev = hg.device
     has_s = sg is not None
     out = fused
     if out is None:
-        nrb = cdiv(r, br)
         out = epi_outputs(plan, m, r, nrb, has_s, dtype, dev)
         launch_kernel("glu_bwd_epi", (plan.max_tiles, nrb),
                       [hg, hu, part, offs, plan.xcum, sg, su, rw, *out, e, m, r, part.shape[0], m * r],
@@ -637,7 +637,7 @@ def bwd_epilogue(plan: BwdPlan, hg: Tensor, hu: Tensor, part: Optional[Tensor], 
     if has_s and want_ds:
         dsg = torch.empty(e, r, device=dev, dtype=torch.float32)
         dsu = torch.empty(e, r, device=dev, dtype=torch.float32)
-        launch_kernel("glu_bwd_sred", (e, cdiv(r, br)), [out.dsgp, out.dsup, offs, plan.xcum, dsg, dsu, e, r],
+        launch_kernel("glu_bwd_sred", (e, nrb), [out.dsgp, out.dsup, offs, plan.xcum, dsg, dsu, e, r],
                       dict(BR=br), specs.SRED_WARPS, 1, False, cap, dev)
     drw = out.drw
     return out.dhg, out.dhu, dsg, dsu, (drw if drw.dim() == 1 else drw.sum(0))

@@ -471,6 +471,15 @@ def is_used(kernel: str, param: str, constexprs: dict, kernels: Optional[dict] =
     return all(not constexprs[f[1:]] if f.startswith("!") else bool(constexprs[f]) for f in flags)
 
 
+_BOOL_PREFIXES = ("HAS_", "DO_", "BWD", "SINGLE_")  # constexprs passed to Triton as bool
+
+
+def triton_constexprs(constexprs: dict) -> dict:
+    """A variant's constexprs as the AOT build hands them to Triton: flags (``HAS_*``, ``DO_*``, ``BWD``,
+    ``SINGLE_*``) as bool, the rest as they are (the values are part of Triton's specialization)."""
+    return {k: (bool(v) if k.startswith(_BOOL_PREFIXES) else v) for k, v in constexprs.items()}
+
+
 def _launch_part(num_warps: int, num_stages: int, maxnreg: int) -> str:
     """The key's compile options: ``w8s1``, and ``r80`` after it for a register cap (PTX .maxnreg; none: no part,
     so the keys of uncapped variants are as they always were)."""
