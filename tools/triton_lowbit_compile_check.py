@@ -116,6 +116,9 @@ def main(argv=None) -> int:
     ap.add_argument("--generic", action="store_true", help="no divisibility hints (the unaligned variants)")
     ap.add_argument("--opt-in", action="store_true", help="lowbit_down_fwd's opt-in byte-plane variants where shipped")
     a = ap.parse_args(argv)
+    unknown = [f for f in a.fmts.split(",") if f not in FMT]
+    if unknown:
+        ap.error(f"--fmts: unknown format(s) {unknown}; known: {', '.join(FMT)}")
     arch = {"90": "sm_90a", "100": "sm_100a", "120": "sm_120"}[a.arch]
     bad = 0
     for fmt in a.fmts.split(","):
