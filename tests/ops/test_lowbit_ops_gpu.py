@@ -247,7 +247,7 @@ def test_quantize_master_across_optimizer_steps():
         loss.backward()
         assert all(m.grad is not None and torch.isfinite(m.grad).all() for m in masters)
         opt.step()
-        losses.append(float(loss))
+        losses.append(loss.item())
         with pytest.raises(ValueError, match="stale"):
             run(p, facs, masters=masters)  # the step moved the masters: the old containers are refused
     assert seen[0] is not seen[1] is not seen[2]

@@ -247,6 +247,15 @@ RUNS: tuple[dict, ...] = (
          'lowbit_bwd_dz': {'aot': 184, 'variants': 5, 'jit': 0, 'native': 0, 'failed_tests': [],
                            'source': 'c96833edf23efc55'},
      }},
+    # likewise, for lowbit_bwd_dx_dw (a column-scaled factor's program walks several d blocks; sm_120's table keeps one)
+    {'date': '2026-12-06', 'commit': '3e7c9bc', 'device': 'NVIDIA H100 80GB HBM3',
+     'evidence': 'bench/results/2026-12-06_h100_sm120_proxy_3e7c9bc.log',
+     'suite': "139 passed, 148 skipped (test_triton_glu.py, test_triton_lowbit_gpu.py -k 'backward or deterministic "
+              "or empty')",
+     'kernels': {
+         'lowbit_bwd_dx_dw': {'aot': 184, 'variants': 7, 'jit': 0, 'native': 0, 'failed_tests': [],
+                              'source': '71488c8910a02dac'},
+     }},
 )
 
 
