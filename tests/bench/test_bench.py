@@ -464,6 +464,41 @@ def test_sweep_runs_each_point_once_and_writes_json_and_plot(tmp_path):
         assert png.read_bytes()[:4] == b"\x89PNG"
 
 
+def test_a_sweep_point_without_device_memory_is_skipped_and_the_sweep_goes_on(tmp_path, monkeypatch, capsys):
+    """A point the GPU cannot hold (E 16384's bank on a 16 GB card) is recorded with its reason; the other points,
+    the table, the JSON, the plot and the exit status are those of the points that ran."""
+    from tsct.bench import runner, sweep
+
+    real = runner.run
+
+    def run(cfg, reporter=None):
+        if cfg.experts == 8:
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 21.33 GiB.\nmore lines")
+        return real(cfg, reporter)
+
+    monkeypatch.setattr(runner, "run", run)
+    out = tmp_path / "sw.json"
+    argv = ["--preset", "small", "--device", "cpu", "--tokens", "64", "--d", "64", "--f", "40", "--experts", "4",
+            "--warmup", "1", "--iters", "2", "--min-iters", "1", "--copy-mb", "1", "--quiet", "--arms",
+            "padded-bmm,tsct-reference-bf16", "--formats", "bf16", "--sweep", "experts=4,8,16", "--json", str(out)]
+    if _has_matplotlib():
+        argv += ["--plot", str(tmp_path / "sw.png")]
+    assert cli.main(argv) == 0
+    captured = capsys.readouterr()
+    assert "point experts=8 skipped: out of device memory: CUDA out of memory. Tried to allocate 21.33 GiB." \
+        in captured.err
+    res = json.loads(out.read_text())
+    assert [p["values"]["experts"] for p in res["points"]] == [4, 8, 16]
+    skipped = res["points"][1]
+    assert skipped["result"] is None and skipped["skipped"].endswith("Tried to allocate 21.33 GiB.")
+    assert [p["values"]["experts"] for p in sweep.ran(res)] == [4, 16]
+    assert res["device"]["type"] == "cpu"
+    xs, by_arm, floors = sweep.series(res, "experts")
+    assert xs == [4, 8, 16] and floors[1] is None and floors[0] > 0 and floors[2] > 0
+    assert by_arm["padded-bmm"]["fwd"][1] is None and by_arm["padded-bmm"]["fwd"][2] > 0
+    assert "skipped" in captured.out  # the summary table's cells of that point
+
+
 def _has_matplotlib() -> bool:
     try:
         import matplotlib  # noqa: F401
@@ -521,3 +556,23 @@ def test_gc_paused_collects_first_and_restores_the_collector():
         assert not gc.isenabled()  # off before: still off
     finally:
         gc.enable()
+
+
+@pytest.mark.parametrize("fmt", ["bf16", "nvfp4", "sign"])
+def test_reference_output_reads_the_bank_a_chunk_at_a_time_with_the_same_values(fmt, monkeypatch):
+    """The benchmark's fp32 reference decodes packed factors a few experts at a time (an fp32 copy of the whole bank
+    is 40 GB at E 16384): the same bits as the reference on the fully decoded fp32 bank, chunks crossing experts."""
+    cfg = _small_cfg(routing="zipf", zipf_exponent=1.2)
+    (inp,) = inputs.make_input_sets(cfg, 1)
+    fac = inputs.make_dense_factors(cfg)
+    if fmt != "bf16":
+        fac = inputs.quantize_factors(fac, fmt)
+    with torch.no_grad():
+        whole = arms.tsct_call(inp.x.detach().float(), inp.ids, inp.weights.detach().float(),
+                               fac.dequantized(torch.float32), cfg.experts, "reference")
+    # 3 experts' w_down per chunk: chunk edges fall inside the bank for every factor
+    monkeypatch.setattr(inputs, "REFERENCE_CHUNK_BYTES", 3 * 4 * cfg.r * cfg.f)
+    got = inputs.reference_output(fac, inp.x, inp.ids, inp.weights, cfg.experts)
+    assert got.dtype == torch.float32 and got.shape == (cfg.tokens, cfg.f)
+    assert torch.equal(got, whole)
+    assert float(got.abs().mean()) > 1e-3  # a real output, not zeros

@@ -140,7 +140,11 @@ def _sweep(cfg: cfgmod.BenchConfig, axes: dict, a: argparse.Namespace, out: Cons
             err.print(f"tsct-bench: note: no plot: {e}", markup=False, highlight=False)
     if plot:
         out.print(f"wrote {sweep.plot(result, plot)}", markup=False, highlight=False)
-    failed = any(r["status"] == "error" for p in result["points"] for r in p["result"]["arms"])
+    for p in result["points"]:
+        if not p["result"]:
+            err.print("tsct-bench: point " + ", ".join(f"{x}={p['values'][x]}" for x in p["axes"]) + " skipped: "
+                      + p["skipped"], markup=False, highlight=False)
+    failed = any(r["status"] == "error" for p in sweep.ran(result) for r in p["result"]["arms"])
     return 1 if failed else 0
 
 

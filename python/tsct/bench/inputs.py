@@ -67,6 +67,49 @@ class Factors:
         return Factors(quant.storage_format(ws[0]), *ws, self.s_gate.detach().to(dtype), self.s_up.detach().to(dtype))
 
 
+#: Bytes of fp32 factor values the reference holds at once for a packed factor (decoded a chunk of experts at a
+#: time): the whole bank in fp32 is 40 GB at E 16384 with b1's d, r, f, more than an 80 GB GPU has beside the run.
+REFERENCE_CHUNK_BYTES = 1 << 30
+
+
+class _Fp32Experts:
+    """``w[e]`` ([K, N], fp32) of a packed factor for the reference's per-expert loop: the values
+    ``w.dequantize(torch.float32, "torch")`` holds, decoded ``chunk`` experts at a time (no fp32 copy of the
+    whole bank)."""
+
+    def __init__(self, w, chunk: int):
+        self.w, self.shape, self.chunk = w, tuple(w.shape), chunk
+        self._e0, self._vals = 0, None
+
+    def __getitem__(self, e: int) -> Tensor:
+        if self._vals is None or not self._e0 <= e < self._e0 + self._vals.shape[0]:
+            self._e0 = e - e % self.chunk
+            e1 = min(self._e0 + self.chunk, self.shape[0])
+            self._vals = self.w._decode_torch(self._e0, e1).transpose(-1, -2)  # [chunk, K, N]
+        return self._vals[e - self._e0]
+
+
+def reference_output(fac: Factors, x: Tensor, ids: Tensor, weights: Tensor, experts: int) -> Tensor:
+    """The whole pass by the fp32 reference (``tsct.reference.glu``: each expert's products in fp32, the fixed-order
+    combine), routed by ``tsct.ops.sort_by_expert`` as the timed arms are: ``[T, f]`` fp32. The factors are read in
+    fp32 one expert at a time (dense ones upcast exactly; packed ones decoded by the torch backend,
+    ``REFERENCE_CHUNK_BYTES`` at a time), so a bank far larger than the GPU's free memory in fp32 still has its
+    reference. Same values as the reference call on ``fac.dequantized(torch.float32)``."""
+    from tsct.ops import sort_by_expert
+    from tsct.reference import glu as R
+
+    def fp32(w):
+        if isinstance(w, Tensor):
+            return w.detach()  # the reference takes w[e].float() per expert
+        return _Fp32Experts(w, max(1, REFERENCE_CHUNK_BYTES // (4 * w.k * w.n)))
+
+    with torch.no_grad():
+        s = sort_by_expert(ids, experts, weights.detach().float())
+        return R.grouped_glu_forward(x.detach().float(), s.offs, fp32(fac.w_gate), fp32(fac.w_up), fp32(fac.w_down),
+                                     fac.s_gate.detach(), fac.s_up.detach(), s.row_weight, s.token, s.token,
+                                     x.shape[0])
+
+
 def make_dense_factors(cfg: BenchConfig) -> Factors:
     """Dense factors in the compute dtype, requiring grad (the master weights of the benchmark)."""
     from tsct import quant

@@ -73,20 +73,14 @@ def run(cfg: BenchConfig, reporter=None) -> dict:
         except Exception as e:  # noqa: BLE001  (e.g. K not a multiple of 16 for nvfp4)
             formats[fmt] = f"cannot store the factors as {fmt}: {type(e).__name__}: {e}"
     x0, ids0, w0 = sets[0].x.detach(), sets[0].ids, sets[0].weights.detach()
-    with torch.no_grad():
-        fac32 = dense.dequantized(torch.float32)  # fp32 copies of the dense (bf16) factors: exact
-        ref = arms_mod.tsct_call(x0.float(), ids0, w0.float(), fac32, cfg.experts, dispatch.REFERENCE).float()
-        del fac32
-        ref_dequant = {}
-        for fmt, fac in formats.items():
-            if fmt != dense.fmt and isinstance(fac, inputs.Factors):
-                try:
-                    fq32 = fac.dequantized(torch.float32)
-                    ref_dequant[fmt] = arms_mod.tsct_call(x0.float(), ids0, w0.float(), fq32, cfg.experts,
-                                                          dispatch.REFERENCE).float()
-                    del fq32
-                except Exception as e:  # noqa: BLE001  (the format's arms become unavailable, with the reason)
-                    formats[fmt] = f"cannot decode the {fmt} factors for the reference: {type(e).__name__}: {e}"
+    ref = inputs.reference_output(dense, x0, ids0, w0, cfg.experts)
+    ref_dequant = {}
+    for fmt, fac in formats.items():
+        if fmt != dense.fmt and isinstance(fac, inputs.Factors):
+            try:
+                ref_dequant[fmt] = inputs.reference_output(fac, x0, ids0, w0, cfg.experts)
+            except Exception as e:  # noqa: BLE001  (the format's arms become unavailable, with the reason)
+                formats[fmt] = f"cannot decode the {fmt} factors for the reference: {type(e).__name__}: {e}"
     if device.type == "cuda":
         torch.cuda.synchronize(device)
         torch.cuda.empty_cache()

@@ -11,6 +11,8 @@ Axes (``--sweep AXIS`` takes the default values, ``--sweep AXIS=v1,v2,...`` othe
 A point equal to the base config on another axis is run once and shared. JSON (``sweep_schema_version`` 1):
 {sweep_schema_version, kind: "sweep", tsct_version, git_commit, git, date, device, base_config, axes {axis:
 [values]}, points: [{key, axes: [axes this point belongs to], values {axis: value}, result: <runner.run's JSON>}]}.
+A point the GPU has no memory for (its bank, inputs and references; E 16384 at b1's d, r, f holds a 20 GB bf16 bank)
+has ``result`` null and its reason in ``skipped``; the sweep goes on and the table, plot and exit status leave it out.
 Each point's result holds its own bytes floor (``bytes_floor``, ``floor_ms``) and, for the padded bmm, the fraction of
 routed rows it dropped (``dropped_fraction``).
 
@@ -23,9 +25,12 @@ dotted with the dropped fraction written at each point: their times are not comp
 from __future__ import annotations
 
 import dataclasses
+import gc
 import math
 from pathlib import Path
 from typing import Optional, Sequence
+
+import torch
 
 from tsct.bench import report
 from tsct.bench.config import BenchConfig
@@ -139,12 +144,26 @@ def run_sweep(base: BenchConfig, axes: dict[str, tuple], reporter=None) -> dict:
     out = []
     for i, p in enumerate(pts):
         reporter.step(f"sweep point {i + 1}/{len(pts)}: " + ", ".join(f"{a}={p['values'][a]}" for a in p["axes"]))
-        out.append({"key": list(p["key"]), "axes": p["axes"], "values": p["values"], "result": run(p["cfg"], reporter)})
+        rec = {"key": list(p["key"]), "axes": p["axes"], "values": p["values"], "result": None}
+        try:
+            rec["result"] = run(p["cfg"], reporter)
+        except torch.OutOfMemoryError as e:  # this GPU cannot hold the point's bank and inputs: say so, go on
+            rec["skipped"] = "out of device memory: " + str(e).split("\n")[0][:300]
+        if rec["result"] is None:
+            gc.collect()
+            torch.cuda.empty_cache()
+        out.append(rec)
     git = measure.git_commit()
-    first = out[0]["result"] if out else {}
+    first = next((p["result"] for p in out if p["result"]), {})
     return {"sweep_schema_version": SWEEP_SCHEMA_VERSION, "kind": "sweep", "tsct_version": tsct.__version__,
             "git_commit": git["commit"], "git": git, "date": started, "device": first.get("device"),
             "base_config": base.resolved().to_json(), "axes": {a: list(v) for a, v in axes.items()}, "points": out}
+
+
+def ran(result: dict) -> list[dict]:
+    """The points that ran (a point the GPU had no memory for has ``"result": None`` and its reason in
+    ``"skipped"``)."""
+    return [p for p in result["points"] if p["result"]]
 
 
 def default_stem(result: dict) -> str:
@@ -165,7 +184,7 @@ def series(result: dict, axis: str) -> tuple[list, dict, list]:
     """(x values, {arm: {"fwd": [...], "fwdbwd": [...], "pct": [...], "dropped": [...]}}, floor ms per x) of the
     points on ``axis``, in the axis's order (None where an arm did not run)."""
     xs = result["axes"][axis]
-    pts = {str(p["values"][axis]): p for p in result["points"] if axis in p["axes"]}
+    pts = {str(p["values"][axis]): p for p in ran(result) if axis in p["axes"]}
     arms: dict = {}
     floors = []
     for i, x in enumerate(xs):
@@ -186,7 +205,7 @@ def plot(result: dict, path) -> Path:
     rows = (("fwd", "forward ms"), ("fwdbwd", "forward+backward ms"), ("pct", "% of bytes floor (fwd)"))
     fig, grid = plt.subplots(len(rows), len(axes), figsize=(4.6 * len(axes) + 1.5, 3.2 * len(rows) + 0.8),
                              squeeze=False)
-    names = sorted({a["name"] for p in result["points"] for a in p["result"]["arms"]})
+    names = sorted({a["name"] for p in ran(result) for a in p["result"]["arms"]})
     cmap = plt.cm.tab10 if len(names) <= 10 else plt.cm.tab20
     colors = {n: cmap(i % cmap.N) for i, n in enumerate(names)}
     drops_any = False
@@ -264,11 +283,14 @@ def summary_table(result: dict):
     t.add_column("arm", no_wrap=True)
     for p in pts:
         t.add_column(escape(" ".join(f"{a}={p['values'][a]}" for a in p["axes"])), justify="right")
-    t.add_row("floor", *[f"{p['result']['floor_ms']:.3g}" for p in pts])
-    names = sorted({a["name"] for p in pts for a in p["result"]["arms"]})
+    t.add_row("floor", *[f"{p['result']['floor_ms']:.3g}" if p["result"] else "-" for p in pts])
+    names = sorted({a["name"] for p in ran(result) for a in p["result"]["arms"]})
     for name in names:
         cells = []
         for p in pts:
+            if not p["result"]:
+                cells.append("skipped")
+                continue
             a = next((x for x in p["result"]["arms"] if x["name"] == name), None)
             if a is None or a["status"] != "ran":
                 cells.append("-" if a is None else a["status"])
