@@ -12,7 +12,8 @@ A point equal to the base config on another axis is run once and shared. JSON (`
 {sweep_schema_version, kind: "sweep", tsct_version, git_commit, git, date, device, base_config, axes {axis:
 [values]}, points: [{key, axes: [axes this point belongs to], values {axis: value}, result: <runner.run's JSON>}]}.
 A point the GPU has no memory for (its bank, inputs and references; E 16384 at b1's d, r, f holds a 20 GB bf16 bank)
-has ``result`` null and its reason in ``skipped``; the sweep goes on and the table, plot and exit status leave it out.
+has ``result`` null and its reason in ``skipped``; the sweep goes on, the table marks it, the plot and the exit status
+leave it out.
 Each point's result holds its own bytes floor (``bytes_floor``, ``floor_ms``) and, for the padded bmm, the fraction of
 routed rows it dropped (``dropped_fraction``).
 
