@@ -499,6 +499,19 @@ def test_a_sweep_point_without_device_memory_is_skipped_and_the_sweep_goes_on(tm
     assert "skipped" in captured.out  # the summary table's cells of that point
 
 
+def test_a_run_without_device_memory_is_one_clear_error(monkeypatch, capsys):
+    from tsct.bench import runner
+
+    def run(cfg, reporter=None):
+        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 20.00 GiB.\nmore lines")
+
+    monkeypatch.setattr(runner, "run", run)
+    assert cli.main(["--preset", "small", "--device", "cpu", "--experts", "16", "--quiet"]) == 1
+    err = capsys.readouterr().err
+    assert "tsct-bench: error: out of device memory for this shape (E 16, T " in err
+    assert "Tried to allocate 20.00 GiB. Fewer --experts or --tokens fit." in err and "Traceback" not in err
+
+
 def _has_matplotlib() -> bool:
     try:
         import matplotlib  # noqa: F401

@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 from typing import Optional, Sequence
 
+import torch
 from rich.console import Console
 
 from tsct.bench import config as cfgmod
@@ -182,6 +183,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         result = run(cfg, reporter=NullReporter() if a.quiet else report.RichReporter(err))
     except ValueError as e:  # e.g. an --arms pattern that matches nothing
         return _usage_error(err, e)
+    except torch.OutOfMemoryError as e:  # the shape's bank, inputs and references do not fit this GPU
+        err.print(f"tsct-bench: error: out of device memory for this shape (E {cfg.experts}, T {cfg.tokens}, d {cfg.d}, "
+                  f"r {cfg.r}, f {cfg.f}): {str(e).splitlines()[0]} Fewer --experts or --tokens fit.", markup=False,
+                  highlight=False, soft_wrap=True)
+        return 1
     report.print_report(result, out)
     try:
         if a.json:
