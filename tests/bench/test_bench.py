@@ -499,17 +499,42 @@ def test_a_sweep_point_without_device_memory_is_skipped_and_the_sweep_goes_on(tm
     assert "skipped" in captured.out  # the summary table's cells of that point
 
 
+def test_a_sweep_where_no_point_fits_says_so_and_exits_1(tmp_path, monkeypatch, capsys):
+    from tsct.bench import runner
+
+    def run(cfg, reporter=None):
+        raise torch.OutOfMemoryError()  # no message at all
+
+    monkeypatch.setattr(runner, "run", run)
+    out = tmp_path / "sw.json"
+    argv = ["--preset", "small", "--device", "cpu", "--quiet", "--sweep", "experts=2,4", "--json", str(out)]
+    if _has_matplotlib():
+        argv += ["--plot", str(tmp_path / "sw.png")]
+    assert cli.main(argv) == 1
+    captured = capsys.readouterr()
+    assert "no sweep point ran" in captured.err and "point experts=4 skipped: out of device memory" in captured.err
+    assert "every arm" in captured.out and "skipped" in captured.out
+    res = json.loads(out.read_text())
+    assert [p["result"] for p in res["points"]] == [None, None]
+    assert res["device"]["type"] == "cpu"  # the device the sweep was asked on, though no point ran
+    assert not (tmp_path / "sw.png").exists()
+
+
 def test_a_run_without_device_memory_is_one_clear_error(monkeypatch, capsys):
     from tsct.bench import runner
 
     def run(cfg, reporter=None):
-        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 20.00 GiB.\nmore lines")
+        raise torch.OutOfMemoryError(*messages[:1])
 
     monkeypatch.setattr(runner, "run", run)
+    messages = ["CUDA out of memory. Tried to allocate 20.00 GiB.\nmore lines"]
     assert cli.main(["--preset", "small", "--device", "cpu", "--experts", "16", "--quiet"]) == 1
     err = capsys.readouterr().err
     assert "tsct-bench: error: out of device memory for this shape (E 16, T " in err
     assert "Tried to allocate 20.00 GiB. Fewer --experts or --tokens fit." in err and "Traceback" not in err
+    messages.clear()  # an error without a message
+    assert cli.main(["--preset", "small", "--device", "cpu", "--experts", "16", "--quiet"]) == 1
+    assert "out of device memory for this shape" in capsys.readouterr().err
 
 
 def _has_matplotlib() -> bool:
@@ -571,11 +596,14 @@ def test_gc_paused_collects_first_and_restores_the_collector():
         gc.enable()
 
 
-@pytest.mark.parametrize("fmt", ["bf16", "nvfp4", "sign"])
-def test_reference_output_reads_the_bank_a_chunk_at_a_time_with_the_same_values(fmt, monkeypatch):
+@pytest.mark.parametrize("shape", [dict(routing="zipf", zipf_exponent=1.2),  # many rows per expert, some empty
+                                   dict(tokens=2, topk=1, experts=8)])  # one row or none per expert
+@pytest.mark.parametrize("fmt", ["bf16", "nvfp4", "sign", "fp8", "ternary"])
+def test_reference_output_reads_the_bank_a_chunk_at_a_time_with_the_same_values(fmt, shape, monkeypatch):
     """The benchmark's fp32 reference decodes packed factors a few experts at a time (an fp32 copy of the whole bank
-    is 40 GB at E 16384): the same bits as the reference on the fully decoded fp32 bank, chunks crossing experts."""
-    cfg = _small_cfg(routing="zipf", zipf_exponent=1.2)
+    is 40 GB at E 16384): the same bits as the reference on the fully decoded fp32 bank, chunks crossing experts
+    (a product over one or two rows rounds differently on a transposed operand: the decode is made contiguous)."""
+    cfg = _small_cfg(**shape)
     (inp,) = inputs.make_input_sets(cfg, 1)
     fac = inputs.make_dense_factors(cfg)
     if fmt != "bf16":

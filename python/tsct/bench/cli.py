@@ -129,9 +129,17 @@ def _sweep(cfg: cfgmod.BenchConfig, axes: dict, a: argparse.Namespace, out: Cons
     except ValueError as e:  # e.g. an --arms pattern that matches nothing
         return _usage_error(err, e)
     out.print(sweep.summary_table(result))
+    for p in result["points"]:
+        if not p["result"]:
+            err.print("tsct-bench: point " + ", ".join(f"{x}={p['values'][x]}" for x in p["axes"]) + " skipped: "
+                      + p["skipped"], markup=False, highlight=False)
     stem = Path("bench") / "results" / sweep.default_stem(result)
     path = a.json or str(stem.with_suffix(".json"))
     out.print(f"wrote {report.write_json(result, path)}", markup=False, highlight=False)
+    if not sweep.ran(result):
+        err.print("tsct-bench: error: no sweep point ran (none fits this GPU's memory); no plot", markup=False,
+                  highlight=False)
+        return 1
     plot = a.plot
     if plot is None:
         try:
@@ -141,10 +149,6 @@ def _sweep(cfg: cfgmod.BenchConfig, axes: dict, a: argparse.Namespace, out: Cons
             err.print(f"tsct-bench: note: no plot: {e}", markup=False, highlight=False)
     if plot:
         out.print(f"wrote {sweep.plot(result, plot)}", markup=False, highlight=False)
-    for p in result["points"]:
-        if not p["result"]:
-            err.print("tsct-bench: point " + ", ".join(f"{x}={p['values'][x]}" for x in p["axes"]) + " skipped: "
-                      + p["skipped"], markup=False, highlight=False)
     failed = any(r["status"] == "error" for p in sweep.ran(result) for r in p["result"]["arms"])
     return 1 if failed else 0
 
@@ -179,14 +183,17 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
     from tsct.bench.runner import NullReporter, run
 
+    reporter = NullReporter() if a.quiet else report.RichReporter(err)
     try:
-        result = run(cfg, reporter=NullReporter() if a.quiet else report.RichReporter(err))
+        result = run(cfg, reporter=reporter)
     except ValueError as e:  # e.g. an --arms pattern that matches nothing
         return _usage_error(err, e)
     except torch.OutOfMemoryError as e:  # the shape's bank, inputs and references do not fit this GPU
+        reporter.stop()
+        why = (str(e).splitlines() or ["CUDA out of memory."])[0]
         err.print(f"tsct-bench: error: out of device memory for this shape (E {cfg.experts}, T {cfg.tokens}, d {cfg.d}, "
-                  f"r {cfg.r}, f {cfg.f}): {str(e).splitlines()[0]} Fewer --experts or --tokens fit.", markup=False,
-                  highlight=False, soft_wrap=True)
+                  f"r {cfg.r}, f {cfg.f}): {why} Fewer --experts or --tokens fit.", markup=False, highlight=False,
+                  soft_wrap=True)
         return 1
     report.print_report(result, out)
     try:

@@ -85,7 +85,8 @@ class _Fp32Experts:
         if self._vals is None or not self._e0 <= e < self._e0 + self._vals.shape[0]:
             self._e0 = e - e % self.chunk
             e1 = min(self._e0 + self.chunk, self.shape[0])
-            self._vals = self.w._decode_torch(self._e0, e1).transpose(-1, -2)  # [chunk, K, N]
+            # [chunk, K, N], contiguous as dequantize() gives it: a product over one or two rows rounds by layout
+            self._vals = self.w._decode_torch(self._e0, e1).transpose(-1, -2).contiguous()
         return self._vals[e - self._e0]
 
 

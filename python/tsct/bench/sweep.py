@@ -13,7 +13,7 @@ A point equal to the base config on another axis is run once and shared. JSON (`
 [values]}, points: [{key, axes: [axes this point belongs to], values {axis: value}, result: <runner.run's JSON>}]}.
 A point the GPU has no memory for (its bank, inputs and references; E 16384 at b1's d, r, f holds a 20 GB bf16 bank)
 has ``result`` null and its reason in ``skipped``; the sweep goes on, the table marks it, the plot and the exit status
-leave it out.
+leave it out (no point ran: no plot, exit status 1).
 Each point's result holds its own bytes floor (``bytes_floor``, ``floor_ms``) and, for the padded bmm, the fraction of
 routed rows it dropped (``dropped_fraction``).
 
@@ -149,15 +149,17 @@ def run_sweep(base: BenchConfig, axes: dict[str, tuple], reporter=None) -> dict:
         try:
             rec["result"] = run(p["cfg"], reporter)
         except torch.OutOfMemoryError as e:  # this GPU cannot hold the point's bank and inputs: say so, go on
+            reporter.stop()
             rec["skipped"] = "out of device memory: " + str(e).split("\n")[0][:300]
         if rec["result"] is None:
             gc.collect()
             torch.cuda.empty_cache()
         out.append(rec)
     git = measure.git_commit()
-    first = next((p["result"] for p in out if p["result"]), {})
+    first = next((p["result"] for p in out if p["result"]), None)
+    device = first["device"] if first else measure.device_info(base.resolved().torch_device)
     return {"sweep_schema_version": SWEEP_SCHEMA_VERSION, "kind": "sweep", "tsct_version": tsct.__version__,
-            "git_commit": git["commit"], "git": git, "date": started, "device": first.get("device"),
+            "git_commit": git["commit"], "git": git, "date": started, "device": device,
             "base_config": base.resolved().to_json(), "axes": {a: list(v) for a, v in axes.items()}, "points": out}
 
 
@@ -286,6 +288,8 @@ def summary_table(result: dict):
         t.add_column(escape(" ".join(f"{a}={p['values'][a]}" for a in p["axes"])), justify="right")
     t.add_row("floor", *[f"{p['result']['floor_ms']:.3g}" if p["result"] else "-" for p in pts])
     names = sorted({a["name"] for p in ran(result) for a in p["result"]["arms"]})
+    if not names:  # no point ran: one row that says so
+        t.add_row("every arm", *["skipped" for _ in pts])
     for name in names:
         cells = []
         for p in pts:
