@@ -18,7 +18,8 @@ Each point's result holds its own bytes floor (``bytes_floor``, ``floor_ms``) an
 routed rows it dropped (``dropped_fraction``).
 
 The plot: one column per axis; rows: forward ms, forward+backward ms (CUDA-graph medians where timed, else eager),
-and % of the bytes floor (``pct_of_floor``: floor time / forward time); one line per arm; the floor time of each
+and % of the bf16 bytes floor (``pct_of_floor``: floor time / forward time; a packed format reads fewer bytes than
+that floor counts, so it can pass 100 %); one line per arm; the floor time of each
 point as a dashed black line in the ms rows. Arms that drop rows (the padded bmm past an expert's capacity) are drawn
 dotted with the dropped fraction written at each point: their times are not comparable with the exact arms'.
 """
@@ -205,7 +206,8 @@ def plot(result: dict, path) -> Path:
     """The sweep's figure (module docstring) as a PNG."""
     plt = report.require_matplotlib()
     axes = list(result["axes"])
-    rows = (("fwd", "forward ms"), ("fwdbwd", "forward+backward ms"), ("pct", "% of bytes floor (fwd)"))
+    rows = (("fwd", "forward ms"), ("fwdbwd", "forward+backward ms"),
+            ("pct", "% of the bf16 bytes floor (fwd;\npacked factors read fewer bytes)"))
     fig, grid = plt.subplots(len(rows), len(axes), figsize=(4.6 * len(axes) + 1.5, 3.2 * len(rows) + 0.8),
                              squeeze=False)
     names = sorted({a["name"] for p in ran(result) for a in p["result"]["arms"]})
