@@ -70,24 +70,12 @@ def variants(fmt: str, arch: str, opt_in: bool = False, generic: bool = False) -
 
 def compile_spec(spec, cap: int, hints: bool = True):
     """``triton.compile`` of one table entry for compute capability ``cap`` as ``triton_common.aot_build`` compiles it
-    (signature, hints, constexprs, options), to Triton's own PTX target for ``cap`` (the build emits sm_120 where
-    Triton says sm_120a)."""
-    import triton
-    from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource
-
+    (``triton_common.specs.compile_variant``), to Triton's own PTX target for ``cap`` (the build emits sm_120 where
+    Triton says sm_120a); ``hints`` False: no divisibility hints."""
     from tsct.kernels.triton_lowbit import _kernels as K
 
-    fn = getattr(K, spec.kernel)
-    consts = dict(spec.constexprs)
-    types = dict(spec.types)
-    signature = {a: ("constexpr" if a in consts else types[a]) for a in fn.arg_names}
-    hinted = [p for p in LS.KERNELS[spec.kernel].hinted if hints and spec.aligned and LS.is_used(spec.kernel, p, consts)]
-    attrs = {(fn.arg_names.index(p),): [["tt.divisibility", 16]] for p in hinted}
-    src = ASTSource(fn=fn, signature=signature, attrs=attrs, constexprs=CS.triton_constexprs(consts))
-    return triton.compile(src, target=GPUTarget("cuda", cap, 32),
-                          options=dict(num_warps=spec.num_warps, num_stages=spec.num_stages, num_ctas=1,
-                                       enable_fp_fusion=True, **({"maxnreg": spec.maxnreg} if spec.maxnreg else {})))
+    hinted = CS.hinted_params(spec, LS.KERNELS) if hints else []
+    return CS.compile_variant(getattr(K, spec.kernel), spec, hinted, cap)
 
 
 def _resources(cubin: bytes) -> str:

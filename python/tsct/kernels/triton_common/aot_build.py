@@ -20,8 +20,9 @@ build loads first under their package names (by path: no tsct package, no torch)
 
 For each (family, arch, specialization in ``specs.enumerate_specs(arch)``, the table the host code
 launches from) it calls ``triton.compile(ASTSource(fn, signature, constexprs, attrs),
-target=GPUTarget("cuda", cc, 32))`` with an explicit signature and, for aligned specializations,
-``tt.divisibility=16`` on the parameters in ``specs.KERNELS[k].hinted``, and writes
+target=GPUTarget("cuda", cc, 32))`` (``specs.compile_variant``, which development tools call too) with an explicit
+signature and, for aligned specializations, ``tt.divisibility=16`` on the parameters in ``specs.KERNELS[k].hinted``
+that the variant reads (``specs.hinted_params``), and writes
 
     DIR/<arch>/<kernel>_<hash16>.cubin
     DIR/<arch>/index.json     {"arch", "target", "triton_version", "families", "kernels": {spec key: entry},
@@ -146,7 +147,6 @@ _state: dict = {}
 def _init_worker() -> None:
     os.environ.setdefault("TRITON_DEFAULT_FP_FUSION", "1")  # Triton's 3.x default, stated (the JIT uses it too)
     os.environ["TRITON_DISABLE_LINE_INFO"] = "1"  # no source line tables: a third of the cubin bytes
-    import triton
     import triton.backends.nvidia.compiler as nvc
 
     orig = nvc.sm_arch_from_capability
@@ -166,7 +166,7 @@ def _init_worker() -> None:
         return re.sub(r"^(\.target\s+)\S+", rf"\g<1>{want}", out, count=1, flags=re.M) if want else out
 
     nvc.CUDABackend.make_ptx = make_ptx
-    _state.update(triton=triton, kernels=_kernel_modules())
+    _state.update(kernels=_kernel_modules())
 
 
 def _kernel_modules() -> dict:
@@ -189,10 +189,6 @@ def source_keys(families) -> dict[str, str]:
 
 
 def _compile(family: str, arch: str, spec, cache_dir: str) -> dict:
-    triton = _state["triton"]
-    from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource
-
     fs = family_specs(family)
     cap, ptx_arch, max_shared = target(family, arch)
     os.environ["TRITON_CACHE_DIR"] = cache_dir  # read by Triton at each compile
@@ -205,14 +201,9 @@ def _compile(family: str, arch: str, spec, cache_dir: str) -> dict:
     runtime = [a for a in fn.arg_names if a not in consts]
     if tuple(runtime) != info.params or set(consts) != set(info.constexprs):
         raise SystemExit(f"aot_build: {spec.kernel}: parameters {fn.arg_names} do not match the {family} specs.KERNELS")
-    signature = {a: ("constexpr" if a in consts else types[a]) for a in fn.arg_names}
-    hinted = [p for p in info.hinted if spec.aligned and fs.is_used(spec.kernel, p, consts)]
-    attrs = {(fn.arg_names.index(p),): [["tt.divisibility", 16]] for p in hinted}
-    src = ASTSource(fn=fn, signature=signature, constexprs=specs.triton_constexprs(consts), attrs=attrs)
+    hinted = specs.hinted_params(spec, fs.KERNELS)
     t0 = time.perf_counter()
-    k = triton.compile(src, target=GPUTarget("cuda", cap, 32),
-                       options=dict(num_warps=spec.num_warps, num_stages=spec.num_stages, num_ctas=1,
-                                    enable_fp_fusion=True, **({"maxnreg": spec.maxnreg} if spec.maxnreg else {})))
+    k = specs.compile_variant(fn, spec, hinted, cap)
     md = k.metadata
     problems = []
     if getattr(md, "global_scratch_size", 0) or getattr(md, "profile_scratch_size", 0):

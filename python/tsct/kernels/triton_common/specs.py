@@ -480,6 +480,33 @@ def triton_constexprs(constexprs: dict) -> dict:
     return {k: (bool(v) if k.startswith(_BOOL_PREFIXES) else v) for k, v in constexprs.items()}
 
 
+def hinted_params(spec, kernels: dict) -> list[str]:
+    """The parameters of the table entry ``spec`` that get the 16-byte divisibility hint: none for an unaligned
+    variant, else those of its kernel's ``hinted`` (``kernels``: the family's table) that the variant reads."""
+    if not spec.aligned:
+        return []
+    consts = dict(spec.constexprs)
+    return [p for p in kernels[spec.kernel].hinted if is_used(spec.kernel, p, consts, kernels)]
+
+
+def compile_variant(fn, spec, hinted, cap: int):
+    """``triton.compile`` of the table entry ``spec`` of the jit function ``fn`` for compute capability ``cap``, as the
+    AOT build compiles every variant: ``spec``'s types, warps, stages and register cap, the tt.divisibility hint (16)
+    on each parameter in ``hinted`` (``hinted_params``), the constexprs as ``triton_constexprs`` gives them, fp fusion
+    on. Imports Triton."""
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource, compile
+
+    consts = dict(spec.constexprs)
+    types = dict(spec.types)
+    signature = {a: ("constexpr" if a in consts else types[a]) for a in fn.arg_names}
+    attrs = {(fn.arg_names.index(p),): [["tt.divisibility", 16]] for p in hinted}
+    src = ASTSource(fn=fn, signature=signature, constexprs=triton_constexprs(consts), attrs=attrs)
+    return compile(src, target=GPUTarget("cuda", cap, 32),
+                   options=dict(num_warps=spec.num_warps, num_stages=spec.num_stages, num_ctas=1, enable_fp_fusion=True,
+                                **({"maxnreg": spec.maxnreg} if spec.maxnreg else {})))
+
+
 def _launch_part(num_warps: int, num_stages: int, maxnreg: int) -> str:
     """The key's compile options: ``w8s1``, and ``r80`` after it for a register cap (PTX .maxnreg; none: no part,
     so the keys of uncapped variants are as they always were)."""
