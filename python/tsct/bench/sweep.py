@@ -152,7 +152,7 @@ def run_sweep(base: BenchConfig, axes: dict[str, tuple], reporter=None) -> dict:
         except torch.OutOfMemoryError as e:  # this GPU cannot hold the point's bank and inputs: say so, go on
             reporter.stop()
             rec["skipped"] = "out of device memory: " + str(e).split("\n")[0][:300]
-        if rec["result"] is None:
+        if rec["result"] is None:  # after the except block, whose traceback held the point's tensors
             gc.collect()
             torch.cuda.empty_cache()
         out.append(rec)
