@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from tsct import dispatch
-from tsct.bench import arms, cli, config, counts, inputs, measure, report, routing
+from tsct.bench import arms, cli, config, counts, inputs, measure, report, routing, sweep
 
 SMALL_FAST = ["--preset", "small", "--device", "cpu", "--warmup", "1", "--iters", "3", "--min-iters", "1",
               "--copy-mb", "4", "--quiet"]
@@ -214,6 +214,24 @@ def test_plot_without_matplotlib_is_a_clear_error(monkeypatch, capsys, tmp_path)
     monkeypatch.setattr(builtins, "__import__", no_mpl)
     assert cli.main(SMALL_FAST + ["--plot", str(tmp_path / "x.png")]) == 2
     assert "matplotlib" in capsys.readouterr().err
+
+
+def test_plot_path_of_a_type_matplotlib_cannot_write_is_refused_before_the_run(monkeypatch, capsys, tmp_path):
+    """``--plot x.txt`` is a usage error before any arm runs (savefig would raise after the whole run); no suffix
+    means PNG, and any type matplotlib lists is accepted."""
+    pytest.importorskip("matplotlib")
+    from tsct.bench import runner
+
+    def no_run(*a, **k):
+        raise AssertionError("the run started although the plot cannot be written")
+
+    monkeypatch.setattr(runner, "run", no_run)
+    for argv in ([], ["--sweep", "experts=4,8"]):
+        assert cli.main(SMALL_FAST + argv + ["--plot", str(tmp_path / "plot.txt")]) == 2
+        err = capsys.readouterr().err
+        assert "--plot" in err and "cannot write .txt files" in err and ".png" in err, err
+    for ok in ("plot", "plot.PNG", "plot.svg", "plot.pdf"):
+        assert report.check_plot_path(tmp_path / ok) == (tmp_path / ok).absolute()
 
 
 def test_plot_writes_a_png(small_run, tmp_path):
@@ -431,7 +449,6 @@ def test_sweep_runs_each_point_once_and_writes_json_and_plot(tmp_path):
     """A tiny sweep on the CPU (padded bmm, the reference and bmm paths): the shared base point runs once, every point
     carries its shape's bytes floor, the padded bmm its dropped fraction (a capacity that drops rows here; the exact
     arms drop none), and the plot is written with the note that an arm dropping rows is not comparable."""
-    from tsct.bench import sweep
 
     out = tmp_path / "sw.json"
     png = tmp_path / "sw.png"
@@ -467,7 +484,7 @@ def test_sweep_runs_each_point_once_and_writes_json_and_plot(tmp_path):
 def test_a_sweep_point_without_device_memory_is_skipped_and_the_sweep_goes_on(tmp_path, monkeypatch, capsys):
     """A point the GPU cannot hold (E 16384's bank on a 16 GB card) is recorded with its reason; the other points,
     the table, the JSON, the plot and the exit status are those of the points that ran."""
-    from tsct.bench import runner, sweep
+    from tsct.bench import runner
 
     real = runner.run
 
@@ -553,8 +570,17 @@ def test_sweep_axes_are_checked_naming_the_item(spec, words, capsys):
     assert words in capsys.readouterr().err
 
 
+def test_sweep_default_file_name_has_the_short_device_name():
+    """bench/results naming: <date>_<device>_sweep_<short commit>, the device "cpu" or the GPU's short name."""
+    base = {"date": "2026-12-06T19:00:00Z", "git_commit": "fc4fbdd0123"}
+    for dev, want in (({"type": "cpu", "name": "x86_64"}, "cpu"),
+                      ({"type": "cuda", "name": "NVIDIA H100 80GB HBM3"}, "h100"),
+                      ({"type": "cuda", "name": "NVIDIA GeForce RTX 5060 Ti"}, "rtx5060")):
+        assert sweep.default_stem({**base, "device": dev}) == f"2026-12-06_{want}_sweep_fc4fbdd"
+    assert sweep.default_stem({"date": "2026-12-06", "device": None}) == "2026-12-06_cpu_sweep_unknown"
+
+
 def test_sweep_plan_defaults_and_shared_base_point():
-    from tsct.bench import sweep
 
     base = config.from_preset("small", device="cpu").resolved()
     axes = sweep.parse_axes(["all"])

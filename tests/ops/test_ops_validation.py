@@ -46,6 +46,10 @@ def call(p, **over):
     (lambda p: dict(num_out_rows=-1), ValueError, r"num_out_rows must be a non-negative int"),
     (lambda p: dict(num_out_rows=16.0), TypeError, r"grouped_glu: num_out_rows must be an int, got float"),
     (lambda p: dict(num_out_rows=True), TypeError, r"grouped_glu: num_out_rows must be an int, got bool"),
+    # tensors of one element have __index__: only a 0-dim integer tensor stands for an int
+    (lambda p: dict(num_out_rows=torch.tensor(True)), TypeError, r"grouped_glu: num_out_rows must be an int, got Tensor"),
+    (lambda p: dict(num_out_rows=torch.tensor([[16]])), TypeError,
+     r"grouped_glu: num_out_rows must be an int, got Tensor"),
     (lambda p: dict(impl="nope"), ValueError, r"grouped_glu: impl=.nope. is not a path"),
     (lambda p: dict(impl="triton-bf16"), RuntimeError, r"impl='triton-bf16' cannot run on CPU"),
 ])

@@ -25,6 +25,10 @@ def _csv(s: str) -> tuple:
     return items
 
 
+def _per_preset(key: str) -> str:
+    return ", ".join(f"{v[key]} for {name}" for name, v in cfgmod.PRESETS.items())
+
+
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="tsct-bench",
@@ -48,8 +52,10 @@ def parser() -> argparse.ArgumentParser:
     g.add_argument("--routing", choices=cfgmod.ROUTINGS, help="softmax (default) or zipf (skewed expert popularity)")
     g.add_argument("--zipf-exponent", type=float, help="popularity ~ rank^-exponent for --routing zipf (default 1.2)")
     g.add_argument("--seed", type=int, help="random seed (default 0)")
-    g.add_argument("--warmup", type=int, help="untimed calls before each measurement")
-    g.add_argument("--iters", type=int, help="at most this many timed calls per measurement")
+    g.add_argument("--warmup", type=int, help="untimed calls before each measurement, at least 1 (the first compiles "
+                   f"and allocates; default: the preset's, {_per_preset('warmup')})")
+    g.add_argument("--iters", type=int,
+                   help=f"at most this many timed calls per measurement (default: the preset's, {_per_preset('iters')})")
     g.add_argument("--min-iters", type=int, help="at least this many timed calls per measurement (default 5)")
     g.add_argument("--max-seconds", type=float,
                    help="cap on one measurement in seconds: fewer timed calls (not below --min-iters) if they would "
@@ -166,8 +172,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         if a.json is not None:
             report.check_writable(a.json, "--json")
         if a.plot is not None:
-            report.require_matplotlib()
-            report.check_writable(a.plot, "--plot")
+            report.check_plot_path(a.plot)
     except (ValueError, report.PlotUnavailable) as e:
         return _usage_error(err, e)
     if axes is not None and not a.list_arms:

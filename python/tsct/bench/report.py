@@ -272,6 +272,20 @@ def require_matplotlib():
     return plt
 
 
+def check_plot_path(path, flag: str = "--plot") -> Path:
+    """Before a run, what writing the plot to ``path`` needs: matplotlib (PlotUnavailable), a file type it writes
+    (the suffix; none: PNG) and a writable path (ValueError naming ``flag`` for either)."""
+    require_matplotlib()
+    from matplotlib.backend_bases import FigureCanvasBase
+
+    suffix = Path(str(path)).suffix.lower().lstrip(".")
+    types = FigureCanvasBase.get_supported_filetypes()
+    if suffix and suffix not in types:
+        raise ValueError(f"{flag}: {str(path)!r}: matplotlib cannot write .{suffix} files; use one of "
+                         f"{', '.join('.' + t for t in sorted(types))} (or no suffix for PNG)")
+    return check_writable(path, flag)
+
+
 def timed_stat(a: dict, kind: str) -> tuple[Optional[dict], bool]:
     """The statistics a figure shows for one arm and pass (``kind``: "fwd" or "fwdbwd"): the CUDA-graph replay's
     (device time) where timed, else the eager calls'; and whether it is the graph's."""

@@ -34,7 +34,7 @@ from typing import Optional, Sequence
 
 import torch
 
-from tsct.bench import report
+from tsct.bench import measure, report
 from tsct.bench.config import BenchConfig
 
 SWEEP_SCHEMA_VERSION = 1
@@ -171,9 +171,10 @@ def ran(result: dict) -> list[dict]:
 
 
 def default_stem(result: dict) -> str:
-    """``<date>_<device>_sweep_<short commit>``: the bench/results naming (date, device, short commit)."""
-    dev = (result.get("device") or {}).get("name") or "device"
-    dev = "".join(c if c.isalnum() else "-" for c in dev.lower()).strip("-") or "device"
+    """``<date>_<device>_sweep_<short commit>``: the bench/results naming (date, device, short commit); the device
+    is "cpu" or the GPU's short name (``measure.gpu_tag``: "h100", "rtx5060")."""
+    info = result.get("device") or {}
+    dev = measure.gpu_tag(info.get("name")) if info.get("type") == "cuda" else "cpu"
     commit = (result.get("git_commit") or "unknown")[:7]
     return f"{result['date'][:10]}_{dev}_sweep_{commit}"
 

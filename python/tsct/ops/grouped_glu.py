@@ -99,7 +99,9 @@ def grouped_glu(
             w.r.t. the decoded factor (cast to the master's dtype), as if ``dequantize(w)`` had been
             the leaf. Make the containers with ``tsct.ops.quantize_master(master, fmt)``: it caches
             one per master version, so they are re-quantized once per optimizer step, and a stale one
-            is refused here (docs/decisions/0008-lowbit-training.md).
+            (or one made from another tensor) is refused here. A container made otherwise
+            (``tsct.quant.quantize``) has no record of its master and is taken as given: keeping it the
+            quantization of its master is then the caller's job (docs/decisions/0008-lowbit-training.md).
 
     Returns:
         ``[num_out_rows, f]`` with ``scatter_idx``, else ``[M, f]``; dtype ``x.dtype``.
@@ -164,7 +166,8 @@ def _as_int(name: str, v):
     TypeError naming the argument for anything else (bool included)."""
     if v is None or isinstance(v, (int, torch.SymInt)) and not isinstance(v, bool):
         return v
-    if not isinstance(v, bool):
+    # a tensor of one element of any shape has __index__, a bool tensor too: only 0-dim integer tensors count
+    if not isinstance(v, bool) and not (isinstance(v, Tensor) and (v.dim() or v.dtype == torch.bool)):
         try:
             return operator.index(v)
         except TypeError:
