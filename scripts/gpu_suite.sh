@@ -17,7 +17,7 @@
 # Knobs: OUT, WHEEL_DIR, NO_INSTALL, OVERLAY, TAIL; COMMIT (recorded by tsct-bench); CFG (TSCT_TRITON_GLU_CFG of the
 # test, sweep and bench steps, e.g. CFG=warps_up_lb=8); CUDA_KERNELS (TSCT_CUDA_KERNELS of every step, e.g.
 # CUDA_KERNELS=none: the Triton kernels where sm_90a takes CUDA ones); ARMS, FORMATS (bench); CFGS, CUDA_SWEEP,
-# SWEEP_ARMS (sweep, hostprof, hostprof-ab); RUNS (wheel-ab, hostprof-ab), SHAPES (wheel-ab, bwd-ab), ROUNDS
+# SWEEP_ARMS (sweep, hostprof, hostprof-ab, wheel-ab); RUNS (wheel-ab, hostprof-ab), SHAPES (wheel-ab, bwd-ab), ROUNDS
 # (hostprof-ab); GLU_K (pytest -k of stage glu); PROXY_K (stage proxy: only the suite's tests matching this -k,
 # then the verdicts: a run for kernels whose source changed); T_<STEP> (seconds, the step's timeout: T_LOWBIT=200 ...).
 set -u -o pipefail
@@ -438,7 +438,8 @@ stage_wheel-ab() {
     done
     lab="$i-${lab//[^A-Za-z0-9-]/-}"
     step "ab-$lab" 200 env PYTHONPATH="$SITE" TSCT_CUDA_KERNELS=$cuda \
-      TSCT_TRITON_GLU_CFG="$cfg" python3 "$timer" --label "$lab" --shapes "$shapes" $prof --json "$OUT/time_$lab.json"
+      TSCT_TRITON_GLU_CFG="$cfg" python3 "$timer" --label "$lab" --shapes "$shapes" --arms "${SWEEP_ARMS:-bf16-kmajor,nvfp4,sign}" \
+      $prof --json "$OUT/time_$lab.json"
   done
   ab_table
 }
