@@ -267,7 +267,7 @@ def _triton_aot(man: Optional[dict], gpus: list[dict]) -> dict[str, Any]:
     """The Triton AOT cubins this install ships (docs/decisions/0005), from the index.json files (the
     manifest's triton_aot section where an index is missing), and the arch each GPU would load.
     Reads JSON files only: nothing is loaded, no GPU is touched."""
-    from tsct.kernels import aot
+    from tsct.kernels import aot, launch
     from tsct.kernels.triton_common import specs as CS
 
     sec = (man or {}).get("triton_aot") or {}
@@ -305,8 +305,13 @@ def _triton_aot(man: Optional[dict], gpus: list[dict]) -> dict[str, Any]:
                       "variants": archs[arch]["variants"] if shipped else 0,
                       "proxy": archs[arch]["proxy"] if shipped else None})
     proxy = {a: x["proxy"] for a, x in archs.items() if x["proxy"]}
+    try:  # a value the launches would refuse: said here, not first on a GPU
+        launch.backend_mode()
+        backend_error = None
+    except ValueError as e:
+        backend_error = str(e)
     return {"dir": str(aot.aot_dir()), "triton_version": version, "in_manifest": bool(sec), "archs": archs,
-            "backend": config.triton_backend(), "gpus": loads,
+            "backend": config.triton_backend(), "backend_error": backend_error, "gpus": loads,
             "proxy": proxy}
 
 
@@ -473,6 +478,9 @@ def _render_triton_aot(con, ta: dict[str, Any]) -> None:
     from rich.markup import escape
     from rich.table import Table
 
+    if ta.get("backend_error"):
+        con.print(f"[red]bad TSCT_TRITON_BACKEND[/]: {escape(ta['backend_error'])}; the Triton "
+                  "paths raise this on a GPU")
     archs = ta["archs"]
     if not archs:
         con.print(f"Triton AOT cubins: [yellow]none shipped[/] ({escape(ta['dir'])}): on a GPU the Triton paths "

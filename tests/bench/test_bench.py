@@ -160,6 +160,18 @@ def test_non_finite_or_non_positive_floats_are_refused_naming_the_flag(flag, val
     assert f"{flag} must be a finite number > 0" in err, err
 
 
+def test_min_iters_above_iters_is_refused_and_the_default_follows_iters(capsys):
+    """--min-iters is "at least": one above --iters (given, or the preset's) is refused, not silently cut to it; the
+    default (5) follows a smaller --iters down."""
+    base = ["--preset", "small", "--device", "cpu", "--list-arms"]
+    assert cli.main(base + ["--iters", "5", "--min-iters", "6"]) == 2
+    assert "--min-iters (6) must not exceed --iters (5)" in capsys.readouterr().err
+    assert cli.main(base + ["--min-iters", "20"]) == 2  # the small preset times 10 calls
+    assert "--min-iters (20) must not exceed the small preset's --iters (10)" in capsys.readouterr().err
+    a = cli.parser().parse_args(["--preset", "small", "--device", "cpu", "--iters", "3"])
+    assert cli.config_from_args(a).min_iters == 3
+
+
 def test_an_unwritable_json_path_is_refused_before_the_run(tmp_path, capsys, monkeypatch):
     """A --json path that cannot be written used to fail after the whole run, losing its results."""
     from tsct.bench import runner

@@ -131,6 +131,21 @@ def test_forward_and_every_gradient_match_the_float64_oracle(cls, kw):
     assert m.w_down.grad.is_contiguous()  # the parameter's own [E, f, r] layout
 
 
+@pytest.mark.parametrize("cls, kw", [(GroupedGLUExperts, {}), (PaddedBmmGLUExperts, {"capacity_factor": None})])
+def test_float64_router_weights_are_taken_by_both_layers(cls, kw):
+    """A float64 router (weights) is taken as fp32 by both layers (the A/B swaps one line): the output of the fp32
+    weights, and a float64 gradient equal to theirs."""
+    m = layer(cls, **kw)
+    x, ids, w = routing(seed=5)
+    w32, w64 = w.clone().requires_grad_(True), w.double().requires_grad_(True)
+    y32, y64 = m(x, ids, w32), m(x, ids, w64)
+    assert torch.equal(y64, y32)
+    go = torch.randn(T, F, generator=torch.Generator().manual_seed(3))
+    (y32 * go).sum().backward()
+    (y64 * go).sum().backward()
+    assert w64.grad.dtype == torch.float64 and torch.equal(w64.grad, w32.grad.double())
+
+
 def test_padded_bmm_drops_the_rows_past_capacity_and_reports_the_fraction():
     m = layer(PaddedBmmGLUExperts, capacity_factor=1.0)
     x, ids, w = routing(seed=2)
@@ -408,6 +423,10 @@ def test_constructor_errors_name_the_argument():
         GroupedGLUExperts(8.0, D, R, F)
     with pytest.raises(ValueError, match="^PaddedBmmGLUExperts: f must be >= 1, got 0"):
         PaddedBmmGLUExperts(E, D, R, 0)
+    for cls, bad in ((GroupedGLUExperts, torch.int32), (PaddedBmmGLUExperts, "float32")):
+        with pytest.raises(TypeError, match=f"^{cls.__name__}: dtype must be a floating-point torch.dtype"):
+            cls(E, D, R, F, dtype=bad)
+    assert GroupedGLUExperts(E, D, R, F, dtype=torch.bfloat16).w_gate.dtype == torch.bfloat16
     m = layer(GroupedGLUExperts)
     x, ids, w = routing()
     with pytest.raises(ValueError, match=r"x must be \[T, d\] with d = 64"):

@@ -80,6 +80,10 @@ def test_feeds_grouped_glu_like_a_manual_sort():
     (torch.zeros(4, 2, dtype=torch.int64), 0, ValueError, "num_experts"),
     (torch.zeros(4, 2, dtype=torch.int64), (1 << 20) + 1, ValueError, "num_experts"),
     (torch.zeros(4, 2, dtype=torch.int64), 3.0, TypeError, "num_experts"),
+    (torch.zeros(4, 2, dtype=torch.int64), True, TypeError, "num_experts must be an int, got bool"),
+    # tensors of one element have __index__: a bool one was taken as E = 1, a shaped one as its value
+    (torch.zeros(4, 2, dtype=torch.int64), torch.tensor(True), TypeError, "num_experts must be an int, got Tensor"),
+    (torch.zeros(4, 2, dtype=torch.int64), torch.tensor([[4]]), TypeError, "num_experts must be an int, got Tensor"),
     ([[0, 1]], 3, TypeError, "topk_ids"),
     (torch.zeros(4, 2, dtype=torch.int64), 3, TypeError, "topk_weights", torch.zeros(4, 2, dtype=torch.float64)),
     (torch.zeros(4, 2, dtype=torch.int64), 3, TypeError, "topk_weights", [[0.5, 0.5]]),

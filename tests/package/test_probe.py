@@ -144,3 +144,17 @@ def test_bad_cuda_kernels_setting_is_reported_not_raised(capsys, monkeypatch):
     monkeypatch.setattr(config, "cuda_kernels", "auto")
     rc, rep = _json_report(capsys, ["--json", "--no-selftest"])
     assert rc == 0 and rep["artifacts"]["native_glu_error"] is None
+
+
+def test_bad_triton_backend_setting_is_reported(capsys, monkeypatch):
+    """A TSCT_TRITON_BACKEND other than auto / aot / jit makes the Triton paths raise on a GPU; the probe names it
+    on any machine (JSON and text), where it had shown the value as if it were valid."""
+    monkeypatch.setenv("TSCT_TRITON_BACKEND", "bogus")
+    rc, rep = _json_report(capsys, ["--json", "--no-selftest"])
+    ta = rep["artifacts"]["triton_aot"]
+    assert rc == 0 and ta["backend"] == "bogus" and "TSCT_TRITON_BACKEND='bogus'" in ta["backend_error"]
+    assert probe.main(["--no-selftest"]) == 0
+    assert "bad TSCT_TRITON_BACKEND" in capsys.readouterr().out
+    monkeypatch.setenv("TSCT_TRITON_BACKEND", "AOT")  # read case-insensitively
+    rc, rep = _json_report(capsys, ["--json", "--no-selftest"])
+    assert rep["artifacts"]["triton_aot"]["backend_error"] is None

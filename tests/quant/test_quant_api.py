@@ -74,6 +74,33 @@ def test_fake_quantize_validation():
         fake_quantize(w, "sign", backend="gpu")
 
 
+def test_errors_name_the_function_called_and_its_argument():
+    """Each public entry names itself and the argument the caller passed (quantize_master's factor is ``master``,
+    not the quantizer's ``w``), whichever function checks it."""
+    from tsct.ops import quantize_master
+
+    w = torch.randn(2, 32, 4)
+    cases = [
+        (lambda: quantize_master(w.double(), "nvfp4"), TypeError, r"^quantize_master: master\.dtype must be one of"),
+        (lambda: quantize_master(w[:, :17], "nvfp4"), ValueError,
+         r"^quantize_master: master: K = master\.shape\[-2\] = 17 must be a multiple of 16 for nvfp4"),
+        (lambda: quantize_master(w, "sign", backend="gpu"), ValueError, r"^quantize_master: backend must be one of"),
+        (lambda: quant.quantize(w.double(), "nvfp4"), TypeError, r"^quantize_nvfp4: w\.dtype must be one of"),
+        (lambda: quant.quantize(w[:, :12], "sign"), ValueError, r"^quantize_sign: w: K = w\.shape\[-2\] = 12"),
+        (lambda: quant.quantize(w, "fp8", backend="gpu"), ValueError, r"^quantize_fp8: backend must be one of"),
+        (lambda: quant.quantize(w[0, 0], "ternary"), ValueError, r"^quantize_ternary: w must be \[E, K, N\] or"),
+        (lambda: fake_quantize(w.int(), "sign"), TypeError, r"^tsct\.quant\.fake_quantize: w\.dtype must be"),
+        (lambda: dequantize(w, torch.int8), TypeError, r"^tsct\.quant\.dequantize: dtype must be one of"),
+        (lambda: dequantize(w, backend="gpu"), ValueError, r"^tsct\.quant\.dequantize: backend must be one of"),
+        (lambda: quantize_nvfp4(w).dequantize(torch.int8), TypeError, r"^NVFP4Tensor\.dequantize: dtype must be"),
+        (lambda: quantize_sign(w).dequantize(backend="gpu"), ValueError,
+         r"^SignTensor\.dequantize: backend must be one of"),
+    ]
+    for i, (call, exc, msg) in enumerate(cases):
+        with pytest.raises(exc, match=msg):
+            call()
+
+
 def test_is_quantized_storage_format_and_dequantize_of_tensors():
     g = torch.Generator().manual_seed(74)
     w = torch.randn(2, 32, 4, generator=g)

@@ -56,7 +56,8 @@ def parser() -> argparse.ArgumentParser:
                    f"and allocates; default: the preset's, {_per_preset('warmup')})")
     g.add_argument("--iters", type=int,
                    help=f"at most this many timed calls per measurement (default: the preset's, {_per_preset('iters')})")
-    g.add_argument("--min-iters", type=int, help="at least this many timed calls per measurement (default 5)")
+    g.add_argument("--min-iters", type=int,
+                   help="at least this many timed calls per measurement, at most --iters (default 5, or --iters if fewer)")
     g.add_argument("--max-seconds", type=float,
                    help="cap on one measurement in seconds: fewer timed calls (not below --min-iters) if they would "
                         "take longer")
@@ -95,7 +96,11 @@ def config_from_args(a: argparse.Namespace) -> cfgmod.BenchConfig:
         import torch
         on_gpu = a.device == "cuda" or (a.device is None and torch.cuda.is_available())
         preset = "b1" if on_gpu else "small"
-    return cfgmod.from_preset(preset, **over).resolved()
+    cfg = cfgmod.from_preset(preset, **over).resolved()
+    if a.min_iters is not None and a.min_iters > cfg.iters:  # the default follows --iters down; an asked one does not
+        src = "--iters" if a.iters is not None else f"the {preset} preset's --iters"
+        raise ValueError(f"--min-iters ({a.min_iters}) must not exceed {src} ({cfg.iters})")
+    return cfg
 
 
 def _list_arms(cfg: cfgmod.BenchConfig, console: Console) -> None:

@@ -154,7 +154,8 @@ def quantize_factors(dense: Factors, fmt: str) -> Factors:
 def _factor_error(fmt: str, name: str, shape, e: Exception) -> str:
     """A quantizer's error on factor ``name`` of ``shape``, with the flag that sets its K."""
     k_flag = "--d" if name != "w_down" else "--r"
-    return f"{fmt} {name} {list(shape)}: {e} (K is set by {k_flag})"
+    why = str(e).removeprefix(f"quantize_{fmt}: ")  # the quantizer's own name says nothing here
+    return f"{fmt} {name} {list(shape)}: {why} (K is set by {k_flag})"
 
 
 def storage_problem(cfg, fmt: str) -> Optional[str]:
@@ -168,7 +169,7 @@ def storage_problem(cfg, fmt: str) -> Optional[str]:
     mult = quant.k_multiple(fmt)
     for name, shape in (("w_gate", (cfg.experts, cfg.d, cfg.r)), ("w_down", (cfg.experts, cfg.r, cfg.f))):
         try:
-            _backend.check_factor("w", torch.empty(shape, device="meta"), mult, fmt)
+            _backend.check_factor(f"quantize_{fmt}", "w", torch.empty(shape, device="meta"), mult, fmt)
         except ValueError as e:
             return f"cannot store the factors as {fmt}: {_factor_error(fmt, name, shape, e)}"
     return None

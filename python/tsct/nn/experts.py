@@ -122,7 +122,8 @@ class GLUExpertBank(nn.Module):
     ``w_down``; scales 1.
 
     Raises:
-        TypeError / ValueError: a size that is not a positive int (the message names it).
+        TypeError / ValueError: a size that is not a positive int, a ``dtype`` that is not a float dtype (the message
+            names it).
     """
 
     def __init__(self, num_experts: int, d: int, r: int, f: int, *, scales: bool = True, device=None, dtype=None):
@@ -130,6 +131,8 @@ class GLUExpertBank(nn.Module):
         who = type(self).__name__
         self.num_experts = _check_int(who, "num_experts", num_experts)
         self.d, self.r, self.f = (_check_int(who, n, v) for n, v in (("d", d), ("r", r), ("f", f)))
+        if dtype is not None and not (isinstance(dtype, torch.dtype) and dtype.is_floating_point):
+            raise TypeError(f"{who}: dtype must be a floating-point torch.dtype (of the parameters), got {dtype}")
         kw = {"device": device, "dtype": dtype}
         e = self.num_experts
         self.w_gate = nn.Parameter(torch.empty(e, d, r, **kw))
@@ -384,7 +387,9 @@ class GroupedGLUExperts(GLUExpertBank):
             x: ``[T, d]`` token-major input; its compute dtype (``compute_dtype``) must be float32, bfloat16 or
                 float16.
             topk_ids: ``[T, k]`` integer expert ids; an id outside ``[0, E)`` (e.g. -1) drops that choice.
-            topk_weights: optional ``[T, k]`` router weights (bf16 / fp16 / fp32; gradients reach them).
+            topk_weights: optional ``[T, k]`` router weights of a float dtype (another than bf16, fp16 or fp32,
+                float64 say, is cast to fp32, as ``forward_counts`` and ``PaddedBmmGLUExperts`` take it; gradients
+                reach them).
 
         Returns:
             ``[T, f]`` in the compute dtype: ``sum_j topk_weights[t, j] * expert_{topk_ids[t, j]}(x[t])``.
@@ -400,6 +405,8 @@ class GroupedGLUExperts(GLUExpertBank):
         from tsct.ops import sort_by_expert
 
         self._check_routing(x, topk_ids, topk_weights)
+        if topk_weights is not None and topk_weights.dtype not in (torch.bfloat16, torch.float16, torch.float32):
+            topk_weights = topk_weights.float()  # what sort_by_expert takes
         s = sort_by_expert(topk_ids, self.num_experts, topk_weights)
         return self.grouped_glu(x, s.offs, row_weight=s.row_weight, gather_idx=s.token, scatter_idx=s.token,
                                 num_out_rows=x.shape[0])

@@ -119,11 +119,14 @@ def quantize_master(master: Tensor, fmt: str, *, layout: str = "linear", backend
         TypeError / ValueError from ``tsct.quant.quantize`` (wrong dtype, K not a multiple of the block).
     """
     from tsct import quant
-    from tsct.quant.api import check_format
+    from tsct.quant import _backend
+    from tsct.quant.api import check_format, k_multiple
 
     if not isinstance(master, Tensor):
         raise TypeError(f"quantize_master: master must be a torch.Tensor, got {type(master).__name__}")
     check_format(fmt, "quantize_master")
+    _backend.check_factor("quantize_master", "master", master, k_multiple(fmt), fmt)
+    _backend.check_backend("quantize_master", backend)
     if fmt != "nvfp4" and layout != "linear":
         raise ValueError(f"quantize_master: layout={layout!r} applies to NVFP4 block scales only; fmt={fmt!r} "
                          "has no layout choice (leave layout='linear')")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import operator
 from typing import Optional
 
 import numpy as np
@@ -14,6 +15,20 @@ from tsct.quant import is_quantized
 
 _FLOAT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 _INDEX_DTYPES = (torch.int32, torch.int64)
+
+
+def as_int(fn: str, name: str, v):
+    """A Python int from an int-like (numpy integers, 0-dim integer tensors); SymInts (torch.compile) pass through.
+    TypeError naming ``fn`` and the argument for anything else: a bool, and a bool or shaped tensor (a tensor of one
+    element of any shape has ``__index__``, a bool tensor too; numpy's and Python's rule: only integers count)."""
+    if isinstance(v, (int, torch.SymInt)) and not isinstance(v, bool):
+        return v
+    if not isinstance(v, bool) and not (isinstance(v, Tensor) and (v.dim() or v.dtype == torch.bool)):
+        try:
+            return operator.index(v)
+        except TypeError:
+            pass
+    raise TypeError(f"{fn}: {name} must be an int, got {type(v).__name__} {v!r}")
 
 
 def _shape(t) -> tuple:

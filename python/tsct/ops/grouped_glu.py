@@ -8,7 +8,6 @@ CPU), the same custom-op pair ``tsct::grouped_glu`` / ``tsct::grouped_glu_backwa
 
 from __future__ import annotations
 
-import operator
 from typing import TYPE_CHECKING, Optional, Sequence, Union
 
 import torch
@@ -16,7 +15,7 @@ from torch import Tensor
 
 from tsct import dispatch
 from tsct.ops import _function, _masters, _select
-from tsct.ops._validate import check_index_values, validate
+from tsct.ops._validate import as_int, check_index_values, validate
 
 if TYPE_CHECKING:
     from tsct.quant import FP8Tensor, NVFP4Tensor, SignTensor, TernaryTensor
@@ -133,7 +132,7 @@ def grouped_glu(
     ``masters=`` with containers from ``quantize_master`` (packed bytes in the forward and dX), or
     dense factors from ``tsct.quant.fake_quantize(master, fmt)`` (bf16 bytes, any path).
     """
-    num_out_rows = _as_int("num_out_rows", num_out_rows)
+    num_out_rows = None if num_out_rows is None else as_int("grouped_glu", "num_out_rows", num_out_rows)
     m, e, d, r, f = validate(x, offs, w_gate, w_up, w_down, s_gate, s_up, row_weight, gather_idx, scatter_idx,
                              num_out_rows)
     facs = (w_gate, w_up, w_down)
@@ -159,20 +158,6 @@ def _static_shapes_needed(x: Tensor) -> bool:
     """A CUDA graph is being captured or torch.compile traces: no host read is possible, so the bmm
     path lays rows out by its static bound (``tsct.bmm.static_plan``)."""
     return torch.compiler.is_compiling() or (x.is_cuda and torch.cuda.is_current_stream_capturing())
-
-
-def _as_int(name: str, v):
-    """A Python int from an int-like (numpy / 0-dim torch integers); SymInts (torch.compile) pass through.
-    TypeError naming the argument for anything else (bool included)."""
-    if v is None or isinstance(v, (int, torch.SymInt)) and not isinstance(v, bool):
-        return v
-    # a tensor of one element of any shape has __index__, a bool tensor too: only 0-dim integer tensors count
-    if not isinstance(v, bool) and not (isinstance(v, Tensor) and (v.dim() or v.dtype == torch.bool)):
-        try:
-            return operator.index(v)
-        except TypeError:
-            pass
-    raise TypeError(f"grouped_glu: {name} must be an int, got {type(v).__name__} {v!r}")
 
 
 def _check_masters(facs, masters) -> tuple:

@@ -16,7 +16,6 @@ so a ``grouped_glu`` through that token builds its own (the same bits).
 from __future__ import annotations
 
 import functools
-import operator
 from typing import NamedTuple, Optional
 
 import torch
@@ -105,12 +104,7 @@ def sort_by_expert(topk_ids: Tensor, num_experts: int, topk_weights: Optional[Te
         raise TypeError(f"sort_by_expert: topk_ids must be an integer tensor, got dtype {topk_ids.dtype}")
     if topk_ids.dim() != 2:
         raise ValueError(f"sort_by_expert: topk_ids must be 2-D [T, k], got shape {tuple(topk_ids.shape)}")
-    if isinstance(num_experts, bool):
-        raise TypeError("sort_by_expert: num_experts must be an int, got bool")
-    try:
-        num_experts = operator.index(num_experts)  # ints, numpy integers, 0-d integer tensors
-    except TypeError:
-        raise TypeError(f"sort_by_expert: num_experts must be an int, got {type(num_experts).__name__}") from None
+    num_experts = _validate.as_int("sort_by_expert", "num_experts", num_experts)
     if not 1 <= num_experts <= MAX_EXPERTS:
         raise ValueError(f"sort_by_expert: num_experts must be in [1, {MAX_EXPERTS}], got {num_experts}")
     if topk_weights is not None:

@@ -33,9 +33,10 @@ BACKENDS = ("auto", "torch", "native")
 _WANTED = dispatch.NATIVE_QUANT + "/"
 
 
-def check_backend(backend) -> str:
+def check_backend(caller: str, backend) -> str:
+    """``backend`` if it is one of ``BACKENDS``, else ValueError naming ``caller`` and the argument."""
     if not isinstance(backend, str) or backend not in BACKENDS:
-        raise ValueError(f"backend must be one of {list(BACKENDS)}, got {backend!r}")
+        raise ValueError(f"{caller}: backend must be one of {list(BACKENDS)}, got {backend!r}")
     return backend
 
 
@@ -69,7 +70,7 @@ def resolve(backend: str, device: torch.device, what: str) -> str:
     """'torch' or 'native' for one call of ``what`` (e.g. "quantize_nvfp4") on ``device``. Under ``torch.compile``
     tracing, ``auto`` is the torch backend (the same bits, decision 0002): dynamo cannot trace the native kernels'
     ctypes calls, and a graph break there would fail ``fullgraph=True``."""
-    check_backend(backend)
+    check_backend(what, backend)
     if backend == "torch" or (backend == "auto" and torch.compiler.is_compiling()):
         return "torch"
     ok, why = _native_status(device)
@@ -108,22 +109,23 @@ def native():
 FLOAT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
 
-def check_float_dtype(name: str, dtype) -> None:
+def check_float_dtype(caller: str, name: str, dtype) -> None:
     if dtype not in FLOAT_DTYPES:
-        raise TypeError(f"{name} must be one of {[str(d) for d in FLOAT_DTYPES]}, got {dtype}")
+        raise TypeError(f"{caller}: {name} must be one of {[str(d) for d in FLOAT_DTYPES]}, got {dtype}")
 
 
-def check_factor(name: str, w, multiple: int, fmt: str) -> None:
-    """A factor to quantize: a float tensor ``[E, K, N]`` or ``[K, N]`` with K % multiple == 0."""
+def check_factor(caller: str, name: str, w, multiple: int, fmt: str) -> None:
+    """A factor to quantize: a float tensor ``[E, K, N]`` or ``[K, N]`` with K % multiple == 0; errors name ``caller``
+    (the public function) and ``name`` (its argument)."""
     if not isinstance(w, torch.Tensor):
-        raise TypeError(f"{name} must be a torch.Tensor, got {type(w).__name__}")
-    check_float_dtype(f"{name}.dtype", w.dtype)
+        raise TypeError(f"{caller}: {name} must be a torch.Tensor, got {type(w).__name__}")
+    check_float_dtype(caller, f"{name}.dtype", w.dtype)
     if w.dim() not in (2, 3):
-        raise ValueError(f"{name} must be [E, K, N] or [K, N] (logical factor, K = contraction dim), "
+        raise ValueError(f"{caller}: {name} must be [E, K, N] or [K, N] (logical factor, K = contraction dim), "
                          f"got {w.dim()}-D shape {list(w.shape)}")
     k = w.shape[-2]
     if k % multiple:
-        raise ValueError(f"{name}: K = {name}.shape[-2] = {k} must be a multiple of {multiple} for {fmt}")
+        raise ValueError(f"{caller}: {name}: K = {name}.shape[-2] = {k} must be a multiple of {multiple} for {fmt}")
 
 
 def chunk_rows(batch: int, per_item: int, budget: int = 1 << 25) -> int:

@@ -95,7 +95,7 @@ class PackedFactor:
         wants). ``backend``: "native" (the CUDA kernels), "torch", or "auto" (``tsct.quant._backend``)."""
         from tsct.quant import _backend
 
-        _backend.check_float_dtype("dtype", dtype)
+        _backend.check_float_dtype(f"{type(self).__name__}.dequantize", "dtype", dtype)
         which = _backend.resolve(backend, self.device, f"{type(self).__name__}.dequantize")
         if which == "native":
             out = self._decode_native(_backend.native(), dtype).transpose(-1, -2)

@@ -81,8 +81,8 @@ def dequantize(container, dtype: torch.dtype = torch.bfloat16, backend: str = "a
     if isinstance(container, _CONTAINERS):
         return container.dequantize(dtype, backend, contiguous=contiguous)
     if isinstance(container, Tensor):
-        _backend.check_float_dtype("dtype", dtype)
-        _backend.check_backend(backend)
+        _backend.check_float_dtype("tsct.quant.dequantize", "dtype", dtype)
+        _backend.check_backend("tsct.quant.dequantize", backend)
         return container.to(dtype)
     raise TypeError(f"container must be an NVFP4Tensor, SignTensor, FP8Tensor, TernaryTensor or torch.Tensor, "
                     f"got {type(container).__name__}")
@@ -141,7 +141,7 @@ def fake_quantize(w: Tensor, fmt: str, *, backend: str = "auto") -> Tensor:
     ``backend`` as in ``quantize_nvfp4``.
     """
     check_format(fmt, "tsct.quant.fake_quantize")
-    _backend.check_factor("w", w, k_multiple(fmt), fmt)
-    _backend.check_backend(backend)
+    _backend.check_factor("tsct.quant.fake_quantize", "w", w, k_multiple(fmt), fmt)
+    _backend.check_backend("tsct.quant.fake_quantize", backend)
     return _StraightThrough.apply(w, fmt, backend)
 

@@ -93,7 +93,7 @@ def quantize_fp8(w: Tensor, *, backend: str = "auto") -> FP8Tensor:
     NaN in place and nothing else changes. An all-zero column gets scale 1 and zero codes (signed zeros
     kept). Not differentiable (``tsct.quant.fake_quantize`` for STE).
     """
-    _backend.check_factor("w", w, 1, "fp8")
+    _backend.check_factor("quantize_fp8", "w", w, 1, "fp8")
     which = _backend.resolve(backend, w.device, "quantize_fp8")
     shape = tuple(w.shape)
     w = w.detach()

@@ -157,7 +157,7 @@ def quantize_nvfp4(w: Tensor, *, layout: str = "linear", backend: str = "auto") 
     0x7F and zero codes, so it decodes to NaN and nothing else changes. An all-zero (or all
     non-finite) matrix gets ``s_enc = 1``. Not differentiable (see ``fake_quantize`` for STE).
     """
-    _backend.check_factor("w", w, NVFP4_BLOCK_SIZE, "nvfp4")
+    _backend.check_factor("quantize_nvfp4", "w", w, NVFP4_BLOCK_SIZE, "nvfp4")
     check_layout(layout)
     which = _backend.resolve(backend, w.device, "quantize_nvfp4")
     shape = tuple(w.shape)

@@ -146,7 +146,7 @@ def quantize_sign(w: Tensor, *, iters: int = DEFAULT_SIGN_ITERS, backend: str = 
     value), so row k of the decoded factor is NaN for every n; the other rows, and b, are fit on the finite
     entries and stay finite.
     """
-    _backend.check_factor("w", w, SIGN_PACK, "sign")
+    _backend.check_factor("quantize_sign", "w", w, SIGN_PACK, "sign")
     _check_iters(iters)
     which = _backend.resolve(backend, w.device, "quantize_sign")
     shape = tuple(w.shape)

@@ -142,7 +142,7 @@ def quantize_ternary(w: Tensor, *, scaling: str = "absmean", iters: int = DEFAUL
     in place and nothing else changes. A zero column (absmean 0) gets zero codes. Not differentiable
     (``tsct.quant.fake_quantize`` for STE).
     """
-    _backend.check_factor("w", w, TERNARY_PACK, "ternary")
+    _backend.check_factor("quantize_ternary", "w", w, TERNARY_PACK, "ternary")
     _check_scaling(scaling)
     _check_iters(iters)
     which = _backend.resolve(backend, w.device, "quantize_ternary")
