@@ -342,6 +342,50 @@ def test_check_artifacts_aot_wrong_arch(lib_path, cuobjdump, tmp_path):
     assert r["detail"].startswith("library: ") and "triton AOT: 2 cubins, 1 arch: " in r["detail"], r["detail"]
 
 
+def test_stack_budget_rule():
+    """STACK_BUDGET bounds each (arch, kernel, aligned / generic) group's local memory; a kernel without a row may have
+    none; arches without rows (a proxy, sm_100a) are not checked."""
+    from tsct.native import artifacts as A
+
+    out = ("  Function lowbit_bwd_dx_dw:\n  REG:255 STACK:192 SHARED:1024 LOCAL:0 CONSTANT[0]:1048 TEXTURE:0 "
+           "SURFACE:0 SAMPLER:0\n")
+    assert A.stack_of(out) == 192 and A.stack_of("no such line") is None
+    assert A.stack_over_budget("sm_120", "lowbit_bwd_dx_dw", True, 192) is None
+    why = A.stack_over_budget("sm_120", "lowbit_bwd_dx_dw", True, 200)
+    assert "lowbit_bwd_dx_dw (aligned) uses 200 bytes of stack" in why and "192 allowed" in why, why
+    assert "0 allowed" in A.stack_over_budget("sm_120", "combine_rows", True, 8)
+    assert "0 allowed" in A.stack_over_budget("sm_120", "glu_down_fwd", True, 8)  # only its generic variants spill
+    assert A.stack_over_budget("sm_120_proxy_sm90", "glu_down_fwd", True, 999) is None
+    assert A.stack_over_budget("sm_100a", "glu_down_fwd", True, 999) is None
+
+
+def test_check_artifacts_aot_stack_budget(lib_path, cuobjdump, tmp_path, monkeypatch):
+    """With the SASS check, every cubin's stack is held to STACK_BUDGET: the shipped ones pass, and a budget below a
+    shipped cubin's spills fails naming the cubin (two sm_120 cubins: a spilling sign dX kernel, a combine)."""
+    from tsct.kernels import aot
+    from tsct.native import artifacts
+
+    if artifacts.find_tool("nvdisasm") is None:
+        pytest.skip("nvdisasm not found (pip install nvidia-cuda-nvdisasm): the stack check runs with the SASS check")
+    m, sec = _aot_section()
+    src = json.loads((aot.aot_dir() / "sm_120" / "index.json").read_text())
+    dx = next(e for e in src["kernels"].values() if e["kernel"] == "lowbit_bwd_dx_dw" and e["aligned"]
+              and e["constexprs"].get("FMT_G") == 2 and e["constexprs"].get("FMT_U") == 2)
+    comb = next(e for e in src["kernels"].values() if e["kernel"] == "combine_rows")
+    idx = dict(src, kernels={e["key"]: e for e in (dx, comb)})
+    _aot_copy(tmp_path, {"sm_120": ("sm_120", idx)})
+    m = json.loads(json.dumps(m))
+    m["triton_aot"] = {"dir": sec["dir"], "triton_version": sec["triton_version"],
+                       "archs": {"sm_120": {"variants": 2, "kernels": {"combine_rows": 1, "lowbit_bwd_dx_dw": 1}}}}
+    r = artifacts.verify(lib=lib_path, manifest=m, cuobjdump=cuobjdump, aot_dir=tmp_path, sass=True)
+    assert r["ok"], r["problems"]
+    monkeypatch.setitem(artifacts.STACK_BUDGET, ("sm_120", "lowbit_bwd_dx_dw", "aligned"), 8)
+    r = artifacts.verify(lib=lib_path, manifest=m, cuobjdump=cuobjdump, aot_dir=tmp_path, sass=True)
+    assert not r["ok"] and len(r["problems"]) == 1, r["problems"]
+    assert f"sm_120/{dx['file']}: lowbit_bwd_dx_dw (aligned) uses" in r["problems"][0] and "8 allowed" in r["problems"][0]
+    assert r["triton_aot"]["archs"][0]["status"] == "STACK"
+
+
 def test_check_artifacts_tampered_manifest(lib_path, cuobjdump, tmp_path, capsys):
     from tsct.native import artifacts
 

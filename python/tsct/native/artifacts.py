@@ -25,7 +25,8 @@ and, when the manifest has a "triton_aot" section, the cubins (no cuobjdump need
   * ``--list-elf`` of every cubin names exactly its arch (a proxy's: the target it was assembled for);
   * with ``sass=True``: for every (arch, kernel) that a SASS_RULES row covers, one variant (the first
     aligned bf16 one), or every cubin with ``all_variants=True`` / ``--all-variants`` (minutes), is
-    disassembled: its "code for" arch, its function, and SASS_RULES.
+    disassembled: its "code for" arch, its function, and SASS_RULES; and every cubin of an arch STACK_BUDGET
+    covers (sm_90a, sm_120) keeps its local memory (``--dump-resource-usage`` STACK) within STACK_BUDGET.
 and, when the manifest has a "cutedsl" section (CuTeDSL sm_120 kernels linked into the library,
 docs/decisions/0009): the cubins those exported objects embed as data (found as CUDA ELF images in the
 library outside its .nv_fatbin section) number exactly the manifest's kernels; with ``sass=True`` each
@@ -83,8 +84,8 @@ class SassRule:
 # Also used by `triton_common/aot_build.py --check-sass` on freshly built cubins.
 # Adding a check is one line, e.g.:
 #   SassRule(r"sm_120[af]", r"^tsctk_.*nvfp4_gemm", require=r"OMMA\.SF\.16864\.F32\.E2M1\.E2M1\.UE4M3\.4X", why="..."),
-# No no-spill rule for the Triton kernels: some variants spill by design (generic, unaligned variants and the
-# mma.sync backward kernels on sm_120 hold their accumulators in registers; docs/performance.md).
+# No no-spill rule for the Triton kernels: some variants spill (generic, unaligned variants; mma.sync kernels on sm_120
+# that hold their accumulators in registers; tiles capped by measurement): STACK_BUDGET below bounds them instead.
 _TRITON_GEMM = r"^(glu|lowbit)_(down_fwd|up_fwd|bwd_dz|bwd_dx_dw)$"  # bf16 and low-bit (W4A16) families
 _CUDA_LOWBIT = r"^tsctk_glu_(down|up)_fwd_(nvfp4|sign|fp8|ternary|ternary_r1)$"  # the CUDA low-bit projections
 SASS_RULES: list[SassRule] = [
@@ -110,6 +111,59 @@ SASS_RULES: list[SassRule] = [
     SassRule(r"sm_120_proxy_sm90", _TRITON_GEMM, require=r"\bHMMA\.16816\.F32", forbid=r"\bHGMMA\.",
              why="the sm_120 proxy (decision 0017): sm_120's mma.sync kernels assembled for plain sm_90, no wgmma"),
 ]
+
+
+#: Local memory (stack bytes per thread, ``cuobjdump --dump-resource-usage``) a Triton AOT cubin may use, per
+#: (arch, kernel, "aligned" | "generic" variant): the spills of the shipped tables (the release wheel of 793d75d,
+#: bench/results/2026-12-06_cpu_cubin-spills_793d75d.txt; docs/sm120.md); 0 for a kernel without a row. Checked by
+#: verify(sass=True) on the arches named here (a proxy or sm_100a build is not): a table or kernel change that adds
+#: local memory on a card nobody here can time fails CI until this table says why. Lower a row when a change removes
+#: spills.
+STACK_BUDGET: dict[tuple[str, str, str], int] = {
+    ("sm_90a", "glu_bwd_dw", "generic"): 112,
+    ("sm_90a", "glu_bwd_dwd", "aligned"): 24,       # the row-major scatter variant at rank block 32
+    ("sm_90a", "glu_bwd_dx_dw", "generic"): 504,
+    ("sm_90a", "glu_bwd_dz", "generic"): 216,
+    ("sm_90a", "glu_down_fwd", "generic"): 288,
+    ("sm_90a", "glu_up_fwd", "aligned"): 176,       # K-major w_down without scatter (BN 256, 8 warps)
+    ("sm_90a", "glu_up_fwd", "generic"): 168,
+    ("sm_90a", "lowbit_bwd_dx_dw", "generic"): 56,
+    ("sm_90a", "lowbit_bwd_dz", "aligned"): 448,    # the fused NVFP4 dz capped at 80 registers (measured faster)
+    ("sm_90a", "lowbit_up_fwd", "aligned"): 384,    # the CUDA up projections serve these launches on sm_90a
+    ("sm_90a", "lowbit_up_fwd", "generic"): 280,
+    ("sm_120", "bwd_slot_reduce", "aligned"): 8,
+    ("sm_120", "glu_bwd_dw", "generic"): 280,
+    ("sm_120", "glu_bwd_dwd", "aligned"): 48,       # rank blocks 16 and 32 at 4 warps
+    ("sm_120", "glu_bwd_dwd", "generic"): 120,
+    ("sm_120", "glu_bwd_dx_dw", "generic"): 784,
+    ("sm_120", "glu_bwd_dz", "generic"): 616,
+    ("sm_120", "glu_down_fwd", "generic"): 304,
+    ("sm_120", "glu_up_fwd", "aligned"): 96,        # K-major w_down without scatter at 4 warps
+    ("sm_120", "glu_up_fwd", "generic"): 160,
+    ("sm_120", "lowbit_bwd_dx_dw", "aligned"): 192,  # sign and the NVFP4-sign mix at a d block of 64
+    ("sm_120", "lowbit_bwd_dx_dw", "generic"): 256,
+    ("sm_120", "lowbit_down_fwd", "generic"): 24,   # the opt-in byte-plane variants
+    ("sm_120", "lowbit_up_fwd", "generic"): 16,
+}
+_STACK_ARCHS = frozenset(a for a, _, _ in STACK_BUDGET)
+
+
+def stack_of(resource_usage: str) -> int | None:
+    """The STACK bytes of the one function in ``cuobjdump --dump-resource-usage`` output of a cubin, or None."""
+    m = re.search(r"\bSTACK:(\d+)", resource_usage)
+    return int(m.group(1)) if m else None
+
+
+def stack_over_budget(arch: str, kernel: str, aligned: bool, stack: int) -> str | None:
+    """Why a cubin's ``stack`` bytes exceed ``STACK_BUDGET`` (None if within it, or the arch is not covered)."""
+    if arch not in _STACK_ARCHS:
+        return None
+    kind = "aligned" if aligned else "generic"
+    budget = STACK_BUDGET.get((arch, kernel, kind), 0)
+    if stack <= budget:
+        return None
+    return (f"{kernel} ({kind}) uses {stack} bytes of stack (spilled registers), {budget} allowed "
+            f"(STACK_BUDGET in tsct/native/artifacts.py: raise it only with the measurement that justifies it)")
 
 
 #: every CuTeDSL sm_120 kernel linked into the library must hold this SASS instruction (design.md section 4)
@@ -395,6 +449,7 @@ def _verify_aot(res: dict[str, Any], man: dict, lib: Path, aot_arg, cuobjdump: s
         problems.append(f"triton AOT: directories not in the manifest: {extra}")
 
     elf_jobs: list[tuple[dict, str, Path]] = []    # (row, expected --list-elf name, cubin)
+    files_of: dict[str, dict[str, dict]] = {}      # arch -> cubin file name -> its index entry
     sass_jobs: list[tuple[dict, str, dict, Path, str]] = []  # (row, arch, entry, cubin, its SASS arch)
     per_arch: dict[str, list[str]] = {}
     for arch in sorted(want_archs):
@@ -455,6 +510,7 @@ def _verify_aot(res: dict[str, Any], man: dict, lib: Path, aot_arg, cuobjdump: s
                 row["status"].add("INDEX")
                 continue
             listed.add(fname)
+            files_of.setdefault(arch, {})[fname] = e
             ptx = e.get("ptx_arch")
             if ptx is not None and ptx not in ptx_ok:
                 file_bad.append(f"triton AOT {arch}/{fname}: built for PTX target {ptx!r}, expected one of "
@@ -505,6 +561,22 @@ def _verify_aot(res: dict[str, Any], man: dict, lib: Path, aot_arg, cuobjdump: s
             f"triton AOT {arch}/{path.name}: " + (err or f"--list-elf shows {got}, expected ['{elf}']"))
         row["status"].add("ELF ARCH")
     for arch, lines in elf_bad.items():
+        per_arch[arch] += _capped(lines)
+
+    # local memory of every present cubin against STACK_BUDGET (sass: the thorough check)
+    stack_jobs = [(row, path) for row, _, path in elf_jobs if sass and row["arch"] in _STACK_ARCHS]
+    stack_bad: dict[str, list[str]] = {}
+    outs = _run_each(cuobjdump, ["--dump-resource-usage"], [p for _, p in stack_jobs])
+    for (row, path), (out, err) in zip(stack_jobs, outs):
+        arch = row["arch"]
+        e = files_of[arch].get(path.name, {})
+        stack = stack_of(out) if out is not None else None
+        why = (err or "no STACK in --dump-resource-usage") if stack is None else \
+            stack_over_budget(arch, str(e.get("kernel") or ""), bool(e.get("aligned")), stack)
+        if why:
+            stack_bad.setdefault(arch, []).append(f"triton AOT {arch}/{path.name}: {why}")
+            row["status"].add("STACK")
+    for arch, lines in stack_bad.items():
         per_arch[arch] += _capped(lines)
 
     # SASS: the arch of the code, the function, SASS_RULES
