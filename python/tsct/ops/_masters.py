@@ -116,7 +116,8 @@ def quantize_master(master: Tensor, fmt: str, *, layout: str = "linear", backend
         quantized on every call, uncached (``GroupedGLUExperts.freeze`` stores the packed factors once instead).
 
     Raises:
-        TypeError / ValueError from ``tsct.quant.quantize`` (wrong dtype, K not a multiple of the block).
+        TypeError / ValueError naming ``master`` or ``backend`` (wrong dtype or rank, K not a multiple of the block,
+            an unknown backend), or ``fmt`` / ``layout``.
     """
     from tsct import quant
     from tsct.quant import _backend
@@ -125,14 +126,14 @@ def quantize_master(master: Tensor, fmt: str, *, layout: str = "linear", backend
     if not isinstance(master, Tensor):
         raise TypeError(f"quantize_master: master must be a torch.Tensor, got {type(master).__name__}")
     check_format(fmt, "quantize_master")
-    _backend.check_factor("quantize_master", "master", master, k_multiple(fmt), fmt)
-    _backend.check_backend("quantize_master", backend)
     if fmt != "nvfp4" and layout != "linear":
         raise ValueError(f"quantize_master: layout={layout!r} applies to NVFP4 block scales only; fmt={fmt!r} "
                          "has no layout choice (leave layout='linear')")
     opts = {"layout": layout} if fmt == "nvfp4" else {}
 
-    def quantized():
+    def quantized():  # checked here, on a miss: a cached container's master had the same dtype, shape and backend
+        _backend.check_factor("quantize_master", "master", master, k_multiple(fmt), fmt)
+        _backend.check_backend("quantize_master", backend)
         with torch.no_grad():
             return quant.quantize(master.detach(), fmt, backend=backend, **opts)
 
