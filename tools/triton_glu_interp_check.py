@@ -73,6 +73,9 @@ CASES = {
     "kmajor_wd": dict(T=24, k=2, E=4, d=32, r=16, f=37, kmajor=True),
     "kmajor_wd_multi": dict(T=80, k=2, E=3, d=32, r=32, f=600, counts=[0, 150, 10], kmajor=True),
     "kmajor_wd_r160": dict(T=16, k=2, E=2, d=16, r=160, f=24, kmajor=True),
+    # rows of f % 8 == 0 without scatter: the up kernel's vector-store variant (Y_PAD) writes y itself
+    "kmajor_wd_nogs_multi": dict(T=40, k=2, E=3, d=32, r=16, f=48, counts=[0, 70, 10], kmajor=True, gather=False,
+                                 scatter=False),
 }
 
 

@@ -91,6 +91,9 @@ CASES = {
     "sign_r64": dict(T=40, k=2, E=3, d=64, r=64, f=37, counts=[0, 70, 10], fmts=(S, S, S)),
     "nvfp4_r64": dict(T=16, k=2, E=3, d=64, r=64, f=5461, counts=[20, 0, 12]),
     "nvfp4_nogs": dict(T=24, k=2, E=4, d=32, r=16, f=37, gather=False, scatter=False),
+    # rows of f % 8 == 0 without scatter: the up kernel's vector-store variant (Y_PAD) writes y itself
+    "sign_nogs_f64_multitile": dict(T=50, k=2, E=3, d=32, r=16, f=64, counts=[0, 90, 10], fmts=(S, S, S),
+                                    gather=False, scatter=False),
     "sign_nogs_noscales": dict(T=24, k=2, E=5, d=48, r=16, f=37, fmts=(S, S, S), gather=False, scatter=False,
                                scales=False, rw=False),
     "mixed_ns_d": dict(T=20, k=2, E=3, d=64, r=32, f=37, fmts=(N, S, D)),

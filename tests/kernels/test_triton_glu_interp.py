@@ -27,7 +27,7 @@ def test_interpreter_check_passes(cfg):
     p = _interp.run("tools/triton_glu_interp_check.py", cfg=cfg)
     _interp.assert_ok(p)
     for case in ("basic", "multi_tile", "empty_and_one", "r300_d100_f5", "top4", "untouched_targets", "kmajor_wd",
-                 "kmajor_wd_multi", "kmajor_wd_r160", "saved_csr"):
+                 "kmajor_wd_multi", "kmajor_wd_r160", "kmajor_wd_nogs_multi", "no_gather_scatter", "saved_csr"):
         assert f"\n{case} " in "\n" + p.stdout, f"case {case} did not run:\n{p.stdout}"
     assert "worst " in p.stdout
 

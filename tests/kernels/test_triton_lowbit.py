@@ -17,7 +17,7 @@ import _interp
 pytest.importorskip("triton")
 
 CASES = ["nvfp4_basic", "sign_basic", "sign_r64", "nvfp4_r64",
-         "nvfp4_nogs", "sign_nogs_noscales", "mixed_ns_d", "mixed_dd_n",
+         "nvfp4_nogs", "sign_nogs_f64_multitile", "sign_nogs_noscales", "mixed_ns_d", "mixed_dd_n",
          "empty_one_multitile", "nvfp4_d80_r48", "sign_d72_r24", "nvfp4_r144_multik", "swizzled_nvfp4",
          "f5461_sign_nvfp4", "fp8_basic", "fp8_d37_r20_nogs", "fp8_r64_f5461", "ternary_basic", "ternary_r1_d72_r24",
          "ternary_r144_multik", "mixed_f8_t_n", "mixed_t1_d_f8"]

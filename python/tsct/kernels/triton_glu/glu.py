@@ -207,8 +207,9 @@ def _forward(
         else:
             ldy = f
             y = torch.empty(m, f, device=dev, dtype=dtype)
+        # Y_PAD (vector stores): the padded buffer, or rows of f % 8 == 0 elements, which have no pad columns
         _launch("glu_up_fwd", (max_tiles, fsplit), [z, offs, cum, w_down, rw, y, e, r, f, ldy],
-                dict(HAS_RW=rw is not None, FSPLIT=fsplit, SINGLE_K=single_k, VEC=vec_up, Y_PAD=scatter_idx is not None,
+                dict(HAS_RW=rw is not None, FSPLIT=fsplit, SINGLE_K=single_k, VEC=vec_up, Y_PAD=ldy % 8 == 0,
                      WD_T=wd_t, BM=bm, BN=bn, BK=bk_up, BLOCK_E=cfg.shared.block_e),
                 warps_up, stages_up, al, cap, dev)
     if scatter_idx is not None:
