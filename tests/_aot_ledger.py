@@ -51,12 +51,13 @@ SCALES = ("none", "fp32", "like_x")  # as the kernels get them; one scale alone 
 # (d, r, f, views): aligned shapes of every rank block / K step, then the generic ones (d and r not multiples of 16:
 # a dX combine of d <= 256 and of d > 256 columns, both without 8-element rows), then aligned shapes whose inputs
 # ("all": x, the factors and grad_out; "grad_out" alone, as the gradient of a torch.cat is) are views off a
-# 16-byte boundary
-GLU_SHAPES = ((32, 16, 40, None), (32, 32, 300, None), (32, 48, 40, None), (32, 64, 300, None),
-              (32, 128, 40, None), (32, 144, 300, None), (20, 24, 37, None), (300, 24, 300, None),
+# 16-byte boundary. The aligned f are no multiples of 8: the up kernel's masked-store variant (Y_PAD 0) is what a
+# call without scatter into such rows launches; with scatter, or rows of f % 8 == 0, it takes the Y_PAD 1 one
+GLU_SHAPES = ((32, 16, 44, None), (32, 32, 300, None), (32, 48, 44, None), (32, 64, 300, None),
+              (32, 128, 44, None), (32, 144, 300, None), (20, 24, 37, None), (300, 24, 300, None),
               (32, 64, 40, "all"), (32, 64, 37, "grad_out"))
-LOWBIT_SHAPES = ((64, 16, 40, None), (64, 32, 300, None), (64, 48, 40, None), (64, 64, 300, None),
-                 (64, 128, 40, None), (64, 144, 300, None), (24, 24, 37, None), (64, 64, 37, "all"),
+LOWBIT_SHAPES = ((64, 16, 44, None), (64, 32, 300, None), (64, 48, 44, None), (64, 64, 300, None),
+                 (64, 128, 44, None), (64, 144, 300, None), (24, 24, 37, None), (64, 64, 37, "all"),
                  (64, 64, 40, "grad_out"))
 NEEDS = ([True] * 7, [True] + [False] * 6, [False, True, True, False, False, False, False],
          [False, False, False, True, False, False, False], [False, False, False, False, True, True, True])
