@@ -15,7 +15,8 @@ launch raises naming the missing key):
     NVFP4 gate / sign up / NVFP4 down (1,2,1); fp8 and ternary (``tsct.dispatch.FORCED_ONLY``: never taken by
     ``auto``), rank-1 ternary and every other mix (dense + packed...): JIT;
   * every flag combination the host code uses (gather/scatter absent or int64, scales, row weight,
-    the backward's gradient subsets, Y_PAD of the up kernel = scatter given), aligned and generic launches;
+    the backward's gradient subsets, Y_PAD of the up kernel = scatter given or f % 8 == 0), aligned and generic
+    launches;
     generic ones only for the triples that can launch them (``always_aligned``: an NVFP4 w_down with an NVFP4
     w_gate or w_up makes d and r multiples of 16, and the host code copies a tensor at an odd offset).
 Host rules that keep the table small (exact): the rank block of the four low-bit kernels is always
