@@ -449,7 +449,7 @@ def _verify_aot(res: dict[str, Any], man: dict, lib: Path, aot_arg, cuobjdump: s
         problems.append(f"triton AOT: directories not in the manifest: {extra}")
 
     elf_jobs: list[tuple[dict, str, Path]] = []    # (row, expected --list-elf name, cubin)
-    files_of: dict[str, dict[str, dict]] = {}      # arch -> cubin file name -> its index entry
+    stack_jobs: list[tuple[dict, dict, Path]] = []  # (row, entry, cubin): local memory against STACK_BUDGET
     sass_jobs: list[tuple[dict, str, dict, Path, str]] = []  # (row, arch, entry, cubin, its SASS arch)
     per_arch: dict[str, list[str]] = {}
     for arch in sorted(want_archs):
@@ -510,7 +510,6 @@ def _verify_aot(res: dict[str, Any], man: dict, lib: Path, aot_arg, cuobjdump: s
                 row["status"].add("INDEX")
                 continue
             listed.add(fname)
-            files_of.setdefault(arch, {})[fname] = e
             ptx = e.get("ptx_arch")
             if ptx is not None and ptx not in ptx_ok:
                 file_bad.append(f"triton AOT {arch}/{fname}: built for PTX target {ptx!r}, expected one of "
@@ -530,6 +529,8 @@ def _verify_aot(res: dict[str, Any], man: dict, lib: Path, aot_arg, cuobjdump: s
             else:
                 row["sha256_ok"] += 1
             elf_jobs.append((row, elf, path))
+            if sass and arch in _STACK_ARCHS:
+                stack_jobs.append((row, e, path))
         bad += _capped(file_bad)
         stray = sorted(p.name for p in (root / arch).glob("*.cubin") if p.name not in listed)
         if stray:
@@ -564,12 +565,10 @@ def _verify_aot(res: dict[str, Any], man: dict, lib: Path, aot_arg, cuobjdump: s
         per_arch[arch] += _capped(lines)
 
     # local memory of every present cubin against STACK_BUDGET (sass: the thorough check)
-    stack_jobs = [(row, path) for row, _, path in elf_jobs if sass and row["arch"] in _STACK_ARCHS]
     stack_bad: dict[str, list[str]] = {}
-    outs = _run_each(cuobjdump, ["--dump-resource-usage"], [p for _, p in stack_jobs])
-    for (row, path), (out, err) in zip(stack_jobs, outs):
+    outs = _run_each(cuobjdump, ["--dump-resource-usage"], [p for _, _, p in stack_jobs])
+    for (row, e, path), (out, err) in zip(stack_jobs, outs):
         arch = row["arch"]
-        e = files_of[arch].get(path.name, {})
         stack = stack_of(out) if out is not None else None
         why = (err or "no STACK in --dump-resource-usage") if stack is None else \
             stack_over_budget(arch, str(e.get("kernel") or ""), bool(e.get("aligned")), stack)

@@ -403,9 +403,10 @@ class GroupedGLUExperts(GLUExpertBank):
             ValueError: ``x`` not ``[T, d]``, ``topk_ids`` / ``topk_weights`` not ``[T, k]``.
         """
         from tsct.ops import sort_by_expert
+        from tsct.ops.routing import WEIGHT_DTYPES
 
         self._check_routing(x, topk_ids, topk_weights)
-        if topk_weights is not None and topk_weights.dtype not in (torch.bfloat16, torch.float16, torch.float32):
+        if topk_weights is not None and topk_weights.dtype not in WEIGHT_DTYPES:
             topk_weights = topk_weights.float()  # what sort_by_expert takes
         s = sort_by_expert(topk_ids, self.num_experts, topk_weights)
         return self.grouped_glu(x, s.offs, row_weight=s.row_weight, gather_idx=s.token, scatter_idx=s.token,

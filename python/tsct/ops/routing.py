@@ -30,7 +30,8 @@ MAX_EXPERTS = 1 << 20
 assert (MAX_EXPERTS + 2) * _route_specs.ROUTE_B <= 1 << 31, "MAX_EXPERTS too large for specs.ROUTE_B"
 
 
-_WEIGHT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
+#: the router weights sort_by_expert takes (the layers cast others to fp32)
+WEIGHT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 
 
 class ExpertOrder(NamedTuple):
@@ -108,7 +109,7 @@ def sort_by_expert(topk_ids: Tensor, num_experts: int, topk_weights: Optional[Te
     if not 1 <= num_experts <= MAX_EXPERTS:
         raise ValueError(f"sort_by_expert: num_experts must be in [1, {MAX_EXPERTS}], got {num_experts}")
     if topk_weights is not None:
-        if not isinstance(topk_weights, Tensor) or topk_weights.dtype not in _WEIGHT_DTYPES:
+        if not isinstance(topk_weights, Tensor) or topk_weights.dtype not in WEIGHT_DTYPES:
             what = topk_weights.dtype if isinstance(topk_weights, Tensor) else type(topk_weights).__name__
             raise TypeError(f"sort_by_expert: topk_weights must be a bfloat16, float16 or float32 tensor, got {what}")
         if topk_weights.shape != topk_ids.shape or topk_weights.device != topk_ids.device:

@@ -240,7 +240,8 @@ def _native_up(cap: tuple[int, int], fd: int, z: Tensor, y: Tensor, r: int, pd: 
 
 def _up(z, offs, cum, max_tiles, fd, pd, rw, y, f, m, cfg, aligned, cap, pad: bool) -> None:
     """The up projection into ``y`` ([m, ldy]; ``pad``: ldy is a multiple of 8 and the columns [f, ldy), if any, may
-    be written: the combine's padded buffer, or rows of f % 8 == 0 elements): the CUDA kernel where ``_native_up`` allows, else the Triton kernel ``lowbit_up_fwd``.
+    be written: the combine's padded buffer, or rows of f % 8 == 0 elements): the CUDA kernel where ``_native_up``
+    allows, else the Triton kernel ``lowbit_up_fwd``.
     ``rw`` (fp32 or None) multiplies each row; ``cum`` / ``max_tiles``: the tile map of ``cfg.shared.bm`` rows."""
     e, r = offs.shape[0], z.shape[1]
     if _native_up(cap, fd, z, y, r, pd):
