@@ -90,6 +90,10 @@ CASES = [
          kmajor=True),
     Case("f5461_r64_kmajor_nogather", T=128, k=2, E=8, d=128, r=64, f=5461, counts=(0, 64, 65, 1, 30, 40, 56, 0),
          gather=False, scatter=False, pad=3, kmajor=True),
+    # no scatter into rows of f % 8 == 0 (the forward_counts seam): the up projection's vector-store (Y_PAD) variant,
+    # K-major, experts of several row tiles, padding rows past offs[-1] left zero
+    Case("f64_kmajor_noscatter", T=120, k=2, E=3, d=64, r=32, f=64, counts=(0, 200, 40), pad=5, scatter=False,
+         kmajor=True),
 ]
 
 
