@@ -99,21 +99,36 @@ def grouped_glu(path: str, device: torch.device, dtype: torch.dtype = torch.bflo
     float64 autograd of the same oracle (tolerance 1.5x the forward's): a dense factor's own, a packed factor's
     through its master (``tsct.ops.quantize_master``, ``masters=``: the straight-through gradient, the gradient
     w.r.t. the decoded factor), so the packed paths' dW kernels run too.
+    Dense factors run twice, w_down row-major and K-major (the transpose of a contiguous ``[E, f, r]``, the layout
+    ``tsct.nn``'s layers store): the Triton kernels read the two layouts through different variants (``WD_T``), and
+    a path is trusted on a new arch only for what ran. The result passes when both do.
     """
     if path == "sm120-fp4":  # W4A4: its own problem (K % 64) and oracle (the emulation of the same math)
         return sm120_fp4_forward(device, fmt=fmt if fmt in ("nvfp4", "sign") else "nvfp4")
+    # the storage format of the factors ("bf16" = dense factors, run in `dtype`) and the compute dtype
+    name = (f"grouped_glu[{path}, {'dense' if fmt == 'bf16' else fmt} factors, {str(dtype).replace('torch.', '')}"
+            f"{', forward and backward' if backward else ''}]")
+    if fmt != "bf16":
+        return _grouped_glu_once(name, path, device, dtype, fmt, backward, kmajor_down=False)
+    runs = [_grouped_glu_once(name, path, device, dtype, fmt, backward, kmajor_down=k) for k in (False, True)]
+    return Result(name, all(r.ok for r in runs),
+                  "; ".join(f"w_down {lay}: {r.detail}" for lay, r in zip(("row-major", "K-major"), runs)),
+                  sum(r.seconds for r in runs))
+
+
+def _grouped_glu_once(name: str, path: str, device: torch.device, dtype: torch.dtype, fmt: str, backward: bool,
+                      kmajor_down: bool) -> Result:
+    """``grouped_glu``'s test with one w_down layout (``kmajor_down``: dense factors only)."""
     from tsct import quant
+    from tsct.kernels.layout import to_kmajor
     from tsct.ops import grouped_glu as op
     from tsct.ops import quantize_master
 
     t0 = time.perf_counter()
-    # the storage format of the factors ("bf16" = dense factors, run in `dtype`) and the compute dtype
-    name = (f"grouped_glu[{path}, {'dense' if fmt == 'bf16' else fmt} factors, {str(dtype).replace('torch.', '')}"
-            f"{', forward and backward' if backward else ''}]")
     try:
         p64, idx, eor = _problem(device, dtype)
         p = {k: v.to(device, dtype) for k, v in p64.items()}
-        facs = [p["w_gate"], p["w_up"], p["w_down"]]
+        facs = [p["w_gate"], p["w_up"], to_kmajor(p["w_down"]) if kmajor_down else p["w_down"]]
         masters = None
         if fmt != "bf16":
             mixes = {"mixed": ("nvfp4", "sign", "nvfp4"), "mixed-decoded": ("fp8", "ternary", "nvfp4")}

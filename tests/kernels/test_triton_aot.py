@@ -570,6 +570,10 @@ def test_first_use_selftest_launches_only_compiled_variants(cap, monkeypatch):
     names = {kk.split("|")[0] for kk in launched}
     assert names >= {"glu_bwd_dwd", "glu_bwd_dw", "bwd_slot_reduce", "lowbit_bwd_dz", "lowbit_bwd_dx_dw"}, names
     assert any("DO_DW=1" in kk for kk in launched if kk.startswith("lowbit_bwd_dx_dw|"))
+    # dense factors run w_down in both layouts: the K-major variants (tsct.nn's layout) and the row-major ones
+    for kernel in ("glu_up_fwd", "glu_bwd_dwd") + (("glu_bwd_dz",) if cap[0] == 12 else ()):
+        wd_t = {("WD_T=1" in kk) for kk in launched if kk.startswith(kernel + "|")}
+        assert wd_t == {False, True}, (kernel, wd_t)
     assert not missing, f"{len(missing)} self-test launches have no variant in the {arch} tables, e.g. {missing[:3]}"
 
 
