@@ -62,6 +62,11 @@ def _problem(device, dtype, seed=0):
     return p64, idx, ids[order]
 
 
+def _no_grad(fn):
+    with torch.no_grad():
+        return fn()
+
+
 def _small_chunks(path: str):
     """Within the block, the Triton paths' backward sums dW over chunks of ``SELFTEST_CHUNK_ROWS`` rows (the same
     kernels; the chunk size is a run-time value), so the hot expert of ``_problem`` runs the chunked reductions and
@@ -147,17 +152,27 @@ def _grouped_glu_once(name: str, path: str, device: torch.device, dtype: torch.d
                 for w in facs:
                     w.requires_grad_(True)
         ix = {k: (v.to(device) if torch.is_tensor(v) else v) for k, v in idx.items()}
-        y = op(p["x"], ix["offs"], *facs, p["s_gate"], p["s_up"], row_weight=p["row_weight"],
-               gather_idx=ix["gather_idx"], scatter_idx=ix["scatter_idx"], num_out_rows=ix["num_out_rows"],
-               impl=path, masters=masters)
+
+        def forward():
+            return op(p["x"], ix["offs"], *facs, p["s_gate"], p["s_up"], row_weight=p["row_weight"],
+                      gather_idx=ix["gather_idx"], scatter_idx=ix["scatter_idx"], num_out_rows=ix["num_out_rows"],
+                      impl=path, masters=masters)
+
         want = _expected(p64, idx, eor)
-        got = y.detach().double().cpu()
-        if not torch.isfinite(got).all():
-            return Result(name, False, "non-finite output", time.perf_counter() - t0)
-        err = ((got - want.detach()).norm() / want.detach().norm()).item()
         tol = _TOL[dtype]
+        # with a backward to come the forward saves for it (other kernel variants: the row weight applied before
+        # the up projection); the plain forward of inference (torch.no_grad) is checked first
+        ys = ([("inference forward", _no_grad(forward))] if backward else []) + [("forward", forward())]
+        errs = []
+        for what, y in ys:
+            got = y.detach().double().cpu()
+            if not torch.isfinite(got).all():
+                return Result(name, False, f"non-finite output ({what})", time.perf_counter() - t0)
+            errs.append(((got - want.detach()).norm() / want.detach().norm()).item())
+        err = max(errs)
         if err >= tol or not backward:
             return Result(name, err < tol, f"rel err {err:.2e} (tol {tol:.0e})", time.perf_counter() - t0)
+        y = ys[-1][1]
         g = torch.Generator().manual_seed(3)
         go64 = torch.randn(want.shape, generator=g, dtype=torch.float64)
         with _small_chunks(path):
@@ -180,7 +195,8 @@ def _grouped_glu_once(name: str, path: str, device: torch.device, dtype: torch.d
             worst = max(worst, (k, e), key=lambda kv: kv[1])
         gtol = 1.5 * tol
         ok = worst[1] < gtol
-        return Result(name, ok, f"rel err {err:.2e} (tol {tol:.0e}); worst gradient {worst[0]} {worst[1]:.2e} "
+        return Result(name, ok, f"rel err {err:.2e} (tol {tol:.0e}; forward with and without grad); worst gradient "
+                      f"{worst[0]} {worst[1]:.2e} "
                       f"(tol {gtol:.0e})", time.perf_counter() - t0)
     except Exception as exc:  # a self-test reports, it does not crash the probe
         return Result(name, False, f"{type(exc).__name__}: {exc}", time.perf_counter() - t0)

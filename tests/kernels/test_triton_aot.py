@@ -554,8 +554,8 @@ def test_first_use_selftest_launches_only_compiled_variants(cap, monkeypatch):
     an untested arch, on a card that may have no Triton for JIT) dry-run through the op: every launch of its forward
     and backward, the hot expert's chunked reductions and the packed factors' straight-through dW included, is a
     variant of the arch's AOT tables."""
-    from tsct import selftest
-    from tsct.ops import _select
+    from tsct import config, selftest
+    from tsct.ops import _eager, _select
 
     arch = aot.artifact_arch(cap)
     launched, missing = _dry_run_against_tables(monkeypatch, cap, (specs, lowbit_specs))
@@ -563,6 +563,9 @@ def test_first_use_selftest_launches_only_compiled_variants(cap, monkeypatch):
     monkeypatch.setattr(_select, "select", lambda impl, cap_, fmt, *a, **k: impl)
     monkeypatch.setattr(selftest, "_TOL", {torch.bfloat16: float("inf")})  # nothing computes: reach the backward
     monkeypatch.setattr(torch, "empty", lambda *a, **k: real_empty(*a, **k).zero_())
+    # the route of a plain eager call on a GPU (the custom op's saves always): an inference forward runs the plain one
+    monkeypatch.setattr(_eager, "direct_ok", lambda x, *others: True)
+    monkeypatch.setattr(config, "eager_replay", False)
     for path, fmt in (("triton-bf16", "bf16"), ("triton-lowbit", "nvfp4"), ("triton-lowbit", "sign"),
                       ("triton-lowbit", "mixed")):
         res = selftest.grouped_glu(path, torch.device("cpu"), torch.bfloat16, fmt, backward=True)
@@ -574,6 +577,10 @@ def test_first_use_selftest_launches_only_compiled_variants(cap, monkeypatch):
     for kernel in ("glu_up_fwd", "glu_bwd_dwd") + (("glu_bwd_dz",) if cap[0] == 12 else ()):
         wd_t = {("WD_T=1" in kk) for kk in launched if kk.startswith(kernel + "|")}
         assert wd_t == {False, True}, (kernel, wd_t)
+    # the forward that saves for the backward and the plain one of inference (torch.no_grad), both families
+    for kernel in ("glu_down_fwd", "lowbit_down_fwd"):
+        bwd = {("BWD=1" in kk) for kk in launched if kk.startswith(kernel + "|")}
+        assert bwd == {False, True}, (kernel, bwd)
     assert not missing, f"{len(missing)} self-test launches have no variant in the {arch} tables, e.g. {missing[:3]}"
 
 
