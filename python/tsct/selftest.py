@@ -36,12 +36,13 @@ SELFTEST_CHUNK_ROWS = 64
 
 def _problem(device, dtype, seed=0):
     """A small routed problem with an empty expert, a hot expert, odd f and padding rows; float64 master copy.
+    f = 261: odd (rows at 2-byte offsets) and above 256, so the combine runs the wide tile that model widths take.
     r = 48 and d = 64: the low-bit kernels then take their b1 code paths (the up projection's rank in one K step of
     64, in byte planes on sm_120; a K step of 64 over d). Expert 0 takes most rows (more than two row tiles of 64,
     so the row kernels run their further-tile programs, and with ``SELFTEST_CHUNK_ROWS`` several chunks and slots),
     the others a few each: skewed routing's code paths, which a first-use self-test on the user's card must run too."""
     g = torch.Generator().manual_seed(seed)
-    tokens, topk, experts, d, r, f, pad = 96, 2, 5, 64, 48, 37, 3
+    tokens, topk, experts, d, r, f, pad = 96, 2, 5, 64, 48, 261, 3
     ids = torch.randint(0, experts, (tokens * topk,), generator=g)
     ids[torch.rand(tokens * topk, generator=g) < 0.7] = 0  # the hot expert: 144 of 192 rows (3 tiles, the last partial)
     ids[ids == 2] = 3  # expert 2 is empty

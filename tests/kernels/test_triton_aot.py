@@ -728,3 +728,37 @@ def test_csr_narrow_keys(n_out):
     want = torch.argsort(key, stable=True)
     assert torch.equal(order, want)
     assert torch.equal(ptr.long(), torch.searchsorted(key[want], torch.arange(n_out + 1)))
+
+
+def test_first_use_selftest_covers_the_layers_launches(monkeypatch):
+    """What ``tsct.nn``'s dense expert layer launches on sm_120 at an aligned shape of the usual kind (r 64, odd f,
+    K-major w_down, scales, router weights, gather and scatter through ``sort_by_expert``), in a training step and in
+    an evaluation forward, is among what the first-use self-test launches: those variants ran in the child process
+    before the path serves on the card."""
+    from tsct import config, selftest
+    from tsct.nn import GroupedGLUExperts
+    from tsct.ops import _eager, _select
+
+    launched, missing = _dry_run_against_tables(monkeypatch, (12, 0), (specs, lowbit_specs))
+    real_empty = torch.empty
+    monkeypatch.setattr(_select, "select", lambda impl, cap_, fmt, *a, **k: "triton-bf16" if impl == "auto" else impl)
+    monkeypatch.setattr(selftest, "_TOL", {torch.bfloat16: float("inf")})  # nothing computes: reach the backward
+    monkeypatch.setattr(torch, "empty", lambda *a, **k: real_empty(*a, **k).zero_())
+    monkeypatch.setattr(_eager, "direct_ok", lambda x, *others: True)  # a plain eager call's route on a GPU
+    monkeypatch.setattr(config, "eager_replay", False)
+    res = selftest.grouped_glu("triton-bf16", torch.device("cpu"), torch.bfloat16, "bf16", backward=True)
+    assert "gradient" in res.detail, res.detail
+    tested = set(launched)
+    launched.clear()
+    layer = GroupedGLUExperts(16, 256, 64, 1365, dtype=torch.bfloat16)
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(96, 256, generator=g).to(torch.bfloat16).requires_grad_(True)
+    ids = torch.randint(0, 16, (96, 2), generator=g)
+    w = torch.rand(96, 2, generator=g).requires_grad_(True)
+    layer(x, ids, w).sum().backward()
+    with torch.no_grad():
+        layer(x, ids, w)
+    used = set(launched)
+    assert {k.split("|")[0] for k in used} >= {"glu_down_fwd", "glu_up_fwd", "glu_bwd_dz", "glu_bwd_dx_dw"}
+    assert not missing, missing[:3]
+    assert used <= tested, sorted(used - tested)[:4]
