@@ -548,24 +548,34 @@ def test_every_glu_launch_is_in_the_table(cap, monkeypatch):
     assert caps == {(True, regs), (False, 0)}, caps
 
 
+def _selftest_dry_run(monkeypatch, cap) -> tuple[list, list]:
+    """``_dry_run_against_tables`` of both families on ``cap``, set for the first-use self-test and the layers on the
+    CPU: ``impl="auto"`` is triton-bf16 (no dispatch row here), the self-test's tolerance passes anything (nothing
+    computes) so its backward runs, memory is zeroed, and calls take a plain eager call's route on a GPU (the custom
+    op's forward saves always; an inference forward then runs the plain one), without replay."""
+    from tsct import config, selftest
+    from tsct.ops import _eager, _select
+
+    found = _dry_run_against_tables(monkeypatch, cap, (specs, lowbit_specs))
+    real_empty = torch.empty
+    monkeypatch.setattr(_select, "select", lambda impl, cap_, fmt, *a, **k: "triton-bf16" if impl == "auto" else impl)
+    monkeypatch.setattr(selftest, "_TOL", {torch.bfloat16: float("inf")})
+    monkeypatch.setattr(torch, "empty", lambda *a, **k: real_empty(*a, **k).zero_())
+    monkeypatch.setattr(_eager, "direct_ok", lambda x, *others: True)
+    monkeypatch.setattr(config, "eager_replay", False)
+    return found
+
+
 @pytest.mark.parametrize("cap", [(9, 0), (12, 0)], ids=lambda c: f"sm{c[0]}{c[1]}")
 def test_first_use_selftest_launches_only_compiled_variants(cap, monkeypatch):
     """The first-use self-test (``tsct.selftest.grouped_glu``: what a child process runs before a Triton path serves on
     an untested arch, on a card that may have no Triton for JIT) dry-run through the op: every launch of its forward
     and backward, the hot expert's chunked reductions and the packed factors' straight-through dW included, is a
     variant of the arch's AOT tables."""
-    from tsct import config, selftest
-    from tsct.ops import _eager, _select
+    from tsct import selftest
 
     arch = aot.artifact_arch(cap)
-    launched, missing = _dry_run_against_tables(monkeypatch, cap, (specs, lowbit_specs))
-    real_empty = torch.empty
-    monkeypatch.setattr(_select, "select", lambda impl, cap_, fmt, *a, **k: impl)
-    monkeypatch.setattr(selftest, "_TOL", {torch.bfloat16: float("inf")})  # nothing computes: reach the backward
-    monkeypatch.setattr(torch, "empty", lambda *a, **k: real_empty(*a, **k).zero_())
-    # the route of a plain eager call on a GPU (the custom op's saves always): an inference forward runs the plain one
-    monkeypatch.setattr(_eager, "direct_ok", lambda x, *others: True)
-    monkeypatch.setattr(config, "eager_replay", False)
+    launched, missing = _selftest_dry_run(monkeypatch, cap)
     for path, fmt in (("triton-bf16", "bf16"), ("triton-lowbit", "nvfp4"), ("triton-lowbit", "sign"),
                       ("triton-lowbit", "mixed")):
         res = selftest.grouped_glu(path, torch.device("cpu"), torch.bfloat16, fmt, backward=True)
@@ -735,17 +745,10 @@ def test_first_use_selftest_covers_the_layers_launches(monkeypatch):
     K-major w_down, scales, router weights, gather and scatter through ``sort_by_expert``), in a training step and in
     an evaluation forward, is among what the first-use self-test launches: those variants ran in the child process
     before the path serves on the card."""
-    from tsct import config, selftest
+    from tsct import selftest
     from tsct.nn import GroupedGLUExperts
-    from tsct.ops import _eager, _select
 
-    launched, missing = _dry_run_against_tables(monkeypatch, (12, 0), (specs, lowbit_specs))
-    real_empty = torch.empty
-    monkeypatch.setattr(_select, "select", lambda impl, cap_, fmt, *a, **k: "triton-bf16" if impl == "auto" else impl)
-    monkeypatch.setattr(selftest, "_TOL", {torch.bfloat16: float("inf")})  # nothing computes: reach the backward
-    monkeypatch.setattr(torch, "empty", lambda *a, **k: real_empty(*a, **k).zero_())
-    monkeypatch.setattr(_eager, "direct_ok", lambda x, *others: True)  # a plain eager call's route on a GPU
-    monkeypatch.setattr(config, "eager_replay", False)
+    launched, missing = _selftest_dry_run(monkeypatch, (12, 0))
     res = selftest.grouped_glu("triton-bf16", torch.device("cpu"), torch.bfloat16, "bf16", backward=True)
     assert "gradient" in res.detail, res.detail
     tested = set(launched)
