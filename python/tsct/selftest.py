@@ -63,11 +63,6 @@ def _problem(device, dtype, seed=0):
     return p64, idx, ids[order]
 
 
-def _no_grad(fn):
-    with torch.no_grad():
-        return fn()
-
-
 def _small_chunks(path: str):
     """Within the block, the Triton paths' backward sums dW over chunks of ``SELFTEST_CHUNK_ROWS`` rows (the same
     kernels; the chunk size is a run-time value), so the hot expert of ``_problem`` runs the chunked reductions and
@@ -116,10 +111,8 @@ def grouped_glu(path: str, device: torch.device, dtype: torch.dtype = torch.bflo
             f"{', forward and backward' if backward else ''}]")
     if fmt != "bf16":
         return _grouped_glu_once(name, path, device, dtype, fmt, backward, kmajor_down=False)
-    runs = [_grouped_glu_once(name, path, device, dtype, fmt, backward, kmajor_down=k) for k in (False, True)]
-    return Result(name, all(r.ok for r in runs),
-                  "; ".join(f"w_down {lay}: {r.detail}" for lay, r in zip(("row-major", "K-major"), runs)),
-                  sum(r.seconds for r in runs))
+    return all_of(name, [_grouped_glu_once(f"{name} w_down {lay}", path, device, dtype, fmt, backward, kmajor_down=k)
+                         for lay, k in (("row-major", False), ("K-major", True))])
 
 
 def _grouped_glu_once(name: str, path: str, device: torch.device, dtype: torch.dtype, fmt: str, backward: bool,
@@ -160,16 +153,17 @@ def _grouped_glu_once(name: str, path: str, device: torch.device, dtype: torch.d
                       impl=path, masters=masters)
 
         want = _expected(p64, idx, eor)
+        ref = want.detach()
         tol = _TOL[dtype]
         # with a backward to come the forward saves for it (other kernel variants: the row weight applied before
         # the up projection); the plain forward of inference (torch.no_grad) is checked first
-        ys = ([("inference forward", _no_grad(forward))] if backward else []) + [("forward", forward())]
+        ys = ([("inference forward", torch.no_grad()(forward)())] if backward else []) + [("forward", forward())]
         errs = []
         for what, y in ys:
             got = y.detach().double().cpu()
             if not torch.isfinite(got).all():
                 return Result(name, False, f"non-finite output ({what})", time.perf_counter() - t0)
-            errs.append(((got - want.detach()).norm() / want.detach().norm()).item())
+            errs.append(((got - ref).norm() / ref.norm()).item())
         err = max(errs)
         if err >= tol or not backward:
             return Result(name, err < tol, f"rel err {err:.2e} (tol {tol:.0e})", time.perf_counter() - t0)
