@@ -23,11 +23,8 @@
 // pipeline and stores its zeros directly); every other expert's dW (more than 64 rows) is left to the caller (the
 // chunked Triton kernels). Each thread owns fixed (row, chunk) pairs, so a row's pointer and shift (sidx*f mod 8,
 // the same at every step) are computed once.
-// Two builds of the same body: tsctk_glu_bwd_dz_bf16 (4 ring stages, a double-buffered dW staging tile: 99 KB,
-// 2 CTAs per SM on sm_90) and tsctk_glu_bwd_dz_bf16_st3 (3 stages, one staging tile written after an extra barrier:
-// 72 KB and at most 80 registers, 3 CTAs per SM on sm_90: more warps to hide the loads' latency, one step less in
-// flight each). The caller picks by `stages` (GluTiles.stages_dz_native).
-// Needs: sm_80+ (cp.async, ldmatrix, bf16 mma.sync) and smem_bytes<ST>() of shared memory per block.
+// The ring has 4 stages and the dW staging tile two buffers: 99 KB of shared memory, 2 CTAs per SM on sm_90.
+// Needs: sm_80+ (cp.async, ldmatrix, bf16 mma.sync) and SMEM_BYTES of shared memory per block.
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 #include <stdint.h>
@@ -69,16 +66,10 @@ struct DzParams {
   int M, E, f, S, nsteps;
 };
 
-// ST pipeline stages (raw dY + w_down tiles, ST >= 3); dW staging tiles: two with 4 stages, one with 3
-template <int ST>
-__host__ __device__ constexpr int staging_tiles() {
-  return ST >= 4 ? 2 : 1;
-}
-// raw[ST] + wd[ST] + zs + os[staging_tiles] tiles
-template <int ST>
-__host__ __device__ constexpr int smem_bytes() {
-  return (2 * ST + 1 + staging_tiles<ST>()) * TILE_EL * 2;
-}
+constexpr int ST = 4;   // pipeline stages (raw dY + w_down tiles)
+constexpr int OSB = 2;  // dW staging buffers (a tile is stored one step after it is staged)
+// raw[ST] + wd[ST] + zs + os[OSB] tiles
+constexpr int SMEM_BYTES = (2 * ST + 1 + OSB) * TILE_EL * 2;
 
 // One CTA's work: expert e, f-slice sl, rows [start, start + R), steps [stepbeg, stepbeg + nitems); do_dw: the tile
 // holds all of the expert's rows. dz_body gets 1 <= R <= 64 (an empty expert's tile stores its zeros in dz_kernel).
@@ -105,9 +96,7 @@ __device__ __forceinline__ int tile_expert(const int* cum, int E, int pid) {
   return lo;
 }
 
-template <int ST>
 __device__ __forceinline__ void dz_body(const DzParams& p, const Walk& w, unsigned char* smem) {
-  constexpr int OSB = staging_tiles<ST>();
   bf16* raw = reinterpret_cast<bf16*>(smem);  // [ST][64 rows][LD] dY rows, realigned in place
   bf16* wdb = raw + ST * TILE_EL;              // [ST][64 n][LD] w_down tiles (k contiguous)
   bf16* zs = wdb + ST * TILE_EL;               // [64 rows][LD] zw
@@ -348,7 +337,6 @@ __device__ __forceinline__ void dz_body(const DzParams& p, const Walk& w, unsign
       }
     }
     {  // stage the bf16 tile; stored after the next barrier
-      if constexpr (OSB == 1) __syncthreads();  // the one staging tile: every thread has stored the last one
       bf16* ob = os + (it & (OSB - 1)) * TILE_EL;
 #pragma unroll
       for (int nt = 0; nt < 4; ++nt) {
@@ -383,7 +371,6 @@ __device__ __forceinline__ void dz_body(const DzParams& p, const Walk& w, unsign
   }
 }
 
-template <int ST>
 __device__ __forceinline__ void dz_kernel(const DzParams& p, unsigned char* smem) {
   const int S = p.S;
   const int tile = blockIdx.x / S;
@@ -412,7 +399,7 @@ __device__ __forceinline__ void dz_kernel(const DzParams& p, unsigned char* smem
     for (int q = threadIdx.x; q < (ce - cb) * 8; q += NT) dst[q] = make_uint4(0, 0, 0, 0);
     return;
   }
-  dz_body<ST>(p, w, smem);
+  dz_body(p, w, smem);
 }
 
 }  // namespace
@@ -420,25 +407,12 @@ __device__ __forceinline__ void dz_kernel(const DzParams& p, unsigned char* smem
 // 2 CTAs per SM on sm_90 (registers <= 128, shared memory 2 x 99 KB)
 extern "C" __global__ void __launch_bounds__(NT, 2) tsctk_glu_bwd_dz_bf16(DzParams p) {
   extern __shared__ __align__(128) unsigned char smem[];
-  dz_kernel<4>(p, smem);
-}
-
-// 3 CTAs per SM on sm_90 (registers <= 80, shared memory 3 x 72 KB), its point; elsewhere 2 as the 4-stage build (on
-// sm_120 the register bound of 3 would spill, and 99 KB of shared memory per SM holds one CTA of either)
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ == 900
-#define MINB_ST3 3
-#else
-#define MINB_ST3 2
-#endif
-extern "C" __global__ void __launch_bounds__(NT, MINB_ST3) tsctk_glu_bwd_dz_bf16_st3(DzParams p) {
-  extern __shared__ __align__(128) unsigned char smem[];
-  dz_kernel<3>(p, smem);
+  dz_kernel(p, smem);
 }
 
 namespace tsct {
 const KernelEntry kGluKernels[] = {
-    {"tsctk_glu_bwd_dz_bf16", (const void*)tsctk_glu_bwd_dz_bf16, smem_bytes<4>()},
-    {"tsctk_glu_bwd_dz_bf16_st3", (const void*)tsctk_glu_bwd_dz_bf16_st3, smem_bytes<3>()},
+    {"tsctk_glu_bwd_dz_bf16", (const void*)tsctk_glu_bwd_dz_bf16, SMEM_BYTES},
     {nullptr, nullptr},
 };
 }  // namespace tsct
@@ -446,13 +420,11 @@ const KernelEntry kGluKernels[] = {
 extern "C" int tsct_glu_bwd_dz_bf16(const void* grad_out, int64_t grad_rows, int64_t f, const int64_t* scatter_idx,
                                     const int32_t* offs, const int32_t* xtile_cum, int64_t num_experts, int64_t m,
                                     int64_t max_tiles, const void* w_down_t, const void* zw, int64_t r, int64_t slices,
-                                    int64_t stages, float* dz_part, void* dw_down_t, void* stream) {
+                                    float* dz_part, void* dw_down_t, void* stream) {
   static const char* fn = "tsct_glu_bwd_dz_bf16";
   tsct::clear_error_detail();
   if (r != 64)
     return tsct::fail(TSCT_ERR_BAD_ARGUMENT, "%s: r=%lld, only r = 64 is built", fn, (long long)r);
-  if (stages != 3 && stages != 4)
-    return tsct::fail(TSCT_ERR_BAD_ARGUMENT, "%s: stages=%lld, built for 3 and 4", fn, (long long)stages);
   if (grad_rows < 0 || f <= 0 || num_experts < 0 || m < 0 || max_tiles < 0 || f > INT32_MAX || m > INT32_MAX ||
       num_experts > INT32_MAX)
     return tsct::fail(TSCT_ERR_BAD_ARGUMENT,
@@ -481,11 +453,9 @@ extern "C" int tsct_glu_bwd_dz_bf16(const void* grad_out, int64_t grad_rows, int
   if (any & 15)
     return tsct::fail(TSCT_ERR_BAD_ARGUMENT, "%s: grad_out, w_down_t, zw, dz_part and dw_down_t must be 16-byte aligned",
                       fn);
-  const bool st4 = stages == 4;
-  const void* kernel = st4 ? (const void*)tsctk_glu_bwd_dz_bf16 : (const void*)tsctk_glu_bwd_dz_bf16_st3;
-  const int smem = st4 ? smem_bytes<4>() : smem_bytes<3>();
-  static std::atomic<bool> opted[2][64] = {};
-  if (int rc = tsct::opt_in_shared_memory(fn, kernel, smem, opted[st4])) return rc;
+  const void* kernel = (const void*)tsctk_glu_bwd_dz_bf16;
+  static std::atomic<bool> opted[64] = {};
+  if (int rc = tsct::opt_in_shared_memory(fn, kernel, SMEM_BYTES, opted)) return rc;
   DzParams p;
   p.dy = static_cast<const bf16*>(grad_out);
   p.sidx = reinterpret_cast<const long long*>(scatter_idx);
@@ -503,7 +473,7 @@ extern "C" int tsct_glu_bwd_dz_bf16(const void* grad_out, int64_t grad_rows, int
   p.S = static_cast<int>(slices);
   p.nsteps = static_cast<int>(nsteps);
   void* args[] = {&p};
-  (void)cudaLaunchKernel(kernel, dim3(static_cast<unsigned>(max_tiles * slices)), dim3(NT), args, smem,
+  (void)cudaLaunchKernel(kernel, dim3(static_cast<unsigned>(max_tiles * slices)), dim3(NT), args, SMEM_BYTES,
                          static_cast<cudaStream_t>(stream));  // its error is check_launch's
   return tsct::check_launch(fn);
 }

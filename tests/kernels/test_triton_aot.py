@@ -95,7 +95,7 @@ def test_config_overrides_apply_and_bad_ones_name_the_item():
                        ("bm=0", "bm must be a power of two"), ("bn_up=96", "bn_up must be a power of two"),
                        ("warps_dwd=6", "warps_dwd must be a power of two"), ("vec_up=2", "vec_up must be 0 or 1"),
                        ("fs_dz_native=0", "fs_dz_native must be an integer >= 1"),
-                       ("stages_dz_native=2", "stages_dz_native must be one of 3, 4"),
+                       ("regs_dwd=70", "regs_dwd must be one of 0, 64, 72, 80, 96, 128"),
                        ("stages_up=0", "stages_up must be an integer >= 1"),
                        ("chunk_bwd=96", r"chunk_bwd \(96\) must be a multiple of bm \(64\)"),
                        ("bm=128,chunk_bwd=64", r"chunk_bwd \(64\) must be a multiple of bm \(128\)"),

@@ -9,8 +9,7 @@ second run compared bit for bit. The kernel runs one CTA per (row tile, f slice)
 (1, 37, 65, 5461), experts with 0, 1, 64, 65 and 150 rows (one row tile or several), padding rows, scatter indices
 out of range (zero rows), no scatter, every slice count, the last row of grad_out (reads that end at the
 buffer's end), a grid larger than the tile count (programs past the last tile exit), one expert of 3000 rows
-among many empty ones. Both builds (``stages`` 4 and 3: ``native.GLU_DZ_KERNELS``), and the 3-stage one gives the
-4-stage one's bits (the same products in the same order).
+among many empty ones.
 Also: the op's backward takes this kernel for bf16, r = 64, K-major w_down on sm_90 (backend counts).
 """
 
@@ -112,12 +111,11 @@ def poisoned_outputs(monkeypatch):
     monkeypatch.setattr(_ops, "_POISON_OUTPUTS", True)
 
 
-@pytest.mark.parametrize("stages", sorted(native.GLU_DZ_KERNELS))
 @pytest.mark.parametrize("case", CASES, ids=lambda c: c[0])
-def test_dz_native_matches_fp32_reference(case, stages, poisoned_outputs):
+def test_dz_native_matches_fp32_reference(case, poisoned_outputs):
     if torch.cuda.get_device_properties(0).shared_memory_per_block_optin < native.kernel_smem_bytes(
-            native.GLU_DZ_KERNELS[stages]):
-        pytest.skip(f"stages={stages} needs more shared memory per block")
+            native.GLU_DZ_KERNEL):
+        pytest.skip("the kernel needs more shared memory per block")
     name, T, f, counts, pad, scatter, bad = case
     p, counts, mv, bad = make(T, f, counts, pad, scatter, bad, seed=len(name))
     dz_ref, dw_ref = reference(p, counts, mv, bad)
@@ -128,8 +126,7 @@ def test_dz_native_matches_fp32_reference(case, stages, poisoned_outputs):
         poison()
         dw = torch.full((len(counts), f, R), -23131, dtype=torch.int16, device=DEV).view(torch.bfloat16)
         part = native.glu_bwd_dz_bf16(p["grad_out"], p["offs"], p["w_down_t"], p["zw"], slices=slices,
-                                      xtile_cum=cum, max_tiles=max_tiles, scatter_idx=p["scatter_idx"], dw_out=dw,
-                                      stages=stages)
+                                      xtile_cum=cum, max_tiles=max_tiles, scatter_idx=p["scatter_idx"], dw_out=dw)
         torch.cuda.synchronize()
         assert part.shape == (slices, mv + pad, R)
         dz = part[:, :mv].sum(0)
@@ -144,16 +141,14 @@ def test_dz_native_matches_fp32_reference(case, stages, poisoned_outputs):
                 assert rel(dw[e], dw_ref[e]) < TOL, (name, slices, e, rel(dw[e], dw_ref[e]))
             else:
                 assert (dw[e].view(torch.int16) == -23131).all(), f"expert {e} ({c} rows): dW must be left untouched"
-        # a second run of this build, and of the other build: the same bits
-        for again in (stages, 7 - stages):
-            dw2 = torch.empty_like(dw)
-            part2 = native.glu_bwd_dz_bf16(p["grad_out"], p["offs"], p["w_down_t"], p["zw"], slices=slices,
-                                           xtile_cum=cum, max_tiles=max_tiles, scatter_idx=p["scatter_idx"],
-                                           dw_out=dw2, stages=again)
-            assert torch.equal(part2[:, :mv].view(torch.int32), part[:, :mv].view(torch.int32)), (stages, again)
-            for e in range(len(counts)):
-                if one_tile[e]:
-                    assert torch.equal(dw2[e].view(torch.int16), dw[e].view(torch.int16)), ("dW", stages, again)
+        # a second run: the same bits
+        dw2 = torch.empty_like(dw)
+        part2 = native.glu_bwd_dz_bf16(p["grad_out"], p["offs"], p["w_down_t"], p["zw"], slices=slices,
+                                       xtile_cum=cum, max_tiles=max_tiles, scatter_idx=p["scatter_idx"], dw_out=dw2)
+        assert torch.equal(part2[:, :mv].view(torch.int32), part[:, :mv].view(torch.int32))
+        for e in range(len(counts)):
+            if one_tile[e]:
+                assert torch.equal(dw2[e].view(torch.int16), dw[e].view(torch.int16)), ("dW", e)
 
 
 def test_dz_native_without_dw_writes_only_dz():
@@ -166,11 +161,9 @@ def test_dz_native_without_dw_writes_only_dz():
     assert rel(part[0, :mv], dz_ref) < TOL
 
 
-@pytest.mark.parametrize("stages", sorted(native.GLU_DZ_KERNELS))
-def test_op_backward_takes_native_dz_on_sm90(stages):
+def test_op_backward_takes_native_dz_on_sm90():
     """bf16, r = 64, K-major w_down: the Triton path's backward runs the CUDA dz where the dispatch has its row
-    (sm_90a, ``tsct.dispatch.CUDA_KERNELS``), with the build ``GluTiles.stages_dz_native`` names, and its gradients
-    match the fp32 reference."""
+    (sm_90a, ``tsct.dispatch.CUDA_KERNELS``), and its gradients match the fp32 reference."""
     from tsct import reference as Rf
     from tsct.kernels import triton_glu as TG
     from tsct.kernels.layout import to_kmajor
@@ -197,8 +190,7 @@ def test_op_backward_takes_native_dz_on_sm90(stages):
     args = [x, offs, wg, wu, wd, None, None, rw, idx, idx, T]
     go = torch.randn(T, f, generator=g).bfloat16().to(DEV)
     before = glu.backend_counts().get(("native", "glu_bwd_dz"), 0)
-    with C.overridden(f"stages_dz_native={stages}"):
-        grads = TG.grouped_glu_backward(go, *args, [True] * 7)
+    grads = TG.grouped_glu_backward(go, *args, [True] * 7)
     after = glu.backend_counts().get(("native", "glu_bwd_dz"), 0)
     assert after - before == (1 if enabled else 0)
     f32 = [a.float() if isinstance(a, torch.Tensor) and a.is_floating_point() else a for a in args]

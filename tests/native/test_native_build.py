@@ -42,8 +42,7 @@ REQUIRED_TARGETS = ("sm_80", "compute_80", "sm_90a", "sm_120a")
 KERNELS = {f"tsctk_{op}_{dt}" for op in ("nvfp4_quantize", "nvfp4_dequantize", "sign_pack", "sign_dequantize",
                                          "fp8_quantize", "fp8_dequantize", "ternary_pack", "ternary_dequantize",
                                          "nvfp4_rows_amax", "nvfp4_rows_quantize")
-           for dt in ("f32", "bf16", "f16")} | {"tsctk_nvfp4_rows_finalize", "tsctk_glu_bwd_dz_bf16",
-                                                "tsctk_glu_bwd_dz_bf16_st3"} | {
+           for dt in ("f32", "bf16", "f16")} | {"tsctk_nvfp4_rows_finalize", "tsctk_glu_bwd_dz_bf16"} | {
     f"tsctk_glu_{op}_fwd_{fmt}" for op in ("down", "up") for fmt in ("nvfp4", "sign", "fp8", "ternary", "ternary_r1")}
 BAD_ARGUMENT = -1
 
@@ -127,7 +126,7 @@ def test_kernel_smem_bytes(lib_path):
     """The shared memory each entry point launches its kernel with comes from the library's registry (the
     dispatch compares it with the device's opt-in maximum): the values tsct.h documents for the GLU kernels, 0 for
     the grid-stride quant kernels; an unknown name is an error naming it."""
-    documented = {"tsctk_glu_bwd_dz_bf16": 101376, "tsctk_glu_bwd_dz_bf16_st3": 73728,
+    documented = {"tsctk_glu_bwd_dz_bf16": 101376,
                   "tsctk_glu_down_fwd_nvfp4": 71680, "tsctk_glu_down_fwd_sign": 71680,
                   "tsctk_glu_up_fwd_nvfp4": 53248, "tsctk_glu_up_fwd_sign": 53248,
                   "tsctk_glu_down_fwd_fp8": 67584, "tsctk_glu_up_fwd_fp8": 57088,
@@ -523,25 +522,23 @@ def test_c_entry_points_reject_bad_arguments(lib):
         (lib.tsct_ternary_pack, (P, 0, 1, 4, 16, P, None, P, None), "null pointer"),
         (lib.tsct_ternary_dequantize, (P, None, P, 1, 4, 16, P, 7, None), "out_dtype=7"),
         (lib.tsct_ternary_dequantize, (P, None, P, 1, 4, 16, None, 0, None), "null pointer"),
-        # grad_out, grad_rows, f, scatter_idx, offs, xtile_cum, E, m, max_tiles, w_down_t, zw, r, slices, stages,
-        # dz_part, dw_down_t, stream
-        (lib.tsct_glu_bwd_dz_bf16, (P, 8, 100, None, P, P, 2, 8, 4, P, P, 32, 1, 4, P, P, None), "only r = 64"),
-        (lib.tsct_glu_bwd_dz_bf16, (P, 8, 100, None, P, P, 2, 8, 4, P, P, 64, 3, 4, P, P, None), "slices=3"),
-        (lib.tsct_glu_bwd_dz_bf16, (P, 8, 100, None, P, P, 2, 8, 4, P, P, 64, 0, 4, P, P, None), "slices=0"),
-        (lib.tsct_glu_bwd_dz_bf16, (P, 8, 100, None, P, P, 2, 8, 4, P, P, 64, 1, 2, P, P, None), "stages=2"),
-        (lib.tsct_glu_bwd_dz_bf16, (P, 8, 100, None, P, P, 2, 8, 4, P, P, 64, 1, 5, P, P, None), "stages=5"),
-        (lib.tsct_glu_bwd_dz_bf16, (P, 8, 0, None, P, P, 2, 8, 4, P, P, 64, 1, 4, P, P, None), "f=0"),
-        (lib.tsct_glu_bwd_dz_bf16, (P, -1, 100, None, P, P, 2, 8, 4, P, P, 64, 1, 4, P, P, None), "grad_rows=-1"),
-        (lib.tsct_glu_bwd_dz_bf16, (P, 8, 100, None, P, P, 2, 8, -1, P, P, 64, 1, 4, P, P, None), "max_tiles=-1"),
-        (lib.tsct_glu_bwd_dz_bf16, (P, 8, 1 << 31, None, P, P, 2, 8, 4, P, P, 64, 1, 4, P, P, None), "< 2^31"),
-        (lib.tsct_glu_bwd_dz_bf16, (P, 1 << 40, 1 << 30, None, P, P, 2, 8, 4, P, P, 64, 1, 4, P, P, None), "overflow"),
-        (lib.tsct_glu_bwd_dz_bf16, (P, 8, 100, None, None, P, 2, 8, 4, P, P, 64, 1, 4, P, P, None), "null pointer"),
-        (lib.tsct_glu_bwd_dz_bf16, (P, 8, 100, None, P, None, 2, 8, 4, P, P, 64, 1, 4, P, P, None), "null pointer"),
-        (lib.tsct_glu_bwd_dz_bf16, (ctypes.c_void_p(0x1002), 8, 100, None, P, P, 2, 8, 4, P, P, 64, 1, 4, P, P, None),
+        # grad_out, grad_rows, f, scatter_idx, offs, xtile_cum, E, m, max_tiles, w_down_t, zw, r, slices, dz_part,
+        # dw_down_t, stream
+        (lib.tsct_glu_bwd_dz_bf16, (P, 8, 100, None, P, P, 2, 8, 4, P, P, 32, 1, P, P, None), "only r = 64"),
+        (lib.tsct_glu_bwd_dz_bf16, (P, 8, 100, None, P, P, 2, 8, 4, P, P, 64, 3, P, P, None), "slices=3"),
+        (lib.tsct_glu_bwd_dz_bf16, (P, 8, 100, None, P, P, 2, 8, 4, P, P, 64, 0, P, P, None), "slices=0"),
+        (lib.tsct_glu_bwd_dz_bf16, (P, 8, 0, None, P, P, 2, 8, 4, P, P, 64, 1, P, P, None), "f=0"),
+        (lib.tsct_glu_bwd_dz_bf16, (P, -1, 100, None, P, P, 2, 8, 4, P, P, 64, 1, P, P, None), "grad_rows=-1"),
+        (lib.tsct_glu_bwd_dz_bf16, (P, 8, 100, None, P, P, 2, 8, -1, P, P, 64, 1, P, P, None), "max_tiles=-1"),
+        (lib.tsct_glu_bwd_dz_bf16, (P, 8, 1 << 31, None, P, P, 2, 8, 4, P, P, 64, 1, P, P, None), "< 2^31"),
+        (lib.tsct_glu_bwd_dz_bf16, (P, 1 << 40, 1 << 30, None, P, P, 2, 8, 4, P, P, 64, 1, P, P, None), "overflow"),
+        (lib.tsct_glu_bwd_dz_bf16, (P, 8, 100, None, None, P, 2, 8, 4, P, P, 64, 1, P, P, None), "null pointer"),
+        (lib.tsct_glu_bwd_dz_bf16, (P, 8, 100, None, P, None, 2, 8, 4, P, P, 64, 1, P, P, None), "null pointer"),
+        (lib.tsct_glu_bwd_dz_bf16, (ctypes.c_void_p(0x1002), 8, 100, None, P, P, 2, 8, 4, P, P, 64, 1, P, P, None),
          "16-byte aligned"),
-        (lib.tsct_glu_bwd_dz_bf16, (P, 8, 100, ctypes.c_void_p(0x1004), P, P, 2, 8, 4, P, P, 64, 1, 4, P, P, None),
+        (lib.tsct_glu_bwd_dz_bf16, (P, 8, 100, ctypes.c_void_p(0x1004), P, P, 2, 8, 4, P, P, 64, 1, P, P, None),
          "scatter_idx must be 8-byte"),
-        (lib.tsct_glu_bwd_dz_bf16, (P, 8, 100, None, P, P, 2, 8, 1 << 30, P, P, 64, 2, 4, P, P, None),
+        (lib.tsct_glu_bwd_dz_bf16, (P, 8, 100, None, P, P, 2, 8, 1 << 30, P, P, 64, 2, P, P, None),
          "exceeds the grid"),
         # x, x_rows, stride_x, gather_idx, offs, tile_cum, E, m, d, r, gate codes/scales/s_enc, up codes/scales/s_enc,
         # s_gate, s_up, scales_bf16, row_weight, z, hg, hu, max_tiles, stream
@@ -613,9 +610,9 @@ def test_c_entry_points_reject_bad_arguments(lib):
     assert lib.tsct_fp8_dequantize(None, None, 2, 0, 7, None, 1, None) == 0
     assert lib.tsct_ternary_pack(None, 1, 0, 3, 8, None, None, None, None) == 0
     assert lib.tsct_ternary_dequantize(None, None, None, 2, 3, 0, None, 0, None) == 0
-    assert lib.tsct_glu_bwd_dz_bf16(None, 0, 100, None, None, None, 0, 0, 0, None, None, 64, 1, 4, None, None,
+    assert lib.tsct_glu_bwd_dz_bf16(None, 0, 100, None, None, None, 0, 0, 0, None, None, 64, 1, None, None,
                                     None) == 0
-    assert lib.tsct_glu_bwd_dz_bf16(None, 0, 100, None, None, None, 2, 0, 2, None, None, 64, 1, 4, None, None,
+    assert lib.tsct_glu_bwd_dz_bf16(None, 0, 100, None, None, None, 2, 0, 2, None, None, 64, 1, None, None,
                                     None) == 0  # no routed rows: no row tile, nothing to write
     assert lib.tsct_glu_down_fwd_nvfp4(None, 0, 64, P, None, None, 2, 0, 64, 64, *([None] * 8), 0, *([None] * 4), 3,
                                        None) == 0
@@ -632,7 +629,7 @@ def test_c_entry_points_reject_bad_arguments(lib):
     if not torch.cuda.is_available():
         # routed rows whose scatter indices all miss grad_out (no rows of it) are valid arguments (zero rows): they
         # pass the checks and reach the first CUDA call, which fails here for want of a device
-        rc = lib.tsct_glu_bwd_dz_bf16(None, 0, 100, P, P, P, 2, 8, 3, P, P, 64, 1, 4, P, P, None)
+        rc = lib.tsct_glu_bwd_dz_bf16(None, 0, 100, P, P, P, 2, 8, 3, P, P, 64, 1, P, P, None)
         assert rc > 0 and "tsct_glu_bwd_dz_bf16" in _detail(lib), (rc, _detail(lib))
 
 
@@ -734,9 +731,6 @@ def test_glu_bwd_dz_wrapper_rejects_bad_input(lib):
         dz(go, offs, wd, zw, slices=3)
     with pytest.raises(ValueError, match="max_tiles must be an int >= 0"):
         dz(go, offs, wd, zw, slices=1, max_tiles=-1)
-    for bad in (2, 5, True, 3.0):
-        with pytest.raises(ValueError, match=r"stages must be one of \[3, 4\]"):
-            dz(go, offs, wd, zw, slices=1, stages=bad)
     with pytest.raises(ValueError, match="grad_out has 4 rows < M=8 and no scatter_idx"):
         dz(go[:4], offs, wd, zw, slices=1)
     with pytest.raises(ValueError, match=r"scatter_idx must have shape \[8\]"):

@@ -21,7 +21,7 @@
 extern "C" {
 #endif
 
-#define TSCT_ABI_VERSION 13 /* 2: the Triton AOT launcher (tsct_triton_*); 3: the grouped activation quantizer
+#define TSCT_ABI_VERSION 14 /* 2: the Triton AOT launcher (tsct_triton_*); 3: the grouped activation quantizer
                               (tsct_nvfp4_quantize_rows_grouped) and the sm_120 CuTeDSL entries (tsct_sm120_*);
                               4: the CUTLASS C++ sm_120 grouped NVFP4 GEMM entries;
                               5: the grouped GLU backward kernel tsct_glu_bwd_dz_bf16;
@@ -36,7 +36,8 @@ extern "C" {
                               expert's first), dW also for an empty expert (zeros);
                               12: the low-bit GLU projections for FP8 and ternary factors
                               tsct_glu_{down,up}_fwd_{fp8,ternary};
-                              13: tsct_glu_bwd_dz_bf16 takes its pipeline stages (3 or 4) */
+                              13: tsct_glu_bwd_dz_bf16 takes its pipeline stages (3 or 4);
+                              14: tsct_glu_bwd_dz_bf16 without stages (one 4-stage build) */
 
 /* The library is built with -fvisibility=hidden; only declarations marked TSCT_API are exported
  * (and csrc/exports.map lists the same names). */
@@ -146,15 +147,13 @@ TSCT_API int tsct_nvfp4_quantize_rows_grouped(const void* x, int x_dtype, int64_
  * Rows at or past offs[E-1] are not written; dw_down_t may be NULL (not computed). r must be 64,
  * 1 <= slices <= min(16, ceil(f/64)), max_tiles * slices < 2^31; grad_out, w_down_t, zw, dz_part, dw_down_t
  * 16-byte aligned, scatter_idx 8-byte, offs and xtile_cum 4-byte; grad_out may be NULL when grad_rows == 0;
- * nothing is launched when m, num_experts or max_tiles is 0. stages: 4 (kernel tsctk_glu_bwd_dz_bf16: needs
- * 101,376 bytes of shared memory per block: sm_80, sm_90, sm_100, sm_120) or 3 (tsctk_glu_bwd_dz_bf16_st3: needs
- * 73,728 bytes of shared memory per block, 3 CTAs per SM on sm_90); a device with less gives
- * cudaErrorInvalidConfiguration with a detail. Same results (the same products in the same order). Stream-ordered,
- * no host sync. */
+ * nothing is launched when m, num_experts or max_tiles is 0. The kernel (tsctk_glu_bwd_dz_bf16) needs
+ * 101,376 bytes of shared memory per block (sm_80, sm_90, sm_100, sm_120); a device with less gives
+ * cudaErrorInvalidConfiguration with a detail. Stream-ordered, no host sync. */
 TSCT_API int tsct_glu_bwd_dz_bf16(const void* grad_out, int64_t grad_rows, int64_t f, const int64_t* scatter_idx,
                                   const int32_t* offs, const int32_t* xtile_cum, int64_t num_experts, int64_t m,
                                   int64_t max_tiles, const void* w_down_t, const void* zw, int64_t r, int64_t slices,
-                                  int64_t stages, float* dz_part, void* dw_down_t, void* stream);
+                                  float* dz_part, void* dw_down_t, void* stream);
 
 /* ---- low-bit grouped GLU forward: the down projection with NVFP4 w_gate / w_up (csrc/glu/down_nvfp4.cu) ----
  * For routed row i of expert e (rows sorted by expert; design.md section 2) with x row xi = x[gather_idx[i]] (or

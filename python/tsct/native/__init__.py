@@ -51,7 +51,7 @@ from tsct.native._ops import (
     GLU_DOWN_TILE,
     fp8_dequantize,
     fp8_quantize,
-    GLU_DZ_KERNELS,
+    GLU_DZ_KERNEL,
     GLU_DZ_TILE,
     glu_bwd_dz_bf16,
     glu_down_fwd_lowbit,
@@ -74,7 +74,7 @@ from tsct.native._ops import (
 
 __all__ = [
     "GLU_DOWN_TILE",
-    "GLU_DZ_KERNELS",
+    "GLU_DZ_KERNEL",
     "GLU_DZ_TILE",
     "NativeUnavailableError",
     "available",

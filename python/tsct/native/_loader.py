@@ -24,7 +24,7 @@ from tsct import config
 
 LIB_NAME = "libtsct_kernels.so"
 MANIFEST_NAME = "manifest.json"
-ABI_VERSION = 13  # 2: the Triton AOT launcher (tsct_triton_*); 3: tsct_nvfp4_quantize_rows_grouped, tsct_sm120_*;
+ABI_VERSION = 14  # 2: the Triton AOT launcher (tsct_triton_*); 3: tsct_nvfp4_quantize_rows_grouped, tsct_sm120_*;
 #                   4: the CUTLASS C++ sm_120 grouped NVFP4 GEMM entries; 5: tsct_glu_bwd_dz_bf16;
 #                   6: tsct_glu_{down,up}_fwd_{nvfp4,sign}, tsct_kernel_smem_bytes; 7: bf16 s_gate / s_up for
 #                   tsct_glu_down_fwd_{nvfp4,sign} (scales_bf16); tsct_stream_capture_id; 8: 4's entries removed;
@@ -33,6 +33,7 @@ ABI_VERSION = 13  # 2: the Triton AOT launcher (tsct_triton_*); 3: tsct_nvfp4_qu
 #                   10: tsct_fp8_{quantize,dequantize}, tsct_ternary_{pack,dequantize};
 #                   11: tsct_glu_bwd_dz_bf16 on expert-major row tiles (xtile_cum), dW also for empty experts;
 #                   12: tsct_glu_{down,up}_fwd_{fp8,ternary}; 13: tsct_glu_bwd_dz_bf16 takes its stages (3 or 4)
+#                   14: tsct_glu_bwd_dz_bf16 without stages (one build)
 ENV_VAR = "TSCT_NATIVE_LIB"
 
 # Name -> (restype, argtypes) of every entry point in csrc/include/tsct/tsct.h.
@@ -53,11 +54,10 @@ _SIGNATURES: dict[str, tuple[Any, list[Any]]] = {
     "tsct_nvfp4_quantize_rows_grouped": (c_int, [c_void_p, c_int, c_int64, c_int64, c_void_p, c_void_p, c_int64, c_int64,
                                                  c_void_p, c_int64, c_void_p, c_void_p, c_int64, c_void_p, c_void_p,
                                                  c_void_p]),
-    # grad_out, grad_rows, f, scatter_idx, offs, xtile_cum, num_experts, m, max_tiles, w_down_t, zw, r, slices, stages,
+    # grad_out, grad_rows, f, scatter_idx, offs, xtile_cum, num_experts, m, max_tiles, w_down_t, zw, r, slices,
     # dz_part, dw_down_t, stream
     "tsct_glu_bwd_dz_bf16": (c_int, [c_void_p, c_int64, c_int64, c_void_p, c_void_p, c_void_p, c_int64, c_int64,
-                                     c_int64, c_void_p, c_void_p, c_int64, c_int64, c_int64, c_void_p, c_void_p,
-                                     c_void_p]),
+                                     c_int64, c_void_p, c_void_p, c_int64, c_int64, c_void_p, c_void_p, c_void_p]),
     # x, x_rows, stride_x, gather_idx, offs, tile_cum, num_experts, m, d, r, gate codes, scales, s_enc, up codes,
     # scales, s_enc, s_gate, s_up, scales_bf16, row_weight, z, hg, hu, max_tiles, stream
     **{f"tsct_glu_down_fwd_{fmt}": (c_int, [c_void_p, c_int64, c_int64, c_void_p, c_void_p, c_void_p, c_int64,

@@ -542,8 +542,8 @@ def nvfp4_quantize_rows_grouped(
 GLU_DZ_RANK = 64  # the only rank tsct_glu_bwd_dz_bf16 is built for
 GLU_DZ_TILE = 64  # rows per row tile (xtile_cum counts tiles of this many rows)
 GLU_DZ_MAX_SLICES = 16
-#: pipeline stages -> kernel of tsct_glu_bwd_dz_bf16 (csrc/glu/dz_bf16.cu): the same products in the same order
-GLU_DZ_KERNELS = {4: "tsctk_glu_bwd_dz_bf16", 3: "tsctk_glu_bwd_dz_bf16_st3"}
+#: the kernel of tsct_glu_bwd_dz_bf16 (csrc/glu/dz_bf16.cu; 99 KB of shared memory per block)
+GLU_DZ_KERNEL = "tsctk_glu_bwd_dz_bf16"
 
 
 def glu_bwd_dz_bf16(
@@ -557,7 +557,6 @@ def glu_bwd_dz_bf16(
     max_tiles: int,
     scatter_idx: Tensor | None = None,
     dw_out: Tensor | None = None,
-    stages: int = 4,
 ) -> Tensor:
     """The grouped GLU's up-projection gradients on the row tiles (``tsct_glu_bwd_dz_bf16``, csrc/glu/dz_bf16.cu).
 
@@ -589,8 +588,6 @@ def glu_bwd_dz_bf16(
         scatter_idx: optional int64 [M]; an index outside [0, T) reads a zero row.
         dw_out: optional bfloat16 [E, f, 64], contiguous, 16-byte aligned (``dw_out.transpose(1, 2)`` is the
             K-major gradient of w_down): receives dW of the experts of 0 to 64 rows; None skips dW.
-        stages: the kernel's pipeline stages (``GLU_DZ_KERNELS``): 4 (99 KB of shared memory per block, 2 CTAs per
-            SM on sm_90) or 3 (72 KB, 3 CTAs per SM on sm_90). Same results.
     Returns:
         dz_part: float32 [slices, M, 64]; rows at or past offs[-1] are not written.
     Raises:
@@ -624,8 +621,6 @@ def glu_bwd_dz_bf16(
         raise ValueError(f"slices must be an int in [1, min(16, ceil(f/64) = {nsteps})], got {slices!r}")
     if not isinstance(max_tiles, int) or max_tiles < 0:
         raise ValueError(f"max_tiles must be an int >= 0 (an upper bound of E + xtile_cum[-1]), got {max_tiles!r}")
-    if type(stages) is not int or stages not in GLU_DZ_KERNELS:
-        raise ValueError(f"stages must be one of {sorted(GLU_DZ_KERNELS)}, got {stages!r}")
     if scatter_idx is not None:
         _dtype("scatter_idx", scatter_idx, (torch.int64,))
         _shape("scatter_idx", scatter_idx, (m,), "one target row per routed row")
@@ -643,7 +638,7 @@ def glu_bwd_dz_bf16(
     null = ctypes.c_void_p(None)
     _call("tsct_glu_bwd_dz_bf16", grad_out.device, _ptr(grad_out), t_rows, f,
           _ptr(scatter_idx) if scatter_idx is not None else null, _ptr(offs), _ptr(xtile_cum), e, m, max_tiles,
-          _ptr(w_down_t), _ptr(zw), GLU_DZ_RANK, slices, stages, _ptr(dz_part),
+          _ptr(w_down_t), _ptr(zw), GLU_DZ_RANK, slices, _ptr(dz_part),
           _ptr(dw_out) if dw_out is not None else null)
     return dz_part
 

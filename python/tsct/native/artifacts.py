@@ -91,7 +91,7 @@ _CUDA_LOWBIT = r"^tsctk_glu_(down|up)_fwd_(nvfp4|sign|fp8|ternary|ternary_r1)$" 
 SASS_RULES: list[SassRule] = [
     SassRule(r".*", r"^tsctk_(nvfp4|sign|fp8|ternary)_", forbid=r"\b(STL|LDL)(\.\w+)*\b",
              why="quant kernels keep their 16-element block in registers (no local-memory spills)"),
-    SassRule(r"sm_(80|90a|100a|120a|120f|120)", r"^tsctk_glu_bwd_dz_bf16(_st3)?$",
+    SassRule(r"sm_(80|90a|100a|120a|120f|120)", r"^tsctk_glu_bwd_dz_bf16$",
              require=r"\bHMMA\.16816\.F32\.BF16\b", forbid=r"\b(STL|LDL)(\.\w+)*\b",
              why="the CUDA glu_bwd_dz runs bf16 mma.sync with fp32 accumulate and keeps its tiles without spills"),
     SassRule(r"sm_(80|100a|120a|120f|120)", _CUDA_LOWBIT,

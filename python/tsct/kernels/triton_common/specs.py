@@ -116,7 +116,6 @@ class GluTiles(_Tiles):
 
     SWITCHES: ClassVar[frozenset] = frozenset({"vec_up", "vec_dz", "vec_dz_t"})
     POW2: ClassVar[frozenset] = frozenset({"bn_up", "bn_bwd", "bd_bwd", "bn_up_vec", "bn_up_t"})
-    CHOICES: ClassVar[dict] = {"stages_dz_native": (3, 4)}  # the builds of csrc/glu/dz_bf16.cu
 
     bn_up: int = 128      # column block of the up projection (f = 5461: scalar loads, wide tiles cost registers)
     fsplit_up: int = 1    # column-block stripes per row tile (grid axis 1 of the up kernel)
@@ -148,10 +147,8 @@ class GluTiles(_Tiles):
     vec_dz_t: int = 0         # with WD_T: dY rows as shifted words (w_down tiles stay plain aligned loads)
     ndb_bwd: int = 8          # d blocks per program (row tile) of glu_bwd_dx_dw (the pipelined d loop)
     # f slices of glu_bwd_dz's CUDA stand-in where the dispatch takes it (tsct.dispatch.CUDA_KERNELS; partial sums
-    # reduced in order by glu_bwd_epi), and its pipeline stages: 4 (99 KB of shared memory, 2 CTAs per SM) or 3
-    # (72 KB and <= 80 registers: 3 CTAs per SM on sm_90); the same results either way
+    # reduced in order by glu_bwd_epi)
     fs_dz_native: int = 2
-    stages_dz_native: int = 4
 
 
 @dataclasses.dataclass(frozen=True)
@@ -285,14 +282,13 @@ MAX_SHARED: dict[str, int] = {"sm_90a": 232448, "sm_100a": 232448, "sm_120": 101
 # fit per SM. Not measured on an sm_120 card (design.md section 6).
 CONFIGS: dict[str, Config] = {
     # the chunked dW kernels: 16 programs per SM and 8-warp glu_bwd_dwd (H200, Zipf 1.2 / 1.5, T 65536, E 256:
-    # 3-8 % less forward+backward than 4 and 4); the K-major glu_bwd_dwd at 80 registers and the CUDA dz with 3
-    # ring stages: 3 CTAs per SM each (H200, bf16 K-major forward+backward 1-8 % less; docs/performance.md);
+    # 3-8 % less forward+backward than 4 and 4); the K-major glu_bwd_dwd at 80 registers: 3 CTAs per SM (H200, bf16
+    # K-major forward+backward 1-4 % less; docs/performance.md);
     # NVFP4's lowbit_bwd_dz over all of f, running the GLU backward itself, at 80 registers (3 CTAs per SM) where
     # the pass has >= 768 row tiles (H100, NVFP4 forward+backward: b1 -2 %, E 4096 -3 %; E 256's 512 tiles +3 %
     # and sign +2-7 % fused, so neither is); sign's lowbit_bwd_dx_dw over 4 d blocks per row tile (H100, sign
     # forward+backward: b1 -4 %, T 65536 -6 %, E 16384 -5 %; docs/performance.md)
     "sm_90a": Config(shared=SharedTiles(waves_chunked=16, warps_dwd=8, regs_dwd=80),
-                     glu=GluTiles(stages_dz_native=3),
                      lowbit=LowbitTiles(fuse_tiles_lb=768, regs_dz_lb=80, ndb_dxdw_sign_lb=4)),
     "sm_100a": Config(),
     # ~99 KB of shared memory per block: fewer stages. Every field an H200 sweep changed

@@ -89,7 +89,7 @@ def _native_dz(cfg: Config, cap: tuple[int, int], wd_t: bool, r: int, dtype: tor
         return False
     from tsct import native
 
-    return C.native_smem_ok(native.GLU_DZ_KERNELS[cfg.glu.stages_dz_native], go.device)
+    return C.native_smem_ok(native.GLU_DZ_KERNEL, go.device)
 
 
 def grouped_glu_forward(
@@ -290,8 +290,7 @@ def grouped_glu_backward(
         n_fs = max(1, min(cfg.glu.fs_dz_native, C.cdiv(f, 64)))
         dwd_t = torch.empty_like(w_down).transpose(1, 2) if do_dwd else None  # [E, f, r] view of a K-major dWd
         part = native.glu_bwd_dz_bf16(go, offs, w_down.transpose(1, 2), zw, slices=n_fs, scatter_idx=sidx,
-                                      xtile_cum=plan.xcum, max_tiles=plan.max_tiles, dw_out=dwd_t,
-                                      stages=cfg.glu.stages_dz_native)
+                                      xtile_cum=plan.xcum, max_tiles=plan.max_tiles, dw_out=dwd_t)
         dwd = dwd_t.transpose(1, 2) if do_dwd else None  # K-major, as w_down
         FAMILY.count("native", "glu_bwd_dz")
     else:
