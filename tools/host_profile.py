@@ -14,7 +14,10 @@ shape). It prints, per format:
     (``_launch_floor``): what its Python layers cost is the difference,
   * torch ops per pass (top-level ``aten::`` calls: each is a CUDA kernel or an allocator call on a GPU, ~4-10 us of
     host time there), kernel launches per pass (AOT cubins and native entries),
-  * with ``--cprofile``, the functions that take the most of it.
+  * with ``--cprofile``, the functions that take the most of it,
+  * with ``--layers``, the host time per pass inside each layer of the eager route (``LAYERS``: the public calls, the
+    argument checks, the path choice, the records, the replay's key and run, the backward, autograd's engine);
+    inclusive, so a layer's time holds the layers it calls, plus ~0.3 us of the timer per call.
 
 It is a model of the GPU host, not a measurement of it: driver calls (cuLaunchKernel ~2-4 us each, stream and
 device guards) are missing, and this CPU is not the H200 host's. Compare formats and commits with it; quote eager
@@ -23,6 +26,7 @@ default, ``tsct.kernels.replay``) the timed passes are replays of the first; ``T
 own host code.
 
     python tools/host_profile.py --aot-dir SITE/tsct/_aot [--fmt bf16 nvfp4 sign] [--passes 200] [--cprofile]
+        [--layers]
 """
 
 from __future__ import annotations
@@ -65,6 +69,19 @@ class _FakeLib:
 
 _NULL = contextlib.nullcontext()
 _INHERITED = object()  # a patched attribute that was not in the object's own __dict__
+#: (label, module, attribute) of the layers ``--layers`` times; the attribute is patched where callers look it up
+LAYERS = (
+    ("sort_by_expert (public)", "tsct.ops", "sort_by_expert"),
+    ("grouped_glu (public)", "tsct.ops", "grouped_glu"),
+    ("  argument checks", "tsct.ops.grouped_glu", "validate"),
+    ("  path choice", "tsct.ops._select", "select"),
+    ("  records (encode)", "tsct.ops._function", "encode"),
+    ("  replay's tensor list", "tsct.ops._function", "_replay_tensors"),
+    ("torch.autograd.grad", "torch.autograd", "grad"),
+    ("  backward (records to gradients)", "tsct.ops._function", "backward"),
+    ("replay key (every replayed call)", "tsct.kernels.replay", "_key"),
+    ("replay run (every replayed call)", "tsct.kernels.replay", "_Program.run"),
+)
 #: the formats the harness runs: those with sm_90a cubins (fp8 and ternary run on triton-lowbit through JIT only)
 FORMATS = ("bf16", "nvfp4", "sign")
 
@@ -231,6 +248,44 @@ def _launch_floor(step, lib: _FakeLib, ops: int, passes: int) -> float:
     return _us_per_pass(replay, passes)
 
 
+def _layer_times(fmt: str, backward: bool, passes: int) -> dict:
+    """Host microseconds per pass spent inside each of ``LAYERS`` (inclusive), over ``passes`` passes after five to
+    warm up; every patched attribute is restored."""
+    import importlib
+
+    spent = dict.fromkeys([label for label, _, _ in LAYERS], 0)
+    saved = []
+
+    def timed(fn, label):
+        def inner(*args, **kwargs):
+            t0 = time.perf_counter_ns()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                spent[label] += time.perf_counter_ns() - t0
+        return inner
+
+    try:
+        for label, mod, attr in LAYERS:
+            # the module itself, also where a package attribute of its name shadows it (tsct.ops.grouped_glu)
+            obj = importlib.import_module(mod)
+            *owner, name = attr.split(".")
+            for part in owner:
+                obj = getattr(obj, part)
+            saved.append((obj, name, vars(obj)[name]))
+            setattr(obj, name, timed(vars(obj)[name], label))
+        step = _pass(fmt, backward)  # after the patches: it takes the public calls from tsct.ops
+        for _ in range(5):
+            step()
+        spent.update(dict.fromkeys(spent, 0))
+        for _ in range(passes):
+            step()
+    finally:
+        for obj, name, fn in reversed(saved):
+            setattr(obj, name, fn)
+    return {label: ns / passes / 1e3 for label, ns in spent.items()}
+
+
 def _us_per_pass(fn, passes: int) -> float:
     """Host microseconds per call of ``fn``: five calls to warm up, then ``passes`` calls timed together (the same
     method for the pass and its replay, so the two columns compare)."""
@@ -265,12 +320,13 @@ def main(argv=None) -> int:
     ap.add_argument("--passes", type=int, default=200, help="timed passes per row (>= 1)")
     ap.add_argument("--cprofile", action="store_true", help="print the 25 functions with the most time (--sort)")
     ap.add_argument("--sort", default="tottime", choices=("tottime", "cumulative"))
+    ap.add_argument("--layers", action="store_true", help="the host time per pass inside each layer (LAYERS)")
     a = ap.parse_args(argv)
     if a.passes < 1:
         ap.error(f"--passes must be >= 1, got {a.passes}")
     if not os.path.isfile(os.path.join(a.aot_dir, "sm_90a", "index.json")):
         ap.error(f"--aot-dir {a.aot_dir!r} has no sm_90a/index.json (SITE/tsct/_aot of a wheel with sm_90a cubins)")
-    rows = []
+    rows, layers = [], {}
     with as_h200(a.aot_dir) as lib:
         for fmt in a.fmt:
             for bwd in (False, True):
@@ -286,6 +342,8 @@ def main(argv=None) -> int:
                 floor = _launch_floor(step, lib, ops, a.passes)
                 name = f"{fmt} {'forward+backward' if bwd else 'forward'}"
                 rows.append((name, us, floor, ops, launches, native_calls))
+                if a.layers:
+                    layers[name] = _layer_times(fmt, bwd, a.passes)
                 if a.cprofile:
                     pr = cProfile.Profile()
                     pr.enable()
@@ -297,6 +355,11 @@ def main(argv=None) -> int:
     print(f"{'pass':<26}{'host us':>10}{'floor us':>11}{'torch ops':>11}{'AOT launches':>14}{'native calls':>14}")
     for name, us, floor, ops, launches, native_calls in rows:
         print(f"{name:<26}{us:>10.0f}{floor:>11.0f}{ops:>11d}{launches:>14.1f}{native_calls:>14.1f}")
+    if layers:
+        print(f"\nhost us per pass inside each layer (inclusive; indented: called by the layer above)")
+        print(f"{'layer':<36}" + "".join(f"{n:>24}" for n in layers))
+        for label, _, _ in LAYERS:
+            print(f"{label:<36}" + "".join(f"{t[label]:>24.1f}" for t in layers.values()))
     return 0
 
 

@@ -37,7 +37,7 @@ def _tool():
 def test_host_profile_counts_the_pass(tmp_path):
     env = _tool_env()
     out = subprocess.run([sys.executable, str(ROOT / "tools" / "host_profile.py"), "--aot-dir", str(aot.aot_dir()),
-                          "--passes", "3", "--fmt", "bf16", "nvfp4"], capture_output=True, text=True, env=env,
+                          "--passes", "3", "--fmt", "bf16", "nvfp4", "--layers"], capture_output=True, text=True, env=env,
                          timeout=600, cwd=tmp_path)
     assert out.returncode == 0, out.stderr[-3000:]
     rows = {}
@@ -57,6 +57,22 @@ def test_host_profile_counts_the_pass(tmp_path):
         assert rows[f"{fmt} forward+backward"][3] > rows[f"{fmt} forward"][3]
     # sm_90a's CUDA rows: the low-bit down and up projections (native), none in the bf16 forward
     assert rows["nvfp4 forward"][4] == 2 and rows["bf16 forward"][4] == 0
+    # --layers: per layer, the four passes' inclusive host us in the table's column order
+    hp = _tool()
+    layers = {}
+    for line in out.stdout.splitlines():
+        for label, _, _ in hp.LAYERS:
+            if line.startswith(label + " "):
+                layers[label] = [float(v) for v in line[len(label):].split()]
+    assert set(layers) == {label for label, _, _ in hp.LAYERS}, out.stdout
+    for col, bwd in enumerate((False, True, False, True)):
+        t = {label: v[col] for label, v in layers.items()}
+        assert t["sort_by_expert (public)"] > 0 and t["grouped_glu (public)"] > t["  argument checks"] > 0
+        assert t["replay run (every replayed call)"] > 0  # the third pass on is a replay
+        if bwd:
+            assert t["torch.autograd.grad"] > t["  backward (records to gradients)"] > 0
+        else:
+            assert t["torch.autograd.grad"] == 0 and t["  backward (records to gradients)"] == 0
 
 
 @pytest.mark.skipif(NO_CUBINS, reason="no AOT cubins for sm_90a in this install")
