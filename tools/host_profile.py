@@ -356,7 +356,7 @@ def main(argv=None) -> int:
     for name, us, floor, ops, launches, native_calls in rows:
         print(f"{name:<26}{us:>10.0f}{floor:>11.0f}{ops:>11d}{launches:>14.1f}{native_calls:>14.1f}")
     if layers:
-        print(f"\nhost us per pass inside each layer (inclusive; indented: called by the layer above)")
+        print("\nhost us per pass inside each layer (inclusive; indented: called by the layer above)")
         print(f"{'layer':<36}" + "".join(f"{n:>24}" for n in layers))
         for label, _, _ in LAYERS:
             print(f"{label:<36}" + "".join(f"{t[label]:>24.1f}" for t in layers.values()))
