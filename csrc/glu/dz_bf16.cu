@@ -23,7 +23,9 @@
 // pipeline and stores its zeros directly); every other expert's dW (more than 64 rows) is left to the caller (the
 // chunked Triton kernels). Each thread owns fixed (row, chunk) pairs, so a row's pointer and shift (sidx*f mod 8,
 // the same at every step) are computed once.
-// The ring has 4 stages and the dW staging tile two buffers: 99 KB of shared memory, 2 CTAs per SM on sm_90.
+// The ring has 4 stages and the dW staging tile two buffers: 99 KB of shared memory, 2 CTAs per SM on sm_90. The
+// step's per-thread shared-memory and global offsets are computed once and kept in registers: recomputed from the
+// thread index at every step (the compiler's choice) they cost the step a third more instructions.
 // Needs: sm_80+ (cp.async, ldmatrix, bf16 mma.sync) and SMEM_BYTES of shared memory per block.
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
@@ -52,6 +54,27 @@ using tsct::sm80::mma_bf16_16816;
 using tsct::sm80::pack_bf16;
 using tsct::sm80::smem_u32;
 
+// 32-bit shared loads and a 16-byte shared store at byte addresses held in registers (the realignment's per-thread
+// addresses are computed once; through C++ pointers the compiler recomputed them from the thread index every step)
+__device__ __forceinline__ uint32_t lds32(uint32_t a) {
+  uint32_t v;
+  asm volatile("ld.shared.u32 %0, [%1];\n" : "=r"(v) : "r"(a) : "memory");
+  return v;
+}
+__device__ __forceinline__ uint4 lds128(uint32_t a) {
+  uint4 v;
+  asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];\n" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "r"(a)
+               : "memory");
+  return v;
+}
+__device__ __forceinline__ void sts32(uint32_t a, uint32_t v) {
+  asm volatile("st.shared.u32 [%0], %1;\n" ::"r"(a), "r"(v) : "memory");
+}
+__device__ __forceinline__ void sts128(uint32_t a, uint4 v) {
+  asm volatile("st.shared.v4.u32 [%0], {%1, %2, %3, %4};\n" ::"r"(a), "r"(v.x), "r"(v.y), "r"(v.z), "r"(v.w)
+               : "memory");
+}
+
 struct DzParams {
   const bf16* dy;
   const long long* sidx;
@@ -68,6 +91,7 @@ struct DzParams {
 
 constexpr int ST = 4;   // pipeline stages (raw dY + w_down tiles)
 constexpr int OSB = 2;  // dW staging buffers (a tile is stored one step after it is staged)
+constexpr uint32_t TB = TILE_EL * 2;  // bytes of one tile (a ring stage of raw or wdb)
 // raw[ST] + wd[ST] + zs + os[OSB] tiles
 constexpr int SMEM_BYTES = (2 * ST + 1 + OSB) * TILE_EL * 2;
 
@@ -132,19 +156,29 @@ __device__ __forceinline__ void dz_body(const DzParams& p, const Walk& w, unsign
   // A row whose every full step's chunks lie inside dy (all rows but those at its very end) is copied without a
   // size clamp; chunk 8 only where the row does not start on a chunk boundary. Per-thread shared addresses of
   // stage 0 (a stage adds TILE_EL elements, the second row / column half 32 rows).
-  bool plain[2];
+  int plain = 0;  // bit h: row h is plain
+  const bf16* ysrc[2];  // this thread's first chunk of row h at column 0
 #pragma unroll
-  for (int h = 0; h < 2; ++h) plain[h] = rv[h] && rb[h] + f + 8 <= p.total;
-  const uint32_t ydst = smem_u32(raw + r0 * LD + j * 8);
-  const uint32_t wdst = smem_u32(wdb + wc * LD + j * 8);
+  for (int h = 0; h < 2; ++h) {
+    plain |= (rv[h] && rb[h] + f + 8 <= p.total) << h;
+    ysrc[h] = p.dy + rb[h] + j * 8;
+  }
+  uint32_t ydst = smem_u32(raw + r0 * LD + j * 8);
+  uint32_t wdst = smem_u32(wdb + wc * LD + j * 8);
   const bf16* wsrc = p.wd + ebase + (size_t)wc * 64 + j * 8;
+  // realignment: the byte address in stage 0 of this thread's first source word of each row (sh / 2 words past
+  // its chunk) and the funnel shift (16 bits for an odd sh)
+  uint32_t rsrc[2];
+#pragma unroll
+  for (int h = 0; h < 2; ++h) rsrc[h] = ydst + h * (32 * LD * 2) + (sh[h] >> 1) * 4;
+  // kept in registers (the empty asm): recomputed from the thread index at every step they cost issue slots
+  asm volatile("" : "+r"(ydst), "+r"(wdst), "+r"(rsrc[0]), "+r"(rsrc[1]), "+r"(plain), "+l"(ysrc[0]), "+l"(ysrc[1]));
 
-  // async loads of step `it` into stage `stg` (= it % ST; always commits a group)
-  auto issue = [&](int it, int stg) {
+  // async loads of step `it` into the stage at byte offset `so` (always commits a group)
+  auto issue = [&](int it, uint32_t so) {
     if (it < w.nitems) {
       const int c0 = (w.stepbeg + it) * 64;
       const int ncols = min(64, f - c0);
-      const uint32_t so = stg * (TILE_EL * 2);
       if (ncols == 64) {  // a full step (every one but the last of f when 64 does not divide f): no column bound
         const bf16* ws = wsrc + (size_t)c0 * 64;
         cp_async16_full(wdst + so, ws);
@@ -160,8 +194,8 @@ __device__ __forceinline__ void dz_body(const DzParams& p, const Walk& w, unsign
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
         const uint32_t d = ydst + so + h * (32 * LD * 2);
-        if (ncols == 64 && plain[h]) {
-          const bf16* src = p.dy + rb[h] + c0 + j * 8;
+        if (ncols == 64 && (plain >> h & 1)) {
+          const bf16* src = ysrc[h] + c0;
           cp_async16_full(d, src);
           if (j == 0 && sh[h]) cp_async16_full(d + 128, src + 64);
         } else if (rv[h]) {
@@ -184,17 +218,17 @@ __device__ __forceinline__ void dz_body(const DzParams& p, const Walk& w, unsign
   };
 
   const int R16 = (w.R + 15) & ~15;  // rows realigned (zeros past R): whole 16-row m tiles
-  // realign step `it` (in stage `stg`)'s rows in place (this thread's rows, chunk j), zero-masked past R / ncols
-  auto realign = [&](int it, int stg) {
+  // realign step `it` (in the stage at byte offset `so`)'s rows in place (this thread's rows, chunk j), zero-masked
+  // past R / ncols
+  auto realign = [&](int it, uint32_t so) {
     const int nv = min(64, f - (w.stepbeg + it) * 64) - j * 8;
-    uint32_t* rb32 = reinterpret_cast<uint32_t*>(raw + stg * TILE_EL);
     uint4 o[2];
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
       o[h] = make_uint4(0, 0, 0, 0);
       if (rv[h] && nv > 0) {  // rv: a row of the tile (< R) with a valid index
-        const uint32_t* q = rb32 + (r0 + 32 * h) * (LD / 2) + (sh[h] >> 1) + j * 4;
-        const uint32_t x0 = q[0], x1 = q[1], x2 = q[2], x3 = q[3], x4 = q[4];
+        const uint32_t a = rsrc[h] + so;
+        const uint32_t x0 = lds32(a), x1 = lds32(a + 4), x2 = lds32(a + 8), x3 = lds32(a + 12), x4 = lds32(a + 16);
         const int b = (sh[h] & 1) * 16;
         o[h].x = __funnelshift_r(x0, x1, b);
         o[h].y = __funnelshift_r(x1, x2, b);
@@ -213,23 +247,21 @@ __device__ __forceinline__ void dz_body(const DzParams& p, const Walk& w, unsign
     }
     __syncwarp();  // every lane of the row group has read before anyone writes
 #pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      const int row = r0 + 32 * h;
-      if (row < R16) *reinterpret_cast<uint4*>(rb32 + row * (LD / 2) + j * 4) = o[h];
-    }
+    for (int h = 0; h < 2; ++h)
+      if (r0 + 32 * h < R16) sts128(ydst + so + h * (32 * LD * 2), o[h]);
   };
 
   // bf16 dW tile of `c0` from os buffer `b` to global (16-byte coalesced stores)
+  // (this thread's chunk j of columns wc and wc + 32; both addresses computed once, kept in registers)
+  uint32_t osrc = smem_u32(os + wc * LD + j * 8);
+  long long dwo = (long long)(ebase + (size_t)wc * 64 + j * 8);  // an element offset: a pinned pointer loses
+  asm volatile("" : "+r"(osrc), "+l"(dwo));                         // its global space (generic stores)
   auto store_dw = [&](int b, int c0) {
     const int ncols = min(64, f - c0);
-    const bf16* src = os + b * TILE_EL;
 #pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      const int col = wc + 32 * h;
-      if (col < ncols)
-        *reinterpret_cast<uint4*>(p.dwd + ebase + (size_t)(c0 + col) * 64 + j * 8) =
-            *reinterpret_cast<const uint4*>(src + col * LD + j * 8);
-    }
+    for (int h = 0; h < 2; ++h)
+      if (wc + 32 * h < ncols)
+        *reinterpret_cast<uint4*>(p.dwd + dwo + (c0 + 32 * h) * 64) = lds128(osrc + b * TB + h * (32 * LD * 2));
   };
 
   // prologue: steps 0 .. ST-2 in flight; step 0 realigned; the tile's zw
@@ -243,10 +275,10 @@ __device__ __forceinline__ void dz_body(const DzParams& p, const Walk& w, unsign
     }
   }
 #pragma unroll
-  for (int q = 0; q < ST - 1; ++q) issue(q, q);
+  for (int q = 0; q < ST - 1; ++q) issue(q, q * TB);
   cp_wait<ST - 2>();
   __syncthreads();
-  realign(0, 0);
+  realign(0, 0u);
 
   const int li = lane >> 3, lr = lane & 7;  // ldmatrix: matrix id, row in matrix
   const int g = lane >> 2, t = lane & 3;    // mma fragment coords
@@ -259,7 +291,8 @@ __device__ __forceinline__ void dz_body(const DzParams& p, const Walk& w, unsign
   uint32_t o_zb = (((li & 1) * 8 + lr) * LD + nq * 16 + (li >> 1) * 8) * 2;  // dz B: w_down
   uint32_t o_wa = (((li >> 1) * 8 + lr) * LD + mq * 16 + (li & 1) * 8) * 2;  // dW A: dY^T
   uint32_t o_wb = (((li & 1) * 8 + lr) * LD + kh * 32 + (li >> 1) * 8) * 2;  // dW B: zw
-  asm volatile("" : "+r"(o_za), "+r"(o_zb), "+r"(o_wa), "+r"(o_wb));
+  uint32_t o_st = smem_u32(os + (mq * 16 + g) * LD + kh * 32 + 2 * t);      // dW staging: the lane's first word
+  asm volatile("" : "+r"(o_za), "+r"(o_zb), "+r"(o_wa), "+r"(o_wb), "+r"(o_st));
 
   float accz[2][2][4];
   float accw[4][4];
@@ -272,13 +305,16 @@ __device__ __forceinline__ void dz_body(const DzParams& p, const Walk& w, unsign
 
   int pend_c0 = -1;  // a dW tile staged in os[pend_b] waiting for its global store
   int pend_b = 0;
+  uint32_t so_cur = 0;
 
-  // stg = it % ST, kept as a counter (no division per step)
-  for (int it = 0, stg = 0; it < w.nitems; ++it, stg = stg + 1 == ST ? 0 : stg + 1) {
+  // so: the byte offset of stage it % ST, kept as a counter (no division per step)
+  for (int it = 0; it < w.nitems; ++it) {
+    const uint32_t so = so_cur;
     const int c0 = (w.stepbeg + it) * 64;
     const int ncols = min(64, f - c0);
-    const int nxt = stg + 1 == ST ? 0 : stg + 1;
-    const int prv = stg == 0 ? ST - 1 : stg - 1;  // (it + ST - 1) % ST
+    const uint32_t nxt = so + TB == ST * TB ? 0u : so + TB;
+    const uint32_t prv = so == 0u ? (ST - 1) * TB : so - TB;  // stage (it + ST - 1) % ST
+    so_cur = nxt;
 
     cp_wait<ST - 3>();  // this thread's copies of step it + 1 landed
     __syncthreads();    // ... everyone's; step it realigned; step it - 1 fully consumed
@@ -290,9 +326,9 @@ __device__ __forceinline__ void dz_body(const DzParams& p, const Walk& w, unsign
     issue(it + ST - 1, prv);
 
     // ---- dz: accz[rows, k] += dY[rows, n] @ wd[n, k]
-    const uint32_t rs = smem_u32(raw + stg * TILE_EL);
+    const uint32_t rs = smem_u32(raw) + so;
     {
-      const uint32_t wb_s = smem_u32(wdb + stg * TILE_EL);
+      const uint32_t wb_s = smem_u32(wdb) + so;
       const int nkc = (ncols + 15) >> 4;
 #pragma unroll
       for (int kc = 0; kc < 4; ++kc) {
@@ -337,13 +373,11 @@ __device__ __forceinline__ void dz_body(const DzParams& p, const Walk& w, unsign
       }
     }
     {  // stage the bf16 tile; stored after the next barrier
-      bf16* ob = os + (it & (OSB - 1)) * TILE_EL;
+      const uint32_t ob = o_st + (it & (OSB - 1)) * TB;
 #pragma unroll
-      for (int nt = 0; nt < 4; ++nt) {
-        const int k = kh * 32 + nt * 8 + 2 * t;
-        const int n = mq * 16 + g;
-        *reinterpret_cast<uint32_t*>(ob + n * LD + k) = pack_bf16(accw[nt][0], accw[nt][1]);
-        *reinterpret_cast<uint32_t*>(ob + (n + 8) * LD + k) = pack_bf16(accw[nt][2], accw[nt][3]);
+      for (int nt = 0; nt < 4; ++nt) {  // rows n = mq * 16 + g (+ 8), columns k = kh * 32 + nt * 8 + 2 t
+        sts32(ob + nt * 16, pack_bf16(accw[nt][0], accw[nt][1]));
+        sts32(ob + 8 * LD * 2 + nt * 16, pack_bf16(accw[nt][2], accw[nt][3]));
       }
       pend_c0 = c0;
       pend_b = it & (OSB - 1);
