@@ -92,8 +92,9 @@ struct DzParams {
 constexpr int ST = 4;   // pipeline stages (raw dY + w_down tiles)
 constexpr int OSB = 2;  // dW staging buffers (a tile is stored one step after it is staged)
 constexpr uint32_t TB = TILE_EL * 2;  // bytes of one tile (a ring stage of raw or wdb)
+constexpr uint32_t HB = 32 * LD * 2;  // bytes of 32 tile rows: a thread's second row / column, an m tile's half
 // raw[ST] + wd[ST] + zs + os[OSB] tiles
-constexpr int SMEM_BYTES = (2 * ST + 1 + OSB) * TILE_EL * 2;
+constexpr int SMEM_BYTES = (2 * ST + 1 + OSB) * TB;
 
 // One CTA's work: expert e, f-slice sl, rows [start, start + R), steps [stepbeg, stepbeg + nitems); do_dw: the tile
 // holds all of the expert's rows. dz_body gets 1 <= R <= 64 (an empty expert's tile stores its zeros in dz_kernel).
@@ -170,7 +171,7 @@ __device__ __forceinline__ void dz_body(const DzParams& p, const Walk& w, unsign
   // its chunk) and the funnel shift (16 bits for an odd sh)
   uint32_t rsrc[2];
 #pragma unroll
-  for (int h = 0; h < 2; ++h) rsrc[h] = ydst + h * (32 * LD * 2) + (sh[h] >> 1) * 4;
+  for (int h = 0; h < 2; ++h) rsrc[h] = ydst + h * HB + (sh[h] >> 1) * 4;
   // kept in registers (the empty asm): recomputed from the thread index at every step they cost issue slots
   asm volatile("" : "+r"(ydst), "+r"(wdst), "+r"(rsrc[0]), "+r"(rsrc[1]), "+r"(plain), "+l"(ysrc[0]), "+l"(ysrc[1]));
 
@@ -182,18 +183,18 @@ __device__ __forceinline__ void dz_body(const DzParams& p, const Walk& w, unsign
       if (ncols == 64) {  // a full step (every one but the last of f when 64 does not divide f): no column bound
         const bf16* ws = wsrc + (size_t)c0 * 64;
         cp_async16_full(wdst + so, ws);
-        cp_async16_full(wdst + so + 32 * LD * 2, ws + 32 * 64);
+        cp_async16_full(wdst + so + HB, ws + 32 * 64);
       } else {
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
           const int n = c0 + wc + 32 * h;
           const bf16* src = p.wd + ebase + (size_t)min(n, f - 1) * 64 + j * 8;
-          cp_async16(wdst + so + h * (32 * LD * 2), src, n < f ? 16 : 0);  // 0: zero-fill
+          cp_async16(wdst + so + h * HB, src, n < f ? 16 : 0);  // 0: zero-fill
         }
       }
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
-        const uint32_t d = ydst + so + h * (32 * LD * 2);
+        const uint32_t d = ydst + so + h * HB;
         if (ncols == 64 && (plain >> h & 1)) {
           const bf16* src = ysrc[h] + c0;
           cp_async16_full(d, src);
@@ -248,7 +249,7 @@ __device__ __forceinline__ void dz_body(const DzParams& p, const Walk& w, unsign
     __syncwarp();  // every lane of the row group has read before anyone writes
 #pragma unroll
     for (int h = 0; h < 2; ++h)
-      if (r0 + 32 * h < R16) sts128(ydst + so + h * (32 * LD * 2), o[h]);
+      if (r0 + 32 * h < R16) sts128(ydst + so + h * HB, o[h]);
   };
 
   // bf16 dW tile of `c0` from os buffer `b` to global (16-byte coalesced stores)
@@ -261,7 +262,7 @@ __device__ __forceinline__ void dz_body(const DzParams& p, const Walk& w, unsign
 #pragma unroll
     for (int h = 0; h < 2; ++h)
       if (wc + 32 * h < ncols)
-        *reinterpret_cast<uint4*>(p.dwd + dwo + (c0 + 32 * h) * 64) = lds128(osrc + b * TB + h * (32 * LD * 2));
+        *reinterpret_cast<uint4*>(p.dwd + dwo + (c0 + 32 * h) * 64) = lds128(osrc + b * TB + h * HB);
   };
 
   // prologue: steps 0 .. ST-2 in flight; step 0 realigned; the tile's zw
@@ -340,7 +341,7 @@ __device__ __forceinline__ void dz_body(const DzParams& p, const Walk& w, unsign
             const int mt = h2 + 2 * mi;
             if (mt < nmt) {
               uint32_t a0, a1, a2, a3;
-              ldsm4<false>(rs + o_za + mi * (32 * LD * 2) + kc * 32, a0, a1, a2, a3);
+              ldsm4<false>(rs + o_za + mi * HB + kc * 32, a0, a1, a2, a3);
               mma_bf16_16816(accz[mi][0], a0, a1, a2, a3, b0, b1);
               mma_bf16_16816(accz[mi][1], a0, a1, a2, a3, b2, b3);
             }
