@@ -37,8 +37,8 @@ def _tool():
 def test_host_profile_counts_the_pass(tmp_path):
     env = _tool_env()
     out = subprocess.run([sys.executable, str(ROOT / "tools" / "host_profile.py"), "--aot-dir", str(aot.aot_dir()),
-                          "--passes", "3", "--fmt", "bf16", "nvfp4", "--layers"], capture_output=True, text=True, env=env,
-                         timeout=600, cwd=tmp_path)
+                          "--passes", "3", "--fmt", "bf16", "nvfp4", "--layers"], capture_output=True, text=True,
+                         env=env, timeout=600, cwd=tmp_path)
     assert out.returncode == 0, out.stderr[-3000:]
     rows = {}
     for line in out.stdout.splitlines():
