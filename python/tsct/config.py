@@ -3,7 +3,7 @@ default, meaning; the README's table is checked against it), the settings below 
 
 Settings of the process, changeable at run time (``tsct.config.check_values = False``); ``check_values``,
 ``warn_fallbacks``, ``eager_replay``, ``triton_glu_cfg`` and ``cuda_kernels`` are read from the environment once, at
-import, ``eager_direct`` and ``csr_side_stream`` are set in code only:
+import, ``eager_direct`` and ``side_stream`` are set in code only:
 
 ``check_values``: whether ``grouped_glu`` validates the VALUES of ``offs``, ``gather_idx`` and
 ``scatter_idx`` (non-decreasing offsets, indices in range). On a GPU this reads those tensors on the
@@ -24,12 +24,13 @@ what its second call of a signature (shapes, strides, dtypes, alignment, formats
 launches, and later calls of that signature issue the same launches with their own tensors, skipping the path's
 host code (``tsct.kernels.replay``; same kernels and arguments, same bits). ``TSCT_EAGER_REPLAY=0`` turns it off.
 
-``csr_side_stream``: the forward of a GPU path with ``scatter_idx`` builds the combine's CSR (a stable sort of
-the targets, latency-bound small kernels) on a second, high-priority CUDA stream while the projections run on
-the caller's stream, which waits for it before the combine. Same results either way;
-``tsct.config.csr_side_stream = False`` keeps everything on the caller's stream. Nothing is built when
-``scatter_idx`` is the token tensor ``tsct.ops.sort_by_expert`` returned (with its offs): the sort's kernels
-wrote that CSR already.
+``side_stream``: a GPU path issues two kinds of latency-bound side work on a second, high-priority CUDA stream, beside
+the row kernels on the caller's stream: the forward with ``scatter_idx`` builds the combine's CSR (a stable sort of
+the targets) there, and the backward runs its chunked weight-gradient kernels there (dW of the experts of several
+row tiles and their fixed-order slot sums, which the row kernels do not read). The caller's stream waits for the
+side stream before the combine, and before the backward returns. Same results either way;
+``tsct.config.side_stream = False`` keeps everything on the caller's stream. No CSR is built when ``scatter_idx`` is
+the token tensor ``tsct.ops.sort_by_expert`` returned (with its offs): the sort's kernels wrote that CSR already.
 
 ``warn_fallbacks``: warn (once per path and reason) when ``impl="auto"`` could not take the
 preferred path. The counter in ``tsct.dispatch.fallback_counts()`` counts every time regardless.
@@ -161,7 +162,7 @@ check_values: bool = _env_flag("TSCT_CHECK_VALUES", True)
 warn_fallbacks: bool = _env_flag("TSCT_WARN_FALLBACKS", True)
 eager_direct: bool = True
 eager_replay: bool = _env_flag("TSCT_EAGER_REPLAY", True)
-csr_side_stream: bool = True
+side_stream: bool = True
 triton_glu_cfg: str = os.environ.get("TSCT_TRITON_GLU_CFG", "")
 cuda_kernels: str = os.environ.get("TSCT_CUDA_KERNELS", "auto")
 

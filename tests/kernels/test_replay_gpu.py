@@ -80,7 +80,7 @@ def test_replay_gives_the_paths_bits(arm, routing, monkeypatch):
     # indices that are not sort_by_expert's own: the forward builds the combine's CSR (a sort), on a side stream
     # (not replayed: the replay issues on the caller's stream only) or, without it, on the caller's stream (replayed)
     side = routing == "padded"
-    monkeypatch.setattr(config, "csr_side_stream", routing != "padded-one-stream")
+    monkeypatch.setattr(config, "side_stream", routing != "padded-one-stream")
     routing = routing.split("-")[0]
     monkeypatch.setattr(config, "eager_replay", False)
     want = [_pass(arm, routing, seed, shape) for seed in range(4)]

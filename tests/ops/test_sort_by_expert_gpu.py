@@ -4,7 +4,7 @@ sort_by_expert: the kernels against the torch path (stable argsort + count) on f
 allocator poisoned first (an unwritten output reads -1 bytes), bit for bit: the b1 routing (T 16384, top-2,
 E 1024), many chunks, ids outside [0, E) (padding rows), int32 / int16 ids, every row in one expert, more experts
 than rows, M not a multiple of the chunk; the same bits on repeat and from a CUDA graph replay.
-Side stream (``tsct.config.csr_side_stream``): grouped_glu's output and gradients with and without it are the
+Side stream (``tsct.config.side_stream``): grouped_glu's output and gradients with and without it are the
 same bits, eager and replayed from a CUDA graph (scattering through a copy of the token tensor, which carries no
 linked CSR). The CSR that route_place links to the token tensor (``runtime.link_csr``): used instead of a built one
 (none is built), the same bits in the output and every gradient, with dropped choices (padding rows) and top-3.
@@ -127,7 +127,7 @@ def test_graph_replay_gives_the_same_result():
 def _pass(side: bool, fmt_w, x, ids, w, e, go, link: bool = False):
     """Output and gradients of a routed pass; ``link``: through sort_by_expert's token tensor (its linked CSR),
     else through a copy of it (the CSR built, on the side stream with ``side``)."""
-    tsct.config.csr_side_stream = side
+    tsct.config.side_stream = side
     try:
         s = tsct.ops.sort_by_expert(ids, e, w)
         token = s.token if link else s.token.clone()
@@ -136,7 +136,7 @@ def _pass(side: bool, fmt_w, x, ids, w, e, go, link: bool = False):
         grads = torch.autograd.grad(out, [x, w, *fmt_w], go)
         return [out, *grads]
     finally:
-        tsct.config.csr_side_stream = True
+        tsct.config.side_stream = True
 
 
 def _slow_side_stream(monkeypatch):

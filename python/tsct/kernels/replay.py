@@ -13,12 +13,15 @@ once should not pay) runs the path while recording what reaches the device:
   resolved to (input or allocation, byte offset), and the launch counts they reported,
 * where its outputs live (an input, an allocation or a view of one).
 
+* the forks and the join of its side work (``runtime.SideWork``: launches beside the caller's stream).
+
 A later call with the same signature runs the same ops on its own tensors (allocations through the fast torch
 factories; views made only to take a pointer, and allocations nothing reads, are left out), issues the same launches
-with its own pointers on the current stream and returns the same structure: the same kernels with the same arguments,
-so the same bits, for a fraction of the host time. A recording that sees what it cannot repeat leaves its signature
-to the path, which then runs every time (``stats()`` names the reason): a Triton JIT launch, a launch on another
-stream than the caller's, an op on a stream object, a host read of a device value (the paths are sync-free, so
+with its own pointers on the current stream (a fork's on the side stream, after the same wait) and returns the same
+structure: the same kernels with the same arguments, so the same bits, for a fraction of the host time. A recording
+that sees what it cannot repeat leaves its signature to the path, which then runs every time (``stats()`` names the
+reason): a Triton JIT launch, a launch on another stream than the caller's outside a fork, a torch op or a CUDA-row
+call inside one, an op on a stream object, a host read of a device value (the paths are sync-free, so
 nothing but the signature steers them; a read would), a per-call counted conversion, a pointer to memory the call
 neither received nor allocated, anything it cannot describe.
 
@@ -103,7 +106,7 @@ def _key(tensors: Sequence[Optional[Tensor]], extra: tuple) -> tuple[tuple, list
         else:
             parts.append((t.dtype, t.shape, t.stride(), p & 15, j))
     return (*parts, *extra, tensors[0].device, aot.generation, config.triton_backend(), config.cuda_kernels,
-            config.csr_side_stream, C.config_generation), ptrs
+            config.side_stream, C.config_generation), ptrs
 
 
 class _Ops(TorchDispatchMode):
@@ -126,7 +129,7 @@ class _Slot(NamedTuple):
     index: int
 
 
-_NEW, _ZEROS, _OP, _AOT, _NATIVE = range(5)  # the kinds of a program's steps
+_NEW, _ZEROS, _OP, _AOT, _NATIVE, _AOT_SIDE, _FORK, _JOIN = range(8)  # the kinds of a program's steps
 _NULL = ctypes.c_void_p(0)  # a CUDA-row call's null pointer argument
 
 
@@ -149,7 +152,7 @@ class _Program:
     def run(self, tensors: Sequence[Optional[Tensor]], ptrs: list):
         slots = [*tensors, *self.pad]
         addr = [*ptrs, *self.pad]  # each slot's data pointer, where a launch points into it
-        stream = None
+        stream = side = None
         for step in self.steps:
             kind = step[0]
             if kind == _AOT:
@@ -159,6 +162,17 @@ class _Program:
                 if stream is None:
                     stream = launch.current_stream(tensors[0].device)
                 step[1].launch(step[2], values, stream)
+            elif kind == _AOT_SIDE:
+                values = step[3].copy()
+                for pos, i, off in step[4]:
+                    values[pos] = addr[i] + off
+                step[1].launch(step[2], values, side.cuda_stream)
+            elif kind == _FORK:  # as SideWork: the side stream waits for what the caller's stream issued so far
+                main = torch.cuda.current_stream(tensors[0].device)
+                side = C.side_stream(tensors[0].device)
+                side.wait_stream(main)
+            elif kind == _JOIN:
+                main.wait_stream(side)
             elif kind == _NEW:
                 t = slots[step[1]] = torch.empty_strided(step[2], step[3], dtype=step[4], device=step[5])
                 addr[step[1]] = t.data_ptr()
@@ -324,8 +338,19 @@ def _program(out, tensors, log) -> _Program:
     steps = []
     counts: dict = {}  # Family -> Counter: the launch counts this call added (as the log reported them)
     stream = None      # the caller's stream, as it was and is (looked up at the first launch)
+    side = None        # inside a fork (runtime.SideWork): the side stream its launches use
     for entry in log:
         kind = entry[0]
+        if kind == "fork":
+            side = entry[1]
+            steps.append(["fork"])
+            continue
+        if kind == "fork_end":
+            side = None
+            continue
+        if kind == "join":
+            steps.append(["join"])
+            continue
         if kind == "jit":
             raise _NotReplayable(f"a Triton JIT launch ({entry[1]})")
         if kind == "count":
@@ -338,6 +363,8 @@ def _program(out, tensors, log) -> _Program:
             if func in _HOST_READS or not _tensors_only(res):  # a value read on the host may steer the call
                 raise _NotReplayable(f"a host read of a device value ({func})")
             fac = _FACTORIES.get(func)
+            if side is not None and (fac is not None or not func.is_view):  # a replay runs ops on the caller's stream
+                raise _NotReplayable(f"a torch op beside the caller's stream ({func})")
             if fac is not None:
                 if fac == "zeros" and res.stride() != _contiguous_strides(res.shape):
                     raise _NotReplayable("a zero-filled allocation with other than contiguous strides")
@@ -355,8 +382,10 @@ def _program(out, tensors, log) -> _Program:
             continue
         if stream is None:
             stream = launch.current_stream(tensors[0].device)
-        if entry[-1] != stream:
+        if entry[-1] != (stream if side is None else side):
             raise _NotReplayable("a launch on another stream than the caller's")
+        if side is not None and kind != "aot":
+            raise _NotReplayable("a CUDA-row call beside the caller's stream")
         tpl = []  # the launch's arguments: numbers as they are, pointers as (slot, byte offset)
         if kind == "aot":
             _, k, grid, values, _ = entry
@@ -367,7 +396,7 @@ def _program(out, tensors, log) -> _Program:
                     tpl.append(v)
                 else:
                     raise _NotReplayable(f"a launch value {v!r} of type {ty}")
-            steps.append(["aot", k, grid, tpl])
+            steps.append(["aot", k, grid, tpl, side is not None])
         else:
             _, fn, device, cargs, _ = entry
             for v in cargs:
@@ -377,7 +406,7 @@ def _program(out, tensors, log) -> _Program:
                     tpl.append(v)
                 else:
                     raise _NotReplayable(f"a native argument {v!r}")
-            steps.append(["native", fn, device, tpl])
+            steps.append(["native", fn, device, tpl, False])
     outputs = spec(out)
     steps = _live(steps, outputs)
     steps = _workspace(steps, outputs, slots, tensors[0].device)
@@ -401,10 +430,14 @@ def _compiled(steps: list) -> list:
         elif kind == "op":
             out.append((_OP, st[1], _filler(st[2]), _filler(st[3]), st[4],
                         any(i in addressed for i in st[4] if i is not None)))
+        elif kind == "fork":
+            out.append((_FORK,))
+        elif kind == "join":
+            out.append((_JOIN,))
         else:
             values = [0 if type(v) is tuple else v for v in st[3]]
             fixups = tuple((pos, v[0], v[1]) for pos, v in enumerate(st[3]) if type(v) is tuple)
-            out.append((_AOT if kind == "aot" else _NATIVE, st[1], st[2], values, fixups))
+            out.append(((_AOT_SIDE if st[4] else _AOT) if kind == "aot" else _NATIVE, st[1], st[2], values, fixups))
     return out
 
 
@@ -474,6 +507,9 @@ def _live(steps: list, outputs) -> list:
     keep = []
     for st in reversed(steps):
         kind = st[0]
+        if kind in ("fork", "join"):
+            keep.append(st)
+            continue
         if kind in ("aot", "native"):
             need.update(v[0] for v in st[3] if type(v) is tuple)
         elif kind == "op":

@@ -29,16 +29,16 @@ import torch
 from torch import Tensor
 
 from tsct import config, dispatch, native
-from tsct.kernels import aot, launch
+from tsct.kernels import aot, launch, record
 from tsct.kernels.triton_common import specs
 from tsct.kernels.triton_common.specs import Config
 
 __all__ = ["ARCH_CONFIGS", "CONFIG", "overridden", "kernel_arch", "tile_config", "cuda_kernel", "FAMILY",
            "backend_counts", "launch_kernel", "cdiv", "device_props", "device_capability", "aligned_launch",
            "native_smem_ok", "scales_f32", "scales_in", "as_f32", "as_i64", "tile_cum", "link_csr", "linked_csr",
-           "build_csr", "csr_overlap", "combine", "combine_forward", "dx_csr", "zero_tail", "zero_saved_tails",
-           "saved_like_r", "BwdPlan", "chunk_size", "bwd_plan", "chunked_programs", "dwd_chunks", "dw_chunks",
-           "EpiOut", "epi_outputs", "bwd_epilogue", "scale_grads", "dx_from_rows"]
+           "build_csr", "side_stream", "SideWork", "csr_overlap", "combine", "combine_forward", "dx_csr", "zero_tail",
+           "zero_saved_tails", "saved_like_r", "BwdPlan", "chunk_size", "bwd_plan", "chunked_programs", "dwd_chunks",
+           "dw_chunks", "EpiOut", "epi_outputs", "bwd_epilogue", "scale_grads", "dx_from_rows"]
 
 # ---- tile configs at run time (specs.CONFIGS: one table per arch, shared with the AOT build) -----------------------
 
@@ -336,10 +336,11 @@ def build_csr(idx: Tensor, offs: Tensor, m: int, n_out: int, cap) -> tuple[Tenso
 _side_streams = threading.local()  # per thread: a capture in one thread must not take another thread's work
 
 
-def _side_stream(device: torch.device):
-    """A high-priority stream per (thread, device) for ``csr_overlap`` (its few small kernels should not queue
-    behind the projections' thousands of tiles). It comes from torch's stream pool, which other components
-    (e.g. communication streams) may also draw from: sharing one costs ordering, never correctness."""
+def side_stream(device: torch.device) -> torch.cuda.Stream:
+    """A high-priority stream per (thread, device) for the side work of ``csr_overlap`` and ``SideWork`` (its
+    latency-bound kernels should not queue behind the row kernels' thousands of tiles). It comes from torch's stream
+    pool, which other components (e.g. communication streams) may also draw from: sharing one costs ordering, never
+    correctness."""
     i = device.index if device.index is not None else torch.cuda.current_device()
     streams = getattr(_side_streams, "by_device", None)
     if streams is None:
@@ -350,10 +351,58 @@ def _side_stream(device: torch.device):
     return s
 
 
+class SideWork:
+    """Launches beside the caller's stream: ``with SideWork(device) as side:`` around a pass, ``with side.fork():``
+    around launches whose results nothing on the caller's stream reads before the pass ends (the backward's chunked
+    weight gradients: the row kernels neither read nor write them). A fork's launches run on ``side_stream`` after
+    everything the caller's stream issued before the fork; leaving the outer block makes the caller's stream wait for
+    all of them (on an exception too: no memory they use is handed to other work first). Memory a fork uses is
+    allocated before it, on the caller's stream, and outlives the outer block. On the CPU, or with
+    ``tsct.config.side_stream`` off, everything runs on the caller's stream. ``tsct.kernels.replay`` records the
+    forks and the join as steps of its own."""
+
+    __slots__ = ("_main", "_side", "_forked")
+
+    def __init__(self, device: torch.device):
+        self._main = self._side = None
+        self._forked = False
+        if device.type == "cuda" and config.side_stream:
+            self._main = torch.cuda.current_stream(device)
+            self._side = side_stream(device)
+
+    def __enter__(self) -> "SideWork":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self._forked:
+            self._forked = False
+            self._main.wait_stream(self._side)
+            log = record.active()
+            if log is not None:
+                log.append(("join",))
+
+    @contextlib.contextmanager
+    def fork(self):
+        if self._side is None:
+            yield
+            return
+        self._side.wait_stream(self._main)
+        self._forked = True
+        log = record.active()
+        if log is not None:
+            log.append(("fork", self._side.cuda_stream))
+        try:
+            with torch.cuda.stream(self._side):
+                yield
+        finally:
+            if log is not None:
+                log.append(("fork_end",))
+
+
 class csr_overlap:
     """``with csr_overlap(idx, offs, m, n_out, cap) as c: <projections>``, then ``c.csr`` is ``build_csr(idx, ...)``.
 
-    On a GPU (and ``tsct.config.csr_side_stream``) the CSR is built on a side stream while the body issues the
+    On a GPU (and ``tsct.config.side_stream``) the CSR is built on a side stream while the body issues the
     projections on the caller's stream, which waits for the side stream on exit (on an exception too, so the
     outputs, allocated on the caller's stream, are never handed to other work while the side stream writes
     them). Its temporaries are allocated and freed on the side stream. The ~0.03 ms of sort kernels at b1
@@ -369,11 +418,11 @@ class csr_overlap:
             return
         order, ptr, fill = _csr(idx, offs, m, n_out, cap)
         self.csr = (order, ptr)
-        if not idx.is_cuda or not config.csr_side_stream:
+        if not idx.is_cuda or not config.side_stream:
             fill()
             return
         self._main = torch.cuda.current_stream(idx.device)
-        self._side = _side_stream(idx.device)
+        self._side = side_stream(idx.device)
         self._side.wait_stream(self._main)
         try:
             with torch.cuda.stream(self._side):
@@ -523,8 +572,8 @@ def bwd_plan(offs: Tensor, m: int, slot_elems: int, cfg: Config, cap) -> BwdPlan
     e = offs.shape[0]
     ch = chunk_size(cfg, m, slot_elems)
     maps = torch.empty(4, e, device=offs.device, dtype=torch.int32)
-    launch_kernel("bwd_maps", (1,), [offs, maps, e, ch], dict(BM=cfg.shared.bm, BLOCK=specs.TILE_CUM_BLOCK), 4, 1,
-                  False, cap, offs.device)
+    launch_kernel("bwd_maps", (1,), [offs, maps, e, ch], dict(BM=cfg.shared.bm, BLOCK=specs.BWD_MAPS_BLOCK),
+                  specs.BWD_MAPS_WARPS, 1, False, cap, offs.device)
     n_slots = cdiv(2 * m, ch) if ch < m else 0
     ws = torch.empty(max(1, n_slots * slot_elems), device=offs.device, dtype=torch.float32)
     return BwdPlan(maps, ch, cdiv(m, cfg.shared.bm) + e, n_slots, ws)

@@ -282,56 +282,62 @@ def grouped_glu_backward(
                 dict(HAS_GATHER=gidx is not None, HAS_SG=has_s, HAS_SU=has_s, HAS_RW=rw is not None, BWD=True,
                      BM=bm, BR=br, BK=bk, BLOCK_E=cfg.shared.block_e),
                 cfg.glu.warps_down, cfg.glu.stages_down, al, cap, dev)
-    # 2. dz0 partials over f slices on the row tiles (and dWd of the one-tile experts): the CUDA kernel where the
-    # dispatch has its row and the launch fits it, else one Triton program per (row tile, rank block, f slice)
-    if _native_dz(cfg, cap, wd_t, r, dtype, go, zw):
-        from tsct import native
-
-        n_fs = max(1, min(cfg.glu.fs_dz_native, C.cdiv(f, 64)))
-        dwd_t = torch.empty_like(w_down).transpose(1, 2) if do_dwd else None  # [E, f, r] view of a K-major dWd
-        part = native.glu_bwd_dz_bf16(go, offs, w_down.transpose(1, 2), zw, slices=n_fs, scatter_idx=sidx,
-                                      xtile_cum=plan.xcum, max_tiles=plan.max_tiles, dw_out=dwd_t)
-        dwd = dwd_t.transpose(1, 2) if do_dwd else None  # K-major, as w_down
-        FAMILY.count("native", "glu_bwd_dz")
-    else:
-        bn = cfg.glu.bn_bwd
-        n_fs = max(1, min(cfg.glu.fs_bwd, C.cdiv(f, bn)))
-        f_slice = C.cdiv(C.cdiv(f, bn), n_fs) * bn
-        n_fs = C.cdiv(f, f_slice)
-        part = torch.empty(n_fs, m, r, device=dev, dtype=torch.float32)
-        # dWd in w_down's layout (K-major stays K-major: the gradient a K-major parameter accumulates as is)
+    with C.SideWork(dev) as side:  # the chunked dW kernels beside the row kernels, joined before the return
+        # 2. dWd in w_down's layout (K-major stays K-major: the gradient a K-major parameter accumulates as is): the
+        # experts of several row tiles chunked, beside the row kernel that gives dz0 partials over f slices on the row
+        # tiles and the one-tile experts' dWd (the CUDA kernel where the dispatch has its row and the launch fits it,
+        # else one Triton program per (row tile, rank block, f slice))
         dwd = torch.empty_like(w_down) if do_dwd else None
-        vec_dz = specs.dz_vec(cfg, al, wd_t, dtype.itemsize)
-        _launch("glu_bwd_dz", (plan.max_tiles, nrb, n_fs),
-                [go, sidx, offs, plan.xcum, w_down, zw, part, dwd, e, m, r, f, f_slice],
-                dict(HAS_SCATTER=sidx is not None, DO_DWD=do_dwd, VEC=vec_dz, WD_T=wd_t, BM=bm, BR=br, BN=bn,
-                     BLOCK_E=cfg.shared.block_e),
-                *specs.dz_warps_stages(cfg, vec_dz, wd_t), al, cap, dev)
-    if do_dwd:  # the other experts' dWd, chunked
-        C.dwd_chunks(plan, go, sidx, offs, zw, dwd, wd_t, r, f, br, cfg, al, cap)
-        res[3] = dwd
-    # 3. the GLU backward on the row tiles: dhg, dhu, d rw; d sg, d su summed per expert
-    dhg, dhu, dsg, dsu, drw = C.bwd_epilogue(plan, hg, hu, part, offs, sg, su, rw, dtype, want[4] or want[5], cfg, cap)
-    C.scale_grads(res, want, dsg, dsu, drw, s_gate, s_up, row_weight)
+        if do_dwd:
+            with side.fork():
+                C.dwd_chunks(plan, go, sidx, offs, zw, dwd, wd_t, r, f, br, cfg, al, cap)
+            res[3] = dwd
+        if _native_dz(cfg, cap, wd_t, r, dtype, go, zw):
+            from tsct import native
 
-    # 4. dX on the row tiles (and dWg / dWu of the one-tile experts), then the other experts' dWg / dWu, chunked
-    do_dx, do_dw = want[0], want[1] or want[2]
-    if do_dx or do_dw:
-        dwg = torch.empty_like(w_gate) if do_dw else None
-        dwu = torch.empty_like(w_up) if do_dw else None
-        dx_rows = torch.empty(m, d, device=dev, dtype=dtype) if do_dx else None
-        bd, ndb = cfg.glu.bd_bwd, cfg.glu.ndb_bwd
-        _launch("glu_bwd_dx_dw", (plan.max_tiles, C.cdiv(d, bd * ndb)),
-                [x, gidx, offs, plan.xcum, w_gate, w_up, dhg, dhu, dx_rows, dwg, dwu, e, d, r, x.stride(0)],
-                dict(HAS_GATHER=gidx is not None, DO_DX=do_dx, DO_DW=do_dw, BM=bm, BD=bd, BR=br, NDB=ndb,
-                     BLOCK_E=cfg.shared.block_e),
-                cfg.glu.warps_bwd_dxdw, cfg.glu.stages_bwd_dxdw, al, cap, dev)
-        if do_dw:
-            C.dw_chunks(plan, x, gidx, offs, dhg, dhu, dwg, dwu, d, r, br, cfg, al, cap)
-        if do_dx:
-            res[0] = C.dx_from_rows(dx_rows, gather_idx, scatter_idx, offs, x.shape[0], num_out_rows, saved, cfg, cap)
-        if want[1]:
-            res[1] = dwg
-        if want[2]:
-            res[2] = dwu
+            n_fs = max(1, min(cfg.glu.fs_dz_native, C.cdiv(f, 64)))
+            part = native.glu_bwd_dz_bf16(go, offs, w_down.transpose(1, 2), zw, slices=n_fs, scatter_idx=sidx,
+                                          xtile_cum=plan.xcum, max_tiles=plan.max_tiles,
+                                          dw_out=dwd.transpose(1, 2) if do_dwd else None)  # [E, f, r] view
+            FAMILY.count("native", "glu_bwd_dz")
+        else:
+            bn = cfg.glu.bn_bwd
+            n_fs = max(1, min(cfg.glu.fs_bwd, C.cdiv(f, bn)))
+            f_slice = C.cdiv(C.cdiv(f, bn), n_fs) * bn
+            n_fs = C.cdiv(f, f_slice)
+            part = torch.empty(n_fs, m, r, device=dev, dtype=torch.float32)
+            vec_dz = specs.dz_vec(cfg, al, wd_t, dtype.itemsize)
+            _launch("glu_bwd_dz", (plan.max_tiles, nrb, n_fs),
+                    [go, sidx, offs, plan.xcum, w_down, zw, part, dwd, e, m, r, f, f_slice],
+                    dict(HAS_SCATTER=sidx is not None, DO_DWD=do_dwd, VEC=vec_dz, WD_T=wd_t, BM=bm, BR=br, BN=bn,
+                         BLOCK_E=cfg.shared.block_e),
+                    *specs.dz_warps_stages(cfg, vec_dz, wd_t), al, cap, dev)
+        # 3. the GLU backward on the row tiles: dhg, dhu, d rw; d sg, d su summed per expert
+        dhg, dhu, dsg, dsu, drw = C.bwd_epilogue(plan, hg, hu, part, offs, sg, su, rw, dtype, want[4] or want[5],
+                                                 cfg, cap)
+        C.scale_grads(res, want, dsg, dsu, drw, s_gate, s_up, row_weight)
+
+        # 4. dX on the row tiles (and dWg / dWu of the one-tile experts), beside it the other experts' dWg / dWu,
+        # chunked
+        do_dx, do_dw = want[0], want[1] or want[2]
+        if do_dx or do_dw:
+            dwg = torch.empty_like(w_gate) if do_dw else None
+            dwu = torch.empty_like(w_up) if do_dw else None
+            dx_rows = torch.empty(m, d, device=dev, dtype=dtype) if do_dx else None
+            if do_dw:
+                with side.fork():
+                    C.dw_chunks(plan, x, gidx, offs, dhg, dhu, dwg, dwu, d, r, br, cfg, al, cap)
+            bd, ndb = cfg.glu.bd_bwd, cfg.glu.ndb_bwd
+            _launch("glu_bwd_dx_dw", (plan.max_tiles, C.cdiv(d, bd * ndb)),
+                    [x, gidx, offs, plan.xcum, w_gate, w_up, dhg, dhu, dx_rows, dwg, dwu, e, d, r, x.stride(0)],
+                    dict(HAS_GATHER=gidx is not None, DO_DX=do_dx, DO_DW=do_dw, BM=bm, BD=bd, BR=br, NDB=ndb,
+                         BLOCK_E=cfg.shared.block_e),
+                    cfg.glu.warps_bwd_dxdw, cfg.glu.stages_bwd_dxdw, al, cap, dev)
+            if do_dx:
+                res[0] = C.dx_from_rows(dx_rows, gather_idx, scatter_idx, offs, x.shape[0], num_out_rows, saved,
+                                        cfg, cap)
+            if want[1]:
+                res[1] = dwg
+            if want[2]:
+                res[2] = dwu
     return res
