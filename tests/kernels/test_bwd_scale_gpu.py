@@ -161,3 +161,34 @@ def test_chunk_size_changes_only_dw_rounding():
     for i in (1, 2, 3):
         err = TG.rel_err(grads[i], base[i])
         assert err < CHUNK_TOL, f"{TG.NAMES[i]}: {err:.2e} between chunk sizes"
+
+
+@pytest.mark.parametrize("fmt", [None, "nvfp4"], ids=["bf16", "nvfp4"])
+def test_side_stream_gives_the_same_bits_and_is_joined(fmt, monkeypatch):
+    """The chunked dW kernels beside the row kernels (``tsct.config.side_stream``): the gradients of the caller's
+    stream bit for bit, also when the side stream's work starts ~50 ms late (a sleep queued on it before each fork)
+    and the gradients are copied on the caller's stream at once: the backward waits for its side work."""
+    from tsct import config
+
+    c = _case("hot_expert_kmajor")
+    p, _, _, runs, go = results(c, fmt)
+    fam = TL if fmt else TGK
+    base = runs[0][1]
+    side_stream = C.side_stream
+
+    def late(device, high=True):
+        s = side_stream(device, high)
+        with torch.cuda.stream(s):
+            torch.cuda._sleep(100_000_000)
+        return s
+
+    for side, stream_of in ((True, late), (False, side_stream)):
+        monkeypatch.setattr(config, "side_stream", side)
+        monkeypatch.setattr(C, "side_stream", stream_of)
+        _, saved = fam.grouped_glu_forward_saved(*TG.args_of(p))
+        TG.poison()
+        grads = fam.grouped_glu_backward(go, *TG.args_of(p), [True] * 7, saved=saved)
+        copies = [g.clone() for g in grads]  # on the caller's stream, before any host synchronization
+        torch.cuda.synchronize()
+        for name, a, b in zip(TG.NAMES, copies, base):
+            assert torch.equal(a, b), f"{name}: side stream {side} differs from the plain run"

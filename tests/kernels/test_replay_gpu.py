@@ -101,3 +101,31 @@ def test_replay_gives_the_paths_bits(arm, routing, monkeypatch):
         for i, (a, b) in enumerate(zip(w, o)):
             assert a.shape == b.shape and a.dtype == b.dtype, (seed, i)
             assert torch.equal(a, b), (arm, routing, seed, i, (a.float() - b.float()).abs().max().item())
+
+
+def test_replay_joins_its_side_work(monkeypatch):
+    """A replayed backward's forks (the chunked dW kernels on the side stream) start ~50 ms late (a sleep queued on
+    the side stream before each): its gradients, compared at once on the caller's stream, are still the path's."""
+    from tsct.kernels.triton_common import runtime as C
+
+    shape = (512, 2, 16, 256, 64, 203)
+    monkeypatch.setattr(config, "check_values", False)
+    monkeypatch.setattr(config, "eager_replay", False)
+    want = [_pass("bf16-kmajor", "skewed", seed, shape) for seed in range(4)]
+    side_stream = C.side_stream
+
+    def late(device, high=True):
+        s = side_stream(device, high)
+        with torch.cuda.stream(s):
+            torch.cuda._sleep(100_000_000)
+        return s
+
+    monkeypatch.setattr(C, "side_stream", late)
+    replay.clear()
+    monkeypatch.setattr(config, "eager_replay", True)
+    for seed in range(4):  # run, recorded, replayed twice
+        got = _pass("bf16-kmajor", "skewed", seed, shape)
+        for i, (a, b) in enumerate(zip(want[seed], got)):
+            assert torch.equal(a, b), (seed, i)
+    st = replay.stats()
+    assert st["reasons"] == {} and st["replayed"] == 6, st

@@ -169,7 +169,7 @@ class _Program:
                 step[1].launch(step[2], values, side.cuda_stream)
             elif kind == _FORK:  # as SideWork: the side stream waits for what the caller's stream issued so far
                 main = torch.cuda.current_stream(tensors[0].device)
-                side = C.side_stream(tensors[0].device)
+                side = C.side_stream(tensors[0].device, high=False)
                 side.wait_stream(main)
             elif kind == _JOIN:
                 main.wait_stream(side)

@@ -336,29 +336,30 @@ def build_csr(idx: Tensor, offs: Tensor, m: int, n_out: int, cap) -> tuple[Tenso
 _side_streams = threading.local()  # per thread: a capture in one thread must not take another thread's work
 
 
-def side_stream(device: torch.device) -> torch.cuda.Stream:
-    """A high-priority stream per (thread, device) for the side work of ``csr_overlap`` and ``SideWork`` (its
-    latency-bound kernels should not queue behind the row kernels' thousands of tiles). It comes from torch's stream
-    pool, which other components (e.g. communication streams) may also draw from: sharing one costs ordering, never
-    correctness."""
+def side_stream(device: torch.device, high: bool = True) -> torch.cuda.Stream:
+    """A side stream per (thread, device, priority). ``high`` (``csr_overlap``): its few latency-bound kernels should
+    not queue behind the row kernels' thousands of tiles, which wait for them. Else the lowest priority
+    (``SideWork``): the backward's chunked dW kernels, which nothing waits for until the backward ends, take the SMs
+    the row kernels leave idle instead of delaying them. The streams come from torch's stream pool, which other
+    components (e.g. communication streams) may also draw from: sharing one costs ordering, never correctness."""
     i = device.index if device.index is not None else torch.cuda.current_device()
     streams = getattr(_side_streams, "by_device", None)
     if streams is None:
         streams = _side_streams.by_device = {}
-    s = streams.get(i)
+    s = streams.get((i, high))
     if s is None:
-        s = streams[i] = torch.cuda.Stream(device=i, priority=torch.cuda.Stream.priority_range()[1])
+        s = streams[(i, high)] = torch.cuda.Stream(device=i, priority=torch.cuda.Stream.priority_range()[int(high)])
     return s
 
 
 class SideWork:
     """Launches beside the caller's stream: ``with SideWork(device) as side:`` around a pass, ``with side.fork():``
     around launches whose results nothing on the caller's stream reads before the pass ends (the backward's chunked
-    weight gradients: the row kernels neither read nor write them). A fork's launches run on ``side_stream`` after
-    everything the caller's stream issued before the fork; leaving the outer block makes the caller's stream wait for
-    all of them (on an exception too: no memory they use is handed to other work first). Memory a fork uses is
-    allocated before it, on the caller's stream, and outlives the outer block. On the CPU, or with
-    ``tsct.config.side_stream`` off, everything runs on the caller's stream. ``tsct.kernels.replay`` records the
+    weight gradients: the row kernels neither read nor write them). A fork's launches run on the low-priority
+    ``side_stream`` after everything the caller's stream issued before the fork; leaving the outer block makes the
+    caller's stream wait for all of them (on an exception too: no memory they use is handed to other work first).
+    Memory a fork uses is allocated before it, on the caller's stream, and outlives the outer block. On the CPU, or
+    with ``tsct.config.side_stream`` off, everything runs on the caller's stream. ``tsct.kernels.replay`` records the
     forks and the join as steps of its own."""
 
     __slots__ = ("_main", "_side", "_forked")
@@ -368,7 +369,7 @@ class SideWork:
         self._forked = False
         if device.type == "cuda" and config.side_stream:
             self._main = torch.cuda.current_stream(device)
-            self._side = side_stream(device)
+            self._side = side_stream(device, high=False)
 
     def __enter__(self) -> "SideWork":
         return self
@@ -572,8 +573,8 @@ def bwd_plan(offs: Tensor, m: int, slot_elems: int, cfg: Config, cap) -> BwdPlan
     e = offs.shape[0]
     ch = chunk_size(cfg, m, slot_elems)
     maps = torch.empty(4, e, device=offs.device, dtype=torch.int32)
-    launch_kernel("bwd_maps", (1,), [offs, maps, e, ch], dict(BM=cfg.shared.bm, BLOCK=specs.BWD_MAPS_BLOCK),
-                  specs.BWD_MAPS_WARPS, 1, False, cap, offs.device)
+    launch_kernel("bwd_maps", (1,), [offs, maps, e, ch], dict(BM=cfg.shared.bm, BLOCK=specs.TILE_CUM_BLOCK), 4, 1,
+                  False, cap, offs.device)
     n_slots = cdiv(2 * m, ch) if ch < m else 0
     ws = torch.empty(max(1, n_slots * slot_elems), device=offs.device, dtype=torch.float32)
     return BwdPlan(maps, ch, cdiv(m, cfg.shared.bm) + e, n_slots, ws)

@@ -552,10 +552,6 @@ def combine_tile(cfg: Config, ncols: int) -> tuple[int, int, int]:
 
 ZERO_TAIL_BM, ZERO_TAIL_BN = 32, 256
 TILE_CUM_BLOCK, CSR_KEYS_BLOCK = 1024, 1024
-# bwd_maps: experts per step of its one program, warps. Its steps run one after another (each carries the sums of the
-# ones before), so the block is wide: one step up to E = 4096, four at E = 16384 (a 1024 block took 4.3 / 14.5 us at
-# E = 1024 / 4096 on an H100, on the backward's critical path; docs/performance.md)
-BWD_MAPS_BLOCK, BWD_MAPS_WARPS = 4096, 8
 # bwd_slot_reduce: elements per step, most column groups per slot, warps; glu_bwd_sred's warps
 SLOT_REDUCE_BLOCK, SLOT_REDUCE_GROUPS, SLOT_REDUCE_WARPS, SRED_WARPS = 1024, 64, 4, 2
 # tsct.ops.sort_by_expert: rows per chunk (one program each; (E + 2) * ROUTE_B must fit int32: ops/routing.py checks
@@ -683,7 +679,7 @@ def bwd_dw_specs(cfg: Config, D: str, aligned: bool, brs: list[int], once: bool)
                                  dict(BLOCK=SLOT_REDUCE_BLOCK, BLOCK_E=sh.block_e), SLOT_REDUCE_WARPS, 1, a))
     if once:  # dtype-free: once per arch
         out.append(make_spec("bwd_maps", dict(offs_ptr="*i32", maps_ptr="*i32"),
-                             dict(BM=sh.bm, BLOCK=BWD_MAPS_BLOCK), BWD_MAPS_WARPS, 1, False))
+                             dict(BM=sh.bm, BLOCK=TILE_CUM_BLOCK), 4, 1, False))
         for br in sorted(set(rank_blocks(cfg, True)) | set(rank_blocks(cfg, False))):
             out.append(make_spec("glu_bwd_sred", dict(dsgp_ptr="*fp32", dsup_ptr="*fp32", offs_ptr="*i32",
                                                       xcum_ptr="*i32", dsg_ptr="*fp32", dsu_ptr="*fp32"),
