@@ -14,7 +14,9 @@ sort kernels has are used, so an older tree runs it unchanged.
 Prints one line per (shape, arm): forward / forward+backward ms (median of 20 replays) and the expert rows
 (max, empty experts). ``--profile``: also the device time per kernel of one eager forward+backward
 (``scripts/pass_profile.py``'s torch.profiler table, mean of 5 passes), printed and kept in the JSON (where the time of
-an edge shape goes).
+an edge shape goes). ``--timeline``: the kernels of one CUDA-graph replay of forward+backward in start order (start,
+duration and gap to the latest end before it, in us; stream), printed and kept (what lies between the kernels, and
+which overlap). ``--side-stream off``: ``tsct.config.side_stream = False`` (a tree that predates it ignores it).
 """
 
 from __future__ import annotations
@@ -72,7 +74,8 @@ def factors(arm: str, dense):
     raise ValueError(f"unknown arm {arm!r}; arms: {', '.join(ARMS)}")
 
 
-def time_arm(shape: str, arm: str, inputs, dev: torch.device, replays: int, profile: bool = False) -> dict:
+def time_arm(shape: str, arm: str, inputs, dev: torch.device, replays: int, profile: bool = False,
+             timeline: bool = False) -> dict:
     from tsct.bench import measure
     from tsct.ops import grouped_glu, sort_by_expert
 
@@ -99,8 +102,62 @@ def time_arm(shape: str, arm: str, inputs, dev: torch.device, replays: int, prof
         import pass_profile
 
         res["kernels"] = pass_profile.device(fwdbwd, f"{shape} {arm} fwd+bwd", 5)["kernels"]
+    if timeline:
+        res["timeline"] = graph_timeline(fwdbwd, dev)
+        print_timeline(res["timeline"], f"{shape} {arm} fwd+bwd")
     res["seconds"] = round(time.time() - t0, 1)
     return res
+
+
+def graph_timeline(fn, dev: torch.device, replays: int = 3) -> list[dict]:
+    """The device work (kernels, copies, sets) of the last of ``replays`` replays of ``fn`` captured in a CUDA graph,
+    from torch.profiler's trace: [{name, stream, start, dur, gap}] in start order, us from the replay's first start;
+    gap: start minus the latest end before it (negative: overlapping another stream's work)."""
+    import contextlib
+    import tempfile
+
+    from torch.profiler import ProfilerActivity, profile
+    from tsct.bench import measure
+
+    side = torch.cuda.Stream(dev)
+    side.wait_stream(torch.cuda.current_stream(dev))
+    with torch.cuda.stream(side):
+        for _ in range(3):
+            fn()
+    torch.cuda.current_stream(dev).wait_stream(side)
+    g = torch.cuda.CUDAGraph()
+    with getattr(measure, "gc_paused", contextlib.nullcontext)(), torch.cuda.graph(g):  # older trees: no gc_paused
+        fn()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(replays):
+            torch.cuda.synchronize(dev)
+            g.replay()
+        torch.cuda.synchronize(dev)
+    with tempfile.NamedTemporaryFile(suffix=".json") as fh:
+        prof.export_chrome_trace(fh.name)
+        events = json.load(open(fh.name))["traceEvents"]
+    work = sorted((e for e in events if e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset")), key=lambda e: e["ts"])
+    n = len(work) // replays  # every replay runs the same graph nodes: the last replay is the last n of them
+    last = work[-n:] if n else []
+    out, end = [], None
+    t0 = last[0]["ts"] if last else 0
+    for e in last:
+        out.append({"name": e["name"], "stream": e.get("args", {}).get("stream"), "start": round(e["ts"] - t0, 1),
+                    "dur": round(e["dur"], 1), "gap": round(e["ts"] - end, 1) if end is not None else 0.0})
+        end = max(end, e["ts"] + e["dur"]) if end is not None else e["ts"] + e["dur"]
+    del g
+    return out
+
+
+def print_timeline(rows: list[dict], label: str) -> None:
+    if not rows:
+        print(f"== {label}: no device work recorded", flush=True)
+        return
+    span = max(r["start"] + r["dur"] for r in rows)
+    busy = sum(r["dur"] for r in rows)
+    print(f"== {label}: {len(rows)} kernels and copies, span {span:.1f} us, their sum {busy:.1f} us", flush=True)
+    for r in rows:
+        print(f"  {r['start']:9.1f} {r['dur']:8.1f}  gap {r['gap']:6.1f}  s{r['stream']}  {r['name'][:80]}")
 
 
 def main() -> int:
@@ -111,22 +168,26 @@ def main() -> int:
     p.add_argument("--arms", default=",".join(ARMS))
     p.add_argument("--replays", type=int, default=20)
     p.add_argument("--profile", action="store_true", help="also the device time per kernel of forward+backward")
+    p.add_argument("--timeline", action="store_true", help="also the kernels of one graph replay of forward+backward")
+    p.add_argument("--side-stream", choices=("on", "off"), default="on", help="tsct.config.side_stream")
     a = p.parse_args()
     import tsct
-    from tsct import native
+    from tsct import config, native
+
+    config.side_stream = a.side_stream == "on"
 
     dev = torch.device("cuda")
     out = {"label": a.label, "tsct_file": tsct.__file__, "native": native.available(),
            "native_error": None if native.available() else str(native.load_error()),
            "cfg": os.environ.get("TSCT_TRITON_GLU_CFG", ""),
            "cuda_kernels": os.environ.get("TSCT_CUDA_KERNELS", "auto"), "backend": os.environ.get("TSCT_TRITON_BACKEND", "auto"),
-           "device": torch.cuda.get_device_name(dev), "results": []}
+           "side_stream": a.side_stream, "device": torch.cuda.get_device_name(dev), "results": []}
     print(f"[{a.label}] tsct {tsct.__file__} native={out['native']} cfg={out['cfg']!r}", flush=True)
     for shape in a.shapes.split(","):
         inputs = make(shape, dev)
         for arm in a.arms.split(","):
             try:
-                r = time_arm(shape, arm, inputs, dev, a.replays, a.profile)
+                r = time_arm(shape, arm, inputs, dev, a.replays, a.profile, a.timeline)
             except Exception as e:  # noqa: BLE001  (recorded; the other points still run)
                 r = {"shape": shape, "arm": arm, "error": f"{type(e).__name__}: {e}"[:400]}
             out["results"].append(r)

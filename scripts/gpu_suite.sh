@@ -97,8 +97,9 @@ bwd-ab         the backward's schedule A/B through Triton JIT from source trees 
                python | tar -x -C build/old_tree`, carried) with build/old_native if carried, "new" = this tree with
                build/native (scripts/build_native.sh), "new-tdz" = this tree without the CUDA dz
                (TSCT_CUDA_KERNELS=none); then a table, the runs in $OUT/ab_runs.json
-wheel-ab       the same timer on wheels built here and carried (RUNS="DIR[:OPT...] ...": p profile, tdz the Triton dz,
-               b1 two shapes, NAME=INT a tile override), interleaved in one call; then the same table and file
+wheel-ab       the same timer on wheels built here and carried (RUNS="DIR[:OPT...] ...": p profile, tl timeline of a
+               graph replay, tdz the Triton dz, noside tsct.config.side_stream off, b1 two shapes, NAME=INT a tile
+               override), interleaved in one call; then the same table and file
 bwd-chunks     the same timer at b1 Zipf 1.2 / 1.5 over SharedTiles.chunk_bwd (256 .. 2048) and fs_dwd (8, 32)
 nn             test_nn_experts_gpu.py: the expert layers on the kernel paths against the fp32 padded bmm, STE layers,
                make_graphed_callables, torch.compile, counts without host syncs
@@ -417,29 +418,32 @@ wheel_site() {
 stage_wheel-ab() {
   # the same timer on installed wheels, interleaved in one process tree: RUNS="DIR[:OPT...] ...", DIR a folder of the
   # checkout holding one tsct wheel (each unpacked once into /tmp, imported through PYTHONPATH); OPT: p (also the
-  # per-kernel profile), tdz (TSCT_CUDA_KERNELS=none), b1 (shapes b1 and b1_zipf12 only), NAME=INT[,NAME=INT] (a
-  # TSCT_TRITON_GLU_CFG override). Shapes $SHAPES (default b1,b1_zipf12,e4096,e16384).
+  # per-kernel profile), tl (also the kernel timeline of a graph replay), tdz (TSCT_CUDA_KERNELS=none), noside
+  # (tsct.config.side_stream off), b1 (shapes b1 and b1_zipf12 only), NAME=INT[,NAME=INT] (a TSCT_TRITON_GLU_CFG
+  # override). Shapes $SHAPES (default b1,b1_zipf12,e4096,e16384).
   local timer="$ROOT/scripts/bwd_scale_timing.py" i=0 spec
   rm -f "$OUT"/time_*.json "$OUT"/ab_runs.json
   for spec in ${RUNS:?"RUNS=\"DIR[:OPT...] ...\" names the wheels (stage wheel-ab)"}; do
-    local parts w o lab prof="" cuda=auto shapes=${SHAPES:-b1,b1_zipf12,e4096,e16384} cfg=""
+    local parts w o lab prof=() cuda=auto shapes=${SHAPES:-b1,b1_zipf12,e4096,e16384} cfg=""
     IFS=: read -r -a parts <<< "$spec"
     w=${parts[0]}; i=$((i + 1)); lab=${w//\//-}
     wheel_site "$w"
     [[ -n $SITE ]] || continue
     for o in "${parts[@]:1}"; do
       case $o in
-        p) prof=--profile ;;
+        p) prof+=(--profile) ;;
+        tl) prof+=(--timeline) ;;
         tdz) cuda=none; lab="$lab-tdz" ;;
+        noside) prof+=(--side-stream off); lab="$lab-noside" ;;
         b1) shapes=b1,b1_zipf12 ;;
         *=*) cfg=$o; lab="$lab-${o//[=,]/-}" ;;
-        *) echo "wheel-ab: unknown option '$o' in '$spec' (p, tdz, b1, NAME=INT)"; exit 2 ;;
+        *) echo "wheel-ab: unknown option '$o' in '$spec' (p, tl, tdz, noside, b1, NAME=INT)"; exit 2 ;;
       esac
     done
     lab="$i-${lab//[^A-Za-z0-9-]/-}"
     step "ab-$lab" 200 env PYTHONPATH="$SITE" TSCT_CUDA_KERNELS=$cuda \
       TSCT_TRITON_GLU_CFG="$cfg" python3 "$timer" --label "$lab" --shapes "$shapes" --arms "${SWEEP_ARMS:-bf16-kmajor,nvfp4,sign}" \
-      $prof --json "$OUT/time_$lab.json"
+      "${prof[@]}" --json "$OUT/time_$lab.json"
   done
   ab_table
 }
