@@ -13,7 +13,7 @@ once should not pay) runs the path while recording what reaches the device:
   resolved to (input or allocation, byte offset), and the launch counts they reported,
 * where its outputs live (an input, an allocation or a view of one).
 
-* the forks and the join of its side work (``runtime.SideWork``: launches beside the caller's stream).
+* the marks, forks and join of its side work (``runtime.SideWork``: launches beside the caller's stream).
 
 A later call with the same signature runs the same ops on its own tensors (allocations through the fast torch
 factories; views made only to take a pointer, and allocations nothing reads, are left out), issues the same launches
@@ -129,7 +129,7 @@ class _Slot(NamedTuple):
     index: int
 
 
-_NEW, _ZEROS, _OP, _AOT, _NATIVE, _AOT_SIDE, _FORK, _JOIN = range(8)  # the kinds of a program's steps
+_NEW, _ZEROS, _OP, _AOT, _NATIVE, _AOT_SIDE, _MARK, _FORK, _JOIN = range(9)  # the kinds of a program's steps
 _NULL = ctypes.c_void_p(0)  # a CUDA-row call's null pointer argument
 
 
@@ -167,10 +167,14 @@ class _Program:
                 for pos, i, off in step[4]:
                     values[pos] = addr[i] + off
                 step[1].launch(step[2], values, side.cuda_stream)
-            elif kind == _FORK:  # as SideWork: the side stream waits for what the caller's stream issued so far
-                main = torch.cuda.current_stream(tensors[0].device)
-                side = C.side_stream(tensors[0].device, high=False)
-                side.wait_stream(main)
+            elif kind == _MARK:  # as SideWork: an event after what the caller's stream issued so far
+                if side is None:
+                    main = torch.cuda.current_stream(tensors[0].device)
+                    side = C.side_stream(tensors[0].device, high=False)
+                    marks = []
+                marks.append(main.record_event())
+            elif kind == _FORK:  # the side stream waits for its mark
+                side.wait_event(marks[step[1]])
             elif kind == _JOIN:
                 main.wait_stream(side)
             elif kind == _NEW:
@@ -339,11 +343,18 @@ def _program(out, tensors, log) -> _Program:
     counts: dict = {}  # Family -> Counter: the launch counts this call added (as the log reported them)
     stream = None      # the caller's stream, as it was and is (looked up at the first launch)
     side = None        # inside a fork (runtime.SideWork): the side stream its launches use
+    marks: dict = {}   # id of a SideWork.ready event -> its index among the call's marks
     for entry in log:
         kind = entry[0]
+        if kind == "mark":
+            marks[id(entry[1])] = len(marks)
+            steps.append(["mark"])
+            continue
         if kind == "fork":
+            if id(entry[2]) not in marks:
+                raise _NotReplayable("a fork after an event the call did not mark")
             side = entry[1]
-            steps.append(["fork"])
+            steps.append(["fork", marks[id(entry[2])]])
             continue
         if kind == "fork_end":
             side = None
@@ -430,8 +441,10 @@ def _compiled(steps: list) -> list:
         elif kind == "op":
             out.append((_OP, st[1], _filler(st[2]), _filler(st[3]), st[4],
                         any(i in addressed for i in st[4] if i is not None)))
+        elif kind == "mark":
+            out.append((_MARK,))
         elif kind == "fork":
-            out.append((_FORK,))
+            out.append((_FORK, st[1]))
         elif kind == "join":
             out.append((_JOIN,))
         else:
@@ -507,7 +520,7 @@ def _live(steps: list, outputs) -> list:
     keep = []
     for st in reversed(steps):
         kind = st[0]
-        if kind in ("fork", "join"):
+        if kind in ("mark", "fork", "join"):
             keep.append(st)
             continue
         if kind in ("aot", "native"):

@@ -353,14 +353,17 @@ def side_stream(device: torch.device, high: bool = True) -> torch.cuda.Stream:
 
 
 class SideWork:
-    """Launches beside the caller's stream: ``with SideWork(device) as side:`` around a pass, ``with side.fork():``
-    around launches whose results nothing on the caller's stream reads before the pass ends (the backward's chunked
-    weight gradients: the row kernels neither read nor write them). A fork's launches run on the low-priority
-    ``side_stream`` after everything the caller's stream issued before the fork; leaving the outer block makes the
-    caller's stream wait for all of them (on an exception too: no memory they use is handed to other work first).
-    Memory a fork uses is allocated before it, on the caller's stream, and outlives the outer block. On the CPU, or
-    with ``tsct.config.side_stream`` off, everything runs on the caller's stream. ``tsct.kernels.replay`` records the
-    forks and the join as steps of its own."""
+    """Launches beside the caller's stream: ``with SideWork(device) as side:`` around a pass; ``ready = side.ready()``
+    once the inputs of some side work exist, then the row kernel it should run beside, then ``with
+    side.fork(ready):`` around the side work's launches, whose results nothing on the caller's stream reads before the
+    pass ends (the backward's chunked weight gradients: the row kernels neither read nor write them). A fork's
+    launches run on the lowest-priority ``side_stream`` after everything the caller's stream issued before ``ready``,
+    and are issued after the row kernel, so that kernel's programs take the SMs first and the side work fills what
+    its last wave leaves idle. Leaving the outer block makes the caller's stream wait for all of them (on an exception
+    too: no memory they use is handed to other work first). Memory a fork uses is allocated before its ``ready``, on
+    the caller's stream, and outlives the outer block. On the CPU, or with ``tsct.config.side_stream`` off,
+    everything runs on the caller's stream in issue order. ``tsct.kernels.replay`` records the marks, the forks and
+    the join as steps of its own."""
 
     __slots__ = ("_main", "_side", "_forked")
 
@@ -382,16 +385,26 @@ class SideWork:
             if log is not None:
                 log.append(("join",))
 
+    def ready(self) -> Optional[torch.cuda.Event]:
+        """An event on the caller's stream after all it has issued so far (None without a side stream)."""
+        if self._side is None:
+            return None
+        ev = self._main.record_event()
+        log = record.active()
+        if log is not None:
+            log.append(("mark", ev))
+        return ev
+
     @contextlib.contextmanager
-    def fork(self):
+    def fork(self, ready: Optional[torch.cuda.Event]):
         if self._side is None:
             yield
             return
-        self._side.wait_stream(self._main)
+        self._side.wait_event(ready)
         self._forked = True
         log = record.active()
         if log is not None:
-            log.append(("fork", self._side.cuda_stream))
+            log.append(("fork", self._side.cuda_stream, ready))
         try:
             with torch.cuda.stream(self._side):
                 yield

@@ -283,15 +283,12 @@ def grouped_glu_backward(
                      BM=bm, BR=br, BK=bk, BLOCK_E=cfg.shared.block_e),
                 cfg.glu.warps_down, cfg.glu.stages_down, al, cap, dev)
     with C.SideWork(dev) as side:  # the chunked dW kernels beside the row kernels, joined before the return
-        # 2. dWd in w_down's layout (K-major stays K-major: the gradient a K-major parameter accumulates as is): the
-        # experts of several row tiles chunked, beside the row kernel that gives dz0 partials over f slices on the row
-        # tiles and the one-tile experts' dWd (the CUDA kernel where the dispatch has its row and the launch fits it,
-        # else one Triton program per (row tile, rank block, f slice))
+        # 2. dz0 partials over f slices on the row tiles and the one-tile experts' dWd (the CUDA kernel where the
+        # dispatch has its row and the launch fits it, else one Triton program per (row tile, rank block, f slice));
+        # beside it the other experts' dWd, chunked. dWd in w_down's layout (K-major stays K-major: the gradient a
+        # K-major parameter accumulates as is)
         dwd = torch.empty_like(w_down) if do_dwd else None
-        if do_dwd:
-            with side.fork():
-                C.dwd_chunks(plan, go, sidx, offs, zw, dwd, wd_t, r, f, br, cfg, al, cap)
-            res[3] = dwd
+        ready = side.ready() if do_dwd else None
         if _native_dz(cfg, cap, wd_t, r, dtype, go, zw):
             from tsct import native
 
@@ -312,6 +309,10 @@ def grouped_glu_backward(
                     dict(HAS_SCATTER=sidx is not None, DO_DWD=do_dwd, VEC=vec_dz, WD_T=wd_t, BM=bm, BR=br, BN=bn,
                          BLOCK_E=cfg.shared.block_e),
                     *specs.dz_warps_stages(cfg, vec_dz, wd_t), al, cap, dev)
+        if do_dwd:
+            with side.fork(ready):
+                C.dwd_chunks(plan, go, sidx, offs, zw, dwd, wd_t, r, f, br, cfg, al, cap)
+            res[3] = dwd
         # 3. the GLU backward on the row tiles: dhg, dhu, d rw; d sg, d su summed per expert
         dhg, dhu, dsg, dsu, drw = C.bwd_epilogue(plan, hg, hu, part, offs, sg, su, rw, dtype, want[4] or want[5],
                                                  cfg, cap)
@@ -324,15 +325,16 @@ def grouped_glu_backward(
             dwg = torch.empty_like(w_gate) if do_dw else None
             dwu = torch.empty_like(w_up) if do_dw else None
             dx_rows = torch.empty(m, d, device=dev, dtype=dtype) if do_dx else None
-            if do_dw:
-                with side.fork():
-                    C.dw_chunks(plan, x, gidx, offs, dhg, dhu, dwg, dwu, d, r, br, cfg, al, cap)
+            ready = side.ready() if do_dw else None
             bd, ndb = cfg.glu.bd_bwd, cfg.glu.ndb_bwd
             _launch("glu_bwd_dx_dw", (plan.max_tiles, C.cdiv(d, bd * ndb)),
                     [x, gidx, offs, plan.xcum, w_gate, w_up, dhg, dhu, dx_rows, dwg, dwu, e, d, r, x.stride(0)],
                     dict(HAS_GATHER=gidx is not None, DO_DX=do_dx, DO_DW=do_dw, BM=bm, BD=bd, BR=br, NDB=ndb,
                          BLOCK_E=cfg.shared.block_e),
                     cfg.glu.warps_bwd_dxdw, cfg.glu.stages_bwd_dxdw, al, cap, dev)
+            if do_dw:
+                with side.fork(ready):
+                    C.dw_chunks(plan, x, gidx, offs, dhg, dhu, dwg, dwu, d, r, br, cfg, al, cap)
             if do_dx:
                 res[0] = C.dx_from_rows(dx_rows, gather_idx, scatter_idx, offs, x.shape[0], num_out_rows, saved,
                                         cfg, cap)

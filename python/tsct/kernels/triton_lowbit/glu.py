@@ -451,17 +451,12 @@ def grouped_glu_backward(
         zw = torch.empty(m, r, device=dev, dtype=dtype)
         _down(x, gidx, offs, plan.cum, plan.max_tiles, fg, pg, fu, pu, sg, su, rw, zw, hg, hu, m, cfg, aligned, cap)
     with C.SideWork(dev) as side:  # the chunked dW kernels beside the row kernels, joined before the return
-        # 2. the experts of several row tiles' dWd_hat (no factor involved: the shared chunked kernels on dense
-        #    tensors), beside the row kernel: dz0 partials over f slices on the row tiles (and dWd_hat of the one-tile
-        #    experts). With one f slice (LS.fuse_dz_epi) the dz kernel runs step 3's GLU backward on its complete dz0
-        #    instead of storing it.
+        # 2. dz0 partials over f slices on the row tiles (and dWd_hat of the one-tile experts); beside it the other
+        #    experts' dWd_hat (no factor involved: the shared chunked kernels on dense tensors). With one f slice
+        #    (LS.fuse_dz_epi) the dz kernel runs step 3's GLU backward on its complete dz0 instead of storing it.
         al_dense = C.aligned_launch(d, r, x.stride(0), x)  # the chunked kernels read only dense tensors
         dwd = torch.empty((e, r, f), device=dev, dtype=wdtype(w_down)) if do_dwd else None
-        if do_dwd:
-            with side.fork():
-                C.dwd_chunks(plan, go, sidx, offs, zw, dwd, False, r, f, CS.rank_block(cfg, r, al_dense), cfg,
-                             al_dense, cap)
-            res[3] = dwd
+        ready = side.ready() if do_dwd else None
         bn = cfg.lowbit.bn_dz_lb
         fuse = LS.fuse_dz_epi(cfg, fd, e, m)
         n_fs = 1 if fuse else max(1, min(cfg.lowbit.fs_dz_lb, C.cdiv(f, bn)))
@@ -476,6 +471,11 @@ def grouped_glu_backward(
                 dict(FMT_D=fd, HAS_SCATTER=sidx is not None, DO_DWD=do_dwd, FUSE_EPI=fuse, HAS_SG=has_s, HAS_SU=has_s,
                      HAS_RW=has_rw, BM=bm, BR=br, BN=bn, BLOCK_E=cfg.shared.block_e),
                 WARPS_DECODE, cfg.lowbit.stages_dz_lb, aligned, cap, dev, LS.dz_maxnreg(cfg, fuse))
+        if do_dwd:
+            with side.fork(ready):
+                C.dwd_chunks(plan, go, sidx, offs, zw, dwd, False, r, f, CS.rank_block(cfg, r, al_dense), cfg,
+                             al_dense, cap)
+            res[3] = dwd
         # 3. the GLU backward on the row tiles (unless step 2 ran it), the scale sums: the shared weight-free kernels
         dhg, dhu, dsg, dsu, drw = C.bwd_epilogue(plan, hg, hu, part, offs, sg, su, rw, dtype, want[4] or want[5],
                                                  cfg, cap, fused=epi)
@@ -486,10 +486,7 @@ def grouped_glu_backward(
             dwg = torch.empty((e, d, r), device=dev, dtype=wdtype(w_gate)) if do_dw else None
             dwu = torch.empty((e, d, r), device=dev, dtype=wdtype(w_up)) if do_dw else None
             dx_rows = torch.empty(m, d, device=dev, dtype=dtype) if do_dx else None
-            if do_dw:
-                with side.fork():
-                    C.dw_chunks(plan, x, gidx, offs, dhg, dhu, dwg, dwu, d, r, CS.rank_block(cfg, r, al_dense), cfg,
-                                al_dense, cap)
+            ready = side.ready() if do_dw else None
             bd = cfg.lowbit.bd_dxdw_lb
             ndb = LS.dxdw_ndb(cfg, fg, fu)
             _launch("lowbit_bwd_dx_dw", (plan.max_tiles, C.cdiv(d, bd * ndb)),
@@ -497,6 +494,10 @@ def grouped_glu_backward(
                     dict(FMT_G=fg, FMT_U=fu, HAS_GATHER=gidx is not None, DO_DX=do_dx, DO_DW=do_dw, BM=bm, BD=bd,
                          BR=br, NDB=ndb, BLOCK_E=cfg.shared.block_e),
                     WARPS_DECODE, cfg.lowbit.stages_dxdw_lb, aligned, cap, dev)
+            if do_dw:
+                with side.fork(ready):
+                    C.dw_chunks(plan, x, gidx, offs, dhg, dhu, dwg, dwu, d, r, CS.rank_block(cfg, r, al_dense), cfg,
+                                al_dense, cap)
             if do_dx:
                 res[0] = C.dx_from_rows(dx_rows, gather_idx, scatter_idx, offs, x.shape[0], num_out_rows, saved,
                                         cfg, cap)
