@@ -24,10 +24,11 @@ what its second call of a signature (shapes, strides, dtypes, alignment, formats
 launches, and later calls of that signature issue the same launches with their own tensors, skipping the path's
 host code (``tsct.kernels.replay``; same kernels and arguments, same bits). ``TSCT_EAGER_REPLAY=0`` turns it off.
 
-``side_stream``: a GPU path issues two kinds of latency-bound side work on a second, high-priority CUDA stream, beside
-the row kernels on the caller's stream: the forward with ``scatter_idx`` builds the combine's CSR (a stable sort of
-the targets) there, and the backward runs its chunked weight-gradient kernels there (dW of the experts of several
-row tiles and their fixed-order slot sums, which the row kernels do not read). The caller's stream waits for the
+``side_stream``: a GPU path issues two kinds of side work on second CUDA streams, beside the row kernels on the
+caller's stream: the forward with ``scatter_idx`` builds the combine's CSR (a stable sort of the targets,
+latency-bound kernels) on a high-priority one, and the backward runs its chunked weight-gradient kernels (dW of the
+experts of several row tiles and their fixed-order slot sums, which the row kernels do not read) on one of the
+default priority, issued after the row kernel they run beside. The caller's stream waits for the
 side stream before the combine, and before the backward returns. Same results either way;
 ``tsct.config.side_stream = False`` keeps everything on the caller's stream. No CSR is built when ``scatter_idx`` is
 the token tensor ``tsct.ops.sort_by_expert`` returned (with its offs): the sort's kernels wrote that CSR already.

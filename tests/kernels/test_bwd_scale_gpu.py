@@ -166,15 +166,18 @@ def test_chunk_size_changes_only_dw_rounding():
 @pytest.mark.parametrize("fmt", [None, "nvfp4"], ids=["bf16", "nvfp4"])
 def test_side_stream_gives_the_same_bits_and_is_joined(fmt, monkeypatch):
     """The chunked dW kernels beside the row kernels (``tsct.config.side_stream``): the gradients of the caller's
-    stream bit for bit, also when the side stream's work starts ~50 ms late (a sleep queued on it before each fork)
-    and the gradients are copied on the caller's stream at once: the backward waits for its side work."""
+    stream bit for bit, and the stream order holds both ways. ``late``: the side stream starts ~50 ms late (a sleep
+    queued on it when the backward takes it) and the gradients are copied on the caller's stream at once: the
+    backward waits for its side work. ``early``: the caller's stream sleeps ~50 ms after each mark
+    (``SideWork.ready``), so side work that read what the caller's stream writes after its mark would read the
+    poisoned allocator's NaN."""
     from tsct import config
 
     c = _case("hot_expert_kmajor")
     p, _, _, runs, go = results(c, fmt)
     fam = TL if fmt else TGK
     base = runs[0][1]
-    side_stream = C.side_stream
+    side_stream, ready = C.side_stream, C.SideWork.ready
 
     def late(device, high=True):
         s = side_stream(device, high)
@@ -182,13 +185,20 @@ def test_side_stream_gives_the_same_bits_and_is_joined(fmt, monkeypatch):
             torch.cuda._sleep(100_000_000)
         return s
 
-    for side, stream_of in ((True, late), (False, side_stream)):
+    def early(self):
+        ev = ready(self)
+        torch.cuda._sleep(100_000_000)  # on the caller's stream, after the mark
+        return ev
+
+    for name, side, stream_of, ready_of in (("late", True, late, ready), ("early", True, side_stream, early),
+                                            ("off", False, side_stream, ready)):
         monkeypatch.setattr(config, "side_stream", side)
         monkeypatch.setattr(C, "side_stream", stream_of)
+        monkeypatch.setattr(C.SideWork, "ready", ready_of)
         _, saved = fam.grouped_glu_forward_saved(*TG.args_of(p))
         TG.poison()
         grads = fam.grouped_glu_backward(go, *TG.args_of(p), [True] * 7, saved=saved)
         copies = [g.clone() for g in grads]  # on the caller's stream, before any host synchronization
         torch.cuda.synchronize()
-        for name, a, b in zip(TG.NAMES, copies, base):
-            assert torch.equal(a, b), f"{name}: side stream {side} differs from the plain run"
+        for g_name, a, b in zip(TG.NAMES, copies, base):
+            assert torch.equal(a, b), f"{g_name}: side stream {name} differs from the plain run"

@@ -144,6 +144,37 @@ def test_what_cannot_be_repeated_runs_every_time():
     assert replay.stats()["reasons"] == {"a torch op on a tensor the call neither received nor made": 1}
 
 
+@pytest.mark.parametrize("entries,reason", [
+    ([("join",)], "a join without a fork"),
+    ([("fork", 7, object())], "a fork after an event the call did not mark"),
+    ([("mark", "ev"), ("fork", 7, "ev"), ("op",)], "a torch op beside the caller's stream (aten.mul.Tensor)"),
+])
+def test_side_work_it_cannot_repeat_runs_every_time(entries, reason):
+    """The recorder's side-work entries (runtime.SideWork: mark, fork, join): a join without a fork, a fork after an
+    event no mark made, a torch op inside a fork (a replay runs ops on the caller's stream) leave the signature to
+    the path."""
+    from tsct.kernels import record
+
+    x = torch.randn(4)
+    n = []
+
+    def fn():
+        n.append(1)
+        log = record.active()
+        out = None
+        for e in entries:
+            if e[0] == "op":
+                out = x * 2
+            elif log is not None:
+                log.append(e)
+        return x * 2 if out is None else out
+
+    for _ in range(3):
+        assert torch.equal(replay.call(fn, [x], ("side",)), x * 2)
+    assert len(n) == 3
+    assert replay.stats()["reasons"] == {reason: 1}
+
+
 def test_a_host_read_is_not_replayed():
     # int(tensor) steers the call: a replay would keep the recorded value
     x = torch.arange(8.0)

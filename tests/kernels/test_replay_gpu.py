@@ -105,7 +105,8 @@ def test_replay_gives_the_paths_bits(arm, routing, monkeypatch):
 
 def test_replay_joins_its_side_work(monkeypatch):
     """A replayed backward's forks (the chunked dW kernels on the side stream) start ~50 ms late (a sleep queued on
-    the side stream before each): its gradients, compared at once on the caller's stream, are still the path's."""
+    the side stream each time a call takes it): its gradients, compared at once on the caller's stream, are still the
+    path's."""
     from tsct.kernels.triton_common import runtime as C
 
     shape = (512, 2, 16, 256, 64, 203)

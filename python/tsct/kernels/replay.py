@@ -11,9 +11,8 @@ once should not pay) runs the path while recording what reaches the device:
   relatives, ``zeros``), the views, the few ops that compute (a dtype conversion, the sort of a combine's index),
 * its cubin launches (``tsct.kernels.aot``) and CUDA-row calls (``tsct.native``), with each pointer argument
   resolved to (input or allocation, byte offset), and the launch counts they reported,
+* the marks, forks and join of its side work (``runtime.SideWork``: launches beside the caller's stream),
 * where its outputs live (an input, an allocation or a view of one).
-
-* the marks, forks and join of its side work (``runtime.SideWork``: launches beside the caller's stream).
 
 A later call with the same signature runs the same ops on its own tensors (allocations through the fast torch
 factories; views made only to take a pointer, and allocations nothing reads, are left out), issues the same launches
@@ -137,21 +136,33 @@ class _Program:
     """What a replay does: the recorded torch ops (factories through their fast torch functions) and launches, in
     order, on this call's tensors; then the result's structure."""
 
-    __slots__ = ("steps", "pad", "outputs", "counts")
+    __slots__ = ("steps", "pad", "outputs", "counts", "forks")
 
     def __init__(self, steps, n_slots, n_inputs, outputs, counts):
         # [(_NEW, slot, shape, stride, dtype, device) | (_ZEROS, slot, shape, dtype, device) | (_OP, func, args,
-        #  kwargs, out slots, addressed) | (_AOT, kernel, grid, values, fixups) | (_NATIVE, fn, device, values,
-        #  fixups)]; an op's args / kwargs: ``_filler`` functions; fixups: (position, slot, byte offset) of each
-        #  pointer argument; ``addressed``: whether a launch points into an output of the op
+        #  kwargs, out slots, addressed) | (_AOT or _AOT_SIDE, kernel, grid, values, fixups) | (_NATIVE, fn, device,
+        #  values, fixups) | (_MARK,) | (_FORK, mark index) | (_JOIN,)]; an op's args / kwargs: ``_filler``
+        #  functions; fixups: (position, slot, byte offset) of each pointer argument; ``addressed``: whether a launch
+        #  points into an output of the op; _AOT_SIDE: a launch on the side stream
         self.steps = steps
         self.pad = [None] * (n_slots - n_inputs)
         self.outputs = _filler(outputs)  # the result's structure from the slots
         self.counts = counts    # [(Family, ((key, launches), ...))]: the launch counts one call adds
+        self.forks = any(st[0] == _FORK for st in steps)  # launches beside the caller's stream
 
     def run(self, tensors: Sequence[Optional[Tensor]], ptrs: list):
         slots = [*tensors, *self.pad]
         addr = [*ptrs, *self.pad]  # each slot's data pointer, where a launch points into it
+        if not self.forks:
+            return self._run(slots, addr, tensors)
+        try:
+            return self._run(slots, addr, tensors)
+        except BaseException:  # as SideWork: the caller's stream waits for the side stream before the slots go back
+            dev = tensors[0].device
+            torch.cuda.current_stream(dev).wait_stream(C.side_stream(dev, high=False))
+            raise
+
+    def _run(self, slots, addr, tensors):
         stream = side = None
         for step in self.steps:
             kind = step[0]
@@ -360,6 +371,8 @@ def _program(out, tensors, log) -> _Program:
             side = None
             continue
         if kind == "join":
+            if not any(st[0] == "fork" for st in steps):
+                raise _NotReplayable("a join without a fork")
             steps.append(["join"])
             continue
         if kind == "jit":

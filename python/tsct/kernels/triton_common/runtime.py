@@ -338,10 +338,11 @@ _side_streams = threading.local()  # per thread: a capture in one thread must no
 
 def side_stream(device: torch.device, high: bool = True) -> torch.cuda.Stream:
     """A side stream per (thread, device, priority). ``high`` (``csr_overlap``): its few latency-bound kernels should
-    not queue behind the row kernels' thousands of tiles, which wait for them. Else the lowest priority
-    (``SideWork``): the backward's chunked dW kernels, which nothing waits for until the backward ends, take the SMs
-    the row kernels leave idle instead of delaying them. The streams come from torch's stream pool, which other
-    components (e.g. communication streams) may also draw from: sharing one costs ordering, never correctness."""
+    not queue behind the row kernels' thousands of tiles, which wait for them. Else the default priority, the lowest
+    (``SideWork``): the backward's chunked dW kernels, which nothing waits for until the backward ends, get no
+    precedence over the row kernels, and being issued after them they take the SMs those leave idle. The streams come
+    from torch's stream pools (as every ``torch.cuda.Stream()``), which other components (e.g. communication streams)
+    may also draw from: sharing one costs ordering."""
     i = device.index if device.index is not None else torch.cuda.current_device()
     streams = getattr(_side_streams, "by_device", None)
     if streams is None:
@@ -357,7 +358,7 @@ class SideWork:
     once the inputs of some side work exist, then the row kernel it should run beside, then ``with
     side.fork(ready):`` around the side work's launches, whose results nothing on the caller's stream reads before the
     pass ends (the backward's chunked weight gradients: the row kernels neither read nor write them). A fork's
-    launches run on the lowest-priority ``side_stream`` after everything the caller's stream issued before ``ready``,
+    launches run on the default-priority ``side_stream`` after everything the caller's stream issued before ``ready``,
     and are issued after the row kernel, so that kernel's programs take the SMs first and the side work fills what
     its last wave leaves idle. Leaving the outer block makes the caller's stream wait for all of them (on an exception
     too: no memory they use is handed to other work first). Memory a fork uses is allocated before its ``ready``, on
