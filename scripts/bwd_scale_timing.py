@@ -135,7 +135,8 @@ def graph_timeline(fn, dev: torch.device, replays: int = 3) -> list[dict]:
         torch.cuda.synchronize(dev)
     with tempfile.NamedTemporaryFile(suffix=".json") as fh:
         prof.export_chrome_trace(fh.name)
-        events = json.load(open(fh.name))["traceEvents"]
+        with open(fh.name) as f:
+            events = json.load(f)["traceEvents"]
     work = sorted((e for e in events if e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset")), key=lambda e: e["ts"])
     n = len(work) // replays  # every replay runs the same graph nodes: the last replay is the last n of them
     last = work[-n:] if n else []

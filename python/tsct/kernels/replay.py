@@ -153,31 +153,28 @@ class _Program:
     def run(self, tensors: Sequence[Optional[Tensor]], ptrs: list):
         slots = [*tensors, *self.pad]
         addr = [*ptrs, *self.pad]  # each slot's data pointer, where a launch points into it
-        if not self.forks:
-            return self._run(slots, addr, tensors)
         try:
             return self._run(slots, addr, tensors)
-        except BaseException:  # as SideWork: the caller's stream waits for the side stream before the slots go back
-            dev = tensors[0].device
-            torch.cuda.current_stream(dev).wait_stream(C.side_stream(dev, high=False))
+        except BaseException:
+            if self.forks:  # as SideWork: the caller's stream waits for the side stream before the slots go back
+                dev = tensors[0].device
+                torch.cuda.current_stream(dev).wait_stream(C.side_stream(dev, high=False))
             raise
 
     def _run(self, slots, addr, tensors):
         stream = side = None
         for step in self.steps:
             kind = step[0]
-            if kind == _AOT:
+            if kind == _AOT or kind == _AOT_SIDE:
                 values = step[3].copy()
                 for pos, i, off in step[4]:
                     values[pos] = addr[i] + off
+                if kind == _AOT_SIDE:
+                    step[1].launch(step[2], values, side.cuda_stream)
+                    continue
                 if stream is None:
                     stream = launch.current_stream(tensors[0].device)
                 step[1].launch(step[2], values, stream)
-            elif kind == _AOT_SIDE:
-                values = step[3].copy()
-                for pos, i, off in step[4]:
-                    values[pos] = addr[i] + off
-                step[1].launch(step[2], values, side.cuda_stream)
             elif kind == _MARK:  # as SideWork: an event after what the caller's stream issued so far
                 if side is None:
                     main = torch.cuda.current_stream(tensors[0].device)
