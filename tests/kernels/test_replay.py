@@ -146,13 +146,14 @@ def test_what_cannot_be_repeated_runs_every_time():
 
 @pytest.mark.parametrize("entries,reason", [
     ([("join",)], "a join without a fork"),
-    ([("fork", 7, object())], "a fork after an event the call did not mark"),
-    ([("mark", "ev"), ("fork", 7, "ev"), ("op",)], "a torch op beside the caller's stream (aten.mul.Tensor)"),
+    ([("fork", 7, object(), False)], "a fork after an event the call did not mark"),
+    ([("mark", "ev"), ("fork", 7, "ev", True)], "a fork on the high-priority side stream"),
+    ([("mark", "ev"), ("fork", 7, "ev", False), ("op",)], "a torch op beside the caller's stream (aten.mul.Tensor)"),
 ])
 def test_side_work_it_cannot_repeat_runs_every_time(entries, reason):
     """The recorder's side-work entries (runtime.SideWork: mark, fork, join): a join without a fork, a fork after an
-    event no mark made, a torch op inside a fork (a replay runs ops on the caller's stream) leave the signature to
-    the path."""
+    event no mark made, a fork on the high-priority stream (the CSR's sort), a torch op inside a fork (a replay runs
+    ops on the caller's stream) leave the signature to the path."""
     from tsct.kernels import record
 
     x = torch.randn(4)

@@ -91,7 +91,7 @@ def test_replay_gives_the_paths_bits(arm, routing, monkeypatch):
     st = replay.stats()
     # sort_by_expert, the forward and the backward: each run once, recorded once, replayed twice
     if side:  # but the forward runs the path each time
-        assert st["reasons"] == {"a launch on another stream than the caller's": 1}, st
+        assert st["reasons"] == {"a fork on the high-priority side stream": 1}, st
         assert st["recorded"] == 3 and st["replayed"] == 4 and st["unreplayable"] == 2, st
     else:
         assert st["reasons"] == {}, st

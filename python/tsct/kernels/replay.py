@@ -19,8 +19,9 @@ factories; views made only to take a pointer, and allocations nothing reads, are
 with its own pointers on the current stream (a fork's on the side stream, after the same wait) and returns the same
 structure: the same kernels with the same arguments, so the same bits, for a fraction of the host time. A recording
 that sees what it cannot repeat leaves its signature to the path, which then runs every time (``stats()`` names the
-reason): a Triton JIT launch, a launch on another stream than the caller's outside a fork, a torch op or a CUDA-row
-call inside one, an op on a stream object, a host read of a device value (the paths are sync-free, so
+reason): a Triton JIT launch, a launch on another stream than the caller's outside a fork, a fork on the
+high-priority side stream (the combine CSR's sort), a torch op or a CUDA-row call inside a fork, an op on a stream
+object, a host read of a device value (the paths are sync-free, so
 nothing but the signature steers them; a read would), a per-call counted conversion, a pointer to memory the call
 neither received nor allocated, anything it cannot describe.
 
@@ -359,6 +360,8 @@ def _program(out, tensors, log) -> _Program:
             steps.append(["mark"])
             continue
         if kind == "fork":
+            if entry[3]:  # the CSR's: its sort is torch ops, which a replay runs on the caller's stream
+                raise _NotReplayable("a fork on the high-priority side stream")
             if id(entry[2]) not in marks:
                 raise _NotReplayable("a fork after an event the call did not mark")
             side = entry[1]

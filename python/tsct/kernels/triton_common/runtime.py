@@ -355,25 +355,30 @@ def side_stream(device: torch.device, high: bool = True) -> torch.cuda.Stream:
 
 class SideWork:
     """Launches beside the caller's stream: ``with SideWork(device) as side:`` around a pass; ``ready = side.ready()``
-    once the inputs of some side work exist, then the row kernel it should run beside, then ``with
-    side.fork(ready):`` around the side work's launches, whose results nothing on the caller's stream reads before the
-    pass ends (the backward's chunked weight gradients: the row kernels neither read nor write them). A fork's
-    launches run on the default-priority ``side_stream`` after everything the caller's stream issued before ``ready``,
-    and are issued after the row kernel, so that kernel's programs take the SMs first and the side work fills what
-    its last wave leaves idle. Leaving the outer block makes the caller's stream wait for all of them (on an exception
-    too: no memory they use is handed to other work first). Memory a fork uses is allocated before its ``ready``, on
-    the caller's stream, and outlives the outer block. On the CPU, or with ``tsct.config.side_stream`` off,
-    everything runs on the caller's stream in issue order. ``tsct.kernels.replay`` records the marks, the forks and
-    the join as steps of its own."""
+    once the inputs of some side work exist, then ``with side.fork(ready):`` around the side work's launches, whose
+    results the caller's stream reads only after the outer block. A fork's launches run on a ``side_stream`` after
+    everything the caller's stream issued before ``ready``; leaving the outer block makes the caller's stream wait
+    for all of them (on an exception too: no memory they use is handed to other work first). Memory a fork's results
+    use is allocated before its ``ready``, on the caller's stream; what a fork allocates inside is the side
+    stream's. On the CPU, or with ``tsct.config.side_stream`` off, everything runs on the caller's stream in issue
+    order.
 
-    __slots__ = ("_main", "_side", "_forked")
+    Two uses. The backward's chunked weight gradients (``high`` False: the default priority, the lowest), forked
+    after the row kernel they run beside, so that kernel's programs take the SMs first and the side work fills what
+    its last wave leaves idle; the row kernels neither read nor write their results. The forward's combine CSR
+    (``csr_overlap``, ``high`` True), forked before the projections, whose thousands of tiles the combine would
+    otherwise wait behind. ``tsct.kernels.replay`` records the marks, the forks and the join as steps of its own
+    (forks of the default priority only)."""
 
-    def __init__(self, device: torch.device):
+    __slots__ = ("_main", "_side", "_high", "_forked")
+
+    def __init__(self, device: torch.device, high: bool = False):
         self._main = self._side = None
+        self._high = high
         self._forked = False
         if device.type == "cuda" and config.side_stream:
             self._main = torch.cuda.current_stream(device)
-            self._side = side_stream(device, high=False)
+            self._side = side_stream(device, high=high)
 
     def __enter__(self) -> "SideWork":
         return self
@@ -405,7 +410,7 @@ class SideWork:
         self._forked = True
         log = record.active()
         if log is not None:
-            log.append(("fork", self._side.cuda_stream, ready))
+            log.append(("fork", self._side.cuda_stream, ready, self._high))
         try:
             with torch.cuda.stream(self._side):
                 yield
@@ -415,43 +420,37 @@ class SideWork:
 
 
 class csr_overlap:
-    """``with csr_overlap(idx, offs, m, n_out, cap) as c: <projections>``, then ``c.csr`` is ``build_csr(idx, ...)``.
-
-    On a GPU (and ``tsct.config.side_stream``) the CSR is built on a side stream while the body issues the
-    projections on the caller's stream, which waits for the side stream on exit (on an exception too, so the
-    outputs, allocated on the caller's stream, are never handed to other work while the side stream writes
-    them). Its temporaries are allocated and freed on the side stream. The ~0.03 ms of sort kernels at b1
-    then run beside the projections instead of before the combine. ``idx`` None: nothing to build."""
+    """``with csr_overlap(idx, offs, m, n_out, cap) as c: <projections>``, then ``c.csr`` is ``build_csr(idx, ...)``:
+    the CSR is issued on the high-priority side stream (``SideWork``) before the body issues the projections on
+    the caller's stream, which waits for it on exit (on an exception too, the fill's own included). Its outputs are
+    allocated on the caller's stream, its temporaries on the side stream. The ~0.03 ms of sort kernels at b1 then
+    run beside the projections instead of before the combine. ``idx`` None: nothing to build; a CSR linked by
+    ``sort_by_expert`` (``linked_csr``): nothing to build either."""
 
     def __init__(self, idx: Optional[Tensor], offs: Tensor, m: int, n_out: int, cap):
         self.csr: Optional[tuple[Tensor, Tensor]] = None
-        self._main = self._side = None
+        self._work = None
         if idx is None:
             return
-        self.csr = linked_csr(idx, offs, m, n_out)  # sort_by_expert's token: its CSR is already built
+        self.csr = linked_csr(idx, offs, m, n_out)
         if self.csr is not None:
             return
         order, ptr, fill = _csr(idx, offs, m, n_out, cap)
         self.csr = (order, ptr)
-        if not idx.is_cuda or not config.side_stream:
-            fill()
-            return
-        self._main = torch.cuda.current_stream(idx.device)
-        self._side = side_stream(idx.device)
-        self._side.wait_stream(self._main)
+        self._work = SideWork(idx.device, high=True)
         try:
-            with torch.cuda.stream(self._side):
+            with self._work.fork(self._work.ready()):
                 fill()
         except BaseException:  # some of it may be queued: join before the outputs can be freed
-            self._main.wait_stream(self._side)
+            self._work.__exit__()
             raise
 
     def __enter__(self) -> "csr_overlap":
         return self
 
     def __exit__(self, *exc) -> None:
-        if self._side is not None:
-            self._main.wait_stream(self._side)
+        if self._work is not None:
+            self._work.__exit__(*exc)
 
 
 def _csr_keys(idx: Tensor, offs: Tensor, m: int, n_out: int, cap, kdt: torch.dtype = torch.int32) -> Tensor:
