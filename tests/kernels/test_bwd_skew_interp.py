@@ -17,7 +17,7 @@ pytest.importorskip("triton")
 CASES = ["oracle_hot_ch64", "oracle_hot_ch128_bsearch", "oracle_hot_ch512", "oracle_hot_ch64_regcap",
          "oracle_hot_ch64_regcap_rowmajor",
          "oracle_many_empty_nogather", "oracle_hot_r80", "oracle_lowbit_nvfp4_ch64", "oracle_lowbit_mixed_bsearch",
-         "oracle_one_tile", "oracle_one_tile_r80_nogather", "oracle_lowbit_one_tile", "maps_e2500", "repeat_bf16",
+         "oracle_one_tile", "oracle_one_tile_r80_nogather", "oracle_lowbit_one_tile", "maps_e9500", "repeat_bf16",
          "repeat_lowbit", "chunks_bf16", "chunks_lowbit", "selftest_bf16", "selftest_lowbit_mixed"]
 
 

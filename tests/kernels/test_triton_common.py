@@ -36,7 +36,7 @@ FINGERPRINTS = {
         "csr_keys": "6322dadaadcab201",
         "route_rank": "7ae970344c25b689",
         "route_place": "66b9094d263bad19",
-        "bwd_maps": "8c145a5ce77a5b8d",
+        "bwd_maps": "8c01d859be6c9f26",
         "glu_bwd_dz": "1cc5a8202c2c53fd",
         "glu_bwd_dwd": "b0dd8760609bba53",
         "bwd_slot_reduce": "d28f3356d7f0a0fb",

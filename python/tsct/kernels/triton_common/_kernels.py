@@ -363,37 +363,49 @@ def _chunk_rows(offs_ptr, ccum_ptr, scum_ptr, e, pid, CH):
 
 
 @triton.jit
-def bwd_maps(offs_ptr, maps_ptr, E, CH, BM: tl.constexpr, BLOCK: tl.constexpr):
-    """One program: the backward's four maps from offs, int32 [4, E], each the inclusive cumulative count over
-    the experts of (row m_e = offs[e] - offs[e-1], clamped at 0):
-      row 0  row tiles cdiv(m_e, BM)                       (the forward's tile map: the low-bit recompute's)
-      row 1  chunks of the chunked dW kernels: 0 if m_e <= BM (the row kernels' dW), else cdiv(m_e, CH)
-      row 2  workspace slots: cdiv(m_e, CH) if that is >= 2, else 0
-      row 3  row tiles past the expert's first, max(cdiv(m_e, BM) - 1, 0)  (the backward row kernels' tile map)"""
+def _bwd_counts(offs_ptr, idx, m, CH, BM: tl.constexpr):
+    """Per expert ``idx`` (where ``m``, else 0), from its rows n = offs[e] - offs[e-1] clamped at 0: row tiles
+    cdiv(n, BM), chunks of the chunked dW kernels (0 if n <= BM: the row kernels' dW, else cdiv(n, CH)), workspace
+    slots (cdiv(n, CH) if that is >= 2, else 0) and row tiles past the expert's first (max(cdiv(n, BM) - 1, 0))."""
+    hi = tl.load(offs_ptr + idx, mask=m, other=0)
+    lo = tl.load(offs_ptr + idx - 1, mask=m & (idx > 0), other=0)
+    n = tl.where(m, tl.maximum(hi - lo, 0), 0)
+    t = (n + BM - 1) // BM
+    k = (n + CH - 1) // CH
+    return t, tl.where(n <= BM, 0, k), tl.where(k >= 2, k, 0), tl.maximum(t - 1, 0)
+
+
+@triton.jit
+def bwd_maps(offs_ptr, maps_ptr, E, CH, BM: tl.constexpr, BLOCK: tl.constexpr, CARRY: tl.constexpr):
+    """The backward's four maps from offs, int32 [4, E], each the inclusive cumulative count over the experts of
+    ``_bwd_counts``'s four counts:
+      row 0  row tiles                              (the forward's tile map: the low-bit recompute's)
+      row 1  chunks of the chunked dW kernels
+      row 2  workspace slots
+      row 3  row tiles past the expert's first      (the backward row kernels' tile map)
+    Program p writes experts [p BLOCK, (p + 1) BLOCK): its carry is the sum of the counts of the experts before it,
+    taken in steps of CARRY experts (sums only: no dependence between programs, and at E 16384 the last program
+    reads its 15,360 predecessors in 4 steps instead of the 15 block scans one program would chain)."""
     pid = tl.program_id(0)
+    start = pid * BLOCK
     ct = pid * 0
     cc = pid * 0
     cs = pid * 0
     cx = pid * 0
-    for start in range(0, E, BLOCK):
-        idx = start + tl.arange(0, BLOCK)
-        m = idx < E
-        hi = tl.load(offs_ptr + idx, mask=m, other=0)
-        lo = tl.load(offs_ptr + idx - 1, mask=m & (idx > 0), other=0)
-        n = tl.where(m, tl.maximum(hi - lo, 0), 0)
-        t = (n + BM - 1) // BM
-        k = (n + CH - 1) // CH
-        c = tl.where(n <= BM, 0, k)
-        s = tl.where(k >= 2, k, 0)
-        x = tl.maximum(t - 1, 0)
-        tl.store(maps_ptr + idx, tl.cumsum(t, axis=0) + ct, mask=m)
-        tl.store(maps_ptr + E + idx, tl.cumsum(c, axis=0) + cc, mask=m)
-        tl.store(maps_ptr + 2 * E + idx, tl.cumsum(s, axis=0) + cs, mask=m)
-        tl.store(maps_ptr + 3 * E + idx, tl.cumsum(x, axis=0) + cx, mask=m)
+    for s in range(0, start, CARRY):
+        idx = s + tl.arange(0, CARRY)
+        t, c, k, x = _bwd_counts(offs_ptr, idx, idx < start, CH, BM)
         ct += tl.sum(t, axis=0)
         cc += tl.sum(c, axis=0)
-        cs += tl.sum(s, axis=0)
+        cs += tl.sum(k, axis=0)
         cx += tl.sum(x, axis=0)
+    idx = start + tl.arange(0, BLOCK)
+    m = idx < E
+    t, c, k, x = _bwd_counts(offs_ptr, idx, m, CH, BM)
+    tl.store(maps_ptr + idx, tl.cumsum(t, axis=0) + ct, mask=m)
+    tl.store(maps_ptr + E + idx, tl.cumsum(c, axis=0) + cc, mask=m)
+    tl.store(maps_ptr + 2 * E + idx, tl.cumsum(k, axis=0) + cs, mask=m)
+    tl.store(maps_ptr + 3 * E + idx, tl.cumsum(x, axis=0) + cx, mask=m)
 
 
 @triton.jit

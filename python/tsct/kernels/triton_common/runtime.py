@@ -581,13 +581,14 @@ def chunk_size(cfg: Config, m: int, slot_elems: int) -> int:
 
 
 def bwd_plan(offs: Tensor, m: int, slot_elems: int, cfg: Config, cap) -> BwdPlan:
-    """The maps of the backward (one ``bwd_maps`` launch, no host read) and its workspace, for M = ``m`` routed rows
+    """The maps of the backward (one ``bwd_maps`` launch of a program per 1,024 experts, no host read) and its workspace, for M = ``m`` routed rows
     and ``slot_elems`` elements per workspace slot (the largest per-expert gradient reduced through slots)."""
     e = offs.shape[0]
     ch = chunk_size(cfg, m, slot_elems)
     maps = torch.empty(4, e, device=offs.device, dtype=torch.int32)
-    launch_kernel("bwd_maps", (1,), [offs, maps, e, ch], dict(BM=cfg.shared.bm, BLOCK=specs.TILE_CUM_BLOCK), 4, 1,
-                  False, cap, offs.device)
+    launch_kernel("bwd_maps", (max(1, cdiv(e, specs.TILE_CUM_BLOCK)),), [offs, maps, e, ch],
+                  dict(BM=cfg.shared.bm, BLOCK=specs.TILE_CUM_BLOCK, CARRY=specs.MAPS_CARRY_BLOCK), 4, 1, False, cap,
+                  offs.device)
     n_slots = cdiv(2 * m, ch) if ch < m else 0
     ws = torch.empty(max(1, n_slots * slot_elems), device=offs.device, dtype=torch.float32)
     return BwdPlan(maps, ch, cdiv(m, cfg.shared.bm) + e, n_slots, ws)

@@ -406,7 +406,7 @@ KERNELS: dict[str, KernelInfo] = {
     ),
     "bwd_maps": KernelInfo(
         params=("offs_ptr", "maps_ptr", "E", "CH"),
-        constexprs=("BM", "BLOCK"),
+        constexprs=("BM", "BLOCK", "CARRY"),
         ints=("E", "CH"),
         used_if={},
         hinted=(),
@@ -552,6 +552,7 @@ def combine_tile(cfg: Config, ncols: int) -> tuple[int, int, int]:
 
 ZERO_TAIL_BM, ZERO_TAIL_BN = 32, 256
 TILE_CUM_BLOCK, CSR_KEYS_BLOCK = 1024, 1024
+MAPS_CARRY_BLOCK = 4096  # bwd_maps: experts per step of a program's carry (the sum over the experts before it)
 # bwd_slot_reduce: elements per step, most column groups per slot, warps; glu_bwd_sred's warps
 SLOT_REDUCE_BLOCK, SLOT_REDUCE_GROUPS, SLOT_REDUCE_WARPS, SRED_WARPS = 1024, 64, 4, 2
 # tsct.ops.sort_by_expert: rows per chunk (one program each; (E + 2) * ROUTE_B must fit int32: ops/routing.py checks
@@ -679,7 +680,7 @@ def bwd_dw_specs(cfg: Config, D: str, aligned: bool, brs: list[int], once: bool)
                                  dict(BLOCK=SLOT_REDUCE_BLOCK, BLOCK_E=sh.block_e), SLOT_REDUCE_WARPS, 1, a))
     if once:  # dtype-free: once per arch
         out.append(make_spec("bwd_maps", dict(offs_ptr="*i32", maps_ptr="*i32"),
-                             dict(BM=sh.bm, BLOCK=TILE_CUM_BLOCK), 4, 1, False))
+                             dict(BM=sh.bm, BLOCK=TILE_CUM_BLOCK, CARRY=MAPS_CARRY_BLOCK), 4, 1, False))
         for br in sorted(set(rank_blocks(cfg, True)) | set(rank_blocks(cfg, False))):
             out.append(make_spec("glu_bwd_sred", dict(dsgp_ptr="*fp32", dsup_ptr="*fp32", offs_ptr="*i32",
                                                       xcum_ptr="*i32", dsg_ptr="*fp32", dsu_ptr="*fp32"),
