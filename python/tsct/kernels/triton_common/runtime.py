@@ -581,8 +581,9 @@ def chunk_size(cfg: Config, m: int, slot_elems: int) -> int:
 
 
 def bwd_plan(offs: Tensor, m: int, slot_elems: int, cfg: Config, cap) -> BwdPlan:
-    """The maps of the backward (one ``bwd_maps`` launch of a program per 1,024 experts, no host read) and its workspace, for M = ``m`` routed rows
-    and ``slot_elems`` elements per workspace slot (the largest per-expert gradient reduced through slots)."""
+    """The maps of the backward (one ``bwd_maps`` launch, a program per 1,024 experts, no host read) and its
+    workspace, for M = ``m`` routed rows and ``slot_elems`` elements per workspace slot (the largest per-expert
+    gradient reduced through slots)."""
     e = offs.shape[0]
     ch = chunk_size(cfg, m, slot_elems)
     maps = torch.empty(4, e, device=offs.device, dtype=torch.int32)
