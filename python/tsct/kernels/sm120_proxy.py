@@ -256,6 +256,15 @@ RUNS: tuple[dict, ...] = (
          'lowbit_bwd_dx_dw': {'aot': 184, 'variants': 7, 'jit': 0, 'native': 0, 'failed_tests': [],
                               'source': '71488c8910a02dac'},
      }},
+    # likewise, for bwd_maps (a program per 1,024 experts, each summing the experts before it)
+    {'date': '2026-12-07', 'commit': 'dbe6bab', 'device': 'NVIDIA H100 80GB HBM3',
+     'evidence': 'bench/results/2026-12-07_h100_sm120_proxy_dbe6bab.log',
+     'suite': "147 passed, 156 skipped (test_triton_glu.py, test_triton_lowbit_gpu.py -k 'backward or deterministic "
+              "or empty')",
+     'kernels': {
+         'bwd_maps': {'aot': 291, 'variants': 1, 'jit': 0, 'native': 0, 'failed_tests': [],
+                      'source': '8c01d859be6c9f26'},
+     }},
 )
 
 
