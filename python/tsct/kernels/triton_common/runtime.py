@@ -384,6 +384,10 @@ class SideWork:
         return self
 
     def __exit__(self, *exc) -> None:
+        self.join()
+
+    def join(self) -> None:
+        """The caller's stream waits for every fork so far (nothing without one)."""
         if self._forked:
             self._forked = False
             self._main.wait_stream(self._side)
@@ -442,7 +446,7 @@ class csr_overlap:
             with self._work.fork(self._work.ready()):
                 fill()
         except BaseException:  # some of it may be queued: join before the outputs can be freed
-            self._work.__exit__()
+            self._work.join()
             raise
 
     def __enter__(self) -> "csr_overlap":
@@ -450,7 +454,7 @@ class csr_overlap:
 
     def __exit__(self, *exc) -> None:
         if self._work is not None:
-            self._work.__exit__(*exc)
+            self._work.join()
 
 
 def _csr_keys(idx: Tensor, offs: Tensor, m: int, n_out: int, cap, kdt: torch.dtype = torch.int32) -> Tensor:
