@@ -28,23 +28,28 @@ import time
 
 import torch
 
-SHAPES = {  # name: (T, E, routing, zipf exponent); k = 2, d = 2048, r = 64, f = 5461 (b1)
-    "b1": (16384, 1024, "softmax", None),
-    "b1_zipf12": (16384, 1024, "zipf", 1.2),
-    "e256": (16384, 256, "softmax", None),
-    "t65536": (65536, 1024, "softmax", None),
-    "b1_zipf15": (16384, 1024, "zipf", 1.5),
-    "e4096": (16384, 4096, "softmax", None),
-    "e16384": (16384, 16384, "softmax", None),
+SHAPES = {  # name: (T, E, routing, zipf exponent, r); k = 2, d = 2048, f = 5461 (b1); tsct-bench --sweep's points
+    "b1": (16384, 1024, "softmax", None, 64),
+    "b1_zipf10": (16384, 1024, "zipf", 1.0, 64),
+    "b1_zipf12": (16384, 1024, "zipf", 1.2, 64),
+    "b1_zipf15": (16384, 1024, "zipf", 1.5, 64),
+    "e256": (16384, 256, "softmax", None, 64),
+    "e4096": (16384, 4096, "softmax", None, 64),
+    "e16384": (16384, 16384, "softmax", None, 64),
+    "t4096": (4096, 1024, "softmax", None, 64),
+    "t65536": (65536, 1024, "softmax", None, 64),
+    "r16": (16384, 1024, "softmax", None, 16),
+    "r32": (16384, 1024, "softmax", None, 32),
+    "r128": (16384, 1024, "softmax", None, 128),
 }
 ARMS = ("bf16-kmajor", "nvfp4", "sign")
-K, D, R, F = 2, 2048, 64, 5461
+K, D, F = 2, 2048, 5461
 
 
 def make(shape: str, dev: torch.device, seed: int = 0):
     from tsct.bench import routing
 
-    T, E, rt, a = SHAPES[shape]
+    T, E, rt, a, R = SHAPES[shape]
     g = torch.Generator(device=dev).manual_seed(seed)
     ids, w = routing.route(T, E, K, routing=rt, zipf_exponent=a or 1.2, generator=g, device=dev,
                            dtype=torch.bfloat16)
