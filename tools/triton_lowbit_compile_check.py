@@ -28,7 +28,7 @@ from tsct.kernels.triton_lowbit import specs as LS
 
 # "ternary": the absmean scaling, "ternary_r1": the rank-1 one
 FMT = {"dense": 0, "nvfp4": 1, "sign": 2, "fp8": 3, "ternary": 4, "ternary_r1": 5}
-_B1 = dict(E=1024, M=32768)  # b1's experts and routed rows: whether its dz runs the GLU backward (fuse_dz_epi)
+_B1 = dict(E=1024, M=32768, r=64)  # b1's experts, routed rows and rank: whether its dz runs the GLU backward
 
 
 def _b1(spec, f: int, arch: str, opt_in: bool, generic: bool) -> bool:
@@ -48,7 +48,7 @@ def _b1(spec, f: int, arch: str, opt_in: bool, generic: bool) -> bool:
     if spec.kernel == "lowbit_up_fwd":
         return c["HAS_RW"] and c["Y_PAD"] and (c["SINGLE_K"], c["BK"]) == LS.up_k(64, True)
     if spec.kernel == "lowbit_bwd_dz":
-        fused = LS.fuse_dz_epi(cfg, f, _B1["E"], _B1["M"])
+        fused = LS.fuse_dz_epi(cfg, f, _B1["E"], _B1["M"], _B1["r"])
         return (c["HAS_SCATTER"] and not c["DO_DWD"] and c["FUSE_EPI"] == fused
                 and (not fused or (c["HAS_SG"] and c["HAS_RW"] and t["sg_ptr"] == "*fp32")))
     if spec.kernel == "lowbit_bwd_dx_dw":

@@ -168,7 +168,7 @@ def test_every_lowbit_launch_has_an_aot_variant(dry_run, cap, fmt):
         assert {"lowbit_down_fwd", "lowbit_up_fwd", "lowbit_bwd_dz", "lowbit_bwd_dx_dw"} <= kinds, (shape[0], kinds)
         # the GLU backward runs inside lowbit_bwd_dz where the table fuses it for this shape, else in glu_bwd_epi
         e, m = args[1].shape[0], int(args[8].shape[0]) if args[8] is not None else args[0].shape[0]
-        fused = LS.fuse_dz_epi(C.tile_config(cap), L.factor_format(args[4]), e, m)
+        fused = LS.fuse_dz_epi(C.tile_config(cap), L.factor_format(args[4]), e, m, args[4].shape[1])
         assert ("glu_bwd_epi" in kinds) != fused, (shape[0], kinds)
 
 
@@ -308,8 +308,9 @@ def test_compile_check_takes_its_variants_from_the_aot_table(fmt, arch):
                                              "lowbit_up_fwd"]
     dz = next(s for s in got if s.kernel == "lowbit_bwd_dz")
     f = check.FMT[fmt]
-    assert bool(dict(dz.constexprs)["FUSE_EPI"]) == LS.fuse_dz_epi(glu_specs.CONFIGS[arch], f, 1024, 32768)
-    assert dz.maxnreg == LS.dz_maxnreg(glu_specs.CONFIGS[arch], LS.fuse_dz_epi(glu_specs.CONFIGS[arch], f, 1024, 32768))
+    fused = LS.fuse_dz_epi(glu_specs.CONFIGS[arch], f, 1024, 32768, 64)  # b1's E, M and r
+    assert bool(dict(dz.constexprs)["FUSE_EPI"]) == fused
+    assert dz.maxnreg == LS.dz_maxnreg(glu_specs.CONFIGS[arch], fused)
 
 
 def test_first_use_selftest_shape_takes_the_sm120_byte_plane_kernels():
@@ -329,16 +330,19 @@ def test_first_use_selftest_shape_takes_the_sm120_byte_plane_kernels():
 
 def test_dz_fuses_the_glu_backward_by_format_and_shape():
     """sm_90a's table fuses the GLU backward into lowbit_bwd_dz for an NVFP4 w_down from 768 row tiles (estimated as
-    max(E, cdiv(M, 64))); not sign (slower fused), not E 256 at b1's rows (512 tiles), not sm_120's table; an override
-    of 0 turns it off."""
+    max(E, cdiv(M, 64))) and a rank of at least the rank block (64); not sign (slower fused), not E 256 at b1's rows
+    (512 tiles), not r 16 or 32, not sm_120's table; an override of 0 turns it off."""
     sm90, sm120 = CS.CONFIGS["sm_90a"], CS.CONFIGS["sm_120"]
-    assert LS.fuse_dz_epi(sm90, LS.NVFP4, 1024, 32768)          # b1
-    assert LS.fuse_dz_epi(sm90, LS.NVFP4, 4096, 32768)          # E 4096
-    assert LS.fuse_dz_epi(sm90, LS.NVFP4, 256, 131072)          # 512 rows per expert: 2048 tiles
-    assert not LS.fuse_dz_epi(sm90, LS.NVFP4, 256, 32768)       # E 256: 512 tiles
-    assert not LS.fuse_dz_epi(sm90, LS.SIGN, 1024, 32768)
-    assert not LS.fuse_dz_epi(sm120, LS.NVFP4, 1024, 32768)
-    assert not LS.fuse_dz_epi(sm90.update("fuse_tiles_lb=0"), LS.NVFP4, 1024, 32768)
+    assert LS.fuse_dz_epi(sm90, LS.NVFP4, 1024, 32768, 64)      # b1
+    assert LS.fuse_dz_epi(sm90, LS.NVFP4, 4096, 32768, 64)      # E 4096
+    assert LS.fuse_dz_epi(sm90, LS.NVFP4, 256, 131072, 64)      # 512 rows per expert: 2048 tiles
+    assert not LS.fuse_dz_epi(sm90, LS.NVFP4, 256, 32768, 64)  # E 256: 512 tiles
+    assert not LS.fuse_dz_epi(sm90, LS.SIGN, 1024, 32768, 64)
+    assert not LS.fuse_dz_epi(sm120, LS.NVFP4, 1024, 32768, 64)
+    assert not LS.fuse_dz_epi(sm90.update("fuse_tiles_lb=0"), LS.NVFP4, 1024, 32768, 64)
+    assert LS.fuse_dz_epi(sm90, LS.NVFP4, 1024, 32768, 128)     # r 128: two full rank blocks
+    assert not LS.fuse_dz_epi(sm90, LS.NVFP4, 1024, 32768, 32)  # r 32 and 16: below the rank block
+    assert not LS.fuse_dz_epi(sm90, LS.NVFP4, 1024, 32768, 16)
     assert LS.dz_maxnreg(sm90, True) == 80 and LS.dz_maxnreg(sm90, False) == 0
     with pytest.raises(ValueError, match="fuse_tiles_lb must be 0"):
         sm90.update("fuse_tiles_lb=-1")

@@ -458,7 +458,7 @@ def grouped_glu_backward(
         dwd = torch.empty((e, r, f), device=dev, dtype=wdtype(w_down)) if do_dwd else None
         ready = side.ready() if do_dwd else None
         bn = cfg.lowbit.bn_dz_lb
-        fuse = LS.fuse_dz_epi(cfg, fd, e, m)
+        fuse = LS.fuse_dz_epi(cfg, fd, e, m, r)
         n_fs = 1 if fuse else max(1, min(cfg.lowbit.fs_dz_lb, C.cdiv(f, bn)))
         f_slice = C.cdiv(C.cdiv(f, bn), n_fs) * bn
         n_fs = C.cdiv(f, f_slice)
