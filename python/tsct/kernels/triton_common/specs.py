@@ -285,9 +285,9 @@ CONFIGS: dict[str, Config] = {
     # 3-8 % less forward+backward than 4 and 4); the K-major glu_bwd_dwd at 80 registers: 3 CTAs per SM (H200, bf16
     # K-major forward+backward 1-4 % less; docs/performance.md);
     # NVFP4's lowbit_bwd_dz over all of f, running the GLU backward itself, at 80 registers (3 CTAs per SM) where
-    # the pass has >= 768 row tiles (H100, NVFP4 forward+backward: b1 -2 %, E 4096 -3 %; E 256's 512 tiles +3 %
-    # and sign +2-7 % fused, so neither is); sign's lowbit_bwd_dx_dw over 4 d blocks per row tile (H100, sign
-    # forward+backward: b1 -4 %, T 65536 -6 %, E 16384 -5 %; docs/performance.md)
+    # the pass has >= 768 row tiles and r >= 64 (H100, NVFP4 forward+backward: b1 -2 %, E 4096 -3 %; E 256's 512
+    # tiles +3 %, r 16 / 32 +3 % / +1 % and sign +2-7 % fused, so none of them is); sign's lowbit_bwd_dx_dw over 4 d
+    # blocks per row tile (H100, sign forward+backward: b1 -4 %, T 65536 -6 %, E 16384 -5 %; docs/performance.md)
     "sm_90a": Config(shared=SharedTiles(waves_chunked=16, warps_dwd=8, regs_dwd=80),
                      lowbit=LowbitTiles(fuse_tiles_lb=768, regs_dz_lb=80, ndb_dxdw_sign_lb=4)),
     "sm_100a": Config(),
