@@ -209,8 +209,9 @@ def ledger(cap: tuple[int, int], monkeypatch) -> set[str]:
     if arch in LS.OPT_IN_PLANES_DOWN:  # the opt-in byte-plane down projection its table ships
         monkeypatch.setitem(C.ARCH_CONFIGS, arch, C.ARCH_CONFIGS[arch].update("planes_down_lb=1"))
         run_lowbit([t for t in LS.AOT_FORMATS if set(t[:2]) <= set(LS.PLANE_FORMATS)])
-    if LS.fused_variants(base, LS.NVFP4):  # the dz running the GLU backward (fused from fuse_tiles_lb row tiles)
-        monkeypatch.setitem(C.ARCH_CONFIGS, arch, base.update("fuse_tiles_lb=1"))  # ... on every shape here
+    if LS.fused_variants(base, LS.NVFP4):  # the dz running the GLU backward (fused from fuse_tiles_lb row tiles,
+        # fuse_rank_lb ranks) ... on every shape here
+        monkeypatch.setitem(C.ARCH_CONFIGS, arch, base.update("fuse_tiles_lb=1,fuse_rank_lb=1"))
         run_lowbit([t for t in LS.AOT_FORMATS if t[2] == LS.NVFP4])
     return keys
 

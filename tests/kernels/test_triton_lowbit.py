@@ -60,9 +60,10 @@ def interp_planes(tmp_path_factory):
 
 
 # lowbit_bwd_dz running the GLU backward itself (one f slice, no glu_bwd_epi; the default tiles do so on NVFP4 w_down
-# only from 768 row tiles, so not on these small cases): every case's w_down NVFP4; scales and row weights present
-# and absent, an empty expert, f 5461, r 144 (three rank blocks: d row_weight summed over them), padding rows
-FUSED_CFG = "fuse_tiles_lb=1"
+# only from 768 row tiles and r 64, so not on these small cases): every case's w_down NVFP4; scales and row weights
+# present and absent, an empty expert, f 5461, r 48 (masked ranks), r 144 (three rank blocks: d row_weight summed
+# over them), padding rows
+FUSED_CFG = "fuse_tiles_lb=1,fuse_rank_lb=1"
 FUSED_CASES = ["nvfp4_basic", "nvfp4_r64", "nvfp4_nogs", "mixed_dd_n", "nvfp4_d80_r48", "nvfp4_r144_multik",
                "f5461_sign_nvfp4"]
 

@@ -330,8 +330,8 @@ def test_first_use_selftest_shape_takes_the_sm120_byte_plane_kernels():
 
 def test_dz_fuses_the_glu_backward_by_format_and_shape():
     """sm_90a's table fuses the GLU backward into lowbit_bwd_dz for an NVFP4 w_down from 768 row tiles (estimated as
-    max(E, cdiv(M, 64))) and a rank of at least the rank block (64); not sign (slower fused), not E 256 at b1's rows
-    (512 tiles), not r 16 or 32, not sm_120's table; an override of 0 turns it off."""
+    max(E, cdiv(M, 64))) and r 64 (``fuse_rank_lb``); not sign (slower fused), not E 256 at b1's rows (512 tiles),
+    not r 16 or 32, not sm_120's table; an override of 0 turns it off, one of the rank threshold moves it."""
     sm90, sm120 = CS.CONFIGS["sm_90a"], CS.CONFIGS["sm_120"]
     assert LS.fuse_dz_epi(sm90, LS.NVFP4, 1024, 32768, 64)      # b1
     assert LS.fuse_dz_epi(sm90, LS.NVFP4, 4096, 32768, 64)      # E 4096
@@ -343,6 +343,7 @@ def test_dz_fuses_the_glu_backward_by_format_and_shape():
     assert LS.fuse_dz_epi(sm90, LS.NVFP4, 1024, 32768, 128)     # r 128: two full rank blocks
     assert not LS.fuse_dz_epi(sm90, LS.NVFP4, 1024, 32768, 32)  # r 32 and 16: below the rank block
     assert not LS.fuse_dz_epi(sm90, LS.NVFP4, 1024, 32768, 16)
+    assert LS.fuse_dz_epi(sm90.update("fuse_rank_lb=16"), LS.NVFP4, 1024, 32768, 16)  # a developer override
     assert LS.dz_maxnreg(sm90, True) == 80 and LS.dz_maxnreg(sm90, False) == 0
     with pytest.raises(ValueError, match="fuse_tiles_lb must be 0"):
         sm90.update("fuse_tiles_lb=-1")

@@ -181,6 +181,9 @@ class LowbitTiles(_Tiles):
     # w_down when the pass has at least this many row tiles (estimated as max(E, cdiv(M, bm))); 0: never
     # (triton_lowbit.specs.fuse_dz_epi), at regs_dz_lb registers per thread (PTX .maxnreg; 0: the compiler's choice)
     fuse_tiles_lb: int = 0
+    # ... and only from this rank (below it the part buffer fusing saves shrinks with r while its one f slice still
+    # walks all of f: r 16 and 32 were slower fused on the H100, docs/performance.md)
+    fuse_rank_lb: int = 64
     regs_dz_lb: int = 0
     bd_dxdw_lb: int = 64      # d block of lowbit_bwd_dx_dw
     stages_dxdw_lb: int = 1

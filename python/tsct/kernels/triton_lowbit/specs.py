@@ -212,11 +212,12 @@ def fuse_dz_epi(cfg, fmt_d: int, e: int, m: int, r: int) -> bool:
     """Whether lowbit_bwd_dz runs the GLU backward itself (FUSE_EPI) for a w_down of format ``fmt_d``, E = ``e``
     experts, M = ``m`` routed rows and rank ``r``: one f slice, so each program holds its rows' complete dz0 (no part
     buffer, no ``glu_bwd_epi`` launch), where the arch's table turns it on (``LowbitTiles.fuse_tiles_lb``) for an
-    NVFP4 w_down, the rank fills the rank block (below it the part buffer it saves shrinks with r, while its one f
-    slice still walks all of f: slower at r 16 and 32, docs/performance.md) and the pass has enough row tiles to fill
-    the GPU without f slices (at least ``fuse_tiles_lb``, estimated as max(E, cdiv(M, bm)): an expert of up to bm
-    rows is one tile). The same shape gives the same choice on every GPU of an arch."""
-    return (fused_variants(cfg, fmt_d) and r >= rank_block(cfg)
+    NVFP4 w_down, the rank is at least ``LowbitTiles.fuse_rank_lb`` (64: below it the part buffer fusing saves
+    shrinks with r while its one f slice still walks all of f; slower at r 16 and 32, docs/performance.md) and the
+    pass has enough row tiles to fill the GPU without f slices (at least ``fuse_tiles_lb``, estimated as
+    max(E, cdiv(M, bm)): an expert of up to bm rows is one tile). The same shape gives the same choice on every GPU
+    of an arch."""
+    return (fused_variants(cfg, fmt_d) and r >= cfg.lowbit.fuse_rank_lb
             and max(e, -(-m // cfg.shared.bm)) >= cfg.lowbit.fuse_tiles_lb)
 
 
