@@ -341,7 +341,7 @@ def test_dz_fuses_the_glu_backward_by_format_and_shape():
     assert not LS.fuse_dz_epi(sm120, LS.NVFP4, 1024, 32768, 64)
     assert not LS.fuse_dz_epi(sm90.update("fuse_tiles_lb=0"), LS.NVFP4, 1024, 32768, 64)
     assert LS.fuse_dz_epi(sm90, LS.NVFP4, 1024, 32768, 128)     # r 128: two full rank blocks
-    assert not LS.fuse_dz_epi(sm90, LS.NVFP4, 1024, 32768, 32)  # r 32 and 16: below the rank block
+    assert not LS.fuse_dz_epi(sm90, LS.NVFP4, 1024, 32768, 32)  # r 32 and 16: below fuse_rank_lb
     assert not LS.fuse_dz_epi(sm90, LS.NVFP4, 1024, 32768, 16)
     assert LS.fuse_dz_epi(sm90.update("fuse_rank_lb=16"), LS.NVFP4, 1024, 32768, 16)  # a developer override
     assert LS.dz_maxnreg(sm90, True) == 80 and LS.dz_maxnreg(sm90, False) == 0
