@@ -9,7 +9,7 @@ scales; packed NVFP4 or sign factors: x, router weights and scales), on tsct-ben
 sort kernels has are used, so an older tree runs it unchanged.
 
     PYTHONPATH=<tree>/python python3 scripts/bwd_scale_timing.py --label new --json OUT.json [--shapes b1,b1_zipf12]
-        [--arms bf16-kmajor,nvfp4,sign]
+        [--arms bf16,bf16-kmajor,nvfp4,sign]
 
 Prints one line per (shape, arm): forward / forward+backward ms (median of 20 replays) and the expert rows
 (max, empty experts). ``--profile``: also the device time per kernel of one eager forward+backward
@@ -42,7 +42,7 @@ SHAPES = {  # name: (T, E, routing, zipf exponent, r); k = 2, d = 2048, f = 5461
     "r32": (16384, 1024, "softmax", None, 32),
     "r128": (16384, 1024, "softmax", None, 128),
 }
-ARMS = ("bf16-kmajor", "nvfp4", "sign")
+ARMS = ("bf16", "bf16-kmajor", "nvfp4", "sign")
 K, D, F = 2, 2048, 5461
 
 
@@ -70,6 +70,8 @@ def factors(arm: str, dense):
     from tsct.kernels.layout import to_kmajor
 
     wg, wu, wd, sg, su = dense
+    if arm == "bf16":  # row-major w_down
+        return [t.clone().requires_grad_() for t in dense], "triton-bf16"
     if arm == "bf16-kmajor":
         return [wg.clone().requires_grad_(), wu.clone().requires_grad_(), to_kmajor(wd).requires_grad_(),
                 sg.clone().requires_grad_(), su.clone().requires_grad_()], "triton-bf16"
