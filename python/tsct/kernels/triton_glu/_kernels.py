@@ -318,8 +318,14 @@ def glu_bwd_dz(
         dz = tl.dot(dy, tl.trans(wd), dz)
         if DO_DWD:
             if one:
-                dwd = tl.dot(tl.trans(zw), dy)
-                tl.store(dwd_base + n * wd_step + wd_tile, dwd.to(dwd_ptr.dtype.element_ty), mask=wmask)
+                if WD_T and BR < BN:  # dWd^T = dY^T (z*rw): M is BN, not the small rank block (fewer registers),
+                    # and K-major dWd^T rows are contiguous along the ranks (a row-major dWd would need a transpose)
+                    dwd_t = tl.dot(tl.trans(dy), zw)
+                    tl.store(dwd_base + n * wd_step + tl.trans(wd_tile), dwd_t.to(dwd_ptr.dtype.element_ty),
+                             mask=tl.trans(wmask))
+                else:
+                    dwd = tl.dot(tl.trans(zw), dy)
+                    tl.store(dwd_base + n * wd_step + wd_tile, dwd.to(dwd_ptr.dtype.element_ty), mask=wmask)
     tl.store(part_ptr + fs.to(tl.int64) * M * r + row0.to(tl.int64) * r + h_tile, dz, mask=hmask)
 
 
