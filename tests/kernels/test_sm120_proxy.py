@@ -90,6 +90,26 @@ def _build(tmp_path, *args):
                            str(tmp_path / "cache"), *args], capture_output=True, text=True, timeout=900)
 
 
+def test_aot_build_fails_when_a_kernel_source_changes_while_it_compiles(tmp_path, monkeypatch):
+    """An index's "sources" are fingerprinted after the compiles: a kernel file edited in between fails the build,
+    instead of indexing cubins under a source they were not compiled from (which a proxy verdict would credit)."""
+    pytest.importorskip("triton")
+    f = tmp_path / "_kernels.py"
+    f.write_text("before\n")
+    monkeypatch.setattr(aot_build, "_kernel_files", lambda families: {f: aot_build._sha256(f)})
+    monkeypatch.setattr(aot_build, "_init_worker", lambda: None)  # no compiler patch in this process
+
+    def edit_then_compile(family, arch, spec, cache_dir):
+        f.write_text("after\n")
+        return {"key": spec.key}
+
+    monkeypatch.setattr(aot_build, "_compile", edit_then_compile)
+    with pytest.raises(SystemExit, match="changed during the build"):
+        aot_build.main(["--out", str(tmp_path / "x"), "--archs", "sm_90a", "--families", "glu", "--jobs", "1",
+                        "--limit", "1", "--cache-dir", str(tmp_path / "cache")])
+    assert not (tmp_path / "x" / "sm_90a").exists()
+
+
 def test_a_proxy_build_is_sm120s_variants_assembled_for_sm90(tmp_path):
     pytest.importorskip("triton")
     r = _build(tmp_path, "--out", str(tmp_path / "x"), "--archs", f"sm_90a,{PROXY}")

@@ -37,7 +37,8 @@ name, ``tsct.kernels.source_key`` of the source it was compiled from (the kernel
 every arch), so an install can tell which source its cubins are without Triton or the source (the sm_120 proxy
 verdicts compare it with the source a proxy run launched, ``tsct.kernels.sm120_proxy``). The build fails if a
 variant needs scratch memory, more than one CTA, or more shared memory than its arch allows, or if its PTX
-target is not the family's.
+target is not the family's, and if a kernel source file changed while it compiled (the fingerprints, taken after
+the compiles, would then name a source the cubins were not built from).
 
 PTX targets: Triton names every capability >= 90 "sm_XXa"; the build patches that name per compile
 job to the family's ``specs.PTX_ARCH[arch]``: plain sm_120 for the bf16 kernels (an sm_120a cubin
@@ -186,6 +187,16 @@ def source_keys(families) -> dict[str, str]:
     sk = sys.modules.get("_tsct_aot_source_key") or _load("_tsct_aot_source_key", _KERNELS_DIR / "source_key.py")
     mods = _kernel_modules()
     return {k: v for f in families for k, v in sk.source_keys(mods[f], family_specs(f).KERNELS).items()}
+
+
+def _sha256(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def _kernel_files(families) -> dict[Path, str]:
+    """{kernel source file: sha256} of the families' and the shared kernels, read before compiling."""
+    files = [_HERE / "_kernels.py"] + [FAMILIES[f][0] / "_kernels.py" for f in families]
+    return {f: _sha256(f) for f in files}
 
 
 def _compile(family: str, arch: str, spec, cache_dir: str) -> dict:
@@ -341,6 +352,7 @@ def main(argv: list[str] | None = None) -> int:
             table = list(fs.enumerate_specs(specs.table_arch(a)))  # a proxy: its ``of`` arch's table, key for key
             jobs += [(f, a, s, str(cdir)) for s in table[: args.limit or None]]
     t0 = time.time()
+    kernel_files = _kernel_files(families)  # the index's "sources" must be of the text the cubins were compiled from
     results: dict[str, dict[str, dict]] = {a: {} for a in archs}
     if args.jobs <= 1:
         _init_worker()
@@ -357,6 +369,9 @@ def main(argv: list[str] | None = None) -> int:
                     print(f"aot_build: {n}/{len(jobs)} compiled ({time.time() - t0:.0f} s)", flush=True)
 
     summary = {"triton_version": triton.__version__, "archs": {}}
+    changed = [str(f) for f, h in kernel_files.items() if _sha256(f) != h]
+    if changed:
+        raise SystemExit(f"aot_build: kernel sources changed during the build ({', '.join(changed)}); build again")
     sources = source_keys(families)
     for a in archs:
         d = out / a
