@@ -37,7 +37,7 @@ FINGERPRINTS = {
         "route_rank": "7ae970344c25b689",
         "route_place": "66b9094d263bad19",
         "bwd_maps": "8c01d859be6c9f26",
-        "glu_bwd_dz": "1cc5a8202c2c53fd",
+        "glu_bwd_dz": "7c9b7dc95d7135d5",
         "glu_bwd_dwd": "b0dd8760609bba53",
         "bwd_slot_reduce": "d28f3356d7f0a0fb",
         "glu_bwd_epi": "375fbfa4253123f4",
