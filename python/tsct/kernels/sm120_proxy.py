@@ -228,8 +228,8 @@ RUNS: tuple[dict, ...] = (
     # verdicts stay those of the full runs above)
     {'date': '2026-12-06', 'commit': 'a7ada20', 'device': 'NVIDIA H100 80GB HBM3',
      'evidence': 'bench/results/2026-12-06_h100_sm120_proxy_a7ada20.log',
-     'suite': "140 passed, 150 skipped (test_triton_glu.py, test_triton_lowbit_gpu.py -k 'backward or deterministic "
-              "or empty')",
+     'suite': "140 passed, 150 skipped (test_triton_glu_gpu.py, test_triton_lowbit_gpu.py -k 'backward or "
+              "deterministic or empty')",
      'kernels': {
          'glu_bwd_dx_dw': {'aot': 81, 'variants': 7, 'jit': 0, 'native': 0, 'failed_tests': [],
                            'source': '81e7019a10674fd1'},
@@ -239,8 +239,8 @@ RUNS: tuple[dict, ...] = (
     # likewise, for glu_bwd_epi (its GLU math moved into a helper) and lowbit_bwd_dz (the fused-epilogue parameters)
     {'date': '2026-12-06', 'commit': 'cb9286e', 'device': 'NVIDIA H100 80GB HBM3',
      'evidence': 'bench/results/2026-12-06_h100_sm120_proxy_cb9286e.log',
-     'suite': "139 passed, 148 skipped (test_triton_glu.py, test_triton_lowbit_gpu.py -k 'backward or deterministic "
-              "or empty')",
+     'suite': "139 passed, 148 skipped (test_triton_glu_gpu.py, test_triton_lowbit_gpu.py -k 'backward or "
+              "deterministic or empty')",
      'kernels': {
          'glu_bwd_epi': {'aot': 275, 'variants': 8, 'jit': 0, 'native': 0, 'failed_tests': [],
                          'source': '375fbfa4253123f4'},
@@ -250,8 +250,8 @@ RUNS: tuple[dict, ...] = (
     # likewise, for lowbit_bwd_dx_dw (a column-scaled factor's program walks several d blocks; sm_120's table keeps one)
     {'date': '2026-12-06', 'commit': '3e7c9bc', 'device': 'NVIDIA H100 80GB HBM3',
      'evidence': 'bench/results/2026-12-06_h100_sm120_proxy_3e7c9bc.log',
-     'suite': "139 passed, 148 skipped (test_triton_glu.py, test_triton_lowbit_gpu.py -k 'backward or deterministic "
-              "or empty')",
+     'suite': "139 passed, 148 skipped (test_triton_glu_gpu.py, test_triton_lowbit_gpu.py -k 'backward or "
+              "deterministic or empty')",
      'kernels': {
          'lowbit_bwd_dx_dw': {'aot': 184, 'variants': 7, 'jit': 0, 'native': 0, 'failed_tests': [],
                               'source': '71488c8910a02dac'},
@@ -259,11 +259,19 @@ RUNS: tuple[dict, ...] = (
     # likewise, for bwd_maps (a program per 1,024 experts, each summing the experts before it)
     {'date': '2026-12-07', 'commit': 'dbe6bab', 'device': 'NVIDIA H100 80GB HBM3',
      'evidence': 'bench/results/2026-12-07_h100_sm120_proxy_dbe6bab.log',
-     'suite': "147 passed, 156 skipped (test_triton_glu.py, test_triton_lowbit_gpu.py -k 'backward or deterministic "
-              "or empty')",
+     'suite': "147 passed, 156 skipped (test_triton_glu_gpu.py, test_triton_lowbit_gpu.py -k 'backward or "
+              "deterministic or empty')",
      'kernels': {
          'bwd_maps': {'aot': 291, 'variants': 1, 'jit': 0, 'native': 0, 'failed_tests': [],
                       'source': '8c01d859be6c9f26'},
+     }},
+    {'date': '2026-12-07', 'commit': 'c9056b8', 'device': 'NVIDIA H100 80GB HBM3',
+     'evidence': 'bench/results/2026-12-07_h100_sm120_proxy_c9056b8.log',
+     'suite': "147 passed, 156 skipped (test_triton_glu_gpu.py, test_triton_lowbit_gpu.py -k 'backward or "
+              "deterministic or empty')",
+     'kernels': {
+         'glu_bwd_dz': {'aot': 95, 'variants': 11, 'jit': 0, 'native': 0, 'failed_tests': [],
+                        'source': '7c9b7dc95d7135d5'},
      }},
 )
 
