@@ -55,7 +55,8 @@ T="$ROOT/tests"  # tests/<package folder>/test_*.py; the GPU ones are marked gpu
 describe() {
   cat <<'EOF'
 probe          tsct-probe --verify-artifacts (text, cuobjdump from the image's Triton if none on PATH) and --json
-all            every GPU test (pytest -m gpu tests/*/test_*_gpu.py), result lines to $OUT/gpu_tests.log
+all            every GPU test (pytest -m gpu tests/*/test_*_gpu.py), result lines to $OUT/gpu_tests.log; a device
+               call of its own (more than 430 s on an H100)
 cpu            the torch-version-sensitive CPU tests under the image's torch (compile, reference, quant API, dispatch)
 aot            the wheel's Triton cubins load on this GPU (smoke); test_triton_aot_gpu.py; the Triton GLU suite
                (test_triton_glu_gpu.py) with TSCT_TRITON_BACKEND=aot
@@ -153,7 +154,7 @@ stage_probe() {
 }
 
 stage_all() {
-  step all 300 env TSCT_GPU_LOG="$OUT/gpu_tests.log" bash -c "pyt -s -m gpu '$T'/*/test_*_gpu.py"
+  step all 560 env TSCT_GPU_LOG="$OUT/gpu_tests.log" bash -c "pyt -s -m gpu '$T'/*/test_*_gpu.py"
 }
 
 stage_cpu() {
