@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import io
 
+import numpy as np
 import pytest
 import torch
 
@@ -401,6 +402,14 @@ def test_forward_counts_argument_errors():
         m.forward_counts(x, torch.tensor([2 ** 32 + 3, -2 ** 32, 0, 0, 0, 0, 0, 0]))
     with pytest.raises(ValueError, match="row_weight must be"):
         m.forward_counts(x, torch.ones(E, dtype=torch.int64), torch.ones(3))
+    # an integer or bool row weight would be cast to a weight of 0 / 1: refused in both forms, as grouped_glu does
+    slots = torch.randn(E, 3, D)
+    for dt in (torch.int64, torch.bool):
+        with pytest.raises(TypeError, match=f"^GroupedGLUExperts.forward_counts: row_weight must be a floating-point "
+                                            f"tensor, got {dt}"):
+            m.forward_counts(x, torch.full((E,), 2), torch.ones(20, dtype=dt))
+        with pytest.raises(TypeError, match="row_weight must be a floating-point tensor"):
+            m.forward_counts(slots, torch.full((E,), 2), torch.ones(E, 3, dtype=dt))
 
 
 def test_constructor_errors_name_the_argument():
@@ -421,6 +430,21 @@ def test_constructor_errors_name_the_argument():
         PaddedBmmGLUExperts(E, D, R, F, intermediates="bf16")
     with pytest.raises(TypeError, match="^GroupedGLUExperts: num_experts must be an int"):
         GroupedGLUExperts(8.0, D, R, F)
+    with pytest.raises(TypeError, match="^GroupedGLUExperts: num_experts must be an int, got bool"):
+        GroupedGLUExperts(True, D, R, F)
+    # integer scalars (NumPy's, a 0-d tensor) are sizes, checked like ints, the block multiple too
+    m = GroupedGLUExperts(np.int64(E), np.int32(D), torch.tensor(R), F, storage="nvfp4")
+    assert (m.num_experts, m.d, m.r) == (E, D, R) and type(m.num_experts) is int
+    with pytest.raises(ValueError, match="needs r to be a multiple of 16 "):
+        GroupedGLUExperts(E, D, np.int64(24), F, storage="nvfp4")
+    # low-bit storage quantizes float32 / bfloat16 / float16 masters; float64 is refused by name, not at the forward
+    with pytest.raises(TypeError, match=r"^GroupedGLUExperts\(storage='sign'\): dtype must be one of"):
+        GroupedGLUExperts(E, D, R, F, storage="sign", dtype=torch.float64)
+    x, ids, w = routing()
+    cast = layer(GroupedGLUExperts, storage="nvfp4").double()
+    with pytest.raises(TypeError, match=r"the parameters' dtype \(after .to\(\) / .double\(\)\) must be one of"):
+        cast(x, ids, w)
+    assert layer(GroupedGLUExperts, dtype=torch.float64)(x, ids, w).dtype == torch.float32  # dense: cast to x's
     with pytest.raises(ValueError, match="^PaddedBmmGLUExperts: f must be >= 1, got 0"):
         PaddedBmmGLUExperts(E, D, R, 0)
     for cls, bad in ((GroupedGLUExperts, torch.int32), (PaddedBmmGLUExperts, "float32")):

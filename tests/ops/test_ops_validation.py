@@ -30,6 +30,10 @@ def call(p, **over):
     (lambda p: dict(offs=p["offs"].long()), TypeError, r"offs must have dtype"),
     (lambda p: dict(offs=p["offs"][:-1]), ValueError, r"offs must have length E = 4"),
     (lambda p: dict(w_gate=p["w_gate"].transpose(1, 2)), ValueError, r"w_gate must be \[E, d, r\]"),
+    (lambda p: dict(x=p["x"][:, :-1]), ValueError, r"with d = x.shape\[1\] = 15, got \[4, 16, 8\] \(x \[T, d\] and "
+                                                   r"w_gate disagree on d"),
+    (lambda p: dict(gather_idx=p["gather_idx"][:-1], row_weight=None, scatter_idx=None, num_out_rows=None), ValueError,
+     r"offs\[-1\] = 16 exceeds M = 15 routed rows \(len\(gather_idx\) when it is given"),
     (lambda p: dict(w_up=p["w_up"][:, :, :4]), ValueError, r"w_up must be \[E, d, r\]"),
     (lambda p: dict(w_down=p["w_down"].transpose(1, 2)), ValueError, r"w_down must be \[E, r, f\]"),
     (lambda p: dict(w_down=p["w_down"].bfloat16()), TypeError, r"w_down must have dtype"),

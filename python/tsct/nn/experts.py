@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import operator
 from typing import Optional
 
 import torch
@@ -97,8 +98,13 @@ def _in_graph(x: Tensor) -> bool:
 
 
 def _check_int(who: str, name: str, v, lo: int = 1) -> int:
-    if isinstance(v, bool) or not isinstance(v, int):
-        raise TypeError(f"{who}: {name} must be an int, got {type(v).__name__}")
+    """``v`` as a Python int: an int or an integer scalar (``__index__``: NumPy's, a 0-d integer tensor), not bool."""
+    try:
+        if isinstance(v, bool):
+            raise TypeError
+        v = operator.index(v)
+    except TypeError:
+        raise TypeError(f"{who}: {name} must be an int, got {type(v).__name__}") from None
     if v < lo:
         raise ValueError(f"{who}: {name} must be >= {lo}, got {v}")
     return v
@@ -134,7 +140,7 @@ class GLUExpertBank(nn.Module):
         if dtype is not None and not (isinstance(dtype, torch.dtype) and dtype.is_floating_point):
             raise TypeError(f"{who}: dtype must be a floating-point torch.dtype (of the parameters), got {dtype}")
         kw = {"device": device, "dtype": dtype}
-        e = self.num_experts
+        e, d, r, f = self.num_experts, self.d, self.r, self.f
         self.w_gate = nn.Parameter(torch.empty(e, d, r, **kw))
         self.w_up = nn.Parameter(torch.empty(e, d, r, **kw))
         self.w_down = nn.Parameter(torch.empty(e, f, r, **kw))  # K-major: the op reads w_down.transpose(1, 2)
@@ -218,7 +224,8 @@ class GroupedGLUExperts(GLUExpertBank):
             ``requantize()``. While torch.compile traces or a CUDA graph is captured, the quantization runs in
             the graph instead (``tsct.quant.fake_quantize``: the same decoded values as dense factors,
             re-quantized on every replay), since a host-side cache would freeze the factors of the first step.
-            NVFP4 needs d and r multiples of 16, sign multiples of 8.
+            NVFP4 needs d and r multiples of 16, sign multiples of 8; the masters are float32, bfloat16 or
+            float16.
         frozen: low-bit inference: no masters, the packed factors are buffers (``w_gate_codes``, ...; see
             ``freeze``), serialised by ``state_dict``. Holds zeros until a state_dict is loaded; ``freeze()``
             turns a trained layer into this form. Needs storage "nvfp4" or "sign".
@@ -230,6 +237,8 @@ class GroupedGLUExperts(GLUExpertBank):
     Raises:
         ValueError: an unknown storage, activations or impl; frozen with storage "bf16"; d or r not a multiple
             of the low-bit block (16 for NVFP4 factors or activations, 8 for sign factors).
+        TypeError: low-bit storage with parameters of another dtype than float32, bfloat16 or float16 (float64:
+            at construction, or at the forward after a ``.double()``).
     """
 
     def __init__(self, num_experts: int, d: int, r: int, f: int, *, storage: str = "bf16", frozen: bool = False,
@@ -248,10 +257,13 @@ class GroupedGLUExperts(GLUExpertBank):
         m = max(_K_MULTIPLE.get(storage, 1), 16 if activations == "nvfp4" else 1)
         if m > 1:
             for name, v in (("d", d), ("r", r)):
-                if isinstance(v, int) and v % m:
+                v = _check_int("GroupedGLUExperts", name, v)
+                if v % m:
                     raise ValueError(f"GroupedGLUExperts: storage {storage!r} with activations {activations!r} needs "
                                      f"{name} to be a multiple of {m} (a contraction dim), got {name} = {v}")
         super().__init__(num_experts, d, r, f, scales=scales, device=device, dtype=dtype)
+        if storage != "bf16":
+            _check_master_dtype(storage, self.w_gate.dtype, "dtype")
         self.storage, self.impl, self.activations = storage, impl, activations
         self.frozen = False
         self._generation = 0  # moves on load_state_dict / reset_parameters / requantize
@@ -353,6 +365,7 @@ class GroupedGLUExperts(GLUExpertBank):
             deq[2] = to_kmajor(deq[2])  # fake_quantize returns a contiguous [E, r, f]; keep the K-major layout
             return tuple(deq), None
         from tsct.ops import mark_masters_updated, quantize_master
+        _check_master_dtype(self.storage, views[0].dtype, "the parameters' dtype (after .to() / .double())")
         stamp = (_optimizer_steps, self._generation)
         if stamp != self._quantized_at:
             mark_masters_updated(*views)
@@ -375,6 +388,7 @@ class GroupedGLUExperts(GLUExpertBank):
         facs, masters = self._op_factors(dt, x)
         s_gate, s_up = self.scales(dt)
         if row_weight is not None and row_weight.dtype not in (dt, torch.float32):
+            _check_float_row_weight("GroupedGLUExperts.grouped_glu", row_weight)
             row_weight = row_weight.float()
         return ops.grouped_glu(x, offs, *facs, s_gate, s_up, row_weight=row_weight, gather_idx=gather_idx,
                                scatter_idx=scatter_idx, num_out_rows=num_out_rows, impl=self.impl,
@@ -460,6 +474,8 @@ class GroupedGLUExperts(GLUExpertBank):
             what = list(row_weight.shape) if isinstance(row_weight, Tensor) else type(row_weight).__name__
             raise ValueError(f"GroupedGLUExperts.forward_counts: row_weight must be {list(rows)} (one per row of x), "
                              f"got {what}")
+        if row_weight is not None:
+            _check_float_row_weight("GroupedGLUExperts.forward_counts", row_weight)
         if x.dim() == 2:
             # summed in int64 and clamped to [-1, M + 1] before the int32 cast: a count that would wrap int32 (2^32 + 3
             # read as 3) stays out of range, where grouped_glu's checks of offs catch it (no host read here)
@@ -493,6 +509,21 @@ class GroupedGLUExperts(GLUExpertBank):
     def extra_repr(self) -> str:
         return (super().extra_repr() + f", storage={self.storage!r}" + (", frozen" if self.frozen else "")
                 + f", impl={self.impl!r}, activations={self.activations!r}")
+
+
+def _check_master_dtype(storage: str, dtype: torch.dtype, what: str) -> None:
+    """Low-bit storage quantizes its masters each step: float32, bfloat16 or float16 (``tsct.ops.quantize_master``)."""
+    from tsct.quant._backend import FLOAT_DTYPES
+
+    if dtype not in FLOAT_DTYPES:
+        raise TypeError(f"GroupedGLUExperts(storage={storage!r}): {what} must be one of "
+                        f"{[str(d) for d in FLOAT_DTYPES]} (the masters it quantizes), got {dtype}")
+
+
+def _check_float_row_weight(fn: str, row_weight: Tensor) -> None:
+    """A row weight is a routing probability: a floating-point tensor (an integer or bool one would be cast)."""
+    if not row_weight.dtype.is_floating_point:
+        raise TypeError(f"{fn}: row_weight must be a floating-point tensor, got {row_weight.dtype}")
 
 
 def _empty_packed(fmt: str, e: int, k: int, n: int, device) -> tuple[Tensor, Tensor, Tensor]:

@@ -105,7 +105,8 @@ def validate(
             raise ValueError(f"grouped_glu: {name} must be {what} with E = len(offs) = {e}, got {list(sh)}")
     _, dg, r = shapes["w_gate"]
     if dg != d:
-        raise ValueError(f"grouped_glu: w_gate must be [E, d, r] with d = x.shape[1] = {d}, got {list(w_gate.shape)}")
+        raise ValueError(f"grouped_glu: w_gate must be [E, d, r] with d = x.shape[1] = {d}, got {list(w_gate.shape)} "
+                         f"(x [T, d] and w_gate disagree on d: one of the two is wrong)")
     if shapes["w_up"] != (e, d, r):
         raise ValueError(f"grouped_glu: w_up must be [E, d, r] = {[e, d, r]} like w_gate, got {list(w_up.shape)}")
     _, rd, f = shapes["w_down"]
@@ -268,7 +269,8 @@ def check_routing_facts(facts, m: int, t_rows: int, num_out_rows: Optional[int])
             raise ValueError(f"grouped_glu: offs must be non-decreasing, offs[{i}] = {o[i]} < "
                              f"offs[{i - 1}] = {o[i - 1]}")
         if o[-1] > m:
-            raise ValueError(f"grouped_glu: offs[-1] = {o[-1]} exceeds M = {m} routed rows")
+            raise ValueError(f"grouped_glu: offs[-1] = {o[-1]} exceeds M = {m} routed rows "
+                             "(len(gather_idx) when it is given, else x.shape[0])")
     for name, (below, above, _), bound in (("gather_idx", g, t_rows), ("scatter_idx", sc, num_out_rows)):
         if below or above:
             of = "the rows of x" if name == "gather_idx" else "num_out_rows"

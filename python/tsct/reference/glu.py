@@ -75,7 +75,8 @@ def _host_bounds(offs: Tensor, m: int) -> list[int]:
             raise ValueError(f"grouped_glu: offs must be non-negative and non-decreasing, offs[{e - 1}] = "
                              f"{bounds[e]} < {prev}")
     if bounds[-1] > m:
-        raise ValueError(f"grouped_glu: offs[-1] = {bounds[-1]} exceeds M = {m} routed rows")
+        raise ValueError(f"grouped_glu: offs[-1] = {bounds[-1]} exceeds M = {m} routed rows "
+                         "(len(gather_idx) when it is given, else x.shape[0])")
     return bounds
 
 
