@@ -262,7 +262,7 @@ class GroupedGLUExperts(GLUExpertBank):
                     raise ValueError(f"GroupedGLUExperts: storage {storage!r} with activations {activations!r} needs "
                                      f"{name} to be a multiple of {m} (a contraction dim), got {name} = {v}")
         super().__init__(num_experts, d, r, f, scales=scales, device=device, dtype=dtype)
-        if storage != "bf16":
+        if storage != "bf16" and not frozen:  # a frozen layer has no masters to quantize
             _check_master_dtype(storage, self.w_gate.dtype, "dtype")
         self.storage, self.impl, self.activations = storage, impl, activations
         self.frozen = False

@@ -106,7 +106,7 @@ def validate(
     _, dg, r = shapes["w_gate"]
     if dg != d:
         raise ValueError(f"grouped_glu: w_gate must be [E, d, r] with d = x.shape[1] = {d}, got {list(w_gate.shape)} "
-                         f"(x [T, d] and w_gate disagree on d: one of the two is wrong)")
+                         "(x [T, d] and w_gate disagree on d: one of the two is wrong)")
     if shapes["w_up"] != (e, d, r):
         raise ValueError(f"grouped_glu: w_up must be [E, d, r] = {[e, d, r]} like w_gate, got {list(w_up.shape)}")
     _, rd, f = shapes["w_down"]
