@@ -430,8 +430,9 @@ def test_constructor_errors_name_the_argument():
         PaddedBmmGLUExperts(E, D, R, F, intermediates="bf16")
     with pytest.raises(TypeError, match="^GroupedGLUExperts: num_experts must be an int"):
         GroupedGLUExperts(8.0, D, R, F)
-    with pytest.raises(TypeError, match="^GroupedGLUExperts: num_experts must be an int, got bool"):
-        GroupedGLUExperts(True, D, R, F)
+    for bad in (True, torch.tensor(True), torch.tensor([E])):  # bools and shaped tensors are not sizes
+        with pytest.raises(TypeError, match="^GroupedGLUExperts: num_experts must be an int, got "):
+            GroupedGLUExperts(bad, D, R, F)
     # integer scalars (NumPy's, a 0-d tensor) are sizes, checked like ints, the block multiple too
     m = GroupedGLUExperts(np.int64(E), np.int32(D), torch.tensor(R), F, storage="nvfp4")
     assert (m.num_experts, m.d, m.r) == (E, D, R) and type(m.num_experts) is int

@@ -31,13 +31,13 @@ from __future__ import annotations
 
 import contextlib
 import math
-import operator
 from typing import Optional
 
 import torch
 from torch import Tensor, nn
 
 from tsct import config, quant
+from tsct.quant._backend import check_float_dtype
 from tsct.nn.capacity import capacity_slots, expert_counts
 
 __all__ = ["GLUExpertBank", "GroupedGLUExperts", "PaddedBmmGLUExperts", "STORAGES", "ACTIVATIONS", "INTERMEDIATES",
@@ -98,13 +98,10 @@ def _in_graph(x: Tensor) -> bool:
 
 
 def _check_int(who: str, name: str, v, lo: int = 1) -> int:
-    """``v`` as a Python int: an int or an integer scalar (``__index__``: NumPy's, a 0-d integer tensor), not bool."""
-    try:
-        if isinstance(v, bool):
-            raise TypeError
-        v = operator.index(v)
-    except TypeError:
-        raise TypeError(f"{who}: {name} must be an int, got {type(v).__name__}") from None
+    """``v`` as a Python int (``tsct.ops._validate.as_int``: NumPy integers, 0-d integer tensors; not bool)."""
+    from tsct.ops._validate import as_int
+
+    v = as_int(who, name, v)
     if v < lo:
         raise ValueError(f"{who}: {name} must be >= {lo}, got {v}")
     return v
@@ -262,8 +259,8 @@ class GroupedGLUExperts(GLUExpertBank):
                     raise ValueError(f"GroupedGLUExperts: storage {storage!r} with activations {activations!r} needs "
                                      f"{name} to be a multiple of {m} (a contraction dim), got {name} = {v}")
         super().__init__(num_experts, d, r, f, scales=scales, device=device, dtype=dtype)
-        if storage != "bf16" and not frozen:  # a frozen layer has no masters to quantize
-            _check_master_dtype(storage, self.w_gate.dtype, "dtype")
+        if storage != "bf16" and not frozen:  # masters quantize_master takes; a frozen layer has none
+            check_float_dtype(f"GroupedGLUExperts(storage={storage!r})", "dtype", self.w_gate.dtype)
         self.storage, self.impl, self.activations = storage, impl, activations
         self.frozen = False
         self._generation = 0  # moves on load_state_dict / reset_parameters / requantize
@@ -365,7 +362,8 @@ class GroupedGLUExperts(GLUExpertBank):
             deq[2] = to_kmajor(deq[2])  # fake_quantize returns a contiguous [E, r, f]; keep the K-major layout
             return tuple(deq), None
         from tsct.ops import mark_masters_updated, quantize_master
-        _check_master_dtype(self.storage, views[0].dtype, "the parameters' dtype (after .to() / .double())")
+        check_float_dtype(f"GroupedGLUExperts(storage={self.storage!r})",
+                          "the parameters' dtype (after .to() / .double())", views[0].dtype)
         stamp = (_optimizer_steps, self._generation)
         if stamp != self._quantized_at:
             mark_masters_updated(*views)
@@ -509,15 +507,6 @@ class GroupedGLUExperts(GLUExpertBank):
     def extra_repr(self) -> str:
         return (super().extra_repr() + f", storage={self.storage!r}" + (", frozen" if self.frozen else "")
                 + f", impl={self.impl!r}, activations={self.activations!r}")
-
-
-def _check_master_dtype(storage: str, dtype: torch.dtype, what: str) -> None:
-    """Low-bit storage quantizes its masters each step: float32, bfloat16 or float16 (``tsct.ops.quantize_master``)."""
-    from tsct.quant._backend import FLOAT_DTYPES
-
-    if dtype not in FLOAT_DTYPES:
-        raise TypeError(f"GroupedGLUExperts(storage={storage!r}): {what} must be one of "
-                        f"{[str(d) for d in FLOAT_DTYPES]} (the masters it quantizes), got {dtype}")
 
 
 def _check_float_row_weight(fn: str, row_weight: Tensor) -> None:
