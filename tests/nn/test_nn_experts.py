@@ -646,3 +646,62 @@ def test_a_low_bit_layer_built_and_run_under_inference_mode(storage):
     n = layer(GroupedGLUExperts, storage=storage)
     with torch.no_grad():
         assert torch.equal(y, n(x.clone(), ids.clone(), w.clone()))
+
+
+@pytest.mark.parametrize("storage", ["nvfp4", "sign"])
+@pytest.mark.parametrize("first", [False, True])  # True: the layer's very first forward is the evaluation pass
+def test_an_evaluation_pass_under_inference_mode_leaves_the_next_training_step_intact(storage, first):
+    """A training loop's validation pass under torch.inference_mode between steps: the packed factors it quantizes
+    are cached for the next training forward, so they must be normal tensors (autograd refuses to save inference
+    tensors); that step's output and gradients are those of a layer that never ran the evaluation pass."""
+    x, ids, w = routing(seed=5)
+    runs = []
+    for evaluate in (True, False):
+        m = layer(GroupedGLUExperts, storage=storage)
+        opt = torch.optim.AdamW(m.parameters(), lr=1e-2)
+        if not first:
+            m(x, ids, w).sum().backward()
+            opt.step()
+            opt.zero_grad()
+        if evaluate:
+            with torch.inference_mode():
+                y_eval = m(x, ids, w)
+        y = m(x, ids, w)
+        y.square().sum().backward()
+        if evaluate:
+            assert torch.equal(y_eval, y.detach())
+        runs.append((y.detach(), [p.grad.clone() for p in m.parameters()]))
+    (y0, g0), (y1, g1) = runs
+    assert torch.equal(y0, y1)
+    assert all(torch.equal(a, b) for a, b in zip(g0, g1))
+
+
+@pytest.mark.parametrize("transform", ["grad", "vmap"])
+def test_torch_func_transforms_of_the_layer_get_torchs_refusal(transform):
+    """torch.func transforms are not supported (README): the layer's call reaches torch's own refusal of the op (its
+    routing bookkeeping does not read a wrapped tensor's storage first)."""
+    m = layer(GroupedGLUExperts)
+    x, ids, w = routing(seed=6, t=8)
+    if transform == "grad":
+        call, match = (lambda: torch.func.grad(lambda xx: m(xx, ids, w).sum())(x)), "setup_context"
+    else:
+        call, match = (lambda: torch.func.vmap(lambda xx: m(xx, ids, w))(x[None].expand(2, -1, -1))), "Batching rule"
+    with pytest.raises(RuntimeError, match=match):
+        call()
+
+
+@pytest.mark.parametrize("frozen", [False, True])
+def test_a_low_bit_layer_survives_pickle_and_deepcopy(frozen):
+    """Plain pickle (Ray, a copy through bytes) of an NVFP4 layer, whose frozen form holds float8 block scales that
+    pickle cannot read back by itself, and copy.deepcopy: the same buffers in the same dtypes, the same output."""
+    import copy
+    import pickle
+
+    m = layer(GroupedGLUExperts, storage="nvfp4")
+    if frozen:
+        m.freeze()
+    x, ids, w = routing(seed=7)
+    y = m(x, ids, w)
+    for c in (pickle.loads(pickle.dumps(m)), copy.deepcopy(m)):
+        assert {n: b.dtype for n, b in c.named_buffers()} == {n: b.dtype for n, b in m.named_buffers()}
+        assert torch.equal(c(x, ids, w), y)

@@ -125,15 +125,25 @@ def test_is_quantized_storage_format_and_dequantize_of_tensors():
     assert torch.equal(dequantize(qt, torch.float32), qt.dequantize(torch.float32))
 
 
+@pytest.mark.parametrize("how", ["torch.save", "pickle", "deepcopy"])
 @pytest.mark.parametrize("fmt", ["nvfp4", "sign", "fp8", "ternary"])
-def test_containers_serialize_with_torch_save(fmt, tmp_path):
-    """A container is a plain dataclass of tensors: ``torch.save`` / ``torch.load`` give the same bytes back."""
+def test_containers_serialize_with_torch_save_and_pickle(fmt, how, tmp_path):
+    """A container is a plain dataclass of tensors: ``torch.save`` / ``torch.load``, plain ``pickle`` (which cannot
+    read a float8 tensor back by itself: NVFP4's block scales, FP8's codes) and ``copy.deepcopy`` give the same bytes
+    in the same dtypes back."""
+    import copy
+    import pickle
+
     g = torch.Generator().manual_seed(78)
     w = torch.randn(2, 32, 6, generator=g)
     opts = {"scaling": "rank1"} if fmt == "ternary" else {}
     q = quantize(w, fmt, **opts)
-    torch.save(q, tmp_path / "q.pt")
-    r = torch.load(tmp_path / "q.pt")  # torch's default, weights_only=True: the containers are safe globals
+    if how == "torch.save":
+        torch.save(q, tmp_path / "q.pt")
+        r = torch.load(tmp_path / "q.pt")  # torch's default, weights_only=True: the containers are safe globals
+    else:
+        r = pickle.loads(pickle.dumps(q)) if how == "pickle" else copy.deepcopy(q)
+    r.check()
     assert type(r) is type(q) and r.shape == q.shape
     for name in type(q)._STORAGE:
         a, b = getattr(q, name), getattr(r, name)

@@ -364,6 +364,12 @@ def test_validation_names_the_argument():
         NVFP4Tensor(q.codes.to(torch.int16), q.block_scale, q.global_scale, "linear", q.shape)
     with pytest.raises(ValueError, match="global_scale"):
         NVFP4Tensor(q.codes, q.block_scale, q.global_scale[:1], "linear", q.shape)
+    with pytest.raises(TypeError, match="shape must be a sequence of ints"):  # not truncated to (2, 32, 4)
+        NVFP4Tensor(q.codes, q.block_scale, q.global_scale, "linear", (2.0, 32.5, 4))
+    with pytest.raises(ValueError, match="non-negative sizes, got .-2, 32, 4."):
+        NVFP4Tensor(q.codes, q.block_scale, q.global_scale, "linear", (-2, 32, 4))
+    r = NVFP4Tensor(q.codes, q.block_scale, q.global_scale, "linear", (np.int64(2), 32, torch.tensor(4)))
+    assert r.shape == (2, 32, 4) and all(type(s) is int for s in r.shape)
 
 
 def test_auto_on_cpu_is_torch_and_not_a_counted_fallback():

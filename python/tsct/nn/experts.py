@@ -38,6 +38,7 @@ from torch import Tensor, nn
 
 from tsct import config, quant
 from tsct.quant._backend import check_float_dtype
+from tsct.quant._container import _FLOAT8_FIELDS, bytes_as_float8, float8_as_bytes
 from tsct.nn.capacity import capacity_slots, expert_counts
 
 __all__ = ["GLUExpertBank", "GroupedGLUExperts", "PaddedBmmGLUExperts", "STORAGES", "ACTIVATIONS", "INTERMEDIATES",
@@ -335,6 +336,20 @@ class GroupedGLUExperts(GLUExpertBank):
                 self.register_buffer(f"{name}_{fld}", getattr(q, fld).contiguous())
         self.frozen = True
         return self
+
+    def __getstate__(self) -> dict:
+        """The module's state for pickle, a frozen NVFP4 layer's float8 block scales as their bytes (plain ``pickle``
+        cannot read a float8 tensor back: ``tsct.quant._container.float8_as_bytes``)."""
+        state = self.__dict__.copy()
+        buffers, dtypes = float8_as_bytes(state["_buffers"])
+        return {**state, "_buffers": buffers, _FLOAT8_FIELDS: dtypes} if dtypes else state
+
+    def __setstate__(self, state: dict) -> None:
+        state = dict(state)
+        dtypes = state.pop(_FLOAT8_FIELDS, None)
+        if dtypes:
+            state["_buffers"] = bytes_as_float8(state["_buffers"], dtypes)
+        super().__setstate__(state)
 
     def _apply(self, fn, recurse: bool = True):
         """``nn.Module._apply`` (``.to``, ``.cuda``, ``.half``, ...), except that packed buffers keep their

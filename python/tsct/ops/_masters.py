@@ -113,7 +113,9 @@ def quantize_master(master: Tensor, fmt: str, *, layout: str = "linear", backend
         estimator), and a container from an older state is refused (in eager calls; under
         ``torch.compile`` the check is not traced, so call ``quantize_master`` outside the compiled
         region, once per step). A master made under ``torch.inference_mode`` has no version counter: it is
-        quantized on every call, uncached (``GroupedGLUExperts.freeze`` stores the packed factors once instead).
+        quantized on every call, uncached (``GroupedGLUExperts.freeze`` stores the packed factors once instead);
+        any other master quantized under ``torch.inference_mode`` (an evaluation pass) gives a container of normal
+        tensors, cached and fit for the next training step.
 
     Raises:
         TypeError / ValueError naming ``master`` or ``backend`` (wrong dtype or rank, K not a multiple of the block,
@@ -134,7 +136,9 @@ def quantize_master(master: Tensor, fmt: str, *, layout: str = "linear", backend
     def quantized():  # checked here, on a miss: a cached container's master had the same dtype, shape and backend
         _backend.check_factor("quantize_master", "master", master, k_multiple(fmt), fmt)
         _backend.check_backend("quantize_master", backend)
-        with torch.no_grad():
+        # a normal master gives normal tensors even inside torch.inference_mode: the container is cached, and an
+        # evaluation pass must not hand inference tensors to the next training step's autograd
+        with torch.no_grad(), torch.inference_mode(master.is_inference()):
             return quant.quantize(master.detach(), fmt, backend=backend, **opts)
 
     if master.is_inference():  # made under torch.inference_mode: no version counter to cache on, no training

@@ -151,6 +151,11 @@ def _has_values(t: Tensor) -> bool:
     return t.device.type != "meta"
 
 
+def _func_wrapped(t: Tensor) -> bool:
+    """A tensor of a torch.func transform (grad, vmap): a wrapper without storage of its own."""
+    return torch._C._functorch.is_functorch_wrapped_tensor(t)
+
+
 def _values_readable(t: Tensor) -> bool:
     """Values can be read without breaking a graph capture or a trace (torch.compile, make_fx, FakeTensorMode: a
     fake tensor has no data; its values are asserted in the graph instead)."""
@@ -192,9 +197,11 @@ def remember_sorted(token: Tensor, offs: Tensor, num_tokens: int) -> None:
     version counters). A write that does not move the version counter is not seen, as with autograd's saved tensors:
     ``.data``, DLPack or numpy views, ``untyped_storage()`` writes, and torch.distributed's in-place collectives
     (``all_reduce`` / ``broadcast`` into ``token`` or ``offs``): route such tensors through a copy. Inference
-    tensors have no version counter, and traced or captured calls check on the device: not recorded."""
+    tensors have no version counter, torch.func's wrapped tensors no storage, and traced or captured calls check on
+    the device: not recorded."""
     global _sorted
-    if not _values_readable(token) or torch.is_inference(token) or torch.is_inference(offs) or not _has_values(token):
+    if (not _values_readable(token) or torch.is_inference(token) or torch.is_inference(offs)
+            or not _has_values(token) or _func_wrapped(token) or _func_wrapped(offs)):
         return
     if _sorted is None:
         from torch.utils.weak import WeakIdKeyDictionary

@@ -8,15 +8,43 @@ field is the LOGICAL ``(E, K, N)`` or ``(K, N)``.
 from __future__ import annotations
 
 import dataclasses
+import operator
 from typing import Callable
 
 import torch
 from torch import Tensor
 
 
+_FLOAT8 = (torch.float8_e4m3fn, torch.float8_e5m2)
+_FLOAT8_FIELDS = "_float8_fields"  # the pickled state's record of the tensors stored as their bytes
+
+
+def float8_as_bytes(tensors: dict) -> tuple[dict, dict]:
+    """(``tensors`` with each float8 tensor replaced by its bytes, a uint8 view; {name: its float8 dtype}), for
+    pickle: torch writes a float8 tensor that plain ``pickle`` cannot read back (``pickle.loads`` fails in
+    ``torch.storage._load_from_bytes``, torch 2.11-2.13; ``torch.save`` / ``torch.load`` and torch.multiprocessing
+    are not affected), a uint8 one it can."""
+    dtypes = {k: v.dtype for k, v in tensors.items() if isinstance(v, Tensor) and v.dtype in _FLOAT8}
+    return {k: v.view(torch.uint8) if k in dtypes else v for k, v in tensors.items()}, dtypes
+
+
+def bytes_as_float8(tensors: dict, dtypes: dict) -> dict:
+    """The inverse of ``float8_as_bytes``: the named uint8 tensors viewed as their float8 dtypes again."""
+    return {k: v.view(dtypes[k]) if k in dtypes else v for k, v in tensors.items()}
+
+
 class PackedFactor:
     _STORAGE: tuple[str, ...] = ()
     shape: tuple
+
+    def __getstate__(self) -> dict:
+        state, dtypes = float8_as_bytes(self.__dict__)
+        return {**state, _FLOAT8_FIELDS: dtypes} if dtypes else state
+
+    def __setstate__(self, state: dict) -> None:
+        state = dict(state)
+        for name, value in bytes_as_float8(state, state.pop(_FLOAT8_FIELDS, {})).items():
+            object.__setattr__(self, name, value)  # the dataclass is frozen
 
     def check(self) -> None:
         """Run the constructor's checks again (storage dtypes, shapes and devices against ``shape``): a container whose
@@ -41,9 +69,13 @@ class PackedFactor:
         expected shape) per storage tensor, the first one defining the device; ``shape_note`` is
         appended to the shape error (e.g. the scale layout).
         """
-        object.__setattr__(self, "shape", tuple(map(int, self.shape)))
-        if len(self.shape) not in (2, 3):
-            raise ValueError(f"shape must be (E, K, N) or (K, N), got {self.shape}")
+        try:
+            shape = tuple(operator.index(s) for s in self.shape)  # ints, not floats truncated
+        except TypeError:
+            raise TypeError(f"shape must be a sequence of ints (E, K, N) or (K, N), got {self.shape!r}") from None
+        if len(shape) not in (2, 3) or min(shape) < 0:
+            raise ValueError(f"shape must be (E, K, N) or (K, N) of non-negative sizes, got {shape}")
+        object.__setattr__(self, "shape", shape)
         if self.k % k_multiple:
             raise ValueError(f"shape: K = {self.k} must be a multiple of {k_multiple}")
         specs = specs()
