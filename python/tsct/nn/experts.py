@@ -593,7 +593,8 @@ class PaddedBmmGLUExperts(GLUExpertBank):
     order) are DROPPED (they contribute nothing to their token's output). The routed rows are placed in an
     ``[E, C, d]`` buffer, the three projections are ``torch.bmm`` over it, and each token sums its kept rows
     times their router weights (in fp32). ``capacity_factor=None`` drops nothing: C is the busiest expert's row
-    count of the step (one host read per forward), the exact dropless layer.
+    count of the step (one host read per forward), the exact dropless layer; that read is a data-dependent size,
+    which ``torch.compile(fullgraph=True)`` refuses (a capacity factor compiles).
 
     Args:
         num_experts, d, r, f, scales, device, dtype: as ``GLUExpertBank`` (the same parameters as
