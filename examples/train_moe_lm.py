@@ -522,9 +522,17 @@ def parse(argv) -> tuple[Config, argparse.Namespace]:
     p.add_argument("--require-gate", action="store_true", help="exit 1 when the gate fails")
     a = p.parse_args(argv)
     if a.plot is not None:
+        try:
+            json.loads(a.plot.read_text())
+        except (OSError, ValueError) as e:
+            p.error(f"--plot {a.plot}: not a readable result JSON ({e})")
         return None, a
     if a.out is None:
         p.error("--out DIR is required")
+    try:  # before any training, not after it
+        a.out.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        p.error(f"--out {a.out}: {e}")
     cfg = Config(**PRESETS[a.preset])
     for f in dataclasses.fields(Config):
         v = getattr(a, f.name)
@@ -535,8 +543,19 @@ def parse(argv) -> tuple[Config, argparse.Namespace]:
         p.error(f"--arms: unknown {bad}; choose from {list(ARMS)}")
     if cfg.dtype not in ("bf16", "fp32"):
         p.error(f"--dtype must be bf16 or fp32, got {cfg.dtype!r}")
-    if cfg.seq < 1 or cfg.steps < 1 or cfg.eval_every < 1 or cfg.d % cfg.heads:
-        p.error("--seq, --steps and --eval-every must be >= 1 and --d a multiple of --heads")
+    for name in ("d", "heads", "blocks", "experts", "r", "f", "topk", "batch", "seq", "steps", "eval_every",
+                 "val_batches"):
+        if getattr(cfg, name) < 1:
+            p.error(f"--{name.replace('_', '-')} must be >= 1, got {getattr(cfg, name)}")
+    if cfg.d % cfg.heads:
+        p.error(f"--d ({cfg.d}) must be a multiple of --heads ({cfg.heads})")
+    if cfg.topk > cfg.experts:
+        p.error(f"--topk ({cfg.topk}) must not exceed --experts ({cfg.experts})")
+    if cfg.device.startswith("cuda") and not torch.cuda.is_available():
+        p.error(f"--device {cfg.device} (preset {a.preset!r}) needs a CUDA GPU; --preset cpu runs on the CPU")
+    from tsct import dispatch
+    if cfg.impl != "auto" and cfg.impl not in dispatch.PATHS:
+        p.error(f"--impl must be 'auto' or one of {list(dispatch.PATHS)}, got {cfg.impl!r}")
     return cfg, a
 
 
@@ -572,7 +591,9 @@ def main(argv=None) -> int:
         arms = {}
         for arm in cfg.arms:
             arms[arm] = train_arm(cfg, arm, steps, batches, val, log)
-            log(f"{arm}: {arms[arm]['tokens_per_s']:.0f} tokens/s, peak {arms[arm]['peak_memory_bytes']} B")
+            peak = arms[arm]["peak_memory_bytes"]  # None on the CPU (torch counts CUDA allocations only)
+            log(f"{arm}: {arms[arm]['tokens_per_s']:.0f} tokens/s"
+                + (f", peak {peak / 2**20:.0f} MiB on the device" if peak is not None else ""))
     finally:
         tsct_config.check_values = checks
     full, short = device_name(cfg)
@@ -591,7 +612,6 @@ def main(argv=None) -> int:
         "gaps": g,
         "gate": gate,
     }
-    a.out.mkdir(parents=True, exist_ok=True)
     path = a.out / f"{date:%Y-%m-%d}_{short}_moe-lm_{commit}.json"
     path.write_text(json.dumps(res, indent=1) + "\n")
     log(f"wrote {path}")

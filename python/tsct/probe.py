@@ -18,6 +18,7 @@ import ctypes
 import dataclasses
 import importlib.metadata
 import json
+import os
 import platform
 import shutil
 import subprocess
@@ -529,8 +530,12 @@ def main(argv: Optional[list[str]] = None) -> int:
     args = ap.parse_args(argv)
     report = collect(selftests=not args.no_selftest, verify_artifacts=args.verify_artifacts)
     if args.json:
-        json.dump(report, sys.stdout, indent=2, default=str)
-        print()
+        try:
+            json.dump(report, sys.stdout, indent=2, default=str)
+            print(flush=True)
+        except BrokenPipeError:  # a reader that stopped early (`| head`): as the text report, no traceback
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # the exit's flush goes nowhere
+            return 1
     else:
         render(report)
     failed = [s for s in report["selftests"] if not s["ok"]]

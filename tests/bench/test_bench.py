@@ -206,10 +206,23 @@ def test_a_name_given_twice_counts_once():
 def test_empty_lists_and_a_repeated_sweep_axis_are_refused(capsys):
     for args, want in ((["--arms", ","], "--arms: expected a comma-separated list of names, got ','"),
                        (["--formats", ""], "--formats: expected a comma-separated list of names, got ''"),
-                       (["--sweep", "r=8", "--sweep", "r=16"], "axis 'r' is given twice")):
+                       (["--sweep", "r=8", "--sweep", "r=16"], "axis 'r' is given twice"),
+                       (["--sweep", "r=8", "--sweep", "all"], "--sweep all sweeps every axis at its default values: "
+                                                                 "give it alone")):
         with pytest.raises(SystemExit) if args[0] != "--sweep" else contextlib.nullcontext():
             rc = cli.main(SMALL_FAST + args + ["--list-arms"])
             assert rc == 2
+        assert want in capsys.readouterr().err, args
+
+
+def test_errors_name_the_flag_the_user_typed(capsys):
+    """A sweep point the base config cannot take names the sweep item (the user gave no --experts); a bad --dtype
+    names the flag; an unknown format says what 'bf16' stands for (the dense factors under any --dtype)."""
+    for args, want in ((["--sweep", "experts=1"], "--sweep experts=1: --topk (2) must not exceed --experts (1)"),
+                       (["--dtype", "int8"], "--dtype must be one of"),
+                       (["--dtype", "fp16", "--formats", "fp16"], "'bf16' is the dense factors, in the compute dtype "
+                                                                  "of --dtype")):
+        assert cli.main(SMALL_FAST + args) == 2, args
         assert want in capsys.readouterr().err, args
 
 

@@ -110,3 +110,28 @@ def test_replicate_arm_starts_one_part_in_a_million_away(lm):
         if p.abs().max() > 0:
             d = ((r - p).norm() / p.norm()).item()
             assert 1e-7 < d < 1e-5, (name, d)
+
+
+def test_bad_arguments_are_one_line_errors_before_any_training(lm, tmp_path, capsys):
+    """Each bad argument is argparse's usage error (exit status 2) naming the flag, not a traceback from inside the
+    training; an unwritable --out is refused before the first step."""
+    not_json = tmp_path / "notes.txt"
+    not_json.write_text("no JSON here")
+    a_file = tmp_path / "a_file"
+    a_file.write_text("")
+    cpu = ["--preset", "cpu", "--out", str(tmp_path / "out")]
+    cases = [(cpu + ["--topk", "9"], "--topk (9) must not exceed --experts (8)"),
+             (cpu + ["--experts", "0"], "--experts must be >= 1, got 0"),
+             (cpu + ["--steps", "0"], "--steps must be >= 1, got 0"),
+             (cpu + ["--heads", "3"], "--d (64) must be a multiple of --heads (3)"),
+             (cpu + ["--impl", "bogus"], "--impl must be 'auto' or one of"),
+             (["--preset", "cpu", "--out", str(a_file / "sub")], f"--out {a_file / 'sub'}:"),
+             (["--plot", str(tmp_path / "missing.json")], "not a readable result JSON"),
+             (["--plot", str(not_json)], "not a readable result JSON")]
+    if not torch.cuda.is_available():
+        cases.append((["--preset", "gpu", "--out", str(tmp_path / "out")], "needs a CUDA GPU; --preset cpu runs"))
+    for argv, want in cases:
+        with pytest.raises(SystemExit) as e:
+            lm.main(argv)
+        assert e.value.code == 2, argv
+        assert want in capsys.readouterr().err, argv

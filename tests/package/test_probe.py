@@ -158,3 +158,14 @@ def test_bad_triton_backend_setting_is_reported(capsys, monkeypatch):
     monkeypatch.setenv("TSCT_TRITON_BACKEND", "AOT")  # read case-insensitively
     rc, rep = _json_report(capsys, ["--json", "--no-selftest"])
     assert rep["artifacts"]["triton_aot"]["backend_error"] is None
+
+
+def test_json_report_into_a_closed_pipe_is_no_traceback():
+    """``tsct-probe --json | head -1``: the reader is gone before the report is written; exit status 1 and nothing
+    on stderr, as the text report gives (the pipe is closed before the probe has collected anything)."""
+    p = subprocess.Popen([sys.executable, "-m", "tsct.probe", "--json", "--no-selftest"], stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE)
+    p.stdout.close()
+    err = p.stderr.read().decode()
+    assert p.wait(timeout=120) == 1
+    assert "Traceback" not in err and "BrokenPipeError" not in err, err

@@ -34,7 +34,7 @@ ROUTINGS = ("softmax", "zipf")
 def canonical_dtype(name: str) -> str:
     n = DTYPE_ALIASES.get(name.lower(), name.lower())
     if n not in DTYPES:
-        raise ValueError(f"dtype must be one of {sorted(DTYPES)} (or {sorted(DTYPE_ALIASES)}), got {name!r}")
+        raise ValueError(f"--dtype must be one of {sorted(DTYPES)} (or {sorted(DTYPE_ALIASES)}), got {name!r}")
     return n
 
 
@@ -121,7 +121,8 @@ class BenchConfig:
         c.min_iters = min(c.min_iters, c.iters)
         bad = [f for f in c.formats if f not in FORMATS]
         if bad:
-            raise ValueError(f"--formats: unknown format(s) {bad}; expected a subset of {list(FORMATS)}")
+            raise ValueError(f"--formats: unknown format(s) {bad}; expected a subset of {list(FORMATS)} ('bf16' is the "
+                             f"dense factors, in the compute dtype of --dtype)")
         c.formats = tuple(c.formats)
         c.arms = tuple(c.arms)
         if c.copy_mb is None:

@@ -187,9 +187,11 @@ def print_report(result: dict, console: Console) -> None:
             console.print(f"  {a['name']} ({a['status']}): {a['reason']}", markup=False, highlight=False)
     shaky = [a["name"] for a in result["arms"] if noisy(a.get("fwd_ms")) or noisy(a.get("fwdbwd_ms"))]
     if shaky:
+        graph = any(a.get("fwd_graph_ms") for a in result["arms"])  # none on a CPU
         console.print(f"[yellow]~ noisy[/]: p90/p10 > {NOISY_RATIO} for {', '.join(shaky)}. The median of such an arm "
-                      "moves between runs (a host-bound eager pass, or a busy machine): re-run, raise --iters, or "
-                      "compare the CUDA-graph column (not timed for STE arms) before drawing conclusions.", highlight=False)
+                      "moves between runs (a host-bound eager pass, or a busy machine): re-run, raise --iters"
+                      + (", or compare the CUDA-graph column (not timed for STE arms)" if graph else "")
+                      + " before drawing conclusions.", highlight=False)
     upside = [a["name"] for a in result["arms"] if _fwd_above_fwdbwd(a)]
     if upside:
         console.print(f"[yellow]! inconsistent[/]: the forward alone took longer than forward+backward for "

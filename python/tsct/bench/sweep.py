@@ -65,6 +65,9 @@ def _routing_value(v: str) -> tuple[str, Optional[float]]:
 def parse_axes(specs: Sequence[str]) -> dict[str, tuple]:
     """``--sweep`` arguments -> {axis: values} in ``AXES`` order. Raises ValueError naming a bad item."""
     out: dict[str, tuple] = {}
+    if len(specs) > 1 and any(s.strip() == "all" for s in specs):
+        raise ValueError(f"--sweep all sweeps every axis at its default values: give it alone, or name the axes "
+                         f"(got {list(specs)})")
     for spec in specs:
         name, sep, vals = spec.partition("=")
         name = name.strip()
@@ -122,7 +125,10 @@ def plan(base: BenchConfig, axes: dict[str, tuple]) -> list[dict]:
     points: dict[tuple, dict] = {}
     for axis, values in axes.items():
         for v in values:
-            cfg = point_config(base, axis, v).resolved()
+            try:
+                cfg = point_config(base, axis, v).resolved()
+            except ValueError as e:  # a point the base config cannot take (experts below --topk)
+                raise ValueError(f"--sweep {axis}={v}: {e}") from None
             k = _key(cfg)
             p = points.setdefault(k, {"key": k, "cfg": cfg, "axes": [], "values": {}})
             p["axes"].append(axis)
