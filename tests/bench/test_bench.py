@@ -506,6 +506,20 @@ def test_sweep_runs_each_point_once_and_writes_json_and_plot(tmp_path):
         assert png.read_bytes()[:4] == b"\x89PNG"
 
 
+def test_a_sweep_table_into_a_log_is_not_cut(tmp_path, capsys):
+    """Printed to a file or pipe (a log; here pytest's capture), the sweep table is as wide as its columns need: each
+    point's header is whole, past the fixed width of 200 a single run's table uses."""
+    values = list(range(2, 16))
+    argv = ["--preset", "small", "--device", "cpu", "--tokens", "32", "--d", "32", "--f", "24", "--experts", "2",
+            "--topk", "1", "--warmup", "1", "--iters", "1", "--min-iters", "1", "--copy-mb", "1", "--quiet",
+            "--arms", "padded-bmm", "--sweep", "experts=" + ",".join(map(str, values)),
+            "--json", str(tmp_path / "sw.json")]
+    assert cli.main(argv) == 0
+    lines = capsys.readouterr().out.splitlines()
+    header = next(line for line in lines if "experts=2 " in line)
+    assert len(header) > 200 and all(f"experts={v} " in header for v in values), header
+
+
 def test_a_sweep_point_without_device_memory_is_skipped_and_the_sweep_goes_on(tmp_path, monkeypatch, capsys):
     """A point the GPU cannot hold (E 16384's bank on a 16 GB card) is recorded with its reason; the other points,
     the table, the JSON, the plot and the exit status are those of the points that ran."""

@@ -139,7 +139,11 @@ def _sweep(cfg: cfgmod.BenchConfig, axes: dict, a: argparse.Namespace, out: Cons
         result = sweep.run_sweep(cfg, axes, reporter=NullReporter() if a.quiet else report.RichReporter(err))
     except ValueError as e:  # e.g. an --arms pattern that matches nothing
         return _usage_error(err, e)
-    out.print(sweep.summary_table(result))
+    table = sweep.summary_table(result)
+    if not out.is_terminal:  # a log: as wide as the table needs (a column per point), not cut to the fixed width
+        from rich.measure import Measurement
+        out.width = max(out.width, Measurement.get(out, out.options.update(width=10_000), table).maximum)
+    out.print(table)
     for p in result["points"]:
         if not p["result"]:
             err.print("tsct-bench: point " + ", ".join(f"{x}={p['values'][x]}" for x in p["axes"]) + " skipped: "
