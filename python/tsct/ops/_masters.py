@@ -9,6 +9,7 @@ that ``quantize_master`` made from an older version of the master it is paired w
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import weakref
 
@@ -138,7 +139,8 @@ def quantize_master(master: Tensor, fmt: str, *, layout: str = "linear", backend
         _backend.check_backend("quantize_master", backend)
         # a normal master gives normal tensors even inside torch.inference_mode: the container is cached, and an
         # evaluation pass must not hand inference tensors to the next training step's autograd
-        with torch.no_grad(), torch.inference_mode(master.is_inference()):
+        normal = contextlib.nullcontext() if master.is_inference() else torch.inference_mode(False)
+        with torch.no_grad(), normal:
             return quant.quantize(master.detach(), fmt, backend=backend, **opts)
 
     if master.is_inference():  # made under torch.inference_mode: no version counter to cache on, no training
