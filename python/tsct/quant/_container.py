@@ -22,7 +22,7 @@ _FLOAT8_FIELDS = "_float8_fields"  # the pickled state's record of the tensors s
 def float8_as_bytes(tensors: dict) -> tuple[dict, dict]:
     """(``tensors`` with each float8 tensor replaced by its bytes, a uint8 view; {name: its float8 dtype}), for
     pickle: torch writes a float8 tensor that plain ``pickle`` cannot read back (``pickle.loads`` fails in
-    ``torch.storage._load_from_bytes``, torch 2.11-2.13; ``torch.save`` / ``torch.load`` and torch.multiprocessing
+    ``torch.storage._load_from_bytes``, torch 2.13; ``torch.save`` / ``torch.load`` and torch.multiprocessing
     are not affected), a uint8 one it can."""
     dtypes = {k: v.dtype for k, v in tensors.items() if isinstance(v, Tensor) and v.dtype in _FLOAT8}
     return {k: v.view(torch.uint8) if k in dtypes else v for k, v in tensors.items()}, dtypes
