@@ -340,7 +340,7 @@ class GroupedGLUExperts(GLUExpertBank):
     def __getstate__(self) -> dict:
         """The module's state for pickle, a frozen NVFP4 layer's float8 block scales as their bytes (plain ``pickle``
         cannot read a float8 tensor back: ``tsct.quant._container.float8_as_bytes``)."""
-        state = self.__dict__.copy()
+        state = super().__getstate__()
         buffers, dtypes = float8_as_bytes(state["_buffers"])
         return {**state, "_buffers": buffers, _FLOAT8_FIELDS: dtypes} if dtypes else state
 
